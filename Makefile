@@ -1,0 +1,125 @@
+# birkhoff -- top-level build (GNU make).
+#   make            library (static + shared) and the birkhoff CLI
+#   make check      everything the README's test command runs (deps, -Werror
+#                   build, unit/property/gradient tests, ASan+UBSan build of
+#                   the tests, the PyTorch oracle test)
+#   make run        the main job: build and run the demo
+#   make install    PREFIX=/usr/local DESTDIR=
+# Variables: BUILD (output dir), SAN=1 (ASan+UBSan), WERROR=1, CC.
+CC      ?= gcc
+PREFIX  ?= /usr/local
+BUILD   ?= build
+PY      ?= /usr/bin/python3
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
+
+OPT     ?= -O3
+CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g -march=x86-64-v3 -fno-trapping-math \
+             -fno-math-errno -fopenmp -fPIC -fvisibility=hidden -Wall -Wextra -Wshadow \
+             -Wstrict-prototypes -Iinclude -I$(BLAS_INC) $(CFLAGS)
+ifeq ($(WERROR),1)
+CFLAGS_ALL += -Werror
+endif
+ifeq ($(SAN),1)
+CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDSAN = -fsanitize=address,undefined
+endif
+LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
+
+AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
+
+CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c
+OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c
+LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
+           $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
+HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h
+
+TOOL_SRC = tools/birkhoff.c tools/bench.c tools/demo.c
+TEST_SRC = tests/test_main.c tests/test_attn.c tests/test_npy.c tests/ref_attn.c
+
+LIB_A  = $(BUILD)/libbirkhoff.a
+LIB_SO = $(BUILD)/libbirkhoff.so
+CLI    = $(BUILD)/birkhoff
+TESTS  = $(BUILD)/test_birkhoff
+REFST  = $(BUILD)/ref_selftest
+
+.PHONY: all lib test check check-asan oracle run demo bench install uninstall clean deps
+
+all: $(LIB_A) $(LIB_SO) $(CLI)
+lib: $(LIB_A) $(LIB_SO)
+
+$(BUILD)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/obj/src/core/lse_engine_avx2.o: src/core/lse_engine.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
+
+$(BUILD)/obj/src/core/lse_engine_avx512.o: src/core/lse_engine.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -DBK_ISA=avx512 -c $< -o $@
+
+$(LIB_A): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libbirkhoff.so.0 -o $@ $^ $(LDLIBS_ALL)
+
+$(CLI): $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC)) $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(REFST): $(BUILD)/obj/tests/ref_attn.o $(BUILD)/obj/tests/ref_attn_selftest.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+deps:
+	./scripts/deps.sh
+
+# unit, property, gradient and determinism tests (and the reference's self-test)
+test: $(TESTS) $(REFST) $(CLI)
+	$(REFST)
+	$(TESTS)
+	BK_ISA=avx2 $(TESTS) --quick
+
+# ASan + UBSan build of the whole test suite, in its own build directory
+check-asan:
+	$(MAKE) BUILD=build-asan SAN=1 OPT=-O1 WERROR=1 test
+
+# the PyTorch oracle (Debian python3-torch); BK_REQUIRE_ORACLE=1 makes a
+# missing torch a failure instead of a loud skip
+oracle: $(CLI)
+	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
+
+check: deps
+	$(MAKE) WERROR=1 all test
+	$(MAKE) check-asan
+	$(MAKE) WERROR=1 oracle
+	./tests/test_cli.sh $(CLI)
+
+run demo: deps
+	$(MAKE) all
+	$(CLI) demo
+
+bench: all
+	$(CLI) bench
+
+install: $(LIB_A) $(LIB_SO) $(CLI)
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/birkhoff.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0
+	ln -sf libbirkhoff.so.0 $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' birkhoff.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/birkhoff.h $(DESTDIR)$(PREFIX)/lib/libbirkhoff.a \
+	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0 \
+	      $(DESTDIR)$(PREFIX)/bin/birkhoff $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
+
+clean:
+	rm -rf build build-asan

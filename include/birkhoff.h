@@ -1,0 +1,274 @@
+/*
+ * birkhoff.h -- doubly-stochastic (optimal-transport) attention in C.
+ *
+ * One public header. Every function returns a bk_status; on failure
+ * bk_last_error() gives a readable reason (thread-local) and nothing has been
+ * written to any output.
+ *
+ * ----------------------------------------------------------------------------
+ * TENSORS AND LAYOUT
+ * ----------------------------------------------------------------------------
+ * All tensors are float32. An attention operand is a 4-D array indexed
+ * [b][h][n][c] (batch, head, sequence position, channel). The channel index is
+ * contiguous; the other three have explicit strides, counted in floats:
+ *
+ *     element(b, h, n, c) = data[b*stride_b + h*stride_h + n*stride_n + c]
+ *
+ * so both [B,H,N,d] (bk_tensor_bhnd) and PyTorch's [B,N,H,d] (bk_tensor_bnhd)
+ * work without copies. Strides must be non-negative and the tensor must not
+ * overlap itself; outputs must not overlap inputs or each other.
+ *
+ * ----------------------------------------------------------------------------
+ * ATTENTION PROBLEM
+ * ----------------------------------------------------------------------------
+ * bk_attn_desc: B batches x H heads of independent problems, each with Nq
+ * queries and Nk keys, head dims d (queries/keys) and dv (values). Optional
+ * per-batch valid lengths q_len[b] in [0, Nq] and k_len[b] in [0, Nk]
+ * (padding): problem (b, h) is solved on its valid Lq x Lk block only; padded
+ * keys receive zero mass, padded query rows of the output are zero, and the
+ * values stored in padded positions are never read (they may hold anything,
+ * NaN included). A padded batch gives exactly the truncated problems' result.
+ * A problem with Lq = 0 or Lk = 0 has a zero output and zero gradients.
+ *
+ * Scores are  C = (scale / eps) * Q K^T  (scale = 0 selects 1/sqrt(d)).
+ *
+ * ----------------------------------------------------------------------------
+ * SINKHORN ATTENTION (Sinkformers; docs/ALGORITHMS.md)
+ * ----------------------------------------------------------------------------
+ * S log-domain half-steps on C, row first, with marginals a = 1/Lq (rows) and
+ * b = 1/Lk (columns), starting from a zero column potential:
+ *     t odd : f_i = log a - LSE_j (C_ij + g_j)        (row step)
+ *     t even: g_j = log b - LSE_i (C_ij + f_i)        (column step)
+ * Plan P_ij = exp(C_ij + f_i + g_j) (g = 0 when S = 1); attention A = Lq * P;
+ * output O = A V. S = 1 is exactly softmax attention. Odd S: rows of A sum to
+ * 1 exactly; even S: columns of A sum to Lq/Lk exactly; both at convergence.
+ *
+ * ----------------------------------------------------------------------------
+ * ACCURACY CONTRACT (tested in tests/)
+ * ----------------------------------------------------------------------------
+ * float32 storage and arithmetic, potentials and LSEs max-shifted in float32,
+ * exp by an inline polynomial with < 2 ulp error. Against a double-precision
+ * reference, on inputs with |C| <= 20: outputs and attention agree to 1e-5
+ * relative to the largest entry (times a factor growing like S for Sinkhorn),
+ * gradients to 1e-4 relative. Rows of A for odd S sum to 1 within 1e-6.
+ *
+ * ----------------------------------------------------------------------------
+ * THREADS AND DETERMINISM
+ * ----------------------------------------------------------------------------
+ * Work is spread over the B*H problems with a fixed partition; every problem is
+ * computed by the same code path whatever the thread count, so results are
+ * bitwise identical for any bk_set_num_threads() value. BLAS calls are made
+ * single-threaded from inside the library's own parallel region.
+ *
+ * ----------------------------------------------------------------------------
+ * WORKSPACE AND TAPE
+ * ----------------------------------------------------------------------------
+ * Each operator has a *_workspace_size() query. Pass a buffer of at least that
+ * many bytes (64-byte alignment recommended), or NULL to let the call allocate
+ * it once (freed before return). The size depends on the thread count in force
+ * when queried; a smaller buffer gives BK_ERR_WORKSPACE. No allocation happens
+ * inside the per-problem loops.
+ * The tape is what a forward keeps for its backward: the potentials of every
+ * half-step, O(S (Nq + Nk)) floats per problem, never an Nq x Nk matrix. Size it
+ * with *_tape_size(); the backward replays the forward from it.
+ */
+#ifndef BIRKHOFF_H
+#define BIRKHOFF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define BK_API __attribute__((visibility("default")))
+#else
+#define BK_API
+#endif
+
+#define BK_VERSION_MAJOR 0
+#define BK_VERSION_MINOR 1
+#define BK_VERSION_PATCH 0
+BK_API const char *bk_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                        */
+/* ------------------------------------------------------------------------ */
+typedef enum {
+    BK_OK = 0,
+    BK_ERR_NULL,        /* a required pointer is NULL                        */
+    BK_ERR_SHAPE,       /* a size is zero, negative or inconsistent          */
+    BK_ERR_STRIDE,      /* strides negative, self-overlapping, or outputs
+                           overlapping inputs/outputs                        */
+    BK_ERR_LENGTH,      /* a valid length outside [0, N]                     */
+    BK_ERR_PARAM,       /* a parameter out of range (eps <= 0, S < 1, ...)   */
+    BK_ERR_NONFINITE,   /* NaN or Inf in the valid part of an input          */
+    BK_ERR_NOMEM,       /* allocation failed                                 */
+    BK_ERR_WORKSPACE,   /* workspace smaller than *_workspace_size()         */
+    BK_ERR_TAPE,        /* tape missing, corrupt or from another problem     */
+    BK_ERR_IO,          /* file could not be opened, read or written         */
+    BK_ERR_FORMAT,      /* file content malformed (bad header, dtype, size)  */
+    BK_ERR_NUMERIC,     /* a numerical failure (e.g. singular system)        */
+    BK_ERR_UNSUPPORTED  /* feature not available in this build               */
+} bk_status;
+
+/* Static string naming the status ("ok", "null pointer", ...). */
+BK_API const char *bk_status_str(bk_status s);
+/* Detailed message of the last failing call on this thread ("" if none). */
+BK_API const char *bk_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Threads and CPU                                                          */
+/* ------------------------------------------------------------------------ */
+/* n >= 1 threads; n <= 0 restores the default (OpenMP's, i.e. all cores).  */
+BK_API void bk_set_num_threads(int n);
+BK_API int  bk_get_num_threads(void);
+/* Instruction set used by the kernels: "avx512" or "avx2". Chosen once from
+ * the CPU; the environment variable BK_ISA=avx2 forces the AVX2 kernels. */
+BK_API const char *bk_isa(void);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                  */
+/* ------------------------------------------------------------------------ */
+typedef struct {
+    float  *data;
+    int64_t stride_b, stride_h, stride_n;   /* in floats; channel stride 1 */
+} bk_tensor;
+
+/* Contiguous [B,H,N,C] view. */
+BK_API bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C);
+/* Contiguous [B,N,H,C] view (PyTorch's usual layout). */
+BK_API bk_tensor bk_tensor_bnhd(float *data, int H, int N, int C);
+
+typedef struct {
+    int B, H;            /* batch and heads, >= 1                           */
+    int Nq, Nk;          /* queries and keys, >= 1                          */
+    int d, dv;           /* head dims of Q/K and of V, >= 1                 */
+    const int32_t *q_len;/* [B] valid query lengths, or NULL (all Nq)       */
+    const int32_t *k_len;/* [B] valid key lengths, or NULL (all Nk)         */
+} bk_attn_desc;
+
+/* ------------------------------------------------------------------------ */
+/* Sinkhorn attention (and softmax, its S = 1 case)                         */
+/* ------------------------------------------------------------------------ */
+typedef enum {
+    BK_GRAD_UNROLLED = 0, /* exact VJP of the S-step forward (default)      */
+    BK_GRAD_IMPLICIT = 1  /* implicit differentiation of the fixed point:
+                             the gradient of the converged plan; only right
+                             when the forward has converged (large S or a
+                             tolerance). O(Nk^3) per problem in double.     */
+} bk_grad_mode;
+
+typedef struct {
+    float scale;          /* score scale s; 0 selects 1/sqrt(d)            */
+    float eps;            /* temperature, > 0 (default 1)                  */
+    int   iters;          /* S >= 1 half-steps, row first (default 5)      */
+    float tol;            /* >= 0; 0 runs all S half-steps. Otherwise a
+                             problem stops after the first row step whose
+                             max relative column-marginal error is < tol
+                             (checked for free inside the pass; a stopped
+                             problem has exact rows).                       */
+    bk_grad_mode grad;    /* backward mode                                  */
+} bk_sinkhorn_params;
+
+BK_API bk_sinkhorn_params bk_sinkhorn_params_default(void);
+
+/* Per-problem diagnostics (relative marginal errors of the final plan). */
+typedef struct {
+    int32_t iters;        /* half-steps actually run                        */
+    float   row_err;      /* max_i |sum_j P_ij / a_i - 1| (= |rowsum A - 1|) */
+    float   col_err;      /* max_j |sum_i P_ij / b_j - 1|                   */
+} bk_sinkhorn_diag;
+
+/* Optional forward outputs; any member may be NULL / have data NULL. */
+typedef struct {
+    bk_tensor attn;           /* [B,H,Nq,Nk] attention A (padding: zeros)  */
+    float *f;                 /* [B*H*Nq] row potential (logit units; 0 on
+                                 padded rows)                              */
+    float *g;                 /* [B*H*Nk] column potential (0 if S = 1)    */
+    bk_sinkhorn_diag *diag;   /* [B*H]                                      */
+} bk_sinkhorn_extras;
+
+/* Bytes of workspace for forward and backward with the current thread
+ * count. */
+BK_API size_t bk_sinkhorn_workspace_size(const bk_attn_desc *desc,
+                                         const bk_sinkhorn_params *p);
+/* Bytes of tape a forward writes for its backward. */
+BK_API size_t bk_sinkhorn_tape_size(const bk_attn_desc *desc,
+                                    const bk_sinkhorn_params *p);
+
+/* O = A V. q:[B,H,Nq,d] k:[B,H,Nk,d] v:[B,H,Nk,dv] out:[B,H,Nq,dv].
+ * tape (nullable) receives what the backward needs; extras (nullable) the
+ * optional outputs; ws/ws_size as described above. */
+BK_API bk_status bk_sinkhorn_forward(const bk_attn_desc *desc,
+                                     const bk_sinkhorn_params *p,
+                                     const bk_tensor *q, const bk_tensor *k,
+                                     const bk_tensor *v, const bk_tensor *out,
+                                     void *tape,
+                                     const bk_sinkhorn_extras *extras,
+                                     void *ws, size_t ws_size);
+
+/* Vector-Jacobian product: given dout = dL/dO, writes dq, dk, dv (each
+ * overwritten, zero in padded rows). tape from the forward with the same
+ * desc/params/inputs, or NULL to recompute the forward internally. With
+ * p->grad == BK_GRAD_IMPLICIT the tape's final potentials are used. */
+BK_API bk_status bk_sinkhorn_backward(const bk_attn_desc *desc,
+                                      const bk_sinkhorn_params *p,
+                                      const bk_tensor *q, const bk_tensor *k,
+                                      const bk_tensor *v, const bk_tensor *dout,
+                                      const void *tape,
+                                      const bk_tensor *dq, const bk_tensor *dk,
+                                      const bk_tensor *dv,
+                                      void *ws, size_t ws_size);
+
+/* Softmax attention: A = row-softmax(scale * Q K^T) on the valid block.
+ * Same descriptor, layouts and padding as Sinkhorn; it is the S = 1 case of
+ * the same engine (p.iters = 1, eps = 1). Tape: the row log-normalisers. */
+typedef struct {
+    float scale;          /* 0 selects 1/sqrt(d) */
+} bk_softmax_params;
+
+BK_API size_t bk_softmax_workspace_size(const bk_attn_desc *desc);
+BK_API size_t bk_softmax_tape_size(const bk_attn_desc *desc);
+BK_API bk_status bk_softmax_forward(const bk_attn_desc *desc,
+                                    const bk_softmax_params *p,
+                                    const bk_tensor *q, const bk_tensor *k,
+                                    const bk_tensor *v, const bk_tensor *out,
+                                    void *tape, const bk_tensor *attn,
+                                    void *ws, size_t ws_size);
+BK_API bk_status bk_softmax_backward(const bk_attn_desc *desc,
+                                     const bk_softmax_params *p,
+                                     const bk_tensor *q, const bk_tensor *k,
+                                     const bk_tensor *v, const bk_tensor *dout,
+                                     const void *tape,
+                                     const bk_tensor *dq, const bk_tensor *dk,
+                                     const bk_tensor *dv,
+                                     void *ws, size_t ws_size);
+
+/* ------------------------------------------------------------------------ */
+/* .npy files (little-endian float32 '<f4' or int32 '<i4', C order)         */
+/* ------------------------------------------------------------------------ */
+typedef enum { BK_F32 = 0, BK_I32 = 1 } bk_dtype;
+
+typedef struct {
+    bk_dtype dtype;
+    int      ndim;            /* 0..8 */
+    int64_t  shape[8];
+    void    *data;            /* malloc'd; release with bk_npy_free */
+} bk_npy;
+
+/* Reads a whole .npy file. Rejects bad magic/header, other dtypes, Fortran
+ * order, sizes that overflow and truncated data. */
+BK_API bk_status bk_npy_read(const char *path, bk_npy *out);
+/* Writes atomically (temporary file in the same directory, then rename). */
+BK_API bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim,
+                              const int64_t *shape, const void *data);
+BK_API void bk_npy_free(bk_npy *a);
+BK_API int64_t bk_npy_count(const bk_npy *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_H */

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what birkhoff needs on Debian 12 when it is missing (called by the
+# README's commands and by .ci/run). Set BK_NO_ORACLE=1 to skip the PyTorch
+# oracle packages (~1.2 GB).
+set -euo pipefail
+need=()
+have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in gcc make libopenblas-dev liblapacke-dev; do have "$p" || need+=("$p"); done
+if [ "${BK_NO_ORACLE:-0}" != 1 ]; then
+  for p in python3-torch python3-numpy; do have "$p" || need+=("$p"); done
+fi
+if [ ${#need[@]} -eq 0 ]; then
+  echo "deps: all present"
+  exit 0
+fi
+echo "deps: installing ${need[*]}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y --no-install-recommends "${need[@]}"

@@ -1,0 +1,119 @@
+/* internal.h -- declarations shared inside the library (not installed).
+ * Internal functions that cross files are named bki_* and hidden from the
+ * shared library (-fvisibility=hidden); everything else is static. */
+#ifndef BK_INTERNAL_H
+#define BK_INTERNAL_H
+
+#include "birkhoff.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors (status.c) -------------------------------------------------- */
+/* Records a formatted message for bk_last_error() and returns s. */
+bk_status bki_fail(bk_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void bki_clear_error(void);
+
+/* ---- threads (threads.c) ------------------------------------------------ */
+int  bki_threads(void);          /* thread count in force (>= 1)           */
+void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
+
+/* ---- aligned scratch ---------------------------------------------------- */
+#define BK_ALIGN 64
+static inline size_t bki_round_up(size_t x) { return (x + BK_ALIGN - 1) & ~(size_t)(BK_ALIGN - 1); }
+
+/* Carves aligned sub-buffers out of one workspace block. */
+typedef struct { char *base; size_t used, cap; } bki_arena;
+static inline void *bki_take(bki_arena *a, size_t bytes)
+{
+    size_t off = bki_round_up(a->used);
+    if (off + bytes > a->cap) return NULL;
+    a->used = off + bytes;
+    return a->base + off;
+}
+
+/* ---- tensor validation (tensor.c) --------------------------------------- */
+/* Checks a tensor view of logical shape [B,H,N,C]: non-NULL data, strides
+ * >= 0, no self-overlap. name is used in the message. */
+bk_status bki_check_tensor(const char *name, const bk_tensor *t, int B, int H, int N, int C);
+/* Address range [lo, hi) touched by the view. */
+void bki_tensor_range(const bk_tensor *t, int B, int H, int N, int C, uintptr_t *lo, uintptr_t *hi);
+/* Fails if the ranges of outputs overlap each other or any input. */
+bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in_shape)[4],
+                             int nout, const bk_tensor *const *out, const int (*out_shape)[4],
+                             const char *const *out_names);
+/* Valid part of [B,H,N,C] (rows below len[b]) must be finite. */
+bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
+                           const int32_t *len);
+bk_status bki_check_desc(const bk_attn_desc *d);
+static inline int bki_len(const int32_t *len, int b, int N) { return len ? (int)len[b] : N; }
+static inline float *bki_at(const bk_tensor *t, int b, int h)
+{
+    return t->data + (int64_t)b * t->stride_b + (int64_t)h * t->stride_h;
+}
+
+/* ---- the log-domain Sinkhorn / LSE engine (lse_engine.c) ----------------
+ * One dense problem: logits C (n x m, row stride ldc), log marginals la (n)
+ * and lb (m) (NULL = uniform -log n / -log m). S half-steps, row first, from
+ * g = 0. Potentials of every half-step are stored in hist (may be NULL when
+ * no backward follows): h_t has n floats for odd t and m for even t, laid out
+ * back to back in order t = 1..S (bki_hist_len gives the total). */
+typedef struct {
+    int n, m;
+    const float *C; ptrdiff_t ldc;
+    const float *la, *lb;      /* NULL = uniform                            */
+    int S;                     /* >= 1 half-steps                           */
+    float tol;                 /* 0 = none; else stop after a row step whose
+                                  column error < tol                        */
+} bki_sk_problem;
+
+typedef struct {
+    float *hist;               /* [bki_hist_len(n,m,S)], required           */
+    float *A; ptrdiff_t lda;   /* n x m attention, A = P / a_i (required)   */
+    const float *f, *g;        /* out: final potentials, pointers into hist
+                                  (g NULL when only one half-step ran)      */
+    int   iters;               /* out: half-steps run                       */
+    float row_err, col_err;    /* out: relative marginal errors of A        */
+} bki_sk_result;
+
+size_t bki_hist_len(int n, int m, int S);
+/* Offset of h_t (1-based t) inside hist. */
+size_t bki_hist_off(int n, int m, int t);
+
+/* ---- kernels compiled per instruction set (lse_engine.c), chosen at run
+ * time (dispatch.c) ------------------------------------------------------- */
+typedef struct {
+    const char *name;
+    /* floats of scratch any engine call needs for an n x m problem */
+    size_t (*sk_scratch)(int n, int m);
+    /* forward: fills res (hist, A, f, g, iters, errors) */
+    void (*sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float *scratch);
+    /* recomputes the forward's A from its potentials (bitwise the same) */
+    void (*sk_attention)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+                         ptrdiff_t lda, float *scratch);
+    /* unrolled VJP of the iters-step forward. A: the forward's attention
+     * (destroyed). G: Abar = dL/dA on entry, Cbar = dL/dC on exit. */
+    void (*sk_backward)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+                        ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch);
+    /* machine-peak probes for the benchmark: flops / exps done */
+    double (*fma_probe)(long iters);
+    double (*exp_probe)(long reps, float *buf4096);
+} bki_kernels;
+
+const bki_kernels *bki_kern(void);
+extern const bki_kernels bki_kernels_avx2;
+extern const bki_kernels bki_kernels_avx512;
+
+/* Implicit-differentiation backward at the fixed point (implicit.c; double
+ * precision, LAPACK). A: n x m attention; G: Abar in, Cbar out. */
+size_t bki_sk_implicit_scratch(int n, int m);   /* doubles */
+bk_status bki_sk_backward_implicit(const bki_sk_problem *pb, const float *A, ptrdiff_t lda,
+                                   float *G, ptrdiff_t ldg, double *dscratch);
+
+#define BK_STR2(x) #x
+#define BK_STR(x) BK_STR2(x)
+
+#endif

@@ -1,0 +1,462 @@
+/* lse_engine.c -- the one log-domain Sinkhorn / LSE engine.
+ *
+ * Compiled once per instruction set (the Makefile builds it with -mavx2 and
+ * with -mavx512*, defining BK_ISA); dispatch.c picks the table at run time.
+ * All loops are plain C that the compiler vectorises, exp included (vexp.h).
+ *
+ * Algorithm (docs/ALGORITHMS.md has the derivations):
+ *
+ * Forward. A row step followed by a column step costs ONE pass over C and one
+ * exp per entry: the row step computes e_ij = exp(C_ij + g_j - M_i), s_i =
+ * sum_j e_ij, f_i = log a_i - M_i - log s_i, and the row-normalised plan
+ * P_ij = a_i e_ij / s_i; accumulating its column sums gives the next column
+ * step without another exp, since
+ *     g'_j = log b_j - LSE_i(C_ij + f_i) = log b_j + g_j - log(sum_i P_ij).
+ * A column whose mass sum_i P_ij underflows (< BK_TINY) is recomputed exactly
+ * with a max-shifted column LSE (a strided pass over that column only).
+ *
+ * Backward. Replay of the unrolled half-steps from the stored potentials.
+ * A column step t and the row step t-1 before it share the column potential
+ * h_{t-1}, so Q^t = R^{t+1} * exp(rl_i + h_{t-1,i} - lb_j) is derived from the
+ * previous row softmax R^{t+1} without an exp; each (column, row) pair of
+ * adjoint steps is one pass over C with one exp per entry, and the buffer that
+ * held A holds R.
+ */
+#include "internal.h"
+#include "vexp.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifndef BK_ISA
+#error "BK_ISA must be defined (avx2 or avx512)"
+#endif
+#define BK_CAT2(a, b) a##_##b
+#define BK_CAT(a, b) BK_CAT2(a, b)
+#define ISA(name) BK_CAT(name, BK_ISA)
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* Below this column mass the fused column update falls back to an exact,
+ * max-shifted column LSE. Far above the float32 subnormal range, so the
+ * accumulated sum is accurate whenever it is used. */
+#define BK_TINY 1e-25f
+
+/* ------------------------------------------------------------------------ */
+/* small vector kernels                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* e = exp(c + bias - max); returns sum(e); *mx = max(c + bias). */
+static float row_softmax(int m, const float *restrict c, const float *restrict bias,
+                         float *restrict e, float *mx)
+{
+    float M = -INFINITY;
+    if (bias) {
+#pragma omp simd reduction(max : M)
+        for (int j = 0; j < m; j++) {
+            e[j] = c[j] + bias[j];
+            M = e[j] > M ? e[j] : M;
+        }
+    } else {
+#pragma omp simd reduction(max : M)
+        for (int j = 0; j < m; j++) {
+            e[j] = c[j];
+            M = e[j] > M ? e[j] : M;
+        }
+    }
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < m; j++) {
+        e[j] = bki_expf(e[j] - M);
+        s += e[j];
+    }
+    *mx = M;
+    return s;
+}
+
+static inline float la_at(const bki_sk_problem *pb, int i, float la_u)
+{
+    return pb->la ? pb->la[i] : la_u;
+}
+static inline float lb_at(const bki_sk_problem *pb, int j, float lb_u)
+{
+    return pb->lb ? pb->lb[j] : lb_u;
+}
+
+/* Exact column update for column j: log b_j - LSE_i(C_ij + f_i). */
+static float col_lse_exact(const bki_sk_problem *pb, int j, const float *f)
+{
+    float M = -INFINITY;
+    for (int i = 0; i < pb->n; i++) {
+        float x = pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i];
+        M = x > M ? x : M;
+    }
+    float s = 0.0f;
+    for (int i = 0; i < pb->n; i++)
+        s += bki_expf(pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i] - M);
+    return M + logf(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* forward                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Row step from column potential g (NULL = 0): writes f; if colP != NULL
+ * accumulates column sums of the row-normalised plan P = a_i e / s into it
+ * (zeroed here); if A != NULL writes A = P / a_i = e / s and returns the max
+ * row-sum error of A in *rerr. e: m floats of scratch. */
+static void row_pass(const bki_sk_problem *pb, const float *g, float *f, float *colP,
+                     float *A, ptrdiff_t lda, float *e, float *rerr)
+{
+    const int n = pb->n, m = pb->m;
+    const float la_u = -logf((float)n);
+    if (colP) memset(colP, 0, sizeof(float) * (size_t)m);
+    float worst = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float M;
+        float s = row_softmax(m, pb->C + (ptrdiff_t)i * pb->ldc, g, e, &M);
+        float lai = la_at(pb, i, la_u);
+        f[i] = lai - M - logf(s);
+        float inv = 1.0f / s;
+        if (colP) {
+            float w = expf(lai) * inv;
+#pragma omp simd
+            for (int j = 0; j < m; j++) colP[j] += w * e[j];
+        }
+        if (A) {
+            float *Ai = A + (ptrdiff_t)i * lda, rs = 0.0f;
+#pragma omp simd reduction(+ : rs)
+            for (int j = 0; j < m; j++) {
+                Ai[j] = e[j] * inv;
+                rs += Ai[j];
+            }
+            float err = fabsf(rs - 1.0f);
+            worst = err > worst ? err : worst;
+        }
+    }
+    if (rerr) *rerr = worst;
+}
+
+/* Column step after a row step: gnew_j = log b_j + gold_j - log colP_j
+ * (exact fallback for tiny columns, whose index is flagged in fb[j]).
+ * Returns the max relative column error of the row-normalised plan. */
+static float col_update(const bki_sk_problem *pb, const float *f, const float *gold,
+                        const float *colP, float *gnew, unsigned char *fb, int *nfb)
+{
+    const int m = pb->m;
+    const float lb_u = -logf((float)m);
+    float cerr = 0.0f;
+    int cnt = 0;
+    for (int j = 0; j < m; j++) {
+        float lbj = lb_at(pb, j, lb_u);
+        float bj = expf(lbj);
+        float err = fabsf(colP[j] / bj - 1.0f);
+        cerr = err > cerr ? err : cerr;
+        if (gnew) {
+            if (colP[j] > BK_TINY) {
+                gnew[j] = lbj + (gold ? gold[j] : 0.0f) - logf(colP[j]);
+                if (fb) fb[j] = 0;
+            } else {
+                gnew[j] = lbj - col_lse_exact(pb, j, f);
+                if (fb) fb[j] = 1;
+                cnt++;
+            }
+        }
+    }
+    if (nfb) *nfb = cnt;
+    return cerr;
+}
+
+/* After an even final step: A (= P^{t}/a_i from the last row pass) gets the
+ * column factor b_j / colP_j; exact recomputation for fallback columns.
+ * Returns row and column errors of the final A. */
+static void scale_columns(const bki_sk_problem *pb, const float *f, const float *g,
+                          const float *colP, const unsigned char *fb, int nfb, float *A,
+                          ptrdiff_t lda, float *factor, float *colsum, float *rerr, float *cerr)
+{
+    const int n = pb->n, m = pb->m;
+    const float la_u = -logf((float)n), lb_u = -logf((float)m);
+    for (int j = 0; j < m; j++)
+        factor[j] = (nfb && fb[j]) ? 0.0f : expf(lb_at(pb, j, lb_u)) / colP[j];
+    memset(colsum, 0, sizeof(float) * (size_t)m);
+    float worst = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float *Ai = A + (ptrdiff_t)i * lda;
+        float lai = la_at(pb, i, la_u), ai = expf(lai), rs = 0.0f;
+        if (nfb) {
+            for (int j = 0; j < m; j++)
+                if (fb[j]) Ai[j] = bki_expf(pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i] + g[j] - lai);
+                else Ai[j] *= factor[j];
+        } else {
+#pragma omp simd
+            for (int j = 0; j < m; j++) Ai[j] *= factor[j];
+        }
+#pragma omp simd reduction(+ : rs)
+        for (int j = 0; j < m; j++) {
+            rs += Ai[j];
+            colsum[j] += ai * Ai[j];
+        }
+        float err = fabsf(rs - 1.0f);
+        worst = err > worst ? err : worst;
+    }
+    float cw = 0.0f;
+    for (int j = 0; j < m; j++) {
+        float err = fabsf(colsum[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
+        cw = err > cw ? err : cw;
+    }
+    *rerr = worst;
+    *cerr = cw;
+}
+
+static size_t vec_floats(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
+
+/* One scratch size serves every entry point: 8 vectors of max(n, m). */
+static size_t ISA(sk_scratch)(int n, int m)
+{
+    return 8 * vec_floats(m > n ? m : n);
+}
+
+static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float *scratch)
+{
+    const int n = pb->n, m = pb->m, S = pb->S;
+    const size_t vr = vec_floats(m > n ? m : n);
+    float *e = scratch, *colP = e + vr, *factor = colP + vr;
+    unsigned char *fb = (unsigned char *)(factor + vr);
+    const float *g = NULL; /* column potential in force (NULL = 0) */
+    float rerr = 0.0f, cerr = 0.0f;
+    res->iters = 0;
+    res->f = res->g = NULL;
+    for (int t = 1; t <= S; t += 2) {
+        float *f = res->hist + bki_hist_off(n, m, t);
+        int writeA = (t >= S - 1) || pb->tol > 0.0f;
+        row_pass(pb, g, f, colP, writeA ? res->A : NULL, res->lda, e, &rerr);
+        res->f = f;
+        res->iters = t;
+        if (t == S) { /* odd final step: rows exact; column error from colP */
+            cerr = col_update(pb, f, g, colP, NULL, NULL, NULL);
+            break;
+        }
+        float *gn = res->hist + bki_hist_off(n, m, t + 1);
+        int nfb = 0;
+        float cP = col_update(pb, f, g, colP, gn, fb, &nfb);
+        if (pb->tol > 0.0f && cP < pb->tol) { /* converged: stop on the row step */
+            cerr = cP;
+            break;
+        }
+        g = res->g = gn;
+        res->iters = t + 1;
+        if (t + 1 == S) /* even final step: columns exact */
+            scale_columns(pb, f, gn, colP, fb, nfb, res->A, res->lda, factor, e, &rerr, &cerr);
+    }
+    res->row_err = rerr;
+    res->col_err = cerr;
+}
+
+/* Recomputes the forward's A from its potentials, with the same arithmetic
+ * as the forward's last pass (so bitwise the same A). */
+static void ISA(sk_attention)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+                              ptrdiff_t lda, float *scratch)
+{
+    const int n = pb->n, m = pb->m;
+    const size_t mr = vec_floats(m);
+    const size_t vr = vec_floats(m > n ? m : n);
+    float *e = scratch, *colP = e + vr, *factor = colP + vr, *fdum = factor + vr;
+    unsigned char *fb = (unsigned char *)(fdum + vr);
+    float rerr, cerr;
+    (void)mr;
+    if (iters % 2 == 1) {
+        const float *g = iters > 1 ? hist + bki_hist_off(n, m, iters - 1) : NULL;
+        /* f is recomputed into a throw-away buffer: the tape has it already */
+        row_pass(pb, g, fdum, NULL, A, lda, e, &rerr);
+    } else {
+        const float *gold = iters > 2 ? hist + bki_hist_off(n, m, iters - 2) : NULL;
+        const float *f = hist + bki_hist_off(n, m, iters - 1);
+        const float *g = hist + bki_hist_off(n, m, iters);
+        row_pass(pb, gold, fdum, colP, A, lda, e, &rerr);
+        /* same flags as the forward: recompute which columns fell back */
+        int nfb = 0;
+        for (int j = 0; j < m; j++) {
+            fb[j] = colP[j] > BK_TINY ? 0 : 1;
+            nfb += fb[j];
+        }
+        scale_columns(pb, f, g, colP, fb, nfb, A, lda, factor, e, &rerr, &cerr);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward (unrolled VJP, replayed)                                         */
+/* ------------------------------------------------------------------------ */
+static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist, float *A,
+                             ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch)
+{
+    const int n = pb->n, m = pb->m;
+    const size_t vr = vec_floats(m > n ? m : n);
+    float *e = scratch, *lamc = e + vr, *lamc2 = lamc + vr, *wb = lamc2 + vr;
+    float *lamr = wb + vr, *rl = lamr + vr;
+    const float la_u = -logf((float)n), lb_u = -logf((float)m);
+    const float *hS = hist + bki_hist_off(n, m, S);
+    const float *hS1 = S > 1 ? hist + bki_hist_off(n, m, S - 1) : NULL;
+    int odd = S % 2;
+
+    /* rl_i = la_i - (row potential of the step after the pending column
+     * step): for odd S that is h_S, for even S h_{S-1}. */
+    for (int i = 0; i < n; i++) rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
+
+    /* pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S) */
+    memset(lamc, 0, sizeof(float) * (size_t)m);
+    for (int i = 0; i < n; i++) {
+        float *Gi = G + (ptrdiff_t)i * ldg;
+        const float *Ai = A + (ptrdiff_t)i * lda;
+        float r = 0.0f;
+#pragma omp simd reduction(+ : r)
+        for (int j = 0; j < m; j++) {
+            Gi[j] *= Ai[j];
+            r += Gi[j];
+        }
+        if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
+#pragma omp simd
+            for (int j = 0; j < m; j++) {
+                Gi[j] -= r * Ai[j];
+                lamc[j] += Gi[j];
+            }
+            lamr[i] = 0.0f;
+        } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
+#pragma omp simd
+            for (int j = 0; j < m; j++) lamc[j] += Gi[j];
+            lamr[i] = r;
+        }
+    }
+    /* pending column step t (even) with lambda_t in lamc and lambda_{t-1}
+     * (rows) in lamr; A holds R^{t+1} (or A itself when t = S). */
+    int t = odd ? S - 1 : S;
+    int logwb = 0;
+    for (int j = 0; j < m; j++) {
+        float lbj = lb_at(pb, j, lb_u);
+        wb[j] = expf(-lbj);
+        if (!(wb[j] < 1e30f)) logwb = 1;
+    }
+    while (t >= 2) {
+        const float *ht1 = hist + bki_hist_off(n, m, t - 1);            /* rows   */
+        const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : NULL; /* cols */
+        int more = t - 1 > 1; /* does lambda_{t-2} matter? */
+        if (more) memset(lamc2, 0, sizeof(float) * (size_t)m);
+        for (int i = 0; i < n; i++) {
+            float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
+            const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
+            /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */
+            float acc = 0.0f;
+            if (!logwb) {
+                float u = expf(rl[i] + ht1[i]);
+#pragma omp simd reduction(+ : acc)
+                for (int j = 0; j < m; j++) {
+                    float q = Ri[j] * u * wb[j];
+                    Gi[j] -= lamc[j] * q;
+                    acc += q * lamc[j];
+                }
+            } else { /* tiny column masses: stay in the log domain */
+                float base = rl[i] + ht1[i];
+                for (int j = 0; j < m; j++) {
+                    float q = Ri[j] > 0.0f ? bki_expf(logf(Ri[j]) + base - lb_at(pb, j, lb_u)) : 0.0f;
+                    Gi[j] -= lamc[j] * q;
+                    acc += q * lamc[j];
+                }
+            }
+            float lr = lamr[i] - acc; /* lambda_{t-1,i}, complete */
+            /* row step t-1 on row i: R = softmax_j(C_ij + h_{t-2,j}) */
+            float M;
+            float s = row_softmax(m, Ci, ht2, e, &M);
+            float inv = 1.0f / s;
+            rl[i] = M + logf(s);
+            if (more) {
+#pragma omp simd
+                for (int j = 0; j < m; j++) {
+                    float r = e[j] * inv;
+                    Ri[j] = r;
+                    Gi[j] -= lr * r;
+                    lamc2[j] -= lr * r;
+                }
+            } else {
+#pragma omp simd
+                for (int j = 0; j < m; j++) {
+                    float r = e[j] * inv;
+                    Ri[j] = r;
+                    Gi[j] -= lr * r;
+                }
+            }
+            lamr[i] = 0.0f;
+        }
+        float *tmp = lamc;
+        lamc = lamc2;
+        lamc2 = tmp;
+        t -= 2;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
+/* ------------------------------------------------------------------------ */
+static double ISA(fma_probe)(long iters)
+{
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (long k = 0; k < iters; k++) {
+        a0 = _mm512_fmadd_ps(a0, x, y); a1 = _mm512_fmadd_ps(a1, x, y);
+        a2 = _mm512_fmadd_ps(a2, x, y); a3 = _mm512_fmadd_ps(a3, x, y);
+        a4 = _mm512_fmadd_ps(a4, x, y); a5 = _mm512_fmadd_ps(a5, x, y);
+        a6 = _mm512_fmadd_ps(a6, x, y); a7 = _mm512_fmadd_ps(a7, x, y);
+        a8 = _mm512_fmadd_ps(a8, x, y); a9 = _mm512_fmadd_ps(a9, x, y);
+        a10 = _mm512_fmadd_ps(a10, x, y); a11 = _mm512_fmadd_ps(a11, x, y);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)iters * 12 * 16 * 2;
+#else
+    __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (long k = 0; k < iters; k++) {
+        a0 = _mm256_fmadd_ps(a0, x, y); a1 = _mm256_fmadd_ps(a1, x, y);
+        a2 = _mm256_fmadd_ps(a2, x, y); a3 = _mm256_fmadd_ps(a3, x, y);
+        a4 = _mm256_fmadd_ps(a4, x, y); a5 = _mm256_fmadd_ps(a5, x, y);
+        a6 = _mm256_fmadd_ps(a6, x, y); a7 = _mm256_fmadd_ps(a7, x, y);
+        a8 = _mm256_fmadd_ps(a8, x, y); a9 = _mm256_fmadd_ps(a9, x, y);
+        a10 = _mm256_fmadd_ps(a10, x, y); a11 = _mm256_fmadd_ps(a11, x, y);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    volatile float sink = out[0];
+    (void)sink;
+    return (double)iters * 12 * 8 * 2;
+#endif
+}
+
+/* exp throughput of the engine's own exp on an L1-resident buffer of 4096. */
+static double ISA(exp_probe)(long reps, float *buf)
+{
+    for (int i = 0; i < 4096; i++) buf[i] = -(float)(i % 97) * 0.1f;
+    for (long r = 0; r < reps; r++) {
+#pragma omp simd
+        for (int i = 0; i < 4096; i++) buf[i] = bki_expf(buf[i]) - 1.0f;
+    }
+    return (double)reps * 4096;
+}
+
+const bki_kernels ISA(bki_kernels) = {
+    .name = BK_STR(BK_ISA),
+    .sk_forward = ISA(sk_forward),
+    .sk_scratch = ISA(sk_scratch),
+    .sk_attention = ISA(sk_attention),
+    .sk_backward = ISA(sk_backward),
+    .fma_probe = ISA(fma_probe),
+    .exp_probe = ISA(exp_probe),
+};

@@ -1,0 +1,116 @@
+/* tensor.c -- views and the validation every operator shares. */
+#include "internal.h"
+
+#include <math.h>
+
+bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C)
+{
+    bk_tensor t = {data, (int64_t)H * N * C, (int64_t)N * C, C};
+    return t;
+}
+
+bk_tensor bk_tensor_bnhd(float *data, int H, int N, int C)
+{
+    bk_tensor t = {data, (int64_t)N * H * C, C, (int64_t)H * C};
+    return t;
+}
+
+bk_status bki_check_desc(const bk_attn_desc *d)
+{
+    if (!d) return bki_fail(BK_ERR_NULL, "attention descriptor is NULL");
+    if (d->B < 1 || d->H < 1 || d->Nq < 1 || d->Nk < 1 || d->d < 1 || d->dv < 1)
+        return bki_fail(BK_ERR_SHAPE, "sizes must be >= 1 (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", d->B,
+                        d->H, d->Nq, d->Nk, d->d, d->dv);
+    /* keep every index product comfortably inside int64 and n*m inside size_t */
+    if ((int64_t)d->Nq * d->Nk > ((int64_t)1 << 40) || d->d > (1 << 24) || d->dv > (1 << 24))
+        return bki_fail(BK_ERR_SHAPE, "problem too large (Nq*Nk=%lld)", (long long)d->Nq * d->Nk);
+    for (int b = 0; b < d->B; b++) {
+        if (d->q_len && (d->q_len[b] < 0 || d->q_len[b] > d->Nq))
+            return bki_fail(BK_ERR_LENGTH, "q_len[%d]=%d outside [0, Nq=%d]", b, (int)d->q_len[b], d->Nq);
+        if (d->k_len && (d->k_len[b] < 0 || d->k_len[b] > d->Nk))
+            return bki_fail(BK_ERR_LENGTH, "k_len[%d]=%d outside [0, Nk=%d]", b, (int)d->k_len[b], d->Nk);
+    }
+    return BK_OK;
+}
+
+bk_status bki_check_tensor(const char *name, const bk_tensor *t, int B, int H, int N, int C)
+{
+    if (!t || !t->data) return bki_fail(BK_ERR_NULL, "tensor %s is NULL", name);
+    if (t->stride_b < 0 || t->stride_h < 0 || t->stride_n < 0)
+        return bki_fail(BK_ERR_STRIDE, "tensor %s has a negative stride", name);
+    /* No self-overlap: sort the non-trivial dims by stride; each stride must
+     * cover the whole extent of the dims inside it (sufficient condition). */
+    int64_t st[3] = {t->stride_b, t->stride_h, t->stride_n};
+    int64_t sz[3] = {B, H, N};
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (st[b] < st[a] || (st[b] == st[a] && sz[b] < sz[a])) {
+                int64_t x = st[a]; st[a] = st[b]; st[b] = x;
+                x = sz[a]; sz[a] = sz[b]; sz[b] = x;
+            }
+    int64_t extent = C; /* elements spanned by the dims handled so far */
+    for (int a = 0; a < 3; a++) {
+        if (sz[a] == 1) continue;
+        if (st[a] < extent)
+            return bki_fail(BK_ERR_STRIDE,
+                            "tensor %s: strides (b=%lld h=%lld n=%lld) overlap for shape [%d,%d,%d,%d]",
+                            name, (long long)t->stride_b, (long long)t->stride_h,
+                            (long long)t->stride_n, B, H, N, C);
+        extent = st[a] * (sz[a] - 1) + extent;
+    }
+    return BK_OK;
+}
+
+void bki_tensor_range(const bk_tensor *t, int B, int H, int N, int C, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t last = t->stride_b * (B - 1) + t->stride_h * (H - 1) + t->stride_n * (N - 1) + C;
+    *lo = (uintptr_t)t->data;
+    *hi = (uintptr_t)(t->data + last);
+}
+
+bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in_shape)[4], int nout,
+                             const bk_tensor *const *out, const int (*out_shape)[4],
+                             const char *const *out_names)
+{
+    for (int o = 0; o < nout; o++) {
+        if (!out[o] || !out[o]->data) continue;
+        uintptr_t lo, hi;
+        bki_tensor_range(out[o], out_shape[o][0], out_shape[o][1], out_shape[o][2], out_shape[o][3], &lo, &hi);
+        for (int i = 0; i < nin; i++) {
+            if (!in[i] || !in[i]->data) continue;
+            uintptr_t l2, h2;
+            bki_tensor_range(in[i], in_shape[i][0], in_shape[i][1], in_shape[i][2], in_shape[i][3], &l2, &h2);
+            if (lo < h2 && l2 < hi)
+                return bki_fail(BK_ERR_STRIDE, "output %s overlaps an input", out_names[o]);
+        }
+        for (int p = 0; p < o; p++) {
+            if (!out[p] || !out[p]->data) continue;
+            uintptr_t l2, h2;
+            bki_tensor_range(out[p], out_shape[p][0], out_shape[p][1], out_shape[p][2], out_shape[p][3], &l2, &h2);
+            if (lo < h2 && l2 < hi)
+                return bki_fail(BK_ERR_STRIDE, "outputs %s and %s overlap", out_names[o], out_names[p]);
+        }
+    }
+    return BK_OK;
+}
+
+bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
+                           const int32_t *len)
+{
+    for (int b = 0; b < B; b++) {
+        int L = bki_len(len, b, N);
+        for (int h = 0; h < H; h++) {
+            const float *base = bki_at(t, b, h);
+            for (int n = 0; n < L; n++) {
+                const float *row = base + (int64_t)n * t->stride_n;
+                int bad = 0;
+#pragma omp simd reduction(| : bad)
+                for (int c = 0; c < C; c++) bad |= !isfinite(row[c]);
+                if (bad)
+                    return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value at [%d,%d,%d,:]",
+                                    name, b, h, n);
+            }
+        }
+    }
+    return BK_OK;
+}

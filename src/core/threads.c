@@ -1,0 +1,65 @@
+/* threads.c -- the thread-count setting (the library's only mutable global)
+ * and the run-time choice of the kernel instruction set. */
+#include "internal.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int g_threads; /* 0 = OpenMP default */
+
+void bk_set_num_threads(int n) { g_threads = n > 0 ? n : 0; }
+
+int bki_threads(void)
+{
+    if (g_threads > 0) return g_threads;
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int bk_get_num_threads(void) { return bki_threads(); }
+
+void bki_blas_single_thread(void)
+{
+    /* Our parallel regions call BLAS from each thread: it must not spawn
+     * threads of its own (oversubscription, and one code path per problem
+     * whatever the thread count). */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/* The kernel table is a pure function of the CPU (and BK_ISA), computed on
+ * first use; concurrent first calls compute the same value. */
+const bki_kernels *bki_kern(void)
+{
+    static const bki_kernels *_Atomic chosen;
+    const bki_kernels *k = chosen;
+    if (k) return k;
+    const char *env = getenv("BK_ISA");
+    int want512 = !(env && strcmp(env, "avx2") == 0);
+    __builtin_cpu_init();
+    if (want512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+        k = &bki_kernels_avx512;
+    else
+        k = &bki_kernels_avx2;
+    chosen = k;
+    return k;
+}
+
+const char *bk_isa(void) { return bki_kern()->name; }
+
+size_t bki_hist_off(int n, int m, int t)
+{
+    /* h_1 (n), h_2 (m), h_3 (n), ...: before h_t come ceil((t-1)/2) row
+     * vectors and floor((t-1)/2) column vectors */
+    size_t rows = (size_t)(t / 2), cols = (size_t)((t - 1) / 2);
+    return rows * (size_t)n + cols * (size_t)m;
+}
+
+size_t bki_hist_len(int n, int m, int S) { return bki_hist_off(n, m, S + 1); }

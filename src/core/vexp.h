@@ -1,0 +1,42 @@
+/* vexp.h -- inline float exp, written so that compilers vectorise it inside
+ * loops (no calls, no branches, integer tricks on the bit pattern).
+ *
+ * Method: exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2
+ * split in two parts (Cody-Waite), exp(r) by a degree-6 minimax polynomial on
+ * |r| <= ln2/2. Max relative error about 1.5 ulp on [-87.3, 88]. x below
+ * -87.33 (where exp underflows to subnormals) returns 0, -inf included;
+ * x above 88 is clamped to exp(88); NaN propagates. */
+#ifndef BK_VEXP_H
+#define BK_VEXP_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float bki_expf(float x)
+{
+    const float lo = -87.33654475f, hi = 88.0f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    /* round(x / ln2) by the 1.5 * 2^23 trick: the low mantissa bits of big
+     * hold n; exact for |n| < 2^22 under round-to-nearest. */
+    const float shifter = 12582912.0f;
+    float big = xc * 1.44269504088896341f + shifter;
+    float nf = big - shifter;
+    float r = xc - nf * 0.693359375f;          /* ln2 high part (exact product) */
+    r = r + nf * 2.12194440e-4f;                /* ln2 low part                   */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t bi;
+    memcpy(&bi, &big, sizeof bi);
+    int32_t ei = (bi - 0x4B400000 + 127) << 23;
+    float scale;
+    memcpy(&scale, &ei, sizeof scale);
+    float y = p * scale;
+    return x < lo ? 0.0f : y;
+}
+
+#endif

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""Reference oracle for birkhoff attention, built on the PyTorch Sinkformer port.
+
+Usage (Debian's python, which has torch and numpy):
+
+  /usr/bin/python3 tests/oracle/oracle.py --op softmax|sinkhorn \
+      --q Q.npy --k K.npy --v V.npy --dout dO.npy \
+      [--iters S] [--eps E] [--scale s] [--q-len ql.npy --k-len kl.npy] \
+      [--dtype float32|float64] --outdir DIR
+
+Inputs: float32 .npy arrays Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv],
+dO [B,H,Nq,dv]; optional int32 valid lengths [B]. Writes DIR/O.npy,
+DIR/A.npy, DIR/dQ.npy, DIR/dK.npy, DIR/dV.npy (float32, C order), where the
+gradients are those of sum(O * dO), computed by autograd through the unrolled
+Sinkhorn loop (bench/peers/sinkformer_torch.py).
+
+--dtype float64 (the default) runs everything in float64, marginals included:
+this is the oracle the tests compare against. --dtype float32 is the
+reference's own numerics (float32 tensors, float32 marginals, increment
+update form). --iters is required for --op sinkhorn; --scale defaults to
+d^-1/2; --eps (sinkhorn only) defaults to 1.
+"""
+
+import argparse
+import os
+import sys
+
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+
+import numpy as np
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_ROOT, "bench", "peers"))
+import sinkformer_torch as port  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def run_oracle(op, q, k, v, dout, iters=None, eps=1.0, scale=None,
+               q_len=None, k_len=None, dtype="float64", update="increment"):
+    """Forward + backward of the port on numpy inputs.
+
+    Returns a dict of numpy arrays (in the compute dtype) with keys
+    O, A, dQ, dK, dV; the gradients are d sum(O * dout) / d{q,k,v}.
+    dtype "float64": all float64, marginals too; "float32": the reference's
+    numerics (float32 everywhere, float32 marginals).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError("dtype must be float32 or float64")
+    tdt = torch.float64 if dtype == "float64" else torch.float32
+
+    def leaf(a):
+        return torch.tensor(np.asarray(a), dtype=tdt).requires_grad_(True)
+
+    tq, tk, tv = leaf(q), leaf(k), leaf(v)
+    tdo = torch.tensor(np.asarray(dout), dtype=tdt)
+    ql = None if q_len is None else [int(x) for x in np.asarray(q_len).reshape(-1)]
+    kl = None if k_len is None else [int(x) for x in np.asarray(k_len).reshape(-1)]
+
+    if op == "softmax":
+        out, attn = port.softmax_attention(tq, tk, tv, scale=scale, q_len=ql, k_len=kl)
+    elif op == "sinkhorn":
+        if iters is None or iters < 1:
+            raise ValueError("sinkhorn needs iters >= 1")
+        out, attn = port.attention(tq, tk, tv, iters, eps=eps, scale=scale,
+                                   q_len=ql, k_len=kl, marginal_dtype=tdt,
+                                   update=update)
+    else:
+        raise ValueError(f"unknown op {op!r}")
+    if out.shape != tdo.shape:
+        raise ValueError(f"dout shape {tuple(tdo.shape)} != output shape {tuple(out.shape)}")
+    (out * tdo).sum().backward()
+
+    def np_(t):
+        return t.detach().numpy()
+
+    return {"O": np_(out), "A": np_(attn), "dQ": np_(tq.grad),
+            "dK": np_(tk.grad), "dV": np_(tv.grad)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn"])
+    ap.add_argument("--q", required=True)
+    ap.add_argument("--k", required=True)
+    ap.add_argument("--v", required=True)
+    ap.add_argument("--dout", required=True)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--eps", type=float, default=1.0)
+    ap.add_argument("--scale", type=float, default=None)
+    ap.add_argument("--q-len", default=None)
+    ap.add_argument("--k-len", default=None)
+    ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    ap.add_argument("--outdir", required=True)
+    a = ap.parse_args(argv)
+    if a.op == "sinkhorn" and (a.iters is None or a.iters < 1):
+        ap.error("--op sinkhorn needs --iters S with S >= 1")
+    if a.eps <= 0:
+        ap.error("--eps must be > 0")
+
+    q, k, v, dout = (np.load(p) for p in (a.q, a.k, a.v, a.dout))
+    ql = np.load(a.q_len) if a.q_len else None
+    kl = np.load(a.k_len) if a.k_len else None
+    res = run_oracle(a.op, q, k, v, dout, iters=a.iters, eps=a.eps, scale=a.scale,
+                     q_len=ql, k_len=kl, dtype=a.dtype)
+    os.makedirs(a.outdir, exist_ok=True)
+    for name, arr in res.items():
+        np.save(os.path.join(a.outdir, name + ".npy"),
+                np.ascontiguousarray(arr, dtype=np.float32))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,7 +57,7 @@ size_t bki_attn_workspace_size(const bk_attn_desc *d, const bki_attn_cfg *c)
 {
     if (!d || d->B < 1 || d->H < 1 || d->Nq < 1 || d->Nk < 1 || !c || c->S < 1) return 0;
     /* a backward without a tape keeps a temporary tape inside the workspace */
-    return (size_t)bki_threads() * per_thread_bytes(d, c, 1) + bki_attn_tape_size(d, c->S) + BK_ALIGN;
+    return (size_t)bki_threads() * per_thread_bytes(d, c, 1) + bki_attn_tape_size(d, c->S) + 2 * BK_ALIGN;
 }
 
 /* ---- validation ----------------------------------------------------------- */

@@ -197,7 +197,7 @@ def main():
     args = ap.parse_args()
 
     oracle = import_oracle()
-    import numpy as np  # noqa: F401  (available once import_oracle() returned)
+    import numpy as np  # available once import_oracle() returned
 
     cases = make_cases(args.quick)
     cli = args.birkhoff
@@ -239,10 +239,15 @@ def main():
         status = "FAIL" if bad else "ok  "
         passed += not bad
         failed += bool(bad)
-        shapes = "" if not bad else " shapes " + " ".join(
-            f"{n}{got[n].shape}/{ref[n].shape}" for n in bad)
+        # Say why an inf error arose: wrong shape or non-finite values.
+        why = ""
+        for n in bad:
+            if got[n].shape != ref[n].shape:
+                why += f" [{n} shape {got[n].shape}, expected {ref[n].shape}]"
+            elif not np.all(np.isfinite(got[n])):
+                why += f" [{n} has NaN/Inf]"
         print(f"{status} {case['name']:44s} " +
-              " ".join(f"{n} {errs[n]:.1e}" for n in NAMES) + f" {info}{shapes}",
+              " ".join(f"{n} {errs[n]:.1e}" for n in NAMES) + f" {info}{why}",
               flush=True)
 
     print(f"worst CLI errors: " + " ".join(f"{n} {worst_cli[n]:.2e}" for n in NAMES))

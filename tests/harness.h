@@ -1,0 +1,32 @@
+/* harness.h -- the test harness: named checks, a pass/fail count, and the
+ * closing line "N passed, N failed". */
+#ifndef BK_HARNESS_H
+#define BK_HARNESS_H
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    int passed, failed;
+    int quick;        /* --quick: smaller grids */
+    int verbose;
+    const char *filter;
+} th_state;
+extern th_state TH;
+
+/* Records one check; prints failures always and passes when verbose. */
+int th_check(int ok, const char *name, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* deterministic random numbers (splitmix64) */
+typedef struct { uint64_t s; } th_rng;
+uint64_t th_next(th_rng *r);
+double th_unif(th_rng *r);   /* [0, 1) */
+double th_normal(th_rng *r); /* N(0, 1) */
+
+/* test groups (each file registers its own) */
+void test_attn(void);
+void test_npy(void);
+#endif

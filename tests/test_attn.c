@@ -1,0 +1,829 @@
+/* test_attn.c -- softmax and Sinkhorn attention: against the independent
+ * double-precision reference (tests/ref_attn.c), finite differences, the
+ * digest's properties, determinism, layouts, padding, and bad input. */
+#include "birkhoff.h"
+#include "harness.h"
+#include "ref_attn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* a problem instance in a chosen layout                                     */
+/* ------------------------------------------------------------------------ */
+typedef struct {
+    int B, H, Nq, Nk, d, dv;
+    int layout;  /* 0: [B,H,N,C]; 1: [B,N,H,C] */
+    int pad;     /* 0: none; 1: random lengths (>= 1); 2: lengths with zeros */
+    int S;
+    float eps, scale, tol;
+    double sigma; /* input std */
+} tcase;
+
+typedef struct {
+    bk_attn_desc desc;
+    int32_t *ql, *kl;
+    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv;
+    bk_tensor tq, tk, tv, to, ta, tdo, tdq, tdk, tdv;
+    bk_sinkhorn_params p;
+    bk_sinkhorn_diag *diag;
+} tbuf;
+
+static bk_tensor view(const tcase *c, float *p, int N, int C)
+{
+    return c->layout ? bk_tensor_bnhd(p, c->H, N, C) : bk_tensor_bhnd(p, c->H, N, C);
+}
+
+static float *alloc_fill(size_t n, float val)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = val;
+    return p;
+}
+
+static void fill_tensor(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len, th_rng *r,
+                        double sigma)
+{
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int n = 0; n < N; n++)
+                for (int c = 0; c < C; c++) {
+                    float *x = t->data + b * t->stride_b + h * t->stride_h + n * t->stride_n + c;
+                    /* padded rows hold garbage the operator must never read */
+                    *x = (len && n >= len[b]) ? NAN : (float)(sigma * th_normal(r));
+                }
+}
+
+static void tb_init(tbuf *t, const tcase *c, uint64_t seed)
+{
+    memset(t, 0, sizeof *t);
+    th_rng r = {seed};
+    const int B = c->B, H = c->H;
+    if (c->pad) {
+        t->ql = malloc(sizeof(int32_t) * B);
+        t->kl = malloc(sizeof(int32_t) * B);
+        for (int b = 0; b < B; b++) {
+            int lo = c->pad == 2 ? 0 : 1;
+            t->ql[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nq - lo + 1));
+            t->kl[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nk - lo + 1));
+        }
+        if (B > 1) { t->ql[B - 1] = c->Nq; t->kl[B - 1] = c->Nk; }
+    }
+    bk_attn_desc d = {B, H, c->Nq, c->Nk, c->d, c->dv, t->ql, t->kl};
+    t->desc = d;
+    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
+    t->q = alloc_fill(nq * c->d, 0); t->k = alloc_fill(nk * c->d, 0); t->v = alloc_fill(nk * c->dv, 0);
+    t->o = alloc_fill(nq * c->dv, -7); t->a = alloc_fill(nq * c->Nk, -7); t->dout = alloc_fill(nq * c->dv, 0);
+    t->dq = alloc_fill(nq * c->d, -7); t->dk = alloc_fill(nk * c->d, -7); t->dv = alloc_fill(nk * c->dv, -7);
+    t->tq = view(c, t->q, c->Nq, c->d); t->tk = view(c, t->k, c->Nk, c->d); t->tv = view(c, t->v, c->Nk, c->dv);
+    t->to = view(c, t->o, c->Nq, c->dv); t->ta = view(c, t->a, c->Nq, c->Nk);
+    t->tdo = view(c, t->dout, c->Nq, c->dv); t->tdq = view(c, t->dq, c->Nq, c->d);
+    t->tdk = view(c, t->dk, c->Nk, c->d); t->tdv = view(c, t->dv, c->Nk, c->dv);
+    double sg = c->sigma > 0 ? c->sigma : 1.0;
+    fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
+    fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
+    fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
+    fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
+    t->p = bk_sinkhorn_params_default();
+    t->p.iters = c->S;
+    t->p.eps = c->eps;
+    t->p.scale = c->scale;
+    t->p.tol = c->tol;
+    t->diag = calloc((size_t)B * H, sizeof *t->diag);
+}
+
+static void tb_free(tbuf *t)
+{
+    free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);
+    free(t->dout); free(t->dq); free(t->dk); free(t->dv); free(t->diag);
+}
+
+/* gather a view into a contiguous double [B][H][N][C] array (padding -> 0) */
+static double *gather(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len)
+{
+    double *out = malloc(sizeof(double) * (size_t)B * H * N * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int n = 0; n < N; n++)
+                for (int c = 0; c < C; c++) {
+                    float x = t->data[b * t->stride_b + h * t->stride_h + n * t->stride_n + c];
+                    out[(((size_t)b * H + h) * N + n) * C + c] = (len && n >= len[b]) ? 0.0 : x;
+                }
+    return out;
+}
+
+/* max |x - ref| / max(1, max |ref|) over the whole view (padding included) */
+static double rel_err(const bk_tensor *t, int B, int H, int N, int C, const double *ref)
+{
+    double mx = 1.0, err = 0.0;
+    for (size_t i = 0; i < (size_t)B * H * N * C; i++) mx = fmax(mx, fabs(ref[i]));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int n = 0; n < N; n++)
+                for (int c = 0; c < C; c++) {
+                    double x = t->data[b * t->stride_b + h * t->stride_h + n * t->stride_n + c];
+                    double e = fabs(x - ref[(((size_t)b * H + h) * N + n) * C + c]);
+                    if (!(e <= err)) err = e; /* NaN propagates */
+                }
+    return err / mx;
+}
+
+static int *lens_int(const int32_t *l, int B)
+{
+    if (!l) return NULL;
+    int *o = malloc(sizeof(int) * B);
+    for (int b = 0; b < B; b++) o[b] = l[b];
+    return o;
+}
+
+static float alpha_of(const tcase *c) { return (c->scale != 0 ? c->scale : 1.0f / sqrtf((float)c->d)) / c->eps; }
+
+static bk_status run_fwd(tbuf *t, void *tape)
+{
+    bk_sinkhorn_extras ex = {t->ta, NULL, NULL, t->diag};
+    return bk_sinkhorn_forward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->to, tape, &ex, NULL, 0);
+}
+static bk_status run_bwd(tbuf *t, const void *tape)
+{
+    return bk_sinkhorn_backward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->tdo, tape, &t->tdq, &t->tdk,
+                                &t->tdv, NULL, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 1. the grid against the double reference                                 */
+/* ------------------------------------------------------------------------ */
+static void check_against_ref(const tcase *c, uint64_t seed, const char *label)
+{
+    tbuf t;
+    tb_init(&t, c, seed);
+    size_t tsz = bk_sinkhorn_tape_size(&t.desc, &t.p);
+    void *tape = malloc(tsz);
+    bk_status s1 = run_fwd(&t, tape);
+    bk_status s2 = s1 ? s1 : run_bwd(&t, tape);
+    char name[200];
+    snprintf(name, sizeof name, "%s B%d H%d Nq%d Nk%d d%d dv%d %s pad%d S%d eps%g", label, c->B, c->H, c->Nq,
+             c->Nk, c->d, c->dv, c->layout ? "bnhd" : "bhnd", c->pad, c->S, (double)c->eps);
+    if (!th_check(s1 == BK_OK && s2 == BK_OK, name, "status %s / %s: %s", bk_status_str(s1),
+                  bk_status_str(s2), bk_last_error())) {
+        tb_free(&t); free(tape);
+        return;
+    }
+    const int B = c->B, H = c->H;
+    double *Q = gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = gather(&t.tk, B, H, c->Nk, c->d, t.kl);
+    double *V = gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
+    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
+    double *A = malloc(sizeof(double) * nq * c->Nk), *O = malloc(sizeof(double) * nq * c->dv);
+    double *dQ = malloc(sizeof(double) * nq * c->d), *dK = malloc(sizeof(double) * nk * c->d);
+    double *dV = malloc(sizeof(double) * nk * c->dv);
+    int *ql = lens_int(t.ql, B), *kl = lens_int(t.kl, B);
+    double alpha = alpha_of(c);
+    ref_attn_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, A, O);
+    ref_attn_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, dO, dQ, dK, dV);
+    double eo = rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
+    double eq = rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
+    double ev = rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
+    /* documented tolerances (include/birkhoff.h): 1e-5 forward, 1e-4 gradients */
+    th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, name,
+             "O %.2e A %.2e dQ %.2e dK %.2e dV %.2e", eo, ea, eq, ek, ev);
+    /* marginals: odd S -> rows exact; even S -> columns exact */
+    float worst_exact = 0.0f;
+    for (int p = 0; p < B * H; p++) {
+        int Lq = t.ql ? t.ql[p / H] : c->Nq, Lk = t.kl ? t.kl[p / H] : c->Nk;
+        if (Lq == 0 || Lk == 0) continue;
+        float e = (c->S % 2) ? t.diag[p].row_err : t.diag[p].col_err;
+        worst_exact = fmaxf(worst_exact, e);
+    }
+    th_check(worst_exact < 2e-5f, name, "exact-marginal error %.2e", (double)worst_exact);
+    free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV); free(ql); free(kl);
+    free(tape);
+    tb_free(&t);
+}
+
+static void test_grid(void)
+{
+    const int shapes[][6] = {
+        /* B  H  Nq  Nk  d  dv */
+        {1, 1, 1, 1, 3, 2},   {1, 1, 1, 6, 4, 4},  {1, 1, 6, 1, 4, 3},   {1, 1, 7, 7, 8, 8},
+        {2, 3, 5, 9, 8, 5},   {2, 2, 12, 4, 16, 8}, {3, 2, 17, 17, 16, 16}, {1, 5, 33, 31, 32, 16},
+        {4, 3, 24, 40, 8, 12},
+    };
+    const int Ss[] = {1, 2, 3, 4, 5, 8};
+    int nshape = (int)(sizeof shapes / sizeof shapes[0]);
+    uint64_t seed = 100;
+    for (int si = 0; si < nshape; si++)
+        for (int k = 0; k < 6; k++) {
+            if (TH.quick && (k % 2) && si % 2) continue;
+            for (int variant = 0; variant < 3; variant++) {
+                tcase c = {shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4],
+                           shapes[si][5], variant == 1, variant == 2 ? 1 : 0, Ss[k],
+                           (k % 2) ? 0.5f : 1.0f, 0.0f, 0.0f, 1.0};
+                if (variant == 2 && si % 3 == 0) c.pad = 2; /* zero lengths too */
+                check_against_ref(&c, seed++, "ref");
+            }
+        }
+    /* larger scores: sharper attention, still in the double reference's range */
+    tcase sharp = {2, 2, 20, 24, 8, 8, 0, 1, 5, 0.1f, 0.0f, 0.0f, 1.0};
+    check_against_ref(&sharp, 7, "ref-sharp");
+    sharp.S = 6;
+    check_against_ref(&sharp, 8, "ref-sharp");
+}
+
+/* ------------------------------------------------------------------------ */
+/* 2. softmax == Sinkhorn with S = 1; softmax against the reference          */
+/* ------------------------------------------------------------------------ */
+static void test_softmax(void)
+{
+    tcase c = {2, 3, 13, 11, 8, 6, 1, 1, 1, 1.0f, 0.0f, 0.0f, 1.0};
+    tbuf t;
+    tb_init(&t, &c, 55);
+    run_fwd(&t, NULL);
+    run_bwd(&t, NULL);
+    size_t nq = (size_t)c.B * c.H * c.Nq, nk = (size_t)c.B * c.H * c.Nk;
+    float *o = malloc(nq * c.dv * 4), *a = malloc(nq * c.Nk * 4), *dq = malloc(nq * c.d * 4);
+    float *dk = malloc(nk * c.d * 4), *dv = malloc(nk * c.dv * 4);
+    bk_tensor to = view(&c, o, c.Nq, c.dv), ta = view(&c, a, c.Nq, c.Nk), tdq = view(&c, dq, c.Nq, c.d);
+    bk_tensor tdk = view(&c, dk, c.Nk, c.d), tdv = view(&c, dv, c.Nk, c.dv);
+    bk_softmax_params sp = {0.0f};
+    void *tape = malloc(bk_softmax_tape_size(&t.desc));
+    bk_status s1 = bk_softmax_forward(&t.desc, &sp, &t.tq, &t.tk, &t.tv, &to, tape, &ta, NULL, 0);
+    bk_status s2 = bk_softmax_backward(&t.desc, &sp, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+    th_check(s1 == BK_OK && s2 == BK_OK, "softmax status", "%s", bk_last_error());
+    int same = !memcmp(o, t.o, nq * c.dv * 4) && !memcmp(a, t.a, nq * c.Nk * 4) &&
+               !memcmp(dq, t.dq, nq * c.d * 4) && !memcmp(dk, t.dk, nk * c.d * 4) &&
+               !memcmp(dv, t.dv, nk * c.dv * 4);
+    th_check(same, "softmax == sinkhorn S=1 (bitwise)", "%s", "");
+    /* and a plain softmax written here, in double */
+    double worst = 0.0;
+    const double alpha = 1.0 / sqrt((double)c.d);
+    for (int b = 0; b < c.B; b++)
+        for (int h = 0; h < c.H; h++) {
+            int Lq = t.ql[b], Lk = t.kl[b];
+            for (int i = 0; i < Lq; i++) {
+                double sc[64], mx = -1e300, sum = 0;
+                for (int j = 0; j < Lk; j++) {
+                    double s = 0;
+                    for (int x = 0; x < c.d; x++)
+                        s += (double)t.q[b * t.tq.stride_b + h * t.tq.stride_h + i * t.tq.stride_n + x] *
+                             t.k[b * t.tk.stride_b + h * t.tk.stride_h + j * t.tk.stride_n + x];
+                    sc[j] = alpha * s;
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < Lk; j++) sum += exp(sc[j] - mx);
+                for (int j = 0; j < Lk; j++) {
+                    double ref = exp(sc[j] - mx) / sum;
+                    double got = a[b * ta.stride_b + h * ta.stride_h + i * ta.stride_n + j];
+                    worst = fmax(worst, fabs(got - ref));
+                }
+            }
+        }
+    th_check(worst < 1e-6, "softmax vs direct double softmax", "max |A - A_ref| = %.2e", worst);
+    free(o); free(a); free(dq); free(dk); free(dv); free(tape);
+    tb_free(&t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 3. finite differences on the float32 operator itself                      */
+/* ------------------------------------------------------------------------ */
+static double loss_of(tbuf *t, const tcase *c)
+{
+    run_fwd(t, NULL);
+    double L = 0;
+    for (size_t i = 0; i < (size_t)c->B * c->H * c->Nq * c->dv; i++) L += (double)t->o[i] * t->dout[i];
+    return L;
+}
+
+static void test_fd(void)
+{
+    const int Ss[] = {1, 2, 3, 5};
+    for (int k = 0; k < 4; k++) {
+        tcase c = {1, 2, 6, 5, 4, 3, 0, 0, Ss[k], 1.0f, 0.7f, 0.0f, 1.0};
+        tbuf t;
+        tb_init(&t, &c, 900 + k);
+        run_fwd(&t, NULL);
+        run_bwd(&t, NULL);
+        float *an[3] = {t.dq, t.dk, t.dv};
+        float *in[3] = {t.q, t.k, t.v};
+        size_t cnt[3] = {(size_t)2 * 6 * 4, (size_t)2 * 5 * 4, (size_t)2 * 5 * 3};
+        const char *nm[3] = {"dQ", "dK", "dV"};
+        for (int w = 0; w < 3; w++) {
+            float *g = malloc(cnt[w] * 4);
+            memcpy(g, an[w], cnt[w] * 4);
+            double worst = 0, gmax = 1e-3;
+            for (size_t i = 0; i < cnt[w]; i++) {
+                const float h = 1e-2f;
+                float x0 = in[w][i];
+                in[w][i] = x0 + h;
+                double lp = loss_of(&t, &c);
+                in[w][i] = x0 - h;
+                double lm = loss_of(&t, &c);
+                in[w][i] = x0;
+                double fd = (lp - lm) / (2 * h);
+                worst = fmax(worst, fabs(fd - g[i]));
+                gmax = fmax(gmax, fabs(g[i]));
+            }
+            char name[64];
+            snprintf(name, sizeof name, "finite differences %s S=%d", nm[w], Ss[k]);
+            th_check(worst / gmax < 5e-3, name, "max |FD - analytic| / max|g| = %.2e", worst / gmax);
+            free(g);
+        }
+        tb_free(&t);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 4. properties                                                              */
+/* ------------------------------------------------------------------------ */
+/* per-row shift of the scores: augment Q with a column t_i and K with 1 */
+static void test_shift_invariance(void)
+{
+    const int n = 9, m = 9, d = 4, dv = 3;
+    double col_s1 = 0;
+    for (int S = 1; S <= 6; S++) {
+        tcase c = {1, 1, n, m, d, dv, 0, 0, S, 1.0f, 0.5f, 0.0f, 1.0};
+        tcase ca = c;
+        ca.d = d + 1;
+        tbuf t, u;
+        tb_init(&t, &c, 31);
+        tb_init(&u, &ca, 32);
+        th_rng r = {77};
+        /* u: same Q,K plus the extra column; rowshift: Q col = 3*N(0,1), K col = 1
+         * colshift: Q col = 1, K col = 3*N(0,1) */
+        double err[2];
+        for (int mode = 0; mode < 2; mode++) {
+            for (int i = 0; i < n; i++) {
+                for (int x = 0; x < d; x++) u.q[i * (d + 1) + x] = t.q[i * d + x];
+                u.q[i * (d + 1) + d] = mode == 0 ? (float)(6 * th_normal(&r)) : 1.0f;
+            }
+            for (int j = 0; j < m; j++) {
+                for (int x = 0; x < d; x++) u.k[j * (d + 1) + x] = t.k[j * d + x];
+                u.k[j * (d + 1) + d] = mode == 0 ? 1.0f : (float)(6 * th_normal(&r));
+            }
+            memcpy(u.v, t.v, sizeof(float) * m * dv);
+            run_fwd(&t, NULL);
+            run_fwd(&u, NULL);
+            double e = 0;
+            for (int i = 0; i < n * m; i++) e = fmax(e, fabs(t.a[i] - u.a[i]));
+            err[mode] = e;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "row-shift invariance S=%d", S);
+        th_check(err[0] < 2e-6, name, "max |A(C + f 1^T) - A(C)| = %.2e", err[0]);
+        /* column shifts are absorbed only as S grows (digest section 4) */
+        if (S == 1) col_s1 = err[1];
+        if (S == 6) {
+            snprintf(name, sizeof name, "column shift not exact at S=1, smaller at S=6");
+            th_check(col_s1 > 1e-2 && err[1] < 0.5 * col_s1, name, "S=1 %.2e, S=6 %.2e", col_s1, err[1]);
+        }
+        tb_free(&t);
+        tb_free(&u);
+    }
+    /* column-shift error decreases with S and vanishes at convergence */
+    double prev = 1e9;
+    int mono = 1;
+    double last = 0;
+    const int Sl[] = {1, 3, 5, 11, 41, 101};
+    for (int k = 0; k < 6; k++) {
+        tcase c = {1, 1, 6, 6, 3, 2, 0, 0, Sl[k], 1.0f, 0.5f, 0.0f, 1.0};
+        tcase ca = c;
+        ca.d = 4;
+        tbuf t, u;
+        tb_init(&t, &c, 41);
+        tb_init(&u, &ca, 42);
+        th_rng r = {5};
+        for (int i = 0; i < 6; i++) {
+            for (int x = 0; x < 3; x++) u.q[i * 4 + x] = t.q[i * 3 + x];
+            u.q[i * 4 + 3] = 1.0f;
+            for (int x = 0; x < 3; x++) u.k[i * 4 + x] = t.k[i * 3 + x];
+            u.k[i * 4 + 3] = (float)(2 * th_normal(&r));
+        }
+        memcpy(u.v, t.v, sizeof(float) * 12);
+        run_fwd(&t, NULL);
+        run_fwd(&u, NULL);
+        double e = 0;
+        for (int i = 0; i < 36; i++) e = fmax(e, fabs(t.a[i] - u.a[i]));
+        if (e > prev * 1.0001 + 1e-6) mono = 0;
+        prev = e;
+        last = e;
+        tb_free(&t);
+        tb_free(&u);
+    }
+    th_check(mono && last < 1e-5, "column-shift error decreases with S", "final %.2e", last);
+}
+
+static void test_permutation(void)
+{
+    const int S = 5, n = 8, m = 10, d = 4, dv = 3;
+    tcase c = {1, 1, n, m, d, dv, 0, 0, S, 1.0f, 0.0f, 0.0f, 1.0};
+    tbuf t, u;
+    tb_init(&t, &c, 61);
+    tb_init(&u, &c, 62);
+    int pq[8] = {3, 0, 7, 1, 6, 2, 5, 4}, pk[10] = {9, 4, 0, 2, 8, 1, 7, 3, 6, 5};
+    for (int i = 0; i < n; i++) memcpy(u.q + i * d, t.q + pq[i] * d, sizeof(float) * d);
+    for (int j = 0; j < m; j++) {
+        memcpy(u.k + j * d, t.k + pk[j] * d, sizeof(float) * d);
+        memcpy(u.v + j * dv, t.v + pk[j] * dv, sizeof(float) * dv);
+    }
+    run_fwd(&t, NULL);
+    run_fwd(&u, NULL);
+    double e = 0, ea = 0;
+    for (int i = 0; i < n; i++) {
+        for (int x = 0; x < dv; x++) e = fmax(e, fabs(u.o[i * dv + x] - t.o[pq[i] * dv + x]));
+        for (int j = 0; j < m; j++) ea = fmax(ea, fabs(u.a[i * m + j] - t.a[pq[i] * m + pk[j]]));
+    }
+    th_check(e < 1e-6 && ea < 1e-6, "permutation equivariance", "O %.2e A %.2e", e, ea);
+    tb_free(&t);
+    tb_free(&u);
+}
+
+static void test_convergence(void)
+{
+    const int Sl[] = {1, 3, 5, 9, 21, 61};
+    double prev = 1e9;
+    int mono = 1;
+    double last = 0;
+    for (int k = 0; k < 6; k++) {
+        tcase c = {2, 2, 16, 16, 8, 4, 0, 0, Sl[k], 1.0f, 0.0f, 0.0f, 1.0};
+        tbuf t;
+        tb_init(&t, &c, 71);
+        run_fwd(&t, NULL);
+        double e = 0;
+        for (int p = 0; p < 4; p++) e = fmax(e, t.diag[p].col_err);
+        if (e > prev) mono = 0;
+        prev = last = e;
+        tb_free(&t);
+    }
+    th_check(mono && last < 1e-5, "column error decreases with S to doubly stochastic", "S=61: %.2e", last);
+}
+
+static int bitwise_same(const tbuf *a, const tbuf *b, const tcase *c)
+{
+    size_t nq = (size_t)c->B * c->H * c->Nq, nk = (size_t)c->B * c->H * c->Nk;
+    return !memcmp(a->o, b->o, nq * c->dv * 4) && !memcmp(a->a, b->a, nq * c->Nk * 4) &&
+           !memcmp(a->dq, b->dq, nq * c->d * 4) && !memcmp(a->dk, b->dk, nk * c->d * 4) &&
+           !memcmp(a->dv, b->dv, nk * c->dv * 4);
+}
+
+static void test_determinism(void)
+{
+    const int BH[][2] = {{1, 1}, {1, 3}, {5, 1}, {3, 4}};
+    for (int k = 0; k < 4; k++) {
+        tcase c = {BH[k][0], BH[k][1], 19, 23, 16, 8, k % 2, 1, 5, 1.0f, 0.0f, 0.0f, 1.0};
+        if (BH[k][0] == 1) c.pad = 0;
+        tbuf ref;
+        tb_init(&ref, &c, 81);
+        bk_set_num_threads(1);
+        run_fwd(&ref, NULL);
+        run_bwd(&ref, NULL);
+        int ok = 1;
+        for (int nt = 2; nt <= 5; nt++) {
+            tbuf t;
+            tb_init(&t, &c, 81);
+            bk_set_num_threads(nt);
+            run_fwd(&t, NULL);
+            run_bwd(&t, NULL);
+            ok &= bitwise_same(&ref, &t, &c);
+            tb_free(&t);
+        }
+        bk_set_num_threads(0);
+        char name[80];
+        snprintf(name, sizeof name, "bitwise identical for 1..5 threads (B=%d H=%d)", c.B, c.H);
+        th_check(ok, name, "%s", "");
+        tb_free(&ref);
+    }
+}
+
+static void test_layouts_and_tape(void)
+{
+    tcase c = {2, 3, 11, 14, 8, 5, 0, 1, 4, 1.0f, 0.0f, 0.0f, 1.0};
+    tcase c2 = c;
+    c2.layout = 1;
+    tbuf a, b;
+    tb_init(&a, &c, 91);
+    tb_init(&b, &c2, 91);
+    /* same logical values: copy a's into b's layout */
+    for (int bb = 0; bb < c.B; bb++)
+        for (int h = 0; h < c.H; h++) {
+            for (int n = 0; n < c.Nq; n++) {
+                memcpy(b.q + bb * b.tq.stride_b + h * b.tq.stride_h + n * b.tq.stride_n,
+                       a.q + bb * a.tq.stride_b + h * a.tq.stride_h + n * a.tq.stride_n, 4 * c.d);
+                memcpy(b.dout + bb * b.tdo.stride_b + h * b.tdo.stride_h + n * b.tdo.stride_n,
+                       a.dout + bb * a.tdo.stride_b + h * a.tdo.stride_h + n * a.tdo.stride_n, 4 * c.dv);
+            }
+            for (int n = 0; n < c.Nk; n++) {
+                memcpy(b.k + bb * b.tk.stride_b + h * b.tk.stride_h + n * b.tk.stride_n,
+                       a.k + bb * a.tk.stride_b + h * a.tk.stride_h + n * a.tk.stride_n, 4 * c.d);
+                memcpy(b.v + bb * b.tv.stride_b + h * b.tv.stride_h + n * b.tv.stride_n,
+                       a.v + bb * a.tv.stride_b + h * a.tv.stride_h + n * a.tv.stride_n, 4 * c.dv);
+            }
+        }
+    void *tape = malloc(bk_sinkhorn_tape_size(&a.desc, &a.p));
+    run_fwd(&a, tape);
+    run_bwd(&a, tape);
+    run_fwd(&b, NULL);
+    run_bwd(&b, NULL); /* no tape: recomputes the forward */
+    double e = 0;
+    for (int bb = 0; bb < c.B; bb++)
+        for (int h = 0; h < c.H; h++)
+            for (int n = 0; n < c.Nq; n++)
+                for (int x = 0; x < c.d; x++) {
+                    e = fmax(e, fabs(a.dq[bb * a.tdq.stride_b + h * a.tdq.stride_h + n * a.tdq.stride_n + x] -
+                                     b.dq[bb * b.tdq.stride_b + h * b.tdq.stride_h + n * b.tdq.stride_n + x]));
+                }
+    th_check(e == 0.0, "[B,N,H,d] layout and tape-less backward == [B,H,N,d] with tape", "max diff %.2e", e);
+    free(tape);
+    tb_free(&a);
+    tb_free(&b);
+}
+
+static void cmpf(int *ok, double *md, float got, float want)
+{
+    if (got != want) *ok = 0;
+    double e = fabs((double)got - want);
+    if (!(e <= *md)) *md = e;
+}
+
+/* padded batch == each problem run alone, truncated */
+static void test_padding_truncation(void)
+{
+    const int S_list[] = {1, 4, 5};
+    for (int k = 0; k < 3; k++) {
+        tcase c = {4, 2, 12, 15, 8, 6, 0, 1, S_list[k], 1.0f, 0.0f, 0.0f, 1.0};
+        tbuf t;
+        tb_init(&t, &c, 101 + k);
+        t.ql[0] = 3; t.kl[0] = 15; t.ql[1] = 12; t.kl[1] = 2; t.ql[2] = 0; t.kl[2] = 5;
+        /* refill for the new lengths: fresh values in valid rows, huge values
+         * and NaN in padded ones */
+        th_rng rr = {7 + (uint64_t)k};
+        fill_tensor(&t.tq, 4, 2, 12, 8, t.ql, &rr, 1.0);
+        fill_tensor(&t.tk, 4, 2, 15, 8, t.kl, &rr, 1.0);
+        fill_tensor(&t.tv, 4, 2, 15, 6, t.kl, &rr, 1.0);
+        fill_tensor(&t.tdo, 4, 2, 12, 6, t.ql, &rr, 1.0);
+        for (int b = 0; b < 4; b++)
+            for (int h = 0; h < 2; h++) {
+                for (int n = t.ql[b]; n < 12; n++)
+                    for (int x = 0; x < 8; x++) t.q[((b * 2 + h) * 12 + n) * 8 + x] = 1e30f;
+                for (int n = t.kl[b]; n < 15; n++) {
+                    for (int x = 0; x < 8; x++) t.k[((b * 2 + h) * 15 + n) * 8 + x] = -1e30f;
+                    for (int x = 0; x < 6; x++) t.v[((b * 2 + h) * 15 + n) * 6 + x] = NAN;
+                }
+            }
+        bk_status st = run_fwd(&t, NULL);
+        if (st == BK_OK) st = run_bwd(&t, NULL);
+        th_check(st == BK_OK, "padded run with garbage in the padding", "%s", bk_last_error());
+        int ok = 1;
+        double md[4] = {0, 0, 0, 0};
+        for (int b = 0; b < 4; b++) {
+            int Lq = t.ql[b], Lk = t.kl[b];
+            for (int h = 0; h < 2; h++) {
+                if (Lq == 0 || Lk == 0) {
+                    for (int n = 0; n < 12 * 6; n++) ok &= t.o[(b * 2 + h) * 12 * 6 + n] == 0.0f;
+                    continue;
+                }
+                tcase u = {1, 1, Lq, Lk, 8, 6, 0, 0, c.S, 1.0f, 0.0f, 0.0f, 1.0};
+                tbuf s;
+                tb_init(&s, &u, 1);
+                for (int n = 0; n < Lq; n++) {
+                    memcpy(s.q + n * 8, t.q + ((b * 2 + h) * 12 + n) * 8, 32);
+                    memcpy(s.dout + n * 6, t.dout + ((b * 2 + h) * 12 + n) * 6, 24);
+                }
+                for (int n = 0; n < Lk; n++) {
+                    memcpy(s.k + n * 8, t.k + ((b * 2 + h) * 15 + n) * 8, 32);
+                    memcpy(s.v + n * 6, t.v + ((b * 2 + h) * 15 + n) * 6, 24);
+                }
+                run_fwd(&s, NULL);
+                run_bwd(&s, NULL);
+                for (int n = 0; n < 12; n++)
+                    for (int x = 0; x < 6; x++) {
+                        float got = t.o[((b * 2 + h) * 12 + n) * 6 + x];
+                        cmpf(&ok, &md[0], got, n < Lq ? s.o[n * 6 + x] : 0.0f);
+                    }
+                for (int n = 0; n < 12; n++)
+                    for (int x = 0; x < 8; x++) {
+                        float got = t.dq[((b * 2 + h) * 12 + n) * 8 + x];
+                        cmpf(&ok, &md[1], got, n < Lq ? s.dq[n * 8 + x] : 0.0f);
+                    }
+                for (int n = 0; n < 15; n++)
+                    for (int x = 0; x < 8; x++) {
+                        float got = t.dk[((b * 2 + h) * 15 + n) * 8 + x];
+                        cmpf(&ok, &md[2], got, n < Lk ? s.dk[n * 8 + x] : 0.0f);
+                    }
+                for (int n = 0; n < 15; n++)
+                    for (int x = 0; x < 6; x++) {
+                        float got = t.dv[((b * 2 + h) * 15 + n) * 6 + x];
+                        cmpf(&ok, &md[3], got, n < Lk ? s.dv[n * 6 + x] : 0.0f);
+                    }
+                tb_free(&s);
+            }
+        }
+        char name[64];
+        snprintf(name, sizeof name, "padding == truncation, bitwise (S=%d)", c.S);
+        th_check(ok, name, "max diff O %.2e dQ %.2e dK %.2e dV %.2e", md[0], md[1], md[2], md[3]);
+        tb_free(&t);
+    }
+}
+
+/* early stop: per problem, only after row steps, same result as running
+ * that many steps */
+static void test_early_stop(void)
+{
+    tcase c = {3, 1, 10, 10, 4, 3, 0, 0, 201, 1.0f, 0.0f, 1e-4f, 1.0};
+    tbuf t;
+    tb_init(&t, &c, 111);
+    /* make problem 1 sharper so problems stop at different steps */
+    for (int i = 0; i < 40; i++) t.q[40 + i] *= 3.0f;
+    run_fwd(&t, NULL);
+    int ok = 1, differ = 0;
+    for (int p = 0; p < 3; p++) {
+        ok &= t.diag[p].iters % 2 == 1 && t.diag[p].iters < 201 && t.diag[p].col_err < 1e-4f;
+        if (p && t.diag[p].iters != t.diag[0].iters) differ = 1;
+    }
+    th_check(ok && differ, "early stop per problem after a row step", "iters %d %d %d, col err %.1e",
+             t.diag[0].iters, t.diag[1].iters, t.diag[2].iters, (double)t.diag[0].col_err);
+    /* the stopped problem equals a plain run with S = its iteration count */
+    tcase c1 = c;
+    c1.B = 1;
+    c1.S = t.diag[0].iters;
+    c1.tol = 0;
+    tbuf u;
+    tb_init(&u, &c1, 111);
+    memcpy(u.q, t.q, sizeof(float) * 40);
+    memcpy(u.k, t.k, sizeof(float) * 40);
+    memcpy(u.v, t.v, sizeof(float) * 30);
+    memcpy(u.dout, t.dout, sizeof(float) * 30);
+    run_fwd(&u, NULL);
+    th_check(!memcmp(u.o, t.o, sizeof(float) * 10 * 3), "early-stopped == fixed S", "S=%d", c1.S);
+    /* its backward equals that of the fixed-S run too */
+    run_bwd(&t, NULL);
+    run_bwd(&u, NULL);
+    th_check(!memcmp(u.dq, t.dq, sizeof(float) * 10 * 4), "early-stopped backward == fixed S", "%s", "");
+    tb_free(&t);
+    tb_free(&u);
+}
+
+/* implicit differentiation agrees with the unrolled gradient at convergence
+ * and is wrong (as documented) at S = 3 */
+static void test_implicit(void)
+{
+    double e_conv = 0, e_s3 = 0;
+    for (int k = 0; k < 2; k++) {
+        tcase c = {1, 2, 9, 12, 6, 4, 0, 0, k == 0 ? 401 : 3, 1.0f, 0.0f, 0.0f, 1.0};
+        tbuf t, u;
+        tb_init(&t, &c, 121);
+        tb_init(&u, &c, 121);
+        u.p.grad = BK_GRAD_IMPLICIT;
+        run_fwd(&t, NULL);
+        run_bwd(&t, NULL);
+        bk_status s = run_bwd(&u, NULL);
+        th_check(s == BK_OK, "implicit backward runs", "%s", bk_last_error());
+        double e = 0, mx = 1e-3;
+        for (int i = 0; i < 2 * 9 * 6; i++) {
+            e = fmax(e, fabs(t.dq[i] - u.dq[i]));
+            mx = fmax(mx, fabs(t.dq[i]));
+        }
+        for (int i = 0; i < 2 * 12 * 6; i++) e = fmax(e, fabs(t.dk[i] - u.dk[i]));
+        if (k == 0) e_conv = e / mx;
+        else e_s3 = e / mx;
+        tb_free(&t);
+        tb_free(&u);
+    }
+    th_check(e_conv < 1e-4, "implicit == unrolled at convergence (S=401)", "rel %.2e", e_conv);
+    th_check(e_s3 > 1e-3, "implicit != unrolled at S=3 (documented)", "rel %.2e", e_s3);
+}
+
+/* very sharp scores: tiny column masses take the exact fallback path */
+static void test_sharp(void)
+{
+    tcase c = {1, 2, 16, 16, 4, 4, 0, 0, 6, 0.02f, 1.0f, 0.0f, 1.5};
+    tbuf t;
+    tb_init(&t, &c, 131);
+    bk_status s1 = run_fwd(&t, NULL), s2 = run_bwd(&t, NULL);
+    int finite = 1;
+    for (int i = 0; i < 2 * 16 * 16; i++) finite &= isfinite(t.a[i]);
+    for (int i = 0; i < 2 * 16 * 4; i++) finite &= isfinite(t.dq[i]) && isfinite(t.dk[i]) && isfinite(t.o[i]);
+    th_check(s1 == BK_OK && s2 == BK_OK && finite && t.diag[0].col_err < 1e-4f, "eps=0.02: no NaN, columns exact",
+             "col err %.2e", (double)t.diag[0].col_err);
+    tb_free(&t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 5. bad input                                                               */
+/* ------------------------------------------------------------------------ */
+static void test_bad_input(void)
+{
+    tcase c = {2, 2, 5, 6, 4, 3, 0, 0, 3, 1.0f, 0.0f, 0.0f, 1.0};
+    tbuf t;
+    tb_init(&t, &c, 141);
+    size_t osz = (size_t)2 * 2 * 5 * 3;
+    float *o0 = malloc(osz * 4);
+    memcpy(o0, t.o, osz * 4);
+#define EXPECT(call, code, what)                                                                        \
+    do {                                                                                                \
+        bk_status s_ = (call);                                                                          \
+        th_check(s_ == (code) && !memcmp(o0, t.o, osz * 4) && bk_last_error()[0], "bad input: " what,  \
+                 "got %s (%s)", bk_status_str(s_), bk_last_error());                                    \
+    } while (0)
+    bk_sinkhorn_params p = t.p;
+    bk_attn_desc d = t.desc;
+    bk_tensor nul = {NULL, 0, 0, 0};
+    EXPECT(bk_sinkhorn_forward(NULL, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL desc");
+    EXPECT(bk_sinkhorn_forward(&d, NULL, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL params");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &nul, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL q data");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, NULL, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL v");
+    d.Nq = 0;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "Nq = 0");
+    d = t.desc;
+    d.d = -3;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "d < 0");
+    d = t.desc;
+    int32_t badlen[2] = {3, 7};
+    d.k_len = badlen;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "k_len > Nk");
+    badlen[1] = -1;
+    d.k_len = NULL;
+    d.q_len = badlen;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "q_len < 0");
+    d = t.desc;
+    p.eps = 0;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps = 0");
+    p.eps = -1;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps < 0");
+    p = t.p;
+    p.iters = 0;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "S = 0");
+    p = t.p;
+    p.scale = NAN;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale NaN");
+    p = t.p;
+    p.eps = 1e-45f;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale/eps overflow");
+    p = t.p;
+    bk_tensor over = t.tq;
+    over.stride_n = 2; /* rows of 4 overlap */
+    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "overlapping strides");
+    over = t.tq;
+    over.stride_h = -20;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "negative stride");
+    bk_tensor alias = bk_tensor_bhnd(t.v, 2, 5, 3);
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &alias, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "output aliases input");
+    float keep = t.k[5];
+    t.k[5] = INFINITY;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "Inf in K");
+    t.k[5] = keep;
+    keep = t.v[0];
+    t.v[0] = NAN;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "NaN in V");
+    t.v[0] = keep;
+    char small[64];
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, small, sizeof small), BK_ERR_WORKSPACE,
+           "workspace too small");
+    /* a caller workspace of the queried size works */
+    size_t wsz = bk_sinkhorn_workspace_size(&d, &p);
+    void *ws = malloc(wsz);
+    bk_status s = bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, ws, wsz);
+    th_check(s == BK_OK, "caller workspace of the queried size", "%s", bk_last_error());
+    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, NULL, &t.tdq, &t.tdk, &t.tdv, ws, wsz);
+    th_check(s == BK_OK, "caller workspace of the queried size (backward)", "%s", bk_last_error());
+    free(ws);
+    memcpy(o0, t.o, osz * 4);
+    /* tapes: garbage, or from another problem */
+    size_t tsz = bk_sinkhorn_tape_size(&d, &p);
+    unsigned char *tape = calloc(1, tsz);
+    float *dq0 = malloc(sizeof(float) * 2 * 2 * 5 * 4);
+    memcpy(dq0, t.dq, sizeof(float) * 2 * 2 * 5 * 4);
+    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
+    th_check(s == BK_ERR_TAPE && !memcmp(dq0, t.dq, sizeof(float) * 20 * 4), "bad input: garbage tape", "%s",
+             bk_last_error());
+    run_fwd(&t, tape);
+    p.iters = 4;
+    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
+    th_check(s == BK_ERR_TAPE, "bad input: tape from another S", "%s", bk_last_error());
+    p = t.p;
+    ((int32_t *)(tape + 64))[0] = 99; /* corrupt the first block's step count */
+    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
+    th_check(s == BK_ERR_TAPE, "bad input: corrupt tape block", "%s", bk_last_error());
+    th_check(bk_status_str(BK_ERR_STRIDE)[0] && bk_status_str((bk_status)999)[0], "status strings", "%s", "");
+    free(tape);
+    free(dq0);
+    free(o0);
+    tb_free(&t);
+#undef EXPECT
+}
+
+void test_attn(void)
+{
+    printf("# isa %s, %d threads\n", bk_isa(), bk_get_num_threads());
+    test_grid();
+    test_softmax();
+    test_fd();
+    test_shift_invariance();
+    test_permutation();
+    test_convergence();
+    test_determinism();
+    test_layouts_and_tape();
+    test_padding_truncation();
+    test_early_stop();
+    test_implicit();
+    test_sharp();
+    test_bad_input();
+}

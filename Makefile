@@ -33,7 +33,7 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h
 
-TOOL_SRC = tools/birkhoff.c tools/bench.c tools/demo.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/bench.c tools/demo.c
 TEST_SRC = tests/test_main.c tests/test_attn.c tests/test_npy.c tests/ref_attn.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a

@@ -248,6 +248,16 @@ BK_API bk_status bk_softmax_backward(const bk_attn_desc *desc,
                                      void *ws, size_t ws_size);
 
 /* ------------------------------------------------------------------------ */
+/* Vector math and machine probes (used by the benchmark)                   */
+/* ------------------------------------------------------------------------ */
+/* x[i] = exp(x[i]) with the kernels' own exp (< 2 ulp; 0 below -87.3). */
+BK_API void bk_vexp(float *x, size_t n);
+/* Measures this core's float32 FMA throughput (GFLOP/s, one thread, the
+ * selected instruction set) and the kernels' exp throughput (G exp/s), each
+ * for about `seconds`. */
+BK_API void bk_machine_peak(double seconds, double *gflops, double *gexps);
+
+/* ------------------------------------------------------------------------ */
 /* .npy files (little-endian float32 '<f4' or int32 '<i4', C order)         */
 /* ------------------------------------------------------------------------ */
 typedef enum { BK_F32 = 0, BK_I32 = 1 } bk_dtype;

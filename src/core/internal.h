@@ -101,6 +101,7 @@ typedef struct {
     /* machine-peak probes for the benchmark: flops / exps done */
     double (*fma_probe)(long iters);
     double (*exp_probe)(long reps, float *buf4096);
+    void (*vexp)(float *x, size_t n);
 } bki_kernels;
 
 const bki_kernels *bki_kern(void);

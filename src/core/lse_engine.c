@@ -451,6 +451,12 @@ static double ISA(exp_probe)(long reps, float *buf)
     return (double)reps * 4096;
 }
 
+static void ISA(vexp)(float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) x[i] = bki_expf(x[i]);
+}
+
 const bki_kernels ISA(bki_kernels) = {
     .name = BK_STR(BK_ISA),
     .sk_forward = ISA(sk_forward),
@@ -459,4 +465,5 @@ const bki_kernels ISA(bki_kernels) = {
     .sk_backward = ISA(sk_backward),
     .fma_probe = ISA(fma_probe),
     .exp_probe = ISA(exp_probe),
+    .vexp = ISA(vexp),
 };

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -63,3 +64,37 @@ size_t bki_hist_off(int n, int m, int t)
 }
 
 size_t bki_hist_len(int n, int m, int S) { return bki_hist_off(n, m, S + 1); }
+
+void bk_vexp(float *x, size_t n)
+{
+    if (x) bki_kern()->vexp(x, n);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void bk_machine_peak(double seconds, double *gflops, double *gexps)
+{
+    const bki_kernels *k = bki_kern();
+    float buf[4096];
+    double best_f = 0, best_e = 0;
+    /* several short rounds; keep the best (the machine is shared and noisy) */
+    for (int round = 0; round < 5; round++) {
+        long it = 1 << 16;
+        double t0 = now_s(), fl = 0;
+        while (now_s() - t0 < seconds / 10) fl += k->fma_probe(it);
+        double r = fl / (now_s() - t0);
+        best_f = r > best_f ? r : best_f;
+        t0 = now_s();
+        double ex = 0;
+        while (now_s() - t0 < seconds / 10) ex += k->exp_probe(64, buf);
+        r = ex / (now_s() - t0);
+        best_e = r > best_e ? r : best_e;
+    }
+    if (gflops) *gflops = best_f * 1e-9;
+    if (gexps) *gexps = best_e * 1e-9;
+}

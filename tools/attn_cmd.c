@@ -1,0 +1,271 @@
+/* attn_cmd.c -- `birkhoff attn`: run an attention operator on .npy files. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void attn_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: birkhoff attn --op softmax|sinkhorn --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "\n"
+            "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
+            "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
+            "\n"
+            "options:\n"
+            "  --iters S         Sinkhorn half-steps, row first (default 5; S=1 is softmax)\n"
+            "  --eps E           temperature (default 1)\n"
+            "  --scale s         score scale (default 1/sqrt(d))\n"
+            "  --tol T           per-problem early stop on the column-marginal error (default off)\n"
+            "  --grad MODE       unrolled (default, exact for the S steps run) | implicit (at convergence)\n"
+            "  --q-len L.npy     int32 [B] valid query lengths (padding)\n"
+            "  --k-len L.npy     int32 [B] valid key lengths\n"
+            "  --attn A.npy      also write the attention matrix [B,H,Nq,Nk]\n"
+            "  --diag D.npy      also write per-problem [iters, row_err, col_err] as float32 [B,H,3]\n"
+            "  --dout dO.npy     upstream gradient [B,H,Nq,dv]: run the backward too, writing\n"
+            "  --dq F --dk F --dv F   the gradients (any subset)\n"
+            "  --threads N       threads (default: all cores); results do not depend on it\n");
+}
+
+typedef struct {
+    const char *op, *q, *k, *v, *out, *qlen, *klen, *attn, *diag, *dout, *dq, *dk, *dv;
+    const char *iters, *eps, *scale, *tol, *grad, *threads;
+} attn_args;
+
+static int load4(const char *what, const char *path, bk_npy *a)
+{
+    if (bk_npy_read(path, a) != BK_OK) {
+        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+        return 0;
+    }
+    if (a->dtype != BK_F32 || a->ndim != 4) {
+        fprintf(stderr, "birkhoff attn: %s (%s) must be a float32 array of 4 dimensions [B,H,N,C], got %s with %d\n",
+                what, path, a->dtype == BK_F32 ? "float32" : "int32", a->ndim);
+        bk_npy_free(a);
+        return 0;
+    }
+    for (int i = 0; i < 4; i++)
+        if (a->shape[i] < 1 || a->shape[i] > 0x7fffffff) {
+            fprintf(stderr, "birkhoff attn: %s (%s) has an empty or too large dimension\n", what, path);
+            bk_npy_free(a);
+            return 0;
+        }
+    return 1;
+}
+
+static int load_len(const char *what, const char *path, int64_t B, bk_npy *a)
+{
+    if (bk_npy_read(path, a) != BK_OK) {
+        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+        return 0;
+    }
+    if (a->dtype != BK_I32 || a->ndim != 1 || a->shape[0] != B) {
+        fprintf(stderr, "birkhoff attn: %s (%s) must be an int32 array of shape [%lld]\n", what, path, (long long)B);
+        bk_npy_free(a);
+        return 0;
+    }
+    return 1;
+}
+
+static int shape_is(const bk_npy *a, int64_t s0, int64_t s1, int64_t s2, int64_t s3)
+{
+    return a->shape[0] == s0 && a->shape[1] == s1 && a->shape[2] == s2 && a->shape[3] == s3;
+}
+
+int cmd_attn(int argc, char **argv)
+{
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    struct { const char *flag; const char **dst; } opts[] = {
+        {"--op", &a.op},       {"--q", &a.q},         {"--k", &a.k},         {"--v", &a.v},
+        {"--out", &a.out},     {"--q-len", &a.qlen},  {"--k-len", &a.klen},  {"--attn", &a.attn},
+        {"--diag", &a.diag},   {"--dout", &a.dout},   {"--dq", &a.dq},       {"--dk", &a.dk},
+        {"--dv", &a.dv},       {"--iters", &a.iters}, {"--eps", &a.eps},     {"--scale", &a.scale},
+        {"--tol", &a.tol},     {"--grad", &a.grad},   {"--threads", &a.threads},
+    };
+    const int nopt = (int)(sizeof opts / sizeof opts[0]);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            attn_usage(stdout);
+            return CLI_OK;
+        }
+        int hit = 0;
+        for (int o = 0; o < nopt; o++)
+            if (!strcmp(argv[i], opts[o].flag)) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "birkhoff attn: %s needs a value\n", argv[i]);
+                    return CLI_USAGE;
+                }
+                *opts[o].dst = argv[++i];
+                hit = 1;
+                break;
+            }
+        if (!hit) {
+            fprintf(stderr, "birkhoff attn: unknown option '%s'\n", argv[i]);
+            attn_usage(stderr);
+            return CLI_USAGE;
+        }
+    }
+    if (!a.op || !a.q || !a.k || !a.v || !a.out) {
+        fprintf(stderr, "birkhoff attn: --op, --q, --k, --v and --out are required\n");
+        attn_usage(stderr);
+        return CLI_USAGE;
+    }
+    int sink = !strcmp(a.op, "sinkhorn");
+    if (!sink && strcmp(a.op, "softmax")) {
+        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax or sinkhorn)\n", a.op);
+        return CLI_USAGE;
+    }
+    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    if (a.iters && (!cli_parse_int(a.iters, &p.iters) || p.iters < 1)) {
+        fprintf(stderr, "birkhoff attn: --iters must be an integer >= 1, got '%s'\n", a.iters);
+        return CLI_USAGE;
+    }
+    if (a.eps && (!cli_parse_float(a.eps, &p.eps) || !(p.eps > 0))) {
+        fprintf(stderr, "birkhoff attn: --eps must be a number > 0, got '%s'\n", a.eps);
+        return CLI_USAGE;
+    }
+    if (a.scale && !cli_parse_float(a.scale, &p.scale)) {
+        fprintf(stderr, "birkhoff attn: --scale must be a finite number, got '%s'\n", a.scale);
+        return CLI_USAGE;
+    }
+    if (a.tol && (!cli_parse_float(a.tol, &p.tol) || p.tol < 0)) {
+        fprintf(stderr, "birkhoff attn: --tol must be a number >= 0, got '%s'\n", a.tol);
+        return CLI_USAGE;
+    }
+    if (a.grad) {
+        if (!strcmp(a.grad, "unrolled")) p.grad = BK_GRAD_UNROLLED;
+        else if (!strcmp(a.grad, "implicit")) p.grad = BK_GRAD_IMPLICIT;
+        else {
+            fprintf(stderr, "birkhoff attn: --grad must be unrolled or implicit, got '%s'\n", a.grad);
+            return CLI_USAGE;
+        }
+    }
+    if (!sink && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
+        fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
+        return CLI_USAGE;
+    }
+    if (a.threads) {
+        int nt;
+        if (!cli_parse_int(a.threads, &nt) || nt < 1) {
+            fprintf(stderr, "birkhoff attn: --threads must be an integer >= 1\n");
+            return CLI_USAGE;
+        }
+        bk_set_num_threads(nt);
+    }
+    if ((a.dq || a.dk || a.dv) && !a.dout) {
+        fprintf(stderr, "birkhoff attn: --dq/--dk/--dv need --dout\n");
+        return CLI_USAGE;
+    }
+
+    int rc = CLI_FAIL;
+    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0};
+    float *O = NULL, *A = NULL, *dQ = NULL, *dK = NULL, *dV = NULL, *D = NULL;
+    bk_sinkhorn_diag *diag = NULL;
+    void *tape = NULL;
+    if (!load4("Q", a.q, &Q) || !load4("K", a.k, &K) || !load4("V", a.v, &V)) goto done;
+    const int B = (int)Q.shape[0], H = (int)Q.shape[1], Nq = (int)Q.shape[2], d = (int)Q.shape[3];
+    const int Nk = (int)K.shape[2], dv = (int)V.shape[3];
+    if (!shape_is(&K, B, H, Nk, d)) {
+        fprintf(stderr, "birkhoff attn: K has shape [%lld,%lld,%lld,%lld], expected [%d,%d,Nk,%d] to match Q\n",
+                (long long)K.shape[0], (long long)K.shape[1], (long long)K.shape[2], (long long)K.shape[3], B, H, d);
+        goto done;
+    }
+    if (!shape_is(&V, B, H, Nk, dv)) {
+        fprintf(stderr, "birkhoff attn: V has shape [%lld,%lld,%lld,%lld], expected [%d,%d,%d,dv] to match K\n",
+                (long long)V.shape[0], (long long)V.shape[1], (long long)V.shape[2], (long long)V.shape[3], B, H, Nk);
+        goto done;
+    }
+    if (a.qlen && !load_len("--q-len", a.qlen, B, &QL)) goto done;
+    if (a.klen && !load_len("--k-len", a.klen, B, &KL)) goto done;
+    if (a.dout) {
+        if (!load4("dO", a.dout, &DO)) goto done;
+        if (!shape_is(&DO, B, H, Nq, dv)) {
+            fprintf(stderr, "birkhoff attn: dO must have shape [%d,%d,%d,%d] like the output\n", B, H, Nq, dv);
+            goto done;
+        }
+    }
+    bk_attn_desc desc = {B, H, Nq, Nk, d, dv, QL.data, KL.data};
+    if (!sink) p.iters = 1; /* softmax: the S = 1 case, through its own entry points below */
+    size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
+    O = malloc(nq * dv * sizeof(float));
+    if (a.attn) A = malloc(nq * Nk * sizeof(float));
+    if (a.diag) diag = malloc(sizeof(*diag) * (size_t)B * H);
+    size_t tsz = sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    if (a.dout) tape = malloc(tsz ? tsz : 1);
+    if (!O || (a.attn && !A) || (a.diag && !diag) || (a.dout && !tape)) {
+        fprintf(stderr, "birkhoff attn: out of memory\n");
+        goto done;
+    }
+    bk_tensor tq = bk_tensor_bhnd(Q.data, H, Nq, d), tk = bk_tensor_bhnd(K.data, H, Nk, d);
+    bk_tensor tv = bk_tensor_bhnd(V.data, H, Nk, dv), to = bk_tensor_bhnd(O, H, Nq, dv);
+    bk_tensor ta = bk_tensor_bhnd(A, H, Nq, Nk);
+    bk_status s;
+    if (sink) {
+        bk_sinkhorn_extras ex = {ta, NULL, NULL, diag};
+        s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+    } else {
+        bk_softmax_params sp = {p.scale};
+        s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, A ? &ta : NULL, NULL, 0);
+    }
+    if (s != BK_OK) {
+        fprintf(stderr, "birkhoff attn: forward failed: %s: %s\n", bk_status_str(s), bk_last_error());
+        goto done;
+    }
+    if (a.dout) {
+        dQ = malloc(nq * d * sizeof(float));
+        dK = malloc(nk * d * sizeof(float));
+        dV = malloc(nk * dv * sizeof(float));
+        if (!dQ || !dK || !dV) {
+            fprintf(stderr, "birkhoff attn: out of memory\n");
+            goto done;
+        }
+        bk_tensor tdo = bk_tensor_bhnd(DO.data, H, Nq, dv), tdq = bk_tensor_bhnd(dQ, H, Nq, d);
+        bk_tensor tdk = bk_tensor_bhnd(dK, H, Nk, d), tdv = bk_tensor_bhnd(dV, H, Nk, dv);
+        if (sink) {
+            s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+        } else {
+            bk_softmax_params sp = {p.scale};
+            s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+        }
+        if (s != BK_OK) {
+            fprintf(stderr, "birkhoff attn: backward failed: %s: %s\n", bk_status_str(s), bk_last_error());
+            goto done;
+        }
+    }
+    /* every result is computed: now write the files */
+    int64_t so[4] = {B, H, Nq, dv}, sa[4] = {B, H, Nq, Nk}, sq[4] = {B, H, Nq, d}, sk[4] = {B, H, Nk, d};
+    int64_t sv[4] = {B, H, Nk, dv}, sd[3] = {B, H, 3};
+    if (diag) {
+        D = malloc(sizeof(float) * (size_t)B * H * 3);
+        if (!D) goto done;
+        for (int i = 0; i < B * H; i++) {
+            D[3 * i] = (float)diag[i].iters;
+            D[3 * i + 1] = diag[i].row_err;
+            D[3 * i + 2] = diag[i].col_err;
+        }
+    }
+    if ((s = bk_npy_write(a.out, BK_F32, 4, so, O)) || (A && (s = bk_npy_write(a.attn, BK_F32, 4, sa, A))) ||
+        (D && (s = bk_npy_write(a.diag, BK_F32, 3, sd, D))) || (a.dq && (s = bk_npy_write(a.dq, BK_F32, 4, sq, dQ))) ||
+        (a.dk && (s = bk_npy_write(a.dk, BK_F32, 4, sk, dK))) || (a.dv && (s = bk_npy_write(a.dv, BK_F32, 4, sv, dV)))) {
+        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+        goto done;
+    }
+    if (diag) {
+        float re = 0, ce = 0;
+        int it = 0;
+        for (int i = 0; i < B * H; i++) {
+            re = diag[i].row_err > re ? diag[i].row_err : re;
+            ce = diag[i].col_err > ce ? diag[i].col_err : ce;
+            it = diag[i].iters > it ? diag[i].iters : it;
+        }
+        fprintf(stderr, "sinkhorn: %d problems, max half-steps %d, max |row sum - 1| %.3g, max |col sum - 1| %.3g (relative)\n",
+                B * H, it, (double)re, (double)ce);
+    }
+    rc = CLI_OK;
+done:
+    bk_npy_free(&Q); bk_npy_free(&K); bk_npy_free(&V); bk_npy_free(&QL); bk_npy_free(&KL); bk_npy_free(&DO);
+    free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(tape);
+    return rc;
+}

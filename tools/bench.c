@@ -1,0 +1,324 @@
+/* bench.c -- `birkhoff bench`: operators over a shape grid, forward and
+ * forward+backward, median and quartiles of many repetitions, memory, the
+ * fraction of the machine's measured peak, and the ratio to the PyTorch peer
+ * (bench/peers/torch_peer.py) measured in the same run on the same threads. */
+#include "cli.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    int op; /* 0 softmax, 1 sinkhorn */
+    int BH, N, d, S;
+} bcase;
+
+typedef struct {
+    double fwd[3], fb[3];   /* median, p25, p75 (s) */
+    double base[3];         /* softmax: 2 GEMMs + one exp pass */
+    size_t ws_bytes, tape_bytes;
+    double peer_fwd, peer_fb, peer_saved, peer_rss;
+    int have_peer;
+} bresult;
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: birkhoff bench [options]\n"
+            "\n"
+            "Times softmax and Sinkhorn attention (B=1, H=BH, [B,H,N,d], d=dv) and the PyTorch port of the\n"
+            "reference code on the same threads, in the same run. Prints per case: median and quartiles of\n"
+            "forward and forward+backward, our/peer time ratios, memory (our workspace + tape vs the\n"
+            "tensors the peer's autograd saves), and the fraction of the machine's measured peak.\n"
+            "\n"
+            "options:\n"
+            "  --op softmax|sinkhorn|all   (default all)\n"
+            "  --cases BH:N:d:S,...        (default: the targets of docs/PERFORMANCE.md)\n"
+            "  --threads T                 (default 2)\n"
+            "  --reps R --warmup W         (default 21 and 3)\n"
+            "  --json                      one JSON object per case\n"
+            "  --no-peer                   skip the PyTorch peer\n"
+            "  --python PATH               interpreter for the peer (default /usr/bin/python3)\n"
+            "  --peer-script PATH          (default bench/peers/torch_peer.py)\n");
+}
+
+static int parse_cases(const char *s, int op, bcase *out, int max)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p && n < max) {
+        bcase c = {op, 0, 0, 0, 1};
+        int used = 0;
+        int k = sscanf(p, "%d:%d:%d:%d%n", &c.BH, &c.N, &c.d, &c.S, &used);
+        if (k < 4) {
+            used = 0;
+            k = sscanf(p, "%d:%d:%d%n", &c.BH, &c.N, &c.d, &used);
+            if (k < 3) return -1;
+            c.S = op ? 5 : 1;
+        }
+        if (c.BH < 1 || c.N < 1 || c.d < 1 || c.S < 1) return -1;
+        if (!op) c.S = 1;
+        out[n++] = c;
+        p += used;
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return n;
+}
+
+static void fill(float *x, size_t n, unsigned seed)
+{
+    unsigned s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.4f; /* std ~ 1 */
+    }
+}
+
+static double time_softmax_baseline(const bcase *c, const float *q, const float *k, const float *v, float *o,
+                                    float *C, int nt)
+{
+    const int N = c->N, d = c->d;
+    double t0 = cli_now();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int h = 0; h < c->BH; h++) {
+        float *Ch = C + (size_t)(h % nt) * N * N;
+        const size_t off = (size_t)h * N * d;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, d, 0.125f, q + off, d, k + off, d, 0.0f, Ch, N);
+        bk_vexp(Ch, (size_t)N * N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, d, N, 1.0f, Ch, N, v + off, d, 0.0f, o + off, d);
+    }
+    return cli_now() - t0;
+}
+
+static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
+{
+    const int BH = c->BH, N = c->N, d = c->d;
+    const size_t n = (size_t)BH * N * d;
+    float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *o = malloc(n * 4), *dout = malloc(n * 4);
+    float *dq = malloc(n * 4), *dk = malloc(n * 4), *dv = malloc(n * 4);
+    fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
+    bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
+    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    p.iters = c->S;
+    bk_softmax_params sp = {0.0f};
+    r->ws_bytes = c->op ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
+    r->tape_bytes = c->op ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    void *ws = malloc(r->ws_bytes), *tape = malloc(r->tape_bytes);
+    float *C = malloc(sizeof(float) * (size_t)nt * N * N);
+    bk_tensor tq = bk_tensor_bhnd(q, BH, N, d), tk = bk_tensor_bhnd(k, BH, N, d), tv = bk_tensor_bhnd(v, BH, N, d);
+    bk_tensor to = bk_tensor_bhnd(o, BH, N, d), tdo = bk_tensor_bhnd(dout, BH, N, d);
+    bk_tensor tdq = bk_tensor_bhnd(dq, BH, N, d), tdk = bk_tensor_bhnd(dk, BH, N, d), tdv = bk_tensor_bhnd(dv, BH, N, d);
+    double *tf = malloc(sizeof(double) * reps), *tb = malloc(sizeof(double) * reps), *tbase = malloc(sizeof(double) * reps);
+    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && C && tf && tb && tbase;
+    bk_status s = BK_OK;
+    for (int rep = -warmup; ok && rep < reps; rep++) {
+        double t0 = cli_now();
+        s = c->op ? bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes)
+                  : bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes);
+        double t1 = cli_now();
+        if (s) break;
+        s = c->op ? bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes)
+                  : bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
+        if (s) break;
+        s = c->op ? bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes)
+                  : bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
+        double t2 = cli_now();
+        if (s) break;
+        double base = c->op ? 0.0 : time_softmax_baseline(c, q, k, v, o, C, nt);
+        if (rep >= 0) {
+            tf[rep] = t1 - t0;
+            tb[rep] = t2 - t1;
+            tbase[rep] = base;
+        }
+    }
+    if (ok && s == BK_OK) {
+        cli_stats(tf, reps, &r->fwd[0], &r->fwd[1], &r->fwd[2]);
+        cli_stats(tb, reps, &r->fb[0], &r->fb[1], &r->fb[2]);
+        cli_stats(tbase, reps, &r->base[0], &r->base[1], &r->base[2]);
+    } else if (s) {
+        fprintf(stderr, "bench: %s\n", bk_last_error());
+    } else {
+        fprintf(stderr, "bench: out of memory\n");
+    }
+    free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); free(ws); free(tape); free(C);
+    free(tf); free(tb); free(tbase);
+    return ok && s == BK_OK;
+}
+
+static double json_num(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+/* runs the peer for all cases of one op; fills results in order */
+static void run_peer(const char *py, const char *script, const bcase *cs, int n, int op, int nt, int reps, int warmup,
+                     bresult *res)
+{
+    if (access(script, R_OK) != 0) {
+        fprintf(stderr, "bench: peer script %s not found (run from the source tree or pass --peer-script)\n", script);
+        return;
+    }
+    char cases[4096] = "";
+    size_t len = 0;
+    int cnt = 0;
+    for (int i = 0; i < n; i++) {
+        if (cs[i].op != op) continue;
+        len += (size_t)snprintf(cases + len, sizeof cases - len, "%s%d:%d:%d:%d", cnt ? "," : "", cs[i].BH, cs[i].N,
+                                cs[i].d, cs[i].S);
+        cnt++;
+    }
+    if (!cnt) return;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' '%s' --op %s --cases %s --threads %d --reps %d --warmup %d --json",
+             nt, nt, py, script, op ? "sinkhorn" : "softmax", cases, nt, reps, warmup);
+    FILE *pp = popen(cmd, "r");
+    if (!pp) {
+        fprintf(stderr, "bench: cannot run the peer (%s)\n", cmd);
+        return;
+    }
+    char line[8192];
+    int i = 0;
+    while (fgets(line, sizeof line, pp)) {
+        if (line[0] != '{') continue;
+        while (i < n && cs[i].op != op) i++;
+        if (i >= n) break;
+        res[i].peer_fwd = json_num(line, "fwd_median_s");
+        res[i].peer_fb = json_num(line, "fwdbwd_median_s");
+        res[i].peer_saved = json_num(line, "saved_bytes");
+        res[i].peer_rss = json_num(line, "peak_rss_bytes");
+        res[i].have_peer = isfinite(res[i].peer_fwd) && isfinite(res[i].peer_fb);
+        i++;
+    }
+    int st = pclose(pp);
+    if (st != 0) fprintf(stderr, "bench: the peer exited with status %d (is python3-torch installed?)\n", st);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *opname = "all", *cases = NULL, *py = "/usr/bin/python3", *script = "bench/peers/torch_peer.py";
+    int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bench_usage(stdout); return CLI_OK; }
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--no-peer")) peer = 0;
+        else if (val && !strcmp(a, "--op")) { opname = val; i++; }
+        else if (val && !strcmp(a, "--cases")) { cases = val; i++; }
+        else if (val && !strcmp(a, "--python")) { py = val; i++; }
+        else if (val && !strcmp(a, "--peer-script")) { script = val; i++; }
+        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1) i++;
+        else if (val && !strcmp(a, "--reps") && cli_parse_int(val, &reps) && reps >= 1) i++;
+        else if (val && !strcmp(a, "--warmup") && cli_parse_int(val, &warmup) && warmup >= 0) i++;
+        else {
+            fprintf(stderr, "birkhoff bench: bad option or value '%s'\n", a);
+            bench_usage(stderr);
+            return CLI_USAGE;
+        }
+    }
+    int want_soft = !strcmp(opname, "all") || !strcmp(opname, "softmax");
+    int want_sink = !strcmp(opname, "all") || !strcmp(opname, "sinkhorn");
+    if (!want_soft && !want_sink) {
+        fprintf(stderr, "birkhoff bench: --op must be softmax, sinkhorn or all\n");
+        return CLI_USAGE;
+    }
+    bcase cs[128];
+    int n = 0;
+    if (cases) {
+        for (int op = 0; op < 2; op++) {
+            if ((op == 0 && !want_soft) || (op == 1 && !want_sink)) continue;
+            int k = parse_cases(cases, op, cs + n, 64);
+            if (k < 0) {
+                fprintf(stderr, "birkhoff bench: --cases must be a comma list of BH:N:d[:S], got '%s'\n", cases);
+                return CLI_USAGE;
+            }
+            n += k;
+        }
+    } else {
+        if (want_soft) {
+            bcase d1[] = {{0, 8, 1024, 64, 1}, {0, 16, 256, 64, 1}};
+            for (int i = 0; i < 2; i++) cs[n++] = d1[i];
+        }
+        if (want_sink) {
+            bcase d2[] = {{1, 16, 256, 64, 5}, {1, 8, 1024, 64, 5}, {1, 16, 256, 64, 3}};
+            for (int i = 0; i < 3; i++) cs[n++] = d2[i];
+        }
+    }
+    bk_set_num_threads(nt);
+    double gf, ge;
+    bk_machine_peak(0.5, &gf, &ge);
+    if (!json)
+        printf("machine: kernels %s, %d threads; measured per core: FMA %.1f GFLOP/s, exp %.2f G/s\n", bk_isa(), nt, gf,
+               ge);
+    bresult *res = calloc((size_t)n, sizeof *res);
+    for (int i = 0; i < n; i++) {
+        if (!run_ours(&cs[i], reps, warmup, nt, &res[i])) {
+            free(res);
+            return CLI_FAIL;
+        }
+    }
+    long our_rss = cli_peak_rss();
+    if (peer) {
+        run_peer(py, script, cs, n, 0, nt, reps, warmup, res);
+        run_peer(py, script, cs, n, 1, nt, reps, warmup, res);
+    }
+    if (!json)
+        printf("%-9s %4s %5s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s%s\n", "op", "BH", "N", "d", "S",
+               "fwd ms", "peer ms", "ratio", "f+b ms", "peer ms", "ratio", "ours MiB", "peer MiB", "%peak", "%peak",
+               " (fwd, f+b)");
+    for (int i = 0; i < n; i++) {
+        const bcase *c = &cs[i];
+        const bresult *r = &res[i];
+        /* work our kernels do per head: GEMM flops and exps (docs/PERFORMANCE.md) */
+        double N2 = (double)c->N * c->N, d = c->d;
+        double fl_f = 2 * N2 * (2 * d), ex_f = N2 * ((c->S + 1) / 2);
+        double fl_b = 2 * N2 * (5 * d), ex_b = N2 * (1 + c->S / 2);
+        double peakF = gf * 1e9 * nt, peakE = ge * 1e9 * nt;
+        double ideal_f = c->BH * (fl_f / peakF + ex_f / peakE);
+        double ideal_fb = c->BH * ((fl_f + fl_b) / peakF + (ex_f + ex_b) / peakE);
+        double frac_f = ideal_f / r->fwd[0], frac_fb = ideal_fb / r->fb[0];
+        double ours_mem = (double)(r->ws_bytes + r->tape_bytes) / (1 << 20);
+        double peer_mem = r->have_peer ? r->peer_saved / (1 << 20) : NAN;
+        double rf = r->have_peer ? r->fwd[0] / r->peer_fwd : NAN, rfb = r->have_peer ? r->fb[0] / r->peer_fb : NAN;
+        if (json) {
+            printf("{\"op\": \"%s\", \"BH\": %d, \"N\": %d, \"d\": %d, \"S\": %d, \"threads\": %d, \"reps\": %d, "
+                   "\"isa\": \"%s\", \"fma_gflops_core\": %.2f, \"exp_g_core\": %.3f, "
+                   "\"fwd_median_s\": %.6g, \"fwd_p25_s\": %.6g, \"fwd_p75_s\": %.6g, "
+                   "\"fwdbwd_median_s\": %.6g, \"fwdbwd_p25_s\": %.6g, \"fwdbwd_p75_s\": %.6g, "
+                   "\"workspace_bytes\": %zu, \"tape_bytes\": %zu, \"peak_rss_bytes\": %ld, "
+                   "\"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f",
+                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0],
+                   r->fwd[1], r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss, frac_f,
+                   frac_fb);
+            if (!c->op) printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
+            if (r->have_peer)
+                printf(", \"peer_fwd_median_s\": %.6g, \"peer_fwdbwd_median_s\": %.6g, \"peer_saved_bytes\": %.0f, "
+                       "\"peer_peak_rss_bytes\": %.0f, \"ratio_fwd\": %.4f, \"ratio_fwdbwd\": %.4f",
+                       r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
+            printf("}\n");
+        } else {
+            printf("%-9s %4d %5d %4d %2d | %9.3f %9.3f %7.3f | %9.3f %9.3f %7.3f | %8.2f %8.2f | %5.1f%% %5.1f%%\n",
+                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, r->peer_fwd * 1e3, rf,
+                   r->fb[0] * 1e3, r->peer_fb * 1e3, rfb, ours_mem, peer_mem, 100 * frac_f, 100 * frac_fb);
+            printf("%-9s %27s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3, r->fwd[2] * 1e3,
+                   r->fb[1] * 1e3, r->fb[2] * 1e3);
+            if (!c->op)
+                printf("; 2 GEMMs + 1 exp pass: %.3f ms, softmax fwd / that = %.2f", r->base[0] * 1e3,
+                       r->fwd[0] / r->base[0]);
+            printf("\n");
+        }
+    }
+    if (!json)
+        printf("ratio = ours / peer (lower is better). ours MiB = workspace + tape; peer MiB = tensors saved by autograd.\n"
+               "%%peak = (GEMM flops / FMA peak + exps / exp peak) / time, with the work our kernels do.\n"
+               "peak RSS: ours %.1f MiB (whole bench process)\n", our_rss / 1048576.0);
+    free(res);
+    return CLI_OK;
+}

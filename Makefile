@@ -97,7 +97,7 @@ check: deps
 	$(MAKE) WERROR=1 all test
 	$(MAKE) check-asan
 	$(MAKE) WERROR=1 oracle
-	./tests/test_cli.sh $(CLI)
+	$(PY) tests/test_cli.py $(CLI)
 
 run demo: deps
 	$(MAKE) all

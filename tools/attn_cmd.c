@@ -246,12 +246,31 @@ int cmd_attn(int argc, char **argv)
             D[3 * i + 2] = diag[i].col_err;
         }
     }
-    if ((s = bk_npy_write(a.out, BK_F32, 4, so, O)) || (A && (s = bk_npy_write(a.attn, BK_F32, 4, sa, A))) ||
-        (D && (s = bk_npy_write(a.diag, BK_F32, 3, sd, D))) || (a.dq && (s = bk_npy_write(a.dq, BK_F32, 4, sq, dQ))) ||
-        (a.dk && (s = bk_npy_write(a.dk, BK_F32, 4, sk, dK))) || (a.dv && (s = bk_npy_write(a.dv, BK_F32, 4, sv, dV)))) {
-        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
-        goto done;
+    /* all or nothing: stage every file next to its destination, then rename */
+    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[6] = {
+        {a.out, 4, so, O}, {A ? a.attn : NULL, 4, sa, A}, {D ? a.diag : NULL, 3, sd, D},
+        {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}};
+    char staged[6][4096];
+    int nstaged = 0, werr = 0;
+    for (int i = 0; i < 6 && !werr; i++) {
+        if (!outs[i].path) continue;
+        snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
+        if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
+            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+            werr = 1;
+        } else {
+            nstaged = i + 1;
+        }
     }
+    for (int i = 0; i < nstaged; i++) {
+        if (!outs[i].path) continue;
+        if (werr) remove(staged[i]);
+        else if (rename(staged[i], outs[i].path) != 0) {
+            fprintf(stderr, "birkhoff attn: cannot rename %s to %s\n", staged[i], outs[i].path);
+            werr = 1;
+        }
+    }
+    if (werr) goto done;
     if (diag) {
         float re = 0, ce = 0;
         int it = 0;

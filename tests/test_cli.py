@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""CLI tests for `birkhoff attn`: file errors are reported clearly with a
+non-zero status and never leave a half-written output; a good run writes
+every requested file. Run: /usr/bin/python3 tests/test_cli.py build/birkhoff"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+BK = sys.argv[1] if len(sys.argv) > 1 else "build/birkhoff"
+passed = failed = 0
+
+
+def check(ok, name, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {name}: {detail}")
+
+
+def run(*args):
+    p = subprocess.run([BK, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+tmp = tempfile.mkdtemp(prefix="bk_cli_")
+P = lambda n: os.path.join(tmp, n)  # noqa: E731
+rng = np.random.default_rng(0)
+B, H, Nq, Nk, d, dv = 2, 3, 5, 7, 4, 6
+np.save(P("q.npy"), rng.standard_normal((B, H, Nq, d)).astype("<f4"))
+np.save(P("k.npy"), rng.standard_normal((B, H, Nk, d)).astype("<f4"))
+np.save(P("v.npy"), rng.standard_normal((B, H, Nk, dv)).astype("<f4"))
+np.save(P("do.npy"), rng.standard_normal((B, H, Nq, dv)).astype("<f4"))
+np.save(P("ql.npy"), np.array([5, 2], dtype="<i4"))
+np.save(P("kl.npy"), np.array([3, 7], dtype="<i4"))
+base = ["attn", "--op", "sinkhorn", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy")]
+
+# a good run with every output
+rc, out = run(*base, "--out", P("o.npy"), "--attn", P("a.npy"), "--diag", P("diag.npy"), "--iters", "4",
+              "--q-len", P("ql.npy"), "--k-len", P("kl.npy"), "--dout", P("do.npy"), "--dq", P("dq.npy"),
+              "--dk", P("dk.npy"), "--dv", P("dv.npy"))
+check(rc == 0, "good run", out)
+if rc == 0:
+    o, a, dg = np.load(P("o.npy")), np.load(P("a.npy")), np.load(P("diag.npy"))
+    check(o.shape == (B, H, Nq, dv) and a.shape == (B, H, Nq, Nk) and dg.shape == (B, H, 3), "output shapes")
+    check(np.all(o[1, :, 2:] == 0) and np.all(a[0, :, :, 3:] == 0), "padding is zero in the outputs")
+    cs = a[0, :, :5, :3].sum(axis=1)  # S=4 even: columns exact, = Lq/Lk
+    check(np.allclose(cs, 5 / 3, atol=1e-5), "even S: exact columns (Lq/Lk)", str(cs))
+    check(np.load(P("dq.npy")).shape == (B, H, Nq, d), "dq written")
+
+# softmax op
+rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
+              "--out", P("o2.npy"), "--attn", P("a2.npy"))
+check(rc == 0 and np.allclose(np.load(P("a2.npy")).sum(-1), 1, atol=1e-6), "softmax run", out)
+rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
+              "--out", P("o2.npy"), "--iters", "3")
+check(rc == 2 and "sinkhorn only" in out, "softmax rejects --iters", out)
+
+
+def bad_case(name, files, extra=(), want_rc=1, want_msg=""):
+    out_path = P("never.npy")
+    if os.path.exists(out_path):
+        os.remove(out_path)
+    args = list(base)
+    for flag, path in files.items():
+        args[args.index(flag) + 1] = path
+    rc, out = run(*args, "--out", out_path, *extra)
+    check(rc == want_rc and want_msg in out and not os.path.exists(out_path),
+          f"error: {name}", f"rc={rc} out={out.strip()}")
+    leftovers = [f for f in os.listdir(tmp) if ".tmp." in f]
+    check(not leftovers, f"no temporary files left: {name}", str(leftovers))
+
+
+raw = open(P("q.npy"), "rb").read()
+open(P("badmagic.npy"), "wb").write(b"XX" + raw[2:])
+open(P("trunc.npy"), "wb").write(raw[:-7])
+np.save(P("f64.npy"), rng.standard_normal((B, H, Nq, d)))
+np.save(P("i32.npy"), np.zeros((B, H, Nq, d), dtype="<i4"))
+np.save(P("q3d.npy"), rng.standard_normal((B, H, Nq)).astype("<f4"))
+np.save(P("kwrong.npy"), rng.standard_normal((B, H, Nk, d + 1)).astype("<f4"))
+np.save(P("vwrong.npy"), rng.standard_normal((B, H, Nk + 1, dv)).astype("<f4"))
+np.save(P("qlbig.npy"), np.array([9, 2], dtype="<i4"))
+np.save(P("qlshort.npy"), np.array([1], dtype="<i4"))
+qn = rng.standard_normal((B, H, Nq, d)).astype("<f4")
+qn[1, 2, 3, 0] = np.nan
+np.save(P("qnan.npy"), qn)
+
+bad_case("bad magic", {"--q": P("badmagic.npy")}, want_msg="bad magic")
+bad_case("truncated data", {"--q": P("trunc.npy")}, want_msg="truncated")
+bad_case("float64 dtype", {"--q": P("f64.npy")}, want_msg="dtype")
+bad_case("int32 data", {"--q": P("i32.npy")}, want_msg="float32")
+bad_case("3-d array", {"--q": P("q3d.npy")}, want_msg="4 dimensions")
+bad_case("K shape mismatch", {"--k": P("kwrong.npy")}, want_msg="K has shape")
+bad_case("V shape mismatch", {"--v": P("vwrong.npy")}, want_msg="V has shape")
+bad_case("missing file", {"--q": P("nope.npy")}, want_msg="cannot open")
+bad_case("length > N", {}, extra=["--q-len", P("qlbig.npy")], want_msg="q_len")
+bad_case("length array wrong size", {}, extra=["--q-len", P("qlshort.npy")], want_msg="shape [2]")
+bad_case("NaN input", {"--q": P("qnan.npy")}, want_msg="non-finite")
+bad_case("eps <= 0", {}, extra=["--eps", "0"], want_rc=2, want_msg="--eps")
+bad_case("iters < 1", {}, extra=["--iters", "0"], want_rc=2, want_msg="--iters")
+bad_case("iters not a number", {}, extra=["--iters", "3x"], want_rc=2, want_msg="--iters")
+bad_case("unknown option", {}, extra=["--bogus", "1"], want_rc=2, want_msg="unknown option")
+bad_case("dq without dout", {}, extra=["--dq", P("x.npy")], want_rc=2, want_msg="need --dout")
+bad_case("unwritable output dir", {}, extra=["--attn", "/nonexistent/dir/a.npy"], want_msg="cannot create")
+
+rc, out = run("attn", "--op", "nope", "--q", "a", "--k", "b", "--v", "c", "--out", "d")
+check(rc == 2 and "unknown --op" in out, "unknown op", out)
+rc, out = run("frobnicate")
+check(rc == 2 and "unknown command" in out, "unknown command", out)
+rc, out = run("attn", "--help")
+check(rc == 0 and "usage" in out, "attn --help", out)
+rc, out = run("bench", "--cases", "2:3", "--no-peer")
+check(rc == 2, "bench rejects malformed --cases", out)
+rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")
+check(rc == 0 and '"op": "sinkhorn"' in out, "bench --json runs", out)
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)

@@ -41,6 +41,7 @@ LIB_SO = $(BUILD)/libbirkhoff.so
 CLI    = $(BUILD)/birkhoff
 TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
+EXAMPLE = $(BUILD)/quickstart
 
 .PHONY: all lib test check check-asan oracle run demo bench install uninstall clean deps
 
@@ -75,11 +76,15 @@ $(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
 $(REFST): $(BUILD)/obj/tests/ref_attn.o $(BUILD)/obj/tests/ref_attn_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(EXAMPLE): examples/quickstart.c $(LIB_A) include/birkhoff.h
+	$(CC) $(CFLAGS_ALL) -Iinclude examples/quickstart.c -o $@ $(LIB_A) $(LDLIBS_ALL)
+
 deps:
 	./scripts/deps.sh
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(CLI)
+test: $(TESTS) $(REFST) $(CLI) $(EXAMPLE)
+	$(EXAMPLE)
 	$(REFST)
 	$(TESTS)
 	BK_ISA=avx2 $(TESTS) --quick

@@ -80,7 +80,8 @@ static double now_s(void)
 void bk_machine_peak(double seconds, double *gflops, double *gexps)
 {
     const bki_kernels *k = bki_kern();
-    float buf[4096];
+    _Alignas(64) float buf[4096];
+    for (int i = 0; i < 4096; i++) buf[i] = -(float)(i % 97) * 0.1f;
     double best_f = 0, best_e = 0;
     /* several short rounds; keep the best (the machine is shared and noisy) */
     for (int round = 0; round < 5; round++) {

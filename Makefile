@@ -43,7 +43,7 @@ TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
 EXAMPLE = $(BUILD)/quickstart
 
-.PHONY: all lib test check check-asan oracle run demo bench install uninstall clean deps
+.PHONY: all lib test check check-asan check-install oracle run demo bench install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -98,8 +98,18 @@ check-asan:
 oracle: $(CLI)
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
 
+# install into a staging directory and build the example against the
+# installed shared library through pkg-config
+STAGE = $(abspath $(BUILD))/stage
+check-install: all
+	rm -rf $(STAGE)
+	$(MAKE) install DESTDIR=$(STAGE) PREFIX=/usr/local
+	PKG_CONFIG_PATH=$(STAGE)/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$(STAGE) \
+	  sh -c '$(CC) -std=c11 -Wall -Werror examples/quickstart.c $$(pkg-config --cflags --libs birkhoff) -o $(BUILD)/quickstart-installed'
+	LD_LIBRARY_PATH=$(STAGE)/usr/local/lib $(BUILD)/quickstart-installed
+
 check: deps
-	$(MAKE) WERROR=1 all test
+	$(MAKE) WERROR=1 all test check-install
 	$(MAKE) check-asan
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/test_cli.py $(CLI)

@@ -43,7 +43,7 @@ TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
 EXAMPLE = $(BUILD)/quickstart
 
-.PHONY: all lib test check check-asan check-install oracle run demo bench install uninstall clean deps
+.PHONY: all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -92,6 +92,12 @@ test: $(TESTS) $(REFST) $(CLI) $(EXAMPLE)
 # ASan + UBSan build of the whole test suite, in its own build directory
 check-asan:
 	$(MAKE) BUILD=build-asan SAN=1 OPT=-O1 WERROR=1 test
+
+# memcheck of the quick suite (not part of `check`: ~5 min; LeakSanitizer in
+# check-asan covers leaks there). Valgrind hides AVX-512, so the AVX2 kernels run.
+check-valgrind: $(TESTS)
+	valgrind --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=9 \
+	  --suppressions=tests/valgrind.supp $(TESTS) --quick
 
 # the PyTorch oracle (Debian python3-torch); BK_REQUIRE_ORACLE=1 makes a
 # missing torch a failure instead of a loud skip

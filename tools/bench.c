@@ -304,9 +304,17 @@ int cmd_bench(int argc, char **argv)
                        r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
             printf("}\n");
         } else {
-            printf("%-9s %4d %5d %4d %2d | %9.3f %9.3f %7.3f | %9.3f %9.3f %7.3f | %8.2f %8.2f | %5.1f%% %5.1f%%\n",
-                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, r->peer_fwd * 1e3, rf,
-                   r->fb[0] * 1e3, r->peer_fb * 1e3, rfb, ours_mem, peer_mem, 100 * frac_f, 100 * frac_fb);
+            char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-";
+            if (r->have_peer) {
+                snprintf(pf, sizeof pf, "%.3f", r->peer_fwd * 1e3);
+                snprintf(pr, sizeof pr, "%.3f", rf);
+                snprintf(pb, sizeof pb, "%.3f", r->peer_fb * 1e3);
+                snprintf(prb, sizeof prb, "%.3f", rfb);
+                snprintf(pm, sizeof pm, "%.2f", peer_mem);
+            }
+            printf("%-9s %4d %5d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %5.1f%% %5.1f%%\n",
+                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb,
+                   prb, ours_mem, pm, 100 * frac_f, 100 * frac_fb);
             printf("%-9s %27s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3, r->fwd[2] * 1e3,
                    r->fb[1] * 1e3, r->fb[2] * 1e3);
             if (!c->op)

@@ -397,52 +397,42 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
 /* ------------------------------------------------------------------------ */
 /* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
 /* ------------------------------------------------------------------------ */
+#if defined(__AVX512F__)
+typedef __m512 vfl;
+#define VW 16
+#define VSET _mm512_set1_ps
+#define VFMA _mm512_fmadd_ps
+#define VADD _mm512_add_ps
+#define VSTORE _mm512_storeu_ps
+#else
+typedef __m256 vfl;
+#define VW 8
+#define VSET _mm256_set1_ps
+#define VFMA _mm256_fmadd_ps
+#define VADD _mm256_add_ps
+#define VSTORE _mm256_storeu_ps
+#endif
+
 static double ISA(fma_probe)(long iters)
 {
-#if defined(__AVX512F__)
-    /* distinct starting values: identical chains would be merged by the compiler */
-    __m512 a0 = _mm512_set1_ps(1.00f), a1 = _mm512_set1_ps(1.01f), a2 = _mm512_set1_ps(1.02f),
-           a3 = _mm512_set1_ps(1.03f), a4 = _mm512_set1_ps(1.04f), a5 = _mm512_set1_ps(1.05f),
-           a6 = _mm512_set1_ps(1.06f), a7 = _mm512_set1_ps(1.07f), a8 = _mm512_set1_ps(1.08f),
-           a9 = _mm512_set1_ps(1.09f), a10 = _mm512_set1_ps(1.10f), a11 = _mm512_set1_ps(1.11f);
-    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    /* 12 independent chains (enough to cover FMA latency on two ports);
+     * distinct starting values, since identical chains would be merged */
+    vfl a0 = VSET(1.00f), a1 = VSET(1.01f), a2 = VSET(1.02f), a3 = VSET(1.03f), a4 = VSET(1.04f),
+        a5 = VSET(1.05f), a6 = VSET(1.06f), a7 = VSET(1.07f), a8 = VSET(1.08f), a9 = VSET(1.09f),
+        a10 = VSET(1.10f), a11 = VSET(1.11f);
+    const vfl x = VSET(0.999999f), y = VSET(1e-7f);
     for (long k = 0; k < iters; k++) {
-        a0 = _mm512_fmadd_ps(a0, x, y); a1 = _mm512_fmadd_ps(a1, x, y);
-        a2 = _mm512_fmadd_ps(a2, x, y); a3 = _mm512_fmadd_ps(a3, x, y);
-        a4 = _mm512_fmadd_ps(a4, x, y); a5 = _mm512_fmadd_ps(a5, x, y);
-        a6 = _mm512_fmadd_ps(a6, x, y); a7 = _mm512_fmadd_ps(a7, x, y);
-        a8 = _mm512_fmadd_ps(a8, x, y); a9 = _mm512_fmadd_ps(a9, x, y);
-        a10 = _mm512_fmadd_ps(a10, x, y); a11 = _mm512_fmadd_ps(a11, x, y);
+        a0 = VFMA(a0, x, y); a1 = VFMA(a1, x, y); a2 = VFMA(a2, x, y); a3 = VFMA(a3, x, y);
+        a4 = VFMA(a4, x, y); a5 = VFMA(a5, x, y); a6 = VFMA(a6, x, y); a7 = VFMA(a7, x, y);
+        a8 = VFMA(a8, x, y); a9 = VFMA(a9, x, y); a10 = VFMA(a10, x, y); a11 = VFMA(a11, x, y);
     }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    return (double)iters * 12 * 16 * 2;
-#else
-    __m256 a0 = _mm256_set1_ps(1.00f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f),
-           a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f),
-           a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f),
-           a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
-    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    for (long k = 0; k < iters; k++) {
-        a0 = _mm256_fmadd_ps(a0, x, y); a1 = _mm256_fmadd_ps(a1, x, y);
-        a2 = _mm256_fmadd_ps(a2, x, y); a3 = _mm256_fmadd_ps(a3, x, y);
-        a4 = _mm256_fmadd_ps(a4, x, y); a5 = _mm256_fmadd_ps(a5, x, y);
-        a6 = _mm256_fmadd_ps(a6, x, y); a7 = _mm256_fmadd_ps(a7, x, y);
-        a8 = _mm256_fmadd_ps(a8, x, y); a9 = _mm256_fmadd_ps(a9, x, y);
-        a10 = _mm256_fmadd_ps(a10, x, y); a11 = _mm256_fmadd_ps(a11, x, y);
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float out[8];
-    _mm256_storeu_ps(out, s);
+    vfl s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
+    s = VADD(s, VADD(VADD(a8, a9), VADD(a10, a11)));
+    float out[VW];
+    VSTORE(out, s);
     volatile float sink = out[0];
     (void)sink;
-    return (double)iters * 12 * 8 * 2;
-#endif
+    return (double)iters * 12 * VW * 2;
 }
 
 /* exp throughput of the engine's own exp on an L1-resident buffer of 4096

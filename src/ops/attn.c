@@ -120,6 +120,32 @@ static bk_status get_ws(void *ws, size_t ws_size, size_t need, void **owned, cha
 
 static char *align_up(char *p) { return (char *)(((uintptr_t)p + BK_ALIGN - 1) & ~(uintptr_t)(BK_ALIGN - 1)); }
 
+/* One thread's slab of the workspace, laid out as per_thread_bytes sized it. */
+typedef struct {
+    float *C, *A, *G, *scr, *hist;
+    double *dscr;
+} slab;
+
+static slab thread_slab(char *wsbase, size_t pt, const bk_attn_desc *d, const bki_attn_cfg *c)
+{
+#ifdef _OPENMP
+    int tid = omp_get_thread_num();
+#else
+    int tid = 0;
+#endif
+    bki_arena ar = {align_up(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
+    const size_t nm = (size_t)d->Nq * d->Nk;
+    slab s;
+    s.C = bki_take(&ar, nm * sizeof(float));
+    s.A = bki_take(&ar, nm * sizeof(float));
+    s.G = bki_take(&ar, nm * sizeof(float));
+    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nq, d->Nk) * sizeof(float));
+    s.hist = bki_take(&ar, bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
+    s.dscr = c->grad == BK_GRAD_IMPLICIT ? bki_take(&ar, bki_sk_implicit_scratch(d->Nq, d->Nk) * sizeof(double))
+                                         : NULL;
+    return s;
+}
+
 /* ---- forward -------------------------------------------------------------- */
 static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_tensor *q,
                               const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
@@ -141,18 +167,8 @@ static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, cons
     bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        bki_arena ar = {align_up(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
-        const size_t nm = (size_t)d->Nq * d->Nk;
-        float *C = bki_take(&ar, nm * sizeof(float));
-        float *A = bki_take(&ar, nm * sizeof(float));
-        (void)bki_take(&ar, nm * sizeof(float)); /* G: backward only */
-        float *scr = bki_take(&ar, K->sk_scratch(d->Nq, d->Nk) * sizeof(float));
-        float *hist_ws = bki_take(&ar, bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
+        const slab sl = thread_slab(wsbase, pt, d, c);
+        float *C = sl.C, *A = sl.A, *scr = sl.scr, *hist_ws = sl.hist;
 #pragma omp for schedule(static)
         for (int p = 0; p < P; p++) {
             const int b = p / d->H, h = p % d->H;
@@ -295,21 +311,9 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
     bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        bki_arena ar = {align_up(base + (size_t)tid * pt), 0, pt - BK_ALIGN};
-        const size_t nm = (size_t)d->Nq * d->Nk;
-        float *C = bki_take(&ar, nm * sizeof(float));
-        float *A = bki_take(&ar, nm * sizeof(float));
-        float *G = bki_take(&ar, nm * sizeof(float));
-        float *scr = bki_take(&ar, K->sk_scratch(d->Nq, d->Nk) * sizeof(float));
-        (void)bki_take(&ar, bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
-        double *dscr = c->grad == BK_GRAD_IMPLICIT
-                           ? bki_take(&ar, bki_sk_implicit_scratch(d->Nq, d->Nk) * sizeof(double))
-                           : NULL;
+        const slab sl = thread_slab(base, pt, d, c);
+        float *C = sl.C, *A = sl.A, *G = sl.G, *scr = sl.scr;
+        double *dscr = sl.dscr;
 #pragma omp for schedule(static)
         for (int p = 0; p < P; p++) {
             const int b = p / d->H, h = p % d->H;

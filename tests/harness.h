@@ -29,4 +29,5 @@ double th_normal(th_rng *r); /* N(0, 1) */
 /* test groups (each file registers its own) */
 void test_attn(void);
 void test_npy(void);
+void test_esp(void);
 #endif

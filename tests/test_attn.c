@@ -4,6 +4,7 @@
 #include "birkhoff.h"
 #include "harness.h"
 #include "ref_attn.h"
+#include "tutil.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -35,26 +36,6 @@ static bk_tensor view(const tcase *c, float *p, int N, int C)
     return c->layout ? bk_tensor_bnhd(p, c->H, N, C) : bk_tensor_bhnd(p, c->H, N, C);
 }
 
-static float *alloc_fill(size_t n, float val)
-{
-    float *p = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = val;
-    return p;
-}
-
-static void fill_tensor(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len, th_rng *r,
-                        double sigma)
-{
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int n = 0; n < N; n++)
-                for (int c = 0; c < C; c++) {
-                    float *x = t->data + b * t->stride_b + h * t->stride_h + n * t->stride_n + c;
-                    /* padded rows hold garbage the operator must never read */
-                    *x = (len && n >= len[b]) ? NAN : (float)(sigma * th_normal(r));
-                }
-}
-
 static void tb_init(tbuf *t, const tcase *c, uint64_t seed)
 {
     memset(t, 0, sizeof *t);
@@ -73,18 +54,18 @@ static void tb_init(tbuf *t, const tcase *c, uint64_t seed)
     bk_attn_desc d = {B, H, c->Nq, c->Nk, c->d, c->dv, t->ql, t->kl};
     t->desc = d;
     size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
-    t->q = alloc_fill(nq * c->d, 0); t->k = alloc_fill(nk * c->d, 0); t->v = alloc_fill(nk * c->dv, 0);
-    t->o = alloc_fill(nq * c->dv, -7); t->a = alloc_fill(nq * c->Nk, -7); t->dout = alloc_fill(nq * c->dv, 0);
-    t->dq = alloc_fill(nq * c->d, -7); t->dk = alloc_fill(nk * c->d, -7); t->dv = alloc_fill(nk * c->dv, -7);
+    t->q = th_alloc_fill(nq * c->d, 0); t->k = th_alloc_fill(nk * c->d, 0); t->v = th_alloc_fill(nk * c->dv, 0);
+    t->o = th_alloc_fill(nq * c->dv, -7); t->a = th_alloc_fill(nq * c->Nk, -7); t->dout = th_alloc_fill(nq * c->dv, 0);
+    t->dq = th_alloc_fill(nq * c->d, -7); t->dk = th_alloc_fill(nk * c->d, -7); t->dv = th_alloc_fill(nk * c->dv, -7);
     t->tq = view(c, t->q, c->Nq, c->d); t->tk = view(c, t->k, c->Nk, c->d); t->tv = view(c, t->v, c->Nk, c->dv);
     t->to = view(c, t->o, c->Nq, c->dv); t->ta = view(c, t->a, c->Nq, c->Nk);
     t->tdo = view(c, t->dout, c->Nq, c->dv); t->tdq = view(c, t->dq, c->Nq, c->d);
     t->tdk = view(c, t->dk, c->Nk, c->d); t->tdv = view(c, t->dv, c->Nk, c->dv);
     double sg = c->sigma > 0 ? c->sigma : 1.0;
-    fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
-    fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
-    fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
-    fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
+    th_fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
+    th_fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
+    th_fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
+    th_fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
     t->p = bk_sinkhorn_params_default();
     t->p.iters = c->S;
     t->p.eps = c->eps;
@@ -97,44 +78,6 @@ static void tb_free(tbuf *t)
 {
     free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);
     free(t->dout); free(t->dq); free(t->dk); free(t->dv); free(t->diag);
-}
-
-/* gather a view into a contiguous double [B][H][N][C] array (padding -> 0) */
-static double *gather(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len)
-{
-    double *out = malloc(sizeof(double) * (size_t)B * H * N * C);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int n = 0; n < N; n++)
-                for (int c = 0; c < C; c++) {
-                    float x = t->data[b * t->stride_b + h * t->stride_h + n * t->stride_n + c];
-                    out[(((size_t)b * H + h) * N + n) * C + c] = (len && n >= len[b]) ? 0.0 : x;
-                }
-    return out;
-}
-
-/* max |x - ref| / max(1, max |ref|) over the whole view (padding included) */
-static double rel_err(const bk_tensor *t, int B, int H, int N, int C, const double *ref)
-{
-    double mx = 1.0, err = 0.0;
-    for (size_t i = 0; i < (size_t)B * H * N * C; i++) mx = fmax(mx, fabs(ref[i]));
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int n = 0; n < N; n++)
-                for (int c = 0; c < C; c++) {
-                    double x = t->data[b * t->stride_b + h * t->stride_h + n * t->stride_n + c];
-                    double e = fabs(x - ref[(((size_t)b * H + h) * N + n) * C + c]);
-                    if (!(e <= err)) err = e; /* NaN propagates */
-                }
-    return err / mx;
-}
-
-static int *lens_int(const int32_t *l, int B)
-{
-    if (!l) return NULL;
-    int *o = malloc(sizeof(int) * B);
-    for (int b = 0; b < B; b++) o[b] = l[b];
-    return o;
 }
 
 static float alpha_of(const tcase *c) { return (c->scale != 0 ? c->scale : 1.0f / sqrtf((float)c->d)) / c->eps; }
@@ -170,19 +113,19 @@ static void check_against_ref(const tcase *c, uint64_t seed, const char *label)
         return;
     }
     const int B = c->B, H = c->H;
-    double *Q = gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = gather(&t.tk, B, H, c->Nk, c->d, t.kl);
-    double *V = gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
+    double *Q = th_gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = th_gather(&t.tk, B, H, c->Nk, c->d, t.kl);
+    double *V = th_gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = th_gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
     size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
     double *A = malloc(sizeof(double) * nq * c->Nk), *O = malloc(sizeof(double) * nq * c->dv);
     double *dQ = malloc(sizeof(double) * nq * c->d), *dK = malloc(sizeof(double) * nk * c->d);
     double *dV = malloc(sizeof(double) * nk * c->dv);
-    int *ql = lens_int(t.ql, B), *kl = lens_int(t.kl, B);
+    int *ql = th_lens_int(t.ql, B), *kl = th_lens_int(t.kl, B);
     double alpha = alpha_of(c);
     ref_attn_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, A, O);
     ref_attn_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, dO, dQ, dK, dV);
-    double eo = rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
-    double eq = rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
-    double ev = rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
+    double eo = th_rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
+    double eq = th_rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
+    double ev = th_rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
     /* documented tolerances (include/birkhoff.h): 1e-5 forward, 1e-4 gradients */
     th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, name,
              "O %.2e A %.2e dQ %.2e dK %.2e dV %.2e", eo, ea, eq, ek, ev);
@@ -592,10 +535,10 @@ static void test_padding_truncation(void)
         /* refill for the new lengths: fresh values in valid rows, huge values
          * and NaN in padded ones */
         th_rng rr = {7 + (uint64_t)k};
-        fill_tensor(&t.tq, 4, 2, 12, 8, t.ql, &rr, 1.0);
-        fill_tensor(&t.tk, 4, 2, 15, 8, t.kl, &rr, 1.0);
-        fill_tensor(&t.tv, 4, 2, 15, 6, t.kl, &rr, 1.0);
-        fill_tensor(&t.tdo, 4, 2, 12, 6, t.ql, &rr, 1.0);
+        th_fill_tensor(&t.tq, 4, 2, 12, 8, t.ql, &rr, 1.0);
+        th_fill_tensor(&t.tk, 4, 2, 15, 8, t.kl, &rr, 1.0);
+        th_fill_tensor(&t.tv, 4, 2, 15, 6, t.kl, &rr, 1.0);
+        th_fill_tensor(&t.tdo, 4, 2, 12, 6, t.ql, &rr, 1.0);
         for (int b = 0; b < 4; b++)
             for (int h = 0; h < 2; h++) {
                 for (int n = t.ql[b]; n < 12; n++)

@@ -1,25 +1,44 @@
 #!/usr/bin/python3
-"""PyTorch peer benchmark: softmax and Sinkformer attention on the CPU.
+"""PyTorch peer benchmark: softmax, Sinkformer and ESPFormer attention on the CPU.
 
 Usage:
-  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn \
-      --cases "BH:N:d:S,BH:N:d:S,..." --threads T --reps R --warmup W [--json]
+  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp \
+      --cases "BH:N:d[:S],..." --threads T --reps R --warmup W [--json]
+      [--no-isolate] [--flush-denormal]
 
 Each case is B=1, H=BH heads of N x N self-attention with head dim d (dv = d)
-and S Sinkhorn half-steps (ignored for softmax). q, k, v are float32
-[1, BH, N, d] N(0,1) tensors with requires_grad; the implementation is the
-reference-faithful port in sinkformer_torch.py (scale d^-1/2, eps = 1,
-float32 marginals, increment update, per-half-step early-stop check with
-thresh 1e-12, autograd through the unrolled loop).
+and S Sinkhorn half-steps (sinkhorn only, required there; ignored otherwise).
+q, k, v are float32 [1, BH, N, d] N(0,1) tensors with requires_grad.
+softmax/sinkhorn use the reference-faithful port in sinkformer_torch.py
+(scale d^-1/2, eps = 1, float32 marginals, increment update, per-half-step
+early-stop check with thresh 1e-12, autograd through the unrolled loop).
+esp uses the reference-faithful port esp_reference in espformer_torch.py
+(soft sort, SoftSort t = 1e-3, temperature 10, axis-aligned slices L = d,
+dense [BH, L, N, N] soft permutations and plans, autograd).
 
 Measured per case, with time.perf_counter over R repetitions after W
 warm-ups (median and 25/75 percentiles, seconds):
   * forward only, under torch.no_grad();
   * forward + backward (out.backward(dout)).
-Also: the bytes autograd saves for backward, from saved_tensors_hooks (sum of
-numel * element_size over saved tensors, each distinct storage counted once,
-with and without the q/k/v inputs themselves), and the process peak RSS
-(getrusage; cumulative over the cases run so far).
+Memory:
+  * saved_bytes: the bytes autograd saves for backward, from
+    saved_tensors_hooks (sum of numel * element_size over saved tensors, each
+    distinct storage counted once, with and without the q/k/v inputs);
+  * peak_rss_delta_bytes: the peak resident set size during the first full
+    forward + backward at the case's size minus the RSS just before it (after
+    the inputs exist and a tiny warm-up call has loaded the kernels). The
+    high-water mark is reset first through /proc/self/clear_refs where the
+    kernel allows it (peak_rss_method "hwm_reset"), otherwise it is the plain
+    ru_maxrss ("maxrss"), which can only over-count the baseline;
+  * peak_rss_bytes: the process peak RSS (getrusage).
+By default every case runs in a fresh subprocess (python startup + torch
+import per case), so the allocator state and peak RSS of one case do not leak
+into the next; --no-isolate runs all cases in this process (peak_rss_bytes is
+then cumulative and the RSS delta less reliable).
+
+At t = 1e-3 most soft-permutation entries of the esp peer are subnormal;
+--flush-denormal calls torch.set_flush_denormal(True) (FTZ/DAZ), which the
+reference does not do (default off: the reference's numerics and speed).
 
 --json prints one JSON object per case per line; otherwise a table.
 """
@@ -37,13 +56,22 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch attention peer benchmark")
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn"])
-    ap.add_argument("--cases", required=True, help='comma list of "BH:N:d:S"')
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp"])
+    ap.add_argument("--cases", required=True,
+                    help='comma list of "BH:N:d:S" (sinkhorn) or "BH:N:d[:S]" (S ignored)')
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--no-isolate", action="store_true",
+                    help="run all cases in this process instead of one subprocess each")
+    ap.add_argument("--flush-denormal", action="store_true",
+                    help="torch.set_flush_denormal(True) (not what the reference does)")
+    ap.add_argument("--esp-t", type=float, default=1e-3, help="esp: SoftSort temperature")
+    ap.add_argument("--esp-temperature", type=float, default=10.0,
+                    help="esp: the reference's slice temperature T")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.threads < 1 or a.reps < 1 or a.warmup < 0:
         ap.error("need --threads >= 1, --reps >= 1, --warmup >= 0")
@@ -53,13 +81,17 @@ def parse_args(argv=None):
         if not item:
             continue
         parts = item.split(":")
-        if len(parts) != 4:
-            ap.error(f"bad case {item!r}: expected BH:N:d:S")
+        if len(parts) != 4 and not (len(parts) == 3 and a.op != "sinkhorn"):
+            ap.error(f"bad case {item!r}: expected BH:N:d:S"
+                     + ("" if a.op == "sinkhorn" else " or BH:N:d"))
         try:
-            bh, n, d, s = (int(x) for x in parts)
+            vals = [int(x) for x in parts]
         except ValueError:
             ap.error(f"bad case {item!r}: expected integers")
-        if min(bh, n, d, s) < 1:
+        if len(vals) == 3:
+            vals.append(1)
+        bh, n, d, s = vals
+        if min(bh, n, d) < 1 or (a.op == "sinkhorn" and s < 1):
             ap.error(f"bad case {item!r}: all fields must be >= 1")
         cases.append((bh, n, d, s))
     if not cases:
@@ -77,9 +109,12 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import sinkformer_torch as port  # noqa: E402  (same directory as this script)
+import espformer_torch as esp_port  # noqa: E402  (same directory as this script)
+import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
+if ARGS.flush_denormal:
+    torch.set_flush_denormal(True)
 try:
     torch.set_num_interop_threads(1)
 except RuntimeError:
@@ -90,6 +125,9 @@ def make_fn(op, S):
     """The timed callable: (q, k, v) -> out [1, BH, N, d]."""
     if op == "softmax":
         return lambda q, k, v: port.softmax_attention(q, k, v)[0]
+    if op == "esp":
+        return lambda q, k, v: esp_port.esp_reference(
+            q, k, v, softsort_t=ARGS.esp_t, temperature=ARGS.esp_temperature)[0]
     return lambda q, k, v: port.attention(q, k, v, S)[0]
 
 
@@ -125,12 +163,65 @@ def peak_rss_bytes():
     return int(r) * (1 if sys.platform == "darwin" else 1024)  # KiB on Linux
 
 
+def _status_kib(field):
+    """A 'VmXXX:  N kB' field of /proc/self/status in bytes (None if absent)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_hwm():
+    """Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_delta(fn, q, k, v, dout):
+    """Peak RSS of one forward + backward minus the RSS just before it.
+
+    A tiny call of the same function first loads and initialises the kernels
+    (thread pools, BLAS buffers) without touching much memory; the measured
+    call is then the first one at the case's size, so no cached allocator
+    blocks from earlier calls hide its footprint.
+    """
+    import gc
+    m = min(q.shape[2], 4)
+    tiny = [t[:, :, :m].detach().clone().requires_grad_(True) for t in (q, k, v)]
+    fn(*tiny).backward(dout[:, :, :m])
+    del tiny
+    gc.collect()
+    before = _status_kib("VmRSS")
+    method = "hwm_reset" if before is not None and _reset_hwm() else "maxrss"
+    if before is None:
+        before = 0
+    for t in (q, k, v):
+        t.grad = None
+    fn(q, k, v).backward(dout)
+    peak = _status_kib("VmHWM") if method == "hwm_reset" else None
+    if peak is None:
+        peak = peak_rss_bytes()
+        method = "maxrss"
+    for t in (q, k, v):
+        t.grad = None
+    return max(0, peak - before), method
+
+
 def run_case(op, bh, n, d, S, reps, warmup, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, bh, n, d, generator=g).requires_grad_(True)
                for _ in range(3))
     dout = torch.randn(1, bh, n, d, generator=g)
     fn = make_fn(op, S)
+    rss_delta, rss_method = peak_rss_delta(fn, q, k, v, dout)
 
     def fwd():
         with torch.no_grad():
@@ -155,6 +246,8 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
     return {
         "peer": "torch", "op": op, "B": 1, "H": bh, "BH": bh, "N": n, "d": d,
         "S": S if op == "sinkhorn" else None,
+        **({"softsort_t": ARGS.esp_t, "temperature": ARGS.esp_temperature}
+           if op == "esp" else {}),
         "threads": ARGS.threads, "reps": reps, "warmup": warmup,
         "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
         "fwd_p75_s": res["fwd"][2],
@@ -162,21 +255,52 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
         "fwdbwd_p75_s": res["fwdbwd"][2],
         "saved_bytes": sb_all, "saved_bytes_excl_inputs": sb_noinp,
         "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
+        "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
         "torch": torch.__version__, "python": platform.python_version(),
     }
 
 
+def run_isolated(bh, n, d, S):
+    """Run one case in a fresh interpreter; returns its JSON row (or raises)."""
+    import subprocess
+    cmd = [sys.executable, os.path.abspath(__file__), "--op", ARGS.op,
+           "--cases", f"{bh}:{n}:{d}:{S}", "--threads", str(ARGS.threads),
+           "--reps", str(ARGS.reps), "--warmup", str(ARGS.warmup),
+           "--seed", str(ARGS.seed), "--esp-t", repr(ARGS.esp_t),
+           "--esp-temperature", repr(ARGS.esp_temperature),
+           "--json", "--no-isolate", "--child"]
+    if ARGS.flush_denormal:
+        cmd.append("--flush-denormal")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr passes through
+    rows = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or len(rows) != 1:
+        raise RuntimeError(f"case {bh}:{n}:{d}:{S} failed in its subprocess "
+                           f"(status {p.returncode})")
+    return json.loads(rows[0])
+
+
 def main():
-    rows = []
     if not ARGS.json:
         print(f"torch {torch.__version__}, op {ARGS.op}, threads {ARGS.threads}, "
-              f"reps {ARGS.reps}, warmup {ARGS.warmup}")
+              f"reps {ARGS.reps}, warmup {ARGS.warmup}"
+              + (f", t {ARGS.esp_t:g}, T {ARGS.esp_temperature:g}" if ARGS.op == "esp" else "")
+              + (", flush-denormal" if ARGS.flush_denormal else "")
+              + ("" if ARGS.no_isolate else ", one process per case"))
         print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | {'fwd med ms':>10} "
               f"{'[p25, p75]':>19} | {'f+b med ms':>10} {'[p25, p75]':>19} | "
-              f"{'saved MiB':>9} {'(no qkv)':>9} | {'peak RSS MiB':>12}")
+              f"{'saved MiB':>9} {'(no qkv)':>9} | {'peak RSS MiB':>12} {'f+b dRSS MiB':>12}")
+    status = 0
     for bh, n, d, S in ARGS.case_list:
-        r = run_case(ARGS.op, bh, n, d, S, ARGS.reps, ARGS.warmup, ARGS.seed)
-        rows.append(r)
+        if ARGS.no_isolate:
+            r = run_case(ARGS.op, bh, n, d, S, ARGS.reps, ARGS.warmup, ARGS.seed)
+        else:
+            try:
+                r = run_isolated(bh, n, d, S)
+            except RuntimeError as e:
+                print(f"torch_peer: {e}", file=sys.stderr, flush=True)
+                status = 1
+                continue
         if ARGS.json:
             print(json.dumps(r), flush=True)
         else:
@@ -188,8 +312,9 @@ def main():
                   f"{r['fwdbwd_median_s'] * ms:10.3f} "
                   f"[{r['fwdbwd_p25_s'] * ms:8.3f}, {r['fwdbwd_p75_s'] * ms:8.3f}] | "
                   f"{r['saved_bytes'] * mib:9.2f} {r['saved_bytes_excl_inputs'] * mib:9.2f} | "
-                  f"{r['peak_rss_bytes'] * mib:12.1f}", flush=True)
-    return 0
+                  f"{r['peak_rss_bytes'] * mib:12.1f} {r['peak_rss_delta_bytes'] * mib:12.2f}",
+                  flush=True)
+    return status
 
 
 if __name__ == "__main__":

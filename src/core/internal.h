@@ -102,6 +102,11 @@ typedef struct {
     double (*fma_probe)(long iters);
     double (*exp_probe)(long reps, float *buf4096);
     void (*vexp)(float *x, size_t n);
+    /* ESP's SoftSort: one row p = softmax_i(-(a_i - s)^2 / t) (entries below
+     * 1e-30 flushed to 0), and its backward (adds to da, returns sum g). */
+    void (*softsort_row)(int n, const float *a, float s, float inv_t, float *p);
+    float (*softsort_row_bwd)(int n, const float *a, float s, float inv_t, const float *p,
+                              const float *dp, float *da);
 } bki_kernels;
 
 const bki_kernels *bki_kern(void);
@@ -113,6 +118,14 @@ extern const bki_kernels bki_kernels_avx512;
 size_t bki_sk_implicit_scratch(int n, int m);   /* doubles */
 bk_status bki_sk_backward_implicit(const bki_sk_problem *pb, const float *A, ptrdiff_t lda,
                                    float *G, ptrdiff_t ldg, double *dscratch);
+
+/* ---- sort / 1-D transport engine (sort1d.c) ----------------------------- */
+size_t bki_argsort_scratch(int n); /* bytes */
+/* stable ascending argsort of x[i*stride], i < n (no NaN) */
+void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch);
+/* north-west-corner pairs between uniform n and m sorted atoms, mass =
+ * cells / (n m); arrays of n + m - 1 entries; returns the count */
+int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);
 
 #define BK_STR2(x) #x
 #define BK_STR(x) BK_STR2(x)

@@ -395,6 +395,52 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
 }
 
 /* ------------------------------------------------------------------------ */
+/* SoftSort rows (ESP): the same row softmax on logits -(a_i - s)^2 / t      */
+/* ------------------------------------------------------------------------ */
+/* Below this an entry of a soft permutation is flushed to zero: it would be a
+ * subnormal (slow on x86), and its contribution is far below float rounding. */
+#define BK_FLUSH 1e-30f
+
+/* p_i = exp(-(a_i - s)^2 / t) / sum_i' (...). The maximum logit is 0 (s is one
+ * of the a_i), so no max-shift is needed and the sum is >= 1. */
+static void ISA(softsort_row)(int n, const float *restrict a, float s, float inv_t, float *restrict p)
+{
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) {
+        float d = a[i] - s;
+        p[i] = bki_expf(-(d * d) * inv_t);
+        sum += p[i];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < n; i++) {
+        float v = p[i] * inv;
+        p[i] = v < BK_FLUSH ? 0.0f : v;
+    }
+}
+
+/* Backward of one SoftSort row: with dz_i = p_i (dp_i - <p, dp>) and
+ * g_i = -2 (a_i - s) / t * dz_i, adds g to da and returns sum_i g_i (the
+ * caller subtracts it from da at the index whose value is s). */
+static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, float inv_t,
+                                   const float *restrict p, const float *restrict dp, float *restrict da)
+{
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int i = 0; i < n; i++) dot += p[i] * dp[i];
+    float gs = 0.0f;
+    const float c = -2.0f * inv_t;
+#pragma omp simd reduction(+ : gs)
+    for (int i = 0; i < n; i++) {
+        float g = c * (a[i] - s) * (p[i] * (dp[i] - dot));
+        da[i] += g;
+        gs += g;
+    }
+    return gs;
+}
+
+/* ------------------------------------------------------------------------ */
 /* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
 /* ------------------------------------------------------------------------ */
 #if defined(__AVX512F__)
@@ -462,4 +508,6 @@ const bki_kernels ISA(bki_kernels) = {
     .fma_probe = ISA(fma_probe),
     .exp_probe = ISA(exp_probe),
     .vexp = ISA(vexp),
+    .softsort_row = ISA(softsort_row),
+    .softsort_row_bwd = ISA(softsort_row_bwd),
 };

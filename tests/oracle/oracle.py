@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference oracle for birkhoff attention, built on the PyTorch Sinkformer port.
+"""Reference oracle for birkhoff attention, built on the PyTorch ports.
 
 Usage (Debian's python, which has torch and numpy):
 
@@ -7,6 +7,11 @@ Usage (Debian's python, which has torch and numpy):
       --q Q.npy --k K.npy --v V.npy --dout dO.npy \
       [--iters S] [--eps E] [--scale s] [--q-len ql.npy --k-len kl.npy] \
       [--dtype float32|float64] --outdir DIR
+
+  /usr/bin/python3 tests/oracle/oracle.py --op esp --sort hard|soft --tau T \
+      [--softsort-t t] [--cost sq|euclid] [--esp-scale rows|paper] \
+      [--slices Theta.npy] --q Q.npy --k K.npy --v V.npy --dout dO.npy \
+      [--scale s] [--q-len ql.npy --k-len kl.npy] [--dtype ...] --outdir DIR
 
 Inputs: float32 .npy arrays Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv],
 dO [B,H,Nq,dv]; optional int32 valid lengths [B]. Writes DIR/O.npy,
@@ -19,6 +24,14 @@ this is the oracle the tests compare against. --dtype float32 is the
 reference's own numerics (float32 tensors, float32 marginals, increment
 update form). --iters is required for --op sinkhorn; --scale defaults to
 d^-1/2; --eps (sinkhorn only) defaults to 1.
+
+--op esp is birkhoff's ESP attention (bench/peers/espformer_torch.py,
+esp_semantics): --sort and --tau are required, --softsort-t (t > 0) too when
+--sort soft (it is ignored by hard); --cost defaults to sq and --esp-scale to
+rows. --slices gives the slices Theta [L, d] (float32 .npy, used as given;
+default: the d coordinate axes). Besides O, A, dQ, dK, dV it writes
+DIR/sigma.npy (slice weights [B, H, L]) and, with --slices, DIR/dTheta.npy
+(gradient of sum(O * dO) w.r.t. Theta, [L, d]; all zeros for hard sort).
 """
 
 import argparse
@@ -32,6 +45,7 @@ import torch
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "bench", "peers"))
+import espformer_torch as esp  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(1)
@@ -79,9 +93,47 @@ def run_oracle(op, q, k, v, dout, iters=None, eps=1.0, scale=None,
             "dK": np_(tk.grad), "dV": np_(tv.grad)}
 
 
+def run_esp_oracle(q, k, v, dout, sort, tau, t=None, cost="sq", out_scale="rows",
+                   scale=None, theta=None, q_len=None, k_len=None, dtype="float64"):
+    """Forward + backward of esp_semantics on numpy inputs.
+
+    Returns a dict of numpy arrays (in the compute dtype) with keys O, A,
+    sigma, dQ, dK, dV, and dTheta when theta is given; the gradients are those
+    of sum(O * dout). dTheta is all zeros when nothing depends on Theta (hard
+    sort: the permutations carry no gradient).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError("dtype must be float32 or float64")
+    tdt = torch.float64 if dtype == "float64" else torch.float32
+
+    def leaf(a):
+        return torch.tensor(np.asarray(a), dtype=tdt).requires_grad_(True)
+
+    tq, tk, tv = leaf(q), leaf(k), leaf(v)
+    tth = None if theta is None else leaf(theta)
+    tdo = torch.tensor(np.asarray(dout), dtype=tdt)
+    ql = None if q_len is None else [int(x) for x in np.asarray(q_len).reshape(-1)]
+    kl = None if k_len is None else [int(x) for x in np.asarray(k_len).reshape(-1)]
+    out, attn, sigma = esp.esp_semantics(tq, tk, tv, sort=sort, t=t, tau=tau, cost=cost,
+                                         out_scale=out_scale, scale=scale, theta=tth,
+                                         q_len=ql, k_len=kl)
+    if out.shape != tdo.shape:
+        raise ValueError(f"dout shape {tuple(tdo.shape)} != output shape {tuple(out.shape)}")
+    (out * tdo).sum().backward()
+
+    def grad(x):
+        return (x.grad if x.grad is not None else torch.zeros_like(x)).detach().numpy()
+
+    res = {"O": out.detach().numpy(), "A": attn.detach().numpy(),
+           "sigma": sigma.detach().numpy(), "dQ": grad(tq), "dK": grad(tk), "dV": grad(tv)}
+    if tth is not None:
+        res["dTheta"] = grad(tth)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp"])
     ap.add_argument("--q", required=True)
     ap.add_argument("--k", required=True)
     ap.add_argument("--v", required=True)
@@ -91,6 +143,13 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=None)
     ap.add_argument("--q-len", default=None)
     ap.add_argument("--k-len", default=None)
+    ap.add_argument("--sort", default=None, choices=["soft", "hard"], help="esp: sort kind")
+    ap.add_argument("--tau", type=float, default=None, help="esp: slice-mixing inverse temperature")
+    ap.add_argument("--softsort-t", type=float, default=None, help="esp: SoftSort temperature")
+    ap.add_argument("--cost", default="sq", choices=["sq", "euclid"], help="esp: cost")
+    ap.add_argument("--esp-scale", default="rows", choices=["rows", "paper"],
+                    help="esp: A = n G (rows) or G (paper)")
+    ap.add_argument("--slices", default=None, help="esp: Theta [L, d] .npy")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--outdir", required=True)
     a = ap.parse_args(argv)
@@ -99,11 +158,25 @@ def main(argv=None):
     if a.eps <= 0:
         ap.error("--eps must be > 0")
 
+    if a.op == "esp":
+        if a.sort is None or a.tau is None:
+            ap.error("--op esp needs --sort and --tau")
+        if a.sort == "soft" and not (a.softsort_t is not None and a.softsort_t > 0):
+            ap.error("--sort soft needs --softsort-t t with t > 0")
+    elif a.sort is not None or a.slices is not None:
+        ap.error("--sort/--slices are only for --op esp")
+
     q, k, v, dout = (np.load(p) for p in (a.q, a.k, a.v, a.dout))
     ql = np.load(a.q_len) if a.q_len else None
     kl = np.load(a.k_len) if a.k_len else None
-    res = run_oracle(a.op, q, k, v, dout, iters=a.iters, eps=a.eps, scale=a.scale,
-                     q_len=ql, k_len=kl, dtype=a.dtype)
+    if a.op == "esp":
+        theta = np.load(a.slices) if a.slices else None
+        res = run_esp_oracle(q, k, v, dout, a.sort, a.tau, t=a.softsort_t, cost=a.cost,
+                             out_scale=a.esp_scale, scale=a.scale, theta=theta,
+                             q_len=ql, k_len=kl, dtype=a.dtype)
+    else:
+        res = run_oracle(a.op, q, k, v, dout, iters=a.iters, eps=a.eps, scale=a.scale,
+                         q_len=ql, k_len=kl, dtype=a.dtype)
     os.makedirs(a.outdir, exist_ok=True)
     for name, arr in res.items():
         np.save(os.path.join(a.outdir, name + ".npy"),

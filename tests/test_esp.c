@@ -1,0 +1,557 @@
+/* test_esp.c -- ESP attention: against the independent double reference
+ * (tests/ref_esp.c), finite differences, the digest's properties,
+ * determinism, padding, and bad input. */
+#include "birkhoff.h"
+#include "harness.h"
+#include "ref_esp.h"
+#include "tutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int B, H, Nq, Nk, d, dv, layout, pad;
+    bk_esp_sort sort;
+    float t, tau;
+    bk_esp_cost cost;
+    bk_esp_scale sc;
+    int L;          /* 0 axis; > 0 random theta given explicitly */
+    double sigma;   /* input std */
+} ecase;
+
+typedef struct {
+    bk_attn_desc desc;
+    int32_t *ql, *kl;
+    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv, *theta, *sig, *dth;
+    bk_tensor tq, tk, tv, to, ta, tdo, tdq, tdk, tdv;
+    bk_esp_params p;
+    bk_esp_diag *diag;
+    int L;
+} ebuf;
+
+static bk_tensor eview(const ecase *c, float *p, int N, int C)
+{
+    return c->layout ? bk_tensor_bnhd(p, c->H, N, C) : bk_tensor_bhnd(p, c->H, N, C);
+}
+
+static void eb_init(ebuf *t, const ecase *c, uint64_t seed)
+{
+    memset(t, 0, sizeof *t);
+    th_rng r = {seed};
+    const int B = c->B, H = c->H;
+    if (c->pad) {
+        t->ql = malloc(sizeof(int32_t) * B);
+        t->kl = malloc(sizeof(int32_t) * B);
+        for (int b = 0; b < B; b++) {
+            int lo = c->pad == 2 ? 0 : 1;
+            t->ql[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nq - lo + 1));
+            t->kl[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nk - lo + 1));
+        }
+        if (B > 1) { t->ql[B - 1] = c->Nq; t->kl[B - 1] = c->Nk; }
+    }
+    bk_attn_desc d = {B, H, c->Nq, c->Nk, c->d, c->dv, t->ql, t->kl};
+    t->desc = d;
+    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
+    t->q = th_alloc_fill(nq * c->d, 0); t->k = th_alloc_fill(nk * c->d, 0); t->v = th_alloc_fill(nk * c->dv, 0);
+    t->o = th_alloc_fill(nq * c->dv, -7); t->a = th_alloc_fill(nq * c->Nk, -7); t->dout = th_alloc_fill(nq * c->dv, 0);
+    t->dq = th_alloc_fill(nq * c->d, -7); t->dk = th_alloc_fill(nk * c->d, -7); t->dv = th_alloc_fill(nk * c->dv, -7);
+    t->tq = eview(c, t->q, c->Nq, c->d); t->tk = eview(c, t->k, c->Nk, c->d); t->tv = eview(c, t->v, c->Nk, c->dv);
+    t->to = eview(c, t->o, c->Nq, c->dv); t->ta = eview(c, t->a, c->Nq, c->Nk);
+    t->tdo = eview(c, t->dout, c->Nq, c->dv); t->tdq = eview(c, t->dq, c->Nq, c->d);
+    t->tdk = eview(c, t->dk, c->Nk, c->d); t->tdv = eview(c, t->dv, c->Nk, c->dv);
+    double sg = c->sigma > 0 ? c->sigma : 1.0;
+    th_fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
+    th_fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
+    th_fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
+    th_fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
+    t->p = bk_esp_params_default();
+    t->p.sort = c->sort;
+    t->p.t = c->t;
+    t->p.tau = c->tau;
+    t->p.cost = c->cost;
+    t->p.out_scale = c->sc;
+    t->L = c->L ? c->L : c->d;
+    t->theta = calloc((size_t)t->L * c->d, sizeof(float));
+    t->dth = calloc((size_t)t->L * c->d, sizeof(float));
+    if (c->L) {
+        for (int l = 0; l < c->L; l++) {
+            double nrm = 0;
+            for (int x = 0; x < c->d; x++) {
+                t->theta[l * c->d + x] = (float)th_normal(&r);
+                nrm += (double)t->theta[l * c->d + x] * t->theta[l * c->d + x];
+            }
+            for (int x = 0; x < c->d; x++) t->theta[l * c->d + x] /= (float)sqrt(nrm);
+        }
+        t->p.L = c->L;
+        t->p.theta = t->theta;
+    }
+    t->sig = calloc((size_t)B * H * t->L, sizeof(float));
+    t->diag = calloc((size_t)B * H, sizeof(bk_esp_diag));
+}
+
+static void eb_free(ebuf *t)
+{
+    free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a); free(t->dout);
+    free(t->dq); free(t->dk); free(t->dv); free(t->theta); free(t->sig); free(t->dth); free(t->diag);
+}
+
+static bk_status efwd(ebuf *t, void *tape)
+{
+    bk_esp_extras ex = {t->ta, t->sig, NULL, t->diag};
+    return bk_esp_forward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->to, tape, &ex, NULL, 0);
+}
+static bk_status ebwd(ebuf *t, const void *tape)
+{
+    return bk_esp_backward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->tdo, tape, &t->tdq, &t->tdk, &t->tdv, t->dth,
+                           NULL, 0);
+}
+
+static ref_esp_cfg ref_cfg(const ecase *c, const ebuf *t, double *theta_d)
+{
+    ref_esp_cfg rc;
+    memset(&rc, 0, sizeof rc);
+    rc.sort = c->sort == BK_ESP_SOFT;
+    rc.t = c->t;
+    rc.tau = c->tau;
+    rc.scale = 1.0 / sqrt((double)(float)c->d);
+    rc.scale = (double)(1.0f / sqrtf((float)c->d)); /* the float scale the library uses */
+    rc.cost = c->cost == BK_ESP_COST_EUCLID;
+    rc.out_scale = c->sc == BK_ESP_SCALE_PAPER;
+    rc.L = t->L;
+    if (c->L) {
+        for (int i = 0; i < t->L * c->d; i++) theta_d[i] = t->theta[i];
+        rc.theta = theta_d;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+static void check_ref(const ecase *c, uint64_t seed)
+{
+    ebuf t;
+    eb_init(&t, c, seed);
+    void *tape = malloc(bk_esp_tape_size(&t.desc, &t.p));
+    bk_status s1 = efwd(&t, tape), s2 = s1 ? s1 : ebwd(&t, tape);
+    char name[240];
+    snprintf(name, sizeof name, "esp-ref %s %s %s B%d H%d Nq%d Nk%d d%d dv%d %s pad%d tau%g t%g L%d",
+             c->sort ? "soft" : "hard", c->cost ? "euclid" : "sq", c->sc ? "paper" : "rows", c->B, c->H, c->Nq, c->Nk,
+             c->d, c->dv, c->layout ? "bnhd" : "bhnd", c->pad, (double)c->tau, (double)c->t, c->L);
+    if (!th_check(s1 == BK_OK && s2 == BK_OK, name, "%s / %s: %s", bk_status_str(s1), bk_status_str(s2),
+                  bk_last_error())) {
+        free(tape);
+        eb_free(&t);
+        return;
+    }
+    const int B = c->B, H = c->H, L = t.L;
+    double *Q = th_gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = th_gather(&t.tk, B, H, c->Nk, c->d, t.kl);
+    double *V = th_gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = th_gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
+    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
+    double *A = calloc(nq * c->Nk, 8), *O = calloc(nq * c->dv, 8), *S = calloc((size_t)B * H * L, 8);
+    double *dQ = calloc(nq * c->d, 8), *dK = calloc(nk * c->d, 8), *dV = calloc(nk * c->dv, 8);
+    double *dT = calloc((size_t)L * c->d, 8), *thd = calloc((size_t)L * c->d, 8);
+    int *ql = th_lens_int(t.ql, B), *kl = th_lens_int(t.kl, B);
+    ref_esp_cfg rc = ref_cfg(c, &t, thd);
+    ref_esp_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, &rc, A, O, S);
+    ref_esp_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, &rc, dO, dQ, dK, dV, dT);
+    double eo = th_rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
+    double eq = th_rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
+    double ev = th_rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
+    double es = 0, et = 0, tmax = 1;
+    for (int i = 0; i < B * H * L; i++) es = fmax(es, fabs(t.sig[i] - S[i]));
+    for (int i = 0; i < L * c->d; i++) tmax = fmax(tmax, fabs(dT[i]));
+    if (c->L && c->sort == BK_ESP_SOFT)
+        for (int i = 0; i < L * c->d; i++) et = fmax(et, fabs(t.dth[i] - dT[i]) / tmax);
+    th_check(eo <= 1e-5 && ea <= 1e-5 && es <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4 && et <= 1e-4, name,
+             "O %.1e A %.1e sig %.1e dQ %.1e dK %.1e dV %.1e dTheta %.1e", eo, ea, es, eq, ek, ev, et);
+    free(Q); free(K); free(V); free(dO); free(A); free(O); free(S); free(dQ); free(dK); free(dV); free(dT); free(thd);
+    free(ql); free(kl); free(tape);
+    eb_free(&t);
+}
+
+static void test_esp_grid(void)
+{
+    const int shapes[][6] = {
+        {1, 1, 1, 1, 2, 2},  {1, 1, 7, 7, 4, 3},   {2, 2, 9, 9, 4, 5},  {1, 1, 5, 9, 4, 3},
+        {2, 1, 12, 4, 8, 6}, {2, 2, 16, 16, 8, 8}, {1, 2, 3, 11, 2, 4},
+    };
+    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+    uint64_t seed = 500;
+    for (int si = 0; si < ns; si++)
+        for (int sort = 0; sort < 2; sort++)
+            for (int cost = 0; cost < 2; cost++)
+                for (int v = 0; v < 3; v++) {
+                    if (TH.quick && (v + si) % 2) continue;
+                    ecase c = {shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4], shapes[si][5],
+                               v == 1, v == 2, sort, v == 2 ? 0.05f : 0.5f, v == 0 ? 0.0f : (v == 1 ? 1.0f : 10.0f),
+                               cost, (si + v) % 2 ? BK_ESP_SCALE_PAPER : BK_ESP_SCALE_ROWS, (si % 3 == 1) ? 3 : 0, 1.0};
+                    if (c.d == 2 && c.L == 3) c.L = 0;
+                    check_ref(&c, seed++);
+                }
+}
+
+/* ------------------------------------------------------------------------ */
+/* properties                                                                 */
+/* ------------------------------------------------------------------------ */
+static void attn_sums(const ebuf *t, int n, int m, double *rmax, double *cmax, double ctarget)
+{
+    *rmax = *cmax = 0;
+    for (int i = 0; i < n; i++) {
+        double r = 0;
+        for (int j = 0; j < m; j++) r += t->a[i * m + j];
+        *rmax = fmax(*rmax, fabs(r - 1));
+    }
+    for (int j = 0; j < m; j++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += t->a[i * m + j];
+        *cmax = fmax(*cmax, fabs(s - ctarget));
+    }
+}
+
+static void test_esp_doubly_stochastic(void)
+{
+    const float taus[] = {0.0f, 1.0f, 100.0f};
+    const int nm[][2] = {{17, 17}, {7, 12}, {12, 5}};
+    for (int k = 0; k < 3; k++)
+        for (int s = 0; s < 3; s++) {
+            ecase c = {1, 1, nm[s][0], nm[s][1], 6, 4, 0, 0, BK_ESP_HARD, 0.1f, taus[k], BK_ESP_COST_SQ,
+                       BK_ESP_SCALE_ROWS, 0, 1.0};
+            ebuf t;
+            eb_init(&t, &c, 600 + k * 3 + s);
+            efwd(&t, NULL);
+            double re, ce;
+            attn_sums(&t, c.Nq, c.Nk, &re, &ce, (double)c.Nq / c.Nk);
+            char name[96];
+            snprintf(name, sizeof name, "hard ESP exactly doubly stochastic (tau=%g, %dx%d)", (double)taus[k], c.Nq, c.Nk);
+            th_check(re < 2e-6 && ce < 2e-6 * c.Nq, name, "rows %.1e cols %.1e", re, ce);
+            eb_free(&t);
+        }
+}
+
+static void test_esp_tau_limits(void)
+{
+    ecase c = {1, 1, 10, 10, 5, 3, 0, 0, BK_ESP_HARD, 0.1f, 0.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+    ebuf t;
+    eb_init(&t, &c, 610);
+    efwd(&t, NULL);
+    double e = 0;
+    for (int l = 0; l < 5; l++) e = fmax(e, fabs(t.sig[l] - 0.2));
+    th_check(e < 1e-7, "tau = 0: uniform slice weights", "max |sigma - 1/L| %.1e", e);
+    /* tau = 0: A is the mean of the lifted plans; each slice's plan alone via L=1 theta = e_l */
+    float *acc = calloc(100, sizeof(float));
+    for (int l = 0; l < 5; l++) {
+        ebuf u;
+        eb_init(&u, &c, 610);
+        float th[5] = {0, 0, 0, 0, 0};
+        th[l] = 1.0f;
+        u.p.L = 1;
+        u.p.theta = th;
+        efwd(&u, NULL);
+        for (int i = 0; i < 100; i++) acc[i] += u.a[i] / 5.0f;
+        eb_free(&u);
+    }
+    e = 0;
+    for (int i = 0; i < 100; i++) e = fmax(e, fabs(acc[i] - t.a[i]));
+    th_check(e < 1e-6, "tau = 0 gives the mean of the slices' plans", "max diff %.1e", e);
+    free(acc);
+    /* large tau selects the cheapest slice; E_sigma[D] does not increase with tau */
+    float D[5];
+    bk_esp_extras ex = {t.ta, t.sig, D, NULL};
+    t.p.tau = 1e4f;
+    bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+    int arg = 0;
+    for (int l = 1; l < 5; l++)
+        if (D[l] < D[arg]) arg = l;
+    th_check(t.sig[arg] > 0.999f, "large tau selects argmin D", "sigma[argmin] = %g", (double)t.sig[arg]);
+    double prev = 1e300;
+    int mono = 1;
+    for (int k = 0; k < 6; k++) {
+        t.p.tau = (float)k;
+        bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+        double ed = 0;
+        for (int l = 0; l < 5; l++) ed += t.sig[l] * D[l];
+        if (ed > prev + 1e-6) mono = 0;
+        prev = ed;
+    }
+    th_check(mono, "E_sigma[D] non-increasing in tau (sign of eq. 9)", "%s", "");
+    eb_free(&t);
+}
+
+static void test_esp_identity_and_tau0_grad(void)
+{
+    ecase c = {1, 1, 9, 9, 4, 4, 0, 0, BK_ESP_HARD, 0.1f, 2.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+    ebuf t;
+    eb_init(&t, &c, 620);
+    memcpy(t.k, t.q, sizeof(float) * 9 * 4); /* K = Q: every slice matches i to i */
+    efwd(&t, NULL);
+    double e = 0;
+    for (int i = 0; i < 9 * 4; i++) e = fmax(e, fabs(t.o[i] - t.v[i]));
+    th_check(e < 1e-6, "K = Q: hard ESP output equals V", "max diff %.1e", e);
+    t.p.tau = 0.0f;
+    memcpy(t.k, t.v, sizeof(float) * 9 * 4); /* any K */
+    efwd(&t, NULL);
+    ebwd(&t, NULL);
+    int zero = 1;
+    for (int i = 0; i < 9 * 4; i++) zero &= t.dq[i] == 0.0f && t.dk[i] == 0.0f;
+    th_check(zero, "hard ESP, tau = 0: dQ = dK = 0 exactly", "%s", "");
+    eb_free(&t);
+}
+
+static void test_esp_permutation(void)
+{
+    for (int sort = 0; sort < 2; sort++) {
+        ecase c = {1, 1, 8, 8, 4, 3, 0, 0, sort, 0.3f, 1.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+        ebuf t, u;
+        eb_init(&t, &c, 630);
+        eb_init(&u, &c, 631);
+        int pm[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+        for (int i = 0; i < 8; i++) {
+            memcpy(u.q + i * 4, t.q + pm[i] * 4, 16);
+            memcpy(u.k + i * 4, t.k + pm[i] * 4, 16);
+            memcpy(u.v + i * 3, t.v + pm[i] * 3, 12);
+        }
+        efwd(&t, NULL);
+        efwd(&u, NULL);
+        double e = 0;
+        for (int i = 0; i < 8; i++)
+            for (int x = 0; x < 3; x++) e = fmax(e, fabs(u.o[i * 3 + x] - t.o[pm[i] * 3 + x]));
+        char name[64];
+        snprintf(name, sizeof name, "%s ESP permutation equivariance", sort ? "soft" : "hard");
+        th_check(e < 2e-6, name, "max diff %.1e", e);
+        eb_free(&t);
+        eb_free(&u);
+    }
+}
+
+static void test_esp_soft_to_hard(void)
+{
+    ecase c = {1, 2, 10, 13, 4, 3, 0, 0, BK_ESP_SOFT, 1e-12f, 1.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 3.0};
+    ebuf t, u;
+    eb_init(&t, &c, 640);
+    c.sort = BK_ESP_HARD;
+    eb_init(&u, &c, 640);
+    efwd(&t, NULL);
+    efwd(&u, NULL);
+    double e = 0;
+    for (int i = 0; i < 2 * 10 * 3; i++) e = fmax(e, fabs(t.o[i] - u.o[i]));
+    th_check(e < 1e-5, "soft sort -> hard sort as t -> 0", "max |O_soft(t=1e-12) - O_hard| %.1e", e);
+    th_check(t.diag[0].col_err < 1e-4f, "soft plan marginals reported (t small: nearly exact)", "col err %.1e",
+             (double)t.diag[0].col_err);
+    c.sort = BK_ESP_SOFT;
+    c.t = 1.0f;
+    ebuf w;
+    eb_init(&w, &c, 640);
+    efwd(&w, NULL);
+    th_check(w.diag[0].col_err > 1e-3f && w.diag[0].row_err > 1e-3f, "soft plan at t=1 is not doubly stochastic",
+             "row %.2e col %.2e", (double)w.diag[0].row_err, (double)w.diag[0].col_err);
+    eb_free(&t);
+    eb_free(&u);
+    eb_free(&w);
+}
+
+static void test_esp_padding_determinism(void)
+{
+    for (int sort = 0; sort < 2; sort++) {
+        ecase c = {4, 2, 11, 9, 4, 3, 0, 1, sort, 0.2f, 1.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+        ebuf t;
+        eb_init(&t, &c, 650 + sort);
+        t.ql[0] = 3; t.kl[0] = 9; t.ql[1] = 11; t.kl[1] = 2; t.ql[2] = 0; t.kl[2] = 4; t.ql[3] = 11; t.kl[3] = 9;
+        th_rng rr = {9};
+        th_fill_tensor(&t.tq, 4, 2, 11, 4, t.ql, &rr, 1.0);
+        th_fill_tensor(&t.tk, 4, 2, 9, 4, t.kl, &rr, 1.0);
+        th_fill_tensor(&t.tv, 4, 2, 9, 3, t.kl, &rr, 1.0);
+        th_fill_tensor(&t.tdo, 4, 2, 11, 3, t.ql, &rr, 1.0);
+        bk_status st = efwd(&t, NULL);
+        if (st == BK_OK) st = ebwd(&t, NULL);
+        th_check(st == BK_OK, "padded ESP run with NaN in the padding", "%s", bk_last_error());
+        int ok = 1;
+        for (int b = 0; b < 4; b++)
+            for (int h = 0; h < 2; h++) {
+                int n = t.ql[b], m = t.kl[b];
+                size_t po = (size_t)(b * 2 + h);
+                if (n == 0 || m == 0) {
+                    for (int i = 0; i < 11 * 3; i++) ok &= t.o[po * 33 + i] == 0.0f;
+                    continue;
+                }
+                ecase u = {1, 1, n, m, 4, 3, 0, 0, sort, 0.2f, 1.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+                ebuf s;
+                eb_init(&s, &u, 1);
+                memcpy(s.q, t.q + po * 44, sizeof(float) * n * 4);
+                memcpy(s.k, t.k + po * 36, sizeof(float) * m * 4);
+                memcpy(s.v, t.v + po * 27, sizeof(float) * m * 3);
+                memcpy(s.dout, t.dout + po * 33, sizeof(float) * n * 3);
+                efwd(&s, NULL);
+                ebwd(&s, NULL);
+                ok &= !memcmp(s.o, t.o + po * 33, sizeof(float) * n * 3);
+                ok &= !memcmp(s.dq, t.dq + po * 44, sizeof(float) * n * 4);
+                ok &= !memcmp(s.dk, t.dk + po * 36, sizeof(float) * m * 4);
+                ok &= !memcmp(s.dv, t.dv + po * 27, sizeof(float) * m * 3);
+                for (int i = n * 3; i < 33; i++) ok &= t.o[po * 33 + i] == 0.0f;
+                eb_free(&s);
+            }
+        char name[64];
+        snprintf(name, sizeof name, "%s ESP padding == truncation (bitwise)", sort ? "soft" : "hard");
+        th_check(ok, name, "%s", "");
+        /* thread-count determinism, including the slice gradient */
+        ecase cd = {3, 3, 12, 10, 6, 4, 1, 1, sort, 0.2f, 1.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 4, 1.0};
+        ebuf r1;
+        eb_init(&r1, &cd, 660);
+        bk_set_num_threads(1);
+        efwd(&r1, NULL);
+        ebwd(&r1, NULL);
+        int same = 1;
+        for (int nt = 2; nt <= 4; nt++) {
+            ebuf r2;
+            eb_init(&r2, &cd, 660);
+            bk_set_num_threads(nt);
+            efwd(&r2, NULL);
+            ebwd(&r2, NULL);
+            size_t nq = 3 * 3 * 12, nk = 3 * 3 * 10;
+            same &= !memcmp(r1.o, r2.o, nq * 4 * 4) && !memcmp(r1.dq, r2.dq, nq * 6 * 4) &&
+                    !memcmp(r1.dk, r2.dk, nk * 6 * 4) && !memcmp(r1.dv, r2.dv, nk * 4 * 4) &&
+                    !memcmp(r1.dth, r2.dth, 4 * 6 * 4);
+            eb_free(&r2);
+        }
+        bk_set_num_threads(0);
+        snprintf(name, sizeof name, "%s ESP bitwise identical for 1..4 threads", sort ? "soft" : "hard");
+        th_check(same, name, "%s", "");
+        eb_free(&r1);
+        eb_free(&t);
+    }
+}
+
+/* finite differences of the float32 soft operator (Q, K, V, Theta), as
+ * directional derivatives along random +-1 directions (the float forward's
+ * rounding makes single-entry differences too noisy to be informative) */
+static void test_esp_fd(void)
+{
+    for (int cost = 0; cost < 2; cost++) {
+        ecase c = {1, 1, 5, 6, 3, 2, 0, 0, BK_ESP_SOFT, 0.5f, 1.0f, cost, BK_ESP_SCALE_ROWS, 2, 1.0};
+        ebuf t;
+        eb_init(&t, &c, 670 + cost);
+        efwd(&t, NULL);
+        ebwd(&t, NULL);
+        float *in[4] = {t.q, t.k, t.v, t.theta};
+        const float *an[4] = {t.dq, t.dk, t.dv, t.dth};
+        const int cnt[4] = {15, 18, 12, 6};
+        const char *nm[4] = {"dQ", "dK", "dV", "dTheta"};
+        th_rng r = {99};
+        for (int w = 0; w < 4; w++) {
+            float u[32], x0[32];
+            double dir = 0;
+            for (int i = 0; i < cnt[w]; i++) {
+                u[i] = (th_next(&r) & 1) ? 1.0f : -1.0f;
+                x0[i] = in[w][i];
+                dir += (double)u[i] * an[w][i];
+            }
+            const float h = 3e-4f;
+            double Lh[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i] + (sgn ? -h : h) * u[i];
+                efwd(&t, NULL);
+                double L = 0;
+                for (int j = 0; j < 10; j++) L += (double)t.o[j] * t.dout[j];
+                Lh[sgn] = L;
+            }
+            for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i];
+            double fd = (Lh[0] - Lh[1]) / (2 * h);
+            char name[64];
+            snprintf(name, sizeof name, "ESP soft %s directional FD %s", cost ? "euclid" : "sq", nm[w]);
+            th_check(fabs(fd - dir) <= 1e-2 * fmax(fabs(dir), 1e-2), name, "FD %.6f analytic %.6f", fd, dir);
+        }
+        eb_free(&t);
+    }
+}
+
+/* larger hard problems: O(L N log N) path stays exactly doubly stochastic
+ * (checked through O with V = one-hot key indicators) */
+static void test_esp_large_hard(void)
+{
+    const int n = 3000, m = 3000, d = 8, dv = 1;
+    ecase c = {1, 1, n, m, d, dv, 0, 0, BK_ESP_HARD, 0.1f, 0.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+    ebuf t;
+    eb_init(&t, &c, 680);
+    for (int j = 0; j < m; j++) t.v[j] = 1.0f;
+    bk_esp_extras ex = {{0}, t.sig, NULL, NULL};
+    bk_status s = bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+    double e = 0;
+    for (int i = 0; i < n; i++) e = fmax(e, fabs(t.o[i] - 1.0));
+    th_check(s == BK_OK && e < 1e-5, "hard ESP N=3000: rows of A sum to 1 (A 1 via O)", "%.1e", e);
+    eb_free(&t);
+}
+
+static void test_esp_bad_input(void)
+{
+    ecase c = {1, 2, 5, 5, 3, 2, 0, 0, BK_ESP_SOFT, 0.5f, 1.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
+    ebuf t;
+    eb_init(&t, &c, 690);
+    float o0[20];
+    memcpy(o0, t.o, sizeof o0);
+#define EXPECT(mut, code, what)                                                                                   \
+    do {                                                                                                          \
+        bk_esp_params p = t.p;                                                                                    \
+        mut;                                                                                                      \
+        bk_status s_ = bk_esp_forward(&t.desc, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0);             \
+        th_check(s_ == (code) && !memcmp(o0, t.o, sizeof o0), "esp bad input: " what, "%s (%s)", bk_status_str(s_), \
+                 bk_last_error());                                                                                \
+    } while (0)
+    EXPECT(p.L = -1, BK_ERR_PARAM, "L < 0");
+    EXPECT(p.t = 0.0f, BK_ERR_PARAM, "t = 0 (soft)");
+    EXPECT(p.t = -1.0f, BK_ERR_PARAM, "t < 0 (soft)");
+    EXPECT(p.tau = NAN, BK_ERR_PARAM, "tau NaN");
+    EXPECT(p.tau = INFINITY, BK_ERR_PARAM, "tau inf");
+    EXPECT(p.tau = -1.0f, BK_ERR_PARAM, "tau < 0");
+    EXPECT(p.theta = t.theta, BK_ERR_PARAM, "theta with L = 0");
+    float bad[6] = {1, 0, 0, 0, NAN, 0};
+    EXPECT((p.L = 2, p.theta = bad), BK_ERR_NONFINITE, "NaN in theta");
+    EXPECT(p.sort = (bk_esp_sort)7, BK_ERR_PARAM, "unknown sort");
+    EXPECT(p.cost = (bk_esp_cost)7, BK_ERR_PARAM, "unknown cost");
+    EXPECT(p.scale = NAN, BK_ERR_PARAM, "scale NaN");
+#undef EXPECT
+    /* hard sort ignores t */
+    bk_esp_params p = t.p;
+    p.sort = BK_ESP_HARD;
+    p.t = 0.0f;
+    th_check(bk_esp_forward(&t.desc, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0) == BK_OK,
+             "hard sort does not need t", "%s", bk_last_error());
+    /* tapes */
+    size_t tsz = bk_esp_tape_size(&t.desc, &t.p);
+    char *tape = calloc(1, tsz);
+    th_check(ebwd(&t, tape) == BK_ERR_TAPE, "esp bad input: garbage tape", "%s", bk_last_error());
+    efwd(&t, tape);
+    bk_esp_params p2 = t.p;
+    p2.tau = 2.0f;
+    th_check(bk_esp_backward(&t.desc, &p2, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, NULL, 0) ==
+                 BK_ERR_TAPE,
+             "esp bad input: tape from other parameters", "%s", bk_last_error());
+    ((int32_t *)(tape + 64))[16 + 2 * 3] = 77; /* corrupt an order */
+    th_check(ebwd(&t, tape) == BK_ERR_TAPE, "esp bad input: corrupt tape order", "%s", bk_last_error());
+    free(tape);
+    float th[9];
+    th_check(bk_esp_slices(&t.p, 3, th) == BK_OK && th[0] == 1 && th[1] == 0 && th[4] == 1, "bk_esp_slices identity",
+             "%s", "");
+    bk_esp_params pr = t.p;
+    pr.L = 4;
+    pr.seed = 42;
+    float r1[12], r2[12];
+    bk_esp_slices(&pr, 3, r1);
+    bk_esp_slices(&pr, 3, r2);
+    double nrm = r1[0] * r1[0] + r1[1] * r1[1] + r1[2] * r1[2];
+    th_check(!memcmp(r1, r2, sizeof r1) && fabs(nrm - 1) < 1e-6, "seeded random slices: unit, reproducible", "%g", nrm);
+    th_check(fabsf(bk_esp_anneal(1e-3f, 0.8f, 40) - 1e-3f * powf(0.8f, 40)) < 1e-12f, "annealing schedule", "%s", "");
+    eb_free(&t);
+}
+
+void test_esp(void)
+{
+    test_esp_grid();
+    test_esp_doubly_stochastic();
+    test_esp_tau_limits();
+    test_esp_identity_and_tau0_grad();
+    test_esp_permutation();
+    test_esp_soft_to_hard();
+    test_esp_padding_determinism();
+    test_esp_fd();
+    test_esp_large_hard();
+    test_esp_bad_input();
+}

@@ -1,0 +1,19 @@
+/* tutil.h -- helpers shared by the operator tests. */
+#ifndef BK_TUTIL_H
+#define BK_TUTIL_H
+#include "birkhoff.h"
+#include "harness.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+float *th_alloc_fill(size_t n, float val);
+/* N(0, sigma^2) values in valid rows (n < len[b]); NaN in padded rows */
+void th_fill_tensor(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len, th_rng *r, double sigma);
+/* contiguous double [B][H][N][C] copy; padded rows -> 0 */
+double *th_gather(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len);
+/* max |x - ref| / max(1, max |ref|) over the whole view (NaN -> NaN) */
+double th_rel_err(const bk_tensor *t, int B, int H, int N, int C, const double *ref);
+/* int copy of int32 lengths (NULL stays NULL) */
+int *th_lens_int(const int32_t *l, int B);
+#endif

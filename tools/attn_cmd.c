@@ -8,7 +8,7 @@
 static void attn_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff attn --op softmax|sinkhorn --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "usage: birkhoff attn --op softmax|sinkhorn|esp --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
             "\n"
             "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
             "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
@@ -25,12 +25,25 @@ static void attn_usage(FILE *f)
             "  --diag D.npy      also write per-problem [iters, row_err, col_err] as float32 [B,H,3]\n"
             "  --dout dO.npy     upstream gradient [B,H,Nq,dv]: run the backward too, writing\n"
             "  --dq F --dk F --dv F   the gradients (any subset)\n"
-            "  --threads N       threads (default: all cores); results do not depend on it\n");
+            "  --threads N       threads (default: all cores); results do not depend on it\n"
+            "ESP (--op esp):\n"
+            "  --sort hard|soft  exact argsort (default; exactly doubly stochastic) or SoftSort\n"
+            "  --softsort-t t    SoftSort temperature (default 1e-3)\n"
+            "  --tau T           slice-mixing inverse temperature >= 0 (default 1)\n"
+            "  --cost sq|euclid  squared (paper, default) or plain Euclidean (reference code)\n"
+            "  --esp-scale rows|paper   A = n G (rows sum to 1, default) or the paper's G\n"
+            "  --slices T.npy    float32 [L, d] slice matrix (default: axis-aligned, L = d)\n"
+            "  --num-slices L --seed S  L random unit slices from a seed\n"
+            "  --sigma S.npy     write the slice weights [B,H,L]\n"
+            "  --dslices F.npy   write the gradient w.r.t. the slices [L, d] (zeros under hard sort)\n"
+            "  --diag D.npy      (esp) per-problem [row_err, col_err] of the plan, [B,H,2]\n"
+            "  --scale s         q, k scale (default 1/sqrt(d))\n");
 }
 
 typedef struct {
     const char *op, *q, *k, *v, *out, *qlen, *klen, *attn, *diag, *dout, *dq, *dk, *dv;
     const char *iters, *eps, *scale, *tol, *grad, *threads;
+    const char *sort, *tau, *sst, *cost, *escale, *slices, *nslices, *seed, *sigma, *dslices;
 } attn_args;
 
 static int load4(const char *what, const char *path, bk_npy *a)
@@ -83,6 +96,9 @@ int cmd_attn(int argc, char **argv)
         {"--diag", &a.diag},   {"--dout", &a.dout},   {"--dq", &a.dq},       {"--dk", &a.dk},
         {"--dv", &a.dv},       {"--iters", &a.iters}, {"--eps", &a.eps},     {"--scale", &a.scale},
         {"--tol", &a.tol},     {"--grad", &a.grad},   {"--threads", &a.threads},
+        {"--sort", &a.sort},   {"--tau", &a.tau},     {"--softsort-t", &a.sst}, {"--cost", &a.cost},
+        {"--esp-scale", &a.escale}, {"--slices", &a.slices}, {"--num-slices", &a.nslices}, {"--seed", &a.seed},
+        {"--sigma", &a.sigma}, {"--dslices", &a.dslices},
     };
     const int nopt = (int)(sizeof opts / sizeof opts[0]);
     for (int i = 1; i < argc; i++) {
@@ -112,9 +128,65 @@ int cmd_attn(int argc, char **argv)
         attn_usage(stderr);
         return CLI_USAGE;
     }
-    int sink = !strcmp(a.op, "sinkhorn");
-    if (!sink && strcmp(a.op, "softmax")) {
-        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax or sinkhorn)\n", a.op);
+    const int sink = !strcmp(a.op, "sinkhorn"), esp = !strcmp(a.op, "esp");
+    if (!sink && !esp && strcmp(a.op, "softmax")) {
+        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn or esp)\n", a.op);
+        return CLI_USAGE;
+    }
+    if (!esp && (a.sort || a.tau || a.sst || a.cost || a.escale || a.slices || a.nslices || a.seed || a.sigma ||
+                 a.dslices)) {
+        fprintf(stderr, "birkhoff attn: --sort/--tau/--softsort-t/--cost/--esp-scale/--slices/--num-slices/--seed/"
+                        "--sigma/--dslices apply to --op esp only\n");
+        return CLI_USAGE;
+    }
+    bk_esp_params ep = bk_esp_params_default();
+    if (esp) {
+        if (a.iters || a.eps || a.tol || a.grad) {
+            fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad apply to --op sinkhorn only\n");
+            return CLI_USAGE;
+        }
+        if (a.sort && !strcmp(a.sort, "soft")) ep.sort = BK_ESP_SOFT;
+        else if (a.sort && strcmp(a.sort, "hard")) {
+            fprintf(stderr, "birkhoff attn: --sort must be hard or soft, got '%s'\n", a.sort);
+            return CLI_USAGE;
+        }
+        if (a.cost && !strcmp(a.cost, "euclid")) ep.cost = BK_ESP_COST_EUCLID;
+        else if (a.cost && strcmp(a.cost, "sq")) {
+            fprintf(stderr, "birkhoff attn: --cost must be sq or euclid, got '%s'\n", a.cost);
+            return CLI_USAGE;
+        }
+        if (a.escale && !strcmp(a.escale, "paper")) ep.out_scale = BK_ESP_SCALE_PAPER;
+        else if (a.escale && strcmp(a.escale, "rows")) {
+            fprintf(stderr, "birkhoff attn: --esp-scale must be rows or paper, got '%s'\n", a.escale);
+            return CLI_USAGE;
+        }
+        if (a.tau && (!cli_parse_float(a.tau, &ep.tau) || ep.tau < 0)) {
+            fprintf(stderr, "birkhoff attn: --tau must be a finite number >= 0, got '%s'\n", a.tau);
+            return CLI_USAGE;
+        }
+        if (a.sst && (!cli_parse_float(a.sst, &ep.t) || !(ep.t > 0))) {
+            fprintf(stderr, "birkhoff attn: --softsort-t must be a number > 0, got '%s'\n", a.sst);
+            return CLI_USAGE;
+        }
+        if (a.nslices && (!cli_parse_int(a.nslices, &ep.L) || ep.L < 1)) {
+            fprintf(stderr, "birkhoff attn: --num-slices must be an integer >= 1, got '%s'\n", a.nslices);
+            return CLI_USAGE;
+        }
+        if (a.seed) {
+            int sd;
+            if (!cli_parse_int(a.seed, &sd) || sd < 0) {
+                fprintf(stderr, "birkhoff attn: --seed must be an integer >= 0, got '%s'\n", a.seed);
+                return CLI_USAGE;
+            }
+            ep.seed = (uint64_t)sd;
+        }
+        if (a.slices && a.nslices) {
+            fprintf(stderr, "birkhoff attn: give either --slices or --num-slices, not both\n");
+            return CLI_USAGE;
+        }
+    }
+    if (a.dslices && !a.dout) {
+        fprintf(stderr, "birkhoff attn: --dslices needs --dout\n");
         return CLI_USAGE;
     }
     bk_sinkhorn_params p = bk_sinkhorn_params_default();
@@ -142,7 +214,7 @@ int cmd_attn(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    if (!sink && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
+    if (!sink && !esp && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
         fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
         return CLI_USAGE;
     }
@@ -160,9 +232,11 @@ int cmd_attn(int argc, char **argv)
     }
 
     int rc = CLI_FAIL;
-    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0};
-    float *O = NULL, *A = NULL, *dQ = NULL, *dK = NULL, *dV = NULL, *D = NULL;
+    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0}, TH = {0};
+    float *O = NULL, *A = NULL, *dQ = NULL, *dK = NULL, *dV = NULL, *D = NULL, *SG = NULL, *DTH = NULL;
     bk_sinkhorn_diag *diag = NULL;
+    bk_esp_diag *ediag = NULL;
+    int L = 0;
     void *tape = NULL;
     if (!load4("Q", a.q, &Q) || !load4("K", a.k, &K) || !load4("V", a.v, &V)) goto done;
     const int B = (int)Q.shape[0], H = (int)Q.shape[1], Nq = (int)Q.shape[2], d = (int)Q.shape[3];
@@ -186,15 +260,31 @@ int cmd_attn(int argc, char **argv)
             goto done;
         }
     }
+    if (esp && a.slices) {
+        if (bk_npy_read(a.slices, &TH) != BK_OK) {
+            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+            goto done;
+        }
+        if (TH.dtype != BK_F32 || TH.ndim != 2 || TH.shape[1] != d || TH.shape[0] < 1 || TH.shape[0] > 65536) {
+            fprintf(stderr, "birkhoff attn: --slices (%s) must be a float32 array [L, d] with d = %d\n", a.slices, d);
+            goto done;
+        }
+        ep.L = (int)TH.shape[0];
+        ep.theta = TH.data;
+    }
+    if (esp) ep.scale = p.scale;
     bk_attn_desc desc = {B, H, Nq, Nk, d, dv, QL.data, KL.data};
+    if (esp) L = bk_esp_num_slices(&ep, d);
     if (!sink) p.iters = 1; /* softmax: the S = 1 case, through its own entry points below */
     size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
     O = malloc(nq * dv * sizeof(float));
     if (a.attn) A = malloc(nq * Nk * sizeof(float));
-    if (a.diag) diag = malloc(sizeof(*diag) * (size_t)B * H);
-    size_t tsz = sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    if (a.diag && !esp) diag = malloc(sizeof(*diag) * (size_t)B * H);
+    if (a.diag && esp) ediag = malloc(sizeof(*ediag) * (size_t)B * H);
+    if (a.sigma) SG = malloc(sizeof(float) * (size_t)B * H * (L > 0 ? L : 1));
+    size_t tsz = esp ? bk_esp_tape_size(&desc, &ep) : sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     if (a.dout) tape = malloc(tsz ? tsz : 1);
-    if (!O || (a.attn && !A) || (a.diag && !diag) || (a.dout && !tape)) {
+    if (!O || (a.attn && !A) || (a.diag && !diag && !ediag) || (a.sigma && !SG) || (a.dout && !tape)) {
         fprintf(stderr, "birkhoff attn: out of memory\n");
         goto done;
     }
@@ -202,7 +292,10 @@ int cmd_attn(int argc, char **argv)
     bk_tensor tv = bk_tensor_bhnd(V.data, H, Nk, dv), to = bk_tensor_bhnd(O, H, Nq, dv);
     bk_tensor ta = bk_tensor_bhnd(A, H, Nq, Nk);
     bk_status s;
-    if (sink) {
+    if (esp) {
+        bk_esp_extras ex = {ta, SG, NULL, ediag};
+        s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+    } else if (sink) {
         bk_sinkhorn_extras ex = {ta, NULL, NULL, diag};
         s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else {
@@ -223,7 +316,13 @@ int cmd_attn(int argc, char **argv)
         }
         bk_tensor tdo = bk_tensor_bhnd(DO.data, H, Nq, dv), tdq = bk_tensor_bhnd(dQ, H, Nq, d);
         bk_tensor tdk = bk_tensor_bhnd(dK, H, Nk, d), tdv = bk_tensor_bhnd(dV, H, Nk, dv);
-        if (sink) {
+        if (a.dslices && !(DTH = malloc(sizeof(float) * (size_t)L * d))) {
+            fprintf(stderr, "birkhoff attn: out of memory\n");
+            goto done;
+        }
+        if (esp) {
+            s = bk_esp_backward(&desc, &ep, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DTH, NULL, 0);
+        } else if (sink) {
             s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         } else {
             bk_softmax_params sp = {p.scale};
@@ -236,7 +335,16 @@ int cmd_attn(int argc, char **argv)
     }
     /* every result is computed: now write the files */
     int64_t so[4] = {B, H, Nq, dv}, sa[4] = {B, H, Nq, Nk}, sq[4] = {B, H, Nq, d}, sk[4] = {B, H, Nk, d};
-    int64_t sv[4] = {B, H, Nk, dv}, sd[3] = {B, H, 3};
+    int64_t sv[4] = {B, H, Nk, dv}, sd[3] = {B, H, 3}, sg[3] = {B, H, L}, sth[2] = {L, d};
+    if (ediag) {
+        sd[2] = 2;
+        D = malloc(sizeof(float) * (size_t)B * H * 2);
+        if (!D) goto done;
+        for (int i = 0; i < B * H; i++) {
+            D[2 * i] = ediag[i].row_err;
+            D[2 * i + 1] = ediag[i].col_err;
+        }
+    }
     if (diag) {
         D = malloc(sizeof(float) * (size_t)B * H * 3);
         if (!D) goto done;
@@ -247,12 +355,13 @@ int cmd_attn(int argc, char **argv)
         }
     }
     /* all or nothing: stage every file next to its destination, then rename */
-    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[6] = {
+    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[8] = {
         {a.out, 4, so, O}, {A ? a.attn : NULL, 4, sa, A}, {D ? a.diag : NULL, 3, sd, D},
-        {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}};
-    char staged[6][4096];
+        {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}, {SG ? a.sigma : NULL, 3, sg, SG},
+        {DTH ? a.dslices : NULL, 2, sth, DTH}};
+    char staged[8][4096];
     int nstaged = 0, werr = 0;
-    for (int i = 0; i < 6 && !werr; i++) {
+    for (int i = 0; i < 8 && !werr; i++) {
         if (!outs[i].path) continue;
         snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
         if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
@@ -285,6 +394,7 @@ int cmd_attn(int argc, char **argv)
     rc = CLI_OK;
 done:
     bk_npy_free(&Q); bk_npy_free(&K); bk_npy_free(&V); bk_npy_free(&QL); bk_npy_free(&KL); bk_npy_free(&DO);
-    free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(tape);
+    bk_npy_free(&TH);
+    free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(ediag); free(SG); free(DTH); free(tape);
     return rc;
 }

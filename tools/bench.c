@@ -11,8 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+enum { OP_SOFTMAX, OP_SINKHORN, OP_ESP, OP_ESP_SQ, OP_ESP_HARD, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp-sq", "esp-hard"};
+/* the PyTorch peer each op is measured against ("esp" = the reference soft-sort ESP) */
+static const char *const op_peer[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp", "esp"};
+
 typedef struct {
-    int op; /* 0 softmax, 1 sinkhorn */
+    int op;
     int BH, N, d, S;
 } bcase;
 
@@ -22,6 +27,7 @@ typedef struct {
     size_t ws_bytes, tape_bytes;
     double peer_fwd, peer_fb, peer_saved, peer_rss;
     int have_peer;
+    double flops_f, flops_b, exps_f, exps_b; /* work per head; 0 = not counted */
 } bresult;
 
 static void bench_usage(FILE *f)
@@ -35,7 +41,11 @@ static void bench_usage(FILE *f)
             "tensors the peer's autograd saves), and the fraction of the machine's measured peak.\n"
             "\n"
             "options:\n"
-            "  --op softmax|sinkhorn|all   (default all)\n"
+            "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|all   (default all)\n"
+            "                              esp: soft sort with the reference's semantics (Euclidean cost,\n"
+            "                              t = 1e-3, tau = 10 N); esp-sq: soft sort, squared cost (paper);\n"
+            "                              esp-hard: exact sort (inference). Their peer is the reference's\n"
+            "                              soft-sort ESP (run for N <= 1024).\n"
             "  --cases BH:N:d:S,...        (default: the targets of docs/PERFORMANCE.md)\n"
             "  --threads T                 (default 2)\n"
             "  --reps R --warmup W         (default 21 and 3)\n"
@@ -57,10 +67,10 @@ static int parse_cases(const char *s, int op, bcase *out, int max)
             used = 0;
             k = sscanf(p, "%d:%d:%d%n", &c.BH, &c.N, &c.d, &used);
             if (k < 3) return -1;
-            c.S = op ? 5 : 1;
+            c.S = op == OP_SINKHORN ? 5 : 1;
         }
         if (c.BH < 1 || c.N < 1 || c.d < 1 || c.S < 1) return -1;
-        if (!op) c.S = 1;
+        if (op != OP_SINKHORN) c.S = 1;
         out[n++] = c;
         p += used;
         if (*p == ',') p++;
@@ -94,6 +104,44 @@ static double time_softmax_baseline(const bcase *c, const float *q, const float 
     return cli_now() - t0;
 }
 
+static bk_esp_params esp_params(const bcase *c)
+{
+    bk_esp_params e = bk_esp_params_default();
+    e.sort = c->op == OP_ESP_HARD ? BK_ESP_HARD : BK_ESP_SOFT;
+    e.t = 1e-3f;
+    if (c->op == OP_ESP) { /* the reference module: Euclidean cost, temperature 10 (tau = 10 N here) */
+        e.cost = BK_ESP_COST_EUCLID;
+        e.tau = 10.0f * (float)c->N;
+    } else {
+        e.tau = 10.0f;
+    }
+    return e;
+}
+
+/* work per head our kernels do (docs/PERFORMANCE.md): GEMM flops, exps */
+static void work_counts(const bcase *c, bresult *r)
+{
+    double N = c->N, N2 = N * N, d = c->d, L = c->d, S = c->S;
+    switch (c->op) {
+    case OP_SOFTMAX:
+    case OP_SINKHORN:
+        r->flops_f = 4 * N2 * d; r->exps_f = N2 * ((c->S + 1) / 2);
+        r->flops_b = 10 * N2 * d; r->exps_b = N2 * (1 + c->S / 2);
+        (void)S;
+        break;
+    case OP_ESP_SQ: /* per slice: fwd 4 GEMMs, bwd 13, each 2 N^2 d */
+        r->flops_f = L * 4 * 2 * N2 * d; r->exps_f = L * 2 * N2;
+        r->flops_b = L * 13 * 2 * N2 * d; r->exps_b = L * 4 * N2;
+        break;
+    case OP_ESP: /* per slice: fwd U (2 N^3) + O (2 N^2 d); bwd U twice, dP, dM (2 N^3 each) + dV */
+        r->flops_f = L * (2 * N2 * N + 2 * N2 * d); r->exps_f = L * 2 * N2;
+        r->flops_b = L * (4 * 2 * N2 * N + 2 * N2 * d); r->exps_b = L * 4 * N2;
+        break;
+    default: /* hard sort: sorting and gathers, not flops */
+        r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
+    }
+}
+
 static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
 {
     const int BH = c->BH, N = c->N, d = c->d;
@@ -105,30 +153,46 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     bk_sinkhorn_params p = bk_sinkhorn_params_default();
     p.iters = c->S;
     bk_softmax_params sp = {0.0f};
-    r->ws_bytes = c->op ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
-    r->tape_bytes = c->op ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    bk_esp_params ep = esp_params(c);
+    const int esp = c->op >= OP_ESP;
+    r->ws_bytes = esp ? bk_esp_workspace_size(&desc, &ep)
+                      : c->op == OP_SINKHORN ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
+    r->tape_bytes = esp ? bk_esp_tape_size(&desc, &ep)
+                        : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    work_counts(c, r);
     void *ws = malloc(r->ws_bytes), *tape = malloc(r->tape_bytes);
-    float *C = malloc(sizeof(float) * (size_t)nt * N * N);
+    float *C = c->op == OP_SOFTMAX ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
     bk_tensor tq = bk_tensor_bhnd(q, BH, N, d), tk = bk_tensor_bhnd(k, BH, N, d), tv = bk_tensor_bhnd(v, BH, N, d);
     bk_tensor to = bk_tensor_bhnd(o, BH, N, d), tdo = bk_tensor_bhnd(dout, BH, N, d);
     bk_tensor tdq = bk_tensor_bhnd(dq, BH, N, d), tdk = bk_tensor_bhnd(dk, BH, N, d), tdv = bk_tensor_bhnd(dv, BH, N, d);
     double *tf = malloc(sizeof(double) * reps), *tb = malloc(sizeof(double) * reps), *tbase = malloc(sizeof(double) * reps);
-    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && C && tf && tb && tbase;
+    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && (C || c->op != OP_SOFTMAX) && tf && tb && tbase;
     bk_status s = BK_OK;
     for (int rep = -warmup; ok && rep < reps; rep++) {
         double t0 = cli_now();
-        s = c->op ? bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes)
-                  : bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes);
+        switch (c->op) {
+        case OP_SOFTMAX: s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
+        case OP_SINKHORN: s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
+        default: s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes);
+        }
         double t1 = cli_now();
         if (s) break;
-        s = c->op ? bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes)
-                  : bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
-        if (s) break;
-        s = c->op ? bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes)
-                  : bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
+        switch (c->op) {
+        case OP_SOFTMAX:
+            s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
+            if (!s) s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
+            break;
+        case OP_SINKHORN:
+            s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
+            if (!s) s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
+            break;
+        default:
+            s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
+            if (!s) s = bk_esp_backward(&desc, &ep, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, ws, r->ws_bytes);
+        }
         double t2 = cli_now();
         if (s) break;
-        double base = c->op ? 0.0 : time_softmax_baseline(c, q, k, v, o, C, nt);
+        double base = c->op == OP_SOFTMAX ? time_softmax_baseline(c, q, k, v, o, C, nt) : 0.0;
         if (rep >= 0) {
             tf[rep] = t1 - t0;
             tb[rep] = t2 - t1;
@@ -157,9 +221,10 @@ static double json_num(const char *line, const char *key)
     return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
-/* runs the peer for all cases of one op; fills results in order */
-static void run_peer(const char *py, const char *script, const bcase *cs, int n, int op, int nt, int reps, int warmup,
-                     bresult *res)
+/* Runs the peer once for every case whose peer is `peer` (same threads);
+ * fills their results in order. Peer ESP runs only up to N = max_n. */
+static void run_peer(const char *py, const char *script, const bcase *cs, int n, const char *peer, int max_n, int nt,
+                     int reps, int warmup, bresult *res)
 {
     if (access(script, R_OK) != 0) {
         fprintf(stderr, "bench: peer script %s not found (run from the source tree or pass --peer-script)\n", script);
@@ -167,34 +232,33 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
     }
     char cases[4096] = "";
     size_t len = 0;
-    int cnt = 0;
+    int cnt = 0, idx[128];
     for (int i = 0; i < n; i++) {
-        if (cs[i].op != op) continue;
+        if (strcmp(op_peer[cs[i].op], peer) || cs[i].N > max_n) continue;
         len += (size_t)snprintf(cases + len, sizeof cases - len, "%s%d:%d:%d:%d", cnt ? "," : "", cs[i].BH, cs[i].N,
                                 cs[i].d, cs[i].S);
-        cnt++;
+        idx[cnt++] = i;
     }
     if (!cnt) return;
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' '%s' --op %s --cases %s --threads %d --reps %d --warmup %d --json",
-             nt, nt, py, script, op ? "sinkhorn" : "softmax", cases, nt, reps, warmup);
+             nt, nt, py, script, peer, cases, nt, reps, warmup);
     FILE *pp = popen(cmd, "r");
     if (!pp) {
         fprintf(stderr, "bench: cannot run the peer (%s)\n", cmd);
         return;
     }
     char line[8192];
-    int i = 0;
-    while (fgets(line, sizeof line, pp)) {
+    int k = 0;
+    while (k < cnt && fgets(line, sizeof line, pp)) {
         if (line[0] != '{') continue;
-        while (i < n && cs[i].op != op) i++;
-        if (i >= n) break;
-        res[i].peer_fwd = json_num(line, "fwd_median_s");
-        res[i].peer_fb = json_num(line, "fwdbwd_median_s");
-        res[i].peer_saved = json_num(line, "saved_bytes");
-        res[i].peer_rss = json_num(line, "peak_rss_bytes");
-        res[i].have_peer = isfinite(res[i].peer_fwd) && isfinite(res[i].peer_fb);
-        i++;
+        bresult *r = &res[idx[k++]];
+        r->peer_fwd = json_num(line, "fwd_median_s");
+        r->peer_fb = json_num(line, "fwdbwd_median_s");
+        r->peer_saved = json_num(line, "saved_bytes");
+        r->peer_rss = json_num(line, "peak_rss_delta_bytes");
+        if (!isfinite(r->peer_rss)) r->peer_rss = json_num(line, "peak_rss_bytes");
+        r->have_peer = isfinite(r->peer_fwd) && isfinite(r->peer_fb);
     }
     int st = pclose(pp);
     if (st != 0) fprintf(stderr, "bench: the peer exited with status %d (is python3-torch installed?)\n", st);
@@ -223,18 +287,21 @@ int cmd_bench(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    int want_soft = !strcmp(opname, "all") || !strcmp(opname, "softmax");
-    int want_sink = !strcmp(opname, "all") || !strcmp(opname, "sinkhorn");
-    if (!want_soft && !want_sink) {
-        fprintf(stderr, "birkhoff bench: --op must be softmax, sinkhorn or all\n");
+    int want[OP_COUNT], any = 0;
+    for (int o = 0; o < OP_COUNT; o++) {
+        want[o] = !strcmp(opname, "all") || !strcmp(opname, op_names[o]);
+        any |= want[o];
+    }
+    if (!any) {
+        fprintf(stderr, "birkhoff bench: --op must be softmax, sinkhorn, esp, esp-sq, esp-hard or all\n");
         return CLI_USAGE;
     }
     bcase cs[128];
     int n = 0;
     if (cases) {
-        for (int op = 0; op < 2; op++) {
-            if ((op == 0 && !want_soft) || (op == 1 && !want_sink)) continue;
-            int k = parse_cases(cases, op, cs + n, 64);
+        for (int op = 0; op < OP_COUNT; op++) {
+            if (!want[op]) continue;
+            int k = parse_cases(cases, op, cs + n, 128 - n);
             if (k < 0) {
                 fprintf(stderr, "birkhoff bench: --cases must be a comma list of BH:N:d[:S], got '%s'\n", cases);
                 return CLI_USAGE;
@@ -242,14 +309,15 @@ int cmd_bench(int argc, char **argv)
             n += k;
         }
     } else {
-        if (want_soft) {
-            bcase d1[] = {{0, 8, 1024, 64, 1}, {0, 16, 256, 64, 1}};
-            for (int i = 0; i < 2; i++) cs[n++] = d1[i];
-        }
-        if (want_sink) {
-            bcase d2[] = {{1, 16, 256, 64, 5}, {1, 8, 1024, 64, 5}, {1, 16, 256, 64, 3}};
-            for (int i = 0; i < 3; i++) cs[n++] = d2[i];
-        }
+        static const bcase defaults[] = {
+            {OP_SOFTMAX, 8, 1024, 64, 1},  {OP_SOFTMAX, 16, 256, 64, 1},  {OP_SINKHORN, 16, 256, 64, 5},
+            {OP_SINKHORN, 8, 1024, 64, 5}, {OP_SINKHORN, 16, 256, 64, 3}, {OP_SINKHORN, 8, 512, 64, 10},
+            {OP_ESP, 8, 128, 64, 1},       {OP_ESP, 8, 512, 64, 1},       {OP_ESP, 8, 1024, 64, 1},
+            {OP_ESP_SQ, 8, 512, 64, 1},    {OP_ESP_HARD, 8, 1024, 64, 1}, {OP_ESP_HARD, 8, 8192, 64, 1},
+            {OP_ESP_HARD, 8, 65536, 64, 1},
+        };
+        for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+            if (want[defaults[i].op]) cs[n++] = defaults[i];
     }
     bk_set_num_threads(nt);
     double gf, ge;
@@ -259,74 +327,82 @@ int cmd_bench(int argc, char **argv)
                ge);
     bresult *res = calloc((size_t)n, sizeof *res);
     for (int i = 0; i < n; i++) {
-        if (!run_ours(&cs[i], reps, warmup, nt, &res[i])) {
+        /* large problems: fewer repetitions (the quartiles say how noisy) */
+        int rr = reps, ww = warmup;
+        double work = (double)cs[i].BH * cs[i].N * cs[i].N * cs[i].d * (cs[i].op == OP_ESP || cs[i].op == OP_ESP_SQ ? cs[i].d : 1);
+        if (work > 4e9) { rr = reps < 5 ? reps : 5; ww = warmup < 1 ? warmup : 1; }
+        if (!run_ours(&cs[i], rr, ww, nt, &res[i])) {
             free(res);
             return CLI_FAIL;
         }
     }
     long our_rss = cli_peak_rss();
     if (peer) {
-        run_peer(py, script, cs, n, 0, nt, reps, warmup, res);
-        run_peer(py, script, cs, n, 1, nt, reps, warmup, res);
+        int peer_reps = reps < 5 ? reps : 5; /* the ESP peer is slow: a few repetitions */
+        run_peer(py, script, cs, n, "softmax", 1 << 30, nt, reps, warmup, res);
+        run_peer(py, script, cs, n, "sinkhorn", 1 << 30, nt, reps, warmup, res);
+        run_peer(py, script, cs, n, "esp", 1024, nt, peer_reps, 1, res);
     }
     if (!json)
-        printf("%-9s %4s %5s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s%s\n", "op", "BH", "N", "d", "S",
+        printf("%-9s %4s %6s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s%s\n", "op", "BH", "N", "d", "S",
                "fwd ms", "peer ms", "ratio", "f+b ms", "peer ms", "ratio", "ours MiB", "peer MiB", "%peak", "%peak",
                " (fwd, f+b)");
     for (int i = 0; i < n; i++) {
         const bcase *c = &cs[i];
         const bresult *r = &res[i];
-        /* work our kernels do per head: GEMM flops and exps (docs/PERFORMANCE.md) */
-        double N2 = (double)c->N * c->N, d = c->d;
-        double fl_f = 2 * N2 * (2 * d), ex_f = N2 * ((c->S + 1) / 2);
-        double fl_b = 2 * N2 * (5 * d), ex_b = N2 * (1 + c->S / 2);
         double peakF = gf * 1e9 * nt, peakE = ge * 1e9 * nt;
-        double ideal_f = c->BH * (fl_f / peakF + ex_f / peakE);
-        double ideal_fb = c->BH * ((fl_f + fl_b) / peakF + (ex_f + ex_b) / peakE);
+        double ideal_f = c->BH * (r->flops_f / peakF + r->exps_f / peakE);
+        double ideal_fb = c->BH * ((r->flops_f + r->flops_b) / peakF + (r->exps_f + r->exps_b) / peakE);
         double frac_f = ideal_f / r->fwd[0], frac_fb = ideal_fb / r->fb[0];
         double ours_mem = (double)(r->ws_bytes + r->tape_bytes) / (1 << 20);
-        double peer_mem = r->have_peer ? r->peer_saved / (1 << 20) : NAN;
+        double peer_mem = r->have_peer ? r->peer_rss / (1 << 20) : NAN;
         double rf = r->have_peer ? r->fwd[0] / r->peer_fwd : NAN, rfb = r->have_peer ? r->fb[0] / r->peer_fb : NAN;
         if (json) {
             printf("{\"op\": \"%s\", \"BH\": %d, \"N\": %d, \"d\": %d, \"S\": %d, \"threads\": %d, \"reps\": %d, "
                    "\"isa\": \"%s\", \"fma_gflops_core\": %.2f, \"exp_g_core\": %.3f, "
                    "\"fwd_median_s\": %.6g, \"fwd_p25_s\": %.6g, \"fwd_p75_s\": %.6g, "
                    "\"fwdbwd_median_s\": %.6g, \"fwdbwd_p25_s\": %.6g, \"fwdbwd_p75_s\": %.6g, "
-                   "\"workspace_bytes\": %zu, \"tape_bytes\": %zu, \"peak_rss_bytes\": %ld, "
-                   "\"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f",
-                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0],
-                   r->fwd[1], r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss, frac_f,
-                   frac_fb);
-            if (!c->op) printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
+                   "\"workspace_bytes\": %zu, \"tape_bytes\": %zu, \"peak_rss_bytes\": %ld",
+                   op_names[c->op], c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0], r->fwd[1],
+                   r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss);
+            if (r->flops_f > 0) printf(", \"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f", frac_f, frac_fb);
+            if (c->op == OP_SOFTMAX)
+                printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
             if (r->have_peer)
-                printf(", \"peer_fwd_median_s\": %.6g, \"peer_fwdbwd_median_s\": %.6g, \"peer_saved_bytes\": %.0f, "
-                       "\"peer_peak_rss_bytes\": %.0f, \"ratio_fwd\": %.4f, \"ratio_fwdbwd\": %.4f",
-                       r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
+                printf(", \"peer\": \"%s\", \"peer_fwd_median_s\": %.6g, \"peer_fwdbwd_median_s\": %.6g, "
+                       "\"peer_saved_bytes\": %.0f, \"peer_peak_rss_delta_bytes\": %.0f, \"ratio_fwd\": %.4f, "
+                       "\"ratio_fwdbwd\": %.4f",
+                       op_peer[c->op], r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
             printf("}\n");
         } else {
-            char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-";
+            char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-", ff[16] = "-", fb[16] = "-";
             if (r->have_peer) {
                 snprintf(pf, sizeof pf, "%.3f", r->peer_fwd * 1e3);
-                snprintf(pr, sizeof pr, "%.3f", rf);
+                snprintf(pr, sizeof pr, "%.4f", rf);
                 snprintf(pb, sizeof pb, "%.3f", r->peer_fb * 1e3);
-                snprintf(prb, sizeof prb, "%.3f", rfb);
-                snprintf(pm, sizeof pm, "%.2f", peer_mem);
+                snprintf(prb, sizeof prb, "%.4f", rfb);
+                snprintf(pm, sizeof pm, "%.1f", peer_mem);
             }
-            printf("%-9s %4d %5d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %5.1f%% %5.1f%%\n",
-                   c->op ? "sinkhorn" : "softmax", c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb,
-                   prb, ours_mem, pm, 100 * frac_f, 100 * frac_fb);
-            printf("%-9s %27s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3, r->fwd[2] * 1e3,
-                   r->fb[1] * 1e3, r->fb[2] * 1e3);
-            if (!c->op)
+            if (r->flops_f > 0) {
+                snprintf(ff, sizeof ff, "%.1f%%", 100 * frac_f);
+                snprintf(fb, sizeof fb, "%.1f%%", 100 * frac_fb);
+            }
+            printf("%-9s %4d %6d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %6s %6s\n", op_names[c->op],
+                   c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb, prb, ours_mem, pm, ff, fb);
+            printf("%-9s %29s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3,
+                   r->fwd[2] * 1e3, r->fb[1] * 1e3, r->fb[2] * 1e3);
+            if (c->op == OP_SOFTMAX)
                 printf("; 2 GEMMs + 1 exp pass: %.3f ms, softmax fwd / that = %.2f", r->base[0] * 1e3,
                        r->fwd[0] / r->base[0]);
             printf("\n");
         }
     }
     if (!json)
-        printf("ratio = ours / peer (lower is better). ours MiB = workspace + tape; peer MiB = tensors saved by autograd.\n"
+        printf("ratio = ours / peer (lower is better); the esp ops' peer is the reference soft-sort ESP.\n"
+               "ours MiB = workspace + tape; peer MiB = peak RSS growth of the peer's forward+backward.\n"
                "%%peak = (GEMM flops / FMA peak + exps / exp peak) / time, with the work our kernels do.\n"
-               "peak RSS: ours %.1f MiB (whole bench process)\n", our_rss / 1048576.0);
+               "peak RSS: ours %.1f MiB (whole bench process)\n",
+               our_rss / 1048576.0);
     free(res);
     return CLI_OK;
 }

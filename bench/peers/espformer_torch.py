@@ -56,7 +56,6 @@ padding, the reference relation).
 """
 
 import itertools
-import math
 
 import torch
 

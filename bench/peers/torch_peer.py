@@ -4,7 +4,8 @@
 Usage:
   /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp \
       --cases "BH:N:d[:S],..." --threads T --reps R --warmup W [--json]
-      [--no-isolate] [--flush-denormal]
+      [--no-isolate] [--flush-denormal] [--fixed-mmap-threshold]
+      [--esp-t t] [--esp-temperature T]
 
 Each case is B=1, H=BH heads of N x N self-attention with head dim d (dv = d)
 and S Sinkhorn half-steps (sinkhorn only, required there; ignored otherwise).
@@ -13,7 +14,8 @@ softmax/sinkhorn use the reference-faithful port in sinkformer_torch.py
 (scale d^-1/2, eps = 1, float32 marginals, increment update, per-half-step
 early-stop check with thresh 1e-12, autograd through the unrolled loop).
 esp uses the reference-faithful port esp_reference in espformer_torch.py
-(soft sort, SoftSort t = 1e-3, temperature 10, axis-aligned slices L = d,
+(soft sort, SoftSort t = 1e-3 and temperature 10 unless --esp-t and
+--esp-temperature say otherwise, axis-aligned slices L = d,
 dense [BH, L, N, N] soft permutations and plans, autograd).
 
 Measured per case, with time.perf_counter over R repetitions after W
@@ -31,6 +33,16 @@ Memory:
     kernel allows it (peak_rss_method "hwm_reset"), otherwise it is the plain
     ru_maxrss ("maxrss"), which can only over-count the baseline;
   * peak_rss_bytes: the process peak RSS (getrusage).
+glibc's default malloc raises its mmap threshold after the first large free,
+so later large blocks come from the heap and freed ones stay resident: the
+RSS delta then exceeds the live-tensor peak (measured 3-4x the saved bytes
+for sinkhorn N=512..1024, against 1.4x with a fixed threshold).
+--fixed-mmap-threshold runs the case subprocesses with
+MALLOC_MMAP_THRESHOLD_=65536 (large blocks always mmapped and returned), which
+brings the delta close to the live peak; use it for memory only: every large
+allocation then page-faults afresh and the timings are NOT representative
+(sinkhorn BH=4 N=512 S=3 forward: 15 ms -> 250 ms). The JSON key
+malloc_mmap_threshold records it.
 By default every case runs in a fresh subprocess (python startup + torch
 import per case), so the allocator state and peak RSS of one case do not leak
 into the next; --no-isolate runs all cases in this process (peak_rss_bytes is
@@ -71,6 +83,9 @@ def parse_args(argv=None):
     ap.add_argument("--esp-t", type=float, default=1e-3, help="esp: SoftSort temperature")
     ap.add_argument("--esp-temperature", type=float, default=10.0,
                     help="esp: the reference's slice temperature T")
+    ap.add_argument("--fixed-mmap-threshold", action="store_true",
+                    help="run the case subprocesses with MALLOC_MMAP_THRESHOLD_=65536 "
+                         "(memory measurement only: distorts the timings)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.threads < 1 or a.reps < 1 or a.warmup < 0:
@@ -257,6 +272,7 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
         "peak_rss_bytes": peak_rss_bytes(),
         "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
         "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "torch": torch.__version__, "python": platform.python_version(),
     }
 
@@ -272,7 +288,11 @@ def run_isolated(bh, n, d, S):
            "--json", "--no-isolate", "--child"]
     if ARGS.flush_denormal:
         cmd.append("--flush-denormal")
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # stderr passes through
+    env = dict(os.environ)
+    if ARGS.fixed_mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    # stderr passes through
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     rows = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode != 0 or len(rows) != 1:
         raise RuntimeError(f"case {bh}:{n}:{d}:{S} failed in its subprocess "

@@ -123,7 +123,8 @@ static size_t slab_bytes(int n, int m, int d, int dv, int L, int soft, int eucli
     size_t nn = (size_t)(n > m ? n : m);
     size_t b = fl((size_t)n * d) + fl((size_t)m * d) + fl(n) + fl(m) + fl((size_t)L * n) + fl((size_t)L * m) +
                fl(n) + fl(m) + bki_round_up(bki_argsort_scratch((int)nn)) + 2 * fl(n + m) +
-               bki_round_up(sizeof(double) * (size_t)(n + m)) + fl(L) * 3;
+               bki_round_up(sizeof(double) * (size_t)(n + m)) + fl(L) * 3 + fl((size_t)L * n) + fl(n + 1) +
+               bki_round_up(sizeof(double) * (size_t)L);
     if (soft) {
         b += fl((size_t)n * n) * 2 + fl((size_t)m * m) * 2;                   /* P, dP, R, dR */
         b += fl((size_t)m * d) * 2 + fl((size_t)m * dv) * 2;                  /* X, WTPQ, Y, WTZ */
@@ -141,6 +142,8 @@ typedef struct {
     int32_t *pr, *ps;
     double *pc;
     float *Dl, *sig, *dsig;
+    int32_t *inv, *rowptr; /* hard: inverse query orders (L x n), pairs of each query rank (n + 1) */
+    double *Dacc;          /* hard: per-slice cost accumulators (L) */
     /* soft */
     float *P, *dP, *R, *dR, *X, *WTPQ, *Y, *WTZ, *WX, *PQ, *dQt, *WY, *Z, *Ol, *Oacc, *dKt;
     float *csP, *csR, *rs, *cs, *da, *db, *Da, *Db;
@@ -161,6 +164,9 @@ static esp_slab carve(char *base, size_t bytes, int n, int m, int d, int dv, int
     w.ps = bki_take(&ar, sizeof(int32_t) * (size_t)(n + m));
     w.pc = bki_take(&ar, sizeof(double) * (size_t)(n + m));
     TAKE(w.Dl, L); TAKE(w.sig, L); TAKE(w.dsig, L);
+    w.inv = bki_take(&ar, sizeof(int32_t) * (size_t)L * n); /* query-major: [i][l] */
+    w.rowptr = bki_take(&ar, sizeof(int32_t) * (size_t)(n + 1));
+    w.Dacc = bki_take(&ar, sizeof(double) * (size_t)L);
     if (soft) {
         TAKE(w.P, (size_t)n * n); TAKE(w.dP, (size_t)n * n); TAKE(w.R, (size_t)m * m); TAKE(w.dR, (size_t)m * m);
         TAKE(w.X, (size_t)m * d); TAKE(w.WTPQ, (size_t)m * d); TAKE(w.Y, (size_t)m * dv); TAKE(w.WTZ, (size_t)m * dv);
@@ -259,14 +265,33 @@ static void prepare(const esp_cfg *c, int n, int m, const float *Q, int64_t ldq,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->L, m, d, 1.0f, c->theta, d, w->Kt, d, 0.0f, w->Bp, m);
 }
 
-static float pair_cost(const esp_cfg *c, const float *q, const float *k)
+static inline float sqdist(int d, const float *q, const float *k)
 {
     float acc = 0.0f;
-    for (int x = 0; x < c->d; x++) {
+#pragma omp simd reduction(+ : acc)
+    for (int x = 0; x < d; x++) {
         float e = q[x] - k[x];
         acc += e * e;
     }
+    return acc;
+}
+
+static inline float pair_cost(const esp_cfg *c, const float *q, const float *k)
+{
+    float acc = sqdist(c->d, q, k);
     return c->euclid ? sqrtf(acc) : acc;
+}
+
+/* returns <g, v> and adds w g to dv */
+static inline float dot_axpy(int n, const float *g, const float *v, float *dv, float w)
+{
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int x = 0; x < n; x++) {
+        dot += g[x] * v[x];
+        dv[x] += w * g[x];
+    }
+    return dot;
 }
 
 /* sigma = softmax(-tau (D - min D)) */
@@ -324,43 +349,108 @@ static void softsort_matrix(const bki_kernels *K, int n, const float *a, const i
 /* ------------------------------------------------------------------------ */
 /* hard sort                                                                  */
 /* ------------------------------------------------------------------------ */
+/* Hard-sort layout shared by forward and backward: the pairs of the 1-D
+ * plan grouped by query rank (rowptr), and for every slice each query's rank,
+ * or directly its partner key when n == m (slice-major, L x n). Work runs over
+ * blocks of HB queries in memory order and, inside a block, over slices, so
+ * Q, O, dO and dQ rows stay in L1 across slices and only K and V rows are
+ * gathered. */
+#define HB 16
+static void hard_layout(const esp_cfg *c, int n, int m, const int32_t *alpha, const int32_t *beta, esp_slab *w)
+{
+    const int L = c->L;
+    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
+    for (int r = 0, k = 0; r <= n; r++) {
+        while (k < np && w->pr[k] < r) k++;
+        w->rowptr[r] = k;
+    }
+    for (int l = 0; l < L; l++) {
+        const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
+        int32_t *pt = w->inv + (size_t)l * n;
+        if (n == m)
+            for (int r = 0; r < n; r++) pt[al[r]] = be[r]; /* partner key */
+        else
+            for (int r = 0; r < n; r++) pt[al[r]] = r;     /* rank */
+    }
+}
+
+/* Prefetches the row of the partner of a query a few places ahead in the
+ * same slice (n == m: rows are gathered at random, so the hardware prefetcher
+ * cannot guess them). */
+#define BK_PF_DIST 4
+static inline void hard_prefetch(const int32_t *part, int i, int l, int L, int n, const float *base, int64_t ld)
+{
+    (void)L;
+    size_t next = (size_t)l * n + i + BK_PF_DIST;
+    if (i + BK_PF_DIST < n) {
+        const float *row = base + (int64_t)part[next] * ld;
+        __builtin_prefetch(row);
+        __builtin_prefetch(row + 16);
+        __builtin_prefetch(row + 32);
+        __builtin_prefetch(row + 48);
+    }
+}
+
+/* Walks the pairs of query i in slice l: runs the body (the variadic
+ * arguments) with j (key) and cells in scope. */
+#define HARD_PAIRS(i, l, ...)                                                                                   \
+    do {                                                                                                        \
+        if (n == m) {                                                                                           \
+            const int j = w->inv[(size_t)(l) * n + (i)];                                                        \
+            const double cells = (double)n;                                                                     \
+            __VA_ARGS__;                                                                                        \
+        } else {                                                                                                \
+            const int r_ = w->inv[(size_t)(l) * n + (i)];                                                       \
+            const int32_t *be_ = beta + (size_t)(l) * m;                                                        \
+            for (int k_ = w->rowptr[r_]; k_ < w->rowptr[r_ + 1]; k_++) {                                        \
+                const int j = be_[w->ps[k_]];                                                                   \
+                const double cells = w->pc[k_];                                                                 \
+                __VA_ARGS__;                                                                                    \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+
 static void hard_forward(const esp_cfg *c, int n, int m, const float *V, int64_t ldv, float *O, int64_t ldo,
                          int32_t *alpha, int32_t *beta, esp_slab *w, const bk_tensor *attn_b, bk_esp_diag *dg)
 {
-    const int L = c->L, dv = c->dv;
-    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
-    const double inv_nm = 1.0 / ((double)n * m);
+    const int L = c->L, dv = c->dv, d = c->d;
     for (int l = 0; l < L; l++) {
-        int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        bki_argsort(n, w->Ap + (size_t)l * n, 1, al, w->sortscr);
-        bki_argsort(m, w->Bp + (size_t)l * m, 1, be, w->sortscr);
-        double D = 0.0;
-        for (int k = 0; k < np; k++)
-            D += w->pc[k] * inv_nm * pair_cost(c, w->Qt + (size_t)al[w->pr[k]] * c->d, w->Kt + (size_t)be[w->ps[k]] * c->d);
-        w->Dl[l] = (float)D;
+        bki_argsort(n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, w->sortscr);
+        bki_argsort(m, w->Bp + (size_t)l * m, 1, beta + (size_t)l * m, w->sortscr);
     }
+    hard_layout(c, n, m, alpha, beta, w);
+    const double inv_nm = 1.0 / ((double)n * m);
+    /* D_l = sum over pairs (mass cells/(nm)) of c(q_i, k_j), queries in order */
+    for (int l = 0; l < L; l++) w->Dacc[l] = 0.0;
+    for (int i0 = 0; i0 < n; i0 += HB)
+        for (int l = 0; l < L; l++)
+            for (int i = i0; i < n && i < i0 + HB; i++) {
+                const float *q = w->Qt + (size_t)i * d;
+                if (n == m) hard_prefetch(w->inv, i, l, L, n, w->Kt, d);
+                HARD_PAIRS(i, l, w->Dacc[l] += cells * pair_cost(c, q, w->Kt + (size_t)j * d));
+            }
+    for (int l = 0; l < L; l++) w->Dl[l] = (float)(w->Dacc[l] * inv_nm);
     slice_weights(L, c->tau, w->Dl, w->sig);
     if (!O) return; /* a backward's recomputation needs only orders and weights */
-    /* O_i = sum_l sigma_l sum_{pairs at i} (c * mass) V_j ; rows scale: c*mass = cells/m */
+    /* O_i = sum_l sigma_l sum_{pairs at i} (c * mass) V_j; rows scale: c * mass = cells / m */
     const double cw = c->paper ? inv_nm : 1.0 / m;
     for (int i = 0; i < n; i++) memset(O + (int64_t)i * ldo, 0, sizeof(float) * (size_t)dv);
-    for (int l = 0; l < L; l++) {
-        const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        for (int k = 0; k < np; k++) {
-            float wt = (float)(w->sig[l] * w->pc[k] * cw);
-            const float *vj = V + (int64_t)be[w->ps[k]] * ldv;
-            float *oi = O + (int64_t)al[w->pr[k]] * ldo;
-            for (int x = 0; x < dv; x++) oi[x] += wt * vj[x];
-            if (attn_b) attn_b->data[(int64_t)al[w->pr[k]] * attn_b->stride_n + be[w->ps[k]]] += wt;
-        }
-    }
-    if (dg) { /* the plan is exactly doubly stochastic: report the rounding */
-        float re = 0.0f;
+    for (int i0 = 0; i0 < n; i0 += HB)
+        for (int l = 0; l < L; l++)
+            for (int i = i0; i < n && i < i0 + HB; i++) {
+                float *oi = O + (int64_t)i * ldo;
+                if (n == m) hard_prefetch(w->inv, i, l, L, n, V, ldv);
+                HARD_PAIRS(i, l, {
+                const float wt = (float)(w->sig[l] * cells * cw);
+                const float *vj = V + (int64_t)j * ldv;
+                for (int x = 0; x < dv; x++) oi[x] += wt * vj[x];
+                if (attn_b) attn_b->data[(int64_t)i * attn_b->stride_n + j] += wt;
+            });
+            }
+    if (dg) { /* the plan is exactly doubly stochastic: report the rounding of the weights */
         double tot = 0.0;
         for (int l = 0; l < L; l++) tot += w->sig[l];
-        re = (float)fabs(tot - 1.0);
-        dg->row_err = re;
-        dg->col_err = re;
+        dg->row_err = dg->col_err = (float)fabs(tot - 1.0);
     }
 }
 
@@ -369,54 +459,65 @@ static void hard_backward(const esp_cfg *c, int n, int m, const float *V, int64_
                           int64_t ldk, float *dV, int64_t lddv, esp_slab *w)
 {
     const int L = c->L, dv = c->dv, d = c->d;
-    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
+    hard_layout(c, n, m, alpha, beta, w);
     const double inv_nm = 1.0 / ((double)n * m), cw = c->paper ? inv_nm : 1.0 / m;
     for (int j = 0; j < m; j++) memset(dV + (int64_t)j * lddv, 0, sizeof(float) * (size_t)dv);
+    for (int l = 0; l < L; l++) w->Dacc[l] = 0.0;
+    /* dV_j += sigma_l (c mass) dO_i; dsigma_l = sum (c mass) <dO_i, V_j> */
+    for (int i0 = 0; i0 < n; i0 += HB)
+        for (int l = 0; l < L; l++)
+            for (int i = i0; i < n && i < i0 + HB; i++) {
+                const float *gi = dO + (int64_t)i * ldo;
+                if (n == m) {
+                    hard_prefetch(w->inv, i, l, L, n, V, ldv);
+                    hard_prefetch(w->inv, i, l, L, n, dV, lddv);
+                }
+                HARD_PAIRS(i, l, {
+                    const float wt = (float)(cells * cw), ws = wt * sig[l];
+                    const float *vj = V + (int64_t)j * ldv;
+                    w->Dacc[l] += (double)wt * dot_axpy(dv, gi, vj, dV + (int64_t)j * lddv, ws);
+                });
+            }
     double sd = 0.0;
     for (int l = 0; l < L; l++) {
-        const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        double ds = 0.0;
-        for (int k = 0; k < np; k++) {
-            const float *vj = V + (int64_t)be[w->ps[k]] * ldv, *gi = dO + (int64_t)al[w->pr[k]] * ldo;
-            float *dvj = dV + (int64_t)be[w->ps[k]] * lddv;
-            float wt = (float)(w->pc[k] * cw), ws = wt * sig[l];
-            float dot = 0.0f;
-            for (int x = 0; x < dv; x++) {
-                dot += gi[x] * vj[x];
-                dvj[x] += ws * gi[x];
-            }
-            ds += (double)wt * dot;
-        }
-        w->dsig[l] = (float)ds;
-        sd += sig[l] * ds;
+        w->dsig[l] = (float)w->Dacc[l];
+        sd += sig[l] * w->Dacc[l];
     }
-    /* dD_l = -tau sigma_l (dsigma_l - sum sigma dsigma); cost gradients */
     for (int i = 0; i < n; i++) memset(dQ + (int64_t)i * ldq, 0, sizeof(float) * (size_t)d);
     for (int j = 0; j < m; j++) memset(dK + (int64_t)j * ldk, 0, sizeof(float) * (size_t)d);
     if (c->tau == 0.0f) return; /* no gradient reaches Q, K under hard sort */
-    for (int l = 0; l < L; l++) {
-        const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        float dD = (float)(-c->tau * sig[l] * (w->dsig[l] - sd));
-        if (dD == 0.0f) continue;
-        for (int k = 0; k < np; k++) {
-            int i = al[w->pr[k]], j = be[w->ps[k]];
-            const float *q = w->Qt + (size_t)i * d, *kk = w->Kt + (size_t)j * d;
-            float g = (float)(dD * w->pc[k] * inv_nm) * c->s;
-            if (c->euclid) {
-                float nrm = 0.0f;
-                for (int x = 0; x < d; x++) nrm += (q[x] - kk[x]) * (q[x] - kk[x]);
-                nrm = sqrtf(nrm);
-                if (nrm == 0.0f) continue;
-                g /= nrm;
-            } else {
-                g *= 2.0f;
+    /* dD_l = -tau sigma_l (dsigma_l - sum sigma dsigma); then the cost's gradient per pair */
+    for (int l = 0; l < L; l++) w->Dacc[l] = -c->tau * sig[l] * (w->dsig[l] - sd) * inv_nm * c->s;
+    for (int i0 = 0; i0 < n; i0 += HB)
+        for (int l = 0; l < L; l++) {
+            if (w->Dacc[l] == 0.0) continue;
+            for (int i = i0; i < n && i < i0 + HB; i++) {
+            const float *q = w->Qt + (size_t)i * d;
+            float *gq = dQ + (int64_t)i * ldq;
+            if (n == m) {
+                hard_prefetch(w->inv, i, l, L, n, w->Kt, d);
+                hard_prefetch(w->inv, i, l, L, n, dK, ldk);
             }
-            float *gq = dQ + (int64_t)i * ldq, *gk = dK + (int64_t)j * ldk;
-            for (int x = 0; x < d; x++) {
-                float e = g * (q[x] - kk[x]);
-                gq[x] += e;
-                gk[x] -= e;
-            }
+            HARD_PAIRS(i, l, {
+                const float *kk = w->Kt + (size_t)j * d;
+                float g = (float)(w->Dacc[l] * cells);
+                int skip = 0;
+                if (c->euclid) {
+                    float nrm = sqrtf(sqdist(d, q, kk));
+                    if (nrm == 0.0f) skip = 1;
+                    else g /= nrm;
+                } else {
+                    g *= 2.0f;
+                }
+                if (!skip) {
+                    float *gk = dK + (int64_t)j * ldk;
+                    for (int x = 0; x < d; x++) {
+                        float e = g * (q[x] - kk[x]);
+                        gq[x] += e;
+                        gk[x] -= e;
+                    }
+                }
+            });
         }
     }
 }
@@ -439,6 +540,7 @@ static void cost_matrix(const esp_cfg *c, int n, int m, const esp_slab *w, float
 static float dotf(size_t n, const float *a, const float *b)
 {
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }

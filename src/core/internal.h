@@ -49,6 +49,17 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len);
 bk_status bki_check_desc(const bk_attn_desc *d);
+/* q [B,H,Nq,d], k [B,H,Nk,d], v [B,H,Nk,dv]: views valid, valid rows finite */
+bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v);
+/* zero rows [from, N) of a [N, C] slice with row stride sn */
+void bki_zero_rows(float *base, int64_t sn, int from, int N, int C);
+/* The workspace of one call: the caller's (checked against need) or one
+ * allocation owned by the call (*owned, to free). */
+bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base);
+static inline char *bki_align_ptr(char *p)
+{
+    return (char *)(((uintptr_t)p + BK_ALIGN - 1) & ~(uintptr_t)(BK_ALIGN - 1));
+}
 static inline int bki_len(const int32_t *len, int b, int N) { return len ? (int)len[b] : N; }
 static inline float *bki_at(const bk_tensor *t, int b, int h)
 {

@@ -2,6 +2,8 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C)
 {
@@ -112,5 +114,37 @@ bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, i
             }
         }
     }
+    return BK_OK;
+}
+
+bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)
+{
+    bk_status s;
+    if ((s = bki_check_tensor("q", q, d->B, d->H, d->Nq, d->d))) return s;
+    if ((s = bki_check_tensor("k", k, d->B, d->H, d->Nk, d->d))) return s;
+    if ((s = bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv))) return s;
+    if ((s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
+    if ((s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
+    return bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len);
+}
+
+void bki_zero_rows(float *base, int64_t sn, int from, int N, int C)
+{
+    for (int r = from; r < N; r++) memset(base + (int64_t)r * sn, 0, sizeof(float) * (size_t)C);
+}
+
+bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base)
+{
+    *owned = NULL;
+    if (ws) {
+        if (ws_size < need)
+            return bki_fail(BK_ERR_WORKSPACE, "workspace has %zu bytes, needs %zu (query it with %s under the current "
+                                              "thread count)", ws_size, need, query_fn);
+        *base = (char *)ws;
+        return BK_OK;
+    }
+    *owned = malloc(need);
+    if (!*owned) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
+    *base = (char *)*owned;
     return BK_OK;
 }

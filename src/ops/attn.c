@@ -84,41 +84,10 @@ static bk_status check_inputs(const bk_attn_desc *d, const bki_attn_cfg *c, cons
     bk_status s;
     if ((s = bki_check_desc(d))) return s;
     if ((s = check_cfg(c))) return s;
-    if ((s = bki_check_tensor("q", q, d->B, d->H, d->Nq, d->d))) return s;
-    if ((s = bki_check_tensor("k", k, d->B, d->H, d->Nk, d->d))) return s;
-    if ((s = bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv))) return s;
     float alpha = alpha_of(d, c);
     if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows (scale=%g eps=%g)", (double)c->scale, (double)c->eps);
-    if ((s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
-    if ((s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
-    if ((s = bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len))) return s;
-    return BK_OK;
+    return bki_check_qkv(d, q, k, v);
 }
-
-/* zero rows [from, N) of a [N, C] slice */
-static void zero_rows(float *base, int64_t sn, int from, int N, int C)
-{
-    for (int r = from; r < N; r++) memset(base + (int64_t)r * sn, 0, sizeof(float) * (size_t)C);
-}
-
-/* Sets up the workspace: the caller's or one allocation for this call. */
-static bk_status get_ws(void *ws, size_t ws_size, size_t need, void **owned, char **base)
-{
-    *owned = NULL;
-    if (ws) {
-        if (ws_size < need)
-            return bki_fail(BK_ERR_WORKSPACE, "workspace has %zu bytes, needs %zu (query the size with the "
-                                              "current thread count)", ws_size, need);
-        *base = (char *)ws;
-        return BK_OK;
-    }
-    *owned = malloc(need);
-    if (!*owned) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
-    *base = (char *)*owned;
-    return BK_OK;
-}
-
-static char *align_up(char *p) { return (char *)(((uintptr_t)p + BK_ALIGN - 1) & ~(uintptr_t)(BK_ALIGN - 1)); }
 
 /* One thread's slab of the workspace, laid out as per_thread_bytes sized it. */
 typedef struct {
@@ -133,7 +102,7 @@ static slab thread_slab(char *wsbase, size_t pt, const bk_attn_desc *d, const bk
 #else
     int tid = 0;
 #endif
-    bki_arena ar = {align_up(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
+    bki_arena ar = {bki_align_ptr(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
     const size_t nm = (size_t)d->Nq * d->Nk;
     slab s;
     s.C = bki_take(&ar, nm * sizeof(float));
@@ -186,7 +155,7 @@ static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, cons
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Lq, d->dv, Lk, 1.0f, A, Lk,
                                 Vb, (int)v->stride_n, 0.0f, bki_at(out, b, h), (int)out->stride_n);
             }
-            if (out) zero_rows(bki_at(out, b, h), out->stride_n, Lq > 0 && Lk > 0 ? Lq : 0, d->Nq, d->dv);
+            if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, Lq > 0 && Lk > 0 ? Lq : 0, d->Nq, d->dv);
             if (blk) {
                 int32_t hdr[16] = {res.iters, Lq, Lk};
                 memcpy(blk, hdr, sizeof hdr);
@@ -245,7 +214,7 @@ bk_status bki_attn_forward(const bk_attn_desc *d, const bki_attn_cfg *c, const b
     size_t need = (size_t)nt * per_thread_bytes(d, c, 1) + BK_ALIGN;
     void *owned = NULL;
     char *base = NULL;
-    if ((s = get_ws(ws, ws_size, need, &owned, &base))) return s;
+    if ((s = bki_workspace(ws, ws_size, need, "bk_sinkhorn_workspace_size", &owned, &base))) return s;
     s = forward_core(d, c, q, k, v, out, tape, ex, base, nt);
     free(owned);
     if (s == BK_OK) bki_clear_error();
@@ -297,10 +266,10 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
     size_t need = (size_t)nt * pt + BK_ALIGN + (tape_in ? 0 : bki_attn_tape_size(d, c->S) + BK_ALIGN);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = get_ws(ws, ws_size, need, &owned, &base))) return s;
+    if ((s = bki_workspace(ws, ws_size, need, "bk_sinkhorn_workspace_size", &owned, &base))) return s;
     const void *tape = tape_in;
     if (!tape) { /* recompute the forward's potentials */
-        void *tmp = align_up(base + (size_t)nt * pt + BK_ALIGN);
+        void *tmp = bki_align_ptr(base + (size_t)nt * pt + BK_ALIGN);
         forward_core(d, c, q, k, v, NULL, tmp, NULL, base, nt);
         tape = tmp;
     }
@@ -320,9 +289,9 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
             const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
             float *dQb = bki_at(dq, b, h), *dKb = bki_at(dk, b, h), *dVb = bki_at(dv, b, h);
             if (Lq == 0 || Lk == 0) {
-                zero_rows(dQb, dq->stride_n, 0, d->Nq, d->d);
-                zero_rows(dKb, dk->stride_n, 0, d->Nk, d->d);
-                zero_rows(dVb, dv->stride_n, 0, d->Nk, d->dv);
+                bki_zero_rows(dQb, dq->stride_n, 0, d->Nq, d->d);
+                bki_zero_rows(dKb, dk->stride_n, 0, d->Nk, d->d);
+                bki_zero_rows(dVb, dv->stride_n, 0, d->Nk, d->dv);
                 continue;
             }
             const float *blk = tape_block((void *)tape, d, c->S, p);
@@ -352,9 +321,9 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
                         (int)k->stride_n, 0.0f, dQb, (int)dq->stride_n);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, d->d, Lq, alpha, G, Lk, Qb,
                         (int)q->stride_n, 0.0f, dKb, (int)dk->stride_n);
-            zero_rows(dQb, dq->stride_n, Lq, d->Nq, d->d);
-            zero_rows(dKb, dk->stride_n, Lk, d->Nk, d->d);
-            zero_rows(dVb, dv->stride_n, Lk, d->Nk, d->dv);
+            bki_zero_rows(dQb, dq->stride_n, Lq, d->Nq, d->d);
+            bki_zero_rows(dKb, dk->stride_n, Lk, d->Nk, d->d);
+            bki_zero_rows(dVb, dv->stride_n, Lk, d->Nk, d->dv);
         }
     }
     free(owned);

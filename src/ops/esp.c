@@ -235,8 +235,6 @@ size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
 /* ------------------------------------------------------------------------ */
 /* shared per-problem pieces                                                 */
 /* ------------------------------------------------------------------------ */
-static char *align_up(char *p) { return (char *)(((uintptr_t)p + BK_ALIGN - 1) & ~(uintptr_t)(BK_ALIGN - 1)); }
-
 /* scaled contiguous copies of Q and K, squared norms, and the projections
  * Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m) */
 static void prepare(const esp_cfg *c, int n, int m, const float *Q, int64_t ldq, const float *K, int64_t ldk,
@@ -755,18 +753,7 @@ static bk_status check_all(const bk_attn_desc *d, const bk_esp_params *p, const 
     bk_status s;
     if ((s = bki_check_desc(d))) return s;
     if ((s = check_params(p, d->d))) return s;
-    if ((s = bki_check_tensor("q", q, d->B, d->H, d->Nq, d->d))) return s;
-    if ((s = bki_check_tensor("k", k, d->B, d->H, d->Nk, d->d))) return s;
-    if ((s = bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv))) return s;
-    if ((s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
-    if ((s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
-    if ((s = bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len))) return s;
-    return BK_OK;
-}
-
-static void zero_rows(float *base, int64_t sn, int from, int N, int C)
-{
-    for (int r = from; r < N; r++) memset(base + (int64_t)r * sn, 0, sizeof(float) * (size_t)C);
+    return bki_check_qkv(d, q, k, v);
 }
 
 static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const float *theta)
@@ -783,22 +770,6 @@ static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const floa
     c.tau = p->tau;
     c.theta = theta;
     return c;
-}
-
-static bk_status get_ws(void *ws, size_t ws_size, size_t need, void **owned, char **base)
-{
-    *owned = NULL;
-    if (ws) {
-        if (ws_size < need)
-            return bki_fail(BK_ERR_WORKSPACE, "workspace has %zu bytes, needs %zu (query with bk_esp_workspace_size)",
-                            ws_size, need);
-        *base = (char *)ws;
-        return BK_OK;
-    }
-    *owned = malloc(need);
-    if (!*owned) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
-    *base = (char *)*owned;
-    return BK_OK;
 }
 
 static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const esp_cfg *c, const bk_tensor *q,
@@ -824,7 +795,7 @@ static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const es
 #endif
         unsigned csr = _mm_getcsr();
         if (c->soft) _mm_setcsr(csr | 0x8040); /* flush-to-zero, denormals-are-zero */
-        esp_slab w = carve(align_up(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c->soft, c->euclid);
+        esp_slab w = carve(bki_align_ptr(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c->soft, c->euclid);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
             const int b = pi / d->H, h = pi % d->H;
@@ -840,7 +811,7 @@ static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const es
             if (ex && ex->attn.data) {
                 abv = ex->attn;
                 abv.data = bki_at(&ex->attn, b, h);
-                zero_rows(abv.data, abv.stride_n, 0, d->Nq, d->Nk);
+                bki_zero_rows(abv.data, abv.stride_n, 0, d->Nq, d->Nk);
                 ab = &abv;
             }
             bk_esp_diag dg = {0.0f, 0.0f};
@@ -858,7 +829,7 @@ static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const es
             } else {
                 memset(sig_t, 0, sizeof(float) * 2 * (size_t)L);
             }
-            if (Ob) zero_rows(Ob, out->stride_n, n > 0 && m > 0 ? n : 0, d->Nq, d->dv);
+            if (Ob) bki_zero_rows(Ob, out->stride_n, n > 0 && m > 0 ? n : 0, d->Nq, d->dv);
             if (ex) {
                 if (ex->sigma) memcpy(ex->sigma + (size_t)pi * L, sig_t, sizeof(float) * (size_t)L);
                 if (ex->D) memcpy(ex->D + (size_t)pi * L, D_t, sizeof(float) * (size_t)L);
@@ -891,11 +862,11 @@ bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const
     const size_t need = ws_need(d, p, L, nt, tape == NULL, 0);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = get_ws(ws, ws_size, need, &owned, &base))) return s;
-    char *thp = align_up(base + (size_t)nt * sb + BK_ALIGN);
+    if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
+    char *thp = bki_align_ptr(base + (size_t)nt * sb + BK_ALIGN);
     float *theta = (float *)thp;
     fill_slices(p, d->d, L, theta);
-    void *tp = tape ? tape : (void *)align_up(thp + fl((size_t)L * d->d) + BK_ALIGN);
+    void *tp = tape ? tape : (void *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
     esp_cfg c = resolve(d, p, theta);
     forward_core(d, p, &c, q, k, v, out, tp, extras, base, sb, nt);
     free(owned);
@@ -956,15 +927,15 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
     const size_t need = ws_need(d, p, L, nt, tape_in == NULL, 1);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = get_ws(ws, ws_size, need, &owned, &base))) return s;
-    char *thp = align_up(base + (size_t)nt * sb + BK_ALIGN);
+    if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
+    char *thp = bki_align_ptr(base + (size_t)nt * sb + BK_ALIGN);
     float *theta = (float *)thp;
     fill_slices(p, d->d, L, theta);
-    float *dth_all = (float *)align_up(thp + fl((size_t)L * d->d) + BK_ALIGN);
+    float *dth_all = (float *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
     const void *tape = tape_in;
     esp_cfg c = resolve(d, p, theta);
     if (!tape) {
-        void *tp = align_up((char *)dth_all + fl((size_t)P * L * d->d) + BK_ALIGN);
+        void *tp = bki_align_ptr((char *)dth_all + fl((size_t)P * L * d->d) + BK_ALIGN);
         forward_core(d, p, &c, q, k, v, NULL, tp, NULL, base, sb, nt);
         tape = tp;
     }
@@ -979,7 +950,7 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
 #endif
         unsigned csr = _mm_getcsr();
         if (c.soft) _mm_setcsr(csr | 0x8040);
-        esp_slab w = carve(align_up(base + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c.soft, c.euclid);
+        esp_slab w = carve(bki_align_ptr(base + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c.soft, c.euclid);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
             const int b = pi / d->H, h = pi % d->H;
@@ -1000,9 +971,9 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
                                   beta, sig, dQb, dq->stride_n, dKb, dk->stride_n, dVb, dv->stride_n, &w);
             }
             const int live = n > 0 && m > 0;
-            zero_rows(dQb, dq->stride_n, live ? n : 0, d->Nq, d->d);
-            zero_rows(dKb, dk->stride_n, live ? m : 0, d->Nk, d->d);
-            zero_rows(dVb, dv->stride_n, live ? m : 0, d->Nk, d->dv);
+            bki_zero_rows(dQb, dq->stride_n, live ? n : 0, d->Nq, d->d);
+            bki_zero_rows(dKb, dk->stride_n, live ? m : 0, d->Nk, d->d);
+            bki_zero_rows(dVb, dv->stride_n, live ? m : 0, d->Nk, d->dv);
         }
         _mm_setcsr(csr);
     }

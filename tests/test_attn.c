@@ -23,10 +23,7 @@ typedef struct {
 } tcase;
 
 typedef struct {
-    bk_attn_desc desc;
-    int32_t *ql, *kl;
-    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv;
-    bk_tensor tq, tk, tv, to, ta, tdo, tdq, tdk, tdv;
+    th_prob pb; /* inputs, outputs, views, lengths */
     bk_sinkhorn_params p;
     bk_sinkhorn_diag *diag;
 } tbuf;
@@ -38,59 +35,33 @@ static bk_tensor view(const tcase *c, float *p, int N, int C)
 
 static void tb_init(tbuf *t, const tcase *c, uint64_t seed)
 {
-    memset(t, 0, sizeof *t);
     th_rng r = {seed};
-    const int B = c->B, H = c->H;
-    if (c->pad) {
-        t->ql = malloc(sizeof(int32_t) * B);
-        t->kl = malloc(sizeof(int32_t) * B);
-        for (int b = 0; b < B; b++) {
-            int lo = c->pad == 2 ? 0 : 1;
-            t->ql[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nq - lo + 1));
-            t->kl[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nk - lo + 1));
-        }
-        if (B > 1) { t->ql[B - 1] = c->Nq; t->kl[B - 1] = c->Nk; }
-    }
-    bk_attn_desc d = {B, H, c->Nq, c->Nk, c->d, c->dv, t->ql, t->kl};
-    t->desc = d;
-    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
-    t->q = th_alloc_fill(nq * c->d, 0); t->k = th_alloc_fill(nk * c->d, 0); t->v = th_alloc_fill(nk * c->dv, 0);
-    t->o = th_alloc_fill(nq * c->dv, -7); t->a = th_alloc_fill(nq * c->Nk, -7); t->dout = th_alloc_fill(nq * c->dv, 0);
-    t->dq = th_alloc_fill(nq * c->d, -7); t->dk = th_alloc_fill(nk * c->d, -7); t->dv = th_alloc_fill(nk * c->dv, -7);
-    t->tq = view(c, t->q, c->Nq, c->d); t->tk = view(c, t->k, c->Nk, c->d); t->tv = view(c, t->v, c->Nk, c->dv);
-    t->to = view(c, t->o, c->Nq, c->dv); t->ta = view(c, t->a, c->Nq, c->Nk);
-    t->tdo = view(c, t->dout, c->Nq, c->dv); t->tdq = view(c, t->dq, c->Nq, c->d);
-    t->tdk = view(c, t->dk, c->Nk, c->d); t->tdv = view(c, t->dv, c->Nk, c->dv);
-    double sg = c->sigma > 0 ? c->sigma : 1.0;
-    th_fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
-    th_fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
-    th_fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
-    th_fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
+    th_prob_init(&t->pb, c->B, c->H, c->Nq, c->Nk, c->d, c->dv, c->layout, c->pad, c->sigma, &r);
     t->p = bk_sinkhorn_params_default();
     t->p.iters = c->S;
     t->p.eps = c->eps;
     t->p.scale = c->scale;
     t->p.tol = c->tol;
-    t->diag = calloc((size_t)B * H, sizeof *t->diag);
+    t->diag = calloc((size_t)c->B * c->H, sizeof *t->diag);
 }
 
 static void tb_free(tbuf *t)
 {
-    free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);
-    free(t->dout); free(t->dq); free(t->dk); free(t->dv); free(t->diag);
+    th_prob_free(&t->pb);
+    free(t->diag);
 }
 
 static float alpha_of(const tcase *c) { return (c->scale != 0 ? c->scale : 1.0f / sqrtf((float)c->d)) / c->eps; }
 
 static bk_status run_fwd(tbuf *t, void *tape)
 {
-    bk_sinkhorn_extras ex = {t->ta, NULL, NULL, t->diag};
-    return bk_sinkhorn_forward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->to, tape, &ex, NULL, 0);
+    bk_sinkhorn_extras ex = {t->pb.ta, NULL, NULL, t->diag};
+    return bk_sinkhorn_forward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.to, tape, &ex, NULL, 0);
 }
 static bk_status run_bwd(tbuf *t, const void *tape)
 {
-    return bk_sinkhorn_backward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->tdo, tape, &t->tdq, &t->tdk,
-                                &t->tdv, NULL, 0);
+    return bk_sinkhorn_backward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.tdo, tape, &t->pb.tdq, &t->pb.tdk,
+                                &t->pb.tdv, NULL, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -100,7 +71,7 @@ static void check_against_ref(const tcase *c, uint64_t seed, const char *label)
 {
     tbuf t;
     tb_init(&t, c, seed);
-    size_t tsz = bk_sinkhorn_tape_size(&t.desc, &t.p);
+    size_t tsz = bk_sinkhorn_tape_size(&t.pb.desc, &t.p);
     void *tape = malloc(tsz);
     bk_status s1 = run_fwd(&t, tape);
     bk_status s2 = s1 ? s1 : run_bwd(&t, tape);
@@ -113,26 +84,26 @@ static void check_against_ref(const tcase *c, uint64_t seed, const char *label)
         return;
     }
     const int B = c->B, H = c->H;
-    double *Q = th_gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = th_gather(&t.tk, B, H, c->Nk, c->d, t.kl);
-    double *V = th_gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = th_gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
+    double *Q = th_gather(&t.pb.tq, B, H, c->Nq, c->d, t.pb.ql), *K = th_gather(&t.pb.tk, B, H, c->Nk, c->d, t.pb.kl);
+    double *V = th_gather(&t.pb.tv, B, H, c->Nk, c->dv, t.pb.kl), *dO = th_gather(&t.pb.tdo, B, H, c->Nq, c->dv, t.pb.ql);
     size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
     double *A = malloc(sizeof(double) * nq * c->Nk), *O = malloc(sizeof(double) * nq * c->dv);
     double *dQ = malloc(sizeof(double) * nq * c->d), *dK = malloc(sizeof(double) * nk * c->d);
     double *dV = malloc(sizeof(double) * nk * c->dv);
-    int *ql = th_lens_int(t.ql, B), *kl = th_lens_int(t.kl, B);
+    int *ql = th_lens_int(t.pb.ql, B), *kl = th_lens_int(t.pb.kl, B);
     double alpha = alpha_of(c);
     ref_attn_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, A, O);
     ref_attn_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, alpha, c->S, dO, dQ, dK, dV);
-    double eo = th_rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
-    double eq = th_rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
-    double ev = th_rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
+    double eo = th_rel_err(&t.pb.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.pb.ta, B, H, c->Nq, c->Nk, A);
+    double eq = th_rel_err(&t.pb.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.pb.tdk, B, H, c->Nk, c->d, dK);
+    double ev = th_rel_err(&t.pb.tdv, B, H, c->Nk, c->dv, dV);
     /* documented tolerances (include/birkhoff.h): 1e-5 forward, 1e-4 gradients */
     th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, name,
              "O %.2e A %.2e dQ %.2e dK %.2e dV %.2e", eo, ea, eq, ek, ev);
     /* marginals: odd S -> rows exact; even S -> columns exact */
     float worst_exact = 0.0f;
     for (int p = 0; p < B * H; p++) {
-        int Lq = t.ql ? t.ql[p / H] : c->Nq, Lk = t.kl ? t.kl[p / H] : c->Nk;
+        int Lq = t.pb.ql ? t.pb.ql[p / H] : c->Nq, Lk = t.pb.kl ? t.pb.kl[p / H] : c->Nk;
         if (Lq == 0 || Lk == 0) continue;
         float e = (c->S % 2) ? t.diag[p].row_err : t.diag[p].col_err;
         worst_exact = fmaxf(worst_exact, e);
@@ -188,27 +159,27 @@ static void test_softmax(void)
     bk_tensor to = view(&c, o, c.Nq, c.dv), ta = view(&c, a, c.Nq, c.Nk), tdq = view(&c, dq, c.Nq, c.d);
     bk_tensor tdk = view(&c, dk, c.Nk, c.d), tdv = view(&c, dv, c.Nk, c.dv);
     bk_softmax_params sp = {0.0f};
-    void *tape = malloc(bk_softmax_tape_size(&t.desc));
-    bk_status s1 = bk_softmax_forward(&t.desc, &sp, &t.tq, &t.tk, &t.tv, &to, tape, &ta, NULL, 0);
-    bk_status s2 = bk_softmax_backward(&t.desc, &sp, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+    void *tape = malloc(bk_softmax_tape_size(&t.pb.desc));
+    bk_status s1 = bk_softmax_forward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &to, tape, &ta, NULL, 0);
+    bk_status s2 = bk_softmax_backward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
     th_check(s1 == BK_OK && s2 == BK_OK, "softmax status", "%s", bk_last_error());
-    int same = !memcmp(o, t.o, nq * c.dv * 4) && !memcmp(a, t.a, nq * c.Nk * 4) &&
-               !memcmp(dq, t.dq, nq * c.d * 4) && !memcmp(dk, t.dk, nk * c.d * 4) &&
-               !memcmp(dv, t.dv, nk * c.dv * 4);
+    int same = !memcmp(o, t.pb.o, nq * c.dv * 4) && !memcmp(a, t.pb.a, nq * c.Nk * 4) &&
+               !memcmp(dq, t.pb.dq, nq * c.d * 4) && !memcmp(dk, t.pb.dk, nk * c.d * 4) &&
+               !memcmp(dv, t.pb.dv, nk * c.dv * 4);
     th_check(same, "softmax == sinkhorn S=1 (bitwise)", "%s", "");
     /* and a plain softmax written here, in double */
     double worst = 0.0;
     const double alpha = 1.0 / sqrt((double)c.d);
     for (int b = 0; b < c.B; b++)
         for (int h = 0; h < c.H; h++) {
-            int Lq = t.ql[b], Lk = t.kl[b];
+            int Lq = t.pb.ql[b], Lk = t.pb.kl[b];
             for (int i = 0; i < Lq; i++) {
                 double sc[64], mx = -1e300, sum = 0;
                 for (int j = 0; j < Lk; j++) {
                     double s = 0;
                     for (int x = 0; x < c.d; x++)
-                        s += (double)t.q[b * t.tq.stride_b + h * t.tq.stride_h + i * t.tq.stride_n + x] *
-                             t.k[b * t.tk.stride_b + h * t.tk.stride_h + j * t.tk.stride_n + x];
+                        s += (double)t.pb.q[b * t.pb.tq.stride_b + h * t.pb.tq.stride_h + i * t.pb.tq.stride_n + x] *
+                             t.pb.k[b * t.pb.tk.stride_b + h * t.pb.tk.stride_h + j * t.pb.tk.stride_n + x];
                     sc[j] = alpha * s;
                     mx = fmax(mx, sc[j]);
                 }
@@ -232,7 +203,7 @@ static double loss_of(tbuf *t, const tcase *c)
 {
     run_fwd(t, NULL);
     double L = 0;
-    for (size_t i = 0; i < (size_t)c->B * c->H * c->Nq * c->dv; i++) L += (double)t->o[i] * t->dout[i];
+    for (size_t i = 0; i < (size_t)c->B * c->H * c->Nq * c->dv; i++) L += (double)t->pb.o[i] * t->pb.dout[i];
     return L;
 }
 
@@ -245,8 +216,8 @@ static void test_fd(void)
         tb_init(&t, &c, 900 + k);
         run_fwd(&t, NULL);
         run_bwd(&t, NULL);
-        float *an[3] = {t.dq, t.dk, t.dv};
-        float *in[3] = {t.q, t.k, t.v};
+        float *an[3] = {t.pb.dq, t.pb.dk, t.pb.dv};
+        float *in[3] = {t.pb.q, t.pb.k, t.pb.v};
         size_t cnt[3] = {(size_t)2 * 6 * 4, (size_t)2 * 5 * 4, (size_t)2 * 5 * 3};
         const char *nm[3] = {"dQ", "dK", "dV"};
         for (int w = 0; w < 3; w++) {
@@ -295,18 +266,18 @@ static void test_shift_invariance(void)
         double err[2];
         for (int mode = 0; mode < 2; mode++) {
             for (int i = 0; i < n; i++) {
-                for (int x = 0; x < d; x++) u.q[i * (d + 1) + x] = t.q[i * d + x];
-                u.q[i * (d + 1) + d] = mode == 0 ? (float)(6 * th_normal(&r)) : 1.0f;
+                for (int x = 0; x < d; x++) u.pb.q[i * (d + 1) + x] = t.pb.q[i * d + x];
+                u.pb.q[i * (d + 1) + d] = mode == 0 ? (float)(6 * th_normal(&r)) : 1.0f;
             }
             for (int j = 0; j < m; j++) {
-                for (int x = 0; x < d; x++) u.k[j * (d + 1) + x] = t.k[j * d + x];
-                u.k[j * (d + 1) + d] = mode == 0 ? 1.0f : (float)(6 * th_normal(&r));
+                for (int x = 0; x < d; x++) u.pb.k[j * (d + 1) + x] = t.pb.k[j * d + x];
+                u.pb.k[j * (d + 1) + d] = mode == 0 ? 1.0f : (float)(6 * th_normal(&r));
             }
-            memcpy(u.v, t.v, sizeof(float) * m * dv);
+            memcpy(u.pb.v, t.pb.v, sizeof(float) * m * dv);
             run_fwd(&t, NULL);
             run_fwd(&u, NULL);
             double e = 0;
-            for (int i = 0; i < n * m; i++) e = fmax(e, fabs(t.a[i] - u.a[i]));
+            for (int i = 0; i < n * m; i++) e = fmax(e, fabs(t.pb.a[i] - u.pb.a[i]));
             err[mode] = e;
         }
         char name[64];
@@ -335,16 +306,16 @@ static void test_shift_invariance(void)
         tb_init(&u, &ca, 42);
         th_rng r = {5};
         for (int i = 0; i < 6; i++) {
-            for (int x = 0; x < 3; x++) u.q[i * 4 + x] = t.q[i * 3 + x];
-            u.q[i * 4 + 3] = 1.0f;
-            for (int x = 0; x < 3; x++) u.k[i * 4 + x] = t.k[i * 3 + x];
-            u.k[i * 4 + 3] = (float)(2 * th_normal(&r));
+            for (int x = 0; x < 3; x++) u.pb.q[i * 4 + x] = t.pb.q[i * 3 + x];
+            u.pb.q[i * 4 + 3] = 1.0f;
+            for (int x = 0; x < 3; x++) u.pb.k[i * 4 + x] = t.pb.k[i * 3 + x];
+            u.pb.k[i * 4 + 3] = (float)(2 * th_normal(&r));
         }
-        memcpy(u.v, t.v, sizeof(float) * 12);
+        memcpy(u.pb.v, t.pb.v, sizeof(float) * 12);
         run_fwd(&t, NULL);
         run_fwd(&u, NULL);
         double e = 0;
-        for (int i = 0; i < 36; i++) e = fmax(e, fabs(t.a[i] - u.a[i]));
+        for (int i = 0; i < 36; i++) e = fmax(e, fabs(t.pb.a[i] - u.pb.a[i]));
         if (e > prev * 1.0001 + 1e-6) mono = 0;
         prev = e;
         last = e;
@@ -362,17 +333,17 @@ static void test_permutation(void)
     tb_init(&t, &c, 61);
     tb_init(&u, &c, 62);
     int pq[8] = {3, 0, 7, 1, 6, 2, 5, 4}, pk[10] = {9, 4, 0, 2, 8, 1, 7, 3, 6, 5};
-    for (int i = 0; i < n; i++) memcpy(u.q + i * d, t.q + pq[i] * d, sizeof(float) * d);
+    for (int i = 0; i < n; i++) memcpy(u.pb.q + i * d, t.pb.q + pq[i] * d, sizeof(float) * d);
     for (int j = 0; j < m; j++) {
-        memcpy(u.k + j * d, t.k + pk[j] * d, sizeof(float) * d);
-        memcpy(u.v + j * dv, t.v + pk[j] * dv, sizeof(float) * dv);
+        memcpy(u.pb.k + j * d, t.pb.k + pk[j] * d, sizeof(float) * d);
+        memcpy(u.pb.v + j * dv, t.pb.v + pk[j] * dv, sizeof(float) * dv);
     }
     run_fwd(&t, NULL);
     run_fwd(&u, NULL);
     double e = 0, ea = 0;
     for (int i = 0; i < n; i++) {
-        for (int x = 0; x < dv; x++) e = fmax(e, fabs(u.o[i * dv + x] - t.o[pq[i] * dv + x]));
-        for (int j = 0; j < m; j++) ea = fmax(ea, fabs(u.a[i * m + j] - t.a[pq[i] * m + pk[j]]));
+        for (int x = 0; x < dv; x++) e = fmax(e, fabs(u.pb.o[i * dv + x] - t.pb.o[pq[i] * dv + x]));
+        for (int j = 0; j < m; j++) ea = fmax(ea, fabs(u.pb.a[i * m + j] - t.pb.a[pq[i] * m + pk[j]]));
     }
     th_check(e < 1e-6 && ea < 1e-6, "permutation equivariance", "O %.2e A %.2e", e, ea);
     tb_free(&t);
@@ -402,9 +373,9 @@ static void test_convergence(void)
 static int bitwise_same(const tbuf *a, const tbuf *b, const tcase *c)
 {
     size_t nq = (size_t)c->B * c->H * c->Nq, nk = (size_t)c->B * c->H * c->Nk;
-    return !memcmp(a->o, b->o, nq * c->dv * 4) && !memcmp(a->a, b->a, nq * c->Nk * 4) &&
-           !memcmp(a->dq, b->dq, nq * c->d * 4) && !memcmp(a->dk, b->dk, nk * c->d * 4) &&
-           !memcmp(a->dv, b->dv, nk * c->dv * 4);
+    return !memcmp(a->pb.o, b->pb.o, nq * c->dv * 4) && !memcmp(a->pb.a, b->pb.a, nq * c->Nk * 4) &&
+           !memcmp(a->pb.dq, b->pb.dq, nq * c->d * 4) && !memcmp(a->pb.dk, b->pb.dk, nk * c->d * 4) &&
+           !memcmp(a->pb.dv, b->pb.dv, nk * c->dv * 4);
 }
 
 static void test_determinism(void)
@@ -448,19 +419,19 @@ static void test_layouts_and_tape(void)
     for (int bb = 0; bb < c.B; bb++)
         for (int h = 0; h < c.H; h++) {
             for (int n = 0; n < c.Nq; n++) {
-                memcpy(b.q + bb * b.tq.stride_b + h * b.tq.stride_h + n * b.tq.stride_n,
-                       a.q + bb * a.tq.stride_b + h * a.tq.stride_h + n * a.tq.stride_n, 4 * c.d);
-                memcpy(b.dout + bb * b.tdo.stride_b + h * b.tdo.stride_h + n * b.tdo.stride_n,
-                       a.dout + bb * a.tdo.stride_b + h * a.tdo.stride_h + n * a.tdo.stride_n, 4 * c.dv);
+                memcpy(b.pb.q + bb * b.pb.tq.stride_b + h * b.pb.tq.stride_h + n * b.pb.tq.stride_n,
+                       a.pb.q + bb * a.pb.tq.stride_b + h * a.pb.tq.stride_h + n * a.pb.tq.stride_n, 4 * c.d);
+                memcpy(b.pb.dout + bb * b.pb.tdo.stride_b + h * b.pb.tdo.stride_h + n * b.pb.tdo.stride_n,
+                       a.pb.dout + bb * a.pb.tdo.stride_b + h * a.pb.tdo.stride_h + n * a.pb.tdo.stride_n, 4 * c.dv);
             }
             for (int n = 0; n < c.Nk; n++) {
-                memcpy(b.k + bb * b.tk.stride_b + h * b.tk.stride_h + n * b.tk.stride_n,
-                       a.k + bb * a.tk.stride_b + h * a.tk.stride_h + n * a.tk.stride_n, 4 * c.d);
-                memcpy(b.v + bb * b.tv.stride_b + h * b.tv.stride_h + n * b.tv.stride_n,
-                       a.v + bb * a.tv.stride_b + h * a.tv.stride_h + n * a.tv.stride_n, 4 * c.dv);
+                memcpy(b.pb.k + bb * b.pb.tk.stride_b + h * b.pb.tk.stride_h + n * b.pb.tk.stride_n,
+                       a.pb.k + bb * a.pb.tk.stride_b + h * a.pb.tk.stride_h + n * a.pb.tk.stride_n, 4 * c.d);
+                memcpy(b.pb.v + bb * b.pb.tv.stride_b + h * b.pb.tv.stride_h + n * b.pb.tv.stride_n,
+                       a.pb.v + bb * a.pb.tv.stride_b + h * a.pb.tv.stride_h + n * a.pb.tv.stride_n, 4 * c.dv);
             }
         }
-    void *tape = malloc(bk_sinkhorn_tape_size(&a.desc, &a.p));
+    void *tape = malloc(bk_sinkhorn_tape_size(&a.pb.desc, &a.p));
     run_fwd(&a, tape);
     run_bwd(&a, tape);
     run_fwd(&b, NULL);
@@ -470,8 +441,8 @@ static void test_layouts_and_tape(void)
         for (int h = 0; h < c.H; h++)
             for (int n = 0; n < c.Nq; n++)
                 for (int x = 0; x < c.d; x++) {
-                    e = fmax(e, fabs(a.dq[bb * a.tdq.stride_b + h * a.tdq.stride_h + n * a.tdq.stride_n + x] -
-                                     b.dq[bb * b.tdq.stride_b + h * b.tdq.stride_h + n * b.tdq.stride_n + x]));
+                    e = fmax(e, fabs(a.pb.dq[bb * a.pb.tdq.stride_b + h * a.pb.tdq.stride_h + n * a.pb.tdq.stride_n + x] -
+                                     b.pb.dq[bb * b.pb.tdq.stride_b + h * b.pb.tdq.stride_h + n * b.pb.tdq.stride_n + x]));
                 }
     th_check(e == 0.0, "[B,N,H,d] layout and tape-less backward == [B,H,N,d] with tape", "max diff %.2e", e);
     free(tape);
@@ -493,7 +464,7 @@ static void test_alignment(void)
     tcase c = {2, 2, 21, 19, 12, 7, 0, 0, 5, 1.0f, 0.0f, 0.0f, 1.0};
     tbuf t;
     tb_init(&t, &c, 151);
-    void *tape0 = malloc(bk_sinkhorn_tape_size(&t.desc, &t.p));
+    void *tape0 = malloc(bk_sinkhorn_tape_size(&t.pb.desc, &t.p));
     run_fwd(&t, tape0);
     run_bwd(&t, tape0);
     size_t nq = (size_t)2 * 2 * 21, nk = (size_t)2 * 2 * 19;
@@ -503,19 +474,19 @@ static void test_alignment(void)
         float *q = malloc((nq * 12 + 16) * 4), *k = malloc((nk * 12 + 16) * 4), *v = malloc((nk * 7 + 16) * 4);
         float *o = malloc((nq * 7 + 16) * 4), *dout = malloc((nq * 7 + 16) * 4), *dq = malloc((nq * 12 + 16) * 4);
         float *dk = malloc((nk * 12 + 16) * 4), *dv = malloc((nk * 7 + 16) * 4);
-        size_t tsz = bk_sinkhorn_tape_size(&t.desc, &t.p), wsz = bk_sinkhorn_workspace_size(&t.desc, &t.p);
+        size_t tsz = bk_sinkhorn_tape_size(&t.pb.desc, &t.p), wsz = bk_sinkhorn_workspace_size(&t.pb.desc, &t.p);
         char *tape = malloc(tsz + 64), *ws = malloc(wsz + 64);
-        memcpy(q + off, t.q, nq * 12 * 4); memcpy(k + off, t.k, nk * 12 * 4); memcpy(v + off, t.v, nk * 7 * 4);
-        memcpy(dout + off, t.dout, nq * 7 * 4);
+        memcpy(q + off, t.pb.q, nq * 12 * 4); memcpy(k + off, t.pb.k, nk * 12 * 4); memcpy(v + off, t.pb.v, nk * 7 * 4);
+        memcpy(dout + off, t.pb.dout, nq * 7 * 4);
         bk_tensor tq = bk_tensor_bhnd(q + off, 2, 21, 12), tk = bk_tensor_bhnd(k + off, 2, 19, 12);
         bk_tensor tv = bk_tensor_bhnd(v + off, 2, 19, 7), to = bk_tensor_bhnd(o + off, 2, 21, 7);
         bk_tensor tdo = bk_tensor_bhnd(dout + off, 2, 21, 7), tdq = bk_tensor_bhnd(dq + off, 2, 21, 12);
         bk_tensor tdk = bk_tensor_bhnd(dk + off, 2, 19, 12), tdv = bk_tensor_bhnd(dv + off, 2, 19, 7);
-        bk_status s1 = bk_sinkhorn_forward(&t.desc, &t.p, &tq, &tk, &tv, &to, tape + 4 * off, NULL, ws + 4 * off, wsz);
-        bk_status s2 = bk_sinkhorn_backward(&t.desc, &t.p, &tq, &tk, &tv, &tdo, tape + 4 * off, &tdq, &tdk, &tdv,
+        bk_status s1 = bk_sinkhorn_forward(&t.pb.desc, &t.p, &tq, &tk, &tv, &to, tape + 4 * off, NULL, ws + 4 * off, wsz);
+        bk_status s2 = bk_sinkhorn_backward(&t.pb.desc, &t.p, &tq, &tk, &tv, &tdo, tape + 4 * off, &tdq, &tdk, &tdv,
                                             ws + 4 * off, wsz);
-        ok &= s1 == BK_OK && s2 == BK_OK && !memcmp(o + off, t.o, nq * 7 * 4) && !memcmp(dq + off, t.dq, nq * 12 * 4) &&
-              !memcmp(dk + off, t.dk, nk * 12 * 4) && !memcmp(dv + off, t.dv, nk * 7 * 4);
+        ok &= s1 == BK_OK && s2 == BK_OK && !memcmp(o + off, t.pb.o, nq * 7 * 4) && !memcmp(dq + off, t.pb.dq, nq * 12 * 4) &&
+              !memcmp(dk + off, t.pb.dk, nk * 12 * 4) && !memcmp(dv + off, t.pb.dv, nk * 7 * 4);
         free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); free(tape); free(ws);
     }
     th_check(ok, "bitwise independent of buffer alignment (inputs, outputs, tape, workspace)", "%s", "");
@@ -531,21 +502,21 @@ static void test_padding_truncation(void)
         tcase c = {4, 2, 12, 15, 8, 6, 0, 1, S_list[k], 1.0f, 0.0f, 0.0f, 1.0};
         tbuf t;
         tb_init(&t, &c, 101 + k);
-        t.ql[0] = 3; t.kl[0] = 15; t.ql[1] = 12; t.kl[1] = 2; t.ql[2] = 0; t.kl[2] = 5;
+        t.pb.ql[0] = 3; t.pb.kl[0] = 15; t.pb.ql[1] = 12; t.pb.kl[1] = 2; t.pb.ql[2] = 0; t.pb.kl[2] = 5;
         /* refill for the new lengths: fresh values in valid rows, huge values
          * and NaN in padded ones */
         th_rng rr = {7 + (uint64_t)k};
-        th_fill_tensor(&t.tq, 4, 2, 12, 8, t.ql, &rr, 1.0);
-        th_fill_tensor(&t.tk, 4, 2, 15, 8, t.kl, &rr, 1.0);
-        th_fill_tensor(&t.tv, 4, 2, 15, 6, t.kl, &rr, 1.0);
-        th_fill_tensor(&t.tdo, 4, 2, 12, 6, t.ql, &rr, 1.0);
+        th_fill_tensor(&t.pb.tq, 4, 2, 12, 8, t.pb.ql, &rr, 1.0);
+        th_fill_tensor(&t.pb.tk, 4, 2, 15, 8, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tv, 4, 2, 15, 6, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tdo, 4, 2, 12, 6, t.pb.ql, &rr, 1.0);
         for (int b = 0; b < 4; b++)
             for (int h = 0; h < 2; h++) {
-                for (int n = t.ql[b]; n < 12; n++)
-                    for (int x = 0; x < 8; x++) t.q[((b * 2 + h) * 12 + n) * 8 + x] = 1e30f;
-                for (int n = t.kl[b]; n < 15; n++) {
-                    for (int x = 0; x < 8; x++) t.k[((b * 2 + h) * 15 + n) * 8 + x] = -1e30f;
-                    for (int x = 0; x < 6; x++) t.v[((b * 2 + h) * 15 + n) * 6 + x] = NAN;
+                for (int n = t.pb.ql[b]; n < 12; n++)
+                    for (int x = 0; x < 8; x++) t.pb.q[((b * 2 + h) * 12 + n) * 8 + x] = 1e30f;
+                for (int n = t.pb.kl[b]; n < 15; n++) {
+                    for (int x = 0; x < 8; x++) t.pb.k[((b * 2 + h) * 15 + n) * 8 + x] = -1e30f;
+                    for (int x = 0; x < 6; x++) t.pb.v[((b * 2 + h) * 15 + n) * 6 + x] = NAN;
                 }
             }
         bk_status st = run_fwd(&t, NULL);
@@ -554,44 +525,44 @@ static void test_padding_truncation(void)
         int ok = 1;
         double md[4] = {0, 0, 0, 0};
         for (int b = 0; b < 4; b++) {
-            int Lq = t.ql[b], Lk = t.kl[b];
+            int Lq = t.pb.ql[b], Lk = t.pb.kl[b];
             for (int h = 0; h < 2; h++) {
                 if (Lq == 0 || Lk == 0) {
-                    for (int n = 0; n < 12 * 6; n++) ok &= t.o[(b * 2 + h) * 12 * 6 + n] == 0.0f;
+                    for (int n = 0; n < 12 * 6; n++) ok &= t.pb.o[(b * 2 + h) * 12 * 6 + n] == 0.0f;
                     continue;
                 }
                 tcase u = {1, 1, Lq, Lk, 8, 6, 0, 0, c.S, 1.0f, 0.0f, 0.0f, 1.0};
                 tbuf s;
                 tb_init(&s, &u, 1);
                 for (int n = 0; n < Lq; n++) {
-                    memcpy(s.q + n * 8, t.q + ((b * 2 + h) * 12 + n) * 8, 32);
-                    memcpy(s.dout + n * 6, t.dout + ((b * 2 + h) * 12 + n) * 6, 24);
+                    memcpy(s.pb.q + n * 8, t.pb.q + ((b * 2 + h) * 12 + n) * 8, 32);
+                    memcpy(s.pb.dout + n * 6, t.pb.dout + ((b * 2 + h) * 12 + n) * 6, 24);
                 }
                 for (int n = 0; n < Lk; n++) {
-                    memcpy(s.k + n * 8, t.k + ((b * 2 + h) * 15 + n) * 8, 32);
-                    memcpy(s.v + n * 6, t.v + ((b * 2 + h) * 15 + n) * 6, 24);
+                    memcpy(s.pb.k + n * 8, t.pb.k + ((b * 2 + h) * 15 + n) * 8, 32);
+                    memcpy(s.pb.v + n * 6, t.pb.v + ((b * 2 + h) * 15 + n) * 6, 24);
                 }
                 run_fwd(&s, NULL);
                 run_bwd(&s, NULL);
                 for (int n = 0; n < 12; n++)
                     for (int x = 0; x < 6; x++) {
-                        float got = t.o[((b * 2 + h) * 12 + n) * 6 + x];
-                        cmpf(&ok, &md[0], got, n < Lq ? s.o[n * 6 + x] : 0.0f);
+                        float got = t.pb.o[((b * 2 + h) * 12 + n) * 6 + x];
+                        cmpf(&ok, &md[0], got, n < Lq ? s.pb.o[n * 6 + x] : 0.0f);
                     }
                 for (int n = 0; n < 12; n++)
                     for (int x = 0; x < 8; x++) {
-                        float got = t.dq[((b * 2 + h) * 12 + n) * 8 + x];
-                        cmpf(&ok, &md[1], got, n < Lq ? s.dq[n * 8 + x] : 0.0f);
+                        float got = t.pb.dq[((b * 2 + h) * 12 + n) * 8 + x];
+                        cmpf(&ok, &md[1], got, n < Lq ? s.pb.dq[n * 8 + x] : 0.0f);
                     }
                 for (int n = 0; n < 15; n++)
                     for (int x = 0; x < 8; x++) {
-                        float got = t.dk[((b * 2 + h) * 15 + n) * 8 + x];
-                        cmpf(&ok, &md[2], got, n < Lk ? s.dk[n * 8 + x] : 0.0f);
+                        float got = t.pb.dk[((b * 2 + h) * 15 + n) * 8 + x];
+                        cmpf(&ok, &md[2], got, n < Lk ? s.pb.dk[n * 8 + x] : 0.0f);
                     }
                 for (int n = 0; n < 15; n++)
                     for (int x = 0; x < 6; x++) {
-                        float got = t.dv[((b * 2 + h) * 15 + n) * 6 + x];
-                        cmpf(&ok, &md[3], got, n < Lk ? s.dv[n * 6 + x] : 0.0f);
+                        float got = t.pb.dv[((b * 2 + h) * 15 + n) * 6 + x];
+                        cmpf(&ok, &md[3], got, n < Lk ? s.pb.dv[n * 6 + x] : 0.0f);
                     }
                 tb_free(&s);
             }
@@ -611,7 +582,7 @@ static void test_early_stop(void)
     tbuf t;
     tb_init(&t, &c, 111);
     /* make problem 1 sharper so problems stop at different steps */
-    for (int i = 0; i < 40; i++) t.q[40 + i] *= 3.0f;
+    for (int i = 0; i < 40; i++) t.pb.q[40 + i] *= 3.0f;
     run_fwd(&t, NULL);
     int ok = 1, differ = 0;
     for (int p = 0; p < 3; p++) {
@@ -627,16 +598,16 @@ static void test_early_stop(void)
     c1.tol = 0;
     tbuf u;
     tb_init(&u, &c1, 111);
-    memcpy(u.q, t.q, sizeof(float) * 40);
-    memcpy(u.k, t.k, sizeof(float) * 40);
-    memcpy(u.v, t.v, sizeof(float) * 30);
-    memcpy(u.dout, t.dout, sizeof(float) * 30);
+    memcpy(u.pb.q, t.pb.q, sizeof(float) * 40);
+    memcpy(u.pb.k, t.pb.k, sizeof(float) * 40);
+    memcpy(u.pb.v, t.pb.v, sizeof(float) * 30);
+    memcpy(u.pb.dout, t.pb.dout, sizeof(float) * 30);
     run_fwd(&u, NULL);
-    th_check(!memcmp(u.o, t.o, sizeof(float) * 10 * 3), "early-stopped == fixed S", "S=%d", c1.S);
+    th_check(!memcmp(u.pb.o, t.pb.o, sizeof(float) * 10 * 3), "early-stopped == fixed S", "S=%d", c1.S);
     /* its backward equals that of the fixed-S run too */
     run_bwd(&t, NULL);
     run_bwd(&u, NULL);
-    th_check(!memcmp(u.dq, t.dq, sizeof(float) * 10 * 4), "early-stopped backward == fixed S", "%s", "");
+    th_check(!memcmp(u.pb.dq, t.pb.dq, sizeof(float) * 10 * 4), "early-stopped backward == fixed S", "%s", "");
     tb_free(&t);
     tb_free(&u);
 }
@@ -658,10 +629,10 @@ static void test_implicit(void)
         th_check(s == BK_OK, "implicit backward runs", "%s", bk_last_error());
         double e = 0, mx = 1e-3;
         for (int i = 0; i < 2 * 9 * 6; i++) {
-            e = fmax(e, fabs(t.dq[i] - u.dq[i]));
-            mx = fmax(mx, fabs(t.dq[i]));
+            e = fmax(e, fabs(t.pb.dq[i] - u.pb.dq[i]));
+            mx = fmax(mx, fabs(t.pb.dq[i]));
         }
-        for (int i = 0; i < 2 * 12 * 6; i++) e = fmax(e, fabs(t.dk[i] - u.dk[i]));
+        for (int i = 0; i < 2 * 12 * 6; i++) e = fmax(e, fabs(t.pb.dk[i] - u.pb.dk[i]));
         if (k == 0) e_conv = e / mx;
         else e_s3 = e / mx;
         tb_free(&t);
@@ -679,8 +650,8 @@ static void test_sharp(void)
     tb_init(&t, &c, 131);
     bk_status s1 = run_fwd(&t, NULL), s2 = run_bwd(&t, NULL);
     int finite = 1;
-    for (int i = 0; i < 2 * 16 * 16; i++) finite &= isfinite(t.a[i]);
-    for (int i = 0; i < 2 * 16 * 4; i++) finite &= isfinite(t.dq[i]) && isfinite(t.dk[i]) && isfinite(t.o[i]);
+    for (int i = 0; i < 2 * 16 * 16; i++) finite &= isfinite(t.pb.a[i]);
+    for (int i = 0; i < 2 * 16 * 4; i++) finite &= isfinite(t.pb.dq[i]) && isfinite(t.pb.dk[i]) && isfinite(t.pb.o[i]);
     th_check(s1 == BK_OK && s2 == BK_OK && finite && t.diag[0].col_err < 1e-4f, "eps=0.02: no NaN, columns exact",
              "col err %.2e", (double)t.diag[0].col_err);
     tb_free(&t);
@@ -696,91 +667,91 @@ static void test_bad_input(void)
     tb_init(&t, &c, 141);
     size_t osz = (size_t)2 * 2 * 5 * 3;
     float *o0 = malloc(osz * 4);
-    memcpy(o0, t.o, osz * 4);
+    memcpy(o0, t.pb.o, osz * 4);
 #define EXPECT(call, code, what)                                                                        \
     do {                                                                                                \
         bk_status s_ = (call);                                                                          \
-        th_check(s_ == (code) && !memcmp(o0, t.o, osz * 4) && bk_last_error()[0], "bad input: " what,  \
+        th_check(s_ == (code) && !memcmp(o0, t.pb.o, osz * 4) && bk_last_error()[0], "bad input: " what,  \
                  "got %s (%s)", bk_status_str(s_), bk_last_error());                                    \
     } while (0)
     bk_sinkhorn_params p = t.p;
-    bk_attn_desc d = t.desc;
+    bk_attn_desc d = t.pb.desc;
     bk_tensor nul = {NULL, 0, 0, 0};
-    EXPECT(bk_sinkhorn_forward(NULL, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL desc");
-    EXPECT(bk_sinkhorn_forward(&d, NULL, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL params");
-    EXPECT(bk_sinkhorn_forward(&d, &p, &nul, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL q data");
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, NULL, &t.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL v");
+    EXPECT(bk_sinkhorn_forward(NULL, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL desc");
+    EXPECT(bk_sinkhorn_forward(&d, NULL, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL params");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &nul, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL q data");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, NULL, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL v");
     d.Nq = 0;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "Nq = 0");
-    d = t.desc;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "Nq = 0");
+    d = t.pb.desc;
     d.d = -3;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "d < 0");
-    d = t.desc;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_SHAPE, "d < 0");
+    d = t.pb.desc;
     int32_t badlen[2] = {3, 7};
     d.k_len = badlen;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "k_len > Nk");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "k_len > Nk");
     badlen[1] = -1;
     d.k_len = NULL;
     d.q_len = badlen;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "q_len < 0");
-    d = t.desc;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_LENGTH, "q_len < 0");
+    d = t.pb.desc;
     p.eps = 0;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps = 0");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps = 0");
     p.eps = -1;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps < 0");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "eps < 0");
     p = t.p;
     p.iters = 0;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "S = 0");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "S = 0");
     p = t.p;
     p.scale = NAN;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale NaN");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale NaN");
     p = t.p;
     p.eps = 1e-45f;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale/eps overflow");
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_PARAM, "scale/eps overflow");
     p = t.p;
-    bk_tensor over = t.tq;
+    bk_tensor over = t.pb.tq;
     over.stride_n = 2; /* rows of 4 overlap */
-    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "overlapping strides");
-    over = t.tq;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "overlapping strides");
+    over = t.pb.tq;
     over.stride_h = -20;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "negative stride");
-    bk_tensor alias = bk_tensor_bhnd(t.v, 2, 5, 3);
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &alias, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "output aliases input");
-    float keep = t.k[5];
-    t.k[5] = INFINITY;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "Inf in K");
-    t.k[5] = keep;
-    keep = t.v[0];
-    t.v[0] = NAN;
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "NaN in V");
-    t.v[0] = keep;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &over, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "negative stride");
+    bk_tensor alias = bk_tensor_bhnd(t.pb.v, 2, 5, 3);
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &alias, NULL, NULL, NULL, 0), BK_ERR_STRIDE, "output aliases input");
+    float keep = t.pb.k[5];
+    t.pb.k[5] = INFINITY;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "Inf in K");
+    t.pb.k[5] = keep;
+    keep = t.pb.v[0];
+    t.pb.v[0] = NAN;
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "NaN in V");
+    t.pb.v[0] = keep;
     char small[64];
-    EXPECT(bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, small, sizeof small), BK_ERR_WORKSPACE,
+    EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, small, sizeof small), BK_ERR_WORKSPACE,
            "workspace too small");
     /* a caller workspace of the queried size works */
     size_t wsz = bk_sinkhorn_workspace_size(&d, &p);
     void *ws = malloc(wsz);
-    bk_status s = bk_sinkhorn_forward(&d, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, ws, wsz);
+    bk_status s = bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, ws, wsz);
     th_check(s == BK_OK, "caller workspace of the queried size", "%s", bk_last_error());
-    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, NULL, &t.tdq, &t.tdk, &t.tdv, ws, wsz);
+    s = bk_sinkhorn_backward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, NULL, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, ws, wsz);
     th_check(s == BK_OK, "caller workspace of the queried size (backward)", "%s", bk_last_error());
     free(ws);
-    memcpy(o0, t.o, osz * 4);
+    memcpy(o0, t.pb.o, osz * 4);
     /* tapes: garbage, or from another problem */
     size_t tsz = bk_sinkhorn_tape_size(&d, &p);
     unsigned char *tape = calloc(1, tsz);
     float *dq0 = malloc(sizeof(float) * 2 * 2 * 5 * 4);
-    memcpy(dq0, t.dq, sizeof(float) * 2 * 2 * 5 * 4);
-    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
-    th_check(s == BK_ERR_TAPE && !memcmp(dq0, t.dq, sizeof(float) * 20 * 4), "bad input: garbage tape", "%s",
+    memcpy(dq0, t.pb.dq, sizeof(float) * 2 * 2 * 5 * 4);
+    s = bk_sinkhorn_backward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, NULL, 0);
+    th_check(s == BK_ERR_TAPE && !memcmp(dq0, t.pb.dq, sizeof(float) * 20 * 4), "bad input: garbage tape", "%s",
              bk_last_error());
     run_fwd(&t, tape);
     p.iters = 4;
-    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
+    s = bk_sinkhorn_backward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, NULL, 0);
     th_check(s == BK_ERR_TAPE, "bad input: tape from another S", "%s", bk_last_error());
     p = t.p;
     ((int32_t *)(tape + 64))[0] = 99; /* corrupt the first block's step count */
-    s = bk_sinkhorn_backward(&d, &p, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, 0);
+    s = bk_sinkhorn_backward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, NULL, 0);
     th_check(s == BK_ERR_TAPE, "bad input: corrupt tape block", "%s", bk_last_error());
     th_check(bk_status_str(BK_ERR_STRIDE)[0] && bk_status_str((bk_status)999)[0], "status strings", "%s", "");
     free(tape);

@@ -21,50 +21,18 @@ typedef struct {
 } ecase;
 
 typedef struct {
-    bk_attn_desc desc;
-    int32_t *ql, *kl;
-    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv, *theta, *sig, *dth;
-    bk_tensor tq, tk, tv, to, ta, tdo, tdq, tdk, tdv;
+    th_prob pb; /* inputs, outputs, views, lengths */
+    float *theta, *sig, *dth;
     bk_esp_params p;
     bk_esp_diag *diag;
     int L;
 } ebuf;
 
-static bk_tensor eview(const ecase *c, float *p, int N, int C)
-{
-    return c->layout ? bk_tensor_bnhd(p, c->H, N, C) : bk_tensor_bhnd(p, c->H, N, C);
-}
-
 static void eb_init(ebuf *t, const ecase *c, uint64_t seed)
 {
-    memset(t, 0, sizeof *t);
     th_rng r = {seed};
     const int B = c->B, H = c->H;
-    if (c->pad) {
-        t->ql = malloc(sizeof(int32_t) * B);
-        t->kl = malloc(sizeof(int32_t) * B);
-        for (int b = 0; b < B; b++) {
-            int lo = c->pad == 2 ? 0 : 1;
-            t->ql[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nq - lo + 1));
-            t->kl[b] = lo + (int)(th_next(&r) % (uint64_t)(c->Nk - lo + 1));
-        }
-        if (B > 1) { t->ql[B - 1] = c->Nq; t->kl[B - 1] = c->Nk; }
-    }
-    bk_attn_desc d = {B, H, c->Nq, c->Nk, c->d, c->dv, t->ql, t->kl};
-    t->desc = d;
-    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
-    t->q = th_alloc_fill(nq * c->d, 0); t->k = th_alloc_fill(nk * c->d, 0); t->v = th_alloc_fill(nk * c->dv, 0);
-    t->o = th_alloc_fill(nq * c->dv, -7); t->a = th_alloc_fill(nq * c->Nk, -7); t->dout = th_alloc_fill(nq * c->dv, 0);
-    t->dq = th_alloc_fill(nq * c->d, -7); t->dk = th_alloc_fill(nk * c->d, -7); t->dv = th_alloc_fill(nk * c->dv, -7);
-    t->tq = eview(c, t->q, c->Nq, c->d); t->tk = eview(c, t->k, c->Nk, c->d); t->tv = eview(c, t->v, c->Nk, c->dv);
-    t->to = eview(c, t->o, c->Nq, c->dv); t->ta = eview(c, t->a, c->Nq, c->Nk);
-    t->tdo = eview(c, t->dout, c->Nq, c->dv); t->tdq = eview(c, t->dq, c->Nq, c->d);
-    t->tdk = eview(c, t->dk, c->Nk, c->d); t->tdv = eview(c, t->dv, c->Nk, c->dv);
-    double sg = c->sigma > 0 ? c->sigma : 1.0;
-    th_fill_tensor(&t->tq, B, H, c->Nq, c->d, t->ql, &r, sg);
-    th_fill_tensor(&t->tk, B, H, c->Nk, c->d, t->kl, &r, sg);
-    th_fill_tensor(&t->tv, B, H, c->Nk, c->dv, t->kl, &r, 1.0);
-    th_fill_tensor(&t->tdo, B, H, c->Nq, c->dv, t->ql, &r, 1.0);
+    th_prob_init(&t->pb, B, H, c->Nq, c->Nk, c->d, c->dv, c->layout, c->pad, c->sigma, &r);
     t->p = bk_esp_params_default();
     t->p.sort = c->sort;
     t->p.t = c->t;
@@ -92,18 +60,18 @@ static void eb_init(ebuf *t, const ecase *c, uint64_t seed)
 
 static void eb_free(ebuf *t)
 {
-    free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a); free(t->dout);
-    free(t->dq); free(t->dk); free(t->dv); free(t->theta); free(t->sig); free(t->dth); free(t->diag);
+    th_prob_free(&t->pb);
+    free(t->theta); free(t->sig); free(t->dth); free(t->diag);
 }
 
 static bk_status efwd(ebuf *t, void *tape)
 {
-    bk_esp_extras ex = {t->ta, t->sig, NULL, t->diag};
-    return bk_esp_forward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->to, tape, &ex, NULL, 0);
+    bk_esp_extras ex = {t->pb.ta, t->sig, NULL, t->diag};
+    return bk_esp_forward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.to, tape, &ex, NULL, 0);
 }
 static bk_status ebwd(ebuf *t, const void *tape)
 {
-    return bk_esp_backward(&t->desc, &t->p, &t->tq, &t->tk, &t->tv, &t->tdo, tape, &t->tdq, &t->tdk, &t->tdv, t->dth,
+    return bk_esp_backward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.tdo, tape, &t->pb.tdq, &t->pb.tdk, &t->pb.tdv, t->dth,
                            NULL, 0);
 }
 
@@ -131,7 +99,7 @@ static void check_ref(const ecase *c, uint64_t seed)
 {
     ebuf t;
     eb_init(&t, c, seed);
-    void *tape = malloc(bk_esp_tape_size(&t.desc, &t.p));
+    void *tape = malloc(bk_esp_tape_size(&t.pb.desc, &t.p));
     bk_status s1 = efwd(&t, tape), s2 = s1 ? s1 : ebwd(&t, tape);
     char name[240];
     snprintf(name, sizeof name, "esp-ref %s %s %s B%d H%d Nq%d Nk%d d%d dv%d %s pad%d tau%g t%g L%d",
@@ -144,19 +112,19 @@ static void check_ref(const ecase *c, uint64_t seed)
         return;
     }
     const int B = c->B, H = c->H, L = t.L;
-    double *Q = th_gather(&t.tq, B, H, c->Nq, c->d, t.ql), *K = th_gather(&t.tk, B, H, c->Nk, c->d, t.kl);
-    double *V = th_gather(&t.tv, B, H, c->Nk, c->dv, t.kl), *dO = th_gather(&t.tdo, B, H, c->Nq, c->dv, t.ql);
+    double *Q = th_gather(&t.pb.tq, B, H, c->Nq, c->d, t.pb.ql), *K = th_gather(&t.pb.tk, B, H, c->Nk, c->d, t.pb.kl);
+    double *V = th_gather(&t.pb.tv, B, H, c->Nk, c->dv, t.pb.kl), *dO = th_gather(&t.pb.tdo, B, H, c->Nq, c->dv, t.pb.ql);
     size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk;
     double *A = calloc(nq * c->Nk, 8), *O = calloc(nq * c->dv, 8), *S = calloc((size_t)B * H * L, 8);
     double *dQ = calloc(nq * c->d, 8), *dK = calloc(nk * c->d, 8), *dV = calloc(nk * c->dv, 8);
     double *dT = calloc((size_t)L * c->d, 8), *thd = calloc((size_t)L * c->d, 8);
-    int *ql = th_lens_int(t.ql, B), *kl = th_lens_int(t.kl, B);
+    int *ql = th_lens_int(t.pb.ql, B), *kl = th_lens_int(t.pb.kl, B);
     ref_esp_cfg rc = ref_cfg(c, &t, thd);
     ref_esp_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, &rc, A, O, S);
     ref_esp_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, ql, kl, Q, K, V, &rc, dO, dQ, dK, dV, dT);
-    double eo = th_rel_err(&t.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.ta, B, H, c->Nq, c->Nk, A);
-    double eq = th_rel_err(&t.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.tdk, B, H, c->Nk, c->d, dK);
-    double ev = th_rel_err(&t.tdv, B, H, c->Nk, c->dv, dV);
+    double eo = th_rel_err(&t.pb.to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&t.pb.ta, B, H, c->Nq, c->Nk, A);
+    double eq = th_rel_err(&t.pb.tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&t.pb.tdk, B, H, c->Nk, c->d, dK);
+    double ev = th_rel_err(&t.pb.tdv, B, H, c->Nk, c->dv, dV);
     double es = 0, et = 0, tmax = 1;
     for (int i = 0; i < B * H * L; i++) es = fmax(es, fabs(t.sig[i] - S[i]));
     for (int i = 0; i < L * c->d; i++) tmax = fmax(tmax, fabs(dT[i]));
@@ -198,12 +166,12 @@ static void attn_sums(const ebuf *t, int n, int m, double *rmax, double *cmax, d
     *rmax = *cmax = 0;
     for (int i = 0; i < n; i++) {
         double r = 0;
-        for (int j = 0; j < m; j++) r += t->a[i * m + j];
+        for (int j = 0; j < m; j++) r += t->pb.a[i * m + j];
         *rmax = fmax(*rmax, fabs(r - 1));
     }
     for (int j = 0; j < m; j++) {
         double s = 0;
-        for (int i = 0; i < n; i++) s += t->a[i * m + j];
+        for (int i = 0; i < n; i++) s += t->pb.a[i * m + j];
         *cmax = fmax(*cmax, fabs(s - ctarget));
     }
 }
@@ -247,18 +215,18 @@ static void test_esp_tau_limits(void)
         u.p.L = 1;
         u.p.theta = th;
         efwd(&u, NULL);
-        for (int i = 0; i < 100; i++) acc[i] += u.a[i] / 5.0f;
+        for (int i = 0; i < 100; i++) acc[i] += u.pb.a[i] / 5.0f;
         eb_free(&u);
     }
     e = 0;
-    for (int i = 0; i < 100; i++) e = fmax(e, fabs(acc[i] - t.a[i]));
+    for (int i = 0; i < 100; i++) e = fmax(e, fabs(acc[i] - t.pb.a[i]));
     th_check(e < 1e-6, "tau = 0 gives the mean of the slices' plans", "max diff %.1e", e);
     free(acc);
     /* large tau selects the cheapest slice; E_sigma[D] does not increase with tau */
     float D[5];
-    bk_esp_extras ex = {t.ta, t.sig, D, NULL};
+    bk_esp_extras ex = {t.pb.ta, t.sig, D, NULL};
     t.p.tau = 1e4f;
-    bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+    bk_esp_forward(&t.pb.desc, &t.p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, &ex, NULL, 0);
     int arg = 0;
     for (int l = 1; l < 5; l++)
         if (D[l] < D[arg]) arg = l;
@@ -267,7 +235,7 @@ static void test_esp_tau_limits(void)
     int mono = 1;
     for (int k = 0; k < 6; k++) {
         t.p.tau = (float)k;
-        bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+        bk_esp_forward(&t.pb.desc, &t.p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, &ex, NULL, 0);
         double ed = 0;
         for (int l = 0; l < 5; l++) ed += t.sig[l] * D[l];
         if (ed > prev + 1e-6) mono = 0;
@@ -282,17 +250,17 @@ static void test_esp_identity_and_tau0_grad(void)
     ecase c = {1, 1, 9, 9, 4, 4, 0, 0, BK_ESP_HARD, 0.1f, 2.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
     ebuf t;
     eb_init(&t, &c, 620);
-    memcpy(t.k, t.q, sizeof(float) * 9 * 4); /* K = Q: every slice matches i to i */
+    memcpy(t.pb.k, t.pb.q, sizeof(float) * 9 * 4); /* K = Q: every slice matches i to i */
     efwd(&t, NULL);
     double e = 0;
-    for (int i = 0; i < 9 * 4; i++) e = fmax(e, fabs(t.o[i] - t.v[i]));
+    for (int i = 0; i < 9 * 4; i++) e = fmax(e, fabs(t.pb.o[i] - t.pb.v[i]));
     th_check(e < 1e-6, "K = Q: hard ESP output equals V", "max diff %.1e", e);
     t.p.tau = 0.0f;
-    memcpy(t.k, t.v, sizeof(float) * 9 * 4); /* any K */
+    memcpy(t.pb.k, t.pb.v, sizeof(float) * 9 * 4); /* any K */
     efwd(&t, NULL);
     ebwd(&t, NULL);
     int zero = 1;
-    for (int i = 0; i < 9 * 4; i++) zero &= t.dq[i] == 0.0f && t.dk[i] == 0.0f;
+    for (int i = 0; i < 9 * 4; i++) zero &= t.pb.dq[i] == 0.0f && t.pb.dk[i] == 0.0f;
     th_check(zero, "hard ESP, tau = 0: dQ = dK = 0 exactly", "%s", "");
     eb_free(&t);
 }
@@ -306,15 +274,15 @@ static void test_esp_permutation(void)
         eb_init(&u, &c, 631);
         int pm[8] = {5, 2, 7, 0, 3, 6, 1, 4};
         for (int i = 0; i < 8; i++) {
-            memcpy(u.q + i * 4, t.q + pm[i] * 4, 16);
-            memcpy(u.k + i * 4, t.k + pm[i] * 4, 16);
-            memcpy(u.v + i * 3, t.v + pm[i] * 3, 12);
+            memcpy(u.pb.q + i * 4, t.pb.q + pm[i] * 4, 16);
+            memcpy(u.pb.k + i * 4, t.pb.k + pm[i] * 4, 16);
+            memcpy(u.pb.v + i * 3, t.pb.v + pm[i] * 3, 12);
         }
         efwd(&t, NULL);
         efwd(&u, NULL);
         double e = 0;
         for (int i = 0; i < 8; i++)
-            for (int x = 0; x < 3; x++) e = fmax(e, fabs(u.o[i * 3 + x] - t.o[pm[i] * 3 + x]));
+            for (int x = 0; x < 3; x++) e = fmax(e, fabs(u.pb.o[i * 3 + x] - t.pb.o[pm[i] * 3 + x]));
         char name[64];
         snprintf(name, sizeof name, "%s ESP permutation equivariance", sort ? "soft" : "hard");
         th_check(e < 2e-6, name, "max diff %.1e", e);
@@ -333,7 +301,7 @@ static void test_esp_soft_to_hard(void)
     efwd(&t, NULL);
     efwd(&u, NULL);
     double e = 0;
-    for (int i = 0; i < 2 * 10 * 3; i++) e = fmax(e, fabs(t.o[i] - u.o[i]));
+    for (int i = 0; i < 2 * 10 * 3; i++) e = fmax(e, fabs(t.pb.o[i] - u.pb.o[i]));
     th_check(e < 1e-5, "soft sort -> hard sort as t -> 0", "max |O_soft(t=1e-12) - O_hard| %.1e", e);
     th_check(t.diag[0].col_err < 1e-4f, "soft plan marginals reported (t small: nearly exact)", "col err %.1e",
              (double)t.diag[0].col_err);
@@ -355,38 +323,38 @@ static void test_esp_padding_determinism(void)
         ecase c = {4, 2, 11, 9, 4, 3, 0, 1, sort, 0.2f, 1.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
         ebuf t;
         eb_init(&t, &c, 650 + sort);
-        t.ql[0] = 3; t.kl[0] = 9; t.ql[1] = 11; t.kl[1] = 2; t.ql[2] = 0; t.kl[2] = 4; t.ql[3] = 11; t.kl[3] = 9;
+        t.pb.ql[0] = 3; t.pb.kl[0] = 9; t.pb.ql[1] = 11; t.pb.kl[1] = 2; t.pb.ql[2] = 0; t.pb.kl[2] = 4; t.pb.ql[3] = 11; t.pb.kl[3] = 9;
         th_rng rr = {9};
-        th_fill_tensor(&t.tq, 4, 2, 11, 4, t.ql, &rr, 1.0);
-        th_fill_tensor(&t.tk, 4, 2, 9, 4, t.kl, &rr, 1.0);
-        th_fill_tensor(&t.tv, 4, 2, 9, 3, t.kl, &rr, 1.0);
-        th_fill_tensor(&t.tdo, 4, 2, 11, 3, t.ql, &rr, 1.0);
+        th_fill_tensor(&t.pb.tq, 4, 2, 11, 4, t.pb.ql, &rr, 1.0);
+        th_fill_tensor(&t.pb.tk, 4, 2, 9, 4, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tv, 4, 2, 9, 3, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tdo, 4, 2, 11, 3, t.pb.ql, &rr, 1.0);
         bk_status st = efwd(&t, NULL);
         if (st == BK_OK) st = ebwd(&t, NULL);
         th_check(st == BK_OK, "padded ESP run with NaN in the padding", "%s", bk_last_error());
         int ok = 1;
         for (int b = 0; b < 4; b++)
             for (int h = 0; h < 2; h++) {
-                int n = t.ql[b], m = t.kl[b];
+                int n = t.pb.ql[b], m = t.pb.kl[b];
                 size_t po = (size_t)(b * 2 + h);
                 if (n == 0 || m == 0) {
-                    for (int i = 0; i < 11 * 3; i++) ok &= t.o[po * 33 + i] == 0.0f;
+                    for (int i = 0; i < 11 * 3; i++) ok &= t.pb.o[po * 33 + i] == 0.0f;
                     continue;
                 }
                 ecase u = {1, 1, n, m, 4, 3, 0, 0, sort, 0.2f, 1.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
                 ebuf s;
                 eb_init(&s, &u, 1);
-                memcpy(s.q, t.q + po * 44, sizeof(float) * n * 4);
-                memcpy(s.k, t.k + po * 36, sizeof(float) * m * 4);
-                memcpy(s.v, t.v + po * 27, sizeof(float) * m * 3);
-                memcpy(s.dout, t.dout + po * 33, sizeof(float) * n * 3);
+                memcpy(s.pb.q, t.pb.q + po * 44, sizeof(float) * n * 4);
+                memcpy(s.pb.k, t.pb.k + po * 36, sizeof(float) * m * 4);
+                memcpy(s.pb.v, t.pb.v + po * 27, sizeof(float) * m * 3);
+                memcpy(s.pb.dout, t.pb.dout + po * 33, sizeof(float) * n * 3);
                 efwd(&s, NULL);
                 ebwd(&s, NULL);
-                ok &= !memcmp(s.o, t.o + po * 33, sizeof(float) * n * 3);
-                ok &= !memcmp(s.dq, t.dq + po * 44, sizeof(float) * n * 4);
-                ok &= !memcmp(s.dk, t.dk + po * 36, sizeof(float) * m * 4);
-                ok &= !memcmp(s.dv, t.dv + po * 27, sizeof(float) * m * 3);
-                for (int i = n * 3; i < 33; i++) ok &= t.o[po * 33 + i] == 0.0f;
+                ok &= !memcmp(s.pb.o, t.pb.o + po * 33, sizeof(float) * n * 3);
+                ok &= !memcmp(s.pb.dq, t.pb.dq + po * 44, sizeof(float) * n * 4);
+                ok &= !memcmp(s.pb.dk, t.pb.dk + po * 36, sizeof(float) * m * 4);
+                ok &= !memcmp(s.pb.dv, t.pb.dv + po * 27, sizeof(float) * m * 3);
+                for (int i = n * 3; i < 33; i++) ok &= t.pb.o[po * 33 + i] == 0.0f;
                 eb_free(&s);
             }
         char name[64];
@@ -407,8 +375,8 @@ static void test_esp_padding_determinism(void)
             efwd(&r2, NULL);
             ebwd(&r2, NULL);
             size_t nq = 3 * 3 * 12, nk = 3 * 3 * 10;
-            same &= !memcmp(r1.o, r2.o, nq * 4 * 4) && !memcmp(r1.dq, r2.dq, nq * 6 * 4) &&
-                    !memcmp(r1.dk, r2.dk, nk * 6 * 4) && !memcmp(r1.dv, r2.dv, nk * 4 * 4) &&
+            same &= !memcmp(r1.pb.o, r2.pb.o, nq * 4 * 4) && !memcmp(r1.pb.dq, r2.pb.dq, nq * 6 * 4) &&
+                    !memcmp(r1.pb.dk, r2.pb.dk, nk * 6 * 4) && !memcmp(r1.pb.dv, r2.pb.dv, nk * 4 * 4) &&
                     !memcmp(r1.dth, r2.dth, 4 * 6 * 4);
             eb_free(&r2);
         }
@@ -431,8 +399,8 @@ static void test_esp_fd(void)
         eb_init(&t, &c, 670 + cost);
         efwd(&t, NULL);
         ebwd(&t, NULL);
-        float *in[4] = {t.q, t.k, t.v, t.theta};
-        const float *an[4] = {t.dq, t.dk, t.dv, t.dth};
+        float *in[4] = {t.pb.q, t.pb.k, t.pb.v, t.theta};
+        const float *an[4] = {t.pb.dq, t.pb.dk, t.pb.dv, t.dth};
         const int cnt[4] = {15, 18, 12, 6};
         const char *nm[4] = {"dQ", "dK", "dV", "dTheta"};
         th_rng r = {99};
@@ -450,7 +418,7 @@ static void test_esp_fd(void)
                 for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i] + (sgn ? -h : h) * u[i];
                 efwd(&t, NULL);
                 double L = 0;
-                for (int j = 0; j < 10; j++) L += (double)t.o[j] * t.dout[j];
+                for (int j = 0; j < 10; j++) L += (double)t.pb.o[j] * t.pb.dout[j];
                 Lh[sgn] = L;
             }
             for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i];
@@ -471,11 +439,11 @@ static void test_esp_large_hard(void)
     ecase c = {1, 1, n, m, d, dv, 0, 0, BK_ESP_HARD, 0.1f, 0.5f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, 1.0};
     ebuf t;
     eb_init(&t, &c, 680);
-    for (int j = 0; j < m; j++) t.v[j] = 1.0f;
+    for (int j = 0; j < m; j++) t.pb.v[j] = 1.0f;
     bk_esp_extras ex = {{0}, t.sig, NULL, NULL};
-    bk_status s = bk_esp_forward(&t.desc, &t.p, &t.tq, &t.tk, &t.tv, &t.to, NULL, &ex, NULL, 0);
+    bk_status s = bk_esp_forward(&t.pb.desc, &t.p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, &ex, NULL, 0);
     double e = 0;
-    for (int i = 0; i < n; i++) e = fmax(e, fabs(t.o[i] - 1.0));
+    for (int i = 0; i < n; i++) e = fmax(e, fabs(t.pb.o[i] - 1.0));
     th_check(s == BK_OK && e < 1e-5, "hard ESP N=3000: rows of A sum to 1 (A 1 via O)", "%.1e", e);
     eb_free(&t);
 }
@@ -486,13 +454,13 @@ static void test_esp_bad_input(void)
     ebuf t;
     eb_init(&t, &c, 690);
     float o0[20];
-    memcpy(o0, t.o, sizeof o0);
+    memcpy(o0, t.pb.o, sizeof o0);
 #define EXPECT(mut, code, what)                                                                                   \
     do {                                                                                                          \
         bk_esp_params p = t.p;                                                                                    \
         mut;                                                                                                      \
-        bk_status s_ = bk_esp_forward(&t.desc, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0);             \
-        th_check(s_ == (code) && !memcmp(o0, t.o, sizeof o0), "esp bad input: " what, "%s (%s)", bk_status_str(s_), \
+        bk_status s_ = bk_esp_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0);             \
+        th_check(s_ == (code) && !memcmp(o0, t.pb.o, sizeof o0), "esp bad input: " what, "%s (%s)", bk_status_str(s_), \
                  bk_last_error());                                                                                \
     } while (0)
     EXPECT(p.L = -1, BK_ERR_PARAM, "L < 0");
@@ -512,16 +480,16 @@ static void test_esp_bad_input(void)
     bk_esp_params p = t.p;
     p.sort = BK_ESP_HARD;
     p.t = 0.0f;
-    th_check(bk_esp_forward(&t.desc, &p, &t.tq, &t.tk, &t.tv, &t.to, NULL, NULL, NULL, 0) == BK_OK,
+    th_check(bk_esp_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0) == BK_OK,
              "hard sort does not need t", "%s", bk_last_error());
     /* tapes */
-    size_t tsz = bk_esp_tape_size(&t.desc, &t.p);
+    size_t tsz = bk_esp_tape_size(&t.pb.desc, &t.p);
     char *tape = calloc(1, tsz);
     th_check(ebwd(&t, tape) == BK_ERR_TAPE, "esp bad input: garbage tape", "%s", bk_last_error());
     efwd(&t, tape);
     bk_esp_params p2 = t.p;
     p2.tau = 2.0f;
-    th_check(bk_esp_backward(&t.desc, &p2, &t.tq, &t.tk, &t.tv, &t.tdo, tape, &t.tdq, &t.tdk, &t.tdv, NULL, NULL, 0) ==
+    th_check(bk_esp_backward(&t.pb.desc, &p2, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, NULL, NULL, 0) ==
                  BK_ERR_TAPE,
              "esp bad input: tape from other parameters", "%s", bk_last_error());
     ((int32_t *)(tape + 64))[16 + 2 * 3] = 77; /* corrupt an order */

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 float *th_alloc_fill(size_t n, float val)
 {
@@ -63,3 +64,46 @@ int *th_lens_int(const int32_t *l, int B)
     return o;
 }
 
+
+static bk_tensor th_view(int layout, float *p, int H, int N, int C)
+{
+    return layout ? bk_tensor_bnhd(p, H, N, C) : bk_tensor_bhnd(p, H, N, C);
+}
+
+void th_prob_init(th_prob *t, int B, int H, int Nq, int Nk, int d, int dv, int layout, int pad, double sigma,
+                  th_rng *r)
+{
+    memset(t, 0, sizeof *t);
+    if (pad) {
+        t->ql = malloc(sizeof(int32_t) * B);
+        t->kl = malloc(sizeof(int32_t) * B);
+        for (int b = 0; b < B; b++) {
+            int lo = pad == 2 ? 0 : 1;
+            t->ql[b] = lo + (int)(th_next(r) % (uint64_t)(Nq - lo + 1));
+            t->kl[b] = lo + (int)(th_next(r) % (uint64_t)(Nk - lo + 1));
+        }
+        if (B > 1) { t->ql[B - 1] = Nq; t->kl[B - 1] = Nk; }
+    }
+    bk_attn_desc de = {B, H, Nq, Nk, d, dv, t->ql, t->kl};
+    t->desc = de;
+    size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
+    t->q = th_alloc_fill(nq * d, 0); t->k = th_alloc_fill(nk * d, 0); t->v = th_alloc_fill(nk * dv, 0);
+    t->o = th_alloc_fill(nq * dv, -7); t->a = th_alloc_fill(nq * Nk, -7); t->dout = th_alloc_fill(nq * dv, 0);
+    t->dq = th_alloc_fill(nq * d, -7); t->dk = th_alloc_fill(nk * d, -7); t->dv = th_alloc_fill(nk * dv, -7);
+    t->tq = th_view(layout, t->q, H, Nq, d); t->tk = th_view(layout, t->k, H, Nk, d);
+    t->tv = th_view(layout, t->v, H, Nk, dv); t->to = th_view(layout, t->o, H, Nq, dv);
+    t->ta = th_view(layout, t->a, H, Nq, Nk); t->tdo = th_view(layout, t->dout, H, Nq, dv);
+    t->tdq = th_view(layout, t->dq, H, Nq, d); t->tdk = th_view(layout, t->dk, H, Nk, d);
+    t->tdv = th_view(layout, t->dv, H, Nk, dv);
+    double sg = sigma > 0 ? sigma : 1.0;
+    th_fill_tensor(&t->tq, B, H, Nq, d, t->ql, r, sg);
+    th_fill_tensor(&t->tk, B, H, Nk, d, t->kl, r, sg);
+    th_fill_tensor(&t->tv, B, H, Nk, dv, t->kl, r, 1.0);
+    th_fill_tensor(&t->tdo, B, H, Nq, dv, t->ql, r, 1.0);
+}
+
+void th_prob_free(th_prob *t)
+{
+    free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);
+    free(t->dout); free(t->dq); free(t->dk); free(t->dv);
+}

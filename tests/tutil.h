@@ -16,4 +16,18 @@ double *th_gather(const bk_tensor *t, int B, int H, int N, int C, const int32_t 
 double th_rel_err(const bk_tensor *t, int B, int H, int N, int C, const double *ref);
 /* int copy of int32 lengths (NULL stays NULL) */
 int *th_lens_int(const int32_t *l, int B);
+
+/* An attention problem's buffers in a chosen layout: layout 0 [B,H,N,C],
+ * 1 [B,N,H,C]; pad 0 none, 1 random lengths >= 1, 2 lengths may be 0 (the
+ * last batch entry is always full). Inputs N(0, sigma^2) (v, dout N(0,1)),
+ * padded rows NaN; outputs prefilled with -7. */
+typedef struct {
+    bk_attn_desc desc;
+    int32_t *ql, *kl;
+    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv;
+    bk_tensor tq, tk, tv, to, ta, tdo, tdq, tdk, tdv;
+} th_prob;
+void th_prob_init(th_prob *t, int B, int H, int Nq, int Nk, int d, int dv, int layout, int pad, double sigma,
+                  th_rng *r);
+void th_prob_free(th_prob *t);
 #endif

@@ -305,30 +305,22 @@ static void slice_weights(int L, float tau, const float *D, float *sig)
     for (int l = 0; l < L; l++) sig[l] = (float)(sig[l] / z);
 }
 
-/* out[pr] += scale * cells * X[ps] for each pair (W X, with W = cells/(n m)) */
-static void apply_W(int np, const int32_t *pr, const int32_t *ps, const double *pc, float scale, const float *X,
-                    int ldx, float *out, int ldo, int cols, int nrows_out)
+/* out = W X (out row r = sum over pairs (r, s) of scale * cells * X[s]) or,
+ * with transpose, W^T X (out row s gathers the rows r); W = cells / (n m). */
+static void apply_plan(int transpose, int np, const int32_t *pr, const int32_t *ps, const double *pc, float scale,
+                       const float *X, int ldx, float *out, int ldo, int cols, int nrows_out)
 {
+    const int32_t *src = transpose ? pr : ps, *dst = transpose ? ps : pr;
     for (int r = 0; r < nrows_out; r++) memset(out + (size_t)r * ldo, 0, sizeof(float) * (size_t)cols);
     for (int k = 0; k < np; k++) {
         float w = (float)(pc[k] * scale);
-        const float *x = X + (size_t)ps[k] * ldx;
-        float *o = out + (size_t)pr[k] * ldo;
+        const float *x = X + (size_t)src[k] * ldx;
+        float *o = out + (size_t)dst[k] * ldo;
         for (int c = 0; c < cols; c++) o[c] += w * x[c];
     }
 }
-
-static void apply_WT(int np, const int32_t *pr, const int32_t *ps, const double *pc, float scale, const float *X,
-                     int ldx, float *out, int ldo, int cols, int nrows_out)
-{
-    for (int r = 0; r < nrows_out; r++) memset(out + (size_t)r * ldo, 0, sizeof(float) * (size_t)cols);
-    for (int k = 0; k < np; k++) {
-        float w = (float)(pc[k] * scale);
-        const float *x = X + (size_t)pr[k] * ldx;
-        float *o = out + (size_t)ps[k] * ldo;
-        for (int c = 0; c < cols; c++) o[c] += w * x[c];
-    }
-}
+#define apply_W(...) apply_plan(0, __VA_ARGS__)
+#define apply_WT(...) apply_plan(1, __VA_ARGS__)
 
 /* SoftSort matrix of one slice: order idx (given), sorted values into sv,
  * rows of Pm (n x n, row r = rank r). Also its column sums. */
@@ -772,6 +764,22 @@ static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const floa
     return c;
 }
 
+/* Inside a parallel region: this thread's slab of the workspace; the soft
+ * path also switches the FPU to flush-to-zero / denormals-are-zero (the
+ * previous control word is returned in *csr, restored by the caller). */
+static esp_slab thread_slab(const bk_attn_desc *d, const esp_cfg *c, char *slabs, size_t sb, unsigned *csr)
+{
+#ifdef _OPENMP
+    int tid = omp_get_thread_num();
+#else
+    int tid = 0;
+#endif
+    *csr = _mm_getcsr();
+    if (c->soft) _mm_setcsr(*csr | 0x8040);
+    return carve(bki_align_ptr(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, c->L, c->soft,
+                 c->euclid);
+}
+
 static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const esp_cfg *c, const bk_tensor *q,
                          const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
                          const bk_esp_extras *ex, char *slabs, size_t sb, int nt)
@@ -788,14 +796,8 @@ static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const es
     bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        unsigned csr = _mm_getcsr();
-        if (c->soft) _mm_setcsr(csr | 0x8040); /* flush-to-zero, denormals-are-zero */
-        esp_slab w = carve(bki_align_ptr(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c->soft, c->euclid);
+        unsigned csr;
+        esp_slab w = thread_slab(d, c, slabs, sb, &csr);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
             const int b = pi / d->H, h = pi % d->H;
@@ -943,14 +945,8 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
     bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        unsigned csr = _mm_getcsr();
-        if (c.soft) _mm_setcsr(csr | 0x8040);
-        esp_slab w = carve(bki_align_ptr(base + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, L, c.soft, c.euclid);
+        unsigned csr;
+        esp_slab w = thread_slab(d, &c, base, sb, &csr);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
             const int b = pi / d->H, h = pi % d->H;

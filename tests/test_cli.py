@@ -107,6 +107,35 @@ bad_case("unknown option", {}, extra=["--bogus", "1"], want_rc=2, want_msg="unkn
 bad_case("dq without dout", {}, extra=["--dq", P("x.npy")], want_rc=2, want_msg="need --dout")
 bad_case("unwritable output dir", {}, extra=["--attn", "/nonexistent/dir/a.npy"], want_msg="cannot create")
 
+# ESP through the CLI
+esp = ["attn", "--op", "esp", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy")]
+rc, out = run(*esp, "--out", P("oe.npy"), "--attn", P("ae.npy"), "--sigma", P("se.npy"), "--tau", "2",
+              "--q-len", P("ql.npy"), "--k-len", P("kl.npy"), "--diag", P("de.npy"))
+check(rc == 0, "esp hard run", out)
+if rc == 0:
+    a, sg = np.load(P("ae.npy")), np.load(P("se.npy"))
+    check(sg.shape == (B, H, d) and np.allclose(sg.sum(-1), 1, atol=1e-6), "esp sigma written, sums to 1")
+    # hard ESP: rows sum to 1, columns to Lq/Lk on the valid block (cross-attention: 5 x 3 and 2 x 7)
+    check(np.allclose(a[0, :, :5, :3].sum(-1), 1, atol=1e-5) and np.allclose(a[0, :, :5, :3].sum(-2), 5 / 3, atol=1e-5),
+          "esp hard plan: exact marginals on the valid block")
+    check(np.load(P("de.npy")).shape == (B, H, 2), "esp diag shape")
+np.save(P("theta.npy"), rng.standard_normal((3, d)).astype("<f4"))
+rc, out = run(*esp, "--out", P("oe.npy"), "--sort", "soft", "--softsort-t", "0.3", "--slices", P("theta.npy"),
+              "--dout", P("do.npy"), "--dq", P("dqe.npy"), "--dslices", P("dth.npy"))
+check(rc == 0 and np.load(P("dth.npy")).shape == (3, d), "esp soft with slices and dslices", out)
+np.save(P("thetabad.npy"), rng.standard_normal((3, d + 1)).astype("<f4"))
+rc, out = run(*esp, "--out", P("never.npy"), "--slices", P("thetabad.npy"))
+check(rc == 1 and "[L, d]" in out and not os.path.exists(P("never.npy")), "esp rejects mismatched slices", out)
+for bad, msg in ((["--sort", "medium"], "--sort"), (["--tau", "-1"], "--tau"), (["--tau", "nan"], "--tau"),
+                 (["--softsort-t", "0"], "--softsort-t"), (["--cost", "l1"], "--cost"),
+                 (["--esp-scale", "x"], "--esp-scale"), (["--num-slices", "0"], "--num-slices"),
+                 (["--iters", "3"], "sinkhorn only")):
+    rc, out = run(*esp, "--out", P("never.npy"), *bad)
+    check(rc == 2 and msg in out, f"esp usage error {bad}", out)
+rc, out = run("attn", "--op", "sinkhorn", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
+              "--out", P("never.npy"), "--tau", "1")
+check(rc == 2 and "esp only" in out, "sinkhorn rejects ESP options", out)
+
 rc, out = run("attn", "--op", "nope", "--q", "a", "--k", "b", "--v", "c", "--out", "d")
 check(rc == 2 and "unknown --op" in out, "unknown op", out)
 rc, out = run("frobnicate")

@@ -52,7 +52,9 @@ static void bench_usage(FILE *f)
             "  --json                      one JSON object per case\n"
             "  --no-peer                   skip the PyTorch peer\n"
             "  --python PATH               interpreter for the peer (default /usr/bin/python3)\n"
-            "  --peer-script PATH          (default bench/peers/torch_peer.py)\n");
+            "  --peer-script PATH          (default bench/peers/torch_peer.py)\n"
+            "  --peer-max-n N              largest N the ESP peer runs at (default 512: at N = 1024 the\n"
+            "                              reference needs ~15 GB and minutes per call)\n");
 }
 
 static int parse_cases(const char *s, int op, bcase *out, int max)
@@ -267,7 +269,7 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
 int cmd_bench(int argc, char **argv)
 {
     const char *opname = "all", *cases = NULL, *py = "/usr/bin/python3", *script = "bench/peers/torch_peer.py";
-    int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1;
+    int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1, peer_max_n = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -281,6 +283,7 @@ int cmd_bench(int argc, char **argv)
         else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1) i++;
         else if (val && !strcmp(a, "--reps") && cli_parse_int(val, &reps) && reps >= 1) i++;
         else if (val && !strcmp(a, "--warmup") && cli_parse_int(val, &warmup) && warmup >= 0) i++;
+        else if (val && !strcmp(a, "--peer-max-n") && cli_parse_int(val, &peer_max_n) && peer_max_n >= 1) i++;
         else {
             fprintf(stderr, "birkhoff bench: bad option or value '%s'\n", a);
             bench_usage(stderr);
@@ -338,10 +341,10 @@ int cmd_bench(int argc, char **argv)
     }
     long our_rss = cli_peak_rss();
     if (peer) {
-        int peer_reps = reps < 5 ? reps : 5; /* the ESP peer is slow: a few repetitions */
         run_peer(py, script, cs, n, "softmax", 1 << 30, nt, reps, warmup, res);
         run_peer(py, script, cs, n, "sinkhorn", 1 << 30, nt, reps, warmup, res);
-        run_peer(py, script, cs, n, "esp", 1024, nt, peer_reps, 1, res);
+        /* the ESP peer takes seconds to minutes per call: one repetition, no warm-up */
+        run_peer(py, script, cs, n, "esp", peer_max_n, nt, 1, 0, res);
     }
     if (!json)
         printf("%-9s %4s %6s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s%s\n", "op", "BH", "N", "d", "S",

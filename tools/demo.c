@@ -21,6 +21,32 @@ static void fill(float *x, size_t n, unsigned seed, float sd)
     }
 }
 
+/* Marginal errors of B*H attention matrices (N x N) in double: max |row sum -
+ * 1|, max |column sum - 1|, and the standard deviation of the column sums. */
+static void marginals(const float *A, int P, int N, double *rmax, double *cmax, double *sd)
+{
+    double r_ = 0, c_ = 0, csum = 0, csq = 0;
+    for (int pb = 0; pb < P; pb++) {
+        const float *Ap = A + (size_t)pb * N * N;
+        for (int i = 0; i < N; i++) {
+            double r = 0;
+            for (int j = 0; j < N; j++) r += Ap[(size_t)i * N + j];
+            r_ = fmax(r_, fabs(r - 1));
+        }
+        for (int j = 0; j < N; j++) {
+            double c = 0;
+            for (int i = 0; i < N; i++) c += Ap[(size_t)i * N + j];
+            c_ = fmax(c_, fabs(c - 1));
+            csum += c;
+            csq += c * c;
+        }
+    }
+    double cnt = (double)P * N, mean = csum / cnt;
+    *rmax = r_;
+    *cmax = c_;
+    *sd = sqrt(fmax(0, csq / cnt - mean * mean));
+}
+
 int cmd_demo(int argc, char **argv)
 {
     int B = 4, H = 4, N = 256, d = 64, nt = 0;
@@ -90,23 +116,8 @@ int cmd_demo(int argc, char **argv)
             return CLI_FAIL;
         }
         /* marginals measured on A itself, in double */
-        double rmax = 0, cmax = 0, csum = 0, csq = 0;
-        for (int pb = 0; pb < B * H; pb++) {
-            const float *Ap = A + (size_t)pb * N * N;
-            for (int i = 0; i < N; i++) {
-                double r = 0;
-                for (int j = 0; j < N; j++) r += Ap[(size_t)i * N + j];
-                rmax = fmax(rmax, fabs(r - 1));
-            }
-            for (int j = 0; j < N; j++) {
-                double c = 0;
-                for (int i = 0; i < N; i++) c += Ap[(size_t)i * N + j];
-                cmax = fmax(cmax, fabs(c - 1));
-                csum += c;
-                csq += c * c;
-            }
-        }
-        double cnt = (double)B * H * N, mean = csum / cnt, sd = sqrt(fmax(0, csq / cnt - mean * mean));
+        double rmax, cmax, sd;
+        marginals(A, B * H, N, &rmax, &cmax, &sd);
         char name[32];
         if (si < 0) snprintf(name, sizeof name, "softmax");
         else snprintf(name, sizeof name, "sinkhorn S=%d", Ss[si]);
@@ -137,23 +148,8 @@ int cmd_demo(int argc, char **argv)
             fprintf(stderr, "birkhoff demo: %s\n", bk_last_error());
             return CLI_FAIL;
         }
-        double rmax = 0, cmax = 0, csum = 0, csq = 0;
-        for (int pb = 0; pb < B * H; pb++) {
-            const float *Ap = A + (size_t)pb * N * N;
-            for (int i = 0; i < N; i++) {
-                double r = 0;
-                for (int j = 0; j < N; j++) r += Ap[(size_t)i * N + j];
-                rmax = fmax(rmax, fabs(r - 1));
-            }
-            for (int j = 0; j < N; j++) {
-                double c = 0;
-                for (int i = 0; i < N; i++) c += Ap[(size_t)i * N + j];
-                cmax = fmax(cmax, fabs(c - 1));
-                csum += c;
-                csq += c * c;
-            }
-        }
-        double cnt = (double)B * H * N, mean = csum / cnt, sd = sqrt(fmax(0, csq / cnt - mean * mean));
+        double rmax, cmax, sd;
+        marginals(A, B * H, N, &rmax, &cmax, &sd);
         printf("%-16s | %12.3g %12.3g %12.3g | %9.3f %9.3f\n", sort ? "esp soft t=0.05" : "esp hard", rmax, cmax, sd,
                best_f * 1e3, best_b * 1e3);
     }

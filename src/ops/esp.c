@@ -237,28 +237,26 @@ size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
 /* ------------------------------------------------------------------------ */
 /* scaled contiguous copies of Q and K, squared norms, and the projections
  * Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m) */
+/* out (rows x d, contiguous) = s * X; norms[i] = |out_i|^2 */
+static void scaled_copy(int rows, int d, float s, const float *X, int64_t ldx, float *out, float *norms)
+{
+    for (int i = 0; i < rows; i++) {
+        float acc = 0.0f;
+        for (int x = 0; x < d; x++) {
+            float v = s * X[(int64_t)i * ldx + x];
+            out[(size_t)i * d + x] = v;
+            acc += v * v;
+        }
+        norms[i] = acc;
+    }
+}
+
 static void prepare(const esp_cfg *c, int n, int m, const float *Q, int64_t ldq, const float *K, int64_t ldk,
                     esp_slab *w)
 {
     const int d = c->d;
-    for (int i = 0; i < n; i++) {
-        float acc = 0.0f;
-        for (int x = 0; x < d; x++) {
-            float v = c->s * Q[(int64_t)i * ldq + x];
-            w->Qt[(size_t)i * d + x] = v;
-            acc += v * v;
-        }
-        w->qn[i] = acc;
-    }
-    for (int j = 0; j < m; j++) {
-        float acc = 0.0f;
-        for (int x = 0; x < d; x++) {
-            float v = c->s * K[(int64_t)j * ldk + x];
-            w->Kt[(size_t)j * d + x] = v;
-            acc += v * v;
-        }
-        w->kn[j] = acc;
-    }
+    scaled_copy(n, d, c->s, Q, ldq, w->Qt, w->qn);
+    scaled_copy(m, d, c->s, K, ldk, w->Kt, w->kn);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->L, n, d, 1.0f, c->theta, d, w->Qt, d, 0.0f, w->Ap, n);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->L, m, d, 1.0f, c->theta, d, w->Kt, d, 0.0f, w->Bp, m);
 }

@@ -28,13 +28,13 @@ LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
-OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c
+OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h
 
 TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/bench.c tools/demo.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c
+TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so
@@ -42,6 +42,7 @@ CLI    = $(BUILD)/birkhoff
 TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
 REFESP = $(BUILD)/ref_esp_selftest
+REFLOT = $(BUILD)/ref_lot_selftest
 EXAMPLE = $(BUILD)/quickstart
 
 .PHONY: all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -80,6 +81,9 @@ $(REFST): $(BUILD)/obj/tests/ref_attn.o $(BUILD)/obj/tests/ref_attn_selftest.o
 $(REFESP): $(BUILD)/obj/tests/ref_esp.o $(BUILD)/obj/tests/ref_esp_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(EXAMPLE): examples/quickstart.c $(LIB_A) include/birkhoff.h
 	$(CC) $(CFLAGS_ALL) -Iinclude examples/quickstart.c -o $@ $(LIB_A) $(LDLIBS_ALL)
 
@@ -87,10 +91,11 @@ deps:
 	./scripts/deps.sh
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(CLI) $(EXAMPLE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(CLI) $(EXAMPLE)
 	$(EXAMPLE)
 	$(REFST)
 	$(REFESP)
+	$(REFLOT)
 	$(TESTS)
 	BK_ISA=avx2 $(TESTS) --quick
 

@@ -30,4 +30,5 @@ double th_normal(th_rng *r); /* N(0, 1) */
 void test_attn(void);
 void test_npy(void);
 void test_esp(void);
+void test_lot(void);
 #endif

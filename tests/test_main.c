@@ -48,6 +48,7 @@ int main(int argc, char **argv)
     test_npy();
     test_attn();
     test_esp();
+    test_lot();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

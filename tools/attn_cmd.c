@@ -8,7 +8,7 @@
 static void attn_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff attn --op softmax|sinkhorn|esp --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "usage: birkhoff attn --op softmax|sinkhorn|esp|lot --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
             "\n"
             "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
             "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
@@ -37,13 +37,21 @@ static void attn_usage(FILE *f)
             "  --sigma S.npy     write the slice weights [B,H,L]\n"
             "  --dslices F.npy   write the gradient w.r.t. the slices [L, d] (zeros under hard sort)\n"
             "  --diag D.npy      (esp) per-problem [row_err, col_err] of the plan, [B,H,2]\n"
-            "  --scale s         q, k scale (default 1/sqrt(d))\n");
+            "  --scale s         q, k scale (default 1/sqrt(d))\n"
+            "LOT (--op lot):\n"
+            "  --pivots Z.npy    float32 [H, r, d] pivot locations (required)\n"
+            "  --pivot-logits T.npy  float32 [H, r] pivot-mass logits (required)\n"
+            "  --pivot-temp t    p0 = softmax(theta / t) (default 1)\n"
+            "  --iters T --eps E --tol t   half-steps of each inner Sinkhorn problem (default 5), eps (1)\n"
+            "  --dpivots F.npy --dpivot-logits F.npy   gradients w.r.t. Z and theta (with --dout)\n"
+            "  --diag D.npy      (lot) per-problem [iters1, iters2, row_err, col_err], [B,H,4]\n");
 }
 
 typedef struct {
     const char *op, *q, *k, *v, *out, *qlen, *klen, *attn, *diag, *dout, *dq, *dk, *dv;
     const char *iters, *eps, *scale, *tol, *grad, *threads;
     const char *sort, *tau, *sst, *cost, *escale, *slices, *nslices, *seed, *sigma, *dslices;
+    const char *pivots, *plogits, *ptemp, *dpivots, *dplogits;
 } attn_args;
 
 static int load4(const char *what, const char *path, bk_npy *a)
@@ -99,6 +107,8 @@ int cmd_attn(int argc, char **argv)
         {"--sort", &a.sort},   {"--tau", &a.tau},     {"--softsort-t", &a.sst}, {"--cost", &a.cost},
         {"--esp-scale", &a.escale}, {"--slices", &a.slices}, {"--num-slices", &a.nslices}, {"--seed", &a.seed},
         {"--sigma", &a.sigma}, {"--dslices", &a.dslices},
+        {"--pivots", &a.pivots}, {"--pivot-logits", &a.plogits}, {"--pivot-temp", &a.ptemp},
+        {"--dpivots", &a.dpivots}, {"--dpivot-logits", &a.dplogits},
     };
     const int nopt = (int)(sizeof opts / sizeof opts[0]);
     for (int i = 1; i < argc; i++) {
@@ -128,9 +138,26 @@ int cmd_attn(int argc, char **argv)
         attn_usage(stderr);
         return CLI_USAGE;
     }
-    const int sink = !strcmp(a.op, "sinkhorn"), esp = !strcmp(a.op, "esp");
-    if (!sink && !esp && strcmp(a.op, "softmax")) {
-        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn or esp)\n", a.op);
+    const int sink = !strcmp(a.op, "sinkhorn"), esp = !strcmp(a.op, "esp"), lot = !strcmp(a.op, "lot");
+    if (!sink && !esp && !lot && strcmp(a.op, "softmax")) {
+        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn, esp or lot)\n", a.op);
+        return CLI_USAGE;
+    }
+    if (!lot && (a.pivots || a.plogits || a.ptemp || a.dpivots || a.dplogits)) {
+        fprintf(stderr, "birkhoff attn: --pivots/--pivot-logits/--pivot-temp/--dpivots/--dpivot-logits apply to --op lot only\n");
+        return CLI_USAGE;
+    }
+    if (lot && (!a.pivots || !a.plogits)) {
+        fprintf(stderr, "birkhoff attn: --op lot needs --pivots Z.npy and --pivot-logits theta.npy\n");
+        return CLI_USAGE;
+    }
+    if ((a.dpivots || a.dplogits) && !a.dout) {
+        fprintf(stderr, "birkhoff attn: --dpivots/--dpivot-logits need --dout\n");
+        return CLI_USAGE;
+    }
+    bk_lot_params lp = bk_lot_params_default();
+    if (lot && a.ptemp && (!cli_parse_float(a.ptemp, &lp.temp) || !(lp.temp > 0))) {
+        fprintf(stderr, "birkhoff attn: --pivot-temp must be a number > 0, got '%s'\n", a.ptemp);
         return CLI_USAGE;
     }
     if (!esp && (a.sort || a.tau || a.sst || a.cost || a.escale || a.slices || a.nslices || a.seed || a.sigma ||
@@ -214,7 +241,11 @@ int cmd_attn(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    if (!sink && !esp && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
+    if (lot && a.grad) {
+        fprintf(stderr, "birkhoff attn: --grad applies to --op sinkhorn only\n");
+        return CLI_USAGE;
+    }
+    if (!sink && !esp && !lot && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
         fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
         return CLI_USAGE;
     }
@@ -232,10 +263,12 @@ int cmd_attn(int argc, char **argv)
     }
 
     int rc = CLI_FAIL;
-    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0}, TH = {0};
+    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0}, TH = {0}, PZ = {0}, PT = {0};
     float *O = NULL, *A = NULL, *dQ = NULL, *dK = NULL, *dV = NULL, *D = NULL, *SG = NULL, *DTH = NULL;
+    float *DPZ = NULL, *DPT = NULL;
     bk_sinkhorn_diag *diag = NULL;
     bk_esp_diag *ediag = NULL;
+    bk_lot_diag *ldiag = NULL;
     int L = 0;
     void *tape = NULL;
     if (!load4("Q", a.q, &Q) || !load4("K", a.k, &K) || !load4("V", a.v, &V)) goto done;
@@ -273,18 +306,45 @@ int cmd_attn(int argc, char **argv)
         ep.theta = TH.data;
     }
     if (esp) ep.scale = p.scale;
+    if (lot) {
+        if (bk_npy_read(a.pivots, &PZ) != BK_OK || bk_npy_read(a.plogits, &PT) != BK_OK) {
+            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+            goto done;
+        }
+        if (PZ.dtype != BK_F32 || PZ.ndim != 3 || PZ.shape[0] != H || PZ.shape[2] != d || PZ.shape[1] < 1 ||
+            PZ.shape[1] > (1 << 20)) {
+            fprintf(stderr, "birkhoff attn: --pivots (%s) must be a float32 array [H, r, d] with H = %d, d = %d\n",
+                    a.pivots, H, d);
+            goto done;
+        }
+        if (PT.dtype != BK_F32 || PT.ndim != 2 || PT.shape[0] != H || PT.shape[1] != PZ.shape[1]) {
+            fprintf(stderr, "birkhoff attn: --pivot-logits (%s) must be a float32 array [H, r] = [%d, %lld]\n", a.plogits,
+                    H, (long long)PZ.shape[1]);
+            goto done;
+        }
+        lp.r = (int)PZ.shape[1];
+        lp.Z = PZ.data;
+        lp.theta = PT.data;
+        lp.iters = p.iters;
+        lp.eps = p.eps;
+        lp.scale = p.scale;
+        lp.tol = p.tol;
+    }
     bk_attn_desc desc = {B, H, Nq, Nk, d, dv, QL.data, KL.data};
     if (esp) L = bk_esp_num_slices(&ep, d);
     if (!sink) p.iters = 1; /* softmax: the S = 1 case, through its own entry points below */
     size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
     O = malloc(nq * dv * sizeof(float));
     if (a.attn) A = malloc(nq * Nk * sizeof(float));
-    if (a.diag && !esp) diag = malloc(sizeof(*diag) * (size_t)B * H);
+    if (a.diag && sink) diag = malloc(sizeof(*diag) * (size_t)B * H);
+    if (a.diag && lot) ldiag = malloc(sizeof(*ldiag) * (size_t)B * H);
     if (a.diag && esp) ediag = malloc(sizeof(*ediag) * (size_t)B * H);
     if (a.sigma) SG = malloc(sizeof(float) * (size_t)B * H * (L > 0 ? L : 1));
-    size_t tsz = esp ? bk_esp_tape_size(&desc, &ep) : sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    size_t tsz = esp ? bk_esp_tape_size(&desc, &ep)
+                 : lot ? bk_lot_tape_size(&desc, &lp)
+                 : sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     if (a.dout) tape = malloc(tsz ? tsz : 1);
-    if (!O || (a.attn && !A) || (a.diag && !diag && !ediag) || (a.sigma && !SG) || (a.dout && !tape)) {
+    if (!O || (a.attn && !A) || (a.diag && !diag && !ediag && !ldiag) || (a.sigma && !SG) || (a.dout && !tape)) {
         fprintf(stderr, "birkhoff attn: out of memory\n");
         goto done;
     }
@@ -295,6 +355,9 @@ int cmd_attn(int argc, char **argv)
     if (esp) {
         bk_esp_extras ex = {ta, SG, NULL, ediag};
         s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+    } else if (lot) {
+        bk_lot_extras ex = {ta, ldiag};
+        s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else if (sink) {
         bk_sinkhorn_extras ex = {ta, NULL, NULL, diag};
         s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
@@ -320,8 +383,15 @@ int cmd_attn(int argc, char **argv)
             fprintf(stderr, "birkhoff attn: out of memory\n");
             goto done;
         }
+        if (lot && ((a.dpivots && !(DPZ = malloc(sizeof(float) * (size_t)H * lp.r * d))) ||
+                    (a.dplogits && !(DPT = malloc(sizeof(float) * (size_t)H * lp.r))))) {
+            fprintf(stderr, "birkhoff attn: out of memory\n");
+            goto done;
+        }
         if (esp) {
             s = bk_esp_backward(&desc, &ep, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DTH, NULL, 0);
+        } else if (lot) {
+            s = bk_lot_backward(&desc, &lp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DPZ, DPT, NULL, 0);
         } else if (sink) {
             s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         } else {
@@ -336,6 +406,18 @@ int cmd_attn(int argc, char **argv)
     /* every result is computed: now write the files */
     int64_t so[4] = {B, H, Nq, dv}, sa[4] = {B, H, Nq, Nk}, sq[4] = {B, H, Nq, d}, sk[4] = {B, H, Nk, d};
     int64_t sv[4] = {B, H, Nk, dv}, sd[3] = {B, H, 3}, sg[3] = {B, H, L}, sth[2] = {L, d};
+    int64_t spz[3] = {H, lp.r, d}, spt[2] = {H, lp.r};
+    if (ldiag) {
+        sd[2] = 4;
+        D = malloc(sizeof(float) * (size_t)B * H * 4);
+        if (!D) goto done;
+        for (int i = 0; i < B * H; i++) {
+            D[4 * i] = (float)ldiag[i].iters1;
+            D[4 * i + 1] = (float)ldiag[i].iters2;
+            D[4 * i + 2] = ldiag[i].row_err;
+            D[4 * i + 3] = ldiag[i].col_err;
+        }
+    }
     if (ediag) {
         sd[2] = 2;
         D = malloc(sizeof(float) * (size_t)B * H * 2);
@@ -355,13 +437,14 @@ int cmd_attn(int argc, char **argv)
         }
     }
     /* all or nothing: stage every file next to its destination, then rename */
-    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[8] = {
+    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[10] = {
         {a.out, 4, so, O}, {A ? a.attn : NULL, 4, sa, A}, {D ? a.diag : NULL, 3, sd, D},
         {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}, {SG ? a.sigma : NULL, 3, sg, SG},
-        {DTH ? a.dslices : NULL, 2, sth, DTH}};
-    char staged[8][4096];
+        {DTH ? a.dslices : NULL, 2, sth, DTH}, {DPZ ? a.dpivots : NULL, 3, spz, DPZ},
+        {DPT ? a.dplogits : NULL, 2, spt, DPT}};
+    char staged[10][4096];
     int nstaged = 0, werr = 0;
-    for (int i = 0; i < 8 && !werr; i++) {
+    for (int i = 0; i < 10 && !werr; i++) {
         if (!outs[i].path) continue;
         snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
         if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
@@ -394,7 +477,8 @@ int cmd_attn(int argc, char **argv)
     rc = CLI_OK;
 done:
     bk_npy_free(&Q); bk_npy_free(&K); bk_npy_free(&V); bk_npy_free(&QL); bk_npy_free(&KL); bk_npy_free(&DO);
-    bk_npy_free(&TH);
+    bk_npy_free(&TH); bk_npy_free(&PZ); bk_npy_free(&PT);
+    free(DPZ); free(DPT); free(ldiag);
     free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(ediag); free(SG); free(DTH); free(tape);
     return rc;
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch peer benchmark: softmax, Sinkformer and ESPFormer attention on the CPU.
+"""PyTorch peer benchmark: softmax, Sinkformer, ESPFormer and LOTFormer attention on the CPU.
 
 Usage:
-  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp \
+  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp|lot \
       --cases "BH:N:d[:S],..." --threads T --reps R --warmup W [--json]
       [--no-isolate] [--flush-denormal] [--fixed-mmap-threshold]
       [--esp-t t] [--esp-temperature T]
+      [--lot-r r] [--lot-iters T] [--lot-eps E] [--lot-temp t]
 
 Each case is B=1, H=BH heads of N x N self-attention with head dim d (dv = d)
 and S Sinkhorn half-steps (sinkhorn only, required there; ignored otherwise).
@@ -17,6 +18,13 @@ esp uses the reference-faithful port esp_reference in espformer_torch.py
 (soft sort, SoftSort t = 1e-3 and temperature 10 unless --esp-t and
 --esp-temperature say otherwise, axis-aligned slices L = d,
 dense [BH, L, N, N] soft permutations and plans, autograd).
+lot uses the reference-faithful port lot_reference in lotformer_torch.py
+(DeiT/Swin variant: r = 32 pivots, T = 5 Sinkhorn half-steps, eps = 1, mass
+temperature 0.5 unless --lot-r, --lot-iters, --lot-eps, --lot-temp say
+otherwise; pivots Z ~ N(0, 1)/sqrt(d) [BH, r, d] and logits theta = 0 [BH, r],
+both learnable (requires_grad, so fwd+bwd computes their gradients too);
+float32 marginals, O(N r) plans, autograd through the unrolled loop). Its
+JSON rows carry "r", "eps", "pivot_temp", and "S" = T (half-steps).
 
 Measured per case, with time.perf_counter over R repetitions after W
 warm-ups (median and 25/75 percentiles, seconds):
@@ -68,7 +76,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch attention peer benchmark")
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot"])
     ap.add_argument("--cases", required=True,
                     help='comma list of "BH:N:d:S" (sinkhorn) or "BH:N:d[:S]" (S ignored)')
     ap.add_argument("--threads", type=int, default=1)
@@ -83,6 +91,11 @@ def parse_args(argv=None):
     ap.add_argument("--esp-t", type=float, default=1e-3, help="esp: SoftSort temperature")
     ap.add_argument("--esp-temperature", type=float, default=10.0,
                     help="esp: the reference's slice temperature T")
+    ap.add_argument("--lot-r", type=int, default=32, help="lot: number of pivots r")
+    ap.add_argument("--lot-iters", type=int, default=5, help="lot: Sinkhorn half-steps T")
+    ap.add_argument("--lot-eps", type=float, default=1.0, help="lot: entropic eps")
+    ap.add_argument("--lot-temp", type=float, default=0.5,
+                    help="lot: pivot-mass temperature (p0 = softmax(theta / t))")
     ap.add_argument("--fixed-mmap-threshold", action="store_true",
                     help="run the case subprocesses with MALLOC_MMAP_THRESHOLD_=65536 "
                          "(memory measurement only: distorts the timings)")
@@ -90,6 +103,8 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.threads < 1 or a.reps < 1 or a.warmup < 0:
         ap.error("need --threads >= 1, --reps >= 1, --warmup >= 0")
+    if a.lot_r < 1 or a.lot_iters < 1 or not a.lot_eps > 0 or not a.lot_temp > 0:
+        ap.error("need --lot-r >= 1, --lot-iters >= 1, --lot-eps > 0, --lot-temp > 0")
     cases = []
     for item in a.cases.split(","):
         item = item.strip()
@@ -125,6 +140,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import espformer_torch as esp_port  # noqa: E402  (same directory as this script)
+import lotformer_torch as lot_port  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
@@ -136,13 +152,20 @@ except RuntimeError:
     pass  # already set (only possible before any parallel work)
 
 
-def make_fn(op, S):
-    """The timed callable: (q, k, v) -> out [1, BH, N, d]."""
+def make_fn(op, S, pivots=None):
+    """The timed callable: (q, k, v) -> out [1, BH, N, d].
+
+    pivots: (Z, theta) for lot (shared by every call, tiny warm-up included).
+    """
     if op == "softmax":
         return lambda q, k, v: port.softmax_attention(q, k, v)[0]
     if op == "esp":
         return lambda q, k, v: esp_port.esp_reference(
             q, k, v, softsort_t=ARGS.esp_t, temperature=ARGS.esp_temperature)[0]
+    if op == "lot":
+        Z, theta = pivots
+        return lambda q, k, v: lot_port.lot_reference(
+            q, k, v, Z, theta, temp=ARGS.lot_temp, n_iter=ARGS.lot_iters, eps=ARGS.lot_eps)
     return lambda q, k, v: port.attention(q, k, v, S)[0]
 
 
@@ -235,7 +258,12 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
     q, k, v = (torch.randn(1, bh, n, d, generator=g).requires_grad_(True)
                for _ in range(3))
     dout = torch.randn(1, bh, n, d, generator=g)
-    fn = make_fn(op, S)
+    pivots = None
+    if op == "lot":
+        # Reference DeiT/Swin initialisation: Z ~ N(0, 1)/sqrt(d), theta = 0.
+        pivots = ((torch.randn(bh, ARGS.lot_r, d, generator=g) / d ** 0.5).requires_grad_(True),
+                  torch.zeros(bh, ARGS.lot_r).requires_grad_(True))
+    fn = make_fn(op, S, pivots)
     rss_delta, rss_method = peak_rss_delta(fn, q, k, v, dout)
 
     def fwd():
@@ -260,9 +288,11 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
     sb_all, sb_noinp = saved_bytes(fn, q, k, v)
     return {
         "peer": "torch", "op": op, "B": 1, "H": bh, "BH": bh, "N": n, "d": d,
-        "S": S if op == "sinkhorn" else None,
+        "S": S if op == "sinkhorn" else ARGS.lot_iters if op == "lot" else None,
         **({"softsort_t": ARGS.esp_t, "temperature": ARGS.esp_temperature}
            if op == "esp" else {}),
+        **({"r": ARGS.lot_r, "eps": ARGS.lot_eps, "pivot_temp": ARGS.lot_temp}
+           if op == "lot" else {}),
         "threads": ARGS.threads, "reps": reps, "warmup": warmup,
         "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
         "fwd_p75_s": res["fwd"][2],
@@ -285,6 +315,8 @@ def run_isolated(bh, n, d, S):
            "--reps", str(ARGS.reps), "--warmup", str(ARGS.warmup),
            "--seed", str(ARGS.seed), "--esp-t", repr(ARGS.esp_t),
            "--esp-temperature", repr(ARGS.esp_temperature),
+           "--lot-r", str(ARGS.lot_r), "--lot-iters", str(ARGS.lot_iters),
+           "--lot-eps", repr(ARGS.lot_eps), "--lot-temp", repr(ARGS.lot_temp),
            "--json", "--no-isolate", "--child"]
     if ARGS.flush_denormal:
         cmd.append("--flush-denormal")
@@ -305,6 +337,8 @@ def main():
         print(f"torch {torch.__version__}, op {ARGS.op}, threads {ARGS.threads}, "
               f"reps {ARGS.reps}, warmup {ARGS.warmup}"
               + (f", t {ARGS.esp_t:g}, T {ARGS.esp_temperature:g}" if ARGS.op == "esp" else "")
+              + (f", r {ARGS.lot_r}, T {ARGS.lot_iters}, eps {ARGS.lot_eps:g}, "
+                 f"temp {ARGS.lot_temp:g}" if ARGS.op == "lot" else "")
               + (", flush-denormal" if ARGS.flush_denormal else "")
               + ("" if ARGS.no_isolate else ", one process per case"))
         print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | {'fwd med ms':>10} "
@@ -326,7 +360,8 @@ def main():
         else:
             ms = 1e3
             mib = 1.0 / (1 << 20)
-            print(f"{bh:>5} {n:>6} {d:>4} {(S if ARGS.op == 'sinkhorn' else '-'):>3} | "
+            s_col = S if ARGS.op == "sinkhorn" else ARGS.lot_iters if ARGS.op == "lot" else "-"
+            print(f"{bh:>5} {n:>6} {d:>4} {s_col:>3} | "
                   f"{r['fwd_median_s'] * ms:10.3f} "
                   f"[{r['fwd_p25_s'] * ms:8.3f}, {r['fwd_p75_s'] * ms:8.3f}] | "
                   f"{r['fwdbwd_median_s'] * ms:10.3f} "

@@ -106,9 +106,10 @@ typedef struct {
     void (*sk_attention)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
                          ptrdiff_t lda, float *scratch);
     /* unrolled VJP of the iters-step forward. A: the forward's attention
-     * (destroyed). G: Abar = dL/dA on entry, Cbar = dL/dC on exit. */
+     * (destroyed). G: Abar = dL/dA on entry, Cbar = dL/dC on exit. dla (n),
+     * dlb (m): gradients w.r.t. the log marginals, or NULL. */
     void (*sk_backward)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
-                        ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch);
+                        ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb);
     /* machine-peak probes for the benchmark: flops / exps done */
     double (*fma_probe)(long iters);
     double (*exp_probe)(long reps, float *buf4096);

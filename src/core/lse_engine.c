@@ -289,7 +289,7 @@ static void ISA(sk_attention)(const bki_sk_problem *pb, int iters, const float *
 /* backward (unrolled VJP, replayed)                                         */
 /* ------------------------------------------------------------------------ */
 static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist, float *A,
-                             ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch)
+                             ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb)
 {
     const int n = pb->n, m = pb->m;
     const size_t vr = vec_floats(m > n ? m : n);
@@ -304,6 +304,10 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
      * step): for odd S that is h_S, for even S h_{S-1}. */
     for (int i = 0; i < n; i++) rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
 
+    /* Gradients w.r.t. the log marginals (optional): every row step adds its
+     * adjoint to dla, every column step to dlb, and the output map
+     * A = P / a adds -rowsum(E) to dla (cancelled by step S when S is odd). */
+    if (dlb) memset(dlb, 0, sizeof(float) * (size_t)m);
     /* pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S) */
     memset(lamc, 0, sizeof(float) * (size_t)m);
     for (int i = 0; i < n; i++) {
@@ -322,10 +326,12 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
                 lamc[j] += Gi[j];
             }
             lamr[i] = 0.0f;
+            if (dla) dla[i] = 0.0f;
         } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
 #pragma omp simd
             for (int j = 0; j < m; j++) lamc[j] += Gi[j];
             lamr[i] = r;
+            if (dla) dla[i] = -r;
         }
     }
     /* pending column step t (even) with lambda_t in lamc and lambda_{t-1}
@@ -342,6 +348,8 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
         const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : NULL; /* cols */
         int more = t - 1 > 1; /* does lambda_{t-2} matter? */
         if (more) memset(lamc2, 0, sizeof(float) * (size_t)m);
+        if (dlb)
+            for (int j = 0; j < m; j++) dlb[j] += lamc[j]; /* column step t */
         for (int i = 0; i < n; i++) {
             float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
             const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
@@ -364,6 +372,7 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
                 }
             }
             float lr = lamr[i] - acc; /* lambda_{t-1,i}, complete */
+            if (dla) dla[i] += lr;    /* row step t-1 */
             /* row step t-1 on row i: R = softmax_j(C_ij + h_{t-2,j}) */
             float M;
             float s = row_softmax(m, Ci, ht2, e, &M);

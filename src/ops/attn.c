@@ -310,7 +310,7 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
                         Vb, (int)v->stride_n, 0.0f, G, Lk);
             bk_status ps = BK_OK;
             if (c->grad == BK_GRAD_IMPLICIT) ps = bki_sk_backward_implicit(&pb, A, Lk, G, Lk, dscr);
-            else K->sk_backward(&pb, iters, hist, A, Lk, G, Lk, scr);
+            else K->sk_backward(&pb, iters, hist, A, Lk, G, Lk, scr, NULL, NULL);
             if (ps != BK_OK) {
 #pragma omp critical(bk_bwd_err)
                 if (p < bad) { bad = p; bad_s = ps; }

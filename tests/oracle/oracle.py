@@ -32,6 +32,18 @@ rows. --slices gives the slices Theta [L, d] (float32 .npy, used as given;
 default: the d coordinate axes). Besides O, A, dQ, dK, dV it writes
 DIR/sigma.npy (slice weights [B, H, L]) and, with --slices, DIR/dTheta.npy
 (gradient of sum(O * dO) w.r.t. Theta, [L, d]; all zeros for hard sort).
+
+  /usr/bin/python3 tests/oracle/oracle.py --op lot --pivots Z.npy \
+      --pivot-logits theta.npy --pivot-temp t --iters T [--eps E] [--scale s] \
+      --q Q.npy --k K.npy --v V.npy --dout dO.npy [--q-len ql.npy --k-len kl.npy] \
+      [--dtype ...] --outdir DIR
+
+--op lot is birkhoff's LOT attention (bench/peers/lotformer_torch.py,
+lot_semantics): pivots Z [H, r, d], pivot-mass logits theta [H, r] (float32
+.npy), masses p0 = softmax(theta / t); --iters T (>= 1) half-steps per
+Sinkhorn problem, --eps defaults to 1. Besides O, A, dQ, dK, dV it writes
+DIR/dZ.npy ([H, r, d]) and DIR/dtheta.npy ([H, r]), the gradients of
+sum(O * dO) summed over the batch.
 """
 
 import argparse
@@ -46,6 +58,7 @@ import torch
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "bench", "peers"))
 import espformer_torch as esp  # noqa: E402
+import lotformer_torch as lot  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(1)
@@ -131,9 +144,41 @@ def run_esp_oracle(q, k, v, dout, sort, tau, t=None, cost="sq", out_scale="rows"
     return res
 
 
+def run_lot_oracle(q, k, v, dout, Z, theta, temp, iters, eps=1.0, scale=None,
+                   q_len=None, k_len=None, dtype="float64"):
+    """Forward + backward of lot_semantics on numpy inputs.
+
+    Returns a dict of numpy arrays (in the compute dtype) with keys O, A, dQ,
+    dK, dV, dZ, dtheta; the gradients are those of sum(O * dout) (dZ and
+    dtheta summed over the batch, as the parameters are shared).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError("dtype must be float32 or float64")
+    tdt = torch.float64 if dtype == "float64" else torch.float32
+
+    def leaf(a):
+        return torch.tensor(np.asarray(a), dtype=tdt).requires_grad_(True)
+
+    tq, tk, tv, tz, tth = (leaf(x) for x in (q, k, v, Z, theta))
+    tdo = torch.tensor(np.asarray(dout), dtype=tdt)
+    ql = None if q_len is None else [int(x) for x in np.asarray(q_len).reshape(-1)]
+    kl = None if k_len is None else [int(x) for x in np.asarray(k_len).reshape(-1)]
+    out, attn = lot.lot_semantics(tq, tk, tv, tz, tth, temp=temp, iters=iters, eps=eps,
+                                  scale=scale, q_len=ql, k_len=kl, return_attn=True)
+    if out.shape != tdo.shape:
+        raise ValueError(f"dout shape {tuple(tdo.shape)} != output shape {tuple(out.shape)}")
+    (out * tdo).sum().backward()
+
+    def grad(x):
+        return (x.grad if x.grad is not None else torch.zeros_like(x)).detach().numpy()
+
+    return {"O": out.detach().numpy(), "A": attn.detach().numpy(), "dQ": grad(tq),
+            "dK": grad(tk), "dV": grad(tv), "dZ": grad(tz), "dtheta": grad(tth)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot"])
     ap.add_argument("--q", required=True)
     ap.add_argument("--k", required=True)
     ap.add_argument("--v", required=True)
@@ -150,11 +195,22 @@ def main(argv=None):
     ap.add_argument("--esp-scale", default="rows", choices=["rows", "paper"],
                     help="esp: A = n G (rows) or G (paper)")
     ap.add_argument("--slices", default=None, help="esp: Theta [L, d] .npy")
+    ap.add_argument("--pivots", default=None, help="lot: pivots Z [H, r, d] .npy")
+    ap.add_argument("--pivot-logits", default=None, help="lot: mass logits theta [H, r] .npy")
+    ap.add_argument("--pivot-temp", type=float, default=None,
+                    help="lot: mass temperature (p0 = softmax(theta / t))")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--outdir", required=True)
     a = ap.parse_args(argv)
-    if a.op == "sinkhorn" and (a.iters is None or a.iters < 1):
-        ap.error("--op sinkhorn needs --iters S with S >= 1")
+    if a.op in ("sinkhorn", "lot") and (a.iters is None or a.iters < 1):
+        ap.error(f"--op {a.op} needs --iters S with S >= 1")
+    if a.op == "lot":
+        if a.pivots is None or a.pivot_logits is None or a.pivot_temp is None:
+            ap.error("--op lot needs --pivots, --pivot-logits and --pivot-temp")
+        if not a.pivot_temp > 0:
+            ap.error("--pivot-temp must be > 0")
+    elif a.pivots is not None or a.pivot_logits is not None or a.pivot_temp is not None:
+        ap.error("--pivots/--pivot-logits/--pivot-temp are only for --op lot")
     if a.eps <= 0:
         ap.error("--eps must be > 0")
 
@@ -173,6 +229,10 @@ def main(argv=None):
         theta = np.load(a.slices) if a.slices else None
         res = run_esp_oracle(q, k, v, dout, a.sort, a.tau, t=a.softsort_t, cost=a.cost,
                              out_scale=a.esp_scale, scale=a.scale, theta=theta,
+                             q_len=ql, k_len=kl, dtype=a.dtype)
+    elif a.op == "lot":
+        res = run_lot_oracle(q, k, v, dout, np.load(a.pivots), np.load(a.pivot_logits),
+                             a.pivot_temp, a.iters, eps=a.eps, scale=a.scale,
                              q_len=ql, k_len=kl, dtype=a.dtype)
     else:
         res = run_oracle(a.op, q, k, v, dout, iters=a.iters, eps=a.eps, scale=a.scale,

@@ -34,6 +34,20 @@ For information each ESP case also prints the distance of the float32 oracle
 to the float64 one. Extra cases (no CLI) check that the reference port
 esp_reference equals esp_semantics(cost=euclid, out_scale=rows, tau=T*N).
 
+LOT cases (pivot count r, half-steps T, eps, mass temperature t, shape,
+padding; random pivots Z [H, r, d] and logits theta [H, r]):
+
+  BIRKHOFF attn --op lot --pivots Z.npy --pivot-logits theta.npy
+          --pivot-temp t --iters T --eps E --scale s
+          --q Q.npy --k K.npy --v V.npy --out O.npy --attn A.npy
+          [--q-len ql.npy --k-len kl.npy] --dout dO.npy --dq dQ.npy
+          --dk dK.npy --dv dV.npy --dpivots dZ.npy --dpivot-logits dtheta.npy
+
+compared (O, A, dQ, dK, dV, dZ, dtheta) with the float64 oracle lot_semantics
+(bench/peers/lotformer_torch.py); each LOT case also prints the distance of
+the float32 oracle to the float64 one. Extra cases (no CLI) check that the
+reference port lot_reference (float64 marginals) equals lot_semantics.
+
 Error measure: max|x - ref| / max(1, max|ref|); tolerances 1e-5 for O, A and
 sigma, 1e-4 for the gradients (--tol-fwd / --tol-grad override them).
 
@@ -56,6 +70,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 NAMES = ("O", "A", "dQ", "dK", "dV")
 ESP_NAMES = ("O", "A", "sigma", "dQ", "dK", "dV", "dTheta")
+LOT_NAMES = ("O", "A", "dQ", "dK", "dV", "dZ", "dtheta")
 FWD_NAMES = ("O", "A", "sigma")
 
 
@@ -134,6 +149,31 @@ REL_CASES_FULL = [(1, 1, 6, 4, 4, 1e-3, 10.0), (2, 2, 9, 8, 5, 0.05, 0.1),
                   (1, 1, 40, 8, 8, 1e-3, 0.1)]
 REL_CASES_QUICK = REL_CASES_FULL[:3]
 
+# LOT shapes (B, H, Nq, Nk, d, dv)
+LOT_SHAPES_FULL = [
+    (1, 1, 6, 6, 4, 4),        # B*H = 1
+    (2, 2, 7, 7, 4, 6),        # B=2, H=2, dv != d
+    (2, 2, 5, 9, 8, 5),        # Nq < Nk
+    (2, 2, 12, 4, 4, 3),       # Nq > Nk
+    (1, 1, 1, 1, 8, 8),        # N = 1
+    (1, 2, 1, 6, 4, 4),        # single query
+    (2, 1, 9, 1, 8, 2),        # single key
+    (1, 2, 13, 20, 8, 3),
+    (2, 2, 16, 16, 8, 8),
+]
+LOT_SHAPES_QUICK = LOT_SHAPES_FULL[:5]
+# (r, T, eps, temp): every combination; each (shape, pad) pair takes a
+# rotating subset (see make_lot_cases).
+LOT_VARIANTS = [(r, T, eps, temp) for r in (1, 3, 8) for T in (1, 2, 5, 6)
+                for eps in (1.0, 0.5) for temp in (0.5, 2.0)]
+LOT_PER_PAIR_FULL, LOT_PER_PAIR_QUICK = 12, 4
+
+# Reference relation (no CLI): (B, H, N, d, dv, r, T, eps, temp)
+LOT_REL_CASES_FULL = [(1, 1, 6, 4, 4, 3, 5, 1.0, 0.5), (2, 2, 9, 8, 5, 8, 6, 0.5, 2.0),
+                      (2, 3, 7, 4, 3, 1, 2, 1.0, 0.5), (1, 2, 20, 8, 8, 8, 1, 0.5, 0.5),
+                      (2, 2, 16, 8, 4, 3, 5, 0.5, 2.0)]
+LOT_REL_CASES_QUICK = LOT_REL_CASES_FULL[:3]
+
 
 def esp_case_name(sort, variant, shape, pad):
     cost, osc, tau, t, L = variant
@@ -166,6 +206,28 @@ def make_esp_cases(quick):
     return cases
 
 
+def make_lot_cases(quick):
+    """LOT cases: (shape, pad) pair number i takes the variants
+    LOT_VARIANTS[(i * per + j) * 7 % 48], j < per (7 is prime to 48, so the
+    variants are visited in a scrambled order, and the full grid, 18 pairs of
+    12, covers each of the 48 four or five times; the quick grid 40 of them)."""
+    shapes = LOT_SHAPES_QUICK if quick else LOT_SHAPES_FULL
+    per = LOT_PER_PAIR_QUICK if quick else LOT_PER_PAIR_FULL
+    nv = len(LOT_VARIANTS)
+    cases = []
+    i = 0
+    for shape in shapes:
+        for pad in (False, True):
+            for j in range(per):
+                r, T, eps, temp = LOT_VARIANTS[(i * per + j) * 7 % nv]
+                name = (f"lot r={r} T={T} eps={eps:g} t={temp:g}"
+                        + " B{}H{} Nq{} Nk{} d{} dv{}".format(*shape) + (" pad" if pad else ""))
+                cases.append(dict(name=name, op="lot", r=r, S=T, eps=eps, temp=temp,
+                                  shape=shape, pad=pad, seed=zlib.crc32(name.encode())))
+            i += 1
+    return cases
+
+
 def make_cases(quick):
     shapes = SHAPES_QUICK if quick else SHAPES_FULL
     ops = OPS_QUICK if quick else OPS_FULL
@@ -180,7 +242,7 @@ def make_cases(quick):
                 # the quick and the full grid.
                 cases.append(dict(name=name, op=op, S=S, eps=eps, shape=shape,
                                   pad=pad, seed=zlib.crc32(name.encode())))
-    return cases + make_esp_cases(quick)
+    return cases + make_esp_cases(quick) + make_lot_cases(quick)
 
 
 def make_inputs(case):
@@ -207,9 +269,16 @@ def make_inputs(case):
             q[b, :, ql[b]:] = junk
             k[b, :, kl[b]:] = -junk
             v[b, :, kl[b]:] = junk
-    inp = dict(q=q, k=k, v=v, dout=dout, scale=scale, q_len=ql, k_len=kl, theta=None)
+    inp = dict(q=q, k=k, v=v, dout=dout, scale=scale, q_len=ql, k_len=kl, theta=None,
+               pivots=None, pivot_logits=None)
     if case["op"] == "esp":
         add_esp_inputs(case, inp, rng)
+    elif case["op"] == "lot":
+        # Pivots N(0, 1) (scores s z.k about N(0, 1)); logits N(0, 1), so the
+        # masses differ between pivots and between heads.
+        H, r = case["shape"][1], case["r"]
+        inp["pivots"] = rng.standard_normal((H, r, d)).astype(np.float32)
+        inp["pivot_logits"] = rng.standard_normal((H, r)).astype(np.float32)
     return inp
 
 
@@ -272,12 +341,13 @@ def run_cli(cli, case, inp, tmp):
     """Run the CLI on one case. Returns (dict of arrays, None) or (None, message)."""
     import numpy as np
     esp = case["op"] == "esp"
+    lot = case["op"] == "lot"
     paths = {}
-    for key in ("q", "k", "v", "dout", "q_len", "k_len", "theta"):
+    for key in ("q", "k", "v", "dout", "q_len", "k_len", "theta", "pivots", "pivot_logits"):
         if inp[key] is not None:
             paths[key] = os.path.join(tmp, key + ".npy")
             np.save(paths[key], inp[key])
-    names = [n for n in (ESP_NAMES if esp else NAMES)
+    names = [n for n in (ESP_NAMES if esp else LOT_NAMES if lot else NAMES)
              if n != "dTheta" or inp["theta"] is not None]
     outs = {n: os.path.join(tmp, "cli_" + n + ".npy") for n in names}
     cmd = [cli, "attn", "--op", case["op"]]
@@ -285,13 +355,16 @@ def run_cli(cli, case, inp, tmp):
         cmd += ["--sort", case["sort"], "--tau", "%.9g" % case["tau"],
                 "--softsort-t", "%.9g" % case["t"], "--cost", case["cost"],
                 "--esp-scale", case["out_scale"]]
+    if lot:
+        cmd += ["--pivots", paths["pivots"], "--pivot-logits", paths["pivot_logits"],
+                "--pivot-temp", "%.9g" % case["temp"]]
     cmd += ["--q", paths["q"], "--k", paths["k"],
             "--v", paths["v"], "--out", outs["O"], "--attn", outs["A"]]
     if esp:
         cmd += ["--sigma", outs["sigma"]]
         if inp["theta"] is not None:
             cmd += ["--slices", paths["theta"]]
-    if case["op"] == "sinkhorn":
+    if case["op"] in ("sinkhorn", "lot"):
         cmd += ["--iters", str(case["S"]), "--eps", "%.9g" % case["eps"]]
     cmd += ["--scale", "%.9g" % inp["scale"]]
     if inp["q_len"] is not None:
@@ -300,6 +373,8 @@ def run_cli(cli, case, inp, tmp):
             "--dv", outs["dV"]]
     if esp and inp["theta"] is not None:
         cmd += ["--dslices", outs["dTheta"]]
+    if lot:
+        cmd += ["--dpivots", outs["dZ"], "--dpivot-logits", outs["dtheta"]]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -364,13 +439,51 @@ def reference_relation(quick):
     return rows
 
 
+def lot_oracle(oracle, case, inp, dtype):
+    return oracle.run_lot_oracle(inp["q"], inp["k"], inp["v"], inp["dout"], inp["pivots"],
+                                 inp["pivot_logits"], case["temp"], case["S"],
+                                 eps=case["eps"], scale=inp["scale"], q_len=inp["q_len"],
+                                 k_len=inp["k_len"], dtype=dtype)
+
+
+def lot_reference_relation(quick):
+    """lot_reference (the peer, float64 marginals) vs lot_semantics, float64.
+
+    Returns a list of (name, forward error, gradient error): the absolute max
+    difference of the outputs and the relative ones of dq, dk, dv, dZ, dtheta.
+    """
+    import numpy as np
+    import torch
+    import lotformer_torch as lot
+    rows = []
+    for (B, H, N, d, dv, r, T, eps, temp) in (LOT_REL_CASES_QUICK if quick
+                                               else LOT_REL_CASES_FULL):
+        name = (f"lot reference relation B{B}H{H} N{N} d{d} dv{dv} r={r} T={T} "
+                f"eps={eps:g} t={temp:g}")
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        shapes = ((B, H, N, d), (B, H, N, d), (B, H, N, dv), (H, r, d), (H, r))
+        ins = [torch.tensor(rng.standard_normal(sh), dtype=torch.float64).requires_grad_(True)
+               for sh in shapes]
+        do = torch.tensor(rng.standard_normal((B, H, N, dv)), dtype=torch.float64)
+        o1 = lot.lot_reference(*ins, temp=temp, n_iter=T, eps=eps, marginal_dtype=None)
+        g1 = torch.autograd.grad((o1 * do).sum(), ins)
+        o2, _ = lot.lot_semantics(*ins, temp=temp, iters=T, eps=eps)
+        g2 = torch.autograd.grad((o2 * do).sum(), ins)
+        fwd = float((o1 - o2).abs().max())
+        grad = max(float((x - y).abs().max()) / max(1.0, float(y.abs().max()))
+                   for x, y in zip(g1, g2))
+        rows.append((name, fwd, grad))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description="birkhoff CLI vs PyTorch Sinkformer oracle")
     ap.add_argument("--birkhoff", default=os.path.join(ROOT, "build", "birkhoff"),
                     help="path to the birkhoff CLI (default: build/birkhoff)")
-    ap.add_argument("--quick", action="store_true", help="smaller grid (< 20 s)")
+    ap.add_argument("--quick", action="store_true", help="smaller grid (< 25 s)")
     ap.add_argument("--tol-fwd", type=float, default=1e-5, help="tolerance for O and A")
-    ap.add_argument("--tol-grad", type=float, default=1e-4, help="tolerance for dQ, dK, dV")
+    ap.add_argument("--tol-grad", type=float, default=1e-4,
+                    help="tolerance for the gradients (dQ, dK, dV, dTheta, dZ, dtheta)")
     args = ap.parse_args()
 
     oracle = import_oracle()
@@ -384,8 +497,10 @@ def main():
     # Reference port vs oracle semantics (needs no CLI).
     rel_tol = 1e-10
     worst_rel = [0.0, 0.0]
-    for name, fwd, grad in reference_relation(args.quick):
-        worst_rel = [max(worst_rel[0], fwd), max(worst_rel[1], grad)]
+    worst_lot_rel = [0.0, 0.0]
+    for name, fwd, grad in reference_relation(args.quick) + lot_reference_relation(args.quick):
+        w = worst_lot_rel if name.startswith("lot") else worst_rel
+        w[0], w[1] = max(w[0], fwd), max(w[1], grad)
         ok = fwd <= rel_tol and grad <= rel_tol
         passed += ok
         failed += not ok
@@ -401,13 +516,24 @@ def main():
     worst_ref32 = [0.0, 0.0]     # reference numerics: float32, increment update
     worst_dir32 = [0.0, 0.0]     # float32, textbook direct update
     worst_esp32 = [0.0, 0.0]     # ESP oracle in float32
+    worst_lot32 = [0.0, 0.0]     # LOT oracle in float32
     n_esp = sum(c["op"] == "esp" for c in cases)
-    print(f"oracle test: {len(cases)} cases ({n_esp} ESP), CLI {cli}, tolerances "
+    n_lot = sum(c["op"] == "lot" for c in cases)
+    print(f"oracle test: {len(cases)} cases ({n_esp} ESP, {n_lot} LOT), CLI {cli}, tolerances "
           f"O/A/sigma {args.tol_fwd:g}, gradients {args.tol_grad:g}")
     for case in cases:
         inp = make_inputs(case)
         esp = case["op"] == "esp"
-        if esp:
+        lot = case["op"] == "lot"
+        if lot:
+            ref = lot_oracle(oracle, case, inp, "float64")
+            r32 = lot_oracle(oracle, case, inp, "float32")
+            e32 = (max(rel_err(r32[n], ref[n]) for n in FWD_NAMES if n in ref),
+                   max(rel_err(r32[n], ref[n]) for n in ref if n not in FWD_NAMES))
+            worst_lot32[0], worst_lot32[1] = max(worst_lot32[0], e32[0]), max(worst_lot32[1], e32[1])
+            info = f"| f32 oracle {e32[0]:.1e}/{e32[1]:.1e}"
+            names = list(LOT_NAMES)
+        elif esp:
             ref = esp_oracle(oracle, case, inp, "float64")
             r32 = esp_oracle(oracle, case, inp, "float32")
             e32 = (max(rel_err(r32[n], ref[n]) for n in FWD_NAMES),
@@ -440,7 +566,7 @@ def main():
             x = np.asarray(got["dTheta"])
             errs["dTheta"] = (float(np.abs(x).max()) if x.shape == ref["dTheta"].shape
                               and np.all(np.isfinite(x)) else float("inf"))
-        fam = "esp " + case["sort"] if esp else "sinkhorn/softmax"
+        fam = "esp " + case["sort"] if esp else "lot" if lot else "sinkhorn/softmax"
         for n in names:
             worst_cli[(fam, n)] = max(worst_cli.get((fam, n), 0.0), errs[n])
         bad = [n for n in names
@@ -458,7 +584,7 @@ def main():
                 why += f" [{n} has NaN/Inf]"
             elif hard_theta and n == "dTheta":
                 why += " [hard sort: dTheta must be exactly 0]"
-        short = {"sigma": "sig", "dTheta": "dTh"}
+        short = {"sigma": "sig", "dTheta": "dTh", "dtheta": "dth"}
         print(f"{status} {case['name']:44s} " +
               " ".join(f"{short.get(n, n)} {errs[n]:.1e}" for n in names) + f" {info}{why}",
               flush=True)
@@ -475,6 +601,10 @@ def main():
           f"O/A/sigma {worst_esp32[0]:.2e}, grads {worst_esp32[1]:.2e}")
     print(f"reference port vs ESP semantics (tau = T N), float64:       "
           f"fwd {worst_rel[0]:.2e}, grads {worst_rel[1]:.2e}")
+    print(f"LOT oracle in float32 vs float64:                           "
+          f"O/A {worst_lot32[0]:.2e}, grads {worst_lot32[1]:.2e}")
+    print(f"reference port vs LOT semantics, float64:                   "
+          f"fwd {worst_lot_rel[0]:.2e}, grads {worst_lot_rel[1]:.2e}")
     print(f"time {time.perf_counter() - t0:.1f} s")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

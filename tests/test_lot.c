@@ -1,0 +1,399 @@
+/* test_lot.c -- LOT attention: against the independent double reference
+ * (tests/ref_lot.c), finite differences, the digest's properties,
+ * determinism, padding, and bad input. */
+#include "birkhoff.h"
+#include "harness.h"
+#include "ref_lot.h"
+#include "tutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int B, H, Nq, Nk, d, dv, layout, pad, r, T;
+    float eps, temp;
+} lcase;
+
+typedef struct {
+    th_prob pb;
+    float *Z, *theta, *dZ, *dth;
+    bk_lot_params p;
+    bk_lot_diag *diag;
+} lbuf;
+
+static void lb_init(lbuf *t, const lcase *c, uint64_t seed)
+{
+    th_rng r = {seed};
+    th_prob_init(&t->pb, c->B, c->H, c->Nq, c->Nk, c->d, c->dv, c->layout, c->pad, 1.0, &r);
+    size_t nz = (size_t)c->H * c->r * c->d, nt = (size_t)c->H * c->r;
+    t->Z = malloc(nz * sizeof(float));
+    t->theta = malloc(nt * sizeof(float));
+    t->dZ = calloc(nz, sizeof(float));
+    t->dth = calloc(nt, sizeof(float));
+    for (size_t i = 0; i < nz; i++) t->Z[i] = (float)th_normal(&r);
+    for (size_t i = 0; i < nt; i++) t->theta[i] = (float)(0.5 * th_normal(&r));
+    t->p = bk_lot_params_default();
+    t->p.r = c->r;
+    t->p.Z = t->Z;
+    t->p.theta = t->theta;
+    t->p.temp = c->temp;
+    t->p.iters = c->T;
+    t->p.eps = c->eps;
+    t->diag = calloc((size_t)c->B * c->H, sizeof(bk_lot_diag));
+}
+
+static void lb_free(lbuf *t)
+{
+    th_prob_free(&t->pb);
+    free(t->Z); free(t->theta); free(t->dZ); free(t->dth); free(t->diag);
+}
+
+static bk_status lfwd(lbuf *t, void *tape)
+{
+    bk_lot_extras ex = {t->pb.ta, t->diag};
+    return bk_lot_forward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.to, tape, &ex, NULL, 0);
+}
+static bk_status lbwd(lbuf *t, const void *tape)
+{
+    return bk_lot_backward(&t->pb.desc, &t->p, &t->pb.tq, &t->pb.tk, &t->pb.tv, &t->pb.tdo, tape, &t->pb.tdq,
+                           &t->pb.tdk, &t->pb.tdv, t->dZ, t->dth, NULL, 0);
+}
+
+static double maxrel(const float *x, const double *ref, size_t n)
+{
+    double mx = 1.0, e = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(x[i] - ref[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e / mx;
+}
+
+static void check_ref(const lcase *c, uint64_t seed)
+{
+    lbuf t;
+    lb_init(&t, c, seed);
+    void *tape = malloc(bk_lot_tape_size(&t.pb.desc, &t.p));
+    bk_status s1 = lfwd(&t, tape), s2 = s1 ? s1 : lbwd(&t, tape);
+    char name[200];
+    snprintf(name, sizeof name, "lot-ref B%d H%d Nq%d Nk%d d%d dv%d r%d T%d eps%g temp%g %s pad%d", c->B, c->H, c->Nq,
+             c->Nk, c->d, c->dv, c->r, c->T, (double)c->eps, (double)c->temp, c->layout ? "bnhd" : "bhnd", c->pad);
+    if (!th_check(s1 == BK_OK && s2 == BK_OK, name, "%s / %s: %s", bk_status_str(s1), bk_status_str(s2),
+                  bk_last_error())) {
+        free(tape);
+        lb_free(&t);
+        return;
+    }
+    const int B = c->B, H = c->H;
+    th_prob *pb = &t.pb;
+    double *Q = th_gather(&pb->tq, B, H, c->Nq, c->d, pb->ql), *K = th_gather(&pb->tk, B, H, c->Nk, c->d, pb->kl);
+    double *V = th_gather(&pb->tv, B, H, c->Nk, c->dv, pb->kl), *dO = th_gather(&pb->tdo, B, H, c->Nq, c->dv, pb->ql);
+    size_t nq = (size_t)B * H * c->Nq, nk = (size_t)B * H * c->Nk, nz = (size_t)H * c->r * c->d, nt = (size_t)H * c->r;
+    double *A = calloc(nq * c->Nk, 8), *O = calloc(nq * c->dv, 8), *dQ = calloc(nq * c->d, 8);
+    double *dK = calloc(nk * c->d, 8), *dV = calloc(nk * c->dv, 8), *dZ = calloc(nz, 8), *dT = calloc(nt, 8);
+    double *Zd = malloc(nz * 8), *Td = malloc(nt * 8);
+    for (size_t i = 0; i < nz; i++) Zd[i] = t.Z[i];
+    for (size_t i = 0; i < nt; i++) Td[i] = t.theta[i];
+    int *ql = th_lens_int(pb->ql, B), *kl = th_lens_int(pb->kl, B);
+    const double s = (double)(1.0f / sqrtf((float)c->d));
+    ref_lot_forward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, c->r, ql, kl, Q, K, V, Zd, Td, c->temp, c->T, c->eps, s, A,
+                            O);
+    ref_lot_backward_batched(B, H, c->Nq, c->Nk, c->d, c->dv, c->r, ql, kl, Q, K, V, Zd, Td, c->temp, c->T, c->eps, s, dO,
+                             dQ, dK, dV, dZ, dT);
+    double eo = th_rel_err(&pb->to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&pb->ta, B, H, c->Nq, c->Nk, A);
+    double eq = th_rel_err(&pb->tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&pb->tdk, B, H, c->Nk, c->d, dK);
+    double ev = th_rel_err(&pb->tdv, B, H, c->Nk, c->dv, dV);
+    double ez = maxrel(t.dZ, dZ, nz), et = maxrel(t.dth, dT, nt);
+    th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4 && ez <= 1e-4 && et <= 1e-4, name,
+             "O %.1e A %.1e dQ %.1e dK %.1e dV %.1e dZ %.1e dtheta %.1e", eo, ea, eq, ek, ev, ez, et);
+    free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV); free(dZ); free(dT);
+    free(Zd); free(Td); free(ql); free(kl); free(tape);
+    lb_free(&t);
+}
+
+static void test_lot_grid(void)
+{
+    const int shapes[][6] = {{1, 1, 1, 1, 4, 2}, {1, 1, 6, 6, 4, 3}, {2, 2, 9, 7, 8, 5}, {1, 2, 5, 12, 4, 4},
+                             {2, 1, 16, 16, 8, 8}};
+    const int rs[] = {1, 3, 8}, Ts[] = {1, 2, 5, 6};
+    uint64_t seed = 800;
+    for (int si = 0; si < 5; si++)
+        for (int ri = 0; ri < 3; ri++)
+            for (int ti = 0; ti < 4; ti++) {
+                if (TH.quick && (si + ri + ti) % 2) continue;
+                lcase c = {shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4], shapes[si][5],
+                           (ti + si) % 2, (si + ri) % 3 == 1 ? 1 : 0, rs[ri], Ts[ti], ti % 2 ? 0.5f : 1.0f,
+                           ri % 2 ? 2.0f : 0.5f};
+                check_ref(&c, seed++);
+            }
+}
+
+/* properties: rank, exact margins, r = 1, eps -> inf, permutation, padding,
+ * determinism */
+static void test_lot_properties(void)
+{
+    /* exact rows for odd T, exact columns (n/m) for even T; doubly stochastic at convergence */
+    const int Ts[] = {1, 2, 5, 6, 301};
+    for (int k = 0; k < 5; k++) {
+        lcase c = {1, 1, 9, 12, 4, 3, 0, 0, 4, Ts[k], 1.0f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 900 + k);
+        lfwd(&t, NULL);
+        double re = 0, ce = 0;
+        for (int i = 0; i < 9; i++) {
+            double rs = 0;
+            for (int j = 0; j < 12; j++) rs += t.pb.a[i * 12 + j];
+            re = fmax(re, fabs(rs - 1));
+        }
+        for (int j = 0; j < 12; j++) {
+            double cs = 0;
+            for (int i = 0; i < 9; i++) cs += t.pb.a[i * 12 + j];
+            ce = fmax(ce, fabs(cs - 9.0 / 12.0));
+        }
+        char name[80];
+        snprintf(name, sizeof name, "LOT marginals T=%d", Ts[k]);
+        int ok = Ts[k] == 301 ? (re < 1e-5 && ce < 1e-5) : (Ts[k] % 2 ? re < 1e-5 : ce < 1e-5);
+        th_check(ok && fabs(t.diag[0].row_err - re) < 1e-5 && t.diag[0].iters1 == Ts[k], name,
+                 "rows %.1e cols %.1e (diag %.1e %.1e)", re, ce, (double)t.diag[0].row_err, (double)t.diag[0].col_err);
+        lb_free(&t);
+    }
+    /* r = 1: every output row is the mean of V (any T) */
+    {
+        lcase c = {1, 1, 7, 10, 4, 3, 0, 0, 1, 3, 1.0f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 910);
+        lfwd(&t, NULL);
+        double e = 0;
+        for (int x = 0; x < 3; x++) {
+            double mean = 0;
+            for (int j = 0; j < 10; j++) mean += t.pb.v[j * 3 + x] / 10.0;
+            for (int i = 0; i < 7; i++) e = fmax(e, fabs(t.pb.o[i * 3 + x] - mean));
+        }
+        th_check(e < 1e-6, "LOT r = 1 gives the mean of V", "%.1e", e);
+        lb_free(&t);
+    }
+    /* eps -> infinity: the mean of V */
+    {
+        lcase c = {1, 1, 7, 10, 4, 3, 0, 0, 5, 5, 1e6f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 911);
+        lfwd(&t, NULL);
+        double e = 0;
+        for (int x = 0; x < 3; x++) {
+            double mean = 0;
+            for (int j = 0; j < 10; j++) mean += t.pb.v[j * 3 + x] / 10.0;
+            for (int i = 0; i < 7; i++) e = fmax(e, fabs(t.pb.o[i * 3 + x] - mean));
+        }
+        th_check(e < 1e-5, "LOT eps -> infinity gives the mean of V", "%.1e", e);
+        lb_free(&t);
+    }
+    /* rank(A) <= r: r + 1 rows of A are linearly dependent (Gram determinant ~ 0) via Gaussian elimination */
+    {
+        const int n = 10, m = 12, r = 3;
+        lcase c = {1, 1, n, m, 4, 2, 0, 0, r, 5, 1.0f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 912);
+        lfwd(&t, NULL);
+        double M[10][12];
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) M[i][j] = t.pb.a[i * m + j];
+        int rank = 0;
+        for (int col = 0; col < m && rank < n; col++) {
+            int piv = rank;
+            for (int i = rank; i < n; i++)
+                if (fabs(M[i][col]) > fabs(M[piv][col])) piv = i;
+            if (fabs(M[piv][col]) < 1e-5) continue;
+            for (int j = 0; j < m; j++) {
+                double tmp = M[rank][j];
+                M[rank][j] = M[piv][j];
+                M[piv][j] = tmp;
+            }
+            for (int i = rank + 1; i < n; i++) {
+                double f = M[i][col] / M[rank][col];
+                for (int j = col; j < m; j++) M[i][j] -= f * M[rank][j];
+            }
+            rank++;
+        }
+        th_check(rank <= r, "LOT rank(A) <= r", "numerical rank %d (r = %d)", rank, r);
+        lb_free(&t);
+    }
+    /* permutation equivariance (queries and keys with values) */
+    {
+        lcase c = {1, 1, 8, 8, 4, 3, 0, 0, 3, 5, 1.0f, 1.0f};
+        lbuf t, u;
+        lb_init(&t, &c, 913);
+        lb_init(&u, &c, 913);
+        int pm[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+        for (int i = 0; i < 8; i++) {
+            memcpy(u.pb.q + i * 4, t.pb.q + pm[i] * 4, 16);
+            memcpy(u.pb.k + i * 4, t.pb.k + pm[(i + 3) % 8] * 4, 16);
+            memcpy(u.pb.v + i * 3, t.pb.v + pm[(i + 3) % 8] * 3, 12);
+        }
+        lfwd(&t, NULL);
+        lfwd(&u, NULL);
+        double e = 0;
+        for (int i = 0; i < 8; i++)
+            for (int x = 0; x < 3; x++) e = fmax(e, fabs(u.pb.o[i * 3 + x] - t.pb.o[pm[i] * 3 + x]));
+        th_check(e < 2e-6, "LOT permutation equivariance", "%.1e", e);
+        lb_free(&t);
+        lb_free(&u);
+    }
+    /* padding == truncation and thread-count determinism */
+    {
+        lcase c = {4, 2, 11, 9, 4, 3, 1, 1, 3, 5, 1.0f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 914);
+        bk_set_num_threads(1);
+        lfwd(&t, NULL);
+        lbwd(&t, NULL);
+        int same = 1;
+        for (int nt = 2; nt <= 4; nt++) {
+            lbuf u;
+            lb_init(&u, &c, 914);
+            bk_set_num_threads(nt);
+            lfwd(&u, NULL);
+            lbwd(&u, NULL);
+            size_t nq = 4 * 2 * 11, nk = 4 * 2 * 9;
+            same &= !memcmp(t.pb.o, u.pb.o, nq * 3 * 4) && !memcmp(t.pb.dq, u.pb.dq, nq * 4 * 4) &&
+                    !memcmp(t.pb.dk, u.pb.dk, nk * 4 * 4) && !memcmp(t.pb.dv, u.pb.dv, nk * 3 * 4) &&
+                    !memcmp(t.dZ, u.dZ, 2 * 3 * 4 * 4) && !memcmp(t.dth, u.dth, 2 * 3 * 4);
+            lb_free(&u);
+        }
+        bk_set_num_threads(0);
+        th_check(same, "LOT bitwise identical for 1..4 threads (incl. dZ, dtheta)", "%s", "");
+        lb_free(&t);
+    }
+    {
+        lcase c = {3, 1, 10, 8, 4, 3, 0, 1, 3, 4, 1.0f, 1.0f};
+        lbuf t;
+        lb_init(&t, &c, 915);
+        t.pb.ql[0] = 4; t.pb.kl[0] = 8; t.pb.ql[1] = 10; t.pb.kl[1] = 3; t.pb.ql[2] = 0; t.pb.kl[2] = 5;
+        th_rng rr = {3};
+        th_fill_tensor(&t.pb.tq, 3, 1, 10, 4, t.pb.ql, &rr, 1.0);
+        th_fill_tensor(&t.pb.tk, 3, 1, 8, 4, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tv, 3, 1, 8, 3, t.pb.kl, &rr, 1.0);
+        th_fill_tensor(&t.pb.tdo, 3, 1, 10, 3, t.pb.ql, &rr, 1.0);
+        bk_status st = lfwd(&t, NULL);
+        if (!st) st = lbwd(&t, NULL);
+        int ok = st == BK_OK;
+        for (int b = 0; b < 3 && ok; b++) {
+            int n = t.pb.ql[b], m = t.pb.kl[b];
+            if (n == 0 || m == 0) {
+                for (int i = 0; i < 30; i++) ok &= t.pb.o[b * 30 + i] == 0.0f;
+                continue;
+            }
+            lcase u = {1, 1, n, m, 4, 3, 0, 0, 3, 4, 1.0f, 1.0f};
+            lbuf s;
+            lb_init(&s, &u, 1);
+            memcpy(s.Z, t.Z, sizeof(float) * 12);
+            memcpy(s.theta, t.theta, sizeof(float) * 3);
+            memcpy(s.pb.q, t.pb.q + b * 40, sizeof(float) * n * 4);
+            memcpy(s.pb.k, t.pb.k + b * 32, sizeof(float) * m * 4);
+            memcpy(s.pb.v, t.pb.v + b * 24, sizeof(float) * m * 3);
+            memcpy(s.pb.dout, t.pb.dout + b * 30, sizeof(float) * n * 3);
+            lfwd(&s, NULL);
+            lbwd(&s, NULL);
+            ok &= !memcmp(s.pb.o, t.pb.o + b * 30, sizeof(float) * n * 3);
+            ok &= !memcmp(s.pb.dq, t.pb.dq + b * 40, sizeof(float) * n * 4);
+            ok &= !memcmp(s.pb.dk, t.pb.dk + b * 32, sizeof(float) * m * 4);
+            for (int i = n * 3; i < 30; i++) ok &= t.pb.o[b * 30 + i] == 0.0f;
+            lb_free(&s);
+        }
+        th_check(ok, "LOT padding == truncation (bitwise), NaN in the padding", "%s", bk_last_error());
+        lb_free(&t);
+    }
+}
+
+/* directional finite differences of the float32 operator for Q, K, V, Z, theta */
+static void test_lot_fd(void)
+{
+    lcase c = {1, 1, 6, 7, 3, 2, 0, 0, 3, 5, 1.0f, 1.0f};
+    lbuf t;
+    lb_init(&t, &c, 920);
+    lfwd(&t, NULL);
+    lbwd(&t, NULL);
+    float *in[5] = {t.pb.q, t.pb.k, t.pb.v, t.Z, t.theta};
+    const float *an[5] = {t.pb.dq, t.pb.dk, t.pb.dv, t.dZ, t.dth};
+    const int cnt[5] = {18, 21, 14, 9, 3};
+    const char *nm[5] = {"dQ", "dK", "dV", "dZ", "dtheta"};
+    th_rng r = {5};
+    for (int w = 0; w < 5; w++) {
+        float u[32], x0[32];
+        double dir = 0;
+        for (int i = 0; i < cnt[w]; i++) {
+            u[i] = (th_next(&r) & 1) ? 1.0f : -1.0f;
+            x0[i] = in[w][i];
+            dir += (double)u[i] * an[w][i];
+        }
+        const float h = 1e-3f;
+        double Lh[2];
+        for (int sg = 0; sg < 2; sg++) {
+            for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i] + (sg ? -h : h) * u[i];
+            lfwd(&t, NULL);
+            double L = 0;
+            for (int j = 0; j < 12; j++) L += (double)t.pb.o[j] * t.pb.dout[j];
+            Lh[sg] = L;
+        }
+        for (int i = 0; i < cnt[w]; i++) in[w][i] = x0[i];
+        double fd = (Lh[0] - Lh[1]) / (2 * h);
+        char name[48];
+        snprintf(name, sizeof name, "LOT directional FD %s", nm[w]);
+        th_check(fabs(fd - dir) <= 1e-2 * fmax(fabs(dir), 1e-2), name, "FD %.6f analytic %.6f", fd, dir);
+    }
+    lb_free(&t);
+}
+
+static void test_lot_bad_input(void)
+{
+    lcase c = {1, 2, 5, 5, 3, 2, 0, 0, 2, 3, 1.0f, 1.0f};
+    lbuf t;
+    lb_init(&t, &c, 930);
+    float o0[20];
+    memcpy(o0, t.pb.o, sizeof o0);
+#define EXPECT(mut, code, what)                                                                                    \
+    do {                                                                                                           \
+        bk_lot_params p = t.p;                                                                                     \
+        mut;                                                                                                       \
+        bk_status s_ = bk_lot_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0); \
+        th_check(s_ == (code) && !memcmp(o0, t.pb.o, sizeof o0), "lot bad input: " what, "%s (%s)",               \
+                 bk_status_str(s_), bk_last_error());                                                              \
+    } while (0)
+    EXPECT(p.r = 0, BK_ERR_PARAM, "r < 1");
+    EXPECT(p.temp = 0.0f, BK_ERR_PARAM, "temp = 0");
+    EXPECT(p.temp = -1.0f, BK_ERR_PARAM, "temp < 0");
+    EXPECT(p.eps = 0.0f, BK_ERR_PARAM, "eps = 0");
+    EXPECT(p.iters = 0, BK_ERR_PARAM, "T = 0");
+    EXPECT(p.Z = NULL, BK_ERR_NULL, "Z NULL");
+    EXPECT(p.theta = NULL, BK_ERR_NULL, "theta NULL");
+    float zbad[12];
+    memcpy(zbad, t.Z, sizeof zbad);
+    zbad[7] = NAN;
+    EXPECT(p.Z = zbad, BK_ERR_NONFINITE, "non-finite pivot");
+    float tbad[4] = {0, INFINITY, 0, 0};
+    EXPECT(p.theta = tbad, BK_ERR_NONFINITE, "non-finite logit");
+#undef EXPECT
+    size_t tsz = bk_lot_tape_size(&t.pb.desc, &t.p);
+    char *tape = calloc(1, tsz);
+    th_check(lbwd(&t, tape) == BK_ERR_TAPE, "lot bad input: garbage tape", "%s", bk_last_error());
+    lfwd(&t, tape);
+    t.p.iters = 4;
+    th_check(lbwd(&t, tape) == BK_ERR_TAPE, "lot bad input: tape from another T", "%s", bk_last_error());
+    free(tape);
+    /* r > n is allowed (documented) */
+    lcase c2 = {1, 1, 3, 4, 3, 2, 0, 0, 7, 5, 1.0f, 1.0f};
+    lbuf u;
+    lb_init(&u, &c2, 931);
+    th_check(lfwd(&u, NULL) == BK_OK && lbwd(&u, NULL) == BK_OK, "lot r > n is allowed", "%s", bk_last_error());
+    lb_free(&u);
+    lb_free(&t);
+}
+
+void test_lot(void)
+{
+    test_lot_grid();
+    test_lot_properties();
+    test_lot_fd();
+    test_lot_bad_input();
+}

@@ -11,10 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OP_SOFTMAX, OP_SINKHORN, OP_ESP, OP_ESP_SQ, OP_ESP_HARD, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp-sq", "esp-hard"};
+enum { OP_SOFTMAX, OP_SINKHORN, OP_ESP, OP_ESP_SQ, OP_ESP_HARD, OP_LOT, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp-sq", "esp-hard", "lot"};
 /* the PyTorch peer each op is measured against ("esp" = the reference soft-sort ESP) */
-static const char *const op_peer[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp", "esp"};
+static const char *const op_peer[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp", "esp", "lot"};
+#define LOT_R 32 /* the bench's LOT: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's) */
 
 typedef struct {
     int op;
@@ -41,7 +42,9 @@ static void bench_usage(FILE *f)
             "tensors the peer's autograd saves), and the fraction of the machine's measured peak.\n"
             "\n"
             "options:\n"
-            "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|all   (default all)\n"
+            "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|lot|all   (default all)\n"
+            "                              lot: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's\n"
+            "                              settings; its peer runs for N <= 4096)\n"
             "                              esp: soft sort with the reference's semantics (Euclidean cost,\n"
             "                              t = 1e-3, tau = 10 N); esp-sq: soft sort, squared cost (paper);\n"
             "                              esp-hard: exact sort (inference). Their peer is the reference's\n"
@@ -139,6 +142,12 @@ static void work_counts(const bcase *c, bresult *r)
         r->flops_f = L * (2 * N2 * N + 2 * N2 * d); r->exps_f = L * 2 * N2;
         r->flops_b = L * (4 * 2 * N2 * N + 2 * N2 * d); r->exps_b = L * 4 * N2;
         break;
+    case OP_LOT: { /* per head: GEMMs of N x r x d, two inner problems of N x r */
+        double R = LOT_R;
+        r->flops_f = 4 * N * R * (d + d); r->exps_f = 2 * 3 * N * R;
+        r->flops_b = 2 * N * R * (6 * d + 5 * d); r->exps_b = 2 * 3 * N * R;
+        break;
+    }
     default: /* hard sort: sorting and gathers, not flops */
         r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
     }
@@ -156,11 +165,26 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     p.iters = c->S;
     bk_softmax_params sp = {0.0f};
     bk_esp_params ep = esp_params(c);
-    const int esp = c->op >= OP_ESP;
+    const int esp = c->op >= OP_ESP && c->op <= OP_ESP_HARD, lot = c->op == OP_LOT;
+    /* LOT pivots as the peer draws them: Z ~ N(0,1)/sqrt(d) (here uniform with that std), theta = 0 */
+    float *Z = lot ? malloc(sizeof(float) * (size_t)BH * LOT_R * d) : NULL;
+    float *th = lot ? calloc((size_t)BH * LOT_R, sizeof(float)) : NULL;
+    if (Z) {
+        fill(Z, (size_t)BH * LOT_R * d, 5);
+        for (size_t i = 0; i < (size_t)BH * LOT_R * d; i++) Z[i] /= sqrtf((float)d);
+    }
+    bk_lot_params lp = bk_lot_params_default();
+    lp.r = LOT_R;
+    lp.Z = Z;
+    lp.theta = th;
+    lp.temp = 0.5f;
+    lp.iters = 5;
     r->ws_bytes = esp ? bk_esp_workspace_size(&desc, &ep)
-                      : c->op == OP_SINKHORN ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
+                  : lot ? bk_lot_workspace_size(&desc, &lp)
+                  : c->op == OP_SINKHORN ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
     r->tape_bytes = esp ? bk_esp_tape_size(&desc, &ep)
-                        : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+                    : lot ? bk_lot_tape_size(&desc, &lp)
+                    : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     work_counts(c, r);
     void *ws = malloc(r->ws_bytes), *tape = malloc(r->tape_bytes);
     float *C = c->op == OP_SOFTMAX ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
@@ -175,6 +199,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         switch (c->op) {
         case OP_SOFTMAX: s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
         case OP_SINKHORN: s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
+        case OP_LOT: s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
         default: s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes);
         }
         double t1 = cli_now();
@@ -187,6 +212,10 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         case OP_SINKHORN:
             s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
             if (!s) s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
+            break;
+        case OP_LOT:
+            s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
+            if (!s) s = bk_lot_backward(&desc, &lp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, NULL, ws, r->ws_bytes);
             break;
         default:
             s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
@@ -211,7 +240,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         fprintf(stderr, "bench: out of memory\n");
     }
     free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); free(ws); free(tape); free(C);
-    free(tf); free(tb); free(tbase);
+    free(tf); free(tb); free(tbase); free(Z); free(th);
     return ok && s == BK_OK;
 }
 
@@ -317,7 +346,10 @@ int cmd_bench(int argc, char **argv)
             {OP_SINKHORN, 8, 1024, 64, 5}, {OP_SINKHORN, 16, 256, 64, 3}, {OP_SINKHORN, 8, 512, 64, 10},
             {OP_ESP, 8, 128, 64, 1},       {OP_ESP, 8, 512, 64, 1},       {OP_ESP, 8, 1024, 64, 1},
             {OP_ESP_SQ, 8, 512, 64, 1},    {OP_ESP_HARD, 8, 1024, 64, 1}, {OP_ESP_HARD, 8, 8192, 64, 1},
-            {OP_ESP_HARD, 8, 65536, 64, 1},
+            {OP_ESP_HARD, 8, 65536, 64, 1}, {OP_LOT, 8, 512, 64, 1},        {OP_LOT, 8, 4096, 64, 1},
+            {OP_LOT, 1, 4096, 64, 1},      {OP_LOT, 1, 8192, 64, 1},       {OP_LOT, 1, 16384, 64, 1},
+            {OP_LOT, 1, 32768, 64, 1},     {OP_LOT, 1, 65536, 64, 1},      {OP_LOT, 1, 131072, 64, 1},
+            {OP_LOT, 1, 262144, 64, 1},    {OP_SINKHORN, 8, 512, 64, 5},
         };
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             if (want[defaults[i].op]) cs[n++] = defaults[i];
@@ -343,6 +375,7 @@ int cmd_bench(int argc, char **argv)
     if (peer) {
         run_peer(py, script, cs, n, "softmax", 1 << 30, nt, reps, warmup, res);
         run_peer(py, script, cs, n, "sinkhorn", 1 << 30, nt, reps, warmup, res);
+        run_peer(py, script, cs, n, "lot", 4096, nt, reps < 5 ? reps : 5, 1, res);
         /* the ESP peer takes seconds to minutes per call: one repetition, no warm-up */
         run_peer(py, script, cs, n, "esp", peer_max_n, nt, 1, 0, res);
     }

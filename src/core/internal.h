@@ -20,6 +20,9 @@ void bki_clear_error(void);
 /* ---- threads (threads.c) ------------------------------------------------ */
 int  bki_threads(void);          /* thread count in force (>= 1)           */
 void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
+/* Threads for a parallel region over `problems` independent problems; sets
+ * BLAS's own thread count (all nt threads when there is one problem). */
+int bki_region_threads(int problems, int nt);
 
 /* ---- aligned scratch ---------------------------------------------------- */
 #define BK_ALIGN 64

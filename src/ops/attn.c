@@ -133,8 +133,8 @@ static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, cons
         th->kind = c->kind;
         th->alpha = alpha;
     }
-    bki_blas_single_thread();
-#pragma omp parallel num_threads(nt)
+    const int rt = bki_region_threads(P, nt);
+#pragma omp parallel num_threads(rt)
     {
         const slab sl = thread_slab(wsbase, pt, d, c);
         float *C = sl.C, *A = sl.A, *scr = sl.scr, *hist_ws = sl.hist;
@@ -277,8 +277,8 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
     const int P = d->B * d->H;
     int bad = P; /* lowest failing problem index */
     bk_status bad_s = BK_OK;
-    bki_blas_single_thread();
-#pragma omp parallel num_threads(nt)
+    const int rt = bki_region_threads(P, nt);
+#pragma omp parallel num_threads(rt)
     {
         const slab sl = thread_slab(base, pt, d, c);
         float *C = sl.C, *A = sl.A, *G = sl.G, *scr = sl.scr;

@@ -185,8 +185,8 @@ static void forward_core(const bk_attn_desc *d, const bk_lot_params *p, const bk
     th->alpha = alpha_of(d, p); th->temp = p->temp; th->tol = p->tol;
     const bki_kernels *K = bki_kern();
     const int P = d->B * d->H, r = p->r;
-    bki_blas_single_thread();
-#pragma omp parallel num_threads(nt)
+    const int rt = bki_region_threads(P, nt);
+#pragma omp parallel num_threads(rt)
     {
         lot_slab w = thread_slab(d, p, base);
 #pragma omp for schedule(static)
@@ -338,8 +338,8 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
     }
     const bki_kernels *K = bki_kern();
     const float al = alpha_of(d, p);
-    bki_blas_single_thread();
-#pragma omp parallel num_threads(nt)
+    const int rt = bki_region_threads(P, nt);
+#pragma omp parallel num_threads(rt)
     {
         lot_slab w = thread_slab(d, p, base);
 #pragma omp for schedule(static)

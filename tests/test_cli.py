@@ -136,6 +136,38 @@ rc, out = run("attn", "--op", "sinkhorn", "--q", P("q.npy"), "--k", P("k.npy"), 
               "--out", P("never.npy"), "--tau", "1")
 check(rc == 2 and "esp only" in out, "sinkhorn rejects ESP options", out)
 
+# LOT through the CLI
+r_ = 3
+np.save(P("Z.npy"), rng.standard_normal((H, r_, d)).astype("<f4"))
+np.save(P("th.npy"), rng.standard_normal((H, r_)).astype("<f4"))
+lot = ["attn", "--op", "lot", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"), "--pivots", P("Z.npy"),
+       "--pivot-logits", P("th.npy")]
+rc, out = run(*lot, "--out", P("ol.npy"), "--attn", P("al.npy"), "--iters", "5", "--pivot-temp", "0.5",
+              "--q-len", P("ql.npy"), "--k-len", P("kl.npy"), "--diag", P("dl.npy"), "--dout", P("do.npy"),
+              "--dpivots", P("dz.npy"), "--dpivot-logits", P("dth.npy"), "--dq", P("dql.npy"))
+check(rc == 0, "lot run", out)
+if rc == 0:
+    a = np.load(P("al.npy"))
+    check(np.allclose(a[0, :, :5, :3].sum(-1), 1, atol=1e-5) and np.all(a[0, :, :, 3:] == 0),
+          "lot: odd T rows exact on the valid block, zeros on padded keys")
+    check(np.linalg.matrix_rank(a[1, 0, :2, :7].astype(np.float64), tol=1e-5) <= r_, "lot: rank(A) <= r")
+    check(np.load(P("dz.npy")).shape == (H, r_, d) and np.load(P("dth.npy")).shape == (H, r_)
+          and np.load(P("dl.npy")).shape == (B, H, 4), "lot: pivot gradients and diag written")
+np.save(P("Zbad.npy"), rng.standard_normal((H, r_, d + 1)).astype("<f4"))
+np.save(P("thbad.npy"), rng.standard_normal((H, r_ + 1)).astype("<f4"))
+rc, out = run(*lot, "--out", P("never.npy"), "--pivots", P("Zbad.npy"))
+check(rc == 1 and "[H, r, d]" in out and not os.path.exists(P("never.npy")), "lot rejects mismatched pivots", out)
+rc, out = run(*lot, "--out", P("never.npy"), "--pivot-logits", P("thbad.npy"))
+check(rc == 1 and "[H, r]" in out and not os.path.exists(P("never.npy")), "lot rejects mismatched logits", out)
+rc, out = run("attn", "--op", "lot", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"), "--out", P("never.npy"))
+check(rc == 2 and "--pivots" in out, "lot needs pivots", out)
+rc, out = run(*lot, "--out", P("never.npy"), "--pivot-temp", "0")
+check(rc == 2 and "--pivot-temp" in out, "lot rejects temp 0", out)
+rc, out = run(*lot, "--out", P("never.npy"), "--dpivots", P("x.npy"))
+check(rc == 2 and "need --dout" in out, "lot --dpivots needs --dout", out)
+rc, out = run(*esp, "--out", P("never.npy"), "--pivots", P("Z.npy"))
+check(rc == 2 and "lot only" in out, "esp rejects LOT options", out)
+
 rc, out = run("attn", "--op", "nope", "--q", "a", "--k", "b", "--v", "c", "--out", "d")
 check(rc == 2 and "unknown --op" in out, "unknown op", out)
 rc, out = run("frobnicate")

@@ -54,6 +54,13 @@ bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, i
 bk_status bki_check_desc(const bk_attn_desc *d);
 /* q [B,H,Nq,d], k [B,H,Nk,d], v [B,H,Nk,dv]: views valid, valid rows finite */
 bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v);
+/* out [B,H,Nq,dv] and optional attn [B,H,Nq,Nk] (data may be NULL): valid
+ * views not overlapping q, k, v or each other */
+bk_status bki_check_fwd_outputs(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                                const bk_tensor *out, const bk_tensor *attn);
+/* dout, dq, dk, dv: valid views, outputs not overlapping inputs, dout finite */
+bk_status bki_check_bwd_views(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                              const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv);
 /* zero rows [from, N) of a [N, C] slice with row stride sn */
 void bki_zero_rows(float *base, int64_t sn, int from, int N, int C);
 /* The workspace of one call: the caller's (checked against need) or one

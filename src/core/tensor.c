@@ -150,3 +150,35 @@ bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query
     *base = (char *)*owned;
     return BK_OK;
 }
+
+bk_status bki_check_fwd_outputs(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                                const bk_tensor *out, const bk_tensor *attn)
+{
+    bk_status s;
+    if ((s = bki_check_tensor("out", out, d->B, d->H, d->Nq, d->dv))) return s;
+    if (attn && attn->data && (s = bki_check_tensor("attn", attn, d->B, d->H, d->Nq, d->Nk))) return s;
+    const bk_tensor *in[3] = {q, k, v};
+    const int ish[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
+    const bk_tensor *o[2] = {out, attn};
+    const int osh[2][4] = {{d->B, d->H, d->Nq, d->dv}, {d->B, d->H, d->Nq, d->Nk}};
+    const char *on[2] = {"out", "attn"};
+    return bki_check_aliasing(3, in, ish, 2, o, osh, on);
+}
+
+bk_status bki_check_bwd_views(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                              const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv)
+{
+    bk_status s;
+    if ((s = bki_check_tensor("dout", dout, d->B, d->H, d->Nq, d->dv))) return s;
+    if ((s = bki_check_tensor("dq", dq, d->B, d->H, d->Nq, d->d))) return s;
+    if ((s = bki_check_tensor("dk", dk, d->B, d->H, d->Nk, d->d))) return s;
+    if ((s = bki_check_tensor("dv", dv, d->B, d->H, d->Nk, d->dv))) return s;
+    const bk_tensor *in[4] = {q, k, v, dout};
+    const int ish[4][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv},
+                           {d->B, d->H, d->Nq, d->dv}};
+    const bk_tensor *o[3] = {dq, dk, dv};
+    const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
+    const char *on[3] = {"dq", "dk", "dv"};
+    if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
+    return bki_check_finite("dout", dout, d->B, d->H, d->Nq, d->dv, d->q_len);
+}

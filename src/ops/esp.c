@@ -847,16 +847,7 @@ bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const
     bk_status s;
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
-    if ((s = bki_check_tensor("out", out, d->B, d->H, d->Nq, d->dv))) return s;
-    if (extras && extras->attn.data && (s = bki_check_tensor("attn", &extras->attn, d->B, d->H, d->Nq, d->Nk))) return s;
-    {
-        const bk_tensor *in[3] = {q, k, v};
-        const int ish[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
-        const bk_tensor *o[2] = {out, extras ? &extras->attn : NULL};
-        const int osh[2][4] = {{d->B, d->H, d->Nq, d->dv}, {d->B, d->H, d->Nq, d->Nk}};
-        const char *on[2] = {"out", "attn"};
-        if ((s = bki_check_aliasing(3, in, ish, 2, o, osh, on))) return s;
-    }
+    if ((s = bki_check_fwd_outputs(d, q, k, v, out, extras ? &extras->attn : NULL))) return s;
     const int nt = bki_threads(), L = bk_esp_num_slices(p, d->d);
     const size_t sb = slab_bytes(d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID);
     const size_t need = ws_need(d, p, L, nt, tape == NULL, 0);
@@ -881,20 +872,7 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
     bk_status s;
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
-    if ((s = bki_check_tensor("dout", dout, d->B, d->H, d->Nq, d->dv))) return s;
-    if ((s = bki_check_tensor("dq", dq, d->B, d->H, d->Nq, d->d))) return s;
-    if ((s = bki_check_tensor("dk", dk, d->B, d->H, d->Nk, d->d))) return s;
-    if ((s = bki_check_tensor("dv", dv, d->B, d->H, d->Nk, d->dv))) return s;
-    {
-        const bk_tensor *in[4] = {q, k, v, dout};
-        const int ish[4][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv},
-                               {d->B, d->H, d->Nq, d->dv}};
-        const bk_tensor *o[3] = {dq, dk, dv};
-        const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
-        const char *on[3] = {"dq", "dk", "dv"};
-        if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
-    }
-    if ((s = bki_check_finite("dout", dout, d->B, d->H, d->Nq, d->dv, d->q_len))) return s;
+    if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
     const int nt = bki_threads(), L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
     const esp_cfg c0 = resolve(d, p, NULL);
     if (tape_in) {

@@ -265,16 +265,7 @@ bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk
 {
     bk_status s;
     if ((s = check_common(d, p, q, k, v))) return s;
-    if ((s = bki_check_tensor("out", out, d->B, d->H, d->Nq, d->dv))) return s;
-    if (ex && ex->attn.data && (s = bki_check_tensor("attn", &ex->attn, d->B, d->H, d->Nq, d->Nk))) return s;
-    {
-        const bk_tensor *in[3] = {q, k, v};
-        const int ish[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
-        const bk_tensor *o[2] = {out, ex ? &ex->attn : NULL};
-        const int osh[2][4] = {{d->B, d->H, d->Nq, d->dv}, {d->B, d->H, d->Nq, d->Nk}};
-        const char *on[2] = {"out", "attn"};
-        if ((s = bki_check_aliasing(3, in, ish, 2, o, osh, on))) return s;
-    }
+    if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
     const int nt = bki_threads();
     void *owned = NULL;
     char *base = NULL;
@@ -293,20 +284,7 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
 {
     bk_status s;
     if ((s = check_common(d, p, q, k, v))) return s;
-    if ((s = bki_check_tensor("dout", dout, d->B, d->H, d->Nq, d->dv))) return s;
-    if ((s = bki_check_tensor("dq", dq, d->B, d->H, d->Nq, d->d))) return s;
-    if ((s = bki_check_tensor("dk", dk, d->B, d->H, d->Nk, d->d))) return s;
-    if ((s = bki_check_tensor("dv", dv, d->B, d->H, d->Nk, d->dv))) return s;
-    {
-        const bk_tensor *in[4] = {q, k, v, dout};
-        const int ish[4][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv},
-                               {d->B, d->H, d->Nq, d->dv}};
-        const bk_tensor *o[3] = {dq, dk, dv};
-        const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
-        const char *on[3] = {"dq", "dk", "dv"};
-        if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
-    }
-    if ((s = bki_check_finite("dout", dout, d->B, d->H, d->Nq, d->dv, d->q_len))) return s;
+    if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
     const int P = d->B * d->H, r = p->r;
     if (tape_in) {
         const lot_tape_header *th = tape_in;

@@ -18,70 +18,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ref_selftest_util.h"
+
 /* ------------------------------------------------------------------------ */
 /* Harness                                                                  */
 /* ------------------------------------------------------------------------ */
 
-typedef struct {
-    int passed, failed;
-} counts;
 
-static void report(counts *c, int ok, const char *name, const char *detail)
-{
-    printf("[%s] %s: %s\n", ok ? "PASS" : "FAIL", name, detail);
-    if (ok)
-        c->passed++;
-    else
-        c->failed++;
-}
 
-/* 64-bit LCG (Knuth MMIX constants); uniform in [lo, hi). */
-typedef struct {
-    uint64_t s;
-} lcg;
 
-static double lcg_uniform(lcg *g, double lo, double hi)
-{
-    g->s = g->s * 6364136223846793005ULL + 1442695040888963407ULL;
-    double u = (double)(g->s >> 11) * (1.0 / 9007199254740992.0); /* 2^-53 */
-    return lo + (hi - lo) * u;
-}
 
-static void fill(lcg *g, double *x, size_t count, double lo, double hi)
-{
-    for (size_t i = 0; i < count; i++)
-        x[i] = lcg_uniform(g, lo, hi);
-}
 
-static double *dalloc(size_t count)
-{
-    double *p = malloc((count > 0 ? count : 1) * sizeof(double));
-    if (p == NULL) {
-        fprintf(stderr, "selftest: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static double max_abs_diff(const double *a, const double *b, size_t count)
-{
-    double e = 0.0;
-    for (size_t i = 0; i < count; i++) {
-        double t = fabs(a[i] - b[i]);
-        if (!(t <= e))
-            e = t; /* NaN propagates */
-    }
-    return e;
-}
-
-static double max_abs(const double *a, size_t count)
-{
-    double e = 0.0;
-    for (size_t i = 0; i < count; i++)
-        if (!(fabs(a[i]) <= e))
-            e = fabs(a[i]);
-    return e;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Independent softmax attention                                            */

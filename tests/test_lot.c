@@ -348,6 +348,43 @@ static void test_lot_fd(void)
     lb_free(&t);
 }
 
+/* per-problem early stop of the inner problems: stops after a row step, and
+ * the result equals a run with that many half-steps */
+static void test_lot_early_stop(void)
+{
+    lcase c = {1, 1, 12, 10, 4, 3, 0, 0, 4, 301, 1.0f, 1.0f};
+    lbuf t;
+    lb_init(&t, &c, 940);
+    t.p.tol = 1e-4f;
+    lfwd(&t, NULL);
+    const int i1 = t.diag[0].iters1, i2 = t.diag[0].iters2;
+    int ok = i1 % 2 == 1 && i2 % 2 == 1 && i1 < 301 && i2 < 301;
+    th_check(ok, "LOT early stop: both inner problems stop on a row step", "iters %d %d", i1, i2);
+    lbwd(&t, NULL);
+    if (i1 == i2) { /* same count: compare with a fixed-T run */
+        lbuf u;
+        lcase c2 = c;
+        c2.T = i1;
+        lb_init(&u, &c2, 940);
+        lfwd(&u, NULL);
+        lbwd(&u, NULL);
+        th_check(!memcmp(u.pb.o, t.pb.o, sizeof(float) * 36) && !memcmp(u.pb.dq, t.pb.dq, sizeof(float) * 48) &&
+                     !memcmp(u.dth, t.dth, sizeof(float) * 4),
+                 "LOT early-stopped forward and backward == fixed T", "T=%d", i1);
+        lb_free(&u);
+    }
+    /* the backward replays exactly the steps run: tape-less (recomputed) == taped */
+    void *tape = malloc(bk_lot_tape_size(&t.pb.desc, &t.p));
+    lfwd(&t, tape);
+    lbwd(&t, tape);
+    float dq1[48];
+    memcpy(dq1, t.pb.dq, sizeof dq1);
+    lbwd(&t, NULL);
+    th_check(!memcmp(dq1, t.pb.dq, sizeof dq1), "LOT early stop: taped backward == recomputing backward", "%s", "");
+    free(tape);
+    lb_free(&t);
+}
+
 static void test_lot_bad_input(void)
 {
     lcase c = {1, 2, 5, 5, 3, 2, 0, 0, 2, 3, 1.0f, 1.0f};
@@ -398,5 +435,6 @@ void test_lot(void)
     test_lot_grid();
     test_lot_properties();
     test_lot_fd();
+    test_lot_early_stop();
     test_lot_bad_input();
 }

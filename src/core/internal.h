@@ -20,8 +20,11 @@ void bki_clear_error(void);
 /* ---- threads (threads.c) ------------------------------------------------ */
 int  bki_threads(void);          /* thread count in force (>= 1)           */
 void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
-/* Threads for a parallel region over `problems` independent problems; sets
- * BLAS's own thread count (all nt threads when there is one problem). */
+/* Threads that work on `problems` independent problems: min(threads,
+ * problems); workspaces hold one slab per working thread. */
+int bki_work_threads(int problems);
+/* Threads for a parallel region over `problems` problems (= work threads);
+ * sets BLAS's own thread count (all threads when there is one problem). */
 int bki_region_threads(int problems, int nt);
 
 /* ---- aligned scratch ---------------------------------------------------- */

@@ -26,18 +26,26 @@ int bki_threads(void)
 
 int bk_get_num_threads(void) { return bki_threads(); }
 
+int bki_work_threads(int problems)
+{
+    int nt = bki_threads();
+    return problems < 1 ? 1 : (problems < nt ? problems : nt);
+}
+
 int bki_region_threads(int problems, int nt)
 {
     /* One problem and several threads: the problem runs on one thread and
      * BLAS gets all of them. OpenBLAS splits sgemm over the rows and columns
      * of C only (never over K), so every element is computed the same way
      * whatever its thread count: results stay bitwise identical (tested). */
-    if (problems == 1 && nt > 1) {
-        if (openblas_get_num_threads() != nt) openblas_set_num_threads(nt);
+    (void)nt;
+    const int all = bki_threads();
+    if (problems == 1 && all > 1) {
+        if (openblas_get_num_threads() != all) openblas_set_num_threads(all);
         return 1;
     }
     bki_blas_single_thread();
-    return nt;
+    return bki_work_threads(problems);
 }
 
 void bki_blas_single_thread(void)

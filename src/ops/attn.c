@@ -57,7 +57,7 @@ size_t bki_attn_workspace_size(const bk_attn_desc *d, const bki_attn_cfg *c)
 {
     if (!d || d->B < 1 || d->H < 1 || d->Nq < 1 || d->Nk < 1 || !c || c->S < 1) return 0;
     /* a backward without a tape keeps a temporary tape inside the workspace */
-    return (size_t)bki_threads() * per_thread_bytes(d, c, 1) + bki_attn_tape_size(d, c->S) + 2 * BK_ALIGN;
+    return (size_t)bki_work_threads(d->B * d->H) * per_thread_bytes(d, c, 1) + bki_attn_tape_size(d, c->S) + 2 * BK_ALIGN;
 }
 
 /* ---- validation ----------------------------------------------------------- */
@@ -201,7 +201,7 @@ bk_status bki_attn_forward(const bk_attn_desc *d, const bki_attn_cfg *c, const b
     bk_status s;
     if ((s = check_inputs(d, c, q, k, v))) return s;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const int nt = bki_threads();
+    const int nt = bki_work_threads(d->B * d->H);
     size_t need = (size_t)nt * per_thread_bytes(d, c, 1) + BK_ALIGN;
     void *owned = NULL;
     char *base = NULL;
@@ -239,7 +239,7 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
             if (!ok) return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", p);
         }
     }
-    const int nt = bki_threads();
+    const int nt = bki_work_threads(d->B * d->H);
     const size_t pt = per_thread_bytes(d, c, 1);
     size_t need = (size_t)nt * pt + BK_ALIGN + (tape_in ? 0 : bki_attn_tape_size(d, c->S) + BK_ALIGN);
     void *owned = NULL;

@@ -229,7 +229,7 @@ size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
     if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1) return 0;
     int L = bk_esp_num_slices(p, desc->d);
     if (L < 1) return 0;
-    return ws_need(desc, p, L, bki_threads(), 1, 1);
+    return ws_need(desc, p, L, bki_work_threads(desc->B * desc->H), 1, 1);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -848,7 +848,7 @@ bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, extras ? &extras->attn : NULL))) return s;
-    const int nt = bki_threads(), L = bk_esp_num_slices(p, d->d);
+    const int nt = bki_work_threads(d->B * d->H), L = bk_esp_num_slices(p, d->d);
     const size_t sb = slab_bytes(d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID);
     const size_t need = ws_need(d, p, L, nt, tape == NULL, 0);
     void *owned = NULL;
@@ -873,7 +873,7 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
     if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
-    const int nt = bki_threads(), L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
+    const int nt = bki_work_threads(d->B * d->H), L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
     const esp_cfg c0 = resolve(d, p, NULL);
     if (tape_in) {
         const esp_tape_header *th = tape_in;

@@ -135,7 +135,7 @@ size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
     if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1 ||
         p->r < 1 || p->iters < 1)
         return 0;
-    return ws_need(desc, p, bki_threads(), 1, 1);
+    return ws_need(desc, p, bki_work_threads(desc->B * desc->H), 1, 1);
 }
 
 static lot_slab thread_slab(const bk_attn_desc *d, const bk_lot_params *p, char *base)
@@ -266,7 +266,7 @@ bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk
     bk_status s;
     if ((s = check_common(d, p, q, k, v))) return s;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const int nt = bki_threads();
+    const int nt = bki_work_threads(d->B * d->H);
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, ws_need(d, p, nt, tape == NULL, 0), "bk_lot_workspace_size", &owned, &base)))
@@ -302,7 +302,7 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", pi);
         }
     }
-    const int nt = bki_threads();
+    const int nt = bki_work_threads(d->B * d->H);
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, ws_need(d, p, nt, tape_in == NULL, 1), "bk_lot_workspace_size", &owned, &base)))

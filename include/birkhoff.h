@@ -58,7 +58,11 @@
  * Work is spread over the B*H problems with a fixed partition; every problem is
  * computed by the same code path whatever the thread count, so results are
  * bitwise identical for any bk_set_num_threads() value. BLAS calls are made
- * single-threaded from inside the library's own parallel region.
+ * single-threaded from inside the library's own parallel region, except that a
+ * call with a single problem (B*H = 1; Sinkhorn, softmax, LOT) lets OpenBLAS use
+ * all the threads (it splits a GEMM over the rows and columns of its result,
+ * never over the inner dimension, so results stay bitwise identical). The
+ * library sets OpenBLAS's thread count accordingly (openblas_set_num_threads).
  *
  * ----------------------------------------------------------------------------
  * WORKSPACE AND TAPE

@@ -107,3 +107,25 @@ void th_prob_free(th_prob *t)
     free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);
     free(t->dout); free(t->dq); free(t->dk); free(t->dv);
 }
+
+void th_directional_fd(const char *name, float *x, const float *grad, int cnt, float h, th_rng *r,
+                       double (*loss)(void *ctx), void *ctx)
+{
+    float *u = malloc(sizeof(float) * (size_t)cnt), *x0 = malloc(sizeof(float) * (size_t)cnt);
+    double dir = 0;
+    for (int i = 0; i < cnt; i++) {
+        u[i] = (th_next(r) & 1) ? 1.0f : -1.0f;
+        x0[i] = x[i];
+        dir += (double)u[i] * grad[i];
+    }
+    double L[2];
+    for (int sg = 0; sg < 2; sg++) {
+        for (int i = 0; i < cnt; i++) x[i] = x0[i] + (sg ? -h : h) * u[i];
+        L[sg] = loss(ctx);
+    }
+    for (int i = 0; i < cnt; i++) x[i] = x0[i];
+    double fd = (L[0] - L[1]) / (2 * h);
+    th_check(fabs(fd - dir) <= 1e-2 * fmax(fabs(dir), 1e-2), name, "FD %.6f analytic %.6f", fd, dir);
+    free(u);
+    free(x0);
+}

@@ -30,4 +30,12 @@ typedef struct {
 void th_prob_init(th_prob *t, int B, int H, int Nq, int Nk, int d, int dv, int layout, int pad, double sigma,
                   th_rng *r);
 void th_prob_free(th_prob *t);
+
+/* Directional finite-difference check of one gradient: perturbs the cnt
+ * entries of x along a random +-1 direction by +-h, evaluates loss(ctx) (a
+ * forward followed by sum(O .* dO), in double) and compares the central
+ * difference with <grad, direction>; relative tolerance 1e-2 (float32
+ * forward: single-entry differences are too noisy to be informative). */
+void th_directional_fd(const char *name, float *x, const float *grad, int cnt, float h, th_rng *r,
+                       double (*loss)(void *ctx), void *ctx);
 #endif

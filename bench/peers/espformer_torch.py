@@ -59,6 +59,8 @@ import itertools
 
 import torch
 
+from sinkformer_torch import _lengths  # one helper for the valid lengths of every port
+
 
 # ---------------------------------------------------------------------------
 # Peer: port of the reference module
@@ -166,20 +168,6 @@ def _esp_block(qs, ks, vb, theta, sort, t, tau, cost, out_scale):
     return A @ vb, A, sigma
 
 
-def _lengths(lens, B, N, name):
-    """Per-batch valid lengths as a list of Python ints (None = all N)."""
-    if lens is None:
-        return [N] * B
-    if torch.is_tensor(lens):
-        lens = lens.detach().cpu().reshape(-1).tolist()
-    else:
-        lens = [int(x) for x in list(lens)]
-    if len(lens) != B:
-        raise ValueError(f"{name} must have length B={B}")
-    for x in lens:
-        if not 0 <= x <= N:
-            raise ValueError(f"{name} entry {x} outside [0, {N}]")
-    return [int(x) for x in lens]
 
 
 def esp_semantics(q, k, v, *, sort="soft", t=None, tau=0.0, cost="sq",

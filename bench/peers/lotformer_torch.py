@@ -54,6 +54,8 @@ Run this file directly for a self-check.
 
 import torch
 
+from sinkformer_torch import _lengths  # one helper for the valid lengths of every port
+
 
 # ---------------------------------------------------------------------------
 # Peer: port of the reference DeiT/Swin LOT attention
@@ -126,20 +128,6 @@ def lot_reference(q, k, v, Z, theta, temp=0.5, n_iter=5, eps=1.0,
 # ---------------------------------------------------------------------------
 # Oracle: birkhoff's semantics
 # ---------------------------------------------------------------------------
-def _lengths(lens, B, N, name):
-    """Per-batch valid lengths as a list of Python ints (None = all N)."""
-    if lens is None:
-        return [N] * B
-    if torch.is_tensor(lens):
-        lens = lens.detach().cpu().reshape(-1).tolist()
-    else:
-        lens = [int(x) for x in list(lens)]
-    if len(lens) != B:
-        raise ValueError(f"{name} must have length B={B}")
-    for x in lens:
-        if not 0 <= x <= N:
-            raise ValueError(f"{name} entry {x} outside [0, {N}]")
-    return [int(x) for x in lens]
 
 
 def _sinkhorn(L, log_a, log_b, iters):

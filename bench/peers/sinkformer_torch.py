@@ -123,7 +123,7 @@ def _lengths(lens, B, N, name):
     if lens is None:
         return [N] * B
     if torch.is_tensor(lens):
-        lens = lens.detach().cpu().tolist()
+        lens = lens.detach().cpu().reshape(-1).tolist()
     else:
         lens = [int(x) for x in list(lens)]
     if len(lens) != B:

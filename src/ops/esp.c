@@ -366,9 +366,8 @@ static void hard_layout(const esp_cfg *c, int n, int m, const int32_t *alpha, co
  * same slice (n == m: rows are gathered at random, so the hardware prefetcher
  * cannot guess them). */
 #define BK_PF_DIST 4
-static inline void hard_prefetch(const int32_t *part, int i, int l, int L, int n, const float *base, int64_t ld)
+static inline void hard_prefetch(const int32_t *part, int i, int l, int n, const float *base, int64_t ld)
 {
-    (void)L;
     size_t next = (size_t)l * n + i + BK_PF_DIST;
     if (i + BK_PF_DIST < n) {
         const float *row = base + (int64_t)part[next] * ld;
@@ -414,7 +413,7 @@ static void hard_forward(const esp_cfg *c, int n, int m, const float *V, int64_t
         for (int l = 0; l < L; l++)
             for (int i = i0; i < n && i < i0 + HB; i++) {
                 const float *q = w->Qt + (size_t)i * d;
-                if (n == m) hard_prefetch(w->inv, i, l, L, n, w->Kt, d);
+                if (n == m) hard_prefetch(w->inv, i, l, n, w->Kt, d);
                 HARD_PAIRS(i, l, w->Dacc[l] += cells * pair_cost(c, q, w->Kt + (size_t)j * d));
             }
     for (int l = 0; l < L; l++) w->Dl[l] = (float)(w->Dacc[l] * inv_nm);
@@ -427,7 +426,7 @@ static void hard_forward(const esp_cfg *c, int n, int m, const float *V, int64_t
         for (int l = 0; l < L; l++)
             for (int i = i0; i < n && i < i0 + HB; i++) {
                 float *oi = O + (int64_t)i * ldo;
-                if (n == m) hard_prefetch(w->inv, i, l, L, n, V, ldv);
+                if (n == m) hard_prefetch(w->inv, i, l, n, V, ldv);
                 HARD_PAIRS(i, l, {
                 const float wt = (float)(w->sig[l] * cells * cw);
                 const float *vj = V + (int64_t)j * ldv;
@@ -457,8 +456,8 @@ static void hard_backward(const esp_cfg *c, int n, int m, const float *V, int64_
             for (int i = i0; i < n && i < i0 + HB; i++) {
                 const float *gi = dO + (int64_t)i * ldo;
                 if (n == m) {
-                    hard_prefetch(w->inv, i, l, L, n, V, ldv);
-                    hard_prefetch(w->inv, i, l, L, n, dV, lddv);
+                    hard_prefetch(w->inv, i, l, n, V, ldv);
+                    hard_prefetch(w->inv, i, l, n, dV, lddv);
                 }
                 HARD_PAIRS(i, l, {
                     const float wt = (float)(cells * cw), ws = wt * sig[l];
@@ -483,8 +482,8 @@ static void hard_backward(const esp_cfg *c, int n, int m, const float *V, int64_
             const float *q = w->Qt + (size_t)i * d;
             float *gq = dQ + (int64_t)i * ldq;
             if (n == m) {
-                hard_prefetch(w->inv, i, l, L, n, w->Kt, d);
-                hard_prefetch(w->inv, i, l, L, n, dK, ldk);
+                hard_prefetch(w->inv, i, l, n, w->Kt, d);
+                hard_prefetch(w->inv, i, l, n, dK, ldk);
             }
             HARD_PAIRS(i, l, {
                 const float *kk = w->Kt + (size_t)j * d;

@@ -155,15 +155,23 @@ static float alpha_of(const bk_attn_desc *d, const bk_lot_params *p)
     return (p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d)) / p->eps;
 }
 
+/* The two inner problems' logits: L1 = (s/eps) Q Z^T (n x r), L2 = (s/eps) Z K^T (r x m). */
+static void logits(const bk_attn_desc *d, const bk_lot_params *p, int n, int m, const float *Q, int64_t ldq,
+                   const float *Kb, int64_t ldk, const float *Zh, lot_slab *w)
+{
+    const int r = p->r;
+    const float al = alpha_of(d, p);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r, d->d, al, Q, (int)ldq, Zh, d->d, 0.0f, w->L1, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, d->d, al, Zh, d->d, Kb, (int)ldk, 0.0f, w->L2, m);
+}
+
 /* Logits, the two inner problems (A1, A2 and potentials) for one problem. */
 static void inner_forward(const bki_kernels *K, const bk_attn_desc *d, const bk_lot_params *p, int n, int m,
                           const float *Q, int64_t ldq, const float *Kb, int64_t ldk, const float *Zh, lot_slab *w,
                           float *h1, float *h2, bki_sk_result *r1, bki_sk_result *r2)
 {
     const int r = p->r;
-    const float al = alpha_of(d, p);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r, d->d, al, Q, (int)ldq, Zh, d->d, 0.0f, w->L1, r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, d->d, al, Zh, d->d, Kb, (int)ldk, 0.0f, w->L2, m);
+    logits(d, p, n, m, Q, ldq, Kb, ldk, Zh, w);
     bki_sk_problem pb1 = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol};
     bki_sk_problem pb2 = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol};
     bki_sk_result a = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, b = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
@@ -334,10 +342,7 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h), *dOb = bki_at(dout, b, h);
                 const float *Zh = p->Z + (size_t)h * r * d->d;
                 pivot_masses(r, p->theta + (size_t)h * r, p->temp, w.logp, w.p0);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r, d->d, al, Qb, (int)q->stride_n, Zh, d->d, 0.0f,
-                            w.L1, r);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, d->d, al, Zh, d->d, Kb, (int)k->stride_n, 0.0f,
-                            w.L2, m);
+                logits(d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, Zh, &w);
                 bki_sk_problem pb1 = {n, r, w.L1, r, NULL, w.logp, p->iters, p->tol};
                 bki_sk_problem pb2 = {r, m, w.L2, m, w.logp, NULL, p->iters, p->tol};
                 K->sk_attention(&pb1, hdr[2], h1, w.A1, r, w.scr);

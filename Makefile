@@ -28,12 +28,12 @@ LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
-OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c
+OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/bench.c tools/demo.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/demo.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a

@@ -54,39 +54,11 @@ typedef struct {
     const char *pivots, *plogits, *ptemp, *dpivots, *dplogits;
 } attn_args;
 
-static int load4(const char *what, const char *path, bk_npy *a)
-{
-    if (bk_npy_read(path, a) != BK_OK) {
-        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
-        return 0;
-    }
-    if (a->dtype != BK_F32 || a->ndim != 4) {
-        fprintf(stderr, "birkhoff attn: %s (%s) must be a float32 array of 4 dimensions [B,H,N,C], got %s with %d\n",
-                what, path, a->dtype == BK_F32 ? "float32" : "int32", a->ndim);
-        bk_npy_free(a);
-        return 0;
-    }
-    for (int i = 0; i < 4; i++)
-        if (a->shape[i] < 1 || a->shape[i] > 0x7fffffff) {
-            fprintf(stderr, "birkhoff attn: %s (%s) has an empty or too large dimension\n", what, path);
-            bk_npy_free(a);
-            return 0;
-        }
-    return 1;
-}
+static int load4(const char *what, const char *path, bk_npy *a) { return cli_load_f32("attn", what, path, 4, a); }
 
 static int load_len(const char *what, const char *path, int64_t B, bk_npy *a)
 {
-    if (bk_npy_read(path, a) != BK_OK) {
-        fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
-        return 0;
-    }
-    if (a->dtype != BK_I32 || a->ndim != 1 || a->shape[0] != B) {
-        fprintf(stderr, "birkhoff attn: %s (%s) must be an int32 array of shape [%lld]\n", what, path, (long long)B);
-        bk_npy_free(a);
-        return 0;
-    }
-    return 1;
+    return cli_load_len("attn", what, path, B, a);
 }
 
 static int shape_is(const bk_npy *a, int64_t s0, int64_t s1, int64_t s2, int64_t s3)
@@ -98,41 +70,20 @@ int cmd_attn(int argc, char **argv)
 {
     attn_args a;
     memset(&a, 0, sizeof a);
-    struct { const char *flag; const char **dst; } opts[] = {
-        {"--op", &a.op},       {"--q", &a.q},         {"--k", &a.k},         {"--v", &a.v},
-        {"--out", &a.out},     {"--q-len", &a.qlen},  {"--k-len", &a.klen},  {"--attn", &a.attn},
-        {"--diag", &a.diag},   {"--dout", &a.dout},   {"--dq", &a.dq},       {"--dk", &a.dk},
-        {"--dv", &a.dv},       {"--iters", &a.iters}, {"--eps", &a.eps},     {"--scale", &a.scale},
-        {"--tol", &a.tol},     {"--grad", &a.grad},   {"--threads", &a.threads},
-        {"--sort", &a.sort},   {"--tau", &a.tau},     {"--softsort-t", &a.sst}, {"--cost", &a.cost},
-        {"--esp-scale", &a.escale}, {"--slices", &a.slices}, {"--num-slices", &a.nslices}, {"--seed", &a.seed},
-        {"--sigma", &a.sigma}, {"--dslices", &a.dslices},
-        {"--pivots", &a.pivots}, {"--pivot-logits", &a.plogits}, {"--pivot-temp", &a.ptemp},
-        {"--dpivots", &a.dpivots}, {"--dpivot-logits", &a.dplogits},
+    const cli_opt opts[] = {
+        {"--op", &a.op, 0},       {"--q", &a.q, 0},         {"--k", &a.k, 0},         {"--v", &a.v, 0},
+        {"--out", &a.out, 0},     {"--q-len", &a.qlen, 0},  {"--k-len", &a.klen, 0},  {"--attn", &a.attn, 0},
+        {"--diag", &a.diag, 0},   {"--dout", &a.dout, 0},   {"--dq", &a.dq, 0},       {"--dk", &a.dk, 0},
+        {"--dv", &a.dv, 0},       {"--iters", &a.iters, 0}, {"--eps", &a.eps, 0},     {"--scale", &a.scale, 0},
+        {"--tol", &a.tol, 0},     {"--grad", &a.grad, 0},   {"--threads", &a.threads, 0},
+        {"--sort", &a.sort, 0},   {"--tau", &a.tau, 0},     {"--softsort-t", &a.sst, 0}, {"--cost", &a.cost, 0},
+        {"--esp-scale", &a.escale, 0}, {"--slices", &a.slices, 0}, {"--num-slices", &a.nslices, 0}, {"--seed", &a.seed, 0},
+        {"--sigma", &a.sigma, 0}, {"--dslices", &a.dslices, 0},
+        {"--pivots", &a.pivots, 0}, {"--pivot-logits", &a.plogits, 0}, {"--pivot-temp", &a.ptemp, 0},
+        {"--dpivots", &a.dpivots, 0}, {"--dpivot-logits", &a.dplogits, 0},
     };
-    const int nopt = (int)(sizeof opts / sizeof opts[0]);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            attn_usage(stdout);
-            return CLI_OK;
-        }
-        int hit = 0;
-        for (int o = 0; o < nopt; o++)
-            if (!strcmp(argv[i], opts[o].flag)) {
-                if (i + 1 >= argc) {
-                    fprintf(stderr, "birkhoff attn: %s needs a value\n", argv[i]);
-                    return CLI_USAGE;
-                }
-                *opts[o].dst = argv[++i];
-                hit = 1;
-                break;
-            }
-        if (!hit) {
-            fprintf(stderr, "birkhoff attn: unknown option '%s'\n", argv[i]);
-            attn_usage(stderr);
-            return CLI_USAGE;
-        }
-    }
+    int done = 0, rc0 = cli_parse_opts("attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), attn_usage, &done);
+    if (rc0 != CLI_OK || done) return rc0;
     if (!a.op || !a.q || !a.k || !a.v || !a.out) {
         fprintf(stderr, "birkhoff attn: --op, --q, --k, --v and --out are required\n");
         attn_usage(stderr);
@@ -436,33 +387,12 @@ int cmd_attn(int argc, char **argv)
             D[3 * i + 2] = diag[i].col_err;
         }
     }
-    /* all or nothing: stage every file next to its destination, then rename */
-    struct { const char *path; int ndim; const int64_t *shape; const float *data; } outs[10] = {
+    const cli_output outs[10] = {
         {a.out, 4, so, O}, {A ? a.attn : NULL, 4, sa, A}, {D ? a.diag : NULL, 3, sd, D},
         {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}, {SG ? a.sigma : NULL, 3, sg, SG},
         {DTH ? a.dslices : NULL, 2, sth, DTH}, {DPZ ? a.dpivots : NULL, 3, spz, DPZ},
         {DPT ? a.dplogits : NULL, 2, spt, DPT}};
-    char staged[10][4096];
-    int nstaged = 0, werr = 0;
-    for (int i = 0; i < 10 && !werr; i++) {
-        if (!outs[i].path) continue;
-        snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
-        if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
-            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
-            werr = 1;
-        } else {
-            nstaged = i + 1;
-        }
-    }
-    for (int i = 0; i < nstaged; i++) {
-        if (!outs[i].path) continue;
-        if (werr) remove(staged[i]);
-        else if (rename(staged[i], outs[i].path) != 0) {
-            fprintf(stderr, "birkhoff attn: cannot rename %s to %s\n", staged[i], outs[i].path);
-            werr = 1;
-        }
-    }
-    if (werr) goto done;
+    if (!cli_write_outputs("attn", 10, outs)) goto done;
     if (diag) {
         float re = 0, ce = 0;
         int it = 0;

@@ -63,6 +63,105 @@ long cli_peak_rss(void)
     return ru.ru_maxrss * 1024L;
 }
 
+int cli_parse_opts(const char *prog, int argc, char **argv, const cli_opt *opts, int nopt,
+                   void (*usage_fn)(FILE *), int *done)
+{
+    *done = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_fn(stdout);
+            *done = 1;
+            return CLI_OK;
+        }
+        int hit = 0;
+        for (int o = 0; o < nopt; o++)
+            if (!strcmp(argv[i], opts[o].flag)) {
+                if (opts[o].is_switch) {
+                    *opts[o].dst = "1";
+                } else {
+                    if (i + 1 >= argc) {
+                        fprintf(stderr, "birkhoff %s: %s needs a value\n", prog, argv[i]);
+                        return CLI_USAGE;
+                    }
+                    *opts[o].dst = argv[++i];
+                }
+                hit = 1;
+                break;
+            }
+        if (!hit) {
+            fprintf(stderr, "birkhoff %s: unknown option '%s'\n", prog, argv[i]);
+            usage_fn(stderr);
+            return CLI_USAGE;
+        }
+    }
+    return CLI_OK;
+}
+
+int cli_load_f32(const char *prog, const char *what, const char *path, int ndim, bk_npy *a)
+{
+    if (bk_npy_read(path, a) != BK_OK) {
+        fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+        return 0;
+    }
+    if (a->dtype != BK_F32 || a->ndim != ndim) {
+        fprintf(stderr, "birkhoff %s: %s (%s) must be a float32 array of %d dimensions, got %s with %d\n", prog, what,
+                path, ndim, a->dtype == BK_F32 ? "float32" : "int32", a->ndim);
+        bk_npy_free(a);
+        return 0;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (a->shape[i] < 1 || a->shape[i] > 0x7fffffff) {
+            fprintf(stderr, "birkhoff %s: %s (%s) has an empty or too large dimension\n", prog, what, path);
+            bk_npy_free(a);
+            return 0;
+        }
+    return 1;
+}
+
+int cli_load_len(const char *prog, const char *what, const char *path, int64_t B, bk_npy *a)
+{
+    if (bk_npy_read(path, a) != BK_OK) {
+        fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+        return 0;
+    }
+    if (a->dtype != BK_I32 || a->ndim != 1 || a->shape[0] != B) {
+        fprintf(stderr, "birkhoff %s: %s (%s) must be an int32 array of shape [%lld]\n", prog, what, path, (long long)B);
+        bk_npy_free(a);
+        return 0;
+    }
+    return 1;
+}
+
+int cli_write_outputs(const char *prog, int n, const cli_output *outs)
+{
+    char (*staged)[4096] = calloc((size_t)(n > 0 ? n : 1), sizeof *staged);
+    if (!staged) {
+        fprintf(stderr, "birkhoff %s: out of memory\n", prog);
+        return 0;
+    }
+    int nstaged = 0, werr = 0;
+    for (int i = 0; i < n && !werr; i++) {
+        nstaged = i + 1;
+        if (!outs[i].path) continue;
+        snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
+        if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
+            fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+            werr = 1;
+            nstaged = i;
+        }
+    }
+    for (int i = 0; i < nstaged; i++) {
+        if (!outs[i].path) continue;
+        if (werr) remove(staged[i]);
+        else if (rename(staged[i], outs[i].path) != 0) {
+            fprintf(stderr, "birkhoff %s: cannot rename %s to %s\n", prog, staged[i], outs[i].path);
+            werr = 1;
+        }
+    }
+    free(staged);
+    return !werr;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -72,6 +171,7 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
+            "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
             "  bench   benchmark operators over a shape grid against the PyTorch peers\n"
             "  demo    Sinkhorn vs softmax attention on generated data: marginals and timings\n"
             "  version print the version and the kernel instruction set\n"
@@ -88,6 +188,7 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "attn")) return cmd_attn(argc - 1, argv + 1);
+    if (!strcmp(cmd, "otk")) return cmd_otk(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {

@@ -4,6 +4,7 @@
 #include "birkhoff.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 /* exit codes: 0 ok, 1 runtime failure (bad file, bad data), 2 usage error */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
@@ -16,7 +17,34 @@ void cli_stats(const double *x, int n, double *med, double *p25, double *p75);
 /* peak resident set size of this process in bytes */
 long cli_peak_rss(void);
 
+/* Options: "--flag value" pairs, or switches (is_switch: no value, *dst set
+ * to "1"). --help/-h prints usage to stdout and returns CLI_OK through *done.
+ * Returns CLI_OK, or CLI_USAGE after a message on stderr. */
+typedef struct {
+    const char *flag;
+    const char **dst;
+    int is_switch;
+} cli_opt;
+int cli_parse_opts(const char *prog, int argc, char **argv, const cli_opt *opts, int nopt,
+                   void (*usage)(FILE *), int *done);
+/* Reads a float32 .npy of ndim dimensions, each in [1, 2^31). 1 on success,
+ * else a message on stderr naming prog, what and path. */
+int cli_load_f32(const char *prog, const char *what, const char *path, int ndim, bk_npy *a);
+/* Reads an int32 [B] lengths array. */
+int cli_load_len(const char *prog, const char *what, const char *path, int64_t B, bk_npy *a);
+/* All-or-nothing output: every file is staged next to its destination, then
+ * all are renamed; on any failure none is left. Entries with path NULL are
+ * skipped. Returns 1 on success. */
+typedef struct {
+    const char *path;
+    int ndim;
+    const int64_t *shape;
+    const float *data;
+} cli_output;
+int cli_write_outputs(const char *prog, int n, const cli_output *outs);
+
 int cmd_attn(int argc, char **argv);
+int cmd_otk(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 #endif

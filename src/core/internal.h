@@ -152,6 +152,17 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);
 
+/* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ---- */
+static inline uint64_t bki_mix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
+static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
+
 #define BK_STR2(x) #x
 #define BK_STR(x) BK_STR2(x)
 

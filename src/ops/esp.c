@@ -43,15 +43,7 @@ float bk_esp_anneal(float t0, float factor, int epoch)
     return t0 * powf(factor, (float)(epoch > 0 ? epoch : 0));
 }
 
-/* splitmix64 + Box-Muller: random unit directions, reproducible from seed */
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
+/* random unit directions (Box-Muller on the shared splitmix64 stream), reproducible from seed */
 static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
 {
     if (p->L == 0) {
@@ -64,8 +56,8 @@ static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
         for (int l = 0; l < L; l++) {
             double nrm = 0.0;
             for (int x = 0; x < d; x++) {
-                double u = ((double)(mix64(&st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-                double w = (double)(mix64(&st) >> 11) * (1.0 / 9007199254740992.0);
+                double u = ((double)(bki_mix64(&st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+                double w = (double)(bki_mix64(&st) >> 11) * (1.0 / 9007199254740992.0);
                 double g = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
                 theta[(size_t)l * d + x] = (float)g;
                 nrm += g * g;

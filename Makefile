@@ -31,10 +31,10 @@ CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/impli
 OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
-HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h
+HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h
 
 TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/demo.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c
+TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so
@@ -43,6 +43,7 @@ TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
 REFESP = $(BUILD)/ref_esp_selftest
 REFLOT = $(BUILD)/ref_lot_selftest
+REFOTK = $(BUILD)/ref_otk_selftest
 EXAMPLE = $(BUILD)/quickstart
 
 .PHONY: all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -81,6 +82,9 @@ $(REFST): $(BUILD)/obj/tests/ref_attn.o $(BUILD)/obj/tests/ref_attn_selftest.o
 $(REFESP): $(BUILD)/obj/tests/ref_esp.o $(BUILD)/obj/tests/ref_esp_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFOTK): $(BUILD)/obj/tests/ref_otk.o $(BUILD)/obj/tests/ref_otk_selftest.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
@@ -91,11 +95,12 @@ deps:
 	./scripts/deps.sh
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(CLI) $(EXAMPLE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(CLI) $(EXAMPLE)
 	$(EXAMPLE)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)
+	$(REFOTK)
 	$(TESTS)
 	BK_ISA=avx2 $(TESTS) --quick
 

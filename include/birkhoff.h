@@ -505,17 +505,22 @@ BK_API bk_status bk_otk_backward(const bk_otk_desc *desc, const bk_otk_params *p
                                  float *dz, float *dW, void *ws, size_t ws_size);
 
 /* ---- unsupervised learning of anchors and references (OTK section 5) ----
- * Spherical K-means (the reference's): rows normalised, K initial centres
- * drawn without replacement from a seeded generator, assignment by maximum
+ * Spherical K-means (the reference's): rows normalised (zero rows ignored),
+ * K initial centres by k-means++ seeding on the distance 1 - cos (init
+ * PLUSPLUS, default) or drawn uniformly without replacement as the reference
+ * code does (init RANDOM), from a seeded generator, assignment by maximum
  * cosine, centre = normalised mean, an empty cluster takes the worst-fitting
  * point; stops after `iters` iterations or when the mean similarity changes by
  * less than tol relatively. Results are reproducible for a seed and do not
  * depend on the thread count. */
+typedef enum { BK_KMEANS_PLUSPLUS = 0, BK_KMEANS_RANDOM = 1 } bk_kmeans_init;
+
 typedef struct {
     int iters;             /* >= 1 (100)                                      */
     float tol;             /* >= 0 (1e-6)                                     */
     uint64_t seed;
     int64_t max_samples;   /* fit_anchors/fit_refs: elements sampled (0 = all) */
+    bk_kmeans_init init;
 } bk_kmeans_params;
 
 typedef struct {
@@ -525,8 +530,8 @@ typedef struct {
 } bk_kmeans_report;
 
 BK_API bk_kmeans_params bk_kmeans_params_default(void);
-/* x [N, dim] row-major (rows of zero norm are refused); centres [K, dim]
- * unit rows. K > N is BK_ERR_PARAM. */
+/* x [N, dim] row-major; centres [K, dim] unit rows. K > (non-zero rows) is
+ * BK_ERR_PARAM. */
 BK_API bk_status bk_spherical_kmeans(const float *x, int64_t N, int dim, int K, const bk_kmeans_params *kp,
                                      float *centres, bk_kmeans_report *rep);
 /* Anchors W [k, d] by spherical K-means on (up to max_samples, uniformly

@@ -31,4 +31,5 @@ void test_attn(void);
 void test_npy(void);
 void test_esp(void);
 void test_lot(void);
+void test_otk(void);
 #endif

@@ -49,6 +49,7 @@ int main(int argc, char **argv)
     test_attn();
     test_esp();
     test_lot();
+    test_otk();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

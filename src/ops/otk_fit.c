@@ -18,7 +18,7 @@
 
 bk_kmeans_params bk_kmeans_params_default(void)
 {
-    bk_kmeans_params k = {100, 1e-6f, 0, 0};
+    bk_kmeans_params k = {100, 1e-6f, 0, 0, BK_KMEANS_PLUSPLUS};
     return k;
 }
 
@@ -28,6 +28,7 @@ static bk_status check_kp(const bk_kmeans_params *kp)
     if (kp->iters < 1) return bki_fail(BK_ERR_PARAM, "K-means iterations must be >= 1, got %d", kp->iters);
     if (!(kp->tol >= 0.0f) || !isfinite(kp->tol)) return bki_fail(BK_ERR_PARAM, "K-means tol must be finite and >= 0");
     if (kp->max_samples < 0) return bki_fail(BK_ERR_PARAM, "max_samples must be >= 0");
+    if (kp->init != BK_KMEANS_PLUSPLUS && kp->init != BK_KMEANS_RANDOM) return bki_fail(BK_ERR_PARAM, "unknown K-means init %d", (int)kp->init);
     return BK_OK;
 }
 
@@ -63,14 +64,50 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
         free(assign); free(sim); free(idx); free(acc); free(blk);
         return bki_fail(BK_ERR_NOMEM, "out of memory (K-means on %lld points)", (long long)N);
     }
-    /* K distinct initial points: Floyd's sampling, in draw order */
     uint64_t st = kp->seed;
-    for (int j = 0; j < K; j++) {
-        int64_t t = (int64_t)bki_rand_below(&st, (uint64_t)(N - K + j + 1));
-        for (int i = 0; i < j; i++)
-            if (idx[i] == t) { t = N - K + j; break; }
-        idx[j] = t;
-        memcpy(C + (size_t)j * dim, xn + (size_t)t * dim, sizeof(float) * dim);
+    if (kp->init == BK_KMEANS_RANDOM) {
+        /* K distinct initial points: Floyd's sampling, in draw order */
+        for (int j = 0; j < K; j++) {
+            int64_t t = (int64_t)bki_rand_below(&st, (uint64_t)(N - K + j + 1));
+            for (int i = 0; i < j; i++)
+                if (idx[i] == t) { t = N - K + j; break; }
+            idx[j] = t;
+            memcpy(C + (size_t)j * dim, xn + (size_t)t * dim, sizeof(float) * dim);
+        }
+    } else {
+        /* k-means++: each next centre drawn with probability proportional to
+         * its distance 1 - cos to the nearest chosen centre (sim holds it) */
+        int64_t t = (int64_t)bki_rand_below(&st, (uint64_t)N);
+        for (int j = 0; j < K; j++) {
+            memcpy(C + (size_t)j * dim, xn + (size_t)t * dim, sizeof(float) * dim);
+            const float *c = C + (size_t)j * dim;
+            double tot = 0.0;
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t i = 0; i < N; i++) {
+                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                const float *xi = xn + (size_t)i * dim;
+                int e = 0;
+                for (; e + 8 <= dim; e += 8)
+                    for (int l = 0; l < 8; l++) lane[l] = fmaf(xi[e + l], c[e + l], lane[l]);
+                for (; e < dim; e++) lane[0] = fmaf(xi[e], c[e], lane[0]);
+                const float ip = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+                const float dist = fmaxf(1.0f - ip, 0.0f);
+                if (j == 0 || dist < sim[i]) sim[i] = dist;
+            }
+            for (int64_t i = 0; i < N; i++) tot += sim[i];
+            if (j + 1 == K) break;
+            if (!(tot > 0.0)) { /* every point is a centre already: any point */
+                t = (int64_t)bki_rand_below(&st, (uint64_t)N);
+                continue;
+            }
+            const double u = (double)(bki_mix64(&st) >> 11) * (1.0 / 9007199254740992.0) * tot;
+            double cum = 0.0;
+            t = N - 1;
+            for (int64_t i = 0; i < N; i++) {
+                cum += sim[i];
+                if (cum > u && sim[i] > 0.0f) { t = i; break; }
+            }
+        }
     }
     const int64_t nblk = (N + KM_BLOCK - 1) / KM_BLOCK;
     double prev = INFINITY, obj = 0.0;

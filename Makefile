@@ -33,7 +33,7 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/demo.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/demo.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a

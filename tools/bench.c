@@ -43,6 +43,7 @@ static void bench_usage(FILE *f)
             "\n"
             "options:\n"
             "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|lot|all   (default all)\n"
+            "  --op otk                    the OTK embedding (its own options: bench --op otk --help)\n"
             "                              lot: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's\n"
             "                              settings; its peer runs for N <= 4096)\n"
             "                              esp: soft sort with the reference's semantics (Euclidean cost,\n"
@@ -319,6 +320,7 @@ int cmd_bench(int argc, char **argv)
             return CLI_USAGE;
         }
     }
+    if (!strcmp(opname, "otk")) return bench_otk(argc, argv);
     int want[OP_COUNT], any = 0;
     for (int o = 0; o < OP_COUNT; o++) {
         want[o] = !strcmp(opname, "all") || !strcmp(opname, op_names[o]);

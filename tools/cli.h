@@ -46,5 +46,6 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs);
 int cmd_attn(int argc, char **argv);
 int cmd_otk(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int bench_otk(int argc, char **argv); /* bench --op otk */
 int cmd_demo(int argc, char **argv);
 #endif

@@ -194,6 +194,7 @@ static void nys_backward_global(const bk_otk_desc *d, const bk_otk_params *p, co
 /* ---- per-thread slab --------------------------------------------------------- */
 typedef struct {
     float *xh, *r, *Bm, *psi, *dpsi;   /* n x d, n, n x k (x3)                */
+    float *Ex;                         /* n x k: alpha (<w_l, xh_i> - 1)       */
     float *Lg, *A, *G, *S;             /* n x p logits, plan, adjoint, PE      */
     float *hist;                       /* potentials when no tape is kept      */
     float *aux;                        /* scaling domain: row shifts and
@@ -206,7 +207,7 @@ static size_t hist_len(const bk_otk_desc *d, const bk_otk_params *p) { return bk
 static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_params *p)
 {
     const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p;
-    return fl(n * d->d) + fl(n) + 3 * fl(n * k) + 4 * fl(n * P) + fl(hist_len(d, p)) +
+    return fl(n * d->d) + fl(n) + 4 * fl(n * k) + 4 * fl(n * P) + fl(hist_len(d, p)) +
            fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(bki_kern()->sk_scratch(d->n, d->p)) + 16 * BK_ALIGN;
 }
 
@@ -220,6 +221,7 @@ static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
     w.Bm = bki_take(&ar, n * k * sizeof(float));
     w.psi = bki_take(&ar, n * k * sizeof(float));
     w.dpsi = bki_take(&ar, n * k * sizeof(float));
+    w.Ex = bki_take(&ar, n * k * sizeof(float));
     w.Lg = bki_take(&ar, n * P * sizeof(float));
     w.A = bki_take(&ar, n * P * sizeof(float));
     w.G = bki_take(&ar, n * P * sizeof(float));
@@ -347,8 +349,8 @@ static void set_features(const bk_otk_desc *d, const bk_otk_params *p, const flo
         for (int c = 0; c < dd; c++) w->xh[(size_t)i * dd + c] = xi[c] * inv;
     }
     /* s = xh W^T, then Bm = r exp(alpha (s - 1)) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, dd, alpha, w->xh, dd, p->W, dd, 0.0f, w->Bm, k);
-    for (size_t i = 0; i < (size_t)nb * k; i++) w->Bm[i] -= alpha;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, dd, alpha, w->xh, dd, p->W, dd, 0.0f, w->Ex, k);
+    for (size_t i = 0; i < (size_t)nb * k; i++) w->Bm[i] = w->Ex[i] -= alpha;
     bki_kern()->vexp(w->Bm, (size_t)nb * k);
     for (int i = 0; i < nb; i++) {
         const float r = fabsf(w->r[i]);
@@ -713,18 +715,18 @@ static void set_features_backward(const bk_otk_desc *d, const bk_otk_params *p, 
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, k, nb, 1.0f, w->Bm, k, w->dpsi, k, 0.0f, dMb, k);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, k, 1.0f, w->dpsi, k, M, k, 0.0f, w->psi, k);
     /* g = dBm (x) kappa, kappa = Bm / r; coefficient of xh: sum_l g (1 - alpha s),
-     * with alpha s = log(kappa) + alpha */
+     * 1 - alpha s = 1 - alpha - Ex */
     float *g = w->psi;
     for (int i = 0; i < nb; i++) {
-        const float r = fabsf(w->r[i]);
-        double cx = 0.0;
+        const float ir = 1.0f / fabsf(w->r[i]), c1 = 1.0f - alpha;
+        float cx = 0.0f;
+        float *gi = g + (size_t)i * k;
+        const float *bi = w->Bm + (size_t)i * k, *ei = w->Ex + (size_t)i * k;
         for (int l = 0; l < k; l++) {
-            const float kap = w->Bm[(size_t)i * k + l] / r;
-            const float gi = g[(size_t)i * k + l] * kap;
-            g[(size_t)i * k + l] = gi;
-            if (w->r[i] > 0.0f && kap > 0.0f) cx += (double)gi * (1.0 - (logf(kap) + alpha));
+            gi[l] *= bi[l] * ir;
+            cx = fmaf(gi[l], c1 - ei[l], cx);
         }
-        w->dpsi[(size_t)i * k] = (float)cx;             /* reuse: per-row coefficient */
+        w->dpsi[(size_t)i * k] = w->r[i] > 0.0f ? cx : 0.0f; /* reuse: per-row coefficient */
     }
     /* dW_b = alpha g^T x */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, dd, nb, alpha, g, k, x, (int)ldx, 0.0f, dWb, dd);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""CLI tests for `birkhoff attn`: file errors are reported clearly with a
+"""CLI tests for `birkhoff attn` and `birkhoff otk`: file errors are reported clearly with a
 non-zero status and never leave a half-written output; a good run writes
 every requested file. Run: /usr/bin/python3 tests/test_cli.py build/birkhoff"""
 import os
@@ -178,6 +178,73 @@ rc, out = run("bench", "--cases", "2:3", "--no-peer")
 check(rc == 2, "bench rejects malformed --cases", out)
 rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")
 check(rc == 0 and '"op": "sinkhorn"' in out, "bench --json runs", out)
+
+# ---- otk -------------------------------------------------------------------------
+Bo, no, do_, qo, po, ko = 3, 6, 4, 2, 3, 5
+Xo = rng.standard_normal((Bo, no, do_)).astype("<f4") * 0.5
+Xo[1, 4:] = np.nan  # padding is never read
+np.save(P("ox.npy"), Xo)
+np.save(P("olen.npy"), np.array([6, 4, 5], dtype="<i4"))
+Wo = rng.standard_normal((ko, do_)); Wo /= np.linalg.norm(Wo, axis=1, keepdims=True)
+np.save(P("ow.npy"), Wo.astype("<f4"))
+np.save(P("oz.npy"), (rng.standard_normal((qo, po, ko)) * 0.5).astype("<f4"))
+np.save(P("oz_id.npy"), (rng.standard_normal((qo, po, do_)) * 0.5).astype("<f4"))
+np.save(P("odo.npy"), rng.standard_normal((Bo, po, qo * ko)).astype("<f4"))
+otk = ["otk", "embed", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--refs", P("oz.npy"), "--anchors", P("ow.npy")]
+rc, out = run(*otk, "--out", P("ophi.npy"), "--plan", P("oplan.npy"), "--diag", P("odiag.npy"), "--iters", "7",
+              "--dout", P("odo.npy"), "--dx", P("odx.npy"), "--drefs", P("odz.npy"), "--danchors", P("odw.npy"))
+check(rc == 0, "otk embed good run", out)
+if rc == 0:
+    phi, pl = np.load(P("ophi.npy")), np.load(P("oplan.npy"))
+    check(phi.shape == (Bo, po, qo * ko) and np.isfinite(phi).all(), "otk: Phi [B, p, q*k], finite")
+    check(pl.shape == (Bo, qo, no, po) and np.all(pl[1, :, 4:] == 0), "otk: plan [B, q, n, p], padded rows zero")
+    c = np.sqrt(po / qo)
+    check(np.allclose(pl.sum(axis=2), c / po, atol=1e-6), "otk: plan columns exact (c/p)")
+    check(np.load(P("odiag.npy")).shape == (Bo, qo, 2), "otk: diag [B, q, 2]")
+    dx = np.load(P("odx.npy"))
+    check(dx.shape == (Bo, no, do_) and np.all(dx[1, 4:] == 0) and np.isfinite(dx).all(), "otk: dx, zero on padding")
+    check(np.load(P("odz.npy")).shape == (qo, po, ko) and np.load(P("odw.npy")).shape == (ko, do_), "otk: dz, dW shapes")
+rc, out = run("otk", "embed", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--refs", P("oz_id.npy"),
+              "--out", P("ophi2.npy"), "--domain", "scaling", "--convention", "reference", "--pe", "1d", "--pe-double")
+check(rc == 0 and np.load(P("ophi2.npy")).shape == (Bo, po, qo * do_), "otk identity map, scaling, reference, PE", out)
+for bad, msg, code in [(["--eps", "0"], "--eps", 2), (["--sigma", "-1"], "--sigma", 2), (["--iters", "0"], "--iters", 2),
+                       (["--domain", "x"], "--domain", 2), (["--pe", "2d"], "--grid", 2), (["--grid", "2x3"], "--pe", 2),
+                       (["--danchors", P("w.npy")], "--dout", 2), (["--k", "3"], "fit-anchors", 2)]:
+    rc, out = run(*otk, "--out", P("never.npy"), *bad)
+    check(rc == code and msg in out and not os.path.exists(P("never.npy")), f"otk usage error {bad}", out)
+np.save(P("olen0.npy"), np.array([6, 0, 5], dtype="<i4"))
+rc, out = run("otk", "embed", "--x", P("ox.npy"), "--lengths", P("olen0.npy"), "--refs", P("oz.npy"), "--anchors",
+              P("ow.npy"), "--out", P("never.npy"))
+check(rc == 1 and "empty" in out and not os.path.exists(P("never.npy")), "otk empty set refused", out)
+rc, out = run("otk", "embed", "--x", P("ox.npy"), "--refs", P("oz.npy"), "--out", P("never.npy"))
+check(rc == 1 and "must equal d" in out and not os.path.exists(P("never.npy")), "otk identity needs k = d", out)
+np.save(P("owbad.npy"), Wo[:, :3].astype("<f4"))
+rc, out = run("otk", "embed", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--refs", P("oz.npy"), "--anchors",
+              P("owbad.npy"), "--out", P("never.npy"))
+check(rc == 1 and "anchors must be" in out and not os.path.exists(P("never.npy")), "otk anchors shape checked", out)
+rc, out = run("otk", "embed", "--x", P("ox.npy"), "--refs", P("oz_id.npy"), "--out", P("never.npy"))
+check(rc == 1 and "non-finite" in out and not os.path.exists(P("never.npy")), "otk NaN in a valid element refused", out)
+rc, out = run("otk", "embed", "--x", P("missing.npy"), "--refs", P("oz.npy"), "--out", P("never.npy"))
+check(rc == 1 and "missing.npy" in out, "otk missing file", out)
+rc, out = run("otk", "fit-anchors", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--k", "4", "--seed", "3",
+              "--out", P("ofw.npy"))
+W1 = np.load(P("ofw.npy")) if rc == 0 else None
+check(rc == 0 and W1.shape == (4, do_) and np.allclose(np.linalg.norm(W1, axis=1), 1, atol=1e-5), "otk fit-anchors", out)
+rc, out = run("otk", "fit-anchors", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--k", "4", "--seed", "3",
+              "--threads", "1", "--out", P("ofw2.npy"))
+check(rc == 0 and np.array_equal(W1, np.load(P("ofw2.npy"))), "otk fit-anchors reproducible, any thread count", out)
+rc, out = run("otk", "fit-anchors", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--k", "100", "--out", P("never.npy"))
+check(rc == 1 and "only" in out and not os.path.exists(P("never.npy")), "otk fit-anchors k > samples refused", out)
+rc, out = run("otk", "fit-refs", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--anchors", P("ow.npy"), "--q", "2",
+              "--p", "3", "--barycenter", "2", "--out", P("ofz.npy"))
+check(rc == 0 and np.load(P("ofz.npy")).shape == (2, 3, ko), "otk fit-refs (q = 2, barycenter)", out)
+rc, out = run("otk", "fit-refs", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--q", "4", "--p", "3",
+              "--out", P("never.npy"))
+check(rc == 1 and "sets" in out and not os.path.exists(P("never.npy")), "otk fit-refs q > sets refused", out)
+rc, out = run("otk", "nope")
+check(rc == 2 and "unknown subcommand" in out, "otk unknown subcommand", out)
+rc, out = run("bench", "--op", "otk", "--cases", "2:20:4:6:3:2:3", "--no-peer", "--reps", "2", "--warmup", "0", "--json")
+check(rc == 0 and '"op": "otk"' in out, "bench --op otk runs", out)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-"""PyTorch peer benchmark: softmax, Sinkformer, ESPFormer and LOTFormer attention on the CPU.
+"""PyTorch peer benchmark on the CPU: softmax, Sinkformer, ESPFormer, LOTFormer, OTK embedding.
 
 Usage:
-  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp|lot \
+  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp|lot|otk \
       --cases "BH:N:d[:S],..." --threads T --reps R --warmup W [--json]
       [--no-isolate] [--flush-denormal] [--fixed-mmap-threshold]
       [--esp-t t] [--esp-temperature T]
       [--lot-r r] [--lot-iters T] [--lot-eps E] [--lot-temp t]
+      [--otk-k k] [--otk-p p] [--otk-q q] [--otk-eps E] [--otk-iters L]
+      [--otk-sigma s]
 
 Each case is B=1, H=BH heads of N x N self-attention with head dim d (dv = d)
 and S Sinkhorn half-steps (sinkhorn only, required there; ignored otherwise).
@@ -25,6 +27,20 @@ otherwise; pivots Z ~ N(0, 1)/sqrt(d) [BH, r, d] and logits theta = 0 [BH, r],
 both learnable (requires_grad, so fwd+bwd computes their gradients too);
 float32 marginals, O(N r) plans, autograd through the unrolled loop). Its
 JSON rows carry "r", "eps", "pivot_temp", and "S" = T (half-steps).
+otk is different (not self-attention): each case "B:N:d[:S]" is a batch of
+B = BH sets of N elements of dimension d (S ignored), pooled by
+otk_reference in otk_torch.py, the port of the reference OTK code as a user
+of it runs it: a CKN Nystrom layer with k trainable anchors W [k, d] (unit
+rows, "exp" kernel with sigma, inverse square root regulariser 1e-2, the
+code's own backward) followed by OTKernel with q references z [q, p, k]
+(the code's uniform(-1/sqrt(p), 1/sqrt(p)) initialisation), scaling-domain
+Sinkhorn with eps and L iterations, no mask, no PE; defaults k = 64, p = 10,
+q = 5, eps = 0.5, L = 10, sigma = 0.5 (the paper's supervised SCOP setting
+with 64 anchors) unless --otk-k, --otk-p, --otk-q, --otk-eps, --otk-iters,
+--otk-sigma say otherwise. x is float32 N(0, 1)/sqrt(d) [B, N, d] (rows of
+norm about 1); x, z and W require grad, and dout is [B, p, q*k]. Its JSON
+rows carry B, "H" = 1, "BH" = B, "k", "p", "q", "eps", "sigma", "eta",
+"domain", and "S" = L; saved_bytes_excl_inputs excludes x, z and W.
 
 Measured per case, with time.perf_counter over R repetitions after W
 warm-ups (median and 25/75 percentiles, seconds):
@@ -76,7 +92,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch attention peer benchmark")
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "otk"])
     ap.add_argument("--cases", required=True,
                     help='comma list of "BH:N:d:S" (sinkhorn) or "BH:N:d[:S]" (S ignored)')
     ap.add_argument("--threads", type=int, default=1)
@@ -96,6 +112,12 @@ def parse_args(argv=None):
     ap.add_argument("--lot-eps", type=float, default=1.0, help="lot: entropic eps")
     ap.add_argument("--lot-temp", type=float, default=0.5,
                     help="lot: pivot-mass temperature (p0 = softmax(theta / t))")
+    ap.add_argument("--otk-k", type=int, default=64, help="otk: number of Nystrom anchors k")
+    ap.add_argument("--otk-p", type=int, default=10, help="otk: supports per reference p")
+    ap.add_argument("--otk-q", type=int, default=5, help="otk: number of references q")
+    ap.add_argument("--otk-eps", type=float, default=0.5, help="otk: entropic eps")
+    ap.add_argument("--otk-iters", type=int, default=10, help="otk: Sinkhorn iterations L")
+    ap.add_argument("--otk-sigma", type=float, default=0.5, help="otk: kernel bandwidth sigma")
     ap.add_argument("--fixed-mmap-threshold", action="store_true",
                     help="run the case subprocesses with MALLOC_MMAP_THRESHOLD_=65536 "
                          "(memory measurement only: distorts the timings)")
@@ -105,6 +127,10 @@ def parse_args(argv=None):
         ap.error("need --threads >= 1, --reps >= 1, --warmup >= 0")
     if a.lot_r < 1 or a.lot_iters < 1 or not a.lot_eps > 0 or not a.lot_temp > 0:
         ap.error("need --lot-r >= 1, --lot-iters >= 1, --lot-eps > 0, --lot-temp > 0")
+    if (min(a.otk_k, a.otk_p, a.otk_q, a.otk_iters) < 1 or not a.otk_eps > 0
+            or not a.otk_sigma > 0):
+        ap.error("need --otk-k, --otk-p, --otk-q, --otk-iters >= 1, --otk-eps > 0, "
+                 "--otk-sigma > 0")
     cases = []
     for item in a.cases.split(","):
         item = item.strip()
@@ -141,6 +167,7 @@ import torch  # noqa: E402
 
 import espformer_torch as esp_port  # noqa: E402  (same directory as this script)
 import lotformer_torch as lot_port  # noqa: E402
+import otk_torch as otk_port  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
@@ -150,6 +177,9 @@ try:
     torch.set_num_interop_threads(1)
 except RuntimeError:
     pass  # already set (only possible before any parallel work)
+
+
+OTK_ETA = 1e-2  # the reference's inverse square root regulariser (fixed in its code)
 
 
 def make_fn(op, S, pivots=None):
@@ -166,6 +196,11 @@ def make_fn(op, S, pivots=None):
         Z, theta = pivots
         return lambda q, k, v: lot_port.lot_reference(
             q, k, v, Z, theta, temp=ARGS.lot_temp, n_iter=ARGS.lot_iters, eps=ARGS.lot_eps)
+    if op == "otk":
+        # (x, z, W) in the places of (q, k, v)
+        return lambda x, z, W: otk_port.otk_reference(
+            x, z, W=W, sigma=ARGS.otk_sigma, eta=OTK_ETA, eps=ARGS.otk_eps,
+            iters=ARGS.otk_iters, log_domain=False)
     return lambda q, k, v: port.attention(q, k, v, S)[0]
 
 
@@ -223,19 +258,23 @@ def _reset_hwm():
         return False
 
 
-def peak_rss_delta(fn, q, k, v, dout):
+def peak_rss_delta(fn, q, k, v, dout, warm=None):
     """Peak RSS of one forward + backward minus the RSS just before it.
 
     A tiny call of the same function first loads and initialises the kernels
     (thread pools, BLAS buffers) without touching much memory; the measured
     call is then the first one at the case's size, so no cached allocator
-    blocks from earlier calls hide its footprint.
+    blocks from earlier calls hide its footprint. warm: a callable doing that
+    tiny call instead of the default one (which slices q, k, v to 4 rows).
     """
     import gc
-    m = min(q.shape[2], 4)
-    tiny = [t[:, :, :m].detach().clone().requires_grad_(True) for t in (q, k, v)]
-    fn(*tiny).backward(dout[:, :, :m])
-    del tiny
+    if warm is not None:
+        warm()
+    else:
+        m = min(q.shape[2], 4)
+        tiny = [t[:, :, :m].detach().clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*tiny).backward(dout[:, :, :m])
+        del tiny
     gc.collect()
     before = _status_kib("VmRSS")
     method = "hwm_reset" if before is not None and _reset_hwm() else "maxrss"
@@ -253,7 +292,74 @@ def peak_rss_delta(fn, q, k, v, dout):
     return max(0, peak - before), method
 
 
+def time_fns(fwd, fwd_bwd, reps, warmup):
+    """Median and quartiles of forward and forward + backward."""
+    res = {}
+    for name, f in (("fwd", fwd), ("fwdbwd", fwd_bwd)):
+        for _ in range(warmup):
+            f()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        res[name] = quartiles(ts)
+    return res
+
+
+def run_case_otk(B, n, d, reps, warmup, seed):
+    """otk: B sets of n elements in R^d (see the module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    k, p, q = ARGS.otk_k, ARGS.otk_p, ARGS.otk_q
+    x = (torch.randn(B, n, d, generator=g) / d ** 0.5).requires_grad_(True)
+    stdv = 1.0 / p ** 0.5                   # OTKernel.reset_parameter
+    z = ((torch.rand(q, p, k, generator=g) * 2 - 1) * stdv).requires_grad_(True)
+    W = torch.randn(k, d, generator=g)
+    W = (W / W.norm(dim=1, keepdim=True)).requires_grad_(True)   # unit anchors
+    dout = torch.randn(B, p, q * k, generator=g)
+    fn = make_fn("otk", None)
+    params = (x, z, W)
+
+    def warm():
+        xt = x[:1, :min(n, 4)].detach().clone().requires_grad_(True)
+        fn(xt, z, W).backward(dout[:1])
+        for t in params:
+            t.grad = None
+
+    rss_delta, rss_method = peak_rss_delta(fn, x, z, W, dout, warm=warm)
+
+    def fwd():
+        with torch.no_grad():
+            fn(x, z, W)
+
+    def fwd_bwd():
+        for t in params:
+            t.grad = None
+        fn(x, z, W).backward(dout)
+
+    res = time_fns(fwd, fwd_bwd, reps, warmup)
+    sb_all, sb_noinp = saved_bytes(fn, x, z, W)
+    return {
+        "peer": "torch", "op": "otk", "B": B, "H": 1, "BH": B, "N": n, "d": d,
+        "S": ARGS.otk_iters, "k": k, "p": p, "q": q, "eps": ARGS.otk_eps,
+        "sigma": ARGS.otk_sigma, "eta": OTK_ETA, "domain": "scaling",
+        "threads": ARGS.threads, "reps": reps, "warmup": warmup,
+        "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
+        "fwd_p75_s": res["fwd"][2],
+        "fwdbwd_median_s": res["fwdbwd"][0], "fwdbwd_p25_s": res["fwdbwd"][1],
+        "fwdbwd_p75_s": res["fwdbwd"][2],
+        "saved_bytes": sb_all, "saved_bytes_excl_inputs": sb_noinp,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
+        "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        "torch": torch.__version__, "python": platform.python_version(),
+    }
+
+
 def run_case(op, bh, n, d, S, reps, warmup, seed):
+    if op == "otk":
+        return run_case_otk(bh, n, d, reps, warmup, seed)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, bh, n, d, generator=g).requires_grad_(True)
                for _ in range(3))
@@ -317,6 +423,9 @@ def run_isolated(bh, n, d, S):
            "--esp-temperature", repr(ARGS.esp_temperature),
            "--lot-r", str(ARGS.lot_r), "--lot-iters", str(ARGS.lot_iters),
            "--lot-eps", repr(ARGS.lot_eps), "--lot-temp", repr(ARGS.lot_temp),
+           "--otk-k", str(ARGS.otk_k), "--otk-p", str(ARGS.otk_p), "--otk-q", str(ARGS.otk_q),
+           "--otk-eps", repr(ARGS.otk_eps), "--otk-iters", str(ARGS.otk_iters),
+           "--otk-sigma", repr(ARGS.otk_sigma),
            "--json", "--no-isolate", "--child"]
     if ARGS.flush_denormal:
         cmd.append("--flush-denormal")
@@ -339,6 +448,9 @@ def main():
               + (f", t {ARGS.esp_t:g}, T {ARGS.esp_temperature:g}" if ARGS.op == "esp" else "")
               + (f", r {ARGS.lot_r}, T {ARGS.lot_iters}, eps {ARGS.lot_eps:g}, "
                  f"temp {ARGS.lot_temp:g}" if ARGS.op == "lot" else "")
+              + (f", k {ARGS.otk_k}, p {ARGS.otk_p}, q {ARGS.otk_q}, eps {ARGS.otk_eps:g}, "
+                 f"L {ARGS.otk_iters}, sigma {ARGS.otk_sigma:g} (BH = batch B)"
+                 if ARGS.op == "otk" else "")
               + (", flush-denormal" if ARGS.flush_denormal else "")
               + ("" if ARGS.no_isolate else ", one process per case"))
         print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | {'fwd med ms':>10} "
@@ -360,7 +472,8 @@ def main():
         else:
             ms = 1e3
             mib = 1.0 / (1 << 20)
-            s_col = S if ARGS.op == "sinkhorn" else ARGS.lot_iters if ARGS.op == "lot" else "-"
+            s_col = (S if ARGS.op == "sinkhorn" else ARGS.lot_iters if ARGS.op == "lot"
+                     else ARGS.otk_iters if ARGS.op == "otk" else "-")
             print(f"{bh:>5} {n:>6} {d:>4} {s_col:>3} | "
                   f"{r['fwd_median_s'] * ms:10.3f} "
                   f"[{r['fwd_p25_s'] * ms:8.3f}, {r['fwd_p75_s'] * ms:8.3f}] | "

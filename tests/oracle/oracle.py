@@ -44,6 +44,24 @@ lot_semantics): pivots Z [H, r, d], pivot-mass logits theta [H, r] (float32
 Sinkhorn problem, --eps defaults to 1. Besides O, A, dQ, dK, dV it writes
 DIR/dZ.npy ([H, r, d]) and DIR/dtheta.npy ([H, r]), the gradients of
 sum(O * dO) summed over the batch.
+
+  /usr/bin/python3 tests/oracle/oracle.py --op otk --x X.npy --refs Z.npy \
+      [--lengths L.npy] [--anchors W.npy --sigma s --eta e] --eps E --iters L \
+      [--domain log|scaling] [--convention paper|reference] \
+      [--pe none|1d|2d --sigma-pos s [--pe-double] [--grid HxW]] \
+      [--isqrt-grad exact|reference] [--dout dPhi.npy] [--dtype ...] --outdir DIR
+
+--op otk is birkhoff's OTK embedding (bench/peers/otk_torch.py,
+otk_semantics; the flags mirror `birkhoff otk embed`): sets X [B, n, d],
+references Z [q, p, k], optional anchors W [k, d] (float32 .npy; without
+anchors psi is the identity and k = d) and valid lengths (int32 [B]).
+Defaults: --sigma 0.5, --eta 1e-2, --domain log, --convention paper, --pe
+none, --sigma-pos 0.1, --isqrt-grad exact; --iters is required and --eps
+defaults to 1 as for the other ops. Writes DIR/Phi.npy ([B, p, q*k]) and
+DIR/P.npy (the pooling weights c P .* S, [B, q, n, p]); with --dout (dPhi
+[B, p, q*k]) also DIR/dX.npy, DIR/dZ.npy and, with anchors, DIR/dW.npy, the
+gradients of sum(Phi * dPhi) (dZ and dW summed over the batch). --q, --k, --v
+are not used by --op otk (they are required by the other ops).
 """
 
 import argparse
@@ -59,6 +77,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.join(_ROOT, "bench", "peers"))
 import espformer_torch as esp  # noqa: E402
 import lotformer_torch as lot  # noqa: E402
+import otk_torch as otk  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
 
 torch.set_num_threads(1)
@@ -176,13 +195,63 @@ def run_lot_oracle(q, k, v, dout, Z, theta, temp, iters, eps=1.0, scale=None,
             "dK": grad(tk), "dV": grad(tv), "dZ": grad(tz), "dtheta": grad(tth)}
 
 
+def run_otk_oracle(x, z, dout=None, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5,
+                   iters=10, domain="log", convention="paper", pe=None, sigma_pos=0.1,
+                   pe_double=False, grid=None, isqrt_grad="exact", dtype="float64"):
+    """Forward (+ backward with dout) of otk_semantics on numpy inputs.
+
+    Returns a dict of numpy arrays (in the compute dtype) with keys Phi
+    [B, p, q*k] and P [B, q, n, p] (c P .* S), and with dout also dX, dZ and,
+    when W is given, dW: the gradients of sum(Phi * dout) (dZ, dW summed over
+    the batch; dX zero on padded rows).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError("dtype must be float32 or float64")
+    tdt = torch.float64 if dtype == "float64" else torch.float32
+    want_grad = dout is not None
+
+    def leaf(a):
+        return torch.tensor(np.asarray(a), dtype=tdt).requires_grad_(want_grad)
+
+    tx, tz = leaf(x), leaf(z)
+    tw = None if W is None else leaf(W)
+    lens = None if lengths is None else [int(v) for v in np.asarray(lengths).reshape(-1)]
+    with torch.set_grad_enabled(want_grad):
+        out, plan = otk.otk_semantics(tx, tz, lengths=lens, W=tw, sigma=sigma, eta=eta,
+                                      eps=eps, iters=iters, domain=domain,
+                                      convention=convention, pe=pe, sigma_pos=sigma_pos,
+                                      pe_double=pe_double, grid=grid,
+                                      isqrt_grad=isqrt_grad)
+    res = {"Phi": out.detach().numpy(), "P": plan.detach().numpy()}
+    if not want_grad:
+        return res
+    tdo = torch.tensor(np.asarray(dout), dtype=tdt)
+    if out.shape != tdo.shape:
+        raise ValueError(f"dout shape {tuple(tdo.shape)} != output shape {tuple(out.shape)}")
+    leaves = [tx, tz] + ([] if tw is None else [tw])
+    grads = torch.autograd.grad((out * tdo).sum(), leaves, allow_unused=True)
+    for name, t, g in zip(("dX", "dZ", "dW"), leaves, grads):
+        res[name] = (torch.zeros_like(t) if g is None else g).detach().numpy()
+    return res
+
+
+def _parse_grid(text):
+    try:
+        gh, gw = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad grid {text!r}: expected HxW")
+    if gh < 1 or gw < 1:
+        raise argparse.ArgumentTypeError(f"bad grid {text!r}: sizes must be >= 1")
+    return gh, gw
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot"])
-    ap.add_argument("--q", required=True)
-    ap.add_argument("--k", required=True)
-    ap.add_argument("--v", required=True)
-    ap.add_argument("--dout", required=True)
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "otk"])
+    ap.add_argument("--q", default=None, help="required except for --op otk")
+    ap.add_argument("--k", default=None, help="required except for --op otk")
+    ap.add_argument("--v", default=None, help="required except for --op otk")
+    ap.add_argument("--dout", default=None, help="required except for --op otk (optional there)")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--eps", type=float, default=1.0)
     ap.add_argument("--scale", type=float, default=None)
@@ -199,9 +268,49 @@ def main(argv=None):
     ap.add_argument("--pivot-logits", default=None, help="lot: mass logits theta [H, r] .npy")
     ap.add_argument("--pivot-temp", type=float, default=None,
                     help="lot: mass temperature (p0 = softmax(theta / t))")
+    ap.add_argument("--x", default=None, help="otk: sets X [B, n, d] .npy")
+    ap.add_argument("--refs", default=None, help="otk: references Z [q, p, k] .npy")
+    ap.add_argument("--lengths", default=None, help="otk: valid lengths int32 [B] .npy")
+    ap.add_argument("--anchors", default=None, help="otk: Nystrom anchors W [k, d] .npy")
+    ap.add_argument("--sigma", type=float, default=0.5, help="otk: kernel bandwidth")
+    ap.add_argument("--eta", type=float, default=1e-2, help="otk: inverse sqrt regulariser")
+    ap.add_argument("--domain", default="log", choices=["log", "scaling"], help="otk")
+    ap.add_argument("--convention", default="paper", choices=["paper", "reference"],
+                    help="otk")
+    ap.add_argument("--pe", default="none", choices=["none", "1d", "2d"], help="otk")
+    ap.add_argument("--sigma-pos", type=float, default=0.1, help="otk: PE bandwidth")
+    ap.add_argument("--pe-double", action="store_true", help="otk: S also multiplies K")
+    ap.add_argument("--grid", type=_parse_grid, default=None, help="otk: 2-D PE grid HxW")
+    ap.add_argument("--isqrt-grad", default="exact", choices=["exact", "reference"],
+                    help="otk")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--outdir", required=True)
     a = ap.parse_args(argv)
+    if a.op == "otk":
+        if a.x is None or a.refs is None:
+            ap.error("--op otk needs --x and --refs")
+        if a.iters is None or a.iters < 1:
+            ap.error("--op otk needs --iters L with L >= 1")
+        if a.eps <= 0:
+            ap.error("--eps must be > 0")
+        try:
+            res = run_otk_oracle(
+                np.load(a.x), np.load(a.refs),
+                dout=np.load(a.dout) if a.dout else None,
+                lengths=np.load(a.lengths) if a.lengths else None,
+                W=np.load(a.anchors) if a.anchors else None, sigma=a.sigma, eta=a.eta,
+                eps=a.eps, iters=a.iters, domain=a.domain, convention=a.convention,
+                pe=None if a.pe == "none" else a.pe, sigma_pos=a.sigma_pos,
+                pe_double=a.pe_double, grid=a.grid, isqrt_grad=a.isqrt_grad, dtype=a.dtype)
+        except ValueError as e:
+            ap.error(str(e))
+        os.makedirs(a.outdir, exist_ok=True)
+        for name, arr in res.items():
+            np.save(os.path.join(a.outdir, name + ".npy"),
+                    np.ascontiguousarray(arr, dtype=np.float32))
+        return 0
+    if a.q is None or a.k is None or a.v is None or a.dout is None:
+        ap.error(f"--op {a.op} needs --q, --k, --v and --dout")
     if a.op in ("sinkhorn", "lot") and (a.iters is None or a.iters < 1):
         ap.error(f"--op {a.op} needs --iters S with S >= 1")
     if a.op == "lot":

@@ -48,8 +48,39 @@ compared (O, A, dQ, dK, dV, dZ, dtheta) with the float64 oracle lot_semantics
 the float32 oracle to the float64 one. Extra cases (no CLI) check that the
 reference port lot_reference (float64 marginals) equals lot_semantics.
 
-Error measure: max|x - ref| / max(1, max|ref|); tolerances 1e-5 for O, A and
-sigma, 1e-4 for the gradients (--tol-fwd / --tol-grad override them).
+OTK cases (domain log|scaling, convention paper|reference, feature map
+identity or Nystrom with unit random anchors (sigma, eta) = (0.5, 1e-2),
+(1, 0), (0.7, 1e-2), isqrt gradient exact or reference, iterations L in
+{1, 3, 10}, eps in {0.1, 0.5, 1}, PE none / 1-D / 1-D twice (pe_double) /
+2-D / 2-D twice with sigma_pos in {0.1, 0.3, 0.5, 1}, q in {1, 3}, shapes
+with n = 1, p >= n, k > d, padding with NaN in the padded rows (1-D only)):
+
+  BIRKHOFF otk embed --x X.npy [--lengths L.npy] --refs Z.npy
+          [--anchors W.npy --sigma s --eta e --isqrt-grad exact|reference]
+          --eps E --iters L --domain log|scaling --convention paper|reference
+          [--pe 1d|2d --sigma-pos s [--pe-double] [--grid HxW]]
+          --out Phi.npy --plan P.npy --dout dPhi.npy --dx dX.npy
+          --drefs dZ.npy [--danchors dW.npy]
+
+compared (Phi, P, dX, dZ, dW) with the float64 oracle otk_semantics
+(bench/peers/otk_torch.py). Inputs keep |K|/eps <= 12: x rows of norm in
+[0.5, 1.2] (one of norm 0.005 in some Nystrom cases, below the norm clamp),
+unit references and anchors. Each OTK case also prints the distance of the
+float32 oracle to the float64 one. The OTK cases are skipped, with a SKIP
+line and not counted, only when the CLI has no `otk` command (`BIRKHOFF otk
+--help` fails). Extra cases (no CLI) check that the reference port
+otk_reference equals otk_semantics(convention=reference, pe_double, the
+code's isqrt gradient), forward and gradients w.r.t. x, z, W.
+
+Error measure: max|x - ref| / max(1, max|ref|), except for OTK: max|x - ref|
+/ max|ref| (relative to the largest entry, as include/birkhoff.h states the
+OTK accuracy), where for the gradients max|ref| is raised to at least 0.1
+times the case's largest gradient entry G (over dX, dZ, dW): float32
+cancellation noise scales with G / eps in every gradient, and with p = 1 or
+n = 1 the plan is fixed by its marginals, dZ is zero analytically and that
+noise is all there is to compare. Tolerances 1e-5 for O,
+A, sigma, Phi and P, 1e-4 for the gradients (--tol-fwd / --tol-grad override
+them).
 
 If torch cannot be imported the test prints a SKIP line and exits 0, unless
 BK_REQUIRE_ORACLE=1 or CI=true is set (then it exits 1). The last line of the output is
@@ -72,6 +103,8 @@ NAMES = ("O", "A", "dQ", "dK", "dV")
 ESP_NAMES = ("O", "A", "sigma", "dQ", "dK", "dV", "dTheta")
 LOT_NAMES = ("O", "A", "dQ", "dK", "dV", "dZ", "dtheta")
 FWD_NAMES = ("O", "A", "sigma")
+OTK_NAMES = ("Phi", "P", "dX", "dZ", "dW")
+OTK_FWD_NAMES = ("Phi", "P")
 
 
 def import_oracle():
@@ -175,6 +208,54 @@ LOT_REL_CASES_FULL = [(1, 1, 6, 4, 4, 3, 5, 1.0, 0.5), (2, 2, 9, 8, 5, 8, 6, 0.5
 LOT_REL_CASES_QUICK = LOT_REL_CASES_FULL[:3]
 
 
+# OTK 1-D shapes (B, n, d, k, q, p); k = number of anchors (identity map: k = d)
+OTK_SHAPES_1D = [
+    (2, 7, 6, 5, 1, 3),
+    (3, 10, 8, 6, 3, 4),
+    (1, 5, 4, 4, 3, 5),        # p = n, B = 1
+    (2, 1, 3, 4, 1, 2),        # n = 1, k > d
+    (2, 16, 8, 12, 3, 6),      # k > d
+    (3, 24, 16, 8, 1, 10),
+]
+# OTK 2-D shapes (B, gh, gw, d, k, q, s): n = gh * gw elements, p = s^2 supports
+OTK_SHAPES_2D = [
+    (2, 3, 4, 6, 5, 1, 2),
+    (1, 4, 4, 8, 6, 3, 3),
+    (2, 2, 5, 4, 4, 3, 1),     # p = 1
+]
+# feature maps: None = identity, else (sigma, eta, isqrt_grad)
+OTK_MAPS = [None, (0.5, 1e-2, "exact"), (1.0, 0.0, "exact"), (0.7, 1e-2, "reference")]
+OTK_PES = [(None, False), ("1d", False), ("1d", True), ("2d", False), ("2d", True)]
+# every (domain, convention, map, pe): 80 variants; (L, eps), shape, sigma_pos
+# and padding are dealt to them per round (see make_otk_cases)
+OTK_VARIANTS = [(dom, conv, mi, pi) for dom in ("log", "scaling")
+                for conv in ("paper", "reference") for mi in range(len(OTK_MAPS))
+                for pi in range(len(OTK_PES))]
+OTK_LE = [(L, eps) for L in (1, 3, 10) for eps in (0.1, 0.5, 1.0)]
+OTK_SIGMA_POS = (0.3, 0.1, 0.5, 1.0)
+OTK_REPS_FULL, OTK_REPS_QUICK = 3, 1
+# Floor of the OTK gradient errors' denominator, as a fraction of the case's
+# largest gradient entry G (over dX, dZ, dW). float32 leaves cancellation
+# noise of about 1e-7 G / eps in every gradient, whatever its own size; with
+# p = 1 or n = 1 the plan is fixed by its marginals and dZ is zero
+# analytically (the float64 oracle holds ~1e-17), so only that noise is left
+# (measured up to 8e-7 G at eps = 0.1).
+OTK_GRAD_FLOOR = 0.1
+
+# Reference relation (no CLI): (B, n, d, k, q, p, anchors, sigma, eta, eps, L,
+# log domain, pe, grid, pad)
+OTK_REL_CASES_FULL = [
+    (2, 7, 5, 4, 3, 3, True, 0.5, 1e-2, 0.1, 10, False, None, None, False),
+    (2, 7, 5, 4, 1, 3, True, 0.5, 1e-2, 0.1, 10, True, None, None, True),
+    (1, 9, 6, 6, 3, 4, False, 0.5, 1e-2, 0.5, 3, False, "gaussian", None, True),
+    (2, 12, 4, 5, 3, 4, True, 0.7, 1e-2, 0.5, 10, True, "gaussian", (3, 4), False),
+    (2, 8, 4, 6, 2, 5, True, 1.0, 0.0, 1.0, 1, False, "gaussian", None, False),
+    (3, 10, 6, 5, 3, 6, True, 0.6, 1e-2, 0.1, 10, True, "gaussian", None, True),
+    (1, 16, 6, 6, 1, 9, False, 0.5, 1e-2, 0.1, 10, False, "gaussian", (4, 4), False),
+]
+OTK_REL_CASES_QUICK = OTK_REL_CASES_FULL[:4]
+
+
 def esp_case_name(sort, variant, shape, pad):
     cost, osc, tau, t, L = variant
     return (f"esp {sort} {cost} {osc} tau={tau:g}" + (f" t={t:g}" if sort == "soft" else "")
@@ -226,6 +307,272 @@ def make_lot_cases(quick):
                                   shape=shape, pad=pad, seed=zlib.crc32(name.encode())))
             i += 1
     return cases
+
+
+def make_otk_cases(quick):
+    """OTK cases: OTK_REPS rounds over the 80 OTK_VARIANTS. In each round the
+    other factors, (L, eps), the shape, sigma_pos and padding (1-D only; the
+    2-D grid has none), are dealt out by independent fixed permutations of the
+    80 variants (seeded per round: the quick grid is the full grid's first
+    round), so every value occurs equally often and no two factors move in
+    lockstep."""
+    import numpy as np
+    cases = []
+    nv = len(OTK_VARIANTS)
+    for r in range(OTK_REPS_QUICK if quick else OTK_REPS_FULL):
+        rng = np.random.default_rng(20210 + r)
+        le_p, sh_p, sp_p, pad_p = (rng.permutation(nv) for _ in range(4))
+        for vi, (dom, conv, mi, pi) in enumerate(OTK_VARIANTS):
+            L, eps = OTK_LE[le_p[vi] % len(OTK_LE)]
+            pe, dbl = OTK_PES[pi]
+            mp = OTK_MAPS[mi]
+            sp = OTK_SIGMA_POS[sp_p[vi] % len(OTK_SIGMA_POS)] if pe else None
+            if pe == "2d":
+                B, gh, gw, d, k, q, s = OTK_SHAPES_2D[sh_p[vi] % len(OTK_SHAPES_2D)]
+                shape, grid, pad = (B, gh * gw, d, k, q, s * s), (gh, gw), False
+            else:
+                shape, grid = OTK_SHAPES_1D[sh_p[vi] % len(OTK_SHAPES_1D)], None
+                pad = bool(pad_p[vi] % 2)
+            B, n, d, k, q, p = shape
+            if mp is None:
+                k = d
+                shape = (B, n, d, k, q, p)
+            name = (f"otk {dom} {conv} "
+                    + ("I" if mp is None else f"nys s={mp[0]:g} eta={mp[1]:g} {mp[2][:3]}")
+                    + f" L={L} eps={eps:g} "
+                    + ("nope" if pe is None else f"{pe}{'x2' if dbl else ''} sp={sp:g}")
+                    + " B{} n{} d{} k{} q{} p{}".format(*shape) + (" pad" if pad else ""))
+            cases.append(dict(name=name, op="otk", domain=dom, convention=conv, map=mp,
+                              S=L, eps=eps, pe=pe, pe_double=dbl, sigma_pos=sp, grid=grid,
+                              shape=shape, pad=pad, seed=zlib.crc32(name.encode())))
+    return cases
+
+
+def f32(v):
+    """v rounded to float32: the CLI parses float32 numbers, the oracle uses these."""
+    import numpy as np
+    return None if v is None else float(np.float32(v))
+
+
+def make_otk_inputs(case):
+    """Random OTK inputs (numpy float32 / int32): x rows of norm in [0.5, 1.2]
+    (one row of norm 0.005 in a quarter of the Nystrom cases), unit references
+    and anchors, NaN in padded rows."""
+    import numpy as np
+    B, n, d, k, q, p = case["shape"]
+    rng = np.random.default_rng(case["seed"])
+
+    def unit(*sh):
+        a = rng.standard_normal(sh)
+        return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+    x = unit(B, n, d) * rng.uniform(0.5, 1.2, size=(B, n, 1))
+    if case["map"] is not None and case["seed"] % 4 == 0:
+        x[0, 0] *= 0.005 / np.linalg.norm(x[0, 0])
+    x = x.astype(np.float32)
+    z = unit(q, p, k).astype(np.float32)
+    W = unit(k, d).astype(np.float32) if case["map"] is not None else None
+    dout = rng.standard_normal((B, p, q * k)).astype(np.float32)
+    lens = None
+    if case["pad"]:
+        lens = rng.integers(1, n + 1, size=B).astype(np.int32)
+        if n > 1 and np.all(lens == n):
+            lens[0] = rng.integers(1, n)
+        for b in range(B):
+            x[b, lens[b]:] = np.nan
+    return dict(x=x, z=z, W=W, dout=dout, lengths=lens)
+
+
+def otk_case_oracle(oracle, case, inp, dtype):
+    mp = case["map"]
+    return oracle.run_otk_oracle(
+        inp["x"], inp["z"], dout=inp["dout"], lengths=inp["lengths"], W=inp["W"],
+        sigma=f32(mp[0]) if mp else 0.5, eta=f32(mp[1]) if mp else 1e-2,
+        eps=f32(case["eps"]), iters=case["S"], domain=case["domain"],
+        convention=case["convention"], pe=case["pe"], sigma_pos=f32(case["sigma_pos"]),
+        pe_double=case["pe_double"], grid=case["grid"],
+        isqrt_grad=mp[2] if mp else "exact", dtype=dtype)
+
+
+def cli_has_otk(cli):
+    """(True, "") when `cli otk --help` succeeds, else (False, why)."""
+    try:
+        p = subprocess.run([cli, "otk", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"could not run `{cli} otk --help`: {e}"
+    if p.returncode == 0:
+        return True, ""
+    first = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()[0]
+    return False, f"`{cli} otk --help` exited with status {p.returncode} ({first})"
+
+
+def run_otk_cli(cli, case, inp, tmp):
+    """Run `birkhoff otk embed` on one case. Returns (dict, None) or (None, message)."""
+    import numpy as np
+    paths = {}
+    for key in ("x", "z", "W", "dout", "lengths"):
+        if inp[key] is not None:
+            paths[key] = os.path.join(tmp, key + ".npy")
+            np.save(paths[key], inp[key])
+    names = [n for n in OTK_NAMES if n != "dW" or inp["W"] is not None]
+    outs = {n: os.path.join(tmp, "cli_" + n + ".npy") for n in names}
+    mp = case["map"]
+    cmd = [cli, "otk", "embed", "--x", paths["x"]]
+    if inp["lengths"] is not None:
+        cmd += ["--lengths", paths["lengths"]]
+    cmd += ["--refs", paths["z"]]
+    if mp is not None:
+        cmd += ["--anchors", paths["W"], "--sigma", "%.9g" % mp[0], "--eta", "%.9g" % mp[1],
+                "--isqrt-grad", mp[2]]
+    cmd += ["--eps", "%.9g" % case["eps"], "--iters", str(case["S"]),
+            "--domain", case["domain"], "--convention", case["convention"]]
+    if case["pe"] is not None:
+        cmd += ["--pe", case["pe"], "--sigma-pos", "%.9g" % case["sigma_pos"]]
+        if case["pe_double"]:
+            cmd += ["--pe-double"]
+        if case["grid"] is not None:
+            cmd += ["--grid", "%dx%d" % case["grid"]]
+    cmd += ["--out", outs["Phi"], "--plan", outs["P"], "--dout", paths["dout"],
+            "--dx", outs["dX"], "--drefs", outs["dZ"]]
+    if mp is not None:
+        cmd += ["--danchors", outs["dW"]]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"could not run CLI: {e}\n  command: {' '.join(cmd)}"
+    if p.returncode != 0:
+        return None, (f"CLI exited with status {p.returncode}\n  command: {' '.join(cmd)}\n"
+                      f"  stderr: {p.stderr.strip()}\n  stdout: {p.stdout.strip()}")
+    res = {}
+    for n in names:
+        try:
+            res[n] = np.load(outs[n])
+        except Exception as e:
+            return None, (f"CLI output {n} unreadable ({e})\n  command: {' '.join(cmd)}\n"
+                          f"  stderr: {p.stderr.strip()}")
+    return res, None
+
+
+def rel_err_max(x, ref, floor=0.0):
+    """max|x - ref| / max(max|ref|, floor) (absolute when both are 0); inf on
+    shape mismatch or non-finite x."""
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if x.shape != ref.shape or not np.all(np.isfinite(x)):
+        return float("inf")
+    if ref.size == 0:
+        return 0.0
+    den = max(float(np.abs(ref).max()), floor)
+    return float(np.abs(x - ref).max() / (den if den > 0 else 1.0))
+
+
+def run_otk_section(cli, oracle, quick, tol_fwd, tol_grad, worst_cli, worst_otk32):
+    """The OTK CLI cases. Returns (passed, failed); skipped (0, 0) with a SKIP
+    line when the CLI has no `otk` command."""
+    import numpy as np
+    has, why = cli_has_otk(cli)
+    cases = make_otk_cases(quick)
+    if not has:
+        print(f"SKIP OTK: {len(cases)} cases not run: the CLI has no `otk` command [{why}]",
+              flush=True)
+        return 0, 0
+    print(f"OTK oracle test: {len(cases)} cases, CLI {cli}, errors relative to max|ref| "
+          f"(gradients: at least {OTK_GRAD_FLOOR:g} x the largest gradient entry), tolerances "
+          f"Phi/P {tol_fwd:g}, gradients {tol_grad:g}", flush=True)
+    passed = failed = 0
+    for case in cases:
+        inp = make_otk_inputs(case)
+        ref = otk_case_oracle(oracle, case, inp, "float64")
+        r32 = otk_case_oracle(oracle, case, inp, "float32")
+        names = [n for n in OTK_NAMES if n in ref]
+        gscale = max(float(np.abs(ref[n]).max()) for n in names if n not in OTK_FWD_NAMES)
+        floors = {n: 0.0 if n in OTK_FWD_NAMES else OTK_GRAD_FLOOR * gscale for n in names}
+        e32 = (max(rel_err_max(r32[n], ref[n]) for n in OTK_FWD_NAMES),
+               max(rel_err_max(r32[n], ref[n], floors[n]) for n in names
+                   if n not in OTK_FWD_NAMES))
+        worst_otk32[0], worst_otk32[1] = max(worst_otk32[0], e32[0]), max(worst_otk32[1], e32[1])
+        with tempfile.TemporaryDirectory(prefix="bk_oracle_") as tmp:
+            got, msg = run_otk_cli(cli, case, inp, tmp)
+        if got is None:
+            failed += 1
+            print(f"FAIL {case['name']}: {msg}", flush=True)
+            continue
+        errs = {n: rel_err_max(got[n], ref[n], floors[n]) for n in names}
+        for n in names:
+            worst_cli[("otk", n)] = max(worst_cli.get(("otk", n), 0.0), errs[n])
+        bad = [n for n in names
+               if not errs[n] <= (tol_fwd if n in OTK_FWD_NAMES else tol_grad)]
+        passed += not bad
+        failed += bool(bad)
+        why = ""
+        for n in bad:
+            if got[n].shape != ref[n].shape:
+                why += f" [{n} shape {got[n].shape}, expected {ref[n].shape}]"
+            elif not np.all(np.isfinite(got[n])):
+                why += f" [{n} has NaN/Inf]"
+        print(f"{'FAIL' if bad else 'ok  '} {case['name']:70s} "
+              + " ".join(f"{n} {errs[n]:.1e}" for n in names)
+              + f" | f32 oracle {e32[0]:.1e}/{e32[1]:.1e}{why}", flush=True)
+    return passed, failed
+
+
+def otk_reference_relation(quick):
+    """otk_reference (the peer) vs otk_semantics(convention=reference,
+    pe_double=True, isqrt_grad=reference), float64. Padded cases give the
+    reference zero padding and a mask, the semantics NaN padding and lengths.
+
+    Returns a list of (name, forward error, gradient error): relative
+    (to max|ref|) errors of the output and the plan, and of dx, dz, dW.
+    """
+    import numpy as np
+    import torch
+    import otk_torch as otk
+    rows = []
+    for (B, n, d, k, q, p, anch, sg, et, eps, L, logd, pe, grid, pad) in (
+            OTK_REL_CASES_QUICK if quick else OTK_REL_CASES_FULL):
+        name = (f"otk reference relation B{B} n{n} d{d} k{k if anch else d} q{q} p{p} "
+                f"{'nys' if anch else 'I'} {'log' if logd else 'scaling'} L={L} eps={eps:g}"
+                + (" pe2d" if grid else " pe" if pe else "") + (" pad" if pad else ""))
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+
+        def unit(*sh):
+            a = rng.standard_normal(sh)
+            return torch.tensor(a / np.linalg.norm(a, axis=-1, keepdims=True))
+
+        x = unit(B, n, d) * torch.tensor(rng.uniform(0.5, 1.2, size=(B, n, 1)))
+        z = unit(q, p, k if anch else d)
+        W = unit(k, d) if anch else None
+        dout = torch.tensor(rng.standard_normal((B, p, q * z.shape[2])))
+        lens, mask = None, None
+        xr, xs = x.clone(), x.clone()
+        if pad:
+            lens = [int(v) for v in rng.integers(1, n + 1, size=B)]
+            lens[0] = max(1, n - 2)
+            mask = torch.zeros(B, n, dtype=torch.bool)
+            for b, m in enumerate(lens):
+                mask[b, :m] = True
+                xr[b, m:] = 0.0
+                xs[b, m:] = float("nan")
+        lr = [t.clone().requires_grad_(True) for t in (xr, z) + ((W,) if anch else ())]
+        ls = [t.clone().requires_grad_(True) for t in (xs, z) + ((W,) if anch else ())]
+        o1, a1 = otk.otk_reference(lr[0], lr[1], mask=mask, W=lr[2] if anch else None,
+                                   sigma=sg, eta=et, eps=eps, iters=L, log_domain=logd,
+                                   pe=pe, sigma_pos=0.3, grid=grid, return_plan=True)
+        g1 = torch.autograd.grad((o1 * dout).sum(), lr)
+        o2, p2 = otk.otk_semantics(ls[0], ls[1], lengths=lens, W=ls[2] if anch else None,
+                                   sigma=sg, eta=et, eps=eps, iters=L,
+                                   domain="log" if logd else "scaling",
+                                   convention="reference",
+                                   pe=None if pe is None else ("2d" if grid else "1d"),
+                                   sigma_pos=0.3, pe_double=True, grid=grid,
+                                   isqrt_grad="reference")
+        g2 = torch.autograd.grad((o2 * dout).sum(), ls)
+        fwd = max(rel_err_max(o1.detach().numpy(), o2.detach().numpy()),
+                  rel_err_max(a1.permute(0, 2, 3, 1).detach().numpy(), p2.detach().numpy()))
+        grad = max(rel_err_max(a.numpy(), b.numpy()) for a, b in zip(g1, g2))
+        rows.append((name, fwd, grad))
+    return rows
 
 
 def make_cases(quick):
@@ -498,18 +845,21 @@ def main():
     rel_tol = 1e-10
     worst_rel = [0.0, 0.0]
     worst_lot_rel = [0.0, 0.0]
-    for name, fwd, grad in reference_relation(args.quick) + lot_reference_relation(args.quick):
-        w = worst_lot_rel if name.startswith("lot") else worst_rel
+    worst_otk_rel = [0.0, 0.0]
+    for name, fwd, grad in (reference_relation(args.quick) + lot_reference_relation(args.quick)
+                            + otk_reference_relation(args.quick)):
+        w = (worst_lot_rel if name.startswith("lot") else
+             worst_otk_rel if name.startswith("otk") else worst_rel)
         w[0], w[1] = max(w[0], fwd), max(w[1], grad)
         ok = fwd <= rel_tol and grad <= rel_tol
         passed += ok
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name:60s} fwd {fwd:.1e} grad {grad:.1e}",
+        print(f"{'ok  ' if ok else 'FAIL'} {name:70s} fwd {fwd:.1e} grad {grad:.1e}",
               flush=True)
 
     if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
         print(f"FAIL: birkhoff CLI not found or not executable: {cli} (build it first)")
-        print(f"{passed} passed, {failed + len(cases)} failed")
+        print(f"{passed} passed, {failed + len(cases) + len(make_otk_cases(args.quick))} failed")
         return 1
 
     worst_cli = {}               # (family, name) -> worst error
@@ -589,6 +939,12 @@ def main():
               " ".join(f"{short.get(n, n)} {errs[n]:.1e}" for n in names) + f" {info}{why}",
               flush=True)
 
+    worst_otk32 = [0.0, 0.0]     # OTK oracle in float32
+    p_otk, f_otk = run_otk_section(cli, oracle, args.quick, args.tol_fwd, args.tol_grad,
+                                   worst_cli, worst_otk32)
+    passed += p_otk
+    failed += f_otk
+
     fams = sorted({f for f, _ in worst_cli})
     for fam in fams:
         print(f"worst CLI errors ({fam}): " +
@@ -605,6 +961,11 @@ def main():
           f"O/A {worst_lot32[0]:.2e}, grads {worst_lot32[1]:.2e}")
     print(f"reference port vs LOT semantics, float64:                   "
           f"fwd {worst_lot_rel[0]:.2e}, grads {worst_lot_rel[1]:.2e}")
+    if p_otk + f_otk:
+        print(f"OTK oracle in float32 vs float64 (relative):                "
+              f"Phi/P {worst_otk32[0]:.2e}, grads {worst_otk32[1]:.2e}")
+    print(f"reference port vs OTK semantics, float64 (relative):        "
+          f"fwd {worst_otk_rel[0]:.2e}, grads {worst_otk_rel[1]:.2e}")
     print(f"time {time.perf_counter() - t0:.1f} s")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

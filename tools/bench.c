@@ -300,6 +300,8 @@ int cmd_bench(int argc, char **argv)
 {
     const char *opname = "all", *cases = NULL, *py = "/usr/bin/python3", *script = "bench/peers/torch_peer.py";
     int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1, peer_max_n = 512;
+    for (int i = 1; i + 1 < argc; i++) /* the OTK bench has its own options */
+        if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "otk")) return bench_otk(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -320,7 +322,6 @@ int cmd_bench(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    if (!strcmp(opname, "otk")) return bench_otk(argc, argv);
     int want[OP_COUNT], any = 0;
     for (int o = 0; o < OP_COUNT; o++) {
         want[o] = !strcmp(opname, "all") || !strcmp(opname, op_names[o]);

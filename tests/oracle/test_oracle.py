@@ -107,6 +107,26 @@ OTK_NAMES = ("Phi", "P", "dX", "dZ", "dW")
 OTK_FWD_NAMES = ("Phi", "P")
 
 
+def run_cli_outputs(cmd, outs, names):
+    """Runs the CLI and loads the named outputs: (dict, None) or (None, error text)."""
+    import numpy as np
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"could not run CLI: {e}\n  command: {' '.join(cmd)}"
+    if p.returncode != 0:
+        return None, (f"CLI exited with status {p.returncode}\n  command: {' '.join(cmd)}\n"
+                      f"  stderr: {p.stderr.strip()}\n  stdout: {p.stdout.strip()}")
+    res = {}
+    for n in names:
+        try:
+            res[n] = np.load(outs[n])
+        except Exception as e:
+            return None, (f"CLI output {n} unreadable ({e})\n  command: {' '.join(cmd)}\n"
+                          f"  stderr: {p.stderr.strip()}")
+    return res, None
+
+
 def import_oracle():
     """Import numpy, torch and the oracle; SKIP (or fail) when torch is missing."""
     try:
@@ -436,21 +456,7 @@ def run_otk_cli(cli, case, inp, tmp):
             "--dx", outs["dX"], "--drefs", outs["dZ"]]
     if mp is not None:
         cmd += ["--danchors", outs["dW"]]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"could not run CLI: {e}\n  command: {' '.join(cmd)}"
-    if p.returncode != 0:
-        return None, (f"CLI exited with status {p.returncode}\n  command: {' '.join(cmd)}\n"
-                      f"  stderr: {p.stderr.strip()}\n  stdout: {p.stdout.strip()}")
-    res = {}
-    for n in names:
-        try:
-            res[n] = np.load(outs[n])
-        except Exception as e:
-            return None, (f"CLI output {n} unreadable ({e})\n  command: {' '.join(cmd)}\n"
-                          f"  stderr: {p.stderr.strip()}")
-    return res, None
+    return run_cli_outputs(cmd, outs, names)
 
 
 def rel_err_max(x, ref, floor=0.0):
@@ -722,21 +728,7 @@ def run_cli(cli, case, inp, tmp):
         cmd += ["--dslices", outs["dTheta"]]
     if lot:
         cmd += ["--dpivots", outs["dZ"], "--dpivot-logits", outs["dtheta"]]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"could not run CLI: {e}\n  command: {' '.join(cmd)}"
-    if p.returncode != 0:
-        return None, (f"CLI exited with status {p.returncode}\n  command: {' '.join(cmd)}\n"
-                      f"  stderr: {p.stderr.strip()}\n  stdout: {p.stdout.strip()}")
-    res = {}
-    for n in names:
-        try:
-            res[n] = np.load(outs[n])
-        except Exception as e:
-            return None, (f"CLI output {n} unreadable ({e})\n  command: {' '.join(cmd)}\n"
-                          f"  stderr: {p.stderr.strip()}")
-    return res, None
+    return run_cli_outputs(cmd, outs, names)
 
 
 def port_errs(oracle, case, inp, ref, dtype, update):

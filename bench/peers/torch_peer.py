@@ -292,6 +292,23 @@ def peak_rss_delta(fn, q, k, v, dout, warm=None):
     return max(0, peak - before), method
 
 
+def measurement_fields(reps, warmup, res, sb_all, sb_noinp, rss_delta, rss_method):
+    """The JSON fields every op's row shares: timings, memory, environment."""
+    return {
+        "threads": ARGS.threads, "reps": reps, "warmup": warmup,
+        "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
+        "fwd_p75_s": res["fwd"][2],
+        "fwdbwd_median_s": res["fwdbwd"][0], "fwdbwd_p25_s": res["fwdbwd"][1],
+        "fwdbwd_p75_s": res["fwdbwd"][2],
+        "saved_bytes": sb_all, "saved_bytes_excl_inputs": sb_noinp,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
+        "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        "torch": torch.__version__, "python": platform.python_version(),
+    }
+
+
 def time_fns(fwd, fwd_bwd, reps, warmup):
     """Median and quartiles of forward and forward + backward."""
     res = {}
@@ -343,17 +360,7 @@ def run_case_otk(B, n, d, reps, warmup, seed):
         "peer": "torch", "op": "otk", "B": B, "H": 1, "BH": B, "N": n, "d": d,
         "S": ARGS.otk_iters, "k": k, "p": p, "q": q, "eps": ARGS.otk_eps,
         "sigma": ARGS.otk_sigma, "eta": OTK_ETA, "domain": "scaling",
-        "threads": ARGS.threads, "reps": reps, "warmup": warmup,
-        "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
-        "fwd_p75_s": res["fwd"][2],
-        "fwdbwd_median_s": res["fwdbwd"][0], "fwdbwd_p25_s": res["fwdbwd"][1],
-        "fwdbwd_p75_s": res["fwdbwd"][2],
-        "saved_bytes": sb_all, "saved_bytes_excl_inputs": sb_noinp,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
-        "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
-        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
-        "torch": torch.__version__, "python": platform.python_version(),
+        **measurement_fields(reps, warmup, res, sb_all, sb_noinp, rss_delta, rss_method),
     }
 
 
@@ -399,17 +406,7 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
            if op == "esp" else {}),
         **({"r": ARGS.lot_r, "eps": ARGS.lot_eps, "pivot_temp": ARGS.lot_temp}
            if op == "lot" else {}),
-        "threads": ARGS.threads, "reps": reps, "warmup": warmup,
-        "fwd_median_s": res["fwd"][0], "fwd_p25_s": res["fwd"][1],
-        "fwd_p75_s": res["fwd"][2],
-        "fwdbwd_median_s": res["fwdbwd"][0], "fwdbwd_p25_s": res["fwdbwd"][1],
-        "fwdbwd_p75_s": res["fwdbwd"][2],
-        "saved_bytes": sb_all, "saved_bytes_excl_inputs": sb_noinp,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "peak_rss_delta_bytes": rss_delta, "peak_rss_method": rss_method,
-        "isolated": bool(ARGS.child), "flush_denormal": bool(ARGS.flush_denormal),
-        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
-        "torch": torch.__version__, "python": platform.python_version(),
+        **measurement_fields(reps, warmup, res, sb_all, sb_noinp, rss_delta, rss_method),
     }
 
 

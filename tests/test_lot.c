@@ -60,17 +60,6 @@ static bk_status lbwd(lbuf *t, const void *tape)
                            &t->pb.tdk, &t->pb.tdv, t->dZ, t->dth, NULL, 0);
 }
 
-static double maxrel(const float *x, const double *ref, size_t n)
-{
-    double mx = 1.0, e = 0.0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(x[i] - ref[i]);
-        if (!(d <= e)) e = d;
-    }
-    return e / mx;
-}
-
 static void check_ref(const lcase *c, uint64_t seed)
 {
     lbuf t;
@@ -105,7 +94,7 @@ static void check_ref(const lcase *c, uint64_t seed)
     double eo = th_rel_err(&pb->to, B, H, c->Nq, c->dv, O), ea = th_rel_err(&pb->ta, B, H, c->Nq, c->Nk, A);
     double eq = th_rel_err(&pb->tdq, B, H, c->Nq, c->d, dQ), ek = th_rel_err(&pb->tdk, B, H, c->Nk, c->d, dK);
     double ev = th_rel_err(&pb->tdv, B, H, c->Nk, c->dv, dV);
-    double ez = maxrel(t.dZ, dZ, nz), et = maxrel(t.dth, dT, nt);
+    double ez = th_max_rel(t.dZ, dZ, nz, 1.0), et = th_max_rel(t.dth, dT, nt, 1.0);
     th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4 && ez <= 1e-4 && et <= 1e-4, name,
              "O %.1e A %.1e dQ %.1e dK %.1e dV %.1e dZ %.1e dtheta %.1e", eo, ea, eq, ek, ev, ez, et);
     free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV); free(dZ); free(dT);

@@ -108,17 +108,6 @@ static bk_status obwd(obuf *t, const void *tape)
     return bk_otk_backward(&t->desc, &t->p, &t->tx, t->z, &t->tdo, tape, &t->tdx, t->dz, t->W ? t->dW : NULL, NULL, 0);
 }
 
-static double maxrel(const float *x, const double *ref, size_t n)
-{
-    double mx = 1e-3, e = 0.0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(x[i] - ref[i]);
-        if (!(d <= e)) e = d;
-    }
-    return e / mx;
-}
-
 static double maxdiff(const float *a, const float *b, size_t n)
 {
     double e = 0.0;
@@ -167,9 +156,9 @@ static void check_ref(const ocase *c, uint64_t seed)
         int *len = th_lens_int(t.len, B);
         ref_otk_forward_batched(&cfg, B, len, xd, zd, o, pl);
         ref_otk_backward_batched(&cfg, B, len, xd, zd, dO, dx, dz, dW);
-        const double eo = maxrel(t.o, o, no), ep = maxrel(t.plan, pl, (size_t)B * c->q * n * c->p);
-        const double ex = maxrel(t.dx, dx, (size_t)B * n * d), ez = maxrel(t.dz, dz, nz);
-        const double ew = dW ? maxrel(t.dW, dW, (size_t)c->k * d) : 0.0;
+        const double eo = th_max_rel(t.o, o, no, 1e-3), ep = th_max_rel(t.plan, pl, (size_t)B * c->q * n * c->p, 1e-3);
+        const double ex = th_max_rel(t.dx, dx, (size_t)B * n * d, 1e-3), ez = th_max_rel(t.dz, dz, nz, 1e-3);
+        const double ew = dW ? th_max_rel(t.dW, dW, (size_t)c->k * d, 1e-3) : 0.0;
         /* float32 vs double: the plan's error grows with L and 1/eps */
         const double tf = 2e-5 * (1 + 0.1 * c->L), tg = 2e-4 * (1 + 0.1 * c->L);
         th_check(eo <= tf && ep <= tf && ex <= tg && ez <= tg && ew <= tg, name,

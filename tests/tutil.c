@@ -129,3 +129,14 @@ void th_directional_fd(const char *name, float *x, const float *grad, int cnt, f
     free(u);
     free(x0);
 }
+
+double th_max_rel(const float *x, const double *ref, size_t n, double floor)
+{
+    double mx = floor, e = 0.0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(x[i] - ref[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e / mx;
+}

@@ -14,6 +14,8 @@ void th_fill_tensor(const bk_tensor *t, int B, int H, int N, int C, const int32_
 double *th_gather(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len);
 /* max |x - ref| / max(1, max |ref|) over the whole view (NaN -> NaN) */
 double th_rel_err(const bk_tensor *t, int B, int H, int N, int C, const double *ref);
+/* max |x - ref| / max(floor, max |ref|) over n entries (NaN in x -> NaN) */
+double th_max_rel(const float *x, const double *ref, size_t n, double floor);
 /* int copy of int32 lengths (NULL stays NULL) */
 int *th_lens_int(const int32_t *l, int B);
 

@@ -85,14 +85,7 @@ static int parse_cases(const char *s, int op, bcase *out, int max)
     return n;
 }
 
-static void fill(float *x, size_t n, unsigned seed)
-{
-    unsigned s = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.4f; /* std ~ 1 */
-    }
-}
+static void fill(float *x, size_t n, unsigned seed) { cli_fill(x, n, seed, 1.0f); }
 
 static double time_softmax_baseline(const bcase *c, const float *q, const float *k, const float *v, float *o,
                                     float *C, int nt)
@@ -245,13 +238,6 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     return ok && s == BK_OK;
 }
 
-static double json_num(const char *line, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
 
 /* Runs the peer once for every case whose peer is `peer` (same threads);
  * fills their results in order. Peer ESP runs only up to N = max_n. */
@@ -285,11 +271,11 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
     while (k < cnt && fgets(line, sizeof line, pp)) {
         if (line[0] != '{') continue;
         bresult *r = &res[idx[k++]];
-        r->peer_fwd = json_num(line, "fwd_median_s");
-        r->peer_fb = json_num(line, "fwdbwd_median_s");
-        r->peer_saved = json_num(line, "saved_bytes");
-        r->peer_rss = json_num(line, "peak_rss_delta_bytes");
-        if (!isfinite(r->peer_rss)) r->peer_rss = json_num(line, "peak_rss_bytes");
+        r->peer_fwd = cli_json_num(line, "fwd_median_s");
+        r->peer_fb = cli_json_num(line, "fwdbwd_median_s");
+        r->peer_saved = cli_json_num(line, "saved_bytes");
+        r->peer_rss = cli_json_num(line, "peak_rss_delta_bytes");
+        if (!isfinite(r->peer_rss)) r->peer_rss = cli_json_num(line, "peak_rss_bytes");
         r->have_peer = isfinite(r->peer_fwd) && isfinite(r->peer_fb);
     }
     int st = pclose(pp);

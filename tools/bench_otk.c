@@ -27,26 +27,6 @@ static void otk_bench_usage(FILE *f)
             "OTKernel + CKN Nystrom layer (scaling domain, autograd through every iteration).\n");
 }
 
-static double ojson(const char *line, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
-
-static void fill_normal(float *x, size_t n, unsigned seed, float sd)
-{
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-        /* sum of 4 uniforms: roughly normal, unit variance after scaling */
-        double u = 0;
-        for (int t = 0; t < 4; t++) u += (double)((s >> (16 * t)) & 0xffff) / 65536.0;
-        x[i] = (float)((u - 2.0) * 1.7320508 * sd);
-    }
-}
-
 int bench_otk(int argc, char **argv)
 {
     const char *cases = "32:1000:64:128:64:1:10,32:1000:64:128:64:4:10", *py = "/usr/bin/python3";
@@ -112,10 +92,10 @@ int bench_otk(int argc, char **argv)
         const size_t nx = (size_t)c.B * c.n * c.d, nz = (size_t)c.q * c.p * c.k, no = (size_t)c.B * c.p * c.q * c.k;
         float *x = malloc(nx * 4), *z = malloc(nz * 4), *W = malloc((size_t)c.k * c.d * 4), *o = malloc(no * 4);
         float *dout = malloc(no * 4), *dx = malloc(nx * 4), *dz = malloc(nz * 4), *dW = malloc((size_t)c.k * c.d * 4);
-        fill_normal(x, nx, 1, 1.0f / sqrtf((float)c.d));
-        fill_normal(z, nz, 2, 1.0f / sqrtf((float)c.p));
-        fill_normal(dout, no, 4, 1.0f);
-        fill_normal(W, (size_t)c.k * c.d, 3, 1.0f);
+        cli_fill(x, nx, 1, 1.0f / sqrtf((float)c.d));
+        cli_fill(z, nz, 2, 1.0f / sqrtf((float)c.p));
+        cli_fill(dout, no, 4, 1.0f);
+        cli_fill(W, (size_t)c.k * c.d, 3, 1.0f);
         for (int l = 0; l < c.k; l++) {
             double s = 0;
             for (int e = 0; e < c.d; e++) s += (double)W[(size_t)l * c.d + e] * W[(size_t)l * c.d + e];
@@ -167,10 +147,10 @@ int bench_otk(int argc, char **argv)
             char line[8192];
             while (pp && fgets(line, sizeof line, pp))
                 if (line[0] == '{') {
-                    pf = ojson(line, "fwd_median_s");
-                    pfb = ojson(line, "fwdbwd_median_s");
-                    prss = ojson(line, "peak_rss_delta_bytes");
-                    if (!isfinite(prss)) prss = ojson(line, "peak_rss_bytes");
+                    pf = cli_json_num(line, "fwd_median_s");
+                    pfb = cli_json_num(line, "fwdbwd_median_s");
+                    prss = cli_json_num(line, "peak_rss_delta_bytes");
+                    if (!isfinite(prss)) prss = cli_json_num(line, "peak_rss_bytes");
                 }
             if (!pp || pclose(pp) != 0) fprintf(stderr, "bench otk: the peer failed (is python3-torch installed?)\n");
         } else if (peer) {

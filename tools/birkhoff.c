@@ -56,6 +56,23 @@ void cli_stats(const double *x, int n, double *med, double *p25, double *p75)
     free(c);
 }
 
+void cli_fill(float *x, size_t n, unsigned seed, float sd)
+{
+    unsigned s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.4f * sd; /* std ~ sd */
+    }
+}
+
+double cli_json_num(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
 long cli_peak_rss(void)
 {
     struct rusage ru;

@@ -388,16 +388,7 @@ def run_case(op, bh, n, d, S, reps, warmup, seed):
             t.grad = None
         fn(q, k, v).backward(dout)
 
-    res = {}
-    for name, f in (("fwd", fwd), ("fwdbwd", fwd_bwd)):
-        for _ in range(warmup):
-            f()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-        res[name] = quartiles(ts)
+    res = time_fns(fwd, fwd_bwd, reps, warmup)
     sb_all, sb_noinp = saved_bytes(fn, q, k, v)
     return {
         "peer": "torch", "op": op, "B": 1, "H": bh, "BH": bh, "N": n, "d": d,

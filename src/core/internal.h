@@ -152,6 +152,18 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);
 
+/* 8-lane float dot product with a fixed summation order (vectorises without
+ * -ffast-math; the result does not depend on alignment or threads) */
+static inline float bki_dotf(int m, const float *a, const float *b)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= m; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] = __builtin_fmaf(a[j + l], b[j + l], acc[l]);
+    for (; j < m; j++) acc[0] = __builtin_fmaf(a[j], b[j], acc[0]);
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 /* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ---- */
 static inline uint64_t bki_mix64(uint64_t *s)
 {

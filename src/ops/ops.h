@@ -23,6 +23,8 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
                             const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout,
                             const void *tape, const bk_tensor *dq, const bk_tensor *dk,
                             const bk_tensor *dv, void *ws, size_t ws_size);
+/* OTK descriptor checks (sizes, lengths in [1, n]) (otk.c). */
+bk_status bki_otk_check_desc(const bk_otk_desc *d);
 /* OTK transport statistics for the unsupervised fits (otk.c). */
 bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p, const float *F, const float *z,
                             double *sim, const int *ref, float *bary);

@@ -42,7 +42,7 @@ bk_otk_params bk_otk_params_default(void)
 static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
 
 /* ---- validation ------------------------------------------------------------ */
-static bk_status check_desc(const bk_otk_desc *d)
+bk_status bki_otk_check_desc(const bk_otk_desc *d)
 {
     if (!d) return bki_fail(BK_ERR_NULL, "OTK descriptor is NULL");
     if (d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1)
@@ -383,11 +383,12 @@ static void pe_matrix(const bk_otk_desc *d, const bk_otk_params *p, int nb, floa
     }
 }
 
-/* logits Lg = (psi z_h^T) / eps, times S when pe_double */
-static void plan_logits(const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *zh, otk_slab *w)
+/* logits Lg = (psi z_h^T) / eps, times S when pe_double; psi: nb x k */
+static void plan_logits(const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *psi, const float *zh,
+                        otk_slab *w)
 {
     const int P = d->p, k = d->k;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, P, k, 1.0f / p->eps, w->psi, k, zh, k, 0.0f, w->Lg, P);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, P, k, 1.0f / p->eps, psi, k, zh, k, 0.0f, w->Lg, P);
     if (p->pe != BK_OTK_PE_NONE && p->pe_double)
         for (size_t i = 0; i < (size_t)nb * P; i++) w->Lg[i] *= w->S[i];
 }
@@ -397,16 +398,6 @@ static void plan_logits(const bk_otk_desc *d, const bk_otk_params *p, int nb, co
  * v = (1/p)/(E^T u); u_t, v_t stored as the potentials (hist layout: u_1, v_1,
  * ..., u_L, v_L). A = n diag(u_L) E diag(v_L). Returns 0 when an iterate is not
  * finite and positive (E underflowed: eps too small for this domain). */
-static float dotf(int m, const float *a, const float *b)
-{
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int j = 0;
-    for (; j + 8 <= m; j += 8)
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(a[j + l], b[j + l], acc[l]);
-    for (; j < m; j++) acc[0] = fmaf(a[j], b[j], acc[0]);
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 static void scaling_kernel(int n, int m, const float *Lg, float *E)
 {
     for (int i = 0; i < n; i++) {
@@ -427,7 +418,7 @@ static int scaling_forward(int n, int m, int L, const float *Lg, float *E, float
         float *u = hist + bki_hist_off(n, m, 2 * t - 1), *vn = hist + bki_hist_off(n, m, 2 * t);
         for (int i = 0; i < n; i++) {
             float s = 0.0f;
-            if (v) s = dotf(m, E + (size_t)i * m, v);
+            if (v) s = bki_dotf(m, E + (size_t)i * m, v);
             else
                 for (int j = 0; j < m; j++) s += E[(size_t)i * m + j];
             u[i] = a / s;
@@ -495,7 +486,7 @@ static void scaling_backward(int n, int m, int L, const float *Lg, const float *
             vb[j] = dl;                        /* reuse vb as delta             */
         }
         for (int i = 0; i < n; i++) {
-            ub[i] += dotf(m, A + (size_t)i * m, vb);
+            ub[i] += bki_dotf(m, A + (size_t)i * m, vb);
             UR[(size_t)i * 2 * L + c] = ut[i];
         }
         /* u_t = a / (E v_{t-1}): rho = -ubar u_t^2 / a; vbar = E^T rho */
@@ -561,7 +552,7 @@ static void plan_diag(int nb, int P, const float *A, bk_otk_diag *dg)
 static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z)
 {
     bk_status s;
-    if ((s = check_desc(d)) || (s = check_params(d, p))) return s;
+    if ((s = bki_otk_check_desc(d)) || (s = check_params(d, p))) return s;
     if ((s = bki_check_tensor("x", x, d->B, 1, d->n, d->d))) return s;
     if ((s = bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len))) return s;
     if ((s = check_dense("references z", z, (size_t)d->q * d->p * d->k))) return s;
@@ -587,7 +578,7 @@ static int forward_core(const bk_otk_desc *d, const bk_otk_params *p, const bk_t
             for (int h = 0; h < d->q; h++) {
                 const float *zh = z + (size_t)h * P * k;
                 float *hist = tape ? tape_block(tape, d, p, b, h) : w.hist;
-                plan_logits(d, p, nb, zh, &w);
+                plan_logits(d, p, nb, w.psi, zh, &w);
                 if (!plan_forward(d, p, nb, hist, &w)) {
 #pragma omp critical(bk_otk_bad)
                     if (bad < 0 || b < bad) bad = b;
@@ -652,7 +643,7 @@ done:
 bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const bk_tensor *psi)
 {
     bk_status s;
-    if ((s = check_desc(d)) || (s = check_params(d, p))) return s;
+    if ((s = bki_otk_check_desc(d)) || (s = check_params(d, p))) return s;
     if ((s = bki_check_tensor("x", x, d->B, 1, d->n, d->d))) return s;
     if ((s = bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len))) return s;
     if ((s = bki_check_tensor("psi", psi, d->B, 1, d->n, d->k))) return s;
@@ -802,15 +793,15 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
                 const float *zh = z + (size_t)h * P * k, *hist = tape_block(tape, d, p, b, h);
                 const float *Gh = bki_at(dout, b, 0) + (size_t)h * k;
                 const int ldg = (int)dout->stride_n;
-                plan_logits(d, p, nb, zh, &w);
+                plan_logits(d, p, nb, w.psi, zh, &w);
                 if (p->domain == BK_OTK_SCALING) scaling_attention(nb, P, L, w.Lg, hist, w.A);
                 else {
                     bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f};
                     bki_kern()->sk_attention(&pb, 2 * L, hist, w.A, P, w.scr);
                 }
-                /* weights Wt = cn A (x) S (in G for now): dpsi += Wt Gh */
-                for (size_t i = 0; i < (size_t)nb * P; i++)
-                    w.G[i] = cn * w.A[i] * (p->pe != BK_OTK_PE_NONE ? w.S[i] : 1.0f);
+                /* the forward's pooling weights (in G for now): dpsi += Wt Gh */
+                memcpy(w.G, w.A, sizeof(float) * (size_t)nb * P);
+                pool_weights(d, p, nb, w.G, w.S);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, P, 1.0f, w.G, P, Gh, ldg, 1.0f, w.dpsi, k);
                 /* Abar = cn S (x) (psi Gh^T) */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, P, k, cn, w.psi, k, Gh, ldg, 0.0f, w.G, P);
@@ -888,11 +879,11 @@ bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const
 #pragma omp for schedule(static)
             for (int b = b0; b < b1; b++) {
                 const int nb = bki_len(d->len, b, d->n);
-                memcpy(w.psi, F + (size_t)b * d->n * k, sizeof(float) * (size_t)nb * k);
+                const float *Fb = F + (size_t)b * d->n * k;
                 for (int h = 0; h < d->q; h++) {
                     if (!sim && ref[b] != h) continue;
                     const float *zh = z + (size_t)h * P * k;
-                    plan_logits(&dd, &p, nb, zh, &w);
+                    plan_logits(&dd, &p, nb, Fb, zh, &w);
                     plan_forward(&dd, &p, nb, w.hist, &w);
                     if (sim) {
                         double s = 0.0;
@@ -900,7 +891,7 @@ bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const
                         sim[(size_t)b * d->q + h] = s * p.eps / nb;
                     }
                     if (bary && ref[b] == h)
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, k, nb, (float)P / nb, w.A, P, w.psi, k,
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, k, nb, (float)P / nb, w.A, P, Fb, k,
                                     0.0f, part + (size_t)(b - b0) * P * k, k);
                 }
             }

@@ -32,19 +32,26 @@ static bk_status check_kp(const bk_kmeans_params *kp)
     return BK_OK;
 }
 
+/* r <- r / |r|; returns 0 (r untouched) for a zero row */
+static int unit_row(float *r, int dim)
+{
+    double s = 0.0;
+    for (int c = 0; c < dim; c++) s += (double)r[c] * r[c];
+    if (!(s > 0.0)) return 0;
+    const float inv = (float)(1.0 / sqrt(s));
+    for (int c = 0; c < dim; c++) r[c] *= inv;
+    return 1;
+}
+
 /* normalise rows in place; returns the number of rows kept (zero rows are
  * dropped, the others compacted in order) */
 static int64_t normalise_rows(float *x, int64_t N, int dim)
 {
     int64_t m = 0;
     for (int64_t i = 0; i < N; i++) {
-        const float *r = x + (size_t)i * dim;
-        double s = 0.0;
-        for (int c = 0; c < dim; c++) s += (double)r[c] * r[c];
-        if (!(s > 0.0)) continue;
-        const float inv = (float)(1.0 / sqrt(s));
-        float *o = x + (size_t)m * dim;
-        for (int c = 0; c < dim; c++) o[c] = r[c] * inv;
+        float *r = x + (size_t)i * dim;
+        if (!unit_row(r, dim)) continue;
+        if (m != i) memcpy(x + (size_t)m * dim, r, sizeof(float) * dim);
         m++;
     }
     return m;
@@ -84,13 +91,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
             double tot = 0.0;
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int64_t i = 0; i < N; i++) {
-                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                const float *xi = xn + (size_t)i * dim;
-                int e = 0;
-                for (; e + 8 <= dim; e += 8)
-                    for (int l = 0; l < 8; l++) lane[l] = fmaf(xi[e + l], c[e + l], lane[l]);
-                for (; e < dim; e++) lane[0] = fmaf(xi[e], c[e], lane[0]);
-                const float ip = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+                const float ip = bki_dotf(dim, xn + (size_t)i * dim, c);
                 const float dist = fmaxf(1.0f - ip, 0.0f);
                 if (j == 0 || dist < sim[i]) sim[i] = dist;
             }
@@ -231,15 +232,7 @@ static float *gather_rows(const float *base, int64_t sb, int64_t sn, int B, int 
 static bk_status check_sets(const bk_otk_desc *d, const bk_tensor *x)
 {
     bk_status s;
-    if (!d) return bki_fail(BK_ERR_NULL, "OTK descriptor is NULL");
-    if (d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1)
-        return bki_fail(BK_ERR_SHAPE, "OTK sizes must be >= 1 (B=%d n=%d d=%d q=%d p=%d k=%d)", d->B, d->n, d->d, d->q,
-                        d->p, d->k);
-    if (d->len)
-        for (int b = 0; b < d->B; b++)
-            if (d->len[b] < 1 || d->len[b] > d->n)
-                return bki_fail(BK_ERR_LENGTH, "set %d has %d valid elements, outside [1, n=%d] (empty sets are refused)", b,
-                                (int)d->len[b], d->n);
+    if ((s = bki_otk_check_desc(d))) return s;
     if ((s = bki_check_tensor("x", x, d->B, 1, d->n, d->d))) return s;
     return bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len);
 }
@@ -286,13 +279,8 @@ static bk_status barycenter(const bk_otk_desc *d, const bk_otk_params *p, const 
             for (int j = 0; j < d->p; j++) {
                 float *zj = z + (size_t)h * pk + (size_t)j * d->k;
                 const float *bj = bs + (size_t)h * pk + (size_t)j * d->k;
-                double nrm = 0.0;
-                for (int c = 0; c < d->k; c++) {
-                    zj[c] = 0.5f * zj[c] + 0.5f * bj[c] / (float)cnt[h];
-                    nrm += (double)zj[c] * zj[c];
-                }
-                if (nrm > 0.0)
-                    for (int c = 0; c < d->k; c++) zj[c] = (float)(zj[c] / sqrt(nrm));
+                for (int c = 0; c < d->k; c++) zj[c] = 0.5f * zj[c] + 0.5f * bj[c] / (float)cnt[h];
+                unit_row(zj, d->k);
             }
         }
     }
@@ -321,13 +309,7 @@ bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_params *p, const bk
     }
     for (int b = 0; b < B; b++) {
         const int nb = bki_len(d->len, b, n);
-        for (int i = 0; i < nb; i++) {
-            float *r = F + ((size_t)b * n + i) * k;
-            double s2 = 0.0;
-            for (int c = 0; c < k; c++) s2 += (double)r[c] * r[c];
-            if (s2 > 0.0)
-                for (int c = 0; c < k; c++) r[c] = (float)(r[c] / sqrt(s2));
-        }
+        for (int i = 0; i < nb; i++) unit_row(F + ((size_t)b * n + i) * k, k);
     }
     int *ref = calloc((size_t)B, sizeof(int));
     double *sim = malloc(sizeof(double) * (size_t)B * q);

@@ -107,6 +107,21 @@ OTK_NAMES = ("Phi", "P", "dX", "dZ", "dW")
 OTK_FWD_NAMES = ("Phi", "P")
 
 
+def explain_bad(bad, got, ref, other=None):
+    """Why the failing outputs failed: wrong shape, non-finite values, or the
+    per-output reason in `other` (for failures that are neither)."""
+    import numpy as np
+    why = ""
+    for n in bad:
+        if got[n].shape != ref[n].shape:
+            why += f" [{n} shape {got[n].shape}, expected {ref[n].shape}]"
+        elif not np.all(np.isfinite(got[n])):
+            why += f" [{n} has NaN/Inf]"
+        elif other and n in other:
+            why += other[n]
+    return why
+
+
 def run_cli_outputs(cmd, outs, names):
     """Runs the CLI and loads the named outputs: (dict, None) or (None, error text)."""
     import numpy as np
@@ -511,12 +526,7 @@ def run_otk_section(cli, oracle, quick, tol_fwd, tol_grad, worst_cli, worst_otk3
                if not errs[n] <= (tol_fwd if n in OTK_FWD_NAMES else tol_grad)]
         passed += not bad
         failed += bool(bad)
-        why = ""
-        for n in bad:
-            if got[n].shape != ref[n].shape:
-                why += f" [{n} shape {got[n].shape}, expected {ref[n].shape}]"
-            elif not np.all(np.isfinite(got[n])):
-                why += f" [{n} has NaN/Inf]"
+        why = explain_bad(bad, got, ref)
         print(f"{'FAIL' if bad else 'ok  '} {case['name']:70s} "
               + " ".join(f"{n} {errs[n]:.1e}" for n in names)
               + f" | f32 oracle {e32[0]:.1e}/{e32[1]:.1e}{why}", flush=True)
@@ -918,14 +928,8 @@ def main():
         passed += not bad
         failed += bool(bad)
         # Say why an inf error arose: wrong shape or non-finite values.
-        why = ""
-        for n in bad:
-            if got[n].shape != ref[n].shape:
-                why += f" [{n} shape {got[n].shape}, expected {ref[n].shape}]"
-            elif not np.all(np.isfinite(got[n])):
-                why += f" [{n} has NaN/Inf]"
-            elif hard_theta and n == "dTheta":
-                why += " [hard sort: dTheta must be exactly 0]"
+        why = explain_bad(bad, got, ref, {"dTheta": " [hard sort: dTheta must be exactly 0]"}
+                          if hard_theta else None)
         short = {"sigma": "sig", "dTheta": "dTh", "dtheta": "dth"}
         print(f"{status} {case['name']:44s} " +
               " ".join(f"{short.get(n, n)} {errs[n]:.1e}" for n in names) + f" {info}{why}",

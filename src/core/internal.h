@@ -26,6 +26,8 @@ int bki_work_threads(int problems);
 /* Threads for a parallel region over `problems` problems (= work threads);
  * sets BLAS's own thread count (all threads when there is one problem). */
 int bki_region_threads(int problems, int nt);
+/* index of the calling thread inside a parallel region (0 outside) */
+int bki_thread_id(void);
 
 /* ---- aligned scratch ---------------------------------------------------- */
 #define BK_ALIGN 64

@@ -121,3 +121,12 @@ void bk_machine_peak(double seconds, double *gflops, double *gexps)
     if (gflops) *gflops = best_f * 1e-9;
     if (gexps) *gexps = best_e * 1e-9;
 }
+
+int bki_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}

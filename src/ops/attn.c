@@ -8,9 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* ---- tape ---------------------------------------------------------------
  * [header 64 B][problem 0 block][problem 1 block]...
@@ -97,11 +94,7 @@ typedef struct {
 
 static slab thread_slab(char *wsbase, size_t pt, const bk_attn_desc *d, const bki_attn_cfg *c)
 {
-#ifdef _OPENMP
-    int tid = omp_get_thread_num();
-#else
-    int tid = 0;
-#endif
+    const int tid = bki_thread_id();
     bki_arena ar = {bki_align_ptr(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
     const size_t nm = (size_t)d->Nq * d->Nk;
     slab s;

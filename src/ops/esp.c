@@ -16,9 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xmmintrin.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define ESP_MAGIC 0x50534542u /* "BESP" */
 #define ESP_VERSION 1u
@@ -758,11 +755,7 @@ static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const floa
  * previous control word is returned in *csr, restored by the caller). */
 static esp_slab thread_slab(const bk_attn_desc *d, const esp_cfg *c, char *slabs, size_t sb, unsigned *csr)
 {
-#ifdef _OPENMP
-    int tid = omp_get_thread_num();
-#else
-    int tid = 0;
-#endif
+    const int tid = bki_thread_id();
     *csr = _mm_getcsr();
     if (c->soft) _mm_setcsr(*csr | 0x8040);
     return carve(bki_align_ptr(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, c->L, c->soft,

@@ -15,9 +15,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define LOT_MAGIC 0x544f4c42u /* "BLOT" */
 #define LOT_VERSION 1u
@@ -140,11 +137,7 @@ size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
 
 static lot_slab thread_slab(const bk_attn_desc *d, const bk_lot_params *p, char *base)
 {
-#ifdef _OPENMP
-    int tid = omp_get_thread_num();
-#else
-    int tid = 0;
-#endif
+    const int tid = bki_thread_id();
     const size_t sb = slab_bytes(d, p);
     return carve(bki_align_ptr(base + (size_t)tid * sb), sb - BK_ALIGN, d, p);
 }

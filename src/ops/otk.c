@@ -19,9 +19,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define OTK_MAGIC 0x4b544f42u /* "BOTK" */
 #define OTK_VERSION 1u
@@ -234,11 +231,7 @@ static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
 
 static otk_slab thread_slab(const bk_otk_desc *d, const bk_otk_params *p, char *base)
 {
-#ifdef _OPENMP
-    int tid = omp_get_thread_num();
-#else
-    int tid = 0;
-#endif
+    const int tid = bki_thread_id();
     return carve(d, p, bki_align_ptr(base + (size_t)tid * slab_bytes(d, p)));
 }
 

@@ -10,9 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define KM_BLOCK 1024 /* rows per assignment block (fixed: determinism) */
 
@@ -117,11 +114,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
         const int rt = bki_region_threads(nblk < 1 << 30 ? (int)nblk : 1 << 30, nt);
 #pragma omp parallel num_threads(rt)
         {
-#ifdef _OPENMP
-            float *S = blk + (size_t)omp_get_thread_num() * KM_BLOCK * K;
-#else
-            float *S = blk;
-#endif
+            float *S = blk + (size_t)bki_thread_id() * KM_BLOCK * K;
 #pragma omp for schedule(static)
             for (int64_t bI = 0; bI < nblk; bI++) {
                 const int64_t i0 = bI * KM_BLOCK;

@@ -28,13 +28,13 @@ LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
-OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c
+OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
-HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h
+HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/demo.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c tools/demo.c
+TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so
@@ -44,6 +44,7 @@ REFST  = $(BUILD)/ref_selftest
 REFESP = $(BUILD)/ref_esp_selftest
 REFLOT = $(BUILD)/ref_lot_selftest
 REFOTK = $(BUILD)/ref_otk_selftest
+REFASAP = $(BUILD)/ref_asap_selftest
 EXAMPLE = $(BUILD)/quickstart
 
 .PHONY: all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -88,6 +89,9 @@ $(REFOTK): $(BUILD)/obj/tests/ref_otk.o $(BUILD)/obj/tests/ref_otk_selftest.o
 $(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFASAP): $(BUILD)/obj/tests/ref_asap.o $(BUILD)/obj/tests/ref_asap_selftest.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(EXAMPLE): examples/quickstart.c $(LIB_A) include/birkhoff.h
 	$(CC) $(CFLAGS_ALL) -Iinclude examples/quickstart.c -o $@ $(LIB_A) $(LDLIBS_ALL)
 
@@ -95,12 +99,13 @@ deps:
 	./scripts/deps.sh
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(CLI) $(EXAMPLE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPLE)
 	$(EXAMPLE)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)
 	$(REFOTK)
+	$(REFASAP)
 	$(TESTS)
 	BK_ISA=avx2 $(TESTS) --quick
 

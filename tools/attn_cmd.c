@@ -8,7 +8,7 @@
 static void attn_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff attn --op softmax|sinkhorn|esp|lot --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "usage: birkhoff attn --op softmax|sinkhorn|esp|lot|asap|asap0 --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
             "\n"
             "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
             "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
@@ -44,7 +44,12 @@ static void attn_usage(FILE *f)
             "  --pivot-temp t    p0 = softmax(theta / t) (default 1)\n"
             "  --iters T --eps E --tol t   half-steps of each inner Sinkhorn problem (default 5), eps (1)\n"
             "  --dpivots F.npy --dpivot-logits F.npy   gradients w.r.t. Z and theta (with --dout)\n"
-            "  --diag D.npy      (lot) per-problem [iters1, iters2, row_err, col_err], [B,H,4]\n");
+            "  --diag D.npy      (lot) per-problem [iters1, iters2, row_err, col_err], [B,H,4]\n"
+            "ASAP (--op asap | asap0; inference only, no backward):\n"
+            "  --layer F.asap    compiled layer from `birkhoff asap calibrate` (required; it fixes\n"
+            "                    scale, eps and the slice bank)\n"
+            "  --variant V       auto (asap: the teacher's ending) | zero (asap0) | column | row\n"
+            "  --diag D.npy      (asap) per-problem [half-steps, row_err, col_err], [B,H,3]\n");
 }
 
 typedef struct {
@@ -52,6 +57,7 @@ typedef struct {
     const char *iters, *eps, *scale, *tol, *grad, *threads;
     const char *sort, *tau, *sst, *cost, *escale, *slices, *nslices, *seed, *sigma, *dslices;
     const char *pivots, *plogits, *ptemp, *dpivots, *dplogits;
+    const char *layer, *variant;
 } attn_args;
 
 static int load4(const char *what, const char *path, bk_npy *a) { return cli_load_f32("attn", what, path, 4, a); }
@@ -81,6 +87,7 @@ int cmd_attn(int argc, char **argv)
         {"--sigma", &a.sigma, 0}, {"--dslices", &a.dslices, 0},
         {"--pivots", &a.pivots, 0}, {"--pivot-logits", &a.plogits, 0}, {"--pivot-temp", &a.ptemp, 0},
         {"--dpivots", &a.dpivots, 0}, {"--dpivot-logits", &a.dplogits, 0},
+        {"--layer", &a.layer, 0}, {"--variant", &a.variant, 0},
     };
     int done = 0, rc0 = cli_parse_opts("attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), attn_usage, &done);
     if (rc0 != CLI_OK || done) return rc0;
@@ -90,9 +97,40 @@ int cmd_attn(int argc, char **argv)
         return CLI_USAGE;
     }
     const int sink = !strcmp(a.op, "sinkhorn"), esp = !strcmp(a.op, "esp"), lot = !strcmp(a.op, "lot");
-    if (!sink && !esp && !lot && strcmp(a.op, "softmax")) {
-        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn, esp or lot)\n", a.op);
+    const int asap = !strcmp(a.op, "asap") || !strcmp(a.op, "asap0");
+    if (!sink && !esp && !lot && !asap && strcmp(a.op, "softmax")) {
+        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn, esp, lot, asap or asap0)\n", a.op);
         return CLI_USAGE;
+    }
+    bk_asap_variant av = !strcmp(a.op, "asap0") ? BK_ASAP_ZERO : BK_ASAP_AUTO;
+    if (!asap && (a.layer || a.variant)) {
+        fprintf(stderr, "birkhoff attn: --layer/--variant apply to --op asap/asap0 only\n");
+        return CLI_USAGE;
+    }
+    if (asap) {
+        if (!a.layer) {
+            fprintf(stderr, "birkhoff attn: --op %s needs --layer F.asap (from `birkhoff asap calibrate`)\n", a.op);
+            return CLI_USAGE;
+        }
+        if (a.iters || a.eps || a.tol || a.grad || a.scale) {
+            fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--scale do not apply to --op %s "
+                            "(the compiled layer fixes them)\n", a.op);
+            return CLI_USAGE;
+        }
+        if (a.dout || a.dq || a.dk || a.dv) {
+            fprintf(stderr, "birkhoff attn: --op %s is inference only (no backward; --dout/--dq/--dk/--dv)\n", a.op);
+            return CLI_USAGE;
+        }
+        if (a.variant) {
+            if (!strcmp(a.variant, "auto")) av = BK_ASAP_AUTO;
+            else if (!strcmp(a.variant, "zero")) av = BK_ASAP_ZERO;
+            else if (!strcmp(a.variant, "column")) av = BK_ASAP_COLUMN;
+            else if (!strcmp(a.variant, "row")) av = BK_ASAP_ROW;
+            else {
+                fprintf(stderr, "birkhoff attn: --variant must be auto, zero, column or row, got '%s'\n", a.variant);
+                return CLI_USAGE;
+            }
+        }
     }
     if (!lot && (a.pivots || a.plogits || a.ptemp || a.dpivots || a.dplogits)) {
         fprintf(stderr, "birkhoff attn: --pivots/--pivot-logits/--pivot-temp/--dpivots/--dpivot-logits apply to --op lot only\n");
@@ -196,7 +234,7 @@ int cmd_attn(int argc, char **argv)
         fprintf(stderr, "birkhoff attn: --grad applies to --op sinkhorn only\n");
         return CLI_USAGE;
     }
-    if (!sink && !esp && !lot && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
+    if (!sink && !esp && !lot && !asap && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
         fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
         return CLI_USAGE;
     }
@@ -220,6 +258,8 @@ int cmd_attn(int argc, char **argv)
     bk_sinkhorn_diag *diag = NULL;
     bk_esp_diag *ediag = NULL;
     bk_lot_diag *ldiag = NULL;
+    bk_asap_layer layer;
+    memset(&layer, 0, sizeof layer);
     int L = 0;
     void *tape = NULL;
     if (!load4("Q", a.q, &Q) || !load4("K", a.k, &K) || !load4("V", a.v, &V)) goto done;
@@ -281,13 +321,23 @@ int cmd_attn(int argc, char **argv)
         lp.scale = p.scale;
         lp.tol = p.tol;
     }
+    if (asap) {
+        if (bk_asap_load(a.layer, &layer) != BK_OK) {
+            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+            goto done;
+        }
+        if (layer.d != d) {
+            fprintf(stderr, "birkhoff attn: the layer %s was compiled for head dim %d, Q has d = %d\n", a.layer, layer.d, d);
+            goto done;
+        }
+    }
     bk_attn_desc desc = {B, H, Nq, Nk, d, dv, QL.data, KL.data};
     if (esp) L = bk_esp_num_slices(&ep, d);
     if (!sink) p.iters = 1; /* softmax: the S = 1 case, through its own entry points below */
     size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
     O = malloc(nq * dv * sizeof(float));
     if (a.attn) A = malloc(nq * Nk * sizeof(float));
-    if (a.diag && sink) diag = malloc(sizeof(*diag) * (size_t)B * H);
+    if (a.diag && (sink || asap)) diag = malloc(sizeof(*diag) * (size_t)B * H);
     if (a.diag && lot) ldiag = malloc(sizeof(*ldiag) * (size_t)B * H);
     if (a.diag && esp) ediag = malloc(sizeof(*ediag) * (size_t)B * H);
     if (a.sigma) SG = malloc(sizeof(float) * (size_t)B * H * (L > 0 ? L : 1));
@@ -306,6 +356,9 @@ int cmd_attn(int argc, char **argv)
     if (esp) {
         bk_esp_extras ex = {ta, SG, NULL, ediag};
         s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+    } else if (asap) {
+        bk_asap_extras ex = {ta, NULL, diag};
+        s = bk_asap_forward(&desc, &layer, av, &tq, &tk, &tv, &to, &ex, NULL, 0);
     } else if (lot) {
         bk_lot_extras ex = {ta, ldiag};
         s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
@@ -401,14 +454,15 @@ int cmd_attn(int argc, char **argv)
             ce = diag[i].col_err > ce ? diag[i].col_err : ce;
             it = diag[i].iters > it ? diag[i].iters : it;
         }
-        fprintf(stderr, "sinkhorn: %d problems, max half-steps %d, max |row sum - 1| %.3g, max |col sum - 1| %.3g (relative)\n",
-                B * H, it, (double)re, (double)ce);
+        fprintf(stderr, "%s: %d problems, max half-steps %d, max |row sum - 1| %.3g, max |col sum - 1| %.3g (relative)\n",
+                a.op, B * H, it, (double)re, (double)ce);
     }
     rc = CLI_OK;
 done:
     bk_npy_free(&Q); bk_npy_free(&K); bk_npy_free(&V); bk_npy_free(&QL); bk_npy_free(&KL); bk_npy_free(&DO);
     bk_npy_free(&TH); bk_npy_free(&PZ); bk_npy_free(&PT);
     free(DPZ); free(DPT); free(ldiag);
+    bk_asap_layer_free(&layer);
     free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(ediag); free(SG); free(DTH); free(tape);
     return rc;
 }

@@ -44,6 +44,7 @@ static void bench_usage(FILE *f)
             "options:\n"
             "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|lot|all   (default all)\n"
             "  --op otk                    the OTK embedding (its own options: bench --op otk --help)\n"
+            "  --op asap                   ASAP's frozen-layer benchmark (bench --op asap --help)\n"
             "                              lot: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's\n"
             "                              settings; its peer runs for N <= 4096)\n"
             "                              esp: soft sort with the reference's semantics (Euclidean cost,\n"
@@ -288,6 +289,7 @@ int cmd_bench(int argc, char **argv)
     int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1, peer_max_n = 512;
     for (int i = 1; i + 1 < argc; i++) /* the OTK bench has its own options */
         if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "otk")) return bench_otk(argc, argv);
+        else if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "asap")) return bench_asap(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;

@@ -84,7 +84,8 @@ static inline float *bki_at(const bk_tensor *t, int b, int h)
 /* ---- the log-domain Sinkhorn / LSE engine (lse_engine.c) ----------------
  * One dense problem: logits C (n x m, row stride ldc), log marginals la (n)
  * and lb (m) (NULL = uniform -log n / -log m). S half-steps, row first, from
- * g = 0. Potentials of every half-step are stored in hist (may be NULL when
+ * g = g0 (NULL = 0; a warm start: ASAP's c-transforms are half-steps from a
+ * predicted potential). Potentials of every half-step are stored in hist (may be NULL when
  * no backward follows): h_t has n floats for odd t and m for even t, laid out
  * back to back in order t = 1..S (bki_hist_len gives the total). */
 typedef struct {
@@ -94,6 +95,8 @@ typedef struct {
     int S;                     /* >= 1 half-steps                           */
     float tol;                 /* 0 = none; else stop after a row step whose
                                   column error < tol                        */
+    const float *g0;           /* initial column potential (m) or NULL = 0;
+                                  the backward treats it as a constant      */
 } bki_sk_problem;
 
 typedef struct {
@@ -153,6 +156,12 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
 /* north-west-corner pairs between uniform n and m sorted atoms, mass =
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);
+/* query-side Kantorovich potential of the 1-D uniform problem (cost
+ * (a-b)^2/2) from both sort orders, in token order; returns its mean */
+double bki_potential1d(int n, int m, const float *a, ptrdiff_t sa, const int32_t *ia, const float *b,
+                       ptrdiff_t sb, const int32_t *ib, double *f);
+/* L unit directions in R^d from a seed (normalised Gaussians) */
+void bki_unit_directions(uint64_t seed, int L, int d, float *theta);
 
 /* 8-lane float dot product with a fixed summation order (vectorises without
  * -ffast-math; the result does not depend on alignment or threads) */

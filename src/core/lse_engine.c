@@ -224,7 +224,7 @@ static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float 
     const size_t vr = vec_floats(m > n ? m : n);
     float *e = scratch, *colP = e + vr, *factor = colP + vr;
     unsigned char *fb = (unsigned char *)(factor + vr);
-    const float *g = NULL; /* column potential in force (NULL = 0) */
+    const float *g = pb->g0; /* column potential in force (NULL = 0) */
     float rerr = 0.0f, cerr = 0.0f;
     res->iters = 0;
     res->f = res->g = NULL;
@@ -267,11 +267,11 @@ static void ISA(sk_attention)(const bki_sk_problem *pb, int iters, const float *
     float rerr, cerr;
     (void)mr;
     if (iters % 2 == 1) {
-        const float *g = iters > 1 ? hist + bki_hist_off(n, m, iters - 1) : NULL;
+        const float *g = iters > 1 ? hist + bki_hist_off(n, m, iters - 1) : pb->g0;
         /* f is recomputed into a throw-away buffer: the tape has it already */
         row_pass(pb, g, fdum, NULL, A, lda, e, &rerr);
     } else {
-        const float *gold = iters > 2 ? hist + bki_hist_off(n, m, iters - 2) : NULL;
+        const float *gold = iters > 2 ? hist + bki_hist_off(n, m, iters - 2) : pb->g0;
         const float *f = hist + bki_hist_off(n, m, iters - 1);
         const float *g = hist + bki_hist_off(n, m, iters);
         row_pass(pb, gold, fdum, colP, A, lda, e, &rerr);
@@ -345,7 +345,7 @@ static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist,
     }
     while (t >= 2) {
         const float *ht1 = hist + bki_hist_off(n, m, t - 1);            /* rows   */
-        const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : NULL; /* cols */
+        const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : pb->g0; /* cols */
         int more = t - 1 > 1; /* does lambda_{t-2} matter? */
         if (more) memset(lamc2, 0, sizeof(float) * (size_t)m);
         if (dlb)

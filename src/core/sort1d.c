@@ -1,9 +1,11 @@
 /* sort1d.c -- the one sort / 1-D transport engine: stable argsort of float
- * keys and the exact 1-D optimal transport plan between uniform measures
- * (north-west-corner rule). Used by ESP (per-slice matchings) and, later, by
- * ASAP's sliced potentials. */
+ * keys, the exact 1-D optimal transport plan between uniform measures
+ * (north-west-corner rule) and its Kantorovich potential, and the random
+ * slice directions. Used by ESP (per-slice matchings) and ASAP (sliced
+ * potentials). */
 #include "internal.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Order-preserving map float -> uint32 (-0 and +0 map to the same key). */
@@ -87,4 +89,50 @@ int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells)
         if (end == send) s++;
     }
     return cnt;
+}
+
+/* The query-side Kantorovich potential of the 1-D problem between uniform
+ * measures on n atoms a and m atoms b (cost (a - b)^2 / 2), given both sort
+ * orders: with a_(r), b_(t) the sorted values and sigma(r) = floor(((r+1) m
+ * - 1) / n) the last key rank the monotone plan sends query rank r to,
+ *     phi_0 = 0,  phi_r = phi_{r-1} + b_(sigma(r-1)) (a_(r) - a_(r-1)),
+ *     f_(r) = a_(r)^2 / 2 - phi_r,
+ * written to f in token order (f[ia[r]] = f_(r)), accumulated in double.
+ * Tied a's get equal values (a zero gap leaves phi unchanged). Returns the
+ * mean of f over the n atoms (callers centre with it). */
+double bki_potential1d(int n, int m, const float *a, ptrdiff_t sa, const int32_t *ia, const float *b,
+                       ptrdiff_t sb, const int32_t *ib, double *f)
+{
+    double phi = 0.0, prev = 0.0, sum = 0.0;
+    for (int r = 0; r < n; r++) {
+        double ar = (double)a[(ptrdiff_t)ia[r] * sa];
+        if (r > 0) {
+            int64_t t = ((int64_t)r * m - 1) / n; /* sigma(r - 1) */
+            phi += (double)b[(ptrdiff_t)ib[t] * sb] * (ar - prev);
+        }
+        double v = 0.5 * ar * ar - phi;
+        f[ia[r]] = v;
+        sum += v;
+        prev = ar;
+    }
+    return sum / n;
+}
+
+/* L random unit directions in R^d (normalised Gaussians by Box-Muller on the
+ * splitmix64 stream from seed): ESP's and ASAP's slice banks. */
+void bki_unit_directions(uint64_t seed, int L, int d, float *theta)
+{
+    uint64_t st = seed;
+    for (int l = 0; l < L; l++) {
+        double nrm = 0.0;
+        for (int x = 0; x < d; x++) {
+            double u = ((double)(bki_mix64(&st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+            double w = (double)(bki_mix64(&st) >> 11) * (1.0 / 9007199254740992.0);
+            double g = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+            theta[(size_t)l * d + x] = (float)g;
+            nrm += g * g;
+        }
+        float inv = (float)(1.0 / sqrt(nrm > 0 ? nrm : 1.0));
+        for (int x = 0; x < d; x++) theta[(size_t)l * d + x] *= inv;
+    }
 }

@@ -142,7 +142,7 @@ static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, cons
                 const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb,
                             (int)q->stride_n, Kb, (int)k->stride_n, 0.0f, C, Lk);
-                bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol};
+                bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
                 K->sk_forward(&pb, &res, scr);
                 if (out)
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Lq, d->dv, Lk, 1.0f, A, Lk,
@@ -272,7 +272,7 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
             const float *dOb = bki_at(dout, b, h);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb, (int)q->stride_n,
                         Kb, (int)k->stride_n, 0.0f, C, Lk);
-            bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol};
+            bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
             K->sk_attention(&pb, iters, hist, A, Lk, scr);
             /* dV = A^T dO ; Abar = dO V^T */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, d->dv, Lq, 1.0f, A, Lk, dOb,

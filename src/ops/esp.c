@@ -40,7 +40,7 @@ float bk_esp_anneal(float t0, float factor, int epoch)
     return t0 * powf(factor, (float)(epoch > 0 ? epoch : 0));
 }
 
-/* random unit directions (Box-Muller on the shared splitmix64 stream), reproducible from seed */
+/* identity, the caller's, or random unit directions from the seed (sort1d.c) */
 static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
 {
     if (p->L == 0) {
@@ -49,19 +49,7 @@ static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
     } else if (p->theta) {
         memcpy(theta, p->theta, sizeof(float) * (size_t)L * d);
     } else {
-        uint64_t st = p->seed;
-        for (int l = 0; l < L; l++) {
-            double nrm = 0.0;
-            for (int x = 0; x < d; x++) {
-                double u = ((double)(bki_mix64(&st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-                double w = (double)(bki_mix64(&st) >> 11) * (1.0 / 9007199254740992.0);
-                double g = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-                theta[(size_t)l * d + x] = (float)g;
-                nrm += g * g;
-            }
-            float inv = (float)(1.0 / sqrt(nrm > 0 ? nrm : 1.0));
-            for (int x = 0; x < d; x++) theta[(size_t)l * d + x] *= inv;
-        }
+        bki_unit_directions(p->seed, L, d, theta);
     }
 }
 

@@ -165,8 +165,8 @@ static void inner_forward(const bki_kernels *K, const bk_attn_desc *d, const bk_
 {
     const int r = p->r;
     logits(d, p, n, m, Q, ldq, Kb, ldk, Zh, w);
-    bki_sk_problem pb1 = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol};
-    bki_sk_problem pb2 = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol};
+    bki_sk_problem pb1 = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL};
+    bki_sk_problem pb2 = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL};
     bki_sk_result a = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, b = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
     K->sk_forward(&pb1, &a, w->scr);
     K->sk_forward(&pb2, &b, w->scr);
@@ -336,8 +336,8 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 const float *Zh = p->Z + (size_t)h * r * d->d;
                 pivot_masses(r, p->theta + (size_t)h * r, p->temp, w.logp, w.p0);
                 logits(d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, Zh, &w);
-                bki_sk_problem pb1 = {n, r, w.L1, r, NULL, w.logp, p->iters, p->tol};
-                bki_sk_problem pb2 = {r, m, w.L2, m, w.logp, NULL, p->iters, p->tol};
+                bki_sk_problem pb1 = {n, r, w.L1, r, NULL, w.logp, p->iters, p->tol, NULL};
+                bki_sk_problem pb2 = {r, m, w.L2, m, w.logp, NULL, p->iters, p->tol, NULL};
                 K->sk_attention(&pb1, hdr[2], h1, w.A1, r, w.scr);
                 K->sk_attention(&pb2, hdr[3], h2, w.A2, m, w.scr);
                 const int dvd = d->dv;

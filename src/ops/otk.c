@@ -502,7 +502,7 @@ static int plan_forward(const bk_otk_desc *d, const bk_otk_params *p, int nb, fl
 {
     const int P = d->p;
     if (p->domain == BK_OTK_SCALING) return scaling_forward(nb, P, p->iters, w->Lg, w->A, hist, w->aux);
-    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * p->iters, 0.0f};
+    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * p->iters, 0.0f, NULL};
     bki_sk_result res = {hist, w->A, P, NULL, NULL, 0, 0.0f, 0.0f};
     bki_kern()->sk_forward(&pb, &res, w->scr);
     return 1;
@@ -789,7 +789,7 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
                 plan_logits(d, p, nb, w.psi, zh, &w);
                 if (p->domain == BK_OTK_SCALING) scaling_attention(nb, P, L, w.Lg, hist, w.A);
                 else {
-                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f};
+                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
                     bki_kern()->sk_attention(&pb, 2 * L, hist, w.A, P, w.scr);
                 }
                 /* the forward's pooling weights (in G for now): dpsi += Wt Gh */
@@ -802,7 +802,7 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
                     for (size_t i = 0; i < (size_t)nb * P; i++) w.G[i] *= w.S[i];
                 if (p->domain == BK_OTK_SCALING) scaling_backward(nb, P, L, w.Lg, hist, w.A, w.G, w.aux);
                 else {
-                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f};
+                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
                     bki_kern()->sk_backward(&pb, 2 * L, hist, w.A, P, w.G, P, w.scr, NULL, NULL);
                 }
                 /* dK = dLg / eps (x S when pe_double) */

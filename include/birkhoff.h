@@ -559,8 +559,10 @@ BK_API bk_status bk_otk_fit_refs(const bk_otk_desc *desc, const bk_otk_params *p
  *
  * Teacher: Sinkhorn attention with S half-steps (bk_sinkhorn_forward, same
  * eps and scale). Its closure-ready source dual, in logit units, is the row
- * potential f left after half-step S - 1 (even S: column-ending teacher) or
- * S - 2 (odd S >= 3: row-ending teacher). S = 1 (softmax) cannot be compiled.
+ * potential f in force after half-step S - 1, i.e. the one the teacher's last
+ * column step acts on (even S: f of step S - 1, column-ending teacher; odd S
+ * >= 3: f of step S - 2, row-ending teacher; not the f of the final row step).
+ * S = 1 (softmax) cannot be compiled.
  * Fit target in cost units (cost C_ij = s |q_i - k_j|^2 / 2):
  *     y_i = eps f_i + rho_i - mean over valid i,     rho_i = s |q_i|^2 / 2.
  *
@@ -581,9 +583,10 @@ BK_API bk_status bk_otk_fit_refs(const bk_otk_desc *desc, const bk_otk_params *p
  *   column-ending (BK_ASAP_COLUMN): g1 = T_K(f1), P = exp(Z + f1 + g1) (columns exact)
  * BK_ASAP_AUTO picks the teacher's ending (even S: column, odd S: row).
  * A = Lq P, O = A V, as Sinkhorn attention (columns of A sum to Lq/Lk when
- * they are exact). With the teacher's exact dual, ASAP-0 and the ending of the
- * teacher's parity reproduce the teacher; the column-ending form on an
- * even-S teacher's dual equals Sinkhorn with S + 2 half-steps.
+ * they are exact). With the teacher's exact dual: for even S, ASAP-0
+ * reproduces the teacher and the column-ending form (AUTO) equals Sinkhorn
+ * with S + 2 half-steps (the paper's finite-correction bias); for odd S, the
+ * row-ending form (AUTO) reproduces the teacher and ASAP-0 gives S - 1.
  * Padding: padded keys get zero mass; padded query rows have zero features,
  * zero output, and are outside the centring, the fit and the marginals. The
  * half-steps are the shared LSE engine's (on the transposed scores, starting

@@ -32,4 +32,5 @@ void test_npy(void);
 void test_esp(void);
 void test_lot(void);
 void test_otk(void);
+void test_asap(void);
 #endif

@@ -50,6 +50,7 @@ int main(int argc, char **argv)
     test_esp();
     test_lot();
     test_otk();
+    test_asap();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

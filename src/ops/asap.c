@@ -569,9 +569,9 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
     bk_attn_desc dd = *d0;
     dd.dv = 1; /* values are not used */
     const bk_attn_desc *d = &dd;
+    if (d->d != c->cfg.d) return bki_fail(BK_ERR_SHAPE, "head dim d=%d does not match the calibration's d=%d", d->d, c->cfg.d);
     bk_status s;
     if ((s = check_qk(d, q, k))) return s;
-    if (d->d != c->cfg.d) return bki_fail(BK_ERR_SHAPE, "head dim d=%d does not match the calibration's d=%d", d->d, c->cfg.d);
     const int P = d->B * d->H, L = c->cfg.slices, S = c->cfg.teacher_iters, kl = c->keep_kl;
     const float sc = c->cfg.scale, eps = c->cfg.eps, alpha = sc / eps;
     if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");

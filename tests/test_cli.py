@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""CLI tests for `birkhoff attn` and `birkhoff otk`: file errors are reported clearly with a
+"""CLI tests for `birkhoff attn`, `birkhoff otk` and `birkhoff asap`: file errors are reported clearly with a
 non-zero status and never leave a half-written output; a good run writes
 every requested file. Run: /usr/bin/python3 tests/test_cli.py build/birkhoff"""
 import os
@@ -245,6 +245,84 @@ rc, out = run("otk", "nope")
 check(rc == 2 and "unknown subcommand" in out, "otk unknown subcommand", out)
 rc, out = run("bench", "--op", "otk", "--cases", "2:20:4:6:3:2:3", "--no-peer", "--reps", "2", "--warmup", "0", "--json")
 check(rc == 0 and '"op": "otk"' in out, "bench --op otk runs", out)
+
+# ---- asap ------------------------------------------------------------------------
+gen = ["asap", "generate", "--b", "2", "--h", "2", "--n", "24", "--d", "8"]
+for sd in (11, 12, 13):
+    rc, out = run(*gen, "--seed", str(sd), "--out-q", P(f"cq{sd}.npy"), "--out-k", P(f"ck{sd}.npy"), "--out-v", P(f"cv{sd}.npy"))
+    check(rc == 0, "asap generate", out)
+rc, out = run(*gen, "--seed", "1", "--out-q", P("hq.npy"), "--out-k", P("hk.npy"), "--out-v", P("hv.npy"))
+check(rc == 0 and np.load(P("hq.npy")).shape == (2, 2, 24, 8), "asap generate shapes", out)
+np.save(P("hql.npy"), np.array([24, 17], dtype="<i4"))
+np.save(P("hkl.npy"), np.array([24, 17], dtype="<i4"))
+cal = ["asap", "calibrate", "--q", P("cq*.npy"), "--k", P("ck*.npy"), "--teacher-iters", "10", "--slices", "8"]
+rc, out = run(*cal, "--out", P("l.asap"), "--json")
+check(rc == 0 and '"problems": 12' in out and '"fit": "ls"' in out, "asap calibrate (glob, LS, json)", out)
+rc, out = run("asap", "calibrate", "--q", P("cq11.npy") + "," + P("cq12.npy"), "--k", P("ck11.npy") + "," + P("ck12.npy"),
+              "--q-len", P("hql.npy") + "," + P("hql.npy"), "--k-len", P("hkl.npy") + "," + P("hkl.npy"),
+              "--teacher-iters", "5", "--slices", "8", "--fit", "kl", "--out", P("lk.asap"))
+check(rc == 0 and "converged" in out and "NOT" not in out, "asap calibrate (comma lists, lengths, KL)", out)
+rc, out = run("asap", "show", "--layer", P("l.asap"), "--theta-out", P("th.npy"), "--omega-out", P("om.npy"))
+check(rc == 0 and '"ending": "column"' in out and np.load(P("th.npy")).shape == (8, 8)
+      and np.load(P("om.npy")).shape == (8,), "asap show", out)
+rc, out = run("asap", "calibrate", "--q", P("cq11.npy"), "--k", P("ck11.npy"), "--theta", P("th.npy"), "--out", P("lt.asap"))
+check(rc == 0, "asap calibrate with a supplied bank", out)
+attn = ["attn", "--q", P("hq.npy"), "--k", P("hk.npy"), "--v", P("hv.npy"), "--layer", P("l.asap")]
+for op, col in (("asap", True), ("asap0", True)):
+    rc, out = run(*attn, "--op", op, "--out", P("ao.npy"), "--attn", P("aa.npy"), "--diag", P("ad.npy"),
+                  "--q-len", P("hql.npy"), "--k-len", P("hkl.npy"))
+    ok = rc == 0
+    if ok:
+        a, o = np.load(P("aa.npy")), np.load(P("ao.npy"))
+        ok = (np.allclose(a[0].sum(axis=1), 1, atol=2e-5) and np.allclose(a[1, :, :17, :17].sum(axis=1), 1, atol=2e-5)
+              and np.all(a[1, :, 17:] == 0) and np.all(a[1, :, :, 17:] == 0) and np.all(o[1, :, 17:] == 0))
+    check(ok, f"attn --op {op}: exact columns, zero padding", out)
+rc, out = run(*attn, "--op", "asap", "--variant", "row", "--out", P("ao.npy"), "--attn", P("aa.npy"))
+check(rc == 0 and np.allclose(np.load(P("aa.npy")).sum(-1), 1, atol=2e-5), "attn --op asap --variant row: exact rows", out)
+rc, out = run("asap", "report", "--layer", P("l.asap"), "--q", P("hq.npy"), "--k", P("hk.npy"), "--v", P("hv.npy"),
+              "--json", "--reps", "1")
+rows = [ln for ln in out.splitlines() if ln.startswith("{")]
+check(rc == 0 and len(rows) == 5 and '"method": "asap0"' in out and '"method": "sinkhorn S=5"' in out, "asap report", out)
+rc, out = run("asap", "report", "--layer", P("l.asap"), "--q", P("hq.npy"), "--k", P("hk.npy"), "--v", P("hv.npy"))
+check(rc == 0 and "teacher S=10" in out and "attn rl2" in out, "asap report table", out)
+# bad input
+with open(P("l.asap"), "rb") as f:
+    blob = bytearray(f.read())
+bad = bytearray(blob)
+bad[len(bad) // 2] ^= 0x10
+open(P("bad.asap"), "wb").write(bad)
+rc, out = run("attn", "--op", "asap", "--layer", P("bad.asap"), "--q", P("hq.npy"), "--k", P("hk.npy"), "--v", P("hv.npy"),
+              "--out", P("never.npy"))
+check(rc == 1 and "checksum" in out and not os.path.exists(P("never.npy")), "attn --op asap: corrupt layer refused", out)
+ver = bytearray(blob)
+ver[8] = 9
+open(P("ver.asap"), "wb").write(ver)
+rc, out = run("asap", "show", "--layer", P("ver.asap"))
+check(rc == 1 and "version 9" in out, "asap: layer version mismatch refused", out)
+for args, code, msg in (
+        (["--slices", "0"], 2, "--slices"), (["--lambda", "-1"], 2, "--lambda"), (["--teacher-iters", "1"], 2, "softmax"),
+        (["--fit", "nope"], 2, "--fit"), (["--seed", "1", "--theta", P("th.npy")], 2, "not both")):
+    rc, out = run(*cal, "--out", P("never.asap"), *args)
+    check(rc == code and msg in out and not os.path.exists(P("never.asap")), f"asap calibrate usage error {args}", out)
+rc, out = run("asap", "calibrate", "--q", P("nomatch*.npy"), "--k", P("ck11.npy"), "--out", P("never.asap"))
+check(rc == 1 and "matches no file" in out and not os.path.exists(P("never.asap")), "asap calibrate: empty glob", out)
+rc, out = run("asap", "calibrate", "--q", P("cq11.npy"), "--k", P("ck11.npy") + "," + P("ck12.npy"), "--out", P("never.asap"))
+check(rc == 1 and "must match" in out, "asap calibrate: list lengths differ", out)
+np.save(P("zl.npy"), np.array([0, 0], dtype="<i4"))
+rc, out = run("asap", "calibrate", "--q", P("cq11.npy"), "--k", P("ck11.npy"), "--q-len", P("zl.npy"), "--out", P("never.asap"))
+check(rc == 1 and "empty" in out and not os.path.exists(P("never.asap")), "asap calibrate: empty calibration set", out)
+rc, out = run(*attn, "--op", "asap", "--out", P("never.npy"), "--dout", P("hq.npy"))
+check(rc == 2 and "inference only" in out, "attn --op asap has no backward", out)
+rc, out = run("attn", "--op", "asap", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"), "--layer", P("l.asap"),
+              "--out", P("never.npy"))
+check(rc == 1 and "head dim" in out and not os.path.exists(P("never.npy")), "attn --op asap: d mismatch", out)
+rc, out = run("attn", "--op", "asap", "--q", P("hq.npy"), "--k", P("hk.npy"), "--v", P("hv.npy"), "--out", P("never.npy"))
+check(rc == 2 and "--layer" in out, "attn --op asap needs --layer", out)
+rc, out = run("asap", "nope")
+check(rc == 2 and "unknown subcommand" in out, "asap unknown subcommand", out)
+rc, out = run("bench", "--op", "asap", "--cases", "2:32:8", "--no-peer", "--reps", "1", "--warmup", "0", "--calib", "2",
+              "--json")
+check(rc == 0 and out.count('"op": "asap"') == 5, "bench --op asap runs", out)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

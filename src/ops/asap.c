@@ -78,7 +78,7 @@ static float resolve_scale(float scale, int d) { return scale != 0.0f ? scale : 
 /* ------------------------------------------------------------------------ */
 /* Scratch for the sliced features of one problem up to Nq x Nk. */
 typedef struct {
-    float *pa, *pb;       /* projections [Nq x L], [Nk x L]   */
+    float *pa, *pb;       /* projections [L x Nq], [L x Nk]   */
     int32_t *ia, *ib;     /* sort orders                       */
     void *sort_scr;
     double *fcol;         /* one slice's potential [Nq]        */
@@ -110,12 +110,14 @@ static void sliced_features(const feat_scr *w, int Lq, int Lk, int d, int L, con
                             const float *Q, int64_t sq, const float *K, int64_t sk, double *X)
 {
     const float rs = sqrtf(s);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, L, d, rs, Q, (int)sq, theta, d, 0.0f, w->pa, L);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lk, L, d, rs, K, (int)sk, theta, d, 0.0f, w->pb, L);
+    /* projections slice-major (L x Lq, L x Lk): each slice contiguous */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, Lq, d, rs, theta, d, Q, (int)sq, 0.0f, w->pa, Lq);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, Lk, d, rs, theta, d, K, (int)sk, 0.0f, w->pb, Lk);
     for (int l = 0; l < L; l++) {
-        bki_argsort(Lq, w->pa + l, L, w->ia, w->sort_scr);
-        bki_argsort(Lk, w->pb + l, L, w->ib, w->sort_scr);
-        double mean = bki_potential1d(Lq, Lk, w->pa + l, L, w->ia, w->pb + l, L, w->ib, w->fcol);
+        const float *a = w->pa + (size_t)l * Lq, *b = w->pb + (size_t)l * Lk;
+        bki_argsort(Lq, a, 1, w->ia, w->sort_scr);
+        bki_argsort(Lk, b, 1, w->ib, w->sort_scr);
+        double mean = bki_potential1d(Lq, Lk, a, 1, w->ia, b, 1, w->ib, w->fcol);
         for (int i = 0; i < Lq; i++) X[(size_t)i * L + l] = w->fcol[i] - mean;
     }
 }

@@ -98,9 +98,14 @@ int bench_asap(int argc, char **argv)
         }
     }
     bk_set_num_threads(nt);
+    double gf, ge;
+    bk_machine_peak(0.5, &gf, &ge);
+    gf *= nt;
+    ge *= nt;
     if (!json)
         printf("# ASAP frozen-layer benchmark: teacher S = %d, eps 1, L = %d (LS, lambda 1e-3), %d threads, "
-               "structured synthetic inputs (temp %g)\n", S, L, nt, (double)temp);
+               "structured synthetic inputs (temp %g); machine peak %.0f GFLOP/s, %.1f Gexp/s\n", S, L, nt,
+               (double)temp, gf, ge);
     for (int ci = 0; ci < nc; ci++) {
         const acase c = cs[ci];
         const int H = c.H, N = c.N, d = c.d, C = calib ? calib : (N <= 1024 ? 8 : 2);
@@ -168,6 +173,18 @@ int bench_asap(int argc, char **argv)
             }
             cli_stats(ts, reps, &med[m], &q25[m], &q75[m]);
         }
+        /* fraction of the machine's limit: GEMM flops at FMA peak + exps at exp
+         * peak (the engine does one exp per entry per pass, a pass being a row
+         * step fused with the next column step) */
+        double frac[NMETH];
+        {
+            const double nn = (double)N * N, g = H * 2.0 * nn * (2.0 * d), fe = H * 4.0 * L * N * d;
+            const double passes[NMETH] = {(S + 1) / 2, S % 2 == 0 ? 2 : 1, 1, 2, 3};
+            for (int m = 0; m < NMETH; m++) {
+                double fl = g + (m == M_ASAP || m == M_ASAP0 ? fe : 0), ex = H * passes[m] * nn;
+                frac[m] = (fl / (gf * 1e9) + ex / (ge * 1e9)) / med[m];
+            }
+        }
         /* the PyTorch peer: the same methods in PyTorch */
         double pm[NMETH];
         for (int m = 0; m < NMETH; m++) pm[m] = NAN;
@@ -195,9 +212,10 @@ int bench_asap(int argc, char **argv)
             for (int m = 0; m < NMETH; m++) {
                 printf("{\"op\": \"asap\", \"method\": \"%s\", \"H\": %d, \"N\": %d, \"d\": %d, \"S\": %d, \"L\": %d, "
                        "\"threads\": %d, \"calib_batches\": %d, \"compile_s\": %.4f, \"ls_r2\": %.6f, "
-                       "\"median_s\": %.6g, \"q25_s\": %.6g, \"q75_s\": %.6g, \"speedup_vs_teacher\": %.4f",
+                       "\"median_s\": %.6g, \"q25_s\": %.6g, \"q75_s\": %.6g, \"speedup_vs_teacher\": %.4f, "
+                       "\"frac_peak\": %.4f",
                        mname[m], H, N, d, S, L, nt, C, compile_s, rep.ls_r2, med[m], q25[m], q75[m],
-                       med[M_TEACHER] / med[m]);
+                       med[M_TEACHER] / med[m], frac[m]);
                 if (m != M_TEACHER)
                     printf(", \"out_rmse\": %.6g, \"out_rel_rmse\": %.6g, \"attn_rel_l2\": %.6g, \"row_err\": %.6g, "
                            "\"col_err\": %.6g",
@@ -210,11 +228,11 @@ int bench_asap(int argc, char **argv)
         } else {
             printf("\ncase H=%d N=%d d=%d: compile (teacher + features + LS on %d batches) %.2f s, LS R^2 %.4f\n", H,
                    N, d, C, compile_s, rep.ls_r2);
-            printf("  %-10s %10s %8s %10s %8s | %9s %9s %9s %9s\n", "method", "ms", "speedup", "peer ms", "peer x",
-                   "rel RMSE", "attn rl2", "row err", "col err");
+            printf("  %-10s %10s %8s %6s %10s %8s | %9s %9s %9s %9s\n", "method", "ms", "speedup", "%peak", "peer ms",
+                   "peer x", "rel RMSE", "attn rl2", "row err", "col err");
             for (int m = 0; m < NMETH; m++) {
-                printf("  %-10s %10.3f %7.2fx %10.2f %7.2fx", mname[m], med[m] * 1e3, med[M_TEACHER] / med[m],
-                       pm[m] * 1e3, pm[M_TEACHER] / med[m]);
+                printf("  %-10s %10.3f %7.2fx %5.1f%% %10.2f %7.2fx", mname[m], med[m] * 1e3, med[M_TEACHER] / med[m],
+                       100 * frac[m], pm[m] * 1e3, pm[M_TEACHER] / med[m]);
                 if (m == M_TEACHER) printf(" | %9s %9s %9s %9s\n", "-", "-", "-", "-");
                 else
                     printf(" | %9.3g %9.3g %9.3g %9.3g\n", fd[m].out_rmse / fd[m].out_rms, fd[m].attn_rel_l2,
@@ -228,6 +246,7 @@ int bench_asap(int argc, char **argv)
     if (!json)
         printf("\nspeedup = our teacher time / method time; peer ms = the same method in PyTorch (same threads);\n"
                "peer x = the PyTorch teacher's time / our method's time. rel RMSE = output RMSE / RMS of the\n"
-               "teacher output; attn rl2 = |A - A_T|_F / |A_T|_F; row/col err = mean |sum - 1|.\n");
+               "teacher output; attn rl2 = |A - A_T|_F / |A_T|_F; row/col err = mean |sum - 1|.\n"
+               "%%peak = (GEMM flops / FMA peak + exps / exp peak) / time, with the work our kernels do.\n");
     return CLI_OK;
 }

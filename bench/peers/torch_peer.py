@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""PyTorch peer benchmark on the CPU: softmax, Sinkformer, ESPFormer, LOTFormer, OTK embedding.
+"""PyTorch peer benchmark on the CPU: softmax, Sinkformer, ESPFormer, LOTFormer, OTK embedding,
+ASAP (frozen-layer inference).
 
 Usage:
-  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp|lot|otk \
+  /usr/bin/python3 bench/peers/torch_peer.py --op softmax|sinkhorn|esp|lot|otk|asap \
       --cases "BH:N:d[:S],..." --threads T --reps R --warmup W [--json]
       [--no-isolate] [--flush-denormal] [--fixed-mmap-threshold]
       [--esp-t t] [--esp-temperature T]
       [--lot-r r] [--lot-iters T] [--lot-eps E] [--lot-temp t]
       [--otk-k k] [--otk-p p] [--otk-q q] [--otk-eps E] [--otk-iters L]
-      [--otk-sigma s]
+      [--otk-sigma s] [--asap-slices L]
 
 Each case is B=1, H=BH heads of N x N self-attention with head dim d (dv = d)
 and S Sinkhorn half-steps (sinkhorn only, required there; ignored otherwise).
@@ -41,6 +42,28 @@ with 64 anchors) unless --otk-k, --otk-p, --otk-q, --otk-eps, --otk-iters,
 norm about 1); x, z and W require grad, and dout is [B, p, q*k]. Its JSON
 rows carry B, "H" = 1, "BH" = B, "k", "p", "q", "eps", "sigma", "eta",
 "domain", and "S" = L; saved_bytes_excl_inputs excludes x, z and W.
+asap is forward only (a frozen layer at inference): each case "BH:N:d:S" (S,
+the teacher's half-steps, is required) times, under torch.no_grad() on
+float32 N(0, 1) q, k, v [1, BH, N, d], eps = 1, scale d^-1/2:
+  * teacher:   the S-step Sinkformer loop (sinkformer_torch.attention, the
+               reference numerics as for --op sinkhorn);
+  * sinkhorn3, sinkhorn5: the same loop with S = 3 and S = 5;
+  * asap:      ASAP with the teacher's ending, as `birkhoff bench --op asap`
+               times it: column-ending for even S (sliced features on L
+               slices + 3 log-sum-exp passes + exp + A V), row-ending for odd
+               S (2 passes); bench/peers/asap_torch.py;
+  * asap0:     ASAP-0 (features + 1 log-sum-exp pass + exp + A V).
+The slice bank has L = 32 unit directions (--asap-slices) and omega is random
+(timing only: no calibration is run). Its JSON row has, for each method m in
+(teacher, sinkhorn3, sinkhorn5, asap, asap0), the fields m_median_s, m_p25_s,
+m_p75_s (forward seconds; the key "asap_median_s" is not a suffix match of
+"asap0_median_s" or of the plain keys, so tools/bench_asap.c's cli_json_num
+look-up of "<m>_median_s" is exact), plus "S" (the teacher's), "L", "eps" and
+"asap_variant" ("column" or "row").
+The shared fields follow the other ops: fwd_median_s / fwd_p25_s / fwd_p75_s
+repeat asap's; fwdbwd_* and saved_bytes* are null (no backward, nothing
+saved); peak_rss_delta_bytes is the RSS growth of one ASAP forward (the
+method as for the other ops, without the backward).
 
 Measured per case, with time.perf_counter over R repetitions after W
 warm-ups (median and 25/75 percentiles, seconds):
@@ -92,9 +115,9 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch attention peer benchmark")
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "otk"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "otk", "asap"])
     ap.add_argument("--cases", required=True,
-                    help='comma list of "BH:N:d:S" (sinkhorn) or "BH:N:d[:S]" (S ignored)')
+                    help='comma list of "BH:N:d:S" (sinkhorn, asap) or "BH:N:d[:S]" (S ignored)')
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -118,6 +141,7 @@ def parse_args(argv=None):
     ap.add_argument("--otk-eps", type=float, default=0.5, help="otk: entropic eps")
     ap.add_argument("--otk-iters", type=int, default=10, help="otk: Sinkhorn iterations L")
     ap.add_argument("--otk-sigma", type=float, default=0.5, help="otk: kernel bandwidth sigma")
+    ap.add_argument("--asap-slices", type=int, default=32, help="asap: slices L")
     ap.add_argument("--fixed-mmap-threshold", action="store_true",
                     help="run the case subprocesses with MALLOC_MMAP_THRESHOLD_=65536 "
                          "(memory measurement only: distorts the timings)")
@@ -125,6 +149,8 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.threads < 1 or a.reps < 1 or a.warmup < 0:
         ap.error("need --threads >= 1, --reps >= 1, --warmup >= 0")
+    if a.asap_slices < 1:
+        ap.error("need --asap-slices >= 1")
     if a.lot_r < 1 or a.lot_iters < 1 or not a.lot_eps > 0 or not a.lot_temp > 0:
         ap.error("need --lot-r >= 1, --lot-iters >= 1, --lot-eps > 0, --lot-temp > 0")
     if (min(a.otk_k, a.otk_p, a.otk_q, a.otk_iters) < 1 or not a.otk_eps > 0
@@ -137,9 +163,10 @@ def parse_args(argv=None):
         if not item:
             continue
         parts = item.split(":")
-        if len(parts) != 4 and not (len(parts) == 3 and a.op != "sinkhorn"):
+        need_s = a.op in ("sinkhorn", "asap")
+        if len(parts) != 4 and not (len(parts) == 3 and not need_s):
             ap.error(f"bad case {item!r}: expected BH:N:d:S"
-                     + ("" if a.op == "sinkhorn" else " or BH:N:d"))
+                     + ("" if need_s else " or BH:N:d"))
         try:
             vals = [int(x) for x in parts]
         except ValueError:
@@ -149,6 +176,8 @@ def parse_args(argv=None):
         bh, n, d, s = vals
         if min(bh, n, d) < 1 or (a.op == "sinkhorn" and s < 1):
             ap.error(f"bad case {item!r}: all fields must be >= 1")
+        if a.op == "asap" and s < 2:
+            ap.error(f"bad case {item!r}: asap needs a teacher with S >= 2")
         cases.append((bh, n, d, s))
     if not cases:
         ap.error("no cases given")
@@ -165,7 +194,8 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import espformer_torch as esp_port  # noqa: E402  (same directory as this script)
+import asap_torch as asap_port  # noqa: E402  (same directory as this script)
+import espformer_torch as esp_port  # noqa: E402
 import lotformer_torch as lot_port  # noqa: E402
 import otk_torch as otk_port  # noqa: E402
 import sinkformer_torch as port  # noqa: E402
@@ -364,9 +394,87 @@ def run_case_otk(B, n, d, reps, warmup, seed):
     }
 
 
+ASAP_METHODS = ("teacher", "sinkhorn3", "sinkhorn5", "asap", "asap0")
+
+
+def peak_rss_delta_fwd(fn, warm):
+    """Peak RSS of one forward (no backward) minus the RSS just before it;
+    warm() first does a tiny call (as peak_rss_delta)."""
+    import gc
+    warm()
+    gc.collect()
+    before = _status_kib("VmRSS")
+    method = "hwm_reset" if before is not None and _reset_hwm() else "maxrss"
+    if before is None:
+        before = 0
+    fn()
+    peak = _status_kib("VmHWM") if method == "hwm_reset" else None
+    if peak is None:
+        peak = peak_rss_bytes()
+        method = "maxrss"
+    return max(0, peak - before), method
+
+
+def run_case_asap(bh, n, d, S, reps, warmup, seed):
+    """asap: forward-only timings of the frozen-layer methods (module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, bh, n, d, generator=g) for _ in range(3))
+    L = ARGS.asap_slices
+    theta = asap_port.unit_rows(torch.randn(L, d, generator=g))
+    omega = torch.randn(L, generator=g) / L ** 0.5   # random: timing only
+
+    def method(name):
+        if name == "teacher":
+            return lambda q, k, v: port.attention(q, k, v, S)[0]
+        if name in ("sinkhorn3", "sinkhorn5"):
+            s = int(name[-1])
+            return lambda q, k, v: port.attention(q, k, v, s)[0]
+        var = asap_port.auto_variant(S) if name == "asap" else "zero"
+        return lambda q, k, v: asap_port.asap(q, k, v, theta, omega, variant=var)[0]
+
+    fns = {m: method(m) for m in ASAP_METHODS}
+
+    def warm():
+        m = min(n, 4)
+        with torch.no_grad():
+            fns["asap"](q[:, :, :m], k[:, :, :m], v[:, :, :m])
+
+    def run_asap():
+        with torch.no_grad():
+            fns["asap"](q, k, v)
+
+    rss_delta, rss_method = peak_rss_delta_fwd(run_asap, warm)
+    fields = {}
+    for m in ASAP_METHODS:
+        fn = fns[m]
+
+        def fwd(fn=fn):
+            with torch.no_grad():
+                fn(q, k, v)
+
+        for _ in range(warmup):
+            fwd()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fwd()
+            ts.append(time.perf_counter() - t0)
+        med, p25, p75 = quartiles(ts)
+        fields.update({f"{m}_median_s": med, f"{m}_p25_s": p25, f"{m}_p75_s": p75})
+    res = {"fwd": (fields["asap_median_s"], fields["asap_p25_s"], fields["asap_p75_s"]),
+           "fwdbwd": (None, None, None)}
+    return {
+        "peer": "torch", "op": "asap", "B": 1, "H": bh, "BH": bh, "N": n, "d": d,
+        "S": S, "L": L, "eps": 1.0, "asap_variant": asap_port.auto_variant(S), **fields,
+        **measurement_fields(reps, warmup, res, None, None, rss_delta, rss_method),
+    }
+
+
 def run_case(op, bh, n, d, S, reps, warmup, seed):
     if op == "otk":
         return run_case_otk(bh, n, d, reps, warmup, seed)
+    if op == "asap":
+        return run_case_asap(bh, n, d, S, reps, warmup, seed)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, bh, n, d, generator=g).requires_grad_(True)
                for _ in range(3))
@@ -413,7 +521,7 @@ def run_isolated(bh, n, d, S):
            "--lot-eps", repr(ARGS.lot_eps), "--lot-temp", repr(ARGS.lot_temp),
            "--otk-k", str(ARGS.otk_k), "--otk-p", str(ARGS.otk_p), "--otk-q", str(ARGS.otk_q),
            "--otk-eps", repr(ARGS.otk_eps), "--otk-iters", str(ARGS.otk_iters),
-           "--otk-sigma", repr(ARGS.otk_sigma),
+           "--otk-sigma", repr(ARGS.otk_sigma), "--asap-slices", str(ARGS.asap_slices),
            "--json", "--no-isolate", "--child"]
     if ARGS.flush_denormal:
         cmd.append("--flush-denormal")
@@ -439,11 +547,17 @@ def main():
               + (f", k {ARGS.otk_k}, p {ARGS.otk_p}, q {ARGS.otk_q}, eps {ARGS.otk_eps:g}, "
                  f"L {ARGS.otk_iters}, sigma {ARGS.otk_sigma:g} (BH = batch B)"
                  if ARGS.op == "otk" else "")
+              + (f", L {ARGS.asap_slices}, eps 1, forward only" if ARGS.op == "asap" else "")
               + (", flush-denormal" if ARGS.flush_denormal else "")
               + ("" if ARGS.no_isolate else ", one process per case"))
-        print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | {'fwd med ms':>10} "
-              f"{'[p25, p75]':>19} | {'f+b med ms':>10} {'[p25, p75]':>19} | "
-              f"{'saved MiB':>9} {'(no qkv)':>9} | {'peak RSS MiB':>12} {'f+b dRSS MiB':>12}")
+        if ARGS.op == "asap":
+            print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | "
+                  + " ".join(f"{m + ' ms':>13}" for m in ASAP_METHODS)
+                  + f" | {'peak RSS MiB':>12} {'fwd dRSS MiB':>12}")
+        else:
+            print(f"{'BH':>5} {'N':>6} {'d':>4} {'S':>3} | {'fwd med ms':>10} "
+                  f"{'[p25, p75]':>19} | {'f+b med ms':>10} {'[p25, p75]':>19} | "
+                  f"{'saved MiB':>9} {'(no qkv)':>9} | {'peak RSS MiB':>12} {'f+b dRSS MiB':>12}")
     status = 0
     for bh, n, d, S in ARGS.case_list:
         if ARGS.no_isolate:
@@ -457,6 +571,11 @@ def main():
                 continue
         if ARGS.json:
             print(json.dumps(r), flush=True)
+        elif ARGS.op == "asap":
+            print(f"{bh:>5} {n:>6} {d:>4} {S:>3} | "
+                  + " ".join(f"{r[m + '_median_s'] * 1e3:13.3f}" for m in ASAP_METHODS)
+                  + f" | {r['peak_rss_bytes'] / (1 << 20):12.1f}"
+                  f" {r['peak_rss_delta_bytes'] / (1 << 20):12.2f}", flush=True)
         else:
             ms = 1e3
             mib = 1.0 / (1 << 20)

@@ -1130,7 +1130,6 @@ def asap_pad_leak(x, lens_q, lens_k, attn):
 
 def asap_meta_errors(case, inp, meta):
     """Mismatches of `asap show`'s metadata (list of strings)."""
-    import numpy as np
     bad = []
     want = dict(d=case["shape"][4], slices=case["L"], teacher_iters=case["S"])
     for key, val in want.items():
@@ -1262,7 +1261,7 @@ def run_asap_section(cli, quick, tol_fwd, worst_cli, stats):
     has, why = cli_has_asap(cli)
     cases = make_asap_cases(quick)
     if not has:
-        print(f"SKIP ASAP: {len(cases)} cases and the corrupted-layer check not run: the CLI "
+        print(f"SKIP ASAP: {len(cases)} cases and the two file/thread checks not run: the CLI "
               f"has no `asap` command [{why}]", flush=True)
         return 0, 0
     t_start = time.perf_counter()
@@ -1512,7 +1511,7 @@ def main():
 
     if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
         print(f"FAIL: birkhoff CLI not found or not executable: {cli} (build it first)")
-        missing = len(cases) + len(make_otk_cases(args.quick)) + len(make_asap_cases(args.quick)) + 1
+        missing = len(cases) + len(make_otk_cases(args.quick)) + len(make_asap_cases(args.quick)) + 2
         print(f"{passed} passed, {failed + missing} failed")
         return 1
 

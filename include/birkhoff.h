@@ -643,7 +643,8 @@ typedef struct {
 /* Newton options of the KL fit. */
 typedef struct {
     int max_iters;         /* default 50                                      */
-    double tol;            /* stop when the Newton decrement^2/2 < tol (1e-10) */
+    double tol;            /* stop when the Newton decrement^2/2 < tol max(1,|J|)
+                              (default 1e-13: omega to ~1e-6 relative)        */
 } bk_asap_kl_opts;
 
 typedef struct {

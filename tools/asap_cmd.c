@@ -31,7 +31,7 @@ static void asap_usage(FILE *f)
             "  --lambda l          ridge (default 1e-3, added to the raw sums X^T X)\n"
             "  --fit ls|kl         least squares (default) or the one-sided KL objective (Newton\n"
             "                      from the LS solution; keeps every calibration problem in memory)\n"
-            "  --kl-iters N --kl-tol t   Newton steps (50) and decrement tolerance (1e-10)\n"
+            "  --kl-iters N --kl-tol t   Newton steps (50) and relative decrement tolerance (1e-13)\n"
             "  --out F.asap        the compiled layer (versioned, checksummed, written atomically)\n"
             "  --json              print the fit report as one JSON object\n"
             "report (fidelity against the teacher on held-out inputs):\n"

@@ -191,9 +191,9 @@ int bench_asap(int argc, char **argv)
         if (peer && access(script, R_OK) == 0) {
             char cmd[2048];
             snprintf(cmd, sizeof cmd,
-                     "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' '%s' --op asap --cases %d:%d:%d:%d --threads %d "
+                     "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' '%s' --op asap --cases %d:%d:%d:%d --asap-slices %d --threads %d "
                      "--reps %d --warmup %d --json",
-                     nt, nt, py, script, H, N, d, S, nt, reps < 3 ? reps : 3, warmup < 1 ? warmup : 1);
+                     nt, nt, py, script, H, N, d, S, L, nt, reps < 3 ? reps : 3, warmup < 1 ? warmup : 1);
             FILE *pp = popen(cmd, "r");
             char line[16384];
             while (pp && fgets(line, sizeof line, pp))

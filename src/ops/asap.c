@@ -41,7 +41,7 @@ bk_asap_config bk_asap_config_default(int d)
 
 bk_asap_kl_opts bk_asap_kl_opts_default(void)
 {
-    bk_asap_kl_opts o = {50, 1e-10};
+    bk_asap_kl_opts o = {50, 1e-13};
     return o;
 }
 
@@ -823,7 +823,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
         }
         double dec = 0.0; /* Newton decrement squared: g^T H^-1 g */
         for (int l = 0; l < L; l++) dec += g[l] * dw[l];
-        if (dec / 2 < o->tol) {
+        if (dec / 2 < o->tol * (fabs(J) > 1.0 ? fabs(J) : 1.0)) {
             conv = 1;
             break;
         }

@@ -81,27 +81,19 @@ int bench_asap(int argc, char **argv)
         }
     }
     acase cs[32];
-    int nc = 0;
-    for (const char *s = cases; *s && nc < 32;) {
-        acase c;
-        int used = 0;
-        if (sscanf(s, "%d:%d:%d%n", &c.H, &c.N, &c.d, &used) != 3 || c.H < 1 || c.N < 1 || c.d < 1 || c.d > 4096) {
-            fprintf(stderr, "birkhoff bench --op asap: --cases must be a comma list of H:N:d, got '%s'\n", cases);
-            return CLI_USAGE;
-        }
-        cs[nc++] = c;
-        s += used;
-        if (*s == ',') s++;
-        else if (*s) {
-            fprintf(stderr, "birkhoff bench --op asap: bad --cases '%s'\n", cases);
+    int cv[32 * 3];
+    const int nc = cli_parse_tuples("bench --op asap", cases, 3, cv, 32, "H:N:d");
+    if (nc < 0) return CLI_USAGE;
+    for (int i = 0; i < nc; i++) {
+        cs[i] = (acase){cv[3 * i], cv[3 * i + 1], cv[3 * i + 2]};
+        if (cs[i].d > 4096) {
+            fprintf(stderr, "birkhoff bench --op asap: d must be <= 4096\n");
             return CLI_USAGE;
         }
     }
     bk_set_num_threads(nt);
     double gf, ge;
-    bk_machine_peak(0.5, &gf, &ge);
-    gf *= nt;
-    ge *= nt;
+    cli_peak(nt, &gf, &ge);
     if (!json)
         printf("# ASAP frozen-layer benchmark: teacher S = %d, eps 1, L = %d (LS, lambda 1e-3), %d threads, "
                "structured synthetic inputs (temp %g); machine peak %.0f GFLOP/s, %.1f Gexp/s\n", S, L, nt,

@@ -54,28 +54,16 @@ int bench_otk(int argc, char **argv)
         }
     }
     ocase cs[32];
-    int nc = 0;
-    for (const char *s = cases; *s && nc < 32;) {
-        ocase c;
-        int used = 0;
-        if (sscanf(s, "%d:%d:%d:%d:%d:%d:%d%n", &c.B, &c.n, &c.d, &c.k, &c.p, &c.q, &c.L, &used) != 7 || c.B < 1 || c.n < 1 ||
-            c.d < 1 || c.k < 1 || c.p < 1 || c.q < 1 || c.L < 1) {
-            fprintf(stderr, "birkhoff bench --op otk: --cases must be a comma list of B:n:d:k:p:q:L, got '%s'\n", cases);
-            return CLI_USAGE;
-        }
-        cs[nc++] = c;
-        s += used;
-        if (*s == ',') s++;
-        else if (*s) {
-            fprintf(stderr, "birkhoff bench --op otk: bad --cases '%s'\n", cases);
-            return CLI_USAGE;
-        }
+    int tv[32 * 7];
+    const int nc = cli_parse_tuples("bench --op otk", cases, 7, tv, 32, "B:n:d:k:p:q:L");
+    if (nc < 0) return CLI_USAGE;
+    for (int i = 0; i < nc; i++) {
+        const int *t = tv + 7 * i;
+        cs[i] = (ocase){t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
     }
     bk_set_num_threads(nt);
     double gf, ge;
-    bk_machine_peak(0.5, &gf, &ge);
-    gf *= nt;
-    ge *= nt;
+    cli_peak(nt, &gf, &ge);
     if (!json)
         printf("# OTK embedding, %d threads, eps %g, %s domain; machine peak %.0f GFLOP/s, %.1f Gexp/s (all threads)\n", nt,
                (double)eps, domain, gf, ge);

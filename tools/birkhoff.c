@@ -114,6 +114,38 @@ int cli_parse_opts(const char *prog, int argc, char **argv, const cli_opt *opts,
     return CLI_OK;
 }
 
+int cli_parse_tuples(const char *prog, const char *list, int k, int *out, int max, const char *form)
+{
+    int n = 0;
+    for (const char *s = list; *s;) {
+        if (n == max) {
+            fprintf(stderr, "birkhoff %s: at most %d cases in --cases\n", prog, max);
+            return -1;
+        }
+        for (int f = 0; f < k; f++) {
+            char *end;
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 1 || v > 0x7fffffff || (f + 1 < k ? *end != ':' : (*end && *end != ','))) {
+                fprintf(stderr, "birkhoff %s: --cases must be a comma list of %s (integers >= 1), got '%s'\n", prog,
+                        form, list);
+                return -1;
+            }
+            out[n * k + f] = (int)v;
+            s = f + 1 < k ? end + 1 : end;
+        }
+        n++;
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+void cli_peak(int nt, double *gf, double *ge)
+{
+    bk_machine_peak(0.5, gf, ge);
+    *gf *= nt;
+    *ge *= nt;
+}
+
 int cli_load_f32(const char *prog, const char *what, const char *path, int ndim, bk_npy *a)
 {
     if (bk_npy_read(path, a) != BK_OK) {

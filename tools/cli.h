@@ -31,6 +31,11 @@ typedef struct {
 } cli_opt;
 int cli_parse_opts(const char *prog, int argc, char **argv, const cli_opt *opts, int nopt,
                    void (*usage)(FILE *), int *done);
+/* Parses --cases "a:b:c,..." with k positive integers per case into out
+ * [max * k]; returns the number of cases, or -1 after a message naming form. */
+int cli_parse_tuples(const char *prog, const char *list, int k, int *out, int max, const char *form);
+/* the machine's measured FMA and exp peaks for nt threads (GFLOP/s, Gexp/s) */
+void cli_peak(int nt, double *gf, double *ge);
 /* Reads a float32 .npy of ndim dimensions, each in [1, 2^31). 1 on success,
  * else a message on stderr naming prog, what and path. */
 int cli_load_f32(const char *prog, const char *what, const char *path, int ndim, bk_npy *a);

@@ -467,16 +467,16 @@ def otk_case_oracle(oracle, case, inp, dtype):
         isqrt_grad=mp[2] if mp else "exact", dtype=dtype)
 
 
-def cli_has_otk(cli):
-    """(True, "") when `cli otk --help` succeeds, else (False, why)."""
+def cli_has(cli, command):
+    """(True, "") when `cli COMMAND --help` succeeds, else (False, why)."""
     try:
-        p = subprocess.run([cli, "otk", "--help"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([cli, command, "--help"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"could not run `{cli} otk --help`: {e}"
+        return False, f"could not run `{cli} {command} --help`: {e}"
     if p.returncode == 0:
         return True, ""
     first = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()[0]
-    return False, f"`{cli} otk --help` exited with status {p.returncode} ({first})"
+    return False, f"`{cli} {command} --help` exited with status {p.returncode} ({first})"
 
 
 def run_otk_cli(cli, case, inp, tmp):
@@ -530,7 +530,7 @@ def run_otk_section(cli, oracle, quick, tol_fwd, tol_grad, worst_cli, worst_otk3
     """The OTK CLI cases. Returns (passed, failed); skipped (0, 0) with a SKIP
     line when the CLI has no `otk` command."""
     import numpy as np
-    has, why = cli_has_otk(cli)
+    has, why = cli_has(cli, "otk")
     cases = make_otk_cases(quick)
     if not has:
         print(f"SKIP OTK: {len(cases)} cases not run: the CLI has no `otk` command [{why}]",
@@ -989,16 +989,6 @@ def make_asap_inputs(case):
                 seed_bank=int(case["seed"] % 100000) + 1)
 
 
-def cli_has_asap(cli):
-    """(True, "") when `cli asap --help` succeeds, else (False, why)."""
-    try:
-        p = subprocess.run([cli, "asap", "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"could not run `{cli} asap --help`: {e}"
-    if p.returncode == 0:
-        return True, ""
-    first = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()[0]
-    return False, f"`{cli} asap --help` exited with status {p.returncode} ({first})"
 
 
 def run_cli_text(cmd):
@@ -1258,7 +1248,7 @@ def run_asap_section(cli, quick, tol_fwd, worst_cli, stats):
     import numpy as np
     import torch
     import asap_torch as asap_port
-    has, why = cli_has_asap(cli)
+    has, why = cli_has(cli, "asap")
     cases = make_asap_cases(quick)
     if not has:
         print(f"SKIP ASAP: {len(cases)} cases and the two file/thread checks not run: the CLI "

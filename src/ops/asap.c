@@ -183,7 +183,7 @@ static size_t fwd_thread_bytes(const bk_attn_desc *d, int L)
     size_t nm = (size_t)Nq * Nk;
     return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up(bki_kern()->sk_scratch(Nk, Nq) * sizeof(float)) +
            bki_round_up(bki_hist_len(Nk, Nq, 3) * sizeof(float)) + feat_bytes(Nq, Nk, L) +
-           2 * bki_round_up(sizeof(double) * (size_t)Nq * L) + 3 * bki_round_up(sizeof(double) * (size_t)Nq) +
+           bki_round_up(sizeof(double) * (size_t)Nq * L) + 2 * bki_round_up(sizeof(double) * (size_t)Nq) +
            bki_round_up(sizeof(float) * (size_t)Nq) + 8 * BK_ALIGN;
 }
 

@@ -29,9 +29,10 @@ AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=
 
 CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
 OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
-LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC)) \
+NN_SRC   = src/nn/config.c src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
+LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
-HDRS     = include/birkhoff.h src/core/internal.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
+HDRS     = include/birkhoff.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
 
 TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c tools/demo.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c

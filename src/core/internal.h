@@ -20,6 +20,7 @@ void bki_clear_error(void);
 /* ---- threads (threads.c) ------------------------------------------------ */
 int  bki_threads(void);          /* thread count in force (>= 1)           */
 void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
+void bki_blas_all_threads(void);   /* a lone GEMM: BLAS uses every thread     */
 /* Threads that work on `problems` independent problems: min(threads,
  * problems); workspaces hold one slab per working thread. */
 int bki_work_threads(int problems);
@@ -185,6 +186,22 @@ static inline uint64_t bki_mix64(uint64_t *s)
 }
 /* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
 static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
+
+/* Writes parts[0..n) to a temporary file beside path, then renames it over
+ * path: a reader never sees a half-written file (npy.c). */
+bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes);
+
+/* FNV-1a 64 over n bytes, continuing from h (start: 0xcbf29ce484222325):
+ * the checksum of ASAP layer files and checkpoints */
+static inline uint64_t bki_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
 
 #define BK_STR2(x) #x
 #define BK_STR(x) BK_STR2(x)

@@ -147,6 +147,15 @@ bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t
     hdr[len + pad] = '\n';
     int hlen = len + pad + 1;
 
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+                             (unsigned char)(hlen >> 8)};
+    const void *parts[3] = {pre, hdr, data};
+    const size_t sizes[3] = {10, (size_t)hlen, 4 * (size_t)count};
+    return bki_write_atomic(path, 3, parts, sizes);
+}
+
+bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes)
+{
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (!tmp) return bki_fail(BK_ERR_NOMEM, "out of memory");
@@ -157,10 +166,8 @@ bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t
         free(tmp);
         return s;
     }
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
-                             (unsigned char)(hlen >> 8)};
-    int ok = fwrite(pre, 1, 10, fp) == 10 && fwrite(hdr, 1, (size_t)hlen, fp) == (size_t)hlen &&
-             fwrite(data, 4, (size_t)count, fp) == (size_t)count;
+    int ok = 1;
+    for (int i = 0; i < nparts && ok; i++) ok = fwrite(parts[i], 1, sizes[i], fp) == sizes[i];
     ok = (fclose(fp) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         bk_status s = bki_fail(BK_ERR_IO, "%s: write failed (%s)", path, strerror(errno));

@@ -958,15 +958,7 @@ void bk_asap_layer_free(bk_asap_layer *ly)
 #define ASAP_MAGIC "BKASAP\0\n"
 #define ASAP_HDR 96
 
-static uint64_t fnv1a(const unsigned char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
+static uint64_t fnv1a(const unsigned char *p, size_t n) { return bki_fnv1a(0xcbf29ce484222325ull, p, n); }
 
 static size_t file_bytes(int L, int d) { return ASAP_HDR + sizeof(float) * (size_t)L * d + sizeof(double) * (size_t)L + 8; }
 
@@ -997,30 +989,11 @@ bk_status bk_asap_save(const char *path, const bk_asap_layer *ly)
     memcpy(buf + ASAP_HDR + sizeof(float) * (size_t)L * d, ly->omega, sizeof(double) * (size_t)L);
     uint64_t h = fnv1a(buf, n - 8);
     memcpy(buf + n - 8, &h, 8);
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (!tmp) {
-        free(buf);
-        return bki_fail(BK_ERR_NOMEM, "out of memory");
-    }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        s = bki_fail(BK_ERR_IO, "%s: cannot create (%s)", tmp, strerror(errno));
-        free(tmp);
-        free(buf);
-        return s;
-    }
-    int ok = fwrite(buf, 1, n, fp) == n;
-    ok = (fclose(fp) == 0) && ok;
+    const void *parts[1] = {buf};
+    const size_t sizes[1] = {n};
+    s = bki_write_atomic(path, 1, parts, sizes);
     free(buf);
-    if (!ok || rename(tmp, path) != 0) {
-        s = bki_fail(BK_ERR_IO, "%s: write failed (%s)", path, strerror(errno));
-        remove(tmp);
-        free(tmp);
-        return s;
-    }
-    free(tmp);
+    if (s) return s;
     bki_clear_error();
     return BK_OK;
 }

@@ -1,0 +1,593 @@
+/* ckpt.c -- checkpoints as safetensors files (docs/MODEL.md): parameters by
+ * name, optional optimiser state, configuration and RNG counters in the
+ * metadata, FNV-1a-64 checksum of the data section, atomic writes, strict
+ * reading (a truncated or corrupt file is refused). */
+#include "nn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_HEADER (64u << 20)
+#define FNV0 0xcbf29ce484222325ull
+
+/* ---- a growing string ---- */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int bad;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *t, size_t n)
+{
+    if (b->bad) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->bad = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, t, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *t) { sb_put(b, t, strlen(t)); }
+static void sb_json(sbuf *b, const char *t) /* a JSON string literal */
+{
+    sb_put(b, "\"", 1);
+    for (; *t; t++) {
+        char e[8];
+        unsigned char ch = (unsigned char)*t;
+        if (ch == '"' || ch == '\\') {
+            e[0] = '\\';
+            e[1] = (char)ch;
+            sb_put(b, e, 2);
+        } else if (ch == '\n') {
+            sb_put(b, "\\n", 2);
+        } else if (ch < 0x20) {
+            snprintf(e, sizeof e, "\\u%04x", ch);
+            sb_put(b, e, 6);
+        } else {
+            sb_put(b, (const char *)&ch, 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* ---- a strict little JSON reader for the header ---- */
+typedef struct {
+    const char *p, *end;
+} jcur;
+
+static void jws(jcur *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+}
+static int jlit(jcur *j, char ch)
+{
+    jws(j);
+    if (j->p < j->end && *j->p == ch) {
+        j->p++;
+        return 1;
+    }
+    return 0;
+}
+/* a string into a malloc'd buffer (escapes \" \\ \/ \n \t \r \b \f \u00XX) */
+static char *jstr(jcur *j)
+{
+    jws(j);
+    if (j->p >= j->end || *j->p != '"') return NULL;
+    j->p++;
+    sbuf b = {0};
+    while (j->p < j->end && *j->p != '"') {
+        char ch = *j->p++;
+        if (ch == '\\') {
+            if (j->p >= j->end) break;
+            char e = *j->p++;
+            if (e == 'n') ch = '\n';
+            else if (e == 't') ch = '\t';
+            else if (e == 'r') ch = '\r';
+            else if (e == 'b') ch = '\b';
+            else if (e == 'f') ch = '\f';
+            else if (e == '"' || e == '\\' || e == '/') ch = e;
+            else if (e == 'u' && j->end - j->p >= 4) {
+                unsigned v = 0;
+                for (int i = 0; i < 4; i++) {
+                    char h = *j->p++;
+                    v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                                                         : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
+                }
+                if (v > 0x7f) {
+                    free(b.s);
+                    return NULL;
+                }
+                ch = (char)v;
+            } else {
+                free(b.s);
+                return NULL;
+            }
+        }
+        sb_put(&b, &ch, 1);
+    }
+    if (j->p >= j->end || b.bad) {
+        free(b.s);
+        return NULL;
+    }
+    j->p++;
+    if (!b.s) sb_put(&b, "", 0);
+    return b.s;
+}
+static int jint(jcur *j, int64_t *v)
+{
+    jws(j);
+    const char *s = j->p;
+    int64_t x = 0;
+    if (s >= j->end || *s < '0' || *s > '9') return 0;
+    while (s < j->end && *s >= '0' && *s <= '9') {
+        if (x > (INT64_MAX - 9) / 10) return 0;
+        x = x * 10 + (*s++ - '0');
+    }
+    j->p = s;
+    *v = x;
+    return 1;
+}
+static int jints(jcur *j, int64_t *v, int maxn, int *n)
+{
+    *n = 0;
+    if (!jlit(j, '[')) return 0;
+    if (jlit(j, ']')) return 1;
+    do {
+        if (*n >= maxn || !jint(j, &v[*n])) return 0;
+        (*n)++;
+    } while (jlit(j, ','));
+    return jlit(j, ']');
+}
+
+typedef struct {
+    char *name, *dtype;
+    int ndim;
+    int64_t shape[8], b, e;
+} tentry;
+
+typedef struct {
+    char *key, *val;
+} kv;
+
+typedef struct {
+    tentry *t;
+    int nt, capt;
+    kv *meta;
+    int nm, capm;
+} header;
+
+static void header_free(header *h)
+{
+    for (int i = 0; i < h->nt; i++) {
+        free(h->t[i].name);
+        free(h->t[i].dtype);
+    }
+    for (int i = 0; i < h->nm; i++) {
+        free(h->meta[i].key);
+        free(h->meta[i].val);
+    }
+    free(h->t);
+    free(h->meta);
+}
+
+static const char *meta_get(const header *h, const char *key)
+{
+    for (int i = 0; i < h->nm; i++)
+        if (strcmp(h->meta[i].key, key) == 0) return h->meta[i].val;
+    return NULL;
+}
+
+static bk_status parse_header(const char *path, const char *txt, size_t n, header *h)
+{
+    jcur j = {txt, txt + n};
+#define BAD(msg) return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (%s)", path, msg)
+    if (!jlit(&j, '{')) BAD("not a JSON object");
+    if (jlit(&j, '}')) return BK_OK;
+    do {
+        char *key = jstr(&j);
+        if (!key) BAD("expected a key");
+        if (!jlit(&j, ':')) {
+            free(key);
+            BAD("expected ':'");
+        }
+        if (strcmp(key, "__metadata__") == 0) {
+            free(key);
+            if (!jlit(&j, '{')) BAD("__metadata__ is not an object");
+            if (!jlit(&j, '}')) {
+                do {
+                    char *k = jstr(&j), *v = NULL;
+                    if (!k || !jlit(&j, ':') || !(v = jstr(&j))) {
+                        free(k);
+                        free(v);
+                        BAD("metadata values must be strings");
+                    }
+                    if (h->nm == h->capm) {
+                        h->capm = h->capm ? 2 * h->capm : 16;
+                        kv *p = realloc(h->meta, sizeof(kv) * (size_t)h->capm);
+                        if (!p) {
+                            free(k);
+                            free(v);
+                            return bki_fail(BK_ERR_NOMEM, "out of memory");
+                        }
+                        h->meta = p;
+                    }
+                    h->meta[h->nm++] = (kv){k, v};
+                } while (jlit(&j, ','));
+                if (!jlit(&j, '}')) BAD("unterminated __metadata__");
+            }
+            continue;
+        }
+        if (h->nt == h->capt) {
+            h->capt = h->capt ? 2 * h->capt : 64;
+            tentry *p = realloc(h->t, sizeof(tentry) * (size_t)h->capt);
+            if (!p) {
+                free(key);
+                return bki_fail(BK_ERR_NOMEM, "out of memory");
+            }
+            h->t = p;
+        }
+        tentry *t = &h->t[h->nt++];
+        memset(t, 0, sizeof *t);
+        t->name = key;
+        t->b = t->e = -1;
+        if (!jlit(&j, '{')) BAD("a tensor entry is not an object");
+        do {
+            char *f = jstr(&j);
+            if (!f || !jlit(&j, ':')) {
+                free(f);
+                BAD("bad tensor field");
+            }
+            int ok = 1;
+            if (strcmp(f, "dtype") == 0) {
+                free(t->dtype);
+                ok = (t->dtype = jstr(&j)) != NULL;
+            } else if (strcmp(f, "shape") == 0) {
+                ok = jints(&j, t->shape, 8, &t->ndim);
+            } else if (strcmp(f, "data_offsets") == 0) {
+                int64_t o[2];
+                int cnt;
+                ok = jints(&j, o, 2, &cnt) && cnt == 2;
+                if (ok) {
+                    t->b = o[0];
+                    t->e = o[1];
+                }
+            } else {
+                ok = 0;
+            }
+            free(f);
+            if (!ok) BAD("bad dtype, shape or data_offsets");
+        } while (jlit(&j, ','));
+        if (!jlit(&j, '}')) BAD("unterminated tensor entry");
+        if (!t->dtype || t->b < 0) BAD("tensor entry lacks dtype or data_offsets");
+    } while (jlit(&j, ','));
+    if (!jlit(&j, '}')) BAD("unterminated object");
+    jws(&j);
+    if (j.p != j.end) BAD("trailing bytes");
+#undef BAD
+    return BK_OK;
+}
+
+/* ---- save ---- */
+typedef struct {
+    char name[96];
+    const float *data;
+    int ndim;
+    int64_t shape[4], count;
+} wtensor;
+
+bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra)
+{
+    if (!path || !m) return bki_fail(BK_ERR_NULL, "bk_checkpoint_save: NULL argument");
+    int np;
+    const bki_param *tab = bki_model_table(m, &np);
+    const int slots = o ? bki_optim_slots(o) : 0;
+    const int nw = np * (1 + slots);
+    wtensor *w = calloc((size_t)nw, sizeof *w);
+    if (!w) return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
+    const float *params = bk_model_params((bk_model *)m);
+    int k = 0;
+    for (int s = -1; s < slots; s++)
+        for (int i = 0; i < np; i++, k++) {
+            wtensor *t = &w[k];
+            if (s < 0) {
+                snprintf(t->name, sizeof t->name, "%s", tab[i].name);
+                t->data = params + tab[i].off;
+            } else {
+                snprintf(t->name, sizeof t->name, "optim.%s.%s", bki_optim_slot_name(o, s), tab[i].name);
+                t->data = bki_optim_slot((bk_optim *)o, s) + tab[i].off;
+            }
+            t->ndim = tab[i].ndim;
+            memcpy(t->shape, tab[i].shape, sizeof t->shape);
+            t->count = tab[i].count;
+        }
+    uint64_t h = FNV0;
+    for (int i = 0; i < nw; i++) h = bki_fnv1a(h, w[i].data, sizeof(float) * (size_t)w[i].count);
+
+    sbuf b = {0};
+    char tmp[256];
+    size_t clen = bk_model_config_format(bk_model_get_config(m), NULL, 0);
+    char *cfg = malloc(clen + 1);
+    if (!cfg) {
+        free(w);
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    bk_model_config_format(bk_model_get_config(m), cfg, clen + 1);
+    sb_str(&b, "{\"__metadata__\":{\"format\":\"birkhoff\",\"version\":");
+    snprintf(tmp, sizeof tmp, "%d.%d.%d", BK_VERSION_MAJOR, BK_VERSION_MINOR, BK_VERSION_PATCH);
+    sb_json(&b, tmp);
+    sb_str(&b, ",\"config\":");
+    sb_json(&b, cfg);
+    free(cfg);
+    snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)bki_model_seed(m));
+    sb_str(&b, ",\"seed\":");
+    sb_json(&b, tmp);
+    snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)bki_model_fwd_count(m));
+    sb_str(&b, ",\"forward_count\":");
+    sb_json(&b, tmp);
+    if (o) {
+        char oc[1024];
+        bk_optim_config_format(bk_optim_get_config(o), oc, sizeof oc);
+        sb_str(&b, ",\"optim\":");
+        sb_json(&b, oc);
+        snprintf(tmp, sizeof tmp, "%lld", (long long)bk_optim_step_count(o));
+        sb_str(&b, ",\"optim_step\":");
+        sb_json(&b, tmp);
+    }
+    if (extra) {
+        sb_str(&b, ",\"extra\":");
+        sb_json(&b, extra);
+    }
+    snprintf(tmp, sizeof tmp, "%016llx", (unsigned long long)h);
+    sb_str(&b, ",\"checksum\":");
+    sb_json(&b, tmp);
+    sb_str(&b, "}");
+    int64_t off = 0;
+    for (int i = 0; i < nw; i++) {
+        const int64_t bytes = 4 * w[i].count;
+        sb_str(&b, ",");
+        sb_json(&b, w[i].name);
+        sb_str(&b, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (int d = 0; d < w[i].ndim; d++) {
+            snprintf(tmp, sizeof tmp, d ? ",%lld" : "%lld", (long long)w[i].shape[d]);
+            sb_str(&b, tmp);
+        }
+        snprintf(tmp, sizeof tmp, "],\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + bytes));
+        sb_str(&b, tmp);
+        off += bytes;
+    }
+    sb_str(&b, "}");
+    while (!b.bad && b.n % 8) sb_put(&b, " ", 1);
+    if (b.bad) {
+        free(b.s);
+        free(w);
+        return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
+    const void **parts = malloc(sizeof(void *) * (size_t)(nw + 2));
+    size_t *sizes = malloc(sizeof(size_t) * (size_t)(nw + 2));
+    bk_status st;
+    if (!parts || !sizes) {
+        st = bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
+    } else {
+        parts[0] = len8;
+        sizes[0] = 8;
+        parts[1] = b.s;
+        sizes[1] = b.n;
+        for (int i = 0; i < nw; i++) {
+            parts[i + 2] = w[i].data;
+            sizes[i + 2] = sizeof(float) * (size_t)w[i].count;
+        }
+        st = bki_write_atomic(path, nw + 2, parts, sizes);
+    }
+    free(parts);
+    free(sizes);
+    free(b.s);
+    free(w);
+    return st;
+}
+
+/* ---- load ---- */
+static const tentry *find_tensor(const header *h, const char *name)
+{
+    for (int i = 0; i < h->nt; i++)
+        if (strcmp(h->t[i].name, name) == 0) return &h->t[i];
+    return NULL;
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+    const tentry *x = *(const tentry *const *)a, *y = *(const tentry *const *)b;
+    return x->b < y->b ? -1 : x->b > y->b;
+}
+
+static bk_status parse_u64(const char *path, const header *h, const char *key, uint64_t *v)
+{
+    const char *s = meta_get(h, key);
+    char *end;
+    if (!s) return bki_fail(BK_ERR_FORMAT, "%s: checkpoint metadata lacks '%s'", path, key);
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno || end == s || *end) return bki_fail(BK_ERR_FORMAT, "%s: bad '%s' in the metadata", path, key);
+    *v = x;
+    return BK_OK;
+}
+
+bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, bk_optim **oout, char **extra)
+{
+    if (!path || !mout) return bki_fail(BK_ERR_NULL, "bk_checkpoint_load: NULL argument");
+    *mout = NULL;
+    if (oout) *oout = NULL;
+    if (extra) *extra = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return bki_fail(BK_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
+    bk_status st = BK_OK;
+    unsigned char *buf = NULL;
+    header h = {0};
+    bk_model *m = NULL;
+    bk_optim *o = NULL;
+    long fsz = -1;
+    if (fseek(fp, 0, SEEK_END) == 0) fsz = ftell(fp);
+    if (fsz < 8 || fseek(fp, 0, SEEK_SET) != 0) {
+        fclose(fp);
+        return bki_fail(BK_ERR_FORMAT, "%s: not a safetensors checkpoint (too short)", path);
+    }
+    buf = malloc((size_t)fsz);
+    if (!buf) {
+        fclose(fp);
+        return bki_fail(BK_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, fsz);
+    }
+    size_t got = fread(buf, 1, (size_t)fsz, fp);
+    fclose(fp);
+    if (got != (size_t)fsz) {
+        free(buf);
+        return bki_fail(BK_ERR_IO, "%s: read failed", path);
+    }
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
+    if (hl > MAX_HEADER || hl > (uint64_t)fsz - 8) {
+        st = bki_fail(BK_ERR_FORMAT, "%s: header length %llu does not fit the %ld-byte file (truncated or not a "
+                                     "safetensors file)",
+                      path, (unsigned long long)hl, fsz);
+        goto done;
+    }
+    if ((st = parse_header(path, (const char *)buf + 8, (size_t)hl, &h))) goto done;
+    const char *fmt = meta_get(&h, "format");
+    if (!fmt || strcmp(fmt, "birkhoff") != 0) {
+        st = bki_fail(BK_ERR_FORMAT, "%s: not a birkhoff checkpoint (metadata format is '%s')", path, fmt ? fmt : "");
+        goto done;
+    }
+    /* the tensors tile the data section exactly */
+    const uint64_t dsize = (uint64_t)fsz - 8 - hl;
+    const unsigned char *data = buf + 8 + hl;
+    {
+        const tentry **ord = malloc(sizeof(*ord) * (size_t)(h.nt ? h.nt : 1));
+        if (!ord) {
+            st = bki_fail(BK_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < h.nt; i++) ord[i] = &h.t[i];
+        qsort(ord, (size_t)h.nt, sizeof *ord, cmp_off);
+        uint64_t pos = 0;
+        for (int i = 0; i < h.nt && !st; i++) {
+            if ((uint64_t)ord[i]->b != pos || ord[i]->e < ord[i]->b)
+                st = bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' has offsets [%lld, %lld] that do not tile the data", path,
+                              ord[i]->name, (long long)ord[i]->b, (long long)ord[i]->e);
+            pos = (uint64_t)ord[i]->e;
+        }
+        free(ord);
+        if (!st && pos != dsize)
+            st = bki_fail(BK_ERR_FORMAT, "%s: data section is %llu bytes, the header describes %llu (truncated?)", path,
+                          (unsigned long long)dsize, (unsigned long long)pos);
+        if (st) goto done;
+    }
+    {
+        const char *cs = meta_get(&h, "checksum");
+        char want[32];
+        uint64_t hv = FNV0;
+        /* checksum over the tensors in file order */
+        hv = bki_fnv1a(hv, data, (size_t)dsize);
+        snprintf(want, sizeof want, "%016llx", (unsigned long long)hv);
+        if (!cs || strcmp(cs, want) != 0) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: checksum mismatch (file corrupt): stored %s, computed %s", path,
+                          cs ? cs : "(none)", want);
+            goto done;
+        }
+    }
+    bk_model_config cfg = bk_model_config_default();
+    const char *ctext = meta_get(&h, "config");
+    if (!ctext) {
+        st = bki_fail(BK_ERR_FORMAT, "%s: checkpoint metadata lacks the model config", path);
+        goto done;
+    }
+    if ((st = bk_model_config_parse(&cfg, ctext))) {
+        st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, bk_last_error());
+        goto done;
+    }
+    uint64_t seed, fcount;
+    if ((st = parse_u64(path, &h, "seed", &seed)) || (st = parse_u64(path, &h, "forward_count", &fcount))) goto done;
+    if ((st = bk_model_create(&cfg, seed, max_batch, &m))) goto done;
+    bki_model_set_fwd_count(m, fcount);
+    int np;
+    const bki_param *tab = bki_model_table(m, &np);
+    int want_slots = 0;
+    const char *otext = meta_get(&h, "optim");
+    if (oout && otext) {
+        bk_optim_config oc = bk_optim_config_default();
+        uint64_t ostep;
+        if ((st = bk_optim_config_parse(&oc, otext))) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: bad optimiser config in the checkpoint: %s", path, bk_last_error());
+            goto done;
+        }
+        if ((st = parse_u64(path, &h, "optim_step", &ostep))) goto done;
+        if ((st = bk_optim_create(&oc, m, &o))) goto done;
+        bki_optim_set_step(o, (int64_t)ostep);
+        want_slots = bki_optim_slots(o);
+    }
+    int used = 0;
+    for (int s = -1; s < want_slots; s++)
+        for (int i = 0; i < np; i++) {
+            char name[96];
+            if (s < 0)
+                snprintf(name, sizeof name, "%s", tab[i].name);
+            else
+                snprintf(name, sizeof name, "optim.%s.%s", bki_optim_slot_name(o, s), tab[i].name);
+            const tentry *t = find_tensor(&h, name);
+            if (!t) {
+                st = bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' missing", path, name);
+                goto done;
+            }
+            int same = strcmp(t->dtype, "F32") == 0 && t->ndim == tab[i].ndim;
+            for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == tab[i].shape[d];
+            if (!same || t->e - t->b != 4 * tab[i].count) {
+                st = bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' has the wrong dtype or shape for the configuration", path,
+                              name);
+                goto done;
+            }
+            float *dst = s < 0 ? bk_model_params(m) + tab[i].off : bki_optim_slot(o, s) + tab[i].off;
+            memcpy(dst, data + t->b, (size_t)(t->e - t->b));
+            used++;
+        }
+    /* every other tensor must be optimiser state we were not asked for */
+    (void)used;
+    for (int i = 0; i < h.nt; i++) {
+        int known = 0;
+        for (int p = 0; p < np && !known; p++) known = strcmp(h.t[i].name, tab[p].name) == 0;
+        if (!known && strncmp(h.t[i].name, "optim.", 6) != 0) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: unexpected tensor '%s' for this configuration", path, h.t[i].name);
+            goto done;
+        }
+    }
+    if (extra) {
+        const char *e = meta_get(&h, "extra");
+        if (e && !(*extra = strdup(e))) {
+            st = bki_fail(BK_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+done:
+    header_free(&h);
+    free(buf);
+    if (st) {
+        bk_optim_free(o);
+        bk_model_free(m);
+        if (extra && *extra) {
+            free(*extra);
+            *extra = NULL;
+        }
+        return st;
+    }
+    *mout = m;
+    if (oout) *oout = o;
+    return BK_OK;
+}

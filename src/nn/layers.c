@@ -1,0 +1,162 @@
+/* layers.c -- Linear, LayerNorm, GELU, dropout and column sums for the
+ * training engine (see layers.h). Row loops split rows in a fixed static
+ * partition; each row's result is computed by the same code whatever the
+ * thread count. */
+#include "layers.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#define COLBLK 32
+
+void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
+                    int ldy)
+{
+    bki_blas_all_threads();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy);
+    if (b) {
+        const int nt = bki_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *yr = y + (size_t)r * ldy;
+            for (int c = 0; c < out; c++) yr[c] += b[c];
+        }
+    }
+}
+
+void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
+{
+    const int nt = bki_threads();
+    const int nblk = (C + COLBLK - 1) / COLBLK;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int blk = 0; blk < nblk; blk++) {
+        const int c0 = blk * COLBLK, cn = C - c0 < COLBLK ? C - c0 : COLBLK;
+        double acc[COLBLK] = {0};
+        for (int r = 0; r < R; r++) {
+            const float *ar = a + (size_t)r * lda + c0;
+            for (int c = 0; c < cn; c++) acc[c] += ar[c];
+        }
+        for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
+    }
+}
+
+void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
+                    float *dx, float beta_dx, float *dW, float *db)
+{
+    bki_blas_all_threads();
+    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in);
+    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+    if (db) bki_colsum_add(dy, R, out, ldy, db);
+}
+
+void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float *b, float eps, float *y, float *mu,
+                       float *rs)
+{
+    const int nt = bki_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * C;
+        float *yr = y + (size_t)r * C;
+        double s = 0.0, s2 = 0.0;
+        for (int c = 0; c < C; c++) s += xr[c];
+        const double m = s / C;
+        for (int c = 0; c < C; c++) {
+            const double t = xr[c] - m;
+            s2 += t * t;
+        }
+        const float mf = (float)m, rf = (float)(1.0 / sqrt(s2 / C + (double)eps));
+        mu[r] = mf;
+        rs[r] = rf;
+        for (int c = 0; c < C; c++) yr[c] = (xr[c] - mf) * rf * g[c] + b[c];
+    }
+}
+
+void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
+                       const float *dy, float *dx, float *dg, float *db)
+{
+    const int nt = bki_threads();
+    const int nblk = (C + COLBLK - 1) / COLBLK;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const int c0 = blk * COLBLK, cn = C - c0 < COLBLK ? C - c0 : COLBLK;
+            double ag[COLBLK] = {0}, ab[COLBLK] = {0};
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + (size_t)r * C + c0, *dr = dy + (size_t)r * C + c0;
+                for (int c = 0; c < cn; c++) {
+                    ag[c] += (double)dr[c] * ((xr[c] - mu[r]) * rs[r]);
+                    ab[c] += dr[c];
+                }
+            }
+            for (int c = 0; c < cn; c++) {
+                dg[c0 + c] += (float)ag[c];
+                db[c0 + c] += (float)ab[c];
+            }
+        }
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + (size_t)r * C, *dr = dy + (size_t)r * C;
+            float *dxr = dx + (size_t)r * C;
+            double s1 = 0.0, s2 = 0.0;
+            for (int c = 0; c < C; c++) {
+                const double dxh = (double)dr[c] * g[c];
+                s1 += dxh;
+                s2 += dxh * ((xr[c] - mu[r]) * rs[r]);
+            }
+            const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
+            for (int c = 0; c < C; c++) {
+                const float xh = (xr[c] - mu[r]) * rs[r];
+                dxr[c] += rs[r] * (dr[c] * g[c] - m1 - xh * m2);
+            }
+        }
+    }
+}
+
+void bki_gelu_fwd(size_t n, const float *z, float *y)
+{
+    const int nt = bki_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = 0.5f * z[i] * (1.0f + erff(z[i] * 0.70710678118654752f));
+}
+
+void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
+{
+    const int nt = bki_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const float x = z[i];
+        const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+        const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+        dz[i] = dy[i] * (cdf + x * pdf);
+    }
+}
+
+static inline uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site)
+{
+    return mix(mix(seed ^ 0x5DEECE66Dull) ^ mix(count + 0x9E3779B97F4A7C15ull) ^ ((uint64_t)site << 40));
+}
+
+void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
+{
+    if (p <= 0.0f) return;
+    const float keep = 1.0f / (1.0f - p);
+    const uint64_t thr = (uint64_t)((double)p * 18446744073709551616.0 > 1.8446744073709550e19
+                                        ? 18446744073709549568.0
+                                        : (double)p * 18446744073709551616.0);
+    const int nt = bki_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < R; r++) {
+        float *ar = a + (size_t)r * ld;
+        const uint64_t rk = mix(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+        for (int c = 0; c < C; c++) ar[c] = mix(rk + (uint64_t)c * 0x9E3779B97F4A7C15ull) >= thr ? ar[c] * keep : 0.0f;
+    }
+}

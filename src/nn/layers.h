@@ -1,0 +1,38 @@
+/* layers.h -- the row-wise building blocks of the training engine: Linear
+ * (CBLAS), LayerNorm, GELU, dropout masks and deterministic column sums.
+ * Activations are row-major [R, C]; every parameter-gradient reduction over
+ * rows runs in row order (parallel over column blocks only), so results do
+ * not depend on the thread count. */
+#ifndef BK_NN_LAYERS_H
+#define BK_NN_LAYERS_H
+
+#include "nn.h"
+
+/* y[R,out] = x[R,in] W^T (+ b), W [out, in] (PyTorch layout); ldx/ldy row strides */
+void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
+                    int ldy);
+/* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable) */
+void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
+                    float *dx, float beta_dx, float *dW, float *db);
+/* out[c] += sum_r a[r, c] in row order (double accumulation) */
+void bki_colsum_add(const float *a, int R, int C, int lda, float *out);
+
+/* y = (x - mu) rs g + b per row; mu, rs [R] saved for the backward */
+void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float *b, float eps, float *y, float *mu,
+                       float *rs);
+/* dx += LN backward of dy; dg += colsum(dy xhat), db += colsum(dy) */
+void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
+                       const float *dy, float *dx, float *dg, float *db);
+
+/* exact-erf GELU: y = gelu(z); backward dz = dy * gelu'(z) (in place allowed) */
+void bki_gelu_fwd(size_t n, const float *z, float *y);
+void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz);
+
+/* Dropout of rows [R, C] (row stride ld) with keep probability 1 - p, scale
+ * 1/(1-p); element (r, c) keeps iff hash(key, row0 + r, c) >= p. The same
+ * call applies the same mask to a gradient. */
+void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key);
+/* key of a dropout site: a pure function of (seed, forward counter, site) */
+uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site);
+
+#endif

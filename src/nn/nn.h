@@ -1,0 +1,43 @@
+/* nn.h -- declarations shared inside the training engine (src/nn), hidden
+ * from the shared library like the rest of the bki_* names. */
+#ifndef BK_NN_H
+#define BK_NN_H
+
+#include "../core/internal.h"
+
+/* ---- key=value configuration tables (config.c) -------------------------- */
+typedef enum { BKI_F_INT, BKI_F_I64, BKI_F_FLOAT, BKI_F_ENUM, BKI_F_LIST } bki_field_type;
+typedef struct {
+    const char *name;
+    bki_field_type type;
+    size_t offset;
+    const char *const *names;  /* ENUM: value names, NULL-terminated       */
+    int list_len;              /* LIST: int array length (0-terminated)    */
+} bki_field;
+bk_status bki_cfg_set(void *obj, const bki_field *tab, int n, const char *what, const char *key,
+                      const char *value);
+bk_status bki_cfg_parse(void *obj, const bki_field *tab, int n, const char *what, const char *text);
+size_t bki_cfg_format(const void *obj, const bki_field *tab, int n, char *buf, size_t cap);
+
+/* ---- model internals used by the optimiser and checkpoints (model.c) ---- */
+typedef struct {
+    char name[64];
+    int ndim;
+    int64_t shape[4];
+    int64_t off, count;
+    int decay;
+} bki_param;
+
+const bki_param *bki_model_table(const bk_model *m, int *count);
+uint64_t bki_model_seed(const bk_model *m);
+uint64_t bki_model_fwd_count(const bk_model *m);
+void bki_model_set_fwd_count(bk_model *m, uint64_t c);
+
+/* ---- optimiser state access for checkpoints (optim.c) ------------------- */
+/* slots: 0 (SGD momentum "buf" / Adam "m") and 1 (Adam "v"); NULL if absent */
+int bki_optim_slots(const bk_optim *o);
+const char *bki_optim_slot_name(const bk_optim *o, int slot);
+float *bki_optim_slot(bk_optim *o, int slot);
+void bki_optim_set_step(bk_optim *o, int64_t step);
+
+#endif

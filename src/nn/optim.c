@@ -1,0 +1,241 @@
+/* optim.c -- AdamW / Adam / SGD with momentum, learning-rate schedules,
+ * global-norm clipping and the training step with gradient accumulation
+ * (docs/MODEL.md). PyTorch's update formulas, float32 state. */
+#include "nn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const OPT_NAMES[] = {"adamw", "adam", "sgd", NULL};
+static const char *const SCHED_NAMES[] = {"constant", "step", "cosine", NULL};
+
+#define F(field, type) {#field, type, offsetof(bk_optim_config, field), NULL, 0}
+static const bki_field OPT_FIELDS[] = {
+    {"kind", BKI_F_ENUM, offsetof(bk_optim_config, kind), OPT_NAMES, 0},
+    F(lr, BKI_F_FLOAT),
+    F(beta1, BKI_F_FLOAT),
+    F(beta2, BKI_F_FLOAT),
+    F(eps, BKI_F_FLOAT),
+    F(weight_decay, BKI_F_FLOAT),
+    F(momentum, BKI_F_FLOAT),
+    F(nesterov, BKI_F_INT),
+    F(clip, BKI_F_FLOAT),
+    {"sched", BKI_F_ENUM, offsetof(bk_optim_config, sched), SCHED_NAMES, 0},
+    F(warmup, BKI_F_INT),
+    F(total_steps, BKI_F_I64),
+    F(lr_min, BKI_F_FLOAT),
+    F(gamma, BKI_F_FLOAT),
+    {"milestones", BKI_F_LIST, offsetof(bk_optim_config, milestones), NULL, 8},
+};
+#undef F
+#define NOPT ((int)(sizeof OPT_FIELDS / sizeof OPT_FIELDS[0]))
+
+bk_optim_config bk_optim_config_default(void)
+{
+    bk_optim_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = BK_OPT_ADAMW;
+    c.lr = 1e-3f;
+    c.beta1 = 0.9f;
+    c.beta2 = 0.999f;
+    c.eps = 1e-8f;
+    c.weight_decay = 0.01f;
+    c.sched = BK_SCHED_CONSTANT;
+    c.gamma = 0.1f;
+    return c;
+}
+
+bk_status bk_optim_config_set(bk_optim_config *c, const char *key, const char *value)
+{
+    return bki_cfg_set(c, OPT_FIELDS, NOPT, "optimiser config", key, value);
+}
+bk_status bk_optim_config_parse(bk_optim_config *c, const char *text)
+{
+    return bki_cfg_parse(c, OPT_FIELDS, NOPT, "optimiser config", text);
+}
+size_t bk_optim_config_format(const bk_optim_config *c, char *buf, size_t cap)
+{
+    return bki_cfg_format(c, OPT_FIELDS, NOPT, buf, cap);
+}
+
+static bk_status check_cfg(const bk_optim_config *c)
+{
+#define NEED(cond, ...)                                                                                            \
+    do {                                                                                                           \
+        if (!(cond)) return bki_fail(BK_ERR_PARAM, "optimiser config: " __VA_ARGS__);                              \
+    } while (0)
+    NEED(c->kind >= BK_OPT_ADAMW && c->kind <= BK_OPT_SGD, "unknown optimiser %d", (int)c->kind);
+    NEED(c->lr > 0.0f && isfinite(c->lr), "lr must be > 0 (got %g)", (double)c->lr);
+    NEED(c->beta1 >= 0.0f && c->beta1 < 1.0f && c->beta2 >= 0.0f && c->beta2 < 1.0f, "betas must be in [0, 1)");
+    NEED(c->eps > 0.0f, "eps must be > 0");
+    NEED(c->weight_decay >= 0.0f, "weight_decay must be >= 0");
+    NEED(c->momentum >= 0.0f && c->momentum < 1.0f, "momentum must be in [0, 1)");
+    NEED(c->nesterov == 0 || (c->nesterov == 1 && c->momentum > 0.0f), "nesterov needs momentum > 0");
+    NEED(c->clip >= 0.0f, "clip must be >= 0");
+    NEED(c->sched >= BK_SCHED_CONSTANT && c->sched <= BK_SCHED_COSINE, "unknown schedule %d", (int)c->sched);
+    NEED(c->warmup >= 0, "warmup must be >= 0");
+    NEED(c->sched != BK_SCHED_COSINE || c->total_steps > c->warmup, "cosine needs total_steps > warmup");
+    NEED(c->lr_min >= 0.0f && c->lr_min <= c->lr, "lr_min must be in [0, lr]");
+    NEED(c->gamma > 0.0f, "gamma must be > 0");
+    for (int i = 1; i < 8 && c->milestones[i] > 0; i++)
+        NEED(c->milestones[i] > c->milestones[i - 1], "milestones must increase");
+#undef NEED
+    return BK_OK;
+}
+
+float bk_optim_lr(const bk_optim_config *c, int64_t step)
+{
+    if (!c) return 0.0f;
+    if (step < c->warmup) return c->lr * (float)(step + 1) / (float)c->warmup;
+    switch (c->sched) {
+    case BK_SCHED_CONSTANT: return c->lr;
+    case BK_SCHED_STEP: {
+        double lr = c->lr;
+        for (int i = 0; i < 8 && c->milestones[i] > 0; i++)
+            if (step >= c->milestones[i]) lr *= c->gamma;
+        return (float)lr;
+    }
+    case BK_SCHED_COSINE: {
+        if (step >= c->total_steps) return c->lr_min;
+        const double t = (double)(step - c->warmup) / (double)(c->total_steps - c->warmup);
+        return (float)(c->lr_min + (c->lr - c->lr_min) * 0.5 * (1.0 + cos(3.14159265358979323846 * t)));
+    }
+    }
+    return c->lr;
+}
+
+struct bk_optim {
+    bk_optim_config c;
+    int64_t step, P;
+    float *s0, *s1; /* m / momentum buffer, v */
+};
+
+int bki_optim_slots(const bk_optim *o) { return o->c.kind == BK_OPT_SGD ? (o->c.momentum > 0.0f ? 1 : 0) : 2; }
+const char *bki_optim_slot_name(const bk_optim *o, int slot)
+{
+    if (o->c.kind == BK_OPT_SGD) return "buf";
+    return slot == 0 ? "m" : "v";
+}
+float *bki_optim_slot(bk_optim *o, int slot) { return slot == 0 ? o->s0 : o->s1; }
+void bki_optim_set_step(bk_optim *o, int64_t step) { o->step = step; }
+int64_t bk_optim_step_count(const bk_optim *o) { return o ? o->step : 0; }
+const bk_optim_config *bk_optim_get_config(const bk_optim *o) { return o ? &o->c : NULL; }
+
+bk_status bk_optim_create(const bk_optim_config *c, const bk_model *m, bk_optim **out)
+{
+    if (!c || !m || !out) return bki_fail(BK_ERR_NULL, "bk_optim_create: NULL argument");
+    *out = NULL;
+    bk_status st = check_cfg(c);
+    if (st) return st;
+    bk_optim *o = calloc(1, sizeof *o);
+    if (!o) return bki_fail(BK_ERR_NOMEM, "bk_optim_create: out of memory");
+    o->c = *c;
+    o->P = bk_model_num_params(m);
+    const int slots = bki_optim_slots(o);
+    if (slots >= 1) o->s0 = calloc((size_t)o->P, sizeof(float));
+    if (slots >= 2) o->s1 = calloc((size_t)o->P, sizeof(float));
+    if ((slots >= 1 && !o->s0) || (slots >= 2 && !o->s1)) {
+        bk_optim_free(o);
+        return bki_fail(BK_ERR_NOMEM, "bk_optim_create: out of memory for the state");
+    }
+    *out = o;
+    return BK_OK;
+}
+
+void bk_optim_free(bk_optim *o)
+{
+    if (!o) return;
+    free(o->s0);
+    free(o->s1);
+    free(o);
+}
+
+bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
+{
+    if (!o || !m) return bki_fail(BK_ERR_NULL, "bk_optim_step: NULL argument");
+    if (bk_model_num_params(m) != o->P)
+        return bki_fail(BK_ERR_SHAPE, "bk_optim_step: the optimiser was made for %lld parameters, the model has %lld",
+                        (long long)o->P, (long long)bk_model_num_params(m));
+    float *w = bk_model_params(m), *g = bk_model_grads(m);
+    int np;
+    const bki_param *tab = bki_model_table(m, &np);
+    /* global norm in parameter order (double): independent of threads */
+    double ss = 0.0;
+    for (int64_t i = 0; i < o->P; i++) ss += (double)g[i] * g[i];
+    const double norm = sqrt(ss);
+    if (gnorm) *gnorm = norm;
+    if (!isfinite(norm)) return bki_fail(BK_ERR_NONFINITE, "bk_optim_step: non-finite gradient norm; update refused");
+    const bk_optim_config *c = &o->c;
+    float gs = 1.0f;
+    if (c->clip > 0.0f && norm > c->clip) gs = (float)(c->clip / (norm + 1e-6));
+    const float lr = bk_optim_lr(c, o->step);
+    const int64_t t = o->step + 1;
+    const float bc1 = 1.0f - powf(c->beta1, (float)t), bc2 = 1.0f - powf(c->beta2, (float)t);
+    const float bc2s = sqrtf(bc2), step_size = lr / bc1;
+    const int nt = bki_threads();
+    for (int pi = 0; pi < np; pi++) {
+        const bki_param *p = &tab[pi];
+        const float wd = p->decay ? c->weight_decay : 0.0f;
+        float *pw = w + p->off, *pg = g + p->off;
+        float *m0 = o->s0 ? o->s0 + p->off : NULL, *m1 = o->s1 ? o->s1 + p->off : NULL;
+        const int64_t n = p->count;
+        if (c->kind == BK_OPT_SGD) {
+            const float mu = c->momentum;
+            const int first = o->step == 0;
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 65536)
+            for (int64_t i = 0; i < n; i++) {
+                float gi = pg[i] * gs;
+                if (wd > 0.0f) gi += wd * pw[i];
+                if (mu > 0.0f) {
+                    m0[i] = first ? gi : mu * m0[i] + gi;
+                    gi = c->nesterov ? gi + mu * m0[i] : m0[i];
+                }
+                pw[i] -= lr * gi;
+            }
+        } else {
+            const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+            const int adamw = c->kind == BK_OPT_ADAMW;
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 65536)
+            for (int64_t i = 0; i < n; i++) {
+                float gi = pg[i] * gs;
+                if (adamw)
+                    pw[i] *= 1.0f - lr * wd;
+                else if (wd > 0.0f)
+                    gi += wd * pw[i];
+                m0[i] = b1 * m0[i] + (1.0f - b1) * gi;
+                m1[i] = b2 * m1[i] + (1.0f - b2) * gi * gi;
+                const float denom = sqrtf(m1[i]) / bc2s + eps;
+                pw[i] -= step_size * (m0[i] / denom);
+            }
+        }
+    }
+    o->step++;
+    return BK_OK;
+}
+
+bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, float ls, double *loss, double *gnorm)
+{
+    if (!m || !o || !b) return bki_fail(BK_ERR_NULL, "bk_train_step: NULL argument");
+    if (micro < 0) return bki_fail(BK_ERR_PARAM, "bk_train_step: micro must be >= 0");
+    if (b->B < 1) return bki_fail(BK_ERR_SHAPE, "bk_train_step: empty batch");
+    const bk_model_config *c = bk_model_get_config(m);
+    const int mb = micro > 0 && micro < b->B ? micro : b->B;
+    const int64_t per = c->input == BK_INPUT_IMAGE    ? (int64_t)c->channels * c->image_h * c->image_w
+                        : c->input == BK_INPUT_POINTS ? (int64_t)c->max_points * c->point_dim
+                                                      : (int64_t)c->max_len;
+    bk_model_zero_grad(m);
+    double total = 0.0;
+    for (int s = 0; s < b->B; s += mb) {
+        const int n = b->B - s < mb ? b->B - s : mb;
+        bk_batch part = {n, b->x ? b->x + (int64_t)s * per : NULL, b->tokens ? b->tokens + (int64_t)s * per : NULL,
+                         b->len ? b->len + s : NULL, b->labels ? b->labels + s : NULL};
+        double l = 0.0;
+        bk_status st = bk_model_forward(m, &part, 1, ls, NULL, &l);
+        if (st) return st;
+        if ((st = bk_model_backward(m, (float)n / (float)b->B))) return st;
+        total += l * n;
+    }
+    if (loss) *loss = total / b->B;
+    return bk_optim_step(o, m, gnorm);
+}

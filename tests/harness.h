@@ -33,4 +33,5 @@ void test_esp(void);
 void test_lot(void);
 void test_otk(void);
 void test_asap(void);
+void test_model(void);
 #endif

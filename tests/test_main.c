@@ -51,6 +51,7 @@ int main(int argc, char **argv)
     test_lot();
     test_otk();
     test_asap();
+    test_model();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

@@ -1,0 +1,603 @@
+/* test_model.c -- the training engine: whole-model gradients against finite
+ * differences for every attention type, input kind and pooling; bitwise
+ * thread independence; padding invariance; exact resume from a checkpoint;
+ * gradient accumulation; optimiser and schedule formulas; corrupt and
+ * truncated checkpoints; bad configurations. (PyTorch parity of logits,
+ * loss, every gradient and a 10-step trajectory: tests/oracle/test_model.py.) */
+#include "birkhoff.h"
+#include "harness.h"
+#include "tutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    bk_batch b;
+    float *x;
+    int32_t *tok, *len, *lab;
+} tbatch;
+
+static void batch_make(tbatch *t, const bk_model_config *c, int B, int pad, th_rng *r)
+{
+    memset(t, 0, sizeof *t);
+    t->b.B = B;
+    t->lab = malloc(sizeof(int32_t) * (size_t)B);
+    for (int i = 0; i < B; i++) t->lab[i] = (int32_t)(th_next(r) % (uint64_t)c->classes);
+    t->b.labels = t->lab;
+    if (c->input == BK_INPUT_TOKENS) {
+        size_t n = (size_t)B * c->max_len;
+        t->tok = malloc(sizeof(int32_t) * n);
+        for (size_t i = 0; i < n; i++) t->tok[i] = (int32_t)(th_next(r) % (uint64_t)c->vocab);
+        t->b.tokens = t->tok;
+    } else {
+        size_t n = c->input == BK_INPUT_IMAGE ? (size_t)B * c->channels * c->image_h * c->image_w
+                                              : (size_t)B * c->max_points * c->point_dim;
+        t->x = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) t->x[i] = (float)th_normal(r);
+        t->b.x = t->x;
+    }
+    if (pad && c->input != BK_INPUT_IMAGE) {
+        int N = c->input == BK_INPUT_TOKENS ? c->max_len : c->max_points;
+        t->len = malloc(sizeof(int32_t) * (size_t)B);
+        for (int i = 0; i < B; i++) t->len[i] = i == 0 ? N : 1 + (int32_t)(th_next(r) % (uint64_t)N);
+        t->b.len = t->len;
+    }
+}
+
+static void batch_free(tbatch *t)
+{
+    free(t->x);
+    free(t->tok);
+    free(t->len);
+    free(t->lab);
+}
+
+static bk_model *model_from(const char *text, uint64_t seed, int maxb)
+{
+    bk_model_config c = bk_model_config_default();
+    if (bk_model_config_parse(&c, text)) {
+        th_check(0, "config parse", "%s: %s", text, bk_last_error());
+        return NULL;
+    }
+    bk_model *m = NULL;
+    if (bk_model_create(&c, seed, maxb, &m)) {
+        th_check(0, "model create", "%s: %s", text, bk_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+typedef struct {
+    bk_model *m;
+    const bk_batch *b;
+    float ls;
+} fd_ctx;
+
+static double fd_loss(void *p)
+{
+    fd_ctx *c = p;
+    double l = NAN;
+    if (bk_model_forward(c->m, c->b, 0, c->ls, NULL, &l)) return NAN;
+    return l;
+}
+
+/* every parameter tensor's gradient against a directional central difference */
+static void fd_case(const char *text, int B, int pad, float ls, float h, int head_only)
+{
+    th_rng r = {0x51u + (uint64_t)strlen(text)};
+    bk_model *m = model_from(text, 7, B);
+    if (!m) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(m), B, pad, &r);
+    double loss = 0;
+    bk_model_zero_grad(m);
+    int ok = bk_model_forward(m, &tb.b, 1, ls, NULL, &loss) == BK_OK && bk_model_backward(m, 1.0f) == BK_OK;
+    if (!th_check(ok, "model fwd/bwd", "%s: %s", text, bk_last_error())) goto out;
+    fd_ctx ctx = {m, &tb.b, ls};
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        if (head_only && strncmp(pi.name, "head.", 5) != 0) continue;
+        char name[256];
+        snprintf(name, sizeof name, "FD %s [%s]", pi.name, text);
+        th_directional_fd(name, pi.data, pi.grad, (int)pi.count, h, &r, fd_loss, &ctx);
+    }
+out:
+    batch_free(&tb);
+    bk_model_free(m);
+}
+
+static void test_fd(void)
+{
+    const char *base = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=4,classes=5";
+    char t[512];
+    struct {
+        const char *extra;
+        int pad;
+        float ls;
+    } cases[] = {
+        {"attn=softmax", 0, 0.0f},
+        {"attn=sinkhorn,sk_iters=5,pool=mean,qkv_bias=1", 0, 0.1f},
+        {"attn=sinkhorn,sk_iters=4,sk_eps=0.5,pool=max,patch=2", 0, 0.0f},
+        {"attn=esp,esp_soft=1,esp_t=0.1,esp_tau=1", 0, 0.0f},
+        {"attn=esp,esp_soft=1,esp_t=0.2,esp_slices=3,pool=mean", 0, 0.0f},
+        {"attn=lot,lot_r=3,lot_iters=5", 0, 0.0f},
+        {"attn=sinkhorn,pool=otk,otk_refs=2,otk_supports=3,otk_iters=4", 0, 0.0f},
+        {"input=tokens,vocab=11,max_len=6,attn=sinkhorn,sk_iters=3,pool=mean", 1, 0.0f},
+        {"input=tokens,vocab=11,max_len=6,attn=softmax,cls=0,pool=max,pos_embed=0", 1, 0.2f},
+        {"input=points,point_dim=3,max_points=7,attn=lot,lot_r=2,cls=0,pos_embed=0,pool=mean", 1, 0.0f},
+        {"input=points,point_dim=3,max_points=7,attn=esp,esp_t=0.2,pool=otk,otk_supports=2", 1, 0.0f},
+        {"depth=1,heads=1,head_dim=12,mlp_dim=0,attn=sinkhorn,final_norm=1", 0, 0.0f},
+        {"depth=1,heads=3,head_dim=4,mlp_dim=0,final_norm=0,attn=softmax", 0, 0.0f},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        if (TH.quick && i % 3 != 0) continue;
+        snprintf(t, sizeof t, "%s,%s", base, cases[i].extra);
+        /* Max pooling has kinks: a step that moves every entry of a tensor
+         * switches some argmax (at 1e-3), and a step small enough not to
+         * (1e-4) drowns in float32 rounding of the loss. Those models are
+         * checked here above the pooling only; their full gradient is held
+         * to the PyTorch twin (same subgradient) in tests/oracle/test_model.py. */
+        fd_case(t, 3, cases[i].pad, cases[i].ls, 1e-3f, strstr(cases[i].extra, "pool=max") != NULL);
+    }
+}
+
+/* one training step's gradients and the updated weights at 1, 2, 3 threads */
+static void test_threads(void)
+{
+    const char *cfgs[] = {"dim=32,depth=2,heads=4,mlp_dim=48,image_h=16,image_w=16,patch=4,attn=sinkhorn,dropout=0.1",
+                          "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=4,pool=otk",
+                          "input=points,max_points=10,dim=16,heads=2,attn=esp,esp_t=0.1,pool=max,cls=0,pos_embed=0"};
+    for (int c = 0; c < 3; c++) {
+        float *ref = NULL;
+        int64_t P = 0;
+        int same = 1;
+        for (int nt = 1; nt <= 3; nt++) {
+            bk_set_num_threads(nt);
+            th_rng r = {99};
+            bk_model *m = model_from(cfgs[c], 3, 8);
+            if (!m) break;
+            tbatch tb;
+            batch_make(&tb, bk_model_get_config(m), 8, 1, &r);
+            bk_optim_config oc = bk_optim_config_default();
+            bk_optim *o = NULL;
+            bk_optim_create(&oc, m, &o);
+            double loss;
+            int ok = bk_train_step(m, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK;
+            ok = ok && bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK;
+            bk_model_zero_grad(m);
+            ok = ok && bk_model_backward(m, 1.0f) == BK_OK;
+            th_check(ok, "thread run", "%s: %s", cfgs[c], bk_last_error());
+            P = bk_model_num_params(m);
+            if (!ref) {
+                ref = malloc(sizeof(float) * (size_t)P * 2);
+                memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
+                memcpy(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
+            } else {
+                same &= memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) == 0 &&
+                        memcmp(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P) == 0;
+            }
+            bk_optim_free(o);
+            batch_free(&tb);
+            bk_model_free(m);
+        }
+        bk_set_num_threads(0);
+        th_check(same, "threads: bitwise identical weights and gradients (1, 2, 3)", "%s", cfgs[c]);
+        free(ref);
+    }
+}
+
+/* values stored in padded positions never matter */
+static void test_padding(void)
+{
+    const char *cfgs[] = {"input=tokens,vocab=13,max_len=9,dim=16,heads=2,attn=sinkhorn,pool=mean",
+                          "input=points,max_points=9,dim=16,heads=2,attn=lot,lot_r=3,pool=otk"};
+    for (int c = 0; c < 2; c++) {
+        th_rng r = {5};
+        bk_model *m = model_from(cfgs[c], 1, 4);
+        if (!m) continue;
+        const bk_model_config *mc = bk_model_get_config(m);
+        tbatch tb;
+        batch_make(&tb, mc, 4, 1, &r);
+        const int64_t P = bk_model_num_params(m);
+        float lg1[40], lg2[40];
+        float *g1 = malloc(sizeof(float) * (size_t)P);
+        double l1, l2;
+        bk_model_zero_grad(m);
+        int ok = !bk_model_forward(m, &tb.b, 1, 0.0f, lg1, &l1) && !bk_model_backward(m, 1.0f);
+        memcpy(g1, bk_model_grads(m), sizeof(float) * (size_t)P);
+        /* scribble over the padded part (NaN for points: never read) */
+        for (int b = 0; b < 4; b++) {
+            int N = mc->input == BK_INPUT_TOKENS ? mc->max_len : mc->max_points;
+            for (int i = tb.len[b]; i < N; i++) {
+                if (tb.tok) tb.tok[b * N + i] = (int32_t)((i * 7 + b) % mc->vocab);
+                if (tb.x)
+                    for (int k = 0; k < mc->point_dim; k++) tb.x[((size_t)b * N + i) * mc->point_dim + k] = NAN;
+            }
+        }
+        bk_model_zero_grad(m);
+        ok = ok && !bk_model_forward(m, &tb.b, 1, 0.0f, lg2, &l2) && !bk_model_backward(m, 1.0f);
+        th_check(ok && memcmp(lg1, lg2, sizeof(float) * 4 * (size_t)mc->classes) == 0 && l1 == l2 &&
+                     memcmp(g1, bk_model_grads(m), sizeof(float) * (size_t)P) == 0,
+                 "padding: padded values change nothing (bitwise)", "%s %s", cfgs[c], ok ? "" : bk_last_error());
+        free(g1);
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+}
+
+static void tmp_path(char *buf, size_t n, const char *tag)
+{
+    snprintf(buf, n, "/tmp/bk_test_%ld_%s.safetensors", (long)getpid(), tag);
+}
+
+/* resume from a checkpoint continues bit for bit */
+static void test_resume(void)
+{
+    const char *cfg = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,attn=sinkhorn,dropout=0.2";
+    const char *opts[] = {"kind=adamw,lr=3e-3,weight_decay=0.05,clip=1,sched=cosine,warmup=2,total_steps=8",
+                          "kind=sgd,lr=0.05,momentum=0.9,nesterov=1,weight_decay=1e-3,sched=step,milestones=2:4,gamma=0.5",
+                          "kind=adam,lr=1e-3,weight_decay=0.01"};
+    char path[256];
+    tmp_path(path, sizeof path, "resume");
+    for (int oi = 0; oi < 3; oi++) {
+        th_rng r = {11};
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim_config_parse(&oc, opts[oi]);
+        bk_model *a = model_from(cfg, 21, 6);
+        if (!a) return;
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(a), 6, 0, &r);
+        bk_optim *oa = NULL;
+        bk_optim_create(&oc, a, &oa);
+        double la[6], lb[6];
+        int ok = 1;
+        for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 4 : 0, 0.1f, &la[s], NULL) == BK_OK;
+        /* interrupted: 3 steps, save, load into fresh objects, 3 more */
+        bk_model *b = model_from(cfg, 21, 6);
+        bk_optim *ob = NULL;
+        bk_optim_create(&oc, b, &ob);
+        for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.1f, &lb[s], NULL) == BK_OK;
+        ok &= bk_checkpoint_save(path, b, ob, "epoch=1\n") == BK_OK;
+        bk_model_free(b);
+        bk_optim_free(ob);
+        b = NULL;
+        ob = NULL;
+        char *extra = NULL;
+        ok &= bk_checkpoint_load(path, 6, &b, &ob, &extra) == BK_OK && ob;
+        th_check(ok && extra && strcmp(extra, "epoch=1\n") == 0, "checkpoint: extra metadata round trip", "%s",
+                 extra ? extra : bk_last_error());
+        free(extra);
+        for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.1f, &lb[s], NULL) == BK_OK;
+        const int64_t P = bk_model_num_params(a);
+        th_check(ok && memcmp(la, lb, sizeof la) == 0 &&
+                     memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P) == 0,
+                 "resume equals the uninterrupted run bit for bit", "%s: %s", opts[oi], ok ? "" : bk_last_error());
+        th_check(la[5] < la[0], "training lowers the loss", "%s: %.4f -> %.4f", opts[oi], la[0], la[5]);
+        bk_model_free(a);
+        bk_model_free(b);
+        bk_optim_free(oa);
+        bk_optim_free(ob);
+        batch_free(&tb);
+    }
+    remove(path);
+}
+
+static void test_accumulation(void)
+{
+    const char *cfg = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=4,attn=sinkhorn";
+    th_rng r = {17};
+    bk_model *a = model_from(cfg, 2, 8), *b = model_from(cfg, 2, 8);
+    if (!a || !b) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 8, 0, &r);
+    bk_optim_config oc = bk_optim_config_default();
+    oc.kind = BK_OPT_SGD;
+    oc.lr = 0.1f;
+    bk_optim *oa = NULL, *ob = NULL;
+    bk_optim_create(&oc, a, &oa);
+    bk_optim_create(&oc, b, &ob);
+    double la, lb;
+    int ok = !bk_train_step(a, oa, &tb.b, 0, 0.0f, &la, NULL) && !bk_train_step(b, ob, &tb.b, 3, 0.0f, &lb, NULL);
+    const int64_t P = bk_model_num_params(a);
+    double e = 0, mx = 0;
+    for (int64_t i = 0; i < P; i++) {
+        e = fmax(e, fabs(bk_model_grads(a)[i] - bk_model_grads(b)[i]));
+        mx = fmax(mx, fabs(bk_model_grads(a)[i]));
+    }
+    th_check(ok && e <= 1e-5 * mx && fabs(la - lb) <= 1e-6 * fabs(la), "gradient accumulation (3+3+2) = full batch",
+             "grad err %.2e of %.2e, loss %.8f vs %.8f", e, mx, la, lb);
+    bk_model_free(a);
+    bk_model_free(b);
+    bk_optim_free(oa);
+    bk_optim_free(ob);
+    batch_free(&tb);
+}
+
+static void test_optim_formulas(void)
+{
+    bk_optim_config c = bk_optim_config_default();
+    bk_optim_config_parse(&c, "lr=0.1,warmup=4,sched=cosine,total_steps=14,lr_min=0.01");
+    double e = 0;
+    for (int s = 0; s < 20; s++) {
+        double want = s < 4 ? 0.1 * (s + 1) / 4 : s >= 14 ? 0.01 : 0.01 + 0.09 * 0.5 * (1 + cos(3.14159265358979323846 * (s - 4) / 10.0));
+        e = fmax(e, fabs(bk_optim_lr(&c, s) - want));
+    }
+    th_check(e < 1e-7, "schedule: warm-up + cosine", "err %.2e", e);
+    bk_optim_config_parse(&c, "warmup=0,sched=step,milestones=3:5,gamma=0.5");
+    th_check(fabsf(bk_optim_lr(&c, 2) - 0.1f) < 1e-8f && fabsf(bk_optim_lr(&c, 3) - 0.05f) < 1e-8f &&
+                 fabsf(bk_optim_lr(&c, 7) - 0.025f) < 1e-8f,
+             "schedule: step milestones", "%g %g %g", (double)bk_optim_lr(&c, 2), (double)bk_optim_lr(&c, 3),
+             (double)bk_optim_lr(&c, 7));
+    /* AdamW, SGD and clipping on a tiny model against the formulas in double */
+    const char *kinds[] = {"kind=adamw,lr=0.01,weight_decay=0.1,clip=0.5", "kind=adam,lr=0.01,weight_decay=0.1",
+                           "kind=sgd,lr=0.1,momentum=0.9,weight_decay=0.1"};
+    for (int k = 0; k < 3; k++) {
+        bk_model *m = model_from("dim=8,depth=1,heads=2,mlp_dim=0,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
+        if (!m) return;
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim_config_parse(&oc, kinds[k]);
+        bk_optim *o = NULL;
+        bk_optim_create(&oc, m, &o);
+        const int64_t P = bk_model_num_params(m);
+        double *w = malloc(sizeof(double) * (size_t)P), *m1 = calloc((size_t)P, sizeof(double)),
+               *m2 = calloc((size_t)P, sizeof(double));
+        for (int64_t i = 0; i < P; i++) w[i] = bk_model_params(m)[i];
+        th_rng r = {3};
+        double err = 0;
+        for (int t = 1; t <= 3; t++) {
+            for (int64_t i = 0; i < P; i++) bk_model_grads(m)[i] = (float)th_normal(&r);
+            double ss = 0;
+            for (int64_t i = 0; i < P; i++) ss += (double)bk_model_grads(m)[i] * bk_model_grads(m)[i];
+            double gs = oc.clip > 0 && sqrt(ss) > oc.clip ? oc.clip / (sqrt(ss) + 1e-6) : 1.0;
+            for (int pi = 0; pi < bk_model_param_count(m); pi++) {
+                bk_param_info in;
+                bk_model_param(m, pi, &in);
+                double wd = in.decay ? oc.weight_decay : 0.0;
+                for (int64_t j = in.offset; j < in.offset + in.count; j++) {
+                    double g = bk_model_grads(m)[j] * gs;
+                    if (oc.kind == BK_OPT_SGD) {
+                        g += wd * w[j];
+                        m1[j] = t == 1 ? g : 0.9 * m1[j] + g;
+                        w[j] -= 0.1 * m1[j];
+                    } else {
+                        if (oc.kind == BK_OPT_ADAMW) w[j] *= 1 - 0.01 * wd;
+                        else g += wd * w[j];
+                        m1[j] = 0.9 * m1[j] + 0.1 * g;
+                        m2[j] = 0.999 * m2[j] + 0.001 * g * g;
+                        w[j] -= 0.01 / (1 - pow(0.9, t)) * m1[j] / (sqrt(m2[j]) / sqrt(1 - pow(0.999, t)) + 1e-8);
+                    }
+                }
+            }
+            bk_optim_step(o, m, NULL);
+        }
+        for (int64_t i = 0; i < P; i++) err = fmax(err, fabs(bk_model_params(m)[i] - w[i]));
+        th_check(err < 2e-6, "optimiser update matches its formula (3 steps)", "%s: err %.2e", kinds[k], err);
+        free(w);
+        free(m1);
+        free(m2);
+        bk_optim_free(o);
+        bk_model_free(m);
+    }
+}
+
+static void test_checkpoint_errors(void)
+{
+    char path[256], bad[256];
+    tmp_path(path, sizeof path, "ck");
+    tmp_path(bad, sizeof bad, "ckbad");
+    bk_model *m = model_from("input=tokens,vocab=9,max_len=5,dim=8,heads=2,depth=1,attn=lot,lot_r=2", 4, 2);
+    if (!m) return;
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim *o = NULL;
+    bk_optim_create(&oc, m, &o);
+    th_check(bk_checkpoint_save(path, m, o, NULL) == BK_OK, "checkpoint save", "%s", bk_last_error());
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n);
+    th_check(fread(buf, 1, (size_t)n, f) == (size_t)n, "read checkpoint", "%ld", n);
+    fclose(f);
+    bk_model *l = NULL;
+    bk_optim *lo = NULL;
+    /* round trip: same parameters, same optimiser step */
+    int ok = bk_checkpoint_load(path, 2, &l, &lo, NULL) == BK_OK;
+    th_check(ok && memcmp(bk_model_params(l), bk_model_params(m), sizeof(float) * (size_t)bk_model_num_params(m)) == 0,
+             "checkpoint round trip", "%s", ok ? "" : bk_last_error());
+    bk_model_free(l);
+    bk_optim_free(lo);
+    /* a flipped byte in the data, a truncated file, a broken header */
+    struct {
+        const char *what;
+        long cut;
+        long flip;
+        const char *msg;
+    } cases[] = {{"flipped data byte", n, n - 5, "checksum"},
+                 {"truncated", n - 100, -1, "truncated"},
+                 {"header cut", 20, -1, ""},
+                 {"header byte", n, 30, ""}};
+    for (int i = 0; i < 4; i++) {
+        unsigned char *c = malloc((size_t)n);
+        memcpy(c, buf, (size_t)n);
+        if (cases[i].flip >= 0) c[cases[i].flip] ^= 0x40;
+        f = fopen(bad, "wb");
+        fwrite(c, 1, (size_t)cases[i].cut, f);
+        fclose(f);
+        free(c);
+        l = NULL;
+        bk_status st = bk_checkpoint_load(bad, 2, &l, NULL, NULL);
+        th_check(st != BK_OK && l == NULL && strstr(bk_last_error(), cases[i].msg) != NULL,
+                 "corrupt checkpoint refused", "%s: %s (%s)", cases[i].what, bk_status_str(st), bk_last_error());
+    }
+    th_check(bk_checkpoint_load("/nonexistent/x.safetensors", 2, &l, NULL, NULL) == BK_ERR_IO, "missing checkpoint",
+             "%s", bk_last_error());
+    remove(bad);
+    remove(path);
+    free(buf);
+    bk_optim_free(o);
+    bk_model_free(m);
+}
+
+static void expect_cfg_error(const char *text, const char *want)
+{
+    bk_model_config c = bk_model_config_default();
+    bk_status st = bk_model_config_parse(&c, text);
+    bk_model *m = NULL;
+    if (!st) st = bk_model_create(&c, 1, 2, &m);
+    th_check(st == BK_ERR_PARAM && m == NULL && strstr(bk_last_error(), want), "bad config refused", "%s -> %s",
+             text, bk_last_error());
+    bk_model_free(m);
+}
+
+static void test_bad_input(void)
+{
+    expect_cfg_error("patch=5", "does not divide");
+    expect_cfg_error("dim=30,heads=4", "do not divide");
+    expect_cfg_error("attn=flash", "unknown attn");
+    expect_cfg_error("pool=cls,cls=0", "pool=cls needs cls=1");
+    expect_cfg_error("colour=blue", "unknown key");
+    expect_cfg_error("dim=abc", "not an integer");
+    expect_cfg_error("dropout=1", "dropout");
+    expect_cfg_error("classes=1", "classes");
+    expect_cfg_error("attn=sinkhorn,sk_iters=0", "Sinkhorn");
+    th_rng r = {8};
+    bk_model *m = model_from("dim=8,depth=1,heads=2,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
+    if (!m) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(m), 2, 0, &r);
+    double l;
+    th_check(bk_model_backward(m, 1.0f) == BK_ERR_TAPE, "backward without a training forward", "%s", bk_last_error());
+    tb.lab[1] = 3;
+    th_check(bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &l) == BK_ERR_PARAM, "label out of range", "%s", bk_last_error());
+    tb.lab[1] = 0;
+    tb.x[3] = NAN;
+    th_check(bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l) == BK_ERR_NONFINITE, "NaN input", "%s", bk_last_error());
+    tb.x[3] = 0;
+    tb.b.B = 3;
+    th_check(bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l) == BK_ERR_SHAPE, "batch above max_batch", "%s", bk_last_error());
+    tb.b.B = 2;
+    th_check(bk_model_forward(m, &tb.b, 0, 1.0f, NULL, &l) == BK_ERR_PARAM, "label smoothing 1", "%s", bk_last_error());
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim *o = NULL;
+    th_check(bk_optim_config_parse(&oc, "kind=lion") == BK_ERR_PARAM, "unknown optimiser", "%s", bk_last_error());
+    oc = bk_optim_config_default();
+    oc.lr = -1;
+    th_check(bk_optim_create(&oc, m, &o) == BK_ERR_PARAM && !o, "negative lr", "%s", bk_last_error());
+    oc = bk_optim_config_default();
+    bk_optim_create(&oc, m, &o);
+    bk_model_grads(m)[0] = NAN;
+    const float w0 = bk_model_params(m)[0];
+    th_check(bk_optim_step(o, m, NULL) == BK_ERR_NONFINITE && bk_model_params(m)[0] == w0,
+             "non-finite gradient refused, weights untouched", "%s", bk_last_error());
+    bk_optim_free(o);
+    batch_free(&tb);
+    bk_model_free(m);
+
+    /* tokens out of range, lengths out of range */
+    m = model_from("input=tokens,vocab=5,max_len=4,dim=8,heads=2,depth=1", 1, 2);
+    if (!m) return;
+    batch_make(&tb, bk_model_get_config(m), 2, 1, &r);
+    tb.tok[2] = 5;
+    th_check(bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l) == BK_ERR_PARAM, "token out of range", "%s", bk_last_error());
+    tb.tok[2] = 0;
+    tb.len[0] = 0;
+    th_check(bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l) == BK_ERR_LENGTH, "empty sequence", "%s", bk_last_error());
+    batch_free(&tb);
+    bk_model_free(m);
+
+    /* ASAP: inference only, and every block needs its compiled layer */
+    m = model_from("dim=8,depth=2,heads=2,image_h=4,image_w=4,patch=2,classes=3,attn=asap", 1, 2);
+    if (!m) return;
+    batch_make(&tb, bk_model_get_config(m), 2, 0, &r);
+    th_check(bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &l) == BK_ERR_PARAM && strstr(bk_last_error(), "inference"),
+             "ASAP model refuses training", "%s", bk_last_error());
+    th_check(bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l) == BK_ERR_PARAM && strstr(bk_last_error(), "ASAP"),
+             "ASAP model without compiled layers", "%s", bk_last_error());
+    batch_free(&tb);
+    bk_model_free(m);
+}
+
+/* ASAP inference: compile each block of a trained-for-a-moment Sinkhorn
+ * model on its own activations; the compiled model's logits follow the
+ * teacher's (same weights, attention replaced). */
+static void test_asap_model(void)
+{
+    const char *base = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,classes=4";
+    char t1[256], t2[256];
+    snprintf(t1, sizeof t1, "%s,attn=sinkhorn,sk_iters=5", base);
+    snprintf(t2, sizeof t2, "%s,attn=asap,sk_iters=5", base);
+    th_rng r = {41};
+    bk_model *teach = model_from(t1, 9, 6), *stud = model_from(t2, 9, 6);
+    if (!teach || !stud) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(teach), 6, 0, &r);
+    double l;
+    bk_model_forward(teach, &tb.b, 0, 0.0f, NULL, &l);
+    /* activations of the teacher: re-derive q, k per block through the
+     * attention export is not enough; instead calibrate on random problems
+     * of the right head dim (the test checks wiring, not fidelity) */
+    const int T = bk_model_tokens(teach), dh = 8;
+    for (int layer = 0; layer < 2; layer++) {
+        bk_asap_config ac = bk_asap_config_default(dh);
+        ac.teacher_iters = 5;
+        ac.slices = 8;
+        bk_asap_calib *cal = NULL;
+        bk_asap_calib_create(&ac, 0, &cal);
+        bk_attn_desc d = {4, 2, T, T, dh, dh, NULL, NULL};
+        size_t n = (size_t)4 * 2 * T * dh;
+        float *q = malloc(sizeof(float) * n), *k = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) {
+            q[i] = (float)th_normal(&r);
+            k[i] = (float)th_normal(&r);
+        }
+        bk_tensor tq = bk_tensor_bhnd(q, 2, T, dh), tk = bk_tensor_bhnd(k, 2, T, dh);
+        bk_asap_calib_add(cal, &d, &tq, &tk);
+        bk_asap_layer ly;
+        memset(&ly, 0, sizeof ly);
+        int ok = bk_asap_calib_fit(cal, BK_ASAP_FIT_LS, NULL, &ly, NULL) == BK_OK;
+        ok = ok && bk_model_set_asap(stud, layer, &ly) == BK_OK;
+        th_check(ok, "ASAP layer attached", "%s", bk_last_error());
+        bk_asap_layer_free(&ly);
+        bk_asap_calib_free(cal);
+        free(q);
+        free(k);
+    }
+    memcpy(bk_model_params(stud), bk_model_params(teach), sizeof(float) * (size_t)bk_model_num_params(teach));
+    float la[24], lb[24];
+    int ok = !bk_model_forward(teach, &tb.b, 0, 0.0f, la, &l) && !bk_model_forward(stud, &tb.b, 0, 0.0f, lb, &l);
+    double e = 0, mx = 0;
+    for (int i = 0; i < 24; i++) {
+        e = fmax(e, fabs(la[i] - lb[i]));
+        mx = fmax(mx, fabs(la[i]));
+    }
+    th_check(ok && isfinite(e) && e < 0.5 * mx, "ASAP model: inference runs and follows its teacher", "max diff %.3g of %.3g (%s)",
+             e, mx, ok ? "" : bk_last_error());
+    float *A = malloc(sizeof(float) * 6 * 2 * (size_t)T * T);
+    ok = bk_model_attention(stud, 1, A) == BK_OK;
+    double rs = 0;
+    for (int j = 0; j < T; j++) rs += A[j];
+    th_check(ok && fabs(rs - 1) < 1e-4, "model attention export (rows sum to 1)", "%.6f", rs);
+    free(A);
+    batch_free(&tb);
+    bk_model_free(teach);
+    bk_model_free(stud);
+}
+
+void test_model(void)
+{
+    if (TH.filter && !strstr("model", TH.filter)) return;
+    test_bad_input();
+    test_optim_formulas();
+    test_fd();
+    test_threads();
+    test_padding();
+    test_accumulation();
+    test_resume();
+    test_checkpoint_errors();
+    test_asap_model();
+}

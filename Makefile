@@ -34,7 +34,7 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c tools/demo.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c tools/model_cmd.c tools/bench_train.c tools/demo.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/test_model.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a

@@ -290,6 +290,7 @@ int cmd_bench(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i++) /* the OTK bench has its own options */
         if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "otk")) return bench_otk(argc, argv);
         else if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "asap")) return bench_asap(argc, argv);
+        else if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "train")) return bench_train(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;

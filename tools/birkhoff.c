@@ -222,6 +222,7 @@ static void usage(FILE *f)
             "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
             "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
             "  asap    compile a Sinkhorn layer into ASAP: calibrate, report fidelity, show, generate\n"
+            "  model   transformer models: create, differentiate, train on .npy batches, show checkpoints\n"
             "  bench   benchmark operators over a shape grid against the PyTorch peers\n"
             "  demo    Sinkhorn vs softmax attention on generated data: marginals and timings\n"
             "  version print the version and the kernel instruction set\n"
@@ -240,6 +241,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "attn")) return cmd_attn(argc - 1, argv + 1);
     if (!strcmp(cmd, "otk")) return cmd_otk(argc - 1, argv + 1);
     if (!strcmp(cmd, "asap")) return cmd_asap(argc - 1, argv + 1);
+    if (!strcmp(cmd, "model")) return cmd_model(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {

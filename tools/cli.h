@@ -58,6 +58,8 @@ int cmd_bench(int argc, char **argv);
 int bench_otk(int argc, char **argv); /* bench --op otk */
 int cmd_demo(int argc, char **argv);
 int cmd_asap(int argc, char **argv);
+int cmd_model(int argc, char **argv);
+int bench_train(int argc, char **argv); /* bench --op train */
 int bench_asap(int argc, char **argv); /* bench --op asap */
 /* structured synthetic Q, K, V [B,H,N,d] (asap_cmd.c); 1 on success */
 int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, float *K, float *V);

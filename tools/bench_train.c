@@ -1,0 +1,134 @@
+/* bench_train.c -- `birkhoff bench --op train`: training throughput of a
+ * model of the training engine (forward, loss, backward, AdamW step on a
+ * fixed random batch) against the same model in PyTorch
+ * (bench/peers/model_torch.py --bench) measured in the same run, for one
+ * or more attention configurations. */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage_bt(FILE *f)
+{
+    fprintf(f, "usage: birkhoff bench --op train [--config TEXT] [--attn LIST] [--batch B] [--steps N] [--warmup W]\n"
+               "                      [--threads T] [--no-peer] [--json] [--python PY] [--peer-script PATH]\n"
+               "  TEXT: model keys (docs/MODEL.md); default: the issue's ViT, 28x28x1 images, patch 4, dim 128,\n"
+               "  depth 4, 4 heads, mlp 256, 10 classes. LIST: comma-separated attention settings, each a\n"
+               "  ';'-separated key=value group added to TEXT (default \"attn=softmax,attn=sinkhorn;sk_iters=5\").\n"
+               "  Reports the median step time, samples/s, the GEMM GFLOP/s and fraction of the machine's peak,\n"
+               "  and the PyTorch twin's samples/s on the same threads.\n");
+}
+
+/* forward multiply-adds x 2 of the GEMM-like parts (linears and the two
+ * attention products); a training step is counted as 3 forwards */
+static double step_flops(const bk_model_config *c, int B, int T, int np)
+{
+    const double D = c->dim, I = (double)c->heads * (c->head_dim ? c->head_dim : c->dim / c->heads), M = c->mlp_dim;
+    const double R = (double)B * T;
+    double in_feat = c->input == BK_INPUT_IMAGE ? (double)c->patch * c->patch * c->channels : c->point_dim;
+    double f = c->input == BK_INPUT_TOKENS ? 0 : 2.0 * B * np * in_feat * D;
+    const double attn = c->attn == BK_ATTN_LOT ? 2.0 * 2.0 * R * c->lot_r * I * 2 : 2.0 * 2.0 * B * (double)T * T * I;
+    f += c->depth * (2.0 * R * D * 3 * I + 2.0 * R * I * D + 2.0 * 2.0 * R * D * M + attn);
+    return 3.0 * f;
+}
+
+int bench_train(int argc, char **argv)
+{
+    const char *cfg = "dim=128,depth=4,heads=4,mlp_dim=256,patch=4", *attn = "attn=softmax,attn=sinkhorn;sk_iters=5";
+    const char *bs = "64", *ss = "10", *ws = "2", *ts = NULL, *nopeer = NULL, *json = NULL, *op = NULL;
+    const char *py = "/usr/bin/python3", *script = "bench/peers/model_torch.py";
+    cli_opt o[] = {{"--op", &op, 0},         {"--config", &cfg, 0},  {"--attn", &attn, 0},  {"--batch", &bs, 0},
+                   {"--steps", &ss, 0},      {"--warmup", &ws, 0},   {"--threads", &ts, 0}, {"--no-peer", &nopeer, 1},
+                   {"--json", &json, 1},     {"--python", &py, 0},   {"--peer-script", &script, 0}};
+    int done = 0, rc = cli_parse_opts("bench", argc, argv, o, 11, usage_bt, &done);
+    if (rc || done) return rc;
+    int B, steps, warm, nt = bk_get_num_threads();
+    if (!cli_parse_int(bs, &B) || B < 1 || !cli_parse_int(ss, &steps) || steps < 1 || !cli_parse_int(ws, &warm) ||
+        warm < 0 || (ts && (!cli_parse_int(ts, &nt) || nt < 1))) {
+        fprintf(stderr, "birkhoff bench: --batch, --steps >= 1, --warmup >= 0 and --threads >= 1 are integers\n");
+        return CLI_USAGE;
+    }
+    bk_set_num_threads(nt);
+    double gf = 0, ge = 0;
+    cli_peak(nt, &gf, &ge);
+    if (!json)
+        printf("# training throughput, batch %d, %d threads, machine peak %.0f GFLOP/s\n"
+               "# %-28s %10s %10s %9s %8s %12s %9s\n",
+               B, nt, gf, "attention", "step ms", "samples/s", "GFLOP/s", "of peak", "torch smp/s", "speed-up");
+    double base_ms = 0;
+    char *list = strdup(attn);
+    for (char *save = NULL, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char full[2048];
+        snprintf(full, sizeof full, "%s,%s", cfg, item);
+        for (char *p = full; *p; p++)
+            if (*p == ';') *p = ',';
+        bk_model_config c = bk_model_config_default();
+        bk_model *m = NULL;
+        bk_optim *opt = NULL;
+        if (bk_model_config_parse(&c, full) || bk_model_create(&c, 1, B, &m)) {
+            fprintf(stderr, "birkhoff bench: %s: %s\n", full, bk_last_error());
+            free(list);
+            return CLI_USAGE;
+        }
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim_create(&oc, m, &opt);
+        const size_t nin = c.input == BK_INPUT_IMAGE    ? (size_t)B * c.channels * c.image_h * c.image_w
+                           : c.input == BK_INPUT_POINTS ? (size_t)B * c.max_points * c.point_dim
+                                                        : (size_t)B * c.max_len;
+        float *x = malloc(sizeof(float) * nin);
+        int32_t *tok = calloc(nin, sizeof(int32_t)), *lab = malloc(sizeof(int32_t) * (size_t)B);
+        cli_fill(x, nin, 7, 1.0f);
+        for (int i = 0; i < B; i++) lab[i] = i % c.classes;
+        for (size_t i = 0; i < nin; i++) tok[i] = (int32_t)(i * 7 % (size_t)c.vocab);
+        bk_batch b = {B, x, tok, NULL, lab};
+        double *t = malloc(sizeof(double) * (size_t)steps), loss;
+        int ok = 1;
+        for (int s = 0; s < warm + steps && ok; s++) {
+            double t0 = cli_now();
+            ok = bk_train_step(m, opt, &b, 0, 0.0f, &loss, NULL) == BK_OK;
+            if (s >= warm) t[s - warm] = cli_now() - t0;
+        }
+        if (!ok) fprintf(stderr, "birkhoff bench: %s: %s\n", full, bk_last_error());
+        double med, q25, q75;
+        cli_stats(t, steps, &med, &q25, &q75);
+        const int np = bk_model_tokens(m) - c.cls;
+        const double fl = step_flops(&c, B, bk_model_tokens(m), np), gfs = fl / med / 1e9;
+        double peer = -1;
+        if (!nopeer && access(script, R_OK) == 0) {
+            char cmd[4096];
+            snprintf(cmd, sizeof cmd,
+                     "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' '%s' --bench --config '%s' --batch %d --steps %d "
+                     "--warmup %d --threads %d",
+                     nt, nt, py, script, full, B, steps < 5 ? steps : 5, warm < 1 ? 1 : warm, nt);
+            FILE *pp = popen(cmd, "r");
+            char line[4096];
+            while (pp && fgets(line, sizeof line, pp))
+                if (line[0] == '{') peer = cli_json_num(line, "samples_per_s");
+            if (!pp || pclose(pp) != 0) {
+                fprintf(stderr, "bench train: the PyTorch peer failed (is python3-torch installed?)\n");
+                peer = -1;
+            }
+        }
+        if (base_ms == 0) base_ms = med * 1e3;
+        if (json)
+            printf("{\"op\": \"train\", \"config\": \"%s\", \"batch\": %d, \"threads\": %d, \"step_median_s\": %.6g, "
+                   "\"step_q25_s\": %.6g, \"step_q75_s\": %.6g, \"samples_per_s\": %.2f, \"gemm_gflops\": %.2f, "
+                   "\"frac_peak\": %.4f, \"vs_first\": %.4f, \"torch_samples_per_s\": %.2f, \"speedup\": %.3f, "
+                   "\"loss\": %.5f}\n",
+                   full, B, nt, med, q25, q75, B / med, gfs, gf > 0 ? gfs / gf : 0.0, med * 1e3 / base_ms, peer,
+                   peer > 0 ? B / med / peer : -1.0, loss);
+        else
+            printf("  %-28s %10.2f %10.1f %9.1f %7.1f%% %12.1f %8.2fx   (x%.2f the first)\n", item, med * 1e3, B / med,
+                   gfs, 100.0 * gfs / gf, peer, peer > 0 ? B / med / peer : 0.0, med * 1e3 / base_ms);
+        fflush(stdout);
+        free(t);
+        free(x);
+        free(tok);
+        free(lab);
+        bk_optim_free(opt);
+        bk_model_free(m);
+    }
+    free(list);
+    return CLI_OK;
+}

@@ -1,0 +1,329 @@
+/* model_cmd.c -- `birkhoff model`: create, differentiate and train models of
+ * the training engine on .npy batches (the interface of the PyTorch parity
+ * test), and `birkhoff bench --op train` (training throughput against the
+ * PyTorch twin in the same run). */
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void usage_model(FILE *f)
+{
+    fprintf(f, "usage:\n"
+               "  birkhoff model init --config TEXT [--seed S] [--optim TEXT] --out CKPT\n"
+               "  birkhoff model grads --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy] --labels Y.npy\n"
+               "                       [--ls LS] --out-dir DIR\n"
+               "  birkhoff model train --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy] --labels Y.npy\n"
+               "                       --steps N [--optim TEXT] [--micro M] [--ls LS] --out CKPT2 [--losses L.npy]\n"
+               "  birkhoff model show --ckpt CKPT\n"
+               "\n"
+               "TEXT is \"key=value,...\" (docs/MODEL.md lists the keys; model keys as bk_model_config, optimiser\n"
+               "keys kind=adamw|adam|sgd, lr, beta1, beta2, eps, weight_decay, momentum, nesterov, clip,\n"
+               "sched=constant|step|cosine, warmup, total_steps, lr_min, gamma, milestones=a:b).\n"
+               "X: images float32 [B,C,H,W] or points [B,max_points,point_dim]; T int32 [B,max_len]; L, Y int32 [B].\n"
+               "grads writes DIR/logits.npy [B,classes], DIR/loss.npy [1] and DIR/grads.safetensors (a\n"
+               "checkpoint-format file whose tensors hold the gradients of one training-mode forward/backward).\n"
+               "train runs N optimiser steps on the same batch; --losses gets the loss before each step.\n");
+}
+
+typedef struct {
+    bk_npy x, tok, len, lab;
+    bk_batch b;
+} cli_batch;
+
+static void batch_release(cli_batch *cb)
+{
+    bk_npy_free(&cb->x);
+    bk_npy_free(&cb->tok);
+    bk_npy_free(&cb->len);
+    bk_npy_free(&cb->lab);
+}
+
+/* loads the batch files and checks their shapes against the model */
+static int load_batch(const char *prog, const bk_model_config *c, const char *xp, const char *tp, const char *lp,
+                      const char *yp, cli_batch *cb)
+{
+    memset(cb, 0, sizeof *cb);
+    int64_t B = -1;
+    if (c->input == BK_INPUT_TOKENS) {
+        if (!tp) {
+            fprintf(stderr, "birkhoff %s: this model reads tokens: give --tokens T.npy\n", prog);
+            return 0;
+        }
+        if (bk_npy_read(tp, &cb->tok) != BK_OK) {
+            fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+            return 0;
+        }
+        if (cb->tok.dtype != BK_I32 || cb->tok.ndim != 2 || cb->tok.shape[1] != c->max_len || cb->tok.shape[0] < 1) {
+            fprintf(stderr, "birkhoff %s: --tokens (%s) must be int32 [B, %d]\n", prog, tp, c->max_len);
+            return 0;
+        }
+        B = cb->tok.shape[0];
+        cb->b.tokens = cb->tok.data;
+    } else {
+        if (!xp) {
+            fprintf(stderr, "birkhoff %s: this model reads %s: give --x X.npy\n", prog,
+                    c->input == BK_INPUT_IMAGE ? "images" : "points");
+            return 0;
+        }
+        int nd = c->input == BK_INPUT_IMAGE ? 4 : 3;
+        if (!cli_load_f32(prog, "--x", xp, nd, &cb->x)) return 0;
+        const int64_t *s = cb->x.shape;
+        int ok = c->input == BK_INPUT_IMAGE
+                     ? s[1] == c->channels && s[2] == c->image_h && s[3] == c->image_w
+                     : s[1] == c->max_points && s[2] == c->point_dim;
+        if (!ok) {
+            if (c->input == BK_INPUT_IMAGE)
+                fprintf(stderr, "birkhoff %s: --x (%s) must be [B, %d, %d, %d]\n", prog, xp, c->channels, c->image_h,
+                        c->image_w);
+            else
+                fprintf(stderr, "birkhoff %s: --x (%s) must be [B, %d, %d]\n", prog, xp, c->max_points, c->point_dim);
+            return 0;
+        }
+        B = s[0];
+        cb->b.x = cb->x.data;
+    }
+    if (B > 1 << 20) {
+        fprintf(stderr, "birkhoff %s: batch of %lld too large\n", prog, (long long)B);
+        return 0;
+    }
+    cb->b.B = (int)B;
+    if (lp) {
+        if (!cli_load_len(prog, "--len", lp, B, &cb->len)) return 0;
+        cb->b.len = cb->len.data;
+    }
+    if (yp) {
+        if (!cli_load_len(prog, "--labels", yp, B, &cb->lab)) return 0;
+        cb->b.labels = cb->lab.data;
+    }
+    return 1;
+}
+
+static int fail(const char *prog, const char *what)
+{
+    fprintf(stderr, "birkhoff %s: %s: %s\n", prog, what, bk_last_error());
+    return CLI_FAIL;
+}
+
+static int model_init(int argc, char **argv)
+{
+    const char *cfg = NULL, *seed = "0", *optim = NULL, *out = NULL;
+    cli_opt o[] = {{"--config", &cfg, 0}, {"--seed", &seed, 0}, {"--optim", &optim, 0}, {"--out", &out, 0}};
+    int done = 0, rc = cli_parse_opts("model init", argc, argv, o, 4, usage_model, &done);
+    if (rc || done) return rc;
+    if (!out) {
+        fprintf(stderr, "birkhoff model init: --out is required\n");
+        return CLI_USAGE;
+    }
+    char *end;
+    unsigned long long sd = strtoull(seed, &end, 10);
+    if (*end || end == seed) {
+        fprintf(stderr, "birkhoff model init: --seed must be a non-negative integer\n");
+        return CLI_USAGE;
+    }
+    bk_model_config c = bk_model_config_default();
+    if (cfg && bk_model_config_parse(&c, cfg)) return fprintf(stderr, "birkhoff model init: %s\n", bk_last_error()), CLI_USAGE;
+    bk_model *m = NULL;
+    bk_optim *op = NULL;
+    if (bk_model_create(&c, sd, 1, &m)) return fprintf(stderr, "birkhoff model init: %s\n", bk_last_error()), CLI_USAGE;
+    int ret = CLI_OK;
+    if (optim) {
+        bk_optim_config oc = bk_optim_config_default();
+        if (bk_optim_config_parse(&oc, optim) || bk_optim_create(&oc, m, &op)) {
+            fprintf(stderr, "birkhoff model init: %s\n", bk_last_error());
+            ret = CLI_USAGE;
+        }
+    }
+    if (!ret && bk_checkpoint_save(out, m, op, NULL)) ret = fail("model init", out);
+    if (!ret) printf("%s: %lld parameters in %d tensors\n", out, (long long)bk_model_num_params(m), bk_model_param_count(m));
+    bk_optim_free(op);
+    bk_model_free(m);
+    return ret;
+}
+
+static int model_grads(int argc, char **argv)
+{
+    const char *ck = NULL, *xp = NULL, *tp = NULL, *lp = NULL, *yp = NULL, *lsp = "0", *dir = NULL;
+    cli_opt o[] = {{"--ckpt", &ck, 0},   {"--x", &xp, 0},  {"--tokens", &tp, 0},   {"--len", &lp, 0},
+                   {"--labels", &yp, 0}, {"--ls", &lsp, 0}, {"--out-dir", &dir, 0}};
+    int done = 0, rc = cli_parse_opts("model grads", argc, argv, o, 7, usage_model, &done);
+    if (rc || done) return rc;
+    float ls;
+    if (!ck || !yp || !dir || !cli_parse_float(lsp, &ls)) {
+        fprintf(stderr, "birkhoff model grads: --ckpt, --labels, --out-dir (and a numeric --ls) are required\n");
+        return CLI_USAGE;
+    }
+    bk_model *m = NULL;
+    if (bk_checkpoint_load(ck, 1, &m, NULL, NULL)) return fail("model grads", "loading the checkpoint");
+    const bk_model_config *c = bk_model_get_config(m);
+    cli_batch cb;
+    int ret = CLI_OK;
+    if (!load_batch("model grads", c, xp, tp, lp, yp, &cb)) {
+        ret = CLI_FAIL;
+        goto out;
+    }
+    bk_model_free(m);
+    m = NULL;
+    if (bk_checkpoint_load(ck, cb.b.B, &m, NULL, NULL)) {
+        ret = fail("model grads", "loading the checkpoint");
+        goto out;
+    }
+    c = bk_model_get_config(m);
+    const int B = cb.b.B, C = c->classes;
+    float *logits = malloc(sizeof(float) * (size_t)B * (size_t)C);
+    double loss = 0;
+    const int train = c->attn != BK_ATTN_ASAP;
+    if (bk_model_forward(m, &cb.b, train, ls, logits, &loss) || (train && (bk_model_zero_grad(m), bk_model_backward(m, 1.0f)))) {
+        ret = fail("model grads", "forward/backward");
+        free(logits);
+        goto out;
+    }
+    mkdir(dir, 0777);
+    char p1[4096], p2[4096], p3[4096];
+    snprintf(p1, sizeof p1, "%s/logits.npy", dir);
+    snprintf(p2, sizeof p2, "%s/loss.npy", dir);
+    snprintf(p3, sizeof p3, "%s/grads.safetensors", dir);
+    float lossf = (float)loss;
+    int64_t s1[2] = {B, C}, s2[1] = {1};
+    cli_output outs[2] = {{p1, 2, s1, logits}, {p2, 1, s2, &lossf}};
+    if (!cli_write_outputs("model grads", 2, outs)) ret = CLI_FAIL;
+    if (!ret && train) {
+        /* the gradients in the checkpoint layout: swap them into the parameter buffer for the write */
+        const int64_t P = bk_model_num_params(m);
+        float *w = bk_model_params(m), *g = bk_model_grads(m), *keep = malloc(sizeof(float) * (size_t)P);
+        memcpy(keep, w, sizeof(float) * (size_t)P);
+        memcpy(w, g, sizeof(float) * (size_t)P);
+        if (bk_checkpoint_save(p3, m, NULL, "content=gradients\n")) ret = fail("model grads", p3);
+        memcpy(w, keep, sizeof(float) * (size_t)P);
+        free(keep);
+    }
+    if (!ret) printf("loss %.9g\n", loss);
+    free(logits);
+out:
+    batch_release(&cb);
+    bk_model_free(m);
+    return ret;
+}
+
+static int model_train(int argc, char **argv)
+{
+    const char *ck = NULL, *xp = NULL, *tp = NULL, *lp = NULL, *yp = NULL, *lsp = "0", *out = NULL, *sp = NULL,
+               *optim = NULL, *mp = "0", *lossp = NULL;
+    cli_opt o[] = {{"--ckpt", &ck, 0},   {"--x", &xp, 0},     {"--tokens", &tp, 0}, {"--len", &lp, 0},
+                   {"--labels", &yp, 0}, {"--ls", &lsp, 0},   {"--out", &out, 0},   {"--steps", &sp, 0},
+                   {"--optim", &optim, 0}, {"--micro", &mp, 0}, {"--losses", &lossp, 0}};
+    int done = 0, rc = cli_parse_opts("model train", argc, argv, o, 11, usage_model, &done);
+    if (rc || done) return rc;
+    float ls;
+    int steps, micro;
+    if (!ck || !yp || !out || !sp || !cli_parse_float(lsp, &ls) || !cli_parse_int(sp, &steps) || steps < 1 ||
+        !cli_parse_int(mp, &micro) || micro < 0) {
+        fprintf(stderr, "birkhoff model train: --ckpt, --labels, --out and --steps N >= 1 are required\n");
+        return CLI_USAGE;
+    }
+    bk_model *m = NULL;
+    bk_optim *op = NULL;
+    if (bk_checkpoint_load(ck, 1, &m, NULL, NULL)) return fail("model train", "loading the checkpoint");
+    cli_batch cb;
+    int ret = CLI_OK;
+    double *losses = NULL;
+    float *lf = NULL;
+    if (!load_batch("model train", bk_model_get_config(m), xp, tp, lp, yp, &cb)) {
+        ret = CLI_FAIL;
+        goto out;
+    }
+    bk_model_free(m);
+    m = NULL;
+    if (bk_checkpoint_load(ck, cb.b.B, &m, &op, NULL)) {
+        ret = fail("model train", "loading the checkpoint");
+        goto out;
+    }
+    if (optim || !op) {
+        bk_optim_config oc = op ? *bk_optim_get_config(op) : bk_optim_config_default();
+        bk_optim_free(op);
+        op = NULL;
+        if ((optim && bk_optim_config_parse(&oc, optim)) || bk_optim_create(&oc, m, &op)) {
+            fprintf(stderr, "birkhoff model train: %s\n", bk_last_error());
+            ret = CLI_USAGE;
+            goto out;
+        }
+    }
+    losses = malloc(sizeof(double) * (size_t)steps);
+    lf = malloc(sizeof(float) * (size_t)steps);
+    for (int s = 0; s < steps; s++) {
+        if (bk_train_step(m, op, &cb.b, micro, ls, &losses[s], NULL)) {
+            fprintf(stderr, "birkhoff model train: step %d: %s\n", s, bk_last_error());
+            ret = CLI_FAIL;
+            goto out;
+        }
+        lf[s] = (float)losses[s];
+    }
+    if (lossp) {
+        int64_t sh[1] = {steps};
+        cli_output lo[1] = {{lossp, 1, sh, lf}};
+        if (!cli_write_outputs("model train", 1, lo)) {
+            ret = CLI_FAIL;
+            goto out;
+        }
+    }
+    if (bk_checkpoint_save(out, m, op, NULL)) {
+        ret = fail("model train", out);
+        goto out;
+    }
+    printf("loss %.6f -> %.6f after %d steps\n", losses[0], losses[steps - 1], steps);
+out:
+    free(losses);
+    free(lf);
+    batch_release(&cb);
+    bk_optim_free(op);
+    bk_model_free(m);
+    return ret;
+}
+
+static int model_show(int argc, char **argv)
+{
+    const char *ck = NULL;
+    cli_opt o[] = {{"--ckpt", &ck, 0}};
+    int done = 0, rc = cli_parse_opts("model show", argc, argv, o, 1, usage_model, &done);
+    if (rc || done) return rc;
+    if (!ck) {
+        fprintf(stderr, "birkhoff model show: --ckpt is required\n");
+        return CLI_USAGE;
+    }
+    bk_model *m = NULL;
+    bk_optim *op = NULL;
+    if (bk_checkpoint_load(ck, 1, &m, &op, NULL)) return fail("model show", "loading the checkpoint");
+    char buf[4096];
+    bk_model_config_format(bk_model_get_config(m), buf, sizeof buf);
+    printf("%s", buf);
+    printf("# %lld parameters, %d tensors, %d tokens per sample\n", (long long)bk_model_num_params(m),
+           bk_model_param_count(m), bk_model_tokens(m));
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        printf("#   %-32s [", pi.name);
+        for (int d = 0; d < pi.ndim; d++) printf(d ? ", %lld" : "%lld", (long long)pi.shape[d]);
+        printf("]%s\n", pi.decay ? " decay" : "");
+    }
+    if (op) printf("# optimiser at step %lld\n", (long long)bk_optim_step_count(op));
+    bk_optim_free(op);
+    bk_model_free(m);
+    return CLI_OK;
+}
+
+int cmd_model(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage_model(argc < 2 ? stderr : stdout);
+        return argc < 2 ? CLI_USAGE : CLI_OK;
+    }
+    if (!strcmp(argv[1], "init")) return model_init(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "grads")) return model_grads(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train")) return model_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "show")) return model_show(argc - 1, argv + 1);
+    fprintf(stderr, "birkhoff model: unknown subcommand '%s'\n", argv[1]);
+    usage_model(stderr);
+    return CLI_USAGE;
+}

@@ -10,18 +10,28 @@
 
 #define COLBLK 32
 
+/* GEMMs run single-threaded BLAS inside our own parallel loop over fixed
+ * blocks (rows of the result for y and dx, blocks of W for dW): no thread
+ * pool fights another (OpenBLAS's and OpenMP's spinning threads would share
+ * the cores), and each block is the same call whatever the thread count. */
+#define ROWBLK 64
+#define WBLK_O 32
+#define WBLK_I 128
+
 void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                     int ldy)
 {
-    bki_blas_all_threads();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy);
-    if (b) {
-        const int nt = bki_threads();
+    bki_blas_single_thread();
+    const int nt = bki_threads(), nblk = (R + ROWBLK - 1) / ROWBLK;
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *yr = y + (size_t)r * ldy;
-            for (int c = 0; c < out; c++) yr[c] += b[c];
-        }
+    for (int blk = 0; blk < nblk; blk++) {
+        const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
+        float *yb = y + (size_t)r0 * ldy;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, out, in, 1.0f, x + (size_t)r0 * ldx, ldx, W, in, 0.0f,
+                    yb, ldy);
+        if (b)
+            for (int r = 0; r < rn; r++)
+                for (int c = 0; c < out; c++) yb[(size_t)r * ldy + c] += b[c];
     }
 }
 
@@ -44,9 +54,27 @@ void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                     float *dx, float beta_dx, float *dW, float *db)
 {
-    bki_blas_all_threads();
-    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in);
-    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+    bki_blas_single_thread();
+    const int nt = bki_threads();
+    if (dx) {
+        const int nblk = (R + ROWBLK - 1) / ROWBLK;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, in, out, 1.0f, dy + (size_t)r0 * ldy, ldy, W, in,
+                        beta_dx, dx + (size_t)r0 * in, in);
+        }
+    }
+    if (dW) {
+        const int bo = (out + WBLK_O - 1) / WBLK_O, bi = (in + WBLK_I - 1) / WBLK_I;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int blk = 0; blk < bo * bi; blk++) {
+            const int o0 = (blk / bi) * WBLK_O, i0 = (blk % bi) * WBLK_I;
+            const int on = out - o0 < WBLK_O ? out - o0 : WBLK_O, inn = in - i0 < WBLK_I ? in - i0 : WBLK_I;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, on, inn, R, 1.0f, dy + o0, ldy, x + i0, ldx, 1.0f,
+                        dW + (size_t)o0 * in + i0, in);
+        }
+    }
     if (db) bki_colsum_add(dy, R, out, ldy, db);
 }
 

@@ -124,6 +124,7 @@ check-valgrind: $(TESTS)
 # missing torch a failure instead of a loud skip
 oracle: $(CLI)
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
+	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
 
 # install into a staging directory and build the example against the
 # installed shared library through pkg-config

@@ -101,8 +101,8 @@ static void fd_case(const char *text, int B, int pad, float ls, float h, int hea
         bk_param_info pi;
         bk_model_param(m, i, &pi);
         if (head_only && strncmp(pi.name, "head.", 5) != 0) continue;
-        char name[256];
-        snprintf(name, sizeof name, "FD %s [%s]", pi.name, text);
+        char name[1024];
+        snprintf(name, sizeof name, "FD %s [%.900s]", pi.name, text);
         th_directional_fd(name, pi.data, pi.grad, (int)pi.count, h, &r, fd_loss, &ctx);
     }
 out:

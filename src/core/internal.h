@@ -20,7 +20,6 @@ void bki_clear_error(void);
 /* ---- threads (threads.c) ------------------------------------------------ */
 int  bki_threads(void);          /* thread count in force (>= 1)           */
 void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
-void bki_blas_all_threads(void);   /* a lone GEMM: BLAS uses every thread     */
 /* Threads that work on `problems` independent problems: min(threads,
  * problems); workspaces hold one slab per working thread. */
 int bki_work_threads(int problems);

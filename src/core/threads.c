@@ -48,15 +48,6 @@ int bki_region_threads(int problems, int nt)
     return bki_work_threads(problems);
 }
 
-void bki_blas_all_threads(void)
-{
-    /* A lone GEMM outside any parallel region (the training engine's
-     * linears): OpenBLAS gets every thread; it splits over the rows and
-     * columns of the result only, so the result does not depend on it. */
-    const int all = bki_threads();
-    if (openblas_get_num_threads() != all) openblas_set_num_threads(all);
-}
-
 void bki_blas_single_thread(void)
 {
     /* Our parallel regions call BLAS from each thread: it must not spawn

@@ -1,0 +1,1204 @@
+#!/usr/bin/python3
+"""PyTorch twin of birkhoff's training engine (docs/MODEL.md).
+
+The model, the optimisers, the learning-rate schedules and the checkpoint
+format of `src/nn/` written with PyTorch, so that tests/oracle/test_model.py
+can hold the C engine to the definition (the same checkpoint loaded here in
+float64 must give the same logits, loss, parameter gradients and training
+trajectories), and so that the engine can be benchmarked against PyTorch.
+
+Contents:
+
+* Checkpoints: read_safetensors / write_safetensors (pure Python: struct,
+  json, numpy; the safetensors package is not needed), fnv1a64 (the checksum
+  of the data section), load_checkpoint / save_checkpoint (the birkhoff
+  metadata of MODEL.md "Checkpoints").
+* Configurations: parse_config / format_config / resolve_config for the model
+  (`bk_model_config`, "key=value" lines or comma lists; enums by name) and
+  parse_optim / resolve_optim / format_optim for the optimiser
+  (`bk_optim_config`; milestones written "a:b:c").
+* Model: the pre-LN encoder classifier, parameter names exactly those of the
+  checkpoint (param_specs gives them in the checkpoint's order with shapes and
+  the weight-decay flag), forward(x=None, tokens=None, lengths=None) -> logits.
+  Padding: per-sample valid lengths n_b = len[b] + cls reach the attention
+  operators as q_len = k_len, and pooling reads valid rows only.
+  Two attention numerics:
+    - exact (default): the operators' documented semantics as the oracle ports
+      implement them (bench/peers/*_torch.py): Sinkhorn in the input dtype
+      (float64 marginals in a float64 model, textbook update, no early stop),
+      per-sample valid blocks for every operator. This is the parity twin.
+    - reference=True: the benchmark peer: Sinkhorn as the reference port runs
+      it (float32 marginals, increment update, its early-stop check) and a
+      plain batched softmax attention (masked keys when padded).
+  Dropout cannot be reproduced (the C engine draws it from a counter-based
+  hash): a model with dropout > 0 is refused unless allow_dropout=True (the
+  benchmark), where nn.Dropout is used.
+* Training: loss_fn (cross-entropy with label smoothing), lr_at (the
+  schedule), make_optimizer (torch.optim.AdamW / Adam / SGD with the decay and
+  no-decay parameter groups, optionally loading the checkpoint's optimiser
+  state), train_step (zero, forward/backward over micro-batches, clip, set the
+  scheduled learning rate, step) and optimizer_state (the state as checkpoint
+  tensors "optim.m.<name>", ...).
+
+Command line:
+
+  /usr/bin/python3 bench/peers/model_torch.py --bench --config "dim=128,depth=4,heads=4,\
+patch=4,mlp_dim=256,attn=sinkhorn,sk_iters=5" --batch 64 --steps 20 --warmup 3 --threads 2
+
+    times full training steps (forward, loss, backward, AdamW step with the
+    default optimiser configuration) of the model built from the defaults
+    overridden by --config, on random float32 inputs and labels, and prints
+    one JSON line {"samples_per_s", "step_s_median", "step_s_p25",
+    "step_s_p75", "threads", "torch", "batch", "steps", "params", "attn"}.
+
+  /usr/bin/python3 bench/peers/model_torch.py --self-check
+
+    float64 checks of the twin itself (no C involved): checkpoint round trip
+    and corruption detection, configuration round trip, padding invariance,
+    torch.autograd.gradcheck of tiny models (every attention kind, every pool,
+    every input kind), the optimisers against MODEL.md's formulas written out
+    by hand, the schedules, and the seeded ESP slices.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+import espformer_torch as esp_port  # noqa: E402
+import lotformer_torch as lot_port  # noqa: E402
+import otk_torch as otk_port  # noqa: E402
+import sinkformer_torch as sk_port  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# safetensors
+# ---------------------------------------------------------------------------
+_ST_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I32": np.int32,
+              "I64": np.int64, "I16": np.int16, "I8": np.int8, "U8": np.uint8}
+_ST_NAMES = {np.dtype(v).str: k for k, v in _ST_DTYPES.items()}
+_U64 = (1 << 64) - 1
+
+
+def fnv1a64(data):
+    """FNV-1a 64-bit hash of a bytes-like object (the checkpoint checksum)."""
+    h = 0xCBF29CE484222325
+    for b in bytes(data):
+        h = ((h ^ b) * 0x100000001B3) & _U64
+    return h
+
+
+def read_safetensors(path, verify=True):
+    """Read a safetensors file.
+
+    Returns (tensors, metadata): tensors maps each name to a numpy array (a
+    copy, in the file's dtype: float32 for birkhoff checkpoints) in the order
+    of the data section; metadata is the "__metadata__" dict of strings (empty
+    if absent). Raises ValueError naming the problem for a malformed file: a
+    header length beyond the file, bad JSON, an unknown dtype, a shape that
+    does not match its byte range, offsets that do not tile the data section
+    exactly, trailing bytes, and (verify=True) a "checksum" metadata entry
+    that is not the FNV-1a-64 of the data section ("checksum mismatch:
+    corrupt file").
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: truncated file ({len(raw)} bytes, no header length)")
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    if hlen > len(raw) - 8:
+        raise ValueError(f"{path}: truncated or corrupt file (header length {hlen} exceeds "
+                         f"the {len(raw) - 8} bytes after it)")
+    try:
+        header = json.loads(raw[8:8 + hlen].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: corrupt header JSON ({e})")
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt header (not a JSON object)")
+    meta = header.pop("__metadata__", {}) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError(f"{path}: __metadata__ must map strings to strings")
+    data = memoryview(raw)[8 + hlen:]
+    entries = []
+    for name, ent in header.items():
+        try:
+            dt = np.dtype(_ST_DTYPES[ent["dtype"]]).newbyteorder("<")
+            shape = tuple(int(s) for s in ent["shape"])
+            b, e = (int(x) for x in ent["data_offsets"])
+        except (KeyError, TypeError, ValueError) as ex:
+            raise ValueError(f"{path}: tensor {name!r}: bad header entry {ent!r} ({ex})")
+        if any(s < 0 for s in shape) or e - b != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+            raise ValueError(f"{path}: tensor {name!r}: shape {shape} does not fill its "
+                             f"byte range [{b}, {e})")
+        entries.append((b, e, name, dt, shape))
+    entries.sort(key=lambda t: (t[0], t[1]))
+    pos = 0
+    for b, e, name, _, _ in entries:
+        if b != pos:
+            raise ValueError(f"{path}: corrupt offsets: tensor {name!r} starts at {b}, "
+                             f"expected {pos}")
+        pos = e
+    if pos != len(data):
+        raise ValueError(f"{path}: truncated or corrupt file: tensors end at {pos}, data "
+                         f"section has {len(data)} bytes")
+    if verify and "checksum" in meta:
+        want = int(meta["checksum"], 16)
+        got = fnv1a64(data)
+        if want != got:
+            raise ValueError(f"{path}: checksum mismatch (header {want:016x}, data {got:016x}): "
+                             f"corrupt file")
+    tensors = {}
+    for b, e, name, dt, shape in entries:
+        tensors[name] = np.frombuffer(data[b:e], dtype=dt).reshape(shape).astype(
+            dt.newbyteorder("="), copy=True)
+    return tensors, dict(meta)
+
+
+def write_safetensors(path, tensors, metadata=None, checksum_key=None):
+    """Write tensors (an ordered mapping name -> array) as a safetensors file.
+
+    Arrays are stored little-endian, contiguous, in the given order; the
+    header JSON is padded with spaces to a multiple of 8 bytes. metadata: a
+    dict of strings. checksum_key: when set, metadata[checksum_key] receives
+    the FNV-1a-64 of the data section as 16 hex digits. Written to a temporary
+    file in the same directory and renamed.
+    """
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    header, chunks, pos = {}, [], 0
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(np.asarray(arr))
+        key = a.dtype.newbyteorder("<").str if a.dtype.byteorder in "=|" else a.dtype.str
+        if np.dtype(key).str not in _ST_NAMES:
+            raise ValueError(f"tensor {name!r}: unsupported dtype {a.dtype}")
+        blob = a.astype(np.dtype(key), copy=False).tobytes()
+        header[name] = {"dtype": _ST_NAMES[np.dtype(key).str], "shape": list(a.shape),
+                        "data_offsets": [pos, pos + len(blob)]}
+        chunks.append(blob)
+        pos += len(blob)
+    data = b"".join(chunks)
+    if checksum_key:
+        meta[checksum_key] = f"{fnv1a64(data):016x}"
+    hdr = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode("utf-8")
+    hdr += b" " * (-len(hdr) % 8)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".safetensors", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(hdr)))
+            f.write(hdr)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Configurations
+# ---------------------------------------------------------------------------
+INPUTS = ("image", "tokens", "points")
+ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap")
+POOLS = ("cls", "mean", "max", "otk")
+
+# bk_model_config fields in declaration order, with bk_model_config_default's
+# values (include/birkhoff.h). vocab, max_len, point_dim and max_points are
+# not stated there: the values below are this twin's own (assumed) defaults;
+# checkpoints always carry every field, so they only matter for --config.
+CONFIG_DEFAULTS = {
+    "input": "image", "channels": 1, "image_h": 28, "image_w": 28, "patch": 4,
+    "vocab": 256, "max_len": 128, "point_dim": 3, "max_points": 128,
+    "dim": 64, "depth": 2, "heads": 4, "head_dim": 0, "mlp_dim": 128,
+    "cls": 1, "pos_embed": 1, "final_norm": 1, "qkv_bias": 0,
+    "pool": "cls", "classes": 10, "dropout": 0.0, "ln_eps": 1e-5,
+    "attn": "softmax", "attn_scale": 0.0,
+    "sk_iters": 5, "sk_eps": 1.0,
+    "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
+    "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
+    "otk_refs": 1, "otk_supports": 4, "otk_iters": 10, "otk_eps": 0.5,
+}
+_CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS}
+
+OPT_KINDS = ("adamw", "adam", "sgd")
+SCHEDS = ("constant", "step", "cosine")
+# bk_optim_config fields (bk_optim_config_default: AdamW lr 1e-3, betas
+# (0.9, 0.999), eps 1e-8, wd 0.01, no clip, constant). momentum, gamma and the
+# others are this twin's defaults (checkpoints carry every field).
+OPTIM_DEFAULTS = {
+    "kind": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+    "weight_decay": 0.01, "momentum": 0.0, "nesterov": 0, "clip": 0.0,
+    "sched": "constant", "warmup": 0, "total_steps": 0, "lr_min": 0.0,
+    "gamma": 0.1, "milestones": (),
+}
+_OPTIM_ENUMS = {"kind": OPT_KINDS, "sched": SCHEDS}
+
+
+def _split_assignments(text):
+    """'a=1,b=2' / 'a=1\\nb=2' / 'a=1 b=2' -> [(key, value), ...]."""
+    out = []
+    for tok in text.replace(",", "\n").replace(" ", "\n").replace("\t", "\n").splitlines():
+        tok = tok.strip()
+        if not tok:
+            continue
+        if "=" not in tok:
+            raise ValueError(f"malformed assignment {tok!r} (expected key=value)")
+        k, v = tok.split("=", 1)
+        out.append((k.strip(), v.strip()))
+    return out
+
+
+def _parse_milestones(v):
+    """'a:b:c' (also ';', '/' or '|' separated) -> tuple of ints; a 0 ends the list."""
+    out = []
+    for s in v.replace(";", ":").replace("/", ":").replace("|", ":").split(":"):
+        s = s.strip()
+        if not s:
+            continue
+        m = int(s)
+        if m == 0:
+            break
+        out.append(m)
+    return tuple(out)
+
+
+def _typed(key, value, defaults, enums):
+    if key in enums:
+        if value.isdigit() and int(value) < len(enums[key]):
+            return enums[key][int(value)]          # tolerate numeric enum values
+        if value not in enums[key]:
+            raise ValueError(f"{key}={value!r}: expected one of {'|'.join(enums[key])}")
+        return value
+    ref = defaults[key]
+    if key == "milestones":
+        return _parse_milestones(value)
+    if isinstance(ref, int):
+        return int(value)
+    return float(value)
+
+
+def _parse(text, defaults, enums):
+    out = {}
+    for k, v in _split_assignments(text):
+        out[k] = _typed(k, v, defaults, enums) if k in defaults else v
+    return out
+
+
+def parse_config(text):
+    """Model configuration text ("key=value" lines or a comma list) -> dict.
+
+    Known keys get their type (int, float, or the enum name as a string:
+    input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap,
+    pool=cls|mean|max|otk); unknown keys are kept as strings (Model refuses
+    them). Only the keys present in the text are returned.
+    """
+    return _parse(text, CONFIG_DEFAULTS, _CONFIG_ENUMS)
+
+
+def resolve_config(text_or_dict=None):
+    """CONFIG_DEFAULTS overridden by a configuration text or dict."""
+    cfg = dict(CONFIG_DEFAULTS)
+    if text_or_dict:
+        cfg.update(parse_config(text_or_dict) if isinstance(text_or_dict, str) else text_or_dict)
+    return cfg
+
+
+def _format(cfg):
+    lines = []
+    for k, v in cfg.items():
+        if k == "milestones":
+            v = ":".join(str(m) for m in v)
+        elif isinstance(v, float):
+            v = repr(v)
+        lines.append(f"{k}={v}")
+    return "".join(line + "\n" for line in lines)
+
+
+def format_config(cfg):
+    """Model configuration dict -> "key=value\\n" lines (every field of cfg)."""
+    return _format(cfg)
+
+
+def parse_optim(text):
+    """Optimiser configuration text -> dict (kind=adamw|adam|sgd, lr, beta1,
+    beta2, eps, weight_decay, momentum, nesterov, clip, sched=constant|step|
+    cosine, warmup, total_steps, lr_min, gamma, milestones=a:b:c as a tuple)."""
+    return _parse(text, OPTIM_DEFAULTS, _OPTIM_ENUMS)
+
+
+def resolve_optim(text_or_dict=None):
+    """OPTIM_DEFAULTS overridden by an optimiser configuration text or dict."""
+    cfg = dict(OPTIM_DEFAULTS)
+    if text_or_dict:
+        cfg.update(parse_optim(text_or_dict) if isinstance(text_or_dict, str) else text_or_dict)
+    unknown = sorted(set(cfg) - set(OPTIM_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown optimiser keys: {', '.join(unknown)}")
+    return cfg
+
+
+def format_optim(cfg):
+    """Optimiser configuration dict -> "key=value\\n" lines."""
+    return _format(cfg)
+
+
+# ---------------------------------------------------------------------------
+# Model definition helpers
+# ---------------------------------------------------------------------------
+def head_dim(cfg):
+    """dh: head_dim, or dim / heads when head_dim is 0."""
+    return cfg["head_dim"] or cfg["dim"] // cfg["heads"]
+
+
+def seq_len(cfg):
+    """Tokens per sample excluding the CLS token."""
+    if cfg["input"] == "image":
+        return (cfg["image_h"] // cfg["patch"]) * (cfg["image_w"] // cfg["patch"])
+    return cfg["max_len"] if cfg["input"] == "tokens" else cfg["max_points"]
+
+
+def num_tokens(cfg):
+    """T: tokens per sample including the CLS token."""
+    return seq_len(cfg) + cfg["cls"]
+
+
+def feature_dim(cfg):
+    """Width of the pooled features fed to the head."""
+    if cfg["pool"] == "otk":
+        return cfg["otk_supports"] * cfg["otk_refs"] * cfg["dim"]
+    return cfg["dim"]
+
+
+def check_config(cfg):
+    """Raise ValueError for configurations the model cannot be built from."""
+    unknown = sorted(set(cfg) - set(CONFIG_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown configuration keys (the twin does not know their "
+                         f"semantics): {', '.join(unknown)}")
+    for k, vals in _CONFIG_ENUMS.items():
+        if cfg[k] not in vals:
+            raise ValueError(f"{k}={cfg[k]!r}: expected one of {'|'.join(vals)}")
+    D, H = cfg["dim"], cfg["heads"]
+    if min(D, H, cfg["depth"]) < 1 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
+        raise ValueError("dim, heads, depth must be >= 1; head_dim, mlp_dim >= 0")
+    if cfg["head_dim"] == 0 and D % H:
+        raise ValueError(f"heads ({H}) must divide dim ({D}) when head_dim = 0")
+    if cfg["input"] == "image":
+        P = cfg["patch"]
+        if P < 1 or cfg["image_h"] % P or cfg["image_w"] % P or cfg["channels"] < 1:
+            raise ValueError("patch must divide image_h and image_w")
+    if cfg["pool"] == "cls" and not cfg["cls"]:
+        raise ValueError("pool=cls needs cls=1")
+    if cfg["classes"] < 2:
+        raise ValueError("classes must be >= 2")
+    if not 0.0 <= cfg["dropout"] < 1.0:
+        raise ValueError("dropout must be in [0, 1)")
+    if cfg["attn"] == "asap":
+        raise ValueError("attn=asap (compiled inference-only layers) has no PyTorch twin")
+
+
+def param_specs(cfg):
+    """[(name, shape, decay)] in the checkpoint's order (MODEL.md "Parameters").
+
+    decay is 1 for Linear weights and the token table (weight decay applies),
+    0 otherwise.
+    """
+    D, H, dh, M = cfg["dim"], cfg["heads"], head_dim(cfg), cfg["mlp_dim"]
+    inner = H * dh
+    specs = []
+
+    def linear(prefix, fin, fout, bias=True):
+        specs.append((prefix + ".weight", (fout, fin), 1))
+        if bias:
+            specs.append((prefix + ".bias", (fout,), 0))
+
+    def norm(prefix):
+        specs.append((prefix + ".weight", (D,), 0))
+        specs.append((prefix + ".bias", (D,), 0))
+
+    if cfg["input"] == "image":
+        linear("embed.proj", cfg["patch"] ** 2 * cfg["channels"], D)
+    elif cfg["input"] == "tokens":
+        specs.append(("embed.table", (cfg["vocab"], D), 1))
+    else:
+        linear("embed.fc1", cfg["point_dim"], D)
+        linear("embed.fc2", D, D)
+    if cfg["cls"]:
+        specs.append(("cls", (D,), 0))
+    if cfg["pos_embed"]:
+        specs.append(("pos", (num_tokens(cfg), D), 0))
+    for l in range(cfg["depth"]):
+        p = f"blocks.{l}."
+        norm(p + "ln1")
+        linear(p + "attn.qkv", D, 3 * inner, bias=bool(cfg["qkv_bias"]))
+        if cfg["attn"] == "lot":
+            specs.append((p + "attn.lot_z", (H, cfg["lot_r"], dh), 0))
+            specs.append((p + "attn.lot_theta", (H, cfg["lot_r"]), 0))
+        linear(p + "attn.proj", inner, D)
+        if M > 0:
+            norm(p + "ln2")
+            linear(p + "mlp.fc1", D, M)
+            linear(p + "mlp.fc2", M, D)
+    if cfg["final_norm"]:
+        norm("norm")
+    if cfg["pool"] == "otk":
+        specs.append(("pool.otk_z", (cfg["otk_refs"], cfg["otk_supports"], D), 0))
+    linear("head", feature_dim(cfg), cfg["classes"])
+    return specs
+
+
+def unit_directions(seed, L, d):
+    """The C library's seeded unit directions (bki_unit_directions, sort1d.c).
+
+    splitmix64 stream from seed; per direction d Box-Muller Gaussians
+    g = sqrt(-2 log u) cos(2 pi w), u = (x1 >> 11 + 0.5) 2^-53,
+    w = (x2 >> 11) 2^-53, each stored as float32, then multiplied (float32)
+    by float32(1 / sqrt(sum g^2)) accumulated in double. Returns float32 [L, d].
+    """
+    st = seed & _U64
+
+    def mix():
+        nonlocal st
+        st = (st + 0x9E3779B97F4A7C15) & _U64
+        z = st
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+        return z ^ (z >> 31)
+
+    theta = np.zeros((L, d), dtype=np.float32)
+    for l in range(L):
+        nrm = 0.0
+        for x in range(d):
+            u = ((mix() >> 11) + 0.5) * (1.0 / 9007199254740992.0)
+            w = (mix() >> 11) * (1.0 / 9007199254740992.0)
+            g = math.sqrt(-2.0 * math.log(u)) * math.cos(6.283185307179586 * w)
+            theta[l, x] = np.float32(g)
+            nrm += g * g
+        inv = np.float32(1.0 / math.sqrt(nrm if nrm > 0 else 1.0))
+        theta[l] = theta[l] * inv
+    return theta
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+class _Embed(nn.Module):
+    """embed.proj (image), embed.table (tokens) or embed.fc1/fc2 (points)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D = cfg["dim"]
+        self.kind = cfg["input"]
+        if self.kind == "image":
+            self.P = cfg["patch"]
+            self.proj = nn.Linear(self.P * self.P * cfg["channels"], D)
+        elif self.kind == "tokens":
+            self.table = nn.Parameter(torch.empty(cfg["vocab"], D))
+        else:
+            self.fc1 = nn.Linear(cfg["point_dim"], D)
+            self.fc2 = nn.Linear(D, D)
+
+    def forward(self, x=None, tokens=None):
+        if self.kind == "image":
+            B, C, Hi, Wi = x.shape
+            P = self.P
+            # 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)'
+            p = x.reshape(B, C, Hi // P, P, Wi // P, P).permute(0, 2, 4, 3, 5, 1)
+            return self.proj(p.reshape(B, (Hi // P) * (Wi // P), P * P * C))
+        if self.kind == "tokens":
+            return self.table[tokens]
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class _Attention(nn.Module):
+    """attn.qkv, [attn.lot_z, attn.lot_theta], attn.proj around the operator."""
+
+    def __init__(self, cfg, layer, reference):
+        super().__init__()
+        D, H, dh = cfg["dim"], cfg["heads"], head_dim(cfg)
+        self.cfg, self.H, self.dh, self.reference = cfg, H, dh, reference
+        self.scale = cfg["attn_scale"] if cfg["attn_scale"] != 0 else dh ** -0.5
+        self.qkv = nn.Linear(D, 3 * H * dh, bias=bool(cfg["qkv_bias"]))
+        if cfg["attn"] == "lot":
+            self.lot_z = nn.Parameter(torch.empty(H, cfg["lot_r"], dh))
+            self.lot_theta = nn.Parameter(torch.empty(H, cfg["lot_r"]))
+        self.proj = nn.Linear(H * dh, D)
+        if cfg["attn"] == "esp" and cfg["esp_slices"] > 0:
+            # Fixed (not trained) slices: not part of the state_dict.
+            th = torch.from_numpy(unit_directions(1000 + layer, cfg["esp_slices"], dh))
+            self.register_buffer("esp_theta", th, persistent=False)
+        else:
+            self.esp_theta = None
+
+    def operator(self, q, k, v, lens):
+        """Attention of q, k, v [B, H, T, dh] with valid lengths lens (None: all T)."""
+        c, kind, s = self.cfg, self.cfg["attn"], self.scale
+        if kind == "softmax":
+            if not self.reference:
+                return sk_port.softmax_attention(q, k, v, scale=s, q_len=lens, k_len=lens)[0]
+            scores = torch.matmul(q, k.transpose(-1, -2)) * s
+            if lens is not None:
+                T = q.shape[2]
+                keep = torch.arange(T).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+                scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+            return torch.matmul(torch.softmax(scores, dim=-1), v)
+        if kind == "sinkhorn":
+            if self.reference:   # the reference port's own numerics
+                return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
+                                         q_len=lens, k_len=lens)[0]
+            return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
+                                     q_len=lens, k_len=lens, thresh=0.0,
+                                     marginal_dtype=None, update="direct")[0]
+        if kind == "esp":
+            return esp_port.esp_semantics(
+                q, k, v, sort="soft" if c["esp_soft"] else "hard", t=c["esp_t"],
+                tau=c["esp_tau"], cost="sq", out_scale="rows", scale=s,
+                theta=self.esp_theta, q_len=lens, k_len=lens)[0]
+        if kind == "lot":
+            return lot_port.lot_semantics(q, k, v, self.lot_z, self.lot_theta,
+                                          temp=c["lot_temp"], iters=c["lot_iters"],
+                                          eps=c["lot_eps"], scale=s, q_len=lens, k_len=lens)[0]
+        raise ValueError(f"attention {kind!r} has no PyTorch twin")
+
+    def forward(self, x, lens):
+        B, T, _ = x.shape
+        H, dh = self.H, self.dh
+        # q, k, v = columns [0, I), [I, 2I), [2I, 3I); head h at h*dh + c.
+        qkv = self.qkv(x).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+        o = self.operator(qkv[0], qkv[1], qkv[2], lens)          # [B, H, T, dh]
+        return self.proj(o.transpose(1, 2).reshape(B, T, H * dh))
+
+
+class _MLP(nn.Module):
+    def __init__(self, D, M):
+        super().__init__()
+        self.fc1 = nn.Linear(D, M)
+        self.fc2 = nn.Linear(M, D)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class _Block(nn.Module):
+    """Pre-LN block: x += drop(attn(ln1 x)); x += drop(mlp(ln2 x)) (mlp_dim > 0)."""
+
+    def __init__(self, cfg, layer, reference):
+        super().__init__()
+        D = cfg["dim"]
+        self.ln1 = nn.LayerNorm(D, eps=cfg["ln_eps"])
+        self.attn = _Attention(cfg, layer, reference)
+        if cfg["mlp_dim"] > 0:
+            self.ln2 = nn.LayerNorm(D, eps=cfg["ln_eps"])
+            self.mlp = _MLP(D, cfg["mlp_dim"])
+        else:
+            self.ln2 = self.mlp = None
+        self.drop = nn.Dropout(cfg["dropout"])
+
+    def forward(self, x, lens):
+        x = x + self.drop(self.attn(self.ln1(x), lens))
+        if self.mlp is not None:
+            x = x + self.drop(self.mlp(self.ln2(x)))
+        return x
+
+
+class _OTKPool(nn.Module):
+    """pool.otk_z [q, p, D]: the OTK layer over the valid rows."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.otk_z = nn.Parameter(torch.empty(cfg["otk_refs"], cfg["otk_supports"], cfg["dim"]))
+
+    def forward(self, h, lens):
+        out, _ = otk_port.otk_semantics(h, self.otk_z, lengths=lens, W=None,
+                                        eps=self.cfg["otk_eps"], iters=self.cfg["otk_iters"],
+                                        domain="log", convention="paper", pe=None)
+        return out.reshape(h.shape[0], -1)                     # [B, p*q*D], [p, q, D] order
+
+
+class Model(nn.Module):
+    """The birkhoff encoder classifier (docs/MODEL.md) in PyTorch.
+
+    Model(cfg) with cfg a complete configuration dict (resolve_config, or
+    parse_config of a checkpoint's "config" metadata). Parameter names are
+    those of the checkpoint (param_specs); named_parameters() lists them in
+    PyTorch's registration order, ordered_parameters() in the checkpoint's.
+
+    reference: benchmark numerics (see the module docstring); the default is
+    the exact parity twin. allow_dropout: accept dropout > 0 (nn.Dropout; its
+    masks cannot match the C engine's). Parameters are initialised as
+    MODEL.md says (with torch's RNG, so not the C engine's values).
+    """
+
+    def __init__(self, cfg, *, reference=False, allow_dropout=False):
+        super().__init__()
+        cfg = dict(cfg)
+        check_config(cfg)
+        if cfg["dropout"] > 0 and not allow_dropout:
+            raise ValueError(f"dropout = {cfg['dropout']}: the C engine's dropout masks cannot "
+                             f"be reproduced; parity needs dropout = 0 (allow_dropout=True "
+                             f"for benchmarks)")
+        self.cfg = cfg
+        D = cfg["dim"]
+        self.embed = _Embed(cfg)
+        self.cls = nn.Parameter(torch.empty(D)) if cfg["cls"] else None
+        self.pos = nn.Parameter(torch.empty(num_tokens(cfg), D)) if cfg["pos_embed"] else None
+        self.drop = nn.Dropout(cfg["dropout"])
+        self.blocks = nn.ModuleList(_Block(cfg, l, reference) for l in range(cfg["depth"]))
+        self.norm = nn.LayerNorm(D, eps=cfg["ln_eps"]) if cfg["final_norm"] else None
+        self.pool = _OTKPool(cfg) if cfg["pool"] == "otk" else None
+        self.head = nn.Linear(feature_dim(cfg), cfg["classes"])
+        self.specs = param_specs(cfg)
+        got = {n: tuple(p.shape) for n, p in self.named_parameters()}
+        want = {n: tuple(s) for n, s, _ in self.specs}
+        assert got == want, f"internal: parameters {got} != specs {want}"
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
+        CLS, positions, token table N(0, 0.02^2), LOT pivots N(0, 1), masses 0,
+        OTK references N(0, 1/D)."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.LayerNorm)):
+                m.reset_parameters()
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name in ("cls", "pos", "embed.table"):
+                    p.normal_(0.0, 0.02)
+                elif name.endswith("lot_z"):
+                    p.normal_(0.0, 1.0)
+                elif name.endswith("lot_theta"):
+                    p.zero_()
+                elif name == "pool.otk_z":
+                    p.normal_(0.0, self.cfg["dim"] ** -0.5)
+
+    def ordered_parameters(self):
+        """[(name, parameter)] in the checkpoint's order."""
+        params = dict(self.named_parameters())
+        return [(n, params[n]) for n, _, _ in self.specs]
+
+    def decay_flags(self):
+        """{name: 1 if weight decay applies}."""
+        return {n: d for n, _, d in self.specs}
+
+    def load_tensors(self, tensors):
+        """Copy the parameters from a checkpoint's tensors (name -> array); the
+        "optim." entries are ignored, every parameter must be present with its
+        shape, and no other tensor may be."""
+        params = dict(self.named_parameters())
+        names = [n for n in tensors if not n.startswith("optim.")]
+        missing = sorted(set(params) - set(names))
+        extra = sorted(set(names) - set(params))
+        if missing or extra:
+            raise ValueError(f"checkpoint tensors do not match the model: missing {missing}, "
+                             f"unexpected {extra}")
+        with torch.no_grad():
+            for n in names:
+                a = torch.as_tensor(np.asarray(tensors[n]))
+                if tuple(a.shape) != tuple(params[n].shape):
+                    raise ValueError(f"{n}: shape {tuple(a.shape)}, expected "
+                                     f"{tuple(params[n].shape)}")
+                params[n].copy_(a.to(params[n].dtype))
+
+    def tensors(self, dtype=np.float32):
+        """{name: numpy array} in the checkpoint's order."""
+        return {n: p.detach().cpu().numpy().astype(dtype) for n, p in self.ordered_parameters()}
+
+    def valid_lengths(self, lengths, batch):
+        """Per-sample valid rows n_b = len[b] + cls as a list (None: all T)."""
+        if lengths is None:
+            return None
+        if self.cfg["input"] == "image":
+            raise ValueError("image inputs take no lengths")
+        lens = np.asarray(lengths.detach().cpu() if torch.is_tensor(lengths) else lengths)
+        lens = [int(v) for v in lens.reshape(-1)]
+        if len(lens) != batch or not all(1 <= v <= seq_len(self.cfg) for v in lens):
+            raise ValueError(f"lengths must be {batch} values in [1, {seq_len(self.cfg)}]")
+        return [v + self.cfg["cls"] for v in lens]
+
+    def features(self, x=None, tokens=None, lengths=None):
+        """The pooled features [B, F] fed to the head."""
+        c, dt = self.cfg, self.head.weight.dtype
+        if c["input"] == "tokens":
+            if tokens is None:
+                raise ValueError("tokens input: pass tokens")
+            tokens = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens)
+                                     else tokens).long()
+            if tokens.dim() != 2 or tokens.shape[1] != c["max_len"]:
+                raise ValueError(f"tokens must be [B, {c['max_len']}]")
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= c["vocab"]):
+                raise ValueError("token ids must be in [0, vocab)")
+            h = self.embed(tokens=tokens)
+        else:
+            if x is None:
+                raise ValueError(f"{c['input']} input: pass x")
+            x = torch.as_tensor(x).to(dt)
+            if c["input"] == "image":
+                want = (c["channels"], c["image_h"], c["image_w"])
+            else:
+                want = (c["max_points"], c["point_dim"])
+            if x.dim() != len(want) + 1 or tuple(x.shape[1:]) != want:
+                raise ValueError(f"x must be [B, {', '.join(map(str, want))}]")
+            h = self.embed(x=x)
+        B = h.shape[0]
+        lens = self.valid_lengths(lengths, B)
+        if self.cls is not None:
+            h = torch.cat([self.cls.expand(B, 1, -1), h], dim=1)
+        if self.pos is not None:
+            h = h + self.pos
+        h = self.drop(h)
+        for blk in self.blocks:
+            h = blk(h, lens)
+        if self.norm is not None:
+            h = self.norm(h)
+        pool = c["pool"]
+        if pool == "cls":
+            return h[:, 0]
+        if pool == "otk":
+            return self.pool(h, lens)
+        rows = [h[b] if lens is None else h[b, :lens[b]] for b in range(B)]
+        if pool == "mean":
+            return torch.stack([r.mean(0) for r in rows])
+        # max: torch.argmax returns the first maximal row, which then gets
+        # the whole gradient (MODEL.md).
+        return torch.stack([r.gather(0, r.argmax(0, keepdim=True))[0] for r in rows])
+
+    def forward(self, x=None, tokens=None, lengths=None):
+        """Logits [B, classes]. x: images [B, C, H, W] or points [B, max_points,
+        point_dim]; tokens: int [B, max_len]; lengths: valid tokens/points per
+        sample (None: all)."""
+        return self.head(self.features(x=x, tokens=tokens, lengths=lengths))
+
+
+def loss_fn(logits, labels, ls=0.0):
+    """Mean cross-entropy with label smoothing ls (PyTorch's definition)."""
+    labels = torch.as_tensor(np.asarray(labels) if not torch.is_tensor(labels) else labels).long()
+    return F.cross_entropy(logits, labels, label_smoothing=float(ls))
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------
+def load_checkpoint(path, dtype=torch.float64, verify=True, **model_kw):
+    """Read a birkhoff checkpoint and build the twin from it.
+
+    Returns (model, tensors, meta): the model (in dtype, parameters loaded),
+    every tensor of the file (optimiser state included) and the metadata.
+    """
+    tensors, meta = read_safetensors(path, verify=verify)
+    if meta.get("format") != "birkhoff":
+        raise ValueError(f"{path}: metadata format is {meta.get('format')!r}, not 'birkhoff'")
+    cfg = resolve_config(parse_config(meta.get("config", "")))
+    model = Model(cfg, **model_kw).to(dtype)
+    model.load_tensors(tensors)
+    return model, tensors, meta
+
+
+def save_checkpoint(path, model, optimizer=None, optim_cfg=None, optim_step=0, seed=0,
+                    forward_count=0, extra="", version="1"):
+    """Write a checkpoint in the format of MODEL.md "Checkpoints" (float32
+    parameters in the checkpoint's order, then the optimiser state as
+    optim.m/v/buf.<name>, metadata, FNV-1a-64 checksum)."""
+    tensors = model.tensors(np.float32)
+    meta = {"format": "birkhoff", "version": str(version), "config": format_config(model.cfg),
+            "optim_step": str(int(optim_step)), "seed": str(int(seed)),
+            "forward_count": str(int(forward_count)), "extra": extra}
+    if optimizer is not None:
+        ocfg = resolve_optim(optim_cfg)
+        meta["optim"] = format_optim(ocfg)
+        for k, a in optimizer_state(optimizer, model, ocfg).items():
+            tensors[k] = a.astype(np.float32)
+    write_safetensors(path, tensors, meta, checksum_key="checksum")
+
+
+# ---------------------------------------------------------------------------
+# Optimisers and schedules
+# ---------------------------------------------------------------------------
+def lr_at(ocfg, step):
+    """Learning rate at 0-based step i (MODEL.md): warm-up lr (i+1)/warmup for
+    i < warmup, then constant, step (lr gamma^k, k = milestones <= i) or cosine
+    lr_min + (lr - lr_min)(1 + cos(pi (i - warmup)/(total_steps - warmup)))/2,
+    held at lr_min from total_steps on."""
+    lr, w = ocfg["lr"], ocfg["warmup"]
+    if step < w:
+        return lr * (step + 1) / w
+    sched = ocfg["sched"]
+    if sched == "constant":
+        return lr
+    if sched == "step":
+        return lr * ocfg["gamma"] ** sum(1 for m in ocfg["milestones"] if m <= step)
+    if sched == "cosine":
+        T, lo = ocfg["total_steps"], ocfg["lr_min"]
+        if step >= T:
+            return lo
+        return lo + (lr - lo) * (1.0 + math.cos(math.pi * (step - w) / (T - w))) / 2.0
+    raise ValueError(f"unknown schedule {sched!r}")
+
+
+_SLOTS = {"adamw": (("m", "exp_avg"), ("v", "exp_avg_sq")),
+          "adam": (("m", "exp_avg"), ("v", "exp_avg_sq")),
+          "sgd": (("buf", "momentum_buffer"),)}
+
+
+def make_optimizer(model, ocfg, tensors=None, step=0):
+    """torch.optim optimiser for the model under ocfg (a resolved optimiser dict).
+
+    Two parameter groups in the checkpoint's order: the decay tensors (Linear
+    weights, token table) with ocfg's weight_decay and the others with 0.
+    tensors/step: a checkpoint's tensors and its optim_step, to resume (the
+    "optim.<slot>.<name>" entries become the optimiser state).
+    """
+    flags = model.decay_flags()
+    named = model.ordered_parameters()
+    groups = [{"params": [p for n, p in named if flags[n]], "weight_decay": ocfg["weight_decay"]},
+              {"params": [p for n, p in named if not flags[n]], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    kind, lr = ocfg["kind"], ocfg["lr"]
+    if kind in ("adamw", "adam"):
+        cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+        opt = cls(groups, lr=lr, betas=(ocfg["beta1"], ocfg["beta2"]), eps=ocfg["eps"],
+                  foreach=False)
+    elif kind == "sgd":
+        opt = torch.optim.SGD(groups, lr=lr, momentum=ocfg["momentum"], dampening=0.0,
+                              nesterov=bool(ocfg["nesterov"]), foreach=False)
+    else:
+        raise ValueError(f"unknown optimiser {kind!r}")
+    if tensors is not None and step > 0:
+        for n, p in named:
+            st = {}
+            for slot, key in _SLOTS[kind]:
+                name = f"optim.{slot}.{n}"
+                if name not in tensors:
+                    if kind == "sgd" and ocfg["momentum"] == 0:
+                        continue                     # torch keeps no buffer then
+                    raise ValueError(f"checkpoint has no {name}")
+                st[key] = torch.as_tensor(np.asarray(tensors[name])).to(p.dtype).clone()
+            if kind != "sgd":
+                st["step"] = torch.tensor(float(step))
+            if st:
+                opt.state[p] = st
+    return opt
+
+
+def optimizer_state(opt, model, ocfg):
+    """{"optim.<slot>.<name>": array} of the optimiser's state (zeros where
+    torch has none yet; SGD without momentum has no buffer)."""
+    kind = ocfg["kind"]
+    out = {}
+    for slot, key in _SLOTS[kind]:
+        if kind == "sgd" and ocfg["momentum"] == 0:
+            continue
+        for n, p in model.ordered_parameters():
+            t = opt.state.get(p, {}).get(key)
+            out[f"optim.{slot}.{n}"] = (np.zeros(tuple(p.shape)) if t is None
+                                        else t.detach().cpu().numpy())
+    return out
+
+
+def train_step(model, opt, ocfg, step, batch, ls=0.0, micro=0):
+    """One optimiser step on batch, as bk_train_step.
+
+    batch: dict with labels and x or tokens (lengths optional). step: the
+    number of steps already taken (0-based index for the schedule). Gradients
+    are zeroed, accumulated over micro-batches of at most `micro` samples (0:
+    one pass) with weight B_micro / B, clipped (global L2 norm, clip > 0),
+    the group learning rates set to lr_at(step), and the optimiser stepped.
+    Returns (mean loss of the batch, pre-clip gradient norm).
+    """
+    params = [p for _, p in model.ordered_parameters()]
+    for p in params:
+        p.grad = None
+    labels = np.asarray(batch["labels"])
+    B = len(labels)
+    mb = B if micro <= 0 else micro
+    total = 0.0
+    for s in range(0, B, mb):
+        sl = slice(s, min(B, s + mb))
+        part = {k: (None if batch.get(k) is None else np.asarray(batch[k])[sl])
+                for k in ("x", "tokens", "lengths")}
+        loss = loss_fn(model(**part), labels[sl], ls)
+        w = (sl.stop - sl.start) / B
+        (loss * w).backward()
+        total += float(loss.detach()) * w
+    for p in params:           # every tensor steps (and decays) as in the C engine
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if ocfg["clip"] > 0:
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, ocfg["clip"]))
+    else:
+        gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))
+    for g in opt.param_groups:
+        g["lr"] = lr_at(ocfg, step)
+    opt.step()
+    return total, gnorm
+
+
+# ---------------------------------------------------------------------------
+# Random inputs
+# ---------------------------------------------------------------------------
+def random_batch(cfg, B, rng, padded=False):
+    """A random batch for cfg: float32 x / int32 tokens, int32 lengths when
+    padded (tokens/points only; one sample full, one of length 1), int32
+    labels."""
+    c = cfg
+    out = {"x": None, "tokens": None, "lengths": None}
+    if c["input"] == "image":
+        out["x"] = rng.standard_normal((B, c["channels"], c["image_h"], c["image_w"])).astype(
+            np.float32)
+    elif c["input"] == "tokens":
+        out["tokens"] = rng.integers(0, c["vocab"], (B, c["max_len"])).astype(np.int32)
+    else:
+        out["x"] = rng.standard_normal((B, c["max_points"], c["point_dim"])).astype(np.float32)
+    if padded and c["input"] != "image":
+        n = seq_len(c)
+        lens = rng.integers(1, n + 1, B)
+        lens[0] = n
+        if B > 1:
+            lens[1] = 1
+        out["lengths"] = lens.astype(np.int32)
+    out["labels"] = rng.integers(0, c["classes"], B).astype(np.int32)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Benchmark
+# ---------------------------------------------------------------------------
+def bench(config, batch, steps, warmup, threads, seed=0):
+    """Time full training steps; returns the JSON-ready result dict."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    cfg = resolve_config(config)
+    model = Model(cfg, reference=True, allow_dropout=True).float()
+    model.train()
+    ocfg = resolve_optim(None)
+    opt = make_optimizer(model, ocfg)
+    data = random_batch(cfg, batch, np.random.default_rng(seed))
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        train_step(model, opt, ocfg, i, data)
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(dt)
+    med = float(np.median(times))
+    return {"samples_per_s": batch / med, "step_s_median": med,
+            "step_s_p25": float(np.percentile(times, 25)),
+            "step_s_p75": float(np.percentile(times, 75)),
+            "threads": threads, "torch": torch.__version__, "batch": batch, "steps": steps,
+            "params": int(sum(p.numel() for p in model.parameters())), "attn": cfg["attn"]}
+
+
+# ---------------------------------------------------------------------------
+# Self-check: /usr/bin/python3 bench/peers/model_torch.py --self-check
+# ---------------------------------------------------------------------------
+_SELF_CASES = [
+    # (config, padded)
+    ("input=image,image_h=8,image_w=8,patch=4,channels=2,dim=8,depth=2,heads=2,mlp_dim=12,"
+     "classes=3,attn=softmax,pool=cls,qkv_bias=1", False),
+    ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
+     "attn=sinkhorn,sk_iters=4,sk_eps=0.5,pool=mean", False),
+    ("input=tokens,vocab=7,max_len=5,dim=8,depth=1,heads=2,mlp_dim=0,classes=3,"
+     "attn=sinkhorn,sk_iters=5,pool=max,cls=0,final_norm=0", True),
+    ("input=points,point_dim=3,max_points=5,dim=8,depth=1,heads=2,head_dim=3,mlp_dim=8,"
+     "classes=3,attn=lot,lot_r=3,lot_iters=5,lot_temp=0.7,pool=otk,otk_refs=2,"
+     "otk_supports=2,otk_iters=3", True),
+    ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
+     "attn=esp,esp_soft=1,esp_t=0.3,esp_tau=2,esp_slices=3,pool=mean", True),
+    ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
+     "attn=esp,esp_soft=0,esp_tau=3,pool=cls", False),
+]
+
+
+def _manual_optim_step(ocfg, p, g, st, t, lr, decay):
+    """MODEL.md's update formulas, written out (float64 numpy)."""
+    wd = ocfg["weight_decay"] if decay else 0.0
+    if ocfg["kind"] == "sgd":
+        g = g + wd * p
+        mu = ocfg["momentum"]
+        st["buf"] = g.copy() if t == 1 else mu * st["buf"] + g
+        return p - lr * (g + mu * st["buf"] if ocfg["nesterov"] else st["buf"])
+    b1, b2 = ocfg["beta1"], ocfg["beta2"]
+    if ocfg["kind"] == "adamw":
+        p = p * (1 - lr * wd)
+    else:
+        g = g + wd * p
+    st["m"] = b1 * st.get("m", 0.0) + (1 - b1) * g
+    st["v"] = b2 * st.get("v", 0.0) + (1 - b2) * g * g
+    return p - (lr / (1 - b1 ** t)) * st["m"] / (np.sqrt(st["v"]) / math.sqrt(1 - b2 ** t)
+                                                 + ocfg["eps"])
+
+
+def _self_check():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    worst, ok = {}, True
+
+    def note(key, val):
+        worst[key] = max(worst.get(key, 0.0), float(val))
+
+    with tempfile.TemporaryDirectory(prefix="bk_model_torch_") as tmp:
+        for text, padded in _SELF_CASES:
+            cfg = resolve_config(text)
+            model = Model(cfg).double()
+            data = random_batch(cfg, 3, rng, padded)
+            kw = {k: data[k] for k in ("x", "tokens", "lengths")}
+            # 1. configuration and checkpoint round trips.
+            assert resolve_config(format_config(cfg)) == cfg
+            path = os.path.join(tmp, "m.safetensors")
+            ocfg = resolve_optim("kind=adam,lr=0.01,weight_decay=0.1,sched=step,"
+                                 "milestones=2:4,gamma=0.5")
+            opt = make_optimizer(model, ocfg)
+            train_step(model, opt, ocfg, 0, data)
+            save_checkpoint(path, model, opt, ocfg, optim_step=1, seed=5)
+            m2, tens, meta = load_checkpoint(path)
+            assert [n for n in tens if not n.startswith("optim.")] == [n for n, _, _ in
+                                                                          param_specs(cfg)]
+            assert resolve_optim(parse_optim(meta["optim"])) == ocfg
+            note("checkpoint round trip (float32 rounding)",
+                 max(float((p - q).abs().max()) for (_, p), (_, q) in
+                     zip(model.ordered_parameters(), m2.ordered_parameters())))
+            # resumed (float32-rounded parameters and state) == continued
+            o2 = make_optimizer(m2, ocfg, tens, int(meta["optim_step"]))
+            for i in (1, 2):
+                train_step(m2, o2, ocfg, i, data)
+                train_step(model, opt, ocfg, i, data)
+            note("resume == continue", max(float((p - q).abs().max()) for (_, p), (_, q) in
+                                           zip(model.ordered_parameters(),
+                                               m2.ordered_parameters())))
+            # 2. padding invariance: changing padded tokens / points changes nothing.
+            if padded:
+                d2 = {k: (None if v is None else v.copy()) for k, v in kw.items()}
+                for b, n in enumerate(data["lengths"]):
+                    if cfg["input"] == "tokens":
+                        d2["tokens"][b, n:] = (d2["tokens"][b, n:] + 1) % cfg["vocab"]
+                    else:
+                        d2["x"][b, n:] = 1e3
+                note("padding invariance (logits)", (model(**kw) - model(**d2)).abs().max())
+            # 3. gradcheck of the logits w.r.t. every parameter.
+            names = [n for n, _ in model.ordered_parameters()]
+            leaves = [p.detach().clone().requires_grad_(True) for _, p in
+                      model.ordered_parameters()]
+
+            def f(*ps, model=model, names=names, kw=kw):
+                return torch.nn.utils.stateless.functional_call(
+                    model, dict(zip(names, ps)), (), kw)
+            gc = torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+            print(f"gradcheck {cfg['input']}/{cfg['attn']}/{cfg['pool']}: {gc}")
+            ok = ok and gc
+        # 4. corruption detection.
+        raw = open(path, "rb").read()
+        hlen = struct.unpack("<Q", raw[:8])[0]
+        for label, blob in (("flipped data byte", raw[:8 + hlen + 5] + bytes([raw[8 + hlen + 5] ^ 1])
+                             + raw[8 + hlen + 6:]),
+                            ("truncated", raw[:-3]), ("truncated header", raw[:20])):
+            with open(path, "wb") as fh:
+                fh.write(blob)
+            try:
+                read_safetensors(path)
+                print(f"corruption not detected: {label}")
+                ok = False
+            except ValueError as e:
+                if label == "flipped data byte" and "checksum" not in str(e):
+                    ok = False
+    # 5. torch.optim == MODEL.md's formulas (with groups, schedule, clipping).
+    cfg = resolve_config(_SELF_CASES[0][0])
+    data = random_batch(cfg, 3, rng)
+    for text in ("kind=adamw,lr=0.01,weight_decay=0.1,clip=0.05,warmup=2,sched=cosine,"
+                 "total_steps=4,lr_min=0.001",
+                 "kind=adam,lr=0.01,weight_decay=0.1,beta1=0.8,sched=step,milestones=1:3,gamma=0.3",
+                 "kind=sgd,lr=0.1,momentum=0.9,weight_decay=0.01",
+                 "kind=sgd,lr=0.1,momentum=0.9,nesterov=1,weight_decay=0.01,clip=0.01"):
+        ocfg = resolve_optim(text)
+        model = Model(cfg).double()
+        ref = {n: p.detach().numpy().copy() for n, p in model.ordered_parameters()}
+        flags = model.decay_flags()
+        opt = make_optimizer(model, ocfg)
+        states = {n: {} for n in ref}
+        for t in range(1, 6):
+            # gradient at the reference point, computed with the same model
+            with torch.no_grad():
+                saved = {n: p.detach().clone() for n, p in model.ordered_parameters()}
+                for n, p in model.ordered_parameters():
+                    p.copy_(torch.from_numpy(ref[n]))
+            model.zero_grad()
+            loss_fn(model(x=data["x"]), data["labels"]).backward()
+            g = {n: p.grad.detach().numpy().copy() for n, p in model.ordered_parameters()}
+            with torch.no_grad():
+                for n, p in model.ordered_parameters():
+                    p.copy_(saved[n])
+            norm = math.sqrt(sum(float((v ** 2).sum()) for v in g.values()))
+            if ocfg["clip"] > 0 and norm > ocfg["clip"]:
+                g = {n: v * (ocfg["clip"] / (norm + 1e-6)) for n, v in g.items()}
+            lr = lr_at(ocfg, t - 1)
+            ref = {n: _manual_optim_step(ocfg, ref[n], g[n], states[n], t, lr, flags[n])
+                   for n in ref}
+            train_step(model, opt, ocfg, t - 1, data)
+            note("torch.optim vs MODEL.md formulas",
+                 max(float(np.abs(p.detach().numpy() - ref[n]).max())
+                     for n, p in model.ordered_parameters()))
+    # 6. schedules.
+    oc = resolve_optim("lr=1,warmup=2,sched=cosine,total_steps=6,lr_min=0.1")
+    want = [0.5, 1.0, 1.0, 0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2, 0.55,
+            0.1 + 0.9 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.1, 0.1]
+    note("cosine schedule", max(abs(lr_at(oc, i) - w) for i, w in enumerate(want)))
+    oc = resolve_optim("lr=1,sched=step,gamma=0.5,milestones=2:4")
+    note("step schedule", max(abs(lr_at(oc, i) - w) for i, w in
+                              enumerate([1, 1, 0.5, 0.5, 0.25, 0.25])))
+    # 7. seeded slices: unit rows, deterministic.
+    th = unit_directions(1000, 5, 7)
+    note("ESP slices: |row norm - 1|",
+         np.abs(np.linalg.norm(th.astype(np.float64), axis=1) - 1).max())
+    assert np.array_equal(th, unit_directions(1000, 5, 7))
+    assert not np.array_equal(th, unit_directions(1001, 5, 7))
+    tols = {"checkpoint round trip (float32 rounding)": 1e-6, "ESP slices: |row norm - 1|": 1e-6,
+            "resume == continue": 1e-6, "torch.optim vs MODEL.md formulas": 1e-10}
+    for key, val in worst.items():
+        good = val <= tols.get(key, 1e-12)
+        ok = ok and good
+        print(f"{key:44s} {val:.3e}{'' if good else '  FAIL'}")
+    return ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", action="store_true", help="time training steps (JSON line)")
+    ap.add_argument("--self-check", action="store_true", help="float64 checks of the twin")
+    ap.add_argument("--config", default="", help="model configuration overrides k=v,k=v")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.self_check:
+        torch.set_num_threads(1)
+        ok = _self_check()
+        print("self-check", "ok" if ok else "FAIL")
+        return 0 if ok else 1
+    if a.bench:
+        if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
+            ap.error("--batch, --steps, --threads must be >= 1 and --warmup >= 0")
+        try:
+            res = bench(a.config, a.batch, a.steps, a.warmup, a.threads, a.seed)
+        except ValueError as e:
+            ap.error(str(e))
+        print(json.dumps(res), flush=True)
+        return 0
+    ap.error("nothing to do: pass --bench or --self-check")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -75,6 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
@@ -126,7 +127,7 @@ COSINE = ("kind=adamw,lr=3e-3,weight_decay=0.05,sched=cosine,warmup=3,total_step
 TRAIN_CASES = [
     ("adamw-clip-softmax-image", f"{IMG8P4},attn=softmax,pool=cls", 4, False,
      f"{ADAMW},clip=1", 10, 0, 0.0, None, True),
-    ("adamw-sinkhorn-tokens-padded", f"{TOK},attn=sinkhorn,sk_iters=5,sk_eps=1,pool=mean", 4,
+    ("adamw-sinkhorn-tokens-padded", f"{TOK},attn=sinkhorn,sk_iters=5,sk_eps=1,pool=cls", 4,
      True, ADAMW, 10, 0, 0.0, None, False),
     ("sgd-momentum-lot-image", f"{IMG8P4},attn=lot,lot_r=3,lot_iters=5,pool=cls", 4, False,
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
@@ -167,6 +168,11 @@ def import_twin():
     import model_torch
     torch.set_num_threads(1)
     return model_torch
+
+
+def case_seed(base, name):
+    """A per-case model/data seed: the same whatever subset of cases runs."""
+    return base * 100003 + zlib.crc32(name.encode()) % 100000
 
 
 def cli_has_model(cli):
@@ -215,23 +221,22 @@ class Runner:
 # ---------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------
-def rel_err(x, ref, scale=None):
-    """max|x - ref| / max|ref| (scale: the denominator when ref is all zero).
-    inf for a shape mismatch or non-finite x."""
+def rel_err(x, ref, floor=0.0):
+    """max|x - ref| / max(max|ref|, floor) (1 when both are 0); inf for a shape
+    mismatch or non-finite x."""
     import numpy as np
     x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if x.shape != ref.shape or not np.all(np.isfinite(x)):
         return float("inf")
     if x.size == 0:
         return 0.0
-    den = float(np.abs(ref).max())
-    if den == 0.0:
-        den = scale if scale else 1.0
+    den = max(float(np.abs(ref).max()), floor) or 1.0
     return float(np.abs(x - ref).max()) / den
 
 
-def zero_err(x, ref):
-    """Largest |x| where ref is exactly zero, relative to max|ref| (0 if none)."""
+def zero_err(x, ref, floor=0.0):
+    """Largest |x| where ref is exactly zero, over the same denominator as
+    rel_err (0 if ref has no zero)."""
     import numpy as np
     x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if x.shape != ref.shape:
@@ -239,20 +244,30 @@ def zero_err(x, ref):
     z = ref == 0
     if not z.any():
         return 0.0
-    den = float(np.abs(ref).max()) or 1.0
+    den = max(float(np.abs(ref).max()), floor) or 1.0
     return float(np.abs(x[z]).max()) / den
 
 
-def tensor_errors(got, ref, names):
-    """{name: (rel error, structural-zero error)} with the all-zero fallback scale."""
+def tensor_errors(got, ref, names, floor=0.0):
+    """{name: (error, structural-zero error, raw error)} per tensor.
+
+    error: max|x - ref| / max(max|ref|, floor * R) with R the largest |ref|
+    entry over all the tensors (the case's largest gradient); raw: the same
+    without the floor. A tensor whose reference is all zero is measured
+    against floor * R, or R when floor is 0.
+    """
     import numpy as np
-    scale = max([float(np.abs(ref[n]).max()) for n in names] + [0.0]) or 1.0
+    big = max([float(np.abs(ref[n]).max()) for n in names] + [0.0]) or 1.0
+    fl = floor * big if floor > 0 else 0.0
     out = {}
     for n in names:
         if n not in got:
-            out[n] = (float("inf"), float("inf"))
-        else:
-            out[n] = (rel_err(got[n], ref[n], scale), zero_err(got[n], ref[n]))
+            out[n] = (float("inf"), float("inf"), float("inf"))
+            continue
+        allzero = not np.any(ref[n])
+        f = fl if fl > 0 or not allzero else big
+        out[n] = (rel_err(got[n], ref[n], f), zero_err(got[n], ref[n], f),
+                  rel_err(got[n], ref[n], 0.0 if not allzero else big))
     return out
 
 
@@ -440,15 +455,16 @@ def run_grads_case(rn, mt, case, tols, tmp, seed):
     names = list(ref[2])
     e_log = rel_err(got[0], ref[0])
     e_loss = abs(got[1] - ref[1]) / abs(ref[1])
-    ge = tensor_errors(got[2], ref[2], names)
-    ge32 = tensor_errors(r32[2], ref[2], names)
+    ge = tensor_errors(got[2], ref[2], names, tols["floor"])
+    ge32 = tensor_errors(r32[2], ref[2], names, tols["floor"])
     extra = sorted(set(got[2]) - set(names))
     wn, wg = worst_of(ge)
     zn, wz = worst_of(ge, 1)
+    rn_, wr = worst_of(ge, 2)
     _, w32 = worst_of(ge32)
     e32 = (rel_err(r32[0], ref[0]), abs(r32[1] - ref[1]) / abs(ref[1]))
     for key, val in (("grads logits", e_log), ("grads loss", e_loss), ("grads params", wg),
-                     ("grads zeros", wz), ("f32 twin logits", e32[0]), ("f32 twin loss", e32[1]),
+                     ("grads zeros", wz), ("grads params (no floor)", wr), ("f32 twin logits", e32[0]), ("f32 twin loss", e32[1]),
                      ("f32 twin params", w32)):
         rn.note(key, val)
     rn.check(e_log <= tols["logits"] and e_loss <= tols["logits"], f"fwd   {name}",
@@ -456,12 +472,13 @@ def run_grads_case(rn, mt, case, tols, tmp, seed):
              f"| f32 twin {e32[0]:.1e}/{e32[1]:.1e}")
     bad = [n for n in names if not (ge[n][0] <= tols["grad"] and ge[n][1] <= tols["zero"])]
     detail = (f"{len(names)} tensors, worst {wg:.1e} [{wn}] (tol {tols['grad']:g}), "
-              f"zeros {wz:.1e} [{zn if wz else '-'}] (tol {tols['zero']:g}) | f32 twin {w32:.1e}")
+              f"zeros {wz:.1e} (tol {tols['zero']:g}) | no floor {wr:.1e} [{rn_}], "
+              f"f32 twin {w32:.1e}")
     if extra:
         detail += f"; unexpected tensors {extra}"
     rn.check(not bad and not extra, f"grads {name}", detail)
     for n in bad:
-        print(f"       {n}: rel {ge[n][0]:.2e}, zeros {ge[n][1]:.2e}, "
+        print(f"       {n}: error {ge[n][0]:.2e}, zeros {ge[n][1]:.2e}, no floor {ge[n][2]:.2e}, "
               f"shape {tuple(np.shape(got[2].get(n, ())))}, f32 twin {ge32[n][0]:.1e}")
     return ckpt, data_args, got
 
@@ -481,9 +498,13 @@ def optim_problems(mt, text, meta, steps):
     if meta.get("optim_step") != str(steps):
         probs.append(f"optim_step {meta.get('optim_step')!r}, expected {steps}")
     try:
-        ocfg = mt.resolve_optim(mt.parse_optim(meta.get("optim", "")))
+        written = mt.parse_optim(meta.get("optim", ""))
+        ocfg = mt.resolve_optim(written)
     except ValueError as e:
         return probs + [f"optim metadata: {e}"], None
+    missing = sorted(set(mt.OPTIM_DEFAULTS) - set(written))
+    if missing:
+        probs.append(f"optim metadata lacks keys {missing}")
     for k, v in mt.parse_optim(text).items():
         if not (f32_equal(ocfg[k], v) if k != "milestones" else tuple(ocfg[k]) == tuple(v)):
             probs.append(f"optim {k}={ocfg[k]!r}, requested {v!r}")
@@ -544,7 +565,7 @@ def run_train_case(rn, mt, case, tols, tmp, seed):
              f"{steps} steps, max rel {e_loss:.1e} (tol {tols['traj_loss']:g}); losses "
              f"{ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
     ref_w = model.tensors(np.float64)
-    we = tensor_errors(t2, ref_w, list(ref_w))
+    we = tensor_errors(t2, ref_w, list(ref_w), tols["w_floor"])
     wn, ww = worst_of(we)
     rn.note("train weights", ww)
     extra = sorted(n for n in t2 if not n.startswith("optim.") and n not in ref_w)
@@ -552,7 +573,13 @@ def run_train_case(rn, mt, case, tols, tmp, seed):
              f"worst {ww:.1e} [{wn}] (tol {tols['traj_w']:g})"
              + (f"; unexpected tensors {extra}" if extra else ""))
     ref_s = mt.optimizer_state(opt, model, ocfg)
-    se = tensor_errors(t2, ref_s, list(ref_s))
+    se = {}
+    for slot in sorted({k.split(".")[1] for k in ref_s}):
+        keys = [k for k in ref_s if k.split(".")[1] == slot]
+        tr = np.sqrt if slot == "v" else (lambda a: a)   # v as sqrt(v): linear in |g|
+        g2 = {k: tr(np.maximum(np.asarray(t2[k], np.float64), 0) if slot == "v" else t2[k])
+              for k in keys if k in t2}
+        se.update(tensor_errors(g2, {k: tr(ref_s[k]) for k in keys}, keys, tols["floor"]))
     sn, ws = worst_of(se)
     rn.note("train optimiser state", ws)
     extra = sorted(n for n in t2 if n.startswith("optim.") and n not in ref_s)
@@ -629,16 +656,23 @@ def main():
     ap.add_argument("--seed", type=int, default=1, help="base model/data seed")
     ap.add_argument("--tol-logits", type=float, default=1e-5, help="logits and loss")
     ap.add_argument("--tol-grad", type=float, default=1e-4, help="parameter gradients")
+    ap.add_argument("--grad-floor", type=float, default=1e-3,
+                    help="denominator floor of the gradient errors, as a fraction of the "
+                         "case's largest gradient entry")
     ap.add_argument("--tol-zero", type=float, default=1e-6,
                     help="|grad| where the reference is exactly zero, relative to max|ref|")
     ap.add_argument("--tol-traj-loss", type=float, default=1e-5, help="trajectory losses")
     ap.add_argument("--tol-traj-weights", type=float, default=1e-5, help="final weights")
     ap.add_argument("--tol-traj-state", type=float, default=1e-4, help="optimiser state")
+    ap.add_argument("--weights-floor", type=float, default=1e-2,
+                    help="denominator floor of the final-weight errors, as a fraction of the "
+                         "model's largest weight")
     args = ap.parse_args()
     mt = import_twin()
     tols = {"logits": args.tol_logits, "grad": args.tol_grad, "zero": args.tol_zero,
+            "floor": args.grad_floor,
             "traj_loss": args.tol_traj_loss, "traj_w": args.tol_traj_weights,
-            "traj_state": args.tol_traj_state}
+            "traj_state": args.tol_traj_state, "w_floor": args.weights_floor}
     cli = args.birkhoff
     if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
         print(f"FAIL: birkhoff CLI not found or not executable: {cli} (build it first)")
@@ -663,16 +697,16 @@ def main():
             os.makedirs(d, exist_ok=True)
             run_seed_checks(rn, mt, d)
         first = None
-        for i, case in enumerate(gcases):
+        for case in gcases:
             d = os.path.join(base_tmp, "grads-" + case[0])
             os.makedirs(d, exist_ok=True)
-            res = run_grads_case(rn, mt, case, tols, d, args.seed + i)
+            res = run_grads_case(rn, mt, case, tols, d, case_seed(args.seed, case[0]))
             if res is not None and first is None:
                 first = (d,) + res
-        for i, case in enumerate(tcases):
+        for case in tcases:
             d = os.path.join(base_tmp, "train-" + case[0])
             os.makedirs(d, exist_ok=True)
-            run_train_case(rn, mt, case, tols, d, args.seed + 100 + i)
+            run_train_case(rn, mt, case, tols, d, case_seed(args.seed, case[0]))
         if first is not None:
             d, ckpt, data_args, ref = first
             run_file_checks(rn, mt, d, ckpt, data_args, ref)

@@ -339,10 +339,10 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
         bk_optim_config_format(bk_optim_get_config(o), oc, sizeof oc);
         sb_str(&b, ",\"optim\":");
         sb_json(&b, oc);
-        snprintf(tmp, sizeof tmp, "%lld", (long long)bk_optim_step_count(o));
-        sb_str(&b, ",\"optim_step\":");
-        sb_json(&b, tmp);
     }
+    snprintf(tmp, sizeof tmp, "%lld", (long long)(o ? bk_optim_step_count(o) : 0));
+    sb_str(&b, ",\"optim_step\":");
+    sb_json(&b, tmp);
     if (extra) {
         sb_str(&b, ",\"extra\":");
         sb_json(&b, extra);

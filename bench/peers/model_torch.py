@@ -221,7 +221,7 @@ POOLS = ("cls", "mean", "max", "otk")
 # checkpoints always carry every field, so they only matter for --config.
 CONFIG_DEFAULTS = {
     "input": "image", "channels": 1, "image_h": 28, "image_w": 28, "patch": 4,
-    "vocab": 256, "max_len": 128, "point_dim": 3, "max_points": 128,
+    "vocab": 256, "max_len": 128, "point_dim": 3, "max_points": 64,
     "dim": 64, "depth": 2, "heads": 4, "head_dim": 0, "mlp_dim": 128,
     "cls": 1, "pos_embed": 1, "final_norm": 1, "qkv_bias": 0,
     "pool": "cls", "classes": 10, "dropout": 0.0, "ln_eps": 1e-5,

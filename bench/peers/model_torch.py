@@ -28,8 +28,12 @@ Contents:
       (float64 marginals in a float64 model, textbook update, no early stop),
       per-sample valid blocks for every operator. This is the parity twin.
     - reference=True: the benchmark peer: Sinkhorn as the reference port runs
-      it (float32 marginals, increment update, its early-stop check) and a
-      plain batched softmax attention (masked keys when padded).
+      it (float32 marginals, increment update, its early-stop check), a
+      plain batched softmax attention (masked keys when padded), and LOT as
+      the reference DeiT/Swin port (lot_reference: batched, float32
+      marginals) when nothing is padded and attn_scale is 0. ESP and the OTK
+      pool use the semantics functions in both modes (per-sample loops: slow
+      peers, not the reference codes' speed).
   Dropout cannot be reproduced (the C engine draws it from a counter-based
   hash): a model with dropout > 0 is refused unless allow_dropout=True (the
   benchmark), where nn.Dropout is used.
@@ -568,6 +572,11 @@ class _Attention(nn.Module):
                 tau=c["esp_tau"], cost="sq", out_scale="rows", scale=s,
                 theta=self.esp_theta, q_len=lens, k_len=lens)[0]
         if kind == "lot":
+            if self.reference and lens is None and c["attn_scale"] == 0:
+                # the reference DeiT/Swin port: batched, float32 marginals
+                return lot_port.lot_reference(q, k, v, self.lot_z, self.lot_theta,
+                                              temp=c["lot_temp"], n_iter=c["lot_iters"],
+                                              eps=c["lot_eps"])
             return lot_port.lot_semantics(q, k, v, self.lot_z, self.lot_theta,
                                           temp=c["lot_temp"], iters=c["lot_iters"],
                                           eps=c["lot_eps"], scale=s, q_len=lens, k_len=lens)[0]
@@ -1087,6 +1096,11 @@ def _self_check():
                     else:
                         d2["x"][b, n:] = 1e3
                 note("padding invariance (logits)", (model(**kw) - model(**d2)).abs().max())
+            # the benchmark numerics agree (float32 marginals: ~1e-8)
+            ref_model = Model(cfg, reference=True).double()
+            ref_model.load_state_dict(model.state_dict())
+            note("reference numerics vs exact (logits)",
+                 (ref_model(**kw) - model(**kw)).abs().max())
             # 3. gradcheck of the logits w.r.t. every parameter.
             names = [n for n, _ in model.ordered_parameters()]
             leaves = [p.detach().clone().requires_grad_(True) for _, p in
@@ -1101,8 +1115,8 @@ def _self_check():
         # 4. corruption detection.
         raw = open(path, "rb").read()
         hlen = struct.unpack("<Q", raw[:8])[0]
-        for label, blob in (("flipped data byte", raw[:8 + hlen + 5] + bytes([raw[8 + hlen + 5] ^ 1])
-                             + raw[8 + hlen + 6:]),
+        at = 8 + hlen + 5
+        for label, blob in (("flipped data byte", raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:]),
                             ("truncated", raw[:-3]), ("truncated header", raw[:20])):
             with open(path, "wb") as fh:
                 fh.write(blob)
@@ -1164,7 +1178,8 @@ def _self_check():
     assert np.array_equal(th, unit_directions(1000, 5, 7))
     assert not np.array_equal(th, unit_directions(1001, 5, 7))
     tols = {"checkpoint round trip (float32 rounding)": 1e-6, "ESP slices: |row norm - 1|": 1e-6,
-            "resume == continue": 1e-6, "torch.optim vs MODEL.md formulas": 1e-10}
+            "resume == continue": 1e-6, "torch.optim vs MODEL.md formulas": 1e-10,
+            "reference numerics vs exact (logits)": 1e-6}
     for key, val in worst.items():
         good = val <= tols.get(key, 1e-12)
         ok = ok and good

@@ -534,7 +534,6 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         bki_optim_set_step(o, (int64_t)ostep);
         want_slots = bki_optim_slots(o);
     }
-    int used = 0;
     for (int s = -1; s < want_slots; s++)
         for (int i = 0; i < np; i++) {
             char name[96];
@@ -556,10 +555,8 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
             }
             float *dst = s < 0 ? bk_model_params(m) + tab[i].off : bki_optim_slot(o, s) + tab[i].off;
             memcpy(dst, data + t->b, (size_t)(t->e - t->b));
-            used++;
         }
     /* every other tensor must be optimiser state we were not asked for */
-    (void)used;
     for (int i = 0; i < h.nt; i++) {
         int known = 0;
         for (int p = 0; p < np && !known; p++) known = strcmp(h.t[i].name, tab[p].name) == 0;

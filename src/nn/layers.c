@@ -177,9 +177,7 @@ void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
 {
     if (p <= 0.0f) return;
     const float keep = 1.0f / (1.0f - p);
-    const uint64_t thr = (uint64_t)((double)p * 18446744073709551616.0 > 1.8446744073709550e19
-                                        ? 18446744073709549568.0
-                                        : (double)p * 18446744073709551616.0);
+    const uint64_t thr = (uint64_t)ldexp((double)p, 64); /* p < 1 (a float): below 2^64 - 2^40 */
     const int nt = bki_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r = 0; r < R; r++) {

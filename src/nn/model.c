@@ -574,6 +574,11 @@ const bki_param *bki_model_table(const bk_model *m, int *count)
     return m->tab;
 }
 uint64_t bki_model_seed(const bk_model *m) { return m->seed; }
+int64_t bki_model_sample_size(const bk_model *m)
+{
+    return m->c.input == BK_INPUT_IMAGE ? (int64_t)m->c.channels * m->c.image_h * m->c.image_w
+                                        : (int64_t)m->np * (m->c.input == BK_INPUT_TOKENS ? 1 : m->in_feat);
+}
 uint64_t bki_model_fwd_count(const bk_model *m) { return m->fwd_count; }
 void bki_model_set_fwd_count(bk_model *m, uint64_t c) { m->fwd_count = c; }
 
@@ -654,8 +659,7 @@ static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labe
                 return bki_fail(BK_ERR_PARAM, "model: token %d at [%lld, %lld] outside [0, vocab = %d)", b->tokens[i],
                                 (long long)(i / m->np), (long long)(i % m->np), c->vocab);
     } else {
-        const int64_t per = c->input == BK_INPUT_IMAGE ? (int64_t)c->channels * c->image_h * c->image_w
-                                                       : (int64_t)m->np * m->in_feat;
+        const int64_t per = bki_model_sample_size(m);
         for (int i = 0; i < b->B; i++) {
             const int64_t valid = c->input == BK_INPUT_POINTS && b->len ? (int64_t)b->len[i] * m->in_feat : per;
             const float *x = b->x + (int64_t)i * per;

@@ -30,6 +30,8 @@ typedef struct {
 
 const bki_param *bki_model_table(const bk_model *m, int *count);
 uint64_t bki_model_seed(const bk_model *m);
+/* elements per sample of the batch's input array (x, or tokens) */
+int64_t bki_model_sample_size(const bk_model *m);
 uint64_t bki_model_fwd_count(const bk_model *m);
 void bki_model_set_fwd_count(bk_model *m, uint64_t c);
 

@@ -219,11 +219,8 @@ bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, 
     if (!m || !o || !b) return bki_fail(BK_ERR_NULL, "bk_train_step: NULL argument");
     if (micro < 0) return bki_fail(BK_ERR_PARAM, "bk_train_step: micro must be >= 0");
     if (b->B < 1) return bki_fail(BK_ERR_SHAPE, "bk_train_step: empty batch");
-    const bk_model_config *c = bk_model_get_config(m);
     const int mb = micro > 0 && micro < b->B ? micro : b->B;
-    const int64_t per = c->input == BK_INPUT_IMAGE    ? (int64_t)c->channels * c->image_h * c->image_w
-                        : c->input == BK_INPUT_POINTS ? (int64_t)c->max_points * c->point_dim
-                                                      : (int64_t)c->max_len;
+    const int64_t per = bki_model_sample_size(m);
     bk_model_zero_grad(m);
     double total = 0.0;
     for (int s = 0; s < b->B; s += mb) {

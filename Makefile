@@ -25,6 +25,11 @@ LDSAN = -fsanitize=address,undefined
 endif
 LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
 
+# the CLI's plots (cairo) and gzipped datasets (zlib)
+CAIRO_CFLAGS := $(shell pkg-config --cflags cairo 2>/dev/null)
+CLI_LIBS := $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo) -lz
+TOOL_HDRS = tools/cli.h tools/data.h tools/gen.h tools/run.h tools/chart.h
+
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/threads.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
@@ -34,7 +39,9 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 HDRS     = include/birkhoff.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c tools/model_cmd.c tools/bench_train.c tools/demo.c
+TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c \
+           tools/model_cmd.c tools/bench_train.c tools/demo.c tools/data.c tools/gen.c tools/run.c tools/train_cmd.c \
+           tools/eval_cmd.c tools/plot_cmd.c tools/chart.c tools/asap_compile.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/test_model.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a
@@ -57,6 +64,10 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
+$(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(TOOL_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -c $< -o $@
+
 $(BUILD)/obj/src/core/lse_engine_avx2.o: src/core/lse_engine.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
@@ -73,7 +84,7 @@ $(LIB_SO): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libbirkhoff.so.0 -o $@ $^ $(LDLIBS_ALL)
 
 $(CLI): $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC)) $(LIB_A)
-	$(CC) -o $@ $^ $(LDLIBS_ALL)
+	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
 
 $(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)

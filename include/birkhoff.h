@@ -860,6 +860,16 @@ BK_API bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *
  * tokens incl. CLS; padded rows/columns zero). Recomputed from the stored
  * activations; attn must hold B*H*N*N floats. */
 BK_API bk_status bk_model_attention(bk_model *m, int layer, float *attn);
+/* Compiling a trained Sinkhorn model into ASAP (birkhoff asap compile):
+ * bk_model_asap_config gives the ASAP configuration whose teacher is this
+ * model's Sinkhorn attention (d = head_dim, scale = attn_scale, eps = sk_eps,
+ * teacher_iters = sk_iters; slices, seed and lambda at their defaults: set
+ * them before bk_asap_calib_create). bk_model_calib_add adds the B*H
+ * problems of block `layer` in the last forward (its Q, K and valid lengths)
+ * to a calibrator. The compiled model is a copy with attn = asap and
+ * bk_model_set_asap on every block; checkpoints carry its layers. */
+BK_API bk_asap_config bk_model_asap_config(const bk_model *m);
+BK_API bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib);
 /* Tokens per sample (incl. CLS), and heads. */
 BK_API int bk_model_tokens(const bk_model *m);
 

@@ -12,7 +12,9 @@
 static void asap_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff asap calibrate --q Q.npy --k K.npy --out layer.asap [options]\n"
+            "usage: birkhoff asap compile --ckpt SINKHORN.safetensors --out ASAP.safetensors [options]\n"
+            "       (a whole trained model: `birkhoff asap compile --help`)\n"
+            "       birkhoff asap calibrate --q Q.npy --k K.npy --out layer.asap [options]\n"
             "       birkhoff asap report --layer layer.asap --q Q.npy --k K.npy --v V.npy [options]\n"
             "       birkhoff asap show --layer layer.asap [--theta-out T.npy] [--omega-out W.npy]\n"
             "       birkhoff asap generate --out-q Q.npy --out-k K.npy --out-v V.npy [options]\n"
@@ -633,6 +635,7 @@ int cmd_asap(int argc, char **argv)
         return CLI_USAGE;
     }
     const char *sub = argv[1];
+    if (!strcmp(sub, "compile")) return asap_compile(argc - 1, argv + 1);
     if (!strcmp(sub, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(sub, "report")) return cmd_report(argc - 1, argv + 1);
     if (!strcmp(sub, "show")) return cmd_show(argc - 1, argv + 1);

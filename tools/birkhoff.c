@@ -1,4 +1,4 @@
-/* birkhoff.c -- the command-line program: `birkhoff attn|bench|demo`. */
+/* birkhoff.c -- the command-line program: dispatch and shared helpers. */
 #define _GNU_SOURCE
 #include "cli.h"
 
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 double cli_now(void)
 {
@@ -211,6 +212,24 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs)
     return !werr;
 }
 
+int cli_write_text(const char *prog, const char *path, const char *text)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    int ok = f != NULL;
+    if (ok) ok = fputs(text, f) >= 0;
+    if (f) ok = (fclose(f) == 0) && ok;
+    else if (fd >= 0) close(fd);
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        fprintf(stderr, "birkhoff %s: cannot write %s (%s)\n", prog, path, strerror(errno));
+        if (fd >= 0) remove(tmp);
+    }
+    return ok;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -219,9 +238,13 @@ static void usage(FILE *f)
             "usage: birkhoff COMMAND [options]\n"
             "\n"
             "commands:\n"
+            "  train   train a model on a dataset (progress, metrics, checkpoints, --resume)\n"
+            "  eval    accuracy, confusion and attention diagnostics of a checkpoint on a dataset\n"
+            "  plot    figures: training curves, attention maps, column-sum histograms, transport plans\n"
+            "  data    inspect a dataset (fetch stored ones with scripts/data.sh)\n"
             "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
             "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
-            "  asap    compile a Sinkhorn layer into ASAP: calibrate, report fidelity, show, generate\n"
+            "  asap    compile Sinkhorn into ASAP: a trained model (compile) or a layer (calibrate, report, ...)\n"
             "  model   transformer models: create, differentiate, train on .npy batches, show checkpoints\n"
             "  bench   benchmark operators over a shape grid against the PyTorch peers\n"
             "  demo    Sinkhorn vs softmax attention on generated data: marginals and timings\n"
@@ -238,6 +261,10 @@ int main(int argc, char **argv)
         return CLI_USAGE;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 1, argv + 1);
+    if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "attn")) return cmd_attn(argc - 1, argv + 1);
     if (!strcmp(cmd, "otk")) return cmd_otk(argc - 1, argv + 1);
     if (!strcmp(cmd, "asap")) return cmd_asap(argc - 1, argv + 1);

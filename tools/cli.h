@@ -52,7 +52,16 @@ typedef struct {
 } cli_output;
 int cli_write_outputs(const char *prog, int n, const cli_output *outs);
 
+/* Writes text to path atomically (temporary file, rename); 1 on success,
+ * else a message on stderr naming prog. */
+int cli_write_text(const char *prog, const char *path, const char *text);
+
 int cmd_attn(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_data(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
+int asap_compile(int argc, char **argv); /* asap compile */
 int cmd_otk(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int bench_otk(int argc, char **argv); /* bench --op otk */

@@ -5,6 +5,7 @@
 #include "nn.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,103 @@ static const char *meta_get(const header *h, const char *key)
     return NULL;
 }
 
+/* ---- compiled ASAP layers (metadata "asap.<l>": one line of key=value,
+ * floats in C99 hex notation, theta and omega as ':'-separated lists) ---- */
+static char *asap_format(const bk_asap_layer *a)
+{
+    sbuf b = {0};
+    char t[160];
+    snprintf(t, sizeof t, "d=%d slices=%d scale=%a eps=%a teacher_iters=%d fit=%d lambda=%a seed=%llu theta_given=%d ",
+             a->d, a->slices, (double)a->scale, (double)a->eps, a->teacher_iters, (int)a->fit, a->lambda,
+             (unsigned long long)a->seed, a->theta_given);
+    sb_str(&b, t);
+    snprintf(t, sizeof t, "calib_problems=%lld calib_rows=%lld theta=", (long long)a->calib_problems,
+             (long long)a->calib_rows);
+    sb_str(&b, t);
+    for (int i = 0; i < a->slices * a->d; i++) {
+        snprintf(t, sizeof t, i ? ":%a" : "%a", (double)a->theta[i]);
+        sb_str(&b, t);
+    }
+    sb_str(&b, " omega=");
+    for (int i = 0; i < a->slices; i++) {
+        snprintf(t, sizeof t, i ? ":%a" : "%a", a->omega[i]);
+        sb_str(&b, t);
+    }
+    if (b.bad) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
+/* parses a list of n finite doubles separated by ':' ending at a space/NUL */
+static const char *asap_list(const char *p, int n, double *out)
+{
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno || !isfinite(v)) return NULL;
+        out[i] = v;
+        p = end;
+        if (i + 1 < n && *p++ != ':') return NULL;
+    }
+    return (*p == ' ' || *p == 0) ? p : NULL;
+}
+
+static bk_status asap_parse(const char *path, int l, const char *txt, int dh, bk_asap_layer *a)
+{
+    memset(a, 0, sizeof *a);
+    long long v[11];
+    double scale, eps, lambda;
+    int used = 0;
+    int got = sscanf(txt, "d=%lld slices=%lld scale=%la eps=%la teacher_iters=%lld fit=%lld lambda=%la seed=%llu "
+                          "theta_given=%lld calib_problems=%lld calib_rows=%lld theta=%n",
+                     &v[0], &v[1], &scale, &eps, &v[2], &v[3], &lambda, (unsigned long long *)&v[4], &v[5], &v[6],
+                     &v[7], &used);
+    if (got != 11 || used == 0 || v[0] != dh || v[1] < 1 || v[1] > 65536 || !(scale > 0) || !(eps > 0) || v[2] < 2 ||
+        (v[3] != 0 && v[3] != 1) || !(lambda >= 0))
+        return bki_fail(BK_ERR_FORMAT, "%s: bad compiled ASAP layer %d in the metadata", path, l);
+    a->d = (int)v[0];
+    a->slices = (int)v[1];
+    a->scale = (float)scale;
+    a->eps = (float)eps;
+    a->teacher_iters = (int)v[2];
+    a->fit = (bk_asap_fit)v[3];
+    a->lambda = lambda;
+    a->seed = (uint64_t)v[4];
+    a->theta_given = (int)v[5];
+    a->calib_problems = v[6];
+    a->calib_rows = v[7];
+    const size_t nt = (size_t)a->slices * (size_t)a->d;
+    double *tmp = malloc(sizeof(double) * nt);
+    a->theta = malloc(sizeof(float) * nt);
+    a->omega = malloc(sizeof(double) * (size_t)a->slices);
+    if (!tmp || !a->theta || !a->omega) {
+        free(tmp);
+        bk_asap_layer_free(a);
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    const char *p = asap_list(txt + used, (int)nt, tmp);
+    if (p && strncmp(p, " omega=", 7) == 0) p = asap_list(p + 7, a->slices, a->omega);
+    else p = NULL;
+    int ok = p && *p == 0;
+    for (int i = 0; ok && i < a->slices; i++) {
+        double n2 = 0.0;
+        for (int j = 0; j < a->d; j++) {
+            a->theta[(size_t)i * a->d + j] = (float)tmp[(size_t)i * a->d + j];
+            n2 += tmp[(size_t)i * a->d + j] * tmp[(size_t)i * a->d + j];
+        }
+        ok = fabs(n2 - 1.0) < 1e-4;
+    }
+    free(tmp);
+    if (!ok) {
+        bk_asap_layer_free(a);
+        return bki_fail(BK_ERR_FORMAT, "%s: bad slices or coefficients of compiled ASAP layer %d", path, l);
+    }
+    return BK_OK;
+}
+
 static bk_status parse_header(const char *path, const char *txt, size_t n, header *h)
 {
     jcur j = {txt, txt + n};
@@ -312,6 +410,24 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
         }
     uint64_t h = FNV0;
     for (int i = 0; i < nw; i++) h = bki_fnv1a(h, w[i].data, sizeof(float) * (size_t)w[i].count);
+    /* compiled ASAP layers live in the metadata; the checksum covers them */
+    const int depth = bk_model_get_config(m)->depth;
+    char **asap = calloc((size_t)depth, sizeof(char *));
+    if (!asap) {
+        free(w);
+        return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
+    }
+    for (int l = 0; l < depth; l++) {
+        const bk_asap_layer *a = bki_model_asap(m, l);
+        if (!a) continue;
+        if (!(asap[l] = asap_format(a))) {
+            for (int j = 0; j < l; j++) free(asap[j]);
+            free(asap);
+            free(w);
+            return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
+        }
+        h = bki_fnv1a(h, asap[l], strlen(asap[l]));
+    }
 
     sbuf b = {0};
     char tmp[256];
@@ -347,6 +463,14 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
         sb_str(&b, ",\"extra\":");
         sb_json(&b, extra);
     }
+    for (int l = 0; l < depth; l++) {
+        if (!asap[l]) continue;
+        snprintf(tmp, sizeof tmp, ",\"asap.%d\":", l);
+        sb_str(&b, tmp);
+        sb_json(&b, asap[l]);
+        free(asap[l]);
+    }
+    free(asap);
     snprintf(tmp, sizeof tmp, "%016llx", (unsigned long long)h);
     sb_str(&b, ",\"checksum\":");
     sb_json(&b, tmp);
@@ -497,6 +621,13 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         uint64_t hv = FNV0;
         /* checksum over the tensors in file order */
         hv = bki_fnv1a(hv, data, (size_t)dsize);
+        for (int l = 0; l < 4096; l++) { /* (depth is at most 4096: config check) */
+            char key[32];
+            snprintf(key, sizeof key, "asap.%d", l);
+            const char *a = meta_get(&h, key);
+            if (!a) continue;
+            hv = bki_fnv1a(hv, a, strlen(a));
+        }
         snprintf(want, sizeof want, "%016llx", (unsigned long long)hv);
         if (!cs || strcmp(cs, want) != 0) {
             st = bki_fail(BK_ERR_FORMAT, "%s: checksum mismatch (file corrupt): stored %s, computed %s", path,
@@ -564,6 +695,21 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
             st = bki_fail(BK_ERR_FORMAT, "%s: unexpected tensor '%s' for this configuration", path, h.t[i].name);
             goto done;
         }
+    }
+    for (int l = 0; l < cfg.depth; l++) {
+        char key[32];
+        snprintf(key, sizeof key, "asap.%d", l);
+        const char *at = meta_get(&h, key);
+        if (!at) continue;
+        if (cfg.attn != BK_ATTN_ASAP) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: compiled ASAP layers in a model whose attention is not asap", path);
+            goto done;
+        }
+        bk_asap_layer al;
+        if ((st = asap_parse(path, l, at, cfg.head_dim ? cfg.head_dim : cfg.dim / cfg.heads, &al))) goto done;
+        st = bk_model_set_asap(m, l, &al);
+        bk_asap_layer_free(&al);
+        if (st) goto done;
     }
     if (extra) {
         const char *e = meta_get(&h, "extra");

@@ -106,7 +106,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
         NEED(c->point_dim >= 1 && c->max_points >= 1, "point_dim and max_points must be >= 1 (got %d, %d)",
              c->point_dim, c->max_points);
     }
-    NEED(c->dim >= 1 && c->depth >= 0 && c->heads >= 1, "dim >= 1, depth >= 0, heads >= 1 required");
+    NEED(c->dim >= 1 && c->depth >= 0 && c->depth <= 4096 && c->heads >= 1, "dim >= 1, depth in [0, 4096], heads >= 1 required");
     NEED(c->head_dim > 0 || c->dim % c->heads == 0, "heads (%d) do not divide dim (%d); set head_dim explicitly",
          c->heads, c->dim);
     NEED(c->head_dim >= 0 && c->mlp_dim >= 0, "head_dim and mlp_dim must be >= 0");
@@ -1088,6 +1088,30 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     m->have_tape = 0;
     return BK_OK;
 }
+
+bk_asap_config bk_model_asap_config(const bk_model *m)
+{
+    bk_asap_config a = bk_asap_config_default(m ? m->dh : 1);
+    if (!m) return a;
+    a.scale = m->c.attn_scale;
+    a.eps = m->c.sk_eps;
+    a.teacher_iters = m->c.sk_iters;
+    return a;
+}
+
+bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib)
+{
+    if (!m || !calib) return bki_fail(BK_ERR_NULL, "bk_model_calib_add: NULL argument");
+    if (layer < 0 || layer >= m->c.depth)
+        return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: layer %d outside [0, %d)", layer, m->c.depth);
+    if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: no forward has run");
+    bk_attn_desc d = attn_desc(m, m->B);
+    bk_tensor q, k, v, o;
+    views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
+    return bk_asap_calib_add(calib, &d, &q, &k);
+}
+
+const bk_asap_layer *bki_model_asap(const bk_model *m, int layer) { return m->ba[layer].asap; }
 
 bk_status bk_model_attention(bk_model *m, int layer, float *attn)
 {

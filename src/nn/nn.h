@@ -34,6 +34,8 @@ uint64_t bki_model_seed(const bk_model *m);
 int64_t bki_model_sample_size(const bk_model *m);
 uint64_t bki_model_fwd_count(const bk_model *m);
 void bki_model_set_fwd_count(bk_model *m, uint64_t c);
+/* the compiled ASAP layer of block l (NULL when none is attached) */
+const bk_asap_layer *bki_model_asap(const bk_model *m, int layer);
 
 /* ---- optimiser state access for checkpoints (optim.c) ------------------- */
 /* slots: 0 (SGD momentum "buf" / Adam "m") and 1 (Adam "v"); NULL if absent */

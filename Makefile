@@ -3,7 +3,8 @@
 #   make check      everything the README's test command runs (deps, -Werror
 #                   build, unit/property/gradient tests, ASan+UBSan build of
 #                   the tests, the PyTorch oracle test)
-#   make run        the main job: build and run the demo
+#   make run        the main job (scripts/main.sh): train a Transformer and a
+#                   Sinkformer on MNIST, evaluate, compile ASAP, plot
 #   make install    PREFIX=/usr/local DESTDIR=
 # Variables: BUILD (output dir), SAN=1 (ASan+UBSan), WERROR=1, CC.
 CC      ?= gcc
@@ -54,8 +55,11 @@ REFLOT = $(BUILD)/ref_lot_selftest
 REFOTK = $(BUILD)/ref_otk_selftest
 REFASAP = $(BUILD)/ref_asap_selftest
 EXAMPLE = $(BUILD)/quickstart
+TGEN    = $(BUILD)/test_gen
+TCHART  = $(BUILD)/test_chart
 
-.PHONY: all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
+PHONY_EXTRA = fuzz
+.PHONY: $(PHONY_EXTRA) all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -104,6 +108,20 @@ $(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
 $(REFASAP): $(BUILD)/obj/tests/ref_asap.o $(BUILD)/obj/tests/ref_asap_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(BUILD)/obj/tests/test_gen.o: tests/test_gen.c tools/gen.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itools -c $< -o $@
+
+$(TGEN): $(BUILD)/obj/tests/test_gen.o $(BUILD)/obj/tools/gen.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/obj/tests/test_chart.o: tests/test_chart.c tools/chart.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -Itools -c $< -o $@
+
+$(TCHART): $(BUILD)/obj/tests/test_chart.o $(BUILD)/obj/tools/chart.o
+	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
+
 $(EXAMPLE): examples/quickstart.c $(LIB_A) include/birkhoff.h
 	$(CC) $(CFLAGS_ALL) -Iinclude examples/quickstart.c -o $@ $(LIB_A) $(LDLIBS_ALL)
 
@@ -111,8 +129,10 @@ deps:
 	./scripts/deps.sh
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPLE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART)
 	$(EXAMPLE)
+	$(TGEN) --no-speed-check
+	$(TCHART)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)
@@ -152,8 +172,22 @@ check: deps
 	$(MAKE) check-asan
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/test_cli.py $(CLI)
+	$(PY) tests/test_train_cli.py $(CLI)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
 
-run demo: deps
+# the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
+FUZZ_SECONDS ?= 10
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/fuzz.sh
+
+# the main job (scripts/main.sh): MNIST, Transformer vs Sinkformer, ASAP,
+# evaluation and figures; the PyTorch oracle packages are not needed for it
+run:
+	BK_NO_ORACLE=1 ./scripts/deps.sh
+	$(MAKE) all
+	./scripts/main.sh
+
+demo: deps
 	$(MAKE) all
 	$(CLI) demo
 

@@ -69,9 +69,14 @@ void cli_fill(float *x, size_t n, unsigned seed, float sd)
 double cli_json_num(const char *line, const char *key)
 {
     char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
     const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
+    if (!p) return NAN;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    char *end;
+    double v = strtod(p, &end);
+    return end == p ? NAN : v;
 }
 
 long cli_peak_rss(void)

@@ -548,7 +548,8 @@ typedef struct {
     const char *title, *xlabel, *ylabel;
     axis x, y;
     ticks xt, yt;
-    rect area; /* set by frame_layout */
+    rect area;     /* set by frame_layout */
+    double ytick_w; /* room for the y tick labels, set by frame_layout */
 } frame;
 
 static double snap(double v)
@@ -560,8 +561,9 @@ static double snap(double v)
 static void frame_layout(cairo_t *cr, frame *f, rect box)
 {
     make_ticks(&f->y, (int)((box.y1 - box.y0) / 55), &f->yt);
-    double wmax = 0;
+    double wmax = 30; /* at least: panels of a grid line up unless their labels are long */
     for (int i = 0; i < f->yt.n; i++) wmax = fmax(wmax, text_width(cr, f->yt.text[i], FONT_TICK));
+    f->ytick_w = wmax;
     double th = text_height(cr, FONT_TICK);
     rect a;
     a.x0 = round(box.x0 + 12 + (f->ylabel && *f->ylabel ? text_height(cr, FONT_LABEL) + 6 : 0) + wmax + 8);
@@ -609,20 +611,17 @@ static void frame_draw(cairo_t *cr, const frame *f)
     cairo_stroke(cr);
     cairo_restore(cr);
 
-    double wmax = 0;
     for (int i = 0; i < f->xt.n; i++)
         draw_text(cr, f->xt.text[i], axis_map(&f->x, f->xt.at[i], a.x0, a.x1), a.y1 + 7, FONT_TICK, 0.5, 0, 0,
                   INK);
-    for (int i = 0; i < f->yt.n; i++) {
+    for (int i = 0; i < f->yt.n; i++)
         draw_text(cr, f->yt.text[i], a.x0 - 7, axis_map(&f->y, f->yt.at[i], a.y1, a.y0), FONT_TICK, 1, 0.5, 0,
                   INK);
-        wmax = fmax(wmax, text_width(cr, f->yt.text[i], FONT_TICK));
-    }
     double cx = 0.5 * (a.x0 + a.x1), cy = 0.5 * (a.y0 + a.y1);
     if (f->xlabel && *f->xlabel)
         draw_text(cr, f->xlabel, cx, a.y1 + 9 + text_height(cr, FONT_TICK), FONT_LABEL, 0.5, 0, 0, INK);
     if (f->ylabel && *f->ylabel)
-        draw_text(cr, f->ylabel, a.x0 - 11 - wmax, cy, FONT_LABEL, 0.5, 1, -CHART_PI / 2, INK);
+        draw_text(cr, f->ylabel, a.x0 - 11 - f->ytick_w, cy, FONT_LABEL, 0.5, 1, -CHART_PI / 2, INK);
     if (f->title && *f->title) {
         draw_text_fit(cr, f->title, cx, a.y0 - 6, FONT_PANEL, a.x1 - a.x0 + 30, 0.5, 1, INK);
     }

@@ -102,7 +102,8 @@ typedef struct {
 /* A rows x cols grid of heat-maps (panels row-major, rows*cols of them). Each map has square cells,
  * fills at most a CHART_MAP_BOX square, nearest-neighbour (pixelated) with an integer cell size when it
  * fits; colours from a viridis-like sequential map normalised to the panel's own [min, max] (shown on a
- * colour bar at its right), or grey levels for grey panels. Non-finite cells are drawn pink.
+ * colour bar at its right), or grey levels for grey panels. Non-finite cells are drawn pink. The map is
+ * rendered as an image at its drawn size (embedded as such in SVG), so it stays sharp in every viewer.
  * row_labels: rows strings drawn left of each row (NULL: no label column). */
 int chart_heatmaps(const char *path, const char *title, int rows, int cols, const char *const *row_labels,
                    const chart_map *panels, char *err, size_t errcap);

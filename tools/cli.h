@@ -16,7 +16,8 @@ int cli_parse_float(const char *s, float *out);
 void cli_stats(const double *x, int n, double *med, double *p25, double *p75);
 /* reproducible benchmark inputs: uniform values of standard deviation ~sd */
 void cli_fill(float *x, size_t n, unsigned seed, float sd);
-/* the number after "key": in a one-line JSON object (NAN if absent) */
+/* the number after "key": (optional spaces) in a one-line JSON object (NAN
+ * if absent or not a number) */
 double cli_json_num(const char *line, const char *key);
 /* peak resident set size of this process in bytes */
 long cli_peak_rss(void);

@@ -6,6 +6,12 @@
 #include <stdio.h>
 #include <math.h>
 
+/* Bit-identical output needs unfused multiply-adds. GCC fuses none in ISO
+ * mode (-std=c11). Clang fuses by default, so switch that off here. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 /* ------------------------------------------------------------------------
  * errors
  * --------------------------------------------------------------------- */
@@ -137,6 +143,10 @@ static int gen_lo_share(gen_lctx *c, int R, int r, int dd)
     int lo = lo_ll > 1 ? (int)lo_ll : 1;
     int hi = R - (r - 1) < Ld ? R - (r - 1) : Ld;
     int span = R - r + 1; /* cut points 0..R-r */
+    if (span < 1 || lo > hi) {
+        c->broken = 1;
+        return 1;
+    }
     int p = span;
     for (int j = 0; j < r - 1; j++) {
         int u = gen_below(&c->rng, span);
@@ -312,13 +322,13 @@ int gen_listops(uint64_t seed, uint64_t index, const gen_listops_opts *o, int32_
 #define GEN_SQRT2 1.41421356237309504880
 
 static const char *const gen_shape_names[GEN_SHAPES_CLASSES] = {
-    "sphere", "cube",  "cylinder", "cone",     "torus", "pyramid",
-    "ellipsoid", "capsule", "helix", "dumbbell", "disc",  "tetrahedron",
+    "sphere",    "box",     "cylinder", "cone",     "torus", "pyramid",
+    "ellipsoid", "capsule", "helix",    "dumbbell", "disc",  "tetrahedron",
 };
 
 enum {
     GEN_SH_SPHERE,
-    GEN_SH_CUBE,
+    GEN_SH_BOX,
     GEN_SH_CYLINDER,
     GEN_SH_CONE,
     GEN_SH_TORUS,
@@ -424,11 +434,13 @@ static void gen_shape_pt(int cls, const double *par, gen_rng *r, double p[3])
     case GEN_SH_SPHERE:
         gen_sphere_pt(r, p);
         return;
-    case GEN_SH_CUBE: { /* 6 faces of equal area */
-        int f = gen_below(r, 6), ax = f >> 1;
-        p[ax] = (f & 1) ? 1.0 : -1.0;
-        p[(ax + 1) % 3] = 2.0 * gen_unif(r) - 1.0;
-        p[(ax + 2) % 3] = 2.0 * gen_unif(r) - 1.0;
+    case GEN_SH_BOX: { /* a box, half-sides (1, b, c); faces by area */
+        double e[3] = {1.0, 0.75 + 0.25 * par[0], 0.75 + 0.25 * par[1]};
+        double wx = e[1] * e[2], wy = e[2], wz = e[1], u = gen_unif(r) * (wx + wy + wz);
+        int ax = u < wx ? 0 : u < wx + wy ? 1 : 2;
+        p[ax] = gen_below(r, 2) ? e[ax] : -e[ax];
+        p[(ax + 1) % 3] = e[(ax + 1) % 3] * (2.0 * gen_unif(r) - 1.0);
+        p[(ax + 2) % 3] = e[(ax + 2) % 3] * (2.0 * gen_unif(r) - 1.0);
         return;
     }
     case GEN_SH_CYLINDER: { /* radius 1, half-height h; side 4*pi*h, caps 2*pi */
@@ -513,9 +525,12 @@ static void gen_shape_pt(int cls, const double *par, gen_rng *r, double p[3])
         }
         return;
     }
-    case GEN_SH_DISC:
-        gen_disc_pt(r, p);
+    case GEN_SH_DISC: { /* outer radius 1, a hole of radius ri in [0, 0.45) (area-uniform) */
+        double ri = 0.45 * par[0], rho = sqrt(ri * ri + gen_unif(r) * (1.0 - ri * ri)), s, c;
+        gen_sincos_turn(gen_unif(r), &s, &c);
+        p[0] = rho * c, p[1] = rho * s, p[2] = 0.0;
         return;
+    }
     default: { /* GEN_SH_TETRA: regular, 4 faces of equal area */
         static const double v[4][3] = {{1, 1, 1}, {1, -1, -1}, {-1, 1, -1}, {-1, -1, 1}};
         int f = gen_below(r, 4);
@@ -558,7 +573,7 @@ int gen_shapes_check(const gen_shapes_opts *o, char *err, size_t errcap)
 }
 
 /* the object-frame point j, scaled and rotated by M */
-static void gen_posed_pt(int cls, const double *par, const double M[3][3], uint64_t pkey, int j, double y[3])
+static void gen_posed_pt(int cls, const double *par, double M[3][3], uint64_t pkey, int j, double y[3])
 {
     gen_rng pr;
     double p[3];

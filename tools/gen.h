@@ -89,16 +89,24 @@ int gen_listops_check(const gen_listops_opts *o, char *err, size_t errcap);
 /* ------------------------------------------------------------------------
  * Point-cloud shapes (a stand-in for ModelNet)
  *
- * There are 12 classes of 3-D surfaces. gen_shape_name() gives their names:
- *   0 sphere      1 cube         2 cylinder (closed)  3 cone (with base)
- *   4 torus       5 pyramid      6 ellipsoid          7 capsule
- *   8 helix       9 dumbbell    10 disc              11 tetrahedron
- * Most classes draw their own proportions per sample (cylinder height,
- * cone and pyramid height, torus tube radius, ellipsoid axes, capsule
- * radius, helix turns and pitch, dumbbell ball size). Points are sampled on
- * the surface, by area where that is exact; the torus uses bounded
- * rejection. The points are drawn independently, so their order carries no
- * information.
+ * There are 12 classes of 3-D surfaces. gen_shape_name() gives their names.
+ * Each class draws its own proportions per sample:
+ *   0 sphere       radius 1
+ *   1 box          half-sides 1 : 0.75..1 : 0.75..1 (near-cubes)
+ *   2 cylinder     closed; radius 1, half-height 0.6..1.5
+ *   3 cone         with its base disc; base radius 1, height 1.5..2.5
+ *   4 torus        major radius 1, tube radius 0.2..0.4
+ *   5 pyramid      square base [-1,1]^2 included, height 1.2..2
+ *   6 ellipsoid    semi-axes 1 : 0.55..0.75 : 0.3..0.45
+ *   7 capsule      tube radius 0.35..0.5, straight part 2 long
+ *   8 helix        a spring: radius 1, 2.5..4 turns, height 1.6..3,
+ *                  wire radius 0.12
+ *   9 dumbbell     balls of radius 0.35..0.5 at +-1 and a rod of radius 0.08
+ *  10 disc         flat; radius 1 with a central hole of radius 0..0.45
+ *  11 tetrahedron  regular
+ * Points are sampled on the surface, by area where that is exact. The
+ * ellipsoid is a scaled sphere, and the torus uses bounded rejection. The
+ * points are drawn independently, so their order carries no information.
  *
  * Pose and normalisation:
  *  1. A per-axis scale in [0.9, 1.1] is applied in the object frame.

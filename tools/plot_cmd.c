@@ -251,7 +251,7 @@ static int plot_attention(int argc, char **argv)
                 for (int j = 0; j < ph * pw; j++) bufs[r][(size_t)h * ph * pw + j] = A[(size_t)h * T * T + 1 + j];
         }
         if (!ok) fprintf(stderr, "birkhoff plot attention: %s\n", bk_last_error());
-        snprintf(labels[r], sizeof labels[r], "%s (%s, layer %d)", run_attn_name(c), base_name(ck[r]), L);
+        snprintf(labels[r], sizeof labels[r], "%s, layer %d", run_attn_name(c), L);
         lab[r] = labels[r];
         hs[r] = H < 16 ? H : 16;
         gw = pw;

@@ -76,11 +76,8 @@ static int filter_lines(const char *path, int (*keep)(const char *line, int64_t 
     }
     char *line = NULL;
     size_t cap = 0;
-    int first = 1;
-    while (getline(&line, &cap, f) > 0) {
-        if (first || keep(line, step, epoch)) fputs(line, g);
-        first = 0;
-    }
+    while (getline(&line, &cap, f) > 0)
+        if (keep(line, step, epoch)) fputs(line, g);
     free(line);
     fclose(f);
     int ok = fclose(g) == 0 && rename(tmp, path) == 0;
@@ -93,15 +90,16 @@ static int keep_jsonl(const char *line, int64_t step, int64_t epoch)
     if (strstr(line, "\"type\":\"epoch\"")) return cli_json_num(line, "epoch") <= (double)epoch;
     return cli_json_num(line, "step") <= (double)step;
 }
+/* CSV: the header, and rows whose first column is within the bound */
 static int keep_csv_step(const char *line, int64_t step, int64_t epoch)
 {
     (void)epoch;
-    return strtoll(line, NULL, 10) <= step;
+    return !strncmp(line, "step,", 5) || strtoll(line, NULL, 10) <= step;
 }
 static int keep_csv_epoch(const char *line, int64_t step, int64_t epoch)
 {
     (void)step;
-    return strtoll(line, NULL, 10) <= epoch;
+    return !strncmp(line, "epoch,", 6) || strtoll(line, NULL, 10) <= epoch;
 }
 
 static uint64_t mix64(uint64_t x)
@@ -296,6 +294,7 @@ int cmd_train(int argc, char **argv)
             free(extra);
             return CLI_FAIL;
         }
+        r.stop_after = 0; /* per process, like threads and progress: only a flag sets it */
     } else if (cfg_path && !run_config_load(&r, cfg_path, err, sizeof err)) {
         fprintf(stderr, "birkhoff train: %s\n", err);
         return CLI_USAGE;

@@ -20,7 +20,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static uint64_t mix64(uint64_t x)
+uint64_t data_mix64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -28,13 +28,12 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Fisher-Yates permutation of [0, n) from a splitmix64 stream */
-static void permute(int64_t *p, int64_t n, uint64_t seed)
+void data_permute(int64_t *p, int64_t n, uint64_t seed)
 {
     for (int64_t i = 0; i < n; i++) p[i] = i;
     uint64_t s = seed;
     for (int64_t i = n - 1; i > 0; i--) {
-        s = mix64(s);
+        s = data_mix64(s);
         int64_t j = (int64_t)(s % (uint64_t)(i + 1));
         int64_t t = p[i];
         p[i] = p[j];
@@ -116,7 +115,8 @@ static int read_known(const char *dir, const char *name, const char *rel, size_t
         int r = gzread(g, buf + have, (unsigned)want);
         if (r < 0) {
             int ze;
-            const char *zm = gzerror(g, &ze);
+            char zm[256];
+            snprintf(zm, sizeof zm, "%s", gzerror(g, &ze)); /* (owned by g) */
             gzclose(g);
             free(buf);
             return data_fail(err, cap, name, "%s: corrupt (%s)", path, zm);
@@ -325,7 +325,7 @@ static int64_t split_indices(int64_t n, int split, int64_t *out)
 {
     int64_t *p = malloc(sizeof(int64_t) * (size_t)n);
     if (!p) return -1;
-    permute(p, n, SPLIT_SEED);
+    data_permute(p, n, SPLIT_SEED);
     int64_t ntest = n / 5, k = 0;
     for (int64_t i = split == DATA_TEST ? 0 : ntest; i < (split == DATA_TEST ? ntest : n); i++) out[k++] = p[i];
     free(p);

@@ -72,6 +72,11 @@ void data_model_shape(const data_set *ds, bk_model_config *c);
  * for tokens; labels [B]). Arrays not used by the kind may be NULL. */
 int data_fill(const data_set *ds, const int64_t *idx, int B, float *x, int32_t *tok, int32_t *len, int32_t *lab);
 
+/* splitmix64's finaliser, and the Fisher-Yates permutation of [0, n) from
+ * the splitmix64 stream of seed (the splits and the epochs' sample orders) */
+uint64_t data_mix64(uint64_t x);
+void data_permute(int64_t *p, int64_t n, uint64_t seed);
+
 /* ---- parsers over memory (used by the readers; fuzzed) ----
  * IDX: magic 0x0000080<d> (unsigned bytes, d dims), big-endian sizes. Fills
  * dims[d]; *data points into buf. Rejects another type, d != want_dims,

@@ -309,6 +309,14 @@ int run_buf_fill(run_buf *b, const data_set *ds, int B, bk_batch *out)
 }
 
 /* ---- evaluation ---- */
+int run_argmax(const float *z, int C)
+{
+    int p = 0;
+    for (int j = 1; j < C; j++)
+        if (z[j] > z[p]) p = j;
+    return p;
+}
+
 void run_eval_free(run_eval *ev)
 {
     free(ev->confusion);
@@ -349,10 +357,7 @@ int run_evaluate(bk_model *m, const data_set *ds, int64_t n, int batch, int keep
         } else {
             total += loss * B;
             for (int i = 0; i < B; i++) {
-                const float *z = b.logits + (size_t)i * C;
-                int p = 0;
-                for (int j = 1; j < C; j++)
-                    if (z[j] > z[p]) p = j;
+                const int p = run_argmax(b.logits + (size_t)i * C, C);
                 correct += p == b.lab[i];
                 ev->confusion[(size_t)b.lab[i] * C + p]++;
                 if (ev->pred) ev->pred[s + i] = p;

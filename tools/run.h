@@ -68,6 +68,8 @@ typedef struct {
 int run_evaluate(bk_model *m, const data_set *ds, int64_t n, int batch, int keep_pred, run_eval *ev, char *err,
                  size_t cap);
 void run_eval_free(run_eval *ev);
+/* the predicted class of one row of logits (the first maximum) */
+int run_argmax(const float *z, int C);
 
 /* Attention diagnostics of one forward on samples [0, B) of ds, per layer:
  * mean |row sum - 1| over valid rows, mean |column sum - 1| over valid

@@ -102,26 +102,10 @@ static int keep_csv_epoch(const char *line, int64_t step, int64_t epoch)
     return !strncmp(line, "epoch,", 6) || strtoll(line, NULL, 10) <= epoch;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* the sample order of epoch e (0-based): a Fisher-Yates permutation */
+/* the sample order of epoch e (0-based) */
 static void epoch_order(int64_t *p, int64_t n, uint64_t seed, int e)
 {
-    for (int64_t i = 0; i < n; i++) p[i] = i;
-    uint64_t s = mix64(seed ^ (0x5851f42d4c957f2dull * (uint64_t)(e + 1)));
-    for (int64_t i = n - 1; i > 0; i--) {
-        s = mix64(s);
-        int64_t j = (int64_t)(s % (uint64_t)(i + 1));
-        int64_t t = p[i];
-        p[i] = p[j];
-        p[j] = t;
-    }
+    data_permute(p, n, data_mix64(seed ^ (0x5851f42d4c957f2dull * (uint64_t)(e + 1))));
 }
 
 /* the position and running sums stored with a checkpoint */
@@ -499,13 +483,7 @@ int cmd_train(int argc, char **argv)
                     break;
                 }
                 bl += loss * Bc;
-                for (int i = 0; i < Bc; i++) {
-                    const float *z = buf.logits + (size_t)i * C;
-                    int p = 0;
-                    for (int j = 1; j < C; j++)
-                        if (z[j] > z[p]) p = j;
-                    bc += p == buf.lab[i];
-                }
+                for (int i = 0; i < Bc; i++) bc += run_argmax(buf.logits + (size_t)i * C, C) == buf.lab[i];
             }
             double gnorm = 0;
             if (!failed && bk_optim_step(o, m, &gnorm) != BK_OK) {

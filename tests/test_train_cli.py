@@ -36,7 +36,7 @@ def run(*args, env=None, timeout=600):
     e = dict(os.environ, BK_DATA=DATA)
     if env:
         e.update(env)
-    p = subprocess.run([BK, *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=tmp)
+    p = subprocess.run([BK, *args], capture_output=True, text=True, errors="replace", timeout=timeout, env=e, cwd=tmp)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -113,9 +113,9 @@ if rc == 0:
     check(epochs[-1]["attn_row_dev"] < 1e-5 and epochs[-1]["attn_col_dev"] > 0.05, "softmax: rows exact, columns not",
           str(epochs[-1]))
     check(steps[-1]["loss"] < steps[0]["loss"], "loss decreases")
-    check("Epoch" not in out and "epoch 15/15" in out and "\r" not in out, "plain progress lines", out[-500:])
+    check("Epoch" not in out and "epoch 15/15" in out and "\x1b[K" not in out, "plain progress lines", out[-500:])
 rc, out = run("train", "--config", cfg, "--out", P("sk"), "--attn", "sinkhorn", "--epochs", "10", "--progress", "bar")
-check(rc == 0 and "\r" in out, "train digits (Sinkhorn), progress bar", out[-400:])
+check(rc == 0 and "\x1b[K" in out, "train digits (Sinkhorn), progress bar", out[-400:])
 ep = [json.loads(x) for x in open(P("sk/metrics.jsonl")) if '"epoch","epoch"' in x or '"type":"epoch"' in x]
 check(ep and ep[-1]["test_acc"] > 0.85 and ep[-1]["attn_row_dev"] < 1e-5, "Sinkhorn run learns", str(ep[-1:]))
 
@@ -128,7 +128,7 @@ if rc == 0:
           str(ev)[:300])
     cm = ev["confusion"]
     check(len(cm) == 10 and sum(map(sum, cm)) == 359 and
-          abs(sum(cm[i][i] for i in range(10)) / 359 - ev["accuracy"]) < 1e-9, "confusion matrix adds up")
+          abs(sum(cm[i][i] for i in range(10)) / 359 - ev["accuracy"]) < 1e-5, "confusion matrix adds up")
     check(len(ev["layers"]) == 2 and all(x["entropy"] <= x["uniform_entropy"] + 1e-6 for x in ev["layers"]),
           "per-layer diagnostics")
 rc, out = run("eval", "--ckpt", P("sm/last.safetensors"), "--split", "train", "--limit", "100")

@@ -108,6 +108,16 @@ bk_status bk_npy_read(const char *path, bk_npy *out)
     int64_t count = bk_npy_count(out);
     if (count > ((int64_t)1 << 34)) { s = bki_fail(BK_ERR_FORMAT, "%s: array too large", path); goto done; }
     size_t bytes = (size_t)count * 4;
+    {
+        /* the file must hold the data before we allocate for it */
+        long here = ftell(fp), end = -1;
+        if (here >= 0 && fseek(fp, 0, SEEK_END) == 0) end = ftell(fp);
+        if (end < 0 || fseek(fp, here, SEEK_SET) != 0) { s = bki_fail(BK_ERR_IO, "%s: cannot seek", path); goto done; }
+        if ((uint64_t)(end - here) < (uint64_t)bytes) {
+            s = bki_fail(BK_ERR_FORMAT, "%s: truncated data (expected %zu bytes, the file has %ld)", path, bytes, end - here);
+            goto done;
+        }
+    }
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data) { s = bki_fail(BK_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, bytes); goto done; }
     if (fread(out->data, 1, bytes, fp) != bytes) {

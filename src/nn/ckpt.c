@@ -645,6 +645,19 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, bk_last_error());
         goto done;
     }
+    {
+        /* a lower bound of the parameters the config needs (the attention
+         * projections and the head), checked against the data section before
+         * anything is allocated for it */
+        const double dh = cfg.head_dim > 0 ? cfg.head_dim : (double)cfg.dim / cfg.heads;
+        const double lb = 4.0 * cfg.depth * cfg.dim * (4.0 * cfg.heads * dh) + 4.0 * cfg.classes * cfg.dim;
+        if (lb > (double)dsize) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: the configuration needs at least %.0f bytes of parameters, the file holds "
+                                         "%llu (truncated or inconsistent)",
+                          path, lb, (unsigned long long)dsize);
+            goto done;
+        }
+    }
     uint64_t seed, fcount;
     if ((st = parse_u64(path, &h, "seed", &seed)) || (st = parse_u64(path, &h, "forward_count", &fcount))) goto done;
     if ((st = bk_model_create(&cfg, seed, max_batch, &m))) goto done;

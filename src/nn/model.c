@@ -114,6 +114,19 @@ bk_status bk_model_config_check(const bk_model_config *c)
              c->cls <= 1 && c->pos_embed <= 1 && c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1,
          "cls, pos_embed, final_norm, qkv_bias and esp_soft are 0/1 switches");
     NEED(c->classes >= 2, "classes must be >= 2 (got %d)", c->classes);
+    {
+        /* sizes whose products are ints in the model: bounded (a config is
+         * also untrusted input, e.g. from a checkpoint's metadata) */
+        const int64_t L = 1 << 24, dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
+        const int64_t np = c->input == BK_INPUT_IMAGE ? (int64_t)(c->image_h / c->patch) * (c->image_w / c->patch)
+                           : c->input == BK_INPUT_TOKENS ? c->max_len
+                                                         : c->max_points;
+        const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
+        NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
+                 feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
+                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->lot_r <= L && c->esp_slices <= L,
+             "model sizes too large (each size and product of sizes must stay below 2^24)");
+    }
     NEED(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
     NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
     NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Regenerates the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/).
+# The seeds are small and committed; this script documents how they were made.
+# Needs python3 and the CLI (./build/birkhoff, `make`) for the checkpoints.
+#   tests/fuzz/make_corpus.sh [CLI]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CLI=${1:-./build/birkhoff}
+C=tests/fuzz/corpus
+rm -rf "$C"
+mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy}
+
+python3 - "$C" <<'PY'
+import struct, sys
+C = sys.argv[1]
+def w(path, data):
+    with open(f"{C}/{path}", "wb") as f:
+        f.write(data)
+# IDX: 2 images of 3x3 and 2 labels
+w("idx/images-2x3x3", struct.pack(">I3I", 0x803, 2, 3, 3) + bytes(range(0, 180, 10)))
+w("idx/labels-2", struct.pack(">II", 0x801, 2) + bytes([3, 7]))
+# digits: 2 rows of 64 pixels in 0..16 and a label
+r1 = ",".join(str(i % 17) for i in range(64)) + ",5"
+r2 = ",".join(str((3 * i) % 17) for i in range(64)) + ",9"
+w("digits/two-rows.csv", (r1 + "\n" + r2 + "\n").encode())
+w("digits/crlf.csv", (r1 + "\r\n" + r2 + "\r\n\n").encode())
+# mail
+w("mail/lf.eml", b"From: a@example.com\nTo: b@example.com\nSubject: hi\n\nHello,\nbody text.\n")
+w("mail/crlf.eml", b"From: a@example.com\r\nSubject: hi\r\n\r\nHello\r\n")
+# config: run, model and optimiser keys
+w("config/small.cfg", b"# a small run\n"
+  b"data = digits\nepochs = 2\nbatch=16\nseed = 7  # comment\n\n"
+  b"dim = 32\nheads = 4\nattn = sinkhorn\nsk_iters = 3\nmlp_dim = 64\n"
+  b"lr = 1e-3\nkind = adamw\nsched = cosine\nmilestones = 10:20\nls = 0.1\n"
+  b"data_dir = /tmp/some dir\nprogress = none\nnoise = 0.05\n")
+w("config/set-first-line.cfg", b"epochs=3\ndim=16\n")
+# npy: float32 [2, 3] (format 1.0), int32 [4] (format 2.0)
+def npy(descr, shape, payload, version=1):
+    sh = "(" + "".join(f"{d}, " if len(shape) > 1 else f"{d}," for d in shape).rstrip(", ") + \
+         ("," if len(shape) == 1 else "") + ")"
+    d = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {sh}, }}"
+    pre = 10 if version == 1 else 12
+    pad = (64 - (pre + len(d) + 1) % 64) % 64
+    h = (d + " " * pad + "\n").encode()
+    ln = struct.pack("<H", len(h)) if version == 1 else struct.pack("<I", len(h))
+    return b"\x93NUMPY" + bytes([version, 0]) + ln + h + payload
+w("npy/f32-2x3.npy", npy("<f4", (2, 3), struct.pack("<6f", 0, 1, -2.5, 3.25, 1e-3, 7)))
+w("npy/i32-4-v2.npy", npy("<i4", (4,), struct.pack("<4i", 1, -2, 3, 2**31 - 1), version=2))
+w("npy/scalar.npy", npy("<f4", (), struct.pack("<f", 1.5)))
+PY
+
+cfg="input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=2"
+"$CLI" model init --config "$cfg" --out "$C/ckpt/image.ckpt" >/dev/null
+"$CLI" model init --config "$cfg,attn=sinkhorn,sk_iters=2" --optim "kind=sgd,momentum=0.9" \
+  --out "$C/ckpt/sgd.ckpt" >/dev/null
+"$CLI" model init --config "input=tokens,vocab=5,max_len=4,dim=4,depth=1,heads=1,mlp_dim=0,classes=2,pool=mean,cls=0" \
+  --out "$C/ckpt/tokens.ckpt" >/dev/null
+# a compiled ASAP layer in the metadata (head_dim 4, one slice)
+"$CLI" model init --config "$cfg,attn=asap" --out "$C/ckpt/asap.tmp" >/dev/null
+python3 - "$C/ckpt/asap.tmp" "$C/ckpt/asap.ckpt" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+hl = struct.unpack("<Q", b[:8])[0]
+hdr = json.loads(b[8:8 + hl])
+data = b[8 + hl:]
+layer = ("d=4 slices=1 scale=0x1p-1 eps=0x1p+0 teacher_iters=5 fit=0 lambda=0x0p+0 seed=1 theta_given=0 "
+         "calib_problems=0 calib_rows=0 theta=0x1p+0:0x0p+0:0x0p+0:0x0p+0 omega=0x1p+0")
+meta = hdr["__metadata__"]
+meta["asap.0"] = layer
+h = 0xcbf29ce484222325
+for c in data + layer.encode():
+    h = ((h ^ c) * 0x100000001b3) & (2**64 - 1)
+meta["checksum"] = "%016x" % h
+text = json.dumps(hdr, separators=(",", ":")).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data)
+PY
+rm -f "$C/ckpt/asap.tmp"
+find "$C" -type f | sort | while read -r f; do printf '%6d %s\n' "$(wc -c <"$f")" "$f"; done

@@ -959,6 +959,7 @@ BK_API bk_status bk_npy_read(const char *path, bk_npy *out);
 BK_API bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim,
                               const int64_t *shape, const void *data);
 BK_API void bk_npy_free(bk_npy *a);
+/* Elements of an array (the product of its shape; saturates at INT64_MAX). */
 BK_API int64_t bk_npy_count(const bk_npy *a);
 
 #ifdef __cplusplus

@@ -19,7 +19,10 @@ void bk_npy_free(bk_npy *a)
 int64_t bk_npy_count(const bk_npy *a)
 {
     int64_t c = 1;
-    for (int i = 0; i < a->ndim; i++) c *= a->shape[i];
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] > 0 && c > INT64_MAX / a->shape[i]) return INT64_MAX; /* saturates: "too large" */
+        c *= a->shape[i];
+    }
     return c;
 }
 

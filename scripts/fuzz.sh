@@ -14,6 +14,8 @@
 #   FUZZ_ARGS=         extra libFuzzer arguments for every target (e.g. -use_value_profile=1)
 #   CLANG=clang
 #
+# Failures: sanitizer reports (ASan, UBSan, leaks), violated invariants of
+# the targets (abort), inputs running over 10 s, and allocations over 2 GB.
 # The seed corpus (tests/fuzz/corpus/<target>) is copied to a fresh temporary
 # directory for every run; the committed corpus is never written. Exit status:
 # 0 when every target ran clean (or everything was skipped), 1 when a target
@@ -43,6 +45,8 @@ max_len_of() { case $1 in idx) echo 262144 ;; *) echo 65536 ;; esac; }
 # ---- toolchain ----
 mkdir -p "$B"
 probe() { # $1: extra flags; compiles and links a trivial fuzz target
+  rm -f "$B/probe.log"
+  command -v "$CLANG" >/dev/null 2>&1 || { echo "$CLANG: command not found" >"$B/probe.log"; return 1; }
   printf '#include <stdint.h>\n#include <stddef.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' \
     >"$B/probe.c"
   "$CLANG" $1 -fsanitize=fuzzer,address,undefined "$B/probe.c" -o "$B/probe" >"$B/probe.log" 2>&1
@@ -57,11 +61,11 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "$@"
 }
-if ! command -v "$CLANG" >/dev/null 2>&1 || ! probe ""; then
+if ! probe ""; then
   if [ "${FUZZ_INSTALL:-0}" = 1 ]; then
     apt_install clang libclang-rt-14-dev || echo "fuzz: apt-get install failed (not root, and no passwordless sudo?)"
   fi
-  if ! command -v "$CLANG" >/dev/null 2>&1 || ! probe ""; then
+  if ! probe ""; then
     echo "fuzz: clang with libFuzzer (-fsanitize=fuzzer) is not usable here:"
     [ -f "$B/probe.log" ] && sed 's/^/  /' "$B/probe.log" | head -5
     echo "fuzz: install Debian's 'clang' and 'libclang-rt-14-dev' (or run with FUZZ_INSTALL=1 as root)"
@@ -172,8 +176,12 @@ echo "fuzz: built ${#TARGETS[@]} targets in $(($(date +%s) - T0)) s ($built obje
 
 # ---- fuzzing ----
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=1}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# (a caller's ASAN_OPTIONS/UBSAN_OPTIONS come last and win). A failed
+# allocation returns NULL, which the library must handle; one over 2 GB
+# (libFuzzer's malloc limit = -rss_limit_mb) is reported as oom-*: a small
+# input must not make a parser allocate gigabytes.
+export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 # the targets that take a path write every input to a file: on a disk file
 # system (ext4's replace-by-rename/truncate flushes) that costs milliseconds
 # per input, so their temporary files live in memory when /dev/shm is usable

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "run.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -434,6 +435,23 @@ int cmd_train(int argc, char **argv)
     if (!order || !diag || !run_buf_init(&buf, &tr, chunk, r.model.classes)) {
         fprintf(stderr, "birkhoff train: out of memory\n");
         goto done;
+    }
+    if (!resume) {
+        /* --force over an old run: its epoch checkpoints and summary go */
+        snprintf(path, sizeof path, "%s/ckpt", dir);
+        DIR *d = opendir(path);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            int ep;
+            char tail[32], f[1400];
+            if (sscanf(de->d_name, "epoch-%d.%31s", &ep, tail) == 2 && !strcmp(tail, "safetensors")) {
+                snprintf(f, sizeof f, "%s/%s", path, de->d_name);
+                remove(f);
+            }
+        }
+        if (d) closedir(d);
+        snprintf(path, sizeof path, "%s/summary.json", dir);
+        remove(path);
     }
     if (!resume && !save_ckpt(dir, "ckpt/epoch-0000.safetensors", m, o, &r, &pos, &tr, &te)) goto done;
 

@@ -44,7 +44,7 @@ for name, d in rows:
     L = e["layers"]
     r = sum(l["row_dev"] for l in L) / len(L); c = sum(l["col_dev"] for l in L) / len(L)
     h = sum(l["entropy"] for l in L) / len(L)
-    print(f"{name:<24}{100*e['accuracy']:>8.2f}%{e['loss']:>8.4f}{r:>10.2g}{c:>10.2g}{h:>9.3f}{s:>9.0f}")
+    print(f"{name:<24}{100*e['accuracy']:>8.2f}%{e['loss']:>8.4f}{r:>10.2g}{c:>10.2g}{h:>9.3f}{s:>9.0f}" if s == s else f"{name:<24}{100*e['accuracy']:>8.2f}%{e['loss']:>8.4f}{r:>10.2g}{c:>10.2g}{h:>9.3f}{'-':>9}")
 a = load(f"{out}/sinkformer/asap-eval.json")
 print(f"\nASAP agrees with its Sinkhorn teacher on {100*a['agreement']:.2f}% of the test images.")
 print("|row-1|, |col-1|: mean deviation of attention row/column sums from 1 (all layers, 64 test images);")

@@ -96,7 +96,8 @@ static int set_run_key(run_config *r, const run_key *k, const char *v, char *err
     }
     if (k->type == K_FLOAT) {
         double x = strtod(v, &end);
-        if (errno || end == v || *end || !isfinite(x) || x < k->lo || x > k->hi)
+        /* bounds on the stored float, so that formatted values load again */
+        if (errno || end == v || *end || !isfinite(x) || (float)x < (float)k->lo || (float)x > (float)k->hi)
             return snprintf(err, cap, "%s=%s: expected a number in [%g, %g]", k->name, v, k->lo, k->hi), 0;
         *(float *)p = (float)x;
         return 1;

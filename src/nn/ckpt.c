@@ -272,8 +272,9 @@ static bk_status asap_parse(const char *path, int l, const char *txt, int dh, bk
     for (int i = 0; ok && i < a->slices; i++) {
         double n2 = 0.0;
         for (int j = 0; j < a->d; j++) {
-            a->theta[(size_t)i * a->d + j] = (float)tmp[(size_t)i * a->d + j];
-            n2 += tmp[(size_t)i * a->d + j] * tmp[(size_t)i * a->d + j];
+            const float t = (float)tmp[(size_t)i * a->d + j];
+            a->theta[(size_t)i * a->d + j] = t;
+            n2 += (double)t * t; /* on the stored floats: saving and loading round-trips */
         }
         ok = fabs(n2 - 1.0) < 1e-4;
     }
@@ -642,7 +643,9 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         goto done;
     }
     if ((st = bk_model_config_parse(&cfg, ctext))) {
-        st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, bk_last_error());
+        char why[512];
+        snprintf(why, sizeof why, "%s", bk_last_error()); /* (bki_fail rewrites that buffer) */
+        st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, why);
         goto done;
     }
     {
@@ -670,7 +673,9 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         bk_optim_config oc = bk_optim_config_default();
         uint64_t ostep;
         if ((st = bk_optim_config_parse(&oc, otext))) {
-            st = bki_fail(BK_ERR_FORMAT, "%s: bad optimiser config in the checkpoint: %s", path, bk_last_error());
+            char why[512];
+            snprintf(why, sizeof why, "%s", bk_last_error());
+            st = bki_fail(BK_ERR_FORMAT, "%s: bad optimiser config in the checkpoint: %s", path, why);
             goto done;
         }
         if ((st = parse_u64(path, &h, "optim_step", &ostep))) goto done;

@@ -131,7 +131,12 @@ bk_status bk_model_config_check(const bk_model_config *c)
     NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
     NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
     NEED(c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
-    if (c->attn == BK_ATTN_SINKHORN) NEED(c->sk_iters >= 1 && c->sk_eps > 0.0f, "Sinkhorn needs sk_iters >= 1, sk_eps > 0");
+    if (c->attn == BK_ATTN_SINKHORN)
+        NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
+             "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
+    NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
+             c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
+         "LOT/OTK/ESP sizes must be >= 0 and iteration counts <= 2^20");
     if (c->attn == BK_ATTN_ESP)
         NEED(c->esp_t > 0.0f && c->esp_tau >= 0.0f && c->esp_slices >= 0, "ESP needs esp_t > 0, esp_tau >= 0, esp_slices >= 0");
     if (c->attn == BK_ATTN_LOT)
@@ -486,14 +491,20 @@ bk_status bk_model_create(const bk_model_config *cfg, uint64_t seed, int max_bat
     m->ba = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
     int tensors = 8 + 14 * c->depth;
-    if (tensors > MAXP)
-        return bk_model_free(m), bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", c->depth,
-                                          (MAXP - 8) / 14);
+    if (tensors > MAXP) {
+        const int depth = c->depth; /* (c points into m) */
+        bk_model_free(m);
+        return bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", depth, (MAXP - 8) / 14);
+    }
     build_table(m);
     int bad = 0;
     m->w = falloc((size_t)m->P, &bad);
     m->gw = falloc((size_t)m->P, &bad);
-    if (bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: %lld parameters", (long long)m->P);
+    if (bad) {
+        const long long P = (long long)m->P;
+        bk_model_free(m);
+        return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for %lld parameters", P);
+    }
     init_params(m);
 
     const size_t Bn = (size_t)max_batch * (size_t)m->np;

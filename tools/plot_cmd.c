@@ -413,8 +413,10 @@ static int plot_colsums(int argc, char **argv)
     }
     {
         char err[512];
-        if (!chart_histograms(out, "attention column sums across training", npan, cols, pan, 40, 0.0, 0.0, 1.0,
-                              "column sum", err, sizeof err))
+        /* [0, 3]: the informative range (softmax's few large sums, up to the
+         * token count, would squash the rest); larger sums land in the last bin */
+        if (!chart_histograms(out, "attention column sums across training (sums above 3 in the last bin)", npan, cols,
+                              pan, 30, 0.0, 3.0, 1.0, "column sum", err, sizeof err))
             rc = draw_fail(err);
         else {
             printf("wrote %s\n", out);

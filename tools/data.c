@@ -68,17 +68,12 @@ static const known_file *known(const char *rel)
     return NULL;
 }
 
-static const char *fetch_name(const char *name)
-{
-    return strcmp(name, "fashion-mnist") == 0 ? "fashion-mnist" : name;
-}
-
 /* the message when a stored file is missing or not the known version */
 static int data_fail(char *err, size_t cap, const char *name, const char *fmt, const char *a, const char *b)
 {
     char what[2600];
     snprintf(what, sizeof what, fmt, a, b);
-    snprintf(err, cap, "%s; fetch and verify it with: scripts/data.sh %s", what, fetch_name(name));
+    snprintf(err, cap, "%s; fetch and verify it with: scripts/data.sh %s", what, name);
     return 0;
 }
 
@@ -514,8 +509,8 @@ int data_open(const char *name, int split, const data_opts *o, data_set *ds, cha
     memset(ds, 0, sizeof *ds);
     data_opts def = data_opts_default();
     if (!o) o = &def;
-    ds->opts = *o;
     ds->split = split;
+    ds->gen_seed = o->gen_seed * 2 + (uint64_t)split; /* the generated sets' stream */
     if (!data_known(name)) {
         snprintf(err, cap, "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, listops, shapes)", name ? name : "");
         return 0;
@@ -538,41 +533,31 @@ int data_open(const char *name, int split, const data_opts *o, data_set *ds, cha
         gen_listops_opts lo = gen_listops_defaults(o->max_len > 0 ? o->max_len : 2000);
         if (o->min_len > 0) lo.min_len = o->min_len;
         if (o->listops_depth > 0) lo.max_depth = o->listops_depth;
-        int len, lab;
-        /* the options are validated by the generator itself */
-        if (lo.max_len > 4096) return snprintf(err, cap, "listops: max_len %d above 4096", lo.max_len), 0;
-        int32_t *probe = malloc(sizeof(int32_t) * (size_t)(lo.max_len > 8 ? lo.max_len : 8));
         char gerr[256] = "";
-        ok = probe && gen_listops(o->gen_seed, 0, &lo, probe, &len, &lab, gerr, sizeof gerr);
-        free(probe);
-        if (!ok) return snprintf(err, cap, "listops: %s", gerr), 0;
+        if (!gen_listops_check(&lo, gerr, sizeof gerr)) return snprintf(err, cap, "%s", gerr), 0;
+        ds->listops = lo;
         ds->kind = BK_INPUT_TOKENS;
         ds->n = split == DATA_TRAIN ? o->gen_train : o->gen_test;
         ds->vocab = GEN_LISTOPS_VOCAB;
         ds->max_len = lo.max_len;
-        ds->classes = 10;
-        ds->opts.max_len = lo.max_len;
-        ds->opts.min_len = lo.min_len;
-        ds->opts.listops_depth = lo.max_depth;
+        ds->classes = GEN_LISTOPS_CLASSES;
         snprintf(ds->version, sizeof ds->version, "listops:%s (generator v1, seed %llu, len %d..%d, depth %d)",
-                 split == DATA_TRAIN ? "train" : "test", (unsigned long long)(o->gen_seed * 2 + (uint64_t)split),
-                 lo.min_len, lo.max_len, lo.max_depth);
+                 split == DATA_TRAIN ? "train" : "test", (unsigned long long)ds->gen_seed, lo.min_len, lo.max_len,
+                 lo.max_depth);
+        ok = 1;
     } else {
         gen_shapes_opts so = {o->points, o->noise};
-        float *probe = malloc(sizeof(float) * 3 * (size_t)(o->points > 0 ? o->points : 1));
-        int lab;
         char gerr[256] = "";
-        ok = probe && gen_shapes(o->gen_seed, 0, &so, probe, &lab, gerr, sizeof gerr);
-        free(probe);
-        if (!ok) return snprintf(err, cap, "shapes: %s", gerr), 0;
+        if (!gen_shapes_check(&so, gerr, sizeof gerr)) return snprintf(err, cap, "%s", gerr), 0;
+        ds->shapes = so;
         ds->kind = BK_INPUT_POINTS;
         ds->n = split == DATA_TRAIN ? o->gen_train : o->gen_test;
         ds->points = o->points;
         ds->point_dim = 3;
         ds->classes = GEN_SHAPES_CLASSES;
         snprintf(ds->version, sizeof ds->version, "shapes:%s (generator v1, seed %llu, %d points, noise %g)",
-                 split == DATA_TRAIN ? "train" : "test", (unsigned long long)(o->gen_seed * 2 + (uint64_t)split),
-                 o->points, (double)o->noise);
+                 split == DATA_TRAIN ? "train" : "test", (unsigned long long)ds->gen_seed, o->points, (double)o->noise);
+        ok = 1;
     }
     if (!ok) {
         data_close(ds);
@@ -619,7 +604,6 @@ void data_model_shape(const data_set *ds, bk_model_config *c)
 
 int data_fill(const data_set *ds, const int64_t *idx, int B, float *x, int32_t *tok, int32_t *len, int32_t *lab)
 {
-    const uint64_t gseed = ds->opts.gen_seed * 2 + (uint64_t)ds->split;
     for (int b = 0; b < B; b++) {
         const int64_t i = idx[b];
         if (i < 0 || i >= ds->n) return 0;
@@ -636,19 +620,17 @@ int data_fill(const data_set *ds, const int64_t *idx, int B, float *x, int32_t *
                 len[b] = ds->lens[i];
                 if (lab) lab[b] = ds->labels[i];
             } else {
-                gen_listops_opts lo = {ds->opts.min_len, ds->opts.max_len, ds->opts.listops_depth, 10};
                 int L, y;
                 char gerr[128];
-                if (!gen_listops(gseed, (uint64_t)i, &lo, t, &L, &y, gerr, sizeof gerr)) return 0;
+                if (!gen_listops(ds->gen_seed, (uint64_t)i, &ds->listops, t, &L, &y, gerr, sizeof gerr)) return 0;
                 for (int j = L; j < ds->max_len; j++) t[j] = 0;
                 len[b] = L;
                 if (lab) lab[b] = y;
             }
         } else {
-            gen_shapes_opts so = {ds->points, ds->opts.noise};
             int y;
             char gerr[128];
-            if (!gen_shapes(gseed, (uint64_t)i, &so, x + (size_t)b * 3 * (size_t)ds->points, &y, gerr, sizeof gerr))
+            if (!gen_shapes(ds->gen_seed, (uint64_t)i, &ds->shapes, x + (size_t)b * 3 * (size_t)ds->points, &y, gerr, sizeof gerr))
                 return 0;
             if (len) len[b] = ds->points;
             if (lab) lab[b] = y;

@@ -22,6 +22,7 @@
 #ifndef BK_DATA_H
 #define BK_DATA_H
 #include "birkhoff.h"
+#include "gen.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -53,7 +54,9 @@ typedef struct {
     uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
     int32_t *lens;      /* spam [n]                                          */
     int32_t *labels;    /* stored sets [n]                                   */
-    data_opts opts;     /* (generated sets read theirs)                      */
+    uint64_t gen_seed;  /* generated sets: the split's stream seed           */
+    gen_listops_opts listops; /* resolved and checked at open              */
+    gen_shapes_opts shapes;
     char version[192];  /* what the run records: name, source, checksum      */
 } data_set;
 

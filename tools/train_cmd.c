@@ -62,27 +62,33 @@ static int exists(const char *p)
 }
 
 /* Keeps the lines of a metrics file that `keep` accepts (resume: records
- * written after the checkpoint are dropped); atomic. */
+ * written after the checkpoint are dropped); rewritten atomically. */
 static int filter_lines(const char *path, int (*keep)(const char *line, int64_t step, int64_t epoch), int64_t step,
                         int64_t epoch)
 {
     FILE *f = fopen(path, "r");
     if (!f) return errno == ENOENT;
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *g = fopen(tmp, "w");
-    if (!g) {
-        fclose(f);
-        return 0;
+    char *line = NULL, *out = NULL;
+    size_t cap = 0, n = 0, ocap = 0;
+    ssize_t len;
+    int ok = 1;
+    while (ok && (len = getline(&line, &cap, f)) > 0) {
+        if (!keep(line, step, epoch)) continue;
+        if (n + (size_t)len + 1 > ocap) {
+            ocap = 2 * (n + (size_t)len + 1);
+            char *p = realloc(out, ocap);
+            if (!p) ok = 0;
+            else out = p;
+        }
+        if (ok) {
+            memcpy(out + n, line, (size_t)len);
+            n += (size_t)len;
+        }
     }
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0)
-        if (keep(line, step, epoch)) fputs(line, g);
     free(line);
     fclose(f);
-    int ok = fclose(g) == 0 && rename(tmp, path) == 0;
-    if (!ok) remove(tmp);
+    if (ok) ok = cli_write_text("train", path, out ? (out[n] = 0, out) : "");
+    free(out);
     return ok;
 }
 

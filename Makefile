@@ -173,7 +173,7 @@ check: deps
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/test_cli.py $(CLI)
 	$(PY) tests/test_train_cli.py $(CLI)
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=1 FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
 FUZZ_SECONDS ?= 10

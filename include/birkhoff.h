@@ -822,8 +822,17 @@ typedef struct {
 /* Creates a model with parameters initialised from seed (Linear weights and
  * biases U(-1/sqrt(in), 1/sqrt(in)) as PyTorch; LN 1/0; CLS, positions and
  * token table N(0, 0.02^2); LOT pivots N(0,1), mass logits 0; OTK references
- * N(0, 1/dim)) and its activations planned for batches of up to max_batch. */
+ * N(0, 1/dim)) and its activations planned for batches of up to max_batch.
+ * Everything is allocated here, once (bk_model_memory says how much); a model
+ * needing more than the machine's physical memory is refused (BK_ERR_NOMEM,
+ * with both figures) rather than left to the kernel's OOM killer. */
 BK_API bk_status bk_model_create(const bk_model_config *c, uint64_t seed, int max_batch, bk_model **out);
+/* Without allocating: the trainable floats (num_params, nullable) and the
+ * heap bytes bk_model_create would allocate (bytes, nullable): parameters,
+ * gradients, activations, tapes and the operator workspace at the current
+ * thread count. Errors as bk_model_create (a bad config, max_batch < 1,
+ * sizes beyond 2^60 bytes: BK_ERR_SHAPE). */
+BK_API bk_status bk_model_memory(const bk_model_config *c, int max_batch, int64_t *num_params, size_t *bytes);
 BK_API void bk_model_free(bk_model *m);
 BK_API const bk_model_config *bk_model_get_config(const bk_model *m);
 /* Total trainable floats, and the named tensors: i in [0, count). */
@@ -929,6 +938,10 @@ BK_API bk_status bk_checkpoint_save(const char *path, const bk_model *m, const b
  * and the file holds optimiser state, the optimiser. extra (nullable)
  * receives a malloc'd copy of the caller's metadata (free()). */
 BK_API bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **m, bk_optim **o, char **extra);
+/* Reads and verifies a checkpoint as bk_checkpoint_load does (header,
+ * offsets, size, checksum, config) and returns its model config only,
+ * creating nothing: with bk_model_memory, what loading it would cost. */
+BK_API bk_status bk_checkpoint_config(const char *path, bk_model_config *c);
 
 /* ------------------------------------------------------------------------ */
 /* Vector math and machine probes (used by the benchmark)                   */

@@ -11,6 +11,9 @@
 #   FUZZ_INSTALL=0     1: install what is missing with apt-get (as root or via sudo)
 #   FUZZ_BUILD=build-fuzz   objects (reused while sources, headers and flags are unchanged) and binaries
 #   FUZZ_OUT=$FUZZ_BUILD/out  per-target logs and crash reproducers (crash-*, leak-*, oom-*, timeout-*)
+#   FUZZ_SEED=         libFuzzer's -seed (make check: 1, so that CI explores the same
+#                      inputs on every commit and a failure there reproduces here;
+#                      unset: a fresh random seed every run)
 #   FUZZ_ARGS=         extra libFuzzer arguments for every target (e.g. -use_value_profile=1)
 #   CLANG=clang
 #
@@ -201,7 +204,7 @@ run_one() { # target
   # shellcheck disable=SC2086
   (cd "$w" && TMPDIR="$w" exec "$BABS/fuzz_$t" corpus "${dict[@]}" -max_total_time="$SECONDS_PER" \
     -rss_limit_mb=2048 -max_len="$(max_len_of "$t")" -timeout=10 -print_final_stats=1 -artifact_prefix="$o/" \
-    ${FUZZ_ARGS:-}) >"$o/log" 2>&1
+    ${FUZZ_SEED:+-seed=$FUZZ_SEED} ${FUZZ_ARGS:-}) >"$o/log" 2>&1
   echo $? >"$o/rc"
 }
 TF=$(date +%s)

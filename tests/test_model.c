@@ -436,11 +436,54 @@ static void test_checkpoint_errors(void)
     }
     th_check(bk_checkpoint_load("/nonexistent/x.safetensors", 2, &l, NULL, NULL) == BK_ERR_IO, "missing checkpoint",
              "%s", bk_last_error());
+    /* the config alone, verified as the loader does; the corrupt file refused */
+    bk_model_config rc;
+    ok = bk_checkpoint_config(path, &rc) == BK_OK;
+    char t1[2048], t2[2048];
+    bk_model_config_format(bk_model_get_config(m), t1, sizeof t1);
+    if (ok) bk_model_config_format(&rc, t2, sizeof t2);
+    th_check(ok && strcmp(t1, t2) == 0, "bk_checkpoint_config", "%s", ok ? t2 : bk_last_error());
+    th_check(bk_checkpoint_config(bad, &rc) == BK_ERR_FORMAT, "bk_checkpoint_config: corrupt file", "%s",
+             bk_last_error());
     remove(bad);
     remove(path);
     free(buf);
     bk_optim_free(o);
     bk_model_free(m);
+}
+
+/* bk_model_memory: the parameter count of the created model, bytes growing
+ * with the batch by the activations; a model beyond the machine's memory
+ * refused by bk_model_create with both figures, a model beyond any size
+ * refused as a shape error */
+static void test_memory(void)
+{
+    bk_model_config c = bk_model_config_default();
+    bk_model_config_parse(&c, "input=tokens,vocab=9,max_len=16,dim=8,heads=2,depth=2,attn=sinkhorn");
+    int64_t P = 0;
+    size_t b1 = 0, b4 = 0;
+    bk_model *m = NULL;
+    int ok = bk_model_memory(&c, 1, &P, &b1) == BK_OK && bk_model_memory(&c, 4, NULL, &b4) == BK_OK &&
+             bk_model_create(&c, 1, 4, &m) == BK_OK;
+    th_check(ok && P == bk_model_num_params(m), "bk_model_memory: parameter count", "%lld vs %lld", (long long)P,
+             (long long)bk_model_num_params(m));
+    /* at least parameters + gradients, and per sample at least the residual
+     * stream of every block (17 tokens x 8 floats x 2 blocks) */
+    th_check(ok && b1 >= (size_t)(8 * P) && b4 - b1 >= 3 * 17 * 8 * 4 * 2, "bk_model_memory: bytes", "%zu, %zu, P %lld",
+             b1, b4, (long long)P);
+    bk_model_free(m);
+    m = NULL;
+    bk_model_config_parse(&c, "max_len=300000,heads=8");
+    size_t big = 0;
+    ok = bk_model_memory(&c, 2, NULL, &big) == BK_OK;
+    th_check(ok && big > ((size_t)1 << 40), "bk_model_memory: a 300k-token Sinkhorn model", "%zu %s", big,
+             ok ? "" : bk_last_error());
+    bk_status st = bk_model_create(&c, 1, 2, &m);
+    th_check(st == BK_ERR_NOMEM && m == NULL && strstr(bk_last_error(), "GiB"), "bk_model_create: beyond memory",
+             "%s: %s", bk_status_str(st), bk_last_error());
+    bk_model_config_parse(&c, "max_len=16000000");
+    st = bk_model_memory(&c, 1000, NULL, &big);
+    th_check(st == BK_ERR_SHAPE, "bk_model_memory: beyond any size", "%s: %s", bk_status_str(st), bk_last_error());
 }
 
 static void expect_cfg_error(const char *text, const char *want)
@@ -592,6 +635,7 @@ void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
     test_bad_input();
+    test_memory();
     test_optim_formulas();
     test_fd();
     test_threads();

@@ -548,19 +548,31 @@ static bk_status parse_u64(const char *path, const header *h, const char *key, u
     return BK_OK;
 }
 
-bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, bk_optim **oout, char **extra)
+/* A checkpoint read into memory and verified (header, tiling, checksum) with
+ * its model config parsed: what both bk_checkpoint_load and
+ * bk_checkpoint_config start from. */
+typedef struct {
+    unsigned char *buf;
+    header h;
+    const unsigned char *data;
+    uint64_t dsize;
+    bk_model_config cfg;
+} ckfile;
+
+static void ckfile_free(ckfile *f)
 {
-    if (!path || !mout) return bki_fail(BK_ERR_NULL, "bk_checkpoint_load: NULL argument");
-    *mout = NULL;
-    if (oout) *oout = NULL;
-    if (extra) *extra = NULL;
+    header_free(&f->h);
+    free(f->buf);
+}
+
+static bk_status ckfile_read(const char *path, ckfile *f)
+{
+    memset(f, 0, sizeof *f);
     FILE *fp = fopen(path, "rb");
     if (!fp) return bki_fail(BK_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
     bk_status st = BK_OK;
     unsigned char *buf = NULL;
     header h = {0};
-    bk_model *m = NULL;
-    bk_optim *o = NULL;
     long fsz = -1;
     if (fseek(fp, 0, SEEK_END) == 0) fsz = ftell(fp);
     if (fsz < 8 || fseek(fp, 0, SEEK_SET) != 0) {
@@ -584,13 +596,13 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         st = bki_fail(BK_ERR_FORMAT, "%s: header length %llu does not fit the %ld-byte file (truncated or not a "
                                      "safetensors file)",
                       path, (unsigned long long)hl, fsz);
-        goto done;
+        goto fail;
     }
-    if ((st = parse_header(path, (const char *)buf + 8, (size_t)hl, &h))) goto done;
+    if ((st = parse_header(path, (const char *)buf + 8, (size_t)hl, &h))) goto fail;
     const char *fmt = meta_get(&h, "format");
     if (!fmt || strcmp(fmt, "birkhoff") != 0) {
         st = bki_fail(BK_ERR_FORMAT, "%s: not a birkhoff checkpoint (metadata format is '%s')", path, fmt ? fmt : "");
-        goto done;
+        goto fail;
     }
     /* the tensors tile the data section exactly */
     const uint64_t dsize = (uint64_t)fsz - 8 - hl;
@@ -599,7 +611,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         const tentry **ord = malloc(sizeof(*ord) * (size_t)(h.nt ? h.nt : 1));
         if (!ord) {
             st = bki_fail(BK_ERR_NOMEM, "out of memory");
-            goto done;
+            goto fail;
         }
         for (int i = 0; i < h.nt; i++) ord[i] = &h.t[i];
         qsort(ord, (size_t)h.nt, sizeof *ord, cmp_off);
@@ -614,7 +626,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         if (!st && pos != dsize)
             st = bki_fail(BK_ERR_FORMAT, "%s: data section is %llu bytes, the header describes %llu (truncated?)", path,
                           (unsigned long long)dsize, (unsigned long long)pos);
-        if (st) goto done;
+        if (st) goto fail;
     }
     {
         const char *cs = meta_get(&h, "checksum");
@@ -633,31 +645,66 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         if (!cs || strcmp(cs, want) != 0) {
             st = bki_fail(BK_ERR_FORMAT, "%s: checksum mismatch (file corrupt): stored %s, computed %s", path,
                           cs ? cs : "(none)", want);
-            goto done;
+            goto fail;
         }
     }
     bk_model_config cfg = bk_model_config_default();
     const char *ctext = meta_get(&h, "config");
     if (!ctext) {
         st = bki_fail(BK_ERR_FORMAT, "%s: checkpoint metadata lacks the model config", path);
-        goto done;
+        goto fail;
     }
     if ((st = bk_model_config_parse(&cfg, ctext))) {
         char why[512];
         snprintf(why, sizeof why, "%s", bk_last_error()); /* (bki_fail rewrites that buffer) */
         st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, why);
-        goto done;
+        goto fail;
     }
+    f->buf = buf;
+    f->h = h;
+    f->data = data;
+    f->dsize = dsize;
+    f->cfg = cfg;
+    return BK_OK;
+fail:
+    header_free(&h);
+    free(buf);
+    return st;
+}
+
+bk_status bk_checkpoint_config(const char *path, bk_model_config *c)
+{
+    if (!path || !c) return bki_fail(BK_ERR_NULL, "bk_checkpoint_config: NULL argument");
+    ckfile f;
+    bk_status st = ckfile_read(path, &f);
+    if (!st) *c = f.cfg;
+    ckfile_free(&f);
+    return st;
+}
+
+bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, bk_optim **oout, char **extra)
+{
+    if (!path || !mout) return bki_fail(BK_ERR_NULL, "bk_checkpoint_load: NULL argument");
+    *mout = NULL;
+    if (oout) *oout = NULL;
+    if (extra) *extra = NULL;
+    ckfile f;
+    bk_status st = ckfile_read(path, &f);
+    if (st) return st;
+    header h = f.h;
+    const unsigned char *data = f.data;
+    const bk_model_config cfg = f.cfg;
+    bk_model *m = NULL;
+    bk_optim *o = NULL;
     {
-        /* a lower bound of the parameters the config needs (the attention
-         * projections and the head), checked against the data section before
+        /* the exact parameter count, checked against the data section before
          * anything is allocated for it */
-        const double dh = cfg.head_dim > 0 ? cfg.head_dim : (double)cfg.dim / cfg.heads;
-        const double lb = 4.0 * cfg.depth * cfg.dim * (4.0 * cfg.heads * dh) + 4.0 * cfg.classes * cfg.dim;
-        if (lb > (double)dsize) {
-            st = bki_fail(BK_ERR_FORMAT, "%s: the configuration needs at least %.0f bytes of parameters, the file holds "
-                                         "%llu (truncated or inconsistent)",
-                          path, lb, (unsigned long long)dsize);
+        int64_t P = 0;
+        if ((st = bk_model_memory(&cfg, max_batch, &P, NULL))) goto done;
+        if ((double)P * 4.0 > (double)f.dsize) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: the configuration has %lld parameters (%.0f bytes), the file holds %llu "
+                                         "bytes of tensors (truncated or inconsistent)",
+                          path, (long long)P, (double)P * 4.0, (unsigned long long)f.dsize);
             goto done;
         }
     }
@@ -737,8 +784,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         }
     }
 done:
-    header_free(&h);
-    free(buf);
+    ckfile_free(&f);
     if (st) {
         bk_optim_free(o);
         bk_model_free(m);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
 /* configuration                                                            */
@@ -450,16 +451,74 @@ void bk_model_free(bk_model *m)
     free(m);
 }
 
-static float *falloc(size_t n, int *bad)
+/* Every allocation of bk_model_create goes through one sizer: it counts the
+ * bytes and, unless the sizer only measures (bk_model_memory), allocates
+ * zeroed memory; a failure sets bad. */
+typedef struct {
+    size_t bytes;
+    int bad, measure;
+} sizer;
+
+static void *zalloc(sizer *z, size_t n, size_t size)
 {
-    float *p = calloc(n ? n : 1, sizeof(float));
-    if (!p) *bad = 1;
+    const size_t b = n * size; /* (n and size are bounded by the checks of model_build) */
+    z->bytes = b > SIZE_MAX - z->bytes ? SIZE_MAX : z->bytes + b;
+    if (z->measure) return NULL;
+    void *p = calloc(n ? n : 1, size);
+    if (!p) z->bad = 1;
     return p;
 }
+
+static float *falloc(size_t n, sizer *z) { return zalloc(z, n, sizeof(float)); }
+
+static size_t phys_memory(void)
+{
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && size > 0) return (size_t)pages * (size_t)size;
+#endif
+    return 0;
+}
+
+/* bk_model_create, or (measure) only the count of the bytes it allocates */
+static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
+                             size_t *bytes);
 
 bk_status bk_model_create(const bk_model_config *cfg, uint64_t seed, int max_batch, bk_model **out)
 {
     if (!cfg || !out) return bki_fail(BK_ERR_NULL, "bk_model_create: NULL argument");
+    *out = NULL;
+    size_t need = 0;
+    bk_model *probe = NULL;
+    bk_status st = model_build(cfg, seed, max_batch, 1, &probe, &need);
+    bk_model_free(probe);
+    if (st) return st;
+    const size_t have = phys_memory();
+    if (have && need > have)
+        return bki_fail(BK_ERR_NOMEM,
+                        "bk_model_create: the model needs %.2f GiB for max_batch %d (parameters, gradients, activations "
+                        "and workspaces), the machine has %.2f GiB",
+                        (double)need / 1073741824.0, max_batch, (double)have / 1073741824.0);
+    return model_build(cfg, seed, max_batch, 0, out, NULL);
+}
+
+bk_status bk_model_memory(const bk_model_config *cfg, int max_batch, int64_t *num_params, size_t *bytes)
+{
+    if (!cfg) return bki_fail(BK_ERR_NULL, "bk_model_memory: NULL argument");
+    bk_model *m = NULL;
+    size_t need = 0;
+    bk_status st = model_build(cfg, 0, max_batch, 1, &m, &need);
+    if (!st) {
+        if (num_params) *num_params = m->P;
+        if (bytes) *bytes = need;
+    }
+    bk_model_free(m);
+    return st;
+}
+
+static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
+                             size_t *bytes)
+{
     *out = NULL;
     bk_status st = bk_model_config_check(cfg);
     if (st) return st;
@@ -485,7 +544,10 @@ bk_status bk_model_create(const bk_model_config *cfg, uint64_t seed, int max_bat
     m->T = m->np + c->cls;
     m->F = c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim : c->dim;
     const int64_t R = (int64_t)max_batch * m->T, D = c->dim, I = m->I, M = c->mlp_dim;
-    if (R * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40))
+    /* (bounds that keep every size below in range; bk_model_memory and the
+     * physical-memory check refuse what is merely too large for the machine) */
+    if (R * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) ||
+        (double)max_batch * c->heads * (double)m->T * (double)m->T * 8.0 > 0x1p60)
         return bk_model_free(m), bki_fail(BK_ERR_SHAPE, "bk_model_create: activations too large");
     m->bo = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->ba);
@@ -497,90 +559,94 @@ bk_status bk_model_create(const bk_model_config *cfg, uint64_t seed, int max_bat
         return bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", depth, (MAXP - 8) / 14);
     }
     build_table(m);
-    int bad = 0;
-    m->w = falloc((size_t)m->P, &bad);
-    m->gw = falloc((size_t)m->P, &bad);
-    if (bad) {
+    sizer z = {0, 0, measure};
+    m->w = falloc((size_t)m->P, &z);
+    m->gw = falloc((size_t)m->P, &z);
+    if (z.bad) {
         const long long P = (long long)m->P;
         bk_model_free(m);
         return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for %lld parameters", P);
     }
-    init_params(m);
+    if (!measure) init_params(m);
 
     const size_t Bn = (size_t)max_batch * (size_t)m->np;
-    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, &bad);
+    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, &z);
     if (c->input == BK_INPUT_POINTS) {
-        m->emb_h = falloc(Bn * (size_t)D, &bad);
-        m->emb_g = falloc(Bn * (size_t)D, &bad);
+        m->emb_h = falloc(Bn * (size_t)D, &z);
+        m->emb_g = falloc(Bn * (size_t)D, &z);
     }
-    if (c->input == BK_INPUT_TOKENS) m->tokens = calloc(Bn, sizeof(int32_t));
-    m->emb_o = falloc(Bn * (size_t)D, &bad);
-    m->x0 = falloc((size_t)(R * D), &bad);
+    if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(&z, Bn, sizeof(int32_t));
+    m->emb_o = falloc(Bn * (size_t)D, &z);
+    m->x0 = falloc((size_t)(R * D), &z);
     bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
     size_t wsz = 0;
     for (int l = 0; l < c->depth; l++) {
         blk_act *a = &m->ba[l];
-        a->mid = falloc((size_t)(R * D), &bad);
-        a->out = M > 0 ? falloc((size_t)(R * D), &bad) : a->mid;
-        a->ln1 = falloc((size_t)(R * D), &bad);
-        a->mu1 = falloc((size_t)R, &bad);
-        a->rs1 = falloc((size_t)R, &bad);
-        a->qkv = falloc((size_t)(R * 3 * I), &bad);
-        a->att = falloc((size_t)(R * I), &bad);
+        a->mid = falloc((size_t)(R * D), &z);
+        a->out = M > 0 ? falloc((size_t)(R * D), &z) : a->mid;
+        a->ln1 = falloc((size_t)(R * D), &z);
+        a->mu1 = falloc((size_t)R, &z);
+        a->rs1 = falloc((size_t)R, &z);
+        a->qkv = falloc((size_t)(R * 3 * I), &z);
+        a->att = falloc((size_t)(R * I), &z);
         if (M > 0) {
-            a->ln2 = falloc((size_t)(R * D), &bad);
-            a->mu2 = falloc((size_t)R, &bad);
-            a->rs2 = falloc((size_t)R, &bad);
-            a->f1 = falloc((size_t)(R * M), &bad);
-            a->g1 = falloc((size_t)(R * M), &bad);
+            a->ln2 = falloc((size_t)(R * D), &z);
+            a->mu2 = falloc((size_t)R, &z);
+            a->rs2 = falloc((size_t)R, &z);
+            a->f1 = falloc((size_t)(R * M), &z);
+            a->g1 = falloc((size_t)(R * M), &z);
         }
         if (c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
-            a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &bad);
-            if (!bad) {
+            a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
+            if (!z.bad && !measure) {
                 bk_esp_params ep = esp_params(m, l);
                 ep.theta = NULL;
                 bk_esp_slices(&ep, m->dh, a->esp_theta);
             }
         }
-        if (bad) break;
+        if (z.bad) break;
         a->tape_cap = attn_tape(m, &ad, l);
-        if (a->tape_cap && !(a->tape = malloc(a->tape_cap))) bad = 1;
+        if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
         size_t w1 = attn_ws(m, &ad, l);
         if (w1 > wsz) wsz = w1;
     }
-    m->fin = falloc((size_t)(R * D), &bad);
-    m->fmu = falloc((size_t)R, &bad);
-    m->frs = falloc((size_t)R, &bad);
-    m->pooled = falloc((size_t)max_batch * (size_t)m->F, &bad);
-    m->logits = falloc((size_t)max_batch * (size_t)c->classes, &bad);
-    m->probs = falloc((size_t)max_batch * (size_t)c->classes, &bad);
-    m->argmax = calloc((size_t)max_batch * (size_t)D, sizeof(int32_t));
-    m->nb = calloc((size_t)max_batch, sizeof(int32_t));
-    m->labels = calloc((size_t)max_batch, sizeof(int32_t));
-    if (!m->argmax || !m->nb || !m->labels || (c->input == BK_INPUT_TOKENS && !m->tokens)) bad = 1;
+    m->fin = falloc((size_t)(R * D), &z);
+    m->fmu = falloc((size_t)R, &z);
+    m->frs = falloc((size_t)R, &z);
+    m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
+    m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
+    m->probs = falloc((size_t)max_batch * (size_t)c->classes, &z);
+    m->argmax = zalloc(&z, (size_t)max_batch * (size_t)D, sizeof(int32_t));
+    m->nb = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
+    m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, c->dim, NULL};
         bk_otk_params op = otk_params(m);
         m->otk_tape_cap = bk_otk_tape_size(&od, &op);
-        if (!(m->otk_tape = malloc(m->otk_tape_cap ? m->otk_tape_cap : 1))) bad = 1;
+        m->otk_tape = zalloc(&z, m->otk_tape_cap, 1);
         size_t w1 = bk_otk_workspace_size(&od, &op);
         if (w1 > wsz) wsz = w1;
     }
-    m->dX = falloc((size_t)(R * D), &bad);
-    m->dT = falloc((size_t)(R * D), &bad);
-    m->dN = falloc((size_t)(R * D), &bad);
-    m->dA = falloc((size_t)(R * I), &bad);
-    m->dq = falloc((size_t)(R * I), &bad);
-    m->dk = falloc((size_t)(R * I), &bad);
-    m->dv = falloc((size_t)(R * I), &bad);
-    m->dM = falloc((size_t)(R * (M > D ? M : D)), &bad);
-    m->dpool = falloc((size_t)max_batch * (size_t)m->F, &bad);
-    m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &bad);
+    m->dX = falloc((size_t)(R * D), &z);
+    m->dT = falloc((size_t)(R * D), &z);
+    m->dN = falloc((size_t)(R * D), &z);
+    m->dA = falloc((size_t)(R * I), &z);
+    m->dq = falloc((size_t)(R * I), &z);
+    m->dk = falloc((size_t)(R * I), &z);
+    m->dv = falloc((size_t)(R * I), &z);
+    m->dM = falloc((size_t)(R * (M > D ? M : D)), &z);
+    m->dpool = falloc((size_t)max_batch * (size_t)m->F, &z);
+    m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
     const size_t ztmp = (size_t)c->heads * (size_t)c->lot_r * (size_t)m->dh;
     const size_t otmp = (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)D;
-    m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &bad);
-    m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &bad);
-    if (bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for activations");
+    m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
+    m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
+    if (z.bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for activations");
+    if (measure) {
+        *bytes = wsz > SIZE_MAX - z.bytes ? SIZE_MAX : z.bytes + wsz;
+        *out = m;
+        return BK_OK;
+    }
     if ((st = ensure_ws(m, wsz))) return bk_model_free(m), st;
     *out = m;
     return BK_OK;

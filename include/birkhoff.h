@@ -96,6 +96,10 @@ extern "C" {
 #define BK_VERSION_MINOR 1
 #define BK_VERSION_PATCH 0
 BK_API const char *bk_version(void);
+/* sizeof the public struct named (e.g. "bk_esp_params"), 0 for an unknown
+ * name: lets bindings without a compiler (python/birkhoff) check their
+ * mirror of each struct when they load the library. */
+BK_API size_t bk_abi_sizeof(const char *name);
 
 /* ------------------------------------------------------------------------ */
 /* Status and errors                                                        */

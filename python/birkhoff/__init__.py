@@ -1,0 +1,43 @@
+"""birkhoff: doubly-stochastic (optimal-transport) attention from Python.
+
+A ctypes binding of the C library libbirkhoff (no compiler or build step on
+the Python side). Two layers:
+
+  birkhoff.ops    numpy API: forward and backward of softmax, Sinkhorn, ESP,
+                  LOT and OTK on float32 arrays, ASAP calibration and compiled
+                  layers, OTK K-means fitting (also re-exported here);
+  birkhoff.torch  PyTorch API: autograd Functions and nn.Modules (imported
+                  on demand: numpy users do not need torch).
+
+The library is found through BIRKHOFF_LIB, the source tree, the directory
+recorded by `make install`, or the dynamic loader (see birkhoff._lib).
+Threads: set_num_threads(n) (results do not depend on it).
+"""
+from ._lib import LIBRARY_PATH, BirkhoffError, lib as _c
+from .ops import *  # noqa: F401,F403
+from .ops import __all__ as _ops_all
+
+__version__ = _c.bk_version().decode()
+
+
+def version():
+    """the C library's version string"""
+    return _c.bk_version().decode()
+
+
+def set_num_threads(n):
+    """Threads used by the C kernels (n <= 0: all cores). Results are bitwise
+    independent of it."""
+    _c.bk_set_num_threads(int(n))
+
+
+def get_num_threads():
+    return _c.bk_get_num_threads()
+
+
+def isa():
+    """the kernels' instruction set: "avx512" or "avx2" """
+    return _c.bk_isa().decode()
+
+
+__all__ = ["BirkhoffError", "LIBRARY_PATH", "version", "set_num_threads", "get_num_threads", "isa"] + list(_ops_all)

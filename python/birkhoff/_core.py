@@ -1,0 +1,500 @@
+"""The one bridge between array objects and the C operators (internal).
+
+Every operator call of the numpy API (birkhoff.ops) and of the PyTorch API
+(birkhoff.torch) goes through the functions here, with an *adapter* that
+knows one array library: how to validate an argument and read its data
+pointer, shape and strides, and how to allocate an output. Checks of dtype,
+device, rank and shape happen here, before any C call; what only the C
+library can judge (lengths, parameter ranges, overlapping strides, non-finite
+values) comes back as BirkhoffError with the C message.
+
+Layouts. Attention operands are 4-D with unit stride on the last (channel)
+axis: layout "bhnd" is [B, H, N, C], "bnhd" is [B, N, H, C] (PyTorch's usual
+layout before the heads are moved). Any other strides are passed to C as
+they are (no copy): a q, k or v sliced out of a fused [B, N, 3, H, d]
+projection is used in place. Outputs and gradients are allocated dense in
+the operands' layout.
+"""
+import ctypes as C
+
+import numpy as np
+
+from . import _lib
+from ._lib import check, lib
+
+LAYOUTS = ("bhnd", "bnhd")
+GRAD_MODES = {"unrolled": 0, "implicit": 1}
+ESP_SORT = {"hard": 0, "soft": 1}
+ESP_COST = {"sq": 0, "euclid": 1}
+ESP_SCALE = {"rows": 0, "paper": 1}
+ASAP_VARIANT = {"auto": 0, "zero": 1, "column": 2, "row": 3}
+ASAP_FIT = {"ls": 0, "kl": 1}
+OTK_DOMAIN = {"log": 0, "scaling": 1}
+OTK_CONVENTION = {"paper": 0, "reference": 1}
+OTK_PE = {"none": 0, "1d": 1, "2d": 2}
+OTK_ISQRT = {"exact": 0, "reference": 1}
+KMEANS_INIT = {"plusplus": 0, "random": 1}
+
+
+def choice(table, value, name):
+    if value not in table:
+        raise ValueError("%s must be one of %s (got %r)" % (name, ", ".join(sorted(table)), value))
+    return table[value]
+
+
+class NumpyAdapter:
+    """Arrays are numpy.ndarray of float32 (int32 for lengths)."""
+    name = "numpy"
+
+    @staticmethod
+    def prepare(a, name):
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: numpy.ndarray expected, got %s" % (name, type(a).__name__))
+        if a.dtype != np.float32:
+            raise TypeError("%s: float32 expected, got %s (convert with .astype(numpy.float32))" % (name, a.dtype))
+        return a
+
+    @staticmethod
+    def info(a):
+        """(address, shape, strides in elements)"""
+        return a.ctypes.data, a.shape, tuple(s // a.itemsize for s in a.strides)
+
+    @staticmethod
+    def aligned(a):
+        return all(s % a.itemsize == 0 for s in a.strides)
+
+    @staticmethod
+    def dense(a):
+        return np.ascontiguousarray(a)
+
+    @staticmethod
+    def empty(shape):
+        return np.empty(shape, dtype=np.float32)
+
+    @staticmethod
+    def lengths(x, B, name):
+        a = np.ascontiguousarray(np.asarray(x))
+        if a.shape != (B,):
+            raise ValueError("%s: shape (%d,) expected (one length per batch entry), got %s" % (name, B, a.shape))
+        if a.dtype.kind not in "iu":
+            raise TypeError("%s: integer lengths expected, got %s" % (name, a.dtype))
+        if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+            raise ValueError("%s: lengths outside int32" % name)
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+
+NP = NumpyAdapter
+
+
+def fptr(addr):
+    return C.cast(C.c_void_p(addr), _lib.f32p)
+
+
+def _addr_np(a):
+    """address of a numpy array (None -> NULL)"""
+    return None if a is None else a.ctypes.data
+
+
+class Operand:
+    """A validated operand: the object (kept alive), its address and its
+    [B, H, N, C] sizes and element strides in C's order."""
+    __slots__ = ("obj", "addr", "B", "H", "N", "C", "sb", "sh", "sn")
+
+    def tensor(self):
+        return _lib.Tensor(fptr(self.addr), self.sb, self.sh, self.sn)
+
+
+def attn_operand(ad, a, layout, name):
+    """A 4-D attention operand in `layout`; a copy only when its last axis is
+    not unit-stride (or a stride is not a whole number of elements)."""
+    a = ad.prepare(a, name)
+    if len(a.shape) != 4:
+        raise ValueError("%s: 4-D [%s] expected, got shape %s" % (name, ", ".join(layout.upper()), tuple(a.shape)))
+    addr, shape, strides = ad.info(a)
+    if (strides[3] != 1 and shape[3] > 1) or not ad.aligned(a) or min(strides) < 0:
+        a = ad.dense(a)
+        addr, shape, strides = ad.info(a)
+    o = Operand()
+    o.obj, o.addr = a, addr
+    if layout == "bhnd":
+        o.B, o.H, o.N, o.C = shape
+        o.sb, o.sh, o.sn = strides[0], strides[1], strides[2]
+    elif layout == "bnhd":
+        o.B, o.N, o.H, o.C = shape
+        o.sb, o.sn, o.sh = strides[0], strides[1], strides[2]
+    else:
+        raise ValueError("layout must be 'bhnd' or 'bnhd' (got %r)" % (layout,))
+    if min(shape) < 1:
+        raise ValueError("%s: every size must be >= 1, got shape %s" % (name, tuple(shape)))
+    return o
+
+
+def new_operand(ad, B, H, N, Cc, layout):
+    shape = (B, H, N, Cc) if layout == "bhnd" else (B, N, H, Cc)
+    return attn_operand(ad, ad.empty(shape), layout, "output")
+
+
+class Problem:
+    """Validated q, k, v (and lengths) of one attention call."""
+
+    def __init__(self, ad, q, k, v, q_len, k_len, layout, dv_from_v=True):
+        if layout not in LAYOUTS:
+            raise ValueError("layout must be 'bhnd' or 'bnhd' (got %r)" % (layout,))
+        self.ad, self.layout = ad, layout
+        self.q = attn_operand(ad, q, layout, "q")
+        self.k = attn_operand(ad, k, layout, "k")
+        self.v = attn_operand(ad, v, layout, "v") if v is not None else None
+        Q, K, V = self.q, self.k, self.v
+        if (K.B, K.H) != (Q.B, Q.H) or K.C != Q.C:
+            raise ValueError("k: batch, heads and head dim must match q's (q [B=%d, H=%d, N=%d, d=%d], k [B=%d, "
+                             "H=%d, N=%d, d=%d])" % (Q.B, Q.H, Q.N, Q.C, K.B, K.H, K.N, K.C))
+        if V is not None and ((V.B, V.H, V.N) != (K.B, K.H, K.N)):
+            raise ValueError("v: batch, heads and length must match k's (k [%d, %d, %d], v [%d, %d, %d])"
+                             % (K.B, K.H, K.N, V.B, V.H, V.N))
+        self.q_len = None if q_len is None else ad.lengths(q_len, Q.B, "q_len")
+        self.k_len = None if k_len is None else ad.lengths(k_len, Q.B, "k_len")
+        self.desc = _lib.AttnDesc(Q.B, Q.H, Q.N, K.N, Q.C, V.C if V is not None else Q.C,
+                                  self._lp(self.q_len), self._lp(self.k_len))
+
+    @staticmethod
+    def _lp(a):
+        return None if a is None else C.cast(C.c_void_p(a.ctypes.data), _lib.i32p)
+
+    def tensors(self):
+        return self.q.tensor(), self.k.tensor(), self.v.tensor()
+
+    def out(self, C_=None):
+        d = self.desc
+        return new_operand(self.ad, d.B, d.H, d.Nq, d.dv if C_ is None else C_, self.layout)
+
+    def grads(self):
+        d = self.desc
+        return (new_operand(self.ad, d.B, d.H, d.Nq, d.d, self.layout),
+                new_operand(self.ad, d.B, d.H, d.Nk, d.d, self.layout),
+                new_operand(self.ad, d.B, d.H, d.Nk, d.dv, self.layout))
+
+    def dout(self, dout):
+        o = attn_operand(self.ad, dout, self.layout, "dout")
+        d = self.desc
+        if (o.B, o.H, o.N, o.C) != (d.B, d.H, d.Nq, d.dv):
+            raise ValueError("dout: shape of the output expected ([B=%d, H=%d, N=%d, dv=%d] in layout %s), got %s"
+                             % (d.B, d.H, d.Nq, d.dv, self.layout, tuple(dout.shape)))
+        return o
+
+    def attn(self):
+        """a dense [B, H, Nq, Nk] array for the exported attention"""
+        d = self.desc
+        return attn_operand(self.ad, self.ad.empty((d.B, d.H, d.Nq, d.Nk)), "bhnd", "attn")
+
+
+def tape_buffer(nbytes):
+    return np.empty(max(int(nbytes), 1), dtype=np.uint8)
+
+
+def tape_ptr(tape):
+    return None if tape is None else C.c_void_p(tape.ctypes.data)
+
+
+def dense_param(a, shape, name):
+    """a float32 numpy array of exactly `shape`, dense (copied if needed)"""
+    a = np.asarray(a, dtype=np.float32) if not isinstance(a, np.ndarray) or a.dtype != np.float32 else a
+    a = np.ascontiguousarray(a)
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError("%s: shape %s expected, got %s" % (name, tuple(shape), tuple(a.shape)))
+    return a
+
+
+def f32_np(a):
+    return None if a is None else C.cast(C.c_void_p(a.ctypes.data), _lib.f32p)
+
+
+# --------------------------------------------------------------------------
+# the operators, on validated problems (adapter-independent)
+# --------------------------------------------------------------------------
+
+def setp(p, **kw):
+    """fields of a C parameter struct from keywords; None keeps the
+    library's default (the *_params_default() value)"""
+    for k, v in kw.items():
+        if v is not None:
+            t = type(getattr(p, k))
+            try:
+                setattr(p, k, t(v))
+            except (TypeError, ValueError, OverflowError):
+                raise TypeError("%s: a number expected, got %r" % (k, v))
+    return p
+
+
+def sinkhorn_params(scale, eps, iters, tol, grad):
+    p = setp(lib.bk_sinkhorn_params_default(), scale=scale, eps=eps, iters=iters, tol=tol)
+    if grad is not None:
+        p.grad = choice(GRAD_MODES, grad, "grad")
+    return p
+
+
+def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=False, want_diag=False):
+    d = pr.desc
+    out = pr.out()
+    tape = tape_buffer(lib.bk_sinkhorn_tape_size(C.byref(d), C.byref(p))) if want_tape else None
+    attn = pr.attn() if want_attn else None
+    n_q, n_k = d.B * d.H * d.Nq, d.B * d.H * d.Nk
+    f = np.zeros(n_q, np.float32) if want_potentials else None
+    g = np.zeros(n_k, np.float32) if want_potentials else None
+    diag = (_lib.SinkhornDiag * (d.B * d.H))() if want_diag else None
+    ex = _lib.SinkhornExtras(attn.tensor() if attn else _lib.Tensor(), f32_np(f), f32_np(g), diag)
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_sinkhorn_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                  C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
+    res = {"out": out.obj, "tape": tape}
+    if want_attn:
+        res["attn"] = attn.obj
+    if want_potentials:
+        res["f"] = f.reshape(d.B, d.H, d.Nq)
+        res["g"] = g.reshape(d.B, d.H, d.Nk)
+    if want_diag:
+        res["diag"] = diag_dict(diag, d.B, d.H, ("iters", "row_err", "col_err"))
+    return res
+
+
+def sinkhorn_backward(pr, p, dout, tape):
+    do = pr.dout(dout)
+    dq, dk, dv = pr.grads()
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_sinkhorn_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                   C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()),
+                                   C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
+    return dq.obj, dk.obj, dv.obj
+
+
+def softmax_forward(pr, scale, want_tape=True, want_attn=False):
+    d = pr.desc
+    p = _lib.SoftmaxParams(float(scale))
+    out = pr.out()
+    tape = tape_buffer(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
+    attn = pr.attn() if want_attn else None
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_softmax_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                 C.byref(out.tensor()), tape_ptr(tape),
+                                 C.byref(attn.tensor()) if attn else None, None, 0))
+    res = {"out": out.obj, "tape": tape}
+    if want_attn:
+        res["attn"] = attn.obj
+    return res
+
+
+def softmax_backward(pr, scale, dout, tape):
+    p = _lib.SoftmaxParams(float(scale))
+    do = pr.dout(dout)
+    dq, dk, dv = pr.grads()
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_softmax_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                  C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()),
+                                  C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
+    return dq.obj, dk.obj, dv.obj
+
+
+class EspConfig:
+    """ESP parameters with the slice matrix held as a dense float32 array."""
+
+    def __init__(self, sort, t, tau, scale, cost, out_scale, slices, theta, seed):
+        self.p = setp(lib.bk_esp_params_default(), t=t, tau=tau, scale=scale, seed=seed)
+        if sort is not None:
+            self.p.sort = choice(ESP_SORT, sort, "sort")
+        if cost is not None:
+            self.p.cost = choice(ESP_COST, cost, "cost")
+        if out_scale is not None:
+            self.p.out_scale = choice(ESP_SCALE, out_scale, "out_scale")
+        self.theta = None
+        if theta is not None:
+            th = np.ascontiguousarray(np.asarray(theta, dtype=np.float32))
+            if th.ndim != 2:
+                raise ValueError("theta: [L, d] expected, got shape %s" % (th.shape,))
+            self.theta = th
+            self.p.L = th.shape[0]
+            self.p.theta = f32_np(th)
+        elif slices is not None:
+            self.p.L = int(slices)
+
+    def num_slices(self, d):
+        if self.theta is not None and self.theta.shape[1] != d:
+            raise ValueError("theta: [L, %d] expected for head dim %d, got %s" % (d, d, self.theta.shape))
+        L = lib.bk_esp_num_slices(C.byref(self.p), d)
+        if L < 1:
+            raise ValueError("ESP: invalid slice setting (L=%d) for head dim %d" % (self.p.L, d))
+        return L
+
+
+def esp_forward(pr, cfg, want_tape=True, want_attn=False, want_weights=False, want_diag=False):
+    d = pr.desc
+    L = cfg.num_slices(d.d)
+    out = pr.out()
+    tape = tape_buffer(lib.bk_esp_tape_size(C.byref(d), C.byref(cfg.p))) if want_tape else None
+    attn = pr.attn() if want_attn else None
+    sig = np.zeros(d.B * d.H * L, np.float32) if want_weights else None
+    D = np.zeros(d.B * d.H * L, np.float32) if want_weights else None
+    diag = (_lib.EspDiag * (d.B * d.H))() if want_diag else None
+    ex = _lib.EspExtras(attn.tensor() if attn else _lib.Tensor(), f32_np(sig), f32_np(D), diag)
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_esp_forward(C.byref(d), C.byref(cfg.p), C.byref(tq), C.byref(tk), C.byref(tv),
+                             C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
+    res = {"out": out.obj, "tape": tape}
+    if want_attn:
+        res["attn"] = attn.obj
+    if want_weights:
+        res["sigma"] = sig.reshape(d.B, d.H, L)
+        res["D"] = D.reshape(d.B, d.H, L)
+    if want_diag:
+        res["diag"] = diag_dict(diag, d.B, d.H, ("row_err", "col_err"))
+    return res
+
+
+def esp_backward(pr, cfg, dout, tape, want_dtheta=False):
+    d = pr.desc
+    L = cfg.num_slices(d.d)
+    do = pr.dout(dout)
+    dq, dk, dv = pr.grads()
+    dth = np.zeros((L, d.d), np.float32) if want_dtheta else None
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_esp_backward(C.byref(d), C.byref(cfg.p), C.byref(tq), C.byref(tk), C.byref(tv),
+                              C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
+                              C.byref(dv.tensor()), f32_np(dth), None, 0))
+    return dq.obj, dk.obj, dv.obj, dth
+
+
+def esp_slices(cfg, d):
+    L = cfg.num_slices(d)
+    th = np.zeros((L, d), np.float32)
+    check(lib.bk_esp_slices(C.byref(cfg.p), d, f32_np(th)))
+    return th
+
+
+def lot_params(pr, Z, theta, temp, iters, eps, scale, tol):
+    """(params, Z, theta): Z [H, r, d] and theta [H, r] as dense float32 numpy arrays"""
+    d = pr.desc
+    if Z is None or theta is None:
+        raise ValueError("LOT: pivots Z [H, r, d] and mass logits theta [H, r] are required")
+    Z = np.ascontiguousarray(np.asarray(Z, dtype=np.float32))
+    if Z.ndim != 3 or Z.shape[0] != d.H or Z.shape[2] != d.d:
+        raise ValueError("Z: [H=%d, r, d=%d] expected, got shape %s" % (d.H, d.d, Z.shape))
+    theta = dense_param(theta, (d.H, Z.shape[1]), "theta")
+    p = setp(lib.bk_lot_params_default(), temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
+    p.r, p.Z, p.theta = Z.shape[1], f32_np(Z), f32_np(theta)
+    return p, Z, theta
+
+
+def lot_forward(pr, p, want_tape=True, want_attn=False, want_diag=False):
+    d = pr.desc
+    out = pr.out()
+    tape = tape_buffer(lib.bk_lot_tape_size(C.byref(d), C.byref(p))) if want_tape else None
+    attn = pr.attn() if want_attn else None
+    diag = (_lib.LotDiag * (d.B * d.H))() if want_diag else None
+    ex = _lib.LotExtras(attn.tensor() if attn else _lib.Tensor(), diag)
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_lot_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                             C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
+    res = {"out": out.obj, "tape": tape}
+    if want_attn:
+        res["attn"] = attn.obj
+    if want_diag:
+        res["diag"] = diag_dict(diag, d.B, d.H, ("iters1", "iters2", "row_err", "col_err"))
+    return res
+
+
+def lot_backward(pr, p, dout, tape, want_pivots=True):
+    d = pr.desc
+    do = pr.dout(dout)
+    dq, dk, dv = pr.grads()
+    dZ = np.zeros((d.H, p.r, d.d), np.float32) if want_pivots else None
+    dth = np.zeros((d.H, p.r), np.float32) if want_pivots else None
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_lot_backward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                              C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
+                              C.byref(dv.tensor()), f32_np(dZ), f32_np(dth), None, 0))
+    return dq.obj, dk.obj, dv.obj, dZ, dth
+
+
+def diag_dict(arr, B, H, fields):
+    """per-problem diagnostics as {field: numpy array [B, H]}"""
+    out = {}
+    for f in fields:
+        out[f] = np.array([getattr(arr[i], f) for i in range(B * H)]).reshape(B, H)
+    return out
+
+
+# ---- OTK ----
+
+class OtkProblem:
+    """x [B, n, d] (any strides with a unit-stride last axis), lengths, and
+    the references' sizes."""
+
+    def __init__(self, ad, x, q, p, k, lengths):
+        x = ad.prepare(x, "x")
+        if len(x.shape) != 3:
+            raise ValueError("x: [B, n, d] expected, got shape %s" % (tuple(x.shape),))
+        addr, shape, strides = ad.info(x)
+        if (strides[2] != 1 and shape[2] > 1) or not ad.aligned(x) or min(strides) < 0:
+            x = ad.dense(x)
+            addr, shape, strides = ad.info(x)
+        if min(shape) < 1:
+            raise ValueError("x: every size must be >= 1, got shape %s" % (tuple(shape),))
+        self.ad, self.x = ad, x
+        self.B, self.n, self.d = shape
+        self.tx = _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+        self.len = None if lengths is None else ad.lengths(lengths, self.B, "lengths")
+        self.desc = _lib.OtkDesc(self.B, self.n, self.d, int(q), int(p), int(k), Problem._lp(self.len))
+
+    def new(self, shape):
+        a = self.ad.empty(shape)
+        addr, _, strides = self.ad.info(a)
+        if len(shape) == 3:
+            return a, _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+        return a, None
+
+
+def otk_params(W, sigma, eta, eps, iters, domain, convention, pe, sigma_pos, pe_double, grid, isqrt_grad):
+    p = setp(lib.bk_otk_params_default(), sigma=sigma, eta=eta, eps=eps, iters=iters, sigma_pos=sigma_pos)
+    p.W = f32_np(W)
+    for field, table, v in (("domain", OTK_DOMAIN, domain), ("convention", OTK_CONVENTION, convention),
+                            ("pe", OTK_PE, pe), ("isqrt_grad", OTK_ISQRT, isqrt_grad)):
+        if v is not None:
+            setattr(p, field, choice(table, v, field))
+    if pe_double is not None:
+        p.pe_double = int(bool(pe_double))
+    if grid is not None:
+        p.grid_h, p.grid_w = int(grid[0]), int(grid[1])
+    return p
+
+
+def otk_forward(op, p, z, want_tape=True, want_plan=False, want_diag=False):
+    d = op.desc
+    out, tout = op.new((d.B, d.p, d.q * d.k))
+    tape = tape_buffer(lib.bk_otk_tape_size(C.byref(d), C.byref(p))) if want_tape else None
+    plan = np.zeros((d.B, d.q, d.n, d.p), np.float32) if want_plan else None
+    diag = (_lib.OtkDiag * (d.B * d.q))() if want_diag else None
+    ex = _lib.OtkExtras(f32_np(plan), diag)
+    check(lib.bk_otk_forward(C.byref(d), C.byref(p), C.byref(op.tx), f32_np(z), C.byref(tout), tape_ptr(tape),
+                             C.byref(ex), None, 0))
+    res = {"out": out, "tape": tape}
+    if want_plan:
+        res["plan"] = plan
+    if want_diag:
+        res["diag"] = diag_dict(diag, d.B, d.q, ("row_err", "col_err"))
+    return res
+
+
+def otk_backward(op, p, z, dout, tape, want_dx=True, want_dz=True, want_dW=False):
+    d = op.desc
+    do = op.ad.prepare(dout, "dout")
+    if tuple(do.shape) != (d.B, d.p, d.q * d.k):
+        raise ValueError("dout: [B=%d, p=%d, q*k=%d] expected, got %s" % (d.B, d.p, d.q * d.k, tuple(do.shape)))
+    addr, _, strides = op.ad.info(do)
+    if strides[2] != 1 or not op.ad.aligned(do) or min(strides) < 0:
+        do = op.ad.dense(do)
+        addr, _, strides = op.ad.info(do)
+    tdo = _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+    dx, tdx = op.new((d.B, d.n, d.d)) if want_dx else (None, None)
+    dz = np.zeros((d.q, d.p, d.k), np.float32) if want_dz else None
+    dW = np.zeros((d.k, d.d), np.float32) if want_dW else None
+    check(lib.bk_otk_backward(C.byref(d), C.byref(p), C.byref(op.tx), f32_np(z), C.byref(tdo), tape_ptr(tape),
+                              C.byref(tdx) if tdx is not None else None, f32_np(dz), f32_np(dW), None, 0))
+    return dx, dz, dW

@@ -1,0 +1,271 @@
+"""Loading libbirkhoff and its ctypes mirror (internal).
+
+The shared library is found, in this order:
+  1. the environment variable BIRKHOFF_LIB (a path to libbirkhoff.so);
+  2. the source tree this package sits in (python/birkhoff -> build/libbirkhoff.so);
+  3. the library directory recorded by `make install` (_install.py);
+  4. the dynamic loader's search path (libbirkhoff.so.0, then libbirkhoff.so).
+Every struct mirrored here is checked against the library's own sizeof
+(bk_abi_sizeof) when the library is loaded, so a header change that the
+mirror misses fails at import, not with corrupted memory.
+"""
+import ctypes as C
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+i32p = C.POINTER(C.c_int32)
+f32p = C.POINTER(C.c_float)
+f64p = C.POINTER(C.c_double)
+
+
+class BirkhoffError(RuntimeError):
+    """A failing libbirkhoff call: `status` is the C status name (e.g.
+    "parameter out of range"), `code` its number, the message is the C
+    library's own (bk_last_error)."""
+
+    def __init__(self, code, status, message):
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", f32p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64)]
+
+
+class AttnDesc(C.Structure):
+    _fields_ = [("B", C.c_int), ("H", C.c_int), ("Nq", C.c_int), ("Nk", C.c_int), ("d", C.c_int),
+                ("dv", C.c_int), ("q_len", i32p), ("k_len", i32p)]
+
+
+class SinkhornParams(C.Structure):
+    _fields_ = [("scale", C.c_float), ("eps", C.c_float), ("iters", C.c_int), ("tol", C.c_float),
+                ("grad", C.c_int)]
+
+
+class SinkhornDiag(C.Structure):
+    _fields_ = [("iters", C.c_int32), ("row_err", C.c_float), ("col_err", C.c_float)]
+
+
+class SinkhornExtras(C.Structure):
+    _fields_ = [("attn", Tensor), ("f", f32p), ("g", f32p), ("diag", C.POINTER(SinkhornDiag))]
+
+
+class SoftmaxParams(C.Structure):
+    _fields_ = [("scale", C.c_float)]
+
+
+class EspParams(C.Structure):
+    _fields_ = [("sort", C.c_int), ("t", C.c_float), ("tau", C.c_float), ("scale", C.c_float),
+                ("cost", C.c_int), ("out_scale", C.c_int), ("L", C.c_int), ("theta", f32p),
+                ("seed", C.c_uint64)]
+
+
+class EspDiag(C.Structure):
+    _fields_ = [("row_err", C.c_float), ("col_err", C.c_float)]
+
+
+class EspExtras(C.Structure):
+    _fields_ = [("attn", Tensor), ("sigma", f32p), ("D", f32p), ("diag", C.POINTER(EspDiag))]
+
+
+class LotParams(C.Structure):
+    _fields_ = [("r", C.c_int), ("Z", f32p), ("theta", f32p), ("temp", C.c_float), ("iters", C.c_int),
+                ("eps", C.c_float), ("scale", C.c_float), ("tol", C.c_float)]
+
+
+class LotDiag(C.Structure):
+    _fields_ = [("iters1", C.c_int32), ("iters2", C.c_int32), ("row_err", C.c_float), ("col_err", C.c_float)]
+
+
+class LotExtras(C.Structure):
+    _fields_ = [("attn", Tensor), ("diag", C.POINTER(LotDiag))]
+
+
+class OtkDesc(C.Structure):
+    _fields_ = [("B", C.c_int), ("n", C.c_int), ("d", C.c_int), ("q", C.c_int), ("p", C.c_int),
+                ("k", C.c_int), ("len", i32p)]
+
+
+class OtkParams(C.Structure):
+    _fields_ = [("W", f32p), ("sigma", C.c_float), ("eta", C.c_float), ("eps", C.c_float),
+                ("iters", C.c_int), ("domain", C.c_int), ("convention", C.c_int), ("pe", C.c_int),
+                ("sigma_pos", C.c_float), ("pe_double", C.c_int), ("grid_h", C.c_int), ("grid_w", C.c_int),
+                ("isqrt_grad", C.c_int)]
+
+
+class OtkDiag(C.Structure):
+    _fields_ = [("row_err", C.c_float), ("col_err", C.c_float)]
+
+
+class OtkExtras(C.Structure):
+    _fields_ = [("plan", f32p), ("diag", C.POINTER(OtkDiag))]
+
+
+class KmeansParams(C.Structure):
+    _fields_ = [("iters", C.c_int), ("tol", C.c_float), ("seed", C.c_uint64), ("max_samples", C.c_int64),
+                ("init", C.c_int)]
+
+
+class KmeansReport(C.Structure):
+    _fields_ = [("iters", C.c_int), ("converged", C.c_int), ("objective", C.c_double)]
+
+
+class AsapLayer(C.Structure):
+    _fields_ = [("d", C.c_int), ("slices", C.c_int), ("scale", C.c_float), ("eps", C.c_float),
+                ("teacher_iters", C.c_int), ("theta", f32p), ("omega", f64p), ("fit", C.c_int),
+                ("lambda_", C.c_double), ("seed", C.c_uint64), ("theta_given", C.c_int),
+                ("calib_problems", C.c_int64), ("calib_rows", C.c_int64)]
+
+
+class AsapConfig(C.Structure):
+    _fields_ = [("d", C.c_int), ("slices", C.c_int), ("theta", f32p), ("seed", C.c_uint64),
+                ("scale", C.c_float), ("eps", C.c_float), ("teacher_iters", C.c_int), ("lambda_", C.c_double)]
+
+
+class AsapKlOpts(C.Structure):
+    _fields_ = [("max_iters", C.c_int), ("tol", C.c_double)]
+
+
+class AsapFitReport(C.Structure):
+    _fields_ = [("problems", C.c_int64), ("rows", C.c_int64), ("ls_rmse", C.c_double), ("ls_r2", C.c_double),
+                ("kl_j0", C.c_double), ("kl_j", C.c_double), ("kl_grad", C.c_double), ("kl_iters", C.c_int),
+                ("kl_converged", C.c_int)]
+
+
+class AsapExtras(C.Structure):
+    _fields_ = [("attn", Tensor), ("fhat", f32p), ("diag", C.POINTER(SinkhornDiag))]
+
+
+class AttnFidelity(C.Structure):
+    _fields_ = [("out_rmse", C.c_double), ("out_rms", C.c_double), ("attn_rel_l2", C.c_double),
+                ("row_err", C.c_double), ("col_err", C.c_double), ("problems", C.c_int)]
+
+
+_ABI = {
+    "bk_tensor": Tensor, "bk_attn_desc": AttnDesc, "bk_sinkhorn_params": SinkhornParams,
+    "bk_sinkhorn_diag": SinkhornDiag, "bk_sinkhorn_extras": SinkhornExtras, "bk_softmax_params": SoftmaxParams,
+    "bk_esp_params": EspParams, "bk_esp_diag": EspDiag, "bk_esp_extras": EspExtras, "bk_lot_params": LotParams,
+    "bk_lot_diag": LotDiag, "bk_lot_extras": LotExtras, "bk_otk_desc": OtkDesc, "bk_otk_params": OtkParams,
+    "bk_otk_diag": OtkDiag, "bk_otk_extras": OtkExtras, "bk_kmeans_params": KmeansParams,
+    "bk_kmeans_report": KmeansReport, "bk_asap_layer": AsapLayer, "bk_asap_config": AsapConfig,
+    "bk_asap_kl_opts": AsapKlOpts, "bk_asap_fit_report": AsapFitReport, "bk_asap_extras": AsapExtras,
+    "bk_attn_fidelity": AttnFidelity,
+}
+
+P = C.POINTER
+vp = C.c_void_p
+sz = C.c_size_t
+st = C.c_int
+_T = P(Tensor)
+_D = P(AttnDesc)
+_OD = P(OtkDesc)
+# name: (restype, argtypes)
+_PROTOS = {
+    "bk_version": (C.c_char_p, []),
+    "bk_abi_sizeof": (sz, [C.c_char_p]),
+    "bk_status_str": (C.c_char_p, [st]),
+    "bk_last_error": (C.c_char_p, []),
+    "bk_set_num_threads": (None, [C.c_int]),
+    "bk_get_num_threads": (C.c_int, []),
+    "bk_isa": (C.c_char_p, []),
+    "bk_sinkhorn_params_default": (SinkhornParams, []),
+    "bk_sinkhorn_tape_size": (sz, [_D, P(SinkhornParams)]),
+    "bk_sinkhorn_forward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, P(SinkhornExtras), vp, sz]),
+    "bk_sinkhorn_backward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
+    "bk_softmax_tape_size": (sz, [_D]),
+    "bk_softmax_forward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, vp, sz]),
+    "bk_softmax_backward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
+    "bk_esp_params_default": (EspParams, []),
+    "bk_esp_num_slices": (C.c_int, [P(EspParams), C.c_int]),
+    "bk_esp_slices": (st, [P(EspParams), C.c_int, f32p]),
+    "bk_esp_tape_size": (sz, [_D, P(EspParams)]),
+    "bk_esp_forward": (st, [_D, P(EspParams), _T, _T, _T, _T, vp, P(EspExtras), vp, sz]),
+    "bk_esp_backward": (st, [_D, P(EspParams), _T, _T, _T, _T, vp, _T, _T, _T, f32p, vp, sz]),
+    "bk_lot_params_default": (LotParams, []),
+    "bk_lot_tape_size": (sz, [_D, P(LotParams)]),
+    "bk_lot_forward": (st, [_D, P(LotParams), _T, _T, _T, _T, vp, P(LotExtras), vp, sz]),
+    "bk_lot_backward": (st, [_D, P(LotParams), _T, _T, _T, _T, vp, _T, _T, _T, f32p, f32p, vp, sz]),
+    "bk_otk_params_default": (OtkParams, []),
+    "bk_otk_tape_size": (sz, [_OD, P(OtkParams)]),
+    "bk_otk_features": (st, [_OD, P(OtkParams), _T, _T]),
+    "bk_otk_forward": (st, [_OD, P(OtkParams), _T, f32p, _T, vp, P(OtkExtras), vp, sz]),
+    "bk_otk_backward": (st, [_OD, P(OtkParams), _T, f32p, _T, vp, _T, f32p, f32p, vp, sz]),
+    "bk_kmeans_params_default": (KmeansParams, []),
+    "bk_spherical_kmeans": (st, [f32p, C.c_int64, C.c_int, C.c_int, P(KmeansParams), f32p, P(KmeansReport)]),
+    "bk_otk_fit_anchors": (st, [_OD, _T, P(KmeansParams), f32p, P(KmeansReport)]),
+    "bk_otk_fit_refs": (st, [_OD, P(OtkParams), _T, P(KmeansParams), C.c_int, f32p, P(KmeansReport)]),
+    "bk_asap_config_default": (AsapConfig, [C.c_int]),
+    "bk_asap_kl_opts_default": (AsapKlOpts, []),
+    "bk_asap_calib_create": (st, [P(AsapConfig), C.c_int, P(vp)]),
+    "bk_asap_calib_free": (None, [vp]),
+    "bk_asap_calib_add": (st, [vp, _D, _T, _T]),
+    "bk_asap_calib_fit": (st, [vp, C.c_int, P(AsapKlOpts), P(AsapLayer), P(AsapFitReport)]),
+    "bk_asap_layer_free": (None, [P(AsapLayer)]),
+    "bk_asap_save": (st, [C.c_char_p, P(AsapLayer)]),
+    "bk_asap_load": (st, [C.c_char_p, P(AsapLayer)]),
+    "bk_asap_teacher_dual": (st, [_D, P(AsapConfig), _T, _T, f32p]),
+    "bk_asap_features": (st, [_D, P(AsapLayer), _T, _T, f32p]),
+    "bk_asap_forward": (st, [_D, P(AsapLayer), C.c_int, _T, _T, _T, _T, P(AsapExtras), vp, sz]),
+    "bk_asap_close": (st, [_D, P(AsapLayer), C.c_int, f32p, _T, _T, _T, _T, P(AsapExtras), vp, sz]),
+    "bk_attn_compare": (st, [_D, _T, _T, _T, _T, P(AttnFidelity)]),
+}
+
+
+def _candidates():
+    env = os.environ.get("BIRKHOFF_LIB")
+    if env:
+        return [env], True
+    out = []
+    tree = os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libbirkhoff.so"))
+    if os.path.exists(os.path.join(_HERE, "..", "..", "include", "birkhoff.h")):
+        out.append(tree)
+    try:
+        from . import _install  # written by `make install`
+        out.append(os.path.join(_install.LIBDIR, "libbirkhoff.so.0"))
+    except ImportError:
+        pass
+    out += ["libbirkhoff.so.0", "libbirkhoff.so"]
+    return out, False
+
+
+def _load():
+    cands, explicit = _candidates()
+    errors = []
+    for c in cands:
+        if os.sep in c and not os.path.exists(c):
+            errors.append("%s: not found" % c)
+            continue
+        try:
+            lib = C.CDLL(c)
+            break
+        except OSError as e:
+            errors.append("%s: %s" % (c, e))
+    else:
+        hint = ("BIRKHOFF_LIB=%s cannot be loaded" % cands[0]) if explicit else \
+            "build it (make) in the source tree, install it (make install), or set BIRKHOFF_LIB to its path"
+        raise ImportError("birkhoff: libbirkhoff not found (%s); tried: %s" % (hint, "; ".join(errors)))
+    for name, (res, args) in _PROTOS.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError("birkhoff: %s lacks %s (a library older than this package?)" % (lib._name, name))
+        f.restype = res
+        f.argtypes = args
+    for name, cls in _ABI.items():
+        want = lib.bk_abi_sizeof(name.encode())
+        if want != C.sizeof(cls):
+            raise ImportError("birkhoff: struct %s is %d bytes in %s, %d in this package's mirror "
+                              "(library and package versions differ)" % (name, want, lib._name, C.sizeof(cls)))
+    return lib
+
+
+lib = _load()
+LIBRARY_PATH = lib._name
+
+
+def check(status):
+    """Raises BirkhoffError with the C message for a non-zero status."""
+    if status:
+        raise BirkhoffError(status, lib.bk_status_str(status).decode(), lib.bk_last_error().decode())

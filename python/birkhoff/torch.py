@@ -1,0 +1,418 @@
+"""PyTorch API: autograd Functions and drop-in modules over libbirkhoff.
+
+Functions (differentiable, CPU float32 tensors):
+  softmax_attention(q, k, v, ...)      sinkhorn_attention(q, k, v, ...)
+  esp_attention(q, k, v, ...)          lot_attention(q, k, v, Z, theta, ...)
+  otk_embedding(x, z, W=None, ...)
+Each takes q [B, H, N, d] (layout="bhnd", default) or [B, N, H, d]
+(layout="bnhd") with any strides whose last axis is unit-stride: views are
+passed to C without copies (a q sliced from a fused QKV projection included).
+Outputs are dense in the same layout. q_len / k_len: optional [B] valid
+lengths (padding at the end). Parameters left at None take the C library's
+defaults (include/birkhoff.h).
+
+Modules:
+  MultiheadAttention(embed_dim, num_heads, normaliser="sinkhorn", ...)
+      a drop-in for torch.nn.MultiheadAttention (batch_first, key padding
+      masks given as suffix masks or lengths) whose row normaliser is
+      softmax, sinkhorn, esp or lot;
+  LOTAttention(embed_dim, num_heads, r, ...)  MultiheadAttention with
+      normaliser="lot" and the pivots Z [H, r, dh] and mass logits
+      theta [H, r] as parameters;
+  OTKPooling(dim, refs, supports, ...)        the OTK embedding as a pooling
+      layer with its references (and optional anchors) as parameters.
+
+Wrong dtype (float32 only), device (CPU only), rank or shape raise
+TypeError/ValueError before any C call; C errors raise
+birkhoff.BirkhoffError with the C library's message. Gradients are exact
+VJPs of the C forward (float32): see docs/PYTHON.md for the tolerances the
+tests hold them to.
+"""
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import _core as K
+
+__all__ = ["softmax_attention", "sinkhorn_attention", "esp_attention", "lot_attention", "otk_embedding",
+           "MultiheadAttention", "LOTAttention", "OTKPooling"]
+
+
+class TorchAdapter:
+    name = "torch"
+
+    @staticmethod
+    def prepare(a, name):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError("%s: torch.Tensor expected, got %s" % (name, type(a).__name__))
+        if a.dtype != torch.float32:
+            raise TypeError("%s: torch.float32 expected, got %s" % (name, a.dtype))
+        if a.device.type != "cpu":
+            raise ValueError("%s: birkhoff runs on the CPU, the tensor is on %s" % (name, a.device))
+        return a.detach()
+
+    @staticmethod
+    def info(a):
+        return a.data_ptr(), tuple(a.shape), tuple(a.stride())
+
+    @staticmethod
+    def aligned(a):
+        return True
+
+    @staticmethod
+    def dense(a):
+        return a.contiguous()
+
+    @staticmethod
+    def empty(shape):
+        return torch.empty(shape, dtype=torch.float32)
+
+    @staticmethod
+    def lengths(x, B, name):
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_floating_point or x.dtype == torch.bool:
+                raise TypeError("%s: integer lengths expected, got %s" % (name, x.dtype))
+            x = x.detach().cpu().numpy()
+        return K.NP.lengths(x, B, name)
+
+
+TA = TorchAdapter
+
+
+def _param_np(t, name):
+    """a float32 CPU tensor parameter as a dense numpy array sharing its
+    memory where possible"""
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor):
+        TA.prepare(t, name)
+        return t.detach().contiguous().numpy()
+    return np.ascontiguousarray(np.asarray(t, dtype=np.float32))
+
+
+def _t(a):
+    return None if a is None else torch.from_numpy(a)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_len, k_len, layout, scale):
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        res = K.softmax_forward(pr, scale, want_tape=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(q, k, v)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, scale)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        q_len, k_len, layout, scale = ctx.args
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        dq, dk, dv = K.softmax_backward(pr, scale, dout, ctx.tape)
+        return dq, dk, dv, None, None, None, None
+
+
+class _Sinkhorn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_len, k_len, layout, p):
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        res = K.sinkhorn_forward(pr, p, want_tape=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(q, k, v)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, p)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        q_len, k_len, layout, p = ctx.args
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        dq, dk, dv = K.sinkhorn_backward(pr, p, dout, ctx.tape)
+        return dq, dk, dv, None, None, None, None
+
+
+class _Esp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, theta, q_len, k_len, layout, kw):
+        cfg = K.EspConfig(theta=_param_np(theta, "theta"), **kw)
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        res = K.esp_forward(pr, cfg, want_tape=any(ctx.needs_input_grad[:4]))
+        ctx.save_for_backward(q, k, v, theta)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, theta = ctx.saved_tensors
+        q_len, k_len, layout, kw = ctx.args
+        cfg = K.EspConfig(theta=_param_np(theta, "theta"), **kw)
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        want_th = theta is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dth = K.esp_backward(pr, cfg, dout, ctx.tape, want_th)
+        return dq, dk, dv, _t(dth), None, None, None, None
+
+
+class _Lot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, Z, theta, q_len, k_len, layout, kw):
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        p, Zn, thn = K.lot_params(pr, _param_np(Z, "Z"), _param_np(theta, "theta"), **kw)
+        res = K.lot_forward(pr, p, want_tape=any(ctx.needs_input_grad[:5]))
+        ctx.save_for_backward(q, k, v, Z, theta)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, Z, theta = ctx.saved_tensors
+        q_len, k_len, layout, kw = ctx.args
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        p, Zn, thn = K.lot_params(pr, _param_np(Z, "Z"), _param_np(theta, "theta"), **kw)
+        want = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+        dq, dk, dv, dZ, dth = K.lot_backward(pr, p, dout, ctx.tape, want)
+        return dq, dk, dv, _t(dZ), _t(dth), None, None, None, None
+
+
+class _Otk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, z, W, lengths, kw):
+        zn, Wn = _param_np(z, "z"), _param_np(W, "W")
+        op, prm = _otk_problem(x, zn, Wn, lengths, kw)
+        res = K.otk_forward(op, prm, zn, want_tape=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(x, z, W)
+        ctx.tape, ctx.args = res["tape"], (lengths, kw)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, z, W = ctx.saved_tensors
+        lengths, kw = ctx.args
+        zn, Wn = _param_np(z, "z"), _param_np(W, "W")
+        op, prm = _otk_problem(x, zn, Wn, lengths, kw)
+        n = ctx.needs_input_grad
+        dx, dz, dW = K.otk_backward(op, prm, zn, dout, ctx.tape, n[0], n[1], W is not None and n[2])
+        return dx, _t(dz), _t(dW), None, None
+
+
+def _otk_problem(x, zn, Wn, lengths, kw):
+    if zn is None or zn.ndim != 3:
+        raise ValueError("z: references [q, p, k] expected, got %s" % (None if zn is None else zn.shape,))
+    q, p, k = zn.shape
+    if Wn is not None and (Wn.ndim != 2 or Wn.shape[0] != k):
+        raise ValueError("W: anchors [k=%d, d] expected, got shape %s" % (k, Wn.shape))
+    op = K.OtkProblem(TA, x, q, p, k, lengths)
+    if Wn is not None and Wn.shape[1] != op.d:
+        raise ValueError("W: anchors [k, d=%d] expected, got shape %s" % (op.d, Wn.shape))
+    prm = K.otk_params(Wn, *(kw.get(key) for key in ("sigma", "eta", "eps", "iters", "domain", "convention", "pe",
+                                                     "sigma_pos", "pe_double", "grid", "isqrt_grad")))
+    return op, prm
+
+
+# ---- functional API ----
+
+def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None):
+    """softmax(scale q k^T) v (scale None: 1/sqrt(d))"""
+    return _Softmax.apply(q, k, v, q_len, k_len, layout, 0.0 if scale is None else float(scale))
+
+
+def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
+                       tol=None, grad=None):
+    """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
+    temperature eps; grad "unrolled" (exact VJP, default) or "implicit"."""
+    p = K.sinkhorn_params(scale, eps, iters, tol, grad)
+    return _Sinkhorn.apply(q, k, v, q_len, k_len, layout, p)
+
+
+def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,
+                  scale=None, cost=None, out_scale=None, slices=None, seed=None):
+    """ESP attention (ESPFormer). sort "hard" or "soft"; theta [L, d]: slice
+    directions (a tensor with requires_grad gets its gradient under soft
+    sort; None: axis-aligned (slices 0) or `slices` random directions)."""
+    kw = dict(sort=sort, t=t, tau=tau, scale=scale, cost=cost, out_scale=out_scale, slices=slices, seed=seed)
+    return _Esp.apply(q, k, v, theta, q_len, k_len, layout, kw)
+
+
+def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", temp=None, iters=None, eps=None,
+                  scale=None, tol=None):
+    """LOT attention (LOTFormer): pivots Z [H, r, d], mass logits theta
+    [H, r]; both get gradients."""
+    kw = dict(temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
+    return _Lot.apply(q, k, v, Z, theta, q_len, k_len, layout, kw)
+
+
+def otk_embedding(x, z, W=None, *, lengths=None, **params):
+    """OTK embedding of x [B, n, d] onto references z [q, p, k]: [B, p, q*k]
+    (params as birkhoff.otk: sigma, eta, eps, iters, domain, convention,
+    pe, sigma_pos, pe_double, grid, isqrt_grad)."""
+    from .ops import _otk_kw
+    return _Otk.apply(x, z, W, lengths, _otk_kw(params))
+
+
+# ---- modules ----
+
+NORMALISERS = ("softmax", "sinkhorn", "esp", "lot")
+
+
+def _suffix_lengths(mask, B, N, name):
+    """[B] lengths from a [B, N] boolean padding mask (True = padding) whose
+    padding is a suffix of every row"""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
+        raise ValueError("%s: a bool tensor [B=%d, N=%d] (True = padding) expected" % (name, B, N))
+    m = mask.detach().cpu()
+    lens = (~m).sum(dim=1)
+    ar = torch.arange(N).unsqueeze(0)
+    if not torch.equal(m, ar >= lens.unsqueeze(1)):
+        raise ValueError("%s: birkhoff takes padding at the end of each sequence only (a suffix mask); "
+                         "reorder the tokens or pass lengths" % name)
+    return lens.to(torch.int32).numpy()
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head attention whose attention matrix is normalised by
+    `normaliser`: "softmax", "sinkhorn" (default), "esp" or "lot".
+
+    The projections follow torch.nn.MultiheadAttention (in_proj_weight
+    [3E, E], in_proj_bias, out_proj) and the call is compatible with it:
+        out, weights = mha(query, key=None, value=None, key_padding_mask=None,
+                           need_weights=False, lengths=None)
+    with batch_first=True ([B, N, E], default) or False ([N, B, E]).
+    key/value None means self-attention; key_padding_mask [B, Nk] (True =
+    padding) must be a suffix mask; lengths [B] gives the valid length of
+    queries and keys of a self-attention directly. weights is always None
+    (birkhoff's operators do not keep the N x N matrix; use the ops API's
+    attn=True to inspect it). The fused QKV projection is viewed as
+    [B, N, 3, H, dh] and its q, k, v slices go to C without copies.
+
+    options: the normaliser's parameters (Sinkhorn: eps, iters, tol, grad,
+    scale; ESP: sort, t, tau, cost, out_scale, slices, seed, scale; LOT:
+    r, temp, iters, eps, tol, scale; softmax: scale).
+    """
+
+    def __init__(self, embed_dim, num_heads, normaliser="sinkhorn", bias=True, batch_first=True, dropout=0.0,
+                 **options):
+        super().__init__()
+        if normaliser not in NORMALISERS:
+            raise ValueError("normaliser must be one of %s (got %r)" % (", ".join(NORMALISERS), normaliser))
+        if embed_dim % num_heads:
+            raise ValueError("embed_dim %d is not divisible by num_heads %d" % (embed_dim, num_heads))
+        if dropout:
+            raise ValueError("attention dropout is not supported (dropout must be 0)")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.normaliser, self.batch_first = normaliser, batch_first
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.options = dict(options)
+        if normaliser == "lot":
+            r = int(self.options.pop("r", 32))
+            self.Z = nn.Parameter(torch.randn(num_heads, r, self.head_dim) / math.sqrt(self.head_dim))
+            self.theta = nn.Parameter(torch.zeros(num_heads, r))
+        self._check_options()
+        nn.init.xavier_uniform_(self.in_proj_weight)
+
+    _KEYS = {"softmax": ("scale",), "sinkhorn": ("scale", "eps", "iters", "tol", "grad"),
+             "esp": ("sort", "t", "tau", "scale", "cost", "out_scale", "slices", "seed"),
+             "lot": ("temp", "iters", "eps", "scale", "tol")}
+
+    def _check_options(self):
+        bad = set(self.options) - set(self._KEYS[self.normaliser])
+        if bad:
+            raise TypeError("unknown option(s) for normaliser %s: %s (known: %s)" % (
+                self.normaliser, ", ".join(sorted(bad)), ", ".join(self._KEYS[self.normaliser])))
+
+    def extra_repr(self):
+        opts = "".join(", %s=%r" % kv for kv in sorted(self.options.items()))
+        return "embed_dim=%d, num_heads=%d, normaliser=%s%s" % (self.embed_dim, self.num_heads, self.normaliser,
+                                                               opts)
+
+    def attend(self, q, k, v, q_len=None, k_len=None, layout="bnhd"):
+        """the normaliser applied to per-head q, k, v (no projections)"""
+        o = self.options
+        if self.normaliser == "softmax":
+            return softmax_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
+        if self.normaliser == "sinkhorn":
+            return sinkhorn_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
+        if self.normaliser == "esp":
+            return esp_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
+        return lot_attention(q, k, v, self.Z, self.theta, q_len=q_len, k_len=k_len, layout=layout, **o)
+
+    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=False, lengths=None,
+                attn_mask=None):
+        if attn_mask is not None:
+            raise ValueError("attn_mask is not supported (padding: key_padding_mask as a suffix mask, or lengths)")
+        self_attn = (key is None or key is query) and (value is None or value is query)
+        if not self.batch_first:
+            query = query.transpose(0, 1)
+            key = key.transpose(0, 1) if key is not None else None
+            value = value.transpose(0, 1) if value is not None else None
+        if query.dim() != 3 or query.shape[-1] != self.embed_dim:
+            raise ValueError("query: [B, N, %d] expected, got %s" % (self.embed_dim, tuple(query.shape)))
+        B, N, E = query.shape
+        H, dh = self.num_heads, self.head_dim
+        W, b = self.in_proj_weight, self.in_proj_bias
+        if self_attn:
+            qkv = nn.functional.linear(query, W, b).view(B, N, 3, H, dh)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            Nk = N
+        else:
+            key = query if key is None else key
+            value = key if value is None else value
+            Nk = key.shape[1]
+            q = nn.functional.linear(query, W[:E], None if b is None else b[:E]).view(B, N, H, dh)
+            k = nn.functional.linear(key, W[E:2 * E], None if b is None else b[E:2 * E]).view(B, Nk, H, dh)
+            v = nn.functional.linear(value, W[2 * E:], None if b is None else b[2 * E:]).view(B, Nk, H, dh)
+        k_len = _suffix_lengths(key_padding_mask, B, Nk, "key_padding_mask")
+        q_len = None
+        if lengths is not None:
+            if not self_attn:
+                raise ValueError("lengths is for self-attention; use key_padding_mask for cross-attention")
+            q_len = k_len = TA.lengths(lengths, B, "lengths")
+        o = self.attend(q, k, v, q_len, k_len, "bnhd").reshape(B, N, E)
+        out = self.out_proj(o)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, None
+
+
+class LOTAttention(MultiheadAttention):
+    """MultiheadAttention(normaliser="lot") with r pivots per head: Z
+    [H, r, dh] ~ N(0, 1/dh) and mass logits theta [H, r] = 0, both
+    parameters."""
+
+    def __init__(self, embed_dim, num_heads, r=32, **options):
+        super().__init__(embed_dim, num_heads, normaliser="lot", r=r, **options)
+
+
+class OTKPooling(nn.Module):
+    """The OTK embedding as a pooling layer: x [B, n, dim] -> [B, p * refs * k]
+    (flatten=True) or [B, p, refs * k]. References z [refs, supports, k]
+    are a parameter (N(0, 1/k)); anchors=k0 adds a trainable Nystrom
+    feature map with anchors W [k0, dim] (unit rows; renormalise them after
+    an optimiser step with normalise_anchors()), else k = dim.
+    options: sigma, eta, eps, iters, domain, convention, pe, sigma_pos,
+    pe_double, grid, isqrt_grad (birkhoff.otk)."""
+
+    def __init__(self, dim, refs=1, supports=10, anchors=None, flatten=True, **options):
+        super().__init__()
+        from .ops import _otk_kw
+        self.options = _otk_kw(dict(options))
+        self.flatten = flatten
+        k = dim if anchors is None else int(anchors)
+        self.z = nn.Parameter(torch.randn(refs, supports, k) / math.sqrt(k))
+        if anchors is not None:
+            W = torch.randn(k, dim)
+            self.W = nn.Parameter(W / W.norm(dim=1, keepdim=True))
+        else:
+            self.register_parameter("W", None)
+
+    @torch.no_grad()
+    def normalise_anchors(self):
+        if self.W is not None:
+            self.W.div_(self.W.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+    def forward(self, x, lengths=None):
+        out = otk_embedding(x, self.z, self.W, lengths=lengths, **self.options)
+        return out.reshape(out.shape[0], -1) if self.flatten else out

@@ -59,7 +59,7 @@ TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
 
 PHONY_EXTRA = fuzz
-.PHONY: $(PHONY_EXTRA) all lib test check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
+.PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -157,8 +157,15 @@ oracle: $(CLI)
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
 
+# the Python package (python/birkhoff) is installed next to the library, into
+# the site directory Debian's python3 searches for this prefix
+PY_PKG = $(wildcard python/birkhoff/*.py)
+PY_VER := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3)
+PYTHON_SITE ?= $(PREFIX)/lib/python$(PY_VER)/dist-packages
+
 # install into a staging directory and build the example against the
-# installed shared library through pkg-config
+# installed shared library through pkg-config; import the installed Python
+# package from outside the source tree
 STAGE = $(abspath $(BUILD))/stage
 check-install: all
 	rm -rf $(STAGE)
@@ -166,6 +173,10 @@ check-install: all
 	PKG_CONFIG_PATH=$(STAGE)/usr/local/lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$(STAGE) \
 	  sh -c '$(CC) -std=c11 -Wall -Werror examples/quickstart.c $$(pkg-config --cflags --libs birkhoff) -o $(BUILD)/quickstart-installed'
 	LD_LIBRARY_PATH=$(STAGE)/usr/local/lib $(BUILD)/quickstart-installed
+	cd / && PYTHONPATH=$(STAGE)$(PYTHON_SITE) BIRKHOFF_LIB=$(STAGE)/usr/local/lib/libbirkhoff.so.0 \
+	  $(PY) -c 'import birkhoff, numpy as np; x = np.ones((1, 1, 2, 2), np.float32); \
+	  assert birkhoff.LIBRARY_PATH.startswith("$(STAGE)") and birkhoff.__file__.startswith("$(STAGE)"); \
+	  assert np.allclose(birkhoff.sinkhorn(x, x, x).out, 1); print("python package: installed copy imports and runs")'
 
 check: deps
 	$(MAKE) WERROR=1 all test check-install
@@ -173,7 +184,15 @@ check: deps
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/test_cli.py $(CLI)
 	$(PY) tests/test_train_cli.py $(CLI)
+	$(MAKE) test-python
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=1 FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
+
+# the Python package over the shared library (numpy and PyTorch APIs; needs
+# Debian's python3-torch and python3-numpy): bindings against the references,
+# gradcheck, leaks, and a ViT on MNIST with birkhoff's Sinkhorn attention
+test-python: all
+	$(PY) tests/python/test_bindings.py
+	$(PY) tests/python/test_vit_mnist.py
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
 FUZZ_SECONDS ?= 10
@@ -203,8 +222,12 @@ install: $(LIB_A) $(LIB_SO) $(CLI)
 	ln -sf libbirkhoff.so.0 $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' birkhoff.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
+	install -d $(DESTDIR)$(PYTHON_SITE)/birkhoff
+	install -m 644 $(PY_PKG) $(DESTDIR)$(PYTHON_SITE)/birkhoff/
+	printf '"""written by make install"""\nLIBDIR = "%s"\n' '$(PREFIX)/lib' > $(DESTDIR)$(PYTHON_SITE)/birkhoff/_install.py
 
 uninstall:
+	rm -rf $(DESTDIR)$(PYTHON_SITE)/birkhoff
 	rm -f $(DESTDIR)$(PREFIX)/include/birkhoff.h $(DESTDIR)$(PREFIX)/lib/libbirkhoff.a \
 	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0 \
 	      $(DESTDIR)$(PREFIX)/bin/birkhoff $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc

@@ -95,6 +95,15 @@ def _addr_np(a):
     return None if a is None else a.ctypes.data
 
 
+def needs_copy(ad, a, shape, strides):
+    """the strides C cannot take: a last axis that is not unit-stride, a
+    negative stride, a broadcast (zero-stride) axis of size > 1, or a stride
+    that is not a whole number of elements"""
+    if shape[-1] > 1 and strides[-1] != 1:
+        return True
+    return not ad.aligned(a) or any(st < 0 or (st == 0 and n > 1) for n, st in zip(shape, strides))
+
+
 class Operand:
     """A validated operand: the object (kept alive), its address and its
     [B, H, N, C] sizes and element strides in C's order."""
@@ -111,7 +120,7 @@ def attn_operand(ad, a, layout, name):
     if len(a.shape) != 4:
         raise ValueError("%s: 4-D [%s] expected, got shape %s" % (name, ", ".join(layout.upper()), tuple(a.shape)))
     addr, shape, strides = ad.info(a)
-    if (strides[3] != 1 and shape[3] > 1) or not ad.aligned(a) or min(strides) < 0:
+    if needs_copy(ad, a, shape, strides):
         a = ad.dense(a)
         addr, shape, strides = ad.info(a)
     o = Operand()
@@ -432,7 +441,7 @@ class OtkProblem:
         if len(x.shape) != 3:
             raise ValueError("x: [B, n, d] expected, got shape %s" % (tuple(x.shape),))
         addr, shape, strides = ad.info(x)
-        if (strides[2] != 1 and shape[2] > 1) or not ad.aligned(x) or min(strides) < 0:
+        if needs_copy(ad, x, shape, strides):
             x = ad.dense(x)
             addr, shape, strides = ad.info(x)
         if min(shape) < 1:
@@ -487,8 +496,8 @@ def otk_backward(op, p, z, dout, tape, want_dx=True, want_dz=True, want_dW=False
     do = op.ad.prepare(dout, "dout")
     if tuple(do.shape) != (d.B, d.p, d.q * d.k):
         raise ValueError("dout: [B=%d, p=%d, q*k=%d] expected, got %s" % (d.B, d.p, d.q * d.k, tuple(do.shape)))
-    addr, _, strides = op.ad.info(do)
-    if strides[2] != 1 or not op.ad.aligned(do) or min(strides) < 0:
+    addr, shape, strides = op.ad.info(do)
+    if needs_copy(op.ad, do, shape, strides):
         do = op.ad.dense(do)
         addr, _, strides = op.ad.info(do)
     tdo = _lib.Tensor(fptr(addr), strides[0], 0, strides[1])

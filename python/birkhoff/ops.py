@@ -35,8 +35,14 @@ NP = K.NP
 
 
 class Result(dict):
-    """A forward's outputs: out, tape and the extras asked for."""
-    __getattr__ = dict.__getitem__
+    """A forward's outputs: out, tape and the extras asked for (as keys and
+    as attributes)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 def _problem(q, k, v, q_len, k_len, layout):

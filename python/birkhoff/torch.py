@@ -92,6 +92,16 @@ def _param_np(t, name):
     return np.ascontiguousarray(np.asarray(t, dtype=np.float32))
 
 
+def _as_tensor(t, name):
+    """parameters may be given as numpy arrays: autograd saves tensors only"""
+    if t is None or isinstance(t, torch.Tensor):
+        return t
+    a = np.asarray(t)
+    if a.dtype != np.float32:
+        raise TypeError("%s: float32 expected, got %s" % (name, a.dtype))
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
 def _t(a):
     return None if a is None else torch.from_numpy(a)
 
@@ -230,7 +240,7 @@ def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd",
     directions (a tensor with requires_grad gets its gradient under soft
     sort; None: axis-aligned (slices 0) or `slices` random directions)."""
     kw = dict(sort=sort, t=t, tau=tau, scale=scale, cost=cost, out_scale=out_scale, slices=slices, seed=seed)
-    return _Esp.apply(q, k, v, theta, q_len, k_len, layout, kw)
+    return _Esp.apply(q, k, v, _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
 
 
 def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", temp=None, iters=None, eps=None,
@@ -238,7 +248,7 @@ def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", t
     """LOT attention (LOTFormer): pivots Z [H, r, d], mass logits theta
     [H, r]; both get gradients."""
     kw = dict(temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
-    return _Lot.apply(q, k, v, Z, theta, q_len, k_len, layout, kw)
+    return _Lot.apply(q, k, v, _as_tensor(Z, "Z"), _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
 
 
 def otk_embedding(x, z, W=None, *, lengths=None, **params):
@@ -246,7 +256,7 @@ def otk_embedding(x, z, W=None, *, lengths=None, **params):
     (params as birkhoff.otk: sigma, eta, eps, iters, domain, convention,
     pe, sigma_pos, pe_double, grid, isqrt_grad)."""
     from .ops import _otk_kw
-    return _Otk.apply(x, z, W, lengths, _otk_kw(params))
+    return _Otk.apply(x, _as_tensor(z, "z"), _as_tensor(W, "W"), lengths, _otk_kw(params))
 
 
 # ---- modules ----
@@ -367,6 +377,8 @@ class MultiheadAttention(nn.Module):
         k_len = _suffix_lengths(key_padding_mask, B, Nk, "key_padding_mask")
         q_len = None
         if lengths is not None:
+            if key_padding_mask is not None:
+                raise ValueError("give either lengths or key_padding_mask, not both")
             if not self_attn:
                 raise ValueError("lengths is for self-attention; use key_padding_mask for cross-attention")
             q_len = k_len = TA.lengths(lengths, B, "lengths")

@@ -106,40 +106,28 @@ def _t(a):
     return None if a is None else torch.from_numpy(a)
 
 
-class _Softmax(torch.autograd.Function):
+class _QKV(torch.autograd.Function):
+    """softmax and Sinkhorn attention: q, k, v in, their gradients out; `op`
+    is (forward, backward) of _core with their parameters `p`"""
+
     @staticmethod
-    def forward(ctx, q, k, v, q_len, k_len, layout, scale):
+    def forward(ctx, q, k, v, q_len, k_len, layout, op, p):
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        res = K.softmax_forward(pr, scale, want_tape=any(ctx.needs_input_grad[:3]))
+        res = op[0](pr, p, want_tape=any(ctx.needs_input_grad[:3]))
         ctx.save_for_backward(q, k, v)
-        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, scale)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, op, p)
         return res["out"]
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
-        q_len, k_len, layout, scale = ctx.args
-        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        dq, dk, dv = K.softmax_backward(pr, scale, dout, ctx.tape)
-        return dq, dk, dv, None, None, None, None
+        q_len, k_len, layout, op, p = ctx.args
+        dq, dk, dv = op[1](K.Problem(TA, q, k, v, q_len, k_len, layout), p, dout, ctx.tape)
+        return dq, dk, dv, None, None, None, None, None
 
 
-class _Sinkhorn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, q_len, k_len, layout, p):
-        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        res = K.sinkhorn_forward(pr, p, want_tape=any(ctx.needs_input_grad[:3]))
-        ctx.save_for_backward(q, k, v)
-        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, p)
-        return res["out"]
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        q_len, k_len, layout, p = ctx.args
-        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        dq, dk, dv = K.sinkhorn_backward(pr, p, dout, ctx.tape)
-        return dq, dk, dv, None, None, None, None
+_SOFTMAX = (K.softmax_forward, K.softmax_backward)
+_SINKHORN = (K.sinkhorn_forward, K.sinkhorn_backward)
 
 
 class _Esp(torch.autograd.Function):
@@ -223,7 +211,7 @@ def _otk_problem(x, zn, Wn, lengths, kw):
 
 def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None):
     """softmax(scale q k^T) v (scale None: 1/sqrt(d))"""
-    return _Softmax.apply(q, k, v, q_len, k_len, layout, 0.0 if scale is None else float(scale))
+    return _QKV.apply(q, k, v, q_len, k_len, layout, _SOFTMAX, 0.0 if scale is None else float(scale))
 
 
 def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
@@ -231,7 +219,7 @@ def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=
     """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
     temperature eps; grad "unrolled" (exact VJP, default) or "implicit"."""
     p = K.sinkhorn_params(scale, eps, iters, tol, grad)
-    return _Sinkhorn.apply(q, k, v, q_len, k_len, layout, p)
+    return _QKV.apply(q, k, v, q_len, k_len, layout, _SINKHORN, p)
 
 
 def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,

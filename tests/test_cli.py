@@ -8,18 +8,12 @@ import sys
 import tempfile
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import Checks  # noqa: E402
+
 
 BK = sys.argv[1] if len(sys.argv) > 1 else "build/birkhoff"
-passed = failed = 0
-
-
-def check(ok, name, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}")
+check = Checks()
 
 
 def run(*args):
@@ -324,5 +318,4 @@ rc, out = run("bench", "--op", "asap", "--cases", "2:32:8", "--no-peer", "--reps
               "--json")
 check(rc == 0 and out.count('"op": "asap"') == 5, "bench --op asap runs", out)
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.summary())

@@ -17,19 +17,13 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import Checks  # noqa: E402
+
 BK = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/birkhoff")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.abspath(os.environ.get("BK_TEST_DATA", os.path.join(ROOT, "build", "test-data")))
-passed = failed = 0
-
-
-def check(ok, name, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail[-3000:]}")
+check = Checks()
 
 
 def run(*args, env=None, timeout=600):
@@ -264,6 +258,6 @@ check(rc == 1 and "epoch 99" in out, "plot colsums: missing epoch", out)
 rc, out = run("plot", "nope")
 check(rc == 2, "plot: unknown figure", out)
 
-print(f"{passed} passed, {failed} failed")
+status = check.summary()
 shutil.rmtree(tmp, ignore_errors=True)
-sys.exit(1 if failed else 0)
+sys.exit(status)

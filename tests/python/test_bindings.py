@@ -41,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "bench", "peers"))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from checklib import Checks  # noqa: E402
 sys.dont_write_bytecode = True
 
 import numpy as np  # noqa: E402
@@ -65,19 +67,10 @@ TOL_GRAD = 1e-3    # gradients vs the float64 reference
 TOL_TRUNC = 1e-6   # padded problem vs the truncated problem, both birkhoff float32
 GC = dict(eps=1e-3, atol=5e-3, rtol=5e-3)   # gradcheck in float32
 
-PASSED = 0
-FAILED = 0
 WORST = {}         # tolerance -> worst relative error seen by check_close
 
 
-def check(cond, name, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-    else:
-        FAILED += 1
-        print("FAIL %s: %s" % (name, detail))
-    return bool(cond)
+check = Checks(limit=100000)
 
 
 def rel(a, b, floor=0.0):
@@ -1127,8 +1120,7 @@ def main():
             check(False, fn.__name__, "raised %s: %s" % (type(e).__name__, e))
     for tol in sorted(WORST):
         print("worst relative error against tolerance %.0e: %.2e" % (tol, WORST[tol]))
-    print("%d passed, %d failed (%.1fs)" % (PASSED, FAILED, time.time() - T0))
-    return 1 if FAILED else 0
+    return check.summary(" (%.1fs)" % (time.time() - T0))
 
 
 if __name__ == "__main__":

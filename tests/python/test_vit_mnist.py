@@ -42,7 +42,10 @@ import birkhoff.torch as bt  # noqa: E402
 
 SEED = 0
 THREADS = 2
-N_TRAIN = 6000       # fixed seeded subset of the 60000 training images
+# Budget (measured on 2 cores): 624 steps, about 10 s of training (up to ~25 s
+# on a loaded machine), test accuracy 92-93.5 % over seeds 0-5. 6000 images x
+# 2 epochs reached only 77-86 %, 12000 x 2 about 87-90 %.
+N_TRAIN = 20000      # fixed seeded subset of the 60000 training images
 N_TEST = 1000        # fixed seeded subset of the 10000 test images
 BATCH = 64
 EPOCHS = 2
@@ -294,6 +297,8 @@ def main():
     logits, acc = evaluate(model, Xte, Yte)
     print(f"trained {total} steps ({total * BATCH} samples) in {train_s:.1f} s: "
           f"{total * BATCH / train_s:.1f} samples/s; test accuracy {100 * acc:.2f}% on {N_TEST} images", flush=True)
+    if train_s > 60:
+        print(f"note: training took {train_s:.0f} s, over the 60 s budget (a loaded machine?)", flush=True)
 
     check(acc > ACC_MIN, "(a) test accuracy", f"{100 * acc:.2f}% (> {100 * ACC_MIN:.0f}%)")
     k = min(20, len(losses) // 4)

@@ -1,0 +1,24 @@
+"""The pass/fail counter shared by the Python test scripts (tests/test_cli.py,
+tests/test_train_cli.py, tests/python/*.py)."""
+
+
+class Checks:
+    """check(ok, name, detail) counts a check and prints "FAIL name: detail"
+    (the detail's last `limit` characters) when ok is false; returns ok."""
+
+    def __init__(self, limit=3000):
+        self.passed = self.failed = 0
+        self.limit = limit
+
+    def __call__(self, ok, name, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL %s: %s" % (name, str(detail)[-self.limit:]))
+        return bool(ok)
+
+    def summary(self, suffix=""):
+        """prints "N passed, M failed" and returns the exit status"""
+        print("%d passed, %d failed%s" % (self.passed, self.failed, suffix))
+        return 1 if self.failed else 0

@@ -219,19 +219,19 @@ class PortMHA(nn.Module):
 def variants(a, norm, tokens, lot_port):
     """(birkhoff attention factory, peer attention factory, peer description)"""
     if norm == "softmax":
-        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="softmax"),
+        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="softmax", batch_first=True),
                 lambda E, H: nn.MultiheadAttention(E, H, batch_first=True),
                 "torch.nn.MultiheadAttention")
     if norm == "sinkhorn":
         S, eps = a.sinkhorn_iters, a.sinkhorn_eps
         fn = lambda q, k, v: sinkformer_torch.attention(q, k, v, S, eps=eps)[0]  # noqa: E731
-        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="sinkhorn", iters=S, eps=eps),
+        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="sinkhorn", iters=S, eps=eps, batch_first=True),
                 lambda E, H: PortMHA(E, H, fn),
                 "sinkformer_torch.attention(n_it=%d, eps=%g)" % (S, eps))
     if norm == "esp":
         t, T = a.esp_t, a.esp_temperature
         fn = lambda q, k, v: espformer_torch.esp_reference(q, k, v, softsort_t=t, temperature=T)[0]  # noqa: E731
-        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="esp", sort="soft", t=t, tau=T * tokens,
+        return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="esp", batch_first=True, sort="soft", t=t, tau=T * tokens,
                                                    cost="euclid", out_scale="rows"),
                 lambda E, H: PortMHA(E, H, fn),
                 "espformer_torch.esp_reference(t=%g, T=%g) [birkhoff: soft, tau=T*N=%g, euclid, rows]"
@@ -243,7 +243,7 @@ def variants(a, norm, tokens, lot_port):
     else:
         fn = lambda q, k, v, Z, th: lotformer_torch.lot_semantics(  # noqa: E731
             q, k, v, Z, th, temp=temp, iters=T, eps=eps)[0]
-    return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="lot", r=r, temp=temp, iters=T, eps=eps),
+    return (lambda E, H: bt.MultiheadAttention(E, H, normaliser="lot", batch_first=True, r=r, temp=temp, iters=T, eps=eps),
             lambda E, H: PortMHA(E, H, fn, r=r),
             "lotformer_torch.lot_%s(r=%d, T=%d, eps=%g, temp=%g)" % (lot_port, r, T, eps, temp))
 

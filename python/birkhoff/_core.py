@@ -228,13 +228,16 @@ def setp(p, **kw):
         if v is not None:
             t = type(getattr(p, k))
             try:
-                setattr(p, k, t(v))
+                x = t(v)
             except (TypeError, ValueError, OverflowError):
                 raise TypeError("%s: a number expected, got %r" % (k, v))
+            if t is int and x != v:
+                raise ValueError("%s: an integer expected, got %r" % (k, v))
+            setattr(p, k, x)
     return p
 
 
-def sinkhorn_params(scale, eps, iters, tol, grad):
+def sinkhorn_params(scale=None, eps=None, iters=None, tol=None, grad=None):
     p = setp(lib.bk_sinkhorn_params_default(), scale=scale, eps=eps, iters=iters, tol=tol)
     if grad is not None:
         p.grad = choice(GRAD_MODES, grad, "grad")
@@ -305,7 +308,8 @@ def softmax_backward(pr, scale, dout, tape):
 class EspConfig:
     """ESP parameters with the slice matrix held as a dense float32 array."""
 
-    def __init__(self, sort, t, tau, scale, cost, out_scale, slices, theta, seed):
+    def __init__(self, sort=None, t=None, tau=None, scale=None, cost=None, out_scale=None, slices=None, theta=None,
+                 seed=None):
         self.p = setp(lib.bk_esp_params_default(), t=t, tau=tau, scale=scale, seed=seed)
         if sort is not None:
             self.p.sort = choice(ESP_SORT, sort, "sort")
@@ -377,7 +381,7 @@ def esp_slices(cfg, d):
     return th
 
 
-def lot_params(pr, Z, theta, temp, iters, eps, scale, tol):
+def lot_params(pr, Z, theta, temp=None, iters=None, eps=None, scale=None, tol=None):
     """(params, Z, theta): Z [H, r, d] and theta [H, r] as dense float32 numpy arrays"""
     d = pr.desc
     if Z is None or theta is None:

@@ -272,16 +272,21 @@ class MultiheadAttention(nn.Module):
     """Multi-head attention whose attention matrix is normalised by
     `normaliser`: "softmax", "sinkhorn" (default), "esp" or "lot".
 
-    The projections follow torch.nn.MultiheadAttention (in_proj_weight
-    [3E, E], in_proj_bias, out_proj) and the call is compatible with it:
+    The constructor, the parameters (in_proj_weight [3E, E], in_proj_bias,
+    out_proj) and the call are torch.nn.MultiheadAttention's, defaults
+    included (batch_first=False: [N, B, E]; batch_first=True: [B, N, E]):
         out, weights = mha(query, key=None, value=None, key_padding_mask=None,
-                           need_weights=False, lengths=None)
-    with batch_first=True ([B, N, E], default) or False ([N, B, E]).
-    key/value None means self-attention; key_padding_mask [B, Nk] (True =
-    padding) must be a suffix mask; lengths [B] gives the valid length of
-    queries and keys of a self-attention directly. weights is always None
-    (birkhoff's operators do not keep the N x N matrix; use the ops API's
-    attn=True to inspect it). The fused QKV projection is viewed as
+                           need_weights=True, attn_mask=None,
+                           average_attn_weights=True, *, lengths=None)
+    key/value None (or the query itself) means self-attention;
+    key_padding_mask [B, Nk] (True = padding) must be a suffix mask; lengths
+    [B] gives the valid length of queries and keys of a self-attention
+    directly. weights [B, Nq, Nk] (or [B, H, Nq, Nk] without averaging) come
+    from a second, non-differentiable forward that exports them: pass
+    need_weights=False in training (the differentiable path never forms an
+    N x N matrix). Not supported (ValueError): attn_mask, dropout,
+    add_bias_kv, add_zero_attn, kdim/vdim != embed_dim, non-CPU devices,
+    dtypes other than float32. The fused QKV projection is viewed as
     [B, N, 3, H, dh] and its q, k, v slices go to C without copies.
 
     options: the normaliser's parameters (Sinkhorn: eps, iters, tol, grad,
@@ -289,9 +294,18 @@ class MultiheadAttention(nn.Module):
     r, temp, iters, eps, tol, scale; softmax: scale).
     """
 
-    def __init__(self, embed_dim, num_heads, normaliser="sinkhorn", bias=True, batch_first=True, dropout=0.0,
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, normaliser="sinkhorn",
                  **options):
         super().__init__()
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+        if (kdim is not None and kdim != embed_dim) or (vdim is not None and vdim != embed_dim):
+            raise ValueError("kdim and vdim other than embed_dim are not supported")
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError("birkhoff runs on the CPU (device %s requested)" % (device,))
+        if dtype is not None and dtype != torch.float32:
+            raise TypeError("birkhoff computes in float32 (dtype %s requested)" % (dtype,))
         if normaliser not in NORMALISERS:
             raise ValueError("normaliser must be one of %s (got %r)" % (", ".join(NORMALISERS), normaliser))
         if embed_dim % num_heads:
@@ -320,9 +334,21 @@ class MultiheadAttention(nn.Module):
         if bad:
             raise TypeError("unknown option(s) for normaliser %s: %s (known: %s)" % (
                 self.normaliser, ", ".join(sorted(bad)), ", ".join(self._KEYS[self.normaliser])))
+        # types and names now (ranges are the C library's, at the first call)
+        o = self.options
+        if self.normaliser == "softmax":
+            K.setp(K.lib.bk_sinkhorn_params_default(), **o)
+        elif self.normaliser == "sinkhorn":
+            K.sinkhorn_params(**o)
+        elif self.normaliser == "esp":
+            K.EspConfig(**o)
+        else:
+            K.setp(K.lib.bk_lot_params_default(), **o)
 
     def extra_repr(self):
         opts = "".join(", %s=%r" % kv for kv in sorted(self.options.items()))
+        if self.normaliser == "lot":
+            opts = ", r=%d" % self.Z.shape[1] + opts
         return "embed_dim=%d, num_heads=%d, normaliser=%s%s" % (self.embed_dim, self.num_heads, self.normaliser,
                                                                opts)
 
@@ -337,8 +363,8 @@ class MultiheadAttention(nn.Module):
             return esp_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
         return lot_attention(q, k, v, self.Z, self.theta, q_len=q_len, k_len=k_len, layout=layout, **o)
 
-    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=False, lengths=None,
-                attn_mask=None):
+    def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, *, lengths=None):
         if attn_mask is not None:
             raise ValueError("attn_mask is not supported (padding: key_padding_mask as a suffix mask, or lengths)")
         self_attn = (key is None or key is query) and (value is None or value is query)
@@ -374,7 +400,27 @@ class MultiheadAttention(nn.Module):
         out = self.out_proj(o)
         if not self.batch_first:
             out = out.transpose(0, 1)
-        return out, None
+        weights = self.weights(q, k, v, q_len, k_len, average_attn_weights) if need_weights else None
+        return out, weights
+
+    @torch.no_grad()
+    def weights(self, q, k, v, q_len=None, k_len=None, average=True):
+        """the attention matrices [B, H, Nq, Nk] (average: their mean over
+        heads, [B, Nq, Nk]) of per-head q, k, v in layout bnhd: a second,
+        non-differentiable forward that exports them (the differentiable
+        one never forms them)"""
+        pr = K.Problem(TA, q, k, v, q_len, k_len, "bnhd")
+        o = self.options
+        if self.normaliser == "softmax":
+            A = K.softmax_forward(pr, float(o.get("scale") or 0.0), False, True)["attn"]
+        elif self.normaliser == "sinkhorn":
+            A = K.sinkhorn_forward(pr, K.sinkhorn_params(**o), False, True)["attn"]
+        elif self.normaliser == "esp":
+            A = K.esp_forward(pr, K.EspConfig(**o), False, True)["attn"]
+        else:
+            p, _, _ = K.lot_params(pr, _param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)
+            A = K.lot_forward(pr, p, False, True)["attn"]
+        return A.mean(dim=1) if average else A
 
 
 class LOTAttention(MultiheadAttention):
@@ -382,8 +428,8 @@ class LOTAttention(MultiheadAttention):
     [H, r, dh] ~ N(0, 1/dh) and mass logits theta [H, r] = 0, both
     parameters."""
 
-    def __init__(self, embed_dim, num_heads, r=32, **options):
-        super().__init__(embed_dim, num_heads, normaliser="lot", r=r, **options)
+    def __init__(self, embed_dim, num_heads, r=32, **kwargs):
+        super().__init__(embed_dim, num_heads, normaliser="lot", r=r, **kwargs)
 
 
 class OTKPooling(nn.Module):

@@ -573,7 +573,7 @@ def test_layouts():
     check(torch.allclose(pool.W.norm(dim=1), torch.ones(4)), "OTKPooling.normalise_anchors: unit rows")
     y2 = bt.otk_embedding(x, pool.z, pool.W, lengths=[6, 4], eps=0.5).reshape(2, -1)
     check(torch.equal(pool(x, lengths=[6, 4]), y2), "OTKPooling == otk_embedding")
-    la = bt.LOTAttention(6, 2, r=4, iters=3)
+    la = bt.LOTAttention(6, 2, r=4, iters=3, batch_first=True)
     yl = la(torch.from_numpy(randn(2, 5, 6)))[0]
     yl.sum().backward()
     check(tuple(la.Z.grad.shape) == (2, 4, 3) and tuple(la.theta.grad.shape) == (2, 4)
@@ -670,7 +670,7 @@ def test_gradcheck():
             gradcheck(lambda a, b, c: mha(a, b, c, key_padding_mask=mask2)[0], (x, kx, vx),
                       "gradcheck MHA cross kpm " + tag)
         # parameter gradients (one normaliser configuration, batch_first): dL/dW vs finite differences
-        mha = bt.MultiheadAttention(E, Hh, normaliser=norm, **o)
+        mha = bt.MultiheadAttention(E, Hh, normaliser=norm, batch_first=True, **o)
         x = tt(Bb, N, E, grad=False)
         params = [p_ for p_ in mha.parameters()]
 
@@ -756,7 +756,8 @@ def test_mha_equivalence():
     check_close(o1[1, :3].numpy(), o2[1, :3].numpy(), 1e-6, "MHA lengths: valid rows == key_padding_mask")
     check_close(o1[1, 3:].numpy(), mine.out_proj.bias.detach().expand(2, E).numpy(), 1e-6,
                 "MHA lengths: padded query rows are out_proj(0) = bias")
-    check(mine(xq, need_weights=True)[1] is None, "MHA: attention weights are None")
+    check(mine(xq, need_weights=False)[1] is None and mine(xq)[1] is not None,
+          "MHA: weights None only with need_weights=False")
 
 
 # ===========================================================================
@@ -822,7 +823,7 @@ def test_errors():
                      "MHA unknown normaliser -> ValueError")
         check_raises(ValueError, lambda: bt.MultiheadAttention(8, 3), "MHA heads not dividing -> ValueError")
         check_raises(ValueError, lambda: bt.MultiheadAttention(8, 2, dropout=0.1), "MHA dropout -> ValueError")
-        mha = bt.MultiheadAttention(8, 2, normaliser="softmax")
+        mha = bt.MultiheadAttention(8, 2, normaliser="softmax", batch_first=True)
         x = torch.from_numpy(randn(2, 4, 8))
         check_raises(ValueError, lambda: mha(x, key_padding_mask=torch.tensor([[False, True, False, False]] * 2)),
                      "MHA non-suffix key_padding_mask -> ValueError")
@@ -1101,10 +1102,41 @@ def test_regressions():
     import copy
     check(np.array_equal(copy.deepcopy(r).out, r.out), "Result: deepcopy")
     # lengths and key_padding_mask together are ambiguous
-    m = bt.MultiheadAttention(8, 2, normaliser="softmax")
+    m = bt.MultiheadAttention(8, 2, normaliser="softmax", batch_first=True)
     X = torch.randn(2, 5, 8)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     check_raises(ValueError, lambda: m(X, key_padding_mask=pad, lengths=[5, 3]), "lengths + key_padding_mask")
+    # drop-in: torch's defaults (sequence-first, need_weights=True with head-averaged weights)
+    E, H = 8, 2
+    mine = bt.MultiheadAttention(E, H, normaliser="softmax")
+    ref = torch.nn.MultiheadAttention(E, H)
+    ref.load_state_dict(mine.state_dict())
+    xs = torch.randn(7, 3, E)
+    o1, w1 = mine(xs, xs, xs)
+    o2, w2 = ref(xs, xs, xs)
+    check((o1 - o2).abs().max() < 1e-5 and w1 is not None and (w1 - w2).abs().max() < 1e-6,
+          "drop-in defaults: sequence-first output and averaged weights == torch's")
+    w1h = mine(xs, xs, xs, average_attn_weights=False)[1]
+    w2h = ref(xs, xs, xs, average_attn_weights=False)[1]
+    check(tuple(w1h.shape) == (3, H, 7, 7) and (w1h - w2h).abs().max() < 1e-6, "per-head weights == torch's")
+    mk = bt.MultiheadAttention(E, H, normaliser="sinkhorn", iters=4)  # (even S: exact columns)
+    Ws = mk(xs, xs, xs, average_attn_weights=False)[1]
+    Wsm = mine(xs, xs, xs, average_attn_weights=False)[1]
+    col_err = (Ws.sum(-1) - 1).abs().max().item()
+    check(torch.allclose(Ws.sum(-2), torch.ones(3, H, 7), atol=1e-5) and col_err < (Wsm.sum(-2) - 1).abs().max(),
+          "Sinkhorn weights: columns sum to 1, rows closer to 1 than softmax's columns", "row err %.3g" % col_err)
+    mk.zero_grad()
+    mk(xs, xs, xs, need_weights=False)[0].sum().backward()
+    g1 = mk.in_proj_weight.grad.clone()
+    mk.zero_grad()
+    mk(xs, xs, xs)[0].sum().backward()
+    check(torch.equal(g1, mk.in_proj_weight.grad), "need_weights does not change the gradients")
+    check_raises(ValueError, lambda: bt.MultiheadAttention(E, H, normaliser="sinkhorn", iters=2.7),
+                 "non-integer iters refused")
+    check_raises(ValueError, lambda: bt.MultiheadAttention(E, H, kdim=4), "kdim != embed_dim refused")
+    check_raises(ValueError, lambda: bt.MultiheadAttention(E, H, add_bias_kv=True), "add_bias_kv refused")
+    check_raises(ValueError, lambda: mine(xs, xs, xs, None, False, torch.zeros(7, 7)), "positional attn_mask refused")
+    check("r=5" in repr(bt.LOTAttention(E, H, r=5)), "LOTAttention repr shows r")
 
 
 def main():

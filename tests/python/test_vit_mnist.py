@@ -185,7 +185,7 @@ class ViT(nn.Module):
 
 
 def birkhoff_attn(normaliser, **opts):
-    return lambda dim, heads: bt.MultiheadAttention(dim, heads, normaliser=normaliser, **opts)
+    return lambda dim, heads: bt.MultiheadAttention(dim, heads, normaliser=normaliser, batch_first=True, **opts)
 
 
 def torch_attn(dim, heads):

@@ -32,6 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -39,6 +40,7 @@ from torch import nn  # noqa: E402
 
 import birkhoff  # noqa: E402
 import birkhoff.torch as bt  # noqa: E402
+import vit  # noqa: E402
 
 SEED = 0
 THREADS = 2
@@ -145,43 +147,8 @@ def to_tensor(x):
 # ---------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------
-class Block(nn.Module):
-    def __init__(self, dim, attn, mlp):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = attn
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp), nn.GELU(), nn.Linear(mlp, dim))
-
-    def forward(self, x):
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class ViT(nn.Module):
-    """attn(dim, heads) builds one attention module with the
-    torch.nn.MultiheadAttention(batch_first=True) call convention."""
-
-    def __init__(self, attn, image=28, patch=PATCH, dim=DIM, heads=HEADS, depth=DEPTH, mlp=MLP, classes=10):
-        super().__init__()
-        self.patch, self.grid = patch, image // patch
-        n = self.grid * self.grid
-        self.embed = nn.Linear(patch * patch, dim)
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
-        self.blocks = nn.ModuleList([Block(dim, attn(dim, heads), mlp) for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, img):
-        B, p, g = img.shape[0], self.patch, self.grid
-        x = img.reshape(B, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(B, g * g, p * p)
-        x = self.embed(x)
-        x = torch.cat([self.cls.expand(B, -1, -1), x], dim=1) + self.pos
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.norm(x[:, 0]))
+def ViT(attn):
+    return vit.ViT(attn, 28, PATCH, DIM, HEADS, DEPTH, MLP)
 
 
 def birkhoff_attn(normaliser, **opts):

@@ -464,6 +464,31 @@ class OtkProblem:
         return a, None
 
 
+OTK_KEYS = ("sigma", "eta", "eps", "iters", "domain", "convention", "pe", "sigma_pos", "pe_double", "grid",
+            "isqrt_grad")
+
+
+def otk_keywords(kw):
+    bad = set(kw) - set(OTK_KEYS)
+    if bad:
+        raise TypeError("unknown OTK parameter(s): %s (known: %s)" % (", ".join(sorted(bad)), ", ".join(OTK_KEYS)))
+    return kw
+
+
+def otk_setup(ad, x, z, W, lengths, kw):
+    """(problem, params) for sets x (adapter ad), references z [q, p, k] and
+    anchors W [k, d] or None, both dense float32 numpy arrays"""
+    if z is None or z.ndim != 3:
+        raise ValueError("z: references [q, p, k] expected, got shape %s" % (None if z is None else z.shape,))
+    q, p, k = z.shape
+    if W is not None and (W.ndim != 2 or W.shape[0] != k):
+        raise ValueError("W: anchors [k=%d, d] expected, got shape %s" % (k, W.shape))
+    op = OtkProblem(ad, x, q, p, k, lengths)
+    if W is not None and W.shape[1] != op.d:
+        raise ValueError("W: anchors [k, d=%d] expected, got shape %s" % (op.d, W.shape))
+    return op, otk_params(W, *(otk_keywords(kw).get(key) for key in OTK_KEYS))
+
+
 def otk_params(W, sigma, eta, eps, iters, domain, convention, pe, sigma_pos, pe_double, grid, isqrt_grad):
     p = setp(lib.bk_otk_params_default(), sigma=sigma, eta=eta, eps=eps, iters=iters, sigma_pos=sigma_pos)
     p.W = f32_np(W)

@@ -140,31 +140,10 @@ def lot_backward(q, k, v, Z, theta, dout, tape=None, *, q_len=None, k_len=None, 
 
 def _otk_setup(x, z, lengths, W, kw):
     z = np.ascontiguousarray(np.asarray(z, dtype=np.float32))
-    if z.ndim != 3:
-        raise ValueError("z: references [q, p, k] expected, got shape %s" % (z.shape,))
-    q, p, k = z.shape
     if W is not None:
         W = np.ascontiguousarray(np.asarray(W, dtype=np.float32))
-        if W.ndim != 2 or W.shape[0] != k:
-            raise ValueError("W: anchors [k=%d, d] expected, got shape %s" % (k, W.shape))
-    op = K.OtkProblem(NP, x, q, p, k, lengths)
-    if W is not None and W.shape[1] != op.d:
-        raise ValueError("W: anchors [k, d=%d] expected, got shape %s" % (op.d, W.shape))
-    prm = K.otk_params(W, kw.get("sigma"), kw.get("eta"), kw.get("eps"), kw.get("iters"), kw.get("domain"),
-                       kw.get("convention"), kw.get("pe"), kw.get("sigma_pos"), kw.get("pe_double"), kw.get("grid"),
-                       kw.get("isqrt_grad"))
+    op, prm = K.otk_setup(NP, x, z, W, lengths, kw)
     return op, prm, z, W
-
-
-_OTK_KEYS = ("sigma", "eta", "eps", "iters", "domain", "convention", "pe", "sigma_pos", "pe_double", "grid",
-             "isqrt_grad")
-
-
-def _otk_kw(kw):
-    bad = set(kw) - set(_OTK_KEYS)
-    if bad:
-        raise TypeError("unknown OTK parameter(s): %s (known: %s)" % (", ".join(sorted(bad)), ", ".join(_OTK_KEYS)))
-    return kw
 
 
 def otk(x, z, *, lengths=None, W=None, plan=False, diag=False, tape=True, **params):
@@ -174,13 +153,13 @@ def otk(x, z, *, lengths=None, W=None, plan=False, diag=False, tape=True, **para
     ("paper"/"reference"), pe ("none"/"1d"/"2d"), sigma_pos, pe_double,
     grid (h, w), isqrt_grad ("exact"/"reference"). Extras: plan
     [B, q, n, p]; diag {row_err, col_err} [B, q]."""
-    op, prm, z, W = _otk_setup(x, z, lengths, W, _otk_kw(params))
+    op, prm, z, W = _otk_setup(x, z, lengths, W, params)
     return Result(K.otk_forward(op, prm, z, tape, plan, diag))
 
 
 def otk_backward(x, z, dout, tape=None, *, lengths=None, W=None, **params):
     """(dx [B, n, d], dz [q, p, k], dW [k, d] or None without anchors)"""
-    op, prm, z, W = _otk_setup(x, z, lengths, W, _otk_kw(params))
+    op, prm, z, W = _otk_setup(x, z, lengths, W, params)
     return K.otk_backward(op, prm, z, dout, tape, True, True, W is not None)
 
 
@@ -233,7 +212,7 @@ def otk_fit_refs(x, q, p, *, lengths=None, W=None, barycenter=0, iters=None, tol
     """(z [q, p, k], report): references by (Wasserstein) K-means of the
     features (see bk_otk_fit_refs)."""
     k = W.shape[0] if W is not None else np.asarray(x).shape[-1]
-    op, prm, _, W = _otk_setup(x, np.zeros((int(q), int(p), k), np.float32), lengths, W, _otk_kw(params))
+    op, prm, _, W = _otk_setup(x, np.zeros((int(q), int(p), k), np.float32), lengths, W, params)
     z = np.zeros((int(q), int(p), k), np.float32)
     rep = _lib.KmeansReport()
     kp = _kmeans(iters, tol, seed, max_samples, init)

@@ -176,7 +176,7 @@ class _Otk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, z, W, lengths, kw):
         zn, Wn = _param_np(z, "z"), _param_np(W, "W")
-        op, prm = _otk_problem(x, zn, Wn, lengths, kw)
+        op, prm = K.otk_setup(TA, x, zn, Wn, lengths, kw)
         res = K.otk_forward(op, prm, zn, want_tape=any(ctx.needs_input_grad[:3]))
         ctx.save_for_backward(x, z, W)
         ctx.tape, ctx.args = res["tape"], (lengths, kw)
@@ -187,24 +187,10 @@ class _Otk(torch.autograd.Function):
         x, z, W = ctx.saved_tensors
         lengths, kw = ctx.args
         zn, Wn = _param_np(z, "z"), _param_np(W, "W")
-        op, prm = _otk_problem(x, zn, Wn, lengths, kw)
+        op, prm = K.otk_setup(TA, x, zn, Wn, lengths, kw)
         n = ctx.needs_input_grad
         dx, dz, dW = K.otk_backward(op, prm, zn, dout, ctx.tape, n[0], n[1], W is not None and n[2])
         return dx, _t(dz), _t(dW), None, None
-
-
-def _otk_problem(x, zn, Wn, lengths, kw):
-    if zn is None or zn.ndim != 3:
-        raise ValueError("z: references [q, p, k] expected, got %s" % (None if zn is None else zn.shape,))
-    q, p, k = zn.shape
-    if Wn is not None and (Wn.ndim != 2 or Wn.shape[0] != k):
-        raise ValueError("W: anchors [k=%d, d] expected, got shape %s" % (k, Wn.shape))
-    op = K.OtkProblem(TA, x, q, p, k, lengths)
-    if Wn is not None and Wn.shape[1] != op.d:
-        raise ValueError("W: anchors [k, d=%d] expected, got shape %s" % (op.d, Wn.shape))
-    prm = K.otk_params(Wn, *(kw.get(key) for key in ("sigma", "eta", "eps", "iters", "domain", "convention", "pe",
-                                                     "sigma_pos", "pe_double", "grid", "isqrt_grad")))
-    return op, prm
 
 
 # ---- functional API ----
@@ -243,8 +229,7 @@ def otk_embedding(x, z, W=None, *, lengths=None, **params):
     """OTK embedding of x [B, n, d] onto references z [q, p, k]: [B, p, q*k]
     (params as birkhoff.otk: sigma, eta, eps, iters, domain, convention,
     pe, sigma_pos, pe_double, grid, isqrt_grad)."""
-    from .ops import _otk_kw
-    return _Otk.apply(x, _as_tensor(z, "z"), _as_tensor(W, "W"), lengths, _otk_kw(params))
+    return _Otk.apply(x, _as_tensor(z, "z"), _as_tensor(W, "W"), lengths, K.otk_keywords(params))
 
 
 # ---- modules ----
@@ -334,16 +319,21 @@ class MultiheadAttention(nn.Module):
         if bad:
             raise TypeError("unknown option(s) for normaliser %s: %s (known: %s)" % (
                 self.normaliser, ", ".join(sorted(bad)), ", ".join(self._KEYS[self.normaliser])))
-        # types and names now (ranges are the C library's, at the first call)
+        self._kernel(None)  # types now (ranges are the C library's, at the first call)
+
+    def _kernel(self, pr):
+        """(forward of _core, its parameters) for the normaliser; pr None
+        only checks the options (LOT's pivots are checked against a problem)"""
         o = self.options
         if self.normaliser == "softmax":
-            K.setp(K.lib.bk_sinkhorn_params_default(), **o)
-        elif self.normaliser == "sinkhorn":
-            K.sinkhorn_params(**o)
-        elif self.normaliser == "esp":
-            K.EspConfig(**o)
-        else:
-            K.setp(K.lib.bk_lot_params_default(), **o)
+            return K.softmax_forward, K.setp(K._lib.SoftmaxParams(), **o).scale
+        if self.normaliser == "sinkhorn":
+            return K.sinkhorn_forward, K.sinkhorn_params(**o)
+        if self.normaliser == "esp":
+            return K.esp_forward, K.EspConfig(**o)
+        if pr is None:
+            return K.lot_forward, K.setp(K.lib.bk_lot_params_default(), **o)
+        return K.lot_forward, K.lot_params(pr, _param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)[0]
 
     def extra_repr(self):
         opts = "".join(", %s=%r" % kv for kv in sorted(self.options.items()))
@@ -410,16 +400,8 @@ class MultiheadAttention(nn.Module):
         non-differentiable forward that exports them (the differentiable
         one never forms them)"""
         pr = K.Problem(TA, q, k, v, q_len, k_len, "bnhd")
-        o = self.options
-        if self.normaliser == "softmax":
-            A = K.softmax_forward(pr, float(o.get("scale") or 0.0), False, True)["attn"]
-        elif self.normaliser == "sinkhorn":
-            A = K.sinkhorn_forward(pr, K.sinkhorn_params(**o), False, True)["attn"]
-        elif self.normaliser == "esp":
-            A = K.esp_forward(pr, K.EspConfig(**o), False, True)["attn"]
-        else:
-            p, _, _ = K.lot_params(pr, _param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)
-            A = K.lot_forward(pr, p, False, True)["attn"]
+        fwd, p = self._kernel(pr)
+        A = fwd(pr, p, False, True)["attn"]
         return A.mean(dim=1) if average else A
 
 
@@ -443,8 +425,7 @@ class OTKPooling(nn.Module):
 
     def __init__(self, dim, refs=1, supports=10, anchors=None, flatten=True, **options):
         super().__init__()
-        from .ops import _otk_kw
-        self.options = _otk_kw(dict(options))
+        self.options = K.otk_keywords(dict(options))
         self.flatten = flatten
         k = dim if anchors is None else int(anchors)
         self.z = nn.Parameter(torch.randn(refs, supports, k) / math.sqrt(k))

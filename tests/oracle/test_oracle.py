@@ -163,13 +163,9 @@ def explain_bad(bad, got, ref, other=None):
 def run_cli_outputs(cmd, outs, names):
     """Runs the CLI and loads the named outputs: (dict, None) or (None, error text)."""
     import numpy as np
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"could not run CLI: {e}\n  command: {' '.join(cmd)}"
-    if p.returncode != 0:
-        return None, (f"CLI exited with status {p.returncode}\n  command: {' '.join(cmd)}\n"
-                      f"  stderr: {p.stderr.strip()}\n  stdout: {p.stdout.strip()}")
+    p, err = run_cli_text(cmd)
+    if err:
+        return None, err
     res = {}
     for n in names:
         try:

@@ -17,17 +17,83 @@ bk_status bki_fail(bk_status s, const char *fmt, ...)
     ;
 void bki_clear_error(void);
 
-/* ---- threads (threads.c) ------------------------------------------------ */
-int  bki_threads(void);          /* thread count in force (>= 1)           */
-void bki_blas_single_thread(void); /* BLAS runs single-threaded in our regions */
-/* Threads that work on `problems` independent problems: min(threads,
- * problems); workspaces hold one slab per working thread. */
+/* ---- the parallel model (threads.c; docs/ARCHITECTURE.md "Parallel model") ----
+ * birkhoff owns every partition of its work: problems, row blocks, column
+ * ranges and GEMM tiles are chosen here with sizes that depend on the shape
+ * only, never on the thread count; every GEMM runs single-threaded BLAS on
+ * one tile; every cross-block reduction is summed in block order. So results
+ * are bitwise identical for any thread count and any batch shape. */
+int  bki_threads(void);            /* the library's thread count (>= 1)      */
+/* Work threads for `problems` independent problems run one per thread:
+ * min(threads, problems). */
 int bki_work_threads(int problems);
-/* Threads for a parallel region over `problems` problems (= work threads);
- * sets BLAS's own thread count (all threads when there is one problem). */
-int bki_region_threads(int problems, int nt);
-/* index of the calling thread inside a parallel region (0 outside) */
+/* index of the calling thread inside a parallel region (0 outside), and the
+ * number of threads of that region (1 outside) */
 int bki_thread_id(void);
+int bki_region_size(void);
+
+/* How a call runs its P problems: `lanes` problems at a time, each by one
+ * thread (team = 0), or one problem at a time by all `nt` threads together
+ * (team = 1, lanes = 1). cost: work of one problem (about the entries of its
+ * largest matrix): small problems never run as a team (barriers would cost
+ * more than they save). Depends on (P, cost, thread count): results do not. */
+typedef struct { int nt, lanes, team; } bki_plan;
+bki_plan bki_plan_problems(int P, double cost);
+
+/* A team: the threads of one parallel region working on ONE problem (nt > 1)
+ * or one thread working alone (nt = 1, every sync a no-op). Every member
+ * calls the same functions with the same arguments; work is shared by fixed
+ * blocks (bki_team_share), shared results are read after bki_team_sync. */
+typedef struct { int tid, nt; } bki_team;
+#define BKI_SOLO ((bki_team){0, 1})
+/* the static share [*lo, *hi) of n blocks for this member */
+static inline void bki_team_share(const bki_team *tm, int n, int *lo, int *hi)
+{
+    *lo = (int)((int64_t)n * tm->tid / tm->nt);
+    *hi = (int)((int64_t)n * (tm->tid + 1) / tm->nt);
+}
+static inline void bki_team_sync(const bki_team *tm)
+{
+    if (tm->nt > 1) {
+#pragma omp barrier
+    }
+}
+
+/* Every parallel region of the library starts with BKI_REGION: the calling
+ * thread's floating-point state is saved, flush-to-zero and
+ * denormals-are-zero are set for the region (subnormals cost ~100 cycles per
+ * operation on x86 and are far below float32 rounding here), BLAS is kept on
+ * one thread, and the caller's state is restored when the region ends (torch
+ * and numpy share the OpenMP pool and must not inherit our mode). */
+unsigned bki_region_enter(void);
+void bki_region_leave(const unsigned *saved);
+#define BKI_REGION const unsigned bki_region_saved_ __attribute__((cleanup(bki_region_leave))) = bki_region_enter()
+
+/* Rows per block of the engine's row passes for an n-row problem: at most
+ * BKI_MAX_BLOCKS blocks of at least 4 rows (a function of n only). */
+#define BKI_MAX_BLOCKS 64
+static inline int bki_row_block(int n)
+{
+    int rb = (n + BKI_MAX_BLOCKS - 1) / BKI_MAX_BLOCKS;
+    return rb < 4 ? 4 : rb;
+}
+/* Rows per GEMM tile for an output of n rows: a multiple of 16, >= 32, at
+ * most 64 tiles (a function of n only). */
+static inline int bki_gemm_block(int n)
+{
+    int rb = (n + BKI_MAX_BLOCKS - 1) / BKI_MAX_BLOCKS;
+    rb = (rb + 15) & ~15;
+    return rb < 32 ? 32 : rb;
+}
+static inline int bki_nblocks(int n, int rb) { return (n + rb - 1) / rb; }
+
+/* C (M x N) = alpha op(A) op(B) + beta C, row-major (ta/tb: op = transpose),
+ * in fixed tiles of rows x columns (bki_gemm_tiles: a function of M and N
+ * only), each tile one single-threaded BLAS call over the whole inner
+ * dimension K; the tiles are shared over the team. No sync (gemm.c). */
+void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+              ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc);
+void bki_gemm_tiles(int M, int N, int *rb, int *cb);
 
 /* ---- aligned scratch ---------------------------------------------------- */
 #define BK_ALIGN 64
@@ -113,20 +179,27 @@ size_t bki_hist_len(int n, int m, int S);
 size_t bki_hist_off(int n, int m, int t);
 
 /* ---- kernels compiled per instruction set (lse_engine.c), chosen at run
- * time (dispatch.c) ------------------------------------------------------- */
+ * time (threads.c, bki_kern) ----------------------------------------------
+ * The engine's entry points are called by every member of a team with the
+ * same arguments (a solo caller passes &BKI_SOLO); the problem's matrices and
+ * the scratch are shared by the team; results (hist, A, G, dla, dlb) are
+ * complete on return in every member; the scratch may be reused after a
+ * bki_team_sync. */
 typedef struct {
     const char *name;
-    /* floats of scratch any engine call needs for an n x m problem */
-    size_t (*sk_scratch)(int n, int m);
-    /* forward: fills res (hist, A, f, g, iters, errors) */
-    void (*sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float *scratch);
+    /* floats of scratch an engine call needs for an n x m problem run by a
+     * team of nt members (nt = 1 for a solo caller) */
+    size_t (*sk_scratch)(int n, int m, int nt);
+    /* forward: fills res (hist, A, f, g, iters, errors); res is the member's
+     * own struct (its buffers are shared) */
+    void (*sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk_result *res, float *scratch);
     /* recomputes the forward's A from its potentials (bitwise the same) */
-    void (*sk_attention)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+    void (*sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int iters, const float *hist, float *A,
                          ptrdiff_t lda, float *scratch);
     /* unrolled VJP of the iters-step forward. A: the forward's attention
      * (destroyed). G: Abar = dL/dA on entry, Cbar = dL/dC on exit. dla (n),
      * dlb (m): gradients w.r.t. the log marginals, or NULL. */
-    void (*sk_backward)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+    void (*sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int iters, const float *hist, float *A,
                         ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb);
     /* machine-peak probes for the benchmark: flops / exps done */
     double (*fma_probe)(long iters);

@@ -100,130 +100,218 @@ static float col_lse_exact(const bki_sk_problem *pb, int j, const float *f)
 }
 
 /* ------------------------------------------------------------------------ */
+/* the partition of one problem                                             */
+/* ------------------------------------------------------------------------ *
+ * Rows are cut into nb = ceil(n / rb) blocks of rb = bki_row_block(n) rows
+ * (a function of n only). A row pass runs the blocks in any order on any
+ * member; each block writes its rows and its own partial column sums
+ * part[b][0..m) (rows summed in row order). Column sums are then
+ * part[0] + part[1] + ... in block order, columns shared over the team. So
+ * the arithmetic is the same whether one thread or a team runs the problem.
+ * Column work (updates, reductions) is shared by column ranges: a column's
+ * result never depends on the range it falls in. Every member keeps its own
+ * copy of the scalars (errors, flags, step count). */
+static size_t vec_floats(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
+
+typedef struct {
+    int rb, nb;
+    size_t mr, nr;      /* padded vector lengths for m and n               */
+    float *part;        /* nb x mr partial column sums                     */
+    float *colP, *factor, *cerr, *lamc, *lamc2, *wb; /* m each              */
+    unsigned char *fb;  /* m fallback flags (mr floats of room)            */
+    float *rerr;        /* nb row errors                                   */
+    float *rl, *lamr;   /* n each                                          */
+    float *e;           /* this member's row buffer (max(n, m))            */
+} eng_ws;
+
+static size_t shared_floats(int n, int m)
+{
+    const int nb = bki_nblocks(n, bki_row_block(n));
+    return (size_t)(nb + 8) * vec_floats(m) + vec_floats(nb) + 2 * vec_floats(n);
+}
+
+/* floats of scratch for a problem run by a team of nt: the shared part, then
+ * one row buffer per member */
+static size_t ISA(sk_scratch)(int n, int m, int nt)
+{
+    return shared_floats(n, m) + (size_t)(nt < 1 ? 1 : nt) * vec_floats(m > n ? m : n);
+}
+
+static eng_ws carve(const bki_team *tm, int n, int m, float *scr)
+{
+    eng_ws w;
+    w.rb = bki_row_block(n);
+    w.nb = bki_nblocks(n, w.rb);
+    w.mr = vec_floats(m);
+    w.nr = vec_floats(n);
+    w.part = scr;
+    float *p = scr + (size_t)w.nb * w.mr;
+    w.colP = p; p += w.mr;
+    w.factor = p; p += w.mr;
+    w.cerr = p; p += w.mr;
+    w.lamc = p; p += w.mr;
+    w.lamc2 = p; p += w.mr;
+    w.wb = p; p += w.mr;
+    w.fb = (unsigned char *)p; p += w.mr;
+    p += w.mr; /* spare */
+    w.rerr = p; p += vec_floats(w.nb);
+    w.rl = p; p += w.nr;
+    w.lamr = p; p += w.nr;
+    w.e = scr + shared_floats(n, m) + (size_t)tm->tid * vec_floats(m > n ? m : n);
+    return w;
+}
+
+/* out[j] = sum_b part[b][j] in block order, for this member's columns */
+static void reduce_cols(const bki_team *tm, const eng_ws *w, int m, float *out)
+{
+    int j0, j1;
+    bki_team_share(tm, m, &j0, &j1);
+    if (j0 >= j1) return;
+    memcpy(out + j0, w->part + j0, sizeof(float) * (size_t)(j1 - j0));
+    for (int b = 1; b < w->nb; b++) {
+        const float *pb = w->part + (size_t)b * w->mr;
+#pragma omp simd
+        for (int j = j0; j < j1; j++) out[j] += pb[j];
+    }
+}
+
+static float max_of(int n, const float *x)
+{
+    float mx = 0.0f;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+/* ------------------------------------------------------------------------ */
 /* forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Row step from column potential g (NULL = 0): writes f; if colP != NULL
- * accumulates column sums of the row-normalised plan P = a_i e / s into it
- * (zeroed here); if A != NULL writes A = P / a_i = e / s and returns the max
- * row-sum error of A in *rerr. e: m floats of scratch. */
-static void row_pass(const bki_sk_problem *pb, const float *g, float *f, float *colP,
-                     float *A, ptrdiff_t lda, float *e, float *rerr)
+/* Row step from column potential g (NULL = 0) over this member's blocks:
+ * writes f; if colsums, the block's partial column sums of the
+ * row-normalised plan P = a_i e / s; if A != NULL writes A = P / a_i = e / s
+ * and the block's max row-sum error of A. Ends with a sync. */
+static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *g, float *f,
+                     int colsums, float *A, ptrdiff_t lda)
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n);
-    if (colP) memset(colP, 0, sizeof(float) * (size_t)m);
-    float worst = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float M;
-        float s = row_softmax(m, pb->C + (ptrdiff_t)i * pb->ldc, g, e, &M);
-        float lai = la_at(pb, i, la_u);
-        f[i] = lai - M - logf(s);
-        float inv = 1.0f / s;
-        if (colP) {
-            float w = expf(lai) * inv;
+    int b0, b1;
+    bki_team_share(tm, w->nb, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        float *colP = w->part + (size_t)b * w->mr, *e = w->e;
+        if (colsums) memset(colP, 0, sizeof(float) * (size_t)m);
+        float worst = 0.0f;
+        const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
+        for (int i = b * w->rb; i < i1; i++) {
+            float M;
+            float s = row_softmax(m, pb->C + (ptrdiff_t)i * pb->ldc, g, e, &M);
+            float lai = la_at(pb, i, la_u);
+            f[i] = lai - M - logf(s);
+            float inv = 1.0f / s;
+            if (colsums) {
+                float wt = expf(lai) * inv;
 #pragma omp simd
-            for (int j = 0; j < m; j++) colP[j] += w * e[j];
+                for (int j = 0; j < m; j++) colP[j] += wt * e[j];
+            }
+            if (A) {
+                float *Ai = A + (ptrdiff_t)i * lda, rs = 0.0f;
+#pragma omp simd reduction(+ : rs)
+                for (int j = 0; j < m; j++) {
+                    Ai[j] = e[j] * inv;
+                    rs += Ai[j];
+                }
+                float err = fabsf(rs - 1.0f);
+                worst = err > worst ? err : worst;
+            }
         }
-        if (A) {
-            float *Ai = A + (ptrdiff_t)i * lda, rs = 0.0f;
+        w->rerr[b] = worst;
+    }
+    bki_team_sync(tm);
+}
+
+/* Column step after a row step, on this member's columns: colP = the reduced
+ * column sums; cerr[j] = the relative column error of the row-normalised
+ * plan; if gnew: gnew_j = log b_j + gold_j - log colP_j (exact fallback for
+ * tiny columns, flagged in fb[j]). Ends with a sync. */
+static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *f,
+                       const float *gold, float *gnew)
+{
+    const int m = pb->m;
+    const float lb_u = -logf((float)m);
+    reduce_cols(tm, w, m, w->colP);
+    int j0, j1;
+    bki_team_share(tm, m, &j0, &j1);
+    for (int j = j0; j < j1; j++) {
+        const float cP = w->colP[j], lbj = lb_at(pb, j, lb_u);
+        w->cerr[j] = fabsf(cP / expf(lbj) - 1.0f);
+        if (gnew) {
+            if (cP > BK_TINY) {
+                gnew[j] = lbj + (gold ? gold[j] : 0.0f) - logf(cP);
+                w->fb[j] = 0;
+            } else {
+                gnew[j] = lbj - col_lse_exact(pb, j, f);
+                w->fb[j] = 1;
+            }
+        }
+    }
+    bki_team_sync(tm);
+}
+
+/* After an even final step: A (= P^{t}/a_i from the last row pass) gets the
+ * column factor b_j / colP_j; exact recomputation for fallback columns (fb).
+ * Returns row and column errors of the final A. Ends with a sync. */
+static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *f,
+                          const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr)
+{
+    const int n = pb->n, m = pb->m;
+    const float la_u = -logf((float)n), lb_u = -logf((float)m);
+    int j0, j1, nfb = 0;
+    bki_team_share(tm, m, &j0, &j1);
+    for (int j = j0; j < j1; j++)
+        w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
+    for (int j = 0; j < m; j++) nfb += w->fb[j]; /* fb is complete: set before the last sync */
+    bki_team_sync(tm);
+    const float *factor = w->factor;
+    int b0, b1;
+    bki_team_share(tm, w->nb, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        float *colsum = w->part + (size_t)b * w->mr;
+        memset(colsum, 0, sizeof(float) * (size_t)m);
+        float worst = 0.0f;
+        const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
+        for (int i = b * w->rb; i < i1; i++) {
+            float *Ai = A + (ptrdiff_t)i * lda;
+            float lai = la_at(pb, i, la_u), ai = expf(lai), rs = 0.0f;
+            if (nfb) {
+                for (int j = 0; j < m; j++)
+                    if (w->fb[j]) Ai[j] = bki_expf(pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i] + g[j] - lai);
+                    else Ai[j] *= factor[j];
+            } else {
+#pragma omp simd
+                for (int j = 0; j < m; j++) Ai[j] *= factor[j];
+            }
 #pragma omp simd reduction(+ : rs)
             for (int j = 0; j < m; j++) {
-                Ai[j] = e[j] * inv;
                 rs += Ai[j];
+                colsum[j] += ai * Ai[j];
             }
             float err = fabsf(rs - 1.0f);
             worst = err > worst ? err : worst;
         }
+        w->rerr[b] = worst;
     }
-    if (rerr) *rerr = worst;
+    bki_team_sync(tm);
+    reduce_cols(tm, w, m, w->colP);
+    for (int j = j0; j < j1; j++) w->cerr[j] = fabsf(w->colP[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
+    bki_team_sync(tm);
+    *rerr = max_of(w->nb, w->rerr);
+    *cerr = max_of(m, w->cerr);
 }
 
-/* Column step after a row step: gnew_j = log b_j + gold_j - log colP_j
- * (exact fallback for tiny columns, whose index is flagged in fb[j]).
- * Returns the max relative column error of the row-normalised plan. */
-static float col_update(const bki_sk_problem *pb, const float *f, const float *gold,
-                        const float *colP, float *gnew, unsigned char *fb, int *nfb)
-{
-    const int m = pb->m;
-    const float lb_u = -logf((float)m);
-    float cerr = 0.0f;
-    int cnt = 0;
-    for (int j = 0; j < m; j++) {
-        float lbj = lb_at(pb, j, lb_u);
-        float bj = expf(lbj);
-        float err = fabsf(colP[j] / bj - 1.0f);
-        cerr = err > cerr ? err : cerr;
-        if (gnew) {
-            if (colP[j] > BK_TINY) {
-                gnew[j] = lbj + (gold ? gold[j] : 0.0f) - logf(colP[j]);
-                if (fb) fb[j] = 0;
-            } else {
-                gnew[j] = lbj - col_lse_exact(pb, j, f);
-                if (fb) fb[j] = 1;
-                cnt++;
-            }
-        }
-    }
-    if (nfb) *nfb = cnt;
-    return cerr;
-}
-
-/* After an even final step: A (= P^{t}/a_i from the last row pass) gets the
- * column factor b_j / colP_j; exact recomputation for fallback columns.
- * Returns row and column errors of the final A. */
-static void scale_columns(const bki_sk_problem *pb, const float *f, const float *g,
-                          const float *colP, const unsigned char *fb, int nfb, float *A,
-                          ptrdiff_t lda, float *factor, float *colsum, float *rerr, float *cerr)
-{
-    const int n = pb->n, m = pb->m;
-    const float la_u = -logf((float)n), lb_u = -logf((float)m);
-    for (int j = 0; j < m; j++)
-        factor[j] = (nfb && fb[j]) ? 0.0f : expf(lb_at(pb, j, lb_u)) / colP[j];
-    memset(colsum, 0, sizeof(float) * (size_t)m);
-    float worst = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float *Ai = A + (ptrdiff_t)i * lda;
-        float lai = la_at(pb, i, la_u), ai = expf(lai), rs = 0.0f;
-        if (nfb) {
-            for (int j = 0; j < m; j++)
-                if (fb[j]) Ai[j] = bki_expf(pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i] + g[j] - lai);
-                else Ai[j] *= factor[j];
-        } else {
-#pragma omp simd
-            for (int j = 0; j < m; j++) Ai[j] *= factor[j];
-        }
-#pragma omp simd reduction(+ : rs)
-        for (int j = 0; j < m; j++) {
-            rs += Ai[j];
-            colsum[j] += ai * Ai[j];
-        }
-        float err = fabsf(rs - 1.0f);
-        worst = err > worst ? err : worst;
-    }
-    float cw = 0.0f;
-    for (int j = 0; j < m; j++) {
-        float err = fabsf(colsum[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
-        cw = err > cw ? err : cw;
-    }
-    *rerr = worst;
-    *cerr = cw;
-}
-
-static size_t vec_floats(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
-
-/* One scratch size serves every entry point: 8 vectors of max(n, m). */
-static size_t ISA(sk_scratch)(int n, int m)
-{
-    return 8 * vec_floats(m > n ? m : n);
-}
-
-static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float *scratch)
+static void ISA(sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk_result *res, float *scratch)
 {
     const int n = pb->n, m = pb->m, S = pb->S;
-    const size_t vr = vec_floats(m > n ? m : n);
-    float *e = scratch, *colP = e + vr, *factor = colP + vr;
-    unsigned char *fb = (unsigned char *)(factor + vr);
+    const eng_ws w = carve(tm, n, m, scratch);
     const float *g = pb->g0; /* column potential in force (NULL = 0) */
     float rerr = 0.0f, cerr = 0.0f;
     res->iters = 0;
@@ -231,16 +319,18 @@ static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float 
     for (int t = 1; t <= S; t += 2) {
         float *f = res->hist + bki_hist_off(n, m, t);
         int writeA = (t >= S - 1) || pb->tol > 0.0f;
-        row_pass(pb, g, f, colP, writeA ? res->A : NULL, res->lda, e, &rerr);
+        row_pass(tm, pb, &w, g, f, 1, writeA ? res->A : NULL, res->lda);
+        rerr = max_of(w.nb, w.rerr);
         res->f = f;
         res->iters = t;
         if (t == S) { /* odd final step: rows exact; column error from colP */
-            cerr = col_update(pb, f, g, colP, NULL, NULL, NULL);
+            col_update(tm, pb, &w, f, g, NULL);
+            cerr = max_of(m, w.cerr);
             break;
         }
         float *gn = res->hist + bki_hist_off(n, m, t + 1);
-        int nfb = 0;
-        float cP = col_update(pb, f, g, colP, gn, fb, &nfb);
+        col_update(tm, pb, &w, f, g, gn);
+        const float cP = max_of(m, w.cerr);
         if (pb->tol > 0.0f && cP < pb->tol) { /* converged: stop on the row step */
             cerr = cP;
             break;
@@ -248,7 +338,7 @@ static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float 
         g = res->g = gn;
         res->iters = t + 1;
         if (t + 1 == S) /* even final step: columns exact */
-            scale_columns(pb, f, gn, colP, fb, nfb, res->A, res->lda, factor, e, &rerr, &cerr);
+            scale_columns(tm, pb, &w, f, gn, res->A, res->lda, &rerr, &cerr);
     }
     res->row_err = rerr;
     res->col_err = cerr;
@@ -256,145 +346,158 @@ static void ISA(sk_forward)(const bki_sk_problem *pb, bki_sk_result *res, float 
 
 /* Recomputes the forward's A from its potentials, with the same arithmetic
  * as the forward's last pass (so bitwise the same A). */
-static void ISA(sk_attention)(const bki_sk_problem *pb, int iters, const float *hist, float *A,
+static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int iters, const float *hist, float *A,
                               ptrdiff_t lda, float *scratch)
 {
     const int n = pb->n, m = pb->m;
-    const size_t mr = vec_floats(m);
-    const size_t vr = vec_floats(m > n ? m : n);
-    float *e = scratch, *colP = e + vr, *factor = colP + vr, *fdum = factor + vr;
-    unsigned char *fb = (unsigned char *)(fdum + vr);
-    float rerr, cerr;
-    (void)mr;
+    const eng_ws w = carve(tm, n, m, scratch);
+    float *fdum = w.rl; /* f is recomputed into a throw-away buffer: the tape has it already */
     if (iters % 2 == 1) {
         const float *g = iters > 1 ? hist + bki_hist_off(n, m, iters - 1) : pb->g0;
-        /* f is recomputed into a throw-away buffer: the tape has it already */
-        row_pass(pb, g, fdum, NULL, A, lda, e, &rerr);
+        row_pass(tm, pb, &w, g, fdum, 0, A, lda);
     } else {
         const float *gold = iters > 2 ? hist + bki_hist_off(n, m, iters - 2) : pb->g0;
         const float *f = hist + bki_hist_off(n, m, iters - 1);
         const float *g = hist + bki_hist_off(n, m, iters);
-        row_pass(pb, gold, fdum, colP, A, lda, e, &rerr);
-        /* same flags as the forward: recompute which columns fell back */
-        int nfb = 0;
-        for (int j = 0; j < m; j++) {
-            fb[j] = colP[j] > BK_TINY ? 0 : 1;
-            nfb += fb[j];
-        }
-        scale_columns(pb, f, g, colP, fb, nfb, A, lda, factor, e, &rerr, &cerr);
+        row_pass(tm, pb, &w, gold, fdum, 1, A, lda);
+        /* the same column sums and fallback flags as the forward */
+        reduce_cols(tm, &w, m, w.colP);
+        int j0, j1;
+        bki_team_share(tm, m, &j0, &j1);
+        for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
+        bki_team_sync(tm);
+        float rerr, cerr;
+        scale_columns(tm, pb, &w, f, g, A, lda, &rerr, &cerr);
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* backward (unrolled VJP, replayed)                                         */
 /* ------------------------------------------------------------------------ */
-static void ISA(sk_backward)(const bki_sk_problem *pb, int S, const float *hist, float *A,
+static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S, const float *hist, float *A,
                              ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb)
 {
     const int n = pb->n, m = pb->m;
-    const size_t vr = vec_floats(m > n ? m : n);
-    float *e = scratch, *lamc = e + vr, *lamc2 = lamc + vr, *wb = lamc2 + vr;
-    float *lamr = wb + vr, *rl = lamr + vr;
+    const eng_ws w = carve(tm, n, m, scratch);
+    float *e = w.e, *lamc = w.lamc, *lamc2 = w.lamc2, *wb = w.wb, *lamr = w.lamr, *rl = w.rl;
     const float la_u = -logf((float)n), lb_u = -logf((float)m);
     const float *hS = hist + bki_hist_off(n, m, S);
     const float *hS1 = S > 1 ? hist + bki_hist_off(n, m, S - 1) : NULL;
-    int odd = S % 2;
-
-    /* rl_i = la_i - (row potential of the step after the pending column
-     * step): for odd S that is h_S, for even S h_{S-1}. */
-    for (int i = 0; i < n; i++) rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
+    const int odd = S % 2;
+    int b0, b1, j0, j1;
+    bki_team_share(tm, w.nb, &b0, &b1);
+    bki_team_share(tm, m, &j0, &j1);
 
     /* Gradients w.r.t. the log marginals (optional): every row step adds its
      * adjoint to dla, every column step to dlb, and the output map
-     * A = P / a adds -rowsum(E) to dla (cancelled by step S when S is odd). */
-    if (dlb) memset(dlb, 0, sizeof(float) * (size_t)m);
-    /* pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S) */
-    memset(lamc, 0, sizeof(float) * (size_t)m);
-    for (int i = 0; i < n; i++) {
-        float *Gi = G + (ptrdiff_t)i * ldg;
-        const float *Ai = A + (ptrdiff_t)i * lda;
-        float r = 0.0f;
+     * A = P / a adds -rowsum(E) to dla (cancelled by step S when S is odd).
+     * pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S).
+     * rl_i = la_i - (row potential of the step after the pending column
+     * step): for odd S that is h_S, for even S h_{S-1}. */
+    for (int b = b0; b < b1; b++) {
+        float *part = w.part + (size_t)b * w.mr;
+        memset(part, 0, sizeof(float) * (size_t)m);
+        const int i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
+        for (int i = b * w.rb; i < i1; i++) {
+            rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
+            float *Gi = G + (ptrdiff_t)i * ldg;
+            const float *Ai = A + (ptrdiff_t)i * lda;
+            float r = 0.0f;
 #pragma omp simd reduction(+ : r)
-        for (int j = 0; j < m; j++) {
-            Gi[j] *= Ai[j];
-            r += Gi[j];
-        }
-        if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
-#pragma omp simd
             for (int j = 0; j < m; j++) {
-                Gi[j] -= r * Ai[j];
-                lamc[j] += Gi[j];
+                Gi[j] *= Ai[j];
+                r += Gi[j];
             }
-            lamr[i] = 0.0f;
-            if (dla) dla[i] = 0.0f;
-        } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
+            if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
 #pragma omp simd
-            for (int j = 0; j < m; j++) lamc[j] += Gi[j];
-            lamr[i] = r;
-            if (dla) dla[i] = -r;
+                for (int j = 0; j < m; j++) {
+                    Gi[j] -= r * Ai[j];
+                    part[j] += Gi[j];
+                }
+                lamr[i] = 0.0f;
+                if (dla) dla[i] = 0.0f;
+            } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
+#pragma omp simd
+                for (int j = 0; j < m; j++) part[j] += Gi[j];
+                lamr[i] = r;
+                if (dla) dla[i] = -r;
+            }
         }
     }
+    for (int j = j0; j < j1; j++) {
+        wb[j] = expf(-lb_at(pb, j, lb_u));
+        if (dlb) dlb[j] = 0.0f;
+    }
+    bki_team_sync(tm);
+    reduce_cols(tm, &w, m, lamc);
+    bki_team_sync(tm);
+    int logwb = 0;
+    for (int j = 0; j < m; j++)
+        if (!(wb[j] < 1e30f)) logwb = 1;
     /* pending column step t (even) with lambda_t in lamc and lambda_{t-1}
      * (rows) in lamr; A holds R^{t+1} (or A itself when t = S). */
     int t = odd ? S - 1 : S;
-    int logwb = 0;
-    for (int j = 0; j < m; j++) {
-        float lbj = lb_at(pb, j, lb_u);
-        wb[j] = expf(-lbj);
-        if (!(wb[j] < 1e30f)) logwb = 1;
-    }
     while (t >= 2) {
         const float *ht1 = hist + bki_hist_off(n, m, t - 1);            /* rows   */
         const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : pb->g0; /* cols */
-        int more = t - 1 > 1; /* does lambda_{t-2} matter? */
-        if (more) memset(lamc2, 0, sizeof(float) * (size_t)m);
+        const int more = t - 1 > 1; /* does lambda_{t-2} matter? */
         if (dlb)
-            for (int j = 0; j < m; j++) dlb[j] += lamc[j]; /* column step t */
-        for (int i = 0; i < n; i++) {
-            float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
-            const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
-            /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */
-            float acc = 0.0f;
-            if (!logwb) {
-                float u = expf(rl[i] + ht1[i]);
+            for (int j = j0; j < j1; j++) dlb[j] += lamc[j]; /* column step t */
+        for (int b = b0; b < b1; b++) {
+            float *part = w.part + (size_t)b * w.mr;
+            if (more) memset(part, 0, sizeof(float) * (size_t)m);
+            const int i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
+            for (int i = b * w.rb; i < i1; i++) {
+                float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
+                const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
+                /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */
+                float acc = 0.0f;
+                if (!logwb) {
+                    float u = expf(rl[i] + ht1[i]);
 #pragma omp simd reduction(+ : acc)
-                for (int j = 0; j < m; j++) {
-                    float q = Ri[j] * u * wb[j];
-                    Gi[j] -= lamc[j] * q;
-                    acc += q * lamc[j];
+                    for (int j = 0; j < m; j++) {
+                        float q = Ri[j] * u * wb[j];
+                        Gi[j] -= lamc[j] * q;
+                        acc += q * lamc[j];
+                    }
+                } else { /* tiny column masses: stay in the log domain */
+                    float base = rl[i] + ht1[i];
+                    for (int j = 0; j < m; j++) {
+                        float q = Ri[j] > 0.0f ? bki_expf(logf(Ri[j]) + base - lb_at(pb, j, lb_u)) : 0.0f;
+                        Gi[j] -= lamc[j] * q;
+                        acc += q * lamc[j];
+                    }
                 }
-            } else { /* tiny column masses: stay in the log domain */
-                float base = rl[i] + ht1[i];
-                for (int j = 0; j < m; j++) {
-                    float q = Ri[j] > 0.0f ? bki_expf(logf(Ri[j]) + base - lb_at(pb, j, lb_u)) : 0.0f;
-                    Gi[j] -= lamc[j] * q;
-                    acc += q * lamc[j];
-                }
-            }
-            float lr = lamr[i] - acc; /* lambda_{t-1,i}, complete */
-            if (dla) dla[i] += lr;    /* row step t-1 */
-            /* row step t-1 on row i: R = softmax_j(C_ij + h_{t-2,j}) */
-            float M;
-            float s = row_softmax(m, Ci, ht2, e, &M);
-            float inv = 1.0f / s;
-            rl[i] = M + logf(s);
-            if (more) {
+                float lr = lamr[i] - acc; /* lambda_{t-1,i}, complete */
+                if (dla) dla[i] += lr;    /* row step t-1 */
+                /* row step t-1 on row i: R = softmax_j(C_ij + h_{t-2,j}) */
+                float M;
+                float s = row_softmax(m, Ci, ht2, e, &M);
+                float inv = 1.0f / s;
+                rl[i] = M + logf(s);
+                if (more) {
 #pragma omp simd
-                for (int j = 0; j < m; j++) {
-                    float r = e[j] * inv;
-                    Ri[j] = r;
-                    Gi[j] -= lr * r;
-                    lamc2[j] -= lr * r;
-                }
-            } else {
+                    for (int j = 0; j < m; j++) {
+                        float r = e[j] * inv;
+                        Ri[j] = r;
+                        Gi[j] -= lr * r;
+                        part[j] -= lr * r;
+                    }
+                } else {
 #pragma omp simd
-                for (int j = 0; j < m; j++) {
-                    float r = e[j] * inv;
-                    Ri[j] = r;
-                    Gi[j] -= lr * r;
+                    for (int j = 0; j < m; j++) {
+                        float r = e[j] * inv;
+                        Ri[j] = r;
+                        Gi[j] -= lr * r;
+                    }
                 }
+                lamr[i] = 0.0f;
             }
-            lamr[i] = 0.0f;
+        }
+        bki_team_sync(tm);
+        if (more) {
+            reduce_cols(tm, &w, m, lamc2);
+            bki_team_sync(tm);
         }
         float *tmp = lamc;
         lamc = lamc2;

@@ -1,27 +1,61 @@
-/* threads.c -- the thread-count setting (the library's only mutable global)
- * and the run-time choice of the kernel instruction set. */
+/* threads.c -- the parallel model: the library's thread count (its only
+ * mutable global), the plan of a call's problems over threads, the entry and
+ * exit of every parallel region (floating-point mode, BLAS threads), and the
+ * run-time choice of the kernel instruction set. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "internal.h"
 
 #include <cblas.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xmmintrin.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static int g_threads; /* 0 = OpenMP default */
+/* OpenBLAS's own queries (declared here: Debian's cblas.h has them, other
+ * CBLAS headers may not). */
+extern int openblas_get_parallel(void);
+extern int openblas_get_num_threads(void);
+extern void openblas_set_num_threads(int);
+
+/* 0 = the default; otherwise set by bk_set_num_threads. Atomic: a setter
+ * may race with a call in another thread (the call uses one or the other). */
+static _Atomic int g_threads;
 
 void bk_set_num_threads(int n) { g_threads = n > 0 ? n : 0; }
 
+/* The default, computed once: BIRKHOFF_NUM_THREADS when set to a positive
+ * integer, else the CPUs this process may run on (its affinity mask). Not
+ * OpenMP's current setting: torch and numpy change that one. */
+static int default_threads(void)
+{
+    static _Atomic int cached;
+    int n = cached;
+    if (n > 0) return n;
+    const char *env = getenv("BIRKHOFF_NUM_THREADS");
+    char *end = NULL;
+    long v = env ? strtol(env, &end, 10) : 0;
+    if (env && end != env && *end == '\0' && v > 0) {
+        n = v > 1024 ? 1024 : (int)v;
+    } else {
+        cpu_set_t set;
+        n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+#ifdef _OPENMP
+        if (n < 1) n = omp_get_num_procs();
+#endif
+        if (n < 1) n = 1;
+    }
+    cached = n;
+    return n;
+}
+
 int bki_threads(void)
 {
-    if (g_threads > 0) return g_threads;
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
+    int n = g_threads;
+    return n > 0 ? n : default_threads();
 }
 
 int bk_get_num_threads(void) { return bki_threads(); }
@@ -32,29 +66,57 @@ int bki_work_threads(int problems)
     return problems < 1 ? 1 : (problems < nt ? problems : nt);
 }
 
-int bki_region_threads(int problems, int nt)
+/* Team mode only pays when a problem's passes outweigh a few barriers. */
+#define BKI_TEAM_MIN_COST 32768.0
+
+bki_plan bki_plan_problems(int P, double cost)
 {
-    /* One problem and several threads: the problem runs on one thread and
-     * BLAS gets all of them. OpenBLAS splits sgemm over the rows and columns
-     * of C only (never over K), so every element is computed the same way
-     * whatever its thread count: results stay bitwise identical (tested). */
-    (void)nt;
-    const int all = bki_threads();
-    if (problems == 1 && all > 1) {
-        if (openblas_get_num_threads() != all) openblas_set_num_threads(all);
-        return 1;
+    const int nt = bki_threads();
+    bki_plan pl = {bki_work_threads(P), bki_work_threads(P), 0};
+    if (nt > 1 && cost >= BKI_TEAM_MIN_COST && (P < nt || (P % nt != 0 && P < 4 * nt))) {
+        pl.nt = nt;
+        pl.lanes = 1;
+        pl.team = 1;
     }
-    bki_blas_single_thread();
-    return bki_work_threads(problems);
+    return pl;
 }
 
-void bki_blas_single_thread(void)
+/* ---- BLAS on one thread ------------------------------------------------- *
+ * Every GEMM the library makes is one tile of its own partition, called from
+ * inside its own parallel region, and must run on the calling thread alone.
+ * OpenBLAS's OpenMP build does that by itself inside an active region, and
+ * inside a one-thread region once the member's own nthreads ICV is 1 (set by
+ * bki_region_enter: it lasts until the region ends, nothing process-wide
+ * changes). OpenBLAS's pthreads build (Debian's default) has only a
+ * process-wide setting: the library sets it to 1 the first time it needs
+ * BLAS, once, and leaves it there (docs/ARCHITECTURE.md: a numpy in the same
+ * process then runs its BLAS on one thread; Debian's libopenblas0-openmp
+ * avoids that). */
+static int blas_kind(void)
 {
-    /* Our parallel regions call BLAS from each thread: it must not spawn
-     * threads of its own (oversubscription, and one code path per problem
-     * whatever the thread count). */
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    static _Atomic int kind = -1; /* 0 sequential, 1 pthreads, 2 OpenMP */
+    int k = kind;
+    if (k < 0) {
+        k = openblas_get_parallel();
+        if (k == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+        kind = k;
+    }
+    return k;
 }
+
+unsigned bki_region_enter(void)
+{
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+#ifdef _OPENMP
+    if (blas_kind() == 2) omp_set_num_threads(1);
+#else
+    (void)blas_kind();
+#endif
+    return saved;
+}
+
+void bki_region_leave(const unsigned *saved) { _mm_setcsr(*saved); }
 
 /* The kernel table is a pure function of the CPU (and BK_ISA), computed on
  * first use; concurrent first calls compute the same value. */
@@ -128,5 +190,14 @@ int bki_thread_id(void)
     return omp_get_thread_num();
 #else
     return 0;
+#endif
+}
+
+int bki_region_size(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
 #endif
 }

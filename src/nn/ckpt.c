@@ -64,6 +64,8 @@ static void sb_json(sbuf *b, const char *t) /* a JSON string literal */
 /* ---- a strict little JSON reader for the header ---- */
 typedef struct {
     const char *p, *end;
+    const char *base; /* the header's first byte (file offset 8) */
+    char why[160];    /* what jstr found wrong, for the caller's message */
 } jcur;
 
 static void jws(jcur *j)
@@ -79,15 +81,37 @@ static int jlit(jcur *j, char ch)
     }
     return 0;
 }
-/* a string into a malloc'd buffer (escapes \" \\ \/ \n \t \r \b \f \u00XX) */
+static int hexval(char h)
+{
+    if (h >= '0' && h <= '9') return h - '0';
+    if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+    if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+    return -1;
+}
+/* A string into a malloc'd buffer, strictly as RFC 8259 reads it: the
+ * escapes \" \\ \/ \b \f \n \r \t \uXXXX, and no raw control character
+ * (U+0000..U+001F) inside. \u0000 (a C string cannot hold it) and escapes
+ * above U+007F (bk_checkpoint_save writes such characters as UTF-8 bytes)
+ * are refused too. On failure NULL, with the reason in j->why when the
+ * string itself is malformed. */
 static char *jstr(jcur *j)
 {
     jws(j);
     if (j->p >= j->end || *j->p != '"') return NULL;
     j->p++;
     sbuf b = {0};
+#define JBAD(...)                                                                                                      \
+    do {                                                                                                               \
+        snprintf(j->why, sizeof j->why, __VA_ARGS__);                                                                  \
+        free(b.s);                                                                                                     \
+        return NULL;                                                                                                   \
+    } while (0)
     while (j->p < j->end && *j->p != '"') {
+        const size_t at = (size_t)(j->p - j->base) + 8; /* file offset */
         char ch = *j->p++;
+        if ((unsigned char)ch < 0x20)
+            JBAD("raw control character 0x%02x in a string at file offset %zu; JSON strings must escape U+0000..U+001F",
+                 (unsigned char)ch, at);
         if (ch == '\\') {
             if (j->p >= j->end) break;
             char e = *j->p++;
@@ -97,29 +121,27 @@ static char *jstr(jcur *j)
             else if (e == 'b') ch = '\b';
             else if (e == 'f') ch = '\f';
             else if (e == '"' || e == '\\' || e == '/') ch = e;
-            else if (e == 'u' && j->end - j->p >= 4) {
+            else if (e == 'u') {
                 unsigned v = 0;
                 for (int i = 0; i < 4; i++) {
-                    char h = *j->p++;
-                    v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                                                         : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
+                    const int d = j->p < j->end ? hexval(*j->p) : -1;
+                    if (d < 0) JBAD("invalid \\u escape in a string at file offset %zu", at);
+                    v = v * 16 + (unsigned)d;
+                    j->p++;
                 }
-                if (v > 0x7f) {
-                    free(b.s);
-                    return NULL;
-                }
+                if (v == 0) JBAD("\\u0000 in a string at file offset %zu (NUL is not allowed)", at);
+                if (v > 0x7f)
+                    JBAD("\\u%04x in a string at file offset %zu: escapes above U+007F are not supported", v, at);
                 ch = (char)v;
             } else {
-                free(b.s);
-                return NULL;
+                JBAD("invalid escape in a string at file offset %zu", at);
             }
         }
         sb_put(&b, &ch, 1);
     }
-    if (j->p >= j->end || b.bad) {
-        free(b.s);
-        return NULL;
-    }
+    if (j->p >= j->end) JBAD("unterminated string");
+    if (b.bad) JBAD("out of memory");
+#undef JBAD
     j->p++;
     if (!b.s) sb_put(&b, "", 0);
     return b.s;
@@ -288,8 +310,8 @@ static bk_status asap_parse(const char *path, int l, const char *txt, int dh, bk
 
 static bk_status parse_header(const char *path, const char *txt, size_t n, header *h)
 {
-    jcur j = {txt, txt + n};
-#define BAD(msg) return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (%s)", path, msg)
+    jcur j = {txt, txt + n, txt, ""};
+#define BAD(msg) return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (%s)", path, j.why[0] ? j.why : msg)
     if (!jlit(&j, '{')) BAD("not a JSON object");
     if (jlit(&j, '}')) return BK_OK;
     do {

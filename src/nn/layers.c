@@ -21,17 +21,20 @@
 void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                     int ldy)
 {
-    bki_blas_single_thread();
     const int nt = bki_threads(), nblk = (R + ROWBLK - 1) / ROWBLK;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int blk = 0; blk < nblk; blk++) {
-        const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
-        float *yb = y + (size_t)r0 * ldy;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, out, in, 1.0f, x + (size_t)r0 * ldx, ldx, W, in, 0.0f,
-                    yb, ldy);
-        if (b)
-            for (int r = 0; r < rn; r++)
-                for (int c = 0; c < out; c++) yb[(size_t)r * ldy + c] += b[c];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
+            float *yb = y + (size_t)r0 * ldy;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, out, in, 1.0f, x + (size_t)r0 * ldx, ldx, W, in, 0.0f,
+                        yb, ldy);
+            if (b)
+                for (int r = 0; r < rn; r++)
+                    for (int c = 0; c < out; c++) yb[(size_t)r * ldy + c] += b[c];
+        }
     }
 }
 
@@ -39,41 +42,52 @@ void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 {
     const int nt = bki_threads();
     const int nblk = (C + COLBLK - 1) / COLBLK;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int blk = 0; blk < nblk; blk++) {
-        const int c0 = blk * COLBLK, cn = C - c0 < COLBLK ? C - c0 : COLBLK;
-        double acc[COLBLK] = {0};
-        for (int r = 0; r < R; r++) {
-            const float *ar = a + (size_t)r * lda + c0;
-            for (int c = 0; c < cn; c++) acc[c] += ar[c];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const int c0 = blk * COLBLK, cn = C - c0 < COLBLK ? C - c0 : COLBLK;
+            double acc[COLBLK] = {0};
+            for (int r = 0; r < R; r++) {
+                const float *ar = a + (size_t)r * lda + c0;
+                for (int c = 0; c < cn; c++) acc[c] += ar[c];
+            }
+            for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
         }
-        for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
     }
 }
 
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                     float *dx, float beta_dx, float *dW, float *db)
 {
-    bki_blas_single_thread();
     const int nt = bki_threads();
     if (dx) {
         const int nblk = (R + ROWBLK - 1) / ROWBLK;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
-            const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, in, out, 1.0f, dy + (size_t)r0 * ldy, ldy, W, in,
-                        beta_dx, dx + (size_t)r0 * in, in);
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, in, out, 1.0f, dy + (size_t)r0 * ldy, ldy, W, in,
+                            beta_dx, dx + (size_t)r0 * in, in);
+            }
+    }
     }
     if (dW) {
         const int bo = (out + WBLK_O - 1) / WBLK_O, bi = (in + WBLK_I - 1) / WBLK_I;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int blk = 0; blk < bo * bi; blk++) {
-            const int o0 = (blk / bi) * WBLK_O, i0 = (blk % bi) * WBLK_I;
-            const int on = out - o0 < WBLK_O ? out - o0 : WBLK_O, inn = in - i0 < WBLK_I ? in - i0 : WBLK_I;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, on, inn, R, 1.0f, dy + o0, ldy, x + i0, ldx, 1.0f,
-                        dW + (size_t)o0 * in + i0, in);
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < bo * bi; blk++) {
+                const int o0 = (blk / bi) * WBLK_O, i0 = (blk % bi) * WBLK_I;
+                const int on = out - o0 < WBLK_O ? out - o0 : WBLK_O, inn = in - i0 < WBLK_I ? in - i0 : WBLK_I;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, on, inn, R, 1.0f, dy + o0, ldy, x + i0, ldx, 1.0f,
+                            dW + (size_t)o0 * in + i0, in);
+            }
+    }
     }
     if (db) bki_colsum_add(dy, R, out, ldy, db);
 }
@@ -82,21 +96,25 @@ void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float
                        float *rs)
 {
     const int nt = bki_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int r = 0; r < R; r++) {
-        const float *xr = x + (size_t)r * C;
-        float *yr = y + (size_t)r * C;
-        double s = 0.0, s2 = 0.0;
-        for (int c = 0; c < C; c++) s += xr[c];
-        const double m = s / C;
-        for (int c = 0; c < C; c++) {
-            const double t = xr[c] - m;
-            s2 += t * t;
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + (size_t)r * C;
+            float *yr = y + (size_t)r * C;
+            double s = 0.0, s2 = 0.0;
+            for (int c = 0; c < C; c++) s += xr[c];
+            const double m = s / C;
+            for (int c = 0; c < C; c++) {
+                const double t = xr[c] - m;
+                s2 += t * t;
+            }
+            const float mf = (float)m, rf = (float)(1.0 / sqrt(s2 / C + (double)eps));
+            mu[r] = mf;
+            rs[r] = rf;
+            for (int c = 0; c < C; c++) yr[c] = (xr[c] - mf) * rf * g[c] + b[c];
         }
-        const float mf = (float)m, rf = (float)(1.0 / sqrt(s2 / C + (double)eps));
-        mu[r] = mf;
-        rs[r] = rf;
-        for (int c = 0; c < C; c++) yr[c] = (xr[c] - mf) * rf * g[c] + b[c];
     }
 }
 
@@ -107,6 +125,7 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
     const int nblk = (C + COLBLK - 1) / COLBLK;
 #pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
 #pragma omp for schedule(static)
         for (int blk = 0; blk < nblk; blk++) {
             const int c0 = blk * COLBLK, cn = C - c0 < COLBLK ? C - c0 : COLBLK;
@@ -145,19 +164,27 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
 void bki_gelu_fwd(size_t n, const float *z, float *y)
 {
     const int nt = bki_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < n; i++) y[i] = 0.5f * z[i] * (1.0f + erff(z[i] * 0.70710678118654752f));
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i++) y[i] = 0.5f * z[i] * (1.0f + erff(z[i] * 0.70710678118654752f));
+    }
 }
 
 void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
 {
     const int nt = bki_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const float x = z[i];
-        const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-        const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
-        dz[i] = dy[i] * (cdf + x * pdf);
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            const float x = z[i];
+            const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+            const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+            dz[i] = dy[i] * (cdf + x * pdf);
+        }
     }
 }
 
@@ -179,10 +206,14 @@ void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
     const float keep = 1.0f / (1.0f - p);
     const uint64_t thr = (uint64_t)ldexp((double)p, 64); /* p < 1 (a float): below 2^64 - 2^40 */
     const int nt = bki_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int r = 0; r < R; r++) {
-        float *ar = a + (size_t)r * ld;
-        const uint64_t rk = mix(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
-        for (int c = 0; c < C; c++) ar[c] = mix(rk + (uint64_t)c * 0x9E3779B97F4A7C15ull) >= thr ? ar[c] * keep : 0.0f;
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *ar = a + (size_t)r * ld;
+            const uint64_t rk = mix(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+            for (int c = 0; c < C; c++) ar[c] = mix(rk + (uint64_t)c * 0x9E3779B97F4A7C15ull) >= thr ? ar[c] * keep : 0.0f;
+        }
     }
 }

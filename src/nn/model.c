@@ -769,48 +769,64 @@ static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
     const size_t Bn = (size_t)B * (size_t)np;
     if (c->input == BK_INPUT_IMAGE) {
         const int P = c->patch, gw = c->image_w / P, C = c->channels, Hh = c->image_h, Ww = c->image_w;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < (int64_t)Bn; r++) {
-            const int b = (int)(r / np), pi = (int)(r % np), py = pi / gw, px = pi % gw;
-            float *o = m->emb_in + (size_t)r * (size_t)m->in_feat;
-            const float *img = bt->x + (size_t)b * C * Hh * Ww;
-            for (int p1 = 0; p1 < P; p1++)
-                for (int p2 = 0; p2 < P; p2++)
-                    for (int ch = 0; ch < C; ch++)
-                        *o++ = img[((size_t)ch * Hh + (size_t)(py * P + p1)) * Ww + (size_t)(px * P + p2)];
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < (int64_t)Bn; r++) {
+                const int b = (int)(r / np), pi = (int)(r % np), py = pi / gw, px = pi % gw;
+                float *o = m->emb_in + (size_t)r * (size_t)m->in_feat;
+                const float *img = bt->x + (size_t)b * C * Hh * Ww;
+                for (int p1 = 0; p1 < P; p1++)
+                    for (int p2 = 0; p2 < P; p2++)
+                        for (int ch = 0; ch < C; ch++)
+                            *o++ = img[((size_t)ch * Hh + (size_t)(py * P + p1)) * Ww + (size_t)(px * P + p2)];
+            }
+    }
         bki_linear_fwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, m->w + m->e_b, m->emb_o, D);
     } else if (c->input == BK_INPUT_TOKENS) {
         memcpy(m->tokens, bt->tokens, sizeof(int32_t) * Bn);
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < (int64_t)Bn; r++)
-            memcpy(m->emb_o + (size_t)r * D, m->w + m->e_w + (size_t)bt->tokens[r] * D, sizeof(float) * (size_t)D);
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < (int64_t)Bn; r++)
+                memcpy(m->emb_o + (size_t)r * D, m->w + m->e_w + (size_t)bt->tokens[r] * D, sizeof(float) * (size_t)D);
+    }
     } else {
         const int pd = m->in_feat;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < (int64_t)Bn; r++) {
-            const int b = (int)(r / np), i = (int)(r % np);
-            const int valid = bt->len ? bt->len[b] : np;
-            if (i < valid)
-                memcpy(m->emb_in + (size_t)r * pd, bt->x + (size_t)r * pd, sizeof(float) * (size_t)pd);
-            else
-                memset(m->emb_in + (size_t)r * pd, 0, sizeof(float) * (size_t)pd);
-        }
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < (int64_t)Bn; r++) {
+                const int b = (int)(r / np), i = (int)(r % np);
+                const int valid = bt->len ? bt->len[b] : np;
+                if (i < valid)
+                    memcpy(m->emb_in + (size_t)r * pd, bt->x + (size_t)r * pd, sizeof(float) * (size_t)pd);
+                else
+                    memset(m->emb_in + (size_t)r * pd, 0, sizeof(float) * (size_t)pd);
+            }
+    }
         bki_linear_fwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, m->w + m->e_b, m->emb_h, D);
         bki_gelu_fwd(Bn * (size_t)D, m->emb_h, m->emb_g);
         bki_linear_fwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, m->w + m->e_b2, m->emb_o, D);
     }
     const float *cls = c->cls ? m->w + m->cls_o : NULL, *pos = c->pos_embed ? m->w + m->pos_o : NULL;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < (int64_t)B * T; r++) {
-        const int b = (int)(r / T), t = (int)(r % T);
-        float *x = m->x0 + (size_t)r * D;
-        if (c->cls && t == 0)
-            memcpy(x, cls, sizeof(float) * (size_t)D);
-        else
-            memcpy(x, m->emb_o + ((size_t)b * np + (size_t)(t - c->cls)) * D, sizeof(float) * (size_t)D);
-        if (pos)
-            for (int k = 0; k < D; k++) x[k] += pos[(size_t)t * D + k];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)B * T; r++) {
+            const int b = (int)(r / T), t = (int)(r % T);
+            float *x = m->x0 + (size_t)r * D;
+            if (c->cls && t == 0)
+                memcpy(x, cls, sizeof(float) * (size_t)D);
+            else
+                memcpy(x, m->emb_o + ((size_t)b * np + (size_t)(t - c->cls)) * D, sizeof(float) * (size_t)D);
+            if (pos)
+                for (int k = 0; k < D; k++) x[k] += pos[(size_t)t * D + k];
+        }
     }
     if (train && c->dropout > 0.0f) bki_dropout(m->x0, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     for (int b = 0; b < B; b++)
@@ -868,17 +884,25 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
 static void residual_add(int R, int D, const float *x, float *out, const float *b, float p, uint64_t key)
 {
     const int nt = bki_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int r = 0; r < R; r++) {
-        float *o = out + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += b[c];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *o = out + (size_t)r * D;
+            for (int c = 0; c < D; c++) o[c] += b[c];
+        }
     }
     if (p > 0.0f) bki_dropout(out, R, D, D, p, key);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int r = 0; r < R; r++) {
-        float *o = out + (size_t)r * D;
-        const float *xr = x + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += xr[c];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *o = out + (size_t)r * D;
+            const float *xr = x + (size_t)r * D;
+            for (int c = 0; c < D; c++) o[c] += xr[c];
+        }
     }
 }
 
@@ -1085,9 +1109,13 @@ static void embed_backward(bk_model *m, int B)
     if (c->dropout > 0.0f) bki_dropout(dX, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     if (c->pos_embed) {
         float *g = m->gw + m->pos_o;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int t = 0; t < T; t++)
-            for (int b = 0; b < B; b++) add_into(g + (size_t)t * D, dX + ((size_t)b * T + t) * D, (size_t)D);
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                for (int b = 0; b < B; b++) add_into(g + (size_t)t * D, dX + ((size_t)b * T + t) * D, (size_t)D);
+    }
     }
     if (c->cls) {
         float *g = m->gw + m->cls_o;
@@ -1095,10 +1123,14 @@ static void embed_backward(bk_model *m, int B)
     }
     /* gather the token rows' gradient into [B*np, D] */
     float *dE = m->dT;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < (int64_t)Bn; r++) {
-        const int b = (int)(r / np), i = (int)(r % np);
-        memcpy(dE + (size_t)r * D, dX + ((size_t)b * T + (size_t)(i + c->cls)) * D, sizeof(float) * (size_t)D);
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)Bn; r++) {
+            const int b = (int)(r / np), i = (int)(r % np);
+            memcpy(dE + (size_t)r * D, dX + ((size_t)b * T + (size_t)(i + c->cls)) * D, sizeof(float) * (size_t)D);
+        }
     }
     if (c->input == BK_INPUT_IMAGE) {
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
@@ -1107,15 +1139,19 @@ static void embed_backward(bk_model *m, int B)
         /* table rows: parallel over column blocks, rows in order */
         float *g = m->gw + m->e_w;
         const int nblk = (D + 31) / 32;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
-            const int c0 = blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
-            for (size_t r = 0; r < Bn; r++) {
-                float *gr = g + (size_t)m->tokens[r] * D + c0;
-                const float *er = dE + r * D + c0;
-                for (int k = 0; k < cn; k++) gr[k] += er[k];
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int blk = 0; blk < nblk; blk++) {
+                const int c0 = blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
+                for (size_t r = 0; r < Bn; r++) {
+                    float *gr = g + (size_t)m->tokens[r] * D + c0;
+                    const float *er = dE + r * D + c0;
+                    for (int k = 0; k < cn; k++) gr[k] += er[k];
+                }
             }
-        }
+    }
     } else {
         const int pd = m->in_feat;
         float *dG = m->dM;

@@ -183,31 +183,39 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
         if (c->kind == BK_OPT_SGD) {
             const float mu = c->momentum;
             const int first = o->step == 0;
-#pragma omp parallel for num_threads(nt) schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++) {
-                float gi = pg[i] * gs;
-                if (wd > 0.0f) gi += wd * pw[i];
-                if (mu > 0.0f) {
-                    m0[i] = first ? gi : mu * m0[i] + gi;
-                    gi = c->nesterov ? gi + mu * m0[i] : m0[i];
+#pragma omp parallel num_threads(nt) if (n > 65536)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < n; i++) {
+                    float gi = pg[i] * gs;
+                    if (wd > 0.0f) gi += wd * pw[i];
+                    if (mu > 0.0f) {
+                        m0[i] = first ? gi : mu * m0[i] + gi;
+                        gi = c->nesterov ? gi + mu * m0[i] : m0[i];
+                    }
+                    pw[i] -= lr * gi;
                 }
-                pw[i] -= lr * gi;
-            }
+    }
         } else {
             const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
             const int adamw = c->kind == BK_OPT_ADAMW;
-#pragma omp parallel for num_threads(nt) schedule(static) if (n > 65536)
-            for (int64_t i = 0; i < n; i++) {
-                float gi = pg[i] * gs;
-                if (adamw)
-                    pw[i] *= 1.0f - lr * wd;
-                else if (wd > 0.0f)
-                    gi += wd * pw[i];
-                m0[i] = b1 * m0[i] + (1.0f - b1) * gi;
-                m1[i] = b2 * m1[i] + (1.0f - b2) * gi * gi;
-                const float denom = sqrtf(m1[i]) / bc2s + eps;
-                pw[i] -= step_size * (m0[i] / denom);
-            }
+#pragma omp parallel num_threads(nt) if (n > 65536)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < n; i++) {
+                    float gi = pg[i] * gs;
+                    if (adamw)
+                        pw[i] *= 1.0f - lr * wd;
+                    else if (wd > 0.0f)
+                        gi += wd * pw[i];
+                    m0[i] = b1 * m0[i] + (1.0f - b1) * gi;
+                    m1[i] = b2 * m1[i] + (1.0f - b2) * gi * gi;
+                    const float denom = sqrtf(m1[i]) / bc2s + eps;
+                    pw[i] -= step_size * (m0[i] / denom);
+                }
+    }
         }
     }
     o->step++;

@@ -141,7 +141,7 @@ static void transposed_steps(int Lq, int Lk, const float *Ct, const float *u, in
 {
     bki_sk_problem pb = {Lk, Lq, Ct, Lq, NULL, NULL, steps, 0.0f, u};
     bki_sk_result r = {hist, At, Lq, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&pb, &r, scr);
+    bki_kern()->sk_forward(&BKI_SOLO, &pb, &r, scr);
     *res = r;
 }
 
@@ -152,7 +152,7 @@ static void teacher_target(int Lq, int Lk, const float *C, int S, float eps, con
 {
     bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, S, 0.0f, NULL};
     bki_sk_result r = {hist, A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&pb, &r, scr);
+    bki_kern()->sk_forward(&BKI_SOLO, &pb, &r, scr);
     const int t = (S % 2 == 0) ? S - 1 : S - 2; /* the row step the teacher's closure acts on */
     const float *f = hist + bki_hist_off(Lq, Lk, t);
     double mean = 0.0;
@@ -181,7 +181,7 @@ static size_t fwd_thread_bytes(const bk_attn_desc *d, int L)
 {
     const int Nq = d->Nq, Nk = d->Nk;
     size_t nm = (size_t)Nq * Nk;
-    return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up(bki_kern()->sk_scratch(Nk, Nq) * sizeof(float)) +
+    return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up(bki_kern()->sk_scratch(Nk, Nq, 1) * sizeof(float)) +
            bki_round_up(bki_hist_len(Nk, Nq, 3) * sizeof(float)) + feat_bytes(Nq, Nk, L) +
            bki_round_up(sizeof(double) * (size_t)Nq * L) + 2 * bki_round_up(sizeof(double) * (size_t)Nq) +
            bki_round_up(sizeof(float) * (size_t)Nq) + 8 * BK_ALIGN;
@@ -206,7 +206,7 @@ static fwd_slab fwd_take(char *base, size_t pt, const bk_attn_desc *d, int L)
     fwd_slab s;
     s.Ct = bki_take(&ar, nm * sizeof(float));
     s.At = bki_take(&ar, nm * sizeof(float));
-    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nk, d->Nq) * sizeof(float));
+    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nk, d->Nq, 1) * sizeof(float));
     s.hist = bki_take(&ar, bki_hist_len(d->Nk, d->Nq, 3) * sizeof(float));
     s.fs = feat_take(&ar, d->Nq, d->Nk, L);
     s.X = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
@@ -238,9 +238,9 @@ static bk_status forward_impl(const bk_attn_desc *d, const bk_asap_layer *ly, bk
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, (size_t)nt * pt + BK_ALIGN, "bk_asap_workspace_size", &owned, &base))) return s;
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         const fwd_slab w = fwd_take(base, pt, d, L);
 #pragma omp for schedule(static)
         for (int p = 0; p < P; p++) {
@@ -340,7 +340,7 @@ static size_t calib_thread_bytes(int Nq, int Nk, int d, int L, int S, int kl)
 {
     size_t nm = (size_t)Nq * Nk;
     size_t hl = bki_hist_len(Nq, Nk, S), ht = bki_hist_len(Nk, Nq, 1);
-    size_t sc = bki_kern()->sk_scratch(Nq, Nk);
+    size_t sc = bki_kern()->sk_scratch(Nq, Nk, 1);
     (void)d;
     return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up((hl > ht ? hl : ht) * sizeof(float)) +
            bki_round_up(sc * sizeof(float)) + feat_bytes(Nq, Nk, L) + bki_round_up(sizeof(double) * (size_t)Nq * L) +
@@ -362,7 +362,7 @@ static calib_slab calib_take(char *base, size_t pt, int Nq, int Nk, int L, int S
     w.C = bki_take(&ar, nm * sizeof(float));
     w.A = bki_take(&ar, nm * sizeof(float));
     w.hist = bki_take(&ar, (hl > ht ? hl : ht) * sizeof(float));
-    w.scr = bki_take(&ar, bki_kern()->sk_scratch(Nq, Nk) * sizeof(float));
+    w.scr = bki_take(&ar, bki_kern()->sk_scratch(Nq, Nk, 1) * sizeof(float));
     w.fs = feat_take(&ar, Nq, Nk, L);
     w.X = bki_take(&ar, sizeof(double) * (size_t)Nq * L);
     w.y = bki_take(&ar, sizeof(double) * (size_t)Nq);
@@ -406,9 +406,9 @@ bk_status bk_asap_features(const bk_attn_desc *d, const bk_asap_layer *ly, const
     const size_t pt = feat_bytes(d->Nq, d->Nk, L) + bki_round_up(sizeof(double) * (size_t)d->Nq * L) + 2 * BK_ALIGN;
     char *base = malloc((size_t)nt * pt + BK_ALIGN);
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP features)");
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
         feat_scr fs = feat_take(&ar, d->Nq, d->Nk, L);
         double *X = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
@@ -443,9 +443,9 @@ bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg,
     const size_t pt = calib_thread_bytes(d->Nq, d->Nk, d->d, 1, S, 0);
     char *base = malloc((size_t)nt * pt + BK_ALIGN);
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP teacher)");
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         calib_slab w = calib_take(base, pt, d->Nq, d->Nk, 1, S, 0);
 #pragma omp for schedule(static)
         for (int p = 0; p < P; p++) {
@@ -608,9 +608,9 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
         free(base);
         return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP calibration)");
     }
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         calib_slab w = calib_take(base, pt, d->Nq, d->Nk, L, S, kl);
 #pragma omp for schedule(static)
         for (int p = 0; p < P; p++) {
@@ -709,14 +709,14 @@ static bk_status kl_eval(const bk_asap_calib *c, const double *w, double *J, dou
     const int64_t R = c->nrec;
     const size_t blk = (size_t)L * L + L + 1;
     const int nt = bki_work_threads(R > 1 << 30 ? 1 << 30 : (int)R);
-    const int rt = bki_region_threads(R > 1 << 30 ? 1 << 30 : (int)R, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
         const size_t nm = (size_t)c->maxq * c->maxk;
         float *Ct = bki_take(&ar, nm * sizeof(float));
         float *At = bki_take(&ar, nm * sizeof(float));
-        float *scr = bki_take(&ar, bki_kern()->sk_scratch(c->maxk, c->maxq) * sizeof(float));
+        float *scr = bki_take(&ar, bki_kern()->sk_scratch(c->maxk, c->maxq, 1) * sizeof(float));
         float *hist = bki_take(&ar, bki_hist_len(c->maxk, c->maxq, 1) * sizeof(float));
         float *u = bki_take(&ar, sizeof(float) * (size_t)c->maxq);
         double *f = bki_take(&ar, sizeof(double) * (size_t)c->maxq);
@@ -784,7 +784,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
     const int nt = bki_work_threads(R > 1 << 30 ? 1 << 30 : (int)R);
     const size_t nm = (size_t)c->maxq * c->maxk;
     const size_t pt = 2 * bki_round_up(nm * sizeof(float)) +
-                      bki_round_up(bki_kern()->sk_scratch(c->maxk, c->maxq) * sizeof(float)) +
+                      bki_round_up(bki_kern()->sk_scratch(c->maxk, c->maxq, 1) * sizeof(float)) +
                       bki_round_up(bki_hist_len(c->maxk, c->maxq, 1) * sizeof(float)) +
                       bki_round_up(sizeof(float) * (size_t)c->maxq) + 2 * bki_round_up(sizeof(double) * (size_t)c->maxq) +
                       bki_round_up(sizeof(float) * (size_t)c->maxk * L) + bki_round_up(sizeof(float) * (size_t)c->maxq * L) +

@@ -1,10 +1,10 @@
 /* attn.c -- the batched driver shared by Sinkhorn and softmax attention:
- * validation, the B*H problem loop over threads, the GEMMs (CBLAS), padding,
- * optional outputs and the tape. The per-problem normalisation is the LSE
- * engine (src/core/lse_engine.c). */
+ * validation, the B*H problems over threads (one per thread, or all threads
+ * on one problem: bki_plan), the tiled GEMMs (bki_gemm), padding, optional
+ * outputs and the tape. The per-problem normalisation is the LSE engine
+ * (src/core/lse_engine.c). */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,22 +39,36 @@ static float *tape_block(void *tape, const bk_attn_desc *d, int S, int p)
     return (float *)((char *)tape + sizeof(tape_header)) + (size_t)p * tape_block_floats(d->Nq, d->Nk, S);
 }
 
-/* ---- workspace ------------------------------------------------------------ */
-static size_t per_thread_bytes(const bk_attn_desc *d, const bki_attn_cfg *c, int with_hist)
+/* ---- workspace ------------------------------------------------------------
+ * One lane per problem in flight: C, A, G (Nq x Nk each), the potential
+ * history, the engine's scratch for a team of `members`, and the implicit
+ * backward's double scratch. A call runs `lanes` problems at a time, each by
+ * one thread, or one problem at a time by a team of all threads (bki_plan). */
+static bki_plan plan_of(const bk_attn_desc *d)
+{
+    return bki_plan_problems(d->B * d->H, (double)d->Nq * d->Nk);
+}
+
+static size_t lane_bytes(const bk_attn_desc *d, const bki_attn_cfg *c, int members)
 {
     size_t nm = (size_t)d->Nq * d->Nk;
     size_t b = 3 * bki_round_up(nm * sizeof(float)); /* C, A, G */
-    b += bki_round_up(bki_kern()->sk_scratch(d->Nq, d->Nk) * sizeof(float));
-    if (with_hist) b += bki_round_up(bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
+    b += bki_round_up(bki_kern()->sk_scratch(d->Nq, d->Nk, members) * sizeof(float));
+    b += bki_round_up(bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
     if (c->grad == BK_GRAD_IMPLICIT) b += bki_round_up(bki_sk_implicit_scratch(d->Nq, d->Nk) * sizeof(double));
     return b + BK_ALIGN;
+}
+
+static size_t lanes_bytes(const bk_attn_desc *d, const bki_attn_cfg *c, bki_plan pl)
+{
+    return (size_t)pl.lanes * lane_bytes(d, c, pl.team ? pl.nt : 1) + BK_ALIGN;
 }
 
 size_t bki_attn_workspace_size(const bk_attn_desc *d, const bki_attn_cfg *c)
 {
     if (!d || d->B < 1 || d->H < 1 || d->Nq < 1 || d->Nk < 1 || !c || c->S < 1) return 0;
     /* a backward without a tape keeps a temporary tape inside the workspace */
-    return (size_t)bki_work_threads(d->B * d->H) * per_thread_bytes(d, c, 1) + bki_attn_tape_size(d, c->S) + 2 * BK_ALIGN;
+    return lanes_bytes(d, c, plan_of(d)) + bki_attn_tape_size(d, c->S) + BK_ALIGN;
 }
 
 /* ---- validation ----------------------------------------------------------- */
@@ -86,37 +100,135 @@ static bk_status check_inputs(const bk_attn_desc *d, const bki_attn_cfg *c, cons
     return bki_check_qkv(d, q, k, v);
 }
 
-/* One thread's slab of the workspace, laid out as per_thread_bytes sized it. */
+/* A lane of the workspace, laid out as lane_bytes sized it. */
 typedef struct {
     float *C, *A, *G, *scr, *hist;
     double *dscr;
-} slab;
+} lane;
 
-static slab thread_slab(char *wsbase, size_t pt, const bk_attn_desc *d, const bki_attn_cfg *c)
+static lane lane_at(char *wsbase, const bk_attn_desc *d, const bki_attn_cfg *c, bki_plan pl, int li)
 {
-    const int tid = bki_thread_id();
-    bki_arena ar = {bki_align_ptr(wsbase + (size_t)tid * pt), 0, pt - BK_ALIGN};
+    const int members = pl.team ? pl.nt : 1;
+    const size_t lb = lane_bytes(d, c, members);
+    bki_arena ar = {bki_align_ptr(wsbase + (size_t)li * lb), 0, lb - BK_ALIGN};
     const size_t nm = (size_t)d->Nq * d->Nk;
-    slab s;
+    lane s;
     s.C = bki_take(&ar, nm * sizeof(float));
     s.A = bki_take(&ar, nm * sizeof(float));
     s.G = bki_take(&ar, nm * sizeof(float));
-    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nq, d->Nk) * sizeof(float));
+    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nq, d->Nk, members) * sizeof(float));
     s.hist = bki_take(&ar, bki_hist_len(d->Nq, d->Nk, c->S) * sizeof(float));
     s.dscr = c->grad == BK_GRAD_IMPLICIT ? bki_take(&ar, bki_sk_implicit_scratch(d->Nq, d->Nk) * sizeof(double))
                                          : NULL;
     return s;
 }
 
+/* Runs prob(tm, p, lane, ctx) for p = 0..P-1 as the plan says: a team of all
+ * region threads on one problem after another, or one problem per thread
+ * (static partition). Every problem ends with its team in sync. */
+typedef void (*problem_fn)(const bki_team *tm, int p, const lane *ln, void *ctx);
+
+static void run_problems(const bk_attn_desc *d, const bki_attn_cfg *c, bki_plan pl, char *wsbase, problem_fn prob,
+                         void *ctx)
+{
+    const int P = d->B * d->H;
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        const int tid = bki_thread_id();
+        if (pl.team) {
+            bki_team tm = {tid, bki_region_size()};
+            const lane ln = lane_at(wsbase, d, c, pl, 0);
+            for (int p = 0; p < P; p++) {
+                prob(&tm, p, &ln, ctx);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const bki_team tm = BKI_SOLO;
+            const lane ln = lane_at(wsbase, d, c, pl, tid);
+#pragma omp for schedule(static)
+            for (int p = 0; p < P; p++) prob(&tm, p, &ln, ctx);
+        }
+    }
+}
+
 /* ---- forward -------------------------------------------------------------- */
-static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_tensor *q,
-                              const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
-                              const bk_sinkhorn_extras *ex, char *wsbase, int nt)
+typedef struct {
+    const bk_attn_desc *d;
+    const bki_attn_cfg *c;
+    const bk_tensor *q, *k, *v, *out;
+    void *tape;
+    const bk_sinkhorn_extras *ex;
+    float alpha;
+} fwd_ctx;
+
+static void fwd_problem(const bki_team *tm, int p, const lane *ln, void *vctx)
+{
+    const fwd_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const bki_attn_cfg *c = x->c;
+    const bk_tensor *out = x->out;
+    const bk_sinkhorn_extras *ex = x->ex;
+    const int b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const int live = Lq > 0 && Lk > 0;
+    float *blk = x->tape ? tape_block(x->tape, d, c->S, p) : NULL;
+    float *hist = blk ? blk + 16 : ln->hist;
+    bki_sk_result res = {hist, ln->A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
+    if (live) {
+        const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h), *Vb = bki_at(x->v, b, h);
+        bki_gemm(tm, 0, 1, Lq, Lk, d->d, x->alpha, Qb, x->q->stride_n, Kb, x->k->stride_n, 0.0f, ln->C, Lk);
+        bki_team_sync(tm);
+        bki_sk_problem pb = {Lq, Lk, ln->C, Lk, NULL, NULL, c->S, c->tol, NULL};
+        bki_kern()->sk_forward(tm, &pb, &res, ln->scr);
+        if (out)
+            bki_gemm(tm, 0, 0, Lq, d->dv, Lk, 1.0f, ln->A, Lk, Vb, x->v->stride_n, 0.0f, bki_at(out, b, h),
+                     out->stride_n);
+    }
+    if (ex && ex->attn.data) { /* rows shared over the team */
+        float *Ab = bki_at(&ex->attn, b, h);
+        int i0, i1;
+        bki_team_share(tm, d->Nq, &i0, &i1);
+        for (int i = i0; i < i1; i++) {
+            float *row = Ab + (int64_t)i * ex->attn.stride_n;
+            if (i < Lq && live) {
+                memcpy(row, ln->A + (size_t)i * Lk, sizeof(float) * (size_t)Lk);
+                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+            } else {
+                memset(row, 0, sizeof(float) * (size_t)d->Nk);
+            }
+        }
+    }
+    if (tm->tid != 0) return;
+    if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, live ? Lq : 0, d->Nq, d->dv);
+    if (blk) {
+        int32_t hdr[16] = {res.iters, Lq, Lk};
+        memcpy(blk, hdr, sizeof hdr);
+    }
+    if (ex) {
+        if (ex->f) {
+            float *fo = ex->f + (size_t)p * d->Nq;
+            memset(fo, 0, sizeof(float) * (size_t)d->Nq);
+            if (res.f) memcpy(fo, res.f, sizeof(float) * (size_t)Lq);
+        }
+        if (ex->g) {
+            float *go = ex->g + (size_t)p * d->Nk;
+            memset(go, 0, sizeof(float) * (size_t)d->Nk);
+            if (res.g) memcpy(go, res.g, sizeof(float) * (size_t)Lk);
+        }
+        if (ex->diag) {
+            ex->diag[p].iters = res.iters;
+            ex->diag[p].row_err = res.row_err;
+            ex->diag[p].col_err = res.col_err;
+        }
+    }
+}
+
+static void forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_tensor *q, const bk_tensor *k,
+                         const bk_tensor *v, const bk_tensor *out, void *tape, const bk_sinkhorn_extras *ex,
+                         char *wsbase, bki_plan pl)
 {
     const float alpha = alpha_of(d, c);
-    const size_t pt = per_thread_bytes(d, c, 1);
-    const int P = d->B * d->H;
-    const bki_kernels *K = bki_kern();
     if (tape) {
         tape_header *th = (tape_header *)tape;
         memset(th, 0, sizeof *th);
@@ -126,65 +238,8 @@ static bk_status forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, cons
         th->kind = c->kind;
         th->alpha = alpha;
     }
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
-    {
-        const slab sl = thread_slab(wsbase, pt, d, c);
-        float *C = sl.C, *A = sl.A, *scr = sl.scr, *hist_ws = sl.hist;
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            float *blk = tape ? tape_block(tape, d, c->S, p) : NULL;
-            float *hist = blk ? blk + 16 : hist_ws;
-            bki_sk_result res = {hist, A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
-            if (Lq > 0 && Lk > 0) {
-                const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb,
-                            (int)q->stride_n, Kb, (int)k->stride_n, 0.0f, C, Lk);
-                bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
-                K->sk_forward(&pb, &res, scr);
-                if (out)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Lq, d->dv, Lk, 1.0f, A, Lk,
-                                Vb, (int)v->stride_n, 0.0f, bki_at(out, b, h), (int)out->stride_n);
-            }
-            if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, Lq > 0 && Lk > 0 ? Lq : 0, d->Nq, d->dv);
-            if (blk) {
-                int32_t hdr[16] = {res.iters, Lq, Lk};
-                memcpy(blk, hdr, sizeof hdr);
-            }
-            if (ex) {
-                if (ex->attn.data) {
-                    float *Ab = bki_at(&ex->attn, b, h);
-                    for (int i = 0; i < d->Nq; i++) {
-                        float *row = Ab + (int64_t)i * ex->attn.stride_n;
-                        if (i < Lq && Lk > 0) {
-                            memcpy(row, A + (size_t)i * Lk, sizeof(float) * (size_t)Lk);
-                            memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
-                        } else {
-                            memset(row, 0, sizeof(float) * (size_t)d->Nk);
-                        }
-                    }
-                }
-                if (ex->f) {
-                    float *fo = ex->f + (size_t)p * d->Nq;
-                    memset(fo, 0, sizeof(float) * (size_t)d->Nq);
-                    if (res.f) memcpy(fo, res.f, sizeof(float) * (size_t)Lq);
-                }
-                if (ex->g) {
-                    float *go = ex->g + (size_t)p * d->Nk;
-                    memset(go, 0, sizeof(float) * (size_t)d->Nk);
-                    if (res.g) memcpy(go, res.g, sizeof(float) * (size_t)Lk);
-                }
-                if (ex->diag) {
-                    ex->diag[p].iters = res.iters;
-                    ex->diag[p].row_err = res.row_err;
-                    ex->diag[p].col_err = res.col_err;
-                }
-            }
-        }
-    }
-    return BK_OK;
+    fwd_ctx x = {d, c, q, k, v, out, tape, ex, alpha};
+    run_problems(d, c, pl, wsbase, fwd_problem, &x);
 }
 
 bk_status bki_attn_forward(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_tensor *q,
@@ -194,18 +249,91 @@ bk_status bki_attn_forward(const bk_attn_desc *d, const bki_attn_cfg *c, const b
     bk_status s;
     if ((s = check_inputs(d, c, q, k, v))) return s;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const int nt = bki_work_threads(d->B * d->H);
-    size_t need = (size_t)nt * per_thread_bytes(d, c, 1) + BK_ALIGN;
+    const bki_plan pl = plan_of(d);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, need, "bk_sinkhorn_workspace_size", &owned, &base))) return s;
-    s = forward_core(d, c, q, k, v, out, tape, ex, base, nt);
+    if ((s = bki_workspace(ws, ws_size, lanes_bytes(d, c, pl), "bk_sinkhorn_workspace_size", &owned, &base)))
+        return s;
+    forward_core(d, c, q, k, v, out, tape, ex, base, pl);
     free(owned);
-    if (s == BK_OK) bki_clear_error();
-    return s;
+    bki_clear_error();
+    return BK_OK;
 }
 
 /* ---- backward ------------------------------------------------------------- */
+typedef struct {
+    const bk_attn_desc *d;
+    const bki_attn_cfg *c;
+    const bk_tensor *q, *k, *v, *dout, *dq, *dk, *dv;
+    const void *tape;
+    float alpha;
+    int bad;             /* lowest failing problem index (P: none)        */
+    bk_status bad_s;
+    bk_status team_s;    /* a team's implicit solve, set by its member 0  */
+} bwd_ctx;
+
+static void bwd_problem(const bki_team *tm, int p, const lane *ln, void *vctx)
+{
+    bwd_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const bki_attn_cfg *c = x->c;
+    const int b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    float *dQb = bki_at(x->dq, b, h), *dKb = bki_at(x->dk, b, h), *dVb = bki_at(x->dv, b, h);
+    if (Lq == 0 || Lk == 0) {
+        if (tm->tid == 0) {
+            bki_zero_rows(dQb, x->dq->stride_n, 0, d->Nq, d->d);
+            bki_zero_rows(dKb, x->dk->stride_n, 0, d->Nk, d->d);
+            bki_zero_rows(dVb, x->dv->stride_n, 0, d->Nk, d->dv);
+        }
+        return;
+    }
+    const float *blk = tape_block((void *)x->tape, d, c->S, p);
+    const int iters = ((const int32_t *)blk)[0];
+    const float *hist = blk + 16;
+    const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h), *Vb = bki_at(x->v, b, h);
+    const float *dOb = bki_at(x->dout, b, h);
+    const bki_kernels *K = bki_kern();
+    float *C = ln->C, *A = ln->A, *G = ln->G;
+    bki_gemm(tm, 0, 1, Lq, Lk, d->d, x->alpha, Qb, x->q->stride_n, Kb, x->k->stride_n, 0.0f, C, Lk);
+    bki_team_sync(tm);
+    bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
+    K->sk_attention(tm, &pb, iters, hist, A, Lk, ln->scr);
+    /* dV = A^T dO ; Abar = dO V^T */
+    bki_gemm(tm, 1, 0, Lk, d->dv, Lq, 1.0f, A, Lk, dOb, x->dout->stride_n, 0.0f, dVb, x->dv->stride_n);
+    bki_gemm(tm, 0, 1, Lq, Lk, d->dv, 1.0f, dOb, x->dout->stride_n, Vb, x->v->stride_n, 0.0f, G, Lk);
+    bki_team_sync(tm);
+    bk_status ps = BK_OK;
+    if (c->grad == BK_GRAD_IMPLICIT) { /* one solve in double (LAPACK), by member 0 */
+        if (tm->tid == 0) {
+            ps = bki_sk_backward_implicit(&pb, A, Lk, G, Lk, ln->dscr);
+            if (tm->nt > 1) x->team_s = ps;
+        }
+        bki_team_sync(tm);
+        if (tm->nt > 1) ps = x->team_s;
+    } else {
+        K->sk_backward(tm, &pb, iters, hist, A, Lk, G, Lk, ln->scr, NULL, NULL);
+    }
+    if (ps != BK_OK) {
+        if (tm->tid == 0) {
+#pragma omp critical(bk_bwd_err)
+            if (p < x->bad) {
+                x->bad = p;
+                x->bad_s = ps;
+            }
+        }
+        return;
+    }
+    /* dQ = alpha G K ; dK = alpha G^T Q */
+    bki_gemm(tm, 0, 0, Lq, d->d, Lk, x->alpha, G, Lk, Kb, x->k->stride_n, 0.0f, dQb, x->dq->stride_n);
+    bki_gemm(tm, 1, 0, Lk, d->d, Lq, x->alpha, G, Lk, Qb, x->q->stride_n, 0.0f, dKb, x->dk->stride_n);
+    if (tm->tid == 0) {
+        bki_zero_rows(dQb, x->dq->stride_n, Lq, d->Nq, d->d);
+        bki_zero_rows(dKb, x->dk->stride_n, Lk, d->Nk, d->d);
+        bki_zero_rows(dVb, x->dv->stride_n, Lk, d->Nk, d->dv);
+    }
+}
+
 bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_tensor *q,
                             const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout,
                             const void *tape_in, const bk_tensor *dq, const bk_tensor *dk,
@@ -232,75 +360,25 @@ bk_status bki_attn_backward(const bk_attn_desc *d, const bki_attn_cfg *c, const 
             if (!ok) return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", p);
         }
     }
-    const int nt = bki_work_threads(d->B * d->H);
-    const size_t pt = per_thread_bytes(d, c, 1);
-    size_t need = (size_t)nt * pt + BK_ALIGN + (tape_in ? 0 : bki_attn_tape_size(d, c->S) + BK_ALIGN);
+    const bki_plan pl = plan_of(d);
+    const size_t lb = lanes_bytes(d, c, pl);
+    size_t need = lb + (tape_in ? 0 : bki_attn_tape_size(d, c->S) + BK_ALIGN);
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, need, "bk_sinkhorn_workspace_size", &owned, &base))) return s;
     const void *tape = tape_in;
     if (!tape) { /* recompute the forward's potentials */
-        void *tmp = bki_align_ptr(base + (size_t)nt * pt + BK_ALIGN);
-        forward_core(d, c, q, k, v, NULL, tmp, NULL, base, nt);
+        void *tmp = bki_align_ptr(base + lb);
+        forward_core(d, c, q, k, v, NULL, tmp, NULL, base, pl);
         tape = tmp;
     }
-    const bki_kernels *K = bki_kern();
     const int P = d->B * d->H;
-    int bad = P; /* lowest failing problem index */
-    bk_status bad_s = BK_OK;
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
-    {
-        const slab sl = thread_slab(base, pt, d, c);
-        float *C = sl.C, *A = sl.A, *G = sl.G, *scr = sl.scr;
-        double *dscr = sl.dscr;
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            float *dQb = bki_at(dq, b, h), *dKb = bki_at(dk, b, h), *dVb = bki_at(dv, b, h);
-            if (Lq == 0 || Lk == 0) {
-                bki_zero_rows(dQb, dq->stride_n, 0, d->Nq, d->d);
-                bki_zero_rows(dKb, dk->stride_n, 0, d->Nk, d->d);
-                bki_zero_rows(dVb, dv->stride_n, 0, d->Nk, d->dv);
-                continue;
-            }
-            const float *blk = tape_block((void *)tape, d, c->S, p);
-            const int iters = ((const int32_t *)blk)[0];
-            const float *hist = blk + 16;
-            const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h);
-            const float *dOb = bki_at(dout, b, h);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb, (int)q->stride_n,
-                        Kb, (int)k->stride_n, 0.0f, C, Lk);
-            bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
-            K->sk_attention(&pb, iters, hist, A, Lk, scr);
-            /* dV = A^T dO ; Abar = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, d->dv, Lq, 1.0f, A, Lk, dOb,
-                        (int)dout->stride_n, 0.0f, dVb, (int)dv->stride_n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->dv, 1.0f, dOb, (int)dout->stride_n,
-                        Vb, (int)v->stride_n, 0.0f, G, Lk);
-            bk_status ps = BK_OK;
-            if (c->grad == BK_GRAD_IMPLICIT) ps = bki_sk_backward_implicit(&pb, A, Lk, G, Lk, dscr);
-            else K->sk_backward(&pb, iters, hist, A, Lk, G, Lk, scr, NULL, NULL);
-            if (ps != BK_OK) {
-#pragma omp critical(bk_bwd_err)
-                if (p < bad) { bad = p; bad_s = ps; }
-                continue;
-            }
-            /* dQ = alpha G K ; dK = alpha G^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Lq, d->d, Lk, alpha, G, Lk, Kb,
-                        (int)k->stride_n, 0.0f, dQb, (int)dq->stride_n);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lk, d->d, Lq, alpha, G, Lk, Qb,
-                        (int)q->stride_n, 0.0f, dKb, (int)dk->stride_n);
-            bki_zero_rows(dQb, dq->stride_n, Lq, d->Nq, d->d);
-            bki_zero_rows(dKb, dk->stride_n, Lk, d->Nk, d->d);
-            bki_zero_rows(dVb, dv->stride_n, Lk, d->Nk, d->dv);
-        }
-    }
+    bwd_ctx x = {d, c, q, k, v, dout, dq, dk, dv, tape, alpha, P, BK_OK, BK_OK};
+    run_problems(d, c, pl, base, bwd_problem, &x);
     free(owned);
-    if (bad < P)
-        return bki_fail(bad_s, "backward failed on problem %d (b=%d, h=%d): the implicit system could not be "
-                               "solved (is the forward converged?)", bad, bad / d->H, bad % d->H);
+    if (x.bad < P)
+        return bki_fail(x.bad_s, "backward failed on problem %d (b=%d, h=%d): the implicit system could not be "
+                                 "solved (is the forward converged?)", x.bad, x.bad / d->H, x.bad % d->H);
     bki_clear_error();
     return BK_OK;
 }

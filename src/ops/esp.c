@@ -763,9 +763,9 @@ static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const es
     th->sort = p->sort; th->cost = p->cost; th->out_scale = p->out_scale;
     th->tau = p->tau; th->t = c->soft ? p->t : 0.0f; th->s = c->s;
     const bki_kernels *K = bki_kern();
-    bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         unsigned csr;
         esp_slab w = thread_slab(d, c, slabs, sb, &csr);
 #pragma omp for schedule(static)
@@ -890,9 +890,9 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
         tape = tp;
     }
     const bki_kernels *K = bki_kern();
-    bki_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         unsigned csr;
         esp_slab w = thread_slab(d, &c, base, sb, &csr);
 #pragma omp for schedule(static)

@@ -91,7 +91,7 @@ static size_t slab_bytes(const bk_attn_desc *d, const bk_lot_params *p)
     const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
     const int big = (int)(n > r ? n : r) > (int)(m > r ? m : r) ? (int)(n > r ? n : r) : (int)(m > r ? m : r);
     size_t b = fl(n * r) * 3 + fl(r * m) * 3 + fl(r * dv) * 2 + fl(r) * 4 + fl((size_t)r * d->d);
-    b += fl(bki_kern()->sk_scratch(big, big));
+    b += fl(bki_kern()->sk_scratch(big, big, 1));
     b += fl(bki_hist_len((int)n, (int)r, p->iters)) + fl(bki_hist_len((int)r, (int)m, p->iters));
     return b + BK_ALIGN;
 }
@@ -112,7 +112,7 @@ static lot_slab carve(char *base, size_t bytes, const bk_attn_desc *d, const bk_
     TAKE(w.Y, r * dv); TAKE(w.X, r * dv);
     TAKE(w.logp, r); TAKE(w.p0, r); TAKE(w.g1, r); TAKE(w.g2, r);
     TAKE(w.dZp, r * d->d);
-    TAKE(w.scr, bki_kern()->sk_scratch(big, big));
+    TAKE(w.scr, bki_kern()->sk_scratch(big, big, 1));
     TAKE(w.h1, bki_hist_len((int)n, (int)r, p->iters));
     TAKE(w.h2, bki_hist_len((int)r, (int)m, p->iters));
 #undef TAKE
@@ -168,8 +168,8 @@ static void inner_forward(const bki_kernels *K, const bk_attn_desc *d, const bk_
     bki_sk_problem pb1 = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL};
     bki_sk_problem pb2 = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL};
     bki_sk_result a = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, b = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
-    K->sk_forward(&pb1, &a, w->scr);
-    K->sk_forward(&pb2, &b, w->scr);
+    K->sk_forward(&BKI_SOLO, &pb1, &a, w->scr);
+    K->sk_forward(&BKI_SOLO, &pb2, &b, w->scr);
     *r1 = a;
     *r2 = b;
 }
@@ -186,9 +186,9 @@ static void forward_core(const bk_attn_desc *d, const bk_lot_params *p, const bk
     th->alpha = alpha_of(d, p); th->temp = p->temp; th->tol = p->tol;
     const bki_kernels *K = bki_kern();
     const int P = d->B * d->H, r = p->r;
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         lot_slab w = thread_slab(d, p, base);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
@@ -317,9 +317,9 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
     }
     const bki_kernels *K = bki_kern();
     const float al = alpha_of(d, p);
-    const int rt = bki_region_threads(P, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         lot_slab w = thread_slab(d, p, base);
 #pragma omp for schedule(static)
         for (int pi = 0; pi < P; pi++) {
@@ -338,8 +338,8 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 logits(d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, Zh, &w);
                 bki_sk_problem pb1 = {n, r, w.L1, r, NULL, w.logp, p->iters, p->tol, NULL};
                 bki_sk_problem pb2 = {r, m, w.L2, m, w.logp, NULL, p->iters, p->tol, NULL};
-                K->sk_attention(&pb1, hdr[2], h1, w.A1, r, w.scr);
-                K->sk_attention(&pb2, hdr[3], h2, w.A2, m, w.scr);
+                K->sk_attention(&BKI_SOLO, &pb1, hdr[2], h1, w.A1, r, w.scr);
+                K->sk_attention(&BKI_SOLO, &pb2, hdr[3], h2, w.A2, m, w.scr);
                 const int dvd = d->dv;
                 /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, dvd, m, 1.0f, w.A2, m, Vb, (int)v->stride_n, 0.0f,
@@ -353,8 +353,8 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, dvd, 1.0f, w.X, dvd, Vb, (int)v->stride_n, 0.0f,
                             w.G2, m);
                 /* through the two Sinkhorn problems: logits and log pivot masses */
-                K->sk_backward(&pb1, hdr[2], h1, w.A1, r, w.G1, r, w.scr, NULL, w.g1);
-                K->sk_backward(&pb2, hdr[3], h2, w.A2, m, w.G2, m, w.scr, w.g2, NULL);
+                K->sk_backward(&BKI_SOLO, &pb1, hdr[2], h1, w.A1, r, w.G1, r, w.scr, NULL, w.g1);
+                K->sk_backward(&BKI_SOLO, &pb2, hdr[3], h2, w.A2, m, w.G2, m, w.scr, w.g2, NULL);
                 /* dQ = al G1 Z ; dK = al G2^T Z ; dZ = al (G1^T Q + G2 K) */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d->d, r, al, w.G1, r, Zh, d->d, 0.0f, dQb,
                             (int)dq->stride_n);

@@ -205,7 +205,7 @@ static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_params *p)
 {
     const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p;
     return fl(n * d->d) + fl(n) + 4 * fl(n * k) + 4 * fl(n * P) + fl(hist_len(d, p)) +
-           fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(bki_kern()->sk_scratch(d->n, d->p)) + 16 * BK_ALIGN;
+           fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(bki_kern()->sk_scratch(d->n, d->p, 1)) + 16 * BK_ALIGN;
 }
 
 static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
@@ -225,7 +225,7 @@ static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
     w.S = bki_take(&ar, n * P * sizeof(float));
     w.hist = bki_take(&ar, hist_len(d, p) * sizeof(float));
     w.aux = bki_take(&ar, (n + 2 * (size_t)p->iters * (n + P) + P) * sizeof(float));
-    w.scr = bki_take(&ar, bki_kern()->sk_scratch(d->n, d->p) * sizeof(float));
+    w.scr = bki_take(&ar, bki_kern()->sk_scratch(d->n, d->p, 1) * sizeof(float));
     return w;
 }
 
@@ -504,7 +504,7 @@ static int plan_forward(const bk_otk_desc *d, const bk_otk_params *p, int nb, fl
     if (p->domain == BK_OTK_SCALING) return scaling_forward(nb, P, p->iters, w->Lg, w->A, hist, w->aux);
     bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * p->iters, 0.0f, NULL};
     bki_sk_result res = {hist, w->A, P, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&pb, &res, w->scr);
+    bki_kern()->sk_forward(&BKI_SOLO, &pb, &res, w->scr);
     return 1;
 }
 
@@ -559,9 +559,9 @@ static int forward_core(const bk_otk_desc *d, const bk_otk_params *p, const bk_t
 {
     const int P = d->p, k = d->k;
     int bad = -1;
-    const int rt = bki_region_threads(d->B, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         otk_slab w = thread_slab(d, p, ws->slabs);
 #pragma omp for schedule(static)
         for (int b = 0; b < d->B; b++) {
@@ -652,9 +652,9 @@ bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk
     if ((s = bki_workspace(NULL, 0, ws_need(d, p, nt, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
     otk_ws ws = ws_layout(d, p, nt, 0, 0, base);
     if ((s = nys_prepare(d, p, &ws))) goto done;
-    const int rt = bki_region_threads(d->B, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         otk_slab w = thread_slab(d, p, ws.slabs);
 #pragma omp for schedule(static)
         for (int b = 0; b < d->B; b++) {
@@ -765,9 +765,9 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
     }
     const int P = d->p, k = d->k, L = p->iters;
     const size_t gbf = grad_block_floats(d, p);
-    const int rt = bki_region_threads(d->B, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
     {
+        BKI_REGION;
         otk_slab w = thread_slab(d, p, ws.slabs);
 #pragma omp for schedule(static)
         for (int b = 0; b < d->B; b++) {
@@ -790,7 +790,7 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
                 if (p->domain == BK_OTK_SCALING) scaling_attention(nb, P, L, w.Lg, hist, w.A);
                 else {
                     bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
-                    bki_kern()->sk_attention(&pb, 2 * L, hist, w.A, P, w.scr);
+                    bki_kern()->sk_attention(&BKI_SOLO, &pb, 2 * L, hist, w.A, P, w.scr);
                 }
                 /* the forward's pooling weights (in G for now): dpsi += Wt Gh */
                 memcpy(w.G, w.A, sizeof(float) * (size_t)nb * P);
@@ -803,7 +803,7 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
                 if (p->domain == BK_OTK_SCALING) scaling_backward(nb, P, L, w.Lg, hist, w.A, w.G, w.aux);
                 else {
                     bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
-                    bki_kern()->sk_backward(&pb, 2 * L, hist, w.A, P, w.G, P, w.scr, NULL, NULL);
+                    bki_kern()->sk_backward(&BKI_SOLO, &pb, 2 * L, hist, w.A, P, w.G, P, w.scr, NULL, NULL);
                 }
                 /* dK = dLg / eps (x S when pe_double) */
                 if (p->pe != BK_OTK_PE_NONE && p->pe_double)
@@ -865,9 +865,9 @@ bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const
     float *part = (float *)(base + (size_t)nt * slab + BK_ALIGN);
     for (int b0 = 0; b0 < d->B; b0 += chunk) {
         const int b1 = b0 + chunk < d->B ? b0 + chunk : d->B;
-        const int rt = bki_region_threads(b1 - b0, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
         {
+            BKI_REGION;
             otk_slab w = thread_slab(&dd, &p, base);
 #pragma omp for schedule(static)
             for (int b = b0; b < b1; b++) {

@@ -86,12 +86,16 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
             memcpy(C + (size_t)j * dim, xn + (size_t)t * dim, sizeof(float) * dim);
             const float *c = C + (size_t)j * dim;
             double tot = 0.0;
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (int64_t i = 0; i < N; i++) {
-                const float ip = bki_dotf(dim, xn + (size_t)i * dim, c);
-                const float dist = fmaxf(1.0f - ip, 0.0f);
-                if (j == 0 || dist < sim[i]) sim[i] = dist;
-            }
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < N; i++) {
+                    const float ip = bki_dotf(dim, xn + (size_t)i * dim, c);
+                    const float dist = fmaxf(1.0f - ip, 0.0f);
+                    if (j == 0 || dist < sim[i]) sim[i] = dist;
+                }
+    }
             for (int64_t i = 0; i < N; i++) tot += sim[i];
             if (j + 1 == K) break;
             if (!(tot > 0.0)) { /* every point is a centre already: any point */
@@ -111,9 +115,9 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
     double prev = INFINITY, obj = 0.0;
     int it = 0, conv = 0;
     for (it = 1; it <= kp->iters; it++) {
-        const int rt = bki_region_threads(nblk < 1 << 30 ? (int)nblk : 1 << 30, nt);
-#pragma omp parallel num_threads(rt)
+#pragma omp parallel num_threads(nt)
         {
+            BKI_REGION;
             float *S = blk + (size_t)bki_thread_id() * KM_BLOCK * K;
 #pragma omp for schedule(static)
             for (int64_t bI = 0; bI < nblk; bI++) {
@@ -137,15 +141,19 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
         /* centre sums: columns split over threads, rows in order */
         memset(acc, 0, sizeof(double) * (size_t)K * dim);
         const int ncb = (dim + 15) / 16;
-#pragma omp parallel for num_threads(nt < ncb ? nt : ncb) schedule(static)
-        for (int cb = 0; cb < ncb; cb++) {
-            const int c0 = cb * 16, c1 = c0 + 16 < dim ? c0 + 16 : dim;
-            for (int64_t i = 0; i < N; i++) {
-                double *a = acc + (size_t)assign[i] * dim;
-                const float *r = xn + (size_t)i * dim;
-                for (int c = c0; c < c1; c++) a[c] += r[c];
+#pragma omp parallel num_threads(nt < ncb ? nt : ncb)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+            for (int cb = 0; cb < ncb; cb++) {
+                const int c0 = cb * 16, c1 = c0 + 16 < dim ? c0 + 16 : dim;
+                for (int64_t i = 0; i < N; i++) {
+                    double *a = acc + (size_t)assign[i] * dim;
+                    const float *r = xn + (size_t)i * dim;
+                    for (int c = c0; c < c1; c++) a[c] += r[c];
+                }
             }
-        }
+    }
         for (int j = 0; j < K; j++) {
             double nrm = 0.0;
             for (int c = 0; c < dim; c++) nrm += acc[(size_t)j * dim + c] * acc[(size_t)j * dim + c];

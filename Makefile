@@ -185,7 +185,7 @@ check: deps
 	$(PY) tests/test_cli.py $(CLI)
 	$(PY) tests/test_train_cli.py $(CLI)
 	$(MAKE) test-python
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=1 FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
+	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
 
 # the Python package over the shared library (numpy and PyTorch APIs; needs
 # Debian's python3-torch and python3-numpy): bindings against the references,

@@ -452,6 +452,87 @@ static void test_checkpoint_errors(void)
     bk_model_free(m);
 }
 
+/* Header strings are strict JSON (RFC 8259): the writer escapes control
+ * characters, so a metadata string holding them round-trips; a header with
+ * a raw control character inside a string, \u0000 or an unknown escape is
+ * refused with a message that says what and where. */
+static void test_checkpoint_strings(void)
+{
+    char path[256], bad[256];
+    tmp_path(path, sizeof path, "ckstr");
+    tmp_path(bad, sizeof bad, "ckstrbad");
+    bk_model *m = model_from("input=tokens,vocab=5,max_len=4,dim=4,depth=1,heads=1,mlp_dim=0,classes=2", 3, 1);
+    if (!m) return;
+    const char *text = "epoch=1\n\tcol\x01 \"q\" back\\slash /\x1f\r\n";
+    th_check(bk_checkpoint_save(path, m, NULL, text) == BK_OK, "checkpoint save with control characters", "%s",
+             bk_last_error());
+    bk_model *l = NULL;
+    char *extra = NULL;
+    int ok = bk_checkpoint_load(path, 1, &l, NULL, &extra) == BK_OK;
+    th_check(ok && extra && strcmp(extra, text) == 0, "checkpoint: control characters in metadata round-trip", "%s",
+             ok ? (extra ? extra : "(no extra)") : bk_last_error());
+    free(extra);
+    bk_model_free(l);
+    /* the file: header length, header, data */
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 8 && fseek(f, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)n + 8);
+        if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = -1;
+    }
+    if (f) fclose(f);
+    uint64_t hl = 0;
+    for (int i = 0; buf && n > 8 && i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
+    if (!th_check(buf && n > 8 && hl <= (uint64_t)n - 8, "read the saved checkpoint", "%ld bytes", n)) goto out;
+    int raw = 0;
+    for (uint64_t i = 0; i < hl; i++) raw |= buf[8 + i] < 0x20;
+    const unsigned char *esc = NULL;
+    for (uint64_t i = 0; !esc && i + 6 <= hl; i++)
+        if (memcmp(buf + 8 + i, "\\u0009", 6) == 0) esc = buf + 8 + i;
+    th_check(!raw && esc, "checkpoint header escapes control characters (\\u0009 for the tab)", "raw %d", raw);
+    if (!esc) goto out;
+    /* the escape replaced by a raw tab (the header shrinks: its length and
+     * padding rewritten), by \u0000, by an unknown escape */
+    static const struct {
+        const char *what, *with, *msg;
+    } cases[] = {{"raw tab", "\t", "raw control character 0x09"},
+                 {"raw newline", "\n", "raw control character 0x0a"},
+                 {"escaped NUL", "\\u0000", "\\u0000"},
+                 {"unknown escape", "\\q0009", "invalid escape"},
+                 {"short \\u escape", "\\u00\"", "invalid \\u escape"}};
+    const size_t at = (size_t)(esc - buf);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const size_t wl = strlen(cases[c].with);
+        size_t nh = hl - 6 + wl;
+        const size_t pad = (8 - nh % 8) % 8;
+        f = fopen(bad, "wb");
+        if (!th_check(f != NULL, "write a corrupt checkpoint", "%s", bad)) break;
+        unsigned char len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)(nh + pad) >> (8 * i));
+        fwrite(len8, 1, 8, f);
+        fwrite(buf + 8, 1, at - 8, f);
+        fwrite(cases[c].with, 1, wl, f);
+        fwrite(buf + at + 6, 1, (size_t)(8 + hl) - (at + 6), f);
+        fwrite("        ", 1, pad, f);
+        fwrite(buf + 8 + hl, 1, (size_t)n - 8 - hl, f);
+        fclose(f);
+        l = NULL;
+        extra = NULL;
+        bk_status st = bk_checkpoint_load(bad, 1, &l, NULL, &extra);
+        th_check(st == BK_ERR_FORMAT && !l && !extra && strstr(bk_last_error(), cases[c].msg) &&
+                     strstr(bk_last_error(), "file offset"),
+                 "checkpoint: strict JSON strings", "%s: %s (%s)", cases[c].what, bk_status_str(st), bk_last_error());
+        bk_model_free(l);
+        free(extra);
+    }
+out:
+    remove(bad);
+    remove(path);
+    free(buf);
+    bk_model_free(m);
+}
+
 /* bk_model_memory: the parameter count of the created model, bytes growing
  * with the batch by the activations; a model beyond the machine's memory
  * refused by bk_model_create with both figures, a model beyond any size
@@ -643,5 +724,6 @@ void test_model(void)
     test_accumulation();
     test_resume();
     test_checkpoint_errors();
+    test_checkpoint_strings();
     test_asap_model();
 }

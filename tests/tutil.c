@@ -140,3 +140,41 @@ double th_max_rel(const float *x, const double *ref, size_t n, double floor)
     }
     return e / mx;
 }
+
+const int th_threads[TH_NTHREADS] = {1, 2, 3, 5, 8};
+
+int th_same_over_threads(const char *name, void (*run)(void *ctx), void *ctx, const th_span *spans, int nspans)
+{
+    size_t total = 0;
+    for (int i = 0; i < nspans; i++) total += spans[i].bytes;
+    unsigned char *ref = malloc(total ? total : 1);
+    int ok = ref != NULL, bad_nt = 0, bad_span = -1;
+    for (int t = 0; t < TH_NTHREADS && ok; t++) {
+        bk_set_num_threads(th_threads[t]);
+        run(ctx);
+        size_t off = 0;
+        for (int i = 0; i < nspans; i++) {
+            if (t == 0) memcpy(ref + off, spans[i].p, spans[i].bytes);
+            else if (memcmp(ref + off, spans[i].p, spans[i].bytes) != 0) {
+                ok = 0;
+                bad_nt = th_threads[t];
+                bad_span = i;
+                break;
+            }
+            off += spans[i].bytes;
+        }
+    }
+    bk_set_num_threads(0);
+    free(ref);
+    th_check(ok, name, "output %d differs at %d threads from 1 thread", bad_span, bad_nt);
+    return ok;
+}
+
+int th_slice_same(const bk_tensor *t1, int b1, int h1, const bk_tensor *t2, int b2, int h2, int rows, int C)
+{
+    const float *a = t1->data + b1 * t1->stride_b + h1 * t1->stride_h;
+    const float *b = t2->data + b2 * t2->stride_b + h2 * t2->stride_h;
+    for (int n = 0; n < rows; n++)
+        if (memcmp(a + n * t1->stride_n, b + n * t2->stride_n, sizeof(float) * (size_t)C) != 0) return 0;
+    return 1;
+}

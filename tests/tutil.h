@@ -40,4 +40,18 @@ void th_prob_free(th_prob *t);
  * forward: single-entry differences are too noisy to be informative). */
 void th_directional_fd(const char *name, float *x, const float *grad, int cnt, float h, th_rng *r,
                        double (*loss)(void *ctx), void *ctx);
+
+/* ---- the determinism contract (docs/ARCHITECTURE.md) ---- */
+/* the thread counts every determinism test sweeps: 1, 2, 3, 5, 8 */
+#define TH_NTHREADS 5
+extern const int th_threads[TH_NTHREADS];
+/* bytes that a run writes and that must not depend on the thread count */
+typedef struct { const void *p; size_t bytes; } th_span;
+/* Runs run(ctx) at each of th_threads (bk_set_num_threads) and compares the
+ * spans bytewise with the 1-thread run's; records one check `name` and
+ * returns whether all runs matched. Restores the default thread count. */
+int th_same_over_threads(const char *name, void (*run)(void *ctx), void *ctx, const th_span *spans, int nspans);
+/* 1 when the [N, C] slices (b1, h1) of t1 and (b2, h2) of t2 are bitwise
+ * equal in their first `rows` rows */
+int th_slice_same(const bk_tensor *t1, int b1, int h1, const bk_tensor *t2, int b2, int h2, int rows, int C);
 #endif

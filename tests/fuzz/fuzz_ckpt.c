@@ -1,10 +1,13 @@
 /* fuzz_ckpt.c -- libFuzzer target for bk_checkpoint_load (src/nn/ckpt.c):
  * the input is a safetensors checkpoint, written to a file and loaded with
  * max_batch 1 (model, optimiser and extra metadata).
- * Invariants on success: the model has parameters; saving it (with its
- * optimiser and extra text) with bk_checkpoint_save and loading that file
- * again succeeds with the same configuration, parameter count, parameter
- * bytes, optimiser configuration and step, and extra text.
+ * Invariants on success: the header's strings are strict JSON (RFC 8259:
+ * no raw control character U+0000..U+001F, only the defined escapes; and,
+ * as ckpt.c documents, no \u0000 and no \u escape above U+007F); the model
+ * has parameters; saving it (with its optimiser and extra text) with
+ * bk_checkpoint_save and loading that file again succeeds with the same
+ * configuration, parameter count, parameter bytes, optimiser configuration
+ * and step, and extra text.
  *
  * Checkpoints carry an FNV-1a-64 checksum of their data section (and of the
  * compiled ASAP layers in the metadata): random mutations would almost
@@ -148,6 +151,55 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     return size;
 }
 
+/* the first string of the (accepted) JSON header that the loader should
+ * have refused, as a message; NULL when every string is strict */
+static const char *bad_string(const uint8_t *buf, size_t n, char *why, size_t cap)
+{
+    if (n < 8) return NULL;
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
+    if (hl > n - 8) return NULL;
+    const uint8_t *p = buf + 8, *end = buf + 8 + hl;
+    int in = 0;
+    for (; p < end; p++) {
+        if (!in) {
+            in = *p == '"';
+            continue;
+        }
+        const size_t at = (size_t)(p - buf);
+        if (*p == '"') {
+            in = 0;
+        } else if (*p < 0x20) {
+            snprintf(why, cap, "raw control character 0x%02x in a string at offset %zu", *p, at);
+            return why;
+        } else if (*p == '\\') {
+            if (++p >= end) break;
+            if (*p == 'u') {
+                unsigned v = 0;
+                for (int k = 1; k <= 4; k++) {
+                    const int c = p + k < end ? p[k] : -1;
+                    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                                 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+                    if (d < 0) {
+                        snprintf(why, cap, "an invalid \\u escape at offset %zu", at);
+                        return why;
+                    }
+                    v = v * 16 + (unsigned)d;
+                }
+                if (v == 0 || v > 0x7f) {
+                    snprintf(why, cap, "\\u%04x at offset %zu", v, at);
+                    return why;
+                }
+                p += 4;
+            } else if (!strchr("\"\\/bfnrt", *p) || *p == 0) {
+                snprintf(why, cap, "an invalid escape at offset %zu", at);
+                return why;
+            }
+        }
+    }
+    return NULL;
+}
+
 static char *cfg_text(const bk_model *m)
 {
     size_t k = bk_model_config_format(bk_model_get_config(m), NULL, 0);
@@ -187,6 +239,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         return 0;
     }
     FZ_CHECK(m != NULL, "ckpt: succeeded without a model");
+    char why[128];
+    const char *bad = bad_string(data, n, why, sizeof why);
+    FZ_CHECK(bad == NULL, "ckpt: loaded a header that is not strict JSON: %s", bad);
     const int64_t np = bk_model_num_params(m);
     FZ_CHECK(np > 0, "ckpt: %lld parameters", (long long)np);
 

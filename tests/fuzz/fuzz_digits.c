@@ -2,28 +2,38 @@
  * the input is the UCI digits CSV. It is parsed with the reader's capacity
  * (4096 rows) and with a capacity of 2 into exactly sized buffers, and the
  * result is compared with an independent line-by-line reading:
- *   lines are separated by '\n'; empty lines are skipped; a line is 65
- *   comma-separated fields of 1 to 3 decimal digits (the last may be
- *   followed by one '\r'); fields 1..64 are in [0, 16], field 65 in [0, 9];
- *   more rows than the capacity, or no row at all, is an error.
+ *   lines are separated by '\n' (a final '\n' ends the last line and does
+ *   not start another); every line is a row, and an empty line (nothing,
+ *   or a single '\r') anywhere, trailing ones included, is an error whose
+ *   message names the line; a row is 65 comma-separated fields of 1 to 3
+ *   decimal digits (the last may be followed by one '\r'); fields 1..64
+ *   are in [0, 16], field 65 in [0, 9]; more rows than the capacity, or no
+ *   row at all, is an error.
  * Invariants on success: rows in [1, cap], every pixel <= 16, label <= 9,
- * and rows, pixels and labels equal the reference's. */
+ * and rows, pixels and labels equal the reference's. On failure: the
+ * reference fails too, and when its first error is an empty line, the
+ * message says "line N is empty". */
 #include "data.h"
 #include "fuzz_util.h"
 
-/* the reference: number of rows (or -1: invalid); fills pix/lab up to cap */
-static int64_t ref_parse(const char *buf, size_t n, int64_t cap, uint8_t *pix, int32_t *lab)
+/* the reference: number of rows (or -1: invalid); fills pix/lab up to cap;
+ * *blank = the line number when the first error is an empty line, else 0 */
+static int64_t ref_parse(const char *buf, size_t n, int64_t cap, uint8_t *pix, int32_t *lab, int64_t *blank)
 {
     int64_t rows = 0;
     size_t start = 0;
+    *blank = 0;
     while (start < n) {
         const char *nl = memchr(buf + start, '\n', n - start);
         size_t end = nl ? (size_t)(nl - buf) : n;
         size_t len = end - start;
         const char *line = buf + start;
         start = end + 1;
-        if (len == 0) continue;
-        if (line[len - 1] == '\r') len--;
+        if (len > 0 && line[len - 1] == '\r') len--;
+        if (len == 0) {
+            *blank = rows + 1;
+            return -1;
+        }
         if (rows >= cap) return -1;
         size_t p = 0;
         for (int f = 0; f < 65; f++) {
@@ -79,11 +89,17 @@ static void one(const char *buf, size_t n, bufs *b)
     char err[256];
     err[0] = 0;
     const int ok = data_parse_digits(buf, n, cap, pix, lab, &rows, err, sizeof err);
-    const int64_t want = ref_parse(buf, n, cap, rpix, rlab);
+    int64_t blank;
+    const int64_t want = ref_parse(buf, n, cap, rpix, rlab, &blank);
     if (!ok) {
         fz_check_err(err, sizeof err, "digits");
         FZ_CHECK(rows == -5, "digits: failed but wrote *rows");
         FZ_CHECK(want < 0, "digits: rejected (%s) what the reference reads as %lld rows", err, (long long)want);
+        if (blank) {
+            char say[64];
+            snprintf(say, sizeof say, "line %lld is empty", (long long)blank);
+            FZ_CHECK(strstr(err, say) != NULL, "digits: the first error is that %s, the message says: %s", say, err);
+        }
     } else {
         FZ_CHECK(rows >= 1 && rows <= cap, "digits: %lld rows with capacity %lld", (long long)rows, (long long)cap);
         FZ_CHECK(want == rows, "digits: %lld rows, the reference reads %lld", (long long)rows, (long long)want);

@@ -23,7 +23,7 @@ w("idx/labels-2", struct.pack(">II", 0x801, 2) + bytes([3, 7]))
 r1 = ",".join(str(i % 17) for i in range(64)) + ",5"
 r2 = ",".join(str((3 * i) % 17) for i in range(64)) + ",9"
 w("digits/two-rows.csv", (r1 + "\n" + r2 + "\n").encode())
-w("digits/crlf.csv", (r1 + "\r\n" + r2 + "\r\n\n").encode())
+w("digits/crlf.csv", (r1 + "\r\n" + r2 + "\r\n").encode())
 # mail
 w("mail/lf.eml", b"From: a@example.com\nTo: b@example.com\nSubject: hi\n\nHello,\nbody text.\n")
 w("mail/crlf.eml", b"From: a@example.com\r\nSubject: hi\r\n\r\nHello\r\n")

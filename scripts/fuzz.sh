@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz (one per parser of untrusted
-# input) with clang + ASan + UBSan and runs each for a bounded time.
+# input) with clang + ASan + UBSan and runs them in one of two modes:
 #
-#   scripts/fuzz.sh [TARGET...]        (default: all of idx digits mail config ckpt npy)
+#   scripts/fuzz.sh [TARGET...]                   (default: all of idx digits mail config ckpt npy)
+#   FUZZ_MODE=replay scripts/fuzz.sh [TARGET...]
+#
+# FUZZ_MODE=explore (the default; `make fuzz`): libFuzzer explores for
+#   FUZZ_SECONDS per target, starting from the checked-in inputs. What it
+#   reaches depends on the machine's speed, so a run is not reproducible.
+# FUZZ_MODE=replay (`make check`): every checked-in input of a target is
+#   executed exactly once (the files are given to libFuzzer as arguments,
+#   which runs each and exits; nothing is mutated) and the number executed
+#   must equal the number of files. Deterministic: the same inputs on every
+#   machine, seconds in all.
+# The checked-in inputs of a target: tests/fuzz/corpus/<target>/ (seeds,
+# made by tests/fuzz/make_corpus.sh) and tests/fuzz/regress/<target>/
+# (every input that once failed, or was minimised from a finding; added by
+# tests/fuzz/add_regress.sh). Both are only read, never written.
 #
 # Environment:
-#   FUZZ_SECONDS=10    fuzzing time per target (-max_total_time)
-#   FUZZ_JOBS=nproc    targets fuzzed at once (each single-threaded)
+#   FUZZ_MODE=explore  explore | replay
+#   FUZZ_SECONDS=10    explore: fuzzing time per target (-max_total_time)
+#   FUZZ_SEED=         explore: libFuzzer's -seed (unset: a fresh random seed every run)
+#   FUZZ_JOBS=nproc    targets run at once (each single-threaded)
 #   FUZZ_REQUIRED=0    1: a missing clang/libFuzzer is a failure, not a SKIP
 #   FUZZ_INSTALL=0     1: install what is missing with apt-get (as root or via sudo)
 #   FUZZ_BUILD=build-fuzz   objects (reused while sources, headers and flags are unchanged) and binaries
 #   FUZZ_OUT=$FUZZ_BUILD/out  per-target logs and crash reproducers (crash-*, leak-*, oom-*, timeout-*)
-#   FUZZ_SEED=         libFuzzer's -seed (make check: 1, so that CI explores the same
-#                      inputs on every commit and a failure there reproduces here;
-#                      unset: a fresh random seed every run)
 #   FUZZ_ARGS=         extra libFuzzer arguments for every target (e.g. -use_value_profile=1)
 #   CLANG=clang
 #
-# Failures: sanitizer reports (ASan, UBSan, leaks), violated invariants of
-# the targets (abort), inputs running over 10 s, and allocations over 2 GB.
-# The seed corpus (tests/fuzz/corpus/<target>) is copied to a fresh temporary
-# directory for every run; the committed corpus is never written. Exit status:
-# 0 when every target ran clean (or everything was skipped), 1 when a target
-# failed (its reproducer is under $FUZZ_OUT/<target>/) or the build failed.
-# Reproduce a failure: $FUZZ_BUILD/fuzz_<target> $FUZZ_OUT/<target>/crash-...
+# Failures, in both modes: sanitizer reports (ASan, UBSan, leaks), violated
+# invariants of the targets (abort), inputs running over 10 s, and
+# allocations over 2 GB; in replay also an input count that does not match
+# the files. Exit status: 0 when every target ran clean (or everything was
+# skipped), 1 when a target failed or the build failed.
+# Reproduce a failure: $FUZZ_BUILD/fuzz_<target> FILE (explore: the
+# reproducer under $FUZZ_OUT/<target>/; replay: the checked-in file its log
+# names on the last "Running:" line).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 ALL_TARGETS=(idx digits mail config ckpt npy)
+MODE=${FUZZ_MODE:-explore}
+case $MODE in explore|replay) ;; *) echo "fuzz: FUZZ_MODE=$MODE: expected explore or replay" >&2; exit 2 ;; esac
 SECONDS_PER=${FUZZ_SECONDS:-10}
 B=${FUZZ_BUILD:-build-fuzz}
 case $B in /*) BABS=$B ;; *) BABS=$ROOT/$B ;; esac
@@ -177,7 +193,7 @@ nwarn=$(grep -c 'warning:' "$BUILD_LOG" || true)
 echo "fuzz: built ${#TARGETS[@]} targets in $(($(date +%s) - T0)) s ($built objects compiled, $nwarn warnings, $([ -n "$OMP" ] && echo OpenMP || echo no OpenMP); $B/)"
 [ "$nwarn" = 0 ] || grep 'warning:' "$BUILD_LOG" | head -10 | sed 's/^/  /'
 
-# ---- fuzzing ----
+# ---- fuzzing or replay ----
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # (a caller's ASAN_OPTIONS/UBSAN_OPTIONS come last and win). A failed
 # allocation returns NULL, which the library must handle; one over 2 GB
@@ -195,14 +211,36 @@ if [ -z "$TMPBASE" ]; then
 fi
 WORK=$(mktemp -d "$TMPBASE/bk-fuzz.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+inputs_of() { # target: the checked-in inputs, one absolute path a line, sorted
+  find "$ROOT/tests/fuzz/corpus/$1" "$ROOT/tests/fuzz/regress/$1" -type f 2>/dev/null | LC_ALL=C sort
+}
 run_one() { # target
   local t=$1 w="$WORK/$1" o="$OUT/$1" dict=()
   rm -rf "$o"
   mkdir -p "$w/corpus" "$o"
+  if [ "$MODE" = replay ]; then
+    inputs_of "$t" >"$o/inputs"
+    if [ ! -s "$o/inputs" ]; then
+      echo "fuzz: no checked-in inputs for $t" >"$o/log"
+      echo 98 >"$o/rc"
+      return
+    fi
+    local files
+    mapfile -t files <"$o/inputs"
+    # file arguments: libFuzzer runs each once (whole: no -max_len) and exits
+    # shellcheck disable=SC2086
+    (cd "$w" && TMPDIR="$w" exec "$BABS/fuzz_$t" -rss_limit_mb=2048 -timeout=10 -artifact_prefix="$o/" \
+      ${FUZZ_ARGS:-} "${files[@]}") >"$o/log" 2>&1
+    echo $? >"$o/rc"
+    return
+  fi
   cp -R "tests/fuzz/corpus/$t/." "$w/corpus/" 2>/dev/null
+  # the regressions are read as a second corpus directory (new units go to the first)
+  mkdir -p "$w/regress"
+  cp -R "tests/fuzz/regress/$t/." "$w/regress/" 2>/dev/null
   [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="$ROOT/tests/fuzz/$t.dict")
   # shellcheck disable=SC2086
-  (cd "$w" && TMPDIR="$w" exec "$BABS/fuzz_$t" corpus "${dict[@]}" -max_total_time="$SECONDS_PER" \
+  (cd "$w" && TMPDIR="$w" exec "$BABS/fuzz_$t" corpus regress "${dict[@]}" -max_total_time="$SECONDS_PER" \
     -rss_limit_mb=2048 -max_len="$(max_len_of "$t")" -timeout=10 -print_final_stats=1 -artifact_prefix="$o/" \
     ${FUZZ_SEED:+-seed=$FUZZ_SEED} ${FUZZ_ARGS:-}) >"$o/log" 2>&1
   echo $? >"$o/rc"
@@ -220,6 +258,30 @@ status=0
 for t in "${TARGETS[@]}"; do
   o="$OUT/$t"
   rc=$(cat "$o/rc" 2>/dev/null || echo 99)
+  if [ "$MODE" = replay ]; then
+    nfiles=$(wc -l <"$o/inputs" 2>/dev/null || echo 0)
+    nseed=$(grep -c "/tests/fuzz/corpus/$t/" "$o/inputs" 2>/dev/null)
+    nseed=${nseed:-0}
+    # libFuzzer announces "Running N inputs K time(s) each." and prints one
+    # "Executed FILE" per input once its K runs are done
+    ran=$(grep -c '^Executed ' "$o/log" 2>/dev/null)
+    ran=${ran:-0}
+    plan=$(sed -n 's/.*: Running \([0-9]*\) inputs \([0-9]*\) time(s) each\.$/\1 \2/p' "$o/log" | head -1)
+    plan=${plan:-? ?}
+    last=$(sed -n 's/^Running: //p' "$o/log" | tail -1)
+    if [ "$rc" = 0 ] && [ "$ran" = "$nfiles" ] && [ "$plan" = "$nfiles 1" ]; then
+      res=ok
+    elif [ "$rc" = 0 ]; then
+      res="FAIL ($nfiles files, libFuzzer ran ${plan% *} inputs ${plan#* } time(s) each and executed $ran)"
+      status=1
+    else
+      res="FAIL (rc $rc${last:+, input ${last#"$ROOT"/}})"
+      status=1
+    fi
+    printf 'fuzz: %-7s %4s/%-4s inputs run (%s seeds + %s regressions)  %s\n' "$t" "$ran" "$nfiles" "$nseed" \
+      "$((nfiles - nseed))" "$res"
+    continue
+  fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$o/log" | tail -1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$o/log" | tail -1)
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$o/log" | tail -1)
@@ -239,8 +301,14 @@ if [ "$status" != 0 ]; then
   for t in "${TARGETS[@]}"; do
     [ "$(cat "$OUT/$t/rc" 2>/dev/null)" = 0 ] && continue
     echo "---- $t: $OUT/$t/log (last lines) ----"
-    grep -v -E '^#[0-9]+|^INFO:|^stat::|^MS:|^base unit:' "$OUT/$t/log" | tail -40
+    grep -v -E '^#[0-9]+|^INFO:|^stat::|^MS:|^base unit:|^Running: |^Executed |^\*\*\*' "$OUT/$t/log" | tail -40
   done
 fi
-echo "fuzz: $([ "$status" = 0 ] && echo PASS || echo FAIL): ${#TARGETS[@]} targets, ${SECONDS_PER} s each, $(($(date +%s) - TF)) s fuzzing, $(($(date +%s) - T0)) s in all"
+if [ "$MODE" = replay ]; then
+  what="every checked-in input once"
+else
+  what="${SECONDS_PER} s each${FUZZ_SEED:+, seed $FUZZ_SEED}"
+fi
+echo "fuzz: $([ "$status" = 0 ] && echo PASS || echo FAIL) ($MODE): ${#TARGETS[@]} targets, $what," \
+  "$(($(date +%s) - TF)) s running, $(($(date +%s) - T0)) s in all"
 exit "$status"

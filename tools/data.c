@@ -177,23 +177,25 @@ int data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int3
                       size_t errcap)
 {
     size_t i = 0;
-    int64_t r = 0;
+    int64_t r = 0; /* rows read so far; row r + 1 is on line r + 1 */
     while (i < n) {
-        if (buf[i] == '\n') { /* blank line: only allowed at the end */
-            i++;
-            continue;
-        }
+        /* every line is a row: an empty line (or one of only '\r') is an
+         * error wherever it is, even at the end; the last row's newline is
+         * optional */
+        if (buf[i] == '\n' || (buf[i] == '\r' && (i + 1 == n || buf[i + 1] == '\n')))
+            return snprintf(err, errcap, "digits: line %lld is empty (blank lines are not allowed)", (long long)r + 1),
+                   0;
         if (r >= cap) return snprintf(err, errcap, "digits: more than %lld rows", (long long)cap), 0;
         for (int f = 0; f < 65; f++) {
             int v = 0, nd = 0;
             while (i < n && buf[i] >= '0' && buf[i] <= '9' && nd < 3) v = v * 10 + (buf[i++] - '0'), nd++;
             if (nd == 0 || (i < n && buf[i] >= '0' && buf[i] <= '9'))
-                return snprintf(err, errcap, "digits: row %lld field %d is not a small non-negative integer",
+                return snprintf(err, errcap, "digits: line %lld field %d is not a small non-negative integer",
                                 (long long)r + 1, f + 1),
                        0;
             int limit = f < 64 ? 16 : 9;
             if (v > limit)
-                return snprintf(err, errcap, "digits: row %lld field %d is %d (outside [0, %d])", (long long)r + 1,
+                return snprintf(err, errcap, "digits: line %lld field %d is %d (outside [0, %d])", (long long)r + 1,
                                 f + 1, v, limit),
                        0;
             if (f < 64) pix[r * 64 + f] = (uint8_t)v;
@@ -201,7 +203,7 @@ int data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int3
             char want = f < 64 ? ',' : '\n';
             if (f == 64 && i < n && buf[i] == '\r') i++;
             if (i < n ? buf[i] != want : f < 64)
-                return snprintf(err, errcap, "digits: row %lld has a malformed field %d (expected 65 comma-separated "
+                return snprintf(err, errcap, "digits: line %lld has a malformed field %d (expected 65 comma-separated "
                                              "integers per line)",
                                 (long long)r + 1, f + 1),
                        0;
@@ -214,13 +216,28 @@ int data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int3
     return 1;
 }
 
+/* RFC 5322: the header section ends at the first empty line ("\n" or
+ * "\r\n" at the start of a line; the message's first byte starts a line);
+ * the body is everything after that line, further empty lines included.
+ * One byte at a time so that the spam reader can stream: *st is 0 at the
+ * start of a line, 1 after a '\r' there, 2 inside a line; returns 1 when c
+ * ends the empty line (the body starts with the next byte). */
+static int mail_step(int *st, uint8_t c)
+{
+    if (c == '\n') {
+        if (*st != 2) return 1;
+        *st = 0;
+    } else {
+        *st = *st == 0 && c == '\r' ? 1 : 2;
+    }
+    return 0;
+}
+
 size_t data_mail_body(const uint8_t *msg, size_t n)
 {
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (msg[i] != '\n') continue;
-        if (msg[i + 1] == '\n') return i + 2;
-        if (i + 2 < n && msg[i + 1] == '\r' && msg[i + 2] == '\n') return i + 3;
-    }
+    int st = 0;
+    for (size_t i = 0; i < n; i++)
+        if (mail_step(&st, msg[i])) return i + 1;
     return n;
 }
 
@@ -439,10 +456,9 @@ static int open_spam(const char *dir, int split, int max_len, data_set *ds, char
             break;
         }
         h = fnv(h, names[f], strlen(names[f]) + 1);
-        /* the body starts after the first empty line; the header block is
-         * scanned through a bounded window carried between chunks */
-        uint8_t win[4] = {0};
-        int in_body = 0;
+        /* the body starts after the first empty line (data_mail_body's
+         * rule, its state carried between chunks) */
+        int st = 0, in_body = 0;
         int32_t kept = 0;
         size_t r;
         while ((r = fread(chunk, 1, 1 << 16, fp)) > 0) {
@@ -453,11 +469,7 @@ static int open_spam(const char *dir, int split, int max_len, data_set *ds, char
                     if (kept < max_len) body[(size_t)f * (size_t)max_len + (size_t)kept++] = c;
                     continue;
                 }
-                win[0] = win[1];
-                win[1] = win[2];
-                win[2] = win[3];
-                win[3] = c;
-                if (c == '\n' && (win[2] == '\n' || (win[2] == '\r' && win[1] == '\n'))) in_body = 1;
+                in_body = mail_step(&st, c);
             }
         }
         int bad = ferror(fp);

@@ -86,11 +86,16 @@ void data_permute(int64_t *p, int64_t n, uint64_t seed);
  * zero or oversized dimensions, and a size that does not match exactly. */
 int data_parse_idx(const uint8_t *buf, size_t n, int want_dims, int64_t *dims, const uint8_t **data, char *err,
                    size_t errcap);
-/* Digits CSV: rows of 64 integers in 0..16 and a label in 0..9. Writes up
+/* Digits CSV: one row per line, 64 integers in 0..16 and a label in 0..9
+ * ("\n" or "\r\n" line ends; the last line's is optional). An empty line,
+ * anywhere (trailing ones included), is an error naming the line. Writes up
  * to cap rows (pix [cap*64], lab [cap]); *rows receives the count. */
 int data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int32_t *lab, int64_t *rows, char *err,
                       size_t errcap);
-/* An RFC 822 message: offset of the body (after the first empty line, "\n\n"
- * or "\r\n\r\n"); n when there is none (the whole message is headers). */
+/* An RFC 5322 message: offset of the body, the byte after the first empty
+ * line ("\n" or "\r\n" at the start of a line, the message's first byte
+ * included: a message that starts with an empty line has no headers); the
+ * body keeps any further empty lines. n when there is no empty line (the
+ * whole message is headers). */
 size_t data_mail_body(const uint8_t *msg, size_t n);
 #endif

@@ -370,45 +370,172 @@ static void test_convergence(void)
     th_check(mono && last < 1e-5, "column error decreases with S to doubly stochastic", "S=61: %.2e", last);
 }
 
-static int bitwise_same(const tbuf *a, const tbuf *b, const tcase *c)
+/* ---- the determinism contract: thread counts and batch shapes ---- */
+typedef struct {
+    bk_attn_desc d;
+    int32_t ql[16], kl[16];
+    float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv, *f, *g;
+    bk_sinkhorn_diag diag[16];
+    bk_sinkhorn_params p;
+    int softmax;
+    bk_status s1, s2;
+} dprob;
+
+static float *dp_fill(size_t n, th_rng *r)
 {
-    size_t nq = (size_t)c->B * c->H * c->Nq, nk = (size_t)c->B * c->H * c->Nk;
-    return !memcmp(a->pb.o, b->pb.o, nq * c->dv * 4) && !memcmp(a->pb.a, b->pb.a, nq * c->Nk * 4) &&
-           !memcmp(a->pb.dq, b->pb.dq, nq * c->d * 4) && !memcmp(a->pb.dk, b->pb.dk, nk * c->d * 4) &&
-           !memcmp(a->pb.dv, b->pb.dv, nk * c->dv * 4);
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = (float)th_normal(r);
+    return x;
+}
+
+/* B x H problems in [B,H,N,C], lengths Lq/Lk for batch entry 0 and random
+ * lengths >= 1 for the others (padded rows hold garbage) */
+static void dp_init(dprob *x, int B, int H, int Nq, int Nk, int d, int dv, int Lq, int Lk, const bk_sinkhorn_params *p,
+                    int softmax, uint64_t seed)
+{
+    memset(x, 0, sizeof *x);
+    th_rng r = {seed};
+    bk_attn_desc de = {B, H, Nq, Nk, d, dv, x->ql, x->kl};
+    x->d = de;
+    for (int b = 0; b < B; b++) {
+        x->ql[b] = b == 0 ? Lq : 1 + (int32_t)(th_next(&r) % (uint64_t)Nq);
+        x->kl[b] = b == 0 ? Lk : 1 + (int32_t)(th_next(&r) % (uint64_t)Nk);
+    }
+    const size_t P = (size_t)B * H;
+    x->q = dp_fill(P * Nq * d, &r);
+    x->k = dp_fill(P * Nk * d, &r);
+    x->v = dp_fill(P * Nk * dv, &r);
+    x->dout = dp_fill(P * Nq * dv, &r);
+    x->o = calloc(P * Nq * dv, sizeof(float));
+    x->a = calloc(P * Nq * Nk, sizeof(float));
+    x->dq = calloc(P * Nq * d, sizeof(float));
+    x->dk = calloc(P * Nk * d, sizeof(float));
+    x->dv = calloc(P * Nk * dv, sizeof(float));
+    x->f = calloc(P * Nq, sizeof(float));
+    x->g = calloc(P * Nk, sizeof(float));
+    x->p = *p;
+    x->softmax = softmax;
+}
+
+static void dp_free(dprob *x)
+{
+    free(x->q); free(x->k); free(x->v); free(x->dout); free(x->o); free(x->a);
+    free(x->dq); free(x->dk); free(x->dv); free(x->f); free(x->g);
+}
+
+#define DP_T(x, ptr, N, C) bk_tensor_bhnd((x)->ptr, (x)->d.H, N, C)
+
+static void dp_run(void *ctx)
+{
+    dprob *x = ctx;
+    const bk_attn_desc *d = &x->d;
+    bk_tensor tq = DP_T(x, q, d->Nq, d->d), tk = DP_T(x, k, d->Nk, d->d), tv = DP_T(x, v, d->Nk, d->dv);
+    bk_tensor to = DP_T(x, o, d->Nq, d->dv), ta = DP_T(x, a, d->Nq, d->Nk), tdo = DP_T(x, dout, d->Nq, d->dv);
+    bk_tensor tdq = DP_T(x, dq, d->Nq, d->d), tdk = DP_T(x, dk, d->Nk, d->d), tdv = DP_T(x, dv, d->Nk, d->dv);
+    bk_sinkhorn_extras ex = {ta, x->f, x->g, x->diag};
+    void *tape = malloc(bk_sinkhorn_tape_size(d, &x->p));
+    if (x->softmax) {
+        bk_softmax_params sp = {x->p.scale};
+        x->s1 = bk_softmax_forward(d, &sp, &tq, &tk, &tv, &to, tape, &ta, NULL, 0);
+        x->s2 = bk_softmax_backward(d, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+    } else {
+        x->s1 = bk_sinkhorn_forward(d, &x->p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+        x->s2 = bk_sinkhorn_backward(d, &x->p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+    }
+    free(tape);
+}
+
+static void dp_spans(const dprob *x, th_span *sp)
+{
+    const size_t P = (size_t)x->d.B * x->d.H, Nq = x->d.Nq, Nk = x->d.Nk;
+    const th_span s[9] = {{x->o, 4 * P * Nq * x->d.dv}, {x->a, 4 * P * Nq * Nk}, {x->dq, 4 * P * Nq * x->d.d},
+                          {x->dk, 4 * P * Nk * x->d.d}, {x->dv, 4 * P * Nk * x->d.dv}, {x->f, 4 * P * Nq},
+                          {x->g, 4 * P * Nk}, {x->diag, sizeof(bk_sinkhorn_diag) * P}, {&x->s1, 2 * sizeof(bk_status)}};
+    memcpy(sp, s, sizeof s);
+}
+
+/* problem (b, h) of y equals problem (0, 0) of x, bitwise, in every output */
+static int dp_same_problem(const dprob *x, const dprob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->d;
+    const int Lq = x->ql[0], Lk = x->kl[0], px = 0, py = b * y->d.H + h;
+#define DP_SAME(ptr, N, C)                                                                                           \
+    th_slice_same(&(bk_tensor[1]){DP_T(x, ptr, N, C)}[0], 0, 0, &(bk_tensor[1]){DP_T(y, ptr, N, C)}[0], b, h, N, C)
+    int ok = DP_SAME(o, d->Nq, d->dv) && DP_SAME(a, d->Nq, d->Nk) && DP_SAME(dq, d->Nq, d->d) &&
+             DP_SAME(dk, d->Nk, d->d) && DP_SAME(dv, d->Nk, d->dv);
+#undef DP_SAME
+    ok = ok && memcmp(x->f + (size_t)px * d->Nq, y->f + (size_t)py * d->Nq, sizeof(float) * (size_t)Lq) == 0;
+    ok = ok && memcmp(x->g + (size_t)px * d->Nk, y->g + (size_t)py * d->Nk, sizeof(float) * (size_t)Lk) == 0;
+    ok = ok && memcmp(&x->diag[px], &y->diag[py], sizeof x->diag[0]) == 0;
+    return ok && x->s1 == BK_OK && x->s2 == BK_OK && y->s1 == BK_OK && y->s2 == BK_OK;
+}
+
+/* copies problem (0, 0) of x into problem (b, h) of y (lengths of entry b too) */
+static void dp_plant(const dprob *x, dprob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->d;
+    y->ql[b] = x->ql[0];
+    y->kl[b] = x->kl[0];
+#define DP_COPY(ptr, N, C)                                                                                           \
+    memcpy(y->ptr + ((size_t)b * y->d.H + h) * (N) * (C), x->ptr, sizeof(float) * (size_t)(N) * (C))
+    DP_COPY(q, d->Nq, d->d);
+    DP_COPY(k, d->Nk, d->d);
+    DP_COPY(v, d->Nk, d->dv);
+    DP_COPY(dout, d->Nq, d->dv);
+#undef DP_COPY
 }
 
 static void test_determinism(void)
 {
-    const int BH[][2] = {{1, 1}, {1, 3}, {5, 1}, {3, 4}, {1, 1}};
-    for (int k = 0; k < 5; k++) {
-        tcase c = {BH[k][0], BH[k][1], 19, 23, 16, 8, k % 2, 1, 5, 1.0f, 0.0f, 0.0f, 1.0};
-        if (k == 4) { /* one larger problem: BLAS runs multi-threaded inside it */
-            c.Nq = 300;
-            c.Nk = 260;
-            c.d = 32;
+    /* one problem large enough to run as a team (300 x 260), padded */
+    const int Nq = 300, Nk = 260, dd = 32, dv = 24, Lq = 287, Lk = 251;
+    struct { const char *name; int softmax, S; float tol; bk_grad_mode grad; } cases[] = {
+        {"softmax", 1, 1, 0.0f, BK_GRAD_UNROLLED},
+        {"sinkhorn S=5", 0, 5, 0.0f, BK_GRAD_UNROLLED},
+        {"sinkhorn S=8 tol=1e-3 (early stop)", 0, 8, 1e-3f, BK_GRAD_UNROLLED},
+        {"sinkhorn S=31 implicit", 0, 31, 0.0f, BK_GRAD_IMPLICIT},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        if (TH.quick && ci == 3) continue;
+        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        p.iters = cases[ci].S;
+        p.tol = cases[ci].tol;
+        p.grad = cases[ci].grad;
+        char name[160];
+        /* (a) thread counts: one problem (a team) and a batch of 12 */
+        const int shapes[2][2] = {{1, 1}, {3, 4}};
+        for (int si = 0; si < 2; si++) {
+            dprob x;
+            dp_init(&x, shapes[si][0], shapes[si][1], Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 81 + ci);
+            th_span sp[9];
+            dp_spans(&x, sp);
+            snprintf(name, sizeof name, "%s: bitwise identical at 1, 2, 3, 5, 8 threads (B=%d H=%d)", cases[ci].name,
+                     shapes[si][0], shapes[si][1]);
+            th_same_over_threads(name, dp_run, &x, sp, 9);
+            th_check(x.s1 == BK_OK && x.s2 == BK_OK, name, "status %s / %s", bk_status_str(x.s1),
+                     bk_status_str(x.s2));
+            dp_free(&x);
         }
-        if (BH[k][0] == 1) c.pad = 0;
-        tbuf ref;
-        tb_init(&ref, &c, 81);
-        bk_set_num_threads(1);
-        run_fwd(&ref, NULL);
-        run_bwd(&ref, NULL);
-        int ok = 1;
-        for (int nt = 2; nt <= 5; nt++) {
-            tbuf t;
-            tb_init(&t, &c, 81);
-            bk_set_num_threads(nt);
-            run_fwd(&t, NULL);
-            run_bwd(&t, NULL);
-            ok &= bitwise_same(&ref, &t, &c);
-            tb_free(&t);
+        /* (b) batch shapes: the problem alone, as one of 3 and as one of 16 */
+        dprob x;
+        dp_init(&x, 1, 1, Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 181 + ci);
+        dp_run(&x);
+        const int batches[2][4] = {{1, 3, 0, 2}, {4, 4, 2, 1}}; /* B, H, b, h of the planted problem */
+        for (int bi = 0; bi < 2; bi++) {
+            for (int nt = 1; nt <= 2; nt++) {
+                dprob y;
+                dp_init(&y, batches[bi][0], batches[bi][1], Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 281 + ci);
+                dp_plant(&x, &y, batches[bi][2], batches[bi][3]);
+                bk_set_num_threads(nt);
+                dp_run(&y);
+                bk_set_num_threads(0);
+                snprintf(name, sizeof name, "%s: a problem alone == the same problem in a batch of %d (%d threads)",
+                         cases[ci].name, batches[bi][0] * batches[bi][1], nt);
+                th_check(dp_same_problem(&x, &y, batches[bi][2], batches[bi][3]), name, "%s", "outputs differ");
+                dp_free(&y);
+            }
         }
-        bk_set_num_threads(0);
-        char name[80];
-        snprintf(name, sizeof name, "bitwise identical for 1..5 threads (B=%d H=%d)", c.B, c.H);
-        th_check(ok, name, "%s", "");
-        tb_free(&ref);
+        dp_free(&x);
     }
 }
 

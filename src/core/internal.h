@@ -67,7 +67,8 @@ static inline void bki_team_sync(const bki_team *tm)
  * and numpy share the OpenMP pool and must not inherit our mode). */
 unsigned bki_region_enter(void);
 void bki_region_leave(const unsigned *saved);
-#define BKI_REGION const unsigned bki_region_saved_ __attribute__((cleanup(bki_region_leave))) = bki_region_enter()
+#define BKI_REGION                                                                                       \
+    const unsigned bki_region_saved_ __attribute__((cleanup(bki_region_leave), unused)) = bki_region_enter()
 
 /* Rows per block of the engine's row passes for an n-row problem: at most
  * BKI_MAX_BLOCKS blocks of at least 4 rows (a function of n only). */

@@ -229,9 +229,9 @@ static void forward_core(const bk_attn_desc *d, const bki_attn_cfg *c, const bk_
                          char *wsbase, bki_plan pl)
 {
     const float alpha = alpha_of(d, c);
-    if (tape) {
+    if (tape) { /* zeroed first: padded rows leave parts of the history unwritten */
+        memset(tape, 0, bki_attn_tape_size(d, c->S));
         tape_header *th = (tape_header *)tape;
-        memset(th, 0, sizeof *th);
         th->magic = TAPE_MAGIC;
         th->version = TAPE_VERSION;
         th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->S = c->S;

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xmmintrin.h>
 
 /* ------------------------------------------------------------------------ */
 /* a problem instance in a chosen layout                                     */
@@ -539,6 +540,40 @@ static void test_determinism(void)
     }
 }
 
+/* The library flushes subnormals inside its own regions and restores the
+ * caller's floating-point mode: results do not depend on the caller's
+ * FTZ/DAZ bits, and those bits are the same after a call. */
+static void test_fp_state(void)
+{
+    const unsigned saved = _mm_getcsr(), bits = 0x8040u; /* FTZ | DAZ */
+    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    p.iters = 6;
+    p.eps = 0.05f; /* sharp: tiny entries everywhere */
+    dprob x[2];
+    int restored = 1;
+    for (int mode = 0; mode < 2; mode++) {
+        dp_init(&x[mode], 2, 3, 140, 120, 16, 8, 140, 101, &p, 0, 991);
+        const unsigned want = mode ? (saved | bits) : (saved & ~bits);
+        _mm_setcsr(want);
+        for (int nt = 1; nt <= 2; nt++) {
+            bk_set_num_threads(nt);
+            dp_run(&x[mode]);
+            restored &= _mm_getcsr() == want;
+        }
+        _mm_setcsr(saved);
+    }
+    bk_set_num_threads(0);
+    th_check(restored, "the caller's FTZ/DAZ mode is restored after every call", "%s", "");
+    th_span a[9], b[9];
+    dp_spans(&x[0], a);
+    dp_spans(&x[1], b);
+    int same = 1;
+    for (int i = 0; i < 9; i++) same &= a[i].bytes == b[i].bytes && !memcmp(a[i].p, b[i].p, a[i].bytes);
+    th_check(same, "results do not depend on the caller's FTZ/DAZ mode", "%s", "");
+    dp_free(&x[0]);
+    dp_free(&x[1]);
+}
+
 static void test_layouts_and_tape(void)
 {
     tcase c = {2, 3, 11, 14, 8, 5, 0, 1, 4, 1.0f, 0.0f, 0.0f, 1.0};
@@ -903,6 +938,7 @@ void test_attn(void)
     test_permutation();
     test_convergence();
     test_determinism();
+    test_fp_state();
     test_layouts_and_tape();
     test_alignment();
     test_padding_truncation();

@@ -136,7 +136,7 @@ PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 # unit, property, gradient and determinism tests (and the reference's self-test)
 test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART)
 	$(EXAMPLE)
-	$(TGEN) --no-speed-check
+	$(TGEN)
 	$(TCHART)
 	$(REFST)
 	$(REFESP)

@@ -4,8 +4,8 @@
  *   gcc -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -D_POSIX_C_SOURCE=200809L -Itools \
  *       tests/test_gen.c tools/gen.c -o /tmp/test_gen -lm && /tmp/test_gen
  *
- * Options: --quick (fewer samples, for valgrind; no speed check) and
- * --no-speed-check (for loaded or instrumented machines).
+ * Options: --quick (fewer samples, for valgrind). Speeds are printed, never
+ * checked (a speed is a property of the machine, not of the code).
  *
  * Prints "ok - ..." / "not ok - ..." per check, "# ..." diagnostics (class
  * and length distributions, descriptor accuracy, speed), and at the end
@@ -24,20 +24,8 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TG_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_SANITIZED 1
-#endif
-#endif
-#ifndef TG_SANITIZED
-#define TG_SANITIZED 0
-#endif
-
 static int g_pass, g_fail;
-static int g_quick;    /* --quick: fewer samples (for valgrind); speed reported, not checked */
-static int g_no_speed; /* --no-speed-check: speed reported, not checked */
+static int g_quick; /* --quick: fewer samples (for valgrind) */
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
@@ -821,13 +809,9 @@ static void test_speed(void)
         t1 = now_s();
     } while (t1 - t0 < (g_quick ? 0.02 : 0.3));
     printf("# speed: shapes 1024 points: %.0f samples/s (one core)\n", n / (t1 - t0));
-    if (TG_SANITIZED || g_quick || g_no_speed) {
-        printf("# (sanitizer build, --quick or --no-speed-check: speed not checked)\n");
-    } else {
-        char name[160];
-        snprintf(name, sizeof name, "speed: listops max_len 512 >= 20000 samples/s (%.0f)", rate512);
-        check(rate512 >= 20000, name, "too slow");
-    }
+    /* reported, never checked: a speed is a property of the machine (benchmarks
+     * record speeds; tests do not encode them) */
+    (void)rate512;
     if (sink == 42) printf("#\n");
     free(tok);
     free(xyz);
@@ -837,9 +821,8 @@ int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
-        else if (!strcmp(argv[i], "--no-speed-check")) g_no_speed = 1;
         else {
-            fprintf(stderr, "usage: %s [--quick] [--no-speed-check]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
             return 2;
         }
     }

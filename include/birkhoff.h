@@ -53,16 +53,33 @@
  * gradients to 1e-4 relative. Rows of A for odd S sum to 1 within 1e-6.
  *
  * ----------------------------------------------------------------------------
- * THREADS AND DETERMINISM
+ * THREADS AND DETERMINISM (docs/ARCHITECTURE.md, "Parallel model")
  * ----------------------------------------------------------------------------
- * Work is spread over the B*H problems with a fixed partition; every problem is
- * computed by the same code path whatever the thread count, so results are
- * bitwise identical for any bk_set_num_threads() value. BLAS calls are made
- * single-threaded from inside the library's own parallel region, except that a
- * call with a single problem (B*H = 1; Sinkhorn, softmax, LOT) lets OpenBLAS use
- * all the threads (it splits a GEMM over the rows and columns of its result,
- * never over the inner dimension, so results stay bitwise identical). The
- * library sets OpenBLAS's thread count accordingly (openblas_set_num_threads).
+ * The library partitions its work itself: problems, row blocks, column ranges
+ * and GEMM tiles have sizes that depend on the shape only; every GEMM tile is
+ * one single-threaded BLAS call; every cross-block sum is taken in block
+ * order. A call runs several problems at once, one per thread, or, when there
+ * are fewer problems than threads, each problem on all threads together. The
+ * contract, on one machine and one kernel path (bk_isa, OpenBLAS core type):
+ *   - outputs, extras and every gradient are bitwise identical for any thread
+ *     count, and for any batch shape (a problem alone or inside a batch);
+ *   - across kernel paths (AVX-512 vs AVX2, OpenBLAS's SkylakeX vs Haswell
+ *     kernels) and machines, results agree within the accuracy contract
+ *     above (1e-5 forward, 1e-4 gradients, relative to the largest entry).
+ * Tapes are opaque; they are deterministic for softmax/Sinkhorn but may hold
+ * unspecified padding for other operators.
+ * Thread count: bk_set_num_threads(n) (n <= 0: back to the default), else the
+ * environment variable BIRKHOFF_NUM_THREADS, else the CPUs this process may
+ * run on (its affinity mask). OpenMP's own setting (OMP_NUM_THREADS,
+ * omp_set_num_threads, torch.set_num_threads) is not used.
+ * BLAS: with OpenBLAS's pthreads build (Debian's default) the library sets
+ * OpenBLAS to one thread the first time it runs (openblas_set_num_threads(1),
+ * once; other users of the same OpenBLAS in the process, such as numpy, then
+ * run single-threaded BLAS); with its OpenMP build nothing process-wide is
+ * changed.
+ * Floating point: inside its parallel regions the library sets flush-to-zero
+ * and denormals-are-zero and restores the caller's mode on exit, so neither
+ * speed nor results depend on the caller's mode.
  *
  * ----------------------------------------------------------------------------
  * WORKSPACE AND TAPE
@@ -130,7 +147,8 @@ BK_API const char *bk_last_error(void);
 /* ------------------------------------------------------------------------ */
 /* Threads and CPU                                                          */
 /* ------------------------------------------------------------------------ */
-/* n >= 1 threads; n <= 0 restores the default (OpenMP's, i.e. all cores).  */
+/* n >= 1 threads; n <= 0 restores the default (BIRKHOFF_NUM_THREADS, else
+ * the CPUs of the process's affinity mask). Results do not depend on it. */
 BK_API void bk_set_num_threads(int n);
 BK_API int  bk_get_num_threads(void);
 /* Instruction set used by the kernels: "avx512" or "avx2". Chosen once from

@@ -1,8 +1,11 @@
 /* lse_engine.c -- the one log-domain Sinkhorn / LSE engine.
  *
  * Compiled once per instruction set (the Makefile builds it with -mavx2 and
- * with -mavx512*, defining BK_ISA); dispatch.c picks the table at run time.
- * All loops are plain C that the compiler vectorises, exp included (vexp.h).
+ * with -mavx512*, defining BK_ISA); threads.c (bki_kern) picks the table at
+ * run time. All loops are plain C that the compiler vectorises, exp included
+ * (vexp.h). A problem is run by a team (one thread, or all threads of a
+ * region): rows in fixed blocks, column sums from per-block partial sums
+ * added in block order, so the result does not depend on the team's size.
  *
  * Algorithm (docs/ALGORITHMS.md has the derivations):
  *

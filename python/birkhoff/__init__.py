@@ -11,7 +11,8 @@ the Python side). Two layers:
 
 The library is found through BIRKHOFF_LIB, the source tree, the directory
 recorded by `make install`, or the dynamic loader (see birkhoff._lib).
-Threads: set_num_threads(n) (results do not depend on it).
+Threads: set_num_threads(n) (results do not depend on it); the default is
+BIRKHOFF_NUM_THREADS or the process's CPU affinity, never torch's setting.
 """
 from ._lib import LIBRARY_PATH, BirkhoffError, lib as _c
 from .ops import *  # noqa: F401,F403
@@ -26,12 +27,15 @@ def version():
 
 
 def set_num_threads(n):
-    """Threads used by the C kernels (n <= 0: all cores). Results are bitwise
-    independent of it."""
+    """Threads used by the C kernels (n <= 0: back to the default, which is
+    BIRKHOFF_NUM_THREADS or the CPUs of this process's affinity mask; torch's
+    and OpenMP's settings do not change it). Results are bitwise independent
+    of it."""
     _c.bk_set_num_threads(int(n))
 
 
 def get_num_threads():
+    """the C kernels' thread count in force"""
     return _c.bk_get_num_threads()
 
 

@@ -1,14 +1,17 @@
 /* test_asap.c -- ASAP: the online operator, features and teacher dual against
  * the independent double reference (tests/ref_asap.c), the digest's section 7
  * properties on the float32 library, calibration (LS and KL) against the
- * reference's fits, determinism, padding == truncation, the compiled-layer
+ * reference's fits, determinism (thread counts and batch shapes, bitwise,
+ * with a problem run by a team), padding == truncation, the compiled-layer
  * file and bad input. */
 #include "birkhoff.h"
 #include "harness.h"
 #include "ref_asap.h"
 #include "tutil.h"
+#include "../src/core/internal.h" /* bki_plan: the parallel model's plan, asserted below */
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,6 +504,244 @@ static void test_asap_determinism(void)
     th_prob_free(&t);
 }
 
+/* ---- the parallel model: thread counts and batch shapes (bitwise) -------- *
+ * Every output of every ASAP entry point (the three forward variants, close,
+ * the teacher dual, the features, the fidelity metrics, the LS and KL fits)
+ * must be bitwise the same at 1, 2, 3, 5 and 8 threads, for one problem large
+ * enough to run as a team and for a batch, and a problem must give the same
+ * bytes alone, as one of 3 and as one of 16 problems (padded, with lengths). */
+bki_plan bki_asap_plan(const bk_attn_desc *d, int L); /* src/ops/asap.c */
+
+#define DA_L 8 /* slices          */
+#define DA_S 6 /* teacher's steps */
+#define DA_OUTS 4 /* ASAP-0, column-ending, row-ending (forward), close (auto) */
+
+typedef struct {
+    bk_attn_desc d;
+    int32_t ql[16], kl[16];
+    float *q, *k, *v, *fin;                      /* fin: the dual given to close     */
+    float *o[DA_OUTS], *a[DA_OUTS], *fh[DA_OUTS];
+    bk_sinkhorn_diag dg[DA_OUTS][16];
+    float *y, *X;
+    bk_attn_fidelity fid;
+    double w[2][DA_L];                           /* LS and KL fits on this batch     */
+    bk_status st[10];
+    bk_asap_layer ly;                            /* the same layer for every batch   */
+} aprob;
+
+static size_t ap_P(const aprob *x) { return (size_t)x->d.B * x->d.H; }
+
+/* B x H problems of Nq x Nk (head dims d, dv); entry 0 has lengths (Lq, Lk),
+ * the others random lengths in [N/2, N]; inputs N(0, 0.8^2) everywhere
+ * (padded rows too: they must not matter); outputs prefilled with -7. */
+static void ap_init(aprob *x, int B, int H, int Nq, int Nk, int d, int dv, int Lq, int Lk, uint64_t seed)
+{
+    memset(x, 0, sizeof *x);
+    th_rng r = {seed}, lr = {777};
+    x->d = (bk_attn_desc){B, H, Nq, Nk, d, dv, x->ql, x->kl};
+    for (int b = 0; b < B; b++) {
+        x->ql[b] = b == 0 ? Lq : Nq / 2 + (int)(th_next(&r) % (uint64_t)(Nq - Nq / 2 + 1));
+        x->kl[b] = b == 0 ? Lk : Nk / 2 + (int)(th_next(&r) % (uint64_t)(Nk - Nk / 2 + 1));
+    }
+    const size_t P = ap_P(x);
+    x->q = malloc(sizeof(float) * P * Nq * d);
+    x->k = malloc(sizeof(float) * P * Nk * d);
+    x->v = malloc(sizeof(float) * P * Nk * dv);
+    x->fin = malloc(sizeof(float) * P * Nq);
+    for (size_t i = 0; i < P * Nq * d; i++) x->q[i] = (float)(0.8 * th_normal(&r));
+    for (size_t i = 0; i < P * Nk * d; i++) x->k[i] = (float)(0.8 * th_normal(&r));
+    for (size_t i = 0; i < P * Nk * dv; i++) x->v[i] = (float)th_normal(&r);
+    for (size_t i = 0; i < P * Nq; i++) x->fin[i] = (float)(2.0 * th_normal(&r));
+    for (int o = 0; o < DA_OUTS; o++) {
+        x->o[o] = th_alloc_fill(P * Nq * dv, -7.0f);
+        x->a[o] = th_alloc_fill(P * Nq * Nk, -7.0f);
+        x->fh[o] = th_alloc_fill(P * Nq, -7.0f);
+    }
+    x->y = th_alloc_fill(P * Nq, -7.0f);
+    x->X = th_alloc_fill(P * Nq * DA_L, -7.0f);
+    x->ly = make_layer(d, DA_L, 1.0f / sqrtf((float)d), 1.0f, DA_S, &lr, 1.0);
+}
+
+static void ap_free(aprob *x)
+{
+    free(x->q); free(x->k); free(x->v); free(x->fin);
+    for (int o = 0; o < DA_OUTS; o++) { free(x->o[o]); free(x->a[o]); free(x->fh[o]); }
+    free(x->y); free(x->X);
+    bk_asap_layer_free(&x->ly);
+}
+
+static bk_tensor ap_t(float *p, const aprob *x, int N, int C) { return bk_tensor_bhnd(p, x->d.H, N, C); }
+
+/* LS and KL fits (keep_kl) on the problems of desc d, added in one call */
+static bk_status ap_fit(const bk_attn_desc *d, const bk_tensor *tq, const bk_tensor *tk, int nadd, double w[2][DA_L])
+{
+    bk_asap_config cfg = bk_asap_config_default(d->d);
+    cfg.slices = DA_L;
+    cfg.teacher_iters = DA_S;
+    cfg.seed = 5;
+    bk_asap_calib *c = NULL;
+    bk_status s = bk_asap_calib_create(&cfg, 1, &c);
+    /* nadd > 0: the B x H problems added one at a time, each alone (B = H = 1) */
+    for (int p = 0; p < (nadd ? nadd : 1) && !s; p++) {
+        if (!nadd) {
+            s = bk_asap_calib_add(c, d, tq, tk);
+            continue;
+        }
+        const int b = p / d->H, h = p % d->H;
+        bk_attn_desc d1 = {1, 1, d->Nq, d->Nk, d->d, d->dv, d->q_len + b, d->k_len + b};
+        bk_tensor q1 = *tq, k1 = *tk;
+        q1.data += b * tq->stride_b + h * tq->stride_h;
+        k1.data += b * tk->stride_b + h * tk->stride_h;
+        s = bk_asap_calib_add(c, &d1, &q1, &k1);
+    }
+    for (int f = 0; f <= 1 && !s; f++) {
+        bk_asap_layer ly;
+        if (!(s = bk_asap_calib_fit(c, (bk_asap_fit)f, NULL, &ly, NULL))) memcpy(w[f], ly.omega, sizeof(double) * DA_L);
+        bk_asap_layer_free(&ly);
+    }
+    bk_asap_calib_free(c);
+    return s;
+}
+
+static void ap_run(void *ctx)
+{
+    aprob *x = ctx;
+    const bk_attn_desc *d = &x->d;
+    bk_tensor tq = ap_t(x->q, x, d->Nq, d->d), tk = ap_t(x->k, x, d->Nk, d->d), tv = ap_t(x->v, x, d->Nk, d->dv);
+    for (int o = 0; o < DA_OUTS; o++) {
+        bk_tensor to = ap_t(x->o[o], x, d->Nq, d->dv);
+        bk_asap_extras ex = {ap_t(x->a[o], x, d->Nq, d->Nk), x->fh[o], x->dg[o]};
+        x->st[o] = o < 3 ? bk_asap_forward(d, &x->ly, (bk_asap_variant)(o + 1), &tq, &tk, &tv, &to, &ex, NULL, 0)
+                         : bk_asap_close(d, &x->ly, BK_ASAP_AUTO, x->fin, &tq, &tk, &tv, &to, &ex, NULL, 0);
+    }
+    bk_asap_config cfg = bk_asap_config_default(d->d);
+    cfg.teacher_iters = DA_S;
+    x->st[4] = bk_asap_teacher_dual(d, &cfg, &tq, &tk, x->y);
+    x->st[5] = bk_asap_features(d, &x->ly, &tq, &tk, x->X);
+    bk_tensor o0 = ap_t(x->o[0], x, d->Nq, d->dv), o2 = ap_t(x->o[2], x, d->Nq, d->dv);
+    bk_tensor a0 = ap_t(x->a[0], x, d->Nq, d->Nk), a2 = ap_t(x->a[2], x, d->Nq, d->Nk);
+    x->st[6] = bk_attn_compare(d, &o0, &o2, &a0, &a2, &x->fid);
+    x->st[7] = ap_fit(d, &tq, &tk, 0, x->w);
+}
+
+static int ap_ok(const aprob *x)
+{
+    for (int i = 0; i < 8; i++)
+        if (x->st[i] != BK_OK) return 0;
+    return 1;
+}
+
+/* problem (b, h) of y equals problem (0, 0) of x, bitwise, in every output */
+static int ap_same_problem(const aprob *x, const aprob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->d;
+    const size_t py = (size_t)b * y->d.H + h;
+    int ok = 1;
+    for (int o = 0; o < DA_OUTS; o++) {
+        bk_tensor xo = ap_t(x->o[o], x, d->Nq, d->dv), yo = ap_t(y->o[o], y, d->Nq, d->dv);
+        bk_tensor xa = ap_t(x->a[o], x, d->Nq, d->Nk), ya = ap_t(y->a[o], y, d->Nq, d->Nk);
+        ok = ok && th_slice_same(&xo, 0, 0, &yo, b, h, d->Nq, d->dv) && th_slice_same(&xa, 0, 0, &ya, b, h, d->Nq, d->Nk);
+        ok = ok && memcmp(x->fh[o], y->fh[o] + py * d->Nq, sizeof(float) * d->Nq) == 0;
+        ok = ok && memcmp(&x->dg[o][0], &y->dg[o][py], sizeof(bk_sinkhorn_diag)) == 0;
+    }
+    ok = ok && memcmp(x->y, y->y + py * d->Nq, sizeof(float) * d->Nq) == 0;
+    ok = ok && memcmp(x->X, y->X + py * d->Nq * DA_L, sizeof(float) * d->Nq * DA_L) == 0;
+    return ok && ap_ok(x) && ap_ok(y);
+}
+
+/* copies problem (0, 0) of x into problem (b, h) of y: the valid rows of its
+ * inputs and its dual, and the lengths of entry b (y's other heads of entry
+ * b keep their data: every row of them is finite) */
+static void ap_plant(const aprob *x, aprob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->d;
+    const size_t py = (size_t)b * y->d.H + h;
+    y->ql[b] = x->ql[0];
+    y->kl[b] = x->kl[0];
+    memcpy(y->q + py * d->Nq * d->d, x->q, sizeof(float) * (size_t)x->ql[0] * d->d);
+    memcpy(y->k + py * d->Nk * d->d, x->k, sizeof(float) * (size_t)x->kl[0] * d->d);
+    memcpy(y->v + py * d->Nk * d->dv, x->v, sizeof(float) * (size_t)x->kl[0] * d->dv);
+    memcpy(y->fin + py * d->Nq, x->fin, sizeof(float) * (size_t)x->ql[0]);
+}
+
+static void test_asap_parallel(void)
+{
+    /* one problem large enough to run as a team (264 x 260), padded to valid lengths whose
+     * engine row blocks are more numerous than the padded shape's (255 queries: 64 blocks of
+     * 4, 264: 53 of 5; 251 keys: 63 of 4, 260: 52 of 5): the lanes must hold the larger
+     * scratch, for the teacher (rows = queries) and for the closure (rows = keys) */
+    const int Nq = 264, Nk = 260, d = 16, dv = 12, Lq = 255, Lk = 251;
+    {
+        const bk_attn_desc one = {1, 1, Nq, Nk, d, dv, NULL, NULL}, rec = {1, 1, Lq, Lk, d, 1, NULL, NULL};
+        int team = 1;
+        for (int t = 1; t < TH_NTHREADS; t++) {
+            bk_set_num_threads(th_threads[t]);
+            /* the operator, features and fits (L slices), the teacher alone (0),
+             * the KL objective's one record, the fidelity metrics */
+            team &= bki_asap_plan(&one, DA_L).team && bki_asap_plan(&one, 0).team && bki_asap_plan(&rec, DA_L).team &&
+                    bki_plan_problems(1, (double)Nq * Nk).team;
+        }
+        bk_set_num_threads(0);
+        th_check(team, "asap: a single 264 x 260 problem runs as a team at 2, 3, 5, 8 threads", "%s", "");
+    }
+    /* (a) thread counts: the single problem (a team), and a batch of 6 */
+    const int shapes[2][2] = {{1, 1}, {3, 2}};
+    for (int si = 0; si < 2; si++) {
+        aprob x;
+        ap_init(&x, shapes[si][0], shapes[si][1], Nq, Nk, d, dv, Lq, Lk, 41 + si);
+        const size_t P = ap_P(&x);
+        th_span sp[4 * DA_OUTS + 5];
+        int n = 0;
+        for (int o = 0; o < DA_OUTS; o++) {
+            sp[n++] = (th_span){x.o[o], sizeof(float) * P * Nq * dv};
+            sp[n++] = (th_span){x.a[o], sizeof(float) * P * Nq * Nk};
+            sp[n++] = (th_span){x.fh[o], sizeof(float) * P * Nq};
+            sp[n++] = (th_span){x.dg[o], sizeof(bk_sinkhorn_diag) * P};
+        }
+        sp[n++] = (th_span){x.y, sizeof(float) * P * Nq};
+        sp[n++] = (th_span){x.X, sizeof(float) * P * Nq * DA_L};
+        sp[n++] = (th_span){&x.fid, offsetof(bk_attn_fidelity, problems) + sizeof(int)};
+        sp[n++] = (th_span){x.w, sizeof x.w};
+        sp[n++] = (th_span){x.st, sizeof x.st};
+        char name[200];
+        snprintf(name, sizeof name, "asap: forward x3, close, teacher dual, features, compare, LS and KL fits bitwise "
+                 "identical at 1, 2, 3, 5, 8 threads (B=%d H=%d)", shapes[si][0], shapes[si][1]);
+        th_same_over_threads(name, ap_run, &x, sp, n);
+        th_check(ap_ok(&x), name, "a call failed: %s", bk_last_error());
+        ap_free(&x);
+    }
+    /* (b) batch shapes: the problem alone, as one of 3 and as one of 16 */
+    aprob x;
+    ap_init(&x, 1, 1, Nq, Nk, d, dv, Lq, Lk, 141);
+    ap_run(&x);
+    const int batches[2][4] = {{1, 3, 0, 2}, {4, 4, 2, 1}}; /* B, H, b, h of the planted problem */
+    for (int bi = 0; bi < 2; bi++) {
+        for (int nt = 1; nt <= 2; nt++) {
+            aprob y;
+            ap_init(&y, batches[bi][0], batches[bi][1], Nq, Nk, d, dv, Lq, Lk, 241 + bi);
+            ap_plant(&x, &y, batches[bi][2], batches[bi][3]);
+            if (bi == 1) y.ql[3] = 0; /* an empty problem in the batch too */
+            bk_set_num_threads(nt);
+            ap_run(&y);
+            char name[160];
+            snprintf(name, sizeof name, "asap: a problem alone == the same problem in a batch of %d (%d threads)",
+                     batches[bi][0] * batches[bi][1], nt);
+            th_check(ap_same_problem(&x, &y, batches[bi][2], batches[bi][3]), name, "outputs differ (%s)",
+                     bk_last_error());
+            /* the batch's fits == the fits of its problems added alone, in order */
+            double w1[2][DA_L];
+            bk_tensor tq = ap_t(y.q, &y, Nq, d), tk = ap_t(y.k, &y, Nk, d);
+            bk_status s = ap_fit(&y.d, &tq, &tk, (int)ap_P(&y), w1);
+            bk_set_num_threads(0);
+            snprintf(name, sizeof name, "asap: LS and KL fits of a batch of %d == of its problems added alone (%d "
+                     "threads)", batches[bi][0] * batches[bi][1], nt);
+            th_check(s == BK_OK && memcmp(w1, y.w, sizeof w1) == 0, name, "%s", s ? bk_last_error() : "fits differ");
+            ap_free(&y);
+        }
+    }
+    ap_free(&x);
+}
+
 /* ---- layer file ---------------------------------------------------------- */
 static int write_bytes(const char *path, const unsigned char *b, size_t n)
 {
@@ -635,6 +876,7 @@ void test_asap(void)
     test_asap_properties();
     test_asap_calibration();
     test_asap_determinism();
+    test_asap_parallel();
     test_asap_file();
     test_asap_bad_input();
 }

@@ -5,13 +5,17 @@
  * Mechanisms used, not re-implemented here:
  *   - sorting and the 1-D Kantorovich potential: sort1d.c (bki_argsort,
  *     bki_potential1d), the slice bank: bki_unit_directions;
- *   - every c-transform and the teacher's half-steps: the LSE engine. A
- *     key-side c-transform T_K(u) is a row step of the TRANSPOSED logits
+ *   - every c-transform and the teacher's half-steps: the (team-aware) LSE
+ *     engine. A key-side c-transform T_K(u) is a row step of the TRANSPOSED logits
  *     (keys x queries) from the column potential u, so ASAP is the engine on
  *     Z^T warm-started from u with 1 (ASAP-0), 2 (row-ending) or 3
  *     (column-ending) half-steps; the engine's A is then Lk P^T.
- * Calibration accumulates per-problem blocks in parallel and sums them in
- * problem order (results independent of the thread count). */
+ * Parallel model (internal.h, attn.c): every call plans its problems with
+ * bki_plan_problems; a problem runs on one thread or on a team of all
+ * threads through the same code, its work cut into blocks that depend on its
+ * shape only (GEMM tiles, slices, rows, Gram tiles) and summed in block
+ * order. Calibration sums its per-problem blocks in problem order. So every
+ * output is bitwise the same for any thread count and batch shape. */
 #include "ops.h"
 
 #include <cblas.h>
@@ -74,94 +78,210 @@ static bk_status check_layer(const bk_asap_layer *ly)
 static float resolve_scale(float scale, int d) { return scale != 0.0f ? scale : 1.0f / sqrtf((float)d); }
 
 /* ------------------------------------------------------------------------ */
-/* per-problem pieces                                                       */
-/* ------------------------------------------------------------------------ */
-/* Scratch for the sliced features of one problem up to Nq x Nk. */
-typedef struct {
-    float *pa, *pb;       /* projections [L x Nq], [L x Nk]   */
-    int32_t *ia, *ib;     /* sort orders                       */
-    void *sort_scr;
-    double *fcol;         /* one slice's potential [Nq]        */
-} feat_scr;
-
-static size_t feat_bytes(int Nq, int Nk, int L)
+/* the problems of a call over threads                                      */
+/* ------------------------------------------------------------------------ *
+ * Every ASAP call runs its problems as attn.c does: bki_plan_problems says
+ * whether `lanes` problems run at a time, one per thread, or one problem at
+ * a time by a team of all threads. A problem function is called by every
+ * member of its team with the same arguments; its work is shared by blocks
+ * whose sizes depend on the problem's shape only (GEMM tiles, slices, rows,
+ * row blocks, Gram tiles), each block computed by one member with the same
+ * arithmetic whatever the team, and every sum across blocks is taken in block
+ * order. So outputs are bitwise the same for any thread count and batch
+ * shape. A problem's cost for the plan: its logits' entries plus the sliced
+ * projections' entries (0 slices for the teacher alone). */
+bki_plan bki_asap_plan(const bk_attn_desc *d, int L); /* also used by tests/test_asap.c */
+bki_plan bki_asap_plan(const bk_attn_desc *d, int L)
 {
-    int nn = Nq > Nk ? Nq : Nk;
-    return bki_round_up(sizeof(float) * (size_t)Nq * L) + bki_round_up(sizeof(float) * (size_t)Nk * L) +
-           bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk) +
-           bki_round_up(bki_argsort_scratch(nn)) + bki_round_up(sizeof(double) * (size_t)Nq) + 6 * BK_ALIGN;
+    return bki_plan_problems(d->B * d->H, (double)d->Nq * d->Nk + (double)L * (d->Nq + d->Nk));
 }
 
-static feat_scr feat_take(bki_arena *ar, int Nq, int Nk, int L)
+static int plan_members(bki_plan pl) { return pl.team ? pl.nt : 1; }
+
+typedef void (*problem_fn)(const bki_team *tm, int p, char *lane, void *ctx);
+
+/* Runs fn(tm, p, lane, ctx) for p = 0..P-1 as the plan says: a team of all
+ * region threads on one problem after another (lane 0, carved for pl.nt
+ * members), or one problem per thread (the thread's own lane, static
+ * partition). Every problem ends with its team in sync. Lanes are lane_bytes
+ * apart from base (pl.lanes * lane_bytes + BK_ALIGN bytes in all). */
+static void run_problems(int P, bki_plan pl, char *base, size_t lane_bytes, problem_fn fn, void *ctx)
+{
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        const int tid = bki_thread_id();
+        if (pl.team) {
+            const bki_team tm = {tid, bki_region_size()};
+            char *ln = bki_align_ptr(base);
+            for (int p = 0; p < P; p++) {
+                fn(&tm, p, ln, ctx);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const bki_team tm = BKI_SOLO;
+            char *ln = bki_align_ptr(base + (size_t)tid * lane_bytes);
+#pragma omp for schedule(static)
+            for (int p = 0; p < P; p++) fn(&tm, p, ln, ctx);
+        }
+    }
+}
+
+/* this member's block of `members` per-member blocks of `bytes` each */
+static char *take_member(bki_arena *ar, const bki_team *tm, int members, size_t bytes)
+{
+    char *p = bki_take(ar, (size_t)members * bki_round_up(bytes));
+    return p ? p + (size_t)tm->tid * bki_round_up(bytes) : NULL;
+}
+
+/* Floats of the engine's scratch for any problem of at most n x m rows and
+ * columns run by `members`: sk_scratch is not monotone in the row count (its
+ * row blocks are a function of n: 260 rows make 52 blocks of 5, 251 rows 63
+ * blocks of 4), and a padded problem runs the engine on its valid lengths,
+ * so the lanes take the maximum over n' <= n (m enters monotonically). */
+static size_t sk_scratch_upto(int n, int m, int members)
+{
+    const bki_kernels *K = bki_kern();
+    size_t mx = 0;
+    for (int i = 1; i <= n; i++) {
+        const size_t f = K->sk_scratch(i, m, members);
+        mx = f > mx ? f : mx;
+    }
+    return mx;
+}
+
+/* ------------------------------------------------------------------------ */
+/* per-problem pieces                                                       */
+/* ------------------------------------------------------------------------ */
+/* Scratch for the sliced features of one problem up to Nq x Nk: the
+ * projections (shared by the team) and each member's sort buffers. */
+typedef struct {
+    float *pa, *pb;       /* projections [L x Nq], [L x Nk] (shared)     */
+    int32_t *ia, *ib;     /* this member's sort orders                    */
+    void *sort_scr;       /* this member's sort scratch                   */
+} feat_scr;
+
+static size_t feat_member_bytes(int Nq, int Nk)
 {
     int nn = Nq > Nk ? Nq : Nk;
+    return bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk) +
+           bki_round_up(bki_argsort_scratch(nn));
+}
+
+static size_t feat_bytes(int Nq, int Nk, int L, int members)
+{
+    return bki_round_up(sizeof(float) * (size_t)Nq * L) + bki_round_up(sizeof(float) * (size_t)Nk * L) +
+           (size_t)members * bki_round_up(feat_member_bytes(Nq, Nk)) + 4 * BK_ALIGN;
+}
+
+static feat_scr feat_take(bki_arena *ar, const bki_team *tm, int members, int Nq, int Nk, int L)
+{
     feat_scr f;
     f.pa = bki_take(ar, sizeof(float) * (size_t)Nq * L);
     f.pb = bki_take(ar, sizeof(float) * (size_t)Nk * L);
-    f.ia = bki_take(ar, sizeof(int32_t) * (size_t)Nq);
-    f.ib = bki_take(ar, sizeof(int32_t) * (size_t)Nk);
-    f.sort_scr = bki_take(ar, bki_argsort_scratch(nn));
-    f.fcol = bki_take(ar, sizeof(double) * (size_t)Nq);
+    char *mb = take_member(ar, tm, members, feat_member_bytes(Nq, Nk));
+    f.ia = (int32_t *)mb;
+    f.ib = (int32_t *)(mb + bki_round_up(sizeof(int32_t) * (size_t)Nq));
+    f.sort_scr = mb + bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk);
     return f;
 }
 
-/* X [Lq x L] (double, row-major): the centred sliced potentials. */
-static void sliced_features(const feat_scr *w, int Lq, int Lk, int d, int L, const float *theta, float s,
-                            const float *Q, int64_t sq, const float *K, int64_t sk, double *X)
+/* XT [L x Lq] (double, slice-major): the centred sliced potentials. The two
+ * projections are tiled GEMMs; then the slices are shared over the team, each
+ * slice sorted and integrated by one member (slices are independent: nothing
+ * is summed across them). Starts and ends with a sync. */
+static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int Lk, int d, int L, const float *theta,
+                            float s, const float *Q, int64_t sq, const float *K, int64_t sk, double *XT)
 {
     const float rs = sqrtf(s);
     /* projections slice-major (L x Lq, L x Lk): each slice contiguous */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, Lq, d, rs, theta, d, Q, (int)sq, 0.0f, w->pa, Lq);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, Lk, d, rs, theta, d, K, (int)sk, 0.0f, w->pb, Lk);
-    for (int l = 0; l < L; l++) {
+    bki_gemm(tm, 0, 1, L, Lq, d, rs, theta, d, Q, sq, 0.0f, w->pa, Lq);
+    bki_gemm(tm, 0, 1, L, Lk, d, rs, theta, d, K, sk, 0.0f, w->pb, Lk);
+    bki_team_sync(tm);
+    int l0, l1;
+    bki_team_share(tm, L, &l0, &l1);
+    for (int l = l0; l < l1; l++) {
         const float *a = w->pa + (size_t)l * Lq, *b = w->pb + (size_t)l * Lk;
+        double *x = XT + (size_t)l * Lq;
         bki_argsort(Lq, a, 1, w->ia, w->sort_scr);
         bki_argsort(Lk, b, 1, w->ib, w->sort_scr);
-        double mean = bki_potential1d(Lq, Lk, a, 1, w->ia, b, 1, w->ib, w->fcol);
-        for (int i = 0; i < Lq; i++) X[(size_t)i * L + l] = w->fcol[i] - mean;
+        const double mean = bki_potential1d(Lq, Lk, a, 1, w->ia, b, 1, w->ib, x);
+        for (int i = 0; i < Lq; i++) x[i] -= mean;
     }
+    bki_team_sync(tm);
 }
 
 /* rho_i = s |q_i|^2 / 2 (double) */
-static void rho_of(int Lq, int d, float s, const float *Q, int64_t sq, double *rho)
+static double rho_row(int d, float s, const float *qi)
 {
-    for (int i = 0; i < Lq; i++) {
-        const float *qi = Q + (int64_t)i * sq;
-        double a = 0.0;
-        for (int c = 0; c < d; c++) a += (double)qi[c] * qi[c];
-        rho[i] = 0.5 * (double)s * a;
-    }
+    double a = 0.0;
+    for (int c = 0; c < d; c++) a += (double)qi[c] * qi[c];
+    return 0.5 * (double)s * a;
+}
+
+/* rho of this member's rows */
+static void rho_rows(const bki_team *tm, int Lq, int d, float s, const float *Q, int64_t sq, double *rho)
+{
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++) rho[i] = rho_row(d, s, Q + (int64_t)i * sq);
 }
 
 /* The engine on the transposed logits Ct = (s/eps) K Q^T (Lk x Lq, filled by
- * the caller) warm-started from u (Lq): `steps` half-steps; At (Lk x Lq)
- * receives Lk P^T. */
-static void transposed_steps(int Lq, int Lk, const float *Ct, const float *u, int steps, float *At, float *hist,
-                             float *scr, bki_sk_result *res)
+ * the caller) warm-started from u (Lq): `steps` half-steps by the team; At
+ * (Lk x Lq) receives Lk P^T; res is the member's own copy. */
+static void transposed_steps(const bki_team *tm, int Lq, int Lk, const float *Ct, const float *u, int steps,
+                             float *At, float *hist, float *scr, bki_sk_result *res)
 {
     bki_sk_problem pb = {Lk, Lq, Ct, Lq, NULL, NULL, steps, 0.0f, u};
     bki_sk_result r = {hist, At, Lq, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&BKI_SOLO, &pb, &r, scr);
+    bki_kern()->sk_forward(tm, &pb, &r, scr);
     *res = r;
 }
 
-/* The teacher on C = (s/eps) Q K^T (Lq x Lk, filled by the caller) and its
- * closure-ready dual as the centred cost-unit target y (double). */
-static void teacher_target(int Lq, int Lk, const float *C, int S, float eps, const double *rho, float *A,
-                           float *hist, float *scr, double *y)
+/* The teacher on C = (s/eps) Q K^T (Lq x Lk, filled by the caller, with rho
+ * complete) and its closure-ready dual as the centred cost-unit target y
+ * (double): every member computes the mean over all rows in row order, then
+ * writes its own rows of y (no sync at the end). */
+static void teacher_target(const bki_team *tm, int Lq, int Lk, const float *C, int S, float eps, const double *rho,
+                           float *A, float *hist, float *scr, double *y)
 {
     bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, S, 0.0f, NULL};
     bki_sk_result r = {hist, A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&BKI_SOLO, &pb, &r, scr);
+    bki_kern()->sk_forward(tm, &pb, &r, scr);
     const int t = (S % 2 == 0) ? S - 1 : S - 2; /* the row step the teacher's closure acts on */
     const float *f = hist + bki_hist_off(Lq, Lk, t);
     double mean = 0.0;
-    for (int i = 0; i < Lq; i++) {
-        y[i] = (double)eps * f[i] + rho[i];
-        mean += y[i];
-    }
+    for (int i = 0; i < Lq; i++) mean += (double)eps * f[i] + rho[i];
     mean /= Lq;
-    for (int i = 0; i < Lq; i++) y[i] -= mean;
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++) y[i] = ((double)eps * f[i] + rho[i]) - mean;
+}
+
+/* Row sums r_i of the one-sided (key-normalised) plan from the score-space
+ * logit potential u: the engine's single half-step on the transposed logits
+ * Ct gives At = Pi^T (column-stochastic Pi), r_i = (1/Lk) sum_j At[j][i]
+ * (this member's rows; no sync at the end). Returns sum_j (1/Lk)
+ * LSE_i(Z_ij + u_i) in *F (nullable; every member, the same value). */
+static void one_sided_rows(const bki_team *tm, int Lq, int Lk, const float *Ct, const float *u, float *At,
+                           float *hist, float *scr, double *r, double *F)
+{
+    bki_sk_result res;
+    transposed_steps(tm, Lq, Lk, Ct, u, 1, At, hist, scr, &res);
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++) r[i] = 0.0;
+    for (int j = 0; j < Lk; j++) {
+        const float *a = At + (size_t)j * Lq;
+        for (int i = i0; i < i1; i++) r[i] += a[i];
+    }
+    for (int i = i0; i < i1; i++) r[i] /= Lk;
+    if (F) { /* row potential of the transposed problem: -log Lk - LSE_j */
+        double acc = 0.0;
+        for (int j = 0; j < Lk; j++) acc += -log((double)Lk) - (double)res.f[j];
+        *F = acc / Lk;
+    }
 }
 
 static int steps_of(bk_asap_variant v, int S)
@@ -177,43 +297,130 @@ static int steps_of(bk_asap_variant v, int S)
 /* ------------------------------------------------------------------------ */
 /* online operator                                                          */
 /* ------------------------------------------------------------------------ */
-static size_t fwd_thread_bytes(const bk_attn_desc *d, int L)
+/* One lane: the transposed logits and attention, the engine's scratch for
+ * the team, the features and the predicted dual. */
+static size_t fwd_lane_bytes(const bk_attn_desc *d, int L, int members)
 {
     const int Nq = d->Nq, Nk = d->Nk;
     size_t nm = (size_t)Nq * Nk;
-    return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up(bki_kern()->sk_scratch(Nk, Nq, 1) * sizeof(float)) +
-           bki_round_up(bki_hist_len(Nk, Nq, 3) * sizeof(float)) + feat_bytes(Nq, Nk, L) +
-           bki_round_up(sizeof(double) * (size_t)Nq * L) + 2 * bki_round_up(sizeof(double) * (size_t)Nq) +
+    return 2 * bki_round_up(nm * sizeof(float)) +
+           bki_round_up(sk_scratch_upto(Nk, Nq, members) * sizeof(float)) +
+           bki_round_up(bki_hist_len(Nk, Nq, 3) * sizeof(float)) + feat_bytes(Nq, Nk, L, members) +
+           bki_round_up(sizeof(double) * (size_t)Nq * L) + bki_round_up(sizeof(double) * (size_t)Nq) +
            bki_round_up(sizeof(float) * (size_t)Nq) + 8 * BK_ALIGN;
 }
 
 size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)
 {
     if (!desc || !layer || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || layer->slices < 1) return 0;
-    return (size_t)bki_work_threads(desc->B * desc->H) * fwd_thread_bytes(desc, layer->slices) + BK_ALIGN;
+    const bki_plan pl = bki_asap_plan(desc, layer->slices);
+    return (size_t)pl.lanes * fwd_lane_bytes(desc, layer->slices, plan_members(pl)) + BK_ALIGN;
 }
 
 typedef struct {
     float *Ct, *At, *scr, *hist, *u;
-    double *X, *fhat, *rho;
+    double *XT, *fhat;
     feat_scr fs;
-} fwd_slab;
+} fwd_lane;
 
-static fwd_slab fwd_take(char *base, size_t pt, const bk_attn_desc *d, int L)
+static fwd_lane fwd_take(char *lane, size_t lb, const bki_team *tm, int members, const bk_attn_desc *d, int L)
 {
-    bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
+    bki_arena ar = {lane, 0, lb - BK_ALIGN};
     const size_t nm = (size_t)d->Nq * d->Nk;
-    fwd_slab s;
+    fwd_lane s;
     s.Ct = bki_take(&ar, nm * sizeof(float));
     s.At = bki_take(&ar, nm * sizeof(float));
-    s.scr = bki_take(&ar, bki_kern()->sk_scratch(d->Nk, d->Nq, 1) * sizeof(float));
+    s.scr = bki_take(&ar, sk_scratch_upto(d->Nk, d->Nq, members) * sizeof(float));
     s.hist = bki_take(&ar, bki_hist_len(d->Nk, d->Nq, 3) * sizeof(float));
-    s.fs = feat_take(&ar, d->Nq, d->Nk, L);
-    s.X = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
+    s.fs = feat_take(&ar, tm, members, d->Nq, d->Nk, L);
+    s.XT = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
     s.fhat = bki_take(&ar, sizeof(double) * (size_t)d->Nq);
-    s.rho = bki_take(&ar, sizeof(double) * (size_t)d->Nq);
     s.u = bki_take(&ar, sizeof(float) * (size_t)d->Nq);
     return s;
+}
+
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_asap_layer *ly;
+    const float *fin;
+    const bk_tensor *q, *k, *v, *out;
+    const bk_asap_extras *ex;
+    int steps, members;
+    float alpha;
+    size_t lb;
+} fwd_ctx;
+
+/* One problem of the forward: features (unless the dual is given), the
+ * predicted dual and the warm start (rows shared), Z^T (tiled GEMM), the
+ * engine's 1-3 half-steps (team-aware), O = (Lq/Lk) At^T V (tiled GEMM);
+ * the attention's rows shared; member 0 writes padding, fhat and diag. */
+static void fwd_problem(const bki_team *tm, int p, char *lane, void *vctx)
+{
+    const fwd_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const bk_asap_layer *ly = x->ly;
+    const bk_tensor *out = x->out;
+    const bk_asap_extras *ex = x->ex;
+    const int L = ly->slices;
+    const fwd_lane w = fwd_take(lane, x->lb, tm, x->members, d, L);
+    const int b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const int live = Lq > 0 && Lk > 0;
+    bki_sk_result res = {0};
+    if (live) {
+        const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h), *Vb = bki_at(x->v, b, h);
+        if (!x->fin)
+            sliced_features(tm, &w.fs, Lq, Lk, d->d, L, ly->theta, ly->scale, Qb, x->q->stride_n, Kb,
+                            x->k->stride_n, w.XT);
+        int i0, i1;
+        bki_team_share(tm, Lq, &i0, &i1);
+        if (x->fin) {
+            for (int i = i0; i < i1; i++) w.fhat[i] = x->fin[(size_t)p * d->Nq + i];
+        } else { /* fhat_i = sum_l X_il omega_l, in slice order */
+            for (int i = i0; i < i1; i++) w.fhat[i] = 0.0;
+            for (int l = 0; l < L; l++) {
+                const double *xl = w.XT + (size_t)l * Lq, wl = ly->omega[l];
+                for (int i = i0; i < i1; i++) w.fhat[i] += xl[i] * wl;
+            }
+        }
+        for (int i = i0; i < i1; i++)
+            w.u[i] = (float)((w.fhat[i] - rho_row(d->d, ly->scale, Qb + (int64_t)i * x->q->stride_n)) / ly->eps);
+        bki_gemm(tm, 0, 1, Lk, Lq, d->d, x->alpha, Kb, x->k->stride_n, Qb, x->q->stride_n, 0.0f, w.Ct, Lq);
+        bki_team_sync(tm); /* Ct and u complete (fhat too, for member 0 below) */
+        transposed_steps(tm, Lq, Lk, w.Ct, w.u, x->steps, w.At, w.hist, w.scr, &res);
+        if (out) /* O = A V = (Lq/Lk) At^T V */
+            bki_gemm(tm, 1, 0, Lq, d->dv, Lk, (float)Lq / (float)Lk, w.At, Lq, Vb, x->v->stride_n, 0.0f,
+                     bki_at(out, b, h), out->stride_n);
+    }
+    if (ex && ex->attn.data) { /* rows shared over the team */
+        float *Ab = bki_at(&ex->attn, b, h);
+        const float r = live ? (float)Lq / (float)Lk : 0.0f;
+        int i0, i1;
+        bki_team_share(tm, d->Nq, &i0, &i1);
+        for (int i = i0; i < i1; i++) {
+            float *row = Ab + (int64_t)i * ex->attn.stride_n;
+            if (live && i < Lq) {
+                for (int j = 0; j < Lk; j++) row[j] = r * w.At[(size_t)j * Lq + i];
+                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+            } else {
+                memset(row, 0, sizeof(float) * (size_t)d->Nk);
+            }
+        }
+    }
+    if (tm->tid != 0) return;
+    if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, live ? Lq : 0, d->Nq, d->dv);
+    if (!ex) return;
+    if (ex->fhat) {
+        float *fo = ex->fhat + (size_t)p * d->Nq;
+        memset(fo, 0, sizeof(float) * (size_t)d->Nq);
+        if (live)
+            for (int i = 0; i < Lq; i++) fo[i] = (float)w.fhat[i];
+    }
+    if (ex->diag) { /* the transposed problem's rows are our columns */
+        ex->diag[p].iters = res.iters;
+        ex->diag[p].row_err = res.col_err;
+        ex->diag[p].col_err = res.row_err;
+    }
 }
 
 /* The forward, with the dual predicted from the features (fin NULL) or given
@@ -230,70 +437,17 @@ static bk_status forward_impl(const bk_attn_desc *d, const bk_asap_layer *ly, bk
     if ((s = bki_check_qkv(d, q, k, v))) return s;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
     const int L = ly->slices, P = d->B * d->H;
-    const float sc = ly->scale, alpha = sc / ly->eps, eps = ly->eps;
+    const float alpha = ly->scale / ly->eps;
     if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
-    const int steps = steps_of(variant, ly->teacher_iters);
-    const int nt = bki_work_threads(P);
-    const size_t pt = fwd_thread_bytes(d, L);
+    const bki_plan pl = bki_asap_plan(d, L);
+    const int members = plan_members(pl);
+    const size_t lb = fwd_lane_bytes(d, L, members);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, (size_t)nt * pt + BK_ALIGN, "bk_asap_workspace_size", &owned, &base))) return s;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        const fwd_slab w = fwd_take(base, pt, d, L);
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            const int live = Lq > 0 && Lk > 0;
-            bki_sk_result res = {0};
-            if (live) {
-                const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h);
-                if (!fin)
-                    sliced_features(&w.fs, Lq, Lk, d->d, L, ly->theta, sc, Qb, q->stride_n, Kb, k->stride_n, w.X);
-                rho_of(Lq, d->d, sc, Qb, q->stride_n, w.rho);
-                for (int i = 0; i < Lq; i++) {
-                    const double *xi = w.X + (size_t)i * L;
-                    double f = 0.0;
-                    if (fin) f = fin[(size_t)p * d->Nq + i];
-                    else
-                        for (int l = 0; l < L; l++) f += xi[l] * ly->omega[l];
-                    w.fhat[i] = f;
-                    w.u[i] = (float)((f - w.rho[i]) / eps);
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lk, Lq, d->d, alpha, Kb, (int)k->stride_n, Qb,
-                            (int)q->stride_n, 0.0f, w.Ct, Lq);
-                transposed_steps(Lq, Lk, w.Ct, w.u, steps, w.At, w.hist, w.scr, &res);
-                if (out) /* O = A V = (Lq/Lk) At^T V */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Lq, d->dv, Lk, (float)Lq / (float)Lk, w.At,
-                                Lq, Vb, (int)v->stride_n, 0.0f, bki_at(out, b, h), (int)out->stride_n);
-            }
-            if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, live ? Lq : 0, d->Nq, d->dv);
-            if (!ex) continue;
-            if (ex->attn.data) {
-                float *Ab = bki_at(&ex->attn, b, h);
-                const float r = live ? (float)Lq / (float)Lk : 0.0f;
-                for (int i = 0; i < d->Nq; i++) {
-                    float *row = Ab + (int64_t)i * ex->attn.stride_n;
-                    memset(row, 0, sizeof(float) * (size_t)d->Nk);
-                    if (live && i < Lq)
-                        for (int j = 0; j < Lk; j++) row[j] = r * w.At[(size_t)j * Lq + i];
-                }
-            }
-            if (ex->fhat) {
-                float *fo = ex->fhat + (size_t)p * d->Nq;
-                memset(fo, 0, sizeof(float) * (size_t)d->Nq);
-                if (live)
-                    for (int i = 0; i < Lq; i++) fo[i] = (float)w.fhat[i];
-            }
-            if (ex->diag) { /* the transposed problem's rows are our columns */
-                ex->diag[p].iters = res.iters;
-                ex->diag[p].row_err = res.col_err;
-                ex->diag[p].col_err = res.row_err;
-            }
-        }
-    }
+    if ((s = bki_workspace(ws, ws_size, (size_t)pl.lanes * lb + BK_ALIGN, "bk_asap_workspace_size", &owned, &base)))
+        return s;
+    fwd_ctx x = {d, ly, fin, q, k, v, out, ex, steps_of(variant, ly->teacher_iters), members, alpha, lb};
+    run_problems(P, pl, base, lb, fwd_problem, &x);
     free(owned);
     bki_clear_error();
     return BK_OK;
@@ -335,62 +489,102 @@ static bk_status check_qk(const bk_attn_desc *d, const bk_tensor *q, const bk_te
     return bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len);
 }
 
-/* Per-thread scratch of the teacher + features for problems up to Nq x Nk. */
-static size_t calib_thread_bytes(int Nq, int Nk, int d, int L, int S, int kl)
+typedef struct { /* what the KL fit keeps of one problem */
+    int Lq, Lk;
+    float *X;       /* [L x Lq], slice-major */
+    double *r, *rho;/* [Lq]     */
+    float *Q, *K;   /* [Lq x d], [Lk x d] */
+} kl_rec;
+
+/* One lane of the teacher + features for problems up to Nq x Nk (L = 0: the
+ * teacher alone; S = 0: the features alone; kl: room for the one-sided step
+ * on the transposed logits). */
+static size_t calib_lane_bytes(int Nq, int Nk, int L, int S, int kl, int members)
 {
-    size_t nm = (size_t)Nq * Nk;
-    size_t hl = bki_hist_len(Nq, Nk, S), ht = bki_hist_len(Nk, Nq, 1);
-    size_t sc = bki_kern()->sk_scratch(Nq, Nk, 1);
-    (void)d;
-    return 2 * bki_round_up(nm * sizeof(float)) + bki_round_up((hl > ht ? hl : ht) * sizeof(float)) +
-           bki_round_up(sc * sizeof(float)) + feat_bytes(Nq, Nk, L) + bki_round_up(sizeof(double) * (size_t)Nq * L) +
-           3 * bki_round_up(sizeof(double) * (size_t)Nq) + (kl ? bki_round_up(sizeof(float) * (size_t)Nq) : 0) +
-           8 * BK_ALIGN;
+    size_t b = (L > 0 ? feat_bytes(Nq, Nk, L, members) + bki_round_up(sizeof(double) * (size_t)Nq * L) : 0) +
+               8 * BK_ALIGN;
+    if (S < 1) return b;
+    const size_t nm = (size_t)Nq * Nk, hl = bki_hist_len(Nq, Nk, S), ht = bki_hist_len(Nk, Nq, 1);
+    const size_t sa = sk_scratch_upto(Nq, Nk, members), sb = kl ? sk_scratch_upto(Nk, Nq, members) : 0;
+    return b + 2 * bki_round_up(nm * sizeof(float)) + bki_round_up((hl > ht ? hl : ht) * sizeof(float)) +
+           bki_round_up((sa > sb ? sa : sb) * sizeof(float)) + 2 * bki_round_up(sizeof(double) * (size_t)Nq) +
+           (kl ? bki_round_up(sizeof(float) * (size_t)Nq) : 0);
 }
 
 typedef struct {
     float *C, *A, *hist, *scr, *u;
-    double *X, *y, *rho, *r;
+    double *XT, *y, *rho;
     feat_scr fs;
-} calib_slab;
+} calib_lane;
 
-static calib_slab calib_take(char *base, size_t pt, int Nq, int Nk, int L, int S, int kl)
+static calib_lane calib_take(char *lane, size_t lb, const bki_team *tm, int members, int Nq, int Nk, int L, int S,
+                             int kl)
 {
-    bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
-    size_t nm = (size_t)Nq * Nk, hl = bki_hist_len(Nq, Nk, S), ht = bki_hist_len(Nk, Nq, 1);
-    calib_slab w;
+    bki_arena ar = {lane, 0, lb - BK_ALIGN};
+    calib_lane w;
+    memset(&w, 0, sizeof w);
+    if (L > 0) {
+        w.fs = feat_take(&ar, tm, members, Nq, Nk, L);
+        w.XT = bki_take(&ar, sizeof(double) * (size_t)Nq * L);
+    }
+    if (S < 1) return w;
+    const size_t nm = (size_t)Nq * Nk, hl = bki_hist_len(Nq, Nk, S), ht = bki_hist_len(Nk, Nq, 1);
+    const size_t sa = sk_scratch_upto(Nq, Nk, members), sb = kl ? sk_scratch_upto(Nk, Nq, members) : 0;
     w.C = bki_take(&ar, nm * sizeof(float));
     w.A = bki_take(&ar, nm * sizeof(float));
     w.hist = bki_take(&ar, (hl > ht ? hl : ht) * sizeof(float));
-    w.scr = bki_take(&ar, bki_kern()->sk_scratch(Nq, Nk, 1) * sizeof(float));
-    w.fs = feat_take(&ar, Nq, Nk, L);
-    w.X = bki_take(&ar, sizeof(double) * (size_t)Nq * L);
+    w.scr = bki_take(&ar, (sa > sb ? sa : sb) * sizeof(float));
     w.y = bki_take(&ar, sizeof(double) * (size_t)Nq);
     w.rho = bki_take(&ar, sizeof(double) * (size_t)Nq);
-    w.r = bki_take(&ar, sizeof(double) * (size_t)Nq);
     w.u = kl ? bki_take(&ar, sizeof(float) * (size_t)Nq) : NULL;
     return w;
 }
 
-/* Row sums r_i of the one-sided (key-normalised) plan from the score-space
- * logit potential u: the engine's single half-step on the transposed logits
- * Ct gives At = Pi^T (column-stochastic Pi), r_i = (1/Lk) sum_j At[j][i].
- * Returns sum_j (1/Lk) LSE_i(Z_ij + u_i) in *F (nullable). */
-static void one_sided_rows(int Lq, int Lk, const float *Ct, const float *u, float *At, float *hist, float *scr,
-                           double *r, double *F)
+/* The teacher's part of one problem: C = (s/eps) Q K^T (tiled GEMM) and rho
+ * (rows shared), then the teacher and its target y (this member's rows). */
+static void teacher_problem(const bki_team *tm, const calib_lane *w, int Lq, int Lk, int d, float sc, float eps,
+                            int S, const float *Qb, int64_t sq, const float *Kb, int64_t sk)
 {
-    bki_sk_result res;
-    transposed_steps(Lq, Lk, Ct, u, 1, At, hist, scr, &res);
-    for (int i = 0; i < Lq; i++) r[i] = 0.0;
-    for (int j = 0; j < Lk; j++) {
-        const float *a = At + (size_t)j * Lq;
-        for (int i = 0; i < Lq; i++) r[i] += a[i];
-    }
-    for (int i = 0; i < Lq; i++) r[i] /= Lk;
-    if (F) { /* row potential of the transposed problem: -log Lk - LSE_j */
-        double acc = 0.0;
-        for (int j = 0; j < Lk; j++) acc += -log((double)Lk) - (double)res.f[j];
-        *F = acc / Lk;
+    bki_gemm(tm, 0, 1, Lq, Lk, d, sc / eps, Qb, sq, Kb, sk, 0.0f, w->C, Lk);
+    rho_rows(tm, Lq, d, sc, Qb, sq, w->rho);
+    bki_team_sync(tm);
+    teacher_target(tm, Lq, Lk, w->C, S, eps, w->rho, w->A, w->hist, w->scr, w->y);
+}
+
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_tensor *q, *k;
+    const float *theta;
+    float scale, eps;
+    int L, S, kl, members;
+    size_t lb;
+    float *out;          /* features: [P][Nq][L]; teacher: [P][Nq]    */
+    double *part;        /* calibration: [P][blk]                      */
+    kl_rec *recs;        /* calibration with keep_kl: [P]              */
+} calib_ctx;
+
+/* One problem of bk_asap_features: the features (team), then X [Nq x L]
+ * float out, rows shared (padded rows zero). */
+static void features_problem(const bki_team *tm, int p, char *lane, void *vctx)
+{
+    const calib_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const int L = x->L, b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const int live = Lq > 0 && Lk > 0;
+    const calib_lane w = calib_take(lane, x->lb, tm, x->members, d->Nq, d->Nk, L, 0, 0);
+    if (live)
+        sliced_features(tm, &w.fs, Lq, Lk, d->d, L, x->theta, x->scale, bki_at(x->q, b, h), x->q->stride_n,
+                        bki_at(x->k, b, h), x->k->stride_n, w.XT);
+    float *o = x->out + (size_t)p * d->Nq * L;
+    int i0, i1;
+    bki_team_share(tm, d->Nq, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *oi = o + (size_t)i * L;
+        if (live && i < Lq)
+            for (int l = 0; l < L; l++) oi[l] = (float)w.XT[(size_t)l * Lq + i];
+        else
+            memset(oi, 0, sizeof(float) * (size_t)L);
     }
 }
 
@@ -402,31 +596,38 @@ bk_status bk_asap_features(const bk_attn_desc *d, const bk_asap_layer *ly, const
     if ((s = check_layer(ly))) return s;
     if (d->d != ly->d) return bki_fail(BK_ERR_SHAPE, "head dim d=%d does not match the layer's d=%d", d->d, ly->d);
     if (!Xout) return bki_fail(BK_ERR_NULL, "feature output is NULL");
-    const int P = d->B * d->H, L = ly->slices, nt = bki_work_threads(P);
-    const size_t pt = feat_bytes(d->Nq, d->Nk, L) + bki_round_up(sizeof(double) * (size_t)d->Nq * L) + 2 * BK_ALIGN;
-    char *base = malloc((size_t)nt * pt + BK_ALIGN);
+    const int P = d->B * d->H, L = ly->slices;
+    const bki_plan pl = bki_asap_plan(d, L);
+    const int members = plan_members(pl);
+    const size_t lb = calib_lane_bytes(d->Nq, d->Nk, L, 0, 0, members);
+    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP features)");
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
-        feat_scr fs = feat_take(&ar, d->Nq, d->Nk, L);
-        double *X = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            float *o = Xout + (size_t)p * d->Nq * L;
-            memset(o, 0, sizeof(float) * (size_t)d->Nq * L);
-            if (Lq == 0 || Lk == 0) continue;
-            sliced_features(&fs, Lq, Lk, d->d, L, ly->theta, ly->scale, bki_at(q, b, h), q->stride_n, bki_at(k, b, h),
-                            k->stride_n, X);
-            for (size_t i = 0; i < (size_t)Lq * L; i++) o[i] = (float)X[i];
-        }
-    }
+    calib_ctx x = {d, q, k, ly->theta, ly->scale, ly->eps, L, 0, 0, members, lb, Xout, NULL, NULL};
+    run_problems(P, pl, base, lb, features_problem, &x);
     free(base);
     bki_clear_error();
     return BK_OK;
+}
+
+/* One problem of bk_asap_teacher_dual: the teacher (team) and its target y
+ * out as float, each member its own rows (member 0 the padded rows). */
+static void teacher_dual_problem(const bki_team *tm, int p, char *lane, void *vctx)
+{
+    const calib_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const int b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const int live = Lq > 0 && Lk > 0;
+    float *o = x->out + (size_t)p * d->Nq;
+    if (live) {
+        const calib_lane w = calib_take(lane, x->lb, tm, x->members, d->Nq, d->Nk, 0, x->S, 0);
+        teacher_problem(tm, &w, Lq, Lk, d->d, x->scale, x->eps, x->S, bki_at(x->q, b, h), x->q->stride_n,
+                        bki_at(x->k, b, h), x->k->stride_n);
+        int i0, i1;
+        bki_team_share(tm, Lq, &i0, &i1);
+        for (int i = i0; i < i1; i++) o[i] = (float)w.y[i];
+    }
+    if (tm->tid == 0) memset(o + (live ? Lq : 0), 0, sizeof(float) * (size_t)(d->Nq - (live ? Lq : 0)));
 }
 
 bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg, const bk_tensor *q,
@@ -439,29 +640,14 @@ bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg,
     if (!y) return bki_fail(BK_ERR_NULL, "target output is NULL");
     const float sc = resolve_scale(cfg->scale, d->d), alpha = sc / cfg->eps;
     if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
-    const int P = d->B * d->H, nt = bki_work_threads(P), S = cfg->teacher_iters;
-    const size_t pt = calib_thread_bytes(d->Nq, d->Nk, d->d, 1, S, 0);
-    char *base = malloc((size_t)nt * pt + BK_ALIGN);
+    const int P = d->B * d->H, S = cfg->teacher_iters;
+    const bki_plan pl = bki_asap_plan(d, 0);
+    const int members = plan_members(pl);
+    const size_t lb = calib_lane_bytes(d->Nq, d->Nk, 0, S, 0, members);
+    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP teacher)");
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        calib_slab w = calib_take(base, pt, d->Nq, d->Nk, 1, S, 0);
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            float *o = y + (size_t)p * d->Nq;
-            memset(o, 0, sizeof(float) * (size_t)d->Nq);
-            if (Lq == 0 || Lk == 0) continue;
-            const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb, (int)q->stride_n, Kb,
-                        (int)k->stride_n, 0.0f, w.C, Lk);
-            rho_of(Lq, d->d, sc, Qb, q->stride_n, w.rho);
-            teacher_target(Lq, Lk, w.C, S, cfg->eps, w.rho, w.A, w.hist, w.scr, w.y);
-            for (int i = 0; i < Lq; i++) o[i] = (float)w.y[i];
-        }
-    }
+    calib_ctx x = {d, q, k, NULL, sc, cfg->eps, 0, S, 0, members, lb, y, NULL, NULL};
+    run_problems(P, pl, base, lb, teacher_dual_problem, &x);
     free(base);
     bki_clear_error();
     return BK_OK;
@@ -470,13 +656,6 @@ bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg,
 /* ------------------------------------------------------------------------ */
 /* calibration                                                              */
 /* ------------------------------------------------------------------------ */
-typedef struct { /* what the KL fit keeps of one problem */
-    int Lq, Lk;
-    float *X;       /* [Lq x L] */
-    double *r, *rho;/* [Lq]     */
-    float *Q, *K;   /* [Lq x d], [Lk x d] */
-} kl_rec;
-
 struct bk_asap_calib {
     bk_asap_config cfg;  /* scale resolved, theta pointing at own copy */
     float *theta;
@@ -559,9 +738,68 @@ void bk_asap_calib_free(bk_asap_calib *c)
     free(c);
 }
 
-static void copy_rows(float *dst, const float *src, int64_t stride, int rows, int d)
+/* Rows of the Gram block per tile: the blocks X^T X and X^T y of a problem
+ * are cut into tiles of this many rows (a constant: the partition depends on
+ * L only), each tile one double BLAS call over all of the problem's rows. */
+#define GRAM_TILE 8
+
+/* One problem of bk_asap_calib_add: the teacher and its target, the features
+ * (team), the per-problem blocks G_p = X^T X, c_p = X^T y (Gram tiles shared
+ * over the team) and yy_p = y^T y (member 0); with keep_kl, the one-sided
+ * row sums of the teacher's dual and the problem's record (rows, slices
+ * shared). Problems without a valid query or key get a zero block. */
+static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
 {
-    for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * d, src + (int64_t)i * stride, sizeof(float) * (size_t)d);
+    const calib_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const int L = x->L, b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const size_t blk = (size_t)L * L + L + 1;
+    double *pp = x->part + blk * (size_t)p;
+    if (Lq <= 0 || Lk <= 0) {
+        if (tm->tid == 0) memset(pp, 0, sizeof(double) * blk);
+        return;
+    }
+    const calib_lane w = calib_take(lane, x->lb, tm, x->members, d->Nq, d->Nk, L, x->S, x->kl);
+    const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h);
+    const int64_t sq = x->q->stride_n, sk = x->k->stride_n;
+    teacher_problem(tm, &w, Lq, Lk, d->d, x->scale, x->eps, x->S, Qb, sq, Kb, sk);
+    /* its syncs also complete y and free C, A, hist and the engine's scratch */
+    sliced_features(tm, &w.fs, Lq, Lk, d->d, L, x->theta, x->scale, Qb, sq, Kb, sk, w.XT);
+    /* G_p = X^T X, c_p = X^T y, yy_p = y^T y (X^T = XT is slice-major) */
+    int t0, t1;
+    bki_team_share(tm, (L + GRAM_TILE - 1) / GRAM_TILE, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const int a0 = t * GRAM_TILE, na = L - a0 < GRAM_TILE ? L - a0 : GRAM_TILE;
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, na, L, Lq, 1.0, w.XT + (size_t)a0 * Lq, Lq, w.XT, Lq, 0.0,
+                    pp + (size_t)a0 * L, L);
+        cblas_dgemv(CblasRowMajor, CblasNoTrans, na, Lq, 1.0, w.XT + (size_t)a0 * Lq, Lq, w.y, 1, 0.0,
+                    pp + (size_t)L * L + a0, 1);
+    }
+    if (tm->tid == 0) {
+        double yy = 0.0;
+        for (int i = 0; i < Lq; i++) yy += w.y[i] * w.y[i];
+        pp[(size_t)L * L + L] = yy;
+    }
+    if (!x->kl) return;
+    kl_rec *r = &x->recs[p];
+    const float alpha = x->scale / x->eps;
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++) w.u[i] = (float)((w.y[i] - w.rho[i]) / x->eps);
+    bki_gemm(tm, 0, 1, Lk, Lq, d->d, alpha, Kb, sk, Qb, sq, 0.0f, w.C, Lq);
+    bki_team_sync(tm);
+    one_sided_rows(tm, Lq, Lk, w.C, w.u, w.A, w.hist, w.scr, r->r, NULL);
+    int l0, l1;
+    bki_team_share(tm, L, &l0, &l1);
+    for (size_t i = (size_t)l0 * Lq; i < (size_t)l1 * Lq; i++) r->X[i] = (float)w.XT[i];
+    for (int i = i0; i < i1; i++) {
+        r->rho[i] = w.rho[i];
+        memcpy(r->Q + (size_t)i * d->d, Qb + (int64_t)i * sq, sizeof(float) * (size_t)d->d);
+    }
+    int j0, j1;
+    bki_team_share(tm, Lk, &j0, &j1);
+    for (int j = j0; j < j1; j++) memcpy(r->K + (size_t)j * d->d, Kb + (int64_t)j * sk, sizeof(float) * (size_t)d->d);
 }
 
 bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_tensor *q, const bk_tensor *k)
@@ -580,9 +818,10 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
     const size_t blk = (size_t)L * L + L + 1;
     double *part = malloc(sizeof(double) * blk * (size_t)P);
     kl_rec *recs = kl ? calloc((size_t)P, sizeof(kl_rec)) : NULL;
-    const int nt = bki_work_threads(P);
-    const size_t pt = calib_thread_bytes(d->Nq, d->Nk, d->d, L, S, kl);
-    char *base = malloc((size_t)nt * pt + BK_ALIGN);
+    const bki_plan pl = bki_asap_plan(d, L);
+    const int members = plan_members(pl);
+    const size_t lb = calib_lane_bytes(d->Nq, d->Nk, L, S, kl, members);
+    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
     int nomem = 0;
     if (!part || !base || (kl && !recs)) nomem = 1;
     if (kl && !nomem) /* allocate the records before the parallel region */
@@ -608,42 +847,8 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
         free(base);
         return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP calibration)");
     }
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        calib_slab w = calib_take(base, pt, d->Nq, d->Nk, L, S, kl);
-#pragma omp for schedule(static)
-        for (int p = 0; p < P; p++) {
-            const int b = p / d->H, h = p % d->H;
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            double *pp = part + blk * (size_t)p;
-            memset(pp, 0, sizeof(double) * blk);
-            if (Lq <= 0 || Lk <= 0) continue;
-            const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, Lk, d->d, alpha, Qb, (int)q->stride_n, Kb,
-                        (int)k->stride_n, 0.0f, w.C, Lk);
-            rho_of(Lq, d->d, sc, Qb, q->stride_n, w.rho);
-            teacher_target(Lq, Lk, w.C, S, eps, w.rho, w.A, w.hist, w.scr, w.y);
-            sliced_features(&w.fs, Lq, Lk, d->d, L, c->theta, sc, Qb, q->stride_n, Kb, k->stride_n, w.X);
-            /* G_p = X^T X, c_p = X^T y, yy_p = y^T y */
-            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, L, Lq, 1.0, w.X, L, w.X, L, 0.0, pp, L);
-            cblas_dgemv(CblasRowMajor, CblasTrans, Lq, L, 1.0, w.X, L, w.y, 1, 0.0, pp + (size_t)L * L, 1);
-            double yy = 0.0;
-            for (int i = 0; i < Lq; i++) yy += w.y[i] * w.y[i];
-            pp[(size_t)L * L + L] = yy;
-            if (kl) {
-                kl_rec *r = &recs[p];
-                for (int i = 0; i < Lq; i++) w.u[i] = (float)((w.y[i] - w.rho[i]) / eps);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lk, Lq, d->d, alpha, Kb, (int)k->stride_n, Qb,
-                            (int)q->stride_n, 0.0f, w.C, Lq);
-                one_sided_rows(Lq, Lk, w.C, w.u, w.A, w.hist, w.scr, r->r, NULL);
-                for (size_t i = 0; i < (size_t)Lq * L; i++) r->X[i] = (float)w.X[i];
-                memcpy(r->rho, w.rho, sizeof(double) * (size_t)Lq);
-                copy_rows(r->Q, Qb, q->stride_n, Lq, d->d);
-                copy_rows(r->K, Kb, k->stride_n, Lk, d->d);
-            }
-        }
-    }
+    calib_ctx x = {d, q, k, c->theta, sc, eps, L, S, kl, members, lb, NULL, part, recs};
+    run_problems(P, pl, base, lb, calib_problem, &x);
     free(base);
     /* sum the blocks in problem order */
     int64_t added = 0, rows = 0;
@@ -699,69 +904,129 @@ static int chol_solve(int L, const double *A, const double *rhs, double *x, doub
     return 1;
 }
 
-/* KL objective over the records at w: J, gradient and (if H) Hessian, all
- * without the ridge. Per-record blocks in parallel, summed in record order. */
-static bk_status kl_eval(const bk_asap_calib *c, const double *w, double *J, double *g, double *H, double *part,
-                         char *base, size_t pt)
+/* ---- the KL objective: records run as problems --------------------------- */
+typedef struct {
+    float *Ct, *At, *scr, *hist, *u, *W, *XD;
+    double *v, *rh;
+} kl_lane;
+
+static size_t kl_lane_bytes(int maxq, int maxk, int L, int members)
 {
+    const size_t nm = (size_t)maxq * maxk;
+    return 2 * bki_round_up(nm * sizeof(float)) +
+           bki_round_up(sk_scratch_upto(maxk, maxq, members) * sizeof(float)) +
+           bki_round_up(bki_hist_len(maxk, maxq, 1) * sizeof(float)) + bki_round_up(sizeof(float) * (size_t)maxq) +
+           bki_round_up(sizeof(float) * (size_t)maxk * L) + bki_round_up(sizeof(float) * (size_t)maxq * L) +
+           2 * bki_round_up(sizeof(double) * (size_t)maxq) + 12 * BK_ALIGN;
+}
+
+static kl_lane kl_take(char *lane, size_t lb, int maxq, int maxk, int L, int members)
+{
+    bki_arena ar = {lane, 0, lb - BK_ALIGN};
+    const size_t nm = (size_t)maxq * maxk;
+    kl_lane w;
+    w.Ct = bki_take(&ar, nm * sizeof(float));
+    w.At = bki_take(&ar, nm * sizeof(float));
+    w.scr = bki_take(&ar, sk_scratch_upto(maxk, maxq, members) * sizeof(float));
+    w.hist = bki_take(&ar, bki_hist_len(maxk, maxq, 1) * sizeof(float));
+    w.u = bki_take(&ar, sizeof(float) * (size_t)maxq);
+    w.W = bki_take(&ar, sizeof(float) * (size_t)maxk * L);
+    w.XD = bki_take(&ar, sizeof(float) * (size_t)maxq * L);
+    w.v = bki_take(&ar, sizeof(double) * (size_t)maxq);
+    w.rh = bki_take(&ar, sizeof(double) * (size_t)maxq);
+    return w;
+}
+
+/* The plan of the KL objective's records (each a problem of at most maxq x
+ * maxk); kl_fit sizes its lanes with it and passes it to every kl_eval. */
+static bki_plan kl_plan(const bk_asap_calib *c)
+{
+    const bk_attn_desc d = {(int)c->nrec, 1, c->maxq, c->maxk, c->cfg.d, 1, NULL, NULL};
+    return bki_asap_plan(&d, c->cfg.slices);
+}
+
+typedef struct {
+    const bk_asap_calib *c;
+    const double *w;
+    double *part;
+    int hess, members;
+    size_t lb;
+} kl_ctx;
+
+/* One record's block: J_m = eps F - <r, X w> (member 0), gradient X^T (rhat -
+ * r) (slices shared), and if hess the Hessian block (1/eps) [X^T diag(rhat)
+ * X - (1/Lk) W W^T], W = X^T Pi (L x Lk, tiled GEMM; Hessian rows shared).
+ * Every entry is one member's sum in row (or key) order. */
+static void kl_problem(const bki_team *tm, int m, char *lane, void *vctx)
+{
+    const kl_ctx *x = vctx;
+    const bk_asap_calib *c = x->c;
     const int L = c->cfg.slices, d = c->cfg.d;
     const float eps = c->cfg.eps, alpha = c->cfg.scale / eps;
-    const int64_t R = c->nrec;
-    const size_t blk = (size_t)L * L + L + 1;
-    const int nt = bki_work_threads(R > 1 << 30 ? 1 << 30 : (int)R);
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        bki_arena ar = {bki_align_ptr(base + (size_t)bki_thread_id() * pt), 0, pt - BK_ALIGN};
-        const size_t nm = (size_t)c->maxq * c->maxk;
-        float *Ct = bki_take(&ar, nm * sizeof(float));
-        float *At = bki_take(&ar, nm * sizeof(float));
-        float *scr = bki_take(&ar, bki_kern()->sk_scratch(c->maxk, c->maxq, 1) * sizeof(float));
-        float *hist = bki_take(&ar, bki_hist_len(c->maxk, c->maxq, 1) * sizeof(float));
-        float *u = bki_take(&ar, sizeof(float) * (size_t)c->maxq);
-        double *f = bki_take(&ar, sizeof(double) * (size_t)c->maxq);
-        double *rh = bki_take(&ar, sizeof(double) * (size_t)c->maxq);
-        float *WT = bki_take(&ar, sizeof(float) * (size_t)c->maxk * L);
-        float *XD = bki_take(&ar, sizeof(float) * (size_t)c->maxq * L);
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < R; m++) {
-            const kl_rec *r = &c->rec[m];
-            const int Lq = r->Lq, Lk = r->Lk;
-            double *pp = part + blk * (size_t)m;
-            double lin = 0.0, F = 0.0;
-            for (int i = 0; i < Lq; i++) {
-                const float *xi = r->X + (size_t)i * L;
-                double v = 0.0;
-                for (int l = 0; l < L; l++) v += (double)xi[l] * w[l];
-                f[i] = v;
-                lin += r->r[i] * v;
-                u[i] = (float)((v - r->rho[i]) / eps);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lk, Lq, d, alpha, r->K, d, r->Q, d, 0.0f, Ct, Lq);
-            one_sided_rows(Lq, Lk, Ct, u, At, hist, scr, rh, &F);
-            pp[(size_t)L * L + L] = (double)eps * F - lin;
-            /* gradient X^T (rhat - r) */
-            double *gp = pp + (size_t)L * L;
-            for (int l = 0; l < L; l++) gp[l] = 0.0;
-            for (int i = 0; i < Lq; i++) {
-                const float *xi = r->X + (size_t)i * L;
-                const double e = rh[i] - r->r[i];
-                for (int l = 0; l < L; l++) gp[l] += (double)xi[l] * e;
-            }
-            if (H) { /* (1/eps) [X^T diag(rhat) X - (1/Lk) W W^T], W^T = At X */
-                for (int i = 0; i < Lq; i++)
-                    for (int l = 0; l < L; l++) XD[(size_t)i * L + l] = r->X[(size_t)i * L + l] * (float)rh[i];
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Lk, L, Lq, 1.0f, At, Lq, r->X, L, 0.0f, WT, L);
-                for (int a = 0; a < L; a++)
-                    for (int bb = 0; bb < L; bb++) {
-                        double s1 = 0.0, s2 = 0.0;
-                        for (int i = 0; i < Lq; i++) s1 += (double)XD[(size_t)i * L + a] * r->X[(size_t)i * L + bb];
-                        for (int j = 0; j < Lk; j++) s2 += (double)WT[(size_t)j * L + a] * WT[(size_t)j * L + bb];
-                        pp[(size_t)a * L + bb] = (s1 - s2 / Lk) / eps;
-                    }
-            }
+    const kl_rec *r = &c->rec[m];
+    const int Lq = r->Lq, Lk = r->Lk;
+    const kl_lane w = kl_take(lane, x->lb, c->maxq, c->maxk, L, x->members);
+    double *pp = x->part + ((size_t)L * L + L + 1) * (size_t)m;
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++) w.v[i] = 0.0;
+    for (int l = 0; l < L; l++) { /* v = X w, in slice order */
+        const float *xl = r->X + (size_t)l * Lq;
+        const double wl = x->w[l];
+        for (int i = i0; i < i1; i++) w.v[i] += (double)xl[i] * wl;
+    }
+    for (int i = i0; i < i1; i++) w.u[i] = (float)((w.v[i] - r->rho[i]) / eps);
+    bki_gemm(tm, 0, 1, Lk, Lq, d, alpha, r->K, d, r->Q, d, 0.0f, w.Ct, Lq);
+    bki_team_sync(tm);
+    double F = 0.0;
+    one_sided_rows(tm, Lq, Lk, w.Ct, w.u, w.At, w.hist, w.scr, w.rh, &F);
+    bki_team_sync(tm); /* v and rhat complete */
+    int l0, l1;
+    bki_team_share(tm, L, &l0, &l1);
+    if (tm->tid == 0) {
+        double lin = 0.0;
+        for (int i = 0; i < Lq; i++) lin += r->r[i] * w.v[i];
+        pp[(size_t)L * L + L] = (double)eps * F - lin;
+    }
+    /* gradient X^T (rhat - r) */
+    double *gp = pp + (size_t)L * L;
+    for (int l = l0; l < l1; l++) {
+        const float *xl = r->X + (size_t)l * Lq;
+        double s = 0.0;
+        for (int i = 0; i < Lq; i++) s += (double)xl[i] * (w.rh[i] - r->r[i]);
+        gp[l] = s;
+    }
+    if (!x->hess) return;
+    for (int l = l0; l < l1; l++) { /* XD = X^T diag(rhat), slice-major */
+        const float *xl = r->X + (size_t)l * Lq;
+        float *dl = w.XD + (size_t)l * Lq;
+        for (int i = 0; i < Lq; i++) dl[i] = xl[i] * (float)w.rh[i];
+    }
+    bki_gemm(tm, 0, 1, L, Lk, Lq, 1.0f, r->X, Lq, w.At, Lq, 0.0f, w.W, Lk);
+    bki_team_sync(tm); /* XD and W complete */
+    for (int a = l0; a < l1; a++) {
+        const float *da = w.XD + (size_t)a * Lq, *wa = w.W + (size_t)a * Lk;
+        for (int bb = 0; bb < L; bb++) {
+            const float *xb = r->X + (size_t)bb * Lq, *wb = w.W + (size_t)bb * Lk;
+            double s1 = 0.0, s2 = 0.0;
+            for (int i = 0; i < Lq; i++) s1 += (double)da[i] * xb[i];
+            for (int j = 0; j < Lk; j++) s2 += (double)wa[j] * wb[j];
+            pp[(size_t)a * L + bb] = (s1 - s2 / Lk) / eps;
         }
     }
+}
+
+/* KL objective over the records at w: J, gradient and (if H) Hessian, all
+ * without the ridge. Per-record blocks (each by a team or one thread, as pl
+ * says), summed in record order. */
+static void kl_eval(const bk_asap_calib *c, bki_plan pl, const double *w, double *J, double *g, double *H,
+                    double *part, char *base, size_t lb)
+{
+    const int L = c->cfg.slices;
+    const int64_t R = c->nrec;
+    const size_t blk = (size_t)L * L + L + 1;
+    kl_ctx x = {c, w, part, H != NULL, plan_members(pl), lb};
+    run_problems((int)R, pl, base, lb, kl_problem, &x);
     *J = 0.0;
     for (int l = 0; l < L; l++) g[l] = 0.0;
     if (H) memset(H, 0, sizeof(double) * (size_t)L * L);
@@ -772,26 +1037,18 @@ static bk_status kl_eval(const bk_asap_calib *c, const double *w, double *J, dou
         if (H)
             for (size_t i = 0; i < (size_t)L * L; i++) H[i] += pp[i];
     }
-    return BK_OK;
 }
 
 static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double *w, bk_asap_fit_report *rep)
 {
-    const int L = c->cfg.slices, d = c->cfg.d;
+    const int L = c->cfg.slices;
     const double lam = c->cfg.lambda;
     const int64_t R = c->nrec;
     const size_t blk = (size_t)L * L + L + 1;
-    const int nt = bki_work_threads(R > 1 << 30 ? 1 << 30 : (int)R);
-    const size_t nm = (size_t)c->maxq * c->maxk;
-    const size_t pt = 2 * bki_round_up(nm * sizeof(float)) +
-                      bki_round_up(bki_kern()->sk_scratch(c->maxk, c->maxq, 1) * sizeof(float)) +
-                      bki_round_up(bki_hist_len(c->maxk, c->maxq, 1) * sizeof(float)) +
-                      bki_round_up(sizeof(float) * (size_t)c->maxq) + 2 * bki_round_up(sizeof(double) * (size_t)c->maxq) +
-                      bki_round_up(sizeof(float) * (size_t)c->maxk * L) + bki_round_up(sizeof(float) * (size_t)c->maxq * L) +
-                      12 * BK_ALIGN;
-    (void)d;
+    const bki_plan pl = kl_plan(c);
+    const size_t lb = kl_lane_bytes(c->maxq, c->maxk, L, plan_members(pl));
     double *part = malloc(sizeof(double) * blk * (size_t)R);
-    char *base = malloc((size_t)nt * pt + BK_ALIGN);
+    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
     double *buf = malloc(sizeof(double) * (size_t)(3 * L * L + 6 * L));
     if (!part || !base || !buf) {
         free(part);
@@ -801,7 +1058,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
     }
     double *H = buf, *work = H + (size_t)L * L, *g = work + (size_t)L * L, *dw = g + L, *wt = dw + L, *gt = wt + L;
     double J, Jt;
-    kl_eval(c, w, &J, g, H, part, base, pt);
+    kl_eval(c, pl, w, &J, g, H, part, base, lb);
     double wn = 0.0;
     for (int l = 0; l < L; l++) wn += w[l] * w[l];
     J += 0.5 * lam * wn;
@@ -834,7 +1091,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
         int accepted = 0;
         for (int bt = 0; bt < 40; bt++) {
             for (int l = 0; l < L; l++) wt[l] = w[l] - t * dw[l];
-            kl_eval(c, wt, &Jt, gt, NULL, part, base, pt);
+            kl_eval(c, pl, wt, &Jt, gt, NULL, part, base, lb);
             double wn2 = 0.0;
             for (int l = 0; l < L; l++) wn2 += wt[l] * wt[l];
             Jt += 0.5 * lam * wn2;
@@ -848,7 +1105,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
         memcpy(w, wt, sizeof(double) * (size_t)L);
         J = Jt;
         it++;
-        kl_eval(c, w, &J, g, H, part, base, pt);
+        kl_eval(c, pl, w, &J, g, H, part, base, lb);
         wn = 0.0;
         for (int l = 0; l < L; l++) wn += w[l] * w[l];
         J += 0.5 * lam * wn;
@@ -1091,9 +1348,108 @@ bk_status bk_asap_load(const char *path, bk_asap_layer *ly)
     return BK_OK;
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* fidelity metrics                                                         */
 /* ------------------------------------------------------------------------ */
+/* Per problem: rows in blocks of bki_row_block(Lq) (shared over the team),
+ * each block's partial sums (and its partial column sums of A) in row order,
+ * then the blocks summed in block order; the problems' metrics are averaged
+ * in problem order. */
+enum { CMP_E2, CMP_R2, CMP_DA, CMP_NA, CMP_ROW, CMP_N };
+
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_tensor *out, *out_ref, *attn, *attn_ref;
+    int with_a;
+    size_t lb;
+    double *res; /* [P][5]: output RMSE, output RMS, attention rel. L2, row error, column error */
+} cmp_ctx;
+
+static size_t cmp_lane_bytes(const bk_attn_desc *d, int with_a)
+{
+    int nb = 1; /* the most row blocks of any valid length up to Nq (not monotone in it) */
+    for (int n = 1; n <= d->Nq; n++) {
+        const int b = bki_nblocks(n, bki_row_block(n));
+        nb = b > nb ? b : nb;
+    }
+    return bki_round_up(sizeof(double) * (size_t)nb * CMP_N) +
+           (with_a ? bki_round_up(sizeof(double) * (size_t)nb * d->Nk) + bki_round_up(sizeof(double) * (size_t)d->Nk)
+                   : 0) +
+           4 * BK_ALIGN;
+}
+
+static void cmp_problem(const bki_team *tm, int p, char *lane, void *vctx)
+{
+    const cmp_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const int b = p / d->H, h = p % d->H;
+    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    if (Lq == 0 || Lk == 0) return;
+    bki_arena ar = {lane, 0, x->lb - BK_ALIGN};
+    const int rb = bki_row_block(Lq), nb = bki_nblocks(Lq, rb);
+    double *bs = bki_take(&ar, sizeof(double) * (size_t)nb * CMP_N);
+    double *cpart = x->with_a ? bki_take(&ar, sizeof(double) * (size_t)nb * Lk) : NULL;
+    double *col = x->with_a ? bki_take(&ar, sizeof(double) * (size_t)Lk) : NULL;
+    const float *O = bki_at(x->out, b, h), *Or = bki_at(x->out_ref, b, h);
+    const float *A = x->with_a ? bki_at(x->attn, b, h) : NULL, *Ar = x->with_a ? bki_at(x->attn_ref, b, h) : NULL;
+    int b0, b1;
+    bki_team_share(tm, nb, &b0, &b1);
+    for (int bl = b0; bl < b1; bl++) {
+        double *s = bs + (size_t)bl * CMP_N, e2 = 0, r2 = 0, da = 0, na = 0, rowe = 0;
+        const int i1 = (bl + 1) * rb < Lq ? (bl + 1) * rb : Lq;
+        double *cp = x->with_a ? cpart + (size_t)bl * Lk : NULL;
+        if (cp)
+            for (int j = 0; j < Lk; j++) cp[j] = 0.0;
+        for (int i = bl * rb; i < i1; i++) {
+            for (int c = 0; c < d->dv; c++) {
+                double u = O[(int64_t)i * x->out->stride_n + c], v = Or[(int64_t)i * x->out_ref->stride_n + c];
+                e2 += (u - v) * (u - v);
+                r2 += v * v;
+            }
+            if (!cp) continue;
+            double rs = 0;
+            for (int j = 0; j < Lk; j++) {
+                double u = A[(int64_t)i * x->attn->stride_n + j], v = Ar[(int64_t)i * x->attn_ref->stride_n + j];
+                da += (u - v) * (u - v);
+                na += v * v;
+                rs += u;
+                cp[j] += u;
+            }
+            rowe += fabs(rs - 1.0);
+        }
+        s[CMP_E2] = e2;
+        s[CMP_R2] = r2;
+        s[CMP_DA] = da;
+        s[CMP_NA] = na;
+        s[CMP_ROW] = rowe;
+    }
+    bki_team_sync(tm);
+    if (x->with_a) { /* column sums in block order, columns shared */
+        int j0, j1;
+        bki_team_share(tm, Lk, &j0, &j1);
+        for (int j = j0; j < j1; j++) {
+            double s = 0.0;
+            for (int bl = 0; bl < nb; bl++) s += cpart[(size_t)bl * Lk + j];
+            col[j] = s;
+        }
+        bki_team_sync(tm);
+    }
+    if (tm->tid != 0) return;
+    double t[CMP_N] = {0, 0, 0, 0, 0};
+    for (int bl = 0; bl < nb; bl++)
+        for (int k = 0; k < CMP_N; k++) t[k] += bs[(size_t)bl * CMP_N + k];
+    double *r = x->res + (size_t)p * 5;
+    r[0] = sqrt(t[CMP_E2] / ((double)Lq * d->dv));
+    r[1] = sqrt(t[CMP_R2] / ((double)Lq * d->dv));
+    if (!x->with_a) return;
+    double cole = 0;
+    for (int j = 0; j < Lk; j++) cole += fabs(col[j] * Lk / Lq - 1.0);
+    r[2] = t[CMP_NA] > 0 ? sqrt(t[CMP_DA] / t[CMP_NA]) : sqrt(t[CMP_DA]);
+    r[3] = t[CMP_ROW] / Lq;
+    r[4] = cole / Lk;
+}
+
 bk_status bk_attn_compare(const bk_attn_desc *d, const bk_tensor *out, const bk_tensor *out_ref,
                           const bk_tensor *attn, const bk_tensor *attn_ref, bk_attn_fidelity *res)
 {
@@ -1107,47 +1463,34 @@ bk_status bk_attn_compare(const bk_attn_desc *d, const bk_tensor *out, const bk_
         if ((s = bki_check_tensor("attn", attn, d->B, d->H, d->Nq, d->Nk))) return s;
         if ((s = bki_check_tensor("attn_ref", attn_ref, d->B, d->H, d->Nq, d->Nk))) return s;
     }
+    const int P = d->B * d->H;
+    const bki_plan pl = bki_plan_problems(P, with_a ? (double)d->Nq * d->Nk : (double)d->Nq * d->dv);
+    const size_t lb = cmp_lane_bytes(d, with_a);
+    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    double *pr = malloc(sizeof(double) * 5 * (size_t)P);
+    if (!base || !pr) {
+        free(base);
+        free(pr);
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    cmp_ctx x = {d, out, out_ref, attn, attn_ref, with_a, lb, pr};
+    run_problems(P, pl, base, lb, cmp_problem, &x);
+    free(base);
     double se = 0, sr = 0, sa = 0, srow = 0, scol = 0;
     int np = 0;
-    double *col = with_a ? malloc(sizeof(double) * (size_t)d->Nk) : NULL;
-    if (with_a && !col) return bki_fail(BK_ERR_NOMEM, "out of memory");
-    for (int b = 0; b < d->B; b++)
-        for (int h = 0; h < d->H; h++) {
-            const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
-            if (Lq == 0 || Lk == 0) continue;
-            np++;
-            const float *O = bki_at(out, b, h), *Or = bki_at(out_ref, b, h);
-            double e2 = 0, r2 = 0;
-            for (int i = 0; i < Lq; i++)
-                for (int c = 0; c < d->dv; c++) {
-                    double x = O[(int64_t)i * out->stride_n + c], y = Or[(int64_t)i * out_ref->stride_n + c];
-                    e2 += (x - y) * (x - y);
-                    r2 += y * y;
-                }
-            se += sqrt(e2 / ((double)Lq * d->dv));
-            sr += sqrt(r2 / ((double)Lq * d->dv));
-            if (!with_a) continue;
-            const float *A = bki_at(attn, b, h), *Ar = bki_at(attn_ref, b, h);
-            double da = 0, na = 0, rowe = 0;
-            for (int j = 0; j < Lk; j++) col[j] = 0;
-            for (int i = 0; i < Lq; i++) {
-                double rs = 0;
-                for (int j = 0; j < Lk; j++) {
-                    double x = A[(int64_t)i * attn->stride_n + j], y = Ar[(int64_t)i * attn_ref->stride_n + j];
-                    da += (x - y) * (x - y);
-                    na += y * y;
-                    rs += x;
-                    col[j] += x;
-                }
-                rowe += fabs(rs - 1.0);
-            }
-            double cole = 0;
-            for (int j = 0; j < Lk; j++) cole += fabs(col[j] * Lk / Lq - 1.0);
-            sa += na > 0 ? sqrt(da / na) : sqrt(da);
-            srow += rowe / Lq;
-            scol += cole / Lk;
-        }
-    free(col);
+    for (int p = 0; p < P; p++) {
+        const int b = p / d->H;
+        if (bki_len(d->q_len, b, d->Nq) == 0 || bki_len(d->k_len, b, d->Nk) == 0) continue;
+        const double *r = pr + (size_t)p * 5;
+        np++;
+        se += r[0];
+        sr += r[1];
+        if (!with_a) continue;
+        sa += r[2];
+        srow += r[3];
+        scol += r[4];
+    }
+    free(pr);
     res->problems = np;
     const double inv = np ? 1.0 / np : NAN;
     res->out_rmse = se * inv;

@@ -127,9 +127,13 @@ typedef struct {
     float *e;           /* this member's row buffer (max(n, m))            */
 } eng_ws;
 
+/* Sized for any problem of at most n rows: callers size the scratch from the
+ * padded shape and run the valid part, and the block count is not monotonic
+ * in n (260 rows make 52 blocks of 5, 251 rows 63 blocks of 4); rows per
+ * block >= 4 and <= 64 blocks bound it. */
 static size_t shared_floats(int n, int m)
 {
-    const int nb = bki_nblocks(n, bki_row_block(n));
+    const int q = (n + 3) / 4, nb = q < BKI_MAX_BLOCKS ? q : BKI_MAX_BLOCKS;
     return (size_t)(nb + 8) * vec_floats(m) + vec_floats(nb) + 2 * vec_floats(n);
 }
 

@@ -38,7 +38,8 @@ OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src
 NN_SRC   = src/nn/config.c src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
-HDRS     = include/birkhoff.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
+PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
+HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
 
 TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c \
            tools/model_cmd.c tools/bench_train.c tools/demo.c tools/data.c tools/gen.c tools/run.c tools/train_cmd.c \
@@ -122,7 +123,7 @@ $(BUILD)/obj/tests/test_chart.o: tests/test_chart.c tools/chart.h
 $(TCHART): $(BUILD)/obj/tests/test_chart.o $(BUILD)/obj/tools/chart.o
 	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
 
-$(EXAMPLE): examples/quickstart.c $(LIB_A) include/birkhoff.h
+$(EXAMPLE): examples/quickstart.c $(LIB_A) $(PUB_HDRS)
 	$(CC) $(CFLAGS_ALL) -Iinclude examples/quickstart.c -o $@ $(LIB_A) $(LDLIBS_ALL)
 
 deps:
@@ -220,9 +221,10 @@ bench: all
 	$(CLI) bench
 
 install: $(LIB_A) $(LIB_SO) $(CLI)
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/birkhoff $(DESTDIR)$(PREFIX)/bin \
 	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 include/birkhoff.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 include/birkhoff/*.h $(DESTDIR)$(PREFIX)/include/birkhoff/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0
 	ln -sf libbirkhoff.so.0 $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so
@@ -234,6 +236,7 @@ install: $(LIB_A) $(LIB_SO) $(CLI)
 
 uninstall:
 	rm -rf $(DESTDIR)$(PYTHON_SITE)/birkhoff
+	rm -rf $(DESTDIR)$(PREFIX)/include/birkhoff
 	rm -f $(DESTDIR)$(PREFIX)/include/birkhoff.h $(DESTDIR)$(PREFIX)/lib/libbirkhoff.a \
 	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0 \
 	      $(DESTDIR)$(PREFIX)/bin/birkhoff $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc

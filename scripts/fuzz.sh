@@ -132,7 +132,7 @@ if [ ! -f "$B/flags" ] || [ "$(cat "$B/flags")" != "$FLAGS_NOW" ]; then
   printf '%s' "$FLAGS_NOW" >"$B/flags"
 fi
 mkdir -p "$OBJ" "$OUT"
-NEWEST_HDR=$(ls -t include/*.h src/*/*.h tools/*.h tests/fuzz/*.h 2>/dev/null | head -1)
+NEWEST_HDR=$(ls -t include/*.h include/birkhoff/*.h src/*/*.h tools/*.h tests/fuzz/*.h 2>/dev/null | head -1)
 stale() { [ ! -f "$2" ] || [ "$1" -nt "$2" ] || [ "$NEWEST_HDR" -nt "$2" ]; }
 
 T0=$(date +%s)

@@ -6,7 +6,7 @@ with a unit-stride last axis are used in place (others are copied). q_len,
 k_len: optional [B] integer valid lengths (padding at the end of each
 sequence; padded output rows and gradients are zero). Outputs come back
 dense in the operands' layout. Parameters left at None take the C library's
-defaults (include/birkhoff.h documents each; e.g. Sinkhorn eps = 1,
+defaults (include/birkhoff/*.h documents each; e.g. Sinkhorn eps = 1,
 iters = 5, scale = 1/sqrt(d)).
 
 A forward returns a Result (a dict with attribute access): `out`, `tape`

@@ -9,7 +9,7 @@ Each takes q [B, H, N, d] (layout="bhnd", default) or [B, N, H, d]
 passed to C without copies (a q sliced from a fused QKV projection included).
 Outputs are dense in the same layout. q_len / k_len: optional [B] valid
 lengths (padding at the end). Parameters left at None take the C library's
-defaults (include/birkhoff.h).
+defaults (include/birkhoff/*.h).
 
 Modules:
   MultiheadAttention(embed_dim, num_heads, normaliser="sinkhorn", ...)

@@ -1,0 +1,217 @@
+/*
+ * birkhoff/core.h -- doubly-stochastic (optimal-transport) attention in C:
+ * the conventions of the whole API, status and errors, threads, tensors,
+ * vector math and .npy files.
+ *
+ * <birkhoff.h> includes every part of the API (birkhoff/core.h, attn.h,
+ * esp.h, lot.h, otk.h, asap.h, nn.h). Every function returns a bk_status; on
+ * failure bk_last_error() gives a readable reason (thread-local) and nothing
+ * has been written to any output.
+ *
+ * ----------------------------------------------------------------------------
+ * TENSORS AND LAYOUT
+ * ----------------------------------------------------------------------------
+ * All tensors are float32. An attention operand is a 4-D array indexed
+ * [b][h][n][c] (batch, head, sequence position, channel). The channel index is
+ * contiguous; the other three have explicit strides, counted in floats:
+ *
+ *     element(b, h, n, c) = data[b*stride_b + h*stride_h + n*stride_n + c]
+ *
+ * so both [B,H,N,d] (bk_tensor_bhnd) and PyTorch's [B,N,H,d] (bk_tensor_bnhd)
+ * work without copies. Strides must be non-negative and the tensor must not
+ * overlap itself; outputs must not overlap inputs or each other.
+ *
+ * ----------------------------------------------------------------------------
+ * ATTENTION PROBLEM
+ * ----------------------------------------------------------------------------
+ * bk_attn_desc: B batches x H heads of independent problems, each with Nq
+ * queries and Nk keys, head dims d (queries/keys) and dv (values). Optional
+ * per-batch valid lengths q_len[b] in [0, Nq] and k_len[b] in [0, Nk]
+ * (padding): problem (b, h) is solved on its valid Lq x Lk block only; padded
+ * keys receive zero mass, padded query rows of the output are zero, and the
+ * values stored in padded positions are never read (they may hold anything,
+ * NaN included). A padded batch gives exactly the truncated problems' result.
+ * A problem with Lq = 0 or Lk = 0 has a zero output and zero gradients.
+ *
+ * Scores are  C = (scale / eps) * Q K^T  (scale = 0 selects 1/sqrt(d)).
+ *
+ * ----------------------------------------------------------------------------
+ * SINKHORN ATTENTION (Sinkformers; docs/ALGORITHMS.md)
+ * ----------------------------------------------------------------------------
+ * S log-domain half-steps on C, row first, with marginals a = 1/Lq (rows) and
+ * b = 1/Lk (columns), starting from a zero column potential:
+ *     t odd : f_i = log a - LSE_j (C_ij + g_j)        (row step)
+ *     t even: g_j = log b - LSE_i (C_ij + f_i)        (column step)
+ * Plan P_ij = exp(C_ij + f_i + g_j) (g = 0 when S = 1); attention A = Lq * P;
+ * output O = A V. S = 1 is exactly softmax attention. Odd S: rows of A sum to
+ * 1 exactly; even S: columns of A sum to Lq/Lk exactly; both at convergence.
+ *
+ * ----------------------------------------------------------------------------
+ * ACCURACY CONTRACT (tested in tests/)
+ * ----------------------------------------------------------------------------
+ * float32 storage and arithmetic, potentials and LSEs max-shifted in float32,
+ * exp by an inline polynomial with < 2 ulp error. Against a double-precision
+ * reference, on inputs with |C| <= 20: outputs and attention agree to 1e-5
+ * relative to the largest entry (times a factor growing like S for Sinkhorn),
+ * gradients to 1e-4 relative. Rows of A for odd S sum to 1 within 1e-6.
+ *
+ * ----------------------------------------------------------------------------
+ * THREADS AND DETERMINISM (docs/ARCHITECTURE.md, "Parallel model")
+ * ----------------------------------------------------------------------------
+ * The library partitions its work itself: problems, row blocks, column ranges
+ * and GEMM tiles have sizes that depend on the shape only; every GEMM tile is
+ * one single-threaded BLAS call; every cross-block sum is taken in block
+ * order. A call runs several problems at once, one per thread, or, when there
+ * are fewer problems than threads, each problem on all threads together. The
+ * contract, on one machine and one kernel path (bk_isa, OpenBLAS core type):
+ *   - outputs, extras and every gradient are bitwise identical for any thread
+ *     count, and for any batch shape (a problem alone or inside a batch);
+ *   - across kernel paths (AVX-512 vs AVX2, OpenBLAS's SkylakeX vs Haswell
+ *     kernels) and machines, results agree within the accuracy contract
+ *     above (1e-5 forward, 1e-4 gradients, relative to the largest entry).
+ * Tapes are opaque; they are deterministic for softmax/Sinkhorn but may hold
+ * unspecified padding for other operators.
+ * Thread count: bk_set_num_threads(n) (n <= 0: back to the default), else the
+ * environment variable BIRKHOFF_NUM_THREADS, else the CPUs this process may
+ * run on (its affinity mask). OpenMP's own setting (OMP_NUM_THREADS,
+ * omp_set_num_threads, torch.set_num_threads) is not used.
+ * BLAS: with OpenBLAS's pthreads build (Debian's default) the library sets
+ * OpenBLAS to one thread the first time it runs (openblas_set_num_threads(1),
+ * once; other users of the same OpenBLAS in the process, such as numpy, then
+ * run single-threaded BLAS); with its OpenMP build nothing process-wide is
+ * changed.
+ * Floating point: inside its parallel regions the library sets flush-to-zero
+ * and denormals-are-zero and restores the caller's mode on exit, so neither
+ * speed nor results depend on the caller's mode.
+ *
+ * ----------------------------------------------------------------------------
+ * WORKSPACE AND TAPE
+ * ----------------------------------------------------------------------------
+ * Each operator has a *_workspace_size() query. Pass a buffer of at least that
+ * many bytes (64-byte alignment recommended), or NULL to let the call allocate
+ * it once (freed before return). The size depends on the thread count in force
+ * when queried; a smaller buffer gives BK_ERR_WORKSPACE. No allocation happens
+ * inside the per-problem loops.
+ * The tape is what a forward keeps for its backward: the potentials of every
+ * half-step, O(S (Nq + Nk)) floats per problem, never an Nq x Nk matrix. Size it
+ * with *_tape_size(); the backward replays the forward from it.
+ */
+#ifndef BIRKHOFF_CORE_H
+#define BIRKHOFF_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define BK_API __attribute__((visibility("default")))
+#else
+#define BK_API
+#endif
+
+#define BK_VERSION_MAJOR 0
+#define BK_VERSION_MINOR 1
+#define BK_VERSION_PATCH 0
+BK_API const char *bk_version(void);
+/* sizeof the public struct named (e.g. "bk_esp_params"), 0 for an unknown
+ * name: lets bindings without a compiler (python/birkhoff) check their
+ * mirror of each struct when they load the library. */
+BK_API size_t bk_abi_sizeof(const char *name);
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                        */
+/* ------------------------------------------------------------------------ */
+typedef enum {
+    BK_OK = 0,
+    BK_ERR_NULL,        /* a required pointer is NULL                        */
+    BK_ERR_SHAPE,       /* a size is zero, negative or inconsistent          */
+    BK_ERR_STRIDE,      /* strides negative, self-overlapping, or outputs
+                           overlapping inputs/outputs                        */
+    BK_ERR_LENGTH,      /* a valid length outside [0, N]                     */
+    BK_ERR_PARAM,       /* a parameter out of range (eps <= 0, S < 1, ...)   */
+    BK_ERR_NONFINITE,   /* NaN or Inf in the valid part of an input          */
+    BK_ERR_NOMEM,       /* allocation failed                                 */
+    BK_ERR_WORKSPACE,   /* workspace smaller than *_workspace_size()         */
+    BK_ERR_TAPE,        /* tape missing, corrupt or from another problem     */
+    BK_ERR_IO,          /* file could not be opened, read or written         */
+    BK_ERR_FORMAT,      /* file content malformed (bad header, dtype, size)  */
+    BK_ERR_NUMERIC,     /* a numerical failure (e.g. singular system)        */
+    BK_ERR_UNSUPPORTED  /* feature not available in this build               */
+} bk_status;
+
+/* Static string naming the status ("ok", "null pointer", ...). */
+BK_API const char *bk_status_str(bk_status s);
+/* Detailed message of the last failing call on this thread ("" if none). */
+BK_API const char *bk_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Threads and CPU                                                          */
+/* ------------------------------------------------------------------------ */
+/* n >= 1 threads; n <= 0 restores the default (BIRKHOFF_NUM_THREADS, else
+ * the CPUs of the process's affinity mask). Results do not depend on it. */
+BK_API void bk_set_num_threads(int n);
+BK_API int  bk_get_num_threads(void);
+/* Instruction set used by the kernels: "avx512" or "avx2". Chosen once from
+ * the CPU; the environment variable BK_ISA=avx2 forces the AVX2 kernels. */
+BK_API const char *bk_isa(void);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                  */
+/* ------------------------------------------------------------------------ */
+typedef struct {
+    float  *data;
+    int64_t stride_b, stride_h, stride_n;   /* in floats; channel stride 1 */
+} bk_tensor;
+
+/* Contiguous [B,H,N,C] view. */
+BK_API bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C);
+/* Contiguous [B,N,H,C] view (PyTorch's usual layout). */
+BK_API bk_tensor bk_tensor_bnhd(float *data, int H, int N, int C);
+
+typedef struct {
+    int B, H;            /* batch and heads, >= 1                           */
+    int Nq, Nk;          /* queries and keys, >= 1                          */
+    int d, dv;           /* head dims of Q/K and of V, >= 1                 */
+    const int32_t *q_len;/* [B] valid query lengths, or NULL (all Nq)       */
+    const int32_t *k_len;/* [B] valid key lengths, or NULL (all Nk)         */
+} bk_attn_desc;
+
+/* ------------------------------------------------------------------------ */
+/* Vector math and machine probes (used by the benchmark)                   */
+/* ------------------------------------------------------------------------ */
+/* x[i] = exp(x[i]) with the kernels' own exp (< 2 ulp; 0 below -87.3). */
+BK_API void bk_vexp(float *x, size_t n);
+/* Measures this core's float32 FMA throughput (GFLOP/s, one thread, the
+ * selected instruction set) and the kernels' exp throughput (G exp/s), each
+ * for about `seconds`. */
+BK_API void bk_machine_peak(double seconds, double *gflops, double *gexps);
+
+/* ------------------------------------------------------------------------ */
+/* .npy files (little-endian float32 '<f4' or int32 '<i4', C order)         */
+/* ------------------------------------------------------------------------ */
+typedef enum { BK_F32 = 0, BK_I32 = 1 } bk_dtype;
+
+typedef struct {
+    bk_dtype dtype;
+    int      ndim;            /* 0..8 */
+    int64_t  shape[8];
+    void    *data;            /* malloc'd; release with bk_npy_free */
+} bk_npy;
+
+/* Reads a whole .npy file. Rejects bad magic/header, other dtypes, Fortran
+ * order, sizes that overflow and truncated data. */
+BK_API bk_status bk_npy_read(const char *path, bk_npy *out);
+/* Writes atomically (temporary file in the same directory, then rename). */
+BK_API bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim,
+                              const int64_t *shape, const void *data);
+BK_API void bk_npy_free(bk_npy *a);
+/* Elements of an array (the product of its shape; saturates at INT64_MAX). */
+BK_API int64_t bk_npy_count(const bk_npy *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_CORE_H */

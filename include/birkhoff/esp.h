@@ -1,0 +1,103 @@
+/* birkhoff/esp.h -- ESP attention (ESPFormer).
+ * Part of the public API; include <birkhoff.h> (all of it) or this file. The
+ * conventions every function follows (layouts, padding, accuracy, threads and
+ * determinism, workspace and tape) are at the top of birkhoff/core.h. */
+#ifndef BIRKHOFF_ESP_H
+#define BIRKHOFF_ESP_H
+
+#include "attn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* ESP attention (ESPFormer; docs/ALGORITHMS.md section 4)                   */
+/* ------------------------------------------------------------------------ */
+/* Per problem (n = Lq queries, m = Lk keys), with q~ = s q, k~ = s k
+ * (s = scale, 0 selecting 1/sqrt(d)) and slices theta_l (rows of Theta):
+ *   a^l = q~ theta_l, b^l = k~ theta_l; P_l, R_l the sort matrices of a^l, b^l
+ *   (hard: exact stable ascending argsort; soft: SoftSort rows
+ *   P[r,i] = softmax_i(-(a_i - sort(a)_r)^2 / t)); W the 1-D OT plan between
+ *   uniform measures on n and m ranks (north-west corner; I/n when n = m);
+ *   U_l = P_l^T W R_l (n x m); D_l = sum_ij c(q~_i, k~_j) U_l[i,j] with
+ *   c = squared (default) or plain Euclidean distance;
+ *   sigma = softmax(-tau (D - min D)); G = sum_l sigma_l U_l;
+ *   A = n G (rows sum to 1; hard ESP is exactly doubly stochastic: columns
+ *   sum to n/m) or A = G (the paper's scaling); O = A V.
+ * Hard sort never forms an n x m matrix: O(L (n+m) log + L (n+m)(d+dv)) time,
+ * O(L (n+m)) memory. Soft sort streams the slices: one slice's n x n and
+ * m x m soft permutations at a time; O(L (n^2+m^2)(d+dv)) for the squared
+ * cost, O(L n m (n+m)) for the Euclidean cost (it needs U_l densely).
+ * Under hard sort, Q and K get gradient only through D and sigma, so none at
+ * tau = 0; the permutations are locally constant. Soft sort gives the full
+ * gradient to Q, K, V and Theta. SoftSort entries below 1e-30 are flushed to
+ * zero (below float rounding of the result) and the soft path runs with the
+ * FPU's flush-to-zero mode, so subnormals never slow it down.
+ * The reference code (Anon4142/ESPFormer) uses Euclidean cost, no 1/N in the
+ * plans and a temperature T: its output equals ours with cost = EUCLID,
+ * out_scale = ROWS and tau = T * N. */
+typedef enum { BK_ESP_HARD = 0, BK_ESP_SOFT = 1 } bk_esp_sort;
+typedef enum { BK_ESP_COST_SQ = 0, BK_ESP_COST_EUCLID = 1 } bk_esp_cost;
+typedef enum { BK_ESP_SCALE_ROWS = 0, BK_ESP_SCALE_PAPER = 1 } bk_esp_scale;
+
+typedef struct {
+    bk_esp_sort sort;       /* hard (inference) or soft (training)            */
+    float t;                /* SoftSort temperature, > 0 (soft only)          */
+    float tau;              /* slice-mixing inverse temperature, finite, >= 0 */
+    float scale;            /* q, k scale; 0 selects 1/sqrt(d)                */
+    bk_esp_cost cost;       /* squared (paper) or Euclidean (reference code)  */
+    bk_esp_scale out_scale; /* rows sum to 1 (default) or the paper's 1/n     */
+    int L;                  /* 0: axis-aligned slices (L = d, Theta = I);
+                               > 0: L slices from theta, or random unit
+                               directions from seed when theta is NULL       */
+    const float *theta;     /* [L x d] row-major slice matrix or NULL. Rows
+                               are used as given (not normalised).           */
+    uint64_t seed;          /* for random slices                              */
+} bk_esp_params;
+
+/* hard sort, t = 1e-3, tau = 1, scale = 1/sqrt(d), squared cost, rows, L = d */
+BK_API bk_esp_params bk_esp_params_default(void);
+/* Number of slices the parameters give for head dim d (0 if invalid). */
+BK_API int bk_esp_num_slices(const bk_esp_params *p, int d);
+/* Fills theta [L x d] with the slices the operator uses (identity, the
+ * caller's, or the seeded random unit directions). */
+BK_API bk_status bk_esp_slices(const bk_esp_params *p, int d, float *theta);
+/* The paper's annealing: t0 * factor^epoch (factor 0.8 in the paper).
+ * "initial soft" = soft with t0; "sharp soft" = soft with the annealed t;
+ * "hard" = sort = BK_ESP_HARD. */
+BK_API float bk_esp_anneal(float t0, float factor, int epoch);
+
+typedef struct {
+    float row_err;  /* max_i |n rowsum_i(G) - 1| (0 for hard sort)              */
+    float col_err;  /* max_j |m colsum_j(G) - 1|: soft plans are only
+                       row-stochastic per slice, so this measures the gap     */
+} bk_esp_diag;
+
+typedef struct {
+    bk_tensor attn;     /* [B,H,Nq,Nk] dense attention A (small N: it is formed
+                           only when asked for)                               */
+    float *sigma;       /* [B*H*L] slice weights                              */
+    float *D;           /* [B*H*L] slice costs                                */
+    bk_esp_diag *diag;  /* [B*H]                                              */
+} bk_esp_extras;
+
+BK_API size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p);
+BK_API size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p);
+BK_API bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p,
+                                const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                                const bk_tensor *out, void *tape, const bk_esp_extras *extras,
+                                void *ws, size_t ws_size);
+/* dq, dk, dv overwritten; dtheta [L x d] (nullable) receives the gradient
+ * w.r.t. the slices summed over all problems (zero under hard sort). tape
+ * from the forward, or NULL to recompute it. */
+BK_API bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p,
+                                 const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                                 const bk_tensor *dout, const void *tape, const bk_tensor *dq,
+                                 const bk_tensor *dk, const bk_tensor *dv, float *dtheta,
+                                 void *ws, size_t ws_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_ESP_H */

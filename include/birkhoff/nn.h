@@ -1,0 +1,238 @@
+/* birkhoff/nn.h -- the training engine: models, optimisers, checkpoints.
+ * Part of the public API; include <birkhoff.h> (all of it) or this file. The
+ * conventions every function follows (layouts, padding, accuracy, threads and
+ * determinism, workspace and tape) are at the top of birkhoff/core.h. */
+#ifndef BIRKHOFF_NN_H
+#define BIRKHOFF_NN_H
+
+#include "asap.h"
+#include "esp.h"
+#include "lot.h"
+#include "otk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Training engine: transformer models (docs/MODEL.md)                      */
+/* ------------------------------------------------------------------------ */
+/* A pre-LN encoder classifier whose attention normaliser is chosen per model:
+ *
+ *   embed:  image  NCHW [B,C,H,W] -> patches (p1 p2 c order) -> Linear(P*P*C, D)
+ *           tokens int32 [B, max_len] -> table [vocab, D]
+ *           points [B, max_points, point_dim] -> Linear -> GELU -> Linear (D)
+ *           [+ CLS token prepended] [+ learned positional embedding] [dropout]
+ *   block:  x += proj(Attn(LN1(x) Wqkv^T [+ bqkv]))  [dropout]
+ *           x += fc2(GELU(fc1(LN2(x))))               [dropout]  (mlp_dim > 0)
+ *   head:   [LN] -> pool (CLS | MEAN | MAX over valid tokens | OTK layer)
+ *           -> Linear(features, classes)
+ *   loss:   cross-entropy with label smoothing ls (PyTorch's definition),
+ *           averaged over the batch.
+ *
+ * Parameters live in one float buffer, gradients in another, each tensor
+ * named as a PyTorch state_dict would name it (Linear weights [out, in]);
+ * bk_model_param() lists them. Activations, tapes and operator workspaces are
+ * planned once for max_batch at creation: a training step allocates nothing.
+ * Valid lengths (tokens, points) reach the operators through their marginals:
+ * padded tokens are never attended to, never pooled, and get zero gradient.
+ *
+ * Threads: attention runs over the B*H problems, linears are single GEMMs over
+ * all B*N rows (OpenBLAS splits over rows and columns, never the inner
+ * dimension), row-wise layers split rows in fixed blocks, and every
+ * parameter-gradient reduction over rows runs in row order: losses, gradients
+ * and trained weights are bitwise identical for any thread count. */
+typedef enum { BK_INPUT_IMAGE = 0, BK_INPUT_TOKENS = 1, BK_INPUT_POINTS = 2 } bk_input_kind;
+typedef enum {
+    BK_ATTN_SOFTMAX = 0, BK_ATTN_SINKHORN = 1, BK_ATTN_ESP = 2, BK_ATTN_LOT = 3,
+    BK_ATTN_ASAP = 4       /* compiled layers (bk_model_set_asap); inference only */
+} bk_attn_kind;
+typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
+
+typedef struct {
+    bk_input_kind input;
+    int channels, image_h, image_w, patch;  /* image (patch divides both sides) */
+    int vocab, max_len;                     /* tokens                          */
+    int point_dim, max_points;              /* points                          */
+    int dim, depth, heads, head_dim;        /* head_dim 0: dim / heads (heads
+                                               must then divide dim)           */
+    int mlp_dim;                            /* 0: no MLP sub-block             */
+    int cls, pos_embed, final_norm, qkv_bias;  /* 0/1 switches                */
+    bk_pool_kind pool;                      /* CLS needs cls = 1               */
+    int classes;                            /* >= 2                            */
+    float dropout;                          /* [0, 1): embedding, attention
+                                               output and MLP output          */
+    float ln_eps;                           /* LayerNorm epsilon (1e-5)        */
+    bk_attn_kind attn;
+    float attn_scale;                       /* 0: 1/sqrt(head_dim)             */
+    int sk_iters; float sk_eps;             /* Sinkhorn: S half-steps, eps     */
+    int esp_soft; float esp_t, esp_tau; int esp_slices;   /* ESP: soft sort
+                                               (training) or hard; SoftSort t,
+                                               mixing tau, slices (0: axes)   */
+    int lot_r, lot_iters; float lot_eps, lot_temp;        /* LOT: pivots (the
+                                               pivots and mass logits are
+                                               parameters of each layer)      */
+    int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling     */
+} bk_model_config;
+
+/* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
+ * mlp 128, CLS, positional embedding, final LN, CLS pooling, 10 classes,
+ * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
+ * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 10 iterations, eps 0.5. */
+BK_API bk_model_config bk_model_config_default(void);
+/* One "key=value" assignment (keys are the field names above; enum values by
+ * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap,
+ * pool=cls|mean|max|otk). Unknown keys or malformed values: BK_ERR_PARAM. */
+BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
+/* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */
+BK_API bk_status bk_model_config_parse(bk_model_config *c, const char *text);
+/* Writes every field as "key=value\n" lines (NUL-terminated; returns the
+ * length needed, excluding the NUL, like snprintf). */
+BK_API size_t bk_model_config_format(const bk_model_config *c, char *buf, size_t cap);
+/* Full validation with a message naming the problem (patch not dividing the
+ * image, heads not dividing dim, CLS pooling without a CLS token, ...). */
+BK_API bk_status bk_model_config_check(const bk_model_config *c);
+
+typedef struct bk_model bk_model;
+
+/* One batch. Exactly the input of the model's kind is read:
+ *   image:  x [B, channels, image_h, image_w]
+ *   tokens: tokens [B, max_len] in [0, vocab), len [B] in [1, max_len] or NULL
+ *   points: x [B, max_points, point_dim],  len [B] in [1, max_points] or NULL
+ * labels [B] in [0, classes) (needed for the loss and the backward). */
+typedef struct {
+    int B;
+    const float *x;
+    const int32_t *tokens;
+    const int32_t *len;
+    const int32_t *labels;
+} bk_batch;
+
+/* Creates a model with parameters initialised from seed (Linear weights and
+ * biases U(-1/sqrt(in), 1/sqrt(in)) as PyTorch; LN 1/0; CLS, positions and
+ * token table N(0, 0.02^2); LOT pivots N(0,1), mass logits 0; OTK references
+ * N(0, 1/dim)) and its activations planned for batches of up to max_batch.
+ * Everything is allocated here, once (bk_model_memory says how much); a model
+ * needing more than the machine's physical memory is refused (BK_ERR_NOMEM,
+ * with both figures) rather than left to the kernel's OOM killer. */
+BK_API bk_status bk_model_create(const bk_model_config *c, uint64_t seed, int max_batch, bk_model **out);
+/* Without allocating: the trainable floats (num_params, nullable) and the
+ * heap bytes bk_model_create would allocate (bytes, nullable): parameters,
+ * gradients, activations, tapes and the operator workspace at the current
+ * thread count. Errors as bk_model_create (a bad config, max_batch < 1,
+ * sizes beyond 2^60 bytes: BK_ERR_SHAPE). */
+BK_API bk_status bk_model_memory(const bk_model_config *c, int max_batch, int64_t *num_params, size_t *bytes);
+BK_API void bk_model_free(bk_model *m);
+BK_API const bk_model_config *bk_model_get_config(const bk_model *m);
+/* Total trainable floats, and the named tensors: i in [0, count). */
+BK_API int64_t bk_model_num_params(const bk_model *m);
+BK_API int bk_model_param_count(const bk_model *m);
+typedef struct {
+    const char *name;      /* e.g. "blocks.0.attn.qkv.weight"                 */
+    int ndim;
+    int64_t shape[4];
+    int64_t offset, count; /* in floats, into the parameter/gradient buffers  */
+    int decay;             /* 1: weight decay applies (Linear weights, token
+                              table); 0: biases, norms, CLS, positions, LOT
+                              pivots/masses, OTK references                   */
+    float *data, *grad;
+} bk_param_info;
+BK_API bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info);
+BK_API float *bk_model_params(bk_model *m);
+BK_API float *bk_model_grads(bk_model *m);
+
+/* Forward. train = 1 applies dropout and keeps what the backward needs;
+ * train = 0 is inference. logits [B, classes] (nullable); loss (nullable,
+ * needs labels): mean cross-entropy with label smoothing ls in [0, 1).
+ * ASAP models refuse train = 1. */
+BK_API bk_status bk_model_forward(bk_model *m, const bk_batch *b, int train, float ls, float *logits, double *loss);
+/* Backward of the last train = 1 forward: ADDS grad_scale * dloss/dparams
+ * to the gradient buffer (grad_scale = B / B_total accumulates micro-batches
+ * of one effective batch). */
+BK_API bk_status bk_model_backward(bk_model *m, float grad_scale);
+BK_API void bk_model_zero_grad(bk_model *m);
+/* Attach a compiled ASAP layer to block `layer` (copied; the model's
+ * attention must be BK_ATTN_ASAP and every block needs one before use). */
+BK_API bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap);
+/* The attention of block `layer` in the last forward: [B, H, N, N] (N =
+ * tokens incl. CLS; padded rows/columns zero). Recomputed from the stored
+ * activations; attn must hold B*H*N*N floats. */
+BK_API bk_status bk_model_attention(bk_model *m, int layer, float *attn);
+/* Compiling a trained Sinkhorn model into ASAP (birkhoff asap compile):
+ * bk_model_asap_config gives the ASAP configuration whose teacher is this
+ * model's Sinkhorn attention (d = head_dim, scale = attn_scale, eps = sk_eps,
+ * teacher_iters = sk_iters; slices, seed and lambda at their defaults: set
+ * them before bk_asap_calib_create). bk_model_calib_add adds the B*H
+ * problems of block `layer` in the last forward (its Q, K and valid lengths)
+ * to a calibrator. The compiled model is a copy with attn = asap and
+ * bk_model_set_asap on every block; checkpoints carry its layers. */
+BK_API bk_asap_config bk_model_asap_config(const bk_model *m);
+BK_API bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib);
+/* Tokens per sample (incl. CLS), and heads. */
+BK_API int bk_model_tokens(const bk_model *m);
+
+/* ---- optimisers and schedules ---- */
+typedef enum { BK_OPT_ADAMW = 0, BK_OPT_ADAM = 1, BK_OPT_SGD = 2 } bk_opt_kind;
+typedef enum { BK_SCHED_CONSTANT = 0, BK_SCHED_STEP = 1, BK_SCHED_COSINE = 2 } bk_sched_kind;
+typedef struct {
+    bk_opt_kind kind;
+    float lr, beta1, beta2, eps;   /* Adam(W) (PyTorch's formulas)            */
+    float weight_decay;            /* AdamW: decoupled; Adam/SGD: L2 added to
+                                      the gradient; only tensors with decay=1 */
+    float momentum; int nesterov;  /* SGD                                     */
+    float clip;                    /* > 0: clip the global L2 gradient norm   */
+    bk_sched_kind sched;
+    int warmup;                    /* linear warm-up steps from lr/warmup     */
+    int64_t total_steps;           /* cosine: decay to lr_min at total_steps  */
+    float lr_min;
+    float gamma; int milestones[8];/* step: lr *= gamma at each step >= m (0 ends) */
+} bk_optim_config;
+
+/* AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 0.01, no clip, constant. */
+BK_API bk_optim_config bk_optim_config_default(void);
+BK_API bk_status bk_optim_config_set(bk_optim_config *c, const char *key, const char *value);
+BK_API bk_status bk_optim_config_parse(bk_optim_config *c, const char *text);
+BK_API size_t bk_optim_config_format(const bk_optim_config *c, char *buf, size_t cap);
+/* Learning rate at (0-based) step under the schedule. */
+BK_API float bk_optim_lr(const bk_optim_config *c, int64_t step);
+
+typedef struct bk_optim bk_optim;
+BK_API bk_status bk_optim_create(const bk_optim_config *c, const bk_model *m, bk_optim **out);
+BK_API void bk_optim_free(bk_optim *o);
+BK_API int64_t bk_optim_step_count(const bk_optim *o);
+BK_API const bk_optim_config *bk_optim_get_config(const bk_optim *o);
+/* Clips (if asked), applies one update from the model's gradients and
+ * advances the step. gnorm (nullable) receives the pre-clip global norm.
+ * A non-finite gradient norm refuses the update (BK_ERR_NONFINITE). */
+BK_API bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm);
+
+/* One training step on an effective batch: zero grads, forward/backward over
+ * micro-batches of at most `micro` samples (0: all at once), accumulate, step.
+ * loss receives the mean loss of the effective batch. */
+BK_API bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, float ls,
+                               double *loss, double *gnorm);
+
+/* ---- checkpoints (safetensors) ----
+ * Tensors: every parameter by name (float32, little-endian), then, when an
+ * optimiser is given, its state as "optim.<slot>.<name>". Metadata (strings):
+ * format "birkhoff", model config (bk_model_config_format), optimiser config
+ * and step, the model's RNG seed and step counter, a FNV-1a-64 checksum of the
+ * data section, and up to `extra` (caller's "key=value\n" lines, nullable).
+ * Written to a temporary file and renamed. Loading verifies the header, the
+ * offsets, the size and the checksum: a truncated or corrupt file is refused
+ * (BK_ERR_FORMAT) and nothing is returned. A resumed model and optimiser
+ * continue bit for bit as the uninterrupted run. */
+BK_API bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra);
+/* Creates the model (max_batch as bk_model_create) and, when o is not NULL
+ * and the file holds optimiser state, the optimiser. extra (nullable)
+ * receives a malloc'd copy of the caller's metadata (free()). */
+BK_API bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **m, bk_optim **o, char **extra);
+/* Reads and verifies a checkpoint as bk_checkpoint_load does (header,
+ * offsets, size, checksum, config) and returns its model config only,
+ * creating nothing: with bk_model_memory, what loading it would cost. */
+BK_API bk_status bk_checkpoint_config(const char *path, bk_model_config *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_NN_H */

@@ -39,7 +39,7 @@ NN_SRC   = src/nn/config.c src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h
+HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h tests/ref_unbalanced.h
 
 TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c \
            tools/model_cmd.c tools/bench_train.c tools/demo.c tools/data.c tools/gen.c tools/run.c tools/train_cmd.c \
@@ -55,6 +55,7 @@ REFESP = $(BUILD)/ref_esp_selftest
 REFLOT = $(BUILD)/ref_lot_selftest
 REFOTK = $(BUILD)/ref_otk_selftest
 REFASAP = $(BUILD)/ref_asap_selftest
+REFUNB  = $(BUILD)/ref_unbalanced_selftest
 EXAMPLE = $(BUILD)/quickstart
 TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
@@ -109,6 +110,9 @@ $(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
 $(REFASAP): $(BUILD)/obj/tests/ref_asap.o $(BUILD)/obj/tests/ref_asap_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFUNB): $(BUILD)/obj/tests/ref_unbalanced.o $(BUILD)/obj/tests/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ref_attn.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(BUILD)/obj/tests/test_gen.o: tests/test_gen.c tools/gen.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Itools -c $< -o $@
@@ -135,7 +139,7 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
@@ -144,6 +148,7 @@ test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(CLI) $(EXAMPL
 	$(REFLOT)
 	$(REFOTK)
 	$(REFASAP)
+	$(REFUNB)
 	$(TESTS)
 	$(PORTABLE) $(TESTS)
 

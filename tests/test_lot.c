@@ -415,6 +415,174 @@ static void test_lot_bad_input(void)
     lb_free(&t);
 }
 
+/* ---- the determinism contract (docs/ARCHITECTURE.md): thread counts and
+ * batch shapes. Every output of a forward (with A and diagnostics) and of a
+ * backward from its tape must be bitwise the same at 1, 2, 3, 5 and 8
+ * threads, and a problem must give bitwise the same slices alone, as one of
+ * 3 and as one of 16 (dZ and dtheta are batch sums: threads only). ---- */
+typedef struct {
+    lbuf t;
+    void *tape;
+    size_t tape_bytes;
+    bk_status s[2];
+} ldet;
+
+/* B x H problems (layout as c), lengths (Lq, Lk) for entry e and random ones
+ * for the others (some without queries); NaN in the padding */
+static void ld_init(ldet *x, const lcase *c, int e, int Lq, int Lk, uint64_t seed)
+{
+    lcase u = *c;
+    u.pad = 0;
+    lb_init(&x->t, &u, seed);
+    th_prob *pb = &x->t.pb;
+    pb->ql = malloc(sizeof(int32_t) * (size_t)c->B);
+    pb->kl = malloc(sizeof(int32_t) * (size_t)c->B);
+    pb->desc.q_len = pb->ql;
+    pb->desc.k_len = pb->kl;
+    th_rng r = {seed ^ 0x51ull};
+    for (int b = 0; b < c->B; b++) {
+        pb->ql[b] = b == e ? Lq : (int32_t)(th_next(&r) % (uint64_t)(c->Nq + 1));
+        pb->kl[b] = b == e ? Lk : 1 + (int32_t)(th_next(&r) % (uint64_t)c->Nk);
+    }
+    th_fill_tensor(&pb->tq, c->B, c->H, c->Nq, c->d, pb->ql, &r, 1.0);
+    th_fill_tensor(&pb->tk, c->B, c->H, c->Nk, c->d, pb->kl, &r, 1.0);
+    th_fill_tensor(&pb->tv, c->B, c->H, c->Nk, c->dv, pb->kl, &r, 1.0);
+    th_fill_tensor(&pb->tdo, c->B, c->H, c->Nq, c->dv, pb->ql, &r, 1.0);
+    x->tape_bytes = bk_lot_tape_size(&pb->desc, &x->t.p);
+    x->tape = calloc(1, x->tape_bytes); /* bytes a run does not write stay 0 */
+}
+
+static void ld_free(ldet *x)
+{
+    free(x->tape);
+    lb_free(&x->t);
+}
+
+static void ld_run(void *ctx)
+{
+    ldet *x = ctx;
+    x->s[0] = lfwd(&x->t, x->tape);
+    x->s[1] = x->s[0] ? x->s[0] : lbwd(&x->t, x->tape);
+}
+
+static int ld_spans(const ldet *x, th_span *sp)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const size_t P = (size_t)d->B * d->H, Nq = d->Nq, Nk = d->Nk, r = x->t.p.r;
+    const th_prob *pb = &x->t.pb;
+    const th_span s[10] = {{pb->o, 4 * P * Nq * d->dv}, {pb->a, 4 * P * Nq * Nk}, {pb->dq, 4 * P * Nq * d->d},
+                           {pb->dk, 4 * P * Nk * d->d}, {pb->dv, 4 * P * Nk * d->dv}, {x->t.dZ, 4 * d->H * r * d->d},
+                           {x->t.dth, 4 * d->H * r}, {x->t.diag, sizeof(bk_lot_diag) * P}, {x->tape, x->tape_bytes},
+                           {x->s, sizeof x->s}};
+    memcpy(sp, s, sizeof s);
+    return 10;
+}
+
+/* copies rows [0, N) of slice (0, 0) of src into slice (b, h) of dst */
+static void ld_copy(const bk_tensor *dst, int b, int h, const bk_tensor *src, int N, int C)
+{
+    for (int i = 0; i < N; i++)
+        memcpy(dst->data + b * dst->stride_b + h * dst->stride_h + i * dst->stride_n, src->data + i * src->stride_n,
+               sizeof(float) * (size_t)C);
+}
+
+/* plants problem (0, 0) of x (its inputs, pivots, masses) as problem (b, h)
+ * of y (whose entry b has the same lengths) */
+static void ld_plant(const ldet *x, ldet *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const int r = x->t.p.r;
+    ld_copy(&y->t.pb.tq, b, h, &x->t.pb.tq, d->Nq, d->d);
+    ld_copy(&y->t.pb.tk, b, h, &x->t.pb.tk, d->Nk, d->d);
+    ld_copy(&y->t.pb.tv, b, h, &x->t.pb.tv, d->Nk, d->dv);
+    ld_copy(&y->t.pb.tdo, b, h, &x->t.pb.tdo, d->Nq, d->dv);
+    memcpy(y->t.Z + (size_t)h * r * d->d, x->t.Z, sizeof(float) * (size_t)r * d->d);
+    memcpy(y->t.theta + (size_t)h * r, x->t.theta, sizeof(float) * (size_t)r);
+}
+
+/* problem (b, h) of y equals problem (0, 0) of x in every per-problem output */
+static int ld_same(const ldet *x, const ldet *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const th_prob *u = &x->t.pb, *w = &y->t.pb;
+    return x->s[0] == BK_OK && x->s[1] == BK_OK && y->s[0] == BK_OK && y->s[1] == BK_OK &&
+           th_slice_same(&u->to, 0, 0, &w->to, b, h, d->Nq, d->dv) && th_slice_same(&u->ta, 0, 0, &w->ta, b, h, d->Nq, d->Nk) &&
+           th_slice_same(&u->tdq, 0, 0, &w->tdq, b, h, d->Nq, d->d) && th_slice_same(&u->tdk, 0, 0, &w->tdk, b, h, d->Nk, d->d) &&
+           th_slice_same(&u->tdv, 0, 0, &w->tdv, b, h, d->Nk, d->dv) &&
+           !memcmp(&x->t.diag[0], &y->t.diag[b * y->t.pb.desc.H + h], sizeof(bk_lot_diag));
+}
+
+/* A B*H = 1 call runs as a team at 2+ threads: its workspace then holds the
+ * engine's row buffers of every member (one thread per problem would not) */
+static int lot_runs_as_team(const ldet *x)
+{
+    bk_set_num_threads(1);
+    const size_t w1 = bk_lot_workspace_size(&x->t.pb.desc, &x->t.p);
+    int team = 1;
+    for (int i = 1; i < TH_NTHREADS; i++) {
+        bk_set_num_threads(th_threads[i]);
+        team &= bk_lot_workspace_size(&x->t.pb.desc, &x->t.p) > w1;
+    }
+    bk_set_num_threads(0);
+    return team;
+}
+
+static void test_lot_determinism(void)
+{
+    /* one problem large enough to run as a team: (389 + 321) x (r + d + dv) */
+    const int Nq = 400, Nk = 333, Lq = 389, Lk = 321;
+    struct { const char *name; int T; float tol; } cases[] = {
+        {"LOT T=5", 5, 0.0f}, {"LOT T=6", 6, 0.0f}, {"LOT T=40 tol=1e-3 (early stop)", 40, 1e-3f}};
+    for (int ci = 0; ci < 3; ci++) {
+        if (TH.quick && ci == 1) continue;
+        char name[200];
+        th_span sp[10];
+        /* (a) thread counts: one problem (a team) and a batch of 12 in [B,N,H,C] */
+        const int shapes[2][3] = {{1, 1, 0}, {3, 4, 1}};
+        for (int si = 0; si < 2; si++) {
+            lcase c = {shapes[si][0], shapes[si][1], Nq, Nk, 24, 16, shapes[si][2], 0, 20, cases[ci].T, 1.0f, 1.0f};
+            ldet x;
+            ld_init(&x, &c, 0, Lq, Lk, 960 + ci);
+            x.t.p.tol = cases[ci].tol;
+            if (si == 0)
+                th_check(lot_runs_as_team(&x), "LOT: one problem of 389 x 321 (r 20, d 24, dv 16) runs as a team",
+                         "%s", "its workspace does not grow with the thread count");
+            snprintf(name, sizeof name, "%s: forward (O, A, diag, tape) and backward (dQ, dK, dV, dZ, dtheta) bitwise "
+                     "identical at 1, 2, 3, 5, 8 threads (B=%d H=%d)", cases[ci].name, c.B, c.H);
+            th_same_over_threads(name, ld_run, &x, sp, ld_spans(&x, sp));
+            th_check(x.s[0] == BK_OK && x.s[1] == BK_OK, name, "status %s / %s: %s", bk_status_str(x.s[0]),
+                     bk_status_str(x.s[1]), bk_last_error());
+            ld_free(&x);
+        }
+        /* (b) batch shapes: the problem alone, as one of 3 and as one of 16 */
+        lcase c1 = {1, 1, Nq, Nk, 24, 16, 0, 0, 20, cases[ci].T, 1.0f, 1.0f};
+        ldet x;
+        ld_init(&x, &c1, 0, Lq, Lk, 970 + ci);
+        x.t.p.tol = cases[ci].tol;
+        ld_run(&x);
+        const int batches[2][5] = {{1, 3, 0, 2, 0}, {4, 4, 2, 1, 1}}; /* B, H, b, h, layout */
+        for (int bi = 0; bi < 2; bi++)
+            for (int nt = 1; nt <= 3; nt++) {
+                lcase cb = c1;
+                cb.B = batches[bi][0];
+                cb.H = batches[bi][1];
+                cb.layout = batches[bi][4];
+                ldet y;
+                ld_init(&y, &cb, batches[bi][2], Lq, Lk, 980 + ci);
+                y.t.p.tol = cases[ci].tol;
+                ld_plant(&x, &y, batches[bi][2], batches[bi][3]);
+                bk_set_num_threads(nt);
+                ld_run(&y);
+                bk_set_num_threads(0);
+                snprintf(name, sizeof name, "%s: a problem alone == the same problem in a batch of %d (%d threads)",
+                         cases[ci].name, cb.B * cb.H, nt);
+                th_check(ld_same(&x, &y, batches[bi][2], batches[bi][3]), name, "outputs differ (%s)", bk_last_error());
+                ld_free(&y);
+            }
+        ld_free(&x);
+    }
+}
+
 void test_lot(void)
 {
     test_lot_grid();
@@ -422,4 +590,5 @@ void test_lot(void)
     test_lot_fd();
     test_lot_early_stop();
     test_lot_bad_input();
+    test_lot_determinism();
 }

@@ -487,6 +487,189 @@ static void test_otk_determinism(void)
     }
 }
 
+/* ---- the determinism contract (docs/ARCHITECTURE.md): thread counts and
+ * batch shapes. The forward (output, plans, diagnostics, tape), the features
+ * and the backward from the tape (dx, dz, dW) must be bitwise the same at
+ * 1, 2, 3, 5 and 8 threads; a set must give bitwise the same output, plans,
+ * diagnostics, features and dx alone, as one of 3 and as one of 16 (dz and
+ * dW are batch sums: threads only). ---- */
+typedef struct {
+    obuf t;
+    float *psi;
+    bk_otk_diag *diag;
+    void *tape;
+    size_t tape_bytes;
+    bk_status s[3];
+} odet;
+
+/* B sets (as c), length L0 for set e and random lengths for the others; NaN
+ * in the padding */
+static void od_init(odet *x, const ocase *c, int e, int L0, uint64_t seed)
+{
+    ocase u = *c;
+    u.pad = 1;
+    ob_init(&x->t, &u, seed);
+    obuf *t = &x->t;
+    th_rng r = {seed ^ 0x77ull};
+    for (int b = 0; b < c->B; b++) t->len[b] = b == e ? L0 : 1 + (int32_t)(th_next(&r) % (uint64_t)c->n);
+    for (int b = 0; b < c->B; b++)
+        for (int i = 0; i < c->n; i++)
+            for (int j = 0; j < c->d; j++)
+                t->x[((size_t)b * c->n + i) * t->ldx + j] = i < t->len[b] ? (float)(0.6 * th_normal(&r)) : NAN;
+    x->psi = th_alloc_fill((size_t)c->B * c->n * c->k, -7.0f);
+    x->diag = calloc((size_t)c->B * c->q, sizeof(bk_otk_diag));
+    x->tape_bytes = bk_otk_tape_size(&t->desc, &t->p);
+    x->tape = calloc(1, x->tape_bytes); /* bytes a run does not write stay 0 */
+}
+
+static void od_free(odet *x)
+{
+    free(x->psi); free(x->diag); free(x->tape);
+    ob_free(&x->t);
+}
+
+static void od_run(void *ctx)
+{
+    odet *x = ctx;
+    obuf *t = &x->t;
+    bk_otk_extras ex = {t->plan, x->diag};
+    bk_tensor tp = bk_tensor_bhnd(x->psi, 1, t->c.n, t->c.k);
+    x->s[0] = bk_otk_forward(&t->desc, &t->p, &t->tx, t->z, &t->to, x->tape, &ex, NULL, 0);
+    x->s[1] = x->s[0] ? x->s[0] : obwd(t, x->tape);
+    x->s[2] = bk_otk_features(&t->desc, &t->p, &t->tx, &tp);
+}
+
+static int od_spans(const odet *x, th_span *sp)
+{
+    const ocase *c = &x->t.c;
+    const size_t B = (size_t)c->B;
+    const th_span s[10] = {{x->t.o, 4 * B * c->p * c->q * c->k}, {x->t.plan, 4 * B * c->q * c->n * c->p},
+                           {x->diag, sizeof(bk_otk_diag) * B * c->q}, {x->tape, x->tape_bytes},
+                           {x->psi, 4 * B * c->n * c->k}, {x->t.dx, 4 * B * c->n * c->d},
+                           {x->t.dz, 4 * (size_t)c->q * c->p * c->k}, {x->s, sizeof x->s},
+                           {x->t.dW, 4 * (size_t)c->k * c->d}};
+    memcpy(sp, s, sizeof s);
+    return x->t.W ? 9 : 8; /* dW only with anchors */
+}
+
+/* plants set 0 of x (elements, output gradient; the same z and W) as set b of
+ * y (whose set b has the same length) */
+static void od_plant(const odet *x, odet *y, int b)
+{
+    const ocase *c = &x->t.c;
+    memcpy(y->t.x + (size_t)b * c->n * y->t.ldx, x->t.x, sizeof(float) * (size_t)c->n * x->t.ldx);
+    memcpy(y->t.dout + (size_t)b * c->p * c->q * c->k, x->t.dout, sizeof(float) * (size_t)c->p * c->q * c->k);
+    memcpy(y->t.z, x->t.z, sizeof(float) * (size_t)c->q * c->p * c->k);
+    if (x->t.W) memcpy(y->t.W, x->t.W, sizeof(float) * (size_t)c->k * c->d);
+}
+
+/* set b of y equals set 0 of x in every per-set output */
+static int od_same(const odet *x, const odet *y, int b)
+{
+    const ocase *c = &x->t.c;
+    const size_t no = (size_t)c->p * c->q * c->k, np = (size_t)c->q * c->n * c->p;
+    return x->s[0] == BK_OK && x->s[1] == BK_OK && x->s[2] == BK_OK && y->s[0] == BK_OK && y->s[1] == BK_OK &&
+           y->s[2] == BK_OK && !memcmp(x->t.o, y->t.o + b * no, 4 * no) && !memcmp(x->t.plan, y->t.plan + b * np, 4 * np) &&
+           !memcmp(x->diag, y->diag + (size_t)b * c->q, sizeof(bk_otk_diag) * c->q) &&
+           !memcmp(x->psi, y->psi + (size_t)b * c->n * c->k, 4 * (size_t)c->n * c->k) &&
+           !memcmp(x->t.dx, y->t.dx + (size_t)b * c->n * c->d, 4 * (size_t)c->n * c->d);
+}
+
+/* A one-set call runs as a team at 2+ threads: its workspace then holds the
+ * engine's row buffers of every member (one thread per set would not) */
+static int otk_runs_as_team(const odet *x)
+{
+    bk_set_num_threads(1);
+    const size_t w1 = bk_otk_workspace_size(&x->t.desc, &x->t.p);
+    int team = 1;
+    for (int i = 1; i < TH_NTHREADS; i++) {
+        bk_set_num_threads(th_threads[i]);
+        team &= bk_otk_workspace_size(&x->t.desc, &x->t.p) > w1;
+    }
+    bk_set_num_threads(0);
+    return team;
+}
+
+typedef struct {
+    odet x;
+    float Z[2 * 8 * 16];
+    bk_kmeans_report rep;
+    bk_status s;
+} ofit;
+
+static void of_run(void *ctx)
+{
+    ofit *f = ctx;
+    bk_kmeans_params kp = bk_kmeans_params_default();
+    kp.iters = 3;
+    kp.seed = 9;
+    f->s = bk_otk_fit_refs(&f->x.t.desc, &f->x.t.p, &f->x.t.tx, &kp, 2, f->Z, &f->rep);
+}
+
+static void test_otk_contract(void)
+{
+    /* one set large enough to run as a team: 400 x (p + k) */
+    const int n = 400, L0 = 389;
+    const ocase cases[3] = {
+        {1, n, 20, 2, 40, 48, 1, 1, 5, 0.5f, BK_OTK_LOG, BK_OTK_PAPER, BK_OTK_PE_1D, 0, BK_OTK_ISQRT_EXACT, 1e-2f},
+        {1, n, 20, 2, 40, 48, 1, 1, 5, 0.5f, BK_OTK_SCALING, BK_OTK_REFERENCE, BK_OTK_PE_NONE, 0, BK_OTK_ISQRT_EXACT, 1e-2f},
+        {1, n, 48, 1, 40, 48, 1, 0, 4, 0.5f, BK_OTK_LOG, BK_OTK_PAPER, BK_OTK_PE_1D, 1, BK_OTK_ISQRT_EXACT, 1e-2f}};
+    const char *names[3] = {"OTK log, Nystrom, PE", "OTK scaling, Nystrom, reference convention",
+                            "OTK log, identity map, PE x2"};
+    for (int ci = 0; ci < 3; ci++) {
+        char name[200];
+        th_span sp[10];
+        /* (a) thread counts: one set (a team) and a batch of 7 */
+        for (int si = 0; si < 2; si++) {
+            ocase c = cases[ci];
+            c.B = si ? 7 : 1;
+            odet x;
+            od_init(&x, &c, 0, L0, 500 + ci);
+            if (si == 0)
+                th_check(otk_runs_as_team(&x), "OTK: one set of 389 elements (p 40, k 48) runs as a team", "%s",
+                         "its workspace does not grow with the thread count");
+            snprintf(name, sizeof name, "%s: forward (out, plans, diag, tape), features and backward (dx, dz, dW) "
+                     "bitwise identical at 1, 2, 3, 5, 8 threads (B=%d)", names[ci], c.B);
+            th_same_over_threads(name, od_run, &x, sp, od_spans(&x, sp));
+            th_check(x.s[0] == BK_OK && x.s[1] == BK_OK && x.s[2] == BK_OK, name, "status %d %d %d: %s", x.s[0],
+                     x.s[1], x.s[2], bk_last_error());
+            od_free(&x);
+        }
+        /* (b) batch shapes: the set alone, as one of 3 and as one of 16 */
+        odet x;
+        od_init(&x, &cases[ci], 0, L0, 510 + ci);
+        od_run(&x);
+        const int batches[2][2] = {{3, 1}, {16, 9}}; /* B, set of the planted one */
+        for (int bi = 0; bi < 2; bi++)
+            for (int nt = 1; nt <= 3; nt++) {
+                ocase cb = cases[ci];
+                cb.B = batches[bi][0];
+                odet y;
+                od_init(&y, &cb, batches[bi][1], L0, 520 + ci);
+                od_plant(&x, &y, batches[bi][1]);
+                bk_set_num_threads(nt);
+                od_run(&y);
+                bk_set_num_threads(0);
+                snprintf(name, sizeof name, "%s: a set alone == the same set in a batch of %d (%d threads)", names[ci],
+                         cb.B, nt);
+                th_check(od_same(&x, &y, batches[bi][1]), name, "outputs differ (%s)", bk_last_error());
+                od_free(&y);
+            }
+        od_free(&x);
+    }
+    /* the fits: Wasserstein K-means (transport statistics; few large sets run
+     * as a team) with barycentric steps */
+    ofit f;
+    memset(&f, 0, sizeof f);
+    ocase c = {3, 1400, 16, 2, 8, 16, 1, 0, 3, 0.2f, BK_OTK_LOG, BK_OTK_PAPER, BK_OTK_PE_NONE, 0, BK_OTK_ISQRT_EXACT, 0.0f};
+    od_init(&f.x, &c, 0, 1400, 530);
+    th_span fs[3] = {{f.Z, sizeof f.Z}, {&f.rep, sizeof f.rep}, {&f.s, sizeof f.s}};
+    th_same_over_threads("OTK fit-refs (q = 2, 3 sets of up to 1400): references bitwise identical at 1, 2, 3, 5, 8 "
+                         "threads", of_run, &f, fs, 3);
+    th_check(f.s == BK_OK, "OTK fit-refs on large sets", "%s", bk_last_error());
+    od_free(&f.x);
+}
+
 /* ---- unsupervised fits ----------------------------------------------------------- */
 static void test_otk_kmeans(void)
 {
@@ -675,6 +858,7 @@ void test_otk(void)
     test_otk_fd();
     test_otk_properties();
     test_otk_determinism();
+    test_otk_contract();
     test_otk_kmeans();
     test_otk_bad_input();
 }

@@ -8,10 +8,18 @@
  * rows divided by their marginal), so A1 = n Gamma1 and A2 = diag(1/p0)
  * Gamma2, and the glued attention is simply A = A1 A2: O = A1 (A2 V). The
  * engine's backward also returns the gradients w.r.t. the log marginals,
- * which carry the gradient to the pivot-mass logits. */
+ * which carry the gradient to the pivot-mass logits.
+ *
+ * Parallel model (internal.h): the B*H problems run one per thread, or one
+ * at a time by a team of all threads (bki_plan), through the same
+ * per-problem code: the two thin inner problems on the team-aware engine,
+ * the GEMMs through bki_gemm, the thin products with a long inner dimension
+ * (A2 V, A1^T dO, the pivot gradient) in fixed chunks of that dimension
+ * summed in chunk order, the diagnostics in fixed blocks. dZ and dtheta are
+ * kept per problem and summed in problem order. So results are bitwise the
+ * same for any thread count and any batch shape. */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,42 +94,76 @@ static float *tape_block(const void *tape, const bk_attn_desc *d, const bk_lot_p
 
 static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
 
-static size_t slab_bytes(const bk_attn_desc *d, const bk_lot_params *p)
+/* Chunks of a long inner dimension K of a thin product (few GEMM tiles): at
+ * most 16 of at least 256 (a function of K only). */
+static int kchunk(int K)
+{
+    int c = (K + 15) / 16;
+    c = (c + 15) & ~15;
+    return c < 256 ? 256 : c;
+}
+
+/* floats of the partial products of a thin M x N output over inner
+ * dimensions up to K1 and K2 (gemm_ksum; a shorter K never has more chunks:
+ * ceil(K / 256) up to 4096, then 16) */
+static size_t ksum_floats(int M, int N, int K1, int K2)
+{
+    return (size_t)(bki_nblocks(K1, kchunk(K1)) + bki_nblocks(K2, kchunk(K2))) * M * N;
+}
+
+/* How a call runs its problems (bki_plan). Work of one problem: the entries
+ * of its n x (r + d + dv) and m x (r + d + dv) operands. */
+static bki_plan plan_of(const bk_attn_desc *d, const bk_lot_params *p)
+{
+    return bki_plan_problems(d->B * d->H, (double)(d->Nq + d->Nk) * (p->r + d->d + d->dv));
+}
+
+/* One lane: a problem in flight, run by one thread or by a team of
+ * `members` (the engine's scratch is sized for them; one scratch per inner
+ * problem, so the two can follow each other without a sync). */
+typedef struct {
+    float *L1, *A1, *G1, *L2, *A2, *G2, *Y, *X, *logp, *p0, *g1, *g2, *kpart, *emax, *scr1, *scr2;
+} lot_lane;
+
+static size_t lane_bytes(const bk_attn_desc *d, const bk_lot_params *p, int members)
 {
     const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
-    const int big = (int)(n > r ? n : r) > (int)(m > r ? m : r) ? (int)(n > r ? n : r) : (int)(m > r ? m : r);
-    size_t b = fl(n * r) * 3 + fl(r * m) * 3 + fl(r * dv) * 2 + fl(r) * 4 + fl((size_t)r * d->d);
-    b += fl(bki_kern()->sk_scratch(big, big, 1));
-    b += fl(bki_hist_len((int)n, (int)r, p->iters)) + fl(bki_hist_len((int)r, (int)m, p->iters));
+    const int dmax = d->d > d->dv ? d->d : d->dv;
+    size_t b = fl(n * r) * 3 + fl(r * m) * 3 + fl(r * dv) * 2 + fl(r) * 4;
+    b += fl(ksum_floats(p->r, dmax, d->Nq, d->Nk)) + fl(2 * BKI_MAX_BLOCKS);
+    b += fl(bki_kern()->sk_scratch(d->Nq, p->r, members)) + fl(bki_kern()->sk_scratch(p->r, d->Nk, members));
     return b + BK_ALIGN;
 }
 
-typedef struct {
-    float *L1, *A1, *G1, *L2, *A2, *G2, *Y, *X, *logp, *p0, *g1, *g2, *dZp, *scr, *h1, *h2;
-} lot_slab;
-
-static lot_slab carve(char *base, size_t bytes, const bk_attn_desc *d, const bk_lot_params *p)
+static lot_lane lane_at(char *base, const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, int li)
 {
-    bki_arena ar = {base, 0, bytes};
+    const int members = pl.team ? pl.nt : 1;
+    const size_t lb = lane_bytes(d, p, members);
+    bki_arena ar = {bki_align_ptr(base + (size_t)li * lb), 0, lb - BK_ALIGN};
     const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
-    const int big = (int)(n > r ? n : r) > (int)(m > r ? m : r) ? (int)(n > r ? n : r) : (int)(m > r ? m : r);
-    lot_slab w;
+    const int dmax = d->d > d->dv ? d->d : d->dv;
+    lot_lane w;
 #define TAKE(ptr, cnt) ptr = bki_take(&ar, (cnt) * sizeof(float))
     TAKE(w.L1, n * r); TAKE(w.A1, n * r); TAKE(w.G1, n * r);
     TAKE(w.L2, r * m); TAKE(w.A2, r * m); TAKE(w.G2, r * m);
     TAKE(w.Y, r * dv); TAKE(w.X, r * dv);
     TAKE(w.logp, r); TAKE(w.p0, r); TAKE(w.g1, r); TAKE(w.g2, r);
-    TAKE(w.dZp, r * d->d);
-    TAKE(w.scr, bki_kern()->sk_scratch(big, big, 1));
-    TAKE(w.h1, bki_hist_len((int)n, (int)r, p->iters));
-    TAKE(w.h2, bki_hist_len((int)r, (int)m, p->iters));
+    TAKE(w.kpart, ksum_floats(p->r, dmax, d->Nq, d->Nk));
+    TAKE(w.emax, 2 * BKI_MAX_BLOCKS);
+    TAKE(w.scr1, bki_kern()->sk_scratch(d->Nq, p->r, members));
+    TAKE(w.scr2, bki_kern()->sk_scratch(p->r, d->Nk, members));
 #undef TAKE
     return w;
 }
 
-static size_t ws_need(const bk_attn_desc *d, const bk_lot_params *p, int nt, int with_tape, int backward)
+static size_t lanes_bytes(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl)
 {
-    size_t b = (size_t)nt * slab_bytes(d, p) + BK_ALIGN;
+    return (size_t)pl.lanes * lane_bytes(d, p, pl.team ? pl.nt : 1) + BK_ALIGN;
+}
+
+static size_t ws_need(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, int with_tape, int backward)
+{
+    size_t b = lanes_bytes(d, p, pl);
     if (backward) b += fl((size_t)d->B * d->H * p->r * (d->d + 1)) + BK_ALIGN; /* per-problem dZ, dtheta */
     if (with_tape) b += bk_lot_tape_size(d, p) + BK_ALIGN;
     return b;
@@ -132,14 +174,34 @@ size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
     if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1 ||
         p->r < 1 || p->iters < 1)
         return 0;
-    return ws_need(desc, p, bki_work_threads(desc->B * desc->H), 1, 1);
+    return ws_need(desc, p, plan_of(desc, p), 1, 1);
 }
 
-static lot_slab thread_slab(const bk_attn_desc *d, const bk_lot_params *p, char *base)
+/* Runs prob(tm, pi, lane, ctx) for every problem as the plan says: a team of
+ * all region threads on one problem after another, or one problem per
+ * thread. Every problem ends with its team in sync. */
+typedef void (*lot_problem_fn)(const bki_team *tm, int pi, const lot_lane *w, void *ctx);
+
+static void run_problems(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, char *base, lot_problem_fn prob,
+                         void *ctx)
 {
-    const int tid = bki_thread_id();
-    const size_t sb = slab_bytes(d, p);
-    return carve(bki_align_ptr(base + (size_t)tid * sb), sb - BK_ALIGN, d, p);
+    const int P = d->B * d->H;
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        if (pl.team) {
+            const bki_team tm = {bki_thread_id(), bki_region_size()};
+            const lot_lane w = lane_at(base, d, p, pl, 0);
+            for (int pi = 0; pi < P; pi++) {
+                prob(&tm, pi, &w, ctx);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const lot_lane w = lane_at(base, d, p, pl, bki_thread_id());
+#pragma omp for schedule(static)
+            for (int pi = 0; pi < P; pi++) prob(&BKI_SOLO, pi, &w, ctx);
+        }
+    }
 }
 
 /* ---- per problem ----------------------------------------------------------- */
@@ -148,35 +210,171 @@ static float alpha_of(const bk_attn_desc *d, const bk_lot_params *p)
     return (p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d)) / p->eps;
 }
 
-/* The two inner problems' logits: L1 = (s/eps) Q Z^T (n x r), L2 = (s/eps) Z K^T (r x m). */
-static void logits(const bk_attn_desc *d, const bk_lot_params *p, int n, int m, const float *Q, int64_t ldq,
-                   const float *Kb, int64_t ldk, const float *Zh, lot_slab *w)
+/* One term op(A) B of a thin product (K x N B, no transpose). */
+typedef struct {
+    int ta, K;
+    const float *A, *B;
+    ptrdiff_t lda, ldb;
+} kterm;
+
+/* C (M x N, thin: few GEMM tiles) = alpha sum_s op(A_s) B_s over long inner
+ * dimensions: each term's K is cut into fixed chunks (kchunk), each chunk
+ * one single-threaded product into its own partial (part), the chunks shared
+ * over the team; then the partials are summed in chunk order, the output's
+ * rows shared. A function of the shapes only, like every partition here.
+ * Ends with the team in sync. */
+static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm *t, int nterms, float *C,
+                      ptrdiff_t ldc, float *part)
+{
+    int nc = 0;
+    for (int s = 0; s < nterms; s++) nc += bki_nblocks(t[s].K, kchunk(t[s].K));
+    const size_t mn = (size_t)M * N;
+    int c0, c1;
+    bki_team_share(tm, nc, &c0, &c1);
+    for (int s = 0, c = 0; s < nterms; s++) {
+        const int kc = kchunk(t[s].K), ns = bki_nblocks(t[s].K, kc);
+        for (int j = 0; j < ns; j++, c++) {
+            if (c < c0 || c >= c1) continue;
+            const int k0 = j * kc, kk = t[s].K - k0 < kc ? t[s].K - k0 : kc;
+            const float *Ak = t[s].ta ? t[s].A + (ptrdiff_t)k0 * t[s].lda : t[s].A + k0;
+            bki_gemm(&BKI_SOLO, t[s].ta, 0, M, N, kk, alpha, Ak, t[s].lda, t[s].B + (ptrdiff_t)k0 * t[s].ldb, t[s].ldb,
+                     0.0f, part + (size_t)c * mn, N);
+        }
+    }
+    bki_team_sync(tm);
+    int i0, i1;
+    bki_team_share(tm, M, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *Ci = C + (ptrdiff_t)i * ldc;
+        memcpy(Ci, part + (size_t)i * N, sizeof(float) * (size_t)N);
+        for (int c = 1; c < nc; c++) {
+            const float *pc = part + (size_t)c * mn + (size_t)i * N;
+            for (int j = 0; j < N; j++) Ci[j] += pc[j];
+        }
+    }
+    bki_team_sync(tm);
+}
+
+/* The inner problems of problem pi: pivot masses, logits L1 = (s/eps) Q Z^T
+ * (n x r) and L2 = (s/eps) Z K^T (r x m); ends in sync. */
+static void inner_setup(const bki_team *tm, const bk_attn_desc *d, const bk_lot_params *p, int n, int m,
+                        const float *Q, int64_t ldq, const float *Kb, int64_t ldk, int h, const lot_lane *w,
+                        bki_sk_problem *pb1, bki_sk_problem *pb2)
 {
     const int r = p->r;
     const float al = alpha_of(d, p);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r, d->d, al, Q, (int)ldq, Zh, d->d, 0.0f, w->L1, r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, d->d, al, Zh, d->d, Kb, (int)ldk, 0.0f, w->L2, m);
+    const float *Zh = p->Z + (size_t)h * r * d->d;
+    if (tm->tid == 0) pivot_masses(r, p->theta + (size_t)h * r, p->temp, w->logp, w->p0);
+    bki_gemm(tm, 0, 1, n, r, d->d, al, Q, ldq, Zh, d->d, 0.0f, w->L1, r);
+    bki_gemm(tm, 0, 1, r, m, d->d, al, Zh, d->d, Kb, ldk, 0.0f, w->L2, m);
+    bki_team_sync(tm);
+    const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL};
+    const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL};
+    *pb1 = a;
+    *pb2 = b;
 }
 
-/* Logits, the two inner problems (A1, A2 and potentials) for one problem. */
-static void inner_forward(const bki_kernels *K, const bk_attn_desc *d, const bk_lot_params *p, int n, int m,
-                          const float *Q, int64_t ldq, const float *Kb, int64_t ldk, const float *Zh, lot_slab *w,
-                          float *h1, float *h2, bki_sk_result *r1, bki_sk_result *r2)
+/* Diagnostics of the glued A = A1 A2: rows A1 (A2 1), columns (1^T A1) A2,
+ * in fixed row and column blocks (the maximum of each block, then of the
+ * blocks). Ends in sync. */
+static void glue_diag(const bki_team *tm, int n, int m, int r, const lot_lane *w, bk_lot_diag *dg)
 {
-    const int r = p->r;
-    logits(d, p, n, m, Q, ldq, Kb, ldk, Zh, w);
-    bki_sk_problem pb1 = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL};
-    bki_sk_problem pb2 = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL};
-    bki_sk_result a = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, b = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
-    K->sk_forward(&BKI_SOLO, &pb1, &a, w->scr);
-    K->sk_forward(&BKI_SOLO, &pb2, &b, w->scr);
-    *r1 = a;
-    *r2 = b;
+    int t0, t1;
+    bki_team_share(tm, r, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        double rs = 0.0, cs = 0.0;
+        for (int j = 0; j < m; j++) rs += w->A2[(size_t)t * m + j];
+        for (int i = 0; i < n; i++) cs += w->A1[(size_t)i * r + t];
+        w->g1[t] = (float)rs;
+        w->g2[t] = (float)cs;
+    }
+    bki_team_sync(tm);
+    const int rbn = bki_row_block(n), nbn = bki_nblocks(n, rbn), rbm = bki_row_block(m), nbm = bki_nblocks(m, rbm);
+    int b0, b1;
+    bki_team_share(tm, nbn + nbm, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        float e = 0.0f;
+        if (b < nbn) {
+            const int i1 = (b + 1) * rbn < n ? (b + 1) * rbn : n;
+            for (int i = b * rbn; i < i1; i++) {
+                double s = 0.0;
+                for (int t = 0; t < r; t++) s += (double)w->A1[(size_t)i * r + t] * w->g1[t];
+                e = fmaxf(e, (float)fabs(s - 1.0));
+            }
+        } else {
+            const int j0 = (b - nbn) * rbm, j1 = j0 + rbm < m ? j0 + rbm : m;
+            for (int j = j0; j < j1; j++) {
+                double s = 0.0;
+                for (int t = 0; t < r; t++) s += (double)w->g2[t] * w->A2[(size_t)t * m + j];
+                e = fmaxf(e, (float)fabs(s * m / n - 1.0));
+            }
+        }
+        w->emax[b] = e;
+    }
+    bki_team_sync(tm);
+    for (int b = 0; b < nbn; b++) dg->row_err = fmaxf(dg->row_err, w->emax[b]);
+    for (int b = nbn; b < nbn + nbm; b++) dg->col_err = fmaxf(dg->col_err, w->emax[b]);
+}
+
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_lot_params *p;
+    const bk_tensor *q, *k, *v, *out;
+    void *tape;
+    const bk_lot_extras *ex;
+} fwd_ctx;
+
+static void fwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vctx)
+{
+    const fwd_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const bk_lot_params *p = x->p;
+    const bk_lot_extras *ex = x->ex;
+    const bki_kernels *K = bki_kern();
+    const int r = p->r, b = pi / d->H, h = pi % d->H;
+    const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk), live = n > 0 && m > 0;
+    float *blk = tape_block(x->tape, d, p, pi);
+    float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
+    const bk_tensor *out = x->out;
+    float *Ob = out ? bki_at(out, b, h) : NULL;
+    float *Ab = ex && ex->attn.data ? bki_at(&ex->attn, b, h) : NULL;
+    bk_lot_diag dg = {0, 0, 0.0f, 0.0f};
+    if (live) {
+        bki_sk_problem pb1, pb2;
+        inner_setup(tm, d, p, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, h, w,
+                    &pb1, &pb2);
+        bki_sk_result r1 = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, r2 = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
+        K->sk_forward(tm, &pb1, &r1, w->scr1);
+        K->sk_forward(tm, &pb2, &r2, w->scr2);
+        dg.iters1 = r1.iters;
+        dg.iters2 = r2.iters;
+        if (Ob) { /* O = A1 (A2 V) */
+            const kterm y = {0, m, w->A2, bki_at(x->v, b, h), m, x->v->stride_n};
+            gemm_ksum(tm, r, d->dv, 1.0f, &y, 1, w->Y, d->dv, w->kpart);
+            bki_gemm(tm, 0, 0, n, d->dv, r, 1.0f, w->A1, r, w->Y, d->dv, 0.0f, Ob, out->stride_n);
+        }
+        if (ex && ex->diag) glue_diag(tm, n, m, r, w, &dg);
+        if (Ab) bki_gemm(tm, 0, 0, n, m, r, 1.0f, w->A1, r, w->A2, m, 0.0f, Ab, ex->attn.stride_n);
+    }
+    if (Ab) { /* padding of A: columns [m, Nk) of valid rows, then whole rows; rows shared */
+        int i0, i1;
+        bki_team_share(tm, d->Nq, &i0, &i1);
+        for (int i = i0; i < i1; i++) {
+            float *row = Ab + (int64_t)i * ex->attn.stride_n;
+            if (live && i < n) memset(row + m, 0, sizeof(float) * (size_t)(d->Nk - m));
+            else memset(row, 0, sizeof(float) * (size_t)d->Nk);
+        }
+    }
+    if (tm->tid != 0) return;
+    int32_t *hdr = (int32_t *)blk;
+    hdr[0] = n; hdr[1] = m; hdr[2] = dg.iters1; hdr[3] = dg.iters2;
+    if (Ob) bki_zero_rows(Ob, out->stride_n, live ? n : 0, d->Nq, d->dv);
+    if (ex && ex->diag) ex->diag[pi] = dg;
 }
 
 static void forward_core(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_lot_extras *ex, char *base,
-                         int nt)
+                         bki_plan pl)
 {
     lot_tape_header *th = tape;
     memset(th, 0, sizeof *th);
@@ -184,71 +382,68 @@ static void forward_core(const bk_attn_desc *d, const bk_lot_params *p, const bk
     th->version = LOT_VERSION;
     th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->d = d->d; th->r = p->r; th->T = p->iters;
     th->alpha = alpha_of(d, p); th->temp = p->temp; th->tol = p->tol;
+    fwd_ctx x = {d, p, q, k, v, out, tape, ex};
+    run_problems(d, p, pl, base, fwd_problem, &x);
+}
+
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_lot_params *p;
+    const bk_tensor *q, *k, *v, *dout, *dq, *dk, *dv;
+    const void *tape;
+    float *grads; /* [P][r][d + 1]: per-problem dZ, dtheta */
+} bwd_ctx;
+
+static void bwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vctx)
+{
+    const bwd_ctx *x = vctx;
+    const bk_attn_desc *d = x->d;
+    const bk_lot_params *p = x->p;
     const bki_kernels *K = bki_kern();
-    const int P = d->B * d->H, r = p->r;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        lot_slab w = thread_slab(d, p, base);
-#pragma omp for schedule(static)
-        for (int pi = 0; pi < P; pi++) {
-            const int b = pi / d->H, h = pi % d->H;
-            const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk);
-            float *blk = tape_block(tape, d, p, pi);
-            int32_t *hdr = (int32_t *)blk;
-            float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
-            bk_lot_diag dg = {0, 0, 0.0f, 0.0f};
-            hdr[0] = n; hdr[1] = m; hdr[2] = 0; hdr[3] = 0;
-            float *Ob = out ? bki_at(out, b, h) : NULL;
-            if (n > 0 && m > 0) {
-                pivot_masses(r, p->theta + (size_t)h * r, p->temp, w.logp, w.p0);
-                bki_sk_result r1, r2;
-                inner_forward(K, d, p, n, m, bki_at(q, b, h), q->stride_n, bki_at(k, b, h), k->stride_n,
-                              p->Z + (size_t)h * r * d->d, &w, h1, h2, &r1, &r2);
-                hdr[2] = r1.iters;
-                hdr[3] = r2.iters;
-                dg.iters1 = r1.iters;
-                dg.iters2 = r2.iters;
-                if (Ob) { /* O = A1 (A2 V) */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, d->dv, m, 1.0f, w.A2, m, bki_at(v, b, h),
-                                (int)v->stride_n, 0.0f, w.Y, d->dv);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d->dv, r, 1.0f, w.A1, r, w.Y, d->dv, 0.0f,
-                                Ob, (int)out->stride_n);
-                }
-                if (ex && ex->diag) { /* rows: A1 (A2 1); columns: (1^T A1) A2 */
-                    for (int t = 0; t < r; t++) {
-                        double rs = 0.0, cs = 0.0;
-                        for (int j = 0; j < m; j++) rs += w.A2[(size_t)t * m + j];
-                        for (int i = 0; i < n; i++) cs += w.A1[(size_t)i * r + t];
-                        w.g1[t] = (float)rs;
-                        w.g2[t] = (float)cs;
-                    }
-                    for (int i = 0; i < n; i++) {
-                        double s = 0.0;
-                        for (int t = 0; t < r; t++) s += (double)w.A1[(size_t)i * r + t] * w.g1[t];
-                        dg.row_err = fmaxf(dg.row_err, (float)fabs(s - 1.0));
-                    }
-                    for (int j = 0; j < m; j++) {
-                        double s = 0.0;
-                        for (int t = 0; t < r; t++) s += (double)w.g2[t] * w.A2[(size_t)t * m + j];
-                        dg.col_err = fmaxf(dg.col_err, (float)fabs(s * m / n - 1.0));
-                    }
-                }
-                if (ex && ex->attn.data)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, m, r, 1.0f, w.A1, r, w.A2, m, 0.0f,
-                                bki_at(&ex->attn, b, h), (int)ex->attn.stride_n);
-            }
-            if (Ob) bki_zero_rows(Ob, out->stride_n, n > 0 && m > 0 ? n : 0, d->Nq, d->dv);
-            if (ex && ex->attn.data) {
-                float *Ab = bki_at(&ex->attn, b, h);
-                const int live = n > 0 && m > 0;
-                for (int i = 0; i < (live ? n : 0); i++)
-                    memset(Ab + (int64_t)i * ex->attn.stride_n + m, 0, sizeof(float) * (size_t)(d->Nk - m));
-                bki_zero_rows(Ab, ex->attn.stride_n, live ? n : 0, d->Nq, d->Nk);
-            }
-            if (ex && ex->diag) ex->diag[pi] = dg;
-        }
+    const int r = p->r, b = pi / d->H, h = pi % d->H, dvd = d->dv;
+    const float *blk = tape_block(x->tape, d, p, pi);
+    const int32_t *hdr = (const int32_t *)blk;
+    const int n = hdr[0], m = hdr[1], live = n > 0 && m > 0;
+    const float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
+    float *dQb = bki_at(x->dq, b, h), *dKb = bki_at(x->dk, b, h), *dVb = bki_at(x->dv, b, h);
+    float *gZ = x->grads + (size_t)pi * r * (d->d + 1), *gth = gZ + (size_t)r * d->d;
+    if (live) {
+        const bk_tensor *q = x->q, *k = x->k, *v = x->v, *dout = x->dout;
+        const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h), *dOb = bki_at(dout, b, h);
+        const float *Zh = p->Z + (size_t)h * r * d->d;
+        const float al = alpha_of(d, p);
+        bki_sk_problem pb1, pb2;
+        inner_setup(tm, d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, h, w, &pb1, &pb2);
+        K->sk_attention(tm, &pb1, hdr[2], h1, w->A1, r, w->scr1);
+        K->sk_attention(tm, &pb2, hdr[3], h2, w->A2, m, w->scr2);
+        /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
+        const kterm y = {0, m, w->A2, Vb, m, v->stride_n}, xt = {1, n, w->A1, dOb, r, dout->stride_n};
+        gemm_ksum(tm, r, dvd, 1.0f, &y, 1, w->Y, dvd, w->kpart);
+        gemm_ksum(tm, r, dvd, 1.0f, &xt, 1, w->X, dvd, w->kpart);
+        bki_gemm(tm, 1, 0, m, dvd, r, 1.0f, w->A2, m, w->X, dvd, 0.0f, dVb, x->dv->stride_n);
+        bki_gemm(tm, 0, 1, n, r, dvd, 1.0f, dOb, dout->stride_n, w->Y, dvd, 0.0f, w->G1, r);
+        bki_gemm(tm, 0, 1, r, m, dvd, 1.0f, w->X, dvd, Vb, v->stride_n, 0.0f, w->G2, m);
+        bki_team_sync(tm);
+        /* through the two Sinkhorn problems: logits and log pivot masses */
+        K->sk_backward(tm, &pb1, hdr[2], h1, w->A1, r, w->G1, r, w->scr1, NULL, w->g1);
+        K->sk_backward(tm, &pb2, hdr[3], h2, w->A2, m, w->G2, m, w->scr2, w->g2, NULL);
+        /* dQ = al G1 Z ; dK = al G2^T Z ; dZ = al (G1^T Q + G2 K) */
+        bki_gemm(tm, 0, 0, n, d->d, r, al, w->G1, r, Zh, d->d, 0.0f, dQb, x->dq->stride_n);
+        bki_gemm(tm, 1, 0, m, d->d, r, al, w->G2, m, Zh, d->d, 0.0f, dKb, x->dk->stride_n);
+        const kterm z[2] = {{1, n, w->G1, Qb, r, q->stride_n}, {0, m, w->G2, Kb, m, k->stride_n}};
+        gemm_ksum(tm, r, d->d, al, z, 2, gZ, d->d, w->kpart);
     }
+    if (tm->tid != 0) return;
+    if (live) { /* log p0 = theta/temp - LSE: dtheta = (g - p0 sum g) / temp */
+        double gs = 0.0;
+        for (int t = 0; t < r; t++) gs += (double)w->g1[t] + w->g2[t];
+        for (int t = 0; t < r; t++) gth[t] = (float)(((double)w->g1[t] + w->g2[t] - w->p0[t] * gs) / p->temp);
+    } else {
+        memset(gZ, 0, sizeof(float) * (size_t)r * (d->d + 1));
+    }
+    bki_zero_rows(dQb, x->dq->stride_n, live ? n : 0, d->Nq, d->d);
+    bki_zero_rows(dKb, x->dk->stride_n, live ? m : 0, d->Nk, d->d);
+    bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
 static bk_status check_common(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
@@ -267,13 +462,13 @@ bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk
     bk_status s;
     if ((s = check_common(d, p, q, k, v))) return s;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const int nt = bki_work_threads(d->B * d->H);
+    const bki_plan pl = plan_of(d, p);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, nt, tape == NULL, 0), "bk_lot_workspace_size", &owned, &base)))
+    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, pl, tape == NULL, 0), "bk_lot_workspace_size", &owned, &base)))
         return s;
-    void *tp = tape ? tape : bki_align_ptr(base + (size_t)nt * slab_bytes(d, p) + BK_ALIGN);
-    forward_core(d, p, q, k, v, out, tp, ex, base, nt);
+    void *tp = tape ? tape : bki_align_ptr(base + lanes_bytes(d, p, pl));
+    forward_core(d, p, q, k, v, out, tp, ex, base, pl);
     free(owned);
     bki_clear_error();
     return BK_OK;
@@ -303,78 +498,20 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const b
                 return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", pi);
         }
     }
-    const int nt = bki_work_threads(d->B * d->H);
+    const bki_plan pl = plan_of(d, p);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, nt, tape_in == NULL, 1), "bk_lot_workspace_size", &owned, &base)))
+    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, pl, tape_in == NULL, 1), "bk_lot_workspace_size", &owned, &base)))
         return s;
-    float *grads = (float *)bki_align_ptr(base + (size_t)nt * slab_bytes(d, p) + BK_ALIGN); /* [P][r][d+1] */
+    float *grads = (float *)bki_align_ptr(base + lanes_bytes(d, p, pl)); /* [P][r][d+1] */
     const void *tape = tape_in;
     if (!tape) {
         void *tp = bki_align_ptr((char *)grads + fl((size_t)P * r * (d->d + 1)) + BK_ALIGN);
-        forward_core(d, p, q, k, v, NULL, tp, NULL, base, nt);
+        forward_core(d, p, q, k, v, NULL, tp, NULL, base, pl);
         tape = tp;
     }
-    const bki_kernels *K = bki_kern();
-    const float al = alpha_of(d, p);
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        lot_slab w = thread_slab(d, p, base);
-#pragma omp for schedule(static)
-        for (int pi = 0; pi < P; pi++) {
-            const int b = pi / d->H, h = pi % d->H;
-            const float *blk = tape_block(tape, d, p, pi);
-            const int32_t *hdr = (const int32_t *)blk;
-            const int n = hdr[0], m = hdr[1];
-            const float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
-            float *dQb = bki_at(dq, b, h), *dKb = bki_at(dk, b, h), *dVb = bki_at(dv, b, h);
-            float *gZ = grads + (size_t)pi * r * (d->d + 1), *gth = gZ + (size_t)r * d->d;
-            memset(gZ, 0, sizeof(float) * (size_t)r * (d->d + 1));
-            if (n > 0 && m > 0) {
-                const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h), *dOb = bki_at(dout, b, h);
-                const float *Zh = p->Z + (size_t)h * r * d->d;
-                pivot_masses(r, p->theta + (size_t)h * r, p->temp, w.logp, w.p0);
-                logits(d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, Zh, &w);
-                bki_sk_problem pb1 = {n, r, w.L1, r, NULL, w.logp, p->iters, p->tol, NULL};
-                bki_sk_problem pb2 = {r, m, w.L2, m, w.logp, NULL, p->iters, p->tol, NULL};
-                K->sk_attention(&BKI_SOLO, &pb1, hdr[2], h1, w.A1, r, w.scr);
-                K->sk_attention(&BKI_SOLO, &pb2, hdr[3], h2, w.A2, m, w.scr);
-                const int dvd = d->dv;
-                /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, dvd, m, 1.0f, w.A2, m, Vb, (int)v->stride_n, 0.0f,
-                            w.Y, dvd);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, dvd, n, 1.0f, w.A1, r, dOb, (int)dout->stride_n,
-                            0.0f, w.X, dvd);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, dvd, r, 1.0f, w.A2, m, w.X, dvd, 0.0f, dVb,
-                            (int)dv->stride_n);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r, dvd, 1.0f, dOb, (int)dout->stride_n, w.Y, dvd,
-                            0.0f, w.G1, r);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, m, dvd, 1.0f, w.X, dvd, Vb, (int)v->stride_n, 0.0f,
-                            w.G2, m);
-                /* through the two Sinkhorn problems: logits and log pivot masses */
-                K->sk_backward(&BKI_SOLO, &pb1, hdr[2], h1, w.A1, r, w.G1, r, w.scr, NULL, w.g1);
-                K->sk_backward(&BKI_SOLO, &pb2, hdr[3], h2, w.A2, m, w.G2, m, w.scr, w.g2, NULL);
-                /* dQ = al G1 Z ; dK = al G2^T Z ; dZ = al (G1^T Q + G2 K) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d->d, r, al, w.G1, r, Zh, d->d, 0.0f, dQb,
-                            (int)dq->stride_n);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, d->d, r, al, w.G2, m, Zh, d->d, 0.0f, dKb,
-                            (int)dk->stride_n);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, d->d, n, al, w.G1, r, Qb, (int)q->stride_n, 0.0f,
-                            gZ, d->d);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, d->d, m, al, w.G2, m, Kb, (int)k->stride_n, 1.0f,
-                            gZ, d->d);
-                /* log p0 = theta/temp - LSE: dtheta = (g - p0 sum g) / temp */
-                double gs = 0.0;
-                for (int t = 0; t < r; t++) gs += (double)w.g1[t] + w.g2[t];
-                for (int t = 0; t < r; t++) gth[t] = (float)(((double)w.g1[t] + w.g2[t] - w.p0[t] * gs) / p->temp);
-            }
-            const int live = n > 0 && m > 0;
-            bki_zero_rows(dQb, dq->stride_n, live ? n : 0, d->Nq, d->d);
-            bki_zero_rows(dKb, dk->stride_n, live ? m : 0, d->Nk, d->d);
-            bki_zero_rows(dVb, dv->stride_n, live ? m : 0, d->Nk, d->dv);
-        }
-    }
+    bwd_ctx x = {d, p, q, k, v, dout, dq, dk, dv, tape, grads};
+    run_problems(d, p, pl, base, bwd_problem, &x);
     /* pivot gradients summed over the batch in a fixed order */
     if (dZ) memset(dZ, 0, sizeof(float) * (size_t)d->H * r * d->d);
     if (dtheta) memset(dtheta, 0, sizeof(float) * (size_t)d->H * r);

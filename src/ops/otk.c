@@ -10,8 +10,15 @@
  * The backward replays each plan from its potentials (the tape), so memory
  * does not grow with L beyond O(L (n + p)) per problem; psi is recomputed.
  * Gradients shared over the batch (z, W and the Nystrom matrix M) are
- * accumulated per set and summed in set order: results do not depend on the
- * thread count. */
+ * accumulated per set and summed in set order.
+ *
+ * Parallel model (internal.h): the B sets run one per thread, or one at a
+ * time by a team of all threads (bki_plan), through the same per-set code:
+ * rows in fixed row blocks (bki_row_block of the set's valid length), the
+ * GEMMs through bki_gemm, the plans on the team-aware engine or on the
+ * scaling iteration with per-block partial column sums added in block order.
+ * So results are bitwise the same for any thread count and batch shape. The
+ * anchor Gram's eigendecomposition (once per call) stays serial. */
 #include "ops.h"
 
 #include <cblas.h>
@@ -108,46 +115,57 @@ static bk_tensor dense_view(const float *a, int rows, int cols)
 /* ---- Nystrom matrix M = h(G), G = exp(alpha (W W^T - 1)) --------------------- */
 typedef struct {
     double *G, *V, *e;         /* k x k Gram, eigenvectors (columns), eigenvalues */
+    double *Wd;                /* k x d: W in double                              */
+    double *acc;               /* d: a row of the backward's dW                   */
     float *M;                  /* k x k, float                                    */
 } nys_global;
 
-static size_t nys_bytes(int k)
+static size_t nys_bytes(int k, int d)
 {
-    return 2 * bki_round_up((size_t)k * k * sizeof(double)) + bki_round_up((size_t)k * sizeof(double)) + fl((size_t)k * k) +
-           4 * BK_ALIGN;
+    return 2 * bki_round_up((size_t)k * k * sizeof(double)) + bki_round_up((size_t)k * sizeof(double)) +
+           bki_round_up((size_t)k * d * sizeof(double)) + bki_round_up((size_t)d * sizeof(double)) + fl((size_t)k * k) +
+           6 * BK_ALIGN;
 }
 
-static nys_global nys_carve(int k, char *base)
+static nys_global nys_carve(int k, int d, char *base)
 {
-    bki_arena ar = {bki_align_ptr(base), 0, nys_bytes(k)};
+    bki_arena ar = {bki_align_ptr(base), 0, nys_bytes(k, d)};
     nys_global g;
     g.G = bki_take(&ar, (size_t)k * k * sizeof(double));
     g.V = bki_take(&ar, (size_t)k * k * sizeof(double));
     g.e = bki_take(&ar, (size_t)k * sizeof(double));
+    g.Wd = bki_take(&ar, (size_t)k * d * sizeof(double));
+    g.acc = bki_take(&ar, (size_t)d * sizeof(double));
     g.M = bki_take(&ar, (size_t)k * k * sizeof(float));
     return g;
 }
 
-static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_params *p, nys_global *g)
+/* G, its eigendecomposition and M = V diag(h(e)) V^T; s1, s2: k x k scratch */
+static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_params *p, nys_global *g, double *s1, double *s2)
 {
     const int k = d->k, dd = d->d;
     const double alpha = 1.0 / ((double)p->sigma * p->sigma);
+    /* W W^T in double (one BLAS call, its lower triangle), then G mirrored */
+    for (size_t i = 0; i < (size_t)k * dd; i++) g->Wd[i] = p->W[i];
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, k, dd, 1.0, g->Wd, dd, 0.0, g->G, k);
     for (int a = 0; a < k; a++)
         for (int b = 0; b <= a; b++) {
-            double s = 0.0;
-            for (int c = 0; c < dd; c++) s += (double)p->W[(size_t)a * dd + c] * p->W[(size_t)b * dd + c];
+            const double s = g->G[(size_t)a * k + b];
             g->G[(size_t)a * k + b] = g->G[(size_t)b * k + a] = exp(alpha * (s - 1.0));
         }
     memcpy(g->V, g->G, sizeof(double) * (size_t)k * k);
     lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', k, g->V, k, g->e);
     if (info != 0) return bki_fail(BK_ERR_NUMERIC, "eigendecomposition of the anchor Gram matrix failed (LAPACK info %d)", (int)info);
+    /* M = (V diag(h)) V^T, one GEMM (single-threaded: the caller's region);
+     * its lower triangle, mirrored */
+    double *h = s2;
+    for (int m = 0; m < k; m++) h[m] = 1.0 / (sqrt(g->e[m] > 0.0 ? g->e[m] : 0.0) + p->eta);
+    for (int a = 0; a < k; a++)
+        for (int m = 0; m < k; m++) s1[(size_t)a * k + m] = g->V[(size_t)a * k + m] * h[m];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k, k, k, 1.0, s1, k, g->V, k, 0.0, s2, k);
     for (int a = 0; a < k; a++)
         for (int b = 0; b <= a; b++) {
-            double s = 0.0;
-            for (int m = 0; m < k; m++) {
-                const double t = sqrt(g->e[m] > 0.0 ? g->e[m] : 0.0) + p->eta;
-                s += g->V[(size_t)a * k + m] * g->V[(size_t)b * k + m] / t;
-            }
+            const double s = s2[(size_t)a * k + b];
             if (!isfinite(s)) return bki_fail(BK_ERR_NUMERIC, "anchor Gram matrix is singular and eta = 0: set eta > 0");
             g->M[(size_t)a * k + b] = g->M[(size_t)b * k + a] = (float)s;
         }
@@ -179,39 +197,82 @@ static void nys_backward_global(const bk_otk_desc *d, const bk_otk_params *p, co
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k, k, k, 1.0, tmp2, k, g->V, k, 0.0, tmp, k);
     for (int a = 0; a < k; a++)
         for (int b = 0; b < k; b++) tmp2[(size_t)a * k + b] = alpha * g->G[(size_t)a * k + b] * tmp[(size_t)a * k + b];
-    for (int a = 0; a < k; a++)
-        for (int c = 0; c < dd; c++) {
-            double s = 0.0;
-            for (int b = 0; b < k; b++)
-                s += (tmp2[(size_t)a * k + b] + tmp2[(size_t)b * k + a]) * p->W[(size_t)b * dd + c];
-            dW[(size_t)a * dd + c] += (float)s;
+    /* row a of (D + D^T) W, the terms added in b order for every column */
+    double *acc = g->acc;
+    for (int a = 0; a < k; a++) {
+        memset(acc, 0, sizeof(double) * (size_t)dd);
+        for (int b = 0; b < k; b++) {
+            const double D = tmp2[(size_t)a * k + b] + tmp2[(size_t)b * k + a];
+            const float *Wb = p->W + (size_t)b * dd;
+            for (int c = 0; c < dd; c++) acc[c] += D * Wb[c];
         }
+        for (int c = 0; c < dd; c++) dW[(size_t)a * dd + c] += (float)acc[c];
+    }
 }
 
-/* ---- per-thread slab --------------------------------------------------------- */
+/* ---- the parallel model: sets over threads, rows in fixed blocks -------------------- */
+/* How a call runs its B sets (bki_plan). Work of one set: the entries of its
+ * n x p plan and n x k features. */
+static bki_plan plan_of(const bk_otk_desc *d)
+{
+    return bki_plan_problems(d->B, (double)d->n * (d->p + d->k));
+}
+
+/* The fixed row blocks of an n-row matrix (those of the engine: a function of
+ * n only) and this member's share [b0, b1) of them. */
+typedef struct { int n, rb, nb, b0, b1; } rblocks;
+
+static rblocks team_blocks(const bki_team *tm, int n)
+{
+    rblocks r = {n, bki_row_block(n), 0, 0, 0};
+    r.nb = bki_nblocks(n, r.rb);
+    bki_team_share(tm, r.nb, &r.b0, &r.b1);
+    return r;
+}
+static int blk_lo(const rblocks *r, int b) { return b * r->rb; }
+static int blk_hi(const rblocks *r, int b) { return (b + 1) * r->rb < r->n ? (b + 1) * r->rb : r->n; }
+/* this member's rows [*i0, *i1): its blocks, contiguous */
+static void team_rows(const bki_team *tm, int n, int *i0, int *i1)
+{
+    const rblocks r = team_blocks(tm, n);
+    *i0 = r.b0 < r.b1 ? blk_lo(&r, r.b0) : 0;
+    *i1 = r.b0 < r.b1 ? blk_hi(&r, r.b1 - 1) : 0;
+}
+
+/* ---- the buffers of one set in flight (a lane) ---------------------------------- */
 typedef struct {
     float *xh, *r, *Bm, *psi, *dpsi;   /* n x d, n, n x k (x3)                */
     float *Ex;                         /* n x k: alpha (<w_l, xh_i> - 1)       */
     float *Lg, *A, *G, *S;             /* n x p logits, plan, adjoint, PE      */
     float *hist;                       /* potentials when no tape is kept      */
-    float *aux;                        /* scaling domain: row shifts and
-                                          adjoint iterates                     */
-    float *scr;                        /* engine scratch                       */
+    float *aux;                        /* scaling domain: adjoint iterates     */
+    float *part;                       /* BKI_MAX_BLOCKS x part_stride(p):
+                                          per-block partial column sums       */
+    float *emax;                       /* 2 BKI_MAX_BLOCKS block maxima        */
+    double *dsum;                      /* BKI_MAX_BLOCKS block sums            */
+    int *flag;                         /* 2 BKI_MAX_BLOCKS block flags         */
+    float *scr;                        /* engine scratch for the team          */
 } otk_slab;
 
 static size_t hist_len(const bk_otk_desc *d, const bk_otk_params *p) { return bki_hist_len(d->n, d->p, 2 * p->iters); }
+static size_t part_stride(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
 
-static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_params *p)
+static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_params *p, int members)
 {
     const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p;
     return fl(n * d->d) + fl(n) + 4 * fl(n * k) + 4 * fl(n * P) + fl(hist_len(d, p)) +
-           fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(bki_kern()->sk_scratch(d->n, d->p, 1)) + 16 * BK_ALIGN;
+           fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(BKI_MAX_BLOCKS * part_stride(d->p)) +
+           fl(2 * BKI_MAX_BLOCKS) + bki_round_up(BKI_MAX_BLOCKS * sizeof(double)) +
+           bki_round_up(2 * BKI_MAX_BLOCKS * sizeof(int)) + fl(bki_kern()->sk_scratch(d->n, d->p, members)) +
+           16 * BK_ALIGN;
 }
 
-static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
+/* lane li of the slabs of a call run as pl says */
+static otk_slab slab_at(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, char *slabs, int li)
 {
-    const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p;
-    bki_arena ar = {base, 0, slab_bytes(d, p)};
+    const int members = pl.team ? pl.nt : 1;
+    const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p, sb = slab_bytes(d, p, members);
+    bki_arena ar = {bki_align_ptr(slabs + (size_t)li * sb), 0, sb - BK_ALIGN};
     otk_slab w;
     w.xh = bki_take(&ar, n * d->d * sizeof(float));
     w.r = bki_take(&ar, n * sizeof(float));
@@ -225,14 +286,43 @@ static otk_slab carve(const bk_otk_desc *d, const bk_otk_params *p, char *base)
     w.S = bki_take(&ar, n * P * sizeof(float));
     w.hist = bki_take(&ar, hist_len(d, p) * sizeof(float));
     w.aux = bki_take(&ar, (n + 2 * (size_t)p->iters * (n + P) + P) * sizeof(float));
-    w.scr = bki_take(&ar, bki_kern()->sk_scratch(d->n, d->p, 1) * sizeof(float));
+    w.part = bki_take(&ar, BKI_MAX_BLOCKS * part_stride(d->p) * sizeof(float));
+    w.emax = bki_take(&ar, 2 * BKI_MAX_BLOCKS * sizeof(float));
+    w.dsum = bki_take(&ar, BKI_MAX_BLOCKS * sizeof(double));
+    w.flag = bki_take(&ar, 2 * BKI_MAX_BLOCKS * sizeof(int));
+    w.scr = bki_take(&ar, bki_kern()->sk_scratch(d->n, d->p, members) * sizeof(float));
     return w;
 }
 
-static otk_slab thread_slab(const bk_otk_desc *d, const bk_otk_params *p, char *base)
+static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl)
 {
-    const int tid = bki_thread_id();
-    return carve(d, p, bki_align_ptr(base + (size_t)tid * slab_bytes(d, p)));
+    return (size_t)pl.lanes * slab_bytes(d, p, pl.team ? pl.nt : 1) + BK_ALIGN;
+}
+
+/* Runs fn(tm, b, lane, ctx) for the sets b0..b1-1 as the plan says: a team of
+ * all region threads on one set after another, or one set per thread. Every
+ * set ends with its team in sync. */
+typedef void (*otk_set_fn)(const bki_team *tm, int b, const otk_slab *w, void *ctx);
+
+static void run_sets(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, char *slabs, int b0, int b1,
+                     otk_set_fn fn, void *ctx)
+{
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        if (pl.team) {
+            const bki_team tm = {bki_thread_id(), bki_region_size()};
+            const otk_slab w = slab_at(d, p, pl, slabs, 0);
+            for (int b = b0; b < b1; b++) {
+                fn(&tm, b, &w, ctx);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const otk_slab w = slab_at(d, p, pl, slabs, bki_thread_id());
+#pragma omp for schedule(static)
+            for (int b = b0; b < b1; b++) fn(&BKI_SOLO, b, &w, ctx);
+        }
+    }
 }
 
 /* ---- tape ------------------------------------------------------------------- */
@@ -275,10 +365,10 @@ static size_t grad_block_floats(const bk_otk_desc *d, const bk_otk_params *p)
     return bki_round_up(f * sizeof(float)) / sizeof(float);
 }
 
-static size_t ws_need(const bk_otk_desc *d, const bk_otk_params *p, int nt, int backward, int own_tape)
+static size_t ws_need(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, int backward, int own_tape)
 {
-    size_t b = (size_t)nt * slab_bytes(d, p) + BK_ALIGN;
-    if (p->W) b += nys_bytes(d->k) + 3 * bki_round_up((size_t)d->k * d->k * sizeof(double)) + BK_ALIGN;
+    size_t b = slabs_bytes(d, p, pl);
+    if (p->W) b += nys_bytes(d->k, d->d) + 3 * bki_round_up((size_t)d->k * d->k * sizeof(double)) + BK_ALIGN;
     if (backward) b += (size_t)d->B * grad_block_floats(d, p) * sizeof(float) + BK_ALIGN;
     if (own_tape) b += bk_otk_tape_size(d, p) + BK_ALIGN;
     return b;
@@ -287,7 +377,7 @@ static size_t ws_need(const bk_otk_desc *d, const bk_otk_params *p, int nt, int 
 size_t bk_otk_workspace_size(const bk_otk_desc *d, const bk_otk_params *p)
 {
     if (!d || !p || d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1 || p->iters < 1) return 0;
-    return ws_need(d, p, bki_work_threads(d->B), 1, 1);
+    return ws_need(d, p, plan_of(d), 1, 1);
 }
 
 typedef struct {
@@ -298,15 +388,15 @@ typedef struct {
     void *own_tape;
 } otk_ws;
 
-static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_params *p, int nt, int backward, int own_tape, char *base)
+static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, int backward, int own_tape, char *base)
 {
     otk_ws w;
     memset(&w, 0, sizeof w);
     w.slabs = base;
-    char *c = base + (size_t)nt * slab_bytes(d, p) + BK_ALIGN;
+    char *c = base + slabs_bytes(d, p, pl);
     if (p->W) {
-        w.nys = nys_carve(d->k, c);
-        c += nys_bytes(d->k);
+        w.nys = nys_carve(d->k, d->d, c);
+        c += nys_bytes(d->k, d->d);
         const size_t kk = bki_round_up((size_t)d->k * d->k * sizeof(double)) / sizeof(double);
         w.dtmp[0] = (double *)bki_align_ptr(c);
         w.dtmp[1] = w.dtmp[0] + kk;
@@ -322,17 +412,21 @@ static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_params *p, int nt, in
 }
 
 /* ---- features ----------------------------------------------------------------- */
-/* psi (n_b x k, row stride k) of one set; keeps xh, r and Bm for the backward */
-static void set_features(const bk_otk_desc *d, const bk_otk_params *p, const float *M, int nb, const float *x,
-                         int64_t ldx, otk_slab *w)
+/* psi (n_b x k, row stride k) of one set; keeps xh, r and Bm for the backward.
+ * Ends in sync. */
+static void set_features(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, const float *M, int nb,
+                         const float *x, int64_t ldx, const otk_slab *w)
 {
     const int dd = d->d, k = d->k;
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
     if (!p->W) {
-        for (int i = 0; i < nb; i++) memcpy(w->psi + (size_t)i * k, x + i * ldx, sizeof(float) * k);
+        for (int i = i0; i < i1; i++) memcpy(w->psi + (size_t)i * k, x + i * ldx, sizeof(float) * k);
+        bki_team_sync(tm);
         return;
     }
     const float alpha = 1.0f / (p->sigma * p->sigma);
-    for (int i = 0; i < nb; i++) {
+    for (int i = i0; i < i1; i++) {
         const float *xi = x + i * ldx;
         double s2 = 0.0;
         for (int c = 0; c < dd; c++) s2 += (double)xi[c] * xi[c];
@@ -341,33 +435,44 @@ static void set_features(const bk_otk_desc *d, const bk_otk_params *p, const flo
         const float inv = 1.0f / r;
         for (int c = 0; c < dd; c++) w->xh[(size_t)i * dd + c] = xi[c] * inv;
     }
+    bki_team_sync(tm);
     /* s = xh W^T, then Bm = r exp(alpha (s - 1)) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, dd, alpha, w->xh, dd, p->W, dd, 0.0f, w->Ex, k);
-    for (size_t i = 0; i < (size_t)nb * k; i++) w->Bm[i] = w->Ex[i] -= alpha;
-    bki_kern()->vexp(w->Bm, (size_t)nb * k);
-    for (int i = 0; i < nb; i++) {
-        const float r = fabsf(w->r[i]);
-        for (int l = 0; l < k; l++) w->Bm[(size_t)i * k + l] *= r;
+    bki_gemm(tm, 0, 1, nb, k, dd, alpha, w->xh, dd, p->W, dd, 0.0f, w->Ex, k);
+    bki_team_sync(tm);
+    const rblocks R = team_blocks(tm, nb);
+    for (int b = R.b0; b < R.b1; b++) {
+        const size_t e0 = (size_t)blk_lo(&R, b) * k, e1 = (size_t)blk_hi(&R, b) * k;
+        for (size_t e = e0; e < e1; e++) w->Bm[e] = w->Ex[e] -= alpha;
+        bki_kern()->vexp(w->Bm + e0, e1 - e0);
+        for (int i = blk_lo(&R, b); i < blk_hi(&R, b); i++) {
+            const float r = fabsf(w->r[i]);
+            for (int l = 0; l < k; l++) w->Bm[(size_t)i * k + l] *= r;
+        }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, k, 1.0f, w->Bm, k, M, k, 0.0f, w->psi, k);
+    bki_team_sync(tm);
+    bki_gemm(tm, 0, 0, nb, k, k, 1.0f, w->Bm, k, M, k, 0.0f, w->psi, k);
+    bki_team_sync(tm);
 }
 
 /* ---- positional encoding --------------------------------------------------------- */
-static void pe_matrix(const bk_otk_desc *d, const bk_otk_params *p, int nb, float *S)
+/* this member's rows of S (no sync) */
+static void pe_matrix(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, float *S)
 {
     const int P = d->p;
     const double isg = 1.0 / p->sigma_pos;
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
     if (p->pe == BK_OTK_PE_1D) {
         const int ref = p->convention == BK_OTK_REFERENCE;
         const double nn = ref ? d->n : nb, off = ref ? 0.0 : 1.0;
-        for (int i = 0; i < nb; i++)
+        for (int i = i0; i < i1; i++)
             for (int j = 0; j < P; j++) {
                 const double t = ((i + off) / nn - (j + off) / P) * isg;
                 S[(size_t)i * P + j] = (float)exp(-t * t);
             }
     } else {
         const int s = (int)lround(sqrt((double)P)), gh = p->grid_h, gw = p->grid_w;
-        for (int i = 0; i < nb; i++)
+        for (int i = i0; i < i1; i++)
             for (int j = 0; j < P; j++) {
                 const double t1 = ((double)(i / gw + 1) / gh - (double)(j / s + 1) / s) * isg;
                 const double t2 = ((double)(i % gw + 1) / gw - (double)(j % s + 1) / s) * isg;
@@ -376,135 +481,212 @@ static void pe_matrix(const bk_otk_desc *d, const bk_otk_params *p, int nb, floa
     }
 }
 
-/* logits Lg = (psi z_h^T) / eps, times S when pe_double; psi: nb x k */
-static void plan_logits(const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *psi, const float *zh,
-                        otk_slab *w)
+/* rows of X (nb x P) times S, elementwise (no sync) */
+static void times_pe(const bki_team *tm, int nb, int P, float *X, const float *S)
+{
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
+    for (size_t e = (size_t)i0 * P; e < (size_t)i1 * P; e++) X[e] *= S[e];
+}
+
+/* logits Lg = (psi z_h^T) / eps, times S when pe_double; psi: nb x k. Ends in
+ * sync. */
+static void plan_logits(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *psi,
+                        const float *zh, const otk_slab *w)
 {
     const int P = d->p, k = d->k;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, P, k, 1.0f / p->eps, psi, k, zh, k, 0.0f, w->Lg, P);
-    if (p->pe != BK_OTK_PE_NONE && p->pe_double)
-        for (size_t i = 0; i < (size_t)nb * P; i++) w->Lg[i] *= w->S[i];
+    bki_gemm(tm, 0, 1, nb, P, k, 1.0f / p->eps, psi, k, zh, k, 0.0f, w->Lg, P);
+    bki_team_sync(tm);
+    if (p->pe != BK_OTK_PE_NONE && p->pe_double) {
+        times_pe(tm, nb, P, w->Lg, w->S);
+        bki_team_sync(tm);
+    }
 }
 
 /* ---- scaling domain ---------------------------------------------------------------
  * E = exp(Lg - rowmax) (kept in A), v_0 = 1, L times u = (1/n)/(E v),
  * v = (1/p)/(E^T u); u_t, v_t stored as the potentials (hist layout: u_1, v_1,
- * ..., u_L, v_L). A = n diag(u_L) E diag(v_L). Returns 0 when an iterate is not
- * finite and positive (E underflowed: eps too small for this domain). */
-static void scaling_kernel(int n, int m, const float *Lg, float *E)
+ * ..., u_L, v_L). A = n diag(u_L) E diag(v_L). Rows run in the engine's fixed
+ * row blocks; the column sums E^T u are per-block partials (part) summed in
+ * block order, columns in fixed column blocks: the same arithmetic for any
+ * team. Returns 0 when an iterate is not finite and positive (E underflowed:
+ * eps too small for this domain), the same in every member. Every function
+ * here ends in sync. */
+static void scaling_rows(int i0, int i1, int m, const float *Lg, float *E)
 {
-    for (int i = 0; i < n; i++) {
+    for (int i = i0; i < i1; i++) {
         const float *row = Lg + (size_t)i * m;
         float mx = row[0];
-        for (int j = 1; j < m; j++) mx = fmaxf(mx, row[j]);
+        for (int j = 1; j < m; j++) mx = row[j] > mx ? row[j] : mx; /* finite: no libm call */
         for (int j = 0; j < m; j++) E[(size_t)i * m + j] = row[j] - mx;
     }
-    bki_kern()->vexp(E, (size_t)n * m);
+    bki_kern()->vexp(E + (size_t)i0 * m, (size_t)(i1 - i0) * m);
 }
 
-static int scaling_forward(int n, int m, int L, const float *Lg, float *E, float *hist, float *cs)
+/* out[j] = sum_b part[b][j] in block order, for this member's column blocks */
+static void sum_parts(const rblocks *R, const rblocks *Cb, const float *part, size_t ps, float *out)
 {
-    scaling_kernel(n, m, Lg, E);
+    for (int cb = Cb->b0; cb < Cb->b1; cb++)
+        for (int j = blk_lo(Cb, cb); j < blk_hi(Cb, cb); j++) {
+            float c = part[j];
+            for (int b = 1; b < R->nb; b++) c += part[(size_t)b * ps + j];
+            out[j] = c;
+        }
+}
+
+/* A = n diag(u) E diag(v) on this member's row blocks, E computed in place */
+static void scaling_plan_rows(const rblocks *R, int m, const float *Lg, const float *u, const float *v, float *A)
+{
+    for (int b = R->b0; b < R->b1; b++) {
+        scaling_rows(blk_lo(R, b), blk_hi(R, b), m, Lg, A);
+        for (int i = blk_lo(R, b); i < blk_hi(R, b); i++) {
+            const float ui = u[i] * R->n;
+            for (int j = 0; j < m; j++) A[(size_t)i * m + j] *= ui * v[j];
+        }
+    }
+}
+
+static int scaling_forward(const bki_team *tm, int n, int m, int L, const float *Lg, float *E, float *hist,
+                           const otk_slab *w)
+{
+    const rblocks R = team_blocks(tm, n), Cb = team_blocks(tm, m);
+    const size_t ps = part_stride(m);
     const float a = 1.0f / n, bm = 1.0f / m;
     const float *v = NULL;
+    for (int b = R.b0; b < R.b1; b++) scaling_rows(blk_lo(&R, b), blk_hi(&R, b), m, Lg, E);
     for (int t = 1; t <= L; t++) {
         float *u = hist + bki_hist_off(n, m, 2 * t - 1), *vn = hist + bki_hist_off(n, m, 2 * t);
-        for (int i = 0; i < n; i++) {
-            float s = 0.0f;
-            if (v) s = bki_dotf(m, E + (size_t)i * m, v);
-            else
-                for (int j = 0; j < m; j++) s += E[(size_t)i * m + j];
-            u[i] = a / s;
-            if (!(u[i] > 0.0f) || !isfinite(u[i])) return 0;
+        for (int b = R.b0; b < R.b1; b++) { /* u on the block's rows, its partial E^T u */
+            float *cs = w->part + (size_t)b * ps;
+            int ok = 1;
+            memset(cs, 0, sizeof(float) * m);
+            for (int i = blk_lo(&R, b); i < blk_hi(&R, b); i++) {
+                const float *Ei = E + (size_t)i * m;
+                float s = 0.0f;
+                if (v) s = bki_dotf(m, Ei, v);
+                else
+                    for (int j = 0; j < m; j++) s += Ei[j];
+                u[i] = a / s;
+                ok &= u[i] > 0.0f && isfinite(u[i]);
+                for (int j = 0; j < m; j++) cs[j] = fmaf(u[i], Ei[j], cs[j]);
+            }
+            w->flag[b] = ok;
         }
-        memset(cs, 0, sizeof(float) * m);
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) cs[j] = fmaf(u[i], E[(size_t)i * m + j], cs[j]);
-        for (int j = 0; j < m; j++) {
-            vn[j] = bm / cs[j];
-            if (!(vn[j] > 0.0f) || !isfinite(vn[j])) return 0;
+        bki_team_sync(tm);
+        int ok = 1;
+        for (int b = 0; b < R.nb; b++) ok &= w->flag[b];
+        if (ok) {
+            sum_parts(&R, &Cb, w->part, ps, vn);
+            for (int cb = Cb.b0; cb < Cb.b1; cb++) {
+                int okc = 1;
+                for (int j = blk_lo(&Cb, cb); j < blk_hi(&Cb, cb); j++) {
+                    vn[j] = bm / vn[j];
+                    okc &= vn[j] > 0.0f && isfinite(vn[j]);
+                }
+                w->flag[BKI_MAX_BLOCKS + cb] = okc;
+            }
+        }
+        bki_team_sync(tm);
+        for (int cb = 0; ok && cb < Cb.nb; cb++) ok &= w->flag[BKI_MAX_BLOCKS + cb];
+        if (!ok) {
+            bki_team_sync(tm); /* every member has read the flags */
+            return 0;
         }
         v = vn;
     }
-    const float *u = hist + bki_hist_off(n, m, 2 * L - 1);
-    for (int i = 0; i < n; i++) {
-        const float ui = u[i] * n;
-        for (int j = 0; j < m; j++) E[(size_t)i * m + j] *= ui * v[j];
-    }
+    scaling_plan_rows(&R, m, Lg, hist + bki_hist_off(n, m, 2 * L - 1), v, E);
+    bki_team_sync(tm);
     return 1;
 }
 
 /* Plan A = n P recomputed from stored iterates (bitwise the forward's). */
-static void scaling_attention(int n, int m, int L, const float *Lg, const float *hist, float *A)
+static void scaling_attention(const bki_team *tm, int n, int m, int L, const float *Lg, const float *hist, float *A)
 {
-    scaling_kernel(n, m, Lg, A);
-    const float *u = hist + bki_hist_off(n, m, 2 * L - 1), *v = hist + bki_hist_off(n, m, 2 * L);
-    for (int i = 0; i < n; i++) {
-        const float ui = u[i] * n;
-        for (int j = 0; j < m; j++) A[(size_t)i * m + j] *= ui * v[j];
-    }
+    const rblocks R = team_blocks(tm, n);
+    scaling_plan_rows(&R, m, Lg, hist + bki_hist_off(n, m, 2 * L - 1), hist + bki_hist_off(n, m, 2 * L), A);
+    bki_team_sync(tm);
 }
 
 /* VJP of the scaling iteration. G: dL/dA on entry, dL/dLg on exit. A holds
  * the plan (destroyed: E recomputed into it). aux: n + 2 L (n + m) + m. */
-static void scaling_backward(int n, int m, int L, const float *Lg, const float *hist, float *A, float *G, float *aux)
+static void scaling_backward(const bki_team *tm, int n, int m, int L, const float *Lg, const float *hist, float *A,
+                             float *G, const otk_slab *w)
 {
     const float *uL = hist + bki_hist_off(n, m, 2 * L - 1), *vL = hist + bki_hist_off(n, m, 2 * L);
-    float *ub = aux, *vb = aux + n;            /* adjoints of u and v           */
+    float *ub = w->aux, *vb = w->aux + n;      /* adjoints of u and v           */
     float *UR = vb + m;                        /* n x 2L: [u_t | rho_t]          */
     float *DV = UR + (size_t)n * 2 * L;        /* m x 2L: [delta_t | v_{t-1}]    */
     const float a = 1.0f / n, bm = 1.0f / m;
-    scaling_kernel(n, m, Lg, A);               /* A = E */
-    /* A = n diag(u) E diag(v): Pbar = n G */
-    memset(vb, 0, sizeof(float) * m);
-    for (int i = 0; i < n; i++) {
-        float s = 0.0f;
-        for (int j = 0; j < m; j++) {
-            const float g = G[(size_t)i * m + j] * n, e = A[(size_t)i * m + j];
-            s = fmaf(g * e, vL[j], s);
-            vb[j] = fmaf(g * e, uL[i], vb[j]);
-            G[(size_t)i * m + j] = g * uL[i] * vL[j]; /* Ebar, direct term */
+    const rblocks R = team_blocks(tm, n), Cb = team_blocks(tm, m);
+    const size_t ps = part_stride(m);
+    /* A = E; A = n diag(u) E diag(v): Pbar = n G */
+    for (int b = R.b0; b < R.b1; b++) {
+        scaling_rows(blk_lo(&R, b), blk_hi(&R, b), m, Lg, A);
+        float *pv = w->part + (size_t)b * ps;
+        memset(pv, 0, sizeof(float) * m);
+        for (int i = blk_lo(&R, b); i < blk_hi(&R, b); i++) {
+            float s = 0.0f;
+            for (int j = 0; j < m; j++) {
+                const float g = G[(size_t)i * m + j] * n, e = A[(size_t)i * m + j];
+                s = fmaf(g * e, vL[j], s);
+                pv[j] = fmaf(g * e, uL[i], pv[j]);
+                G[(size_t)i * m + j] = g * uL[i] * vL[j]; /* Ebar, direct term */
+            }
+            ub[i] = s;
         }
-        ub[i] = s;
     }
+    bki_team_sync(tm);
+    sum_parts(&R, &Cb, w->part, ps, vb); /* columns: the same member below */
     for (int t = L; t >= 1; t--) {
         const float *ut = hist + bki_hist_off(n, m, 2 * t - 1), *vt = hist + bki_hist_off(n, m, 2 * t);
         const float *vp = t > 1 ? hist + bki_hist_off(n, m, 2 * t - 2) : NULL;
         const int c = t - 1;
         /* v_t = b / (E^T u_t): delta = -vbar v_t^2 / b; ubar += E delta */
-        for (int j = 0; j < m; j++) {
-            const float dl = -vb[j] * vt[j] * vt[j] / bm;
-            DV[(size_t)j * 2 * L + c] = dl;
-            DV[(size_t)j * 2 * L + L + c] = vp ? vp[j] : 1.0f;
-            vb[j] = dl;                        /* reuse vb as delta             */
-        }
-        for (int i = 0; i < n; i++) {
-            ub[i] += bki_dotf(m, A + (size_t)i * m, vb);
-            UR[(size_t)i * 2 * L + c] = ut[i];
-        }
+        for (int cb = Cb.b0; cb < Cb.b1; cb++)
+            for (int j = blk_lo(&Cb, cb); j < blk_hi(&Cb, cb); j++) {
+                const float dl = -vb[j] * vt[j] * vt[j] / bm;
+                DV[(size_t)j * 2 * L + c] = dl;
+                DV[(size_t)j * 2 * L + L + c] = vp ? vp[j] : 1.0f;
+                vb[j] = dl;                    /* reuse vb as delta             */
+            }
+        bki_team_sync(tm);
         /* u_t = a / (E v_{t-1}): rho = -ubar u_t^2 / a; vbar = E^T rho */
-        memset(vb, 0, sizeof(float) * m);
-        for (int i = 0; i < n; i++) {
-            const float rho = -ub[i] * ut[i] * ut[i] / a;
-            UR[(size_t)i * 2 * L + L + c] = rho;
-            for (int j = 0; j < m; j++) vb[j] = fmaf(rho, A[(size_t)i * m + j], vb[j]);
-            ub[i] = 0.0f;
+        for (int b = R.b0; b < R.b1; b++) {
+            float *pv = w->part + (size_t)b * ps;
+            memset(pv, 0, sizeof(float) * m);
+            for (int i = blk_lo(&R, b); i < blk_hi(&R, b); i++) {
+                const float *Ai = A + (size_t)i * m;
+                ub[i] += bki_dotf(m, Ai, vb);
+                UR[(size_t)i * 2 * L + c] = ut[i];
+                const float rho = -ub[i] * ut[i] * ut[i] / a;
+                UR[(size_t)i * 2 * L + L + c] = rho;
+                for (int j = 0; j < m; j++) pv[j] = fmaf(rho, Ai[j], pv[j]);
+                ub[i] = 0.0f;
+            }
         }
+        bki_team_sync(tm);
+        if (t > 1) sum_parts(&R, &Cb, w->part, ps, vb);
     }
     /* Ebar += [U R] [D V']^T, then dLg = Ebar (x) E */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, 2 * L, 1.0f, UR, 2 * L, DV, 2 * L, 1.0f, G, m);
-    for (size_t i = 0; i < (size_t)n * m; i++) G[i] *= A[i];
+    bki_gemm(tm, 0, 1, n, m, 2 * L, 1.0f, UR, 2 * L, DV, 2 * L, 1.0f, G, m);
+    bki_team_sync(tm);
+    int i0, i1;
+    team_rows(tm, n, &i0, &i1);
+    for (size_t e = (size_t)i0 * m; e < (size_t)i1 * m; e++) G[e] *= A[e];
+    bki_team_sync(tm);
 }
 
-/* ---- one plan (forward) ------------------------------------------------------------ */
-/* A = n_b P into w->A; potentials into hist. Returns 0 on scaling underflow. */
-static int plan_forward(const bk_otk_desc *d, const bk_otk_params *p, int nb, float *hist, otk_slab *w)
+/* ---- one plan ---------------------------------------------------------------------- */
+/* A = n_b P into w->A; potentials into hist. Returns 0 on scaling underflow
+ * (in every member). Ends in sync. */
+static int plan_forward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, float *hist,
+                        const otk_slab *w)
 {
     const int P = d->p;
-    if (p->domain == BK_OTK_SCALING) return scaling_forward(nb, P, p->iters, w->Lg, w->A, hist, w->aux);
+    if (p->domain == BK_OTK_SCALING) return scaling_forward(tm, nb, P, p->iters, w->Lg, w->A, hist, w);
     bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * p->iters, 0.0f, NULL};
     bki_sk_result res = {hist, w->A, P, NULL, NULL, 0, 0.0f, 0.0f};
-    bki_kern()->sk_forward(&BKI_SOLO, &pb, &res, w->scr);
+    bki_kern()->sk_forward(tm, &pb, &res, w->scr);
     return 1;
 }
 
@@ -513,32 +695,53 @@ static float out_coef(const bk_otk_desc *d, const bk_otk_params *p)
     return p->convention == BK_OTK_REFERENCE ? (float)d->p : sqrtf((float)d->p / (float)d->q);
 }
 
-/* A -> pooling weights c/n_b A (x) S in place */
-static void pool_weights(const bk_otk_desc *d, const bk_otk_params *p, int nb, float *A, const float *S)
+/* pooling weights Wt = c/n_b A (x) S on this member's rows (Wt may be A; no
+ * sync) */
+static void pool_weights(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *A,
+                         float *Wt, const float *S)
 {
     const float c = out_coef(d, p) / (float)nb;
-    const size_t np = (size_t)nb * d->p;
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
+    const size_t e0 = (size_t)i0 * d->p, e1 = (size_t)i1 * d->p;
     if (p->pe != BK_OTK_PE_NONE)
-        for (size_t i = 0; i < np; i++) A[i] *= c * S[i];
+        for (size_t e = e0; e < e1; e++) Wt[e] = A[e] * (c * S[e]);
     else
-        for (size_t i = 0; i < np; i++) A[i] *= c;
+        for (size_t e = e0; e < e1; e++) Wt[e] = A[e] * c;
 }
 
-static void plan_diag(int nb, int P, const float *A, bk_otk_diag *dg)
+/* row and column errors of the plan A (nb x P), maxima of fixed row and
+ * column blocks; member 0 writes dg. Ends in sync. */
+static void plan_diag(const bki_team *tm, int nb, int P, const float *A, const otk_slab *w, bk_otk_diag *dg)
 {
-    float re = 0.0f, ce = 0.0f;
-    for (int i = 0; i < nb; i++) {
-        double s = 0.0;
-        for (int j = 0; j < P; j++) s += A[(size_t)i * P + j];
-        re = fmaxf(re, (float)fabs(s - 1.0));
+    const rblocks R = team_blocks(tm, nb), Cb = team_blocks(tm, P);
+    for (int b = R.b0; b < R.b1; b++) {
+        float re = 0.0f;
+        for (int i = blk_lo(&R, b); i < blk_hi(&R, b); i++) {
+            double s = 0.0;
+            for (int j = 0; j < P; j++) s += A[(size_t)i * P + j];
+            re = fmaxf(re, (float)fabs(s - 1.0));
+        }
+        w->emax[b] = re;
     }
-    for (int j = 0; j < P; j++) {
-        double s = 0.0;
-        for (int i = 0; i < nb; i++) s += A[(size_t)i * P + j];
-        ce = fmaxf(ce, (float)fabs(s * P / nb - 1.0));
+    for (int cb = Cb.b0; cb < Cb.b1; cb++) {
+        float ce = 0.0f;
+        for (int j = blk_lo(&Cb, cb); j < blk_hi(&Cb, cb); j++) {
+            double s = 0.0;
+            for (int i = 0; i < nb; i++) s += A[(size_t)i * P + j];
+            ce = fmaxf(ce, (float)fabs(s * P / nb - 1.0));
+        }
+        w->emax[BKI_MAX_BLOCKS + cb] = ce;
     }
-    dg->row_err = re;
-    dg->col_err = ce;
+    bki_team_sync(tm);
+    if (tm->tid == 0) {
+        float re = 0.0f, ce = 0.0f;
+        for (int b = 0; b < R.nb; b++) re = fmaxf(re, w->emax[b]);
+        for (int cb = 0; cb < Cb.nb; cb++) ce = fmaxf(ce, w->emax[BKI_MAX_BLOCKS + cb]);
+        dg->row_err = re;
+        dg->col_err = ce;
+    }
+    bki_team_sync(tm);
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
@@ -552,50 +755,78 @@ static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_params *p, cons
     return BK_OK;
 }
 
+/* ---- forward of one set: features, then q plans and their pooling ---------------- */
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_params *p;
+    const bk_tensor *x, *out;
+    const float *z;
+    void *tape;
+    const bk_otk_extras *ex;
+    const otk_ws *ws;
+    int bad;
+} fwd_ctx;
+
+static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+{
+    fwd_ctx *x = vctx;
+    const bk_otk_desc *d = x->d;
+    const bk_otk_params *p = x->p;
+    const bk_otk_extras *ex = x->ex;
+    const int P = d->p, k = d->k, nb = bki_len(d->len, b, d->n);
+    set_features(tm, d, p, x->ws->nys.M, nb, bki_at(x->x, b, 0), x->x->stride_n, w);
+    if (p->pe != BK_OTK_PE_NONE) pe_matrix(tm, d, p, nb, w->S); /* read after plan_logits' sync */
+    for (int h = 0; h < d->q; h++) {
+        const float *zh = x->z + (size_t)h * P * k;
+        float *hist = x->tape ? tape_block(x->tape, d, p, b, h) : w->hist;
+        plan_logits(tm, d, p, nb, w->psi, zh, w);
+        if (!plan_forward(tm, d, p, nb, hist, w)) {
+            if (tm->tid == 0) {
+#pragma omp critical(bk_otk_bad)
+                if (x->bad < 0 || b < x->bad) x->bad = b;
+            }
+            continue;
+        }
+        if (ex && ex->diag) plan_diag(tm, nb, P, w->A, w, &ex->diag[(size_t)b * d->q + h]);
+        pool_weights(tm, d, p, nb, w->A, w->A, w->S);
+        bki_team_sync(tm);
+        if (x->out)
+            bki_gemm(tm, 1, 0, P, k, nb, 1.0f, w->A, P, w->psi, k, 0.0f, bki_at(x->out, b, 0) + (size_t)h * k,
+                     x->out->stride_n);
+        if (ex && ex->plan) {
+            float *pl = ex->plan + ((size_t)b * d->q + h) * d->n * P;
+            int i0, i1;
+            team_rows(tm, nb, &i0, &i1);
+            memcpy(pl + (size_t)i0 * P, w->A + (size_t)i0 * P, sizeof(float) * (size_t)(i1 - i0) * P);
+            if (tm->tid == 0) memset(pl + (size_t)nb * P, 0, sizeof(float) * (size_t)(d->n - nb) * P);
+        }
+        bki_team_sync(tm); /* A and Lg are reused by the next plan */
+    }
+}
+
 /* Runs every set; out / tape / extras may be NULL. Returns the first set
  * whose scaling iteration failed, or -1. */
 static int forward_core(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
-                        const bk_tensor *out, void *tape, const bk_otk_extras *ex, const otk_ws *ws, int nt)
+                        const bk_tensor *out, void *tape, const bk_otk_extras *ex, const otk_ws *ws, bki_plan pl)
 {
-    const int P = d->p, k = d->k;
-    int bad = -1;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        otk_slab w = thread_slab(d, p, ws->slabs);
-#pragma omp for schedule(static)
-        for (int b = 0; b < d->B; b++) {
-            const int nb = bki_len(d->len, b, d->n);
-            set_features(d, p, ws->nys.M, nb, bki_at(x, b, 0), x->stride_n, &w);
-            if (p->pe != BK_OTK_PE_NONE) pe_matrix(d, p, nb, w.S);
-            for (int h = 0; h < d->q; h++) {
-                const float *zh = z + (size_t)h * P * k;
-                float *hist = tape ? tape_block(tape, d, p, b, h) : w.hist;
-                plan_logits(d, p, nb, w.psi, zh, &w);
-                if (!plan_forward(d, p, nb, hist, &w)) {
-#pragma omp critical(bk_otk_bad)
-                    if (bad < 0 || b < bad) bad = b;
-                    continue;
-                }
-                if (ex && ex->diag) plan_diag(nb, P, w.A, &ex->diag[(size_t)b * d->q + h]);
-                pool_weights(d, p, nb, w.A, w.S);
-                if (out)
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, k, nb, 1.0f, w.A, P, w.psi, k, 0.0f,
-                                bki_at(out, b, 0) + (size_t)h * k, (int)out->stride_n);
-                if (ex && ex->plan) {
-                    float *pl = ex->plan + ((size_t)b * d->q + h) * d->n * P;
-                    memcpy(pl, w.A, sizeof(float) * (size_t)nb * P);
-                    memset(pl + (size_t)nb * P, 0, sizeof(float) * (size_t)(d->n - nb) * P);
-                }
-            }
-        }
-    }
-    return bad;
+    fwd_ctx c = {d, p, x, out, z, tape, ex, ws, -1};
+    run_sets(d, p, pl, ws->slabs, 0, d->B, fwd_set, &c);
+    return c.bad;
 }
 
+/* The Nystrom matrix, once per call, serially: in a one-thread region, so
+ * that LAPACK's BLAS runs on one thread in the library's floating-point mode
+ * like every other part of the call. */
 static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_params *p, otk_ws *w)
 {
-    return p->W ? nys_setup(d, p, &w->nys) : BK_OK;
+    bk_status s = BK_OK;
+    if (!p->W) return s;
+#pragma omp parallel num_threads(1)
+    {
+        BKI_REGION;
+        s = nys_setup(d, p, &w->nys, w->dtmp[1], w->dtmp[2]);
+    }
+    return s;
 }
 
 bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
@@ -613,14 +844,14 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_params *p, const bk_
     const int osh[2][4] = {{d->B, 1, d->p, d->q * d->k}, {1, 1, d->B * d->q, d->n * d->p}};
     const char *on[2] = {"out", "plan"};
     if ((s = bki_check_aliasing(2, in, ish, 2, o, osh, on))) return s;
-    const int nt = bki_work_threads(d->B);
+    const bki_plan pl = plan_of(d);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, nt, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
-    otk_ws ws = ws_layout(d, p, nt, 0, 0, base);
+    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
+    otk_ws ws = ws_layout(d, p, pl, 0, 0, base);
     if ((s = nys_prepare(d, p, &ws))) goto done;
     if (tape) tape_header_fill(tape, d, p);
-    int bad = forward_core(d, p, x, z, out, tape, ex, &ws, nt);
+    int bad = forward_core(d, p, x, z, out, tape, ex, &ws, pl);
     if (bad >= 0) {
         if (tape) ((otk_tape_header *)tape)->magic = 0;
         s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d (eps = %g too small for "
@@ -631,6 +862,26 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_params *p, const bk_
 done:
     free(owned);
     return s;
+}
+
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_params *p;
+    const bk_tensor *x, *psi;
+    const float *M;
+} feat_ctx;
+
+static void features_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+{
+    const feat_ctx *c = vctx;
+    const bk_otk_desc *d = c->d;
+    const int nb = bki_len(d->len, b, d->n);
+    set_features(tm, d, c->p, c->M, nb, bki_at(c->x, b, 0), c->x->stride_n, w);
+    float *dst = bki_at(c->psi, b, 0);
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
+    for (int i = i0; i < i1; i++) memcpy(dst + i * c->psi->stride_n, w->psi + (size_t)i * d->k, sizeof(float) * d->k);
+    if (tm->tid == 0) bki_zero_rows(dst, c->psi->stride_n, nb, d->n, d->k);
 }
 
 bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const bk_tensor *psi)
@@ -646,25 +897,14 @@ bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk
     const int osh[1][4] = {{d->B, 1, d->n, d->k}};
     const char *on[1] = {"psi"};
     if ((s = bki_check_aliasing(1, in, ish, 1, o, osh, on))) return s;
-    const int nt = bki_work_threads(d->B);
+    const bki_plan pl = plan_of(d);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(NULL, 0, ws_need(d, p, nt, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
-    otk_ws ws = ws_layout(d, p, nt, 0, 0, base);
+    if ((s = bki_workspace(NULL, 0, ws_need(d, p, pl, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
+    otk_ws ws = ws_layout(d, p, pl, 0, 0, base);
     if ((s = nys_prepare(d, p, &ws))) goto done;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        otk_slab w = thread_slab(d, p, ws.slabs);
-#pragma omp for schedule(static)
-        for (int b = 0; b < d->B; b++) {
-            const int nb = bki_len(d->len, b, d->n);
-            set_features(d, p, ws.nys.M, nb, bki_at(x, b, 0), x->stride_n, &w);
-            float *dst = bki_at(psi, b, 0);
-            for (int i = 0; i < nb; i++) memcpy(dst + i * psi->stride_n, w.psi + (size_t)i * d->k, sizeof(float) * d->k);
-            bki_zero_rows(dst, psi->stride_n, nb, d->n, d->k);
-        }
-    }
+    feat_ctx c = {d, p, x, psi, ws.nys.M};
+    run_sets(d, p, pl, ws.slabs, 0, d->B, features_set, &c);
     bki_clear_error();
 done:
     free(owned);
@@ -683,25 +923,30 @@ static bk_status check_tape(const void *tape, const bk_otk_desc *d, const bk_otk
     return BK_OK;
 }
 
-/* Nystrom backward of one set: dpsi -> dx rows, dM_b, dW_b (direct term) */
-static void set_features_backward(const bk_otk_desc *d, const bk_otk_params *p, const float *M, int nb,
-                                  const float *x, int64_t ldx, otk_slab *w, float *dxb, int64_t lddx, float *dMb,
-                                  float *dWb)
+/* Nystrom backward of one set: dpsi -> dx rows, dM_b, dW_b (direct term).
+ * Called with dpsi complete; ends in sync. */
+static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, const float *M,
+                                  int nb, const float *x, int64_t ldx, const otk_slab *w, float *dxb, int64_t lddx,
+                                  float *dMb, float *dWb)
 {
     const int dd = d->d, k = d->k;
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
     if (!p->W) {
         if (dxb)
-            for (int i = 0; i < nb; i++) memcpy(dxb + i * lddx, w->dpsi + (size_t)i * k, sizeof(float) * k);
+            for (int i = i0; i < i1; i++) memcpy(dxb + i * lddx, w->dpsi + (size_t)i * k, sizeof(float) * k);
+        bki_team_sync(tm);
         return;
     }
     const float alpha = 1.0f / (p->sigma * p->sigma);
     /* dM = Bm^T dpsi; dBm = dpsi M (into psi, no longer needed) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, k, nb, 1.0f, w->Bm, k, w->dpsi, k, 0.0f, dMb, k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, k, 1.0f, w->dpsi, k, M, k, 0.0f, w->psi, k);
+    bki_gemm(tm, 1, 0, k, k, nb, 1.0f, w->Bm, k, w->dpsi, k, 0.0f, dMb, k);
+    bki_gemm(tm, 0, 0, nb, k, k, 1.0f, w->dpsi, k, M, k, 0.0f, w->psi, k);
+    bki_team_sync(tm);
     /* g = dBm (x) kappa, kappa = Bm / r; coefficient of xh: sum_l g (1 - alpha s),
      * 1 - alpha s = 1 - alpha - Ex */
     float *g = w->psi;
-    for (int i = 0; i < nb; i++) {
+    for (int i = i0; i < i1; i++) {
         const float ir = 1.0f / fabsf(w->r[i]), c1 = 1.0f - alpha;
         float cx = 0.0f;
         float *gi = g + (size_t)i * k;
@@ -712,16 +957,83 @@ static void set_features_backward(const bk_otk_desc *d, const bk_otk_params *p, 
         }
         w->dpsi[(size_t)i * k] = w->r[i] > 0.0f ? cx : 0.0f; /* reuse: per-row coefficient */
     }
+    bki_team_sync(tm);
     /* dW_b = alpha g^T x */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, dd, nb, alpha, g, k, x, (int)ldx, 0.0f, dWb, dd);
-    if (!dxb) return;
-    /* dx = cx xh + alpha g W */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dd, k, alpha, g, k, p->W, dd, 0.0f, dxb, (int)lddx);
-    for (int i = 0; i < nb; i++) {
-        if (!(w->r[i] > 0.0f)) continue;
-        const float cx = w->dpsi[(size_t)i * k];
-        for (int c = 0; c < dd; c++) dxb[i * lddx + c] = fmaf(cx, w->xh[(size_t)i * dd + c], dxb[i * lddx + c]);
+    bki_gemm(tm, 1, 0, k, dd, nb, alpha, g, k, x, ldx, 0.0f, dWb, dd);
+    if (dxb) { /* dx = cx xh + alpha g W */
+        bki_gemm(tm, 0, 0, nb, dd, k, alpha, g, k, p->W, dd, 0.0f, dxb, lddx);
+        bki_team_sync(tm);
+        for (int i = i0; i < i1; i++) {
+            if (!(w->r[i] > 0.0f)) continue;
+            const float cx = w->dpsi[(size_t)i * k];
+            for (int c = 0; c < dd; c++) dxb[i * lddx + c] = fmaf(cx, w->xh[(size_t)i * dd + c], dxb[i * lddx + c]);
+        }
     }
+    bki_team_sync(tm);
+}
+
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_params *p;
+    const bk_tensor *x, *dout, *dx;
+    const float *z;
+    const void *tape;
+    const otk_ws *ws;
+} bwd_ctx;
+
+static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+{
+    const bwd_ctx *x = vctx;
+    const bk_otk_desc *d = x->d;
+    const bk_otk_params *p = x->p;
+    const int P = d->p, k = d->k, L = p->iters, nb = bki_len(d->len, b, d->n), pe = p->pe != BK_OTK_PE_NONE;
+    const float *xb = bki_at(x->x, b, 0);
+    float *gz = x->ws->grads + (size_t)b * grad_block_floats(d, p), *gM = NULL, *gW = NULL;
+    if (p->W) {
+        gM = gz + (size_t)d->q * P * k;
+        gW = gM + (size_t)k * k;
+    }
+    set_features(tm, d, p, x->ws->nys.M, nb, xb, x->x->stride_n, w);
+    if (pe) pe_matrix(tm, d, p, nb, w->S);
+    int i0, i1;
+    team_rows(tm, nb, &i0, &i1);
+    memset(w->dpsi + (size_t)i0 * k, 0, sizeof(float) * (size_t)(i1 - i0) * k);
+    const float cn = out_coef(d, p) / (float)nb, ie = 1.0f / p->eps;
+    for (int h = 0; h < d->q; h++) {
+        const float *zh = x->z + (size_t)h * P * k, *hist = tape_block(x->tape, d, p, b, h);
+        const float *Gh = bki_at(x->dout, b, 0) + (size_t)h * k;
+        const int64_t ldg = x->dout->stride_n;
+        bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
+        plan_logits(tm, d, p, nb, w->psi, zh, w);
+        if (p->domain == BK_OTK_SCALING) scaling_attention(tm, nb, P, L, w->Lg, hist, w->A);
+        else bki_kern()->sk_attention(tm, &pb, 2 * L, hist, w->A, P, w->scr);
+        /* the forward's pooling weights (in G for now): dpsi += Wt Gh */
+        pool_weights(tm, d, p, nb, w->A, w->G, w->S);
+        bki_team_sync(tm);
+        bki_gemm(tm, 0, 0, nb, k, P, 1.0f, w->G, P, Gh, ldg, 1.0f, w->dpsi, k);
+        bki_team_sync(tm);
+        /* Abar = cn S (x) (psi Gh^T) */
+        bki_gemm(tm, 0, 1, nb, P, k, cn, w->psi, k, Gh, ldg, 0.0f, w->G, P);
+        bki_team_sync(tm);
+        if (pe) {
+            times_pe(tm, nb, P, w->G, w->S);
+            bki_team_sync(tm);
+        }
+        if (p->domain == BK_OTK_SCALING) scaling_backward(tm, nb, P, L, w->Lg, hist, w->A, w->G, w);
+        else bki_kern()->sk_backward(tm, &pb, 2 * L, hist, w->A, P, w->G, P, w->scr, NULL, NULL);
+        /* dK = dLg / eps (x S when pe_double) */
+        if (pe && p->pe_double) {
+            times_pe(tm, nb, P, w->G, w->S);
+            bki_team_sync(tm);
+        }
+        /* the same tiles of dpsi as above: the same member accumulates them */
+        bki_gemm(tm, 0, 0, nb, k, P, ie, w->G, P, zh, k, 1.0f, w->dpsi, k);
+        bki_gemm(tm, 1, 0, P, k, nb, ie, w->G, P, w->psi, k, 0.0f, gz + (size_t)h * P * k, k);
+        bki_team_sync(tm);
+    }
+    float *dxb = x->dx ? bki_at(x->dx, b, 0) : NULL;
+    set_features_backward(tm, d, p, x->ws->nys.M, nb, xb, x->x->stride_n, w, dxb, x->dx ? x->dx->stride_n : 0, gM, gW);
+    if (dxb && tm->tid == 0) bki_zero_rows(dxb, x->dx->stride_n, nb, d->n, d->d);
 }
 
 bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
@@ -746,78 +1058,27 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
     const char *on[3] = {"dx", "dz", "dW"};
     if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
     if (tape_in && (s = check_tape(tape_in, d, p))) return s;
-    const int nt = bki_work_threads(d->B);
+    const bki_plan pl = plan_of(d);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, nt, 1, tape_in == NULL), "bk_otk_workspace_size", &owned, &base)))
+    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 1, tape_in == NULL), "bk_otk_workspace_size", &owned, &base)))
         return s;
-    otk_ws ws = ws_layout(d, p, nt, 1, tape_in == NULL, base);
+    otk_ws ws = ws_layout(d, p, pl, 1, tape_in == NULL, base);
     if ((s = nys_prepare(d, p, &ws))) goto done;
     const void *tape = tape_in;
     if (!tape) {
         tape_header_fill(ws.own_tape, d, p);
-        int bad = forward_core(d, p, x, z, NULL, ws.own_tape, NULL, &ws, nt);
+        int bad = forward_core(d, p, x, z, NULL, ws.own_tape, NULL, &ws, pl);
         if (bad >= 0) {
             s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d: use the log domain", bad);
             goto done;
         }
         tape = ws.own_tape;
     }
-    const int P = d->p, k = d->k, L = p->iters;
+    const int P = d->p, k = d->k;
     const size_t gbf = grad_block_floats(d, p);
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        otk_slab w = thread_slab(d, p, ws.slabs);
-#pragma omp for schedule(static)
-        for (int b = 0; b < d->B; b++) {
-            const int nb = bki_len(d->len, b, d->n);
-            const float *xb = bki_at(x, b, 0);
-            float *gz = ws.grads + (size_t)b * gbf, *gM = NULL, *gW = NULL;
-            if (p->W) {
-                gM = gz + (size_t)d->q * P * k;
-                gW = gM + (size_t)k * k;
-            }
-            set_features(d, p, ws.nys.M, nb, xb, x->stride_n, &w);
-            if (p->pe != BK_OTK_PE_NONE) pe_matrix(d, p, nb, w.S);
-            memset(w.dpsi, 0, sizeof(float) * (size_t)nb * k);
-            const float cn = out_coef(d, p) / (float)nb;
-            for (int h = 0; h < d->q; h++) {
-                const float *zh = z + (size_t)h * P * k, *hist = tape_block(tape, d, p, b, h);
-                const float *Gh = bki_at(dout, b, 0) + (size_t)h * k;
-                const int ldg = (int)dout->stride_n;
-                plan_logits(d, p, nb, w.psi, zh, &w);
-                if (p->domain == BK_OTK_SCALING) scaling_attention(nb, P, L, w.Lg, hist, w.A);
-                else {
-                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
-                    bki_kern()->sk_attention(&BKI_SOLO, &pb, 2 * L, hist, w.A, P, w.scr);
-                }
-                /* the forward's pooling weights (in G for now): dpsi += Wt Gh */
-                memcpy(w.G, w.A, sizeof(float) * (size_t)nb * P);
-                pool_weights(d, p, nb, w.G, w.S);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, P, 1.0f, w.G, P, Gh, ldg, 1.0f, w.dpsi, k);
-                /* Abar = cn S (x) (psi Gh^T) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, P, k, cn, w.psi, k, Gh, ldg, 0.0f, w.G, P);
-                if (p->pe != BK_OTK_PE_NONE)
-                    for (size_t i = 0; i < (size_t)nb * P; i++) w.G[i] *= w.S[i];
-                if (p->domain == BK_OTK_SCALING) scaling_backward(nb, P, L, w.Lg, hist, w.A, w.G, w.aux);
-                else {
-                    bki_sk_problem pb = {nb, P, w.Lg, P, NULL, NULL, 2 * L, 0.0f, NULL};
-                    bki_kern()->sk_backward(&BKI_SOLO, &pb, 2 * L, hist, w.A, P, w.G, P, w.scr, NULL, NULL);
-                }
-                /* dK = dLg / eps (x S when pe_double) */
-                if (p->pe != BK_OTK_PE_NONE && p->pe_double)
-                    for (size_t i = 0; i < (size_t)nb * P; i++) w.G[i] *= w.S[i];
-                const float ie = 1.0f / p->eps;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, P, ie, w.G, P, zh, k, 1.0f, w.dpsi, k);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, k, nb, ie, w.G, P, w.psi, k, 0.0f,
-                            gz + (size_t)h * P * k, k);
-            }
-            float *dxb = dx ? bki_at(dx, b, 0) : NULL;
-            set_features_backward(d, p, ws.nys.M, nb, xb, x->stride_n, &w, dxb, dx ? dx->stride_n : 0, gM, gW);
-            if (dxb) bki_zero_rows(dxb, dx->stride_n, nb, d->n, d->d);
-        }
-    }
+    bwd_ctx c = {d, p, x, dout, dx, z, tape, &ws};
+    run_sets(d, p, pl, ws.slabs, 0, d->B, bwd_set, &c);
     /* batch sums in set order */
     if (dz) {
         memset(dz, 0, sizeof(float) * (size_t)d->q * P * k);
@@ -835,7 +1096,11 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
             for (size_t i = 0; i < (size_t)k * k; i++) dM[i] += gM[i];
             for (size_t i = 0; i < (size_t)k * d->d; i++) dW[i] += gW[i];
         }
-        nys_backward_global(d, p, &ws.nys, dM, ws.dtmp[1], ws.dtmp[2], dW);
+#pragma omp parallel num_threads(1)
+        {
+            BKI_REGION;
+            nys_backward_global(d, p, &ws.nys, dM, ws.dtmp[1], ws.dtmp[2], dW);
+        }
     }
     bki_clear_error();
 done:
@@ -848,6 +1113,47 @@ done:
  * sim[b*q+h] = sum_ij P_ij <F_i, z^h_j> for each h (LOG plan, p->eps,
  * p->iters; sim may be NULL), and when bary != NULL the sum over sets with
  * ref[b] = h of p P^T F_b is added to bary[h] ([q][p][k]) in set order. */
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_params *p;
+    const float *F, *z;
+    double *sim;
+    const int *ref;
+    float *part;   /* [chunk][p][k]: p P^T F_b of the chunk's sets */
+    int b0;        /* first set of the chunk */
+} tr_ctx;
+
+static void transport_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+{
+    const tr_ctx *c = vctx;
+    const bk_otk_desc *d = c->d;
+    const int nb = bki_len(d->len, b, d->n), P = d->p, k = d->k;
+    const float *Fb = c->F + (size_t)b * d->n * k;
+    for (int h = 0; h < d->q; h++) {
+        if (!c->sim && c->ref[b] != h) continue;
+        plan_logits(tm, d, c->p, nb, Fb, c->z + (size_t)h * P * k, w);
+        plan_forward(tm, d, c->p, nb, w->hist, w);
+        if (c->sim) { /* sum_ij A_ij Lg_ij: per row block in double, blocks in order */
+            const rblocks R = team_blocks(tm, nb);
+            for (int rb = R.b0; rb < R.b1; rb++) {
+                double s = 0.0;
+                for (size_t e = (size_t)blk_lo(&R, rb) * P; e < (size_t)blk_hi(&R, rb) * P; e++)
+                    s += (double)w->A[e] * w->Lg[e];
+                w->dsum[rb] = s;
+            }
+            bki_team_sync(tm);
+            if (tm->tid == 0) {
+                double s = 0.0;
+                for (int rb = 0; rb < R.nb; rb++) s += w->dsum[rb];
+                c->sim[(size_t)b * d->q + h] = s * c->p->eps / nb;
+            }
+        }
+        if (c->part && c->ref[b] == h)
+            bki_gemm(tm, 1, 0, P, k, nb, (float)P / nb, w->A, P, Fb, k, 0.0f, c->part + (size_t)(b - c->b0) * P * k, k);
+        bki_team_sync(tm);
+    }
+}
+
 bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const float *F, const float *z,
                             double *sim, const int *ref, float *bary)
 {
@@ -857,42 +1163,20 @@ bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const
     p.pe = BK_OTK_PE_NONE;
     bk_otk_desc dd = *d;
     dd.d = d->k;
-    const int nt = bki_work_threads(d->B), P = d->p, k = d->k;
-    const int chunk = 8 * nt;
-    const size_t slab = slab_bytes(&dd, &p);
-    char *base = malloc((size_t)nt * slab + BK_ALIGN + (bary ? (size_t)chunk * P * k * sizeof(float) : 0));
+    const bki_plan pl = plan_of(&dd);
+    const int P = d->p, k = d->k, chunk = 8 * pl.nt;
+    const size_t sb = slabs_bytes(&dd, &p, pl);
+    char *base = malloc(sb + (bary ? (size_t)chunk * P * k * sizeof(float) : 0));
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (OTK transport statistics)");
-    float *part = (float *)(base + (size_t)nt * slab + BK_ALIGN);
+    tr_ctx c = {&dd, &p, F, z, sim, ref, bary ? (float *)(base + sb) : NULL, 0};
     for (int b0 = 0; b0 < d->B; b0 += chunk) {
         const int b1 = b0 + chunk < d->B ? b0 + chunk : d->B;
-#pragma omp parallel num_threads(nt)
-        {
-            BKI_REGION;
-            otk_slab w = thread_slab(&dd, &p, base);
-#pragma omp for schedule(static)
-            for (int b = b0; b < b1; b++) {
-                const int nb = bki_len(d->len, b, d->n);
-                const float *Fb = F + (size_t)b * d->n * k;
-                for (int h = 0; h < d->q; h++) {
-                    if (!sim && ref[b] != h) continue;
-                    const float *zh = z + (size_t)h * P * k;
-                    plan_logits(&dd, &p, nb, Fb, zh, &w);
-                    plan_forward(&dd, &p, nb, w.hist, &w);
-                    if (sim) {
-                        double s = 0.0;
-                        for (size_t i = 0; i < (size_t)nb * P; i++) s += (double)w.A[i] * w.Lg[i];
-                        sim[(size_t)b * d->q + h] = s * p.eps / nb;
-                    }
-                    if (bary && ref[b] == h)
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, k, nb, (float)P / nb, w.A, P, Fb, k,
-                                    0.0f, part + (size_t)(b - b0) * P * k, k);
-                }
-            }
-        }
+        c.b0 = b0;
+        run_sets(&dd, &p, pl, base, b0, b1, transport_set, &c);
         if (bary)
             for (int b = b0; b < b1; b++) {
                 float *dst = bary + (size_t)ref[b] * P * k;
-                const float *src = part + (size_t)(b - b0) * P * k;
+                const float *src = c.part + (size_t)(b - b0) * P * k;
                 for (size_t i = 0; i < (size_t)P * k; i++) dst[i] += src[i];
             }
     }

@@ -166,6 +166,10 @@ typedef struct {
                                   column error < tol                        */
     const float *g0;           /* initial column potential (m) or NULL = 0;
                                   the backward treats it as a constant      */
+    float kappa;               /* column steps damped: g = kappa (log b -
+                                  LSE_i(C + f)), kappa = rho / (rho + eps)
+                                  (semi-unbalanced OT, a KL penalty rho on
+                                  the column marginal); 0 or 1: balanced    */
 } bki_sk_problem;
 
 typedef struct {

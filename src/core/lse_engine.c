@@ -102,6 +102,12 @@ static float col_lse_exact(const bki_sk_problem *pb, int j, const float *f)
     return M + logf(s);
 }
 
+/* the column damping in force (1: balanced) */
+static inline float kappa_of(const bki_sk_problem *pb)
+{
+    return pb->kappa > 0.0f && pb->kappa < 1.0f ? pb->kappa : 1.0f;
+}
+
 /* ------------------------------------------------------------------------ */
 /* the partition of one problem                                             */
 /* ------------------------------------------------------------------------ *
@@ -244,7 +250,7 @@ static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_w
                        const float *gold, float *gnew)
 {
     const int m = pb->m;
-    const float lb_u = -logf((float)m);
+    const float lb_u = -logf((float)m), kap = kappa_of(pb);
     reduce_cols(tm, w, m, w->colP);
     int j0, j1;
     bki_team_share(tm, m, &j0, &j1);
@@ -259,23 +265,29 @@ static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_w
                 gnew[j] = lbj - col_lse_exact(pb, j, f);
                 w->fb[j] = 1;
             }
+            if (kap != 1.0f) gnew[j] *= kap;
         }
     }
     bki_team_sync(tm);
 }
 
-/* After an even final step: A (= P^{t}/a_i from the last row pass) gets the
- * column factor b_j / colP_j; exact recomputation for fallback columns (fb).
- * Returns row and column errors of the final A. Ends with a sync. */
+/* After an even final step: A (= P^{t}/a_i from the last row pass, under
+ * column potential gold) gets the column factor exp(g_j - gold_j), which is
+ * b_j / colP_j for a balanced step; exact recomputation for fallback columns
+ * (fb). Returns row and column errors of the final A. Ends with a sync. */
 static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *f,
-                          const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr)
+                          const float *gold, const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr)
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), lb_u = -logf((float)m);
     int j0, j1, nfb = 0;
     bki_team_share(tm, m, &j0, &j1);
-    for (int j = j0; j < j1; j++)
-        w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
+    if (kappa_of(pb) == 1.0f)
+        for (int j = j0; j < j1; j++)
+            w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
+    else
+        for (int j = j0; j < j1; j++)
+            w->factor[j] = w->fb[j] ? 0.0f : expf(g[j] - (gold ? gold[j] : 0.0f));
     for (int j = 0; j < m; j++) nfb += w->fb[j]; /* fb is complete: set before the last sync */
     bki_team_sync(tm);
     const float *factor = w->factor;
@@ -336,6 +348,7 @@ static void ISA(sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk
             break;
         }
         float *gn = res->hist + bki_hist_off(n, m, t + 1);
+        const float *g_prev = g;
         col_update(tm, pb, &w, f, g, gn);
         const float cP = max_of(m, w.cerr);
         if (pb->tol > 0.0f && cP < pb->tol) { /* converged: stop on the row step */
@@ -345,7 +358,7 @@ static void ISA(sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk
         g = res->g = gn;
         res->iters = t + 1;
         if (t + 1 == S) /* even final step: columns exact */
-            scale_columns(tm, pb, &w, f, gn, res->A, res->lda, &rerr, &cerr);
+            scale_columns(tm, pb, &w, f, g_prev, gn, res->A, res->lda, &rerr, &cerr);
     }
     res->row_err = rerr;
     res->col_err = cerr;
@@ -374,7 +387,7 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
         for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
         bki_team_sync(tm);
         float rerr, cerr;
-        scale_columns(tm, pb, &w, f, g, A, lda, &rerr, &cerr);
+        scale_columns(tm, pb, &w, f, gold, g, A, lda, &rerr, &cerr);
     }
 }
 
@@ -431,6 +444,13 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
             }
         }
     }
+    /* Column step t's Jacobian: Q_ij = exp(C_ij + f_i - LSE_i'(C_i'j + f_i')).
+     * Balanced, LSE = lb_j - h_t,j; damped (g = kappa (lb - LSE)), LSE =
+     * lb_j - h_t,j / kappa: Q_ij = R_ij exp(rl_i + h_{t-1,i}) wb_j with
+     * wb_j = exp(-lb_j + h_t,j (1/kappa - 1)), and the step's adjoint is
+     * kappa times the balanced one (folded into wb). wb depends on t only
+     * when damped. */
+    const float kap = kappa_of(pb), ikm1 = 1.0f / kap - 1.0f;
     for (int j = j0; j < j1; j++) {
         wb[j] = expf(-lb_at(pb, j, lb_u));
         if (dlb) dlb[j] = 0.0f;
@@ -449,7 +469,15 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
         const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : pb->g0; /* cols */
         const int more = t - 1 > 1; /* does lambda_{t-2} matter? */
         if (dlb)
-            for (int j = j0; j < j1; j++) dlb[j] += lamc[j]; /* column step t */
+            for (int j = j0; j < j1; j++) dlb[j] += kap * lamc[j]; /* column step t */
+        const float *ht = hist + bki_hist_off(n, m, t);              /* cols   */
+        if (kap != 1.0f) { /* damped: this step's wb */
+            for (int j = j0; j < j1; j++) wb[j] = kap * expf(-lb_at(pb, j, lb_u) + ht[j] * ikm1);
+            bki_team_sync(tm);
+            logwb = 0;
+            for (int j = 0; j < m; j++)
+                if (!(wb[j] < 1e30f)) logwb = 1;
+        }
         for (int b = b0; b < b1; b++) {
             float *part = w.part + (size_t)b * w.mr;
             if (more) memset(part, 0, sizeof(float) * (size_t)m);
@@ -470,7 +498,8 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
                 } else { /* tiny column masses: stay in the log domain */
                     float base = rl[i] + ht1[i];
                     for (int j = 0; j < m; j++) {
-                        float q = Ri[j] > 0.0f ? bki_expf(logf(Ri[j]) + base - lb_at(pb, j, lb_u)) : 0.0f;
+                        float lw = -lb_at(pb, j, lb_u) + (kap != 1.0f ? ht[j] * ikm1 : 0.0f);
+                        float q = Ri[j] > 0.0f ? kap * bki_expf(logf(Ri[j]) + base + lw) : 0.0f;
                         Gi[j] -= lamc[j] * q;
                         acc += q * lamc[j];
                     }

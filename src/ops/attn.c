@@ -179,7 +179,7 @@ static void fwd_problem(const bki_team *tm, int p, const lane *ln, void *vctx)
         const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h), *Vb = bki_at(x->v, b, h);
         bki_gemm(tm, 0, 1, Lq, Lk, d->d, x->alpha, Qb, x->q->stride_n, Kb, x->k->stride_n, 0.0f, ln->C, Lk);
         bki_team_sync(tm);
-        bki_sk_problem pb = {Lq, Lk, ln->C, Lk, NULL, NULL, c->S, c->tol, NULL};
+        bki_sk_problem pb = {Lq, Lk, ln->C, Lk, NULL, NULL, c->S, c->tol, NULL, c->kappa};
         bki_kern()->sk_forward(tm, &pb, &res, ln->scr);
         if (out)
             bki_gemm(tm, 0, 0, Lq, d->dv, Lk, 1.0f, ln->A, Lk, Vb, x->v->stride_n, 0.0f, bki_at(out, b, h),
@@ -297,7 +297,7 @@ static void bwd_problem(const bki_team *tm, int p, const lane *ln, void *vctx)
     float *C = ln->C, *A = ln->A, *G = ln->G;
     bki_gemm(tm, 0, 1, Lq, Lk, d->d, x->alpha, Qb, x->q->stride_n, Kb, x->k->stride_n, 0.0f, C, Lk);
     bki_team_sync(tm);
-    bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL};
+    bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, c->S, c->tol, NULL, c->kappa};
     K->sk_attention(tm, &pb, iters, hist, A, Lk, ln->scr);
     /* dV = A^T dO ; Abar = dO V^T */
     bki_gemm(tm, 1, 0, Lk, d->dv, Lq, 1.0f, A, Lk, dOb, x->dout->stride_n, 0.0f, dVb, x->dv->stride_n);

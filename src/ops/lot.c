@@ -268,8 +268,8 @@ static void inner_setup(const bki_team *tm, const bk_attn_desc *d, const bk_lot_
     bki_gemm(tm, 0, 1, n, r, d->d, al, Q, ldq, Zh, d->d, 0.0f, w->L1, r);
     bki_gemm(tm, 0, 1, r, m, d->d, al, Zh, d->d, Kb, ldk, 0.0f, w->L2, m);
     bki_team_sync(tm);
-    const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL};
-    const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL};
+    const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL, 1.0f};
+    const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL, 1.0f};
     *pb1 = a;
     *pb2 = b;
 }

@@ -12,6 +12,7 @@ typedef struct {
     int S;
     float tol;
     bk_grad_mode grad;
+    float kappa;        /* column damping (unbalanced); 0 or 1 = balanced */
 } bki_attn_cfg;
 
 size_t bki_attn_workspace_size(const bk_attn_desc *d, const bki_attn_cfg *c);

@@ -18,6 +18,7 @@ static bk_status cfg_of(const bk_sinkhorn_params *p, bki_attn_cfg *c)
     c->S = p->iters;
     c->tol = p->tol;
     c->grad = p->grad;
+    c->kappa = 1.0f;
     return BK_OK;
 }
 

@@ -4,7 +4,7 @@
 
 static bki_attn_cfg cfg_of(const bk_softmax_params *p)
 {
-    bki_attn_cfg c = {BKI_KIND_SOFTMAX, p ? p->scale : 0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED};
+    bki_attn_cfg c = {BKI_KIND_SOFTMAX, p ? p->scale : 0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED, 1.0f};
     return c;
 }
 

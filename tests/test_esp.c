@@ -5,6 +5,7 @@
 #include "harness.h"
 #include "ref_esp.h"
 #include "tutil.h"
+#include "../src/core/internal.h" /* bki_plan: the determinism tests check the team mode */
 
 #include <math.h>
 #include <stdlib.h>
@@ -502,6 +503,289 @@ static void test_esp_bad_input(void)
     eb_free(&t);
 }
 
+/* ------------------------------------------------------------------------ */
+/* the parallel model: bitwise the same for any thread count, batch shape    */
+/* ------------------------------------------------------------------------ */
+bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p); /* esp.c */
+
+typedef struct {
+    const char *name;
+    bk_esp_sort sort;
+    bk_esp_cost cost;
+    int Nq, Nk, d, dv, Lq, Lk; /* sizes and the valid lengths of the single problem */
+    int L, slices;             /* slices: 0 axis-aligned (L = d), 1 learned theta, 2 random (seeded) */
+    int no_attn;               /* 1: no dense attention output (long sequences) */
+} dcase;
+
+typedef struct {
+    ebuf t;
+    float *D, *dq2, *dk2, *dv2, *dth2;  /* D; the backward's outputs without a tape */
+    bk_tensor tdq2, tdk2, tdv2;
+    bk_status s[3];
+    int attn; /* the forward writes the dense attention */
+} dprob;
+
+/* B x H problems of case c; the single problem's lengths for every batch entry
+ * when B * H = 1, random lengths otherwise (the last entry full) */
+static void dpe_init(dprob *x, const dcase *c, int B, int H, int layout, uint64_t seed)
+{
+    ecase e = {B, H, c->Nq, c->Nk, c->d, c->dv, layout, 1, c->sort, 0.2f, 1.0f, c->cost, BK_ESP_SCALE_ROWS,
+               c->slices ? c->L : 0, 1.0};
+    memset(x, 0, sizeof *x);
+    x->attn = !c->no_attn;
+    if (c->no_attn) e.Nk = 1; /* th_prob's [Nq, Nk] attention buffer stays small */
+    eb_init(&x->t, &e, seed);
+    if (c->no_attn) { /* the real key count, without th_prob's Nq x Nk attention buffer */
+        th_prob *pb = &x->t.pb;
+        th_rng r0 = {seed + 2};
+        const size_t nk = (size_t)B * H * c->Nk;
+        free(pb->k); free(pb->v); free(pb->dk); free(pb->dv);
+        pb->k = th_alloc_fill(nk * c->d, 0); pb->v = th_alloc_fill(nk * c->dv, 0);
+        pb->dk = th_alloc_fill(nk * c->d, -7); pb->dv = th_alloc_fill(nk * c->dv, -7);
+        pb->desc.Nk = c->Nk;
+        for (int b = 0; b < B; b++) pb->kl[b] = b == B - 1 && B > 1 ? c->Nk : 1 + (int)(th_next(&r0) % (uint64_t)c->Nk);
+        bk_tensor *views[4] = {&pb->tk, &pb->tv, &pb->tdk, &pb->tdv};
+        float *data[4] = {pb->k, pb->v, pb->dk, pb->dv};
+        const int C[4] = {c->d, c->dv, c->d, c->dv};
+        for (int i = 0; i < 4; i++) { /* layout 0 [B, H, N, C], 1 [B, N, H, C] */
+            bk_tensor tv = {data[i], (int64_t)H * c->Nk * C[i], layout ? C[i] : (int64_t)c->Nk * C[i],
+                            layout ? (int64_t)H * C[i] : C[i]};
+            *views[i] = tv;
+        }
+        th_fill_tensor(&pb->tk, B, H, c->Nk, c->d, pb->kl, &r0, 1.0);
+        th_fill_tensor(&pb->tv, B, H, c->Nk, c->dv, pb->kl, &r0, 1.0);
+    }
+    th_prob *pb = &x->t.pb;
+    if (B * H == 1) {
+        pb->ql[0] = c->Lq;
+        pb->kl[0] = c->Lk;
+        th_rng r = {seed + 1};
+        th_fill_tensor(&pb->tq, B, H, c->Nq, c->d, pb->ql, &r, 1.0);
+        th_fill_tensor(&pb->tk, B, H, c->Nk, c->d, pb->kl, &r, 1.0);
+        th_fill_tensor(&pb->tv, B, H, c->Nk, c->dv, pb->kl, &r, 1.0);
+        th_fill_tensor(&pb->tdo, B, H, c->Nq, c->dv, pb->ql, &r, 1.0);
+    }
+    if (c->slices == 2) { /* random directions from a seed */
+        x->t.p.theta = NULL;
+        x->t.p.seed = 1234;
+    }
+    const size_t P = (size_t)B * H, L = (size_t)x->t.L;
+    x->D = calloc(P * L, sizeof(float));
+    x->dq2 = th_alloc_fill(P * c->Nq * c->d, -7);
+    x->dk2 = th_alloc_fill(P * c->Nk * c->d, -7);
+    x->dv2 = th_alloc_fill(P * c->Nk * c->dv, -7);
+    x->dth2 = calloc(L * c->d, sizeof(float));
+    x->tdq2 = pb->tdq; x->tdq2.data = x->dq2;
+    x->tdk2 = pb->tdk; x->tdk2.data = x->dk2;
+    x->tdv2 = pb->tdv; x->tdv2.data = x->dv2;
+}
+
+static void dpe_free(dprob *x)
+{
+    eb_free(&x->t);
+    free(x->D); free(x->dq2); free(x->dk2); free(x->dv2); free(x->dth2);
+}
+
+/* forward (O, A, sigma, D, diag) with a tape, the backward from it, and the
+ * backward without a tape (its own forward) */
+static void dpe_run(void *ctx)
+{
+    dprob *x = ctx;
+    ebuf *t = &x->t;
+    th_prob *pb = &t->pb;
+    void *tape = malloc(bk_esp_tape_size(&pb->desc, &t->p));
+    bk_esp_extras ex = {pb->ta, t->sig, x->D, t->diag};
+    if (!x->attn) ex.attn.data = NULL;
+    x->s[0] = bk_esp_forward(&pb->desc, &t->p, &pb->tq, &pb->tk, &pb->tv, &pb->to, tape, &ex, NULL, 0);
+    x->s[1] = bk_esp_backward(&pb->desc, &t->p, &pb->tq, &pb->tk, &pb->tv, &pb->tdo, tape, &pb->tdq, &pb->tdk,
+                              &pb->tdv, t->dth, NULL, 0);
+    x->s[2] = bk_esp_backward(&pb->desc, &t->p, &pb->tq, &pb->tk, &pb->tv, &pb->tdo, NULL, &x->tdq2, &x->tdk2,
+                              &x->tdv2, x->dth2, NULL, 0);
+    free(tape);
+}
+
+static int dpe_ok(const dprob *x) { return x->s[0] == BK_OK && x->s[1] == BK_OK && x->s[2] == BK_OK; }
+
+static int dpe_spans(const dprob *x, th_span *sp)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const size_t P = (size_t)d->B * d->H, Nq = d->Nq, Nk = d->Nk, L = (size_t)x->t.L;
+    const th_span s[14] = {
+        {x->t.pb.o, 4 * P * Nq * d->dv}, {x->t.pb.a, x->attn ? 4 * P * Nq * Nk : 0}, {x->t.sig, 4 * P * L},
+        {x->D, 4 * P * L},               {x->t.diag, sizeof(bk_esp_diag) * P},
+        {x->t.pb.dq, 4 * P * Nq * d->d}, {x->t.pb.dk, 4 * P * Nk * d->d}, {x->t.pb.dv, 4 * P * Nk * d->dv},
+        {x->t.dth, 4 * L * d->d},        {x->dq2, 4 * P * Nq * d->d},     {x->dk2, 4 * P * Nk * d->d},
+        {x->dv2, 4 * P * Nk * d->dv},    {x->dth2, 4 * L * d->d},         {x->s, sizeof x->s}};
+    memcpy(sp, s, sizeof s);
+    return 14;
+}
+
+/* the backward from the tape and the one without agree bitwise */
+static int dpe_tape_same(const dprob *x)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const size_t P = (size_t)d->B * d->H;
+    return !memcmp(x->t.pb.dq, x->dq2, 4 * P * d->Nq * d->d) && !memcmp(x->t.pb.dk, x->dk2, 4 * P * d->Nk * d->d) &&
+           !memcmp(x->t.pb.dv, x->dv2, 4 * P * d->Nk * d->dv) && !memcmp(x->t.dth, x->dth2, 4 * (size_t)x->t.L * d->d);
+}
+
+/* copies x's single problem into problem (b, h) of y (entry b's lengths and
+ * the slices too) and zeroes dO of y's other problems, so that y's dtheta is
+ * x's (the other problems add exact zeros) */
+static void dpe_plant(const dprob *x, dprob *y, int b, int h)
+{
+    const th_prob *a = &x->t.pb;
+    th_prob *z = &y->t.pb;
+    const bk_attn_desc *d = &a->desc;
+    z->ql[b] = a->ql[0];
+    z->kl[b] = a->kl[0];
+    memcpy(y->t.theta, x->t.theta, sizeof(float) * (size_t)x->t.L * d->d); /* the same learned slices */
+#define DPE_ROWS(T, N, C)                                                                                          \
+    for (int n_ = 0; n_ < (N); n_++)                                                                               \
+        memcpy(z->T.data + b * z->T.stride_b + h * z->T.stride_h + n_ * z->T.stride_n, a->T.data + n_ * a->T.stride_n, \
+               sizeof(float) * (size_t)(C))
+    DPE_ROWS(tq, a->ql[0], d->d);
+    DPE_ROWS(tk, a->kl[0], d->d);
+    DPE_ROWS(tv, a->kl[0], d->dv);
+    DPE_ROWS(tdo, a->ql[0], d->dv);
+#undef DPE_ROWS
+    /* entry b's other heads: rows that the new lengths made valid get values */
+    th_rng r = {77};
+#define DPE_FILL(T, N, C)                                                                                              for (int n_ = 0; n_ < (N); n_++)                                                                                       for (int c_ = 0; c_ < (C); c_++) {                                                                                     float *e_ = z->T.data + b * z->T.stride_b + hh * z->T.stride_h + n_ * z->T.stride_n + c_;                         if (isnan(*e_)) *e_ = (float)th_normal(&r);                                                                    }
+    for (int hh = 0; hh < z->desc.H; hh++) {
+        if (hh == h) continue;
+        DPE_FILL(tq, a->ql[0], d->d);
+        DPE_FILL(tk, a->kl[0], d->d);
+        DPE_FILL(tv, a->kl[0], d->dv);
+        DPE_FILL(tdo, a->ql[0], d->dv);
+    }
+#undef DPE_FILL
+    for (int bb = 0; bb < z->desc.B; bb++)
+        for (int hh = 0; hh < z->desc.H; hh++)
+            if (bb != b || hh != h)
+                for (int n = 0; n < z->ql[bb]; n++)
+                    memset(z->tdo.data + bb * z->tdo.stride_b + hh * z->tdo.stride_h + n * z->tdo.stride_n, 0,
+                           sizeof(float) * (size_t)d->dv);
+}
+
+/* problem (b, h) of y equals x's single problem, bitwise, in every output */
+static int dpe_same_problem(const dprob *x, const dprob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->t.pb.desc;
+    const th_prob *a = &x->t.pb, *z = &y->t.pb;
+    const size_t L = (size_t)x->t.L, py = (size_t)b * y->t.pb.desc.H + h;
+    int ok = th_slice_same(&a->to, 0, 0, &z->to, b, h, d->Nq, d->dv) &&
+             (!x->attn || th_slice_same(&a->ta, 0, 0, &z->ta, b, h, d->Nq, d->Nk)) &&
+             th_slice_same(&a->tdq, 0, 0, &z->tdq, b, h, d->Nq, d->d) &&
+             th_slice_same(&a->tdk, 0, 0, &z->tdk, b, h, d->Nk, d->d) &&
+             th_slice_same(&a->tdv, 0, 0, &z->tdv, b, h, d->Nk, d->dv) &&
+             th_slice_same(&x->tdq2, 0, 0, &y->tdq2, b, h, d->Nq, d->d) &&
+             th_slice_same(&x->tdk2, 0, 0, &y->tdk2, b, h, d->Nk, d->d) &&
+             th_slice_same(&x->tdv2, 0, 0, &y->tdv2, b, h, d->Nk, d->dv);
+    ok = ok && !memcmp(x->t.sig, y->t.sig + py * L, 4 * L) && !memcmp(x->D, y->D + py * L, 4 * L) &&
+         !memcmp(&x->t.diag[0], &y->t.diag[py], sizeof(bk_esp_diag));
+    ok = ok && !memcmp(x->t.dth, y->t.dth, 4 * L * d->d) && !memcmp(x->dth2, y->dth2, 4 * L * d->d);
+    return ok && dpe_ok(x) && dpe_ok(y);
+}
+
+/* the team-parallel argsort (sort1d.c) equals the serial one for any team */
+size_t bki_argsort_team_counts(int n);
+void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
+                      void *counts);
+
+static void test_esp_team_sort(void)
+{
+    const int sizes[] = {1, 50, 8192, 8193, 20000, 300001};
+    th_rng r = {4242};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int n = sizes[si];
+        float *x = malloc(sizeof(float) * 2 * (size_t)n);
+        int32_t *ref = malloc(sizeof(int32_t) * (size_t)n), *got = malloc(sizeof(int32_t) * (size_t)n);
+        void *scr = malloc(bki_argsort_scratch(n)), *cnt = malloc(bki_argsort_team_counts(n));
+        for (int i = 0; i < 2 * n; i++) { /* ties, both zeros, a wide range; stride 2 */
+            const uint64_t u = th_next(&r) % 7;
+            x[i] = u == 0 ? 0.0f : u == 1 ? -0.0f : u == 2 ? (float)(th_next(&r) % 5) : (float)th_normal(&r) * 1e3f;
+        }
+        bki_argsort(n, x, 2, ref, scr);
+        int ok = 1;
+        for (int ti = 0; ti < TH_NTHREADS; ti++) {
+            const int nt = th_threads[ti];
+            memset(got, 0xff, sizeof(int32_t) * (size_t)n);
+#pragma omp parallel num_threads(nt)
+            {
+                const bki_team tm = {bki_thread_id(), bki_region_size()};
+                bki_argsort_team(&tm, n, x, 2, got, scr, cnt);
+            }
+            ok &= !memcmp(ref, got, sizeof(int32_t) * (size_t)n);
+        }
+        char name[96];
+        snprintf(name, sizeof name, "team argsort == serial argsort (n = %d, teams of 1, 2, 3, 5, 8)", n);
+        th_check(ok, name, "%s", "orders differ");
+        free(x); free(ref); free(got); free(scr); free(cnt);
+    }
+}
+
+static void test_esp_parallel_determinism(void)
+{
+    const dcase cases[] = {
+        {"hard self sq, learned slices", BK_ESP_HARD, BK_ESP_COST_SQ, 300, 300, 16, 12, 287, 287, 8, 1, 0},
+        {"hard cross euclid, random slices", BK_ESP_HARD, BK_ESP_COST_EUCLID, 300, 220, 16, 12, 287, 213, 8, 2, 0},
+        {"soft self sq, learned slices", BK_ESP_SOFT, BK_ESP_COST_SQ, 128, 128, 8, 8, 121, 121, 2, 1, 0},
+        {"soft cross euclid, axis slices", BK_ESP_SOFT, BK_ESP_COST_EUCLID, 128, 96, 4, 4, 119, 90, 4, 0, 0},
+        /* one slice, long: at 3+ threads the team sorts each slice together */
+        {"hard cross sq, one long random slice", BK_ESP_HARD, BK_ESP_COST_SQ, 9000, 8300, 4, 4, 8999, 8217, 1, 2, 1},
+    };
+    char name[200];
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const dcase *c = &cases[ci];
+        /* (a) thread counts: one problem (a team at 2+ threads) and a batch of 12 */
+        const int shapes[2][2] = {{1, 1}, {3, 4}};
+        for (int si = 0; si < 2; si++) {
+            dprob x;
+            dpe_init(&x, c, shapes[si][0], shapes[si][1], si, 700 + 10 * ci + si);
+            if (si == 0) {
+                bk_set_num_threads(2);
+                const bki_plan pl = bki_esp_plan(&x.t.pb.desc, &x.t.p);
+                bk_set_num_threads(0);
+                snprintf(name, sizeof name, "ESP %s: one problem runs as a team at 2 threads", c->name);
+                th_check(pl.team == 1 && pl.nt == 2, name, "team %d nt %d", pl.team, pl.nt);
+            }
+            th_span sp[14];
+            const int ns = dpe_spans(&x, sp);
+            snprintf(name, sizeof name, "ESP %s: bitwise identical at 1, 2, 3, 5, 8 threads (B=%d H=%d)", c->name,
+                     shapes[si][0], shapes[si][1]);
+            th_same_over_threads(name, dpe_run, &x, sp, ns);
+            th_check(dpe_ok(&x), name, "status %s / %s / %s: %s", bk_status_str(x.s[0]), bk_status_str(x.s[1]),
+                     bk_status_str(x.s[2]), bk_last_error());
+            snprintf(name, sizeof name, "ESP %s: backward from the tape == backward without (B=%d H=%d)", c->name,
+                     shapes[si][0], shapes[si][1]);
+            th_check(dpe_tape_same(&x), name, "%s", "gradients differ");
+            dpe_free(&x);
+        }
+        /* (b) batch shapes: the problem alone, as one of 3 and as one of 16 */
+        dprob x;
+        dpe_init(&x, c, 1, 1, 0, 800 + ci);
+        dpe_run(&x);
+        const int batches[2][5] = {{1, 3, 0, 2, 0}, {4, 4, 2, 1, 1}}; /* B, H, b, h of the planted problem, layout */
+        const int nts[3] = {1, 2, 5};
+        for (int bi = 0; bi < 2; bi++)
+            for (int ti = 0; ti < 3; ti++) {
+                dprob y;
+                dpe_init(&y, c, batches[bi][0], batches[bi][1], batches[bi][4], 900 + 10 * ci + bi);
+                dpe_plant(&x, &y, batches[bi][2], batches[bi][3]);
+                bk_set_num_threads(nts[ti]);
+                dpe_run(&y);
+                bk_set_num_threads(0);
+                snprintf(name, sizeof name, "ESP %s: a problem alone == the same problem in a batch of %d (%d threads)",
+                         c->name, batches[bi][0] * batches[bi][1], nts[ti]);
+                th_check(dpe_same_problem(&x, &y, batches[bi][2], batches[bi][3]), name, "%s",
+                         dpe_ok(&y) ? "outputs differ" : bk_last_error());
+                dpe_free(&y);
+            }
+        dpe_free(&x);
+    }
+}
+
 void test_esp(void)
 {
     test_esp_grid();
@@ -511,6 +795,8 @@ void test_esp(void)
     test_esp_permutation();
     test_esp_soft_to_hard();
     test_esp_padding_determinism();
+    test_esp_team_sort();
+    test_esp_parallel_determinism();
     test_esp_fd();
     test_esp_large_hard();
     test_esp_bad_input();

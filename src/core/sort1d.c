@@ -81,6 +81,85 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
     for (int i = 0; i < n; i++) idx[i] = (int32_t)i0[i];
 }
 
+/* The same stable argsort by a team (every member calls it with the same
+ * arguments; internal.h's parallel model): for a few large sorts, where
+ * sharing whole sorts over the members would leave some idle. LSD radix,
+ * 4 passes of 8 bits, over fixed blocks of keys (a function of n only): per
+ * block digit counts, each block scattered by the member that counted it at
+ * offsets summed in digit then block order. The stable order is unique, so
+ * idx is bitwise bki_argsort's for any team. Up to 2 TS_BLOCK keys member 0
+ * sorts alone. scratch: bki_argsort_scratch(n) bytes, counts:
+ * bki_argsort_team_counts(n) bytes, both shared by the team. Ends synced. */
+size_t bki_argsort_team_counts(int n); /* bytes */
+void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
+                      void *counts);
+#define TS_BLOCK 4096
+static int ts_blocks(int n)
+{
+    int nb = (n + TS_BLOCK - 1) / TS_BLOCK;
+    return nb > 64 ? 64 : (nb < 1 ? 1 : nb);
+}
+
+size_t bki_argsort_team_counts(int n) { return (size_t)ts_blocks(n) * 256 * sizeof(uint32_t); }
+
+void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
+                      void *counts)
+{
+    if (tm->nt == 1 || n <= 2 * TS_BLOCK) {
+        if (tm->tid == 0) bki_argsort(n, x, stride, idx, scratch);
+        bki_team_sync(tm);
+        return;
+    }
+    const int nb = ts_blocks(n);
+    uint32_t *k0 = scratch, *k1 = k0 + n, *i0 = k1 + n, *i1 = i0 + n;
+    uint32_t *cnt = counts; /* nb x 256 */
+    int lo, hi;
+    bki_team_share(tm, nb, &lo, &hi);
+#define TS_BEGIN(b) ((int)((int64_t)n * (b) / nb))
+    for (int b = lo; b < hi; b++)
+        for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) {
+            k0[i] = key_of(x[(ptrdiff_t)i * stride]);
+            i0[i] = (uint32_t)i;
+        }
+    bki_team_sync(tm);
+    for (int shift = 0; shift < 32; shift += 8) {
+        for (int b = lo; b < hi; b++) {
+            uint32_t *c = cnt + (size_t)b * 256;
+            memset(c, 0, 256 * sizeof(uint32_t));
+            for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) c[(k0[i] >> shift) & 0xffu]++;
+        }
+        bki_team_sync(tm);
+        /* every member: the digit totals (the same for all), its blocks' offsets */
+        size_t tot[256], off[256];
+        memset(tot, 0, sizeof tot);
+        for (int b = 0; b < nb; b++)
+            for (int dg = 0; dg < 256; dg++) tot[dg] += cnt[(size_t)b * 256 + dg];
+        if (tot[(k0[0] >> shift) & 0xffu] != (size_t)n) { /* else all digits equal: the pass keeps the order */
+            size_t run = 0;
+            for (int dg = 0; dg < 256; dg++) {
+                off[dg] = run;
+                run += tot[dg];
+            }
+            for (int b = 0; b < lo; b++)
+                for (int dg = 0; dg < 256; dg++) off[dg] += cnt[(size_t)b * 256 + dg];
+            for (int b = lo; b < hi; b++) {
+                for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) {
+                    const size_t pos = off[(k0[i] >> shift) & 0xffu]++;
+                    k1[pos] = k0[i];
+                    i1[pos] = i0[i];
+                }
+            }
+            uint32_t *t = k0; k0 = k1; k1 = t;
+            t = i0; i0 = i1; i1 = t;
+        }
+        bki_team_sync(tm); /* the scatter is complete and the counts are free */
+    }
+    for (int b = lo; b < hi; b++)
+        for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) idx[i] = (int32_t)i0[i];
+#undef TS_BEGIN
+    bki_team_sync(tm);
+}
+
 /* The 1-D OT plan between uniform measures on n and m sorted atoms: pairs
  * (r, s) of ranks with mass |[r/n, (r+1)/n) ∩ [s/m, (s+1)/m)|, walked in
  * order (at most n + m - 1 pairs; (r, r) when n == m). The mass is returned

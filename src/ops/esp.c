@@ -4,18 +4,24 @@
  * derivations in docs/ALGORITHMS.md section 4.
  *
  * Mechanisms used from elsewhere: argsort and the 1-D OT plan (sort1d.c),
- * SoftSort rows (the per-ISA kernels in lse_engine.c), GEMMs (CBLAS),
- * validation and views (tensor.c). Each (batch, head) problem runs on one
- * thread with its own slab of the workspace, so results do not depend on
- * the thread count; the slice gradient is reduced over problems in a fixed
- * order. */
+ * SoftSort rows (the per-ISA kernels in lse_engine.c), GEMMs (bki_gemm),
+ * validation and views (tensor.c), the parallel model (threads.c).
+ *
+ * Parallel model (src/core/internal.h): the B*H problems run one per thread,
+ * or one at a time by a team of all threads (bki_plan_problems), through the
+ * same per-problem code. Inside a problem the work is shared by fixed blocks
+ * (functions of the shape only): slices for the sorts, query and key blocks
+ * for the hard-sort walks (each output row written by one block, per-block
+ * partial sums over slices reduced in block order), row blocks for the
+ * SoftSort rows with per-block partial column sums reduced in block order,
+ * fixed row blocks for the dot products, and bki_gemm's tiles. So results are
+ * bitwise the same for any thread count and any batch shape; the slice
+ * gradient is reduced over problems in problem order. */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xmmintrin.h>
 
 #define ESP_MAGIC 0x50534542u /* "BESP" */
 #define ESP_VERSION 1u
@@ -90,78 +96,146 @@ typedef struct {
 } esp_cfg;
 
 /* ------------------------------------------------------------------------ */
-/* workspace and tape                                                        */
+/* workspace: lanes of per-problem scratch                                   */
 /* ------------------------------------------------------------------------ */
-static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
-
-/* per-thread bytes for problems up to n x m */
-static size_t slab_bytes(int n, int m, int d, int dv, int L, int soft, int euclid)
+/* Rows per block of a problem's row passes and walks over n rows: at most
+ * BKI_MAX_BLOCKS blocks of at least 16 rows (a function of n only; fewer,
+ * larger blocks keep the reductions of per-block partial sums cheap). */
+static inline int rblk(int n)
 {
-    size_t nn = (size_t)(n > m ? n : m);
-    size_t b = fl((size_t)n * d) + fl((size_t)m * d) + fl(n) + fl(m) + fl((size_t)L * n) + fl((size_t)L * m) +
-               fl(n) + fl(m) + bki_round_up(bki_argsort_scratch((int)nn)) + 2 * fl(n + m) +
-               bki_round_up(sizeof(double) * (size_t)(n + m)) + fl(L) * 3 + fl((size_t)L * n) + fl(n + 1) +
-               bki_round_up(sizeof(double) * (size_t)L);
-    if (soft) {
-        b += fl((size_t)n * n) * 2 + fl((size_t)m * m) * 2;                   /* P, dP, R, dR */
-        b += fl((size_t)m * d) * 2 + fl((size_t)m * dv) * 2;                  /* X, WTPQ, Y, WTZ */
-        b += fl((size_t)n * d) * 4 + fl((size_t)n * dv) * 4;                  /* WX, PQ, dQt, -, WY, Z, Ol, Oacc */
-        b += fl((size_t)m * d);                                               /* dKt */
-        b += fl(n) * 4 + fl(m) * 4 + fl((size_t)L * n) + fl((size_t)L * m);  /* sums, da, db, Da, Db */
-        if (euclid) b += fl((size_t)n * m) * 6;                               /* E, M, U, dU, dA, dE */
-    }
-    return b + BK_ALIGN;
+    const int rb = bki_row_block(n);
+    return rb < 16 ? 16 : rb;
 }
+static inline int nblk(int n) { return bki_nblocks(n, rblk(n)); }
+static inline int imin(int a, int b) { return a < b ? a : b; }
 
+/* the team-parallel argsort (sort1d.c) */
+size_t bki_argsort_team_counts(int n);
+void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
+                      void *counts);
+/* Whether a team of nt sorts each slice together: when the 2L sorts cannot
+ * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
+static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 * L < nt && (n > 8192 || m > 8192); }
+
+/* One lane: the scratch of one problem in flight (run by one thread or by a
+ * team of `members`: each member has its own sort scratch). */
 typedef struct {
     float *Qt, *Kt, *qn, *kn, *Ap, *Bp, *sa, *sb;
-    void *sortscr;
-    int32_t *pr, *ps;
+    char *sortscr;        /* members x sortbytes                                 */
+    size_t sortbytes;
+    void *sortcnt;        /* a team's digit counts (bki_argsort_team)            */
+    int32_t *pr, *ps;     /* the 1-D plan's pairs (n + m - 1 at most)            */
     double *pc;
+    int32_t *rowptr, *colptr; /* pairs of each query rank (n + 1), key rank (m + 1) */
     float *Dl, *sig, *dsig;
-    int32_t *inv, *rowptr; /* hard: inverse query orders (L x n), pairs of each query rank (n + 1) */
-    double *Dacc;          /* hard: per-slice cost accumulators (L) */
+    double *Dc;           /* hard backward: per-slice cost gradient coefficient */
+    double *dpart;        /* dot-product partials: 3 x BKI_MAX_BLOCKS            */
+    /* hard */
+    int32_t *inv;         /* L x n: each query's rank, or its partner key (n == m) */
+    int32_t *invk;        /* L x m: each key's rank, or its partner query (n == m) */
+    double *part;         /* per-block partial sums over slices: blocks x L      */
     /* soft */
     float *P, *dP, *R, *dR, *X, *WTPQ, *Y, *WTZ, *WX, *PQ, *dQt, *WY, *Z, *Ol, *Oacc, *dKt;
-    float *csP, *csR, *rs, *cs, *da, *db, *Da, *Db;
+    float *csP, *csR, *rs, *cs, *Da, *Db;
+    float *partP, *partR; /* per-row-block partial column sums (blocks x n, x m) */
     float *E, *M, *U, *dU, *dA, *dE;
 } esp_slab;
 
-static esp_slab carve(char *base, size_t bytes, int n, int m, int d, int dv, int L, int soft, int euclid)
+/* Lays out a lane at base (NULL: sizes only); returns its bytes. */
+static size_t carve(char *base, int n, int m, int d, int dv, int L, int soft, int euclid, int members, esp_slab *w)
 {
-    bki_arena ar = {base, 0, bytes};
-    esp_slab w;
-    memset(&w, 0, sizeof w);
-    size_t nn = (size_t)(n > m ? n : m);
-#define TAKE(ptr, cnt) ptr = bki_take(&ar, (cnt) * sizeof(float))
-    TAKE(w.Qt, (size_t)n * d); TAKE(w.Kt, (size_t)m * d); TAKE(w.qn, n); TAKE(w.kn, m);
-    TAKE(w.Ap, (size_t)L * n); TAKE(w.Bp, (size_t)L * m); TAKE(w.sa, n); TAKE(w.sb, m);
-    w.sortscr = bki_take(&ar, bki_argsort_scratch((int)nn));
-    w.pr = bki_take(&ar, sizeof(int32_t) * (size_t)(n + m));
-    w.ps = bki_take(&ar, sizeof(int32_t) * (size_t)(n + m));
-    w.pc = bki_take(&ar, sizeof(double) * (size_t)(n + m));
-    TAKE(w.Dl, L); TAKE(w.sig, L); TAKE(w.dsig, L);
-    w.inv = bki_take(&ar, sizeof(int32_t) * (size_t)L * n); /* query-major: [i][l] */
-    w.rowptr = bki_take(&ar, sizeof(int32_t) * (size_t)(n + 1));
-    w.Dacc = bki_take(&ar, sizeof(double) * (size_t)L);
-    if (soft) {
-        TAKE(w.P, (size_t)n * n); TAKE(w.dP, (size_t)n * n); TAKE(w.R, (size_t)m * m); TAKE(w.dR, (size_t)m * m);
-        TAKE(w.X, (size_t)m * d); TAKE(w.WTPQ, (size_t)m * d); TAKE(w.Y, (size_t)m * dv); TAKE(w.WTZ, (size_t)m * dv);
-        TAKE(w.WX, (size_t)n * d); TAKE(w.PQ, (size_t)n * d); TAKE(w.dQt, (size_t)n * d);
-        (void)bki_take(&ar, (size_t)n * d * sizeof(float));
-        TAKE(w.WY, (size_t)n * dv); TAKE(w.Z, (size_t)n * dv); TAKE(w.Ol, (size_t)n * dv); TAKE(w.Oacc, (size_t)n * dv);
-        TAKE(w.dKt, (size_t)m * d);
-        TAKE(w.csP, n); TAKE(w.rs, n); TAKE(w.da, n); (void)bki_take(&ar, n * sizeof(float));
-        TAKE(w.csR, m); TAKE(w.cs, m); TAKE(w.db, m); (void)bki_take(&ar, m * sizeof(float));
-        TAKE(w.Da, (size_t)L * n); TAKE(w.Db, (size_t)L * m);
+    size_t off = 0;
+    memset(w, 0, sizeof *w);
+#define TAKEB(ptr, bytes)                                                                                     \
+    do {                                                                                                      \
+        const size_t b_ = (bytes);                                                                            \
+        if (base) (ptr) = (void *)(base + off);                                                               \
+        off += bki_round_up(b_);                                                                              \
+    } while (0)
+#define TAKE(ptr, cnt) TAKEB(ptr, (size_t)(cnt) * sizeof(float))
+    const size_t nn = (size_t)(n > m ? n : m);
+    TAKE(w->Qt, (size_t)n * d); TAKE(w->Kt, (size_t)m * d); TAKE(w->qn, n); TAKE(w->kn, m);
+    TAKE(w->Ap, (size_t)L * n); TAKE(w->Bp, (size_t)L * m); TAKE(w->sa, n); TAKE(w->sb, m);
+    w->sortbytes = bki_round_up(bki_argsort_scratch((int)nn));
+    TAKEB(w->sortscr, w->sortbytes * (size_t)members);
+    if (team_sorts(members, L, n, m)) TAKEB(w->sortcnt, bki_argsort_team_counts((int)nn));
+    TAKEB(w->pr, sizeof(int32_t) * (size_t)(n + m));
+    TAKEB(w->ps, sizeof(int32_t) * (size_t)(n + m));
+    TAKEB(w->pc, sizeof(double) * (size_t)(n + m));
+    TAKEB(w->rowptr, sizeof(int32_t) * (size_t)(n + 1));
+    TAKEB(w->colptr, sizeof(int32_t) * (size_t)(m + 1));
+    TAKE(w->Dl, L); TAKE(w->sig, L); TAKE(w->dsig, L);
+    TAKEB(w->Dc, sizeof(double) * (size_t)L);
+    TAKEB(w->dpart, sizeof(double) * 3 * BKI_MAX_BLOCKS);
+    if (!soft) {
+        const int nb = nblk(n) > nblk(m) ? nblk(n) : nblk(m);
+        TAKEB(w->inv, sizeof(int32_t) * (size_t)L * n);
+        TAKEB(w->invk, sizeof(int32_t) * (size_t)L * m);
+        TAKEB(w->part, sizeof(double) * (size_t)nb * L);
+    } else {
+        TAKE(w->P, (size_t)n * n); TAKE(w->dP, (size_t)n * n); TAKE(w->R, (size_t)m * m); TAKE(w->dR, (size_t)m * m);
+        TAKE(w->X, (size_t)m * d); TAKE(w->WTPQ, (size_t)m * d); TAKE(w->Y, (size_t)m * dv); TAKE(w->WTZ, (size_t)m * dv);
+        TAKE(w->WX, (size_t)n * d); TAKE(w->PQ, (size_t)n * d); TAKE(w->dQt, (size_t)n * d);
+        TAKE(w->WY, (size_t)n * dv); TAKE(w->Z, (size_t)n * dv); TAKE(w->Ol, (size_t)n * dv); TAKE(w->Oacc, (size_t)n * dv);
+        TAKE(w->dKt, (size_t)m * d);
+        TAKE(w->csP, n); TAKE(w->rs, n); TAKE(w->csR, m); TAKE(w->cs, m);
+        TAKE(w->Da, (size_t)L * n); TAKE(w->Db, (size_t)L * m);
+        TAKE(w->partP, (size_t)nblk(n) * n); TAKE(w->partR, (size_t)nblk(m) * m);
         if (euclid) {
-            TAKE(w.E, (size_t)n * m); TAKE(w.M, (size_t)n * m); TAKE(w.U, (size_t)n * m);
-            TAKE(w.dU, (size_t)n * m); TAKE(w.dA, (size_t)n * m); TAKE(w.dE, (size_t)n * m);
+            TAKE(w->E, (size_t)n * m); TAKE(w->M, (size_t)n * m); TAKE(w->U, (size_t)n * m);
+            TAKE(w->dU, (size_t)n * m); TAKE(w->dA, (size_t)n * m); TAKE(w->dE, (size_t)n * m);
         }
     }
 #undef TAKE
+#undef TAKEB
+    return off;
+}
+
+static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
+
+/* bytes of one lane for a team of `members` (1 for a lone thread) */
+static size_t lane_bytes(const bk_attn_desc *d, const bk_esp_params *p, int L, int members)
+{
+    esp_slab w;
+    return carve(NULL, d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID, members,
+                 &w) + BK_ALIGN;
+}
+
+/* The work of one problem between two of its team's barriers, in the units
+ * of bki_plan_problems (about the entries of an attention matrix): hard sort
+ * walks L (n + m) pairs of d + dv floats in a handful of phases; soft sort
+ * makes O((n^2 + m^2)(d + dv)) per slice in about a dozen phases (the
+ * Euclidean cost adds the n x m x n product U = P^T W R). */
+static double problem_cost(const bk_attn_desc *d, const bk_esp_params *p, int L)
+{
+    const double n = d->Nq, m = d->Nk, w = (double)d->d + d->dv + 16;
+    if (p->sort != BK_ESP_SOFT) return (double)L * (n + m) * w / 4;
+    double c = (n * n + m * m) * w / 8;
+    if (p->cost == BK_ESP_COST_EUCLID) c += n * m * n / 4;
+    return c;
+}
+
+/* how a call runs its problems: the plan (exported for the tests) */
+bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p);
+bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p)
+{
+    return bki_plan_problems(d->B * d->H, problem_cost(d, p, bk_esp_num_slices(p, d->d)));
+}
+
+static size_t lanes_bytes(const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl)
+{
+    return (size_t)pl.lanes * lane_bytes(d, p, L, pl.team ? pl.nt : 1) + BK_ALIGN;
+}
+
+static esp_slab lane_at(char *base, const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl, int li)
+{
+    const int members = pl.team ? pl.nt : 1;
+    esp_slab w;
+    char *at = bki_align_ptr(base + (size_t)li * lane_bytes(d, p, L, members));
+    carve(at, d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID, members, &w);
     return w;
 }
+
 
 /* tape: [header 64 B] then per problem {int32 Lq, Lk, pad to 16 words;
  * float sigma[L], D[L]; int32 alpha[L*Nq], beta[L*Nk]} padded to 16 words */
@@ -192,9 +266,11 @@ static int32_t *tape_block(const void *tape, const bk_attn_desc *d, int L, int p
     return (int32_t *)((char *)tape + sizeof(esp_tape_header)) + (size_t)p * tape_block_words(d->Nq, d->Nk, L);
 }
 
-static size_t ws_need(const bk_attn_desc *d, const bk_esp_params *p, int L, int nt, int with_tape, int backward)
+/* the call's workspace: the lanes of its plan, theta, the per-problem slice
+ * gradients (backward), and a tape when the caller gives none */
+static size_t ws_need(const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl, int with_tape, int backward)
 {
-    size_t b = (size_t)nt * slab_bytes(d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID);
+    size_t b = lanes_bytes(d, p, L, pl);
     b += fl((size_t)L * d->d) + BK_ALIGN;                                      /* theta */
     if (backward) b += fl((size_t)d->B * d->H * L * d->d) + BK_ALIGN;          /* per-problem dtheta */
     if (with_tape) b += bk_esp_tape_size(d, p) + BK_ALIGN;
@@ -206,36 +282,79 @@ size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
     if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1) return 0;
     int L = bk_esp_num_slices(p, desc->d);
     if (L < 1) return 0;
-    return ws_need(desc, p, L, bki_work_threads(desc->B * desc->H), 1, 1);
+    return ws_need(desc, p, L, bki_esp_plan(desc, p), 1, 1);
 }
 
 /* ------------------------------------------------------------------------ */
-/* shared per-problem pieces                                                 */
+/* shared per-problem pieces (every member of a team calls them)             */
 /* ------------------------------------------------------------------------ */
-/* scaled contiguous copies of Q and K, squared norms, and the projections
- * Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m) */
-/* out (rows x d, contiguous) = s * X; norms[i] = |out_i|^2 */
-static void scaled_copy(int rows, int d, float s, const float *X, int64_t ldx, float *out, float *norms)
+/* row r of out (d, contiguous) = s * X_r; returns |out_r|^2 */
+static float scaled_row(int d, float s, const float *x, float *out)
 {
-    for (int i = 0; i < rows; i++) {
-        float acc = 0.0f;
-        for (int x = 0; x < d; x++) {
-            float v = s * X[(int64_t)i * ldx + x];
-            out[(size_t)i * d + x] = v;
-            acc += v * v;
+    float acc = 0.0f;
+    for (int k = 0; k < d; k++) {
+        float v = s * x[k];
+        out[k] = v;
+        acc += v * v;
+    }
+    return acc;
+}
+
+/* scaled contiguous copies Qt, Kt of Q and K, their squared norms, and the
+ * projections Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m). Ends synced. */
+static void prepare(const bki_team *tm, const esp_cfg *c, int n, int m, const float *Q, int64_t ldq,
+                    const float *K, int64_t ldk, esp_slab *w)
+{
+    const int d = c->d;
+    int lo, hi;
+    bki_team_share(tm, n + m, &lo, &hi);
+    for (int r = lo; r < hi; r++) {
+        if (r < n) w->qn[r] = scaled_row(d, c->s, Q + (int64_t)r * ldq, w->Qt + (size_t)r * d);
+        else w->kn[r - n] = scaled_row(d, c->s, K + (int64_t)(r - n) * ldk, w->Kt + (size_t)(r - n) * d);
+    }
+    bki_team_sync(tm);
+    bki_gemm(tm, 0, 1, c->L, n, d, 1.0f, c->theta, d, w->Qt, d, 0.0f, w->Ap, n);
+    bki_gemm(tm, 0, 1, c->L, m, d, 1.0f, c->theta, d, w->Kt, d, 0.0f, w->Bp, m);
+    bki_team_sync(tm);
+}
+
+/* Both sort orders of every slice: 2L sorts shared over the team or, when
+ * they are fewer than its members and long, each sorted by the whole team
+ * (sort1d.c); the stable argsort is unique, whoever computes it. No sync. */
+static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, const esp_slab *w, int32_t *alpha,
+                        int32_t *beta)
+{
+    int lo, hi;
+    if (team_sorts(tm->nt, c->L, n, m)) {
+        for (int l = 0; l < c->L; l++) {
+            bki_argsort_team(tm, n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, w->sortscr, w->sortcnt);
+            bki_argsort_team(tm, m, w->Bp + (size_t)l * m, 1, beta + (size_t)l * m, w->sortscr, w->sortcnt);
         }
-        norms[i] = acc;
+        return;
+    }
+    bki_team_share(tm, 2 * c->L, &lo, &hi);
+    void *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
+    for (int t = lo; t < hi; t++) {
+        const int l = t / 2;
+        if (t % 2 == 0) bki_argsort(n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, scr);
+        else bki_argsort(m, w->Bp + (size_t)l * m, 1, beta + (size_t)l * m, scr);
     }
 }
 
-static void prepare(const esp_cfg *c, int n, int m, const float *Q, int64_t ldq, const float *K, int64_t ldk,
-                    esp_slab *w)
+/* The 1-D plan's pairs and their grouping by query rank (rowptr) and key
+ * rank (colptr: the walk is monotone in both). By member 0; no sync. */
+static void plan_pairs(const bki_team *tm, int n, int m, esp_slab *w)
 {
-    const int d = c->d;
-    scaled_copy(n, d, c->s, Q, ldq, w->Qt, w->qn);
-    scaled_copy(m, d, c->s, K, ldk, w->Kt, w->kn);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->L, n, d, 1.0f, c->theta, d, w->Qt, d, 0.0f, w->Ap, n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->L, m, d, 1.0f, c->theta, d, w->Kt, d, 0.0f, w->Bp, m);
+    if (tm->tid != 0) return;
+    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
+    for (int r = 0, k = 0; r <= n; r++) {
+        while (k < np && w->pr[k] < r) k++;
+        w->rowptr[r] = k;
+    }
+    for (int s = 0, k = 0; s <= m; s++) {
+        while (k < np && w->ps[k] < s) k++;
+        w->colptr[s] = k;
+    }
 }
 
 static inline float sqdist(int d, const float *q, const float *k)
@@ -280,73 +399,104 @@ static void slice_weights(int L, float tau, const float *D, float *sig)
     for (int l = 0; l < L; l++) sig[l] = (float)(sig[l] / z);
 }
 
-/* out = W X (out row r = sum over pairs (r, s) of scale * cells * X[s]) or,
- * with transpose, W^T X (out row s gathers the rows r); W = cells / (n m). */
-static void apply_plan(int transpose, int np, const int32_t *pr, const int32_t *ps, const double *pc, float scale,
-                       const float *X, int ldx, float *out, int ldo, int cols, int nrows_out)
+/* Rows [r0, r1) of out = W X (output rows are query ranks: the pairs of
+ * rowptr) or, with transpose, of W^T X (key ranks: colptr); W = cells *
+ * scale. Each row sums its pairs in walk order. */
+static void plan_rows(int transpose, const esp_slab *w, float scale, const float *X, int ldx, float *out, int ldo,
+                      int cols, int r0, int r1)
 {
-    const int32_t *src = transpose ? pr : ps, *dst = transpose ? ps : pr;
-    for (int r = 0; r < nrows_out; r++) memset(out + (size_t)r * ldo, 0, sizeof(float) * (size_t)cols);
-    for (int k = 0; k < np; k++) {
-        float w = (float)(pc[k] * scale);
-        const float *x = X + (size_t)src[k] * ldx;
-        float *o = out + (size_t)dst[k] * ldo;
-        for (int c = 0; c < cols; c++) o[c] += w * x[c];
+    const int32_t *ptr = transpose ? w->colptr : w->rowptr, *src = transpose ? w->pr : w->ps;
+    for (int r = r0; r < r1; r++) {
+        float *o = out + (size_t)r * ldo;
+        memset(o, 0, sizeof(float) * (size_t)cols);
+        for (int k = ptr[r]; k < ptr[r + 1]; k++) {
+            const float wt = (float)(w->pc[k] * scale);
+            const float *x = X + (size_t)src[k] * ldx;
+            for (int j = 0; j < cols; j++) o[j] += wt * x[j];
+        }
     }
 }
-#define apply_W(...) apply_plan(0, __VA_ARGS__)
-#define apply_WT(...) apply_plan(1, __VA_ARGS__)
 
-/* SoftSort matrix of one slice: order idx (given), sorted values into sv,
- * rows of Pm (n x n, row r = rank r). Also its column sums. */
-static void softsort_matrix(const bki_kernels *K, int n, const float *a, const int32_t *idx, float inv_t, float *sv,
-                            float *Pm, float *colsum)
+/* out = W X (nrows = n) or W^T X (nrows = m), rows shared over the team. No sync. */
+static void plan_apply(const bki_team *tm, int transpose, const esp_slab *w, float scale, const float *X, int ldx,
+                       float *out, int ldo, int cols, int nrows)
 {
-    for (int r = 0; r < n; r++) sv[r] = a[idx[r]];
-    memset(colsum, 0, sizeof(float) * (size_t)n);
-    for (int r = 0; r < n; r++) {
-        float *row = Pm + (size_t)r * n;
-        K->softsort_row(n, a, sv[r], inv_t, row);
-        for (int i = 0; i < n; i++) colsum[i] += row[i];
+    int lo, hi;
+    bki_team_share(tm, nrows, &lo, &hi);
+    plan_rows(transpose, w, scale, X, ldx, out, ldo, cols, lo, hi);
+}
+
+static float dotf(size_t n, const float *a, const float *b)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* the sum of nb partials in block order */
+static double sum_parts(int nb, const double *part)
+{
+    double s = 0.0;
+    for (int t = 0; t < nb; t++) s += part[t];
+    return s;
+}
+
+/* part[t] = <a, b> over the rows of fixed row block t of an n-row, `cols`-wide
+ * pair of contiguous matrices, blocks shared over the team. No sync. */
+static void dot_blocks(const bki_team *tm, int n, int cols, const float *a, const float *b, double *part)
+{
+    const int rb = rblk(n), nb = nblk(n);
+    int lo, hi;
+    bki_team_share(tm, nb, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        const int r0 = t * rb, r1 = imin(n, r0 + rb);
+        part[t] = dotf((size_t)(r1 - r0) * cols, a + (size_t)r0 * cols, b + (size_t)r0 * cols);
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* hard sort                                                                  */
 /* ------------------------------------------------------------------------ */
-/* Hard-sort layout shared by forward and backward: the pairs of the 1-D
- * plan grouped by query rank (rowptr), and for every slice each query's rank,
- * or directly its partner key when n == m (slice-major, L x n). Work runs over
- * blocks of HB queries in memory order and, inside a block, over slices, so
- * Q, O, dO and dQ rows stay in L1 across slices and only K and V rows are
- * gathered. */
+/* Hard-sort layout shared by forward and backward: the 1-D plan's pairs
+ * grouped by query rank (rowptr) and key rank (colptr), and for every slice
+ * each query's rank, or directly its partner key when n == m (inv, L x n);
+ * with keys, each key's rank or partner query (invk, L x m). Work runs over
+ * fixed blocks of queries (or keys) in memory order and, inside a block, in
+ * runs of HB rows over the slices, so the walked side's rows stay in L1
+ * across slices and only the partners' rows are gathered. Ends synced. */
 #define HB 16
-static void hard_layout(const esp_cfg *c, int n, int m, const int32_t *alpha, const int32_t *beta, esp_slab *w)
+static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, const int32_t *alpha,
+                        const int32_t *beta, int keys, esp_slab *w)
 {
     const int L = c->L;
-    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
-    for (int r = 0, k = 0; r <= n; r++) {
-        while (k < np && w->pr[k] < r) k++;
-        w->rowptr[r] = k;
-    }
-    for (int l = 0; l < L; l++) {
+    plan_pairs(tm, n, m, w);
+    int lo, hi;
+    bki_team_share(tm, L, &lo, &hi);
+    for (int l = lo; l < hi; l++) {
         const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        int32_t *pt = w->inv + (size_t)l * n;
-        if (n == m)
+        int32_t *pt = w->inv + (size_t)l * n, *pk = w->invk + (size_t)l * m;
+        if (n == m) {
             for (int r = 0; r < n; r++) pt[al[r]] = be[r]; /* partner key */
-        else
+            if (keys)
+                for (int r = 0; r < n; r++) pk[be[r]] = al[r]; /* partner query */
+        } else {
             for (int r = 0; r < n; r++) pt[al[r]] = r;     /* rank */
+            if (keys)
+                for (int s = 0; s < m; s++) pk[be[s]] = s;
+        }
     }
+    bki_team_sync(tm);
 }
 
-/* Prefetches the row of the partner of a query a few places ahead in the
- * same slice (n == m: rows are gathered at random, so the hardware prefetcher
- * cannot guess them). */
+/* Prefetches the row of the partner of row i a few places ahead in the same
+ * slice (n == m: rows are gathered at random, so the hardware prefetcher
+ * cannot guess them). part: L x cnt partners. */
 #define BK_PF_DIST 4
-static inline void hard_prefetch(const int32_t *part, int i, int l, int n, const float *base, int64_t ld)
+static inline void hard_prefetch(const int32_t *part, int i, int l, int cnt, const float *base, int64_t ld)
 {
-    size_t next = (size_t)l * n + i + BK_PF_DIST;
-    if (i + BK_PF_DIST < n) {
+    size_t next = (size_t)l * cnt + i + BK_PF_DIST;
+    if (i + BK_PF_DIST < cnt) {
         const float *row = base + (int64_t)part[next] * ld;
         __builtin_prefetch(row);
         __builtin_prefetch(row + 16);
@@ -374,114 +524,189 @@ static inline void hard_prefetch(const int32_t *part, int i, int l, int n, const
         }                                                                                                       \
     } while (0)
 
-static void hard_forward(const esp_cfg *c, int n, int m, const float *V, int64_t ldv, float *O, int64_t ldo,
-                         int32_t *alpha, int32_t *beta, esp_slab *w, const bk_tensor *attn_b, bk_esp_diag *dg)
+/* Walks the pairs of key j in slice l: the body sees i (query) and cells. */
+#define HARD_KEY_PAIRS(j, l, ...)                                                                               \
+    do {                                                                                                        \
+        if (n == m) {                                                                                           \
+            const int i = w->invk[(size_t)(l) * m + (j)];                                                       \
+            const double cells = (double)n;                                                                     \
+            __VA_ARGS__;                                                                                        \
+        } else {                                                                                                \
+            const int s_ = w->invk[(size_t)(l) * m + (j)];                                                      \
+            const int32_t *al_ = alpha + (size_t)(l) * n;                                                       \
+            for (int k_ = w->colptr[s_]; k_ < w->colptr[s_ + 1]; k_++) {                                        \
+                const int i = al_[w->pr[k_]];                                                                   \
+                const double cells = w->pc[k_];                                                                 \
+                __VA_ARGS__;                                                                                    \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+
+/* Fills the orders alpha, beta (the tape's), the slice costs Dl and weights
+ * sig (member 0) and, when O is given, O (and attn_b's rows, zeroed by the
+ * caller). Ends synced, except after the O rows. */
+static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, const float *V, int64_t ldv, float *O,
+                         int64_t ldo, int32_t *alpha, int32_t *beta, esp_slab *w, const bk_tensor *attn_b,
+                         bk_esp_diag *dg)
 {
-    const int L = c->L, dv = c->dv, d = c->d;
-    for (int l = 0; l < L; l++) {
-        bki_argsort(n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, w->sortscr);
-        bki_argsort(m, w->Bp + (size_t)l * m, 1, beta + (size_t)l * m, w->sortscr);
-    }
-    hard_layout(c, n, m, alpha, beta, w);
+    const int L = c->L, dv = c->dv, d = c->d, rb = rblk(n), nb = nblk(n);
+    sort_slices(tm, c, n, m, w, alpha, beta);
+    bki_team_sync(tm);
+    hard_layout(tm, c, n, m, alpha, beta, 0, w);
     const double inv_nm = 1.0 / ((double)n * m);
-    /* D_l = sum over pairs (mass cells/(nm)) of c(q_i, k_j), queries in order */
-    for (int l = 0; l < L; l++) w->Dacc[l] = 0.0;
-    for (int i0 = 0; i0 < n; i0 += HB)
-        for (int l = 0; l < L; l++)
-            for (int i = i0; i < n && i < i0 + HB; i++) {
-                const float *q = w->Qt + (size_t)i * d;
-                if (n == m) hard_prefetch(w->inv, i, l, n, w->Kt, d);
-                HARD_PAIRS(i, l, w->Dacc[l] += cells * pair_cost(c, q, w->Kt + (size_t)j * d));
-            }
-    for (int l = 0; l < L; l++) w->Dl[l] = (float)(w->Dacc[l] * inv_nm);
-    slice_weights(L, c->tau, w->Dl, w->sig);
+    /* D_l = sum over pairs (mass cells/(nm)) of c(q_i, k_j): per query block
+     * partials (queries in order), summed in block order */
+    int lo, hi;
+    bki_team_share(tm, nb, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        double *Dp = w->part + (size_t)t * L;
+        for (int l = 0; l < L; l++) Dp[l] = 0.0;
+        const int r1 = imin(n, (t + 1) * rb);
+        for (int i0 = t * rb; i0 < r1; i0 += HB)
+            for (int l = 0; l < L; l++)
+                for (int i = i0; i < r1 && i < i0 + HB; i++) {
+                    const float *q = w->Qt + (size_t)i * d;
+                    if (n == m) hard_prefetch(w->inv, i, l, n, w->Kt, d);
+                    HARD_PAIRS(i, l, Dp[l] += cells * pair_cost(c, q, w->Kt + (size_t)j * d));
+                }
+    }
+    bki_team_sync(tm);
+    if (tm->tid == 0) {
+        for (int l = 0; l < L; l++) {
+            double s = 0.0;
+            for (int t = 0; t < nb; t++) s += w->part[(size_t)t * L + l];
+            w->Dl[l] = (float)(s * inv_nm);
+        }
+        slice_weights(L, c->tau, w->Dl, w->sig);
+        if (dg) { /* the plan is exactly doubly stochastic: report the rounding of the weights */
+            double tot = 0.0;
+            for (int l = 0; l < L; l++) tot += w->sig[l];
+            dg->row_err = dg->col_err = (float)fabs(tot - 1.0);
+        }
+    }
+    bki_team_sync(tm);
     if (!O) return; /* a backward's recomputation needs only orders and weights */
     /* O_i = sum_l sigma_l sum_{pairs at i} (c * mass) V_j; rows scale: c * mass = cells / m */
     const double cw = c->paper ? inv_nm : 1.0 / m;
-    for (int i = 0; i < n; i++) memset(O + (int64_t)i * ldo, 0, sizeof(float) * (size_t)dv);
-    for (int i0 = 0; i0 < n; i0 += HB)
-        for (int l = 0; l < L; l++)
-            for (int i = i0; i < n && i < i0 + HB; i++) {
-                float *oi = O + (int64_t)i * ldo;
-                if (n == m) hard_prefetch(w->inv, i, l, n, V, ldv);
-                HARD_PAIRS(i, l, {
-                const float wt = (float)(w->sig[l] * cells * cw);
-                const float *vj = V + (int64_t)j * ldv;
-                for (int x = 0; x < dv; x++) oi[x] += wt * vj[x];
-                if (attn_b) attn_b->data[(int64_t)i * attn_b->stride_n + j] += wt;
-            });
-            }
-    if (dg) { /* the plan is exactly doubly stochastic: report the rounding of the weights */
-        double tot = 0.0;
-        for (int l = 0; l < L; l++) tot += w->sig[l];
-        dg->row_err = dg->col_err = (float)fabs(tot - 1.0);
+    for (int t = lo; t < hi; t++) {
+        const int r1 = imin(n, (t + 1) * rb);
+        for (int i = t * rb; i < r1; i++) memset(O + (int64_t)i * ldo, 0, sizeof(float) * (size_t)dv);
+        for (int i0 = t * rb; i0 < r1; i0 += HB)
+            for (int l = 0; l < L; l++)
+                for (int i = i0; i < r1 && i < i0 + HB; i++) {
+                    float *oi = O + (int64_t)i * ldo;
+                    if (n == m) hard_prefetch(w->inv, i, l, n, V, ldv);
+                    HARD_PAIRS(i, l, {
+                        const float wt = (float)(w->sig[l] * cells * cw);
+                        const float *vj = V + (int64_t)j * ldv;
+                        for (int x = 0; x < dv; x++) oi[x] += wt * vj[x];
+                        if (attn_b) attn_b->data[(int64_t)i * attn_b->stride_n + j] += wt;
+                    });
+                }
     }
 }
 
-static void hard_backward(const esp_cfg *c, int n, int m, const float *V, int64_t ldv, const float *dO, int64_t ldo,
-                          const int32_t *alpha, const int32_t *beta, const float *sig, float *dQ, int64_t ldq, float *dK,
-                          int64_t ldk, float *dV, int64_t lddv, esp_slab *w)
+/* dV and dsigma over key blocks (each key gathers its partner queries' dO),
+ * then dQ over query blocks and dK over key blocks (the cost's gradient,
+ * walked from both sides so every output row has one writer). */
+static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, const float *V, int64_t ldv,
+                          const float *dO, int64_t ldo, const int32_t *alpha, const int32_t *beta, const float *sig,
+                          float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv, esp_slab *w)
 {
     const int L = c->L, dv = c->dv, d = c->d;
-    hard_layout(c, n, m, alpha, beta, w);
+    const int rbq = rblk(n), nbq = nblk(n), rbk = rblk(m), nbk = nblk(m);
+    hard_layout(tm, c, n, m, alpha, beta, 1, w);
     const double inv_nm = 1.0 / ((double)n * m), cw = c->paper ? inv_nm : 1.0 / m;
-    for (int j = 0; j < m; j++) memset(dV + (int64_t)j * lddv, 0, sizeof(float) * (size_t)dv);
-    for (int l = 0; l < L; l++) w->Dacc[l] = 0.0;
-    /* dV_j += sigma_l (c mass) dO_i; dsigma_l = sum (c mass) <dO_i, V_j> */
-    for (int i0 = 0; i0 < n; i0 += HB)
-        for (int l = 0; l < L; l++)
-            for (int i = i0; i < n && i < i0 + HB; i++) {
-                const float *gi = dO + (int64_t)i * ldo;
-                if (n == m) {
-                    hard_prefetch(w->inv, i, l, n, V, ldv);
-                    hard_prefetch(w->inv, i, l, n, dV, lddv);
-                }
-                HARD_PAIRS(i, l, {
-                    const float wt = (float)(cells * cw), ws = wt * sig[l];
+    /* dV_j += sigma_l (c mass) dO_i; dsigma_l = sum (c mass) <dO_i, V_j>:
+     * per key block partials, summed in block order */
+    int lo, hi;
+    bki_team_share(tm, nbk, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        double *Sp = w->part + (size_t)t * L;
+        for (int l = 0; l < L; l++) Sp[l] = 0.0;
+        const int j1 = imin(m, (t + 1) * rbk);
+        for (int j = t * rbk; j < j1; j++) memset(dV + (int64_t)j * lddv, 0, sizeof(float) * (size_t)dv);
+        for (int j0 = t * rbk; j0 < j1; j0 += HB)
+            for (int l = 0; l < L; l++)
+                for (int j = j0; j < j1 && j < j0 + HB; j++) {
                     const float *vj = V + (int64_t)j * ldv;
-                    w->Dacc[l] += (double)wt * dot_axpy(dv, gi, vj, dV + (int64_t)j * lddv, ws);
-                });
-            }
-    double sd = 0.0;
-    for (int l = 0; l < L; l++) {
-        w->dsig[l] = (float)w->Dacc[l];
-        sd += sig[l] * w->Dacc[l];
-    }
-    for (int i = 0; i < n; i++) memset(dQ + (int64_t)i * ldq, 0, sizeof(float) * (size_t)d);
-    for (int j = 0; j < m; j++) memset(dK + (int64_t)j * ldk, 0, sizeof(float) * (size_t)d);
-    if (c->tau == 0.0f) return; /* no gradient reaches Q, K under hard sort */
-    /* dD_l = -tau sigma_l (dsigma_l - sum sigma dsigma); then the cost's gradient per pair */
-    for (int l = 0; l < L; l++) w->Dacc[l] = -c->tau * sig[l] * (w->dsig[l] - sd) * inv_nm * c->s;
-    for (int i0 = 0; i0 < n; i0 += HB)
-        for (int l = 0; l < L; l++) {
-            if (w->Dacc[l] == 0.0) continue;
-            for (int i = i0; i < n && i < i0 + HB; i++) {
-            const float *q = w->Qt + (size_t)i * d;
-            float *gq = dQ + (int64_t)i * ldq;
-            if (n == m) {
-                hard_prefetch(w->inv, i, l, n, w->Kt, d);
-                hard_prefetch(w->inv, i, l, n, dK, ldk);
-            }
-            HARD_PAIRS(i, l, {
-                const float *kk = w->Kt + (size_t)j * d;
-                float g = (float)(w->Dacc[l] * cells);
-                int skip = 0;
-                if (c->euclid) {
-                    float nrm = sqrtf(sqdist(d, q, kk));
-                    if (nrm == 0.0f) skip = 1;
-                    else g /= nrm;
-                } else {
-                    g *= 2.0f;
+                    float *gj = dV + (int64_t)j * lddv;
+                    if (n == m) hard_prefetch(w->invk, j, l, m, dO, ldo);
+                    HARD_KEY_PAIRS(j, l, {
+                        const float wt = (float)(cells * cw), ws = wt * sig[l];
+                        Sp[l] += (double)wt * dot_axpy(dv, dO + (int64_t)i * ldo, vj, gj, ws);
+                    });
                 }
-                if (!skip) {
-                    float *gk = dK + (int64_t)j * ldk;
-                    for (int x = 0; x < d; x++) {
-                        float e = g * (q[x] - kk[x]);
-                        gq[x] += e;
-                        gk[x] -= e;
+    }
+    bki_team_sync(tm);
+    if (tm->tid == 0) {
+        /* dD_l = -tau sigma_l (dsigma_l - sum sigma dsigma); then the cost's gradient per pair */
+        double sd = 0.0;
+        for (int l = 0; l < L; l++) {
+            double s = 0.0;
+            for (int t = 0; t < nbk; t++) s += w->part[(size_t)t * L + l];
+            w->dsig[l] = (float)s;
+            sd += sig[l] * s;
+        }
+        for (int l = 0; l < L; l++) w->Dc[l] = -c->tau * sig[l] * (w->dsig[l] - sd) * inv_nm * c->s;
+    }
+    bki_team_sync(tm);
+    bki_team_share(tm, nbq + nbk, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        if (t < nbq) { /* dQ_i += g (q_i - k_j) over the pairs of query i */
+            const int i1 = imin(n, (t + 1) * rbq);
+            for (int i = t * rbq; i < i1; i++) memset(dQ + (int64_t)i * ldq, 0, sizeof(float) * (size_t)d);
+            if (c->tau == 0.0f) continue; /* no gradient reaches Q, K under hard sort */
+            for (int i0 = t * rbq; i0 < i1; i0 += HB)
+                for (int l = 0; l < L; l++) {
+                    if (w->Dc[l] == 0.0) continue;
+                    for (int i = i0; i < i1 && i < i0 + HB; i++) {
+                        const float *q = w->Qt + (size_t)i * d;
+                        float *gq = dQ + (int64_t)i * ldq;
+                        if (n == m) hard_prefetch(w->inv, i, l, n, w->Kt, d);
+                        HARD_PAIRS(i, l, {
+                            const float *kk = w->Kt + (size_t)j * d;
+                            float g = (float)(w->Dc[l] * cells);
+                            int skip = 0;
+                            if (c->euclid) {
+                                float nrm = sqrtf(sqdist(d, q, kk));
+                                if (nrm == 0.0f) skip = 1;
+                                else g /= nrm;
+                            } else {
+                                g *= 2.0f;
+                            }
+                            if (!skip)
+                                for (int x = 0; x < d; x++) gq[x] += g * (q[x] - kk[x]);
+                        });
                     }
                 }
-            });
+        } else { /* dK_j -= g (q_i - k_j) over the pairs of key j */
+            const int kb = t - nbq, j1 = imin(m, (kb + 1) * rbk);
+            for (int j = kb * rbk; j < j1; j++) memset(dK + (int64_t)j * ldk, 0, sizeof(float) * (size_t)d);
+            if (c->tau == 0.0f) continue;
+            for (int j0 = kb * rbk; j0 < j1; j0 += HB)
+                for (int l = 0; l < L; l++) {
+                    if (w->Dc[l] == 0.0) continue;
+                    for (int j = j0; j < j1 && j < j0 + HB; j++) {
+                        const float *kk = w->Kt + (size_t)j * d;
+                        float *gk = dK + (int64_t)j * ldk;
+                        if (n == m) hard_prefetch(w->invk, j, l, m, w->Qt, d);
+                        HARD_KEY_PAIRS(j, l, {
+                            const float *q = w->Qt + (size_t)i * d;
+                            float g = (float)(w->Dc[l] * cells);
+                            int skip = 0;
+                            if (c->euclid) {
+                                float nrm = sqrtf(sqdist(d, q, kk));
+                                if (nrm == 0.0f) skip = 1;
+                                else g /= nrm;
+                            } else {
+                                g *= 2.0f;
+                            }
+                            if (!skip)
+                                for (int x = 0; x < d; x++) gk[x] -= g * (q[x] - kk[x]);
+                        });
+                    }
+                }
         }
     }
 }
@@ -489,10 +714,12 @@ static void hard_backward(const esp_cfg *c, int n, int m, const float *V, int64_
 /* ------------------------------------------------------------------------ */
 /* soft sort                                                                  */
 /* ------------------------------------------------------------------------ */
-/* Euclidean cost matrix E (n x m) of the scaled points */
-static void cost_matrix(const esp_cfg *c, int n, int m, const esp_slab *w, float *E)
+/* Euclidean cost matrix E (n x m) of the scaled points, rows shared. No sync. */
+static void cost_matrix(const bki_team *tm, const esp_cfg *c, int n, int m, const esp_slab *w, float *E)
 {
-    for (int i = 0; i < n; i++)
+    int lo, hi;
+    bki_team_share(tm, n, &lo, &hi);
+    for (int i = lo; i < hi; i++)
         for (int j = 0; j < m; j++) {
             const float *q = w->Qt + (size_t)i * c->d, *k = w->Kt + (size_t)j * c->d;
             float acc = 0.0f;
@@ -501,213 +728,396 @@ static void cost_matrix(const esp_cfg *c, int n, int m, const esp_slab *w, float
         }
 }
 
-static float dotf(size_t n, const float *a, const float *b)
+/* Rows [r0, r1) of one slice's SoftSort matrix Pm (n x n, row r = rank r)
+ * and their sorted values sv; part (n) = the block's column sums. */
+static void softsort_block(const bki_kernels *K, int n, const float *a, const int32_t *idx, float inv_t, int r0,
+                           int r1, float *sv, float *Pm, float *part)
 {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+    memset(part, 0, sizeof(float) * (size_t)n);
+    for (int r = r0; r < r1; r++) {
+        float *row = Pm + (size_t)r * n;
+        sv[r] = a[idx[r]];
+        K->softsort_row(n, a, sv[r], inv_t, row);
+        for (int i = 0; i < n; i++) part[i] += row[i];
+    }
 }
 
-/* One slice's soft permutations (P: n x n, R: m x m), their column sums and
- * sorted values, from the stored orders. */
-static void slice_sorts(const bki_kernels *K, const esp_cfg *c, int n, int m, int l, const int32_t *al,
-                        const int32_t *be, esp_slab *w)
+/* columns [c0, c1) of out = the sum of the nb block partials (n wide), in block order */
+static void reduce_parts(int nb, int n, const float *part, int c0, int c1, float *out)
 {
-    softsort_matrix(K, n, w->Ap + (size_t)l * n, al, c->inv_t, w->sa, w->P, w->csP);
-    softsort_matrix(K, m, w->Bp + (size_t)l * m, be, c->inv_t, w->sb, w->R, w->csR);
+    for (int i = c0; i < c1; i++) out[i] = part[i];
+    for (int t = 1; t < nb; t++) {
+        const float *p = part + (size_t)t * n;
+        for (int i = c0; i < c1; i++) out[i] += p[i];
+    }
 }
 
-static void soft_forward(const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V, int64_t ldv, float *O,
-                         int64_t ldo, int32_t *alpha, int32_t *beta, esp_slab *w, const bk_tensor *attn_b,
-                         bk_esp_diag *dg)
+/* out (n) and outm (m) = the sums of the row blocks' partials, over fixed
+ * column blocks shared by the team. No sync. */
+static void reduce_both(const bki_team *tm, int n, int m, const float *partn, const float *partm, float *outn,
+                        float *outm)
 {
-    const int L = c->L, d = c->d, dv = c->dv;
-    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
+    const int nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
+    int lo, hi;
+    bki_team_share(tm, nbn + nbm, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        if (t < nbn) reduce_parts(nbn, n, partn, t * rbn, imin(n, (t + 1) * rbn), outn);
+        else reduce_parts(nbm, m, partm, (t - nbn) * rbm, imin(m, (t - nbn + 1) * rbm), outm);
+    }
+}
+
+/* One slice's soft permutations (P: n x n, R: m x m), their column sums csP,
+ * csR and sorted values, from the stored orders: row blocks shared, partial
+ * column sums per block reduced in block order. Ends synced. */
+static void slice_sorts(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, int l,
+                        const int32_t *al, const int32_t *be, esp_slab *w)
+{
+    const int nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
+    int lo, hi;
+    bki_team_share(tm, nbn + nbm, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
+        if (t < nbn)
+            softsort_block(K, n, w->Ap + (size_t)l * n, al, c->inv_t, t * rbn, imin(n, (t + 1) * rbn), w->sa, w->P,
+                           w->partP + (size_t)t * n);
+        else
+            softsort_block(K, m, w->Bp + (size_t)l * m, be, c->inv_t, (t - nbn) * rbm, imin(m, (t - nbn + 1) * rbm),
+                           w->sb, w->R, w->partR + (size_t)(t - nbn) * m);
+    }
+    bki_team_sync(tm);
+    reduce_both(tm, n, m, w->partP, w->partR, w->csP, w->csR);
+    bki_team_sync(tm);
+}
+
+/* Fills the orders (the tape's), Dl and sig (member 0), O when given, the
+ * diagnostics (member 0) and attn_b (zeroed by the caller). */
+static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V,
+                         int64_t ldv, float *O, int64_t ldo, int32_t *alpha, int32_t *beta, esp_slab *w,
+                         const bk_tensor *attn_b, bk_esp_diag *dg)
+{
+    const int L = c->L, d = c->d, dv = c->dv, nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
     const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
-    if (c->euclid) cost_matrix(c, n, m, w, w->E);
-    float mx = -INFINITY;
+    double *dp = w->dpart;
+    int lo, hi;
+    plan_pairs(tm, n, m, w);
+    if (c->euclid) cost_matrix(tm, c, n, m, w, w->E);
+    sort_slices(tm, c, n, m, w, alpha, beta);
+    bki_team_share(tm, n + m, &lo, &hi);
+    for (int r = lo; r < hi; r++) {
+        if (r < n) {
+            if (O) memset(w->Oacc + (size_t)r * dv, 0, sizeof(float) * (size_t)dv);
+            w->rs[r] = 0.0f;
+        } else {
+            w->cs[r - n] = 0.0f;
+        }
+    }
+    bki_team_sync(tm);
+    float mx = -INFINITY; /* every member keeps the same running maximum and sum */
     double z = 0.0;
-    memset(w->Oacc, 0, sizeof(float) * (size_t)n * dv);
-    memset(w->rs, 0, sizeof(float) * (size_t)n);
-    memset(w->cs, 0, sizeof(float) * (size_t)m);
     for (int l = 0; l < L; l++) {
         int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        bki_argsort(n, w->Ap + (size_t)l * n, 1, al, w->sortscr);
-        bki_argsort(m, w->Bp + (size_t)l * m, 1, be, w->sortscr);
-        slice_sorts(K, c, n, m, l, al, be, w);
+        slice_sorts(tm, K, c, n, m, l, al, be, w);
         double D;
         if (!c->euclid) {
             /* D = (1/n) sum_i |q_i|^2 csP_i + (1/m) sum_j |k_j|^2 csR_j - 2 <P Q, W R K> */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, m, 1.0f, w->R, m, w->Kt, d, 0.0f, w->X, d);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dv, m, 1.0f, w->R, m, V, (int)ldv, 0.0f, w->Y, dv);
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->X, d, w->WX, d, d, n);
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->Y, dv, w->WY, dv, dv, n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
-            D = (double)dotf((size_t)n, w->qn, w->csP) / n + (double)dotf((size_t)m, w->kn, w->csR) / m -
-                2.0 * dotf((size_t)n * d, w->PQ, w->WX);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, dv, n, cs, w->P, n, w->WY, dv, 0.0f, w->Ol, dv);
+            bki_gemm(tm, 0, 0, m, d, m, 1.0f, w->R, m, w->Kt, d, 0.0f, w->X, d);
+            if (O) bki_gemm(tm, 0, 0, m, dv, m, 1.0f, w->R, m, V, ldv, 0.0f, w->Y, dv);
+            bki_gemm(tm, 0, 0, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
+            bki_team_sync(tm);
+            /* W X and W Y by fixed row blocks, each block's dot products kept */
+            int tlo, thi;
+            bki_team_share(tm, nbn + nbm, &tlo, &thi);
+            for (int t = tlo; t < thi; t++) {
+                if (t < nbn) {
+                    const int r0 = t * rbn, r1 = imin(n, r0 + rbn);
+                    plan_rows(0, w, inv_nm, w->X, d, w->WX, d, d, r0, r1);
+                    if (O) plan_rows(0, w, inv_nm, w->Y, dv, w->WY, dv, dv, r0, r1);
+                    dp[t] = dotf((size_t)(r1 - r0), w->qn + r0, w->csP + r0);
+                    dp[2 * BKI_MAX_BLOCKS + t] =
+                        dotf((size_t)(r1 - r0) * d, w->PQ + (size_t)r0 * d, w->WX + (size_t)r0 * d);
+                } else {
+                    const int s0 = (t - nbn) * rbm, s1 = imin(m, s0 + rbm);
+                    dp[BKI_MAX_BLOCKS + t - nbn] = dotf((size_t)(s1 - s0), w->kn + s0, w->csR + s0);
+                }
+            }
+            bki_team_sync(tm);
+            D = sum_parts(nbn, dp) / n + sum_parts(nbm, dp + BKI_MAX_BLOCKS) / m -
+                2.0 * sum_parts(nbn, dp + 2 * BKI_MAX_BLOCKS);
+            if (O) {
+                bki_gemm(tm, 1, 0, n, dv, n, cs, w->P, n, w->WY, dv, 0.0f, w->Ol, dv);
+                bki_team_sync(tm);
+            }
         } else {
             /* U = P^T (W R) formed densely; D = <E, U>; O_l = cs U V */
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->R, m, w->M, m, m, n);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
-            D = dotf((size_t)n * m, w->E, w->U);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, m, cs, w->U, m, V, (int)ldv, 0.0f, w->Ol, dv);
+            plan_apply(tm, 0, w, inv_nm, w->R, m, w->M, m, m, n);
+            bki_team_sync(tm);
+            bki_gemm(tm, 1, 0, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
+            bki_team_sync(tm);
+            dot_blocks(tm, n, m, w->E, w->U, dp);
+            if (O) bki_gemm(tm, 0, 0, n, dv, m, cs, w->U, m, V, ldv, 0.0f, w->Ol, dv);
+            bki_team_sync(tm);
+            D = sum_parts(nbn, dp);
         }
-        w->Dl[l] = (float)D;
+        const float Dl = (float)D;
+        if (tm->tid == 0) w->Dl[l] = Dl;
         /* online softmax over slices: O = sum_l e^{x_l} O_l / sum_l e^{x_l} */
-        float x = -c->tau * w->Dl[l];
+        const float x = -c->tau * Dl;
+        float f = 1.0f;
         if (x > mx) {
-            float f = mx == -INFINITY ? 0.0f : expf(mx - x);
-            for (size_t i = 0; i < (size_t)n * dv; i++) w->Oacc[i] *= f;
-            for (int i = 0; i < n; i++) w->rs[i] *= f;
-            for (int j = 0; j < m; j++) w->cs[j] *= f;
+            f = mx == -INFINITY ? 0.0f : expf(mx - x);
             z *= f;
             mx = x;
         }
-        float wt = expf(x - mx);
-        for (size_t i = 0; i < (size_t)n * dv; i++) w->Oacc[i] += wt * w->Ol[i];
-        for (int i = 0; i < n; i++) w->rs[i] += wt * w->csP[i];
-        for (int j = 0; j < m; j++) w->cs[j] += wt * w->csR[j];
+        const float wt = expf(x - mx);
+        for (int r = lo; r < hi; r++) {
+            if (r < n) {
+                if (O) {
+                    float *oa = w->Oacc + (size_t)r * dv;
+                    const float *ol = w->Ol + (size_t)r * dv;
+                    if (f != 1.0f)
+                        for (int k = 0; k < dv; k++) oa[k] *= f;
+                    for (int k = 0; k < dv; k++) oa[k] += wt * ol[k];
+                }
+                if (f != 1.0f) w->rs[r] *= f;
+                w->rs[r] += wt * w->csP[r];
+            } else {
+                if (f != 1.0f) w->cs[r - n] *= f;
+                w->cs[r - n] += wt * w->csR[r - n];
+            }
+        }
         z += wt;
     }
-    slice_weights(L, c->tau, w->Dl, w->sig);
+    bki_team_sync(tm);
+    if (tm->tid == 0) slice_weights(L, c->tau, w->Dl, w->sig);
     const float iz = (float)(1.0 / z);
-    for (int i = 0; i < n; i++)
-        for (int x = 0; x < dv; x++) O[(int64_t)i * ldo + x] = w->Oacc[(size_t)i * dv + x] * iz;
-    if (dg) {
+    if (O)
+        for (int r = lo; r < hi && r < n; r++)
+            for (int k = 0; k < dv; k++) O[(int64_t)r * ldo + k] = w->Oacc[(size_t)r * dv + k] * iz;
+    if (dg && tm->tid == 0) {
         float re = 0.0f, ce = 0.0f;
         for (int i = 0; i < n; i++) re = fmaxf(re, fabsf(w->rs[i] * iz - 1.0f));
         for (int j = 0; j < m; j++) ce = fmaxf(ce, fabsf(w->cs[j] * iz - 1.0f));
         dg->row_err = re;
         dg->col_err = ce;
     }
-    if (attn_b) { /* dense A = cs sum_l sigma_l P_l^T W R_l: small problems only */
+    if (attn_b) { /* dense A = cs sum_l sigma_l P_l^T W R_l: small problems only; rows shared */
+        bki_team_sync(tm); /* sig */
+        int i0, i1;
+        bki_team_share(tm, n, &i0, &i1);
+        const int np = w->rowptr[n];
         for (int l = 0; l < L; l++) {
-            slice_sorts(K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
-            for (int k = 0; k < np; k++)
-                cblas_sger(CblasRowMajor, n, m, (float)(cs * w->sig[l] * w->pc[k] * inv_nm), w->P + (size_t)w->pr[k] * n,
-                           1, w->R + (size_t)w->ps[k] * m, 1, attn_b->data, (int)attn_b->stride_n);
+            slice_sorts(tm, K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
+            for (int k = 0; k < np; k++) {
+                const float s = (float)(cs * w->sig[l] * w->pc[k] * inv_nm);
+                const float *pcol = w->P + (size_t)w->pr[k] * n, *rrow = w->R + (size_t)w->ps[k] * m;
+                for (int i = i0; i < i1; i++) {
+                    const float a = s * pcol[i];
+                    float *arow = attn_b->data + (int64_t)i * attn_b->stride_n;
+                    for (int j = 0; j < m; j++) arow[j] += a * rrow[j];
+                }
+            }
+            bki_team_sync(tm);
         }
     }
 }
 
-static void soft_backward(const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V, int64_t ldv,
-                          const float *dO, int64_t lddo, const int32_t *alpha, const int32_t *beta, const float *sig,
-                          float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv, float *dth,
-                          esp_slab *w)
+/* The slice gradients: pass 1 dsigma, pass 2 everything else (see
+ * docs/ALGORITHMS.md 4.2). dth (L x d) may be NULL. */
+static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V,
+                          int64_t ldv, const float *dO, int64_t lddo, const int32_t *alpha, const int32_t *beta,
+                          const float *sig, float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv,
+                          float *dth, esp_slab *w)
 {
-    const int L = c->L, d = c->d, dv = c->dv;
-    const int np = bki_nw_pairs(n, m, w->pr, w->ps, w->pc);
+    const int L = c->L, d = c->d, dv = c->dv, nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
     const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
+    double *dp = w->dpart;
+    int lo, hi, qlo, qhi; /* rows of n + m; rows of n */
+    bki_team_share(tm, n + m, &lo, &hi);
+    bki_team_share(tm, n, &qlo, &qhi);
+    plan_pairs(tm, n, m, w);
     if (c->euclid) {
-        cost_matrix(c, n, m, w, w->E);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, dv, 1.0f, dO, (int)lddo, V, (int)ldv, 0.0f, w->dA, m);
-        memset(w->dE, 0, sizeof(float) * (size_t)n * m);
+        cost_matrix(tm, c, n, m, w, w->E);
+        for (int i = qlo; i < qhi; i++) memset(w->dE + (size_t)i * m, 0, sizeof(float) * (size_t)m);
+        bki_gemm(tm, 0, 1, n, m, dv, 1.0f, dO, lddo, V, ldv, 0.0f, w->dA, m);
     }
+    bki_team_sync(tm);
     /* pass 1: dsigma_l = <dO, O_l> */
-    double sd = 0.0;
+    double sd = 0.0; /* every member's own copy */
     for (int l = 0; l < L; l++) {
-        slice_sorts(K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
+        slice_sorts(tm, K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
         double ds;
         if (!c->euclid) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dv, m, 1.0f, w->R, m, V, (int)ldv, 0.0f, w->Y, dv);
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->Y, dv, w->WY, dv, dv, n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, n, 1.0f, w->P, n, dO, (int)lddo, 0.0f, w->Z, dv);
-            ds = (double)cs * dotf((size_t)n * dv, w->Z, w->WY);
+            bki_gemm(tm, 0, 0, m, dv, m, 1.0f, w->R, m, V, ldv, 0.0f, w->Y, dv);
+            bki_gemm(tm, 0, 0, n, dv, n, 1.0f, w->P, n, dO, lddo, 0.0f, w->Z, dv);
+            bki_team_sync(tm);
+            int tlo, thi; /* W Y by fixed row blocks, each block's <Z, W Y> kept */
+            bki_team_share(tm, nbn, &tlo, &thi);
+            for (int t = tlo; t < thi; t++) {
+                const int r0 = t * rbn, r1 = imin(n, r0 + rbn);
+                plan_rows(0, w, inv_nm, w->Y, dv, w->WY, dv, dv, r0, r1);
+                dp[t] = dotf((size_t)(r1 - r0) * dv, w->Z + (size_t)r0 * dv, w->WY + (size_t)r0 * dv);
+            }
         } else {
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->R, m, w->M, m, m, n);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
-            ds = (double)cs * dotf((size_t)n * m, w->dA, w->U);
+            plan_apply(tm, 0, w, inv_nm, w->R, m, w->M, m, m, n);
+            bki_team_sync(tm);
+            bki_gemm(tm, 1, 0, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
+            bki_team_sync(tm);
+            dot_blocks(tm, n, m, w->dA, w->U, dp);
         }
-        w->dsig[l] = (float)ds;
+        bki_team_sync(tm);
+        ds = (double)cs * sum_parts(nbn, dp);
+        if (tm->tid == 0) w->dsig[l] = (float)ds;
         sd += sig[l] * ds;
     }
-    for (int j = 0; j < m; j++) memset(dV + (int64_t)j * lddv, 0, sizeof(float) * (size_t)dv);
-    memset(w->dQt, 0, sizeof(float) * (size_t)n * d);
-    memset(w->dKt, 0, sizeof(float) * (size_t)m * d);
+    for (int r = lo; r < hi; r++) {
+        if (r < n) {
+            memset(w->dQt + (size_t)r * d, 0, sizeof(float) * (size_t)d);
+        } else {
+            memset(dV + (int64_t)(r - n) * lddv, 0, sizeof(float) * (size_t)dv);
+            memset(w->dKt + (size_t)(r - n) * d, 0, sizeof(float) * (size_t)d);
+        }
+    }
+    bki_team_sync(tm); /* dsig */
     /* pass 2: per-slice gradients */
     for (int l = 0; l < L; l++) {
         const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
         const float dD = (float)(-c->tau * sig[l] * (w->dsig[l] - sd)), cws = cs * sig[l];
-        slice_sorts(K, c, n, m, l, al, be, w);
+        slice_sorts(tm, K, c, n, m, l, al, be, w);
         if (!c->euclid) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, dv, m, 1.0f, w->R, m, V, (int)ldv, 0.0f, w->Y, dv);
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->Y, dv, w->WY, dv, dv, n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, n, 1.0f, w->P, n, dO, (int)lddo, 0.0f, w->Z, dv);
-            apply_WT(np, w->pr, w->ps, w->pc, inv_nm, w->Z, dv, w->WTZ, dv, dv, m);
-            /* dV += cs sigma R^T W^T P dO */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, dv, m, cws, w->R, m, w->WTZ, dv, 1.0f, dV, (int)lddv);
-            /* dP = cs sigma (W R V) dO^T ; dR = cs sigma (W^T P dO) V^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, dv, cws, w->WY, dv, dO, (int)lddo, 0.0f, w->dP, n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, dv, cws, w->WTZ, dv, V, (int)ldv, 0.0f, w->dR, m);
-            if (dD != 0.0f) { /* the squared cost's part */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, d, m, 1.0f, w->R, m, w->Kt, d, 0.0f, w->X, d);
-                apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->X, d, w->WX, d, d, n);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
-                apply_WT(np, w->pr, w->ps, w->pc, inv_nm, w->PQ, d, w->WTPQ, d, d, m);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, -2.0f * dD, w->WX, d, w->Qt, d, 1.0f, w->dP, n);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, m, d, -2.0f * dD, w->WTPQ, d, w->Kt, d, 1.0f, w->dR, m);
-                const float an = dD / (float)n, am = dD / (float)m;
-                for (int r = 0; r < n; r++)
-                    for (int i = 0; i < n; i++) w->dP[(size_t)r * n + i] += an * w->qn[i];
-                for (int s = 0; s < m; s++)
-                    for (int j = 0; j < m; j++) w->dR[(size_t)s * m + j] += am * w->kn[j];
-                /* dQ~ += dD ((2/n) csP_i q_i - 2 P^T W R K); dK~ likewise */
-                for (int i = 0; i < n; i++)
-                    for (int x = 0; x < d; x++) w->dQt[(size_t)i * d + x] += 2.0f * an * w->csP[i] * w->Qt[(size_t)i * d + x];
-                for (int j = 0; j < m; j++)
-                    for (int x = 0; x < d; x++) w->dKt[(size_t)j * d + x] += 2.0f * am * w->csR[j] * w->Kt[(size_t)j * d + x];
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, n, -2.0f * dD, w->P, n, w->WX, d, 1.0f, w->dQt, d);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, d, m, -2.0f * dD, w->R, m, w->WTPQ, d, 1.0f, w->dKt, d);
+            bki_gemm(tm, 0, 0, m, dv, m, 1.0f, w->R, m, V, ldv, 0.0f, w->Y, dv);
+            bki_gemm(tm, 0, 0, n, dv, n, 1.0f, w->P, n, dO, lddo, 0.0f, w->Z, dv);
+            if (dD != 0.0f) {
+                bki_gemm(tm, 0, 0, m, d, m, 1.0f, w->R, m, w->Kt, d, 0.0f, w->X, d);
+                bki_gemm(tm, 0, 0, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
             }
-        } else {
-            apply_W(np, w->pr, w->ps, w->pc, inv_nm, w->R, m, w->M, m, m, n);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
-            /* dV += cs sigma U^T dO ; dE += dD U ; dU = cs sigma dA + dD E */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, dv, n, cws, w->U, m, dO, (int)lddo, 1.0f, dV, (int)lddv);
-            for (size_t i = 0; i < (size_t)n * m; i++) {
-                w->dE[i] += dD * w->U[i];
-                w->dU[i] = cws * w->dA[i] + dD * w->E[i];
-            }
-            /* dP = (W R) dU^T ; dM = P dU (into U) ; dR = W^T dM */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, m, 1.0f, w->M, m, w->dU, m, 0.0f, w->dP, n);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, m, n, 1.0f, w->P, n, w->dU, m, 0.0f, w->U, m);
-            apply_WT(np, w->pr, w->ps, w->pc, inv_nm, w->U, m, w->dR, m, m, m);
-        }
-        /* SoftSort backward, through the softmax and the sorted values */
-        float *da = w->Da + (size_t)l * n, *db = w->Db + (size_t)l * m;
-        memset(da, 0, sizeof(float) * (size_t)n);
-        memset(db, 0, sizeof(float) * (size_t)m);
-        const float *a = w->Ap + (size_t)l * n, *b = w->Bp + (size_t)l * m;
-        for (int r = 0; r < n; r++)
-            da[al[r]] -= K->softsort_row_bwd(n, a, w->sa[r], c->inv_t, w->P + (size_t)r * n, w->dP + (size_t)r * n, da);
-        for (int s = 0; s < m; s++)
-            db[be[s]] -= K->softsort_row_bwd(m, b, w->sb[s], c->inv_t, w->R + (size_t)s * m, w->dR + (size_t)s * m, db);
-    }
-    /* projections: dQ~ += Da^T Theta, dK~ += Db^T Theta, dTheta = Da Q~ + Db K~ */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, L, 1.0f, w->Da, n, c->theta, d, 1.0f, w->dQt, d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, d, L, 1.0f, w->Db, m, c->theta, d, 1.0f, w->dKt, d);
-    if (dth) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, d, n, 1.0f, w->Da, n, w->Qt, d, 0.0f, dth, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, d, m, 1.0f, w->Db, m, w->Kt, d, 1.0f, dth, d);
-    }
-    if (c->euclid) /* through the distances: d|q - k| = (q - k)/|q - k| (0 at 0) */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) {
-                float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
-                if (e == 0.0f || g == 0.0f) continue;
-                g /= e;
-                for (int x = 0; x < d; x++) {
-                    float t = g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
-                    w->dQt[(size_t)i * d + x] += t;
-                    w->dKt[(size_t)j * d + x] -= t;
+            bki_team_sync(tm);
+            for (int r = lo; r < hi; r++) {
+                if (r < n) {
+                    plan_rows(0, w, inv_nm, w->Y, dv, w->WY, dv, dv, r, r + 1);
+                    if (dD != 0.0f) plan_rows(0, w, inv_nm, w->X, d, w->WX, d, d, r, r + 1);
+                } else {
+                    plan_rows(1, w, inv_nm, w->Z, dv, w->WTZ, dv, dv, r - n, r - n + 1);
+                    if (dD != 0.0f) plan_rows(1, w, inv_nm, w->PQ, d, w->WTPQ, d, d, r - n, r - n + 1);
                 }
             }
-    for (int i = 0; i < n; i++)
-        for (int x = 0; x < d; x++) dQ[(int64_t)i * ldq + x] = c->s * w->dQt[(size_t)i * d + x];
-    for (int j = 0; j < m; j++)
-        for (int x = 0; x < d; x++) dK[(int64_t)j * ldk + x] = c->s * w->dKt[(size_t)j * d + x];
+            bki_team_sync(tm);
+            /* dV += cs sigma R^T W^T P dO */
+            bki_gemm(tm, 1, 0, m, dv, m, cws, w->R, m, w->WTZ, dv, 1.0f, dV, lddv);
+            /* dP = cs sigma (W R V) dO^T ; dR = cs sigma (W^T P dO) V^T */
+            bki_gemm(tm, 0, 1, n, n, dv, cws, w->WY, dv, dO, lddo, 0.0f, w->dP, n);
+            bki_gemm(tm, 0, 1, m, m, dv, cws, w->WTZ, dv, V, ldv, 0.0f, w->dR, m);
+            bki_team_sync(tm);
+            if (dD != 0.0f) { /* the squared cost's part */
+                bki_gemm(tm, 0, 1, n, n, d, -2.0f * dD, w->WX, d, w->Qt, d, 1.0f, w->dP, n);
+                bki_gemm(tm, 0, 1, m, m, d, -2.0f * dD, w->WTPQ, d, w->Kt, d, 1.0f, w->dR, m);
+                bki_team_sync(tm);
+                const float an = dD / (float)n, am = dD / (float)m;
+                for (int r = lo; r < hi; r++) {
+                    if (r < n) {
+                        float *dpr = w->dP + (size_t)r * n, *g = w->dQt + (size_t)r * d;
+                        const float *q = w->Qt + (size_t)r * d;
+                        for (int i = 0; i < n; i++) dpr[i] += an * w->qn[i];
+                        /* dQ~ += dD ((2/n) csP_i q_i - 2 P^T W R K); dK~ likewise */
+                        for (int x = 0; x < d; x++) g[x] += 2.0f * an * w->csP[r] * q[x];
+                    } else {
+                        const int s = r - n;
+                        float *drs = w->dR + (size_t)s * m, *g = w->dKt + (size_t)s * d;
+                        const float *k = w->Kt + (size_t)s * d;
+                        for (int j = 0; j < m; j++) drs[j] += am * w->kn[j];
+                        for (int x = 0; x < d; x++) g[x] += 2.0f * am * w->csR[s] * k[x];
+                    }
+                }
+                bki_team_sync(tm);
+                bki_gemm(tm, 1, 0, n, d, n, -2.0f * dD, w->P, n, w->WX, d, 1.0f, w->dQt, d);
+                bki_gemm(tm, 1, 0, m, d, m, -2.0f * dD, w->R, m, w->WTPQ, d, 1.0f, w->dKt, d);
+            }
+        } else {
+            plan_apply(tm, 0, w, inv_nm, w->R, m, w->M, m, m, n);
+            bki_team_sync(tm);
+            bki_gemm(tm, 1, 0, n, m, n, 1.0f, w->P, n, w->M, m, 0.0f, w->U, m);
+            bki_team_sync(tm);
+            /* dV += cs sigma U^T dO ; dE += dD U ; dU = cs sigma dA + dD E */
+            bki_gemm(tm, 1, 0, m, dv, n, cws, w->U, m, dO, lddo, 1.0f, dV, lddv);
+            for (int i = qlo; i < qhi; i++)
+                for (size_t e = (size_t)i * m; e < (size_t)(i + 1) * m; e++) {
+                    w->dE[e] += dD * w->U[e];
+                    w->dU[e] = cws * w->dA[e] + dD * w->E[e];
+                }
+            bki_team_sync(tm);
+            /* dP = (W R) dU^T ; dM = P dU (into U) ; dR = W^T dM */
+            bki_gemm(tm, 0, 1, n, n, m, 1.0f, w->M, m, w->dU, m, 0.0f, w->dP, n);
+            bki_gemm(tm, 0, 0, n, m, n, 1.0f, w->P, n, w->dU, m, 0.0f, w->U, m);
+            bki_team_sync(tm);
+            plan_apply(tm, 1, w, inv_nm, w->U, m, w->dR, m, m, m);
+        }
+        bki_team_sync(tm);
+        /* SoftSort backward, through the softmax and the sorted values:
+         * per row block partials (the value's index gets minus the row's
+         * sum), reduced in block order */
+        const float *a = w->Ap + (size_t)l * n, *b = w->Bp + (size_t)l * m;
+        int tlo, thi;
+        bki_team_share(tm, nbn + nbm, &tlo, &thi);
+        for (int t = tlo; t < thi; t++) {
+            if (t < nbn) {
+                float *pa = w->partP + (size_t)t * n;
+                memset(pa, 0, sizeof(float) * (size_t)n);
+                for (int r = t * rbn; r < imin(n, (t + 1) * rbn); r++)
+                    pa[al[r]] -= K->softsort_row_bwd(n, a, w->sa[r], c->inv_t, w->P + (size_t)r * n,
+                                                     w->dP + (size_t)r * n, pa);
+            } else {
+                const int u = t - nbn;
+                float *pb = w->partR + (size_t)u * m;
+                memset(pb, 0, sizeof(float) * (size_t)m);
+                for (int s = u * rbm; s < imin(m, (u + 1) * rbm); s++)
+                    pb[be[s]] -= K->softsort_row_bwd(m, b, w->sb[s], c->inv_t, w->R + (size_t)s * m,
+                                                     w->dR + (size_t)s * m, pb);
+            }
+        }
+        bki_team_sync(tm);
+        reduce_both(tm, n, m, w->partP, w->partR, w->Da + (size_t)l * n, w->Db + (size_t)l * m);
+        bki_team_sync(tm);
+    }
+    /* projections: dQ~ += Da^T Theta, dK~ += Db^T Theta, dTheta = Da Q~ + Db K~ */
+    bki_gemm(tm, 1, 0, n, d, L, 1.0f, w->Da, n, c->theta, d, 1.0f, w->dQt, d);
+    bki_gemm(tm, 1, 0, m, d, L, 1.0f, w->Db, m, c->theta, d, 1.0f, w->dKt, d);
+    if (dth) bki_gemm(tm, 0, 0, L, d, n, 1.0f, w->Da, n, w->Qt, d, 0.0f, dth, d);
+    bki_team_sync(tm);
+    if (dth) bki_gemm(tm, 0, 0, L, d, m, 1.0f, w->Db, m, w->Kt, d, 1.0f, dth, d);
+    if (c->euclid) { /* through the distances: d|q - k| = (q - k)/|q - k| (0 at 0) */
+        /* queries: rows of dQ~ over the keys in order; keys: fixed blocks of
+         * columns, each dK~ row over the queries in order */
+        const int ncb = (m + HB - 1) / HB;
+        int t0, t1;
+        bki_team_share(tm, n + ncb, &t0, &t1);
+        for (int t = t0; t < t1; t++) {
+            if (t < n) {
+                const int i = t;
+                for (int j = 0; j < m; j++) {
+                    float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
+                    if (e == 0.0f || g == 0.0f) continue;
+                    g /= e;
+                    for (int x = 0; x < d; x++)
+                        w->dQt[(size_t)i * d + x] += g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
+                }
+            } else {
+                const int j0 = (t - n) * HB, j1 = imin(m, j0 + HB);
+                for (int i = 0; i < n; i++)
+                    for (int j = j0; j < j1; j++) {
+                        float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
+                        if (e == 0.0f || g == 0.0f) continue;
+                        g /= e;
+                        for (int x = 0; x < d; x++)
+                            w->dKt[(size_t)j * d + x] -= g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
+                    }
+            }
+        }
+        bki_team_sync(tm);
+    }
+    for (int r = lo; r < hi; r++) {
+        if (r < n)
+            for (int x = 0; x < d; x++) dQ[(int64_t)r * ldq + x] = c->s * w->dQt[(size_t)r * d + x];
+        else
+            for (int x = 0; x < d; x++) dK[(int64_t)(r - n) * ldk + x] = c->s * w->dKt[(size_t)(r - n) * d + x];
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -738,78 +1148,109 @@ static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const floa
     return c;
 }
 
-/* Inside a parallel region: this thread's slab of the workspace; the soft
- * path also switches the FPU to flush-to-zero / denormals-are-zero (the
- * previous control word is returned in *csr, restored by the caller). */
-static esp_slab thread_slab(const bk_attn_desc *d, const esp_cfg *c, char *slabs, size_t sb, unsigned *csr)
+/* what the problems of one call share */
+typedef struct {
+    const bk_attn_desc *d;
+    const bk_esp_params *p;
+    const esp_cfg *c;
+    const bk_tensor *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    void *tape;
+    const bk_esp_extras *ex;
+    float *dth_all; /* backward: P x L x d, or NULL when no dtheta is wanted */
+} esp_ctx;
+
+typedef void (*esp_problem_fn)(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x);
+
+/* Runs prob for the P problems as the plan says (the attn.c pattern): a team
+ * of all region threads on one problem after another, or one problem per
+ * thread (static partition), each with its lane of the workspace. */
+static void run_problems(const esp_ctx *x, bki_plan pl, char *lanes, esp_problem_fn prob)
 {
-    const int tid = bki_thread_id();
-    *csr = _mm_getcsr();
-    if (c->soft) _mm_setcsr(*csr | 0x8040);
-    return carve(bki_align_ptr(slabs + (size_t)tid * sb), sb - BK_ALIGN, d->Nq, d->Nk, d->d, d->dv, c->L, c->soft,
-                 c->euclid);
+    const bk_attn_desc *d = x->d;
+    const int P = d->B * d->H, L = x->c->L;
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        const int tid = bki_thread_id();
+        if (pl.team) {
+            const bki_team tm = {tid, bki_region_size()};
+            esp_slab w = lane_at(lanes, d, x->p, L, pl, 0);
+            for (int pi = 0; pi < P; pi++) {
+                prob(&tm, pi, &w, x);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const bki_team tm = BKI_SOLO;
+            esp_slab w = lane_at(lanes, d, x->p, L, pl, tid);
+#pragma omp for schedule(static)
+            for (int pi = 0; pi < P; pi++) prob(&tm, pi, &w, x);
+        }
+    }
 }
 
-static void forward_core(const bk_attn_desc *d, const bk_esp_params *p, const esp_cfg *c, const bk_tensor *q,
-                         const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
-                         const bk_esp_extras *ex, char *slabs, size_t sb, int nt)
+static void fwd_problem(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x)
 {
-    const int P = d->B * d->H, L = c->L;
-    esp_tape_header *th = tape;
+    const bk_attn_desc *d = x->d;
+    const esp_cfg *c = x->c;
+    const bk_esp_extras *ex = x->ex;
+    const int L = c->L, b = pi / d->H, h = pi % d->H;
+    const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk);
+    const int live = n > 0 && m > 0;
+    int32_t *blk = tape_block(x->tape, d, L, pi);
+    float *sig_t = (float *)(blk + 16), *D_t = sig_t + L;
+    int32_t *alpha = (int32_t *)(D_t + L), *beta = alpha + (size_t)L * d->Nq;
+    float *Ob = x->out ? bki_at(x->out, b, h) : NULL;
+    const bk_tensor *ab = NULL;
+    bk_tensor abv;
+    if (ex && ex->attn.data) { /* zeroed by rows, then the passes add to it */
+        abv = ex->attn;
+        abv.data = bki_at(&ex->attn, b, h);
+        ab = &abv;
+        int lo, hi;
+        bki_team_share(tm, d->Nq, &lo, &hi);
+        for (int i = lo; i < hi; i++) memset(abv.data + (int64_t)i * abv.stride_n, 0, sizeof(float) * (size_t)d->Nk);
+        bki_team_sync(tm);
+    }
+    bk_esp_diag dg = {0.0f, 0.0f};
+    if (live) {
+        prepare(tm, c, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, w);
+        /* a forward run only for its tape (by a backward) computes no O */
+        if (c->soft)
+            soft_forward(tm, bki_kern(), c, n, m, bki_at(x->v, b, h), x->v->stride_n, Ob, Ob ? x->out->stride_n : 0,
+                         alpha, beta, w, ab, &dg);
+        else
+            hard_forward(tm, c, n, m, bki_at(x->v, b, h), x->v->stride_n, Ob, Ob ? x->out->stride_n : 0, alpha, beta,
+                         w, ab, &dg);
+    }
+    if (tm->tid != 0) return; /* member 0 holds sig, Dl and the diagnostics */
+    blk[0] = n;
+    blk[1] = m;
+    if (live) {
+        memcpy(sig_t, w->sig, sizeof(float) * (size_t)L);
+        memcpy(D_t, w->Dl, sizeof(float) * (size_t)L);
+    } else {
+        memset(sig_t, 0, sizeof(float) * 2 * (size_t)L);
+    }
+    if (Ob) bki_zero_rows(Ob, x->out->stride_n, live ? n : 0, d->Nq, d->dv);
+    if (ex) {
+        if (ex->sigma) memcpy(ex->sigma + (size_t)pi * L, sig_t, sizeof(float) * (size_t)L);
+        if (ex->D) memcpy(ex->D + (size_t)pi * L, D_t, sizeof(float) * (size_t)L);
+        if (ex->diag) ex->diag[pi] = dg;
+    }
+}
+
+static void forward_core(const esp_ctx *x, bki_plan pl, char *lanes)
+{
+    const bk_attn_desc *d = x->d;
+    const bk_esp_params *p = x->p;
+    esp_tape_header *th = x->tape;
     memset(th, 0, sizeof *th);
     th->magic = ESP_MAGIC;
     th->version = ESP_VERSION;
-    th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->d = d->d; th->L = L;
+    th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->d = d->d; th->L = x->c->L;
     th->sort = p->sort; th->cost = p->cost; th->out_scale = p->out_scale;
-    th->tau = p->tau; th->t = c->soft ? p->t : 0.0f; th->s = c->s;
-    const bki_kernels *K = bki_kern();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        unsigned csr;
-        esp_slab w = thread_slab(d, c, slabs, sb, &csr);
-#pragma omp for schedule(static)
-        for (int pi = 0; pi < P; pi++) {
-            const int b = pi / d->H, h = pi % d->H;
-            const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk);
-            int32_t *blk = tape_block(tape, d, L, pi);
-            float *sig_t = (float *)(blk + 16), *D_t = sig_t + L;
-            int32_t *alpha = (int32_t *)(D_t + L), *beta = alpha + (size_t)L * d->Nq;
-            blk[0] = n;
-            blk[1] = m;
-            float *Ob = out ? bki_at(out, b, h) : NULL;
-            const bk_tensor *ab = NULL;
-            bk_tensor abv;
-            if (ex && ex->attn.data) {
-                abv = ex->attn;
-                abv.data = bki_at(&ex->attn, b, h);
-                bki_zero_rows(abv.data, abv.stride_n, 0, d->Nq, d->Nk);
-                ab = &abv;
-            }
-            bk_esp_diag dg = {0.0f, 0.0f};
-            if (n > 0 && m > 0) {
-                prepare(c, n, m, bki_at(q, b, h), q->stride_n, bki_at(k, b, h), k->stride_n, &w);
-                /* a forward run only for its tape (by a backward) discards O */
-                if (c->soft)
-                    soft_forward(K, c, n, m, bki_at(v, b, h), v->stride_n, Ob ? Ob : w.Ol, Ob ? out->stride_n : d->dv,
-                                 alpha, beta, &w, ab, &dg);
-                else
-                    hard_forward(c, n, m, bki_at(v, b, h), v->stride_n, Ob, Ob ? out->stride_n : 0, alpha, beta, &w, ab,
-                                 &dg);
-                memcpy(sig_t, w.sig, sizeof(float) * (size_t)L);
-                memcpy(D_t, w.Dl, sizeof(float) * (size_t)L);
-            } else {
-                memset(sig_t, 0, sizeof(float) * 2 * (size_t)L);
-            }
-            if (Ob) bki_zero_rows(Ob, out->stride_n, n > 0 && m > 0 ? n : 0, d->Nq, d->dv);
-            if (ex) {
-                if (ex->sigma) memcpy(ex->sigma + (size_t)pi * L, sig_t, sizeof(float) * (size_t)L);
-                if (ex->D) memcpy(ex->D + (size_t)pi * L, D_t, sizeof(float) * (size_t)L);
-                if (ex->diag) ex->diag[pi] = dg;
-            }
-        }
-        _mm_setcsr(csr);
-    }
+    th->tau = p->tau; th->t = x->c->soft ? p->t : 0.0f; th->s = x->c->s;
+    run_problems(x, pl, lanes, fwd_problem);
 }
 
 bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
@@ -820,21 +1261,50 @@ bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
     if ((s = bki_check_fwd_outputs(d, q, k, v, out, extras ? &extras->attn : NULL))) return s;
-    const int nt = bki_work_threads(d->B * d->H), L = bk_esp_num_slices(p, d->d);
-    const size_t sb = slab_bytes(d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID);
-    const size_t need = ws_need(d, p, L, nt, tape == NULL, 0);
+    const int L = bk_esp_num_slices(p, d->d);
+    const bki_plan pl = bki_esp_plan(d, p);
+    const size_t need = ws_need(d, p, L, pl, tape == NULL, 0);
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
-    char *thp = bki_align_ptr(base + (size_t)nt * sb + BK_ALIGN);
+    char *thp = bki_align_ptr(base + lanes_bytes(d, p, L, pl));
     float *theta = (float *)thp;
     fill_slices(p, d->d, L, theta);
     void *tp = tape ? tape : (void *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
     esp_cfg c = resolve(d, p, theta);
-    forward_core(d, p, &c, q, k, v, out, tp, extras, base, sb, nt);
+    esp_ctx x = {d, p, &c, q, k, v, out, NULL, NULL, NULL, NULL, tp, extras, NULL};
+    forward_core(&x, pl, base);
     free(owned);
     bki_clear_error();
     return BK_OK;
+}
+
+static void bwd_problem(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x)
+{
+    const bk_attn_desc *d = x->d;
+    const esp_cfg *c = x->c;
+    const int L = c->L, b = pi / d->H, h = pi % d->H;
+    const int32_t *blk = tape_block(x->tape, d, L, pi);
+    const int n = blk[0], m = blk[1], live = n > 0 && m > 0;
+    const float *sig = (const float *)(blk + 16);
+    const int32_t *alpha = blk + 16 + 2 * L, *beta = alpha + (size_t)L * d->Nq;
+    float *dQb = bki_at(x->dq, b, h), *dKb = bki_at(x->dk, b, h), *dVb = bki_at(x->dv, b, h);
+    float *dth = x->dth_all ? x->dth_all + (size_t)pi * L * d->d : NULL;
+    if (dth && (!live || !c->soft) && tm->tid == 0) memset(dth, 0, sizeof(float) * (size_t)L * d->d);
+    if (live) {
+        prepare(tm, c, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, w);
+        if (c->soft)
+            soft_backward(tm, bki_kern(), c, n, m, bki_at(x->v, b, h), x->v->stride_n, bki_at(x->dout, b, h),
+                          x->dout->stride_n, alpha, beta, sig, dQb, x->dq->stride_n, dKb, x->dk->stride_n, dVb,
+                          x->dv->stride_n, dth, w);
+        else
+            hard_backward(tm, c, n, m, bki_at(x->v, b, h), x->v->stride_n, bki_at(x->dout, b, h), x->dout->stride_n,
+                          alpha, beta, sig, dQb, x->dq->stride_n, dKb, x->dk->stride_n, dVb, x->dv->stride_n, w);
+    }
+    if (tm->tid != 0) return;
+    bki_zero_rows(dQb, x->dq->stride_n, live ? n : 0, d->Nq, d->d);
+    bki_zero_rows(dKb, x->dk->stride_n, live ? m : 0, d->Nk, d->d);
+    bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
 bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
@@ -845,7 +1315,7 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
     if ((s = check_all(desc, p, q, k, v))) return s;
     const bk_attn_desc *d = desc;
     if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
-    const int nt = bki_work_threads(d->B * d->H), L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
+    const int L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
     const esp_cfg c0 = resolve(d, p, NULL);
     if (tape_in) {
         const esp_tape_header *th = tape_in;
@@ -873,54 +1343,24 @@ bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, cons
             }
         }
     }
-    const size_t sb = slab_bytes(d->Nq, d->Nk, d->d, d->dv, L, c0.soft, c0.euclid);
-    const size_t need = ws_need(d, p, L, nt, tape_in == NULL, 1);
+    const bki_plan pl = bki_esp_plan(d, p);
+    const size_t lb = lanes_bytes(d, p, L, pl);
+    const size_t need = ws_need(d, p, L, pl, tape_in == NULL, 1);
     void *owned = NULL;
     char *base = NULL;
     if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
-    char *thp = bki_align_ptr(base + (size_t)nt * sb + BK_ALIGN);
+    char *thp = bki_align_ptr(base + lb);
     float *theta = (float *)thp;
     fill_slices(p, d->d, L, theta);
     float *dth_all = (float *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
-    const void *tape = tape_in;
     esp_cfg c = resolve(d, p, theta);
-    if (!tape) {
-        void *tp = bki_align_ptr((char *)dth_all + fl((size_t)P * L * d->d) + BK_ALIGN);
-        forward_core(d, p, &c, q, k, v, NULL, tp, NULL, base, sb, nt);
-        tape = tp;
+    esp_ctx x = {d, p, &c, q, k, v, NULL, dout, dq, dk, dv, (void *)tape_in, NULL,
+                 dtheta && c.soft ? dth_all : NULL};
+    if (!tape_in) {
+        x.tape = bki_align_ptr((char *)dth_all + fl((size_t)P * L * d->d) + BK_ALIGN);
+        forward_core(&x, pl, base);
     }
-    const bki_kernels *K = bki_kern();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        unsigned csr;
-        esp_slab w = thread_slab(d, &c, base, sb, &csr);
-#pragma omp for schedule(static)
-        for (int pi = 0; pi < P; pi++) {
-            const int b = pi / d->H, h = pi % d->H;
-            const int32_t *blk = tape_block(tape, d, L, pi);
-            const int n = blk[0], m = blk[1];
-            const float *sig = (const float *)(blk + 16);
-            const int32_t *alpha = blk + 16 + 2 * L, *beta = alpha + (size_t)L * d->Nq;
-            float *dQb = bki_at(dq, b, h), *dKb = bki_at(dk, b, h), *dVb = bki_at(dv, b, h);
-            float *dth = dth_all + (size_t)pi * L * d->d;
-            memset(dth, 0, sizeof(float) * (size_t)L * d->d);
-            if (n > 0 && m > 0) {
-                prepare(&c, n, m, bki_at(q, b, h), q->stride_n, bki_at(k, b, h), k->stride_n, &w);
-                if (c.soft)
-                    soft_backward(K, &c, n, m, bki_at(v, b, h), v->stride_n, bki_at(dout, b, h), dout->stride_n, alpha,
-                                  beta, sig, dQb, dq->stride_n, dKb, dk->stride_n, dVb, dv->stride_n, dth, &w);
-                else
-                    hard_backward(&c, n, m, bki_at(v, b, h), v->stride_n, bki_at(dout, b, h), dout->stride_n, alpha,
-                                  beta, sig, dQb, dq->stride_n, dKb, dk->stride_n, dVb, dv->stride_n, &w);
-            }
-            const int live = n > 0 && m > 0;
-            bki_zero_rows(dQb, dq->stride_n, live ? n : 0, d->Nq, d->d);
-            bki_zero_rows(dKb, dk->stride_n, live ? m : 0, d->Nk, d->d);
-            bki_zero_rows(dVb, dv->stride_n, live ? m : 0, d->Nk, d->dv);
-        }
-        _mm_setcsr(csr);
-    }
+    run_problems(&x, pl, base, bwd_problem);
     if (dtheta) { /* fixed problem order: independent of the thread count */
         memset(dtheta, 0, sizeof(float) * (size_t)L * d->d);
         if (c.soft)

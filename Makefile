@@ -33,9 +33,9 @@ TOOL_HDRS = tools/cli.h tools/data.h tools/gen.h tools/run.h tools/chart.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
-CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
+CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
 OPS_SRC  = src/ops/attn.c src/ops/sinkhorn.c src/ops/softmax.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
-NN_SRC   = src/nn/config.c src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
+NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(OPS_SRC) $(NN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)

@@ -282,6 +282,20 @@ static inline uint64_t bki_fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+/* ---- key=value configuration tables (config.c) -------------------------- */
+typedef enum { BKI_F_INT, BKI_F_I64, BKI_F_FLOAT, BKI_F_ENUM, BKI_F_LIST } bki_field_type;
+typedef struct {
+    const char *name;
+    bki_field_type type;
+    size_t offset;
+    const char *const *names;  /* ENUM: value names, NULL-terminated       */
+    int list_len;              /* LIST: int array length (0-terminated)    */
+} bki_field;
+bk_status bki_cfg_set(void *obj, const bki_field *tab, int n, const char *what, const char *key,
+                      const char *value);
+bk_status bki_cfg_parse(void *obj, const bki_field *tab, int n, const char *what, const char *text);
+size_t bki_cfg_format(const void *obj, const bki_field *tab, int n, char *buf, size_t cap);
+
 #define BK_STR2(x) #x
 #define BK_STR(x) BK_STR2(x)
 

@@ -5,20 +5,6 @@
 
 #include "../core/internal.h"
 
-/* ---- key=value configuration tables (config.c) -------------------------- */
-typedef enum { BKI_F_INT, BKI_F_I64, BKI_F_FLOAT, BKI_F_ENUM, BKI_F_LIST } bki_field_type;
-typedef struct {
-    const char *name;
-    bki_field_type type;
-    size_t offset;
-    const char *const *names;  /* ENUM: value names, NULL-terminated       */
-    int list_len;              /* LIST: int array length (0-terminated)    */
-} bki_field;
-bk_status bki_cfg_set(void *obj, const bki_field *tab, int n, const char *what, const char *key,
-                      const char *value);
-bk_status bki_cfg_parse(void *obj, const bki_field *tab, int n, const char *what, const char *text);
-size_t bki_cfg_format(const void *obj, const bki_field *tab, int n, char *buf, size_t cap);
-
 /* ---- model internals used by the optimiser and checkpoints (model.c) ---- */
 typedef struct {
     char name[64];

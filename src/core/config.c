@@ -1,7 +1,8 @@
-/* config.c -- "key=value" configuration of models and optimisers: one table
- * of fields per struct drives parsing, validation of the syntax and the
- * text form stored in checkpoints. */
-#include "nn.h"
+/* config.c -- "key=value" configuration: one table of fields per struct
+ * drives parsing, validation of the syntax and the text form (models and
+ * optimisers, whose text is stored in checkpoints; operators' parameters,
+ * which the CLI and the bindings set by name through the registry). */
+#include "internal.h"
 
 #include <errno.h>
 #include <math.h>

@@ -4,7 +4,9 @@
  *   birkhoff/core.h   conventions (layouts, padding, accuracy, threads and
  *                     determinism, workspace and tape), status and errors,
  *                     threads, tensors, vector math, .npy files
- *   birkhoff/attn.h   the attention descriptor; Sinkhorn and softmax attention
+ *   birkhoff/attn.h   the attention descriptor; softmax, Sinkhorn and unbalanced
+ *                     Sinkhorn attention
+ *   birkhoff/ops.h    the operator registry: every attention operator by name
  *   birkhoff/esp.h    ESP attention (ESPFormer)
  *   birkhoff/lot.h    LOT attention (LOTFormer)
  *   birkhoff/otk.h    the OTK embedding and its unsupervised fits
@@ -16,6 +18,7 @@
 
 #include "birkhoff/core.h"
 #include "birkhoff/attn.h"
+#include "birkhoff/ops.h"
 #include "birkhoff/esp.h"
 #include "birkhoff/lot.h"
 #include "birkhoff/otk.h"

@@ -4,6 +4,7 @@
 #include "birkhoff.h"
 #include "harness.h"
 #include "ref_attn.h"
+#include "ref_unbalanced.h"
 #include "tutil.h"
 
 #include <math.h>
@@ -379,6 +380,7 @@ typedef struct {
     bk_sinkhorn_diag diag[16];
     bk_sinkhorn_params p;
     int softmax;
+    float rho; /* > 0: unbalanced Sinkhorn with this rho (p's scale, eps, iters, tol) */
     bk_status s1, s2;
 } dprob;
 
@@ -434,8 +436,12 @@ static void dp_run(void *ctx)
     bk_tensor to = DP_T(x, o, d->Nq, d->dv), ta = DP_T(x, a, d->Nq, d->Nk), tdo = DP_T(x, dout, d->Nq, d->dv);
     bk_tensor tdq = DP_T(x, dq, d->Nq, d->d), tdk = DP_T(x, dk, d->Nk, d->d), tdv = DP_T(x, dv, d->Nk, d->dv);
     bk_sinkhorn_extras ex = {ta, x->f, x->g, x->diag};
-    void *tape = malloc(bk_sinkhorn_tape_size(d, &x->p));
-    if (x->softmax) {
+    const bk_unbalanced_params up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
+    void *tape = malloc(x->rho > 0 ? bk_unbalanced_tape_size(d, &up) : bk_sinkhorn_tape_size(d, &x->p));
+    if (x->rho > 0) {
+        x->s1 = bk_unbalanced_forward(d, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+        x->s2 = bk_unbalanced_backward(d, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+    } else if (x->softmax) {
         bk_softmax_params sp = {x->p.scale};
         x->s1 = bk_softmax_forward(d, &sp, &tq, &tk, &tv, &to, tape, &ta, NULL, 0);
         x->s2 = bk_softmax_backward(d, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
@@ -490,14 +496,16 @@ static void test_determinism(void)
 {
     /* one problem large enough to run as a team (300 x 260), padded */
     const int Nq = 300, Nk = 260, dd = 32, dv = 24, Lq = 287, Lk = 251;
-    struct { const char *name; int softmax, S; float tol; bk_grad_mode grad; } cases[] = {
-        {"softmax", 1, 1, 0.0f, BK_GRAD_UNROLLED},
-        {"sinkhorn S=5", 0, 5, 0.0f, BK_GRAD_UNROLLED},
-        {"sinkhorn S=8 tol=1e-3 (early stop)", 0, 8, 1e-3f, BK_GRAD_UNROLLED},
-        {"sinkhorn S=31 implicit", 0, 31, 0.0f, BK_GRAD_IMPLICIT},
+    struct { const char *name; int softmax, S; float tol; bk_grad_mode grad; float rho; } cases[] = {
+        {"softmax", 1, 1, 0.0f, BK_GRAD_UNROLLED, 0.0f},
+        {"sinkhorn S=5", 0, 5, 0.0f, BK_GRAD_UNROLLED, 0.0f},
+        {"sinkhorn S=8 tol=1e-3 (early stop)", 0, 8, 1e-3f, BK_GRAD_UNROLLED, 0.0f},
+        {"sinkhorn S=31 implicit", 0, 31, 0.0f, BK_GRAD_IMPLICIT, 0.0f},
+        {"unbalanced S=6 rho=2", 0, 6, 0.0f, BK_GRAD_UNROLLED, 2.0f},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         if (TH.quick && ci == 3) continue;
+        const float rho = cases[ci].rho;
         bk_sinkhorn_params p = bk_sinkhorn_params_default();
         p.iters = cases[ci].S;
         p.tol = cases[ci].tol;
@@ -508,6 +516,7 @@ static void test_determinism(void)
         for (int si = 0; si < 2; si++) {
             dprob x;
             dp_init(&x, shapes[si][0], shapes[si][1], Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 81 + ci);
+            x.rho = rho;
             th_span sp[9];
             dp_spans(&x, sp);
             snprintf(name, sizeof name, "%s: bitwise identical at 1, 2, 3, 5, 8 threads (B=%d H=%d)", cases[ci].name,
@@ -520,12 +529,14 @@ static void test_determinism(void)
         /* (b) batch shapes: the problem alone, as one of 3 and as one of 16 */
         dprob x;
         dp_init(&x, 1, 1, Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 181 + ci);
+        x.rho = rho;
         dp_run(&x);
         const int batches[2][4] = {{1, 3, 0, 2}, {4, 4, 2, 1}}; /* B, H, b, h of the planted problem */
         for (int bi = 0; bi < 2; bi++) {
             for (int nt = 1; nt <= 2; nt++) {
                 dprob y;
                 dp_init(&y, batches[bi][0], batches[bi][1], Nq, Nk, dd, dv, Lq, Lk, &p, cases[ci].softmax, 281 + ci);
+                y.rho = rho;
                 dp_plant(&x, &y, batches[bi][2], batches[bi][3]);
                 bk_set_num_threads(nt);
                 dp_run(&y);
@@ -572,6 +583,207 @@ static void test_fp_state(void)
     th_check(same, "results do not depend on the caller's FTZ/DAZ mode", "%s", "");
     dp_free(&x[0]);
     dp_free(&x[1]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* unbalanced Sinkhorn attention (registered operator "unbalanced")          */
+/* ------------------------------------------------------------------------ */
+static void unb_vs_ref(int B, int H, int Nq, int Nk, int d, int dv, int pad, int S, float eps, float rho, uint64_t seed)
+{
+    bk_sinkhorn_params p0 = bk_sinkhorn_params_default();
+    p0.iters = S;
+    p0.eps = eps;
+    dprob x;
+    dp_init(&x, B, H, Nq, Nk, d, dv, Nq, Nk, &p0, 0, seed);
+    x.rho = rho;
+    if (!pad)
+        for (int b = 0; b < B; b++) x.ql[b] = Nq, x.kl[b] = Nk;
+    dp_run(&x);
+    char name[160];
+    snprintf(name, sizeof name, "unbalanced vs the double reference B%d H%d %dx%d d%d S=%d eps=%g rho=%g pad=%d", B, H,
+             Nq, Nk, d, S, (double)eps, (double)rho, pad);
+    if (!th_check(x.s1 == BK_OK && x.s2 == BK_OK, name, "status %s / %s: %s", bk_status_str(x.s1),
+                  bk_status_str(x.s2), bk_last_error())) {
+        dp_free(&x);
+        return;
+    }
+    const bk_tensor tq = DP_T(&x, q, Nq, d), tk = DP_T(&x, k, Nk, d), tv = DP_T(&x, v, Nk, dv);
+    const bk_tensor tdo = DP_T(&x, dout, Nq, dv);
+    double *Q = th_gather(&tq, B, H, Nq, d, x.ql), *K = th_gather(&tk, B, H, Nk, d, x.kl);
+    double *V = th_gather(&tv, B, H, Nk, dv, x.kl), *dO = th_gather(&tdo, B, H, Nq, dv, x.ql);
+    const size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
+    double *A = malloc(sizeof(double) * nq * Nk), *O = malloc(sizeof(double) * nq * dv);
+    double *dQ = malloc(sizeof(double) * nq * d), *dK = malloc(sizeof(double) * nk * d), *dV = malloc(sizeof(double) * nk * dv);
+    int *ql = th_lens_int(x.ql, B), *kl = th_lens_int(x.kl, B);
+    const double alpha = 1.0 / sqrt((double)d) / eps, kappa = (double)rho / ((double)rho + eps);
+    ref_unb_forward_batched(B, H, Nq, Nk, d, dv, ql, kl, Q, K, V, alpha, S, kappa, A, O);
+    ref_unb_backward_batched(B, H, Nq, Nk, d, dv, ql, kl, Q, K, V, alpha, S, kappa, dO, dQ, dK, dV);
+    const bk_tensor to = DP_T(&x, o, Nq, dv), ta = DP_T(&x, a, Nq, Nk), tdq = DP_T(&x, dq, Nq, d);
+    const bk_tensor tdk = DP_T(&x, dk, Nk, d), tdv = DP_T(&x, dv, Nk, dv);
+    const double eo = th_rel_err(&to, B, H, Nq, dv, O), ea = th_rel_err(&ta, B, H, Nq, Nk, A);
+    const double eq = th_rel_err(&tdq, B, H, Nq, d, dQ), ek = th_rel_err(&tdk, B, H, Nk, d, dK);
+    const double ev = th_rel_err(&tdv, B, H, Nk, dv, dV);
+    th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, name,
+             "O %.2e A %.2e dQ %.2e dK %.2e dV %.2e", eo, ea, eq, ek, ev);
+    free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV); free(ql); free(kl);
+    dp_free(&x);
+}
+
+static double unb_loss(void *ctx)
+{
+    dprob *x = ctx;
+    const bk_attn_desc *d = &x->d;
+    const bk_unbalanced_params up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
+    bk_tensor tq = DP_T(x, q, d->Nq, d->d), tk = DP_T(x, k, d->Nk, d->d), tv = DP_T(x, v, d->Nk, d->dv);
+    bk_tensor to = DP_T(x, o, d->Nq, d->dv);
+    bk_unbalanced_forward(d, &up, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0);
+    double L = 0.0;
+    for (size_t i = 0; i < (size_t)d->B * d->H * d->Nq * d->dv; i++) L += (double)x->o[i] * x->dout[i];
+    return L;
+}
+
+static void test_unbalanced(void)
+{
+    /* finite differences of the float32 operator itself (directional) */
+    for (int S = 2; S <= 5; S++) {
+        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        p.iters = S;
+        dprob x;
+        dp_init(&x, 1, 2, 9, 7, 4, 3, 9, 7, &p, 0, 700 + (uint64_t)S);
+        x.rho = 0.7f;
+        dp_run(&x);
+        float *g[3] = {x.dq, x.dk, x.dv}, *in[3] = {x.q, x.k, x.v};
+        const int cnt[3] = {2 * 9 * 4, 2 * 7 * 4, 2 * 7 * 3};
+        const char *nm[3] = {"dQ", "dK", "dV"};
+        th_rng r = {31 + (uint64_t)S};
+        for (int w = 0; w < 3; w++) {
+            float *gc = malloc(sizeof(float) * (size_t)cnt[w]);
+            memcpy(gc, g[w], sizeof(float) * (size_t)cnt[w]);
+            char name[64];
+            snprintf(name, sizeof name, "unbalanced finite differences %s S=%d", nm[w], S);
+            th_directional_fd(name, in[w], gc, cnt[w], 1e-2f, &r, unb_loss, &x);
+            free(gc);
+        }
+        dp_free(&x);
+    }
+    /* against the independent double reference (scaling form) */
+    const int shapes[][6] = {{1, 1, 1, 1, 3, 2}, {1, 1, 7, 5, 4, 3}, {2, 3, 9, 13, 8, 5}, {3, 2, 17, 11, 16, 8}};
+    const float rhos[] = {10.0f, 1.0f, 0.3f};
+    uint64_t seed = 5000;
+    for (int si = 0; si < 4; si++)
+        for (int S = 1; S <= 6; S++)
+            for (int ri = 0; ri < 3; ri++) {
+                if (TH.quick && (S + ri) % 2) continue;
+                unb_vs_ref(shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], shapes[si][4], shapes[si][5],
+                           si >= 2, S, ri == 1 ? 0.5f : 1.0f, rhos[ri], seed++);
+            }
+    /* rho -> infinity is Sinkhorn attention: kappa rounds to 1, the same code path, bitwise */
+    {
+        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        p.iters = 6;
+        dprob a, b;
+        dp_init(&a, 2, 2, 31, 23, 8, 8, 29, 20, &p, 0, 77);
+        dp_init(&b, 2, 2, 31, 23, 8, 8, 29, 20, &p, 0, 77);
+        b.rho = 1e12f;
+        dp_run(&a);
+        dp_run(&b);
+        th_span sa[9], sb[9];
+        dp_spans(&a, sa);
+        dp_spans(&b, sb);
+        int same = 1;
+        for (int i = 0; i < 8; i++) same &= !memcmp(sa[i].p, sb[i].p, sa[i].bytes);
+        th_check(same && a.s1 == BK_OK && b.s1 == BK_OK, "unbalanced with rho = 1e12 == Sinkhorn (bitwise)", "%s", "");
+        dp_free(&a);
+        dp_free(&b);
+    }
+    /* marginals: rows exact after a row step; columns not exact after a damped column step */
+    {
+        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        float worst_row = 0.0f, least_col = 1e30f;
+        for (int S = 5; S <= 6; S++) {
+            p.iters = S;
+            dprob x;
+            dp_init(&x, 1, 3, 40, 30, 8, 4, 40, 30, &p, 0, 91);
+            x.rho = 0.5f;
+            dp_run(&x);
+            for (int h = 0; h < 3; h++) {
+                if (S == 5) worst_row = fmaxf(worst_row, x.diag[h].row_err);
+                else least_col = fminf(least_col, x.diag[h].col_err);
+            }
+            dp_free(&x);
+        }
+        th_check(worst_row < 2e-6f, "unbalanced: rows exact after an odd number of half-steps", "row err %.2e",
+                 (double)worst_row);
+        th_check(least_col > 1e-3f, "unbalanced: columns not exact after a damped column step (rho 0.5)",
+                 "col err %.2e", (double)least_col);
+    }
+    /* the registry: found by name, parameters by key, the generic entry points == the typed ones, bitwise */
+    {
+        const bk_op *op = bk_op_find("unbalanced");
+        int ok = op && bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_unbalanced_params);
+        bk_unbalanced_params up;
+        if (ok) {
+            bk_op_params_default(op, &up);
+            ok = bk_op_params_set(op, &up, "rho", "2.5") == BK_OK && bk_op_params_set(op, &up, "iters", "4") == BK_OK &&
+                 up.rho == 2.5f && up.iters == 4 && up.eps == 1.0f;
+            ok = ok && bk_op_params_set(op, &up, "sharpness", "1") == BK_ERR_PARAM && strstr(bk_last_error(), "sharpness");
+            ok = ok && bk_op_params_set(op, &up, "rho", "abc") == BK_ERR_PARAM;
+            char buf[256];
+            ok = ok && bk_op_params_format(op, &up, buf, sizeof buf) < sizeof buf && strstr(buf, "rho=2.5\n");
+        }
+        th_check(ok, "registry: unbalanced found by name, its parameters set and formatted by key", "%s",
+                 bk_last_error());
+        int found = 0;
+        for (int i = 0; i < bk_op_count(); i++) found += bk_op_find(bk_op_name(bk_op_at(i))) == bk_op_at(i);
+        th_check(found == bk_op_count() && !bk_op_find("nope") && !bk_op_at(bk_op_count()),
+                 "registry: every entry found by its name; unknown names and indices give NULL", "%d of %d", found,
+                 bk_op_count());
+        if (ok) {
+            bk_sinkhorn_params p = bk_sinkhorn_params_default();
+            dprob x, y;
+            dp_init(&x, 2, 2, 17, 19, 8, 6, 15, 19, &p, 0, 123);
+            dp_init(&y, 2, 2, 17, 19, 8, 6, 15, 19, &p, 0, 123);
+            x.p.iters = up.iters;
+            x.rho = up.rho;
+            dp_run(&x);
+            const bk_attn_desc *d = &y.d;
+            bk_tensor tq = DP_T(&y, q, 17, 8), tk = DP_T(&y, k, 19, 8), tv = DP_T(&y, v, 19, 6), to = DP_T(&y, o, 17, 6);
+            bk_tensor ta = DP_T(&y, a, 17, 19), tdo = DP_T(&y, dout, 17, 6), tdq = DP_T(&y, dq, 17, 8);
+            bk_tensor tdk = DP_T(&y, dk, 19, 8), tdv = DP_T(&y, dv, 19, 6);
+            void *tape = malloc(bk_op_tape_size(op, d, &up));
+            bk_status s1 = bk_op_forward(op, d, &up, &tq, &tk, &tv, &to, tape, &ta, NULL, 0);
+            bk_status s2 = bk_op_backward(op, d, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+            th_span sx[9], sy[9];
+            dp_spans(&x, sx);
+            dp_spans(&y, sy);
+            int same = s1 == BK_OK && s2 == BK_OK;
+            for (int i = 0; i < 5; i++) same &= !memcmp(sx[i].p, sy[i].p, sx[i].bytes);
+            th_check(same, "registry: bk_op_forward/backward == bk_unbalanced_forward/backward (bitwise)", "%s / %s",
+                     bk_status_str(s1), bk_status_str(s2));
+            /* a Sinkhorn tape is refused by the unbalanced backward */
+            bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+            sp.iters = up.iters;
+            void *stape = malloc(bk_sinkhorn_tape_size(d, &sp));
+            bk_sinkhorn_forward(d, &sp, &tq, &tk, &tv, &to, stape, NULL, NULL, 0);
+            bk_status s3 = bk_unbalanced_backward(d, &up, &tq, &tk, &tv, &tdo, stape, &tdq, &tdk, &tdv, NULL, 0);
+            th_check(s3 == BK_ERR_TAPE && strstr(bk_last_error(), "another operator"),
+                     "unbalanced backward refuses a Sinkhorn tape", "%s: %s", bk_status_str(s3), bk_last_error());
+            /* bad rho */
+            const float bad[3] = {0.0f, -1.0f, NAN};
+            int refused = 1;
+            for (int i = 0; i < 3; i++) {
+                bk_unbalanced_params bp = up;
+                bp.rho = bad[i];
+                refused &= bk_unbalanced_forward(d, &bp, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0) == BK_ERR_PARAM &&
+                           strstr(bk_last_error(), "rho") != NULL;
+            }
+            th_check(refused, "unbalanced: rho <= 0 or NaN refused with a message", "%s", bk_last_error());
+            free(tape);
+            free(stape);
+            dp_free(&x);
+            dp_free(&y);
+        }
+    }
 }
 
 static void test_layouts_and_tape(void)
@@ -939,6 +1151,7 @@ void test_attn(void)
     test_convergence();
     test_determinism();
     test_fp_state();
+    test_unbalanced();
     test_layouts_and_tape();
     test_alignment();
     test_padding_truncation();

@@ -91,6 +91,9 @@ typedef struct {
     float scale;          /* 0 selects 1/sqrt(d) */
 } bk_softmax_params;
 
+/* scale 0 (1/sqrt(d)); a NULL parameter pointer means the same */
+BK_API bk_softmax_params bk_softmax_params_default(void);
+
 BK_API size_t bk_softmax_workspace_size(const bk_attn_desc *desc);
 BK_API size_t bk_softmax_tape_size(const bk_attn_desc *desc);
 BK_API bk_status bk_softmax_forward(const bk_attn_desc *desc,
@@ -107,6 +110,38 @@ BK_API bk_status bk_softmax_backward(const bk_attn_desc *desc,
                                      const bk_tensor *dq, const bk_tensor *dk,
                                      const bk_tensor *dv,
                                      void *ws, size_t ws_size);
+
+/* Unbalanced Sinkhorn attention (the Sinkformers code's SinkhornUnbalanced):
+ * the same row half-steps as Sinkhorn attention, and DAMPED column
+ * half-steps
+ *     g_j = kappa (log b_j - LSE_i (C_ij + f_i)),   kappa = rho / (rho + eps),
+ * i.e. in the reference's units v <- rho/(rho+eps) (eps log nu - eps LSE_i
+ * ((c_ij + u_i)/eps)): the semi-unbalanced problem whose column marginal is
+ * only penalised (KL, strength rho) instead of imposed. rho -> inf is
+ * Sinkhorn attention. Output convention as Sinkhorn: A = P / a (rows sum to
+ * 1 after a row half-step; after a column half-step neither marginal is
+ * exact), O = A V; padding, layouts, tol, extras (attn, f, g, diag) and
+ * tapes as bk_sinkhorn_*. The backward is the exact unrolled VJP (no
+ * implicit mode). Accuracy as Sinkhorn's (tested against an independent
+ * double reference, tests/ref_unbalanced.c). */
+typedef struct {
+    float scale;          /* score scale s; 0 selects 1/sqrt(d)            */
+    float eps;            /* temperature, > 0 (default 1)                  */
+    int   iters;          /* S >= 1 half-steps, row first (default 5)      */
+    float tol;            /* >= 0: early stop as in bk_sinkhorn_params      */
+    float rho;            /* > 0: KL penalty on the column marginal (10)   */
+} bk_unbalanced_params;
+
+BK_API bk_unbalanced_params bk_unbalanced_params_default(void);
+BK_API size_t bk_unbalanced_workspace_size(const bk_attn_desc *desc, const bk_unbalanced_params *p);
+BK_API size_t bk_unbalanced_tape_size(const bk_attn_desc *desc, const bk_unbalanced_params *p);
+BK_API bk_status bk_unbalanced_forward(const bk_attn_desc *desc, const bk_unbalanced_params *p, const bk_tensor *q,
+                                       const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
+                                       const bk_sinkhorn_extras *extras, void *ws, size_t ws_size);
+BK_API bk_status bk_unbalanced_backward(const bk_attn_desc *desc, const bk_unbalanced_params *p, const bk_tensor *q,
+                                        const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout,
+                                        const void *tape, const bk_tensor *dq, const bk_tensor *dk,
+                                        const bk_tensor *dv, void *ws, size_t ws_size);
 
 #ifdef __cplusplus
 }

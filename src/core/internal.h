@@ -70,6 +70,14 @@ void bki_region_leave(const unsigned *saved);
 #define BKI_REGION                                                                                       \
     const unsigned bki_region_saved_ __attribute__((cleanup(bki_region_leave), unused)) = bki_region_enter()
 
+/* The one problem runner: fn(tm, p, lane, ctx) for p = 0..P-1 as the plan
+ * says: a team of all the region's threads on one problem after another
+ * (lane 0; the team syncs after each problem), or one problem per thread
+ * (static partition; thread t uses lane t). Lanes are lane_bytes apart from
+ * an aligned base. Opens the region (BKI_REGION). */
+typedef void (*bki_problem_fn)(const bki_team *tm, int p, char *lane, void *ctx);
+void bki_run_problems(bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *ctx);
+
 /* Rows per block of the engine's row passes for an n-row problem: at most
  * BKI_MAX_BLOCKS blocks of at least 4 rows (a function of n only). */
 #define BKI_MAX_BLOCKS 64
@@ -110,6 +118,16 @@ static inline void *bki_take(bki_arena *a, size_t bytes)
     if (off + bytes > a->cap) return NULL;
     a->used = off + bytes;
     return a->base + off;
+}
+
+/* Like bki_take, for a layout that one function both measures and carves:
+ * with a NULL base it only adds the (aligned) bytes to a->used and returns
+ * NULL; the capacity is the caller's (it sized the block by measuring). */
+static inline void *bki_carve(bki_arena *a, size_t bytes)
+{
+    size_t off = bki_round_up(a->used);
+    a->used = off + bytes;
+    return a->base ? a->base + off : NULL;
 }
 
 /* ---- tensor validation (tensor.c) --------------------------------------- */

@@ -118,6 +118,27 @@ unsigned bki_region_enter(void)
 
 void bki_region_leave(const unsigned *saved) { _mm_setcsr(*saved); }
 
+void bki_run_problems(bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *ctx)
+{
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        const int tid = bki_thread_id();
+        if (pl.team) {
+            const bki_team tm = {tid, bki_region_size()};
+            for (int p = 0; p < P; p++) {
+                fn(&tm, p, lanes, ctx);
+                bki_team_sync(&tm);
+            }
+        } else {
+            const bki_team tm = BKI_SOLO;
+            char *lane = lanes + (size_t)tid * lane_bytes;
+#pragma omp for schedule(static)
+            for (int p = 0; p < P; p++) fn(&tm, p, lane, ctx);
+        }
+    }
+}
+
 /* The kernel table is a pure function of the CPU (and BK_ISA), computed on
  * first use; concurrent first calls compute the same value. */
 const bki_kernels *bki_kern(void)

@@ -1,7 +1,239 @@
-/* sinkhorn.c -- Sinkhorn attention (Sinkformers): the public entry points.
- * Semantics in include/birkhoff.h and docs/ALGORITHMS.md; the work is done by
- * the shared attention driver (attn.c) and the LSE engine. */
-#include "ops.h"
+/* sinkhorn.c -- the Sinkhorn family on the operator framework (op.h):
+ * softmax attention (S = 1), Sinkhorn attention (Sinkformers) and unbalanced
+ * Sinkhorn attention (damped column steps). One problem: C = alpha Q K^T
+ * (a tiled GEMM), the LSE engine's half-steps (src/core/lse_engine.c),
+ * O = A V; the backward replays the engine from the tape's potentials (or
+ * solves the implicit system). Semantics in include/birkhoff/attn.h and
+ * docs/ALGORITHMS.md. */
+#include "op.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+/* The family's parameters, resolved from any of the three public structs. */
+typedef struct {
+    float scale, eps;
+    int S;
+    float tol;
+    bk_grad_mode grad;
+    float kappa; /* 1: balanced */
+    float rho;   /* unbalanced: the KL penalty (kappa = rho / (rho + eps)) */
+} sk_cfg;
+
+static sk_cfg cfg_of(const bki_call *c)
+{
+    sk_cfg k = {0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED, 1.0f, 0.0f};
+    if (c->op == &bki_op_softmax) {
+        k.scale = ((const bk_softmax_params *)c->par)->scale;
+    } else if (c->op == &bki_op_sinkhorn) {
+        const bk_sinkhorn_params *p = c->par;
+        k.scale = p->scale; k.eps = p->eps; k.S = p->iters; k.tol = p->tol; k.grad = p->grad;
+    } else {
+        const bk_unbalanced_params *p = c->par;
+        k.scale = p->scale; k.eps = p->eps; k.S = p->iters; k.tol = p->tol; k.rho = p->rho;
+        k.kappa = p->rho / (p->rho + p->eps);
+    }
+    return k;
+}
+
+static float alpha_of(const bki_call *c, const sk_cfg *k)
+{
+    return (k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)c->d->d)) / k->eps;
+}
+
+static bk_status check(const bki_call *c)
+{
+    const sk_cfg k = cfg_of(c);
+    if (!(k.S >= 1 && k.S <= 1000000)) return bki_fail(BK_ERR_PARAM, "iters (S) must be in [1, 1e6], got %d", k.S);
+    if (!(k.eps > 0.0f) || !isfinite(k.eps)) return bki_fail(BK_ERR_PARAM, "eps must be finite and > 0, got %g", (double)k.eps);
+    if (!isfinite(k.scale)) return bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)k.scale);
+    if (!(k.tol >= 0.0f) || !isfinite(k.tol)) return bki_fail(BK_ERR_PARAM, "tol must be finite and >= 0, got %g", (double)k.tol);
+    if (k.grad != BK_GRAD_UNROLLED && k.grad != BK_GRAD_IMPLICIT)
+        return bki_fail(BK_ERR_PARAM, "unknown gradient mode %d", (int)k.grad);
+    if (c->op == &bki_op_unbalanced && (!(k.rho > 0.0f) || !isfinite(k.rho) || !(k.kappa > 0.0f)))
+        return bki_fail(BK_ERR_PARAM, "rho must be finite and > 0, got %g", (double)k.rho);
+    if (c->d && c->d->d >= 1 && !isfinite(alpha_of(c, &k)))
+        return bki_fail(BK_ERR_PARAM, "scale/eps overflows (scale=%g eps=%g)", (double)k.scale, (double)k.eps);
+    return BK_OK;
+}
+
+static double cost(const bki_call *c) { return (double)c->d->Nq * c->d->Nk; }
+
+/* ---- a lane: C, A, G (Nq x Nk), the engine's scratch, a history for a
+ * forward without a tape, the implicit backward's double scratch ---- */
+typedef struct {
+    float *C, *A, *G, *scr, *hist;
+    double *dscr;
+} lane;
+
+/* carves a lane from base (NULL: only measures it into *used) */
+static lane carve(const bki_call *c, const sk_cfg *k, int members, char *base, size_t *used)
+{
+    const bk_attn_desc *d = c->d;
+    bki_arena ar = {base, 0, (size_t)-1};
+    const size_t nm = (size_t)d->Nq * d->Nk;
+    lane s;
+    s.C = bki_carve(&ar, nm * sizeof(float));
+    s.A = bki_carve(&ar, nm * sizeof(float));
+    s.G = bki_carve(&ar, nm * sizeof(float));
+    s.scr = bki_carve(&ar, bki_kern()->sk_scratch(d->Nq, d->Nk, members) * sizeof(float));
+    s.hist = bki_carve(&ar, bki_hist_len(d->Nq, d->Nk, k->S) * sizeof(float));
+    s.dscr = k->grad == BK_GRAD_IMPLICIT ? bki_carve(&ar, bki_sk_implicit_scratch(d->Nq, d->Nk) * sizeof(double)) : NULL;
+    if (used) *used = ar.used;
+    return s;
+}
+
+static size_t lane_bytes(const bki_call *c, int members)
+{
+    size_t used;
+    const sk_cfg k = cfg_of(c);
+    (void)carve(c, &k, members, NULL, &used);
+    return used + BK_ALIGN;
+}
+
+static size_t block_bytes(const bki_call *c)
+{
+    return bki_hist_len(c->d->Nq, c->d->Nk, cfg_of(c).S) * sizeof(float);
+}
+
+static uint32_t key(const bki_call *c)
+{
+    const sk_cfg k = cfg_of(c);
+    const float a = alpha_of(c, &k);
+    uint64_t h = bki_fnv1a(0xcbf29ce484222325ull, &c->op->id, sizeof c->op->id);
+    h = bki_fnv1a(h, &a, sizeof a);
+    h = bki_fnv1a(h, &k.S, sizeof k.S);
+    h = bki_fnv1a(h, &k.kappa, sizeof k.kappa);
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int steps_ok(const bki_call *c, const bki_block_header *h)
+{
+    const int live = h->Lq > 0 && h->Lk > 0;
+    return live ? (h->steps[0] >= 1 && h->steps[0] <= cfg_of(c).S) : h->steps[0] == 0;
+}
+
+/* ---- forward ------------------------------------------------------------- */
+static void forward(const bki_team *tm, bki_call *c, int p, char *base)
+{
+    const bk_attn_desc *d = c->d;
+    const sk_cfg k = cfg_of(c);
+    const lane ln = carve(c, &k, c->pl.team ? c->pl.nt : 1, base, NULL);
+    const bk_sinkhorn_extras *ex = c->op == &bki_op_softmax ? NULL : c->ex;
+    const int b = p / d->H, h = p % d->H, Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
+    const int live = Lq > 0 && Lk > 0;
+    bki_block_header *blk = c->tape ? bki_op_block(c, p) : NULL;
+    float *hist = blk ? (float *)(blk + 1) : ln.hist;
+    bki_sk_result res = {hist, ln.A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
+    if (live) {
+        bki_gemm(tm, 0, 1, Lq, Lk, d->d, alpha_of(c, &k), bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h),
+                 c->k->stride_n, 0.0f, ln.C, Lk);
+        bki_team_sync(tm);
+        bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
+        bki_kern()->sk_forward(tm, &pb, &res, ln.scr);
+        if (c->out)
+            bki_gemm(tm, 0, 0, Lq, d->dv, Lk, 1.0f, ln.A, Lk, bki_at(c->v, b, h), c->v->stride_n, 0.0f,
+                     bki_at(c->out, b, h), c->out->stride_n);
+    }
+    if (c->attn && c->attn->data) { /* rows shared over the team */
+        float *Ab = bki_at(c->attn, b, h);
+        int i0, i1;
+        bki_team_share(tm, d->Nq, &i0, &i1);
+        for (int i = i0; i < i1; i++) {
+            float *row = Ab + (int64_t)i * c->attn->stride_n;
+            if (i < Lq && live) {
+                memcpy(row, ln.A + (size_t)i * Lk, sizeof(float) * (size_t)Lk);
+                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+            } else {
+                memset(row, 0, sizeof(float) * (size_t)d->Nk);
+            }
+        }
+    }
+    if (tm->tid != 0) return;
+    if (c->out) bki_zero_rows(bki_at(c->out, b, h), c->out->stride_n, live ? Lq : 0, d->Nq, d->dv);
+    if (blk) blk->steps[0] = res.iters;
+    if (ex) {
+        if (ex->f) {
+            float *fo = ex->f + (size_t)p * d->Nq;
+            memset(fo, 0, sizeof(float) * (size_t)d->Nq);
+            if (res.f) memcpy(fo, res.f, sizeof(float) * (size_t)Lq);
+        }
+        if (ex->g) {
+            float *go = ex->g + (size_t)p * d->Nk;
+            memset(go, 0, sizeof(float) * (size_t)d->Nk);
+            if (res.g) memcpy(go, res.g, sizeof(float) * (size_t)Lk);
+        }
+        if (ex->diag) {
+            ex->diag[p].iters = res.iters;
+            ex->diag[p].row_err = res.row_err;
+            ex->diag[p].col_err = res.col_err;
+        }
+    }
+}
+
+/* ---- backward ------------------------------------------------------------ */
+static void backward(const bki_team *tm, bki_call *c, int p, char *base)
+{
+    const bk_attn_desc *d = c->d;
+    const sk_cfg k = cfg_of(c);
+    const lane ln = carve(c, &k, c->pl.team ? c->pl.nt : 1, base, NULL);
+    const int b = p / d->H, h = p % d->H, Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
+    float *dQb = bki_at(c->dq, b, h), *dKb = bki_at(c->dk, b, h), *dVb = bki_at(c->dv, b, h);
+    if (Lq == 0 || Lk == 0) {
+        if (tm->tid == 0) {
+            bki_zero_rows(dQb, c->dq->stride_n, 0, d->Nq, d->d);
+            bki_zero_rows(dKb, c->dk->stride_n, 0, d->Nk, d->d);
+            bki_zero_rows(dVb, c->dv->stride_n, 0, d->Nk, d->dv);
+        }
+        return;
+    }
+    const bki_block_header *blk = bki_op_block(c, p);
+    const int iters = blk->steps[0];
+    const float *hist = (const float *)(blk + 1);
+    const float *Qb = bki_at(c->q, b, h), *Kb = bki_at(c->k, b, h), *Vb = bki_at(c->v, b, h);
+    const float *dOb = bki_at(c->dout, b, h);
+    const float alpha = alpha_of(c, &k);
+    const bki_kernels *K = bki_kern();
+    bki_gemm(tm, 0, 1, Lq, Lk, d->d, alpha, Qb, c->q->stride_n, Kb, c->k->stride_n, 0.0f, ln.C, Lk);
+    bki_team_sync(tm);
+    bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
+    K->sk_attention(tm, &pb, iters, hist, ln.A, Lk, ln.scr);
+    /* dV = A^T dO ; Abar = dO V^T */
+    bki_gemm(tm, 1, 0, Lk, d->dv, Lq, 1.0f, ln.A, Lk, dOb, c->dout->stride_n, 0.0f, dVb, c->dv->stride_n);
+    bki_gemm(tm, 0, 1, Lq, Lk, d->dv, 1.0f, dOb, c->dout->stride_n, Vb, c->v->stride_n, 0.0f, ln.G, Lk);
+    bki_team_sync(tm);
+    bk_status ps = BK_OK;
+    if (k.grad == BK_GRAD_IMPLICIT) { /* one solve in double (LAPACK), by member 0 */
+        if (tm->tid == 0) {
+            ps = bki_sk_backward_implicit(&pb, ln.A, Lk, ln.G, Lk, ln.dscr);
+            if (tm->nt > 1) c->team_s = ps;
+        }
+        bki_team_sync(tm);
+        if (tm->nt > 1) ps = c->team_s;
+    } else {
+        K->sk_backward(tm, &pb, iters, hist, ln.A, Lk, ln.G, Lk, ln.scr, NULL, NULL);
+    }
+    if (ps != BK_OK) {
+        if (tm->tid == 0) bki_op_fail(c, p, ps);
+        return;
+    }
+    /* dQ = alpha G K ; dK = alpha G^T Q */
+    bki_gemm(tm, 0, 0, Lq, d->d, Lk, alpha, ln.G, Lk, Kb, c->k->stride_n, 0.0f, dQb, c->dq->stride_n);
+    bki_gemm(tm, 1, 0, Lk, d->d, Lq, alpha, ln.G, Lk, Qb, c->q->stride_n, 0.0f, dKb, c->dk->stride_n);
+    if (tm->tid == 0) {
+        bki_zero_rows(dQb, c->dq->stride_n, Lq, d->Nq, d->d);
+        bki_zero_rows(dKb, c->dk->stride_n, Lk, d->Nk, d->d);
+        bki_zero_rows(dVb, c->dv->stride_n, Lk, d->Nk, d->dv);
+    }
+}
+
+/* ---- the three operators ------------------------------------------------- */
+bk_softmax_params bk_softmax_params_default(void)
+{
+    bk_softmax_params p = {0.0f};
+    return p;
+}
 
 bk_sinkhorn_params bk_sinkhorn_params_default(void)
 {
@@ -9,48 +241,114 @@ bk_sinkhorn_params bk_sinkhorn_params_default(void)
     return p;
 }
 
-static bk_status cfg_of(const bk_sinkhorn_params *p, bki_attn_cfg *c)
+bk_unbalanced_params bk_unbalanced_params_default(void)
 {
-    if (!p) return bki_fail(BK_ERR_NULL, "Sinkhorn parameters are NULL");
-    c->kind = BKI_KIND_SINKHORN;
-    c->scale = p->scale;
-    c->eps = p->eps;
-    c->S = p->iters;
-    c->tol = p->tol;
-    c->grad = p->grad;
-    c->kappa = 1.0f;
-    return BK_OK;
+    bk_unbalanced_params p = {0.0f, 1.0f, 5, 0.0f, 10.0f};
+    return p;
 }
 
-size_t bk_sinkhorn_workspace_size(const bk_attn_desc *desc, const bk_sinkhorn_params *p)
+static void softmax_default(void *p) { *(bk_softmax_params *)p = bk_softmax_params_default(); }
+static void sinkhorn_default(void *p) { *(bk_sinkhorn_params *)p = bk_sinkhorn_params_default(); }
+static void unbalanced_default(void *p) { *(bk_unbalanced_params *)p = bk_unbalanced_params_default(); }
+
+static const char *const grad_names[] = {"unrolled", "implicit", NULL};
+static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_params, scale), NULL, 0}};
+static const bki_field sinkhorn_fields[] = {
+    {"scale", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, scale), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, eps), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_sinkhorn_params, iters), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, tol), NULL, 0},
+    {"grad", BKI_F_ENUM, offsetof(bk_sinkhorn_params, grad), grad_names, 0},
+};
+static const bki_field unbalanced_fields[] = {
+    {"scale", BKI_F_FLOAT, offsetof(bk_unbalanced_params, scale), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_unbalanced_params, eps), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_unbalanced_params, iters), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_unbalanced_params, tol), NULL, 0},
+    {"rho", BKI_F_FLOAT, offsetof(bk_unbalanced_params, rho), NULL, 0},
+};
+
+#define SK_OP(var, nm, ident, par, tab, def)                                                                        \
+    const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
+                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok}
+SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_params, softmax_fields, softmax_default);
+SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_params, sinkhorn_fields, sinkhorn_default);
+SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_params, unbalanced_fields, unbalanced_default);
+
+/* ---- public entry points ------------------------------------------------- */
+static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par)
 {
-    bki_attn_cfg c;
-    if (!p || cfg_of(p, &c)) return 0;
-    return bki_attn_workspace_size(desc, &c);
+    bki_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.d = d;
+    c.par = par;
+    return c;
 }
 
-size_t bk_sinkhorn_tape_size(const bk_attn_desc *desc, const bk_sinkhorn_params *p)
+#define SK_ENTRY_POINTS(pre, op, par_t, ex_t, ex_attn)                                                              \
+    size_t pre##_workspace_size(const bk_attn_desc *desc, const par_t *p)                                           \
+    {                                                                                                             \
+        bki_call c = call_of(&op, desc, p);                                                                       \
+        return bki_op_workspace_size(&c);                                                                         \
+    }                                                                                                             \
+    size_t pre##_tape_size(const bk_attn_desc *desc, const par_t *p)                                                \
+    {                                                                                                             \
+        bki_call c = call_of(&op, desc, p);                                                                       \
+        return p && check(&c) == BK_OK ? bki_op_tape_size(&c) : (bki_clear_error(), (size_t)0);                  \
+    }                                                                                                             \
+    bk_status pre##_forward(const bk_attn_desc *desc, const par_t *p, const bk_tensor *q, const bk_tensor *k,       \
+                            const bk_tensor *v, const bk_tensor *out, void *tape, const ex_t *extras, void *ws,    \
+                            size_t ws_size)                                                                       \
+    {                                                                                                             \
+        bki_call c = call_of(&op, desc, p);                                                                       \
+        c.q = q; c.k = k; c.v = v; c.out = out; c.ex = extras;                                                    \
+        c.attn = ex_attn;                                                                                         \
+        return bki_op_forward(&c, tape, ws, ws_size);                                                             \
+    }                                                                                                             \
+    bk_status pre##_backward(const bk_attn_desc *desc, const par_t *p, const bk_tensor *q, const bk_tensor *k,      \
+                             const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,     \
+                             const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)                  \
+    {                                                                                                             \
+        bki_call c = call_of(&op, desc, p);                                                                       \
+        c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;                                \
+        return bki_op_backward(&c, tape, ws, ws_size);                                                            \
+    }
+SK_ENTRY_POINTS(bk_sinkhorn, bki_op_sinkhorn, bk_sinkhorn_params, bk_sinkhorn_extras, extras ? &extras->attn : NULL)
+SK_ENTRY_POINTS(bk_unbalanced, bki_op_unbalanced, bk_unbalanced_params, bk_sinkhorn_extras,
+                extras ? &extras->attn : NULL)
+
+/* softmax: its size queries take no parameters (none changes them) */
+size_t bk_softmax_workspace_size(const bk_attn_desc *desc)
 {
-    return p ? bki_attn_tape_size(desc, p->iters) : 0;
+    const bk_softmax_params p = bk_softmax_params_default();
+    bki_call c = call_of(&bki_op_softmax, desc, &p);
+    return bki_op_workspace_size(&c);
 }
 
-bk_status bk_sinkhorn_forward(const bk_attn_desc *desc, const bk_sinkhorn_params *p, const bk_tensor *q,
-                              const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
-                              const bk_sinkhorn_extras *extras, void *ws, size_t ws_size)
+size_t bk_softmax_tape_size(const bk_attn_desc *desc)
 {
-    bki_attn_cfg c;
-    bk_status s = cfg_of(p, &c);
-    if (s) return s;
-    return bki_attn_forward(desc, &c, q, k, v, out, tape, extras, ws, ws_size);
+    const bk_softmax_params p = bk_softmax_params_default();
+    bki_call c = call_of(&bki_op_softmax, desc, &p);
+    return bki_op_tape_size(&c);
 }
 
-bk_status bk_sinkhorn_backward(const bk_attn_desc *desc, const bk_sinkhorn_params *p, const bk_tensor *q,
-                               const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout,
-                               const void *tape, const bk_tensor *dq, const bk_tensor *dk,
-                               const bk_tensor *dv, void *ws, size_t ws_size)
+bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_params *p, const bk_tensor *q,
+                             const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
+                             const bk_tensor *attn, void *ws, size_t ws_size)
 {
-    bki_attn_cfg c;
-    bk_status s = cfg_of(p, &c);
-    if (s) return s;
-    return bki_attn_backward(desc, &c, q, k, v, dout, tape, dq, dk, dv, ws, ws_size);
+    const bk_softmax_params def = bk_softmax_params_default();
+    bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.attn = attn;
+    return bki_op_forward(&c, tape, ws, ws_size);
+}
+
+bk_status bk_softmax_backward(const bk_attn_desc *desc, const bk_softmax_params *p, const bk_tensor *q,
+                              const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout, const void *tape,
+                              const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)
+{
+    const bk_softmax_params def = bk_softmax_params_default();
+    bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
+    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
+    return bki_op_backward(&c, tape, ws, ws_size);
 }

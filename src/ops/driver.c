@@ -1,0 +1,253 @@
+/* driver.c -- the one driver of every attention operator (op.h): common
+ * argument checks, the plan, the workspace (per-call area, parameter-gradient
+ * slabs, lanes, and a temporary tape for a backward without one), the tape
+ * format, the parallel region over the problems, errors. */
+#include "op.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int desc_sane(const bk_attn_desc *d)
+{
+    return d && d->B >= 1 && d->H >= 1 && d->Nq >= 1 && d->Nk >= 1 && d->d >= 1 && d->dv >= 1;
+}
+
+static size_t block_total(const bki_call *c)
+{
+    return sizeof(bki_block_header) + bki_round_up(c->op->block_bytes(c));
+}
+
+size_t bki_op_tape_size(bki_call *c)
+{
+    if (!desc_sane(c->d) || !c->par) return 0;
+    return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * block_total(c);
+}
+
+bki_block_header *bki_op_block(const bki_call *c, int p)
+{
+    return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * block_total(c));
+}
+
+/* ---- workspace ------------------------------------------------------------
+ * [per-call area][P parameter-gradient slabs (backward)][lanes][tape] */
+typedef struct {
+    size_t prep, pgrad, lanes, tape, total;
+} ws_layout;
+
+static ws_layout layout(bki_call *c, int backward, int with_tape)
+{
+    const int P = c->d->B * c->d->H;
+    ws_layout w;
+    c->pl = bki_plan_problems(P, c->op->cost(c));
+    c->lane_bytes = bki_round_up(c->op->lane_bytes(c, c->pl.team ? c->pl.nt : 1));
+    w.prep = c->op->prep_bytes ? bki_round_up(c->op->prep_bytes(c)) : 0;
+    w.pgrad = backward && c->op->pgrad_bytes ? (size_t)P * bki_round_up(c->op->pgrad_bytes(c)) : 0;
+    w.lanes = (size_t)c->pl.lanes * c->lane_bytes;
+    w.tape = with_tape ? bki_round_up(bki_op_tape_size(c)) : 0;
+    w.total = w.prep + w.pgrad + w.lanes + w.tape + BK_ALIGN;
+    return w;
+}
+
+size_t bki_op_workspace_size(bki_call *c)
+{
+    if (!desc_sane(c->d) || !c->par) return 0;
+    if (c->op->check(c) != BK_OK) {
+        bki_clear_error();
+        return 0;
+    }
+    /* the larger of a forward and a backward that recomputes its tape */
+    const size_t f = layout(c, 0, 0).total;
+    const size_t b = c->op->backward ? layout(c, 1, 1).total : 0;
+    return f > b ? f : b;
+}
+
+static void carve(bki_call *c, const ws_layout *w, char *base)
+{
+    char *p = bki_align_ptr(base);
+    c->prep = w->prep ? p : NULL;
+    p += w->prep;
+    c->pgrad = w->pgrad ? p : NULL;
+    p += w->pgrad;
+    c->lanes = p;
+    p += w->lanes;
+    if (w->tape) c->tape = p;
+}
+
+/* ---- the region ------------------------------------------------------------ */
+typedef struct {
+    bki_call *c;
+    int backward;
+} run_ctx;
+
+static void one(const bki_team *tm, int p, char *lane, void *vctx)
+{
+    run_ctx *x = vctx;
+    if (x->backward) x->c->op->backward(tm, x->c, p, lane);
+    else x->c->op->forward(tm, x->c, p, lane);
+}
+
+static void run(bki_call *c, int backward)
+{
+    run_ctx x = {c, backward};
+    bki_run_problems(c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
+}
+
+void bki_op_fail(bki_call *c, int p, bk_status s)
+{
+#pragma omp critical(bki_op_fail)
+    if (p < c->bad) {
+        c->bad = p;
+        c->bad_s = s;
+    }
+}
+
+static bk_status problem_error(const bki_call *c)
+{
+    const int b = c->bad / c->d->H, h = c->bad % c->d->H;
+    if (c->bad_s == BK_ERR_NONFINITE)
+        return bki_fail(c->bad_s, "%s: problem %d (b=%d, h=%d) produced non-finite values", c->op->name, c->bad, b, h);
+    if (c->bad_s == BK_ERR_NUMERIC)
+        return bki_fail(c->bad_s, "backward failed on problem %d (b=%d, h=%d): the implicit system could not be solved "
+                                  "(is the forward converged?)", c->bad, b, h);
+    return bki_fail(c->bad_s, "%s: problem %d (b=%d, h=%d) failed: %s", c->op->name, c->bad, b, h,
+                    bk_status_str(c->bad_s));
+}
+
+#ifdef BK_TAPE_CHECKSUM
+static uint64_t blocks_checksum(const bki_call *c)
+{
+    const size_t n = (size_t)c->d->B * c->d->H * block_total(c);
+    return bki_fnv1a(0xcbf29ce484222325ull, c->tape + sizeof(bki_tape_header), n);
+}
+#endif
+
+/* ---- forward -------------------------------------------------------------- */
+static void write_header(bki_call *c)
+{
+    bki_tape_header *th = (bki_tape_header *)c->tape;
+    memset(c->tape, 0, bki_op_tape_size(c)); /* padding and unused history are zero: tapes are deterministic */
+    th->magic = BKI_TAPE_MAGIC;
+    th->version = BKI_TAPE_VERSION;
+    th->op = c->op->id;
+    th->B = c->d->B; th->H = c->d->H; th->Nq = c->d->Nq; th->Nk = c->d->Nk; th->d = c->d->d; th->dv = c->d->dv;
+    th->key = c->op->key(c);
+    th->block_bytes = block_total(c);
+    const int P = c->d->B * c->d->H;
+    for (int p = 0; p < P; p++) {
+        bki_block_header *h = bki_op_block(c, p);
+        h->Lq = bki_op_lq(c, p);
+        h->Lk = bki_op_lk(c, p);
+    }
+}
+
+/* the forward into c->tape (NULL: the operator keeps none), with c->out and
+ * c->ex as given; the workspace is carved already */
+static bk_status forward_region(bki_call *c)
+{
+    bk_status s;
+    if (c->op->prepare && (s = c->op->prepare(c))) return s;
+    if (c->tape) write_header(c);
+    c->bad = c->d->B * c->d->H;
+    run(c, 0);
+    if (c->bad < c->d->B * c->d->H) return problem_error(c);
+#ifdef BK_TAPE_CHECKSUM
+    if (c->tape) ((bki_tape_header *)c->tape)->checksum = blocks_checksum(c);
+#endif
+    return BK_OK;
+}
+
+static bk_status check_common(bki_call *c)
+{
+    bk_status s;
+    if ((s = bki_check_desc(c->d))) return s;
+    if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
+    if ((s = c->op->check(c))) return s;
+    return bki_check_qkv(c->d, c->q, c->k, c->v);
+}
+
+bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
+{
+    bk_status s;
+    if ((s = check_common(c))) return s;
+    if ((s = bki_check_fwd_outputs(c->d, c->q, c->k, c->v, c->out, c->attn))) return s;
+    const ws_layout w = layout(c, 0, 0);
+    void *owned = NULL;
+    char *base = NULL;
+    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function", &owned, &base))) return s;
+    carve(c, &w, base);
+    c->tape = tape;
+    s = forward_region(c);
+    free(owned);
+    if (s == BK_OK) bki_clear_error();
+    return s;
+}
+
+/* ---- backward ------------------------------------------------------------- */
+static bk_status check_tape(bki_call *c, const void *tape)
+{
+    const bki_tape_header *th = tape;
+    const bk_attn_desc *d = c->d;
+    if (th->magic != BKI_TAPE_MAGIC || th->version != BKI_TAPE_VERSION)
+        return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a forward?)");
+    if (th->op != c->op->id)
+        return bki_fail(BK_ERR_TAPE, "tape was written by another operator (id %u, not %s)", th->op, c->op->name);
+    if (th->B != d->B || th->H != d->H || th->Nq != d->Nq || th->Nk != d->Nk || th->d != d->d || th->dv != d->dv)
+        return bki_fail(BK_ERR_TAPE, "tape was written for another problem (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", th->B,
+                        th->H, th->Nq, th->Nk, th->d, th->dv);
+    if (th->key != c->op->key(c) || th->block_bytes != block_total(c))
+        return bki_fail(BK_ERR_TAPE, "tape was written with other %s parameters", c->op->name);
+    c->tape = (char *)tape;
+#ifdef BK_TAPE_CHECKSUM
+    if (th->checksum != blocks_checksum(c)) return bki_fail(BK_ERR_TAPE, "tape checksum mismatch (corrupt tape)");
+#endif
+    const int P = d->B * d->H;
+    for (int p = 0; p < P; p++) {
+        const bki_block_header *h = bki_op_block(c, p);
+        const int Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
+        int ok = h->Lq == Lq && h->Lk == Lk;
+        if (ok && c->op->steps_ok) ok = c->op->steps_ok(c, h);
+        if (!ok) return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", p);
+    }
+    return BK_OK;
+}
+
+bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_size)
+{
+    bk_status s;
+    if (!c->op->backward) return bki_fail(BK_ERR_PARAM, "%s has no backward (inference only)", c->op->name);
+    if ((s = check_common(c))) return s;
+    if ((s = bki_check_bwd_views(c->d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
+    if (tape && (s = check_tape(c, tape))) return s;
+    const ws_layout w = layout(c, 1, tape == NULL);
+    void *owned = NULL;
+    char *base = NULL;
+    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function", &owned, &base))) return s;
+    carve(c, &w, base);
+    if (!tape) { /* recompute the forward's tape */
+        bki_call f = *c;
+        f.out = NULL;
+        f.attn = NULL;
+        f.ex = NULL;
+        if ((s = forward_region(&f))) {
+            free(owned);
+            return s;
+        }
+    } else {
+        c->tape = (char *)tape;
+    }
+    if (c->op->prepare && (s = c->op->prepare(c))) {
+        free(owned);
+        return s;
+    }
+    c->bad = c->d->B * c->d->H;
+    run(c, 1);
+    if (c->bad < c->d->B * c->d->H) {
+        s = problem_error(c);
+        free(owned);
+        return s;
+    }
+    if (c->op->reduce) c->op->reduce(c);
+    free(owned);
+    bki_clear_error();
+    return BK_OK;
+}

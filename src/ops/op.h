@@ -1,0 +1,126 @@
+/* op.h -- the attention operator framework (internal).
+ *
+ * An attention operator is a table of per-problem kernels (bki_op) and a
+ * parameter struct; ONE driver (driver.c) runs every operator: argument
+ * checks common to all of them, the plan of the B*H problems over threads
+ * (bki_plan_problems: one per thread, or a team per problem), workspace sizing
+ * and carving (one lane per problem in flight, a per-call area, per-problem
+ * parameter-gradient slabs), the tape (one versioned format: header, then one
+ * block per problem), the parallel region, errors. Operators are listed in
+ * one place, registry.c; the public API of each operator (bk_sinkhorn_*,
+ * bk_esp_*, ...) is a thin wrapper filling a bki_call, and the registry's
+ * public face (bk_op_*) lets the CLI, the bindings and the model find an
+ * operator by name and set its parameters by key.
+ *
+ * Adding an operator: its parameter struct and public wrappers in its header,
+ * one file with its kernels and its bki_op, one line in registry.c, its tests
+ * and docs (docs/ARCHITECTURE.md, "Adding an operator").
+ */
+#ifndef BK_OP_H
+#define BK_OP_H
+#include "ops.h"
+
+typedef struct bki_op bki_op;
+typedef struct bki_call bki_call;
+
+/* ---- the tape ------------------------------------------------------------
+ * [bki_tape_header][block 0][block 1]...[block P-1]; a block is a
+ * bki_block_header (Lq, Lk, the operator's step counts) then the operator's
+ * block_bytes (rounded up to 64). The header names the operator, the shapes
+ * and a hash of the parameters the backward must agree on; the blocks'
+ * checksum is kept in debug builds (BK_TAPE_CHECKSUM). */
+#define BKI_TAPE_MAGIC 0x50544b42u /* "BKTP" */
+#define BKI_TAPE_VERSION 2u
+typedef struct {
+    uint32_t magic, version, op;
+    int32_t B, H, Nq, Nk, d, dv;
+    uint32_t key;          /* hash of the parameters (op->key)              */
+    uint64_t block_bytes;  /* per problem, header included                  */
+    uint64_t checksum;     /* FNV-1a of the blocks (BK_TAPE_CHECKSUM), or 0  */
+    uint32_t reserved[2];
+} bki_tape_header;
+typedef struct {
+    int32_t Lq, Lk;
+    int32_t steps[4];      /* the operator's (e.g. half-steps run)           */
+    int32_t reserved[10];
+} bki_block_header;
+
+/* ---- a call -------------------------------------------------------------- */
+struct bki_call {
+    const bki_op *op;
+    const bk_attn_desc *d;
+    const void *par;                 /* the operator's parameter struct        */
+    const bk_tensor *q, *k, *v;
+    const bk_tensor *out;            /* forward output (NULL: tape only)       */
+    const bk_tensor *attn;           /* optional attention output (in ex)      */
+    const void *ex;                  /* the operator's forward extras, or NULL */
+    const bk_tensor *dout, *dq, *dk, *dv;
+    void *pg;                        /* the operator's parameter-gradient
+                                        outputs (backward), or NULL            */
+    /* set by the driver */
+    bki_plan pl;
+    char *tape;                      /* header + blocks                        */
+    void *prep;                      /* the per-call area (op->prepare)        */
+    char *pgrad;                     /* P slabs of op->pgrad_bytes             */
+    char *lanes;
+    size_t lane_bytes;
+    int bad;                         /* lowest failing problem (P: none)       */
+    bk_status bad_s;
+    bk_status team_s;                /* a team's serial step, set by member 0  */
+    int ws_mode;                     /* workspace query: 0 forward, 1 backward */
+};
+
+/* ---- an operator --------------------------------------------------------- */
+struct bki_op {
+    const char *name;                /* registry name ("sinkhorn", ...)        */
+    uint32_t id;                     /* written in the tape                    */
+    const char *par_name;            /* the parameter struct, for messages     */
+    /* the parameters' key=value table (bk_op_set_param) and its size */
+    const bki_field *fields;
+    int nfields;
+    size_t par_size;
+    void (*par_default)(void *par);
+    /* parameter and extras checks (after the common ones); set the error */
+    bk_status (*check)(const bki_call *c);
+    /* a problem's work, for the plan (about the entries of its matrices) */
+    double (*cost)(const bki_call *c);
+    /* bytes of one lane for a team of `members` (1: a solo thread) */
+    size_t (*lane_bytes)(const bki_call *c, int members);
+    /* bytes of a problem's tape block after its header */
+    size_t (*block_bytes)(const bki_call *c);
+    /* hash of what a backward's parameters must agree on with the tape's */
+    uint32_t (*key)(const bki_call *c);
+    /* optional: bytes of the per-call area, filled by prepare (serially,
+     * before each region) */
+    size_t (*prep_bytes)(const bki_call *c);
+    bk_status (*prepare)(bki_call *c);
+    /* optional: bytes per problem of parameter gradients, summed over the
+     * problems in problem order by reduce after the backward region */
+    size_t (*pgrad_bytes)(const bki_call *c);
+    void (*reduce)(bki_call *c);
+    /* one problem; every team member calls them (see the parallel model) */
+    void (*forward)(const bki_team *tm, bki_call *c, int p, char *lane);
+    void (*backward)(const bki_team *tm, bki_call *c, int p, char *lane); /* NULL: no backward */
+    /* optional: a tape block's steps are plausible for these parameters */
+    int (*steps_ok)(const bki_call *c, const bki_block_header *h);
+};
+
+/* ---- the driver (driver.c) ---------------------------------------------- */
+size_t bki_op_tape_size(bki_call *c);
+size_t bki_op_workspace_size(bki_call *c);
+bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size);
+bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_size);
+/* problem p's block header and data in the call's tape */
+bki_block_header *bki_op_block(const bki_call *c, int p);
+static inline void *bki_op_block_data(const bki_call *c, int p) { return bki_op_block(c, p) + 1; }
+/* the lengths of problem p */
+static inline int bki_op_lq(const bki_call *c, int p) { return bki_len(c->d->q_len, p / c->d->H, c->d->Nq); }
+static inline int bki_op_lk(const bki_call *c, int p) { return bki_len(c->d->k_len, p / c->d->H, c->d->Nk); }
+/* a problem's failure, kept for the call's error (the lowest index wins);
+ * a team's member 0 reports it */
+void bki_op_fail(bki_call *c, int p, bk_status s);
+
+/* ---- the registry (registry.c) ------------------------------------------ */
+const bki_op *bki_op_find(const char *name);
+extern const bki_op bki_op_softmax, bki_op_sinkhorn, bki_op_unbalanced, bki_op_esp, bki_op_lot, bki_op_asap;
+#endif

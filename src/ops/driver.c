@@ -51,6 +51,7 @@ static ws_layout layout(bki_call *c, int backward, int with_tape)
 size_t bki_op_workspace_size(bki_call *c)
 {
     if (!desc_sane(c->d) || !c->par) return 0;
+    c->ws_mode = 1;
     if (c->op->check(c) != BK_OK) {
         bki_clear_error();
         return 0;

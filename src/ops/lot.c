@@ -18,14 +18,12 @@
  * summed in chunk order, the diagnostics in fixed blocks. dZ and dtheta are
  * kept per problem and summed in problem order. So results are bitwise the
  * same for any thread count and any batch shape. */
-#include "ops.h"
+#include "op.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define LOT_MAGIC 0x544f4c42u /* "BLOT" */
-#define LOT_VERSION 1u
 
 bk_lot_params bk_lot_params_default(void)
 {
@@ -33,10 +31,28 @@ bk_lot_params bk_lot_params_default(void)
     return p;
 }
 
-static bk_status check_params(const bk_attn_desc *d, const bk_lot_params *p)
+static void lot_default(void *p) { *(bk_lot_params *)p = bk_lot_params_default(); }
+
+/* the scalar parameters by key (Z and theta are arrays: set them directly) */
+static const bki_field lot_fields[] = {
+    {"r", BKI_F_INT, offsetof(bk_lot_params, r), NULL, 0},
+    {"temp", BKI_F_FLOAT, offsetof(bk_lot_params, temp), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_lot_params, iters), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_lot_params, eps), NULL, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_lot_params, scale), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_lot_params, tol), NULL, 0},
+};
+
+/* the parameter-gradient outputs of a backward (the caller's) */
+typedef struct {
+    float *dZ, *dtheta;
+} bki_lot_grads;
+
+static bk_status check_params(const bk_attn_desc *d, const bk_lot_params *p, int size_query)
 {
     if (!p) return bki_fail(BK_ERR_NULL, "LOT parameters are NULL");
     if (p->r < 1 || p->r > (1 << 20)) return bki_fail(BK_ERR_PARAM, "number of pivots r must be in [1, 2^20], got %d", p->r);
+    if (size_query) return BK_OK; /* a workspace size needs the scalars only */
     if (!p->Z || !p->theta) return bki_fail(BK_ERR_NULL, "LOT pivots Z and logits theta are required");
     if (!(p->temp > 0.0f) || !isfinite(p->temp)) return bki_fail(BK_ERR_PARAM, "pivot temperature must be finite and > 0, got %g", (double)p->temp);
     if (!(p->iters >= 1 && p->iters <= 1000000)) return bki_fail(BK_ERR_PARAM, "iters (T) must be in [1, 1e6], got %d", p->iters);
@@ -68,30 +84,6 @@ static void pivot_masses(int r, const float *theta, float temp, float *logp, flo
     }
 }
 
-/* ---- tape and workspace ---------------------------------------------------- */
-typedef struct {
-    uint32_t magic, version;
-    int32_t B, H, Nq, Nk, d, r, T;
-    float alpha, temp, tol;
-    int32_t reserved[4];
-} lot_tape_header;
-
-static size_t block_floats(int Nq, int Nk, int r, int T)
-{
-    return 16 + ((bki_hist_len(Nq, r, T) + bki_hist_len(r, Nk, T) + 15) & ~(size_t)15);
-}
-
-size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_params *p)
-{
-    if (!d || !p || d->B < 1 || d->H < 1 || d->Nq < 1 || d->Nk < 1 || p->r < 1 || p->iters < 1) return 0;
-    return sizeof(lot_tape_header) + (size_t)d->B * d->H * block_floats(d->Nq, d->Nk, p->r, p->iters) * sizeof(float);
-}
-
-static float *tape_block(const void *tape, const bk_attn_desc *d, const bk_lot_params *p, int pi)
-{
-    return (float *)((char *)tape + sizeof(lot_tape_header)) + (size_t)pi * block_floats(d->Nq, d->Nk, p->r, p->iters);
-}
-
 static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
 
 /* Chunks of a long inner dimension K of a thin product (few GEMM tiles): at
@@ -111,11 +103,22 @@ static size_t ksum_floats(int M, int N, int K1, int K2)
     return (size_t)(bki_nblocks(K1, kchunk(K1)) + bki_nblocks(K2, kchunk(K2))) * M * N;
 }
 
-/* How a call runs its problems (bki_plan). Work of one problem: the entries
- * of its n x (r + d + dv) and m x (r + d + dv) operands. */
-static bki_plan plan_of(const bk_attn_desc *d, const bk_lot_params *p)
+/* ---- the operator's tables ------------------------------------------------
+ * Tape block: the two inner problems' potential histories, h1 (Nq x r
+ * problem) then h2 (r x Nk); steps[0], steps[1]: the half-steps each ran. */
+static const bk_lot_params *par(const bki_call *c) { return c->par; }
+
+static bk_status check(const bki_call *c)
 {
-    return bki_plan_problems(d->B * d->H, (double)(d->Nq + d->Nk) * (p->r + d->d + d->dv));
+    bk_status s = check_params(c->d, par(c), c->ws_mode);
+    return s;
+}
+
+/* Work of one problem: the entries of its n x (r + d + dv) and m x (r + d +
+ * dv) operands. */
+static double cost(const bki_call *c)
+{
+    return (double)(c->d->Nq + c->d->Nk) * (par(c)->r + c->d->d + c->d->dv);
 }
 
 /* One lane: a problem in flight, run by one thread or by a team of
@@ -123,27 +126,19 @@ static bki_plan plan_of(const bk_attn_desc *d, const bk_lot_params *p)
  * problem, so the two can follow each other without a sync). */
 typedef struct {
     float *L1, *A1, *G1, *L2, *A2, *G2, *Y, *X, *logp, *p0, *g1, *g2, *kpart, *emax, *scr1, *scr2;
+    float *hist; /* both histories, for a forward without a tape */
 } lot_lane;
 
-static size_t lane_bytes(const bk_attn_desc *d, const bk_lot_params *p, int members)
+/* carves a lane from base (NULL: measures it into *used) */
+static lot_lane carve(const bki_call *c, int members, char *base, size_t *used)
 {
-    const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
-    const int dmax = d->d > d->dv ? d->d : d->dv;
-    size_t b = fl(n * r) * 3 + fl(r * m) * 3 + fl(r * dv) * 2 + fl(r) * 4;
-    b += fl(ksum_floats(p->r, dmax, d->Nq, d->Nk)) + fl(2 * BKI_MAX_BLOCKS);
-    b += fl(bki_kern()->sk_scratch(d->Nq, p->r, members)) + fl(bki_kern()->sk_scratch(p->r, d->Nk, members));
-    return b + BK_ALIGN;
-}
-
-static lot_lane lane_at(char *base, const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, int li)
-{
-    const int members = pl.team ? pl.nt : 1;
-    const size_t lb = lane_bytes(d, p, members);
-    bki_arena ar = {bki_align_ptr(base + (size_t)li * lb), 0, lb - BK_ALIGN};
+    const bk_attn_desc *d = c->d;
+    const bk_lot_params *p = par(c);
+    bki_arena ar = {base, 0, (size_t)-1};
     const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
     const int dmax = d->d > d->dv ? d->d : d->dv;
     lot_lane w;
-#define TAKE(ptr, cnt) ptr = bki_take(&ar, (cnt) * sizeof(float))
+#define TAKE(ptr, cnt) ptr = bki_carve(&ar, (cnt) * sizeof(float))
     TAKE(w.L1, n * r); TAKE(w.A1, n * r); TAKE(w.G1, n * r);
     TAKE(w.L2, r * m); TAKE(w.A2, r * m); TAKE(w.G2, r * m);
     TAKE(w.Y, r * dv); TAKE(w.X, r * dv);
@@ -152,63 +147,70 @@ static lot_lane lane_at(char *base, const bk_attn_desc *d, const bk_lot_params *
     TAKE(w.emax, 2 * BKI_MAX_BLOCKS);
     TAKE(w.scr1, bki_kern()->sk_scratch(d->Nq, p->r, members));
     TAKE(w.scr2, bki_kern()->sk_scratch(p->r, d->Nk, members));
+    TAKE(w.hist, bki_hist_len(d->Nq, p->r, p->iters) + bki_hist_len(p->r, d->Nk, p->iters));
 #undef TAKE
+    if (used) *used = ar.used;
     return w;
 }
 
-static size_t lanes_bytes(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl)
+static size_t lane_bytes(const bki_call *c, int members)
 {
-    return (size_t)pl.lanes * lane_bytes(d, p, pl.team ? pl.nt : 1) + BK_ALIGN;
+    size_t used;
+    (void)carve(c, members, NULL, &used);
+    return used + BK_ALIGN;
 }
 
-static size_t ws_need(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, int with_tape, int backward)
+static size_t block_bytes(const bki_call *c)
 {
-    size_t b = lanes_bytes(d, p, pl);
-    if (backward) b += fl((size_t)d->B * d->H * p->r * (d->d + 1)) + BK_ALIGN; /* per-problem dZ, dtheta */
-    if (with_tape) b += bk_lot_tape_size(d, p) + BK_ALIGN;
-    return b;
+    const bk_lot_params *p = par(c);
+    return (bki_hist_len(c->d->Nq, p->r, p->iters) + bki_hist_len(p->r, c->d->Nk, p->iters)) * sizeof(float);
 }
 
-size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
-{
-    if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1 ||
-        p->r < 1 || p->iters < 1)
-        return 0;
-    return ws_need(desc, p, plan_of(desc, p), 1, 1);
-}
-
-/* Runs prob(tm, pi, lane, ctx) for every problem as the plan says: a team of
- * all region threads on one problem after another, or one problem per
- * thread. Every problem ends with its team in sync. */
-typedef void (*lot_problem_fn)(const bki_team *tm, int pi, const lot_lane *w, void *ctx);
-
-static void run_problems(const bk_attn_desc *d, const bk_lot_params *p, bki_plan pl, char *base, lot_problem_fn prob,
-                         void *ctx)
-{
-    const int P = d->B * d->H;
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        if (pl.team) {
-            const bki_team tm = {bki_thread_id(), bki_region_size()};
-            const lot_lane w = lane_at(base, d, p, pl, 0);
-            for (int pi = 0; pi < P; pi++) {
-                prob(&tm, pi, &w, ctx);
-                bki_team_sync(&tm);
-            }
-        } else {
-            const lot_lane w = lane_at(base, d, p, pl, bki_thread_id());
-#pragma omp for schedule(static)
-            for (int pi = 0; pi < P; pi++) prob(&BKI_SOLO, pi, &w, ctx);
-        }
-    }
-}
-
-/* ---- per problem ----------------------------------------------------------- */
 static float alpha_of(const bk_attn_desc *d, const bk_lot_params *p)
 {
     return (p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d)) / p->eps;
 }
+
+static uint32_t key(const bki_call *c)
+{
+    const bk_lot_params *p = par(c);
+    const float v[4] = {alpha_of(c->d, p), p->temp, p->tol, 0.0f};
+    const int32_t n[2] = {p->r, p->iters};
+    uint64_t h = bki_fnv1a(0xcbf29ce484222325ull, v, sizeof v);
+    h = bki_fnv1a(h, n, sizeof n);
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int steps_ok(const bki_call *c, const bki_block_header *h)
+{
+    const int T = par(c)->iters;
+    if (h->Lq > 0 && h->Lk > 0) return h->steps[0] >= 1 && h->steps[0] <= T && h->steps[1] >= 1 && h->steps[1] <= T;
+    return h->steps[0] == 0 && h->steps[1] == 0;
+}
+
+/* per-problem dZ [r][d] and dtheta [r], summed over problems in order */
+static size_t pgrad_bytes(const bki_call *c) { return fl((size_t)par(c)->r * (c->d->d + 1)); }
+
+static void reduce(bki_call *c)
+{
+    const bk_attn_desc *d = c->d;
+    const int P = d->B * d->H, r = par(c)->r;
+    const bki_lot_grads *g = c->pg;
+    if (!g) return;
+    const size_t slab = bki_round_up(pgrad_bytes(c));
+    if (g->dZ) memset(g->dZ, 0, sizeof(float) * (size_t)d->H * r * d->d);
+    if (g->dtheta) memset(g->dtheta, 0, sizeof(float) * (size_t)d->H * r);
+    for (int pi = 0; pi < P; pi++) {
+        const int h = pi % d->H;
+        const float *gZ = (const float *)(c->pgrad + (size_t)pi * slab), *gth = gZ + (size_t)r * d->d;
+        if (g->dZ)
+            for (size_t i = 0; i < (size_t)r * d->d; i++) g->dZ[(size_t)h * r * d->d + i] += gZ[i];
+        if (g->dtheta)
+            for (int t = 0; t < r; t++) g->dtheta[(size_t)h * r + t] += gth[t];
+    }
+}
+
+/* ---- per problem ----------------------------------------------------------- */
 
 /* One term op(A) B of a thin product (K x N B, no transpose). */
 typedef struct {
@@ -316,25 +318,17 @@ static void glue_diag(const bki_team *tm, int n, int m, int r, const lot_lane *w
     for (int b = nbn; b < nbn + nbm; b++) dg->col_err = fmaxf(dg->col_err, w->emax[b]);
 }
 
-typedef struct {
-    const bk_attn_desc *d;
-    const bk_lot_params *p;
-    const bk_tensor *q, *k, *v, *out;
-    void *tape;
-    const bk_lot_extras *ex;
-} fwd_ctx;
-
-static void fwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vctx)
+static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
 {
-    const fwd_ctx *x = vctx;
     const bk_attn_desc *d = x->d;
-    const bk_lot_params *p = x->p;
+    const bk_lot_params *p = par(x);
     const bk_lot_extras *ex = x->ex;
+    const lot_lane ln = carve(x, x->pl.team ? x->pl.nt : 1, base, NULL), *w = &ln;
     const bki_kernels *K = bki_kern();
     const int r = p->r, b = pi / d->H, h = pi % d->H;
-    const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk), live = n > 0 && m > 0;
-    float *blk = tape_block(x->tape, d, p, pi);
-    float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
+    const int n = bki_op_lq(x, pi), m = bki_op_lk(x, pi), live = n > 0 && m > 0;
+    bki_block_header *blk = x->tape ? bki_op_block(x, pi) : NULL;
+    float *h1 = blk ? (float *)(blk + 1) : w->hist, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
     const bk_tensor *out = x->out;
     float *Ob = out ? bki_at(out, b, h) : NULL;
     float *Ab = ex && ex->attn.data ? bki_at(&ex->attn, b, h) : NULL;
@@ -366,47 +360,27 @@ static void fwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vct
         }
     }
     if (tm->tid != 0) return;
-    int32_t *hdr = (int32_t *)blk;
-    hdr[0] = n; hdr[1] = m; hdr[2] = dg.iters1; hdr[3] = dg.iters2;
+    if (blk) {
+        blk->steps[0] = dg.iters1;
+        blk->steps[1] = dg.iters2;
+    }
     if (Ob) bki_zero_rows(Ob, out->stride_n, live ? n : 0, d->Nq, d->dv);
     if (ex && ex->diag) ex->diag[pi] = dg;
 }
 
-static void forward_core(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
-                         const bk_tensor *v, const bk_tensor *out, void *tape, const bk_lot_extras *ex, char *base,
-                         bki_plan pl)
+static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
 {
-    lot_tape_header *th = tape;
-    memset(th, 0, sizeof *th);
-    th->magic = LOT_MAGIC;
-    th->version = LOT_VERSION;
-    th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->d = d->d; th->r = p->r; th->T = p->iters;
-    th->alpha = alpha_of(d, p); th->temp = p->temp; th->tol = p->tol;
-    fwd_ctx x = {d, p, q, k, v, out, tape, ex};
-    run_problems(d, p, pl, base, fwd_problem, &x);
-}
-
-typedef struct {
-    const bk_attn_desc *d;
-    const bk_lot_params *p;
-    const bk_tensor *q, *k, *v, *dout, *dq, *dk, *dv;
-    const void *tape;
-    float *grads; /* [P][r][d + 1]: per-problem dZ, dtheta */
-} bwd_ctx;
-
-static void bwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vctx)
-{
-    const bwd_ctx *x = vctx;
     const bk_attn_desc *d = x->d;
-    const bk_lot_params *p = x->p;
+    const bk_lot_params *p = par(x);
+    const lot_lane ln = carve(x, x->pl.team ? x->pl.nt : 1, base, NULL), *w = &ln;
     const bki_kernels *K = bki_kern();
     const int r = p->r, b = pi / d->H, h = pi % d->H, dvd = d->dv;
-    const float *blk = tape_block(x->tape, d, p, pi);
-    const int32_t *hdr = (const int32_t *)blk;
-    const int n = hdr[0], m = hdr[1], live = n > 0 && m > 0;
-    const float *h1 = blk + 16, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
+    const bki_block_header *blk = bki_op_block(x, pi);
+    const int steps1 = blk->steps[0], steps2 = blk->steps[1];
+    const int n = blk->Lq, m = blk->Lk, live = n > 0 && m > 0;
+    const float *h1 = (const float *)(blk + 1), *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
     float *dQb = bki_at(x->dq, b, h), *dKb = bki_at(x->dk, b, h), *dVb = bki_at(x->dv, b, h);
-    float *gZ = x->grads + (size_t)pi * r * (d->d + 1), *gth = gZ + (size_t)r * d->d;
+    float *gZ = (float *)(x->pgrad + (size_t)pi * bki_round_up(pgrad_bytes(x))), *gth = gZ + (size_t)r * d->d;
     if (live) {
         const bk_tensor *q = x->q, *k = x->k, *v = x->v, *dout = x->dout;
         const float *Qb = bki_at(q, b, h), *Kb = bki_at(k, b, h), *Vb = bki_at(v, b, h), *dOb = bki_at(dout, b, h);
@@ -414,8 +388,8 @@ static void bwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vct
         const float al = alpha_of(d, p);
         bki_sk_problem pb1, pb2;
         inner_setup(tm, d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, h, w, &pb1, &pb2);
-        K->sk_attention(tm, &pb1, hdr[2], h1, w->A1, r, w->scr1);
-        K->sk_attention(tm, &pb2, hdr[3], h2, w->A2, m, w->scr2);
+        K->sk_attention(tm, &pb1, steps1, h1, w->A1, r, w->scr1);
+        K->sk_attention(tm, &pb2, steps2, h2, w->A2, m, w->scr2);
         /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
         const kterm y = {0, m, w->A2, Vb, m, v->stride_n}, xt = {1, n, w->A1, dOb, r, dout->stride_n};
         gemm_ksum(tm, r, dvd, 1.0f, &y, 1, w->Y, dvd, w->kpart);
@@ -425,8 +399,8 @@ static void bwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vct
         bki_gemm(tm, 0, 1, r, m, dvd, 1.0f, w->X, dvd, Vb, v->stride_n, 0.0f, w->G2, m);
         bki_team_sync(tm);
         /* through the two Sinkhorn problems: logits and log pivot masses */
-        K->sk_backward(tm, &pb1, hdr[2], h1, w->A1, r, w->G1, r, w->scr1, NULL, w->g1);
-        K->sk_backward(tm, &pb2, hdr[3], h2, w->A2, m, w->G2, m, w->scr2, w->g2, NULL);
+        K->sk_backward(tm, &pb1, steps1, h1, w->A1, r, w->G1, r, w->scr1, NULL, w->g1);
+        K->sk_backward(tm, &pb2, steps2, h2, w->A2, m, w->G2, m, w->scr2, w->g2, NULL);
         /* dQ = al G1 Z ; dK = al G2^T Z ; dZ = al (G1^T Q + G2 K) */
         bki_gemm(tm, 0, 0, n, d->d, r, al, w->G1, r, Zh, d->d, 0.0f, dQb, x->dq->stride_n);
         bki_gemm(tm, 1, 0, m, d->d, r, al, w->G2, m, Zh, d->d, 0.0f, dKb, x->dk->stride_n);
@@ -446,84 +420,50 @@ static void bwd_problem(const bki_team *tm, int pi, const lot_lane *w, void *vct
     bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
-static bk_status check_common(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
-                              const bk_tensor *v)
+const bki_op bki_op_lot = {"lot", 4, "bk_lot_params", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
+                           sizeof(bk_lot_params), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
+                           pgrad_bytes, reduce, forward, backward, steps_ok};
+
+/* ---- public entry points -------------------------------------------------- */
+static bki_call call_of(const bk_attn_desc *d, const bk_lot_params *p)
 {
-    bk_status s;
-    if ((s = bki_check_desc(d))) return s;
-    if ((s = check_params(d, p))) return s;
-    return bki_check_qkv(d, q, k, v);
+    bki_call c;
+    memset(&c, 0, sizeof c);
+    c.op = &bki_op_lot;
+    c.d = d;
+    c.par = p;
+    return c;
+}
+
+size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_params *p)
+{
+    bki_call c = call_of(d, p);
+    if (!p || !d || p->r < 1 || p->iters < 1) return 0;
+    return bki_op_tape_size(&c);
+}
+
+size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
+{
+    bki_call c = call_of(desc, p);
+    return bki_op_workspace_size(&c);
 }
 
 bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_lot_extras *ex, void *ws,
                          size_t ws_size)
 {
-    bk_status s;
-    if ((s = check_common(d, p, q, k, v))) return s;
-    if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const bki_plan pl = plan_of(d, p);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, pl, tape == NULL, 0), "bk_lot_workspace_size", &owned, &base)))
-        return s;
-    void *tp = tape ? tape : bki_align_ptr(base + lanes_bytes(d, p, pl));
-    forward_core(d, p, q, k, v, out, tp, ex, base, pl);
-    free(owned);
-    bki_clear_error();
-    return BK_OK;
+    bki_call c = call_of(d, p);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = ex;
+    c.attn = ex ? &ex->attn : NULL;
+    return bki_op_forward(&c, tape, ws, ws_size);
 }
 
 bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
-                          const bk_tensor *v, const bk_tensor *dout, const void *tape_in, const bk_tensor *dq,
+                          const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                           const bk_tensor *dk, const bk_tensor *dv, float *dZ, float *dtheta, void *ws, size_t ws_size)
 {
-    bk_status s;
-    if ((s = check_common(d, p, q, k, v))) return s;
-    if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
-    const int P = d->B * d->H, r = p->r;
-    if (tape_in) {
-        const lot_tape_header *th = tape_in;
-        if (th->magic != LOT_MAGIC || th->version != LOT_VERSION)
-            return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by bk_lot_forward?)");
-        if (th->B != d->B || th->H != d->H || th->Nq != d->Nq || th->Nk != d->Nk || th->d != d->d || th->r != r ||
-            th->T != p->iters || th->alpha != alpha_of(d, p) || th->temp != p->temp || th->tol != p->tol)
-            return bki_fail(BK_ERR_TAPE, "tape was written for another problem or other parameters");
-        for (int pi = 0; pi < P; pi++) {
-            const int32_t *hdr = (const int32_t *)tape_block(tape_in, d, p, pi);
-            const int b = pi / d->H, n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk);
-            const int live = n > 0 && m > 0;
-            if (hdr[0] != n || hdr[1] != m ||
-                (live ? (hdr[2] < 1 || hdr[2] > p->iters || hdr[3] < 1 || hdr[3] > p->iters) : (hdr[2] || hdr[3])))
-                return bki_fail(BK_ERR_TAPE, "tape block %d does not match the lengths or is corrupt", pi);
-        }
-    }
-    const bki_plan pl = plan_of(d, p);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, ws_need(d, p, pl, tape_in == NULL, 1), "bk_lot_workspace_size", &owned, &base)))
-        return s;
-    float *grads = (float *)bki_align_ptr(base + lanes_bytes(d, p, pl)); /* [P][r][d+1] */
-    const void *tape = tape_in;
-    if (!tape) {
-        void *tp = bki_align_ptr((char *)grads + fl((size_t)P * r * (d->d + 1)) + BK_ALIGN);
-        forward_core(d, p, q, k, v, NULL, tp, NULL, base, pl);
-        tape = tp;
-    }
-    bwd_ctx x = {d, p, q, k, v, dout, dq, dk, dv, tape, grads};
-    run_problems(d, p, pl, base, bwd_problem, &x);
-    /* pivot gradients summed over the batch in a fixed order */
-    if (dZ) memset(dZ, 0, sizeof(float) * (size_t)d->H * r * d->d);
-    if (dtheta) memset(dtheta, 0, sizeof(float) * (size_t)d->H * r);
-    for (int pi = 0; pi < P; pi++) {
-        const int h = pi % d->H;
-        const float *gZ = grads + (size_t)pi * r * (d->d + 1), *gth = gZ + (size_t)r * d->d;
-        if (dZ)
-            for (size_t i = 0; i < (size_t)r * d->d; i++) dZ[(size_t)h * r * d->d + i] += gZ[i];
-        if (dtheta)
-            for (int t = 0; t < r; t++) dtheta[(size_t)h * r + t] += gth[t];
-    }
-    free(owned);
-    bki_clear_error();
-    return BK_OK;
+    bki_lot_grads g = {dZ, dtheta};
+    bki_call c = call_of(d, p);
+    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = &g;
+    return bki_op_backward(&c, tape, ws, ws_size);
 }

@@ -67,7 +67,8 @@ struct bki_call {
     int bad;                         /* lowest failing problem (P: none)       */
     bk_status bad_s;
     bk_status team_s;                /* a team's serial step, set by member 0  */
-    int ws_mode;                     /* workspace query: 0 forward, 1 backward */
+    int ws_mode;                     /* 1: a workspace-size query (check needs
+                                        the scalar parameters only)            */
 };
 
 /* ---- an operator --------------------------------------------------------- */

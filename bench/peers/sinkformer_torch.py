@@ -54,7 +54,7 @@ class SinkhornDistance(nn.Module):
     """
 
     def __init__(self, eps, max_iter, thresh=1e-12, marginal_dtype=torch.float32,
-                 update="increment"):
+                 update="increment", rho=None):
         super().__init__()
         if max_iter < 1:
             raise ValueError("max_iter must be >= 1")
@@ -67,6 +67,10 @@ class SinkhornDistance(nn.Module):
         self.thresh = thresh
         self.marginal_dtype = marginal_dtype
         self.update = update
+        # rho: the reference's SinkhornUnbalanced (vit_pytorch/unbalanced.py,
+        # its `q`): every column step is damped by rho / (rho + eps); None is
+        # the balanced solver
+        self.kappa = 1.0 if rho is None else rho / (rho + eps)
         self.last_iters = 0
 
     def M(self, C, u, v):
@@ -115,6 +119,8 @@ class SinkhornDistance(nn.Module):
                 else:
                     v = eps * log_nu - eps * torch.logsumexp(
                         self.M(C, u, torch.zeros_like(v)), dim=-2)
+                if self.kappa != 1.0:
+                    v = self.kappa * v
         return torch.exp(self.M(C, u, v))
 
 
@@ -172,7 +178,7 @@ def _padded_apply(q, k, v, q_len, k_len, block_fn):
 
 
 def attention(q, k, v, n_it, eps=1.0, scale=None, q_len=None, k_len=None, *,
-              thresh=1e-12, marginal_dtype=torch.float32, update="increment"):
+              thresh=1e-12, marginal_dtype=torch.float32, update="increment", rho=None):
     """Sinkformer attention (reference ViT `Attention`, plus sound padding).
 
     q: [B,H,Nq,d], k: [B,H,Nk,d], v: [B,H,Nk,dv]. Returns (out, attn) with
@@ -194,7 +200,10 @@ def attention(q, k, v, n_it, eps=1.0, scale=None, q_len=None, k_len=None, *,
 
     Keyword-only extras select the numerics: marginal_dtype=None computes
     the marginals in the input dtype (all-float64 runs); update="direct" uses
-    the textbook potential update instead of the reference increment form.
+    the textbook potential update instead of the reference increment form;
+    rho (> 0) damps every column step by rho / (rho + eps): the reference's
+    SinkhornUnbalanced (the semi-unbalanced problem, KL penalty rho on the
+    column marginal).
     """
     _check_qkv(q, k, v)
     if n_it < 1:
@@ -203,7 +212,7 @@ def attention(q, k, v, n_it, eps=1.0, scale=None, q_len=None, k_len=None, *,
     if scale is None:
         scale = d ** -0.5
     sink = SinkhornDistance(eps, n_it, thresh=thresh,
-                            marginal_dtype=marginal_dtype, update=update)
+                            marginal_dtype=marginal_dtype, update=update, rho=rho)
 
     def block(qb, kb):
         # qb: (..., Lq, d), kb: (..., Lk, d) -> attention (..., Lq, Lk)

@@ -244,10 +244,23 @@ def sinkhorn_params(scale=None, eps=None, iters=None, tol=None, grad=None):
     return p
 
 
+def unbalanced_params(scale=None, eps=None, iters=None, tol=None, rho=None):
+    return setp(lib.bk_unbalanced_params_default(), scale=scale, eps=eps, iters=iters, tol=tol, rho=rho)
+
+
+def _sk_funcs(p):
+    """the C entry points of balanced or unbalanced Sinkhorn, by parameter type"""
+    if isinstance(p, _lib.UnbalancedParams):
+        return lib.bk_unbalanced_tape_size, lib.bk_unbalanced_forward, lib.bk_unbalanced_backward
+    return lib.bk_sinkhorn_tape_size, lib.bk_sinkhorn_forward, lib.bk_sinkhorn_backward
+
+
 def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=False, want_diag=False):
+    """Sinkhorn or unbalanced Sinkhorn (p: SinkhornParams or UnbalancedParams)"""
+    tape_size, forward, _ = _sk_funcs(p)
     d = pr.desc
     out = pr.out()
-    tape = tape_buffer(lib.bk_sinkhorn_tape_size(C.byref(d), C.byref(p))) if want_tape else None
+    tape = tape_buffer(tape_size(C.byref(d), C.byref(p))) if want_tape else None
     attn = pr.attn() if want_attn else None
     n_q, n_k = d.B * d.H * d.Nq, d.B * d.H * d.Nk
     f = np.zeros(n_q, np.float32) if want_potentials else None
@@ -255,8 +268,8 @@ def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=Fal
     diag = (_lib.SinkhornDiag * (d.B * d.H))() if want_diag else None
     ex = _lib.SinkhornExtras(attn.tensor() if attn else _lib.Tensor(), f32_np(f), f32_np(g), diag)
     tq, tk, tv = pr.tensors()
-    check(lib.bk_sinkhorn_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                  C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
+    check(forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv), C.byref(out.tensor()),
+                  tape_ptr(tape), C.byref(ex), None, 0))
     res = {"out": out.obj, "tape": tape}
     if want_attn:
         res["attn"] = attn.obj
@@ -272,9 +285,9 @@ def sinkhorn_backward(pr, p, dout, tape):
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
     tq, tk, tv = pr.tensors()
-    check(lib.bk_sinkhorn_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                   C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()),
-                                   C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
+    check(_sk_funcs(p)[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                          C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
+                          C.byref(dv.tensor()), None, 0))
     return dq.obj, dk.obj, dv.obj
 
 

@@ -44,6 +44,11 @@ class SinkhornParams(C.Structure):
                 ("grad", C.c_int)]
 
 
+class UnbalancedParams(C.Structure):
+    _fields_ = [("scale", C.c_float), ("eps", C.c_float), ("iters", C.c_int), ("tol", C.c_float),
+                ("rho", C.c_float)]
+
+
 class SinkhornDiag(C.Structure):
     _fields_ = [("iters", C.c_int32), ("row_err", C.c_float), ("col_err", C.c_float)]
 
@@ -146,6 +151,7 @@ class AttnFidelity(C.Structure):
 _ABI = {
     "bk_tensor": Tensor, "bk_attn_desc": AttnDesc, "bk_sinkhorn_params": SinkhornParams,
     "bk_sinkhorn_diag": SinkhornDiag, "bk_sinkhorn_extras": SinkhornExtras, "bk_softmax_params": SoftmaxParams,
+    "bk_unbalanced_params": UnbalancedParams,
     "bk_esp_params": EspParams, "bk_esp_diag": EspDiag, "bk_esp_extras": EspExtras, "bk_lot_params": LotParams,
     "bk_lot_diag": LotDiag, "bk_lot_extras": LotExtras, "bk_otk_desc": OtkDesc, "bk_otk_params": OtkParams,
     "bk_otk_diag": OtkDiag, "bk_otk_extras": OtkExtras, "bk_kmeans_params": KmeansParams,
@@ -174,6 +180,10 @@ _PROTOS = {
     "bk_sinkhorn_tape_size": (sz, [_D, P(SinkhornParams)]),
     "bk_sinkhorn_forward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, P(SinkhornExtras), vp, sz]),
     "bk_sinkhorn_backward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
+    "bk_unbalanced_params_default": (UnbalancedParams, []),
+    "bk_unbalanced_tape_size": (sz, [_D, P(UnbalancedParams)]),
+    "bk_unbalanced_forward": (st, [_D, P(UnbalancedParams), _T, _T, _T, _T, vp, P(SinkhornExtras), vp, sz]),
+    "bk_unbalanced_backward": (st, [_D, P(UnbalancedParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
     "bk_softmax_tape_size": (sz, [_D]),
     "bk_softmax_forward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, vp, sz]),
     "bk_softmax_backward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),

@@ -27,7 +27,8 @@ from . import _core as K
 from . import _lib
 from ._lib import check, lib
 
-__all__ = ["Result", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "esp", "esp_backward",
+__all__ = ["Result", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
+           "unbalanced_backward", "esp", "esp_backward",
            "esp_slices", "lot", "lot_backward", "otk", "otk_backward", "otk_features", "spherical_kmeans",
            "otk_fit_anchors", "otk_fit_refs", "AsapCalibration", "AsapLayer", "asap_teacher_dual"]
 
@@ -83,6 +84,27 @@ def sinkhorn_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layou
     """(dq, dk, dv)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
     p = K.sinkhorn_params(scale, eps, iters, tol, grad)
+    return K.sinkhorn_backward(pr, p, dout, tape)
+
+
+# ---- unbalanced Sinkhorn ----
+
+def unbalanced(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None, tol=None,
+               rho=None, attn=False, potentials=False, diag=False, tape=True):
+    """Unbalanced Sinkhorn attention (the Sinkformers code's
+    SinkhornUnbalanced): Sinkhorn's row half-steps, column half-steps damped
+    by rho / (rho + eps) (a KL penalty rho on the column marginal; default
+    10). Extras as sinkhorn()."""
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    p = K.unbalanced_params(scale, eps, iters, tol, rho)
+    return Result(K.sinkhorn_forward(pr, p, tape, attn, potentials, diag))
+
+
+def unbalanced_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None,
+                        iters=None, tol=None, rho=None):
+    """(dq, dk, dv)"""
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    p = K.unbalanced_params(scale, eps, iters, tol, rho)
     return K.sinkhorn_backward(pr, p, dout, tape)
 
 

@@ -2,6 +2,7 @@
 
 Functions (differentiable, CPU float32 tensors):
   softmax_attention(q, k, v, ...)      sinkhorn_attention(q, k, v, ...)
+  unbalanced_attention(q, k, v, ...)
   esp_attention(q, k, v, ...)          lot_attention(q, k, v, Z, theta, ...)
   otk_embedding(x, z, W=None, ...)
 Each takes q [B, H, N, d] (layout="bhnd", default) or [B, N, H, d]
@@ -15,7 +16,7 @@ Modules:
   MultiheadAttention(embed_dim, num_heads, normaliser="sinkhorn", ...)
       a drop-in for torch.nn.MultiheadAttention (batch_first, key padding
       masks given as suffix masks or lengths) whose row normaliser is
-      softmax, sinkhorn, esp or lot;
+      softmax, sinkhorn, unbalanced, esp or lot;
   LOTAttention(embed_dim, num_heads, r, ...)  MultiheadAttention with
       normaliser="lot" and the pivots Z [H, r, dh] and mass logits
       theta [H, r] as parameters;
@@ -36,7 +37,7 @@ from torch import nn
 
 from . import _core as K
 
-__all__ = ["softmax_attention", "sinkhorn_attention", "esp_attention", "lot_attention", "otk_embedding",
+__all__ = ["softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "otk_embedding",
            "MultiheadAttention", "LOTAttention", "OTKPooling"]
 
 
@@ -208,6 +209,15 @@ def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=
     return _QKV.apply(q, k, v, q_len, k_len, layout, _SINKHORN, p)
 
 
+def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
+                         tol=None, rho=None):
+    """Unbalanced Sinkhorn attention (the Sinkformers code's
+    SinkhornUnbalanced): column half-steps damped by rho / (rho + eps)
+    (default rho 10); exact unrolled backward."""
+    p = K.unbalanced_params(scale, eps, iters, tol, rho)
+    return _QKV.apply(q, k, v, q_len, k_len, layout, _SINKHORN, p)
+
+
 def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,
                   scale=None, cost=None, out_scale=None, slices=None, seed=None):
     """ESP attention (ESPFormer). sort "hard" or "soft"; theta [L, d]: slice
@@ -234,7 +244,7 @@ def otk_embedding(x, z, W=None, *, lengths=None, **params):
 
 # ---- modules ----
 
-NORMALISERS = ("softmax", "sinkhorn", "esp", "lot")
+NORMALISERS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 
 
 def _suffix_lengths(mask, B, N, name):
@@ -255,7 +265,8 @@ def _suffix_lengths(mask, B, N, name):
 
 class MultiheadAttention(nn.Module):
     """Multi-head attention whose attention matrix is normalised by
-    `normaliser`: "softmax", "sinkhorn" (default), "esp" or "lot".
+    `normaliser`: "softmax", "sinkhorn" (default), "unbalanced", "esp" or
+    "lot".
 
     The constructor, the parameters (in_proj_weight [3E, E], in_proj_bias,
     out_proj) and the call are torch.nn.MultiheadAttention's, defaults
@@ -275,7 +286,7 @@ class MultiheadAttention(nn.Module):
     [B, N, 3, H, dh] and its q, k, v slices go to C without copies.
 
     options: the normaliser's parameters (Sinkhorn: eps, iters, tol, grad,
-    scale; ESP: sort, t, tau, cost, out_scale, slices, seed, scale; LOT:
+    scale; unbalanced: eps, iters, tol, rho, scale; ESP: sort, t, tau, cost, out_scale, slices, seed, scale; LOT:
     r, temp, iters, eps, tol, scale; softmax: scale).
     """
 
@@ -311,6 +322,7 @@ class MultiheadAttention(nn.Module):
         nn.init.xavier_uniform_(self.in_proj_weight)
 
     _KEYS = {"softmax": ("scale",), "sinkhorn": ("scale", "eps", "iters", "tol", "grad"),
+             "unbalanced": ("scale", "eps", "iters", "tol", "rho"),
              "esp": ("sort", "t", "tau", "scale", "cost", "out_scale", "slices", "seed"),
              "lot": ("temp", "iters", "eps", "scale", "tol")}
 
@@ -329,6 +341,8 @@ class MultiheadAttention(nn.Module):
             return K.softmax_forward, K.setp(K._lib.SoftmaxParams(), **o).scale
         if self.normaliser == "sinkhorn":
             return K.sinkhorn_forward, K.sinkhorn_params(**o)
+        if self.normaliser == "unbalanced":
+            return K.sinkhorn_forward, K.unbalanced_params(**o)
         if self.normaliser == "esp":
             return K.esp_forward, K.EspConfig(**o)
         if pr is None:
@@ -349,6 +363,8 @@ class MultiheadAttention(nn.Module):
             return softmax_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
         if self.normaliser == "sinkhorn":
             return sinkhorn_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
+        if self.normaliser == "unbalanced":
+            return unbalanced_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
         if self.normaliser == "esp":
             return esp_attention(q, k, v, q_len=q_len, k_len=k_len, layout=layout, **o)
         return lot_attention(q, k, v, self.Z, self.theta, q_len=q_len, k_len=k_len, layout=layout, **o)

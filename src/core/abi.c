@@ -12,7 +12,7 @@ static const struct {
     size_t size;
 } abi_table[] = {
     ROW(bk_tensor),          ROW(bk_attn_desc),        ROW(bk_sinkhorn_params), ROW(bk_sinkhorn_diag),
-    ROW(bk_sinkhorn_extras), ROW(bk_softmax_params),   ROW(bk_esp_params),      ROW(bk_esp_diag),
+    ROW(bk_sinkhorn_extras), ROW(bk_softmax_params),   ROW(bk_unbalanced_params),   ROW(bk_esp_params),      ROW(bk_esp_diag),
     ROW(bk_esp_extras),      ROW(bk_lot_params),       ROW(bk_lot_diag),        ROW(bk_lot_extras),
     ROW(bk_otk_desc),        ROW(bk_otk_params),       ROW(bk_otk_diag),        ROW(bk_otk_extras),
     ROW(bk_kmeans_params),   ROW(bk_kmeans_report),    ROW(bk_asap_layer),      ROW(bk_asap_config),

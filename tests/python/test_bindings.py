@@ -279,6 +279,32 @@ def test_softmax_sinkhorn():
               q, k, v, q_len=[5, 3], k_len=[4, 0])
 
 
+def test_unbalanced():
+    section("1b. unbalanced Sinkhorn vs sinkformer_torch (the reference's SinkhornUnbalanced)")
+    for (B, H, Nq, Nk, d, dv) in [(2, 2, 7, 9, 5, 4), (1, 3, 8, 8, 8, 3)]:
+        q, k, v = randn(B, H, Nq, d), randn(B, H, Nk, d), randn(B, H, Nk, dv)
+        for S, eps, rho in [(1, 1.0, 10.0), (2, 1.0, 10.0), (3, 0.5, 1.0), (4, 0.7, 0.3), (5, 1.0, 2.0)]:
+            for lens in (None, ([Nq, 4], [6, Nk]) if B == 2 else ([6], [5])):
+                ql, kl = (None, None) if lens is None else lens
+                tag = "unbalanced B%dH%d %dx%d S=%d eps=%g rho=%g pad=%s" % (B, H, Nq, Nk, S, eps, rho,
+                                                                          lens is not None)
+                kw_u = dict(iters=S, eps=eps, rho=rho)
+                res, _ = attn_case(
+                    tag,
+                    lambda q_, k_, v_, **kw: bk.unbalanced(q_, k_, v_, attn=True, diag=True, **kw_u, **kw),
+                    lambda q_, k_, v_, do, tp, **kw: bk.unbalanced_backward(q_, k_, v_, do, tp, **kw_u, **kw),
+                    lambda q_, k_, v_, a, b_: sink_ref.attention(q_, k_, v_, S, eps=eps, q_len=a, k_len=b_,
+                                                                 thresh=-1.0, marginal_dtype=None, rho=rho)[0],
+                    q, k, v, q_len=ql, k_len=kl)
+                A_ref = sink_ref.attention(t64(q, False), t64(k, False), t64(v, False), S, eps=eps, q_len=ql,
+                                           k_len=kl, thresh=-1.0, marginal_dtype=None, rho=rho)[1].numpy()
+                check_close(res.attn, A_ref, TOL_OUT, tag + ": attn")
+    # rho -> infinity is Sinkhorn attention
+    q, k, v = randn(1, 2, 6, 4), randn(1, 2, 7, 4), randn(1, 2, 7, 3)
+    check(np.array_equal(bk.unbalanced(q, k, v, iters=4, rho=1e12).out, bk.sinkhorn(q, k, v, iters=4).out),
+          "unbalanced rho=1e12 == sinkhorn (bitwise)")
+
+
 def test_esp():
     section("1. ESP vs espformer_torch.esp_semantics")
     B, H, Nq, Nk, d, dv = 2, 2, 6, 8, 4, 3
@@ -614,6 +640,8 @@ def test_gradcheck():
             for S, eps in ((2, 1.0), (3, 0.5), (6, 1.3)):
                 gradcheck(lambda a, b, c: bt.sinkhorn_attention(a, b, c, iters=S, eps=eps, **kw), (q, k, v),
                           "gradcheck sinkhorn S=%d eps=%g %s" % (S, eps, tag))
+                gradcheck(lambda a, b, c: bt.unbalanced_attention(a, b, c, iters=S, eps=eps, rho=0.8, **kw),
+                          (q, k, v), "gradcheck unbalanced S=%d eps=%g rho=0.8 %s" % (S, eps, tag))
             gradcheck(lambda a, b, c: bt.sinkhorn_attention(a, b, c, iters=200, grad="implicit", **kw), (q, k, v),
                       "gradcheck sinkhorn implicit S=200 " + tag)
             gradcheck(lambda a, b, c: bt.sinkhorn_attention(a, b, c, iters=1001, tol=1e-6, grad="implicit", **kw),
@@ -650,7 +678,8 @@ def test_gradcheck():
 
     section("3. gradcheck through MultiheadAttention")
     E, Hh, N, Nk2, Bb = 6, 2, 4, 3, 2
-    opts = {"softmax": {}, "sinkhorn": dict(iters=3), "esp": dict(sort="soft", t=0.5, tau=1.0),
+    opts = {"softmax": {}, "sinkhorn": dict(iters=3), "unbalanced": dict(iters=4, rho=0.5),
+            "esp": dict(sort="soft", t=0.5, tau=1.0),
             "lot": dict(r=3, iters=4)}
     for norm, o in opts.items():
         torch.manual_seed(1)
@@ -1141,7 +1170,7 @@ def test_regressions():
 
 def main():
     print("birkhoff %s (%s) from %s" % (bk.version(), bk.isa(), bk.LIBRARY_PATH))
-    for fn in (test_softmax_sinkhorn, test_esp, test_lot, test_otk, test_layouts, test_gradcheck,
+    for fn in (test_softmax_sinkhorn, test_unbalanced, test_esp, test_lot, test_otk, test_layouts, test_gradcheck,
                test_mha_equivalence, test_errors, test_asap, test_otk_fit, test_threads, test_leaks,
                test_regressions):
         try:

@@ -4,6 +4,7 @@
  *   birkhoff/core.h   conventions (layouts, padding, accuracy, threads and
  *                     determinism, workspace and tape), status and errors,
  *                     threads, tensors, vector math, .npy files
+ *   birkhoff/context.h  execution contexts: backend, threads, allocator
  *   birkhoff/attn.h   the attention descriptor; softmax, Sinkhorn and unbalanced
  *                     Sinkhorn attention
  *   birkhoff/ops.h    the operator registry: every attention operator by name
@@ -17,6 +18,7 @@
 #define BIRKHOFF_H
 
 #include "birkhoff/core.h"
+#include "birkhoff/context.h"
 #include "birkhoff/attn.h"
 #include "birkhoff/ops.h"
 #include "birkhoff/esp.h"

@@ -34,4 +34,5 @@ void test_lot(void);
 void test_otk(void);
 void test_asap(void);
 void test_model(void);
+void test_backend(void);
 #endif

@@ -52,6 +52,7 @@ int main(int argc, char **argv)
     test_otk();
     test_asap();
     test_model();
+    test_backend();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

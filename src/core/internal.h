@@ -23,7 +23,9 @@ void bki_clear_error(void);
  * only, never on the thread count; every GEMM runs single-threaded BLAS on
  * one tile; every cross-block reduction is summed in block order. So results
  * are bitwise identical for any thread count and any batch shape. */
-int  bki_threads(void);            /* the library's thread count (>= 1)      */
+int  bki_threads(void);            /* the current context's thread count     */
+int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the affinity */
+int  bki_ctx_threads(const bk_context *ctx);
 /* Work threads for `problems` independent problems run one per thread:
  * min(threads, problems). */
 int bki_work_threads(int problems);
@@ -155,9 +157,11 @@ bk_status bki_check_bwd_views(const bk_attn_desc *d, const bk_tensor *q, const b
                               const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv);
 /* zero rows [from, N) of a [N, C] slice with row stride sn */
 void bki_zero_rows(float *base, int64_t sn, int from, int N, int C);
-/* The workspace of one call: the caller's (checked against need) or one
- * allocation owned by the call (*owned, to free). */
+/* The workspace of one call: the caller's (checked against need) or one the
+ * call gets from the current context (its allocator or its cache: *owned,
+ * released with bki_workspace_release; src/backend/context.c). */
 bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base);
+void bki_workspace_release(void *owned);
 static inline char *bki_align_ptr(char *p)
 {
     return (char *)(((uintptr_t)p + BK_ALIGN - 1) & ~(uintptr_t)(BK_ALIGN - 1));
@@ -251,6 +255,12 @@ bk_status bki_sk_backward_implicit(const bki_sk_problem *pb, const float *A, ptr
 size_t bki_argsort_scratch(int n); /* bytes */
 /* stable ascending argsort of x[i*stride], i < n (no NaN) */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch);
+/* the same order by a team (every member calls it; bitwise bki_argsort's for
+ * any team); scratch: bki_argsort_scratch(n) bytes, counts:
+ * bki_argsort_team_counts(n) bytes, both shared by the team. Ends synced. */
+size_t bki_argsort_team_counts(int n); /* bytes */
+void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
+                      void *counts);
 /* north-west-corner pairs between uniform n and m sorted atoms, mass =
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);

@@ -135,22 +135,6 @@ void bki_zero_rows(float *base, int64_t sn, int from, int N, int C)
     for (int r = from; r < N; r++) memset(base + (int64_t)r * sn, 0, sizeof(float) * (size_t)C);
 }
 
-bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base)
-{
-    *owned = NULL;
-    if (ws) {
-        if (ws_size < need)
-            return bki_fail(BK_ERR_WORKSPACE, "workspace has %zu bytes, needs %zu (query it with %s under the current "
-                                              "thread count)", ws_size, need, query_fn);
-        *base = (char *)ws;
-        return BK_OK;
-    }
-    *owned = malloc(need);
-    if (!*owned) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
-    *base = (char *)*owned;
-    return BK_OK;
-}
-
 bk_status bki_check_fwd_outputs(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                 const bk_tensor *out, const bk_tensor *attn)
 {

@@ -1,9 +1,11 @@
-/* threads.c -- the parallel model: the library's thread count (its only
- * mutable global), the plan of a call's problems over threads, the entry and
- * exit of every parallel region (floating-point mode, BLAS threads), and the
- * run-time choice of the kernel instruction set. */
+/* threads.c -- the parallel model: the default thread count (the current
+ * context's count is src/backend/context.c's), the plan of a call's problems
+ * over threads, the entry and exit of every parallel region (floating-point
+ * mode, BLAS threads), the one problem runner, and the run-time choice of
+ * the kernel instruction set. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "internal.h"
+#include "../backend/backend.h"
 
 #include <cblas.h>
 #include <sched.h>
@@ -21,16 +23,7 @@ extern int openblas_get_parallel(void);
 extern int openblas_get_num_threads(void);
 extern void openblas_set_num_threads(int);
 
-/* 0 = the default; otherwise set by bk_set_num_threads. Atomic: a setter
- * may race with a call in another thread (the call uses one or the other). */
-static _Atomic int g_threads;
-
-void bk_set_num_threads(int n) { g_threads = n > 0 ? n : 0; }
-
-/* The default, computed once: BIRKHOFF_NUM_THREADS when set to a positive
- * integer, else the CPUs this process may run on (its affinity mask). Not
- * OpenMP's current setting: torch and numpy change that one. */
-static int default_threads(void)
+int bki_default_threads(void)
 {
     static _Atomic int cached;
     int n = cached;
@@ -52,11 +45,7 @@ static int default_threads(void)
     return n;
 }
 
-int bki_threads(void)
-{
-    int n = g_threads;
-    return n > 0 ? n : default_threads();
-}
+int bki_threads(void) { return bki_ctx_threads(bki_ctx()); }
 
 int bk_get_num_threads(void) { return bki_threads(); }
 

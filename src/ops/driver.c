@@ -3,6 +3,7 @@
  * slabs, lanes, and a temporary tape for a backward without one), the tape
  * format, the parallel region over the problems, errors. */
 #include "op.h"
+#include "../backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,30 @@ static void one(const bki_team *tm, int p, char *lane, void *vctx)
 static void run(bki_call *c, int backward)
 {
     run_ctx x = {c, backward};
-    bki_run_problems(c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
+    bk_context *ctx = bki_ctx();
+    bki_ctx_backend(ctx)->run_problems(ctx, c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
+}
+
+/* The current context's backend runs the operator (its own driver for a
+ * device backend), or the call fails: no data is moved behind the caller's
+ * back. *done = 1 when the backend ran it. */
+static bk_status on_backend(bki_call *c, int backward, const void *tape, void *ws, size_t ws_size, int *done)
+{
+    bk_context *ctx = bki_ctx();
+    const bki_backend *be = bki_ctx_backend(ctx);
+    *done = 0;
+    if (!be->supports_op(c->op))
+        return bki_fail(BK_ERR_UNSUPPORTED, "%s is not implemented on the %s backend (the current context's); run it "
+                                            "in a context whose backend has it (bk_context_use)", c->op->name, be->name);
+    if (backward && be->op_backward) {
+        *done = 1;
+        return be->op_backward(ctx, c, tape, ws, ws_size);
+    }
+    if (!backward && be->op_forward) {
+        *done = 1;
+        return be->op_forward(ctx, c, (void *)tape, ws, ws_size);
+    }
+    return BK_OK;
 }
 
 void bki_op_fail(bki_call *c, int p, bk_status s)
@@ -169,6 +193,8 @@ static bk_status check_common(bki_call *c)
 bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
 {
     bk_status s;
+    int done;
+    if ((s = on_backend(c, 0, tape, ws, ws_size, &done)) || done) return s;
     if ((s = check_common(c))) return s;
     if ((s = bki_check_fwd_outputs(c->d, c->q, c->k, c->v, c->out, c->attn))) return s;
     const ws_layout w = layout(c, 0, 0);
@@ -178,7 +204,7 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
     carve(c, &w, base);
     c->tape = tape;
     s = forward_region(c);
-    free(owned);
+    bki_workspace_release(owned);
     if (s == BK_OK) bki_clear_error();
     return s;
 }
@@ -215,7 +241,9 @@ static bk_status check_tape(bki_call *c, const void *tape)
 bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_size)
 {
     bk_status s;
+    int done;
     if (!c->op->backward) return bki_fail(BK_ERR_PARAM, "%s has no backward (inference only)", c->op->name);
+    if ((s = on_backend(c, 1, tape, ws, ws_size, &done)) || done) return s;
     if ((s = check_common(c))) return s;
     if ((s = bki_check_bwd_views(c->d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
     if (tape && (s = check_tape(c, tape))) return s;
@@ -230,25 +258,25 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
         f.attn = NULL;
         f.ex = NULL;
         if ((s = forward_region(&f))) {
-            free(owned);
+            bki_workspace_release(owned);
             return s;
         }
     } else {
         c->tape = (char *)tape;
     }
     if (c->op->prepare && (s = c->op->prepare(c))) {
-        free(owned);
+        bki_workspace_release(owned);
         return s;
     }
     c->bad = c->d->B * c->d->H;
     run(c, 1);
     if (c->bad < c->d->B * c->d->H) {
         s = problem_error(c);
-        free(owned);
+        bki_workspace_release(owned);
         return s;
     }
     if (c->op->reduce) c->op->reduce(c);
-    free(owned);
+    bki_workspace_release(owned);
     bki_clear_error();
     return BK_OK;
 }

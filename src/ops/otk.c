@@ -860,7 +860,7 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_params *p, const bk_
     }
     bki_clear_error();
 done:
-    free(owned);
+    bki_workspace_release(owned);
     return s;
 }
 
@@ -907,7 +907,7 @@ bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk
     run_sets(d, p, pl, ws.slabs, 0, d->B, features_set, &c);
     bki_clear_error();
 done:
-    free(owned);
+    bki_workspace_release(owned);
     return s;
 }
 
@@ -1104,7 +1104,7 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk
     }
     bki_clear_error();
 done:
-    free(owned);
+    bki_workspace_release(owned);
     return s;
 }
 

@@ -2,6 +2,7 @@
  * face (include/birkhoff/ops.h). An operator is registered by one line
  * here; everything else finds it through this list. */
 #include "op.h"
+#include "../backend/backend.h"
 
 #include <string.h>
 
@@ -104,4 +105,10 @@ bk_status bk_op_backward(const bk_op *op, const bk_attn_desc *desc, const void *
     bki_call c = call(op, desc, params);
     c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
     return bki_op_backward(&c, tape, ws, ws_size);
+}
+
+int bki_op_supported(const bk_context *ctx, const char *name)
+{
+    const bki_op *op = bki_op_find(name);
+    return op && bki_ctx_backend(ctx)->supports_op(op);
 }

@@ -1,0 +1,169 @@
+/* context.c -- execution contexts (include/birkhoff/context.h): the list of
+ * backends, the default context, the calling thread's current context, the
+ * workspaces the library allocates for a call (allocator and cache). */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct bk_context {
+    bk_context_config cfg;
+    const bki_backend *be;
+    _Atomic int threads;   /* the default context's is changed by bk_set_num_threads */
+    void *cache;           /* the cached workspace (cfg.cache_workspace)          */
+    size_t cache_cap;
+    int is_default;
+};
+
+/* THE list of backends a context may name (index: bk_backend). A build with
+ * a device backend adds its table here. */
+static const bki_backend *backend_of(bk_backend kind)
+{
+    switch (kind) {
+    case BK_BACKEND_CPU: return &bki_backend_cpu;
+    case BK_BACKEND_CUDA: return NULL; /* not in this build */
+    }
+    return NULL;
+}
+
+/* the default context: the library's only process-wide mutable state (its
+ * thread count) */
+static bk_context g_default = {{BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0}, &bki_backend_cpu, 0, NULL, 0, 1};
+static _Thread_local bk_context *tl_current;
+
+bk_context_config bk_context_config_default(void)
+{
+    bk_context_config c = {BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0};
+    return c;
+}
+
+static bk_status make(const bk_context_config *cfg, const bki_backend *be, bk_context **out)
+{
+    bk_context *c = calloc(1, sizeof *c);
+    if (!c) return bki_fail(BK_ERR_NOMEM, "bk_context_create: out of memory");
+    c->cfg = *cfg;
+    c->be = be;
+    c->threads = cfg->threads > 0 ? cfg->threads : 0;
+    *out = c;
+    bki_clear_error();
+    return BK_OK;
+}
+
+bk_status bk_context_create(const bk_context_config *cfg, bk_context **out)
+{
+    if (!cfg || !out) return bki_fail(BK_ERR_NULL, "bk_context_create: NULL config or output");
+    *out = NULL;
+    if (cfg->threads < 0 || cfg->threads > 4096)
+        return bki_fail(BK_ERR_PARAM, "bk_context_create: threads must be in [0, 4096], got %d", cfg->threads);
+    if (cfg->device < 0) return bki_fail(BK_ERR_PARAM, "bk_context_create: device must be >= 0, got %d", cfg->device);
+    if ((cfg->allocator.alloc == NULL) != (cfg->allocator.free == NULL))
+        return bki_fail(BK_ERR_PARAM, "bk_context_create: give both allocator functions or neither");
+    const bki_backend *be = backend_of(cfg->backend);
+    if (!be)
+        return bki_fail(BK_ERR_UNSUPPORTED, "bk_context_create: backend %d is not in this build (see docs/BACKENDS.md)",
+                        (int)cfg->backend);
+    char why[256] = "";
+    if (be->available && !be->available(cfg->device, why, sizeof why))
+        return bki_fail(BK_ERR_UNSUPPORTED, "bk_context_create: %s device %d is not usable: %s", be->name, cfg->device,
+                        why);
+    return make(cfg, be, out);
+}
+
+bk_status bki_context_with_backend(const bki_backend *be, bk_context **out)
+{
+    const bk_context_config cfg = bk_context_config_default();
+    return make(&cfg, be, out);
+}
+
+static void release_cache(bk_context *c)
+{
+    if (!c->cache) return;
+    if (c->cfg.allocator.free) c->cfg.allocator.free(c->cache, c->cfg.allocator.user);
+    else free(c->cache);
+    c->cache = NULL;
+    c->cache_cap = 0;
+}
+
+void bk_context_free(bk_context *ctx)
+{
+    if (!ctx || ctx->is_default) return;
+    if (tl_current == ctx) tl_current = NULL;
+    release_cache(ctx);
+    free(ctx);
+}
+
+bk_context *bk_context_default(void) { return &g_default; }
+
+bk_context *bk_context_use(bk_context *ctx)
+{
+    bk_context *prev = bki_ctx();
+    tl_current = ctx == &g_default ? NULL : ctx;
+    return prev;
+}
+
+bk_context *bki_ctx(void) { return tl_current ? tl_current : &g_default; }
+bk_context *bk_context_current(void) { return bki_ctx(); }
+const bki_backend *bki_ctx_backend(const bk_context *ctx) { return ctx->be; }
+bk_backend bk_context_backend(const bk_context *ctx) { return ctx ? ctx->be->kind : BK_BACKEND_CPU; }
+const char *bk_context_backend_name(const bk_context *ctx) { return ctx ? ctx->be->name : "cpu"; }
+
+/* ---- threads: the current context's, else the default ---- */
+int bki_default_threads(void);
+
+int bki_ctx_threads(const bk_context *ctx)
+{
+    const int n = ctx->threads;
+    return n > 0 ? n : bki_default_threads();
+}
+
+int bk_context_threads(const bk_context *ctx) { return bki_ctx_threads(ctx ? ctx : bki_ctx()); }
+
+void bk_set_num_threads(int n) { g_default.threads = n > 0 ? n : 0; }
+
+int bki_op_supported(const bk_context *ctx, const char *name); /* registry.c */
+int bk_context_supports(const bk_context *ctx, const char *op_name)
+{
+    return bki_op_supported(ctx ? ctx : bki_ctx(), op_name);
+}
+
+/* ---- workspaces the library allocates for a call ---- */
+#define CACHED ((void *)&g_default.cache) /* marks the cache in *owned */
+
+bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base)
+{
+    *owned = NULL;
+    if (ws) {
+        if (ws_size < need)
+            return bki_fail(BK_ERR_WORKSPACE, "workspace has %zu bytes, needs %zu (query it with %s under the current "
+                                              "thread count)", ws_size, need, query_fn);
+        *base = (char *)ws;
+        return BK_OK;
+    }
+    bk_context *c = bki_ctx();
+    const bk_allocator *a = &c->cfg.allocator;
+    if (c->cfg.cache_workspace) {
+        if (c->cache_cap < need) {
+            release_cache(c);
+            c->cache = a->alloc ? a->alloc(need, a->user) : malloc(need);
+            if (!c->cache) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
+            c->cache_cap = need;
+        }
+        *owned = CACHED;
+        *base = c->cache;
+        return BK_OK;
+    }
+    void *p = a->alloc ? a->alloc(need, a->user) : malloc(need);
+    if (!p) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
+    *owned = p;
+    *base = p;
+    return BK_OK;
+}
+
+void bki_workspace_release(void *owned)
+{
+    if (!owned || owned == CACHED) return;
+    const bk_context *c = bki_ctx();
+    if (c->cfg.allocator.free) c->cfg.allocator.free(owned, c->cfg.allocator.user);
+    else free(owned);
+}

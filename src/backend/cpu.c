@@ -1,0 +1,93 @@
+/* cpu.c -- the CPU backend: every operator, through the library's own
+ * parallel model (teams, fixed blocks, tiled single-threaded GEMMs). */
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int available(int device, char *err, size_t cap)
+{
+    if (device != 0 && err && cap) {
+        strncpy(err, "the CPU backend has one device, 0", cap - 1);
+        err[cap - 1] = 0;
+    }
+    return device == 0;
+}
+
+static void *alloc(bk_context *ctx, size_t bytes)
+{
+    (void)ctx;
+    return malloc(bytes);
+}
+
+static void release(bk_context *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static bk_status copy(bk_context *ctx, void *dst, const void *src, size_t bytes, int dir)
+{
+    (void)ctx;
+    (void)dir; /* host memory only */
+    memmove(dst, src, bytes);
+    return BK_OK;
+}
+
+static bk_status fill(bk_context *ctx, float *dst, float value, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) dst[i] = value;
+    return BK_OK;
+}
+
+static bk_status gemm_batched(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha,
+                              const float *A, ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb, ptrdiff_t sB,
+                              float beta, float *C, ptrdiff_t ldc, ptrdiff_t sC)
+{
+    (void)ctx;
+    const bki_plan pl = bki_plan_problems(batch, (double)M * N);
+    const int nt = pl.team ? pl.nt : 1;
+#pragma omp parallel num_threads(pl.nt)
+    {
+        BKI_REGION;
+        const bki_team tm = {pl.team ? bki_thread_id() : 0, pl.team ? bki_region_size() : 1};
+        (void)nt;
+        if (pl.team) {
+            for (int b = 0; b < batch; b++) {
+                bki_gemm(&tm, ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
+                bki_team_sync(&tm);
+            }
+        } else {
+#pragma omp for schedule(static)
+            for (int b = 0; b < batch; b++)
+                bki_gemm(&BKI_SOLO, ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
+        }
+    }
+    return BK_OK;
+}
+
+static bk_status sum_blocks(bk_context *ctx, int nb, int n, const float *parts, ptrdiff_t ld, float *out)
+{
+    (void)ctx;
+    for (int j = 0; j < n; j++) out[j] = nb > 0 ? parts[j] : 0.0f;
+    for (int b = 1; b < nb; b++)
+        for (int j = 0; j < n; j++) out[j] += parts[b * ld + j];
+    return BK_OK;
+}
+
+static void run_problems(bk_context *ctx, bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn,
+                         void *arg)
+{
+    (void)ctx;
+    bki_run_problems(pl, P, lanes, lane_bytes, fn, arg);
+}
+
+static int supports_op(const struct bki_op *op)
+{
+    (void)op;
+    return 1; /* every registered operator has CPU kernels */
+}
+
+const bki_backend bki_backend_cpu = {"cpu",      BK_BACKEND_CPU, available,    alloc,      release, copy, fill,
+                                     gemm_batched, sum_blocks,   run_problems, supports_op, NULL,    NULL};

@@ -1,0 +1,182 @@
+/* test_backend.c -- execution contexts and the backend seam
+ * (include/birkhoff/context.h, src/backend/): the default context, contexts
+ * and their thread counts, allocators and the workspace cache, device
+ * backends that are not in this build, and a backend lacking operators
+ * (calls refused with BK_ERR_UNSUPPORTED, never run elsewhere). */
+#include "../../src/backend/backend.h"
+#include "../../src/ops/op.h"
+#include "birkhoff.h"
+#include "../harness.h"
+#include "../tutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int allocs, frees;
+    size_t bytes;
+} counter;
+
+static void *count_alloc(size_t n, void *u)
+{
+    counter *c = u;
+    c->allocs++;
+    c->bytes += n;
+    return malloc(n);
+}
+
+static void count_free(void *p, void *u)
+{
+    counter *c = u;
+    c->frees++;
+    free(p);
+}
+
+/* one Sinkhorn forward + backward on fixed data, workspace from the library */
+typedef struct {
+    th_prob pb;
+    bk_sinkhorn_params p;
+    bk_status s1, s2;
+} run_t;
+
+static void run_init(run_t *r, uint64_t seed)
+{
+    th_rng g = {seed};
+    th_prob_init(&r->pb, 2, 3, 40, 36, 8, 6, 0, 1, 1.0, &g);
+    r->p = bk_sinkhorn_params_default();
+}
+
+static void run_once(run_t *r)
+{
+    void *tape = malloc(bk_sinkhorn_tape_size(&r->pb.desc, &r->p));
+    r->s1 = bk_sinkhorn_forward(&r->pb.desc, &r->p, &r->pb.tq, &r->pb.tk, &r->pb.tv, &r->pb.to, tape, NULL, NULL, 0);
+    r->s2 = bk_sinkhorn_backward(&r->pb.desc, &r->p, &r->pb.tq, &r->pb.tk, &r->pb.tv, &r->pb.tdo, tape, &r->pb.tdq,
+                                 &r->pb.tdk, &r->pb.tdv, NULL, 0);
+    free(tape);
+}
+
+static int same_outputs(const run_t *a, const run_t *b)
+{
+    const size_t nq = (size_t)2 * 3 * 40, nk = (size_t)2 * 3 * 36;
+    return !memcmp(a->pb.o, b->pb.o, sizeof(float) * nq * 6) && !memcmp(a->pb.dq, b->pb.dq, sizeof(float) * nq * 8) &&
+           !memcmp(a->pb.dk, b->pb.dk, sizeof(float) * nk * 8) && !memcmp(a->pb.dv, b->pb.dv, sizeof(float) * nk * 6);
+}
+
+/* a backend that runs the Sinkhorn family only: every other operator must be
+ * refused, not run on the CPU behind the caller's back */
+static int sinkhorn_family(const struct bki_op *op)
+{
+    return op == &bki_op_softmax || op == &bki_op_sinkhorn || op == &bki_op_unbalanced;
+}
+
+void test_backend(void)
+{
+    /* the default context */
+    bk_context *def = bk_context_default();
+    th_check(bk_context_current() == def && bk_context_backend(def) == BK_BACKEND_CPU &&
+                 !strcmp(bk_context_backend_name(def), "cpu") && bk_context_threads(def) == bk_get_num_threads(),
+             "the default context is current: CPU, the library's thread count", "%s", bk_context_backend_name(def));
+    bk_set_num_threads(3);
+    th_check(bk_context_threads(def) == 3 && bk_get_num_threads() == 3, "bk_set_num_threads sets the default's count",
+             "%d", bk_context_threads(def));
+    bk_set_num_threads(0);
+    int all = 1;
+    for (int i = 0; i < bk_op_count(); i++) all &= bk_context_supports(def, bk_op_name(bk_op_at(i)));
+    th_check(all && !bk_context_supports(def, "nope"), "the CPU backend runs every registered operator", "%s", "");
+
+    /* configurations refused */
+    bk_context_config cfg = bk_context_config_default();
+    bk_context *ctx = NULL;
+    cfg.backend = BK_BACKEND_CUDA;
+    bk_status s = bk_context_create(&cfg, &ctx);
+    th_check(s == BK_ERR_UNSUPPORTED && ctx == NULL && strstr(bk_last_error(), "not in this build"),
+             "a CUDA context in a build without CUDA: BK_ERR_UNSUPPORTED with a message", "%s: %s", bk_status_str(s),
+             bk_last_error());
+    cfg = bk_context_config_default();
+    cfg.threads = -1;
+    th_check(bk_context_create(&cfg, &ctx) == BK_ERR_PARAM && !ctx, "negative threads refused", "%s", bk_last_error());
+    cfg = bk_context_config_default();
+    cfg.allocator.alloc = count_alloc;
+    th_check(bk_context_create(&cfg, &ctx) == BK_ERR_PARAM, "an allocator without its free refused", "%s",
+             bk_last_error());
+    cfg = bk_context_config_default();
+    cfg.device = 1;
+    th_check(bk_context_create(&cfg, &ctx) == BK_ERR_UNSUPPORTED, "CPU device 1 refused", "%s", bk_last_error());
+    th_check(bk_context_create(NULL, &ctx) == BK_ERR_NULL, "NULL config refused", "%s", bk_last_error());
+
+    /* a context's threads, allocator and cache; results identical to the default's */
+    run_t ref, r;
+    run_init(&ref, 5);
+    run_once(&ref);
+    counter cnt = {0, 0, 0};
+    cfg = bk_context_config_default();
+    cfg.threads = 3;
+    cfg.allocator.alloc = count_alloc;
+    cfg.allocator.free = count_free;
+    cfg.allocator.user = &cnt;
+    s = bk_context_create(&cfg, &ctx);
+    if (th_check(s == BK_OK && ctx, "a CPU context with 3 threads and an allocator", "%s", bk_last_error())) {
+        bk_context *prev = bk_context_use(ctx);
+        run_init(&r, 5);
+        run_once(&r);
+        th_check(prev == def && bk_get_num_threads() == 3 && bk_context_current() == ctx,
+                 "bk_context_use: the context is current, its thread count in force", "%d", bk_get_num_threads());
+        th_check(r.s1 == BK_OK && r.s2 == BK_OK && same_outputs(&ref, &r),
+                 "results in a 3-thread context == the default context's, bitwise", "%s", "");
+        th_check(cnt.allocs == 2 && cnt.frees == 2, "workspaces come from the context's allocator (one per call)",
+                 "%d allocations, %d frees", cnt.allocs, cnt.frees);
+        th_prob_free(&r.pb);
+        bk_context_use(prev);
+        th_check(bk_context_current() == def, "bk_context_use(previous) restores it", "%s", "");
+        bk_context_free(ctx);
+    }
+    /* the workspace cache: one allocation for many calls, freed with the context */
+    cnt = (counter){0, 0, 0};
+    cfg.threads = 0;
+    cfg.cache_workspace = 1;
+    if (bk_context_create(&cfg, &ctx) == BK_OK) {
+        bk_context_use(ctx);
+        run_init(&r, 5);
+        for (int i = 0; i < 4; i++) run_once(&r);
+        const int during = cnt.frees;
+        th_check(same_outputs(&ref, &r) && cnt.allocs == 1 && during == 0,
+                 "the workspace cache: one allocation for 8 calls, results unchanged", "%d allocations", cnt.allocs);
+        bk_context_free(ctx); /* current on this thread: falls back to the default */
+        th_check(cnt.frees == 1 && bk_context_current() == def,
+                 "bk_context_free releases the cache; the thread falls back to the default", "%d frees", cnt.frees);
+        th_prob_free(&r.pb);
+    }
+
+    /* a backend lacking operators: they are refused, the others run */
+    bki_backend partial = bki_backend_cpu;
+    partial.name = "partial";
+    partial.supports_op = sinkhorn_family;
+    if (bki_context_with_backend(&partial, &ctx) == BK_OK) {
+        bk_context_use(ctx);
+        th_check(bk_context_supports(ctx, "sinkhorn") && !bk_context_supports(ctx, "lot") &&
+                     !strcmp(bk_context_backend_name(ctx), "partial"),
+                 "supports: what the backend's table says", "%s", "");
+        run_init(&r, 5);
+        run_once(&r);
+        th_check(r.s1 == BK_OK && same_outputs(&ref, &r), "an operator the backend has runs (and gives the same result)",
+                 "%s", bk_last_error());
+        /* LOT: refused before anything is written */
+        bk_lot_params lp = bk_lot_params_default();
+        float Z[3 * 2 * 8], th[3 * 2];
+        for (int i = 0; i < 48; i++) Z[i] = 0.1f * (float)(i % 7);
+        for (int i = 0; i < 6; i++) th[i] = 0.0f;
+        lp.r = 2;
+        lp.Z = Z;
+        lp.theta = th;
+        const float before = r.pb.o[0];
+        s = bk_lot_forward(&r.pb.desc, &lp, &r.pb.tq, &r.pb.tk, &r.pb.tv, &r.pb.to, NULL, NULL, NULL, 0);
+        th_check(s == BK_ERR_UNSUPPORTED && strstr(bk_last_error(), "lot") && strstr(bk_last_error(), "partial") &&
+                     r.pb.o[0] == before,
+                 "an operator the backend lacks: BK_ERR_UNSUPPORTED naming both, nothing written", "%s: %s",
+                 bk_status_str(s), bk_last_error());
+        th_prob_free(&r.pb);
+        bk_context_use(NULL);
+        bk_context_free(ctx);
+    }
+    th_prob_free(&ref.pb);
+}

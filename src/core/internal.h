@@ -172,6 +172,10 @@ static inline float *bki_at(const bk_tensor *t, int b, int h)
     return t->data + (int64_t)b * t->stride_b + (int64_t)h * t->stride_h;
 }
 
+/* The score scale of every attention operator: the caller's s, or 1/sqrt(d)
+ * when s is 0. */
+static inline float bki_scale(float s, int d) { return s != 0.0f ? s : 1.0f / __builtin_sqrtf((float)d); }
+
 /* ---- the log-domain Sinkhorn / LSE engine (lse_engine.c) ----------------
  * One dense problem: logits C (n x m, row stride ldc), log marginals la (n)
  * and lb (m) (NULL = uniform -log n / -log m). S half-steps, row first, from
@@ -284,13 +288,16 @@ static inline float bki_dotf(int m, const float *a, const float *b)
 }
 
 /* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ---- */
-static inline uint64_t bki_mix64(uint64_t *s)
+#define BKI_GOLDEN 0x9E3779B97F4A7C15ull /* splitmix64's increment */
+/* splitmix64's output function (a bijective mix of one word) */
+static inline uint64_t bki_mix64_fin(uint64_t z)
 {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+/* the next number of the stream *s */
+static inline uint64_t bki_mix64(uint64_t *s) { return bki_mix64_fin(*s += BKI_GOLDEN); }
 /* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
 static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
 
@@ -298,7 +305,8 @@ static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix6
  * path: a reader never sees a half-written file (npy.c). */
 bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes);
 
-/* FNV-1a 64 over n bytes, continuing from h (start: 0xcbf29ce484222325):
+#define BKI_FNV_OFFSET 0xcbf29ce484222325ull /* FNV-1a 64's start */
+/* FNV-1a 64 over n bytes, continuing from h (start: BKI_FNV_OFFSET):
  * the checksum of ASAP layer files and checkpoints */
 static inline uint64_t bki_fnv1a(uint64_t h, const void *p, size_t n)
 {

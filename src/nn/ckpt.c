@@ -11,7 +11,6 @@
 #include <string.h>
 
 #define MAX_HEADER (64u << 20)
-#define FNV0 0xcbf29ce484222325ull
 
 /* ---- a growing string ---- */
 typedef struct {
@@ -431,7 +430,7 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
             memcpy(t->shape, tab[i].shape, sizeof t->shape);
             t->count = tab[i].count;
         }
-    uint64_t h = FNV0;
+    uint64_t h = BKI_FNV_OFFSET;
     for (int i = 0; i < nw; i++) h = bki_fnv1a(h, w[i].data, sizeof(float) * (size_t)w[i].count);
     /* compiled ASAP layers live in the metadata; the checksum covers them */
     const int depth = bk_model_get_config(m)->depth;
@@ -653,7 +652,7 @@ static bk_status ckfile_read(const char *path, ckfile *f)
     {
         const char *cs = meta_get(&h, "checksum");
         char want[32];
-        uint64_t hv = FNV0;
+        uint64_t hv = BKI_FNV_OFFSET;
         /* checksum over the tensors in file order */
         hv = bki_fnv1a(hv, data, (size_t)dsize);
         for (int l = 0; l < 4096; l++) { /* (depth is at most 4096: config check) */

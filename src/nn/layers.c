@@ -188,16 +188,9 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
     }
 }
 
-static inline uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site)
 {
-    return mix(mix(seed ^ 0x5DEECE66Dull) ^ mix(count + 0x9E3779B97F4A7C15ull) ^ ((uint64_t)site << 40));
+    return bki_mix64_fin(bki_mix64_fin(seed ^ 0x5DEECE66Dull) ^ bki_mix64_fin(count + BKI_GOLDEN) ^ ((uint64_t)site << 40));
 }
 
 void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
@@ -212,8 +205,8 @@ void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             float *ar = a + (size_t)r * ld;
-            const uint64_t rk = mix(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
-            for (int c = 0; c < C; c++) ar[c] = mix(rk + (uint64_t)c * 0x9E3779B97F4A7C15ull) >= thr ? ar[c] * keep : 0.0f;
+            const uint64_t rk = bki_mix64_fin(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+            for (int c = 0; c < C; c++) ar[c] = bki_mix64_fin(rk + (uint64_t)c * BKI_GOLDEN) >= thr ? ar[c] * keep : 0.0f;
         }
     }
 }

@@ -281,7 +281,7 @@ static void init_params(bk_model *m)
     for (int i = 0; i < m->nparam; i++) {
         const bki_param *p = &m->tab[i];
         float *w = m->w + p->off;
-        uint64_t s = m->seed * 0x9E3779B97F4A7C15ull + (uint64_t)(i + 1) * 0xD1B54A32D192ED03ull;
+        uint64_t s = m->seed * BKI_GOLDEN + (uint64_t)(i + 1) * 0xD1B54A32D192ED03ull;
         const char *n = p->name;
         size_t ln = strlen(n);
 #define ENDS(suf) (ln >= strlen(suf) && strcmp(n + ln - strlen(suf), suf) == 0)

@@ -142,7 +142,7 @@ static bk_status problem_error(const bki_call *c)
 static uint64_t blocks_checksum(const bki_call *c)
 {
     const size_t n = (size_t)c->d->B * c->d->H * block_total(c);
-    return bki_fnv1a(0xcbf29ce484222325ull, c->tape + sizeof(bki_tape_header), n);
+    return bki_fnv1a(BKI_FNV_OFFSET, c->tape + sizeof(bki_tape_header), n);
 }
 #endif
 

@@ -59,8 +59,7 @@ static bk_status check_params(const bk_attn_desc *d, const bk_lot_params *p, int
     if (!(p->eps > 0.0f) || !isfinite(p->eps)) return bki_fail(BK_ERR_PARAM, "eps must be finite and > 0, got %g", (double)p->eps);
     if (!isfinite(p->scale)) return bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)p->scale);
     if (!(p->tol >= 0.0f) || !isfinite(p->tol)) return bki_fail(BK_ERR_PARAM, "tol must be finite and >= 0, got %g", (double)p->tol);
-    const float s = p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d);
-    if (!isfinite(s / p->eps)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
+    if (!isfinite(bki_scale(p->scale, d->d) / p->eps)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
     for (size_t i = 0; i < (size_t)d->H * p->r * d->d; i++)
         if (!isfinite(p->Z[i])) return bki_fail(BK_ERR_NONFINITE, "pivots Z have a non-finite value at %zu", i);
     for (size_t i = 0; i < (size_t)d->H * p->r; i++) {
@@ -168,7 +167,7 @@ static size_t block_bytes(const bki_call *c)
 
 static float alpha_of(const bk_attn_desc *d, const bk_lot_params *p)
 {
-    return (p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d)) / p->eps;
+    return bki_scale(p->scale, d->d) / p->eps;
 }
 
 static uint32_t key(const bki_call *c)
@@ -176,7 +175,7 @@ static uint32_t key(const bki_call *c)
     const bk_lot_params *p = par(c);
     const float v[4] = {alpha_of(c->d, p), p->temp, p->tol, 0.0f};
     const int32_t n[2] = {p->r, p->iters};
-    uint64_t h = bki_fnv1a(0xcbf29ce484222325ull, v, sizeof v);
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, v, sizeof v);
     h = bki_fnv1a(h, n, sizeof n);
     return (uint32_t)(h ^ (h >> 32));
 }

@@ -39,7 +39,7 @@ static sk_cfg cfg_of(const bki_call *c)
 
 static float alpha_of(const bki_call *c, const sk_cfg *k)
 {
-    return (k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)c->d->d)) / k->eps;
+    return bki_scale(k->scale, c->d->d) / k->eps;
 }
 
 static bk_status check(const bki_call *c)
@@ -101,7 +101,7 @@ static uint32_t key(const bki_call *c)
 {
     const sk_cfg k = cfg_of(c);
     const float a = alpha_of(c, &k);
-    uint64_t h = bki_fnv1a(0xcbf29ce484222325ull, &c->op->id, sizeof c->op->id);
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, &c->op->id, sizeof c->op->id);
     h = bki_fnv1a(h, &a, sizeof a);
     h = bki_fnv1a(h, &k.S, sizeof k.S);
     h = bki_fnv1a(h, &k.kappa, sizeof k.kappa);

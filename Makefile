@@ -24,12 +24,13 @@ ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DBK_TAPE_CHECKSUM
 LDSAN = -fsanitize=address,undefined
 endif
-LDLIBS_ALL = -lopenblas -llapacke -lm -fopenmp $(LDSAN) $(LDLIBS)
+# zlib: the library reads gzipped datasets (src/data)
+LDLIBS_ALL = -lopenblas -llapacke -lm -lz -fopenmp $(LDSAN) $(LDLIBS)
 
-# the CLI's plots (cairo) and gzipped datasets (zlib)
+# the CLI's plots (cairo)
 CAIRO_CFLAGS := $(shell pkg-config --cflags cairo 2>/dev/null)
-CLI_LIBS := $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo) -lz
-TOOL_HDRS = tools/cli.h tools/data.h tools/gen.h tools/run.h tools/chart.h
+CLI_LIBS := $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo)
+TOOL_HDRS = tools/cli.h tools/plot/chart.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
@@ -37,14 +38,17 @@ CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c s
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
-LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC)) \
+DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c
+LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
 HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h tests/ref_unbalanced.h
 
-TOOL_SRC = tools/birkhoff.c tools/attn_cmd.c tools/otk_cmd.c tools/bench.c tools/bench_otk.c tools/asap_cmd.c tools/bench_asap.c \
-           tools/model_cmd.c tools/bench_train.c tools/demo.c tools/data.c tools/gen.c tools/run.c tools/train_cmd.c \
-           tools/eval_cmd.c tools/plot_cmd.c tools/chart.c tools/asap_compile.c
+TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
+           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/plot/plot.c \
+           tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
+           tools/bench/bench_train.c tools/demo/demo.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/test_model.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c tests/ref_unbalanced.c tests/backend/test_backend.c
 
 LIB_A  = $(BUILD)/libbirkhoff.a
@@ -60,6 +64,8 @@ REFUNB  = $(BUILD)/ref_unbalanced_selftest
 EXAMPLE = $(BUILD)/quickstart
 TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
+TDATA   = $(BUILD)/test_data
+TTRAIN  = $(BUILD)/test_train
 
 PHONY_EXTRA = fuzz
 .PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -114,18 +120,24 @@ $(REFASAP): $(BUILD)/obj/tests/ref_asap.o $(BUILD)/obj/tests/ref_asap_selftest.o
 $(REFUNB): $(BUILD)/obj/tests/ref_unbalanced.o $(BUILD)/obj/tests/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ref_attn.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/test_gen.o: tests/test_gen.c tools/gen.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Itools -c $< -o $@
+# tests of the library's datasets and training runs (tests/data, tests/train)
+$(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/train/test_train.o: tests/data/tcheck.h
 
-$(TGEN): $(BUILD)/obj/tests/test_gen.o $(BUILD)/obj/tools/gen.o
+$(TGEN): $(BUILD)/obj/tests/data/test_gen.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/test_chart.o: tests/test_chart.c tools/chart.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -Itools -c $< -o $@
+$(TDATA): $(BUILD)/obj/tests/data/test_data.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(TCHART): $(BUILD)/obj/tests/test_chart.o $(BUILD)/obj/tools/chart.o
+$(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# the CLI's charts (tools/plot/chart.c)
+$(BUILD)/obj/tests/tools/test_chart.o: tests/tools/test_chart.c tools/plot/chart.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -Itools/plot -c $< -o $@
+
+$(TCHART): $(BUILD)/obj/tests/tools/test_chart.o $(BUILD)/obj/tools/plot/chart.o
 	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
 
 $(EXAMPLE): examples/quickstart.c $(LIB_A) $(PUB_HDRS)
@@ -140,10 +152,12 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TTRAIN)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
+	$(TDATA)
+	$(TTRAIN)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)

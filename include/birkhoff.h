@@ -13,6 +13,8 @@
  *   birkhoff/otk.h    the OTK embedding and its unsupervised fits
  *   birkhoff/asap.h   ASAP: Sinkhorn compiled into a loop-free operator
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
+ *   birkhoff/data.h   datasets: verified readers, generated sets, batches
+ *   birkhoff/train.h  training runs: configuration, loop, evaluation, ASAP compile
  */
 #ifndef BIRKHOFF_H
 #define BIRKHOFF_H
@@ -26,5 +28,7 @@
 #include "birkhoff/otk.h"
 #include "birkhoff/asap.h"
 #include "birkhoff/nn.h"
+#include "birkhoff/data.h"
+#include "birkhoff/train.h"
 
 #endif /* BIRKHOFF_H */

@@ -110,18 +110,16 @@ fi
 # ---- sources and flags (the lists come from the Makefile) ----
 printf 'fuzz-print-%%:\n\t@echo $($*)\n' >"$B/print.mk"
 mkvar() { make --no-print-directory -s -f Makefile -f "$B/print.mk" "fuzz-print-$1" 2>/dev/null; }
-LIB_SRC="$(mkvar CORE_SRC) $(mkvar OPS_SRC) $(mkvar NN_SRC)"
+LIB_SRC="$(mkvar CORE_SRC) $(mkvar BACKEND_SRC) $(mkvar OPS_SRC) $(mkvar NN_SRC) $(mkvar DATA_SRC) $(mkvar TRAIN_SRC)"
 AVX512_FLAGS=$(mkvar AVX512_FLAGS)
 if [ -z "${LIB_SRC// /}" ]; then # no make, or the Makefile changed shape: every source
-  LIB_SRC=$(ls src/core/*.c src/ops/*.c src/nn/*.c | grep -v lse_engine.c | tr '\n' ' ')
+  LIB_SRC=$(ls src/core/*.c src/backend/*.c src/ops/*.c src/nn/*.c src/data/*.c src/train/*.c | grep -v lse_engine.c | tr '\n' ' ')
 fi
 [ -n "$AVX512_FLAGS" ] || AVX512_FLAGS="-mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512"
-TOOL_SRC="tools/data.c tools/gen.c tools/run.c"
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-pthread}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -march=x86-64-v3 -fno-trapping-math -fno-math-errno $OMP \
--Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-pass-failed -Iinclude -Itools -I$BLAS_INC \
-$(pkg-config --cflags cairo 2>/dev/null) $SAN"
+-Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-pass-failed -Iinclude -I$BLAS_INC $SAN"
 LIBS="-lopenblas -llapacke -lm -lz $OMP"
 
 # objects are rebuilt when the flags changed, or their source or any header is newer
@@ -132,14 +130,14 @@ if [ ! -f "$B/flags" ] || [ "$(cat "$B/flags")" != "$FLAGS_NOW" ]; then
   printf '%s' "$FLAGS_NOW" >"$B/flags"
 fi
 mkdir -p "$OBJ" "$OUT"
-NEWEST_HDR=$(ls -t include/*.h include/birkhoff/*.h src/*/*.h tools/*.h tests/fuzz/*.h 2>/dev/null | head -1)
+NEWEST_HDR=$(ls -t include/*.h include/birkhoff/*.h src/*/*.h tests/fuzz/*.h 2>/dev/null | head -1)
 stale() { [ ! -f "$2" ] || [ "$1" -nt "$2" ] || [ "$NEWEST_HDR" -nt "$2" ]; }
 
 T0=$(date +%s)
 BUILD_LOG=$B/build.log
 : >"$BUILD_LOG"
 jobs_list=()  # "src|obj|extra flags"
-for s in $LIB_SRC $TOOL_SRC; do
+for s in $LIB_SRC; do
   jobs_list+=("$s|$OBJ/$(echo "${s%.c}" | tr / _).o|-fsanitize=fuzzer-no-link")
 done
 jobs_list+=("src/core/lse_engine.c|$OBJ/src_core_lse_engine_avx2.o|-fsanitize=fuzzer-no-link -DBK_ISA=avx2")

@@ -1,4 +1,13 @@
-/* cli.h -- shared helpers of the birkhoff command-line program. */
+/* cli.h -- the birkhoff command-line program: the helpers shared by its
+ * commands (cli.c) and the commands' entry points. Each command lives in its
+ * own folder and depends on the library (birkhoff.h) and this header only:
+ *   attn/   birkhoff attn                 otk/    birkhoff otk
+ *   asap/   birkhoff asap (+ compile)     model/  birkhoff model
+ *   train/  birkhoff train, eval, data    plot/   birkhoff plot (chart.c: cairo)
+ *   bench/  birkhoff bench (--op ...)     demo/   birkhoff demo
+ * The mechanisms (datasets, training runs, evaluation, ASAP compilation) are
+ * the library's (birkhoff/data.h, birkhoff/train.h); a command parses its
+ * arguments, calls them and prints. */
 #ifndef BK_CLI_H
 #define BK_CLI_H
 #include "birkhoff.h"
@@ -57,20 +66,23 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs);
  * else a message on stderr naming prog. */
 int cli_write_text(const char *prog, const char *path, const char *text);
 
-int cmd_attn(int argc, char **argv);
-int cmd_train(int argc, char **argv);
-int cmd_eval(int argc, char **argv);
-int cmd_data(int argc, char **argv);
-int cmd_plot(int argc, char **argv);
-int asap_compile(int argc, char **argv); /* asap compile */
-int cmd_otk(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int bench_otk(int argc, char **argv); /* bench --op otk */
-int cmd_demo(int argc, char **argv);
-int cmd_asap(int argc, char **argv);
-int cmd_model(int argc, char **argv);
-int bench_train(int argc, char **argv); /* bench --op train */
-int bench_asap(int argc, char **argv); /* bench --op asap */
-/* structured synthetic Q, K, V [B,H,N,d] (asap_cmd.c); 1 on success */
+/* structured synthetic Q, K, V [B,H,N,d] (`asap generate`, `bench --op
+ * asap`); 1 on success */
 int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, float *K, float *V);
+
+/* the commands (argv[0] is the command's name) */
+int cmd_attn(int argc, char **argv);      /* attn/attn.c   */
+int cmd_otk(int argc, char **argv);       /* otk/otk.c     */
+int cmd_asap(int argc, char **argv);      /* asap/asap.c   */
+int asap_compile(int argc, char **argv);  /* asap/compile.c: asap compile */
+int cmd_model(int argc, char **argv);     /* model/model.c */
+int cmd_train(int argc, char **argv);     /* train/train.c */
+int cmd_eval(int argc, char **argv);      /* train/eval.c  */
+int cmd_data(int argc, char **argv);      /* train/data.c  */
+int cmd_plot(int argc, char **argv);      /* plot/plot.c   */
+int cmd_bench(int argc, char **argv);     /* bench/bench.c */
+int bench_otk(int argc, char **argv);     /* bench/bench_otk.c: bench --op otk */
+int bench_asap(int argc, char **argv);    /* bench/bench_asap.c: bench --op asap */
+int bench_train(int argc, char **argv);   /* bench/bench_train.c: bench --op train */
+int cmd_demo(int argc, char **argv);      /* demo/demo.c   */
 #endif

@@ -17,6 +17,7 @@ BIRKHOFF_NUM_THREADS or the process's CPU affinity, never torch's setting.
 from ._lib import LIBRARY_PATH, BirkhoffError, lib as _c
 from .ops import *  # noqa: F401,F403
 from .ops import __all__ as _ops_all
+from . import data  # noqa: F401,E402  birkhoff.data: the library's datasets as numpy arrays
 
 __version__ = _c.bk_version().decode()
 

@@ -18,6 +18,7 @@ static const struct {
     ROW(bk_kmeans_params),   ROW(bk_kmeans_report),    ROW(bk_asap_layer),      ROW(bk_asap_config),
     ROW(bk_asap_kl_opts),    ROW(bk_asap_fit_report),  ROW(bk_asap_extras),     ROW(bk_attn_fidelity),
     ROW(bk_model_config),    ROW(bk_optim_config),     ROW(bk_batch),           ROW(bk_param_info),
+    ROW(bk_data_config),     ROW(bk_dataset_info),
 };
 
 size_t bk_abi_sizeof(const char *name)

@@ -1,28 +1,37 @@
-/* fuzz_config.c -- libFuzzer target for the run configuration (tools/run.c):
- * run_config_load over the input written to a file, and run_config_set on
+/* fuzz_config.c -- libFuzzer target for the run configuration (src/train/run.c):
+ * bk_run_config_load over the input written to a file, and bk_run_config_set on
  * the input's first line split at its first '='.
  * Invariants: a failure leaves a message; after a successful load (or set of
- * a value a config file can hold), the text of run_config_format, written
+ * a value a config file can hold), the text of bk_run_config_format, written
  * to a file and loaded into a fresh default config, loads and formats to the
  * same text (the round trip `birkhoff train` relies on: it writes that text
  * as the run's config.txt and into checkpoints). */
 #include "fuzz_util.h"
-#include "run.h"
+#include "birkhoff/train.h"
 
-static void round_trip(const run_config *r, const char *what)
+/* bk_run_config_format into a malloc'd string */
+static char *format(const bk_run_config *r)
 {
-    char *f1 = run_config_format(r);
-    FZ_CHECK(f1 != NULL, "config: run_config_format failed after a successful %s", what);
+    size_t n = bk_run_config_format(r, NULL, 0);
+    char *s = malloc(n + 1);
+    if (s && bk_run_config_format(r, s, n + 1) != n) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void round_trip(const bk_run_config *r, const char *what)
+{
+    char *f1 = format(r);
+    FZ_CHECK(f1 != NULL, "config: bk_run_config_format failed after a successful %s", what);
     const char *path = fz_write(1, f1, strlen(f1));
-    run_config r2;
-    run_config_default(&r2);
-    char err[1024];
-    err[0] = 0;
-    if (!run_config_load(&r2, path, err, sizeof err))
-        fz_fail("config: the formatted config of a successful %s does not load again: %s\n--- text ---\n%s", what, err,
-                f1);
-    char *f2 = run_config_format(&r2);
-    FZ_CHECK(f2 != NULL, "config: run_config_format failed on the reloaded config");
+    bk_run_config r2 = bk_run_config_default();
+    if (bk_run_config_load(&r2, path) != BK_OK)
+        fz_fail("config: the formatted config of a successful %s does not load again: %s\n--- text ---\n%s", what,
+                bk_last_error(), f1);
+    char *f2 = format(&r2);
+    FZ_CHECK(f2 != NULL, "config: bk_run_config_format failed on the reloaded config");
     if (strcmp(f1, f2) != 0) {
         const char *a = f1, *b = f2;
         while (*a && *a == *b) a++, b++;
@@ -47,21 +56,21 @@ static int file_value(const char *v)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
     char err[1024];
-    run_config r;
+    bk_run_config r;
 
-    /* run_config_load */
-    run_config_default(&r);
-    err[0] = 0;
-    if (run_config_load(&r, fz_write(0, data, n), err, sizeof err)) {
+    /* bk_run_config_load */
+    r = bk_run_config_default();
+    if (bk_run_config_load(&r, fz_write(0, data, n)) == BK_OK) {
         FZ_CHECK(memchr(r.data, 0, sizeof r.data) && memchr(r.data_dir, 0, sizeof r.data_dir) &&
                      memchr(r.progress, 0, sizeof r.progress),
                  "config: a string field is not NUL-terminated");
         round_trip(&r, "load");
     } else {
-        fz_check_err(err, sizeof err, "run_config_load");
+        snprintf(err, sizeof err, "%s", bk_last_error());
+        fz_check_err(err, sizeof err, "bk_run_config_load");
     }
 
-    /* run_config_set on the first line, "key=value" */
+    /* bk_run_config_set on the first line, "key=value" */
     size_t len = 0;
     while (len < n && data[len] != '\n' && data[len] != 0) len++;
     char *line = malloc(len + 1);
@@ -71,12 +80,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     char *eq = strchr(line, '=');
     if (eq) {
         *eq = 0;
-        run_config_default(&r);
-        err[0] = 0;
-        if (run_config_set(&r, line, eq + 1, err, sizeof err)) {
+        r = bk_run_config_default();
+        if (bk_run_config_set(&r, line, eq + 1) == BK_OK) {
             if (file_value(eq + 1)) round_trip(&r, "set");
         } else {
-            fz_check_err(err, sizeof err, "run_config_set");
+            snprintf(err, sizeof err, "%s", bk_last_error());
+            fz_check_err(err, sizeof err, "bk_run_config_set");
         }
     }
     free(line);

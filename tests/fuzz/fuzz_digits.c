@@ -1,4 +1,4 @@
-/* fuzz_digits.c -- libFuzzer target for data_parse_digits (tools/data.c):
+/* fuzz_digits.c -- libFuzzer target for bk_data_parse_digits (src/data/data.c):
  * the input is the UCI digits CSV. It is parsed with the reader's capacity
  * (4096 rows) and with a capacity of 2 into exactly sized buffers, and the
  * result is compared with an independent line-by-line reading:
@@ -13,7 +13,7 @@
  * and rows, pixels and labels equal the reference's. On failure: the
  * reference fails too, and when its first error is an empty line, the
  * message says "line N is empty". */
-#include "data.h"
+#include "birkhoff/data.h"
 #include "fuzz_util.h"
 
 /* the reference: number of rows (or -1: invalid); fills pix/lab up to cap;
@@ -88,7 +88,8 @@ static void one(const char *buf, size_t n, bufs *b)
     int64_t rows = -5;
     char err[256];
     err[0] = 0;
-    const int ok = data_parse_digits(buf, n, cap, pix, lab, &rows, err, sizeof err);
+    const int ok = bk_data_parse_digits(buf, n, cap, pix, lab, &rows) == BK_OK;
+    if (!ok) snprintf(err, sizeof err, "%s", bk_last_error());
     int64_t blank;
     const int64_t want = ref_parse(buf, n, cap, rpix, rlab, &blank);
     if (!ok) {

@@ -1,10 +1,10 @@
-/* fuzz_idx.c -- libFuzzer target for data_parse_idx (tools/data.c): the
+/* fuzz_idx.c -- libFuzzer target for bk_data_parse_idx (src/data/data.c): the
  * input is an IDX file, parsed for 1 and 3 dimensions (the images and labels
  * of MNIST) and for the dimension count its header claims.
  * Invariants on success: every dimension in [1, 2^24], the dimensions
  * multiply to exactly the bytes after the header, *data is the first byte
  * after the header (inside the buffer), and the header says what was asked. */
-#include "data.h"
+#include "birkhoff/data.h"
 #include "fuzz_util.h"
 
 static void one(const uint8_t *buf, size_t n, int want)
@@ -14,7 +14,8 @@ static void one(const uint8_t *buf, size_t n, int want)
     char err[128];
     for (int i = 0; i < 256; i++) dims[i] = -7;
     err[0] = 0;
-    int ok = data_parse_idx(buf, n, want, dims, &data, err, sizeof err);
+    int ok = bk_data_parse_idx(buf, n, want, dims, &data) == BK_OK;
+    if (!ok) snprintf(err, sizeof err, "%s", bk_last_error());
     if (!ok) {
         fz_check_err(err, sizeof err, "idx");
         return;

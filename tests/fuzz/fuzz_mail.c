@@ -1,11 +1,11 @@
-/* fuzz_mail.c -- libFuzzer target for data_mail_body (tools/data.c): the
+/* fuzz_mail.c -- libFuzzer target for bk_data_mail_body (src/data/data.c): the
  * input is an RFC 5322 message, whose header section ends at the first
  * empty line; everything after that line is the body (further empty lines
  * included). Invariants: the offset is <= n; when < n the bytes before it
  * are an empty line, "\n" or "\r\n", that starts a line (at the message's
  * start or after a '\n'); and it is the end of the FIRST such line (no
  * earlier empty line in the header section), n when there is none. */
-#include "data.h"
+#include "birkhoff/data.h"
 #include "fuzz_util.h"
 
 /* 1 when an empty line ("\n" or "\r\n") ends at e (exclusive) */
@@ -31,7 +31,7 @@ static size_t ref_body(const uint8_t *m, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *m, size_t n)
 {
-    const size_t off = data_mail_body(m, n);
+    const size_t off = bk_data_mail_body(m, n);
     FZ_CHECK(off <= n, "mail: body offset %zu beyond the %zu-byte message", off, n);
     if (off < n) FZ_CHECK(empty_line_ends_at(m, off), "mail: body offset %zu does not follow an empty line", off);
     const size_t want = ref_body(m, n);

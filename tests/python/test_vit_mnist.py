@@ -19,11 +19,11 @@ is evaluated on a fixed seeded subset of the test set. Checks:
       first-step gradients (to 1e-4 relative).
 
 Run from anywhere: /usr/bin/python3 tests/python/test_vit_mnist.py
-(torch 1.13 + numpy: Debian's python3-torch). The MNIST files are read from
+(torch 1.13 + numpy: Debian's python3-torch). MNIST is read by the library's
+own dataset reader (birkhoff.data, which verifies the files' checksums) from
 $BK_DATA/mnist, else <repo>/data/mnist; when missing, scripts/data.sh mnist
 fetches them. Prints "N passed, M failed" and exits 1 on any failure.
 """
-import gzip
 import os
 import subprocess
 import sys
@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import birkhoff  # noqa: E402
+import birkhoff.data as bdata  # noqa: E402
 import birkhoff.torch as bt  # noqa: E402
 import vit  # noqa: E402
 
@@ -79,69 +80,52 @@ def finish():
 
 
 # ---------------------------------------------------------------------------
-# MNIST (IDX files, possibly gzip-compressed despite the name)
+# MNIST, read by the library (birkhoff.data over bk_data_open / bk_data_fill)
 # ---------------------------------------------------------------------------
-FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
 def data_dir():
     return os.environ.get("BK_DATA") or os.path.join(REPO, "data")
 
 
-def read_idx(path):
-    """an IDX file as a numpy array (big-endian header: 0, 0, dtype code, ndim,
-    then ndim big-endian uint32 sizes)"""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (magic {raw[:4].hex()})")
-    types = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-    if raw[2] not in types:
-        raise ValueError(f"{path}: unknown IDX data type 0x{raw[2]:02x}")
-    ndim = raw[3]
-    shape = tuple(int(s) for s in np.frombuffer(raw, ">u4", count=ndim, offset=4))
-    dt = np.dtype(types[raw[2]])
-    n = int(np.prod(shape))
-    if len(raw) != 4 + 4 * ndim + n * dt.itemsize:
-        raise ValueError(f"{path}: size {len(raw)} does not match the header's shape {shape}")
-    return np.frombuffer(raw, dt, count=n, offset=4 + 4 * ndim).reshape(shape)
-
-
-def load_mnist():
-    """(train images, train labels, test images, test labels); fetches the
-    files with scripts/data.sh when they are missing. None on failure."""
+def open_mnist():
+    """(train split, test split) as birkhoff.data.Dataset; fetches the files
+    with scripts/data.sh when they are missing. None on failure."""
     ddir = data_dir()
-    paths = [os.path.join(ddir, "mnist", f) for f in FILES]
-    if not all(os.path.exists(p) for p in paths):
-        print(f"MNIST missing under {ddir}/mnist: running scripts/data.sh mnist", flush=True)
+
+    def opened():
+        try:
+            return bdata.Dataset("mnist", "train", ddir), bdata.Dataset("mnist", "test", ddir)
+        except birkhoff.BirkhoffError as e:
+            return e
+
+    ds = opened()
+    if isinstance(ds, birkhoff.BirkhoffError) and ds.status == "i/o error":
+        print(f"MNIST missing under {ddir}/mnist ({ds}): running scripts/data.sh mnist", flush=True)
         cmd = ["bash", os.path.join(REPO, "scripts", "data.sh"), "--dir", ddir, "mnist"]
         try:
             p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
             rc, log = p.returncode, p.stdout + p.stderr
         except (OSError, subprocess.TimeoutExpired) as e:
             rc, log = -1, str(e)
-        if rc != 0 or not all(os.path.exists(p) for p in paths):
+        if rc != 0:
             check(False, "MNIST data available",
                   f"`{' '.join(cmd)}` failed (exit {rc}); fetch the data by hand or set BK_DATA. "
                   f"Its output:\n{log.strip()[-2000:]}")
             return None
-    try:
-        xtr, ytr, xte, yte = (read_idx(p) for p in paths)
-    except (OSError, ValueError) as e:
-        check(False, "MNIST files readable", str(e))
+        ds = opened()
+    if isinstance(ds, birkhoff.BirkhoffError):
+        check(False, "MNIST files readable", str(ds))
         return None
-    ok = (xtr.shape == (60000, 28, 28) and ytr.shape == (60000,) and xte.shape == (10000, 28, 28)
-          and yte.shape == (10000,))
-    if not check(ok, "MNIST shapes", f"{xtr.shape} {ytr.shape} {xte.shape} {yte.shape}"):
+    tr, te = ds
+    ok = (len(tr) == 60000 and tr.input_shape == (1, 28, 28) and len(te) == 10000 and te.input_shape == (1, 28, 28)
+          and tr.classes == 10)
+    if not check(ok, "MNIST shapes", f"{len(tr)} x {tr.input_shape}, {len(te)} x {te.input_shape}"):
         return None
-    return xtr, ytr, xte, yte
+    return tr, te
 
 
 def to_tensor(x):
-    return (torch.from_numpy(x.astype(np.float32) / 255.0) - 0.1307) / 0.3081
+    """images in [0, 1] (the library scales the bytes by 1/255), normalised"""
+    return (torch.from_numpy(x) - 0.1307) / 0.3081
 
 
 # ---------------------------------------------------------------------------
@@ -212,15 +196,18 @@ def main():
     birkhoff.set_num_threads(THREADS)
     print(f"birkhoff {birkhoff.version()} ({birkhoff.isa()}) from {birkhoff.LIBRARY_PATH}; torch {torch.__version__}; "
           f"threads torch {torch.get_num_threads()}, birkhoff {birkhoff.get_num_threads()}", flush=True)
-    data = load_mnist()
+    data = open_mnist()
     if data is None:
         finish()
-    xtr, ytr, xte, yte = data
+    dtr, dte = data
     rng = np.random.default_rng(SEED)
-    itr = np.sort(rng.choice(len(xtr), N_TRAIN, replace=False))
-    ite = np.sort(rng.choice(len(xte), N_TEST, replace=False))
-    Xtr, Ytr = to_tensor(xtr[itr]), torch.from_numpy(ytr[itr].astype(np.int64))
-    Xte, Yte = to_tensor(xte[ite]), torch.from_numpy(yte[ite].astype(np.int64))
+    itr = np.sort(rng.choice(len(dtr), N_TRAIN, replace=False))
+    ite = np.sort(rng.choice(len(dte), N_TEST, replace=False))
+    btr, bte = dtr.batch(itr), dte.batch(ite)
+    dtr.close()
+    dte.close()
+    Xtr, Ytr = to_tensor(btr.x), torch.from_numpy(btr.labels.astype(np.int64))
+    Xte, Yte = to_tensor(bte.x), torch.from_numpy(bte.labels.astype(np.int64))
     print(f"data: {N_TRAIN} training images, {N_TEST} test images from {data_dir()}/mnist", flush=True)
 
     check_softmax_dropin(Xtr[:BATCH], Ytr[:BATCH])

@@ -2,7 +2,7 @@
  * forward+backward, median and quartiles of many repetitions, memory, the
  * fraction of the machine's measured peak, and the ratio to the PyTorch peer
  * (bench/peers/torch_peer.py) measured in the same run on the same threads. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <cblas.h>
 #include <math.h>

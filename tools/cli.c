@@ -1,4 +1,7 @@
-/* birkhoff.c -- the command-line program: dispatch and shared helpers. */
+/* cli.c -- helpers shared by the commands of the birkhoff program (cli.h):
+ * option parsing, .npy loading, all-or-nothing staged outputs, timing and
+ * statistics, and the structured synthetic attention inputs of `asap
+ * generate` and `bench --op asap`. */
 #define _GNU_SOURCE
 #include "cli.h"
 
@@ -10,7 +13,6 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
-#include <xmmintrin.h>
 
 double cli_now(void)
 {
@@ -220,79 +222,83 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs)
 
 int cli_write_text(const char *prog, const char *path, const char *text)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    int ok = f != NULL;
-    if (ok) ok = fputs(text, f) >= 0;
-    if (f) ok = (fclose(f) == 0) && ok;
-    else if (fd >= 0) close(fd);
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) {
-        fprintf(stderr, "birkhoff %s: cannot write %s (%s)\n", prog, path, strerror(errno));
-        if (fd >= 0) remove(tmp);
-    }
-    return ok;
+    if (bk_run_write_text(path, text) == BK_OK) return 1;
+    fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+    return 0;
 }
 
-static void usage(FILE *f)
+/* ------------------------------------------------------------------------ */
+/* structured synthetic inputs (shared with bench --op asap)                */
+/* ------------------------------------------------------------------------ */
+/* Tokens x_t = mu_{z_t} + 0.45 xi_t + p_t: z_t a sticky Markov chain over 8
+ * clusters (stay with probability 0.8), xi_t Gaussian noise, p_t a
+ * sinusoidal position code of amplitude 0.5; per head, Q = x Wq, K = x Wk,
+ * V = x Wv with Gaussian d x d maps, Wk = Wq + 0.5 G (queries and keys of the
+ * same token correlate, as in trained layers), all scaled by temp. Seeded. */
+static uint64_t mix(uint64_t *st) /* splitmix64 */
 {
-    fprintf(f,
-            "birkhoff %s -- doubly-stochastic (optimal-transport) attention\n"
-            "\n"
-            "usage: birkhoff COMMAND [options]\n"
-            "\n"
-            "commands:\n"
-            "  train   train a model on a dataset (progress, metrics, checkpoints, --resume)\n"
-            "  eval    accuracy, confusion and attention diagnostics of a checkpoint on a dataset\n"
-            "  plot    figures: training curves, attention maps, column-sum histograms, transport plans\n"
-            "  data    inspect a dataset (fetch stored ones with scripts/data.sh)\n"
-            "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
-            "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
-            "  asap    compile Sinkhorn into ASAP: a trained model (compile) or a layer (calibrate, report, ...)\n"
-            "  model   transformer models: create, differentiate, train on .npy batches, show checkpoints\n"
-            "  bench   benchmark operators over a shape grid against the PyTorch peers\n"
-            "  demo    Sinkhorn vs softmax attention on generated data: marginals and timings\n"
-            "  version print the version and the kernel instruction set\n"
-            "\n"
-            "`birkhoff COMMAND --help` describes each command.\n",
-            bk_version());
+    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
 }
 
-int main(int argc, char **argv)
+static double gauss(uint64_t *st)
 {
-    /* Subnormal floats: training produces them (measured: a ViT on MNIST ran
-     * at 80 samples/s instead of 2050 once they appeared, each one costing a
-     * microcode assist). The program flushes them to zero (FTZ | DAZ in
-     * MXCSR) before any thread exists, so every OpenMP thread inherits the
-     * mode and results stay thread-count independent.
-     * BK_KEEP_DENORMALS=1 keeps IEEE gradual underflow. */
-    if (!getenv("BK_KEEP_DENORMALS")) _mm_setcsr(_mm_getcsr() | 0x8040);
-    if (argc < 2) {
-        usage(stderr);
-        return CLI_USAGE;
+    double u = ((double)(mix(st) >> 11) + 0.5) / 9007199254740992.0, v = (double)(mix(st) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, float *K, float *V)
+{
+    enum { NC = 8 };
+    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 17;
+    double *mu = malloc(sizeof(double) * NC * d), *x = malloc(sizeof(double) * (size_t)N * d);
+    double *W = malloc(sizeof(double) * 3 * (size_t)d * d);
+    if (!mu || !x || !W) {
+        free(mu);
+        free(x);
+        free(W);
+        return 0;
     }
-    const char *cmd = argv[1];
-    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
-    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 1, argv + 1);
-    if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
-    if (!strcmp(cmd, "attn")) return cmd_attn(argc - 1, argv + 1);
-    if (!strcmp(cmd, "otk")) return cmd_otk(argc - 1, argv + 1);
-    if (!strcmp(cmd, "asap")) return cmd_asap(argc - 1, argv + 1);
-    if (!strcmp(cmd, "model")) return cmd_model(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("birkhoff %s (kernels: %s, threads: %d)\n", bk_version(), bk_isa(), bk_get_num_threads());
-        return CLI_OK;
+    for (int i = 0; i < NC * d; i++) mu[i] = gauss(&st);
+    const double sd = 1.0 / sqrt((double)d);
+    for (int b = 0; b < B; b++) {
+        int z = (int)(mix(&st) % NC);
+        for (int t = 0; t < N; t++) {
+            if (mix(&st) % 5 == 0) z = (int)(mix(&st) % NC); /* stay with probability >= 0.8 */
+            for (int c = 0; c < d; c++) {
+                double ang = (double)t / pow(100.0, (double)(c / 2 * 2) / d);
+                double pe = 0.5 * (c % 2 ? cos(ang) : sin(ang));
+                x[(size_t)t * d + c] = mu[z * d + c] + 0.45 * gauss(&st) + pe;
+            }
+        }
+        for (int h = 0; h < H; h++) {
+            uint64_t hs = seed * 7919 + (uint64_t)h * 104729 + 3; /* maps shared over the batch */
+            double *Wq = W, *Wk = W + (size_t)d * d, *Wv = Wk + (size_t)d * d;
+            for (size_t i = 0; i < (size_t)d * d; i++) {
+                Wq[i] = gauss(&hs) * sd;
+                Wk[i] = Wq[i] + 0.5 * gauss(&hs) * sd;
+                Wv[i] = gauss(&hs) * sd;
+            }
+            size_t off = ((size_t)b * H + h) * (size_t)N * d;
+            for (int t = 0; t < N; t++)
+                for (int c = 0; c < d; c++) {
+                    double aq = 0, ak = 0, av = 0;
+                    for (int e = 0; e < d; e++) {
+                        double xe = x[(size_t)t * d + e];
+                        aq += xe * Wq[(size_t)e * d + c];
+                        ak += xe * Wk[(size_t)e * d + c];
+                        av += xe * Wv[(size_t)e * d + c];
+                    }
+                    Q[off + (size_t)t * d + c] = (float)(temp * aq);
+                    K[off + (size_t)t * d + c] = (float)(temp * ak);
+                    V[off + (size_t)t * d + c] = (float)av;
+                }
+        }
     }
-    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-        usage(stdout);
-        return CLI_OK;
-    }
-    fprintf(stderr, "birkhoff: unknown command '%s'\n\n", cmd);
-    usage(stderr);
-    return CLI_USAGE;
+    free(mu);
+    free(x);
+    free(W);
+    return 1;
 }

@@ -1,10 +1,10 @@
-/* test_chart.c -- standalone checks of tools/chart.c: every chart kind in PNG and SVG, image sizes,
+/* test_chart.c -- standalone checks of tools/plot/chart.c: every chart kind in PNG and SVG, image sizes,
  * content (series colour, heat-map colours and pixelation, transport segments), bad input and I/O
  * errors, non-finite data, atomic output (no temporaries left). Prints "ok - ..." / "not ok - ..."
  * per check and "N passed, M failed"; exits non-zero on failure.
  *
  *   gcc -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags cairo) \
- *       -Itools tests/test_chart.c tools/chart.c -o /tmp/test_chart $(pkg-config --libs cairo) -lm
+ *       -Itools/plot tests/tools/test_chart.c tools/plot/chart.c -o /tmp/test_chart $(pkg-config --libs cairo) -lm
  */
 #include "chart.h"
 

@@ -3,7 +3,7 @@
  * against the PyTorch port of the reference code (bench/peers/otk_torch.py
  * through torch_peer.py --op otk) measured in the same run on the same
  * threads. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
-/* plot_cmd.c -- `birkhoff plot curves|attention|colsums|transport`: the
+/* plot.c -- `birkhoff plot curves|attention|colsums|transport`: the
  * figures of a run (drawn by chart.c over cairo; PNG or SVG by extension). */
+#include "../cli.h"
 #include "chart.h"
-#include "run.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -208,41 +208,46 @@ static int plot_attention(int argc, char **argv)
     int hs[8] = {0}, gw = 0, gh = 0, iw = 0, ih = 0;
     for (int r = 0; r < nc; r++) {
         bk_model *m = NULL;
-        run_config rc_;
-        if (!run_load("plot", ck[r], 1, &m, &rc_, NULL)) goto done;
+        bk_run_config rc_;
+        if (bk_run_load(ck[r], 1, &m, &rc_, NULL) != BK_OK) {
+            fprintf(stderr, "birkhoff plot: %s\n", bk_last_error());
+            goto done;
+        }
         const bk_model_config *c = bk_model_get_config(m);
-        data_set ds;
+        bk_dataset *dset;
         if (c->input != BK_INPUT_IMAGE || !c->cls) {
             fprintf(stderr, "birkhoff plot attention: %s is not an image model with a [CLS] token\n", ck[r]);
             bk_model_free(m);
             goto done;
         }
-        if (!run_open_data("plot", &rc_, NULL, dir, DATA_TEST, 0, c, &ds)) {
+        if (bk_run_open_data(&rc_, NULL, dir, BK_SPLIT_TEST, 0, c, &dset) != BK_OK) {
+            fprintf(stderr, "birkhoff plot: %s\n", bk_last_error());
             bk_model_free(m);
             goto done;
         }
+        const bk_dataset_info *ds = bk_data_info(dset);
         const int L = layer < 0 ? c->depth - 1 : layer, T = bk_model_tokens(m), H = c->heads;
         const int pw = c->image_w / c->patch, ph = c->image_h / c->patch;
-        run_buf b;
+        bk_data_batch b = {0};
         float *A = malloc(sizeof(float) * (size_t)H * T * T);
-        int ok = A && L < c->depth && index < ds.n && run_buf_init(&b, &ds, 1, c->classes);
+        int ok = A && L < c->depth && index < ds->n && bk_data_batch_init(&b, dset, 1) == BK_OK;
         if (!ok) {
             fprintf(stderr, "birkhoff plot attention: layer %d or index %d out of range (depth %d, %lld images)\n", L,
-                    index, c->depth, (long long)ds.n);
+                    index, c->depth, (long long)ds->n);
             free(A);
-            data_close(&ds);
+            bk_data_close(dset);
             bk_model_free(m);
             goto done;
         }
         b.idx[0] = index;
         bk_batch bt;
-        ok = run_buf_fill(&b, &ds, 1, &bt) && bk_model_forward(m, &bt, 0, 0.0f, NULL, NULL) == BK_OK &&
+        ok = bk_data_batch_fill(&b, dset, 1, &bt) == BK_OK && bk_model_forward(m, &bt, 0, 0.0f, NULL, NULL) == BK_OK &&
              bk_model_attention(m, L, A) == BK_OK;
         if (ok) {
             bufs[r] = malloc(sizeof(float) * (size_t)H * ph * pw);
             if (!img) {
-                iw = ds.w;
-                ih = ds.h;
+                iw = ds->width;
+                ih = ds->height;
                 img = malloc(sizeof(float) * (size_t)iw * ih);
                 if (img) memcpy(img, b.x, sizeof(float) * (size_t)iw * ih);
             }
@@ -251,15 +256,15 @@ static int plot_attention(int argc, char **argv)
                 for (int j = 0; j < ph * pw; j++) bufs[r][(size_t)h * ph * pw + j] = A[(size_t)h * T * T + 1 + j];
         }
         if (!ok) fprintf(stderr, "birkhoff plot attention: %s\n", bk_last_error());
-        snprintf(labels[r], sizeof labels[r], "%s, layer %d", run_attn_name(c), L);
+        snprintf(labels[r], sizeof labels[r], "%s, layer %d", bk_attn_kind_name(c->attn), L);
         lab[r] = labels[r];
         hs[r] = H < 16 ? H : 16;
         gw = pw;
         gh = ph;
         if (1 + hs[r] > cols) cols = 1 + hs[r];
         free(A);
-        run_buf_free(&b);
-        data_close(&ds);
+        bk_data_batch_free(&b);
+        bk_data_close(dset);
         bk_model_free(m);
         if (!ok) goto done;
     }
@@ -368,22 +373,26 @@ static int plot_colsums(int argc, char **argv)
             char path[1200];
             snprintf(path, sizeof path, "%s/ckpt/epoch-%04d.safetensors", runs[r], pick[k]);
             bk_model *m = NULL;
-            run_config rc_;
-            if (!run_load("plot", path, nsamp, &m, &rc_, NULL)) goto done;
+            bk_run_config rc_;
+            if (bk_run_load(path, nsamp, &m, &rc_, NULL) != BK_OK) {
+                fprintf(stderr, "birkhoff plot: %s\n", bk_last_error());
+                goto done;
+            }
             const bk_model_config *c = bk_model_get_config(m);
-            data_set ds;
-            if (!run_open_data("plot", &rc_, NULL, dir, DATA_TEST, 0, c, &ds)) {
+            bk_dataset *dset;
+            if (bk_run_open_data(&rc_, NULL, dir, BK_SPLIT_TEST, 0, c, &dset) != BK_OK) {
+                fprintf(stderr, "birkhoff plot: %s\n", bk_last_error());
                 bk_model_free(m);
                 goto done;
             }
-            const int T = bk_model_tokens(m), B = nsamp < ds.n ? nsamp : (int)ds.n;
-            run_attn_diag *dg = calloc((size_t)c->depth, sizeof *dg);
+            const int64_t n = bk_data_info(dset)->n;
+            const int T = bk_model_tokens(m), B = nsamp < n ? nsamp : (int)n;
+            bk_layer_diag *dg = calloc((size_t)c->depth, sizeof *dg);
             float *cs = malloc(sizeof(float) * (size_t)c->depth * B * c->heads * T);
             int64_t ncol = 0;
-            char err[512];
             int ok = dg && cs && (layer < c->depth);
-            if (ok && !run_attention_diag(m, &ds, B, dg, cs, &ncol, err, sizeof err)) {
-                fprintf(stderr, "birkhoff plot colsums: %s\n", err);
+            if (ok && bk_attention_diag(m, dset, B, dg, cs, &ncol) != BK_OK) {
+                fprintf(stderr, "birkhoff plot colsums: %s\n", bk_last_error());
                 ok = 0;
             }
             const int l0 = layer < 0 ? 0 : layer, l1 = layer < 0 ? c->depth : layer + 1;
@@ -393,14 +402,14 @@ static int plot_colsums(int argc, char **argv)
                 for (int64_t i = 0; i < ncol; i++) v[nv++] = cs[(size_t)l * B * c->heads * T + (size_t)i];
             if (ok && !v) fprintf(stderr, "birkhoff plot colsums: out of memory\n");
             if (layer >= c->depth) fprintf(stderr, "birkhoff plot colsums: --layer %d >= depth %d\n", layer, c->depth);
-            snprintf(titles[npan], sizeof titles[npan], "%s, epoch %d%s", run_attn_name(c), pick[k],
+            snprintf(titles[npan], sizeof titles[npan], "%s, epoch %d%s", bk_attn_kind_name(c->attn), pick[k],
                      layer < 0 ? "" : " (one layer)");
             pan[npan] = (chart_hist){titles[npan], (int)nv, v};
             dv[npan] = v;
             vals[npan] = cs;
             npan++;
             free(dg);
-            data_close(&ds);
+            bk_data_close(dset);
             bk_model_free(m);
             if (!v) goto done;
         }

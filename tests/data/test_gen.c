@@ -1,8 +1,9 @@
-/* test_gen.c -- tests of the procedural data sets (tools/gen.c): ListOps
- * and point-cloud shapes. A standalone program:
+/* test_gen.c -- tests of the procedural data sets (src/data/gen.c, the
+ * "Generated datasets" of birkhoff/data.h): ListOps and point-cloud shapes.
+ * A standalone program over the library (make builds build/test_gen):
  *
- *   gcc -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -D_POSIX_C_SOURCE=200809L -Itools \
- *       tests/test_gen.c tools/gen.c -o /tmp/test_gen -lm && /tmp/test_gen
+ *   gcc -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -D_POSIX_C_SOURCE=200809L -Iinclude \
+ *       tests/data/test_gen.c build/libbirkhoff.a -o /tmp/test_gen -lopenblas -llapacke -lz -lm -fopenmp
  *
  * Options: --quick (fewer samples, for valgrind). Speeds are printed, never
  * checked (a speed is a property of the machine, not of the code).
@@ -14,7 +15,8 @@
  * The ListOps checks use their own evaluator: a recursive-descent parser
  * over the token ids with a median found by sorting. They share no code
  * with the generator. */
-#include "gen.h"
+#include "birkhoff/data.h"
+#include "tcheck.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,31 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-static int g_pass, g_fail;
 static int g_quick; /* --quick: fewer samples (for valgrind) */
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        g_pass++;
-        printf("ok - %s\n", name);
-    } else {
-        g_fail++;
-        printf("not ok - %s", name);
-        if (fmt && *fmt) {
-            va_list ap;
-            va_start(ap, fmt);
-            printf(": ");
-            vprintf(fmt, ap);
-            va_end(ap);
-        }
-        printf("\n");
-    }
-    fflush(stdout);
-}
 
 static double now_s(void)
 {
@@ -183,7 +161,7 @@ static void test_evaluator_selftest(void)
     static const int32_t b3[] = {3};            /* not an op */
     ok = ok && lo_eval(b1, 3, &d, &a, &m, &why) < 0 && lo_eval(b2, 4, &d, &a, &m, &why) < 0 &&
          lo_eval(b3, 1, &d, &a, &m, &why) < 0;
-    check(ok, "listops: independent evaluator self-test", "hand-written expressions mis-evaluated");
+    tc_check(ok, "listops: independent evaluator self-test", "hand-written expressions mis-evaluated");
 }
 
 /* ------------------------------------------------------------------------
@@ -229,9 +207,9 @@ static void test_listops_feasibility(void)
         char what[640] = "";
         for (int D = 1; D <= 10; D++) {
             for (int n = 5; n <= (g_quick ? DP_N / 4 : DP_N); n++) {
-                gen_listops_opts o = {n, n, D, A};
-                err[0] = 0;
-                int acc = gen_listops_check(&o, err, sizeof err);
+                bk_listops_config o = {n, n, D, A};
+                int acc = (bk_listops_check(&o) == BK_OK);
+                snprintf(err, sizeof err, "%s", bk_last_error()); /* "" when accepted */
                 if (acc != feas[D][n]) {
                     if (!bad++)
                         snprintf(what, sizeof what, "A=%d D=%d n=%d: accepted=%d dp=%d (%s)", A, D, n, acc,
@@ -246,8 +224,8 @@ static void test_listops_feasibility(void)
                     int len = -1, lab = -1, dep, ma, mi;
                     const char *why;
                     gens++;
-                    if (!gen_listops(7, i + (uint64_t)n * 31, &o, tok, &len, &lab, err, sizeof err)) {
-                        if (!bad++) snprintf(what, sizeof what, "A=%d D=%d n=%d: %s", A, D, n, err);
+                    if (!(bk_listops_sample(7, i + (uint64_t)n * 31, &o, tok, &len, &lab) == BK_OK)) {
+                        if (!bad++) snprintf(what, sizeof what, "A=%d D=%d n=%d: %s", A, D, n, bk_last_error());
                         continue;
                     }
                     int v = lo_eval(tok, len, &dep, &ma, &mi, &why);
@@ -261,16 +239,16 @@ static void test_listops_feasibility(void)
         }
         char name[128];
         snprintf(name, sizeof name, "listops: max_args %d: accepted lengths == DP, exact lengths (%d samples)", A, gens);
-        check(!bad, name, "%d problems; first %s", bad, what);
+        tc_check(!bad, name, "%d problems; first %s", bad, what);
     }
     /* ranges that contain no feasible length, and ones that just do */
-    gen_listops_opts r1 = {5, 6, 2, 2}, r2 = {5, 7, 2, 2}, r3 = {6, 6, 5, 3}, r4 = {6, 7, 5, 3};
+    bk_listops_config r1 = {5, 6, 2, 2}, r2 = {5, 7, 2, 2}, r3 = {6, 6, 5, 3}, r4 = {6, 7, 5, 3};
     int len = 0, lab = 0;
-    int ok = !gen_listops_check(&r1, err, sizeof err) && gen_listops_check(&r2, err, sizeof err) &&
-             !gen_listops_check(&r3, err, sizeof err) && gen_listops_check(&r4, err, sizeof err);
-    ok = ok && gen_listops(1, 0, &r2, tok, &len, &lab, err, sizeof err) && len == 7;
-    ok = ok && gen_listops(1, 0, &r4, tok, &len, &lab, err, sizeof err) && len == 7;
-    check(ok, "listops: infeasible ranges rejected (args 2: len%3==1; args 3: no 6)", "r1..r4 mishandled");
+    int ok = !(bk_listops_check(&r1) == BK_OK) && (bk_listops_check(&r2) == BK_OK) &&
+             !(bk_listops_check(&r3) == BK_OK) && (bk_listops_check(&r4) == BK_OK);
+    ok = ok && (bk_listops_sample(1, 0, &r2, tok, &len, &lab) == BK_OK) && len == 7;
+    ok = ok && (bk_listops_sample(1, 0, &r4, tok, &len, &lab) == BK_OK) && len == 7;
+    tc_check(ok, "listops: infeasible ranges rejected (args 2: len%3==1; args 3: no 6)", "r1..r4 mishandled");
 }
 
 /* ------------------------------------------------------------------------
@@ -289,10 +267,10 @@ static void test_listops_grid(void)
     static const int depths[3] = {1, 3, 10};
     const int N = g_quick ? 300 : 2000;
     int32_t *tok = malloc(sizeof(int32_t) * 4096);
-    char err[256], name[160];
+    char name[160];
     for (int li = 0; li < 3; li++) {
         for (int di = 0; di < 3; di++) {
-            gen_listops_opts o = gen_listops_defaults(maxlens[li]);
+            bk_listops_config o = bk_listops_config_default(maxlens[li]);
             o.max_depth = depths[di];
             if (depths[di] == 1) o.min_len = 5; /* depth 1, 10 args: at most 12 tokens */
             if (depths[di] == 3 && o.min_len > 1222) o.min_len = 500;
@@ -303,12 +281,12 @@ static void test_listops_grid(void)
             for (int i = 0; i < N; i++) {
                 int len = -1, lab = -1, dep = 0, ma = 0, mi = 0;
                 const char *why = NULL;
-                if (!gen_listops(12345, (uint64_t)i, &o, tok, &len, &lab, err, sizeof err)) {
-                    if (!bad++) snprintf(what, sizeof what, "i=%d: %s", i, err);
+                if (!(bk_listops_sample(12345, (uint64_t)i, &o, tok, &len, &lab) == BK_OK)) {
+                    if (!bad++) snprintf(what, sizeof what, "i=%d: %s", i, bk_last_error());
                     continue;
                 }
                 int idok = 1;
-                for (int t = 0; t < len; t++) idok &= tok[t] >= 0 && tok[t] < GEN_LISTOPS_VOCAB;
+                for (int t = 0; t < len; t++) idok &= tok[t] >= 0 && tok[t] < BK_LISTOPS_VOCAB;
                 int v = idok ? lo_eval(tok, len, &dep, &ma, &mi, &why) : -1;
                 if (!idok || v < 0 || v != lab || len < o.min_len || len > o.max_len || dep > o.max_depth ||
                     ma > o.max_args || mi < 2 || lab < 0 || lab > 9) {
@@ -331,7 +309,7 @@ static void test_listops_grid(void)
                      "listops max_len %d depth %d (min_len %d): %d samples: label == independent eval, well-formed, "
                      "len/depth/args in range",
                      o.max_len, o.max_depth, o.min_len, N);
-            check(!bad, name, "%d bad; first %s", bad, what);
+            tc_check(!bad, name, "%d bad; first %s", bad, what);
             int allc = 1;
             long cmax = 0;
             for (int c = 0; c < 10; c++) {
@@ -339,16 +317,16 @@ static void test_listops_grid(void)
                 if (cls[c] > cmax) cmax = cls[c];
             }
             snprintf(name, sizeof name, "listops max_len %d depth %d: all 10 classes occur", o.max_len, o.max_depth);
-            check(allc, name, "a class is missing");
+            tc_check(allc, name, "a class is missing");
             if (depths[di] == 10) {
                 snprintf(name, sizeof name, "listops max_len %d depth 10: no class above 35%% (max %.1f%%)",
                          o.max_len, 100.0 * (double)cmax / N);
-                check(cmax <= 0.35 * N, name, "class too common");
+                tc_check(cmax <= 0.35 * N, name, "class too common");
                 int spread = 1;
                 for (int q = 0; q < 4; q++) spread &= lq[q] >= N / 8;
                 snprintf(name, sizeof name, "listops max_len %d depth 10: lengths spread over the range (quarters %ld/%ld/%ld/%ld)",
                          o.max_len, lq[0], lq[1], lq[2], lq[3]);
-                check(spread, name, "lengths are bunched");
+                tc_check(spread, name, "lengths are bunched");
             }
             printf("# listops max_len %d min_len %d depth %d: len %d..%d mean %.1f; length quarters %ld %ld %ld %ld; max depth %d\n",
                    o.max_len, o.min_len, o.max_depth, lmin, lmax, lsum / N, lq[0], lq[1], lq[2], lq[3], dmax);
@@ -367,48 +345,47 @@ static void test_listops_grid(void)
 
 static void test_listops_determinism(void)
 {
-    gen_listops_opts o = gen_listops_defaults(256);
+    bk_listops_config o = bk_listops_config_default(256);
     enum { M = 64 };
     int32_t *a = malloc(sizeof(int32_t) * M * 256), *b = malloc(sizeof(int32_t) * 256);
     int la[M], ya[M], ok = 1;
-    char err[256];
-    for (int i = 0; i < M; i++) ok &= gen_listops(99, (uint64_t)i, &o, a + i * 256, &la[i], &ya[i], err, sizeof err);
+    for (int i = 0; i < M; i++) ok &= (bk_listops_sample(99, (uint64_t)i, &o, a + i * 256, &la[i], &ya[i]) == BK_OK);
     /* again, in reverse, with other indices and seeds in between */
     for (int i = M - 1; i >= 0; i--) {
         int lb, yb;
-        ok &= gen_listops(5, (uint64_t)i * 7 + 1000, &o, b, &lb, &yb, err, sizeof err);
-        ok &= gen_listops(99, (uint64_t)i, &o, b, &lb, &yb, err, sizeof err);
+        ok &= (bk_listops_sample(5, (uint64_t)i * 7 + 1000, &o, b, &lb, &yb) == BK_OK);
+        ok &= (bk_listops_sample(99, (uint64_t)i, &o, b, &lb, &yb) == BK_OK);
         ok &= lb == la[i] && yb == ya[i] && memcmp(b, a + i * 256, sizeof(int32_t) * (size_t)lb) == 0;
     }
-    check(ok, "listops: determinism (same sample in any order, with other samples in between)", "mismatch");
+    tc_check(ok, "listops: determinism (same sample in any order, with other samples in between)", "mismatch");
 
     /* different seeds (and indices) give different streams */
     int same_seed = 0, same_next = 0;
     for (int i = 0; i < M; i++) {
         int lb, yb;
-        gen_listops(100, (uint64_t)i, &o, b, &lb, &yb, err, sizeof err);
+        bk_listops_sample(100, (uint64_t)i, &o, b, &lb, &yb);
         same_seed += lb == la[i] && memcmp(b, a + i * 256, sizeof(int32_t) * (size_t)lb) == 0;
         if (i + 1 < M)
             same_next += la[i] == la[i + 1] && memcmp(a + i * 256, a + (i + 1) * 256, sizeof(int32_t) * (size_t)la[i]) == 0;
     }
-    check(same_seed == 0 && same_next == 0, "listops: different seeds / indices give different samples",
+    tc_check(same_seed == 0 && same_next == 0, "listops: different seeds / indices give different samples",
           "%d identical across seeds, %d across neighbouring indices", same_seed, same_next);
 
     /* Golden hash of the stream (seed 2024, first 200 samples at max_len
      * 512). It pins the exact output on every machine. Change it only when
      * the sampler changes on purpose, since that changes every data set. */
-    gen_listops_opts o2 = gen_listops_defaults(512);
+    bk_listops_config o2 = bk_listops_config_default(512);
     int32_t *t2 = malloc(sizeof(int32_t) * 512);
     uint64_t h = FNV_INIT;
     for (int i = 0; i < 200; i++) {
         int l, y;
-        gen_listops(2024, (uint64_t)i, &o2, t2, &l, &y, err, sizeof err);
+        bk_listops_sample(2024, (uint64_t)i, &o2, t2, &l, &y);
         h = fnv1a(h, &l, sizeof l);
         h = fnv1a(h, &y, sizeof y);
         h = fnv1a(h, t2, sizeof(int32_t) * (size_t)l);
     }
     printf("# listops golden hash %016llx\n", (unsigned long long)h);
-    check(h == 0x20236af7be8eda2aull, "listops: golden stream hash", "got %016llx", (unsigned long long)h);
+    tc_check(h == 0x20236af7be8eda2aull, "listops: golden stream hash", "got %016llx", (unsigned long long)h);
     free(t2);
     free(a);
     free(b);
@@ -419,7 +396,7 @@ static void test_listops_bad_options(void)
     int32_t tok[4096];
     int len, lab;
     struct {
-        gen_listops_opts o;
+        bk_listops_config o;
         const char *what;
     } cases[] = {
         {{5, 3, 10, 10}, "max_len 3"},
@@ -435,21 +412,21 @@ static void test_listops_bad_options(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[256] = "", name[160];
-        int r = gen_listops(1, 0, &cases[i].o, tok, &len, &lab, err, sizeof err);
+        int r = (bk_listops_sample(1, 0, &cases[i].o, tok, &len, &lab) == BK_OK);
+        snprintf(err, sizeof err, "%s", r ? "" : bk_last_error());
         snprintf(name, sizeof name, "listops: rejects %s", cases[i].what);
-        check(r == 0 && err[0] != 0, name, "returned %d, message '%s'", r, err);
+        tc_check(r == 0 && err[0] != 0, name, "returned %d, message '%s'", r, err);
         if (r == 0) printf("#   message: %s\n", err);
     }
-    gen_listops_opts ok = gen_listops_defaults(64);
-    int r1 = gen_listops(1, 0, NULL, tok, &len, &lab, NULL, 0);
-    int r2 = gen_listops(1, 0, &ok, NULL, &len, &lab, NULL, 0);
-    char tiny[8];
-    gen_listops_opts bad = {5, 3, 10, 10};
-    int r3 = gen_listops(1, 0, &bad, tok, &len, &lab, tiny, sizeof tiny);
-    check(r1 == 0 && r2 == 0 && r3 == 0 && strlen(tiny) < sizeof tiny,
-          "listops: NULL options / outputs rejected, NULL and short err buffers are safe", "r %d %d %d", r1, r2, r3);
-    gen_listops_opts d = gen_listops_defaults(2000);
-    check(d.min_len == 500 && d.max_len == 2000 && d.max_depth == 10 && d.max_args == 10,
+    bk_listops_config ok = bk_listops_config_default(64);
+    int r1 = (bk_listops_sample(1, 0, NULL, tok, &len, &lab) == BK_OK), m1 = bk_last_error()[0] != 0;
+    int r2 = (bk_listops_sample(1, 0, &ok, NULL, &len, &lab) == BK_OK), m2 = bk_last_error()[0] != 0;
+    bk_listops_config bad = {5, 3, 10, 10};
+    int r3 = (bk_listops_sample(1, 0, &bad, tok, &len, &lab) == BK_OK), m3 = bk_last_error()[0] != 0;
+    tc_check(r1 == 0 && r2 == 0 && r3 == 0 && m1 && m2 && m3,
+          "listops: NULL options / outputs rejected, each with a message (bk_last_error)", "r %d %d %d", r1, r2, r3);
+    bk_listops_config d = bk_listops_config_default(2000);
+    tc_check(d.min_len == 500 && d.max_len == 2000 && d.max_depth == 10 && d.max_args == 10,
           "listops: defaults(2000) = LRA (500..2000, depth 10, args 10)", "%d %d %d %d", d.min_len, d.max_len,
           d.max_depth, d.max_args);
 }
@@ -548,46 +525,46 @@ static void test_shapes_basic(void)
 {
     const int P = 1024;
     float *a = malloc(sizeof(float) * 3 * P), *b = malloc(sizeof(float) * 3 * P);
-    char err[256], name[160];
-    gen_shapes_opts o = gen_shapes_defaults(P);
+    char name[160];
+    bk_shapes_config o = bk_shapes_config_default(P);
     int la = -1, lb = -1, ok = 1;
 
     /* names */
-    int names_ok = strcmp(gen_shape_name(-1), "?") == 0 && strcmp(gen_shape_name(GEN_SHAPES_CLASSES), "?") == 0;
-    for (int c = 0; c < GEN_SHAPES_CLASSES; c++) {
-        names_ok &= strlen(gen_shape_name(c)) > 0 && strcmp(gen_shape_name(c), "?") != 0;
-        for (int d = 0; d < c; d++) names_ok &= strcmp(gen_shape_name(c), gen_shape_name(d)) != 0;
+    int names_ok = strcmp(bk_shapes_name(-1), "?") == 0 && strcmp(bk_shapes_name(BK_SHAPES_CLASSES), "?") == 0;
+    for (int c = 0; c < BK_SHAPES_CLASSES; c++) {
+        names_ok &= strlen(bk_shapes_name(c)) > 0 && strcmp(bk_shapes_name(c), "?") != 0;
+        for (int d = 0; d < c; d++) names_ok &= strcmp(bk_shapes_name(c), bk_shapes_name(d)) != 0;
     }
-    check(names_ok && GEN_SHAPES_CLASSES >= 10, "shapes: >= 10 classes with distinct names", "names");
+    tc_check(names_ok && BK_SHAPES_CLASSES >= 10, "shapes: >= 10 classes with distinct names", "names");
 
     /* determinism */
-    ok &= gen_shapes(3, 17, &o, a, &la, err, sizeof err);
-    for (int i = 0; i < 5; i++) ok &= gen_shapes(4, (uint64_t)i, &o, b, &lb, err, sizeof err);
-    ok &= gen_shapes(3, 17, &o, b, &lb, err, sizeof err);
-    check(ok && la == lb && memcmp(a, b, sizeof(float) * 3 * P) == 0,
+    ok &= (bk_shapes_sample(3, 17, &o, a, &la) == BK_OK);
+    for (int i = 0; i < 5; i++) ok &= (bk_shapes_sample(4, (uint64_t)i, &o, b, &lb) == BK_OK);
+    ok &= (bk_shapes_sample(3, 17, &o, b, &lb) == BK_OK);
+    tc_check(ok && la == lb && memcmp(a, b, sizeof(float) * 3 * P) == 0,
           "shapes: determinism (same sample after others)", "mismatch");
 
     /* golden hash: pins the output bits on every machine */
     uint64_t h = FNV_INIT;
-    gen_shapes_opts og = gen_shapes_defaults(256);
+    bk_shapes_config og = bk_shapes_config_default(256);
     for (int i = 0; i < 48; i++) {
         int l;
-        gen_shapes(2024, (uint64_t)i, &og, a, &l, err, sizeof err);
+        bk_shapes_sample(2024, (uint64_t)i, &og, a, &l);
         h = fnv1a(h, &l, sizeof l);
         h = fnv1a(h, a, sizeof(float) * 3 * 256);
     }
     printf("# shapes golden hash %016llx\n", (unsigned long long)h);
-    check(h == 0x42181d31b430e05dull, "shapes: golden stream hash", "got %016llx", (unsigned long long)h);
+    tc_check(h == 0x42181d31b430e05dull, "shapes: golden stream hash", "got %016llx", (unsigned long long)h);
 
     /* label balance: every block of 12 is a permutation; not index % 12 */
     int perm_ok = 1, not_mod = 0, label_fn = 1;
-    long cnt[GEN_SHAPES_CLASSES] = {0};
+    long cnt[BK_SHAPES_CLASSES] = {0};
     for (int blk = 0; blk < 100; blk++) {
-        int seen[GEN_SHAPES_CLASSES] = {0};
-        for (int k = 0; k < GEN_SHAPES_CLASSES; k++) {
-            uint64_t idx = (uint64_t)blk * GEN_SHAPES_CLASSES + (uint64_t)k;
-            int l = gen_shapes_label(11, idx);
-            if (l < 0 || l >= GEN_SHAPES_CLASSES) {
+        int seen[BK_SHAPES_CLASSES] = {0};
+        for (int k = 0; k < BK_SHAPES_CLASSES; k++) {
+            uint64_t idx = (uint64_t)blk * BK_SHAPES_CLASSES + (uint64_t)k;
+            int l = bk_shapes_label(11, idx);
+            if (l < 0 || l >= BK_SHAPES_CLASSES) {
                 perm_ok = 0;
                 continue;
             }
@@ -595,54 +572,54 @@ static void test_shapes_basic(void)
             cnt[l]++;
             not_mod |= l != k;
         }
-        for (int c = 0; c < GEN_SHAPES_CLASSES; c++) perm_ok &= seen[c] == 1;
+        for (int c = 0; c < BK_SHAPES_CLASSES; c++) perm_ok &= seen[c] == 1;
     }
     for (int i = 0; i < 40; i++) {
         int l;
-        gen_shapes(11, (uint64_t)i, &og, a, &l, err, sizeof err);
-        label_fn &= l == gen_shapes_label(11, (uint64_t)i);
+        bk_shapes_sample(11, (uint64_t)i, &og, a, &l);
+        label_fn &= l == bk_shapes_label(11, (uint64_t)i);
     }
-    check(perm_ok && not_mod && label_fn, "shapes: labels balanced (a permutation per block of 12), match gen_shapes_label",
+    tc_check(perm_ok && not_mod && label_fn, "shapes: labels balanced (a permutation per block of 12), match bk_shapes_label",
           "perm %d shuffled %d fn %d", perm_ok, not_mod, label_fn);
 
     /* finite, centred, unit max radius (with and without noise) */
     int fin = 1;
     double worst_mean = 0, rmin = 1e9, rmaxx = 0, rmin0 = 1e9, rmax0 = 0;
-    gen_shapes_opts o0 = {P, 0.0f};
+    bk_shapes_config o0 = {P, 0.0f};
     for (int i = 0; i < 240; i++) {
         double mean[3], cov[3][3], rm;
         int l;
-        ok &= gen_shapes(8, (uint64_t)i, &o, a, &l, err, sizeof err);
+        ok &= (bk_shapes_sample(8, (uint64_t)i, &o, a, &l) == BK_OK);
         for (int k = 0; k < 3 * P; k++) fin &= isfinite(a[k]) != 0;
         cloud_stats(a, P, mean, cov, &rm);
         for (int c = 0; c < 3; c++)
             if (fabs(mean[c]) > worst_mean) worst_mean = fabs(mean[c]);
         if (rm < rmin) rmin = rm;
         if (rm > rmaxx) rmaxx = rm;
-        ok &= gen_shapes(8, (uint64_t)i, &o0, a, &l, err, sizeof err);
+        ok &= (bk_shapes_sample(8, (uint64_t)i, &o0, a, &l) == BK_OK);
         cloud_stats(a, P, mean, cov, &rm);
         for (int c = 0; c < 3; c++)
             if (fabs(mean[c]) > worst_mean) worst_mean = fabs(mean[c]);
         if (rm < rmin0) rmin0 = rm;
         if (rm > rmax0) rmax0 = rm;
     }
-    check(ok && fin, "shapes: 240 samples generated, every coordinate finite", "failure");
+    tc_check(ok && fin, "shapes: 240 samples generated, every coordinate finite", "failure");
     snprintf(name, sizeof name, "shapes: centred (max |mean| %.2e)", worst_mean);
-    check(worst_mean < 0.01, name, "not centred");
+    tc_check(worst_mean < 0.01, name, "not centred");
     snprintf(name, sizeof name, "shapes: noise 0: max radius 1 (%.7f..%.7f)", rmin0, rmax0);
-    check(rmin0 > 1 - 1e-5 && rmax0 < 1 + 1e-5, name, "not unit");
+    tc_check(rmin0 > 1 - 1e-5 && rmax0 < 1 + 1e-5, name, "not unit");
     snprintf(name, sizeof name, "shapes: noise 0.02: max radius ~1 (%.4f..%.4f)", rmin, rmaxx);
-    check(rmin > 0.95 && rmaxx < 1.15, name, "out of range");
+    tc_check(rmin > 0.95 && rmaxx < 1.15, name, "out of range");
 
     /* rotations: the long axis of ellipsoids points everywhere; two
      * samples of a class differ */
     double absdir[3] = {0, 0, 0}, outer[3][3] = {{0}};
-    int nell = 0, differ = 1, cls_prev[GEN_SHAPES_CLASSES];
-    for (int c = 0; c < GEN_SHAPES_CLASSES; c++) cls_prev[c] = -1;
-    float *keep = malloc(sizeof(float) * 3 * P * GEN_SHAPES_CLASSES);
+    int nell = 0, differ = 1, cls_prev[BK_SHAPES_CLASSES];
+    for (int c = 0; c < BK_SHAPES_CLASSES; c++) cls_prev[c] = -1;
+    float *keep = malloc(sizeof(float) * 3 * P * BK_SHAPES_CLASSES);
     for (int i = 0; i < 12 * 50; i++) {
         int l;
-        gen_shapes(21, (uint64_t)i, &o, a, &l, err, sizeof err);
+        bk_shapes_sample(21, (uint64_t)i, &o, a, &l);
         if (cls_prev[l] < 0) {
             memcpy(keep + (size_t)l * 3 * P, a, sizeof(float) * 3 * P);
             cls_prev[l] = i;
@@ -656,7 +633,7 @@ static void test_shapes_basic(void)
             if (l != 0 && d < 1e-3) differ = 0; /* a sphere may look alike */
             cls_prev[l] = -2;
         }
-        if (strcmp(gen_shape_name(l), "ellipsoid") == 0) {
+        if (strcmp(bk_shapes_name(l), "ellipsoid") == 0) {
             double mean[3], cov[3][3], rm, ev[3], V[3][3];
             cloud_stats(a, P, mean, cov, &rm);
             eig3(cov, ev, V);
@@ -679,26 +656,27 @@ static void test_shapes_basic(void)
     }
     snprintf(name, sizeof name, "shapes: random rotations (ellipsoid long axis mean |v| = %.2f %.2f %.2f over %d)",
              absdir[0], absdir[1], absdir[2], nell);
-    check(iso, name, "orientations not spread");
-    check(differ, "shapes: two samples of the same class differ", "identical covariance");
+    tc_check(iso, name, "orientations not spread");
+    tc_check(differ, "shapes: two samples of the same class differ", "identical covariance");
 
     /* bad options */
-    gen_shapes_opts bad[5] = {{15, 0.02f}, {4097, 0.02f}, {P, -0.1f}, {P, NAN}, {P, 2.0f}};
+    bk_shapes_config bad[5] = {{15, 0.02f}, {4097, 0.02f}, {P, -0.1f}, {P, NAN}, {P, 2.0f}};
     const char *bw[5] = {"points 15", "points 4097", "noise -0.1", "noise NaN", "noise 2"};
     for (int i = 0; i < 5; i++) {
         char e2[256] = "";
         int l;
-        int r = gen_shapes(1, 0, &bad[i], a, &l, e2, sizeof e2);
+        int r = (bk_shapes_sample(1, 0, &bad[i], a, &l) == BK_OK);
+        snprintf(e2, sizeof e2, "%s", r ? "" : bk_last_error());
         snprintf(name, sizeof name, "shapes: rejects %s", bw[i]);
-        check(r == 0 && e2[0], name, "returned %d '%s'", r, e2);
+        tc_check(r == 0 && e2[0], name, "returned %d '%s'", r, e2);
     }
     int l;
-    check(gen_shapes(1, 0, NULL, a, &l, NULL, 0) == 0 && gen_shapes(1, 0, &o, NULL, &l, NULL, 0) == 0,
+    tc_check((bk_shapes_sample(1, 0, NULL, a, &l) == BK_OK) == 0 && (bk_shapes_sample(1, 0, &o, NULL, &l) == BK_OK) == 0,
           "shapes: NULL options / outputs rejected", "accepted");
-    gen_shapes_opts small = {16, 0.02f}, big = {4096, 0.0f};
+    bk_shapes_config small = {16, 0.02f}, big = {4096, 0.0f};
     float *bb = malloc(sizeof(float) * 3 * 4096);
-    check(gen_shapes(1, 5, &small, bb, &l, err, sizeof err) && gen_shapes(1, 5, &big, bb, &l, err, sizeof err),
-          "shapes: 16 and 4096 points accepted", "%s", err);
+    tc_check((bk_shapes_sample(1, 5, &small, bb, &l) == BK_OK) && (bk_shapes_sample(1, 5, &big, bb, &l) == BK_OK),
+          "shapes: 16 and 4096 points accepted", "%s", bk_last_error());
     free(bb);
     free(a);
     free(b);
@@ -707,18 +685,17 @@ static void test_shapes_basic(void)
 static void test_shapes_separability(void)
 {
     const int P = 1024, NTR = g_quick ? 240 : 1200, NTE = g_quick ? 120 : 600;
-    gen_shapes_opts o = gen_shapes_defaults(P);
+    bk_shapes_config o = bk_shapes_config_default(P);
     float *xyz = malloc(sizeof(float) * 3 * P);
     double *F = malloc(sizeof(double) * DESC_DIM * (NTR + NTE));
     int *Y = malloc(sizeof(int) * (NTR + NTE));
-    char err[256];
     for (int i = 0; i < NTR + NTE; i++) {
-        gen_shapes(77, (uint64_t)i, &o, xyz, &Y[i], err, sizeof err);
+        bk_shapes_sample(77, (uint64_t)i, &o, xyz, &Y[i]);
         descriptor(xyz, P, F + (size_t)i * DESC_DIM);
     }
     /* standardise on the training set, nearest centroid */
-    double mu[DESC_DIM] = {0}, sd[DESC_DIM] = {0}, cen[GEN_SHAPES_CLASSES][DESC_DIM] = {{0}};
-    int cc[GEN_SHAPES_CLASSES] = {0};
+    double mu[DESC_DIM] = {0}, sd[DESC_DIM] = {0}, cen[BK_SHAPES_CLASSES][DESC_DIM] = {{0}};
+    int cc[BK_SHAPES_CLASSES] = {0};
     for (int i = 0; i < NTR; i++)
         for (int k = 0; k < DESC_DIM; k++) mu[k] += F[i * DESC_DIM + k] / NTR;
     for (int i = 0; i < NTR; i++)
@@ -730,14 +707,14 @@ static void test_shapes_separability(void)
         cc[Y[i]]++;
         for (int k = 0; k < DESC_DIM; k++) cen[Y[i]][k] += F[i * DESC_DIM + k];
     }
-    for (int c = 0; c < GEN_SHAPES_CLASSES; c++)
+    for (int c = 0; c < BK_SHAPES_CLASSES; c++)
         for (int k = 0; k < DESC_DIM; k++) cen[c][k] /= cc[c] ? cc[c] : 1;
-    int correct = 0, pc_n[GEN_SHAPES_CLASSES] = {0}, pc_ok[GEN_SHAPES_CLASSES] = {0};
-    int conf[GEN_SHAPES_CLASSES][GEN_SHAPES_CLASSES] = {{0}};
+    int correct = 0, pc_n[BK_SHAPES_CLASSES] = {0}, pc_ok[BK_SHAPES_CLASSES] = {0};
+    int conf[BK_SHAPES_CLASSES][BK_SHAPES_CLASSES] = {{0}};
     for (int i = NTR; i < NTR + NTE; i++) {
         int best = 0;
         double bd = 1e300;
-        for (int c = 0; c < GEN_SHAPES_CLASSES; c++) {
+        for (int c = 0; c < BK_SHAPES_CLASSES; c++) {
             double d = 0;
             for (int k = 0; k < DESC_DIM; k++) d += (F[i * DESC_DIM + k] - cen[c][k]) * (F[i * DESC_DIM + k] - cen[c][k]);
             if (d < bd) bd = d, best = c;
@@ -749,20 +726,20 @@ static void test_shapes_separability(void)
     double acc = (double)correct / NTE;
     printf("# shapes descriptor (cov eigenvalues + radius histogram) nearest-centroid test accuracy: %.1f%% "
            "(chance %.1f%%)\n# per class:",
-           100 * acc, 100.0 / GEN_SHAPES_CLASSES);
-    for (int c = 0; c < GEN_SHAPES_CLASSES; c++) {
+           100 * acc, 100.0 / BK_SHAPES_CLASSES);
+    for (int c = 0; c < BK_SHAPES_CLASSES; c++) {
         int worst = -1;
-        for (int d = 0; d < GEN_SHAPES_CLASSES; d++)
+        for (int d = 0; d < BK_SHAPES_CLASSES; d++)
             if (d != c && conf[c][d] > 0 && (worst < 0 || conf[c][d] > conf[c][worst])) worst = d;
-        printf(" %s %.0f%%", gen_shape_name(c), 100.0 * pc_ok[c] / (pc_n[c] ? pc_n[c] : 1));
-        if (worst >= 0) printf(" (->%s)", gen_shape_name(worst));
+        printf(" %s %.0f%%", bk_shapes_name(c), 100.0 * pc_ok[c] / (pc_n[c] ? pc_n[c] : 1));
+        if (worst >= 0) printf(" (->%s)", bk_shapes_name(worst));
         printf(";");
     }
     printf("\n");
     char name[160];
     snprintf(name, sizeof name, "shapes: simple descriptor separates classes well above chance (%.1f%% > 40%%)",
              100 * acc);
-    check(acc > 0.40, name, "too low");
+    tc_check(acc > 0.40, name, "too low");
     free(xyz);
     free(F);
     free(Y);
@@ -775,19 +752,18 @@ static void test_speed(void)
 {
     int32_t *tok = malloc(sizeof(int32_t) * 4096);
     float *xyz = malloc(sizeof(float) * 3 * 1024);
-    char err[256];
     int len, lab;
     uint64_t sink = 0;
     static const int lens[2] = {512, 2000};
     double rate512 = 0;
     for (int li = 0; li < 2; li++) {
-        gen_listops_opts o = gen_listops_defaults(lens[li]);
+        bk_listops_config o = bk_listops_config_default(lens[li]);
         int n = 0;
         long toks = 0;
         double t0 = now_s(), t1;
         do {
             for (int k = 0; k < 256; k++, n++) {
-                gen_listops(1, (uint64_t)n, &o, tok, &len, &lab, err, sizeof err);
+                bk_listops_sample(1, (uint64_t)n, &o, tok, &len, &lab);
                 sink += (uint64_t)tok[len - 1] + (uint64_t)lab;
                 toks += len;
             }
@@ -798,12 +774,12 @@ static void test_speed(void)
         printf("# speed: listops max_len %d (defaults, mean len %.0f): %.0f samples/s, %.1f M tokens/s (one core)\n",
                lens[li], (double)toks / n, rate, toks / (t1 - t0) / 1e6);
     }
-    gen_shapes_opts so = gen_shapes_defaults(1024);
+    bk_shapes_config so = bk_shapes_config_default(1024);
     int n = 0;
     double t0 = now_s(), t1;
     do {
         for (int k = 0; k < 64; k++, n++) {
-            gen_shapes(1, (uint64_t)n, &so, xyz, &lab, err, sizeof err);
+            bk_shapes_sample(1, (uint64_t)n, &so, xyz, &lab);
             sink += (uint64_t)lab;
         }
         t1 = now_s();
@@ -834,6 +810,5 @@ int main(int argc, char **argv)
     test_shapes_basic();
     test_shapes_separability();
     test_speed();
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return tc_summary();
 }

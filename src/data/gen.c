@@ -1,9 +1,7 @@
 /* gen.c -- procedural data sets: ListOps and point-cloud shapes.
- * See gen.h for the definitions. */
-#include "gen.h"
+ * See birkhoff/data.h ("Generated datasets") for the definitions. */
+#include "../core/internal.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <math.h>
 
 /* Bit-identical output needs unfused multiply-adds. GCC fuses none in ISO
@@ -11,23 +9,6 @@
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-
-/* ------------------------------------------------------------------------
- * errors
- * --------------------------------------------------------------------- */
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int gen_fail(char *err, size_t errcap, const char *fmt, ...)
-{
-    if (err && errcap > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errcap, fmt, ap);
-        va_end(ap);
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------------
  * counter-based random numbers: a splitmix64 stream keyed by
@@ -174,15 +155,15 @@ static int gen_lo_apply(int op, const int *v, int k)
 {
     int acc, cnt[10] = {0};
     switch (op) {
-    case GEN_TOK_MIN:
+    case BK_LISTOPS_TOK_MIN:
         acc = 9;
         for (int i = 0; i < k; i++) acc = v[i] < acc ? v[i] : acc;
         return acc;
-    case GEN_TOK_MAX:
+    case BK_LISTOPS_TOK_MAX:
         acc = 0;
         for (int i = 0; i < k; i++) acc = v[i] > acc ? v[i] : acc;
         return acc;
-    case GEN_TOK_SM:
+    case BK_LISTOPS_TOK_SM:
         acc = 0;
         for (int i = 0; i < k; i++) acc += v[i];
         return acc % 10;
@@ -218,7 +199,7 @@ static int gen_lo_build(gen_lctx *c, int n, int d)
         return 0;
     }
     int k = ks[gen_below(&c->rng, nk)];
-    int op = GEN_TOK_MIN + gen_below(&c->rng, 4);
+    int op = BK_LISTOPS_TOK_MIN + gen_below(&c->rng, 4);
     int vals[GEN_LO_MAXARGS];
     gen_lo_put(c, op);
     int R = n - 2;
@@ -233,13 +214,13 @@ static int gen_lo_build(gen_lctx *c, int n, int d)
         }
         R -= s;
     }
-    gen_lo_put(c, GEN_TOK_CLOSE);
+    gen_lo_put(c, BK_LISTOPS_TOK_CLOSE);
     return gen_lo_apply(op, vals, k);
 }
 
-gen_listops_opts gen_listops_defaults(int max_len)
+bk_listops_config bk_listops_config_default(int max_len)
 {
-    gen_listops_opts o;
+    bk_listops_config o;
     o.max_len = max_len;
     o.min_len = max_len / 4 > 5 ? max_len / 4 : 5;
     o.max_depth = 10;
@@ -247,48 +228,51 @@ gen_listops_opts gen_listops_defaults(int max_len)
     return o;
 }
 
-/* Checks o and sets up c (lengths table). Returns 1 if valid. */
-static int gen_lo_setup(const gen_listops_opts *o, gen_lctx *c, char *err, size_t errcap)
+/* Checks o and sets up c (lengths table). */
+static bk_status gen_lo_setup(const bk_listops_config *o, gen_lctx *c)
 {
-    if (!o) return gen_fail(err, errcap, "listops: no options");
-    if (o->max_len < 5 || o->max_len > GEN_LISTOPS_MAXLEN)
-        return gen_fail(err, errcap, "listops: max_len %d out of range [5, %d]", o->max_len, GEN_LISTOPS_MAXLEN);
+    if (!o) return bki_fail(BK_ERR_NULL, "listops: no options");
+    if (o->max_len < 5 || o->max_len > BK_LISTOPS_MAXLEN)
+        return bki_fail(BK_ERR_PARAM, "listops: max_len %d out of range [5, %d]", o->max_len, BK_LISTOPS_MAXLEN);
     if (o->min_len < 5 || o->min_len > o->max_len)
-        return gen_fail(err, errcap, "listops: min_len %d out of range [5, max_len=%d]", o->min_len, o->max_len);
+        return bki_fail(BK_ERR_PARAM, "listops: min_len %d out of range [5, max_len=%d]", o->min_len, o->max_len);
     if (o->max_depth < 1 || o->max_depth > GEN_LO_MAXDEPTH)
-        return gen_fail(err, errcap, "listops: max_depth %d out of range [1, %d]", o->max_depth, GEN_LO_MAXDEPTH);
+        return bki_fail(BK_ERR_PARAM, "listops: max_depth %d out of range [1, %d]", o->max_depth, GEN_LO_MAXDEPTH);
     if (o->max_args < 2 || o->max_args > GEN_LO_MAXARGS)
-        return gen_fail(err, errcap, "listops: max_args %d out of range [2, %d]", o->max_args, GEN_LO_MAXARGS);
+        return bki_fail(BK_ERR_PARAM, "listops: max_args %d out of range [2, %d]", o->max_args, GEN_LO_MAXARGS);
     c->A = o->max_args;
     gen_lo_init_lengths(c, o->max_depth);
     int Lmax = c->L[o->max_depth];
     if (o->min_len > Lmax)
-        return gen_fail(err, errcap,
+        return bki_fail(BK_ERR_PARAM,
                         "listops: min_len %d is longer than any tree with max_depth %d and max_args %d "
                         "(at most %d tokens)",
                         o->min_len, o->max_depth, o->max_args, Lmax);
     /* In [4, Lmax], every 3 consecutive lengths include one that works. */
     int hi = o->max_len < Lmax ? o->max_len : Lmax;
     for (int n = o->min_len; n <= hi && n < o->min_len + 3; n++)
-        if (gen_lo_op_ok(c, n, o->max_depth)) return 1;
-    return gen_fail(err, errcap,
+        if (gen_lo_op_ok(c, n, o->max_depth)) return BK_OK;
+    return bki_fail(BK_ERR_PARAM,
                     "listops: no tree with max_depth %d and max_args %d has a length in [%d, %d] "
                     "(max_args 2 gives only lengths = 1 mod 3; max_args 3 cannot give 6)",
                     o->max_depth, o->max_args, o->min_len, o->max_len);
 }
 
-int gen_listops_check(const gen_listops_opts *o, char *err, size_t errcap)
+bk_status bk_listops_check(const bk_listops_config *o)
 {
     gen_lctx c;
-    return gen_lo_setup(o, &c, err, errcap);
+    bki_clear_error();
+    return gen_lo_setup(o, &c);
 }
 
-int gen_listops(uint64_t seed, uint64_t index, const gen_listops_opts *o, int32_t *tokens, int *len,
-                int *label, char *err, size_t errcap)
+bk_status bk_listops_sample(uint64_t seed, uint64_t index, const bk_listops_config *o, int32_t *tokens, int *len,
+                            int *label)
 {
     gen_lctx c;
-    if (!gen_lo_setup(o, &c, err, errcap)) return 0;
-    if (!tokens || !len || !label) return gen_fail(err, errcap, "listops: null output pointer");
+    bki_clear_error();
+    bk_status st = gen_lo_setup(o, &c);
+    if (st != BK_OK) return st;
+    if (!tokens || !len || !label) return bki_fail(BK_ERR_NULL, "listops: null output pointer");
     c.rng.s = gen_key(seed, index, GEN_DOM_LISTOPS);
     c.tok = tokens;
     c.pos = 0;
@@ -306,13 +290,13 @@ int gen_listops(uint64_t seed, uint64_t index, const gen_listops_opts *o, int32_
             if (a >= lo && a <= hi && gen_lo_op_ok(&c, a, D)) n = a, found = 1;
             else if (b >= lo && b <= hi && gen_lo_op_ok(&c, b, D)) n = b, found = 1;
         }
-        if (!found) return gen_fail(err, errcap, "listops: internal error (no feasible length)");
+        if (!found) return bki_fail(BK_ERR_NUMERIC, "listops: internal error (no feasible length)");
     }
     int v = gen_lo_build(&c, n, D);
-    if (c.broken || c.pos != n) return gen_fail(err, errcap, "listops: internal error (tree construction)");
+    if (c.broken || c.pos != n) return bki_fail(BK_ERR_NUMERIC, "listops: internal error (tree construction)");
     *len = n;
     *label = v;
-    return 1;
+    return BK_OK;
 }
 
 /* ========================================================================
@@ -321,7 +305,7 @@ int gen_listops(uint64_t seed, uint64_t index, const gen_listops_opts *o, int32_
 #define GEN_PI 3.14159265358979323846
 #define GEN_SQRT2 1.41421356237309504880
 
-static const char *const gen_shape_names[GEN_SHAPES_CLASSES] = {
+static const char *const gen_shape_names[BK_SHAPES_CLASSES] = {
     "sphere",    "box",     "cylinder", "cone",     "torus", "pyramid",
     "ellipsoid", "capsule", "helix",    "dumbbell", "disc",  "tetrahedron",
 };
@@ -341,9 +325,9 @@ enum {
     GEN_SH_TETRA
 };
 
-const char *gen_shape_name(int label)
+const char *bk_shapes_name(int label)
 {
-    if (label < 0 || label >= GEN_SHAPES_CLASSES) return "?";
+    if (label < 0 || label >= BK_SHAPES_CLASSES) return "?";
     return gen_shape_names[label];
 }
 
@@ -540,36 +524,37 @@ static void gen_shape_pt(int cls, const double *par, gen_rng *r, double p[3])
     }
 }
 
-int gen_shapes_label(uint64_t seed, uint64_t index)
+int bk_shapes_label(uint64_t seed, uint64_t index)
 {
     gen_rng r;
-    int perm[GEN_SHAPES_CLASSES];
-    r.s = gen_key(seed, index / GEN_SHAPES_CLASSES, GEN_DOM_LABELS);
-    for (int i = 0; i < GEN_SHAPES_CLASSES; i++) perm[i] = i;
-    for (int i = GEN_SHAPES_CLASSES - 1; i > 0; i--) {
+    int perm[BK_SHAPES_CLASSES];
+    r.s = gen_key(seed, index / BK_SHAPES_CLASSES, GEN_DOM_LABELS);
+    for (int i = 0; i < BK_SHAPES_CLASSES; i++) perm[i] = i;
+    for (int i = BK_SHAPES_CLASSES - 1; i > 0; i--) {
         int j = gen_below(&r, i + 1), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    return perm[index % GEN_SHAPES_CLASSES];
+    return perm[index % BK_SHAPES_CLASSES];
 }
 
-gen_shapes_opts gen_shapes_defaults(int points)
+bk_shapes_config bk_shapes_config_default(int points)
 {
-    gen_shapes_opts o;
+    bk_shapes_config o;
     o.points = points;
     o.noise = 0.02f;
     return o;
 }
 
-int gen_shapes_check(const gen_shapes_opts *o, char *err, size_t errcap)
+bk_status bk_shapes_check(const bk_shapes_config *o)
 {
-    if (!o) return gen_fail(err, errcap, "shapes: no options");
-    if (o->points < GEN_SHAPES_MIN_POINTS || o->points > GEN_SHAPES_MAX_POINTS)
-        return gen_fail(err, errcap, "shapes: points %d out of range [%d, %d]", o->points, GEN_SHAPES_MIN_POINTS,
-                        GEN_SHAPES_MAX_POINTS);
+    bki_clear_error();
+    if (!o) return bki_fail(BK_ERR_NULL, "shapes: no options");
+    if (o->points < BK_SHAPES_MIN_POINTS || o->points > BK_SHAPES_MAX_POINTS)
+        return bki_fail(BK_ERR_PARAM, "shapes: points %d out of range [%d, %d]", o->points, BK_SHAPES_MIN_POINTS,
+                        BK_SHAPES_MAX_POINTS);
     if (!(o->noise >= 0.0f && o->noise <= 1.0f)) /* also rejects NaN */
-        return gen_fail(err, errcap, "shapes: noise %g out of range [0, 1]", (double)o->noise);
-    return 1;
+        return bki_fail(BK_ERR_PARAM, "shapes: noise %g out of range [0, 1]", (double)o->noise);
+    return BK_OK;
 }
 
 /* the object-frame point j, scaled and rotated by M */
@@ -582,13 +567,13 @@ static void gen_posed_pt(int cls, const double *par, double M[3][3], uint64_t pk
     for (int i = 0; i < 3; i++) y[i] = M[i][0] * p[0] + M[i][1] * p[1] + M[i][2] * p[2];
 }
 
-int gen_shapes(uint64_t seed, uint64_t index, const gen_shapes_opts *o, float *xyz, int *label, char *err,
-               size_t errcap)
+bk_status bk_shapes_sample(uint64_t seed, uint64_t index, const bk_shapes_config *o, float *xyz, int *label)
 {
-    if (!gen_shapes_check(o, err, errcap)) return 0;
-    if (!xyz || !label) return gen_fail(err, errcap, "shapes: null output pointer");
+    bk_status st = bk_shapes_check(o);
+    if (st != BK_OK) return st;
+    if (!xyz || !label) return bki_fail(BK_ERR_NULL, "shapes: null output pointer");
     const int n = o->points;
-    const int cls = gen_shapes_label(seed, index);
+    const int cls = bk_shapes_label(seed, index);
     gen_rng r;
     r.s = gen_key(seed, index, GEN_DOM_SHAPES);
 
@@ -643,5 +628,5 @@ int gen_shapes(uint64_t seed, uint64_t index, const gen_shapes_opts *o, float *x
         xyz[k] = (float)v;
     }
     *label = cls;
-    return 1;
+    return BK_OK;
 }

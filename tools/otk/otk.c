@@ -1,6 +1,6 @@
-/* otk_cmd.c -- `birkhoff otk embed|fit-anchors|fit-refs`: the OTK embedding
+/* otk.c -- `birkhoff otk embed|fit-anchors|fit-refs`: the OTK embedding
  * and its unsupervised fits on .npy files. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * are timed and compared with the teacher (fidelity); the PyTorch peer
  * (torch_peer.py --op asap) times the same methods in PyTorch on the same
  * threads. Inputs are the structured synthetic generator of `asap generate`. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <math.h>
 #include <stdio.h>

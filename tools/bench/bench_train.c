@@ -3,7 +3,7 @@
  * fixed random batch) against the same model in PyTorch
  * (bench/peers/model_torch.py --bench) measured in the same run, for one
  * or more attention configurations. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <stdlib.h>
 #include <string.h>

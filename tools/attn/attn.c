@@ -1,5 +1,5 @@
-/* attn_cmd.c -- `birkhoff attn`: run an attention operator on .npy files. */
-#include "cli.h"
+/* attn.c -- `birkhoff attn`: run an attention operator on .npy files. */
+#include "../cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* demo.c -- `birkhoff demo`: Sinkhorn vs softmax attention on generated data.
  * Prints, for growing S, the marginal errors of the attention and the time
  * of the forward and forward+backward, then a padded cross-attention batch. */
-#include "cli.h"
+#include "../cli.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
-/* model_cmd.c -- `birkhoff model`: create, differentiate and train models of
+/* model.c -- `birkhoff model`: create, differentiate and train models of
  * the training engine on .npy batches (the interface of the PyTorch parity
  * test), and `birkhoff bench --op train` (training throughput against the
  * PyTorch twin in the same run). */
-#include "cli.h"
+#include "../cli.h"
 
 #include <math.h>
 #include <stdlib.h>

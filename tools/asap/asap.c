@@ -1,7 +1,8 @@
-/* asap_cmd.c -- `birkhoff asap calibrate|report|show|generate`: compile a
+/* asap.c -- `birkhoff asap calibrate|report|show|generate`: compile a
  * Sinkhorn attention layer into an ASAP layer file, measure its fidelity,
- * inspect it, and generate structured synthetic Q, K, V. */
-#include "cli.h"
+ * inspect it, and generate structured synthetic Q, K, V (asap_synth in
+ * tools/cli.c); `asap compile` (a whole trained model) is compile.c. */
+#include "../cli.h"
 
 #include <glob.h>
 #include <math.h>
@@ -44,82 +45,6 @@ static void asap_usage(FILE *f)
             "  --b B --h H --n N --d d   sizes (default 4, 2, 128, 32; dv = d)\n"
             "  --seed N --temp t   seed (1) and score temperature multiplier (1)\n"
             "common: --q-len/--k-len, --threads N (results do not depend on it)\n");
-}
-
-/* ------------------------------------------------------------------------ */
-/* structured synthetic inputs (shared with bench --op asap)                */
-/* ------------------------------------------------------------------------ */
-/* Tokens x_t = mu_{z_t} + 0.45 xi_t + p_t: z_t a sticky Markov chain over 8
- * clusters (stay with probability 0.8), xi_t Gaussian noise, p_t a
- * sinusoidal position code of amplitude 0.5; per head, Q = x Wq, K = x Wk,
- * V = x Wv with Gaussian d x d maps, Wk = Wq + 0.5 G (queries and keys of the
- * same token correlate, as in trained layers), all scaled by temp. Seeded. */
-static uint64_t mix(uint64_t *st) /* splitmix64 */
-{
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *st)
-{
-    double u = ((double)(mix(st) >> 11) + 0.5) / 9007199254740992.0, v = (double)(mix(st) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, float *K, float *V)
-{
-    enum { NC = 8 };
-    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 17;
-    double *mu = malloc(sizeof(double) * NC * d), *x = malloc(sizeof(double) * (size_t)N * d);
-    double *W = malloc(sizeof(double) * 3 * (size_t)d * d);
-    if (!mu || !x || !W) {
-        free(mu);
-        free(x);
-        free(W);
-        return 0;
-    }
-    for (int i = 0; i < NC * d; i++) mu[i] = gauss(&st);
-    const double sd = 1.0 / sqrt((double)d);
-    for (int b = 0; b < B; b++) {
-        int z = (int)(mix(&st) % NC);
-        for (int t = 0; t < N; t++) {
-            if (mix(&st) % 5 == 0) z = (int)(mix(&st) % NC); /* stay with probability >= 0.8 */
-            for (int c = 0; c < d; c++) {
-                double ang = (double)t / pow(100.0, (double)(c / 2 * 2) / d);
-                double pe = 0.5 * (c % 2 ? cos(ang) : sin(ang));
-                x[(size_t)t * d + c] = mu[z * d + c] + 0.45 * gauss(&st) + pe;
-            }
-        }
-        for (int h = 0; h < H; h++) {
-            uint64_t hs = seed * 7919 + (uint64_t)h * 104729 + 3; /* maps shared over the batch */
-            double *Wq = W, *Wk = W + (size_t)d * d, *Wv = Wk + (size_t)d * d;
-            for (size_t i = 0; i < (size_t)d * d; i++) {
-                Wq[i] = gauss(&hs) * sd;
-                Wk[i] = Wq[i] + 0.5 * gauss(&hs) * sd;
-                Wv[i] = gauss(&hs) * sd;
-            }
-            size_t off = ((size_t)b * H + h) * (size_t)N * d;
-            for (int t = 0; t < N; t++)
-                for (int c = 0; c < d; c++) {
-                    double aq = 0, ak = 0, av = 0;
-                    for (int e = 0; e < d; e++) {
-                        double xe = x[(size_t)t * d + e];
-                        aq += xe * Wq[(size_t)e * d + c];
-                        ak += xe * Wk[(size_t)e * d + c];
-                        av += xe * Wv[(size_t)e * d + c];
-                    }
-                    Q[off + (size_t)t * d + c] = (float)(temp * aq);
-                    K[off + (size_t)t * d + c] = (float)(temp * ak);
-                    V[off + (size_t)t * d + c] = (float)av;
-                }
-        }
-    }
-    free(mu);
-    free(x);
-    free(W);
-    return 1;
 }
 
 /* ------------------------------------------------------------------------ */

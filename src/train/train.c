@@ -1,0 +1,652 @@
+/* train.c -- the training loop of a run: epochs in a seeded sample order,
+ * metrics (JSONL and CSV), a checkpoint per epoch, stopping on a caller's
+ * flag and resuming bit for bit (birkhoff/train.h, docs/TRAINING.md). */
+#include "../core/internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return 0;
+            *p = '/';
+        }
+    return mkdir(tmp, 0777) == 0 || errno == EEXIST;
+}
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+bk_status bk_run_write_text(const char *path, const char *text)
+{
+    bki_clear_error();
+    if (!path || !text) return bki_fail(BK_ERR_NULL, "bk_run_write_text: NULL argument");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    int ok = f != NULL;
+    if (ok) ok = fputs(text, f) >= 0;
+    if (f) ok = (fclose(f) == 0) && ok;
+    else if (fd >= 0) close(fd);
+    if (ok) ok = rename(tmp, path) == 0;
+    if (ok) return BK_OK;
+    bk_status st = bki_fail(BK_ERR_IO, "cannot write %s (%s)", path, strerror(errno));
+    if (fd >= 0) remove(tmp);
+    return st;
+}
+
+/* the number after "key": in one of our records (NAN if absent) */
+static double rec_num(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+/* Keeps the lines of a metrics file that `keep` accepts (resume: records
+ * written after the checkpoint are dropped); rewritten atomically. */
+static int filter_lines(const char *path, int (*keep)(const char *line, int64_t step, int64_t epoch), int64_t step,
+                        int64_t epoch)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT;
+    char *line = NULL, *out = NULL;
+    size_t cap = 0, n = 0, ocap = 0;
+    ssize_t len;
+    int ok = 1;
+    while (ok && (len = getline(&line, &cap, f)) > 0) {
+        if (!keep(line, step, epoch)) continue;
+        if (n + (size_t)len + 1 > ocap) {
+            ocap = 2 * (n + (size_t)len + 1);
+            char *p = realloc(out, ocap);
+            if (!p) ok = 0;
+            else out = p;
+        }
+        if (ok) {
+            memcpy(out + n, line, (size_t)len);
+            n += (size_t)len;
+        }
+    }
+    free(line);
+    fclose(f);
+    if (ok) ok = bk_run_write_text(path, out ? (out[n] = 0, out) : "") == BK_OK;
+    free(out);
+    return ok;
+}
+
+static int keep_jsonl(const char *line, int64_t step, int64_t epoch)
+{
+    if (strstr(line, "\"type\":\"epoch\"")) return rec_num(line, "epoch") <= (double)epoch;
+    return rec_num(line, "step") <= (double)step;
+}
+/* CSV: the header, and rows whose first column is within the bound */
+static int keep_csv_step(const char *line, int64_t step, int64_t epoch)
+{
+    (void)epoch;
+    return !strncmp(line, "step,", 5) || strtoll(line, NULL, 10) <= step;
+}
+static int keep_csv_epoch(const char *line, int64_t step, int64_t epoch)
+{
+    (void)step;
+    return !strncmp(line, "epoch,", 6) || strtoll(line, NULL, 10) <= epoch;
+}
+
+/* the run configuration's text (malloc'd) */
+static char *config_text(const bk_run_config *r)
+{
+    size_t n = bk_run_config_format(r, NULL, 0);
+    char *s = malloc(n + 1);
+    if (s) bk_run_config_format(r, s, n + 1);
+    return s;
+}
+
+/* the position and running sums stored with a checkpoint */
+typedef struct {
+    int epoch;          /* epochs completed                                */
+    int64_t batch;      /* batches done in the current epoch               */
+    int64_t step;       /* optimiser steps in total                        */
+    double loss_sum;    /* current epoch: sum of per-sample losses         */
+    int64_t correct, seen;
+    double elapsed;     /* training seconds before this process            */
+} run_pos;
+
+static char *extra_text(const bk_run_config *r, const run_pos *p, const char *trv, const char *tev)
+{
+    char *cfg = config_text(r);
+    if (!cfg) return NULL;
+    size_t n = strlen(cfg) + 2048;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n,
+                 "pos_epoch=%d\npos_batch=%lld\npos_step=%lld\npos_loss_sum=%a\npos_correct=%lld\npos_seen=%lld\n"
+                 "pos_elapsed=%a\ndata_train=%s\ndata_test=%s\n%s",
+                 p->epoch, (long long)p->batch, (long long)p->step, p->loss_sum, (long long)p->correct,
+                 (long long)p->seen, p->elapsed, trv, tev, cfg);
+    free(cfg);
+    return s;
+}
+
+static int parse_pos(const char *extra, run_pos *p)
+{
+    char v[128];
+    memset(p, 0, sizeof *p);
+    if (!bk_run_extra_get(extra, "pos_epoch", v, sizeof v)) return 0;
+    p->epoch = atoi(v);
+    if (!bk_run_extra_get(extra, "pos_batch", v, sizeof v)) return 0;
+    p->batch = strtoll(v, NULL, 10);
+    if (!bk_run_extra_get(extra, "pos_step", v, sizeof v)) return 0;
+    p->step = strtoll(v, NULL, 10);
+    if (!bk_run_extra_get(extra, "pos_loss_sum", v, sizeof v)) return 0;
+    p->loss_sum = strtod(v, NULL);
+    if (!bk_run_extra_get(extra, "pos_correct", v, sizeof v)) return 0;
+    p->correct = strtoll(v, NULL, 10);
+    if (!bk_run_extra_get(extra, "pos_seen", v, sizeof v)) return 0;
+    p->seen = strtoll(v, NULL, 10);
+    if (bk_run_extra_get(extra, "pos_elapsed", v, sizeof v)) p->elapsed = strtod(v, NULL);
+    return p->epoch >= 0 && p->batch >= 0 && p->step >= 0 && p->seen >= 0;
+}
+
+/* The run stored in dir/last.safetensors: its configuration, position and
+ * metadata (*extra, malloc'd). */
+static bk_status read_run(const char *dir, bk_run_config *r, run_pos *pos, char **extra)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/last.safetensors", dir);
+    *extra = NULL;
+    if (!exists(path)) return bki_fail(BK_ERR_IO, "%s: no checkpoint to resume from (%s missing)", dir, path);
+    bk_model *probe = NULL;
+    bk_status st = bk_checkpoint_load(path, 1, &probe, NULL, extra);
+    if (st != BK_OK) return st;
+    bk_model_free(probe);
+    st = bk_run_config_from_extra(*extra, r);
+    if (st == BK_OK && !parse_pos(*extra, pos))
+        st = bki_fail(BK_ERR_FORMAT, "bad run position in the metadata");
+    if (st != BK_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "%s: %s", path, msg);
+        free(*extra);
+        *extra = NULL;
+        return st;
+    }
+    r->stop_after = 0; /* per process, like threads and progress */
+    return BK_OK;
+}
+
+bk_status bk_train_resume_config(const char *dir, bk_run_config *r, int *epochs_done)
+{
+    bki_clear_error();
+    if (!dir || !r) return bki_fail(BK_ERR_NULL, "bk_train_resume_config: NULL argument");
+    run_pos pos;
+    char *extra;
+    bk_status st = read_run(dir, r, &pos, &extra);
+    free(extra);
+    if (st == BK_OK && epochs_done) *epochs_done = pos.epoch;
+    return st;
+}
+
+/* A resumed run keeps its configuration but for the keys that may change:
+ * the first other key that differs (NULL: none). */
+static const char *changed_key(const bk_run_config *stored, const bk_run_config *r, char *key, size_t cap)
+{
+    bk_run_config a = *r;
+    a.epochs = stored->epochs;
+    a.threads = stored->threads;
+    a.stop_after = stored->stop_after;
+    memcpy(a.progress, stored->progress, sizeof a.progress);
+    memcpy(a.data_dir, stored->data_dir, sizeof a.data_dir);
+    char *x = config_text(stored), *y = config_text(&a);
+    const char *res = NULL;
+    if (!x || !y) {
+        snprintf(key, cap, "(out of memory)");
+        res = key;
+    } else if (strcmp(x, y)) {
+        const char *p = x, *q = y;
+        while (*p && *p == *q) p++, q++;
+        while (p > x && p[-1] != '\n') p--;
+        snprintf(key, cap, "%.*s", (int)strcspn(p, "="), p);
+        res = key;
+    }
+    free(x);
+    free(y);
+    return res;
+}
+
+static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_optim *o, const bk_run_config *r,
+                           const run_pos *p, const char *trv, const char *tev)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *ex = extra_text(r, p, trv, tev);
+    if (!ex) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    bk_status st = bk_checkpoint_save(path, m, o, ex);
+    free(ex);
+    return st;
+}
+
+typedef struct {
+    FILE *jsonl, *steps, *epochs;
+} run_logs;
+
+static void logs_close(run_logs *L)
+{
+    if (L->jsonl) fclose(L->jsonl);
+    if (L->steps) fclose(L->steps);
+    if (L->epochs) fclose(L->epochs);
+    memset(L, 0, sizeof *L);
+}
+
+static void logs_flush(run_logs *L)
+{
+    fflush(L->jsonl);
+    fflush(L->steps);
+    fflush(L->epochs);
+}
+
+static int logs_open(const char *dir, int fresh, run_logs *L)
+{
+    char p[1100];
+    memset(L, 0, sizeof *L);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    L->jsonl = fopen(p, fresh ? "w" : "a");
+    snprintf(p, sizeof p, "%s/steps.csv", dir);
+    int new_steps = fresh || !exists(p);
+    L->steps = fopen(p, fresh ? "w" : "a");
+    snprintf(p, sizeof p, "%s/epochs.csv", dir);
+    int new_epochs = fresh || !exists(p);
+    L->epochs = fopen(p, fresh ? "w" : "a");
+    if (!L->jsonl || !L->steps || !L->epochs) {
+        logs_close(L);
+        return 0;
+    }
+    if (new_steps) fprintf(L->steps, "step,epoch,batch,loss,acc,lr,gnorm,samples_per_s,time_s\n");
+    if (new_epochs)
+        fprintf(L->epochs, "epoch,step,train_loss,train_acc,test_loss,test_acc,attn_row_dev,attn_col_dev,"
+                           "attn_entropy,time_s\n");
+    return 1;
+}
+
+/* --force over an old run: its epoch checkpoints and summary go */
+static void remove_old_run(const char *dir)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    DIR *d = opendir(path);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        int ep;
+        char tail[32], f[1400];
+        if (sscanf(de->d_name, "epoch-%d.%31s", &ep, tail) == 2 && !strcmp(tail, "safetensors")) {
+            snprintf(f, sizeof f, "%s/%s", path, de->d_name);
+            remove(f);
+        }
+    }
+    if (d) closedir(d);
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    remove(path);
+}
+
+/* Everything one call holds, released by train_free. */
+typedef struct {
+    bk_run_config r;
+    bk_dataset *tr, *te;
+    bk_model *m;
+    bk_optim *o;
+    char *extra;
+    int64_t *order;
+    float *logits;
+    bk_layer_diag *diag;
+    bk_data_batch buf;
+    run_logs logs;
+} train_state;
+
+static void train_free(train_state *s)
+{
+    logs_close(&s->logs);
+    bk_data_batch_free(&s->buf);
+    free(s->order);
+    free(s->logits);
+    free(s->diag);
+    free(s->extra);
+    bk_optim_free(s->o);
+    bk_model_free(s->m);
+    bk_data_close(s->tr);
+    bk_data_close(s->te);
+}
+
+/* Steps 1..: data, model, run directory, up to the first step. */
+static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode, run_pos *pos,
+                             bk_train_result *res)
+{
+    bk_run_config *r = &s->r;
+    const int resume = mode == BK_TRAIN_RESUME;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/last.safetensors", dir);
+    bk_status st;
+    if (mode == BK_TRAIN_NEW && exists(path)) {
+        res->stage = BK_TRAIN_STAGE_CONFIG;
+        return bki_fail(BK_ERR_PARAM, "%s already holds a run: resume it (BK_TRAIN_RESUME) or overwrite it "
+                                      "(BK_TRAIN_OVERWRITE)", dir);
+    }
+    if (resume) {
+        bk_run_config stored;
+        if ((st = read_run(dir, &stored, pos, &s->extra)) != BK_OK) return st;
+        char key[128];
+        if (changed_key(&stored, r, key, sizeof key)) {
+            res->stage = BK_TRAIN_STAGE_CONFIG;
+            return bki_fail(BK_ERR_PARAM, "a resumed run keeps its configuration: only epochs, threads, progress, "
+                                          "stop_after and data_dir may change (%s differs)", key);
+        }
+        if (pos->epoch >= r->epochs)
+            return bki_fail(BK_ERR_PARAM, "%s has finished its %d epochs; set epochs above %d to continue it", dir,
+                            pos->epoch, pos->epoch);
+    }
+    if (r->threads > 0) bk_set_num_threads(r->threads);
+
+    /* data */
+    bk_data_config dop = r->data_config;
+    dop.dir = r->data_dir[0] ? r->data_dir : NULL;
+    if ((st = bk_data_open(r->data, BK_SPLIT_TRAIN, &dop, &s->tr)) != BK_OK) return st;
+    dop.limit = r->test_limit;
+    if ((st = bk_data_open(r->data, BK_SPLIT_TEST, &dop, &s->te)) != BK_OK) return st;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    char v1[256];
+    if (resume && ((bk_run_extra_get(s->extra, "data_train", v1, sizeof v1) && strcmp(v1, tri->version)) ||
+                   (bk_run_extra_get(s->extra, "data_test", v1, sizeof v1) && strcmp(v1, tei->version))))
+        return bki_fail(BK_ERR_FORMAT, "the data changed since the run started (checkpoint: %s; now: %s)", v1,
+                        strcmp(v1, tri->version) ? tri->version : tei->version);
+    if ((st = bk_run_config_resolve(r, s->tr)) != BK_OK) {
+        res->stage = BK_TRAIN_STAGE_CONFIG;
+        return st;
+    }
+
+    /* the model, and the run directory */
+    const int chunk = r->micro > 0 ? r->micro : r->batch;
+    const int diag_n = tei->n < 64 ? (int)tei->n : 64;
+    int maxb = chunk > r->eval_batch ? chunk : r->eval_batch;
+    if (maxb < diag_n) maxb = diag_n;
+    if (resume) {
+        if ((st = bk_checkpoint_load(path, maxb, &s->m, &s->o, NULL)) != BK_OK) return st;
+        if (!s->o && (st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
+    } else {
+        if (!mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
+        if ((st = bk_model_create(&r->model, r->seed, maxb, &s->m)) != BK_OK ||
+            (st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK)
+            return st;
+    }
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    if (!mkdir_p(path)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", path, strerror(errno));
+    {
+        char *cfg = config_text(r);
+        size_t n = cfg ? strlen(cfg) + 1024 : 0;
+        char *txt = cfg ? malloc(n) : NULL;
+        if (txt) snprintf(txt, n, "# birkhoff %s\n# data: %s\n# data: %s\n%s", bk_version(), tri->version, tei->version, cfg);
+        snprintf(path, sizeof path, "%s/config.txt", dir);
+        st = txt ? bk_run_write_text(path, txt) : bki_fail(BK_ERR_NOMEM, "out of memory");
+        free(cfg);
+        free(txt);
+        if (st != BK_OK) return st;
+    }
+    if (resume) {
+        char p2[1100];
+        snprintf(p2, sizeof p2, "%s/metrics.jsonl", dir);
+        int ok = filter_lines(p2, keep_jsonl, pos->step, pos->epoch);
+        snprintf(p2, sizeof p2, "%s/steps.csv", dir);
+        ok = ok && filter_lines(p2, keep_csv_step, pos->step, pos->epoch);
+        snprintf(p2, sizeof p2, "%s/epochs.csv", dir);
+        ok = ok && filter_lines(p2, keep_csv_epoch, pos->step, pos->epoch);
+        if (!ok) return bki_fail(BK_ERR_IO, "cannot rewrite the metrics of %s", dir);
+    }
+    if (!logs_open(dir, !resume, &s->logs))
+        return bki_fail(BK_ERR_IO, "cannot open the metrics files in %s (%s)", dir, strerror(errno));
+    s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
+    s->logits = malloc(sizeof(float) * (size_t)r->model.classes * (size_t)chunk);
+    s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
+    if (!s->order || !s->logits || !s->diag || bk_data_batch_init(&s->buf, s->tr, chunk) != BK_OK)
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    if (!resume) {
+        remove_old_run(dir);
+        if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, tri->version, tei->version)) !=
+            BK_OK)
+            return st;
+    }
+    return BK_OK;
+}
+
+bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode mode, bk_train_callback cb,
+                       void *user, const volatile sig_atomic_t *stop, bk_train_result *result)
+{
+    bki_clear_error();
+    bk_train_result res_local, *res = result ? result : &res_local;
+    memset(res, 0, sizeof *res);
+    res->test_acc = res->test_loss = NAN;
+    res->stage = BK_TRAIN_STAGE_SETUP;
+    if (!r_in || !dir) return bki_fail(BK_ERR_NULL, "bk_train_run: NULL argument");
+    if (mode != BK_TRAIN_NEW && mode != BK_TRAIN_OVERWRITE && mode != BK_TRAIN_RESUME)
+        return bki_fail(BK_ERR_PARAM, "bk_train_run: unknown mode %d", (int)mode);
+    train_state s;
+    memset(&s, 0, sizeof s);
+    s.r = *r_in;
+    run_pos pos = {0};
+    bk_status st = train_setup(&s, dir, mode, &pos, res);
+    if (st != BK_OK) {
+        train_free(&s);
+        return st;
+    }
+    const bk_run_config *r = &s.r;
+    const bk_dataset_info *tri = bk_data_info(s.tr), *tei = bk_data_info(s.te);
+    bk_model *m = s.m;
+    bk_optim *o = s.o;
+    const int chunk = r->micro > 0 ? r->micro : r->batch;
+    const int diag_n = tei->n < 64 ? (int)tei->n : 64;
+    const int64_t nb = (tri->n + r->batch - 1) / r->batch;
+    const int C = r->model.classes, depth = r->model.depth;
+
+    bk_train_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.config = r;
+    ev.train = s.tr;
+    ev.test = s.te;
+    ev.model = m;
+    ev.batches = nb;
+    ev.total_steps = nb * r->epochs;
+    ev.first_step = pos.step;
+    ev.step = pos.step;
+    ev.epoch = pos.epoch + 1;
+    ev.time_s = pos.elapsed;
+    ev.kind = BK_TRAIN_EVENT_START;
+    if (cb) cb(user, &ev);
+
+    const double t0 = now_s();
+    double win_t = t0, rate = 0;
+    int64_t win_samples = 0;
+    int stopped = 0;
+    res->stage = BK_TRAIN_STAGE_STEP;
+    for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
+        bk_data_epoch_order(s.order, tri->n, r->seed, e);
+        for (int64_t bi = pos.batch; bi < nb; bi++) {
+            const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
+            const float lr = bk_optim_lr(bk_optim_get_config(o), bk_optim_step_count(o));
+            bk_model_zero_grad(m);
+            double bl = 0;
+            int64_t bc = 0;
+            for (int b0 = 0; b0 < B; b0 += chunk) {
+                const int Bc = B - b0 < chunk ? B - b0 : chunk;
+                memcpy(s.buf.idx, s.order + bi * r->batch + b0, sizeof(int64_t) * (size_t)Bc);
+                bk_batch bt;
+                double loss;
+                if ((st = bk_data_batch_fill(&s.buf, s.tr, Bc, &bt)) != BK_OK ||
+                    (st = bk_model_forward(m, &bt, 1, r->ls, s.logits, &loss)) != BK_OK ||
+                    (st = bk_model_backward(m, (float)Bc / (float)B)) != BK_OK) {
+                    char msg[480];
+                    snprintf(msg, sizeof msg, "%s", bk_last_error());
+                    bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
+                    break;
+                }
+                bl += loss * Bc;
+                for (int i = 0; i < Bc; i++) {
+                    const float *z = s.logits + (size_t)i * C;
+                    int p = 0;
+                    for (int j = 1; j < C; j++)
+                        if (z[j] > z[p]) p = j;
+                    bc += p == s.buf.labels[i];
+                }
+            }
+            double gnorm = 0;
+            if (st == BK_OK && (st = bk_optim_step(o, m, &gnorm)) != BK_OK) {
+                char msg[400];
+                snprintf(msg, sizeof msg, "%s", bk_last_error());
+                bki_fail(st, "step %lld: %s (the run stops; its last checkpoint is intact)", (long long)pos.step + 1,
+                         msg);
+            }
+            if (st != BK_OK) break;
+            pos.step++;
+            pos.batch = bi + 1;
+            pos.loss_sum += bl;
+            pos.correct += bc;
+            pos.seen += B;
+            const double now = now_s();
+            win_samples += B;
+            if (now - win_t >= 1.0 || rate == 0) {
+                if (now > win_t) rate = (double)win_samples / (now - win_t);
+                win_t = now;
+                win_samples = 0;
+            }
+            const double t = pos.elapsed + now - t0;
+            if (pos.step % r->log_every == 0) {
+                fprintf(s.logs.jsonl,
+                        "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"batch\":%lld,\"loss\":%.6g,\"acc\":%.6g,"
+                        "\"lr\":%.6g,\"gnorm\":%.6g,\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
+                        (long long)pos.step, e + 1, (long long)bi + 1, bl / B, (double)bc / B, (double)lr, gnorm, rate,
+                        t);
+                fprintf(s.logs.steps, "%lld,%d,%lld,%.6g,%.6g,%.6g,%.6g,%.1f,%.3f\n", (long long)pos.step, e + 1,
+                        (long long)bi + 1, bl / B, (double)bc / B, (double)lr, gnorm, rate, t);
+            }
+            ev.kind = BK_TRAIN_EVENT_STEP;
+            ev.epoch = e + 1;
+            ev.batch = bi + 1;
+            ev.step = pos.step;
+            ev.elapsed_s = now - t0;
+            ev.time_s = t;
+            ev.loss = bl / B;
+            ev.acc = (double)bc / B;
+            ev.lr = lr;
+            ev.gnorm = gnorm;
+            ev.samples_per_s = rate;
+            ev.train_loss = pos.loss_sum / (double)pos.seen;
+            ev.train_acc = (double)pos.correct / (double)pos.seen;
+            if (cb) cb(user, &ev);
+            if ((stop && *stop) || (r->stop_after > 0 && pos.step >= r->stop_after)) {
+                stopped = 1;
+                break;
+            }
+        }
+        if (stopped || st != BK_OK) break;
+        /* end of epoch: evaluate, record, checkpoint */
+        bk_eval_result er = {0};
+        if ((st = bk_evaluate(m, s.te, 0, r->eval_batch, 0, &er)) != BK_OK ||
+            (st = bk_attention_diag(m, s.te, diag_n, s.diag, NULL, NULL)) != BK_OK) {
+            char msg[480];
+            snprintf(msg, sizeof msg, "%s", bk_last_error());
+            bki_fail(st, "evaluation: %s", msg);
+            bk_eval_result_free(&er);
+            res->stage = BK_TRAIN_STAGE_EVAL;
+            break;
+        }
+        double rd = 0, cd = 0, en = 0;
+        for (int l = 0; l < depth; l++) {
+            rd += s.diag[l].row_dev / depth;
+            cd += s.diag[l].col_dev / depth;
+            en += s.diag[l].entropy / depth;
+        }
+        const double now = now_s(), t = pos.elapsed + now - t0;
+        fprintf(s.logs.jsonl,
+                "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
+                "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
+                "\"attn_entropy\":%.6g,\"time_s\":%.3f}\n",
+                e + 1, (long long)pos.step, pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc,
+                rd, cd, en, t);
+        fprintf(s.logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos.step,
+                pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc, rd, cd, en, t);
+        logs_flush(&s.logs);
+        ev.kind = BK_TRAIN_EVENT_EPOCH;
+        ev.epoch = e + 1;
+        ev.step = pos.step;
+        ev.elapsed_s = now - t0;
+        ev.time_s = t;
+        ev.train_loss = pos.loss_sum / (double)pos.seen;
+        ev.train_acc = (double)pos.correct / (double)pos.seen;
+        ev.test_loss = er.loss;
+        ev.test_acc = er.acc;
+        ev.attn_row_dev = rd;
+        ev.attn_col_dev = cd;
+        ev.attn_entropy = en;
+        if (cb) cb(user, &ev);
+        res->test_acc = er.acc;
+        res->test_loss = er.loss;
+        bk_eval_result_free(&er);
+        pos.epoch = e + 1;
+        pos.batch = 0;
+        pos.loss_sum = 0;
+        pos.correct = pos.seen = 0;
+        char name[64];
+        snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
+        run_pos saved = pos;
+        saved.elapsed = t;
+        if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version)) != BK_OK ||
+            (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version)) != BK_OK) {
+            res->stage = BK_TRAIN_STAGE_SAVE;
+            break;
+        }
+    }
+    logs_flush(&s.logs);
+    const double elapsed = pos.elapsed + now_s() - t0;
+    res->epoch = pos.epoch;
+    res->batch = pos.batch;
+    res->step = pos.step;
+    res->time_s = elapsed;
+    res->stopped = stopped;
+    if (st == BK_OK) {
+        res->stage = BK_TRAIN_STAGE_SAVE;
+        if (stopped) {
+            run_pos saved = pos;
+            saved.elapsed = elapsed;
+            st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version);
+        } else if (isfinite(res->test_acc)) {
+            char sj[2048], path[1100];
+            snprintf(sj, sizeof sj,
+                     "{\"data\":\"%s\",\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
+                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d}\n",
+                     r->data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)pos.step,
+                     (long long)bk_model_num_params(m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads());
+            snprintf(path, sizeof path, "%s/summary.json", dir);
+            st = bk_run_write_text(path, sj);
+        }
+    }
+    train_free(&s);
+    return st;
+}

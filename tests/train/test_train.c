@@ -1,0 +1,434 @@
+/* test_train.c -- training runs through the library (birkhoff/train.h,
+ * src/train), on the generated ListOps set (no files needed): the run
+ * configuration (keys, files, the text form and its round trip), a run's
+ * directory and events, stopping by stop_after and by the caller's flag,
+ * resuming bit for bit (weights, optimiser state and every metrics record
+ * but the timings equal the uninterrupted run's, with a thread change),
+ * refusals (an existing run, a changed configuration, a finished run), the
+ * evaluation of a checkpoint equal to the run's own, attention diagnostics,
+ * and the ASAP compilation of a Sinkhorn model.
+ * Run: build/test_train; prints "N passed, M failed". */
+#include "birkhoff.h"
+#include "../data/tcheck.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHECK(ok, name, ...) tc_check((ok), (name), __VA_ARGS__)
+
+static int has(const char *msg, const char *part) { return msg && strstr(msg, part) != NULL; }
+static char g_tmp[256];
+
+static char *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)len + 1);
+    if (s && fread(s, 1, (size_t)len, f) != (size_t)len) {
+        free(s);
+        s = NULL;
+    }
+    fclose(f);
+    if (s) s[len] = 0;
+    if (n) *n = (size_t)len;
+    return s;
+}
+
+static int exists(const char *dir, const char *rel)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", dir, rel);
+    return access(p, F_OK) == 0;
+}
+
+/* the data section of a safetensors file (after the 8-byte length and the
+ * JSON header): weights and optimiser state */
+static int same_tensors(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *x = read_all(a, &na), *y = read_all(b, &nb);
+    int ok = x && y && na > 8 && nb > 8;
+    if (ok) {
+        uint64_t ha, hb;
+        memcpy(&ha, x, 8);
+        memcpy(&hb, y, 8);
+        ok = 8 + ha <= na && 8 + hb <= nb && na - ha == nb - hb && !memcmp(x + 8 + ha, y + 8 + hb, na - 8 - ha);
+    }
+    free(x);
+    free(y);
+    return ok;
+}
+
+/* a metrics file without its timings: JSON records cut before
+ * "samples_per_s" (steps) or "time_s" (epochs), CSV rows to 7 or 9 columns */
+static char *strip_times(const char *path)
+{
+    char *s = read_all(path, NULL);
+    if (!s) return NULL;
+    char *out = malloc(strlen(s) + 1), *o = out;
+    int csv_cols = strstr(path, "steps.csv") ? 7 : strstr(path, "epochs.csv") ? 9 : 0;
+    for (char *line = s; out && *line;) {
+        char *e = strchr(line, '\n');
+        size_t L = e ? (size_t)(e - line) : strlen(line);
+        size_t keep = L;
+        if (!csv_cols) {
+            const char *cut = strstr(line, ",\"samples_per_s\"");
+            if (!cut || cut > line + L) cut = strstr(line, ",\"time_s\"");
+            if (cut && cut < line + L) keep = (size_t)(cut - line);
+        } else {
+            int c = 0;
+            for (size_t i = 0; i < L; i++)
+                if (line[i] == ',' && ++c == csv_cols) {
+                    keep = i;
+                    break;
+                }
+        }
+        memcpy(o, line, keep);
+        o += keep;
+        *o++ = '\n';
+        line = e ? e + 1 : line + L;
+    }
+    if (out) *o = 0;
+    free(s);
+    return out;
+}
+
+/* ---- the run configuration ---- */
+static void test_config(void)
+{
+    bk_run_config r = bk_run_config_default();
+    CHECK(!strcmp(r.data, "mnist") && r.epochs == 5 && r.batch == 64 && r.eval_batch == 256 && r.seed == 1 &&
+              !strcmp(r.progress, "auto") && r.data_config.points == 256 && r.model.dim == 64,
+          "config: defaults", "%s", "");
+    CHECK(bk_run_config_set(&r, "epochs", "3") == BK_OK && bk_run_config_set(&r, "dim", "32") == BK_OK &&
+              bk_run_config_set(&r, "lr", "0.01") == BK_OK && bk_run_config_set(&r, "seq_len", "100") == BK_OK &&
+              r.epochs == 3 && r.model.dim == 32 && fabsf(r.optim.lr - 0.01f) < 1e-9f && r.data_config.max_len == 100,
+          "config: run, model, optimiser and data keys in one namespace", "%s", bk_last_error());
+    struct {
+        const char *k, *v, *msg;
+    } bad[] = {{"nope", "1", "unknown key 'nope'"},
+               {"epochs", "0", "epochs=0: expected an integer in [1, 100000]"},
+               {"data", "cifar", "unknown dataset"},
+               {"progress", "fast", "expected auto, bar, plain or none"},
+               {"noise", "nan", "noise=nan: expected a number"},
+               {"seed", "-1", "non-negative"},
+               {"attn", "magic", "attn"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "config: %s=%s refused", bad[i].k, bad[i].v);
+        bk_status st = bk_run_config_set(&r, bad[i].k, bad[i].v);
+        CHECK(st == BK_ERR_PARAM && has(bk_last_error(), bad[i].msg), name, "%s: %s", bk_status_str(st),
+              bk_last_error());
+    }
+    char path[400];
+    snprintf(path, sizeof path, "%s/a.conf", g_tmp);
+    FILE *f = fopen(path, "w");
+    fputs("data = listops  # generated\n\n  epochs= 2\nbatch 3\n", f);
+    fclose(f);
+    bk_run_config l = bk_run_config_default();
+    bk_status st = bk_run_config_load(&l, path);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "a.conf:4: expected 'key = value'") && !strcmp(l.data, "listops") &&
+              l.epochs == 2,
+          "config file: comments, blank lines, and an error naming the line", "%s", bk_last_error());
+    snprintf(path, sizeof path, "%s/none.conf", g_tmp);
+    CHECK(bk_run_config_load(&l, path) == BK_ERR_IO && has(bk_last_error(), "cannot open"),
+          "config file: a missing file", "%s", bk_last_error());
+
+    /* text form: whole lines, the length like snprintf, and a round trip */
+    size_t n = bk_run_config_format(&r, NULL, 0);
+    char *text = malloc(n + 1), small[40];
+    size_t n2 = text ? bk_run_config_format(&r, text, n + 1) : 0;
+    size_t n3 = bk_run_config_format(&r, small, sizeof small);
+    CHECK(text && n2 == n && n3 == n && strlen(text) == n && strlen(small) < sizeof small &&
+              (small[0] == 0 || small[strlen(small) - 1] == '\n') && has(text, "epochs=3\n") && has(text, "dim=32\n"),
+          "config: text form (length needed, whole lines in a small buffer)", "%zu %zu %zu", n, n2, n3);
+    snprintf(path, sizeof path, "%s/b.conf", g_tmp);
+    f = fopen(path, "w");
+    if (text) fputs(text, f);
+    fclose(f);
+    l = bk_run_config_default();
+    char *text2 = malloc(n + 1);
+    st = bk_run_config_load(&l, path);
+    CHECK(st == BK_OK && text2 && bk_run_config_format(&l, text2, n + 1) == n && text && !strcmp(text, text2),
+          "config: the text form loads back to the same configuration", "%s", bk_last_error());
+    free(text);
+    free(text2);
+    remove(path);
+    snprintf(path, sizeof path, "%s/a.conf", g_tmp);
+    remove(path);
+
+    char v[16];
+    const char *extra = "pos_epoch=3\ndata_train=x y\nteacher=/a/b\n";
+    CHECK(bk_run_extra_get(extra, "teacher", v, sizeof v) && !strcmp(v, "/a/b") &&
+              bk_run_extra_get(extra, "data_train", v, 3) && !strcmp(v, "x ") && !bk_run_extra_get(extra, "pos", v, 16),
+          "extra: values by key (truncated to the buffer)", "%s", "");
+    CHECK(bk_run_config_from_extra(NULL, &l) == BK_ERR_FORMAT && has(bk_last_error(), "no run metadata"),
+          "extra: a checkpoint without a run is refused", "%s", bk_last_error());
+    CHECK(!strcmp(bk_attn_kind_name(BK_ATTN_SINKHORN), "sinkhorn") && !strcmp(bk_attn_kind_name((bk_attn_kind)9), "?"),
+          "attention kind names", "%s", "");
+}
+
+/* ---- runs ---- */
+typedef struct {
+    int start, steps, epochs;
+    int64_t last_step, stop_at;
+    int bad_order;
+    volatile sig_atomic_t stop;
+} events;
+
+static void on_event(void *user, const bk_train_event *ev)
+{
+    events *e = user;
+    if (ev->kind == BK_TRAIN_EVENT_START) {
+        e->start++;
+        return;
+    }
+    if (ev->kind == BK_TRAIN_EVENT_STEP) {
+        e->steps++;
+        if (ev->step != e->last_step + 1 && e->last_step) e->bad_order++;
+        e->last_step = ev->step;
+        if (e->stop_at && ev->step == e->stop_at) e->stop = 1;
+        return;
+    }
+    e->epochs++;
+}
+
+static bk_run_config tiny(const char *attn, int epochs)
+{
+    bk_run_config r = bk_run_config_default();
+    const char *kv[][2] = {{"data", "listops"}, {"seq_len", "32"}, {"gen_train", "96"}, {"gen_test", "32"},
+                           {"batch", "16"},     {"micro", "8"},    {"dim", "16"},       {"depth", "1"},
+                           {"heads", "2"},      {"mlp_dim", "32"}, {"pool", "mean"},    {"cls", "0"},
+                           {"dropout", "0.1"},  {"progress", "none"}, {"eval_batch", "64"}, {"attn", attn}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        if (bk_run_config_set(&r, kv[i][0], kv[i][1]) != BK_OK) printf("# config: %s\n", bk_last_error());
+    r.epochs = epochs;
+    return r;
+}
+
+static void test_runs(void)
+{
+    char full[400], cut[400], p1[600], p2[600];
+    snprintf(full, sizeof full, "%s/full", g_tmp);
+    snprintf(cut, sizeof cut, "%s/cut", g_tmp);
+
+    /* the uninterrupted run */
+    bk_run_config r = tiny("softmax", 3);
+    events ev = {0};
+    bk_train_result res;
+    bk_status st = bk_train_run(&r, full, BK_TRAIN_NEW, on_event, &ev, NULL, &res);
+    if (!CHECK(st == BK_OK, "run: trains", "%s", bk_last_error())) return;
+    const double full_acc = res.test_acc;
+    CHECK(!res.stopped && res.epoch == 3 && res.step == 18 && res.batch == 0 && isfinite(res.test_acc) &&
+              ev.start == 1 && ev.steps == 18 && ev.epochs == 3 && !ev.bad_order,
+          "run: 3 epochs of 6 steps, one event per step and per epoch", "step %lld, events %d %d %d",
+          (long long)res.step, ev.start, ev.steps, ev.epochs);
+    const char *files[] = {"config.txt", "metrics.jsonl", "steps.csv", "epochs.csv", "last.safetensors",
+                           "ckpt/epoch-0000.safetensors", "ckpt/epoch-0003.safetensors", "summary.json"};
+    int all = 1;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) all &= exists(full, files[i]);
+    CHECK(all, "run: the run directory", "%s", "");
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    char *m = read_all(p1, NULL);
+    int nstep = 0, nep = 0;
+    for (const char *q = m; q && (q = strstr(q, "\"type\":\"")); q++) nstep += !strncmp(q, "\"type\":\"step\"", 13),
+                                                                    nep += !strncmp(q, "\"type\":\"epoch\"", 14);
+    CHECK(nstep == 18 && nep == 3, "run: metrics.jsonl has a record per step and per epoch", "%d %d", nstep, nep);
+    free(m);
+    st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "already holds a run"),
+          "run: a new run over an existing one is refused", "%s", bk_last_error());
+
+    /* stopped by stop_after, then by the caller's flag on one thread, then to the end */
+    bk_run_config rc = r;
+    rc.stop_after = 5;
+    st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_OK && res.stopped && res.step == 5 && res.epoch == 0 && res.batch == 5,
+          "stop_after stops after its step with a checkpoint", "%s step %lld", bk_last_error(), (long long)res.step);
+    bk_run_config rr;
+    int done = -1;
+    st = bk_train_resume_config(cut, &rr, &done);
+    CHECK(st == BK_OK && done == 0 && rr.stop_after == 0 && rr.epochs == 3 && !strcmp(rr.data, "listops"),
+          "resume config: the run's own, stop_after cleared", "%s", bk_last_error());
+    rr.threads = 1;
+    events e2 = {0};
+    e2.stop_at = 11;
+    st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, on_event, &e2, &e2.stop, &res);
+    CHECK(st == BK_OK && res.stopped && res.step == 11 && res.epoch == 1 && e2.steps == 6,
+          "the caller's stop flag stops after the step that set it", "%s step %lld", bk_last_error(),
+          (long long)res.step);
+    bk_set_num_threads(0);
+    st = bk_train_resume_config(cut, &rr, &done);
+    if (st == BK_OK) st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_OK && !res.stopped && res.step == 18 && done == 1, "resumed to the end", "%s", bk_last_error());
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
+    CHECK(same_tensors(p1, p2), "resumed weights and optimiser state == uninterrupted, bitwise", "%s", "");
+    const char *mf[] = {"metrics.jsonl", "steps.csv", "epochs.csv"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p1, sizeof p1, "%s/%s", full, mf[i]);
+        snprintf(p2, sizeof p2, "%s/%s", cut, mf[i]);
+        char *a = strip_times(p1), *b = strip_times(p2), name[80];
+        snprintf(name, sizeof name, "resumed %s == uninterrupted (but the timings)", mf[i]);
+        CHECK(a && b && !strcmp(a, b), name, "%s", "");
+        free(a);
+        free(b);
+    }
+
+    /* refusals on resume */
+    st = bk_train_resume_config(full, &rr, &done);
+    bk_run_config changed = rr;
+    changed.optim.lr *= 2;
+    if (st == BK_OK) st = bk_train_run(&changed, full, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "(lr differs)"),
+          "resume: a changed configuration is refused, naming the key", "%s", bk_last_error());
+    st = bk_train_run(&rr, full, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "has finished its 3 epochs"), "resume: a finished run", "%s",
+          bk_last_error());
+    snprintf(p1, sizeof p1, "%s/none", g_tmp);
+    CHECK(bk_train_resume_config(p1, &rr, &done) == BK_ERR_IO && has(bk_last_error(), "no checkpoint to resume from"),
+          "resume: a directory without a run", "%s", bk_last_error());
+
+    /* evaluation of the last checkpoint == the run's last evaluation */
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    bk_model *mdl = NULL;
+    bk_run_config lr;
+    char *extra = NULL;
+    bk_dataset *te = NULL;
+    st = bk_run_load(p1, 64, &mdl, &lr, &extra);
+    if (st == BK_OK) st = bk_run_open_data(&lr, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(mdl), &te);
+    bk_eval_result er = {0};
+    if (st == BK_OK) st = bk_evaluate(mdl, te, 0, 64, 1, &er);
+    int64_t total = 0, diag = 0;
+    for (int i = 0; st == BK_OK && i < er.classes * er.classes; i++) total += er.confusion[i];
+    for (int i = 0; st == BK_OK && i < er.classes; i++) diag += er.confusion[i * er.classes + i];
+    char v[32];
+    CHECK(st == BK_OK && er.n == 32 && er.acc == full_acc && total == 32 && diag == (int64_t)llround(er.acc * 32) &&
+              er.pred != NULL && bk_run_extra_get(extra, "pos_epoch", v, sizeof v) && !strcmp(v, "3"),
+          "evaluation of the checkpoint == the run's last one; the confusion adds up", "%s acc %g vs %g",
+          bk_last_error(), er.acc, full_acc);
+    bk_layer_diag dg[1];
+    int64_t ncol = 0;
+    float cs[32 * 2 * 32];
+    st = bk_attention_diag(mdl, te, 32, dg, cs, &ncol);
+    CHECK(st == BK_OK && dg[0].row_dev < 1e-5 && dg[0].col_dev > 1e-3 && dg[0].entropy <= dg[0].uniform_entropy + 1e-6 &&
+              ncol > 0 && ncol <= 32 * 2 * 32,
+          "attention diagnostics: softmax rows exact, columns not; entropy below uniform", "%s", bk_last_error());
+    bk_dataset *other = NULL;
+    CHECK(bk_run_open_data(&lr, "shapes", NULL, BK_SPLIT_TEST, 0, bk_model_get_config(mdl), &other) == BK_ERR_SHAPE &&
+              other == NULL && has(bk_last_error(), "does not have the shape"),
+          "run data: a dataset of another shape is refused", "%s", bk_last_error());
+    bk_eval_result_free(&er);
+    bk_data_close(te);
+    free(extra);
+    bk_model_free(mdl);
+
+    /* extending a finished run */
+    st = bk_train_resume_config(full, &rr, &done);
+    rr.epochs = 4;
+    if (st == BK_OK) st = bk_train_run(&rr, full, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_OK && res.epoch == 4 && res.step == 24 && exists(full, "ckpt/epoch-0004.safetensors"),
+          "resume with more epochs extends a finished run", "%s", bk_last_error());
+
+    /* configurations that cannot be trained */
+    bk_run_config bad = tiny("asap", 1);
+    snprintf(p1, sizeof p1, "%s/never", g_tmp);
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "cannot be trained") &&
+              !exists(p1, "last.safetensors"),
+          "attn=asap cannot be trained", "%s", bk_last_error());
+    bad = tiny("softmax", 1);
+    bad.model.heads = 3;
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "heads"),
+          "a model configuration that does not check", "%s", bk_last_error());
+    bad = tiny("softmax", 1);
+    bad.log_every = 0; /* set in C, past bk_run_config_set */
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "log_every=0"),
+          "run keys out of range are refused as bk_run_config_set would", "%s", bk_last_error());
+}
+
+/* ---- ASAP compilation ---- */
+typedef struct {
+    int header, layers, depth;
+    int64_t samples;
+} compile_events;
+
+static void on_compile(void *user, const bk_asap_compile_event *ev)
+{
+    compile_events *c = user;
+    if (ev->layer < 0) {
+        c->header++;
+        c->depth = ev->layers;
+        c->samples = ev->samples;
+    } else if (ev->report && ev->report->problems > 0) {
+        c->layers++;
+    }
+}
+
+static void test_compile(void)
+{
+    char dir[400], ck[600], out[600], sm[600];
+    snprintf(dir, sizeof dir, "%s/sk", g_tmp);
+    bk_run_config r = tiny("sinkhorn", 1);
+    bk_train_result res;
+    bk_status st = bk_train_run(&r, dir, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (!CHECK(st == BK_OK, "compile: a Sinkhorn run trains", "%s", bk_last_error())) return;
+    snprintf(ck, sizeof ck, "%s/last.safetensors", dir);
+    snprintf(out, sizeof out, "%s/asap.safetensors", dir);
+    bk_asap_compile_config cc = bk_asap_compile_config_default();
+    cc.samples = 40;
+    cc.batch = 16;
+    cc.slices = 8;
+    compile_events ce = {0};
+    st = bk_asap_compile(ck, out, &cc, on_compile, &ce);
+    CHECK(st == BK_OK && ce.header == 1 && ce.depth == 1 && ce.layers == 1 && ce.samples == 40,
+          "compile: calibrates on the first samples and fits every layer", "%s", bk_last_error());
+    bk_model *m = NULL;
+    bk_run_config lr;
+    char *extra = NULL, v[600];
+    st = bk_run_load(out, 8, &m, &lr, &extra);
+    CHECK(st == BK_OK && bk_model_get_config(m)->attn == BK_ATTN_ASAP && lr.model.attn == BK_ATTN_ASAP &&
+              bk_run_extra_get(extra, "teacher", v, sizeof v) && !strcmp(v, ck),
+          "compile: an ASAP model that names its teacher", "%s", bk_last_error());
+    bk_dataset *te = NULL;
+    bk_eval_result er = {0};
+    if (st == BK_OK) st = bk_run_open_data(&lr, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(m), &te);
+    if (st == BK_OK) st = bk_evaluate(m, te, 0, 8, 0, &er);
+    CHECK(st == BK_OK && er.n == 32, "compile: the ASAP model evaluates", "%s", bk_last_error());
+    bk_eval_result_free(&er);
+    bk_data_close(te);
+    free(extra);
+    bk_model_free(m);
+    snprintf(sm, sizeof sm, "%s/full/last.safetensors", g_tmp);
+    snprintf(out, sizeof out, "%s/never.safetensors", g_tmp);
+    st = bk_asap_compile(sm, out, &cc, NULL, NULL);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "ASAP compiles Sinkhorn attention") && access(out, F_OK) != 0,
+          "compile: a softmax model is refused", "%s", bk_last_error());
+}
+
+static void rm_rf(const char *path)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) printf("# could not remove %s\n", path);
+}
+
+int main(void)
+{
+    if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
+    test_config();
+    test_runs();
+    test_compile();
+    rm_rf(g_tmp);
+    return tc_summary();
+}

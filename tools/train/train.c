@@ -1,0 +1,256 @@
+/* train.c -- `birkhoff train`: arguments, progress display and Ctrl-C over
+ * the library's training loop (bk_train_run; docs/TRAINING.md): a progress
+ * bar or plain lines on stderr, and SIGINT/SIGTERM stopping the run with a
+ * checkpoint (status 130) that --resume continues bit for bit. */
+#define _GNU_SOURCE
+#include "../cli.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Set by SIGINT/SIGTERM, read by the training loop between steps: the one
+ * piece of process state the command keeps outside its frame (a signal
+ * handler can reach no other). */
+static volatile sig_atomic_t g_stop = 0;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage_train(FILE *f)
+{
+    fprintf(f,
+            "usage: birkhoff train [--config FILE] [--out DIR] [--KEY VALUE | --set KEY=VALUE]... [--force]\n"
+            "       birkhoff train --resume DIR [--epochs N] [--threads T] [--progress MODE] [--stop-after N]\n"
+            "\n"
+            "Trains a model on a dataset. Keys (docs/TRAINING.md): run keys (data=mnist|fashion-mnist|digits|spam|\n"
+            "listops|shapes, data_dir, train_limit, test_limit, seq_len, min_len, listops_depth, points, noise,\n"
+            "gen_train, gen_test, data_seed, epochs, batch, micro, ls, seed, threads, log_every, eval_batch,\n"
+            "stop_after, progress=auto|bar|plain|none), model keys (attn=softmax|sinkhorn|esp|lot, dim, depth,\n"
+            "heads, mlp_dim, patch, sk_iters, sk_eps, ... as `birkhoff model`) and optimiser keys (kind, lr,\n"
+            "weight_decay, clip, sched, warmup, ...). The config file holds 'key = value' lines; flags override it\n"
+            "(--weight-decay and --weight_decay are the same key).\n"
+            "\n"
+            "DIR (default runs/DATA-ATTN) receives config.txt, metrics.jsonl (one record per step and per epoch),\n"
+            "steps.csv, epochs.csv, ckpt/epoch-NNNN.safetensors (epoch 0 = the initial model), last.safetensors\n"
+            "and summary.json. Ctrl-C (or stop_after) saves last.safetensors and exits with status 130;\n"
+            "--resume DIR continues bit for bit as the uninterrupted run would have.\n");
+}
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static void fmt_time(double s, char *out, size_t cap)
+{
+    if (!(s >= 0) || s > 360000) s = 0;
+    int t = (int)(s + 0.5);
+    if (t >= 3600) snprintf(out, cap, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(out, cap, "%d:%02d", t / 60, t % 60);
+}
+
+enum { PR_NONE, PR_PLAIN, PR_BAR };
+
+/* the display of one run, driven by the loop's events */
+typedef struct {
+    const char *dir;
+    int mode, started;
+    double last_draw;
+    struct sigaction old_int, old_term;
+} progress;
+
+static void on_event(void *user, const bk_train_event *ev)
+{
+    progress *p = user;
+    const bk_run_config *r = ev->config;
+    if (ev->kind == BK_TRAIN_EVENT_START) {
+        p->mode = PR_PLAIN;
+        if (!strcmp(r->progress, "none")) p->mode = PR_NONE;
+        else if (!strcmp(r->progress, "bar") || (!strcmp(r->progress, "auto") && isatty(STDERR_FILENO)))
+            p->mode = PR_BAR;
+        const bk_dataset_info *tr = bk_data_info(ev->train);
+        if (p->mode != PR_NONE)
+            fprintf(stderr,
+                    "train: %s, %s attention, %lld parameters, %lld samples x %d epochs (batch %d), %d threads -> %s\n",
+                    tr->version, bk_attn_kind_name(r->model.attn), (long long)bk_model_num_params(ev->model),
+                    (long long)tr->n, r->epochs, r->batch, bk_get_num_threads(), p->dir);
+        /* from the first step on, Ctrl-C stops the run with a checkpoint */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C terminates at once */
+        sigemptyset(&sa.sa_mask);
+        g_stop = 0;
+        sigaction(SIGINT, &sa, &p->old_int);
+        sigaction(SIGTERM, &sa, &p->old_term);
+        p->started = 1;
+        p->last_draw = -1.0;
+        return;
+    }
+    const int64_t nb = ev->batches;
+    if (ev->kind == BK_TRAIN_EVENT_STEP) {
+        if (p->mode == PR_BAR && (ev->elapsed_s - p->last_draw > 0.1 || ev->batch == nb)) {
+            p->last_draw = ev->elapsed_s;
+            const double per = ev->elapsed_s / (double)(ev->step - ev->first_step);
+            char eta[32];
+            fmt_time(per * (double)(ev->total_steps - ev->step), eta, sizeof eta);
+            int fill = (int)(24 * ev->batch / nb);
+            char bar[32];
+            for (int k = 0; k < 24; k++) bar[k] = k < fill ? '#' : '.';
+            bar[24] = 0;
+            fprintf(stderr, "\r\033[Kepoch %d/%d [%s] %lld/%lld  %.0f samples/s  ETA %s  loss %.4f  acc %.2f%%",
+                    ev->epoch, r->epochs, bar, (long long)ev->batch, (long long)nb, ev->samples_per_s, eta,
+                    ev->train_loss, 100.0 * ev->train_acc);
+        } else if (p->mode == PR_PLAIN && (ev->batch % (nb / 10 > 0 ? nb / 10 : 1) == 0)) {
+            fprintf(stderr, "epoch %d/%d  batch %lld/%lld  %.0f samples/s  loss %.4f  acc %.2f%%\n", ev->epoch,
+                    r->epochs, (long long)ev->batch, (long long)nb, ev->samples_per_s, ev->train_loss,
+                    100.0 * ev->train_acc);
+        }
+        return;
+    }
+    char tt[32];
+    fmt_time(ev->time_s, tt, sizeof tt);
+    if (p->mode == PR_BAR) fprintf(stderr, "\r\033[K");
+    if (p->mode != PR_NONE)
+        fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  |col sum-1| %.3g  %s\n",
+                ev->epoch, r->epochs, ev->train_loss, 100.0 * ev->train_acc, ev->test_loss, 100.0 * ev->test_acc,
+                ev->attn_col_dev, tt);
+}
+
+int cmd_train(int argc, char **argv)
+{
+    bk_run_config r = bk_run_config_default();
+    const char *cfg_path = NULL, *out = NULL, *resume = NULL;
+    int force = 0;
+    /* pass 1: --config, --resume, --out, --force, --help */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage_train(stdout);
+            return CLI_OK;
+        }
+        if (!strcmp(a, "--force")) {
+            force = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "birkhoff train: unexpected argument '%s'\n", a);
+            usage_train(stderr);
+            return CLI_USAGE;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "birkhoff train: %s needs a value\n", a);
+            return CLI_USAGE;
+        }
+        if (!strcmp(a, "--config")) cfg_path = argv[i + 1];
+        else if (!strcmp(a, "--out")) out = argv[i + 1];
+        else if (!strcmp(a, "--resume")) resume = argv[i + 1];
+        i++;
+    }
+    if (resume && (cfg_path || out)) {
+        fprintf(stderr, "birkhoff train: --resume DIR continues a run as configured; --config and --out do not apply\n");
+        return CLI_USAGE;
+    }
+    int epochs_done = 0;
+    char dir[1024], path[1100];
+    if (resume) {
+        /* the configuration comes from the checkpoint itself */
+        snprintf(dir, sizeof dir, "%s", resume);
+        if (bk_train_resume_config(dir, &r, &epochs_done) != BK_OK) {
+            fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
+            return CLI_FAIL;
+        }
+    } else if (cfg_path && bk_run_config_load(&r, cfg_path) != BK_OK) {
+        fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
+        return CLI_USAGE;
+    }
+    /* pass 2: key flags, in order */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--force")) continue;
+        if (!strcmp(a, "--config") || !strcmp(a, "--out") || !strcmp(a, "--resume")) {
+            i++;
+            continue;
+        }
+        char key[128], val[1024];
+        const char *v = argv[++i];
+        if (!strcmp(a, "--set")) {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) {
+                fprintf(stderr, "birkhoff train: --set expects KEY=VALUE, got '%s'\n", v);
+                return CLI_USAGE;
+            }
+            memcpy(key, v, (size_t)(eq - v));
+            key[eq - v] = 0;
+            snprintf(val, sizeof val, "%s", eq + 1);
+        } else {
+            snprintf(key, sizeof key, "%s", a + 2);
+            snprintf(val, sizeof val, "%s", v);
+        }
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        if (resume && strcmp(key, "epochs") && strcmp(key, "threads") && strcmp(key, "progress") &&
+            strcmp(key, "stop_after") && strcmp(key, "data_dir")) {
+            fprintf(stderr, "birkhoff train: a resumed run keeps its configuration: only --epochs, --threads, "
+                            "--progress, --stop-after and --data-dir apply (got --%s)\n", key);
+            return CLI_USAGE;
+        }
+        if (bk_run_config_set(&r, key, val) != BK_OK) {
+            fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
+            return CLI_USAGE;
+        }
+    }
+    if (resume && epochs_done >= r.epochs) {
+        fprintf(stderr, "birkhoff train: %s has finished its %d epochs; --epochs N with N > %d continues it\n", dir,
+                epochs_done, epochs_done);
+        return CLI_FAIL;
+    }
+    if (!resume) {
+        if (out) snprintf(dir, sizeof dir, "%s", out);
+        else snprintf(dir, sizeof dir, "runs/%s-%s", r.data, bk_attn_kind_name(r.model.attn));
+        snprintf(path, sizeof path, "%s/last.safetensors", dir);
+        if (exists(path) && !force) {
+            fprintf(stderr, "birkhoff train: %s already holds a run: continue it with --resume %s, or start over with "
+                            "--force or another --out\n", dir, dir);
+            return CLI_USAGE;
+        }
+    }
+    progress p;
+    memset(&p, 0, sizeof p);
+    p.dir = dir;
+    bk_train_result res;
+    const bk_train_mode mode = resume ? BK_TRAIN_RESUME : force ? BK_TRAIN_OVERWRITE : BK_TRAIN_NEW;
+    bk_status st = bk_train_run(&r, dir, mode, on_event, &p, &g_stop, &res);
+    if (p.started) {
+        sigaction(SIGINT, &p.old_int, NULL);
+        sigaction(SIGTERM, &p.old_term, NULL);
+    }
+    if (st != BK_OK) {
+        /* a failing step or evaluation ends a progress line */
+        const int mid = res.stage == BK_TRAIN_STAGE_STEP || res.stage == BK_TRAIN_STAGE_EVAL;
+        fprintf(stderr, "%sbirkhoff train: %s\n", mid ? "\n" : "", bk_last_error());
+        if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
+        return res.stage == BK_TRAIN_STAGE_CONFIG ? CLI_USAGE : CLI_FAIL;
+    }
+    if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
+    if (res.stopped) {
+        fprintf(stderr, "train: stopped at epoch %d batch %lld (step %lld); checkpoint %s/last.safetensors; continue "
+                        "with: birkhoff train --resume %s\n",
+                res.epoch + 1, (long long)res.batch, (long long)res.step, dir, dir);
+        return 130;
+    }
+    char tt[32];
+    fmt_time(res.time_s, tt, sizeof tt);
+    if (p.mode != PR_NONE)
+        fprintf(stderr, "train: done in %s; test accuracy %.2f%%; outputs in %s (metrics.jsonl, epochs.csv, "
+                        "last.safetensors)\n",
+                tt, 100.0 * res.test_acc, dir);
+    return CLI_OK;
+}

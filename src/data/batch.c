@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* splitmix64's finaliser of x (one step of the stream started at x) */
-static uint64_t mix(uint64_t x) { return bki_mix64(&x); }
+/* one step of the splitmix64 stream started at x */
+static uint64_t mix(uint64_t x) { return bki_mix64_fin(x + BKI_GOLDEN); }
 
 bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed)
 {

@@ -12,7 +12,6 @@
 #include <zlib.h>
 
 #define SPLIT_SEED 2718u
-#define FNV_OFFSET 0xcbf29ce484222325ull
 
 struct bk_dataset {
     bk_dataset_info info;
@@ -72,7 +71,7 @@ static bk_status read_known(const char *dir, const char *name, const char *rel, 
     if (!g) return data_fail(BK_ERR_IO, name, "%s: cannot open (%s)", path, strerror(errno ? errno : ENOENT));
     size_t have = 0, capb = 1 << 20;
     uint8_t *buf = malloc(capb);
-    uint64_t h = FNV_OFFSET;
+    uint64_t h = BKI_FNV_OFFSET;
     int ok = buf != NULL;
     while (ok) {
         if (have == capb) {
@@ -384,7 +383,7 @@ static bk_status open_spam(const char *dir, int split, int max_len, bk_dataset *
     int64_t *idx = NULL;
     int nf = 0;
     bk_status st = BK_OK;
-    uint64_t h = FNV_OFFSET;
+    uint64_t h = BKI_FNV_OFFSET;
     if (!names || !glab || !chunk) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     for (int g = 0; st == BK_OK && g < 5; g++) {
         char gp[1200];

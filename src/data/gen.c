@@ -14,7 +14,6 @@
  * counter-based random numbers: a splitmix64 stream keyed by
  * (seed, index, data set)
  * --------------------------------------------------------------------- */
-#define GEN_GOLDEN 0x9E3779B97F4A7C15ull
 #define GEN_DOM_LISTOPS 0x4C6973744F707321ull /* "ListOps!" */
 #define GEN_DOM_SHAPES 0x5368617065733344ull  /* "Shapes3D" */
 #define GEN_DOM_LABELS 0x4C6162656C733132ull  /* "Labels12" */
@@ -23,24 +22,13 @@ typedef struct {
     uint64_t s;
 } gen_rng;
 
-static uint64_t gen_fin64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t gen_key(uint64_t seed, uint64_t index, uint64_t domain)
 {
-    uint64_t k = gen_fin64(seed + domain);
-    return gen_fin64(k ^ gen_fin64(index + 0x632BE59BD9B4E019ull));
+    uint64_t k = bki_mix64_fin(seed + domain);
+    return bki_mix64_fin(k ^ bki_mix64_fin(index + 0x632BE59BD9B4E019ull));
 }
 
-static uint64_t gen_next(gen_rng *r)
-{
-    r->s += GEN_GOLDEN;
-    return gen_fin64(r->s);
-}
+static uint64_t gen_next(gen_rng *r) { return bki_mix64(&r->s); }
 
 /* uniform integer in [0, n), 1 <= n < 2^32; the bias is below n / 2^32 */
 static int gen_below(gen_rng *r, int n)
@@ -562,7 +550,7 @@ static void gen_posed_pt(int cls, const double *par, double M[3][3], uint64_t pk
 {
     gen_rng pr;
     double p[3];
-    pr.s = gen_fin64(pkey + (uint64_t)j * 0xD1B54A32D192ED03ull);
+    pr.s = bki_mix64_fin(pkey + (uint64_t)j * 0xD1B54A32D192ED03ull);
     gen_shape_pt(cls, par, &pr, p);
     for (int i = 0; i < 3; i++) y[i] = M[i][0] * p[0] + M[i][1] * p[1] + M[i][2] * p[2];
 }

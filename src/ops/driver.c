@@ -5,6 +5,7 @@
 #include "op.h"
 #include "../backend/backend.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -147,16 +148,20 @@ static uint64_t blocks_checksum(const bki_call *c)
 #endif
 
 /* ---- forward -------------------------------------------------------------- */
+/* The header is read and written through a local copy: a caller's tape needs
+ * only float alignment, the header has 64-bit fields. */
 static void write_header(bki_call *c)
 {
-    bki_tape_header *th = (bki_tape_header *)c->tape;
+    bki_tape_header th;
     memset(c->tape, 0, bki_op_tape_size(c)); /* padding and unused history are zero: tapes are deterministic */
-    th->magic = BKI_TAPE_MAGIC;
-    th->version = BKI_TAPE_VERSION;
-    th->op = c->op->id;
-    th->B = c->d->B; th->H = c->d->H; th->Nq = c->d->Nq; th->Nk = c->d->Nk; th->d = c->d->d; th->dv = c->d->dv;
-    th->key = c->op->key(c);
-    th->block_bytes = block_total(c);
+    memset(&th, 0, sizeof th);
+    th.magic = BKI_TAPE_MAGIC;
+    th.version = BKI_TAPE_VERSION;
+    th.op = c->op->id;
+    th.B = c->d->B; th.H = c->d->H; th.Nq = c->d->Nq; th.Nk = c->d->Nk; th.d = c->d->d; th.dv = c->d->dv;
+    th.key = c->op->key(c);
+    th.block_bytes = block_total(c);
+    memcpy(c->tape, &th, sizeof th);
     const int P = c->d->B * c->d->H;
     for (int p = 0; p < P; p++) {
         bki_block_header *h = bki_op_block(c, p);
@@ -176,7 +181,10 @@ static bk_status forward_region(bki_call *c)
     run(c, 0);
     if (c->bad < c->d->B * c->d->H) return problem_error(c);
 #ifdef BK_TAPE_CHECKSUM
-    if (c->tape) ((bki_tape_header *)c->tape)->checksum = blocks_checksum(c);
+    if (c->tape) {
+        const uint64_t sum = blocks_checksum(c);
+        memcpy(c->tape + offsetof(bki_tape_header, checksum), &sum, sizeof sum);
+    }
 #endif
     return BK_OK;
 }
@@ -212,7 +220,9 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
 /* ---- backward ------------------------------------------------------------- */
 static bk_status check_tape(bki_call *c, const void *tape)
 {
-    const bki_tape_header *th = tape;
+    bki_tape_header hdr;
+    memcpy(&hdr, tape, sizeof hdr);
+    const bki_tape_header *th = &hdr;
     const bk_attn_desc *d = c->d;
     if (th->magic != BKI_TAPE_MAGIC || th->version != BKI_TAPE_VERSION)
         return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a forward?)");

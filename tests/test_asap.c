@@ -8,7 +8,7 @@
 #include "harness.h"
 #include "ref_asap.h"
 #include "tutil.h"
-#include "../src/core/internal.h" /* bki_plan: the parallel model's plan, asserted below */
+#include "../src/ops/ops.h" /* bki_asap_plan: the parallel model's plan, asserted below */
 
 #include <math.h>
 #include <stddef.h>
@@ -510,7 +510,6 @@ static void test_asap_determinism(void)
  * must be bitwise the same at 1, 2, 3, 5 and 8 threads, for one problem large
  * enough to run as a team and for a batch, and a problem must give the same
  * bytes alone, as one of 3 and as one of 16 problems (padded, with lengths). */
-bki_plan bki_asap_plan(const bk_attn_desc *d, int L); /* src/ops/asap.c */
 
 #define DA_L 8 /* slices          */
 #define DA_S 6 /* teacher's steps */
@@ -869,6 +868,75 @@ static void test_asap_bad_input(void)
     th_prob_free(&t);
 }
 
+/* ---- the operator registry (birkhoff/ops.h) ------------------------------ */
+static void test_asap_registry(void)
+{
+    const bk_op *op = bk_op_find("asap");
+    int ok = op && !bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_asap_params) &&
+             !strcmp(bk_op_name(op), "asap") && bk_op_param_count(op) == 1 && !strcmp(bk_op_param_key(op, 0), "variant");
+    th_check(ok, "registry: asap found by name, forward only, with bk_asap_params {layer, variant}", "%p",
+             (const void *)op);
+    if (!ok) return;
+    bk_asap_params ap;
+    memset(&ap, 0x5a, sizeof ap);
+    bk_op_params_default(op, &ap);
+    ok = ap.layer == NULL && ap.variant == BK_ASAP_AUTO;
+    const char *names[4] = {"auto", "zero", "column", "row"};
+    for (int v = 3; v >= 0; v--) ok &= bk_op_params_set(op, &ap, "variant", names[v]) == BK_OK && (int)ap.variant == v;
+    ok &= bk_op_params_set(op, &ap, "variant", "row") == BK_OK;
+    char buf[64];
+    ok = ok && bk_op_params_format(op, &ap, buf, sizeof buf) < sizeof buf && !strcmp(buf, "variant=row\n");
+    th_check(ok, "registry: asap variant set by key (by name) and formatted", "%s", bk_last_error());
+    bk_status s1 = bk_op_params_set(op, &ap, "layer", "x.asap");
+    int bad = s1 == BK_ERR_PARAM && strstr(bk_last_error(), "layer") != NULL;
+    bk_status s2 = bk_op_params_set(op, &ap, "variant", "diagonal");
+    bad &= s2 == BK_ERR_PARAM && strstr(bk_last_error(), "diagonal") != NULL && strstr(bk_last_error(), "variant");
+    bad &= ap.variant == BK_ASAP_ROW && ap.layer == NULL;
+    th_check(bad, "registry: asap refuses an unknown key and a bad value, naming them", "%s", bk_last_error());
+    /* the generic forward == bk_asap_forward, bitwise, for every variant (padded batch) */
+    th_rng r = {909};
+    th_prob x, y;
+    th_rng rx = {910}, ry = {910};
+    th_prob_init(&x, 2, 2, 11, 9, 6, 5, 1, 1, 1.0, &rx);
+    th_prob_init(&y, 2, 2, 11, 9, 6, 5, 1, 1, 1.0, &ry);
+    bk_asap_layer ly = make_layer(6, 5, 1.0f / sqrtf(6.0f), 0.7f, 5, &r, 1.0);
+    const bk_attn_desc *d = &y.desc;
+    const size_t P = 4, no = P * 11 * 5, na = P * 11 * 9;
+    int same = 1;
+    bk_status st[2] = {BK_OK, BK_OK};
+    for (int v = 0; v < 4; v++) {
+        bk_asap_extras ex = {x.ta, NULL, NULL};
+        st[0] = bk_asap_forward(&x.desc, &ly, (bk_asap_variant)v, &x.tq, &x.tk, &x.tv, &x.to, &ex, NULL, 0);
+        ap.layer = &ly;
+        ap.variant = (bk_asap_variant)v;
+        st[1] = bk_op_forward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.to, NULL, &y.ta, NULL, 0);
+        same &= st[0] == BK_OK && st[1] == BK_OK && !memcmp(x.o, y.o, 4 * no) && !memcmp(x.a, y.a, 4 * na);
+        same &= bk_op_workspace_size(op, d, &ap) == bk_asap_workspace_size(d, &ly);
+    }
+    th_check(same, "registry: bk_op_forward == bk_asap_forward for every variant (bitwise)", "%s / %s: %s",
+             bk_status_str(st[0]), bk_status_str(st[1]), bk_last_error());
+    /* no backward; an ASAP tape (the generic forward writes its header) is refused by another operator */
+    void *tape = calloc(1, bk_op_tape_size(op, d, &ap));
+    bk_status sf = bk_op_forward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.to, tape, NULL, NULL, 0);
+    bk_status sb = bk_op_backward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.tdo, tape, &y.tdq, &y.tdk, &y.tdv, NULL, 0);
+    int refused = sf == BK_OK && sb == BK_ERR_PARAM && strstr(bk_last_error(), "no backward") != NULL;
+    bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+    bk_status ss = bk_sinkhorn_backward(d, &sp, &y.tq, &y.tk, &y.tv, &y.tdo, tape, &y.tdq, &y.tdk, &y.tdv, NULL, 0);
+    refused &= ss == BK_ERR_TAPE && strstr(bk_last_error(), "another operator") != NULL;
+    th_check(refused, "registry: asap has no backward; its tape is refused by another operator", "%s / %s / %s: %s",
+             bk_status_str(sf), bk_status_str(sb), bk_status_str(ss), bk_last_error());
+    /* a layer whose head dim differs is refused by the generic forward too */
+    ly.d = 5;
+    th_check(bk_op_forward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.to, NULL, NULL, NULL, 0) == BK_ERR_SHAPE &&
+                 bk_op_workspace_size(op, d, &ap) == 0,
+             "registry: asap layer d mismatch refused (and sized 0)", "%s", bk_last_error());
+    ly.d = 6;
+    free(tape);
+    bk_asap_layer_free(&ly);
+    th_prob_free(&x);
+    th_prob_free(&y);
+}
+
 void test_asap(void)
 {
     if (TH.filter && !strstr("asap", TH.filter)) return;
@@ -879,4 +947,5 @@ void test_asap(void)
     test_asap_parallel();
     test_asap_file();
     test_asap_bad_input();
+    test_asap_registry();
 }

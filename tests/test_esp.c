@@ -5,7 +5,7 @@
 #include "harness.h"
 #include "ref_esp.h"
 #include "tutil.h"
-#include "../src/core/internal.h" /* bki_plan: the determinism tests check the team mode */
+#include "../src/ops/ops.h" /* bki_esp_plan, bki_argsort_team: the team mode and the team sort */
 
 #include <math.h>
 #include <stdlib.h>
@@ -506,7 +506,6 @@ static void test_esp_bad_input(void)
 /* ------------------------------------------------------------------------ */
 /* the parallel model: bitwise the same for any thread count, batch shape    */
 /* ------------------------------------------------------------------------ */
-bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p); /* esp.c */
 
 typedef struct {
     const char *name;
@@ -689,9 +688,6 @@ static int dpe_same_problem(const dprob *x, const dprob *y, int b, int h)
 }
 
 /* the team-parallel argsort (sort1d.c) equals the serial one for any team */
-size_t bki_argsort_team_counts(int n);
-void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
-                      void *counts);
 
 static void test_esp_team_sort(void)
 {
@@ -786,6 +782,92 @@ static void test_esp_parallel_determinism(void)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* the operator registry (birkhoff/ops.h)                                    */
+/* ------------------------------------------------------------------------ */
+static void test_esp_registry(void)
+{
+    const bk_op *op = bk_op_find("esp");
+    int ok = op && bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_esp_params) &&
+             !strcmp(bk_op_name(op), "esp");
+    th_check(ok, "registry: esp found by name, with a backward and bk_esp_params", "%p", (const void *)op);
+    if (!ok) return;
+    /* the scalar fields by key; enums by name */
+    bk_esp_params p;
+    bk_op_params_default(op, &p);
+    const bk_esp_params def = bk_esp_params_default();
+    ok = p.sort == def.sort && p.t == def.t && p.tau == def.tau && p.scale == def.scale && p.cost == def.cost &&
+         p.out_scale == def.out_scale && p.L == def.L && p.theta == def.theta && p.seed == def.seed;
+    const char *kv[][2] = {{"sort", "soft"}, {"t", "0.25"},        {"tau", "1.5"}, {"scale", "0.5"},
+                           {"cost", "euclid"}, {"out_scale", "paper"}, {"L", "3"},     {"seed", "42"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) ok &= bk_op_params_set(op, &p, kv[i][0], kv[i][1]) == BK_OK;
+    ok = ok && p.sort == BK_ESP_SOFT && p.t == 0.25f && p.tau == 1.5f && p.scale == 0.5f &&
+         p.cost == BK_ESP_COST_EUCLID && p.out_scale == BK_ESP_SCALE_PAPER && p.L == 3 && p.seed == 42 && !p.theta;
+    char buf[512];
+    ok = ok && bk_op_param_count(op) == 8 && bk_op_params_format(op, &p, buf, sizeof buf) < sizeof buf &&
+         strstr(buf, "sort=soft\n") && strstr(buf, "cost=euclid\n") && strstr(buf, "out_scale=paper\n") &&
+         strstr(buf, "L=3\n") && strstr(buf, "seed=42\n");
+    th_check(ok, "registry: esp parameters set by key (enums by name) and formatted", "%s", bk_last_error());
+    const bk_esp_params keep = p;
+    bk_status s1 = bk_op_params_set(op, &p, "temperature", "1");
+    int bad = s1 == BK_ERR_PARAM && strstr(bk_last_error(), "temperature") != NULL;
+    bk_status s2 = bk_op_params_set(op, &p, "sort", "medium");
+    bad &= s2 == BK_ERR_PARAM && strstr(bk_last_error(), "medium") != NULL && strstr(bk_last_error(), "sort") != NULL;
+    bk_status s3 = bk_op_params_set(op, &p, "tau", "abc");
+    bad &= s3 == BK_ERR_PARAM && strstr(bk_last_error(), "tau") != NULL;
+    bad &= p.sort == keep.sort && p.tau == keep.tau;
+    th_check(bad, "registry: esp refuses an unknown key and a bad value, naming them", "%s", bk_last_error());
+    /* the generic entry points == the typed ones, bitwise (padded batch; seeded slices, hard and soft) */
+    for (int sort = 0; sort < 2; sort++) {
+        ecase c = {2, 2, 9, 7, 4, 3, 1, 1, (bk_esp_sort)sort, 0.25f, 1.5f, (bk_esp_cost)sort, BK_ESP_SCALE_ROWS, 0, 1.0};
+        ebuf x, y;
+        eb_init(&x, &c, 720 + sort);
+        eb_init(&y, &c, 720 + sort);
+        bk_esp_params q = keep;
+        q.sort = (bk_esp_sort)sort;
+        q.out_scale = BK_ESP_SCALE_ROWS;
+        x.p = y.p = q;
+        const bk_attn_desc *d = &y.pb.desc;
+        const size_t tsz = bk_esp_tape_size(d, &q);
+        void *tx = malloc(tsz), *ty = malloc(tsz);
+        bk_esp_extras ex = {x.pb.ta, NULL, NULL, NULL};
+        bk_status st[4];
+        st[0] = bk_esp_forward(&x.pb.desc, &q, &x.pb.tq, &x.pb.tk, &x.pb.tv, &x.pb.to, tx, &ex, NULL, 0);
+        st[1] = ebwd(&x, tx);
+        st[2] = bk_op_forward(op, d, &q, &y.pb.tq, &y.pb.tk, &y.pb.tv, &y.pb.to, ty, &y.pb.ta, NULL, 0);
+        st[3] = bk_op_backward(op, d, &q, &y.pb.tq, &y.pb.tk, &y.pb.tv, &y.pb.tdo, ty, &y.pb.tdq, &y.pb.tdk, &y.pb.tdv,
+                               NULL, 0);
+        const size_t P = 4, nq = P * c.Nq, nk = P * c.Nk;
+        int same = st[0] == BK_OK && st[1] == BK_OK && st[2] == BK_OK && st[3] == BK_OK &&
+                   !memcmp(x.pb.o, y.pb.o, 4 * nq * c.dv) && !memcmp(x.pb.a, y.pb.a, 4 * nq * c.Nk) &&
+                   !memcmp(x.pb.dq, y.pb.dq, 4 * nq * c.d) && !memcmp(x.pb.dk, y.pb.dk, 4 * nk * c.d) &&
+                   !memcmp(x.pb.dv, y.pb.dv, 4 * nk * c.dv) && !memcmp(tx, ty, tsz);
+        same &= bk_op_tape_size(op, d, &q) == tsz && bk_op_workspace_size(op, d, &q) == bk_esp_workspace_size(d, &q);
+        char name[128];
+        snprintf(name, sizeof name, "registry: bk_op_forward/backward == bk_esp_forward/backward (%s, bitwise)",
+                 sort ? "soft euclid" : "hard sq");
+        th_check(same, name, "%s %s %s %s: %s", bk_status_str(st[0]), bk_status_str(st[1]), bk_status_str(st[2]),
+                 bk_status_str(st[3]), bk_last_error());
+        if (sort == 0) { /* a Sinkhorn tape is refused by the ESP backward, and an ESP tape by Sinkhorn's */
+            bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+            void *stape = malloc(bk_sinkhorn_tape_size(d, &sp));
+            bk_status s0 = bk_sinkhorn_forward(d, &sp, &y.pb.tq, &y.pb.tk, &y.pb.tv, &y.pb.to, stape, NULL, NULL, 0);
+            bk_status se = ebwd(&y, stape);
+            int refused = s0 == BK_OK && se == BK_ERR_TAPE && strstr(bk_last_error(), "another operator") != NULL;
+            bk_status ss = bk_sinkhorn_backward(d, &sp, &y.pb.tq, &y.pb.tk, &y.pb.tv, &y.pb.tdo, ty, &y.pb.tdq,
+                                                &y.pb.tdk, &y.pb.tdv, NULL, 0);
+            refused &= ss == BK_ERR_TAPE;
+            th_check(refused, "esp backward refuses a Sinkhorn tape (and Sinkhorn an ESP tape)", "%s / %s: %s",
+                     bk_status_str(se), bk_status_str(ss), bk_last_error());
+            free(stape);
+        }
+        free(tx);
+        free(ty);
+        eb_free(&x);
+        eb_free(&y);
+    }
+}
+
 void test_esp(void)
 {
     test_esp_grid();
@@ -800,4 +882,5 @@ void test_esp(void)
     test_esp_fd();
     test_esp_large_hard();
     test_esp_bad_input();
+    test_esp_registry();
 }

@@ -173,6 +173,16 @@ BK_API bk_status bk_asap_close(const bk_attn_desc *desc, const bk_asap_layer *la
                                const float *fhat, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                const bk_tensor *out, const bk_asap_extras *extras, void *ws, size_t ws_size);
 
+/* ASAP's parameters in the operator registry (birkhoff/ops.h, name "asap",
+ * forward only): the compiled layer (set in the struct; not a key) and the
+ * variant (key "variant": auto, zero, column or row). The registry's
+ * forward with {layer, variant} is bk_asap_forward(desc, layer, variant, ...)
+ * with the attention as the only extra. Defaults: no layer, BK_ASAP_AUTO. */
+typedef struct {
+    const bk_asap_layer *layer;
+    bk_asap_variant variant;
+} bk_asap_params;
+
 /* ---- fidelity of an attention against a reference (e.g. the teacher) ----
  * Per problem over its valid block, then averaged over problems with Lq, Lk
  * >= 1:  out_rmse = sqrt(mean (O - O_ref)^2), out_rms = sqrt(mean O_ref^2),

@@ -90,9 +90,6 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
  * idx is bitwise bki_argsort's for any team. Up to 2 TS_BLOCK keys member 0
  * sorts alone. scratch: bki_argsort_scratch(n) bytes, counts:
  * bki_argsort_team_counts(n) bytes, both shared by the team. Ends synced. */
-size_t bki_argsort_team_counts(int n); /* bytes */
-void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
-                      void *counts);
 #define TS_BLOCK 4096
 static int ts_blocks(int n)
 {

@@ -1,6 +1,6 @@
 /* asap.c -- ASAP (Tran, Milkert, Hyde 2026): a trained Sinkhorn attention
- * layer compiled into a loop-free operator. Semantics in include/birkhoff.h
- * ("ASAP") and docs/ALGORITHMS.md section 7.
+ * layer compiled into a loop-free operator. Semantics in
+ * include/birkhoff/asap.h and docs/ALGORITHMS.md section 7.
  *
  * Mechanisms used, not re-implemented here:
  *   - sorting and the 1-D Kantorovich potential: sort1d.c (bki_argsort,
@@ -10,13 +10,19 @@
  *     (keys x queries) from the column potential u, so ASAP is the engine on
  *     Z^T warm-started from u with 1 (ASAP-0), 2 (row-ending) or 3
  *     (column-ending) half-steps; the engine's A is then Lk P^T.
- * Parallel model (internal.h, attn.c): every call plans its problems with
+ * The online operator is a registered operator (op.h: bki_op_asap, forward
+ * only; its parameters bk_asap_params are the compiled layer and the
+ * variant): the driver runs it. The other entry points (teacher dual,
+ * features, calibration and its KL objective, the fidelity metrics) are not
+ * attention operators; they run their problems with the library's one
+ * runner, bki_run_problems.
+ * Parallel model (docs/ARCHITECTURE.md): every call plans its problems with
  * bki_plan_problems; a problem runs on one thread or on a team of all
  * threads through the same code, its work cut into blocks that depend on its
  * shape only (GEMM tiles, slices, rows, Gram tiles) and summed in block
  * order. Calibration sums its per-problem blocks in problem order. So every
  * output is bitwise the same for any thread count and batch shape. */
-#include "ops.h"
+#include "op.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -75,22 +81,20 @@ static bk_status check_layer(const bk_asap_layer *ly)
     return BK_OK;
 }
 
-static float resolve_scale(float scale, int d) { return scale != 0.0f ? scale : 1.0f / sqrtf((float)d); }
-
 /* ------------------------------------------------------------------------ */
 /* the problems of a call over threads                                      */
 /* ------------------------------------------------------------------------ *
- * Every ASAP call runs its problems as attn.c does: bki_plan_problems says
- * whether `lanes` problems run at a time, one per thread, or one problem at
- * a time by a team of all threads. A problem function is called by every
- * member of its team with the same arguments; its work is shared by blocks
- * whose sizes depend on the problem's shape only (GEMM tiles, slices, rows,
- * row blocks, Gram tiles), each block computed by one member with the same
+ * Every ASAP call runs its problems as the attention operators do:
+ * bki_plan_problems says whether `lanes` problems run at a time, one per
+ * thread, or one problem at a time by a team of all threads, and
+ * bki_run_problems runs them. A problem function is called by every member
+ * of its team with the same arguments; its work is shared by blocks whose
+ * sizes depend on the problem's shape only (GEMM tiles, slices, rows, row
+ * blocks, Gram tiles), each block computed by one member with the same
  * arithmetic whatever the team, and every sum across blocks is taken in block
  * order. So outputs are bitwise the same for any thread count and batch
  * shape. A problem's cost for the plan: its logits' entries plus the sliced
  * projections' entries (0 slices for the teacher alone). */
-bki_plan bki_asap_plan(const bk_attn_desc *d, int L); /* also used by tests/test_asap.c */
 bki_plan bki_asap_plan(const bk_attn_desc *d, int L)
 {
     return bki_plan_problems(d->B * d->H, (double)d->Nq * d->Nk + (double)L * (d->Nq + d->Nk));
@@ -98,39 +102,19 @@ bki_plan bki_asap_plan(const bk_attn_desc *d, int L)
 
 static int plan_members(bki_plan pl) { return pl.team ? pl.nt : 1; }
 
-typedef void (*problem_fn)(const bki_team *tm, int p, char *lane, void *ctx);
-
-/* Runs fn(tm, p, lane, ctx) for p = 0..P-1 as the plan says: a team of all
- * region threads on one problem after another (lane 0, carved for pl.nt
- * members), or one problem per thread (the thread's own lane, static
- * partition). Every problem ends with its team in sync. Lanes are lane_bytes
- * apart from base (pl.lanes * lane_bytes + BK_ALIGN bytes in all). */
-static void run_problems(int P, bki_plan pl, char *base, size_t lane_bytes, problem_fn fn, void *ctx)
+/* The lanes of a plan whose lanes take lb bytes each (lane_round(lb): every
+ * lane aligned), allocated by the caller as lanes_alloc bytes. */
+static size_t lane_round(size_t lb) { return bki_round_up(lb); }
+static size_t lanes_alloc(bki_plan pl, size_t lb) { return (size_t)pl.lanes * lane_round(lb) + BK_ALIGN; }
+static void run_lanes(bki_plan pl, int P, char *base, size_t lb, bki_problem_fn fn, void *ctx)
 {
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        const int tid = bki_thread_id();
-        if (pl.team) {
-            const bki_team tm = {tid, bki_region_size()};
-            char *ln = bki_align_ptr(base);
-            for (int p = 0; p < P; p++) {
-                fn(&tm, p, ln, ctx);
-                bki_team_sync(&tm);
-            }
-        } else {
-            const bki_team tm = BKI_SOLO;
-            char *ln = bki_align_ptr(base + (size_t)tid * lane_bytes);
-#pragma omp for schedule(static)
-            for (int p = 0; p < P; p++) fn(&tm, p, ln, ctx);
-        }
-    }
+    bki_run_problems(pl, P, bki_align_ptr(base), lane_round(lb), fn, ctx);
 }
 
 /* this member's block of `members` per-member blocks of `bytes` each */
 static char *take_member(bki_arena *ar, const bki_team *tm, int members, size_t bytes)
 {
-    char *p = bki_take(ar, (size_t)members * bki_round_up(bytes));
+    char *p = bki_carve(ar, (size_t)members * bki_round_up(bytes));
     return p ? p + (size_t)tm->tid * bki_round_up(bytes) : NULL;
 }
 
@@ -174,12 +158,18 @@ static size_t feat_bytes(int Nq, int Nk, int L, int members)
            (size_t)members * bki_round_up(feat_member_bytes(Nq, Nk)) + 4 * BK_ALIGN;
 }
 
+/* carves the features' scratch from ar (a NULL base: measures it) */
 static feat_scr feat_take(bki_arena *ar, const bki_team *tm, int members, int Nq, int Nk, int L)
 {
     feat_scr f;
-    f.pa = bki_take(ar, sizeof(float) * (size_t)Nq * L);
-    f.pb = bki_take(ar, sizeof(float) * (size_t)Nk * L);
+    f.pa = bki_carve(ar, sizeof(float) * (size_t)Nq * L);
+    f.pb = bki_carve(ar, sizeof(float) * (size_t)Nk * L);
     char *mb = take_member(ar, tm, members, feat_member_bytes(Nq, Nk));
+    if (!mb) {
+        f.ia = f.ib = NULL;
+        f.sort_scr = NULL;
+        return f;
+    }
     f.ia = (int32_t *)mb;
     f.ib = (int32_t *)(mb + bki_round_up(sizeof(int32_t) * (size_t)Nq));
     f.sort_scr = mb + bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk);
@@ -297,85 +287,118 @@ static int steps_of(bk_asap_variant v, int S)
 /* ------------------------------------------------------------------------ */
 /* online operator                                                          */
 /* ------------------------------------------------------------------------ */
+/* The operator (op.h): its parameters bk_asap_params (the layer and the
+ * variant), and its forward's extras: the public ones and, for bk_asap_close,
+ * the given dual (NULL: predicted from the features). */
+typedef struct {
+    const bk_asap_extras *ex;
+    const float *fin; /* [B*H*Nq], cost units */
+} asap_ex;
+
+static const bk_asap_params *par_of(const bki_call *c) { return c->par; }
+
+static bk_status check(const bki_call *c)
+{
+    const bk_asap_params *ap = par_of(c);
+    const bk_asap_layer *ly = ap->layer;
+    bk_status s;
+    if ((s = check_layer(ly))) return s;
+    if (c->d && c->d->d != ly->d)
+        return bki_fail(BK_ERR_SHAPE, "head dim d=%d does not match the layer's d=%d", c->d->d, ly->d);
+    if (ap->variant < BK_ASAP_AUTO || ap->variant > BK_ASAP_ROW)
+        return bki_fail(BK_ERR_PARAM, "unknown ASAP variant %d", (int)ap->variant);
+    if (!isfinite(ly->scale / ly->eps)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
+    return BK_OK;
+}
+
+static double cost(const bki_call *c)
+{
+    const bk_attn_desc *d = c->d;
+    return (double)d->Nq * d->Nk + (double)par_of(c)->layer->slices * (d->Nq + d->Nk);
+}
+
 /* One lane: the transposed logits and attention, the engine's scratch for
- * the team, the features and the predicted dual. */
-static size_t fwd_lane_bytes(const bk_attn_desc *d, int L, int members)
-{
-    const int Nq = d->Nq, Nk = d->Nk;
-    size_t nm = (size_t)Nq * Nk;
-    return 2 * bki_round_up(nm * sizeof(float)) +
-           bki_round_up(sk_scratch_upto(Nk, Nq, members) * sizeof(float)) +
-           bki_round_up(bki_hist_len(Nk, Nq, 3) * sizeof(float)) + feat_bytes(Nq, Nk, L, members) +
-           bki_round_up(sizeof(double) * (size_t)Nq * L) + bki_round_up(sizeof(double) * (size_t)Nq) +
-           bki_round_up(sizeof(float) * (size_t)Nq) + 8 * BK_ALIGN;
-}
-
-size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)
-{
-    if (!desc || !layer || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || layer->slices < 1) return 0;
-    const bki_plan pl = bki_asap_plan(desc, layer->slices);
-    return (size_t)pl.lanes * fwd_lane_bytes(desc, layer->slices, plan_members(pl)) + BK_ALIGN;
-}
-
+ * the team, the features and the predicted dual; carved from base for
+ * member tm (NULL: only measured into *used). */
 typedef struct {
     float *Ct, *At, *scr, *hist, *u;
     double *XT, *fhat;
     feat_scr fs;
 } fwd_lane;
 
-static fwd_lane fwd_take(char *lane, size_t lb, const bki_team *tm, int members, const bk_attn_desc *d, int L)
+static fwd_lane fwd_carve(const bki_call *c, const bki_team *tm, int members, char *base, size_t *used)
 {
-    bki_arena ar = {lane, 0, lb - BK_ALIGN};
+    const bk_attn_desc *d = c->d;
+    const int L = par_of(c)->layer->slices;
+    bki_arena ar = {base, 0, (size_t)-1};
     const size_t nm = (size_t)d->Nq * d->Nk;
     fwd_lane s;
-    s.Ct = bki_take(&ar, nm * sizeof(float));
-    s.At = bki_take(&ar, nm * sizeof(float));
-    s.scr = bki_take(&ar, sk_scratch_upto(d->Nk, d->Nq, members) * sizeof(float));
-    s.hist = bki_take(&ar, bki_hist_len(d->Nk, d->Nq, 3) * sizeof(float));
+    s.Ct = bki_carve(&ar, nm * sizeof(float));
+    s.At = bki_carve(&ar, nm * sizeof(float));
+    s.scr = bki_carve(&ar, sk_scratch_upto(d->Nk, d->Nq, members) * sizeof(float));
+    s.hist = bki_carve(&ar, bki_hist_len(d->Nk, d->Nq, 3) * sizeof(float));
     s.fs = feat_take(&ar, tm, members, d->Nq, d->Nk, L);
-    s.XT = bki_take(&ar, sizeof(double) * (size_t)d->Nq * L);
-    s.fhat = bki_take(&ar, sizeof(double) * (size_t)d->Nq);
-    s.u = bki_take(&ar, sizeof(float) * (size_t)d->Nq);
+    s.XT = bki_carve(&ar, sizeof(double) * (size_t)d->Nq * L);
+    s.fhat = bki_carve(&ar, sizeof(double) * (size_t)d->Nq);
+    s.u = bki_carve(&ar, sizeof(float) * (size_t)d->Nq);
+    if (used) *used = ar.used;
     return s;
 }
 
-typedef struct {
-    const bk_attn_desc *d;
-    const bk_asap_layer *ly;
-    const float *fin;
-    const bk_tensor *q, *k, *v, *out;
-    const bk_asap_extras *ex;
-    int steps, members;
-    float alpha;
-    size_t lb;
-} fwd_ctx;
+static size_t lane_bytes(const bki_call *c, int members)
+{
+    size_t used;
+    const bki_team solo = BKI_SOLO;
+    (void)fwd_carve(c, &solo, members, NULL, &used);
+    return used + BK_ALIGN;
+}
+
+/* no tape: ASAP has no backward */
+static size_t block_bytes(const bki_call *c)
+{
+    (void)c;
+    return 0;
+}
+
+static uint32_t key(const bki_call *c)
+{
+    const bk_asap_params *ap = par_of(c);
+    const int32_t e[2] = {ap->layer->slices, steps_of(ap->variant, ap->layer->teacher_iters)};
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, &c->op->id, sizeof c->op->id);
+    h = bki_fnv1a(h, e, sizeof e);
+    h = bki_fnv1a(h, &ap->layer->scale, sizeof ap->layer->scale);
+    h = bki_fnv1a(h, &ap->layer->eps, sizeof ap->layer->eps);
+    return (uint32_t)(h ^ (h >> 32));
+}
 
 /* One problem of the forward: features (unless the dual is given), the
  * predicted dual and the warm start (rows shared), Z^T (tiled GEMM), the
  * engine's 1-3 half-steps (team-aware), O = (Lq/Lk) At^T V (tiled GEMM);
  * the attention's rows shared; member 0 writes padding, fhat and diag. */
-static void fwd_problem(const bki_team *tm, int p, char *lane, void *vctx)
+static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
 {
-    const fwd_ctx *x = vctx;
-    const bk_attn_desc *d = x->d;
-    const bk_asap_layer *ly = x->ly;
-    const bk_tensor *out = x->out;
-    const bk_asap_extras *ex = x->ex;
+    const bk_attn_desc *d = c->d;
+    const bk_asap_params *ap = par_of(c);
+    const bk_asap_layer *ly = ap->layer;
+    const bk_tensor *out = c->out, *attn = c->attn && c->attn->data ? c->attn : NULL;
+    const asap_ex *ax = c->ex;
+    const bk_asap_extras *ex = ax ? ax->ex : NULL;
+    const float *fin = ax ? ax->fin : NULL;
     const int L = ly->slices;
-    const fwd_lane w = fwd_take(lane, x->lb, tm, x->members, d, L);
+    const fwd_lane w = fwd_carve(c, tm, c->pl.team ? c->pl.nt : 1, lane, NULL);
     const int b = p / d->H, h = p % d->H;
-    const int Lq = bki_len(d->q_len, b, d->Nq), Lk = bki_len(d->k_len, b, d->Nk);
+    const int Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
     const int live = Lq > 0 && Lk > 0;
     bki_sk_result res = {0};
     if (live) {
-        const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h), *Vb = bki_at(x->v, b, h);
-        if (!x->fin)
-            sliced_features(tm, &w.fs, Lq, Lk, d->d, L, ly->theta, ly->scale, Qb, x->q->stride_n, Kb,
-                            x->k->stride_n, w.XT);
+        const float *Qb = bki_at(c->q, b, h), *Kb = bki_at(c->k, b, h), *Vb = bki_at(c->v, b, h);
+        if (!fin)
+            sliced_features(tm, &w.fs, Lq, Lk, d->d, L, ly->theta, ly->scale, Qb, c->q->stride_n, Kb,
+                            c->k->stride_n, w.XT);
         int i0, i1;
         bki_team_share(tm, Lq, &i0, &i1);
-        if (x->fin) {
-            for (int i = i0; i < i1; i++) w.fhat[i] = x->fin[(size_t)p * d->Nq + i];
+        if (fin) {
+            for (int i = i0; i < i1; i++) w.fhat[i] = fin[(size_t)p * d->Nq + i];
         } else { /* fhat_i = sum_l X_il omega_l, in slice order */
             for (int i = i0; i < i1; i++) w.fhat[i] = 0.0;
             for (int l = 0; l < L; l++) {
@@ -384,21 +407,23 @@ static void fwd_problem(const bki_team *tm, int p, char *lane, void *vctx)
             }
         }
         for (int i = i0; i < i1; i++)
-            w.u[i] = (float)((w.fhat[i] - rho_row(d->d, ly->scale, Qb + (int64_t)i * x->q->stride_n)) / ly->eps);
-        bki_gemm(tm, 0, 1, Lk, Lq, d->d, x->alpha, Kb, x->k->stride_n, Qb, x->q->stride_n, 0.0f, w.Ct, Lq);
+            w.u[i] = (float)((w.fhat[i] - rho_row(d->d, ly->scale, Qb + (int64_t)i * c->q->stride_n)) / ly->eps);
+        bki_gemm(tm, 0, 1, Lk, Lq, d->d, ly->scale / ly->eps, Kb, c->k->stride_n, Qb, c->q->stride_n, 0.0f, w.Ct,
+                 Lq);
         bki_team_sync(tm); /* Ct and u complete (fhat too, for member 0 below) */
-        transposed_steps(tm, Lq, Lk, w.Ct, w.u, x->steps, w.At, w.hist, w.scr, &res);
+        transposed_steps(tm, Lq, Lk, w.Ct, w.u, steps_of(ap->variant, ly->teacher_iters), w.At, w.hist, w.scr,
+                         &res);
         if (out) /* O = A V = (Lq/Lk) At^T V */
-            bki_gemm(tm, 1, 0, Lq, d->dv, Lk, (float)Lq / (float)Lk, w.At, Lq, Vb, x->v->stride_n, 0.0f,
+            bki_gemm(tm, 1, 0, Lq, d->dv, Lk, (float)Lq / (float)Lk, w.At, Lq, Vb, c->v->stride_n, 0.0f,
                      bki_at(out, b, h), out->stride_n);
     }
-    if (ex && ex->attn.data) { /* rows shared over the team */
-        float *Ab = bki_at(&ex->attn, b, h);
+    if (attn) { /* rows shared over the team */
+        float *Ab = bki_at(attn, b, h);
         const float r = live ? (float)Lq / (float)Lk : 0.0f;
         int i0, i1;
         bki_team_share(tm, d->Nq, &i0, &i1);
         for (int i = i0; i < i1; i++) {
-            float *row = Ab + (int64_t)i * ex->attn.stride_n;
+            float *row = Ab + (int64_t)i * attn->stride_n;
             if (live && i < Lq) {
                 for (int j = 0; j < Lk; j++) row[j] = r * w.At[(size_t)j * Lq + i];
                 memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
@@ -423,34 +448,44 @@ static void fwd_problem(const bki_team *tm, int p, char *lane, void *vctx)
     }
 }
 
+static void par_default(void *p)
+{
+    const bk_asap_params d = {NULL, BK_ASAP_AUTO};
+    *(bk_asap_params *)p = d;
+}
+
+static const char *const variant_names[] = {"auto", "zero", "column", "row", NULL};
+static const bki_field fields[] = {
+    {"variant", BKI_F_ENUM, offsetof(bk_asap_params, variant), variant_names, 0},
+};
+
+const bki_op bki_op_asap = {"asap", 5, "bk_asap_params", fields, (int)(sizeof fields / sizeof fields[0]),
+                            sizeof(bk_asap_params), par_default, check, cost, lane_bytes, block_bytes, key,
+                            NULL, NULL, NULL, NULL, forward, NULL, NULL};
+
+/* ---- public entry points: the registry's forward with {layer, variant} ---- */
+/* a call of the operator (every other field zero) */
+#define CALL(desc_, par_) {.op = &bki_op_asap, .d = (desc_), .par = (par_)}
+
+size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)
+{
+    const bk_asap_params ap = {layer, BK_ASAP_AUTO};
+    bki_call c = CALL(desc, &ap);
+    return bki_op_workspace_size(&c);
+}
+
 /* The forward, with the dual predicted from the features (fin NULL) or given
  * (fin [B*H*Nq], cost units: bk_asap_close). */
 static bk_status forward_impl(const bk_attn_desc *d, const bk_asap_layer *ly, bk_asap_variant variant,
                               const float *fin, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                               const bk_tensor *out, const bk_asap_extras *ex, void *ws, size_t ws_size)
 {
-    bk_status s;
-    if ((s = bki_check_desc(d))) return s;
-    if ((s = check_layer(ly))) return s;
-    if (d->d != ly->d) return bki_fail(BK_ERR_SHAPE, "head dim d=%d does not match the layer's d=%d", d->d, ly->d);
-    if (variant < BK_ASAP_AUTO || variant > BK_ASAP_ROW) return bki_fail(BK_ERR_PARAM, "unknown ASAP variant %d", (int)variant);
-    if ((s = bki_check_qkv(d, q, k, v))) return s;
-    if ((s = bki_check_fwd_outputs(d, q, k, v, out, ex ? &ex->attn : NULL))) return s;
-    const int L = ly->slices, P = d->B * d->H;
-    const float alpha = ly->scale / ly->eps;
-    if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
-    const bki_plan pl = bki_asap_plan(d, L);
-    const int members = plan_members(pl);
-    const size_t lb = fwd_lane_bytes(d, L, members);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, (size_t)pl.lanes * lb + BK_ALIGN, "bk_asap_workspace_size", &owned, &base)))
-        return s;
-    fwd_ctx x = {d, ly, fin, q, k, v, out, ex, steps_of(variant, ly->teacher_iters), members, alpha, lb};
-    run_problems(P, pl, base, lb, fwd_problem, &x);
-    free(owned);
-    bki_clear_error();
-    return BK_OK;
+    const bk_asap_params ap = {ly, variant};
+    const asap_ex ax = {ex, fin};
+    bki_call c = CALL(d, &ap);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = &ax;
+    c.attn = ex ? &ex->attn : NULL;
+    return bki_op_forward(&c, NULL, ws, ws_size);
 }
 
 bk_status bk_asap_forward(const bk_attn_desc *d, const bk_asap_layer *ly, bk_asap_variant variant,
@@ -600,10 +635,10 @@ bk_status bk_asap_features(const bk_attn_desc *d, const bk_asap_layer *ly, const
     const bki_plan pl = bki_asap_plan(d, L);
     const int members = plan_members(pl);
     const size_t lb = calib_lane_bytes(d->Nq, d->Nk, L, 0, 0, members);
-    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    char *base = malloc(lanes_alloc(pl, lb));
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP features)");
     calib_ctx x = {d, q, k, ly->theta, ly->scale, ly->eps, L, 0, 0, members, lb, Xout, NULL, NULL};
-    run_problems(P, pl, base, lb, features_problem, &x);
+    run_lanes(pl, P, base, lb, features_problem, &x);
     free(base);
     bki_clear_error();
     return BK_OK;
@@ -638,16 +673,16 @@ bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg,
     if (!cfg) return bki_fail(BK_ERR_NULL, "ASAP configuration is NULL");
     if ((s = check_common(d->d, 1, cfg->scale, cfg->eps, cfg->teacher_iters))) return s;
     if (!y) return bki_fail(BK_ERR_NULL, "target output is NULL");
-    const float sc = resolve_scale(cfg->scale, d->d), alpha = sc / cfg->eps;
+    const float sc = bki_scale(cfg->scale, d->d), alpha = sc / cfg->eps;
     if (!isfinite(alpha)) return bki_fail(BK_ERR_PARAM, "scale/eps overflows");
     const int P = d->B * d->H, S = cfg->teacher_iters;
     const bki_plan pl = bki_asap_plan(d, 0);
     const int members = plan_members(pl);
     const size_t lb = calib_lane_bytes(d->Nq, d->Nk, 0, S, 0, members);
-    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    char *base = malloc(lanes_alloc(pl, lb));
     if (!base) return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP teacher)");
     calib_ctx x = {d, q, k, NULL, sc, cfg->eps, 0, S, 0, members, lb, y, NULL, NULL};
-    run_problems(P, pl, base, lb, teacher_dual_problem, &x);
+    run_lanes(pl, P, base, lb, teacher_dual_problem, &x);
     free(base);
     bki_clear_error();
     return BK_OK;
@@ -681,7 +716,7 @@ bk_status bk_asap_calib_create(const bk_asap_config *cfg, int keep_kl, bk_asap_c
     bk_asap_calib *c = calloc(1, sizeof *c);
     if (!c) return bki_fail(BK_ERR_NOMEM, "out of memory");
     c->cfg = *cfg;
-    c->cfg.scale = resolve_scale(cfg->scale, d);
+    c->cfg.scale = bki_scale(cfg->scale, d);
     c->keep_kl = keep_kl ? 1 : 0;
     c->theta = malloc(sizeof(float) * (size_t)L * d);
     c->G = calloc((size_t)L * L, sizeof(double));
@@ -821,7 +856,7 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
     const bki_plan pl = bki_asap_plan(d, L);
     const int members = plan_members(pl);
     const size_t lb = calib_lane_bytes(d->Nq, d->Nk, L, S, kl, members);
-    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    char *base = malloc(lanes_alloc(pl, lb));
     int nomem = 0;
     if (!part || !base || (kl && !recs)) nomem = 1;
     if (kl && !nomem) /* allocate the records before the parallel region */
@@ -848,7 +883,7 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
         return bki_fail(BK_ERR_NOMEM, "out of memory (ASAP calibration)");
     }
     calib_ctx x = {d, q, k, c->theta, sc, eps, L, S, kl, members, lb, NULL, part, recs};
-    run_problems(P, pl, base, lb, calib_problem, &x);
+    run_lanes(pl, P, base, lb, calib_problem, &x);
     free(base);
     /* sum the blocks in problem order */
     int64_t added = 0, rows = 0;
@@ -1026,7 +1061,7 @@ static void kl_eval(const bk_asap_calib *c, bki_plan pl, const double *w, double
     const int64_t R = c->nrec;
     const size_t blk = (size_t)L * L + L + 1;
     kl_ctx x = {c, w, part, H != NULL, plan_members(pl), lb};
-    run_problems((int)R, pl, base, lb, kl_problem, &x);
+    run_lanes(pl, (int)R, base, lb, kl_problem, &x);
     *J = 0.0;
     for (int l = 0; l < L; l++) g[l] = 0.0;
     if (H) memset(H, 0, sizeof(double) * (size_t)L * L);
@@ -1048,7 +1083,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
     const bki_plan pl = kl_plan(c);
     const size_t lb = kl_lane_bytes(c->maxq, c->maxk, L, plan_members(pl));
     double *part = malloc(sizeof(double) * blk * (size_t)R);
-    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    char *base = malloc(lanes_alloc(pl, lb));
     double *buf = malloc(sizeof(double) * (size_t)(3 * L * L + 6 * L));
     if (!part || !base || !buf) {
         free(part);
@@ -1215,7 +1250,7 @@ void bk_asap_layer_free(bk_asap_layer *ly)
 #define ASAP_MAGIC "BKASAP\0\n"
 #define ASAP_HDR 96
 
-static uint64_t fnv1a(const unsigned char *p, size_t n) { return bki_fnv1a(0xcbf29ce484222325ull, p, n); }
+static uint64_t fnv1a(const unsigned char *p, size_t n) { return bki_fnv1a(BKI_FNV_OFFSET, p, n); }
 
 static size_t file_bytes(int L, int d) { return ASAP_HDR + sizeof(float) * (size_t)L * d + sizeof(double) * (size_t)L + 8; }
 
@@ -1466,7 +1501,7 @@ bk_status bk_attn_compare(const bk_attn_desc *d, const bk_tensor *out, const bk_
     const int P = d->B * d->H;
     const bki_plan pl = bki_plan_problems(P, with_a ? (double)d->Nq * d->Nk : (double)d->Nq * d->dv);
     const size_t lb = cmp_lane_bytes(d, with_a);
-    char *base = malloc((size_t)pl.lanes * lb + BK_ALIGN);
+    char *base = malloc(lanes_alloc(pl, lb));
     double *pr = malloc(sizeof(double) * 5 * (size_t)P);
     if (!base || !pr) {
         free(base);
@@ -1474,7 +1509,7 @@ bk_status bk_attn_compare(const bk_attn_desc *d, const bk_tensor *out, const bk_
         return bki_fail(BK_ERR_NOMEM, "out of memory");
     }
     cmp_ctx x = {d, out, out_ref, attn, attn_ref, with_a, lb, pr};
-    run_problems(P, pl, base, lb, cmp_problem, &x);
+    run_lanes(pl, P, base, lb, cmp_problem, &x);
     free(base);
     double se = 0, sr = 0, sa = 0, srow = 0, scol = 0;
     int np = 0;

@@ -1,30 +1,36 @@
-/* esp.c -- ESP attention (ESPFormer): hard-sort exact doubly-stochastic
- * attention without any n x m matrix, and soft-sort attention streamed one
- * slice at a time; forward and backward. Semantics in include/birkhoff.h,
- * derivations in docs/ALGORITHMS.md section 4.
+/* esp.c -- ESP attention (ESPFormer) on the operator framework (op.h):
+ * hard-sort exact doubly-stochastic attention without any n x m matrix, and
+ * soft-sort attention streamed one slice at a time; forward and backward.
+ * Semantics in include/birkhoff/esp.h, derivations in docs/ALGORITHMS.md
+ * section 4.
  *
- * Mechanisms used from elsewhere: argsort and the 1-D OT plan (sort1d.c),
- * SoftSort rows (the per-ISA kernels in lse_engine.c), GEMMs (bki_gemm),
- * validation and views (tensor.c), the parallel model (threads.c).
+ * Mechanisms used from elsewhere: the driver (driver.c: checks, plan,
+ * workspace, tape, region, errors), argsort and the 1-D OT plan (sort1d.c),
+ * SoftSort rows (the per-ISA kernels in lse_engine.c), GEMMs (bki_gemm).
  *
- * Parallel model (src/core/internal.h): the B*H problems run one per thread,
- * or one at a time by a team of all threads (bki_plan_problems), through the
- * same per-problem code. Inside a problem the work is shared by fixed blocks
- * (functions of the shape only): slices for the sorts, query and key blocks
- * for the hard-sort walks (each output row written by one block, per-block
- * partial sums over slices reduced in block order), row blocks for the
- * SoftSort rows with per-block partial column sums reduced in block order,
- * fixed row blocks for the dot products, and bki_gemm's tiles. So results are
- * bitwise the same for any thread count and any batch shape; the slice
- * gradient is reduced over problems in problem order. */
-#include "ops.h"
+ * On the framework: the slice bank Theta (identity, the caller's rows or the
+ * seeded unit directions) is the per-call area (prepare, before each
+ * region; read-only in it); the slice gradient dTheta is a per-problem
+ * parameter-gradient slab, summed in problem order after the backward
+ * region (reduce); a problem's tape block holds its slice weights, slice
+ * costs and sort orders.
+ *
+ * Parallel model (docs/ARCHITECTURE.md): the B*H problems run one per
+ * thread, or one at a time by a team of all threads, through the same
+ * per-problem code. Inside a problem the work is shared by fixed blocks
+ * (functions of the shape only): slices for the sorts (or, for a few long
+ * slices, each sort by the whole team), query and key blocks for the
+ * hard-sort walks (each output row written by one block, per-block partial
+ * sums over slices reduced in block order), row blocks for the SoftSort rows
+ * with per-block partial column sums reduced in block order, fixed row
+ * blocks for the dot products, and bki_gemm's tiles. So results are bitwise
+ * the same for any thread count and any batch shape. */
+#include "op.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define ESP_MAGIC 0x50534542u /* "BESP" */
-#define ESP_VERSION 1u
 
 /* ------------------------------------------------------------------------ */
 /* parameters                                                                */
@@ -59,7 +65,8 @@ static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
     }
 }
 
-static bk_status check_params(const bk_esp_params *p, int d)
+/* the scalar parameters, and theta's values when scan_theta (d = head dim) */
+static bk_status check_params(const bk_esp_params *p, int d, int scan_theta)
 {
     if (!p) return bki_fail(BK_ERR_NULL, "ESP parameters are NULL");
     if (p->sort != BK_ESP_HARD && p->sort != BK_ESP_SOFT) return bki_fail(BK_ERR_PARAM, "unknown ESP sort mode %d", (int)p->sort);
@@ -72,7 +79,7 @@ static bk_status check_params(const bk_esp_params *p, int d)
     if (!isfinite(p->scale)) return bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)p->scale);
     if (p->L < 0 || p->L > 65536) return bki_fail(BK_ERR_PARAM, "number of slices L must be in [0, 65536], got %d", p->L);
     if (p->L == 0 && p->theta) return bki_fail(BK_ERR_PARAM, "theta given but L = 0 (axis-aligned); set L to its rows");
-    if (p->theta)
+    if (p->theta && scan_theta)
         for (size_t i = 0; i < (size_t)p->L * d; i++)
             if (!isfinite(p->theta[i])) return bki_fail(BK_ERR_NONFINITE, "theta has a non-finite value at %zu", i);
     return BK_OK;
@@ -82,7 +89,7 @@ bk_status bk_esp_slices(const bk_esp_params *p, int d, float *theta)
 {
     if (!theta) return bki_fail(BK_ERR_NULL, "theta output is NULL");
     if (d < 1) return bki_fail(BK_ERR_SHAPE, "d must be >= 1");
-    bk_status s = check_params(p, d);
+    bk_status s = check_params(p, d, 1);
     if (s) return s;
     fill_slices(p, d, bk_esp_num_slices(p, d), theta);
     return BK_OK;
@@ -95,8 +102,29 @@ typedef struct {
     const float *theta;
 } esp_cfg;
 
+static const bk_esp_params *par_of(const bki_call *c) { return c->par; }
+
+/* the call's configuration (theta: the per-call area, once prepared) */
+static esp_cfg cfg_of(const bki_call *c)
+{
+    const bk_esp_params *p = par_of(c);
+    const bk_attn_desc *d = c->d;
+    esp_cfg k;
+    k.L = bk_esp_num_slices(p, d->d);
+    k.d = d->d;
+    k.dv = d->dv;
+    k.soft = p->sort == BK_ESP_SOFT;
+    k.euclid = p->cost == BK_ESP_COST_EUCLID;
+    k.paper = p->out_scale == BK_ESP_SCALE_PAPER;
+    k.s = bki_scale(p->scale, d->d);
+    k.inv_t = k.soft ? 1.0f / p->t : 0.0f;
+    k.tau = p->tau;
+    k.theta = c->prep;
+    return k;
+}
+
 /* ------------------------------------------------------------------------ */
-/* workspace: lanes of per-problem scratch                                   */
+/* lanes: the scratch of one problem in flight                               */
 /* ------------------------------------------------------------------------ */
 /* Rows per block of a problem's row passes and walks over n rows: at most
  * BKI_MAX_BLOCKS blocks of at least 16 rows (a function of n only; fewer,
@@ -109,10 +137,6 @@ static inline int rblk(int n)
 static inline int nblk(int n) { return bki_nblocks(n, rblk(n)); }
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-/* the team-parallel argsort (sort1d.c) */
-size_t bki_argsort_team_counts(int n);
-void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
-                      void *counts);
 /* Whether a team of nt sorts each slice together: when the 2L sorts cannot
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
 static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 * L < nt && (n > 8192 || m > 8192); }
@@ -141,64 +165,62 @@ typedef struct {
     float *E, *M, *U, *dU, *dA, *dE;
 } esp_slab;
 
-/* Lays out a lane at base (NULL: sizes only); returns its bytes. */
-static size_t carve(char *base, int n, int m, int d, int dv, int L, int soft, int euclid, int members, esp_slab *w)
+/* Carves a lane for problems up to Nq x Nk from base (NULL: only measures it
+ * into *used). */
+static esp_slab carve(const bki_call *c, int members, char *base, size_t *used)
 {
-    size_t off = 0;
-    memset(w, 0, sizeof *w);
-#define TAKEB(ptr, bytes)                                                                                     \
-    do {                                                                                                      \
-        const size_t b_ = (bytes);                                                                            \
-        if (base) (ptr) = (void *)(base + off);                                                               \
-        off += bki_round_up(b_);                                                                              \
-    } while (0)
+    const bk_esp_params *p = par_of(c);
+    const int n = c->d->Nq, m = c->d->Nk, d = c->d->d, dv = c->d->dv, L = bk_esp_num_slices(p, d);
+    const int soft = p->sort == BK_ESP_SOFT, euclid = p->cost == BK_ESP_COST_EUCLID;
+    bki_arena ar = {base, 0, (size_t)-1};
+    esp_slab w;
+    memset(&w, 0, sizeof w);
+#define TAKEB(ptr, bytes) ((ptr) = bki_carve(&ar, (bytes)))
 #define TAKE(ptr, cnt) TAKEB(ptr, (size_t)(cnt) * sizeof(float))
     const size_t nn = (size_t)(n > m ? n : m);
-    TAKE(w->Qt, (size_t)n * d); TAKE(w->Kt, (size_t)m * d); TAKE(w->qn, n); TAKE(w->kn, m);
-    TAKE(w->Ap, (size_t)L * n); TAKE(w->Bp, (size_t)L * m); TAKE(w->sa, n); TAKE(w->sb, m);
-    w->sortbytes = bki_round_up(bki_argsort_scratch((int)nn));
-    TAKEB(w->sortscr, w->sortbytes * (size_t)members);
-    if (team_sorts(members, L, n, m)) TAKEB(w->sortcnt, bki_argsort_team_counts((int)nn));
-    TAKEB(w->pr, sizeof(int32_t) * (size_t)(n + m));
-    TAKEB(w->ps, sizeof(int32_t) * (size_t)(n + m));
-    TAKEB(w->pc, sizeof(double) * (size_t)(n + m));
-    TAKEB(w->rowptr, sizeof(int32_t) * (size_t)(n + 1));
-    TAKEB(w->colptr, sizeof(int32_t) * (size_t)(m + 1));
-    TAKE(w->Dl, L); TAKE(w->sig, L); TAKE(w->dsig, L);
-    TAKEB(w->Dc, sizeof(double) * (size_t)L);
-    TAKEB(w->dpart, sizeof(double) * 3 * BKI_MAX_BLOCKS);
+    TAKE(w.Qt, (size_t)n * d); TAKE(w.Kt, (size_t)m * d); TAKE(w.qn, n); TAKE(w.kn, m);
+    TAKE(w.Ap, (size_t)L * n); TAKE(w.Bp, (size_t)L * m); TAKE(w.sa, n); TAKE(w.sb, m);
+    w.sortbytes = bki_round_up(bki_argsort_scratch((int)nn));
+    TAKEB(w.sortscr, w.sortbytes * (size_t)members);
+    if (team_sorts(members, L, n, m)) TAKEB(w.sortcnt, bki_argsort_team_counts((int)nn));
+    TAKEB(w.pr, sizeof(int32_t) * (size_t)(n + m));
+    TAKEB(w.ps, sizeof(int32_t) * (size_t)(n + m));
+    TAKEB(w.pc, sizeof(double) * (size_t)(n + m));
+    TAKEB(w.rowptr, sizeof(int32_t) * (size_t)(n + 1));
+    TAKEB(w.colptr, sizeof(int32_t) * (size_t)(m + 1));
+    TAKE(w.Dl, L); TAKE(w.sig, L); TAKE(w.dsig, L);
+    TAKEB(w.Dc, sizeof(double) * (size_t)L);
+    TAKEB(w.dpart, sizeof(double) * 3 * BKI_MAX_BLOCKS);
     if (!soft) {
         const int nb = nblk(n) > nblk(m) ? nblk(n) : nblk(m);
-        TAKEB(w->inv, sizeof(int32_t) * (size_t)L * n);
-        TAKEB(w->invk, sizeof(int32_t) * (size_t)L * m);
-        TAKEB(w->part, sizeof(double) * (size_t)nb * L);
+        TAKEB(w.inv, sizeof(int32_t) * (size_t)L * n);
+        TAKEB(w.invk, sizeof(int32_t) * (size_t)L * m);
+        TAKEB(w.part, sizeof(double) * (size_t)nb * L);
     } else {
-        TAKE(w->P, (size_t)n * n); TAKE(w->dP, (size_t)n * n); TAKE(w->R, (size_t)m * m); TAKE(w->dR, (size_t)m * m);
-        TAKE(w->X, (size_t)m * d); TAKE(w->WTPQ, (size_t)m * d); TAKE(w->Y, (size_t)m * dv); TAKE(w->WTZ, (size_t)m * dv);
-        TAKE(w->WX, (size_t)n * d); TAKE(w->PQ, (size_t)n * d); TAKE(w->dQt, (size_t)n * d);
-        TAKE(w->WY, (size_t)n * dv); TAKE(w->Z, (size_t)n * dv); TAKE(w->Ol, (size_t)n * dv); TAKE(w->Oacc, (size_t)n * dv);
-        TAKE(w->dKt, (size_t)m * d);
-        TAKE(w->csP, n); TAKE(w->rs, n); TAKE(w->csR, m); TAKE(w->cs, m);
-        TAKE(w->Da, (size_t)L * n); TAKE(w->Db, (size_t)L * m);
-        TAKE(w->partP, (size_t)nblk(n) * n); TAKE(w->partR, (size_t)nblk(m) * m);
+        TAKE(w.P, (size_t)n * n); TAKE(w.dP, (size_t)n * n); TAKE(w.R, (size_t)m * m); TAKE(w.dR, (size_t)m * m);
+        TAKE(w.X, (size_t)m * d); TAKE(w.WTPQ, (size_t)m * d); TAKE(w.Y, (size_t)m * dv); TAKE(w.WTZ, (size_t)m * dv);
+        TAKE(w.WX, (size_t)n * d); TAKE(w.PQ, (size_t)n * d); TAKE(w.dQt, (size_t)n * d);
+        TAKE(w.WY, (size_t)n * dv); TAKE(w.Z, (size_t)n * dv); TAKE(w.Ol, (size_t)n * dv); TAKE(w.Oacc, (size_t)n * dv);
+        TAKE(w.dKt, (size_t)m * d);
+        TAKE(w.csP, n); TAKE(w.rs, n); TAKE(w.csR, m); TAKE(w.cs, m);
+        TAKE(w.Da, (size_t)L * n); TAKE(w.Db, (size_t)L * m);
+        TAKE(w.partP, (size_t)nblk(n) * n); TAKE(w.partR, (size_t)nblk(m) * m);
         if (euclid) {
-            TAKE(w->E, (size_t)n * m); TAKE(w->M, (size_t)n * m); TAKE(w->U, (size_t)n * m);
-            TAKE(w->dU, (size_t)n * m); TAKE(w->dA, (size_t)n * m); TAKE(w->dE, (size_t)n * m);
+            TAKE(w.E, (size_t)n * m); TAKE(w.M, (size_t)n * m); TAKE(w.U, (size_t)n * m);
+            TAKE(w.dU, (size_t)n * m); TAKE(w.dA, (size_t)n * m); TAKE(w.dE, (size_t)n * m);
         }
     }
 #undef TAKE
 #undef TAKEB
-    return off;
+    if (used) *used = ar.used;
+    return w;
 }
 
-static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
-
-/* bytes of one lane for a team of `members` (1 for a lone thread) */
-static size_t lane_bytes(const bk_attn_desc *d, const bk_esp_params *p, int L, int members)
+static size_t lane_bytes(const bki_call *c, int members)
 {
-    esp_slab w;
-    return carve(NULL, d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID, members,
-                 &w) + BK_ALIGN;
+    size_t used;
+    (void)carve(c, members, NULL, &used);
+    return used + BK_ALIGN;
 }
 
 /* The work of one problem between two of its team's barriers, in the units
@@ -206,83 +228,108 @@ static size_t lane_bytes(const bk_attn_desc *d, const bk_esp_params *p, int L, i
  * walks L (n + m) pairs of d + dv floats in a handful of phases; soft sort
  * makes O((n^2 + m^2)(d + dv)) per slice in about a dozen phases (the
  * Euclidean cost adds the n x m x n product U = P^T W R). */
-static double problem_cost(const bk_attn_desc *d, const bk_esp_params *p, int L)
+static double problem_cost(const bk_attn_desc *d, const bk_esp_params *p)
 {
     const double n = d->Nq, m = d->Nk, w = (double)d->d + d->dv + 16;
-    if (p->sort != BK_ESP_SOFT) return (double)L * (n + m) * w / 4;
+    if (p->sort != BK_ESP_SOFT) return (double)bk_esp_num_slices(p, d->d) * (n + m) * w / 4;
     double c = (n * n + m * m) * w / 8;
     if (p->cost == BK_ESP_COST_EUCLID) c += n * m * n / 4;
     return c;
 }
 
-/* how a call runs its problems: the plan (exported for the tests) */
-bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p);
+static double cost(const bki_call *c) { return problem_cost(c->d, par_of(c)); }
+
 bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p)
 {
-    return bki_plan_problems(d->B * d->H, problem_cost(d, p, bk_esp_num_slices(p, d->d)));
+    return bki_plan_problems(d->B * d->H, problem_cost(d, p));
 }
 
-static size_t lanes_bytes(const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl)
+/* ------------------------------------------------------------------------ */
+/* the operator's checks, tape and per-call pieces                           */
+/* ------------------------------------------------------------------------ */
+static bk_status check(const bki_call *c)
 {
-    return (size_t)pl.lanes * lane_bytes(d, p, L, pl.team ? pl.nt : 1) + BK_ALIGN;
+    /* theta's values are scanned by a call, not by a size query */
+    return check_params(par_of(c), c->d ? c->d->d : 0, c->d && c->d->d >= 1 && !c->ws_mode);
 }
 
-static esp_slab lane_at(char *base, const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl, int li)
+/* A problem's tape block: float sigma[L], D[L]; int32 alpha[L x Nq],
+ * beta[L x Nk] (the sort orders, stored with the valid lengths as strides). */
+static size_t block_bytes(const bki_call *c)
 {
-    const int members = pl.team ? pl.nt : 1;
-    esp_slab w;
-    char *at = bki_align_ptr(base + (size_t)li * lane_bytes(d, p, L, members));
-    carve(at, d->Nq, d->Nk, d->d, d->dv, L, p->sort == BK_ESP_SOFT, p->cost == BK_ESP_COST_EUCLID, members, &w);
-    return w;
+    const size_t L = (size_t)bk_esp_num_slices(par_of(c), c->d->d);
+    return sizeof(float) * 2 * L + sizeof(int32_t) * L * ((size_t)c->d->Nq + c->d->Nk);
 }
 
-
-/* tape: [header 64 B] then per problem {int32 Lq, Lk, pad to 16 words;
- * float sigma[L], D[L]; int32 alpha[L*Nq], beta[L*Nk]} padded to 16 words */
-typedef struct {
-    uint32_t magic, version;
-    int32_t B, H, Nq, Nk, d, L;
-    int32_t sort, cost, out_scale;
-    float tau, t, s;
-    int32_t reserved[2];
-} esp_tape_header;
-
-static size_t tape_block_words(int Nq, int Nk, int L)
+static uint32_t key(const bki_call *c)
 {
-    size_t w = 16 + 2 * (size_t)L + (size_t)L * ((size_t)Nq + Nk);
-    return (w + 15) & ~(size_t)15;
+    const bk_esp_params *p = par_of(c);
+    const esp_cfg k = cfg_of(c);
+    const float t = k.soft ? p->t : 0.0f;
+    const int32_t e[4] = {k.L, (int32_t)p->sort, (int32_t)p->cost, (int32_t)p->out_scale};
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, &c->op->id, sizeof c->op->id);
+    h = bki_fnv1a(h, e, sizeof e);
+    h = bki_fnv1a(h, &k.tau, sizeof k.tau);
+    h = bki_fnv1a(h, &t, sizeof t);
+    h = bki_fnv1a(h, &k.s, sizeof k.s);
+    return (uint32_t)(h ^ (h >> 32));
 }
 
-size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p)
+/* the orders of a block must index valid rows (steps are unused: zero) */
+static int steps_ok(const bki_call *c, const bki_block_header *h)
 {
-    if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1) return 0;
-    int L = bk_esp_num_slices(p, desc->d);
-    if (L < 1) return 0;
-    return sizeof(esp_tape_header) + (size_t)desc->B * desc->H * tape_block_words(desc->Nq, desc->Nk, L) * 4;
+    const int L = bk_esp_num_slices(par_of(c), c->d->d), n = h->Lq, m = h->Lk;
+    for (int i = 0; i < 4; i++)
+        if (h->steps[i] != 0) return 0;
+    if (n == 0 || m == 0) return 1;
+    const int32_t *al = (const int32_t *)((const float *)(h + 1) + 2 * (size_t)L), *be = al + (size_t)L * c->d->Nq;
+    for (size_t r = 0; r < (size_t)L * n; r++)
+        if (al[r] < 0 || al[r] >= n) return 0;
+    for (size_t r = 0; r < (size_t)L * m; r++)
+        if (be[r] < 0 || be[r] >= m) return 0;
+    return 1;
 }
 
-static int32_t *tape_block(const void *tape, const bk_attn_desc *d, int L, int p)
+/* the per-call area: the slice bank Theta (L x d) */
+static size_t prep_bytes(const bki_call *c)
 {
-    return (int32_t *)((char *)tape + sizeof(esp_tape_header)) + (size_t)p * tape_block_words(d->Nq, d->Nk, L);
+    return sizeof(float) * (size_t)bk_esp_num_slices(par_of(c), c->d->d) * c->d->d;
 }
 
-/* the call's workspace: the lanes of its plan, theta, the per-problem slice
- * gradients (backward), and a tape when the caller gives none */
-static size_t ws_need(const bk_attn_desc *d, const bk_esp_params *p, int L, bki_plan pl, int with_tape, int backward)
+static bk_status prep_slices(bki_call *c)
 {
-    size_t b = lanes_bytes(d, p, L, pl);
-    b += fl((size_t)L * d->d) + BK_ALIGN;                                      /* theta */
-    if (backward) b += fl((size_t)d->B * d->H * L * d->d) + BK_ALIGN;          /* per-problem dtheta */
-    if (with_tape) b += bk_esp_tape_size(d, p) + BK_ALIGN;
-    return b + BK_ALIGN;
+    const bk_esp_params *p = par_of(c);
+    fill_slices(p, c->d->d, bk_esp_num_slices(p, c->d->d), c->prep);
+    return BK_OK;
 }
 
-size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
+/* a problem's slice gradient (soft sort; hard sort gives none) */
+static size_t pgrad_bytes(const bki_call *c)
 {
-    if (!desc || !p || desc->B < 1 || desc->H < 1 || desc->Nq < 1 || desc->Nk < 1 || desc->d < 1 || desc->dv < 1) return 0;
-    int L = bk_esp_num_slices(p, desc->d);
-    if (L < 1) return 0;
-    return ws_need(desc, p, L, bki_esp_plan(desc, p), 1, 1);
+    const bk_esp_params *p = par_of(c);
+    return p->sort == BK_ESP_SOFT ? sizeof(float) * (size_t)bk_esp_num_slices(p, c->d->d) * c->d->d : 0;
+}
+
+static float *pgrad_of(const bki_call *c, int pi)
+{
+    return (float *)(c->pgrad + (size_t)pi * bki_round_up(pgrad_bytes(c)));
+}
+
+/* dTheta = the problems' slabs summed in problem order (independent of the
+ * thread count); zero under hard sort */
+static void reduce(bki_call *c)
+{
+    float *dtheta = c->pg;
+    if (!dtheta) return;
+    const esp_cfg k = cfg_of(c);
+    const size_t n = (size_t)k.L * k.d;
+    const int P = c->d->B * c->d->H;
+    memset(dtheta, 0, sizeof(float) * n);
+    if (!k.soft) return;
+    for (int pi = 0; pi < P; pi++) {
+        const float *s = pgrad_of(c, pi);
+        for (size_t i = 0; i < n; i++) dtheta[i] += s[i];
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -302,7 +349,7 @@ static float scaled_row(int d, float s, const float *x, float *out)
 
 /* scaled contiguous copies Qt, Kt of Q and K, their squared norms, and the
  * projections Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m). Ends synced. */
-static void prepare(const bki_team *tm, const esp_cfg *c, int n, int m, const float *Q, int64_t ldq,
+static void project(const bki_team *tm, const esp_cfg *c, int n, int m, const float *Q, int64_t ldq,
                     const float *K, int64_t ldk, esp_slab *w)
 {
     const int d = c->d;
@@ -464,18 +511,22 @@ static void dot_blocks(const bki_team *tm, int n, int cols, const float *a, cons
  * with keys, each key's rank or partner query (invk, L x m). Work runs over
  * fixed blocks of queries (or keys) in memory order and, inside a block, in
  * runs of HB rows over the slices, so the walked side's rows stay in L1
- * across slices and only the partners' rows are gathered. Ends synced. */
+ * across slices and only the partners' rows are gathered.
+ * A forward without a tape keeps its orders in the lane: alpha in inv itself
+ * (each slice's inv is built in the member's sort scratch, free after the
+ * sorts, then copied over its alpha) and beta in invk (no keys). Ends synced. */
 #define HB 16
 static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, const int32_t *alpha,
                         const int32_t *beta, int keys, esp_slab *w)
 {
-    const int L = c->L;
+    const int L = c->L, in_place = alpha == w->inv;
     plan_pairs(tm, n, m, w);
     int lo, hi;
     bki_team_share(tm, L, &lo, &hi);
     for (int l = lo; l < hi; l++) {
         const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
-        int32_t *pt = w->inv + (size_t)l * n, *pk = w->invk + (size_t)l * m;
+        int32_t *pt = in_place ? (int32_t *)(void *)(w->sortscr + (size_t)tm->tid * w->sortbytes) : w->inv + (size_t)l * n;
+        int32_t *pk = w->invk + (size_t)l * m;
         if (n == m) {
             for (int r = 0; r < n; r++) pt[al[r]] = be[r]; /* partner key */
             if (keys)
@@ -485,6 +536,7 @@ static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, cons
             if (keys)
                 for (int s = 0; s < m; s++) pk[be[s]] = s;
         }
+        if (in_place) memcpy(w->inv + (size_t)l * n, pt, sizeof(int32_t) * (size_t)n);
     }
     bki_team_sync(tm);
 }
@@ -1120,91 +1172,50 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
     }
 }
 
-/* ------------------------------------------------------------------------ */
-/* drivers                                                                    */
-/* ------------------------------------------------------------------------ */
-static bk_status check_all(const bk_attn_desc *d, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
-                           const bk_tensor *v)
-{
-    bk_status s;
-    if ((s = bki_check_desc(d))) return s;
-    if ((s = check_params(p, d->d))) return s;
-    return bki_check_qkv(d, q, k, v);
-}
 
-static esp_cfg resolve(const bk_attn_desc *d, const bk_esp_params *p, const float *theta)
-{
-    esp_cfg c;
-    c.L = bk_esp_num_slices(p, d->d);
-    c.d = d->d;
-    c.dv = d->dv;
-    c.soft = p->sort == BK_ESP_SOFT;
-    c.euclid = p->cost == BK_ESP_COST_EUCLID;
-    c.paper = p->out_scale == BK_ESP_SCALE_PAPER;
-    c.s = p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)d->d);
-    c.inv_t = c.soft ? 1.0f / p->t : 0.0f;
-    c.tau = p->tau;
-    c.theta = theta;
-    return c;
-}
+/* ------------------------------------------------------------------------ */
+/* one problem: the operator's kernels (every member of its team calls them) */
+/* ------------------------------------------------------------------------ */
+static int members_of(const bki_call *c) { return c->pl.team ? c->pl.nt : 1; }
 
-/* what the problems of one call share */
+/* the tape block's slice weights, costs and orders of problem pi */
 typedef struct {
-    const bk_attn_desc *d;
-    const bk_esp_params *p;
-    const esp_cfg *c;
-    const bk_tensor *q, *k, *v, *out, *dout, *dq, *dk, *dv;
-    void *tape;
-    const bk_esp_extras *ex;
-    float *dth_all; /* backward: P x L x d, or NULL when no dtheta is wanted */
-} esp_ctx;
+    float *sig, *D;
+    int32_t *alpha, *beta;
+} esp_block;
 
-typedef void (*esp_problem_fn)(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x);
-
-/* Runs prob for the P problems as the plan says (the attn.c pattern): a team
- * of all region threads on one problem after another, or one problem per
- * thread (static partition), each with its lane of the workspace. */
-static void run_problems(const esp_ctx *x, bki_plan pl, char *lanes, esp_problem_fn prob)
+static esp_block block_of(const bki_call *c, int pi, int L)
 {
-    const bk_attn_desc *d = x->d;
-    const int P = d->B * d->H, L = x->c->L;
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        const int tid = bki_thread_id();
-        if (pl.team) {
-            const bki_team tm = {tid, bki_region_size()};
-            esp_slab w = lane_at(lanes, d, x->p, L, pl, 0);
-            for (int pi = 0; pi < P; pi++) {
-                prob(&tm, pi, &w, x);
-                bki_team_sync(&tm);
-            }
-        } else {
-            const bki_team tm = BKI_SOLO;
-            esp_slab w = lane_at(lanes, d, x->p, L, pl, tid);
-#pragma omp for schedule(static)
-            for (int pi = 0; pi < P; pi++) prob(&tm, pi, &w, x);
-        }
-    }
+    esp_block k;
+    k.sig = bki_op_block_data(c, pi);
+    k.D = k.sig + L;
+    k.alpha = (int32_t *)(k.D + L);
+    k.beta = k.alpha + (size_t)L * c->d->Nq;
+    return k;
 }
 
-static void fwd_problem(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x)
+static void forward(const bki_team *tm, bki_call *c, int pi, char *lane)
 {
-    const bk_attn_desc *d = x->d;
-    const esp_cfg *c = x->c;
-    const bk_esp_extras *ex = x->ex;
-    const int L = c->L, b = pi / d->H, h = pi % d->H;
-    const int n = bki_len(d->q_len, b, d->Nq), m = bki_len(d->k_len, b, d->Nk);
+    const bk_attn_desc *d = c->d;
+    const esp_cfg k = cfg_of(c);
+    esp_slab w = carve(c, members_of(c), lane, NULL);
+    const bk_esp_extras *ex = c->ex;
+    const int L = k.L, b = pi / d->H, h = pi % d->H;
+    const int n = bki_op_lq(c, pi), m = bki_op_lk(c, pi);
     const int live = n > 0 && m > 0;
-    int32_t *blk = tape_block(x->tape, d, L, pi);
-    float *sig_t = (float *)(blk + 16), *D_t = sig_t + L;
-    int32_t *alpha = (int32_t *)(D_t + L), *beta = alpha + (size_t)L * d->Nq;
-    float *Ob = x->out ? bki_at(x->out, b, h) : NULL;
+    /* the orders go to the tape or, without one, to lane memory the forward
+     * does not use otherwise: soft sort's slice-gradient rows (Da, Db), hard
+     * sort's inverse orders (inv: see hard_layout; invk) */
+    esp_block blk = {NULL, NULL, NULL, NULL};
+    if (c->tape) blk = block_of(c, pi, L);
+    else if (k.soft) blk.alpha = (int32_t *)(void *)w.Da, blk.beta = (int32_t *)(void *)w.Db;
+    else blk.alpha = w.inv, blk.beta = w.invk;
+    float *Ob = c->out ? bki_at(c->out, b, h) : NULL;
     const bk_tensor *ab = NULL;
     bk_tensor abv;
-    if (ex && ex->attn.data) { /* zeroed by rows, then the passes add to it */
-        abv = ex->attn;
-        abv.data = bki_at(&ex->attn, b, h);
+    if (c->attn && c->attn->data) { /* zeroed by rows, then the passes add to it */
+        abv = *c->attn;
+        abv.data = bki_at(c->attn, b, h);
         ab = &abv;
         int lo, hi;
         bki_team_share(tm, d->Nq, &lo, &hi);
@@ -1213,161 +1224,118 @@ static void fwd_problem(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *
     }
     bk_esp_diag dg = {0.0f, 0.0f};
     if (live) {
-        prepare(tm, c, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, w);
+        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w);
         /* a forward run only for its tape (by a backward) computes no O */
-        if (c->soft)
-            soft_forward(tm, bki_kern(), c, n, m, bki_at(x->v, b, h), x->v->stride_n, Ob, Ob ? x->out->stride_n : 0,
-                         alpha, beta, w, ab, &dg);
+        if (k.soft)
+            soft_forward(tm, bki_kern(), &k, n, m, bki_at(c->v, b, h), c->v->stride_n, Ob, Ob ? c->out->stride_n : 0,
+                         blk.alpha, blk.beta, &w, ab, &dg);
         else
-            hard_forward(tm, c, n, m, bki_at(x->v, b, h), x->v->stride_n, Ob, Ob ? x->out->stride_n : 0, alpha, beta,
-                         w, ab, &dg);
+            hard_forward(tm, &k, n, m, bki_at(c->v, b, h), c->v->stride_n, Ob, Ob ? c->out->stride_n : 0, blk.alpha,
+                         blk.beta, &w, ab, &dg);
     }
     if (tm->tid != 0) return; /* member 0 holds sig, Dl and the diagnostics */
-    blk[0] = n;
-    blk[1] = m;
-    if (live) {
-        memcpy(sig_t, w->sig, sizeof(float) * (size_t)L);
-        memcpy(D_t, w->Dl, sizeof(float) * (size_t)L);
-    } else {
-        memset(sig_t, 0, sizeof(float) * 2 * (size_t)L);
+    if (!live) {
+        memset(w.sig, 0, sizeof(float) * (size_t)L);
+        memset(w.Dl, 0, sizeof(float) * (size_t)L);
     }
-    if (Ob) bki_zero_rows(Ob, x->out->stride_n, live ? n : 0, d->Nq, d->dv);
+    if (blk.sig) {
+        memcpy(blk.sig, w.sig, sizeof(float) * (size_t)L);
+        memcpy(blk.D, w.Dl, sizeof(float) * (size_t)L);
+    }
+    if (Ob) bki_zero_rows(Ob, c->out->stride_n, live ? n : 0, d->Nq, d->dv);
     if (ex) {
-        if (ex->sigma) memcpy(ex->sigma + (size_t)pi * L, sig_t, sizeof(float) * (size_t)L);
-        if (ex->D) memcpy(ex->D + (size_t)pi * L, D_t, sizeof(float) * (size_t)L);
+        if (ex->sigma) memcpy(ex->sigma + (size_t)pi * L, w.sig, sizeof(float) * (size_t)L);
+        if (ex->D) memcpy(ex->D + (size_t)pi * L, w.Dl, sizeof(float) * (size_t)L);
         if (ex->diag) ex->diag[pi] = dg;
     }
 }
 
-static void forward_core(const esp_ctx *x, bki_plan pl, char *lanes)
+static void backward(const bki_team *tm, bki_call *c, int pi, char *lane)
 {
-    const bk_attn_desc *d = x->d;
-    const bk_esp_params *p = x->p;
-    esp_tape_header *th = x->tape;
-    memset(th, 0, sizeof *th);
-    th->magic = ESP_MAGIC;
-    th->version = ESP_VERSION;
-    th->B = d->B; th->H = d->H; th->Nq = d->Nq; th->Nk = d->Nk; th->d = d->d; th->L = x->c->L;
-    th->sort = p->sort; th->cost = p->cost; th->out_scale = p->out_scale;
-    th->tau = p->tau; th->t = x->c->soft ? p->t : 0.0f; th->s = x->c->s;
-    run_problems(x, pl, lanes, fwd_problem);
+    const bk_attn_desc *d = c->d;
+    const esp_cfg k = cfg_of(c);
+    esp_slab w = carve(c, members_of(c), lane, NULL);
+    const int L = k.L, b = pi / d->H, h = pi % d->H;
+    const int n = bki_op_lq(c, pi), m = bki_op_lk(c, pi), live = n > 0 && m > 0;
+    const esp_block blk = block_of(c, pi, L);
+    float *dQb = bki_at(c->dq, b, h), *dKb = bki_at(c->dk, b, h), *dVb = bki_at(c->dv, b, h);
+    float *dth = c->pg && k.soft ? pgrad_of(c, pi) : NULL;
+    if (dth && !live && tm->tid == 0) memset(dth, 0, sizeof(float) * (size_t)L * d->d);
+    if (live) {
+        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w);
+        if (k.soft)
+            soft_backward(tm, bki_kern(), &k, n, m, bki_at(c->v, b, h), c->v->stride_n, bki_at(c->dout, b, h),
+                          c->dout->stride_n, blk.alpha, blk.beta, blk.sig, dQb, c->dq->stride_n, dKb, c->dk->stride_n,
+                          dVb, c->dv->stride_n, dth, &w);
+        else
+            hard_backward(tm, &k, n, m, bki_at(c->v, b, h), c->v->stride_n, bki_at(c->dout, b, h), c->dout->stride_n,
+                          blk.alpha, blk.beta, blk.sig, dQb, c->dq->stride_n, dKb, c->dk->stride_n, dVb,
+                          c->dv->stride_n, &w);
+    }
+    if (tm->tid != 0) return;
+    bki_zero_rows(dQb, c->dq->stride_n, live ? n : 0, d->Nq, d->d);
+    bki_zero_rows(dKb, c->dk->stride_n, live ? m : 0, d->Nk, d->d);
+    bki_zero_rows(dVb, c->dv->stride_n, live ? m : 0, d->Nk, d->dv);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the operator and its public entry points                                  */
+/* ------------------------------------------------------------------------ */
+static void par_default(void *p) { *(bk_esp_params *)p = bk_esp_params_default(); }
+
+static const char *const sort_names[] = {"hard", "soft", NULL};
+static const char *const cost_names[] = {"sq", "euclid", NULL};
+static const char *const scale_names[] = {"rows", "paper", NULL};
+static const bki_field fields[] = {
+    {"sort", BKI_F_ENUM, offsetof(bk_esp_params, sort), sort_names, 0},
+    {"t", BKI_F_FLOAT, offsetof(bk_esp_params, t), NULL, 0},
+    {"tau", BKI_F_FLOAT, offsetof(bk_esp_params, tau), NULL, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_esp_params, scale), NULL, 0},
+    {"cost", BKI_F_ENUM, offsetof(bk_esp_params, cost), cost_names, 0},
+    {"out_scale", BKI_F_ENUM, offsetof(bk_esp_params, out_scale), scale_names, 0},
+    {"L", BKI_F_INT, offsetof(bk_esp_params, L), NULL, 0},
+    {"seed", BKI_F_I64, offsetof(bk_esp_params, seed), NULL, 0},
+};
+
+const bki_op bki_op_esp = {"esp", 3, "bk_esp_params", fields, (int)(sizeof fields / sizeof fields[0]),
+                           sizeof(bk_esp_params), par_default, check, cost, lane_bytes, block_bytes, key,
+                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok};
+
+/* a call of the operator (every other field zero) */
+#define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}
+
+size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
+{
+    bki_call c = CALL(desc, p);
+    return bki_op_workspace_size(&c);
+}
+
+size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p)
+{
+    bki_call c = CALL(desc, p);
+    c.ws_mode = 1; /* a size query: the scalar parameters only */
+    if (!p || check(&c) != BK_OK) {
+        bki_clear_error();
+        return 0;
+    }
+    return bki_op_tape_size(&c);
 }
 
 bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_esp_extras *extras, void *ws,
                          size_t ws_size)
 {
-    bk_status s;
-    if ((s = check_all(desc, p, q, k, v))) return s;
-    const bk_attn_desc *d = desc;
-    if ((s = bki_check_fwd_outputs(d, q, k, v, out, extras ? &extras->attn : NULL))) return s;
-    const int L = bk_esp_num_slices(p, d->d);
-    const bki_plan pl = bki_esp_plan(d, p);
-    const size_t need = ws_need(d, p, L, pl, tape == NULL, 0);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
-    char *thp = bki_align_ptr(base + lanes_bytes(d, p, L, pl));
-    float *theta = (float *)thp;
-    fill_slices(p, d->d, L, theta);
-    void *tp = tape ? tape : (void *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
-    esp_cfg c = resolve(d, p, theta);
-    esp_ctx x = {d, p, &c, q, k, v, out, NULL, NULL, NULL, NULL, tp, extras, NULL};
-    forward_core(&x, pl, base);
-    free(owned);
-    bki_clear_error();
-    return BK_OK;
-}
-
-static void bwd_problem(const bki_team *tm, int pi, esp_slab *w, const esp_ctx *x)
-{
-    const bk_attn_desc *d = x->d;
-    const esp_cfg *c = x->c;
-    const int L = c->L, b = pi / d->H, h = pi % d->H;
-    const int32_t *blk = tape_block(x->tape, d, L, pi);
-    const int n = blk[0], m = blk[1], live = n > 0 && m > 0;
-    const float *sig = (const float *)(blk + 16);
-    const int32_t *alpha = blk + 16 + 2 * L, *beta = alpha + (size_t)L * d->Nq;
-    float *dQb = bki_at(x->dq, b, h), *dKb = bki_at(x->dk, b, h), *dVb = bki_at(x->dv, b, h);
-    float *dth = x->dth_all ? x->dth_all + (size_t)pi * L * d->d : NULL;
-    if (dth && (!live || !c->soft) && tm->tid == 0) memset(dth, 0, sizeof(float) * (size_t)L * d->d);
-    if (live) {
-        prepare(tm, c, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, w);
-        if (c->soft)
-            soft_backward(tm, bki_kern(), c, n, m, bki_at(x->v, b, h), x->v->stride_n, bki_at(x->dout, b, h),
-                          x->dout->stride_n, alpha, beta, sig, dQb, x->dq->stride_n, dKb, x->dk->stride_n, dVb,
-                          x->dv->stride_n, dth, w);
-        else
-            hard_backward(tm, c, n, m, bki_at(x->v, b, h), x->v->stride_n, bki_at(x->dout, b, h), x->dout->stride_n,
-                          alpha, beta, sig, dQb, x->dq->stride_n, dKb, x->dk->stride_n, dVb, x->dv->stride_n, w);
-    }
-    if (tm->tid != 0) return;
-    bki_zero_rows(dQb, x->dq->stride_n, live ? n : 0, d->Nq, d->d);
-    bki_zero_rows(dKb, x->dk->stride_n, live ? m : 0, d->Nk, d->d);
-    bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
+    bki_call c = CALL(desc, p);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = extras;
+    c.attn = extras ? &extras->attn : NULL;
+    return bki_op_forward(&c, tape, ws, ws_size);
 }
 
 bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
-                          const bk_tensor *v, const bk_tensor *dout, const void *tape_in, const bk_tensor *dq,
+                          const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                           const bk_tensor *dk, const bk_tensor *dv, float *dtheta, void *ws, size_t ws_size)
 {
-    bk_status s;
-    if ((s = check_all(desc, p, q, k, v))) return s;
-    const bk_attn_desc *d = desc;
-    if ((s = bki_check_bwd_views(d, q, k, v, dout, dq, dk, dv))) return s;
-    const int L = bk_esp_num_slices(p, d->d), P = d->B * d->H;
-    const esp_cfg c0 = resolve(d, p, NULL);
-    if (tape_in) {
-        const esp_tape_header *th = tape_in;
-        if (th->magic != ESP_MAGIC || th->version != ESP_VERSION)
-            return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by bk_esp_forward?)");
-        if (th->B != d->B || th->H != d->H || th->Nq != d->Nq || th->Nk != d->Nk || th->d != d->d || th->L != L ||
-            th->sort != (int)p->sort || th->cost != (int)p->cost || th->out_scale != (int)p->out_scale ||
-            th->tau != p->tau || th->t != (c0.soft ? p->t : 0.0f) || th->s != c0.s)
-            return bki_fail(BK_ERR_TAPE, "tape was written for another problem or other parameters");
-        for (int pi = 0; pi < P; pi++) {
-            const int32_t *blk = tape_block(tape_in, d, L, pi);
-            int b = pi / d->H;
-            if (blk[0] != bki_len(d->q_len, b, d->Nq) || blk[1] != bki_len(d->k_len, b, d->Nk))
-                return bki_fail(BK_ERR_TAPE, "tape block %d does not match the valid lengths", pi);
-            /* orders (stored with the valid lengths as strides) must index valid rows */
-            const int32_t *al = blk + 16 + 2 * L, *be = al + (size_t)L * d->Nq;
-            const int n = blk[0], m = blk[1];
-            for (int l = 0; l < L && n > 0 && m > 0; l++) {
-                for (int r = 0; r < n; r++)
-                    if (al[(size_t)l * n + r] < 0 || al[(size_t)l * n + r] >= n)
-                        return bki_fail(BK_ERR_TAPE, "tape block %d holds an invalid sort order", pi);
-                for (int r = 0; r < m; r++)
-                    if (be[(size_t)l * m + r] < 0 || be[(size_t)l * m + r] >= m)
-                        return bki_fail(BK_ERR_TAPE, "tape block %d holds an invalid sort order", pi);
-            }
-        }
-    }
-    const bki_plan pl = bki_esp_plan(d, p);
-    const size_t lb = lanes_bytes(d, p, L, pl);
-    const size_t need = ws_need(d, p, L, pl, tape_in == NULL, 1);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, need, "bk_esp_workspace_size", &owned, &base))) return s;
-    char *thp = bki_align_ptr(base + lb);
-    float *theta = (float *)thp;
-    fill_slices(p, d->d, L, theta);
-    float *dth_all = (float *)bki_align_ptr(thp + fl((size_t)L * d->d) + BK_ALIGN);
-    esp_cfg c = resolve(d, p, theta);
-    esp_ctx x = {d, p, &c, q, k, v, NULL, dout, dq, dk, dv, (void *)tape_in, NULL,
-                 dtheta && c.soft ? dth_all : NULL};
-    if (!tape_in) {
-        x.tape = bki_align_ptr((char *)dth_all + fl((size_t)P * L * d->d) + BK_ALIGN);
-        forward_core(&x, pl, base);
-    }
-    run_problems(&x, pl, base, bwd_problem);
-    if (dtheta) { /* fixed problem order: independent of the thread count */
-        memset(dtheta, 0, sizeof(float) * (size_t)L * d->d);
-        if (c.soft)
-            for (int pi = 0; pi < P; pi++)
-                for (size_t i = 0; i < (size_t)L * d->d; i++) dtheta[i] += dth_all[(size_t)pi * L * d->d + i];
-    }
-    free(owned);
-    bki_clear_error();
-    return BK_OK;
+    bki_call c = CALL(desc, p);
+    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = dtheta;
+    return bki_op_backward(&c, tape, ws, ws_size);
 }

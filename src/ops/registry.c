@@ -10,6 +10,8 @@ static const bki_op *const ops[] = {
     &bki_op_softmax,
     &bki_op_sinkhorn,
     &bki_op_unbalanced,
+    &bki_op_esp,
+    &bki_op_asap,
     &bki_op_lot,
 };
 enum { NOPS = (int)(sizeof ops / sizeof ops[0]) };

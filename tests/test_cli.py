@@ -46,6 +46,21 @@ if rc == 0:
     check(np.allclose(cs, 5 / 3, atol=1e-5), "even S: exact columns (Lq/Lk)", str(cs))
     check(np.load(P("dq.npy")).shape == (B, H, Nq, d), "dq written")
 
+# unbalanced Sinkhorn: a good run (damped columns: rows exact after an odd S), and its errors
+rc, out = run("attn", "--op", "unbalanced", "--rho", "0.5", "--iters", "3", "--q", P("q.npy"), "--k", P("k.npy"),
+              "--v", P("v.npy"), "--out", P("ou.npy"), "--attn", P("au.npy"), "--diag", P("du.npy"),
+              "--dout", P("do.npy"), "--dq", P("dqu.npy"))
+check(rc == 0 and np.allclose(np.load(P("au.npy")).sum(-1), 1, atol=1e-5) and np.load(P("dqu.npy")).shape == (B, H, Nq, d),
+      "unbalanced run (rows sum to 1 after S = 3)", out)
+for extra, msg in ((["--rho", "0"], "--rho"), (["--rho", "x"], "--rho"), (["--grad", "implicit"], "sinkhorn only")):
+    rc, out = run("attn", "--op", "unbalanced", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
+                  "--out", P("never_u.npy"), *extra)
+    check(rc == 2 and msg in out and not os.path.exists(P("never_u.npy")), "unbalanced usage error %s" % extra, out)
+rc, out = run(*base, "--out", P("never_u.npy"), "--rho", "1")
+check(rc == 2 and "unbalanced only" in out, "--rho refused for sinkhorn", out)
+rc, out = run("attn", "--op", "nope", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"), "--out", P("x.npy"))
+check(rc == 2 and "unknown --op" in out and "unbalanced" in out, "unknown --op lists the registry's operators", out)
+
 # softmax op
 rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
               "--out", P("o2.npy"), "--attn", P("a2.npy"))

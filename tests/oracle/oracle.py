@@ -84,7 +84,7 @@ torch.set_num_threads(1)
 
 
 def run_oracle(op, q, k, v, dout, iters=None, eps=1.0, scale=None,
-               q_len=None, k_len=None, dtype="float64", update="increment"):
+               q_len=None, k_len=None, dtype="float64", update="increment", rho=None):
     """Forward + backward of the port on numpy inputs.
 
     Returns a dict of numpy arrays (in the compute dtype) with keys
@@ -106,12 +106,14 @@ def run_oracle(op, q, k, v, dout, iters=None, eps=1.0, scale=None,
 
     if op == "softmax":
         out, attn = port.softmax_attention(tq, tk, tv, scale=scale, q_len=ql, k_len=kl)
-    elif op == "sinkhorn":
+    elif op in ("sinkhorn", "unbalanced"):
         if iters is None or iters < 1:
             raise ValueError("sinkhorn needs iters >= 1")
+        if (op == "unbalanced") != (rho is not None):
+            raise ValueError("rho is for op unbalanced (the reference's SinkhornUnbalanced) only")
         out, attn = port.attention(tq, tk, tv, iters, eps=eps, scale=scale,
                                    q_len=ql, k_len=kl, marginal_dtype=tdt,
-                                   update=update)
+                                   update=update, rho=rho)
     else:
         raise ValueError(f"unknown op {op!r}")
     if out.shape != tdo.shape:

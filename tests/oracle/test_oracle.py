@@ -205,10 +205,13 @@ SHAPES_QUICK = [SHAPES_FULL[i] for i in (0, 1, 2, 3, 4)]
 
 # (op, S, eps); S and eps are None for softmax
 OPS_FULL = [("softmax", None, None)] + [
-    ("sinkhorn", S, eps) for eps in (1.0, 0.5) for S in (1, 2, 3, 5, 8)]
+    ("sinkhorn", S, eps) for eps in (1.0, 0.5) for S in (1, 2, 3, 5, 8)] + [
+    ("unbalanced", S, eps) for eps in (1.0, 0.5) for S in (2, 3, 4, 5)]
 OPS_QUICK = [("softmax", None, None), ("sinkhorn", 1, 1.0), ("sinkhorn", 2, 1.0),
              ("sinkhorn", 3, 1.0), ("sinkhorn", 8, 1.0), ("sinkhorn", 3, 0.5),
-             ("sinkhorn", 5, 0.5)]
+             ("sinkhorn", 5, 0.5), ("unbalanced", 4, 1.0), ("unbalanced", 3, 0.5)]
+# unbalanced Sinkhorn: the reference's SinkhornUnbalanced with this rho (its q)
+UNB_RHO = 0.7
 
 
 # ESP shapes (B, H, Nq, Nk, d, dv)
@@ -624,13 +627,15 @@ def make_cases(quick):
     for shape in shapes:
         for op, S, eps in ops:
             for pad in (False, True):
-                name = (f"{op}" + (f" S={S} eps={eps:g}" if op == "sinkhorn" else "")
+                name = (f"{op}" + (f" S={S} eps={eps:g}" if op in ("sinkhorn", "unbalanced") else "")
+                        + (f" rho={UNB_RHO:g}" if op == "unbalanced" else "")
                         + " B{}H{} Nq{} Nk{} d{} dv{}".format(*shape)
                         + (" pad" if pad else ""))
                 # Seed from the case's description: stable, and the same in
                 # the quick and the full grid.
                 cases.append(dict(name=name, op=op, S=S, eps=eps, shape=shape,
-                                  pad=pad, seed=zlib.crc32(name.encode())))
+                                  pad=pad, seed=zlib.crc32(name.encode()),
+                                  rho=UNB_RHO if op == "unbalanced" else None))
     return cases + make_esp_cases(quick) + make_lot_cases(quick)
 
 
@@ -746,8 +751,10 @@ def run_cli(cli, case, inp, tmp):
         cmd += ["--sigma", outs["sigma"]]
         if inp["theta"] is not None:
             cmd += ["--slices", paths["theta"]]
-    if case["op"] in ("sinkhorn", "lot"):
+    if case["op"] in ("sinkhorn", "lot", "unbalanced"):
         cmd += ["--iters", str(case["S"]), "--eps", "%.9g" % case["eps"]]
+    if case["op"] == "unbalanced":
+        cmd += ["--rho", "%.9g" % case["rho"]]
     cmd += ["--scale", "%.9g" % inp["scale"]]
     if inp["q_len"] is not None:
         cmd += ["--q-len", paths["q_len"], "--k-len", paths["k_len"]]
@@ -765,7 +772,7 @@ def port_errs(oracle, case, inp, ref, dtype, update):
     r = oracle.run_oracle(case["op"], inp["q"], inp["k"], inp["v"], inp["dout"],
                           iters=case["S"], eps=case["eps"] or 1.0, scale=inp["scale"],
                           q_len=inp["q_len"], k_len=inp["k_len"], dtype=dtype,
-                          update=update)
+                          update=update, rho=case.get("rho"))
     fwd = max(rel_err(r[n], ref[n]) for n in ("O", "A"))
     grad = max(rel_err(r[n], ref[n]) for n in ("dQ", "dK", "dV"))
     return fwd, grad
@@ -1526,7 +1533,7 @@ def main():
             ref = oracle.run_oracle(case["op"], inp["q"], inp["k"], inp["v"], inp["dout"],
                                     iters=case["S"], eps=case["eps"] or 1.0,
                                     scale=inp["scale"], q_len=inp["q_len"],
-                                    k_len=inp["k_len"], dtype="float64")
+                                    k_len=inp["k_len"], dtype="float64", rho=case.get("rho"))
             r32 = port_errs(oracle, case, inp, ref, "float32", "increment")
             d32 = port_errs(oracle, case, inp, ref, "float32", "direct")
             for w, e in ((worst_ref32, r32), (worst_dir32, d32)):

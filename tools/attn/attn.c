@@ -8,7 +8,7 @@
 static void attn_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff attn --op softmax|sinkhorn|esp|lot|asap|asap0 --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "usage: birkhoff attn --op softmax|sinkhorn|unbalanced|esp|lot|asap|asap0 --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
             "\n"
             "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
             "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
@@ -26,6 +26,9 @@ static void attn_usage(FILE *f)
             "  --dout dO.npy     upstream gradient [B,H,Nq,dv]: run the backward too, writing\n"
             "  --dq F --dk F --dv F   the gradients (any subset)\n"
             "  --threads N       threads (default: all cores); results do not depend on it\n"
+            "unbalanced Sinkhorn (--op unbalanced; --iters/--eps/--scale/--tol/--diag as Sinkhorn):\n"
+            "  --rho R           KL penalty on the column marginal, > 0 (default 10): column half-steps\n"
+            "                    damped by R / (R + eps); no --grad (exact unrolled backward)\n"
             "ESP (--op esp):\n"
             "  --sort hard|soft  exact argsort (default; exactly doubly stochastic) or SoftSort\n"
             "  --softsort-t t    SoftSort temperature (default 1e-3)\n"
@@ -58,6 +61,7 @@ typedef struct {
     const char *sort, *tau, *sst, *cost, *escale, *slices, *nslices, *seed, *sigma, *dslices;
     const char *pivots, *plogits, *ptemp, *dpivots, *dplogits;
     const char *layer, *variant;
+    const char *rho;
 } attn_args;
 
 static int load4(const char *what, const char *path, bk_npy *a) { return cli_load_f32("attn", what, path, 4, a); }
@@ -87,7 +91,7 @@ int cmd_attn(int argc, char **argv)
         {"--sigma", &a.sigma, 0}, {"--dslices", &a.dslices, 0},
         {"--pivots", &a.pivots, 0}, {"--pivot-logits", &a.plogits, 0}, {"--pivot-temp", &a.ptemp, 0},
         {"--dpivots", &a.dpivots, 0}, {"--dpivot-logits", &a.dplogits, 0},
-        {"--layer", &a.layer, 0}, {"--variant", &a.variant, 0},
+        {"--layer", &a.layer, 0}, {"--variant", &a.variant, 0}, {"--rho", &a.rho, 0},
     };
     int done = 0, rc0 = cli_parse_opts("attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), attn_usage, &done);
     if (rc0 != CLI_OK || done) return rc0;
@@ -96,10 +100,26 @@ int cmd_attn(int argc, char **argv)
         attn_usage(stderr);
         return CLI_USAGE;
     }
-    const int sink = !strcmp(a.op, "sinkhorn"), esp = !strcmp(a.op, "esp"), lot = !strcmp(a.op, "lot");
+    /* the operators are the registry's (asap0: asap with the zero variant) */
+    if (!bk_op_find(a.op) && strcmp(a.op, "asap0")) {
+        char names[256] = "";
+        for (int i = 0; i < bk_op_count(); i++) {
+            strncat(names, bk_op_name(bk_op_at(i)), sizeof names - strlen(names) - 1);
+            strncat(names, ", ", sizeof names - strlen(names) - 1);
+        }
+        fprintf(stderr, "birkhoff attn: unknown --op '%s' (%sasap0)\n", a.op, names);
+        return CLI_USAGE;
+    }
+    const int unb = !strcmp(a.op, "unbalanced");
+    const int sink = !strcmp(a.op, "sinkhorn") || unb, esp = !strcmp(a.op, "esp"), lot = !strcmp(a.op, "lot");
     const int asap = !strcmp(a.op, "asap") || !strcmp(a.op, "asap0");
-    if (!sink && !esp && !lot && !asap && strcmp(a.op, "softmax")) {
-        fprintf(stderr, "birkhoff attn: unknown --op '%s' (softmax, sinkhorn, esp, lot, asap or asap0)\n", a.op);
+    if (a.rho && !unb) {
+        fprintf(stderr, "birkhoff attn: --rho applies to --op unbalanced only\n");
+        return CLI_USAGE;
+    }
+    float rho = bk_unbalanced_params_default().rho;
+    if (a.rho && (!cli_parse_float(a.rho, &rho) || !(rho > 0))) {
+        fprintf(stderr, "birkhoff attn: --rho must be a number > 0, got '%s'\n", a.rho);
         return CLI_USAGE;
     }
     bk_asap_variant av = !strcmp(a.op, "asap0") ? BK_ASAP_ZERO : BK_ASAP_AUTO;
@@ -230,10 +250,11 @@ int cmd_attn(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    if (lot && a.grad) {
+    if ((lot || unb) && a.grad) {
         fprintf(stderr, "birkhoff attn: --grad applies to --op sinkhorn only\n");
         return CLI_USAGE;
     }
+    const bk_unbalanced_params up = {p.scale, p.eps, p.iters, p.tol, rho};
     if (!sink && !esp && !lot && !asap && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
         fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
         return CLI_USAGE;
@@ -343,6 +364,7 @@ int cmd_attn(int argc, char **argv)
     if (a.sigma) SG = malloc(sizeof(float) * (size_t)B * H * (L > 0 ? L : 1));
     size_t tsz = esp ? bk_esp_tape_size(&desc, &ep)
                  : lot ? bk_lot_tape_size(&desc, &lp)
+                 : unb ? bk_unbalanced_tape_size(&desc, &up)
                  : sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     if (a.dout) tape = malloc(tsz ? tsz : 1);
     if (!O || (a.attn && !A) || (a.diag && !diag && !ediag && !ldiag) || (a.sigma && !SG) || (a.dout && !tape)) {
@@ -364,7 +386,8 @@ int cmd_attn(int argc, char **argv)
         s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else if (sink) {
         bk_sinkhorn_extras ex = {ta, NULL, NULL, diag};
-        s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
+        s = unb ? bk_unbalanced_forward(&desc, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0)
+                : bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else {
         bk_softmax_params sp = {p.scale};
         s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, A ? &ta : NULL, NULL, 0);
@@ -397,7 +420,8 @@ int cmd_attn(int argc, char **argv)
         } else if (lot) {
             s = bk_lot_backward(&desc, &lp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DPZ, DPT, NULL, 0);
         } else if (sink) {
-            s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
+            s = unb ? bk_unbalanced_backward(&desc, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0)
+                    : bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         } else {
             bk_softmax_params sp = {p.scale};
             s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);

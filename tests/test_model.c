@@ -125,6 +125,8 @@ static void test_fd(void)
         {"attn=esp,esp_soft=1,esp_t=0.1,esp_tau=1", 0, 0.0f},
         {"attn=esp,esp_soft=1,esp_t=0.2,esp_slices=3,pool=mean", 0, 0.0f},
         {"attn=lot,lot_r=3,lot_iters=5", 0, 0.0f},
+        {"attn=unbalanced,sk_iters=5,sk_rho=2,pool=mean", 0, 0.0f},
+        {"input=tokens,vocab=11,max_len=6,attn=unbalanced,sk_iters=4,sk_eps=0.5,sk_rho=0.5", 1, 0.0f},
         {"attn=sinkhorn,pool=otk,otk_refs=2,otk_supports=3,otk_iters=4", 0, 0.0f},
         {"input=tokens,vocab=11,max_len=6,attn=sinkhorn,sk_iters=3,pool=mean", 1, 0.0f},
         {"input=tokens,vocab=11,max_len=6,attn=softmax,cls=0,pool=max,pos_embed=0", 1, 0.2f},
@@ -589,6 +591,8 @@ static void test_bad_input(void)
     expect_cfg_error("dropout=1", "dropout");
     expect_cfg_error("classes=1", "classes");
     expect_cfg_error("attn=sinkhorn,sk_iters=0", "Sinkhorn");
+    expect_cfg_error("attn=unbalanced,sk_rho=0", "sk_rho > 0");
+    expect_cfg_error("attn=unbalanced,sk_iters=0", "Sinkhorn");
     th_rng r = {8};
     bk_model *m = model_from("dim=8,depth=1,heads=2,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
     if (!m) return;
@@ -644,6 +648,52 @@ static void test_bad_input(void)
              "ASAP model without compiled layers", "%s", bk_last_error());
     batch_free(&tb);
     bk_model_free(m);
+}
+
+/* The unbalanced normaliser reaches the model through the registry: its loss
+ * and every gradient are those of the model with Sinkhorn attention when
+ * kappa = rho / (rho + eps) rounds to 1 (bitwise: the operator's column step
+ * is then Sinkhorn's), and differ at a finite rho; a configuration written
+ * before sk_rho existed reads with the default rho = 10. */
+static void test_unbalanced_model(void)
+{
+    const char *base = "input=tokens,vocab=13,max_len=9,dim=16,heads=2,depth=2,mlp_dim=20,classes=4,sk_iters=5";
+    double loss[3] = {0, 0, 0};
+    float *g[3] = {NULL, NULL, NULL};
+    int64_t P = 0;
+    const char *kinds[3] = {"attn=sinkhorn", "attn=unbalanced,sk_rho=1e30", "attn=unbalanced,sk_rho=1"};
+    for (int i = 0; i < 3; i++) {
+        char t[512];
+        snprintf(t, sizeof t, "%s,%s", base, kinds[i]);
+        bk_model *m = model_from(t, 5, 4);
+        if (!m) goto out;
+        th_rng r = {17};
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(m), 4, 1, &r);
+        bk_model_zero_grad(m);
+        int ok = bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss[i]) == BK_OK && bk_model_backward(m, 1.0f) == BK_OK;
+        th_check(ok, "unbalanced model fwd/bwd", "%s: %s", t, bk_last_error());
+        P = bk_model_num_params(m);
+        g[i] = malloc(sizeof(float) * (size_t)P);
+        memcpy(g[i], bk_model_grads(m), sizeof(float) * (size_t)P);
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+    th_check(loss[0] == loss[1] && memcmp(g[0], g[1], sizeof(float) * (size_t)P) == 0,
+             "model: unbalanced at rho = 1e30 is Sinkhorn, bitwise", "loss %.9g vs %.9g", loss[0], loss[1]);
+    th_check(loss[2] != loss[0], "model: unbalanced at rho = 1 differs from Sinkhorn", "loss %.9g", loss[2]);
+    {
+        bk_model_config c = bk_model_config_default();
+        th_check(bk_model_config_parse(&c, "attn=unbalanced,sk_iters=3,sk_eps=0.5") == BK_OK && c.sk_rho == 10.0f &&
+                     c.attn == BK_ATTN_UNBALANCED,
+                 "a config without sk_rho reads rho = 10", "rho %g", (double)c.sk_rho);
+        char buf[2048];
+        bk_model_config_format(&c, buf, sizeof buf);
+        th_check(strstr(buf, "attn=unbalanced\n") && strstr(buf, "sk_rho=10\n"), "config text names unbalanced and sk_rho",
+                 "%s", buf);
+    }
+out:
+    for (int i = 0; i < 3; i++) free(g[i]);
 }
 
 /* ASAP inference: compile each block of a trained-for-a-moment Sinkhorn
@@ -726,4 +776,5 @@ void test_model(void)
     test_checkpoint_errors();
     test_checkpoint_strings();
     test_asap_model();
+    test_unbalanced_model();
 }

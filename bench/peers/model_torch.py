@@ -216,7 +216,7 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
 # Configurations
 # ---------------------------------------------------------------------------
 INPUTS = ("image", "tokens", "points")
-ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap")
+ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced")
 POOLS = ("cls", "mean", "max", "otk")
 
 # bk_model_config fields in declaration order, with bk_model_config_default's
@@ -230,7 +230,7 @@ CONFIG_DEFAULTS = {
     "cls": 1, "pos_embed": 1, "final_norm": 1, "qkv_bias": 0,
     "pool": "cls", "classes": 10, "dropout": 0.0, "ln_eps": 1e-5,
     "attn": "softmax", "attn_scale": 0.0,
-    "sk_iters": 5, "sk_eps": 1.0,
+    "sk_iters": 5, "sk_eps": 1.0, "sk_rho": 10.0,
     "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
     "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
     "otk_refs": 1, "otk_supports": 4, "otk_iters": 10, "otk_eps": 0.5,
@@ -566,6 +566,10 @@ class _Attention(nn.Module):
             return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
                                      q_len=lens, k_len=lens, thresh=0.0,
                                      marginal_dtype=None, update="direct")[0]
+        if kind == "unbalanced":   # the reference's SinkhornUnbalanced (rho = its q)
+            return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
+                                     q_len=lens, k_len=lens, thresh=0.0, marginal_dtype=None,
+                                     update="direct", rho=c["sk_rho"])[0]
         if kind == "esp":
             return esp_port.esp_semantics(
                 q, k, v, sort="soft" if c["esp_soft"] else "hard", t=c["esp_t"],

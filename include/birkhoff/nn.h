@@ -45,7 +45,8 @@ extern "C" {
 typedef enum { BK_INPUT_IMAGE = 0, BK_INPUT_TOKENS = 1, BK_INPUT_POINTS = 2 } bk_input_kind;
 typedef enum {
     BK_ATTN_SOFTMAX = 0, BK_ATTN_SINKHORN = 1, BK_ATTN_ESP = 2, BK_ATTN_LOT = 3,
-    BK_ATTN_ASAP = 4       /* compiled layers (bk_model_set_asap); inference only */
+    BK_ATTN_ASAP = 4,      /* compiled layers (bk_model_set_asap); inference only */
+    BK_ATTN_UNBALANCED = 5 /* unbalanced Sinkhorn: sk_iters, sk_eps, sk_rho      */
 } bk_attn_kind;
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
 
@@ -66,6 +67,7 @@ typedef struct {
     bk_attn_kind attn;
     float attn_scale;                       /* 0: 1/sqrt(head_dim)             */
     int sk_iters; float sk_eps;             /* Sinkhorn: S half-steps, eps     */
+    float sk_rho;                           /* unbalanced: column KL rho (10)  */
     int esp_soft; float esp_t, esp_tau; int esp_slices;   /* ESP: soft sort
                                                (training) or hard; SoftSort t,
                                                mixing tau, slices (0: axes)   */
@@ -81,7 +83,7 @@ typedef struct {
  * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 10 iterations, eps 0.5. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
- * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap,
+ * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced,
  * pool=cls|mean|max|otk). Unknown keys or malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */

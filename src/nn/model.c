@@ -2,6 +2,7 @@
  * (docs/MODEL.md): configuration, parameter table, planned activations,
  * forward and exact backward over the library's attention operators. */
 #include "layers.h"
+#include "../ops/op.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +14,7 @@
 /* configuration                                                            */
 /* ------------------------------------------------------------------------ */
 static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
-static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", NULL};
+static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", NULL};
 static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
@@ -25,7 +26,8 @@ static const bki_field MODEL_FIELDS[] = {
     F(head_dim, BKI_F_INT),       F(mlp_dim, BKI_F_INT),     F(cls, BKI_F_INT),          F(pos_embed, BKI_F_INT),
     F(final_norm, BKI_F_INT),     F(qkv_bias, BKI_F_INT),    E(pool, POOL_NAMES),        F(classes, BKI_F_INT),
     F(dropout, BKI_F_FLOAT),      F(ln_eps, BKI_F_FLOAT),    E(attn, ATTN_NAMES),        F(attn_scale, BKI_F_FLOAT),
-    F(sk_iters, BKI_F_INT),       F(sk_eps, BKI_F_FLOAT),    F(esp_soft, BKI_F_INT),     F(esp_t, BKI_F_FLOAT),
+    F(sk_iters, BKI_F_INT),       F(sk_eps, BKI_F_FLOAT),    F(sk_rho, BKI_F_FLOAT),     F(esp_soft, BKI_F_INT),
+    F(esp_t, BKI_F_FLOAT),
     F(esp_tau, BKI_F_FLOAT),      F(esp_slices, BKI_F_INT),  F(lot_r, BKI_F_INT),        F(lot_iters, BKI_F_INT),
     F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
     F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),
@@ -57,6 +59,7 @@ bk_model_config bk_model_config_default(void)
     c.attn = BK_ATTN_SOFTMAX;
     c.sk_iters = 5;
     c.sk_eps = 1.0f;
+    c.sk_rho = 10.0f;
     c.esp_soft = 1;
     c.esp_t = 1e-3f;
     c.esp_tau = 1.0f;
@@ -93,7 +96,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
 {
     if (!c) return bki_fail(BK_ERR_NULL, "model config: NULL");
     NEED(c->input >= BK_INPUT_IMAGE && c->input <= BK_INPUT_POINTS, "unknown input kind %d", (int)c->input);
-    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_ASAP, "unknown attention type %d", (int)c->attn);
+    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_UNBALANCED, "unknown attention type %d", (int)c->attn);
     NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_OTK, "unknown pooling %d", (int)c->pool);
     if (c->input == BK_INPUT_IMAGE) {
         NEED(c->channels >= 1 && c->image_h >= 1 && c->image_w >= 1, "image sizes must be >= 1 (channels=%d, %dx%d)",
@@ -132,9 +135,11 @@ bk_status bk_model_config_check(const bk_model_config *c)
     NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
     NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
     NEED(c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
-    if (c->attn == BK_ATTN_SINKHORN)
+    if (c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED)
         NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
              "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
+    if (c->attn == BK_ATTN_UNBALANCED)
+        NEED(c->sk_rho > 0.0f, "unbalanced Sinkhorn needs sk_rho > 0 (got %g)", (double)c->sk_rho);
     NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
              c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
          "LOT/OTK/ESP sizes must be >= 0 and iteration counts <= 2^20");
@@ -373,46 +378,88 @@ static bk_otk_params otk_params(const bk_model *m)
     return p;
 }
 
-static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, int l)
+/* ---- the attention operators, through the registry ------------------------
+ * A model's attention kind names a registered operator (src/ops/registry.c)
+ * and says how the model's configuration fills that operator's parameter
+ * struct; everything else (workspace, tape, forward, backward) is the
+ * operator framework's generic call. A kind with parameters learned by the
+ * model (LOT's pivots) also says where their gradients go. */
+typedef union {
+    bk_softmax_params softmax;
+    bk_sinkhorn_params sinkhorn;
+    bk_unbalanced_params unbalanced;
+    bk_esp_params esp;
+    bk_lot_params lot;
+    bk_asap_params asap;
+} attn_par;
+
+static void softmax_fill(const bk_model *m, int l, attn_par *p)
 {
-    switch (m->c.attn) {
-    case BK_ATTN_SOFTMAX: return bk_softmax_workspace_size(d);
-    case BK_ATTN_SINKHORN: {
-        bk_sinkhorn_params p = sk_params(m);
-        return bk_sinkhorn_workspace_size(d, &p);
-    }
-    case BK_ATTN_ESP: {
-        bk_esp_params p = esp_params(m, l);
-        return bk_esp_workspace_size(d, &p);
-    }
-    case BK_ATTN_LOT: {
-        bk_lot_params p = lot_params(m, l);
-        return bk_lot_workspace_size(d, &p);
-    }
-    case BK_ATTN_ASAP: return m->ba[l].asap ? bk_asap_workspace_size(d, m->ba[l].asap) : 0;
-    }
-    return 0;
+    (void)l;
+    p->softmax = bk_softmax_params_default();
+    p->softmax.scale = m->c.attn_scale;
+}
+static void sinkhorn_fill(const bk_model *m, int l, attn_par *p)
+{
+    (void)l;
+    p->sinkhorn = sk_params(m);
+}
+static void unbalanced_fill(const bk_model *m, int l, attn_par *p)
+{
+    (void)l;
+    p->unbalanced = bk_unbalanced_params_default();
+    p->unbalanced.scale = m->c.attn_scale;
+    p->unbalanced.eps = m->c.sk_eps;
+    p->unbalanced.iters = m->c.sk_iters;
+    p->unbalanced.rho = m->c.sk_rho;
+}
+static void esp_fill(const bk_model *m, int l, attn_par *p) { p->esp = esp_params(m, l); }
+static void lot_fill(const bk_model *m, int l, attn_par *p) { p->lot = lot_params(m, l); }
+static void asap_fill(const bk_model *m, int l, attn_par *p)
+{
+    p->asap.layer = m->ba[l].asap;
+    p->asap.variant = BK_ASAP_AUTO;
 }
 
+typedef struct {
+    const char *op;                                     /* registry name */
+    void (*fill)(const bk_model *m, int l, attn_par *p); /* config -> params */
+    int lot_grads;                                      /* dZ, dtheta of the layer's pivots */
+} attn_kind;
+
+/* indexed by bk_attn_kind (ATTN_NAMES above lists the same kinds) */
+static const attn_kind ATTN_KINDS[] = {
+    [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, 0},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, 0},
+    [BK_ATTN_ESP] = {"esp", esp_fill, 0},               [BK_ATTN_LOT] = {"lot", lot_fill, 1},
+    [BK_ATTN_ASAP] = {"asap", asap_fill, 0},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, 0},
+};
+
+/* a generic call of layer l's operator (par: its storage) */
+static bki_call attn_call(const bk_model *m, const bk_attn_desc *d, int l, attn_par *par)
+{
+    const attn_kind *k = &ATTN_KINDS[m->c.attn];
+    bki_call c;
+    memset(&c, 0, sizeof c);
+    c.op = bki_op_find(k->op);
+    c.d = d;
+    k->fill(m, l, par);
+    c.par = par;
+    return c;
+}
+
+static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, int l)
+{
+    attn_par par;
+    bki_call c = attn_call(m, d, l, &par);
+    return bki_op_workspace_size(&c);
+}
+
+/* a tape for training (operators without a backward need none) */
 static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, int l)
 {
-    switch (m->c.attn) {
-    case BK_ATTN_SOFTMAX: return bk_softmax_tape_size(d);
-    case BK_ATTN_SINKHORN: {
-        bk_sinkhorn_params p = sk_params(m);
-        return bk_sinkhorn_tape_size(d, &p);
-    }
-    case BK_ATTN_ESP: {
-        bk_esp_params p = esp_params(m, l);
-        return bk_esp_tape_size(d, &p);
-    }
-    case BK_ATTN_LOT: {
-        bk_lot_params p = lot_params(m, l);
-        return bk_lot_tape_size(d, &p);
-    }
-    case BK_ATTN_ASAP: return 0;
-    }
-    return 0;
+    attn_par par;
+    bki_call c = attn_call(m, d, l, &par);
+    return c.op->backward ? bki_op_tape_size_query(&c) : 0;
 }
 
 void bk_model_free(bk_model *m)
@@ -850,34 +897,12 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     views(m, a->qkv, a->att, &q, &k, &v, &o);
     bk_status st = ensure_ws(m, attn_ws(m, &d, l));
     if (st) return st;
-    void *tape = train ? a->tape : NULL;
-    switch (m->c.attn) {
-    case BK_ATTN_SOFTMAX: {
-        bk_softmax_params p = {m->c.attn_scale};
-        return bk_softmax_forward(&d, &p, &q, &k, &v, &o, tape, attn_out, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_SINKHORN: {
-        bk_sinkhorn_params p = sk_params(m);
-        bk_sinkhorn_extras ex = {attn_out ? *attn_out : (bk_tensor){0}, NULL, NULL, NULL};
-        return bk_sinkhorn_forward(&d, &p, &q, &k, &v, &o, tape, attn_out ? &ex : NULL, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_ESP: {
-        bk_esp_params p = esp_params(m, l);
-        bk_esp_extras ex = {attn_out ? *attn_out : (bk_tensor){0}, NULL, NULL, NULL};
-        return bk_esp_forward(&d, &p, &q, &k, &v, &o, tape, attn_out ? &ex : NULL, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_LOT: {
-        bk_lot_params p = lot_params(m, l);
-        bk_lot_extras ex = {attn_out ? *attn_out : (bk_tensor){0}, NULL};
-        return bk_lot_forward(&d, &p, &q, &k, &v, &o, tape, attn_out ? &ex : NULL, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_ASAP: {
-        if (!a->asap) return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
-        bk_asap_extras ex = {attn_out ? *attn_out : (bk_tensor){0}, NULL, NULL};
-        return bk_asap_forward(&d, a->asap, BK_ASAP_AUTO, &q, &k, &v, &o, attn_out ? &ex : NULL, m->ws, m->ws_cap);
-    }
-    }
-    return bki_fail(BK_ERR_PARAM, "model: unknown attention");
+    if (m->c.attn == BK_ATTN_ASAP && !a->asap)
+        return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
+    attn_par par;
+    bki_call c = attn_call(m, &d, l, &par);
+    c.q = &q; c.k = &k; c.v = &v; c.out = &o; c.attn = attn_out;
+    return bki_op_forward(&c, train ? a->tape : NULL, m->ws, m->ws_cap);
 }
 
 /* out = x + dropout(out + b) over [R, D] */
@@ -1037,31 +1062,17 @@ static bk_status attn_backward(bk_model *m, int l, int B)
               dv = {m->dv, T * I, dh, I};
     bk_status st = ensure_ws(m, attn_ws(m, &d, l));
     if (st) return st;
-    switch (m->c.attn) {
-    case BK_ATTN_SOFTMAX: {
-        bk_softmax_params p = {m->c.attn_scale};
-        return bk_softmax_backward(&d, &p, &q, &k, &v, &dout, a->tape, &dq, &dk, &dv, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_SINKHORN: {
-        bk_sinkhorn_params p = sk_params(m);
-        return bk_sinkhorn_backward(&d, &p, &q, &k, &v, &dout, a->tape, &dq, &dk, &dv, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_ESP: {
-        bk_esp_params p = esp_params(m, l);
-        return bk_esp_backward(&d, &p, &q, &k, &v, &dout, a->tape, &dq, &dk, &dv, NULL, m->ws, m->ws_cap);
-    }
-    case BK_ATTN_LOT: {
-        bk_lot_params p = lot_params(m, l);
-        st = bk_lot_backward(&d, &p, &q, &k, &v, &dout, a->tape, &dq, &dk, &dv, m->dZtmp, m->dthtmp, m->ws,
-                             m->ws_cap);
-        if (st) return st;
+    attn_par par;
+    bki_call c = attn_call(m, &d, l, &par);
+    bki_lot_grads lg = {m->dZtmp, m->dthtmp};
+    c.q = &q; c.k = &k; c.v = &v; c.dout = &dout; c.dq = &dq; c.dk = &dk; c.dv = &dv;
+    if (ATTN_KINDS[m->c.attn].lot_grads) c.pg = &lg;
+    if ((st = bki_op_backward(&c, a->tape, m->ws, m->ws_cap))) return st;
+    if (ATTN_KINDS[m->c.attn].lot_grads) {
         add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * dh);
         add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
-        return BK_OK;
     }
-    case BK_ATTN_ASAP: break;
-    }
-    return bki_fail(BK_ERR_PARAM, "model: no backward for this attention");
+    return BK_OK;
 }
 
 static bk_status pool_backward(bk_model *m, int B)

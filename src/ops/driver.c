@@ -25,6 +25,21 @@ size_t bki_op_tape_size(bki_call *c)
     return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * block_total(c);
 }
 
+size_t bki_op_tape_size_query(bki_call *c)
+{
+    if (!desc_sane(c->d) || !c->par) return 0;
+    /* the scalar parameters decide the block size; arrays are not read */
+    const int mode = c->ws_mode;
+    c->ws_mode = 1;
+    const bk_status s = c->op->check(c);
+    c->ws_mode = mode;
+    if (s != BK_OK) {
+        bki_clear_error();
+        return 0;
+    }
+    return bki_op_tape_size(c);
+}
+
 bki_block_header *bki_op_block(const bki_call *c, int p)
 {
     return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * block_total(c));

@@ -1313,12 +1313,7 @@ size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
 size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p)
 {
     bki_call c = CALL(desc, p);
-    c.ws_mode = 1; /* a size query: the scalar parameters only */
-    if (!p || check(&c) != BK_OK) {
-        bki_clear_error();
-        return 0;
-    }
-    return bki_op_tape_size(&c);
+    return bki_op_tape_size_query(&c);
 }
 
 bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,

@@ -43,10 +43,6 @@ static const bki_field lot_fields[] = {
     {"tol", BKI_F_FLOAT, offsetof(bk_lot_params, tol), NULL, 0},
 };
 
-/* the parameter-gradient outputs of a backward (the caller's) */
-typedef struct {
-    float *dZ, *dtheta;
-} bki_lot_grads;
 
 static bk_status check_params(const bk_attn_desc *d, const bk_lot_params *p, int size_query)
 {
@@ -437,8 +433,7 @@ static bki_call call_of(const bk_attn_desc *d, const bk_lot_params *p)
 size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_params *p)
 {
     bki_call c = call_of(d, p);
-    if (!p || !d || p->r < 1 || p->iters < 1) return 0;
-    return bki_op_tape_size(&c);
+    return bki_op_tape_size_query(&c);
 }
 
 size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)

@@ -106,8 +106,18 @@ struct bki_op {
     int (*steps_ok)(const bki_call *c, const bki_block_header *h);
 };
 
+/* ---- parameter-gradient outputs (bki_call.pg) ---------------------------
+ * ESP: float *dtheta [L, d] (soft sort); LOT: a bki_lot_grads. Each
+ * operator's reduce OVERWRITES them with the sum over the call's problems. */
+typedef struct {
+    float *dZ, *dtheta;   /* [H, r, d] pivots, [H, r] mass logits */
+} bki_lot_grads;
+
 /* ---- the driver (driver.c) ---------------------------------------------- */
-size_t bki_op_tape_size(bki_call *c);
+size_t bki_op_tape_size(bki_call *c);        /* parameters already checked */
+/* a caller's size query: 0 when the scalar parameters are invalid (the
+ * error is cleared; the forward reports it) */
+size_t bki_op_tape_size_query(bki_call *c);
 size_t bki_op_workspace_size(bki_call *c);
 bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size);
 bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_size);

@@ -80,13 +80,9 @@ size_t bk_op_workspace_size(const bk_op *op, const bk_attn_desc *desc, const voi
 
 size_t bk_op_tape_size(const bk_op *op, const bk_attn_desc *desc, const void *params)
 {
-    if (!op || !params) return 0;
+    if (!op) return 0;
     bki_call c = call(op, desc, params);
-    if (in(op)->check(&c) != BK_OK) {
-        bki_clear_error();
-        return 0;
-    }
-    return bki_op_tape_size(&c);
+    return bki_op_tape_size_query(&c);
 }
 
 bk_status bk_op_forward(const bk_op *op, const bk_attn_desc *desc, const void *params, const bk_tensor *q,

@@ -295,7 +295,7 @@ static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par
     size_t pre##_tape_size(const bk_attn_desc *desc, const par_t *p)                                                \
     {                                                                                                             \
         bki_call c = call_of(&op, desc, p);                                                                       \
-        return p && check(&c) == BK_OK ? bki_op_tape_size(&c) : (bki_clear_error(), (size_t)0);                  \
+        return bki_op_tape_size_query(&c);                                                                        \
     }                                                                                                             \
     bk_status pre##_forward(const bk_attn_desc *desc, const par_t *p, const bk_tensor *q, const bk_tensor *k,       \
                             const bk_tensor *v, const bk_tensor *out, void *tape, const ex_t *extras, void *ws,    \
@@ -330,7 +330,7 @@ size_t bk_softmax_tape_size(const bk_attn_desc *desc)
 {
     const bk_softmax_params p = bk_softmax_params_default();
     bki_call c = call_of(&bki_op_softmax, desc, &p);
-    return bki_op_tape_size(&c);
+    return bki_op_tape_size_query(&c);
 }
 
 bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_params *p, const bk_tensor *q,

@@ -134,6 +134,10 @@ GRAD_CASES = [
      "otk_refs=2,otk_supports=3,otk_iters=5,otk_eps=0.5", 4, True, 0.0, True),
     ("sinkhorn-S4-e1-tokens-cls-nomlp", f"{TOK},attn=sinkhorn,sk_iters=4,sk_eps=1,pool=cls,"
      "mlp_dim=0,attn_scale=0.3", 3, True, 0.0, False),
+    ("unbalanced-S5-r2-image-mean", f"{IMG8P2},attn=unbalanced,sk_iters=5,sk_eps=1,sk_rho=2,"
+     "pool=mean", 3, False, 0.0, True),
+    ("unbalanced-S4-r0.5-tokens-cls", f"{TOK},attn=unbalanced,sk_iters=4,sk_eps=0.5,sk_rho=0.5,"
+     "pool=cls", 4, True, 0.0, True),
     ("esp-soft-image-cls", f"{IMG8P4},attn=esp,esp_soft=1,esp_t=0.1,esp_tau=1,pool=cls", 3,
      False, 0.0, True),
     ("esp-soft-slices5-tokens-mean", f"{TOK},attn=esp,esp_soft=1,esp_t=0.2,esp_tau=2,"

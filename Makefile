@@ -43,13 +43,19 @@ TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_co
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h tests/ref_selftest_util.h tests/ref_otk.h tests/ref_asap.h tests/ref_unbalanced.h
+HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/plot/plot.c \
            tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
            tools/bench/bench_train.c tools/demo/demo.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/test_attn.c tests/test_esp.c tests/test_lot.c tests/test_otk.c tests/test_npy.c tests/test_asap.c tests/test_model.c tests/ref_attn.c tests/ref_esp.c tests/ref_lot.c tests/ref_otk.c tests/ref_asap.c tests/ref_unbalanced.c tests/backend/test_backend.c
+# tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
+# context and the cross-backend operator harness), nn; data and train are their own programs
+REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
+           tests/ops/ref_unbalanced.c
+TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/ops/test_attn.c tests/ops/test_esp.c \
+           tests/ops/test_lot.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
+           tests/backend/test_backend.c tests/backend/test_ops.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so
@@ -102,22 +108,22 @@ $(CLI): $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC)) $(LIB_A)
 $(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFST): $(BUILD)/obj/tests/ref_attn.o $(BUILD)/obj/tests/ref_attn_selftest.o
+$(REFST): $(BUILD)/obj/tests/ops/ref_attn.o $(BUILD)/obj/tests/ops/ref_attn_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFESP): $(BUILD)/obj/tests/ref_esp.o $(BUILD)/obj/tests/ref_esp_selftest.o
+$(REFESP): $(BUILD)/obj/tests/ops/ref_esp.o $(BUILD)/obj/tests/ops/ref_esp_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFOTK): $(BUILD)/obj/tests/ref_otk.o $(BUILD)/obj/tests/ref_otk_selftest.o
+$(REFOTK): $(BUILD)/obj/tests/ops/ref_otk.o $(BUILD)/obj/tests/ops/ref_otk_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFLOT): $(BUILD)/obj/tests/ref_lot.o $(BUILD)/obj/tests/ref_lot_selftest.o
+$(REFLOT): $(BUILD)/obj/tests/ops/ref_lot.o $(BUILD)/obj/tests/ops/ref_lot_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFASAP): $(BUILD)/obj/tests/ref_asap.o $(BUILD)/obj/tests/ref_asap_selftest.o
+$(REFASAP): $(BUILD)/obj/tests/ops/ref_asap.o $(BUILD)/obj/tests/ops/ref_asap_selftest.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFUNB): $(BUILD)/obj/tests/ref_unbalanced.o $(BUILD)/obj/tests/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ref_attn.o
+$(REFUNB): $(BUILD)/obj/tests/ops/ref_unbalanced.o $(BUILD)/obj/tests/ops/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 # tests of the library's datasets and training runs (tests/data, tests/train)
@@ -208,8 +214,8 @@ check: deps
 	$(MAKE) WERROR=1 all test check-install
 	$(MAKE) check-asan
 	$(MAKE) WERROR=1 oracle
-	$(PY) tests/test_cli.py $(CLI)
-	$(PY) tests/test_train_cli.py $(CLI)
+	$(PY) tests/tools/test_cli.py $(CLI)
+	$(PY) tests/tools/test_train_cli.py $(CLI)
 	$(PY) tests/test_determinism.py $(CLI)
 	$(MAKE) test-python
 	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh

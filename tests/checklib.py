@@ -1,5 +1,5 @@
-"""The pass/fail counter shared by the Python test scripts (tests/test_cli.py,
-tests/test_train_cli.py, tests/python/*.py)."""
+"""The pass/fail counter shared by the Python test scripts (tests/tools/test_cli.py,
+tests/tools/test_train_cli.py, tests/python/*.py)."""
 
 
 class Checks:

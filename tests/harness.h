@@ -35,4 +35,5 @@ void test_otk(void);
 void test_asap(void);
 void test_model(void);
 void test_backend(void);
+void test_ops_harness(void); /* tests/backend/test_ops.c */
 #endif

@@ -53,6 +53,7 @@ int main(int argc, char **argv)
     test_asap();
     test_model();
     test_backend();
+    test_ops_harness();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

@@ -123,7 +123,7 @@ BK_API bk_status bk_softmax_backward(const bk_attn_desc *desc,
  * exact), O = A V; padding, layouts, tol, extras (attn, f, g, diag) and
  * tapes as bk_sinkhorn_*. The backward is the exact unrolled VJP (no
  * implicit mode). Accuracy as Sinkhorn's (tested against an independent
- * double reference, tests/ref_unbalanced.c). */
+ * double reference, tests/ops/ref_unbalanced.c). */
 typedef struct {
     float scale;          /* score scale s; 0 selects 1/sqrt(d)            */
     float eps;            /* temperature, > 0 (default 1)                  */

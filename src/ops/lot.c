@@ -326,7 +326,10 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
     float *h1 = blk ? (float *)(blk + 1) : w->hist, *h2 = h1 + bki_hist_len(d->Nq, r, p->iters);
     const bk_tensor *out = x->out;
     float *Ob = out ? bki_at(out, b, h) : NULL;
-    float *Ab = ex && ex->attn.data ? bki_at(&ex->attn, b, h) : NULL;
+    /* the attention output: the call's (the extras' for bk_lot_forward, the
+     * generic entry point's argument for bk_op_forward) */
+    const bk_tensor *at = x->attn && x->attn->data ? x->attn : NULL;
+    float *Ab = at ? bki_at(at, b, h) : NULL;
     bk_lot_diag dg = {0, 0, 0.0f, 0.0f};
     if (live) {
         bki_sk_problem pb1, pb2;
@@ -343,13 +346,13 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
             bki_gemm(tm, 0, 0, n, d->dv, r, 1.0f, w->A1, r, w->Y, d->dv, 0.0f, Ob, out->stride_n);
         }
         if (ex && ex->diag) glue_diag(tm, n, m, r, w, &dg);
-        if (Ab) bki_gemm(tm, 0, 0, n, m, r, 1.0f, w->A1, r, w->A2, m, 0.0f, Ab, ex->attn.stride_n);
+        if (Ab) bki_gemm(tm, 0, 0, n, m, r, 1.0f, w->A1, r, w->A2, m, 0.0f, Ab, at->stride_n);
     }
     if (Ab) { /* padding of A: columns [m, Nk) of valid rows, then whole rows; rows shared */
         int i0, i1;
         bki_team_share(tm, d->Nq, &i0, &i1);
         for (int i = i0; i < i1; i++) {
-            float *row = Ab + (int64_t)i * ex->attn.stride_n;
+            float *row = Ab + (int64_t)i * at->stride_n;
             if (live && i < n) memset(row + m, 0, sizeof(float) * (size_t)(d->Nk - m));
             else memset(row, 0, sizeof(float) * (size_t)d->Nk);
         }

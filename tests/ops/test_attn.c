@@ -1,11 +1,11 @@
 /* test_attn.c -- softmax and Sinkhorn attention: against the independent
- * double-precision reference (tests/ref_attn.c), finite differences, the
+ * double-precision reference (tests/ops/ref_attn.c), finite differences, the
  * digest's properties, determinism, layouts, padding, and bad input. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 #include "ref_attn.h"
 #include "ref_unbalanced.h"
-#include "tutil.h"
+#include "../tutil.h"
 
 #include <math.h>
 #include <stdlib.h>

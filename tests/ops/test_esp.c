@@ -1,11 +1,11 @@
 /* test_esp.c -- ESP attention: against the independent double reference
- * (tests/ref_esp.c), finite differences, the digest's properties,
+ * (tests/ops/ref_esp.c), finite differences, the digest's properties,
  * determinism, padding, and bad input. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 #include "ref_esp.h"
-#include "tutil.h"
-#include "../src/ops/ops.h" /* bki_esp_plan, bki_argsort_team: the team mode and the team sort */
+#include "../tutil.h"
+#include "../../src/ops/ops.h" /* bki_esp_plan, bki_argsort_team: the team mode and the team sort */
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,11 +1,11 @@
 /* test_otk.c -- the OTK embedding: against the independent double reference
- * (tests/ref_otk.c), finite differences for x, z and W, the digest's
+ * (tests/ops/ref_otk.c), finite differences for x, z and W, the digest's
  * properties (section 8), determinism, padding, the unsupervised fits, and
  * bad input. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 #include "ref_otk.h"
-#include "tutil.h"
+#include "../tutil.h"
 
 #include <math.h>
 #include <stdlib.h>

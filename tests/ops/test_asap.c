@@ -1,14 +1,14 @@
 /* test_asap.c -- ASAP: the online operator, features and teacher dual against
- * the independent double reference (tests/ref_asap.c), the digest's section 7
+ * the independent double reference (tests/ops/ref_asap.c), the digest's section 7
  * properties on the float32 library, calibration (LS and KL) against the
  * reference's fits, determinism (thread counts and batch shapes, bitwise,
  * with a problem run by a team), padding == truncation, the compiled-layer
  * file and bad input. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 #include "ref_asap.h"
-#include "tutil.h"
-#include "../src/ops/ops.h" /* bki_asap_plan: the parallel model's plan, asserted below */
+#include "../tutil.h"
+#include "../../src/ops/ops.h" /* bki_asap_plan: the parallel model's plan, asserted below */
 
 #include <math.h>
 #include <stddef.h>

@@ -5,8 +5,8 @@
  * truncated checkpoints; bad configurations. (PyTorch parity of logits,
  * loss, every gradient and a 10-step trajectory: tests/oracle/test_model.py.) */
 #include "birkhoff.h"
-#include "harness.h"
-#include "tutil.h"
+#include "../harness.h"
+#include "../tutil.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
 /* test_lot.c -- LOT attention: against the independent double reference
- * (tests/ref_lot.c), finite differences, the digest's properties,
+ * (tests/ops/ref_lot.c), finite differences, the digest's properties,
  * determinism, padding, and bad input. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 #include "ref_lot.h"
-#include "tutil.h"
+#include "../tutil.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* ref_unbalanced_selftest.c -- self-test of the unbalanced Sinkhorn reference
- * (tests/ref_unbalanced.c): kappa = 1 is the balanced reference (a different
- * formulation: matrix normalisation, tests/ref_attn.c); central finite
+ * (tests/ops/ref_unbalanced.c): kappa = 1 is the balanced reference (a different
+ * formulation: matrix normalisation, tests/ops/ref_attn.c); central finite
  * differences of every gradient; the properties of the damped iteration. */
 #include "ref_attn.h"
 #include "ref_selftest_util.h"

@@ -6,7 +6,7 @@ test accuracy in a seconds-long run), an interrupted run (stop_after, or a
 real SIGINT) resumed equals the uninterrupted one bit for bit, bad flags,
 missing or corrupt data and corrupt checkpoints give clear messages and
 non-zero statuses, and every figure is written as PNG and SVG.
-Run: /usr/bin/python3 tests/test_train_cli.py build/birkhoff"""
+Run: /usr/bin/python3 tests/tools/test_train_cli.py build/birkhoff"""
 import json
 import os
 import shutil
@@ -17,11 +17,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from checklib import Checks  # noqa: E402
 
 BK = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/birkhoff")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.abspath(os.environ.get("BK_TEST_DATA", os.path.join(ROOT, "build", "test-data")))
 check = Checks()
 

@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """CLI tests for `birkhoff attn`, `birkhoff otk` and `birkhoff asap`: file errors are reported clearly with a
 non-zero status and never leave a half-written output; a good run writes
-every requested file. Run: /usr/bin/python3 tests/test_cli.py build/birkhoff"""
+every requested file. Run: /usr/bin/python3 tests/tools/test_cli.py build/birkhoff"""
 import os
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from checklib import Checks  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 /* ref_selftest_util.h -- the small harness shared by the double-precision
- * references' self-tests (tests/ref_*_selftest.c): pass/fail counts, a
+ * references' self-tests (tests/ops/ref_*_selftest.c): pass/fail counts, a
  * seeded 64-bit LCG, allocation and max-error helpers. */
 #ifndef BK_REF_SELFTEST_UTIL_H
 #define BK_REF_SELFTEST_UTIL_H

@@ -1,6 +1,6 @@
 /* test_npy.c -- .npy round trip and rejection of malformed files. */
 #include "birkhoff.h"
-#include "harness.h"
+#include "../harness.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,390 @@
+/* test_ops.c -- THE cross-backend operator harness.
+ *
+ * Every operator in the registry (src/ops/registry.c), on every backend this
+ * build has, through the framework's generic call (the path every typed entry
+ * point takes), forward and every gradient (inputs, and the parameters an
+ * operator learns), against the independent double-precision references of
+ * tests/ops, on a padded multi-head batch in both tensor layouts. Inputs and
+ * outputs live in the backend's memory (its alloc/copy), so a device backend
+ * is tested by the same code. A backend that lacks an operator must refuse
+ * it with BK_ERR_UNSUPPORTED and write nothing.
+ *
+ * A new operator is tested here by adding one row to OPS (how its parameters
+ * are filled, and its reference); a registered operator without a row fails.
+ * A new backend is tested by adding it to the list of backends below (it is
+ * skipped, loudly, in builds without it). Tolerances are those of the
+ * accuracy contract (birkhoff/core.h): 1e-5 forward, 1e-4 gradients,
+ * relative to max(1, max |reference|). */
+#include "../../src/backend/backend.h"
+#include "../../src/ops/op.h"
+#include "birkhoff.h"
+#include "../harness.h"
+#include "../tutil.h"
+#include "../ops/ref_asap.h"
+#include "../ops/ref_attn.h"
+#include "../ops/ref_esp.h"
+#include "../ops/ref_lot.h"
+#include "../ops/ref_unbalanced.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B_ = 2, H_ = 2, NQ = 13, NK = 11, D_ = 6, DV = 5, NSL = 3, NPIV = 3 };
+
+/* the parameters' arrays (host) and what the reference needs */
+typedef struct {
+    float Z[H_ * NPIV * D_], th[H_ * NPIV];      /* LOT pivots and mass logits */
+    float slices[NSL * D_];                      /* ESP slice bank             */
+    bk_asap_layer ly;                            /* ASAP layer                 */
+    float pg[H_ * NPIV * D_ + H_ * NPIV];        /* parameter gradients (lib)  */
+    bki_lot_grads lg;
+    int npg;                                     /* floats in pg               */
+} op_state;
+
+/* the reference's inputs: contiguous [B][H][N][C] doubles, lengths */
+typedef struct {
+    const int *ql, *kl;
+    const double *Q, *K, *V, *dO;
+} ref_in;
+typedef struct {
+    double *A, *O, *dQ, *dK, *dV, *dP; /* dP: the parameter gradients (npg) */
+} ref_out;
+
+typedef struct {
+    const char *name;
+    /* the registry's defaults, then these keys and arrays */
+    const char *keys;
+    void (*setup)(void *par, op_state *s, th_rng *r);
+    void (*reference)(const void *par, const op_state *s, const ref_in *in, ref_out *out, int backward);
+} op_row;
+
+static double scale_of(float s) { return s != 0.0f ? (double)s : (double)(1.0f / sqrtf((float)D_)); }
+
+/* ---- softmax, Sinkhorn, unbalanced: the matrix-form references ---------- */
+static void softmax_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    (void)s;
+    const double a = scale_of(((const bk_softmax_params *)par)->scale);
+    ref_attn_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, 1, o->A, o->O);
+    if (bw)
+        ref_attn_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, 1, in->dO, o->dQ,
+                                  o->dK, o->dV);
+}
+
+static void sinkhorn_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    (void)s;
+    const bk_sinkhorn_params *p = par;
+    const double a = (double)(float)(scale_of(p->scale) / p->eps);
+    ref_attn_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, o->A, o->O);
+    if (bw)
+        ref_attn_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, in->dO,
+                                  o->dQ, o->dK, o->dV);
+}
+
+static void unbalanced_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    (void)s;
+    const bk_unbalanced_params *p = par;
+    const double a = scale_of(p->scale) / p->eps, kappa = (double)p->rho / ((double)p->rho + p->eps);
+    ref_unb_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, kappa, o->A,
+                            o->O);
+    if (bw)
+        ref_unb_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, kappa,
+                                 in->dO, o->dQ, o->dK, o->dV);
+}
+
+/* ---- ESP: soft sort on a given slice bank, dTheta learned --------------- */
+static void esp_setup(void *par, op_state *s, th_rng *r)
+{
+    bk_esp_params *p = par;
+    for (int i = 0; i < NSL * D_; i++) s->slices[i] = (float)th_normal(r);
+    p->L = NSL;
+    p->theta = s->slices;
+    s->npg = NSL * D_;
+}
+
+static void esp_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    const bk_esp_params *p = par;
+    double th[NSL * D_];
+    for (int i = 0; i < NSL * D_; i++) th[i] = s->slices[i];
+    const ref_esp_cfg c = {p->sort == BK_ESP_SOFT, p->t, p->tau, scale_of(p->scale), p->cost == BK_ESP_COST_EUCLID,
+                           p->out_scale == BK_ESP_SCALE_PAPER, NSL, th};
+    ref_esp_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, &c, o->A, o->O, NULL);
+    if (bw)
+        ref_esp_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, &c, in->dO, o->dQ, o->dK,
+                                 o->dV, o->dP);
+}
+
+/* ---- LOT: learned pivots and masses ------------------------------------- */
+static void lot_setup(void *par, op_state *s, th_rng *r)
+{
+    bk_lot_params *p = par;
+    for (int i = 0; i < H_ * NPIV * D_; i++) s->Z[i] = (float)th_normal(r);
+    for (int i = 0; i < H_ * NPIV; i++) s->th[i] = (float)(0.5 * th_normal(r));
+    p->r = NPIV;
+    p->Z = s->Z;
+    p->theta = s->th;
+    s->npg = H_ * NPIV * D_ + H_ * NPIV;
+    s->lg = (bki_lot_grads){s->pg, s->pg + H_ * NPIV * D_};
+}
+
+static void lot_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    const bk_lot_params *p = par;
+    double Z[H_ * NPIV * D_], th[H_ * NPIV];
+    for (int i = 0; i < H_ * NPIV * D_; i++) Z[i] = s->Z[i];
+    for (int i = 0; i < H_ * NPIV; i++) th[i] = s->th[i];
+    ref_lot_forward_batched(B_, H_, NQ, NK, D_, DV, NPIV, in->ql, in->kl, in->Q, in->K, in->V, Z, th, p->temp,
+                            p->iters, p->eps, scale_of(p->scale), o->A, o->O);
+    if (bw)
+        ref_lot_backward_batched(B_, H_, NQ, NK, D_, DV, NPIV, in->ql, in->kl, in->Q, in->K, in->V, Z, th, p->temp,
+                                 p->iters, p->eps, scale_of(p->scale), in->dO, o->dQ, o->dK, o->dV, o->dP,
+                                 o->dP + H_ * NPIV * D_);
+}
+
+/* ---- ASAP: a random compiled layer (unit slices, omega), forward only ---- */
+static void asap_setup(void *par, op_state *s, th_rng *r)
+{
+    bk_asap_params *p = par;
+    bk_asap_layer *ly = &s->ly;
+    memset(ly, 0, sizeof *ly);
+    ly->d = D_;
+    ly->slices = NSL;
+    ly->scale = 1.0f / sqrtf((float)D_);
+    ly->eps = 1.0f;
+    ly->teacher_iters = 4; /* even: AUTO ends on a column step */
+    ly->lambda = 1e-3;
+    ly->theta = s->slices;
+    ly->omega = malloc(sizeof(double) * NSL);
+    for (int l = 0; l < NSL; l++) {
+        double n = 0;
+        for (int x = 0; x < D_; x++) {
+            const double g = th_normal(r);
+            s->slices[l * D_ + x] = (float)g;
+            n += g * g;
+        }
+        for (int x = 0; x < D_; x++) s->slices[l * D_ + x] = (float)(s->slices[l * D_ + x] / sqrt(n));
+        ly->omega[l] = th_normal(r);
+    }
+    p->layer = ly;
+}
+
+static void asap_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    (void)bw;
+    const bk_asap_params *p = par;
+    const bk_asap_layer *ly = p->layer;
+    const int variant = p->variant != BK_ASAP_AUTO ? (int)p->variant
+                        : ly->teacher_iters % 2 == 0 ? (int)BK_ASAP_COLUMN
+                                                     : (int)BK_ASAP_ROW;
+    double th[NSL * D_];
+    for (int i = 0; i < NSL * D_; i++) th[i] = s->slices[i];
+    memset(o->A, 0, sizeof(double) * B_ * H_ * NQ * NK);
+    memset(o->O, 0, sizeof(double) * B_ * H_ * NQ * DV);
+    for (int b = 0; b < B_; b++)
+        for (int h = 0; h < H_; h++) {
+            const int n = in->ql ? in->ql[b] : NQ, m = in->kl ? in->kl[b] : NK;
+            const size_t pq = (size_t)b * H_ + h;
+            double X[NQ * NSL], f[NQ], A[NQ * NK], O[NQ * DV];
+            const double *Q = in->Q + pq * NQ * D_, *K = in->K + pq * NK * D_, *V = in->V + pq * NK * DV;
+            ref_asap_features(n, m, D_, Q, K, ly->scale, NSL, th, 0, X);
+            for (int i = 0; i < n; i++) {
+                f[i] = 0;
+                for (int l = 0; l < NSL; l++) f[i] += X[i * NSL + l] * ly->omega[l];
+            }
+            ref_asap_apply(n, m, D_, DV, Q, K, V, ly->scale, ly->eps, f, variant, A, O, NULL, NULL, NULL);
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < m; j++) o->A[(pq * NQ + i) * NK + j] = A[i * m + j];
+                for (int e = 0; e < DV; e++) o->O[(pq * NQ + i) * DV + e] = O[i * DV + e];
+            }
+        }
+}
+
+static const op_row OPS[] = {
+    {"softmax", "", NULL, softmax_ref},
+    {"sinkhorn", "iters=5 eps=0.7", NULL, sinkhorn_ref},
+    {"unbalanced", "iters=5 eps=0.7 rho=2", NULL, unbalanced_ref},
+    {"esp", "sort=soft t=0.2 tau=1", esp_setup, esp_ref},
+    {"lot", "iters=5 eps=1 temp=1", lot_setup, lot_ref},
+    {"asap", "", asap_setup, asap_ref},
+};
+#define NOPS_ROWS ((int)(sizeof OPS / sizeof OPS[0]))
+
+/* ---- one tensor in the backend's memory --------------------------------- */
+typedef struct {
+    float *dev;
+    size_t n;
+} dbuf;
+
+static int up(bk_context *ctx, const bki_backend *be, dbuf *d, const float *host, size_t n)
+{
+    d->n = n;
+    d->dev = be->alloc(ctx, n * sizeof(float));
+    return d->dev && be->copy(ctx, d->dev, host, n * sizeof(float), 0) == BK_OK;
+}
+
+static int down(bk_context *ctx, const bki_backend *be, float *host, const dbuf *d)
+{
+    return be->copy(ctx, host, d->dev, d->n * sizeof(float), 1) == BK_OK;
+}
+
+static bk_tensor on(const bk_tensor *t, const dbuf *d)
+{
+    bk_tensor x = *t;
+    x.data = d->dev;
+    return x;
+}
+
+/* every operator on one backend, one layout */
+static void run_backend(bk_context *ctx, int layout)
+{
+    const bki_backend *be = bki_ctx_backend(ctx);
+    const char *bname = bk_context_backend_name(ctx);
+    for (int i = 0; i < NOPS_ROWS; i++) {
+        const op_row *row = &OPS[i];
+        const bk_op *pub = bk_op_find(row->name);
+        const bki_op *op = bki_op_find(row->name);
+        char name[160];
+        snprintf(name, sizeof name, "harness %s on %s (%s)", row->name, bname, layout ? "bnhd" : "bhnd");
+        if (!th_check(pub && op, name, "not in the registry")) continue;
+        th_rng r = {0xA5u + (uint64_t)i * 31 + (uint64_t)layout};
+        th_prob pb;
+        th_prob_init(&pb, B_, H_, NQ, NK, D_, DV, layout, 1, 0.8, &r);
+        op_state st;
+        memset(&st, 0, sizeof st);
+        _Alignas(16) unsigned char par[512];
+        if (!th_check(op->par_size <= sizeof par, name, "parameter struct of %zu bytes", op->par_size)) continue;
+        bk_op_params_default(pub, par);
+        if (row->setup) row->setup(par, &st, &r);
+        char keys[128];
+        snprintf(keys, sizeof keys, "%s", row->keys);
+        for (char *kv = strtok(keys, " "); kv; kv = strtok(NULL, " ")) {
+            char *eq = strchr(kv, '=');
+            *eq = 0;
+            th_check(bk_op_params_set(pub, par, kv, eq + 1) == BK_OK, name, "key %s: %s", kv, bk_last_error());
+        }
+        const size_t nq = (size_t)B_ * H_ * NQ, nk = (size_t)B_ * H_ * NK;
+        dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
+        int ok = up(ctx, be, &q, pb.q, nq * D_) && up(ctx, be, &k, pb.k, nk * D_) && up(ctx, be, &v, pb.v, nk * DV) &&
+                 up(ctx, be, &o, pb.o, nq * DV) && up(ctx, be, &a, pb.a, nq * NK) &&
+                 up(ctx, be, &dout, pb.dout, nq * DV) && up(ctx, be, &dq, pb.dq, nq * D_) &&
+                 up(ctx, be, &dk, pb.dk, nk * D_) && up(ctx, be, &dv, pb.dv, nk * DV);
+        th_check(ok, name, "buffers in the backend's memory");
+        const bk_tensor tq = on(&pb.tq, &q), tk = on(&pb.tk, &k), tv = on(&pb.tv, &v), to = on(&pb.to, &o),
+                        ta = on(&pb.ta, &a), tdo = on(&pb.tdo, &dout), tdq = on(&pb.tdq, &dq), tdk = on(&pb.tdk, &dk),
+                        tdv = on(&pb.tdv, &dv);
+        const int bw = op->backward != NULL;
+        bki_call c;
+        memset(&c, 0, sizeof c);
+        c.op = op;
+        c.d = &pb.desc;
+        c.par = par;
+        c.q = &tq; c.k = &tk; c.v = &tv; c.out = &to; c.attn = &ta;
+        void *tape = NULL;
+        if (bw) {
+            const size_t tb = bki_op_tape_size_query(&c);
+            tape = be->alloc(ctx, tb ? tb : 1);
+        }
+        bk_status s1 = bki_op_forward(&c, tape, NULL, 0), s2 = BK_OK;
+        if (!be->supports_op(op)) {
+            /* refused, nothing written */
+            float o0;
+            be->copy(ctx, &o0, o.dev, sizeof o0, 1);
+            th_check(s1 == BK_ERR_UNSUPPORTED && o0 == -7.0f && strstr(bk_last_error(), row->name), name,
+                     "a backend without the operator: %s, %s", bk_status_str(s1), bk_last_error());
+            goto done;
+        }
+        if (bw && s1 == BK_OK) {
+            memset(&c, 0, sizeof c);
+            c.op = op;
+            c.d = &pb.desc;
+            c.par = par;
+            c.q = &tq; c.k = &tk; c.v = &tv; c.dout = &tdo; c.dq = &tdq; c.dk = &tdk; c.dv = &tdv;
+            c.pg = st.npg ? (op == &bki_op_lot ? (void *)&st.lg : (void *)st.pg) : NULL;
+            s2 = bki_op_backward(&c, tape, NULL, 0);
+        }
+        if (!th_check(s1 == BK_OK && s2 == BK_OK, name, "%s / %s: %s", bk_status_str(s1), bk_status_str(s2),
+                      bk_last_error()))
+            goto done;
+        ok = down(ctx, be, pb.o, &o) && down(ctx, be, pb.a, &a);
+        if (bw) ok = ok && down(ctx, be, pb.dq, &dq) && down(ctx, be, pb.dk, &dk) && down(ctx, be, pb.dv, &dv);
+        th_check(ok, name, "results back from the backend's memory");
+        {
+            int *ql = th_lens_int(pb.ql, B_), *kl = th_lens_int(pb.kl, B_);
+            double *Q = th_gather(&pb.tq, B_, H_, NQ, D_, pb.ql), *K = th_gather(&pb.tk, B_, H_, NK, D_, pb.kl);
+            double *V = th_gather(&pb.tv, B_, H_, NK, DV, pb.kl), *dO = th_gather(&pb.tdo, B_, H_, NQ, DV, pb.ql);
+            ref_in in = {ql, kl, Q, K, V, dO};
+            ref_out ro = {calloc(nq * NK, 8), calloc(nq * DV, 8), calloc(nq * D_, 8), calloc(nk * D_, 8),
+                          calloc(nk * DV, 8), calloc((size_t)st.npg + 1, 8)};
+            row->reference(par, &st, &in, &ro, bw);
+            const double eo = th_rel_err(&pb.to, B_, H_, NQ, DV, ro.O), ea = th_rel_err(&pb.ta, B_, H_, NQ, NK, ro.A);
+            double eq = 0, ek = 0, ev = 0, ep = 0;
+            if (bw) {
+                eq = th_rel_err(&pb.tdq, B_, H_, NQ, D_, ro.dQ);
+                ek = th_rel_err(&pb.tdk, B_, H_, NK, D_, ro.dK);
+                ev = th_rel_err(&pb.tdv, B_, H_, NK, DV, ro.dV);
+                if (st.npg) ep = th_max_rel(st.pg, ro.dP, (size_t)st.npg, 1.0);
+            }
+            th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4 && ep <= 1e-4, name,
+                     "vs the double reference: O %.2e A %.2e%s dQ %.2e dK %.2e dV %.2e dparams %.2e", eo, ea,
+                     bw ? "" : " (forward only)", eq, ek, ev, ep);
+            free(ql); free(kl); free(Q); free(K); free(V); free(dO);
+            free(ro.A); free(ro.O); free(ro.dQ); free(ro.dK); free(ro.dV); free(ro.dP);
+        }
+    done:
+        if (tape) be->free(ctx, tape);
+        dbuf *all[] = {&q, &k, &v, &o, &a, &dout, &dq, &dk, &dv};
+        for (int j = 0; j < 9; j++) be->free(ctx, all[j]->dev);
+        free(st.ly.omega);
+        th_prob_free(&pb);
+    }
+}
+
+/* a backend that runs the Sinkhorn family only (the shape of a first device
+ * backend): the harness must see every other operator refused */
+static int sinkhorn_family(const struct bki_op *op)
+{
+    return op == &bki_op_softmax || op == &bki_op_sinkhorn || op == &bki_op_unbalanced;
+}
+
+void test_ops_harness(void)
+{
+    /* every registered operator has a row */
+    for (int i = 0; i < bk_op_count(); i++) {
+        const char *nm = bk_op_name(bk_op_at(i));
+        int found = 0;
+        for (int j = 0; j < NOPS_ROWS; j++) found |= !strcmp(OPS[j].name, nm);
+        th_check(found, "harness: every registered operator has a row", "%s has none", nm);
+    }
+    bk_context *prev = bk_context_current();
+    /* the backends of this build */
+    const bk_backend kinds[] = {BK_BACKEND_CPU, BK_BACKEND_CUDA};
+    for (int b = 0; b < (int)(sizeof kinds / sizeof kinds[0]); b++) {
+        bk_context_config cfg = bk_context_config_default();
+        cfg.backend = kinds[b];
+        bk_context *ctx = NULL;
+        if (bk_context_create(&cfg, &ctx) != BK_OK) {
+            printf("# harness: backend %d skipped: %s\n", (int)kinds[b], bk_last_error());
+            continue;
+        }
+        bk_context_use(ctx);
+        for (int layout = 0; layout < 2; layout++) run_backend(ctx, layout);
+        bk_context_use(prev);
+        bk_context_free(ctx);
+    }
+    /* the partial backend */
+    bki_backend partial = bki_backend_cpu;
+    partial.name = "partial";
+    partial.supports_op = sinkhorn_family;
+    bk_context *ctx = NULL;
+    if (bki_context_with_backend(&partial, &ctx) == BK_OK) {
+        bk_context_use(ctx);
+        run_backend(ctx, 1);
+        bk_context_use(prev);
+        bk_context_free(ctx);
+    }
+}

@@ -21,7 +21,7 @@ int main(void)
     bk_attn_desc desc = {B, H, N, N, D, D, q_len, k_len};
     bk_tensor tq = bk_tensor_bhnd(q, H, N, D), tk = bk_tensor_bhnd(k, H, N, D);
     bk_tensor tv = bk_tensor_bhnd(v, H, N, D), to = bk_tensor_bhnd(o, H, N, D);
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();      /* S=5, eps=1, scale=1/sqrt(d) */
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();      /* S=5, eps=1, scale=1/sqrt(d) */
     bk_sinkhorn_diag diag[B * H];
     bk_sinkhorn_extras ex = {{0}, NULL, NULL, diag};
     void *tape = malloc(bk_sinkhorn_tape_size(&desc, &p));   /* what the backward needs */

@@ -15,6 +15,8 @@
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
  *   birkhoff/data.h   datasets: verified readers, generated sets, batches
  *   birkhoff/train.h  training runs: configuration, loop, evaluation, ASAP compile
+ *   birkhoff/compat.h the option structs' names before 1.0's convention
+ *                     (deprecated aliases)
  */
 #ifndef BIRKHOFF_H
 #define BIRKHOFF_H
@@ -30,5 +32,6 @@
 #include "birkhoff/nn.h"
 #include "birkhoff/data.h"
 #include "birkhoff/train.h"
+#include "birkhoff/compat.h"
 
 #endif /* BIRKHOFF_H */

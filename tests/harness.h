@@ -29,6 +29,7 @@ double th_normal(th_rng *r); /* N(0, 1) */
 /* test groups (each file registers its own) */
 void test_attn(void);
 void test_npy(void);
+void test_compat(void); /* tests/core/test_compat.c */
 void test_esp(void);
 void test_lot(void);
 void test_otk(void);

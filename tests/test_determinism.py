@@ -103,6 +103,7 @@ OPS = [
     ("softmax", ["--op", "softmax"], {}),
     ("sinkhorn S=5", ["--op", "sinkhorn", "--iters", "5", "--diag", "{o}/diag.npy"], {}),
     ("sinkhorn S=6 implicit", ["--op", "sinkhorn", "--iters", "40", "--grad", "implicit"], {}),
+    ("unbalanced S=6 rho=2", ["--op", "unbalanced", "--iters", "6", "--rho", "2", "--diag", "{o}/diag.npy"], {}),
     ("esp hard", ["--op", "esp", "--sort", "hard", "--diag", "{o}/diag.npy", "--sigma", "{o}/sigma.npy"], {}),
     ("esp soft", ["--op", "esp", "--sort", "soft", "--slices", P("slices.npy"), "--tau", "2",
                   "--dslices", "{o}/dslices.npy", "--sigma", "{o}/sigma.npy"], {"dslices"}),
@@ -269,7 +270,8 @@ def flat(r):
     return [repr(r).encode()]
 def once():
     res = []
-    for op, kw in (("softmax", {}), ("sinkhorn", {"iters": 5}), ("esp", {}), ("esp", {"sort": "soft", "tau": 2.0})):
+    for op, kw in (("softmax", {}), ("sinkhorn", {"iters": 5}), ("unbalanced", {"iters": 6, "rho": 2.0}), ("esp", {}),
+                   ("esp", {"sort": "soft", "tau": 2.0})):
         fw = getattr(bk, op)(q, k, v, **kw)
         res += flat(fw) + flat(getattr(bk, op + "_backward")(q, k, v, do, fw.tape, **kw))
     fw = bk.lot(q, k, v, Z, th)

@@ -46,6 +46,7 @@ int main(int argc, char **argv)
         else TH.filter = argv[i];
     }
     test_npy();
+    test_compat();
     test_attn();
     test_esp();
     test_lot();

@@ -233,7 +233,7 @@ CONFIG_DEFAULTS = {
     "sk_iters": 5, "sk_eps": 1.0, "sk_rho": 10.0,
     "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
     "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
-    "otk_refs": 1, "otk_supports": 4, "otk_iters": 10, "otk_eps": 0.5,
+    "otk_refs": 1, "otk_supports": 4, "otk_iters": 20, "otk_eps": 0.5,
 }
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS}
 
@@ -1027,7 +1027,7 @@ _SELF_CASES = [
      "attn=sinkhorn,sk_iters=5,pool=max,cls=0,final_norm=0", True),
     ("input=points,point_dim=3,max_points=5,dim=8,depth=1,heads=2,head_dim=3,mlp_dim=8,"
      "classes=3,attn=lot,lot_r=3,lot_iters=5,lot_temp=0.7,pool=otk,otk_refs=2,"
-     "otk_supports=2,otk_iters=3", True),
+     "otk_supports=2,otk_iters=6", True),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
      "attn=esp,esp_soft=1,esp_t=0.3,esp_tau=2,esp_slices=3,pool=mean", True),
     ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"

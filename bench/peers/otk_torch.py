@@ -407,14 +407,16 @@ def _plan_scaling(L, n_b, p, iters):
     return u.unsqueeze(-1) * E * v.unsqueeze(-2)
 
 
-def otk_semantics(x, z, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5, iters=10,
+def otk_semantics(x, z, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5, iters=20,
                   domain="log", convention="paper", pe=None, sigma_pos=0.1,
                   pe_double=False, grid=None, isqrt_grad="exact"):
     """birkhoff OTK embedding (see the module docstring for the definition).
 
     x [B, n, d]; z [q, p, k]; lengths: per-set valid lengths in [1, n] (None =
     n); W [k, d] or None (identity map, k = d); pe None/"none", "1d" or "2d"
-    (grid = (gh, gw)). Returns (out [B, p, q*k], plan [B, q, n, p] = c P .* S,
+    (grid = (gh, gw)). iters counts Sinkhorn half-steps as birkhoff does (even:
+    iters / 2 row-then-column iterations; otk_reference's iters counts the
+    iterations). Returns (out [B, p, q*k], plan [B, q, n, p] = c P .* S,
     padded rows zero); gradients flow to x, z and W.
     """
     if x.dim() != 3 or z.dim() != 3:
@@ -431,8 +433,8 @@ def otk_semantics(x, z, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5, iter
         pe = None
     if pe not in (None, "1d", "2d"):
         raise ValueError("pe must be None, 'none', '1d' or '2d'")
-    if not (eps > 0) or iters < 1:
-        raise ValueError("need eps > 0 and iters >= 1")
+    if not (eps > 0) or iters < 2 or iters % 2:
+        raise ValueError("need eps > 0 and iters (half-steps, as birkhoff counts them) even and >= 2")
     if pe is not None and not (sigma_pos > 0):
         raise ValueError("need sigma_pos > 0 with PE")
     lens = _lengths(lengths, B, n, "lengths")
@@ -466,7 +468,7 @@ def otk_semantics(x, z, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5, iter
         if S is not None and pe_double:
             K = K * S
         L = K / eps
-        P = (_plan_log if domain == "log" else _plan_scaling)(L, n_b, p, iters)
+        P = (_plan_log if domain == "log" else _plan_scaling)(L, n_b, p, iters // 2)
         Pw = c * (P if S is None else P * S)              # [q, n_b, p]
         o = torch.einsum("hij,ik->jhk", Pw, psi).reshape(p, q * k)
         outs.append(o)
@@ -545,7 +547,7 @@ def _self_check():
         g1 = torch.autograd.grad((o1 * dout).sum(), leaves_r)
         o2, pl2 = otk_semantics(leaves_s[0], leaves_s[1], lengths=lens,
                                 W=leaves_s[2] if anch else None, sigma=sg, eta=et, eps=ep,
-                                iters=L, domain="log" if logd else "scaling",
+                                iters=2 * L, domain="log" if logd else "scaling",
                                 convention="reference",
                                 pe=None if pe is None else ("2d" if grid else "1d"),
                                 sigma_pos=0.3, pe_double=True, grid=grid,
@@ -587,7 +589,7 @@ def _self_check():
 
         def fn(*t, cfg=cfg, lens=lens, eta=eta, useW=useW):
             return otk_semantics(t[0], t[1], lengths=lens, W=t[2] if useW else None,
-                                 sigma=0.7, eta=eta, eps=0.3, iters=3, sigma_pos=0.5,
+                                 sigma=0.7, eta=eta, eps=0.3, iters=6, sigma_pos=0.5,
                                  isqrt_grad="exact", **cfg)
 
         res = torch.autograd.gradcheck(lambda *t: fn(*t)[0], ins, eps=1e-6, atol=1e-7,
@@ -645,7 +647,7 @@ def _self_check():
     for dom in ("log", "scaling"):
         for conv in ("paper", "reference"):
             for pe, dbl in ((None, False), ("1d", False), ("1d", True)):
-                kw = dict(W=W, sigma=0.6, eta=1e-2, eps=0.2, iters=5, domain=dom,
+                kw = dict(W=W, sigma=0.6, eta=1e-2, eps=0.2, iters=10, domain=dom,
                           convention=conv, pe=pe, sigma_pos=0.4, pe_double=dbl)
                 o, pl = otk_semantics(xn, z, lengths=lens, **kw)
                 note("padding: finite output", 0.0 if torch.isfinite(o).all() else 1.0)
@@ -661,7 +663,7 @@ def _self_check():
                     # columns of P sum to 1/p exactly after the column step
                     note("column sums of the plan", (pl.sum(-2) - c / p).abs().max())
     # log == scaling domain; paper and reference scale; permutation invariance
-    kw = dict(W=W, sigma=0.6, eta=1e-2, eps=0.2, iters=7)
+    kw = dict(W=W, sigma=0.6, eta=1e-2, eps=0.2, iters=14)
     o_log, _ = otk_semantics(x, z, domain="log", **kw)
     o_sc, _ = otk_semantics(x, z, domain="scaling", **kw)
     note("log vs scaling domain", _rel(o_sc, o_log))
@@ -671,7 +673,7 @@ def _self_check():
     o_perm, _ = otk_semantics(x[:, perm], z, **kw)
     note("permutation invariance (no PE)", _rel(o_perm, o_log))
     # eps -> infinity: every bucket is the mean of psi (times c / 1)
-    o_inf, _ = otk_semantics(x, z, W=W, sigma=0.6, eta=1e-2, eps=1e9, iters=2,
+    o_inf, _ = otk_semantics(x, z, W=W, sigma=0.6, eta=1e-2, eps=1e9, iters=4,
                              convention="reference")
     M = anchor_transform(W, 0.6, 1e-2)
     mean_psi = otk_features(x, W, 0.6, M).mean(1)                  # [B, k]

@@ -106,7 +106,7 @@ typedef struct {
     int max_iters;         /* default 50                                      */
     double tol;            /* stop when the Newton decrement^2/2 < tol max(1,|J|)
                               (default 1e-13: omega to ~1e-6 relative)        */
-} bk_asap_kl_opts;
+} bk_asap_kl_config;
 
 typedef struct {
     int64_t problems, rows;/* calibration problems and valid query rows      */
@@ -121,7 +121,7 @@ typedef struct {
 typedef struct bk_asap_calib bk_asap_calib; /* opaque accumulator */
 
 BK_API bk_asap_config bk_asap_config_default(int d);
-BK_API bk_asap_kl_opts bk_asap_kl_opts_default(void);
+BK_API bk_asap_kl_config bk_asap_kl_config_default(void);
 /* keep_kl = 1 keeps what the KL fit needs (else only the LS sums). */
 BK_API bk_status bk_asap_calib_create(const bk_asap_config *cfg, int keep_kl, bk_asap_calib **out);
 BK_API void bk_asap_calib_free(bk_asap_calib *c);
@@ -132,7 +132,7 @@ BK_API bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *desc, c
 /* Fits omega (KL needs keep_kl) and fills *layer (free with
  * bk_asap_layer_free); report nullable. BK_ERR_PARAM when no problem was
  * added, BK_ERR_NUMERIC when the system is singular (lambda = 0). */
-BK_API bk_status bk_asap_calib_fit(bk_asap_calib *c, bk_asap_fit fit, const bk_asap_kl_opts *kl,
+BK_API bk_status bk_asap_calib_fit(bk_asap_calib *c, bk_asap_fit fit, const bk_asap_kl_config *kl,
                                    bk_asap_layer *layer, bk_asap_fit_report *report);
 BK_API void bk_asap_layer_free(bk_asap_layer *layer);
 
@@ -181,7 +181,8 @@ BK_API bk_status bk_asap_close(const bk_attn_desc *desc, const bk_asap_layer *la
 typedef struct {
     const bk_asap_layer *layer;
     bk_asap_variant variant;
-} bk_asap_params;
+} bk_asap_forward_config;
+BK_API bk_asap_forward_config bk_asap_forward_config_default(void);
 
 /* ---- fidelity of an attention against a reference (e.g. the teacher) ----
  * Per problem over its valid block, then averaged over problems with Lq, Lk

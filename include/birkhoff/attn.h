@@ -1,4 +1,5 @@
-/* birkhoff/attn.h -- the attention descriptor, Sinkhorn and softmax attention.
+/* birkhoff/attn.h -- softmax, Sinkhorn and unbalanced Sinkhorn attention
+ * (the attention descriptor bk_attn_desc is in core.h).
  * Part of the public API; include <birkhoff.h> (all of it) or this file. The
  * conventions every function follows (layouts, padding, accuracy, threads and
  * determinism, workspace and tape) are at the top of birkhoff/core.h. */
@@ -32,9 +33,9 @@ typedef struct {
                              (checked for free inside the pass; a stopped
                              problem has exact rows).                       */
     bk_grad_mode grad;    /* backward mode                                  */
-} bk_sinkhorn_params;
+} bk_sinkhorn_config;
 
-BK_API bk_sinkhorn_params bk_sinkhorn_params_default(void);
+BK_API bk_sinkhorn_config bk_sinkhorn_config_default(void);
 
 /* Per-problem diagnostics (relative marginal errors of the final plan). */
 typedef struct {
@@ -55,16 +56,16 @@ typedef struct {
 /* Bytes of workspace for forward and backward with the current thread
  * count. */
 BK_API size_t bk_sinkhorn_workspace_size(const bk_attn_desc *desc,
-                                         const bk_sinkhorn_params *p);
+                                         const bk_sinkhorn_config *p);
 /* Bytes of tape a forward writes for its backward. */
 BK_API size_t bk_sinkhorn_tape_size(const bk_attn_desc *desc,
-                                    const bk_sinkhorn_params *p);
+                                    const bk_sinkhorn_config *p);
 
 /* O = A V. q:[B,H,Nq,d] k:[B,H,Nk,d] v:[B,H,Nk,dv] out:[B,H,Nq,dv].
  * tape (nullable) receives what the backward needs; extras (nullable) the
  * optional outputs; ws/ws_size as described above. */
 BK_API bk_status bk_sinkhorn_forward(const bk_attn_desc *desc,
-                                     const bk_sinkhorn_params *p,
+                                     const bk_sinkhorn_config *p,
                                      const bk_tensor *q, const bk_tensor *k,
                                      const bk_tensor *v, const bk_tensor *out,
                                      void *tape,
@@ -76,7 +77,7 @@ BK_API bk_status bk_sinkhorn_forward(const bk_attn_desc *desc,
  * desc/params/inputs, or NULL to recompute the forward internally. With
  * p->grad == BK_GRAD_IMPLICIT the tape's final potentials are used. */
 BK_API bk_status bk_sinkhorn_backward(const bk_attn_desc *desc,
-                                      const bk_sinkhorn_params *p,
+                                      const bk_sinkhorn_config *p,
                                       const bk_tensor *q, const bk_tensor *k,
                                       const bk_tensor *v, const bk_tensor *dout,
                                       const void *tape,
@@ -89,21 +90,21 @@ BK_API bk_status bk_sinkhorn_backward(const bk_attn_desc *desc,
  * the same engine (p.iters = 1, eps = 1). Tape: the row log-normalisers. */
 typedef struct {
     float scale;          /* 0 selects 1/sqrt(d) */
-} bk_softmax_params;
+} bk_softmax_config;
 
 /* scale 0 (1/sqrt(d)); a NULL parameter pointer means the same */
-BK_API bk_softmax_params bk_softmax_params_default(void);
+BK_API bk_softmax_config bk_softmax_config_default(void);
 
 BK_API size_t bk_softmax_workspace_size(const bk_attn_desc *desc);
 BK_API size_t bk_softmax_tape_size(const bk_attn_desc *desc);
 BK_API bk_status bk_softmax_forward(const bk_attn_desc *desc,
-                                    const bk_softmax_params *p,
+                                    const bk_softmax_config *p,
                                     const bk_tensor *q, const bk_tensor *k,
                                     const bk_tensor *v, const bk_tensor *out,
                                     void *tape, const bk_tensor *attn,
                                     void *ws, size_t ws_size);
 BK_API bk_status bk_softmax_backward(const bk_attn_desc *desc,
-                                     const bk_softmax_params *p,
+                                     const bk_softmax_config *p,
                                      const bk_tensor *q, const bk_tensor *k,
                                      const bk_tensor *v, const bk_tensor *dout,
                                      const void *tape,
@@ -128,17 +129,17 @@ typedef struct {
     float scale;          /* score scale s; 0 selects 1/sqrt(d)            */
     float eps;            /* temperature, > 0 (default 1)                  */
     int   iters;          /* S >= 1 half-steps, row first (default 5)      */
-    float tol;            /* >= 0: early stop as in bk_sinkhorn_params      */
+    float tol;            /* >= 0: early stop as in bk_sinkhorn_config      */
     float rho;            /* > 0: KL penalty on the column marginal (10)   */
-} bk_unbalanced_params;
+} bk_unbalanced_config;
 
-BK_API bk_unbalanced_params bk_unbalanced_params_default(void);
-BK_API size_t bk_unbalanced_workspace_size(const bk_attn_desc *desc, const bk_unbalanced_params *p);
-BK_API size_t bk_unbalanced_tape_size(const bk_attn_desc *desc, const bk_unbalanced_params *p);
-BK_API bk_status bk_unbalanced_forward(const bk_attn_desc *desc, const bk_unbalanced_params *p, const bk_tensor *q,
+BK_API bk_unbalanced_config bk_unbalanced_config_default(void);
+BK_API size_t bk_unbalanced_workspace_size(const bk_attn_desc *desc, const bk_unbalanced_config *p);
+BK_API size_t bk_unbalanced_tape_size(const bk_attn_desc *desc, const bk_unbalanced_config *p);
+BK_API bk_status bk_unbalanced_forward(const bk_attn_desc *desc, const bk_unbalanced_config *p, const bk_tensor *q,
                                        const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
                                        const bk_sinkhorn_extras *extras, void *ws, size_t ws_size);
-BK_API bk_status bk_unbalanced_backward(const bk_attn_desc *desc, const bk_unbalanced_params *p, const bk_tensor *q,
+BK_API bk_status bk_unbalanced_backward(const bk_attn_desc *desc, const bk_unbalanced_config *p, const bk_tensor *q,
                                         const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout,
                                         const void *tape, const bk_tensor *dq, const bk_tensor *dk,
                                         const bk_tensor *dv, void *ws, size_t ws_size);

@@ -3,10 +3,38 @@
  * the conventions of the whole API, status and errors, threads, tensors,
  * vector math and .npy files.
  *
- * <birkhoff.h> includes every part of the API (birkhoff/core.h, attn.h,
- * esp.h, lot.h, otk.h, asap.h, nn.h). Every function returns a bk_status; on
+ * <birkhoff.h> includes every part of the API (birkhoff/core.h, context.h,
+ * attn.h, ops.h, esp.h, lot.h, otk.h, asap.h, nn.h, data.h, train.h and the
+ * deprecated names of compat.h). Every function returns a bk_status; on
  * failure bk_last_error() gives a readable reason (thread-local) and nothing
  * has been written to any output.
+ *
+ * ----------------------------------------------------------------------------
+ * CONVENTIONS OF THE WHOLE API
+ * ----------------------------------------------------------------------------
+ * Names: public bk_*, one header per part; objects come in create/free pairs.
+ * Options: every option struct is bk_<thing>_config, with a
+ *   bk_<thing>_config_default() that gives its documented defaults (the
+ *   operators' structs, models, optimisers, contexts, datasets, runs).
+ *   Configurations with a key=value text form (bk_model_config, ...,
+ *   and each registered operator's through bk_op_config_set) use the field
+ *   names as keys.
+ * Iterations: every Sinkhorn-type iteration count (Sinkhorn and unbalanced
+ *   iters, LOT iters, ASAP teacher_iters, OTK iters, the model's sk_iters,
+ *   lot_iters, otk_iters) counts HALF-STEPS: one row or one column
+ *   normalisation. S = 1 is a single row step (softmax); OTK, which runs
+ *   whole (row, column) iterations, takes an even count. (Outer loops that
+ *   are not Sinkhorn steps, K-means and Newton iterations, count themselves.)
+ * Gradients: every operator backward OVERWRITES its outputs: the input
+ *   gradients (zero in padded rows) and the parameter gradients (LOT's dZ
+ *   and dtheta, ESP's dtheta, OTK's dz and dW: the sums over the batch).
+ *   The training engine is the one accumulator, by design:
+ *   bk_model_backward ADDS to the model's gradient buffer (zeroed by
+ *   bk_model_zero_grad), so micro-batches accumulate.
+ * Arrays: attention operands are bk_tensor views (strided, below); the
+ *   parameter arrays of an operator (LOT's pivots, ESP's slices, OTK's
+ *   references and anchors, ASAP's layers) are dense row-major float
+ *   arrays with the shapes their headers give.
  *
  * ----------------------------------------------------------------------------
  * TENSORS AND LAYOUT
@@ -69,8 +97,7 @@
  *   - across kernel paths (AVX-512 vs AVX2, OpenBLAS's SkylakeX vs Haswell
  *     kernels) and machines, results agree within the accuracy contract
  *     above (1e-5 forward, 1e-4 gradients, relative to the largest entry).
- * Tapes are opaque; they are deterministic for softmax/Sinkhorn but may hold
- * unspecified padding for other operators.
+ * Tapes are opaque and deterministic (padding and unused history zeroed).
  * Thread count: bk_set_num_threads(n) (n <= 0: back to the default), else the
  * environment variable BIRKHOFF_NUM_THREADS, else the CPUs this process may
  * run on (its affinity mask). OpenMP's own setting (OMP_NUM_THREADS,
@@ -113,10 +140,10 @@ extern "C" {
 #endif
 
 #define BK_VERSION_MAJOR 0
-#define BK_VERSION_MINOR 1
+#define BK_VERSION_MINOR 2
 #define BK_VERSION_PATCH 0
 BK_API const char *bk_version(void);
-/* sizeof the public struct named (e.g. "bk_esp_params"), 0 for an unknown
+/* sizeof the public struct named (e.g. "bk_esp_config"), 0 for an unknown
  * name: lets bindings without a compiler (python/birkhoff) check their
  * mirror of each struct when they load the library. */
 BK_API size_t bk_abi_sizeof(const char *name);

@@ -54,15 +54,15 @@ typedef struct {
     const float *theta;     /* [L x d] row-major slice matrix or NULL. Rows
                                are used as given (not normalised).           */
     uint64_t seed;          /* for random slices                              */
-} bk_esp_params;
+} bk_esp_config;
 
 /* hard sort, t = 1e-3, tau = 1, scale = 1/sqrt(d), squared cost, rows, L = d */
-BK_API bk_esp_params bk_esp_params_default(void);
+BK_API bk_esp_config bk_esp_config_default(void);
 /* Number of slices the parameters give for head dim d (0 if invalid). */
-BK_API int bk_esp_num_slices(const bk_esp_params *p, int d);
+BK_API int bk_esp_num_slices(const bk_esp_config *p, int d);
 /* Fills theta [L x d] with the slices the operator uses (identity, the
  * caller's, or the seeded random unit directions). */
-BK_API bk_status bk_esp_slices(const bk_esp_params *p, int d, float *theta);
+BK_API bk_status bk_esp_slices(const bk_esp_config *p, int d, float *theta);
 /* The paper's annealing: t0 * factor^epoch (factor 0.8 in the paper).
  * "initial soft" = soft with t0; "sharp soft" = soft with the annealed t;
  * "hard" = sort = BK_ESP_HARD. */
@@ -82,16 +82,16 @@ typedef struct {
     bk_esp_diag *diag;  /* [B*H]                                              */
 } bk_esp_extras;
 
-BK_API size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p);
-BK_API size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p);
-BK_API bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p,
+BK_API size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_config *p);
+BK_API size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_config *p);
+BK_API bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_config *p,
                                 const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                 const bk_tensor *out, void *tape, const bk_esp_extras *extras,
                                 void *ws, size_t ws_size);
-/* dq, dk, dv overwritten; dtheta [L x d] (nullable) receives the gradient
- * w.r.t. the slices summed over all problems (zero under hard sort). tape
+/* dq, dk, dv overwritten; dtheta [L x d] (nullable) is overwritten with the
+ * gradient w.r.t. the slices summed over all problems (zero under hard sort). tape
  * from the forward, or NULL to recompute it. */
-BK_API bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p,
+BK_API bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_config *p,
                                  const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                  const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                                  const bk_tensor *dk, const bk_tensor *dv, float *dtheta,

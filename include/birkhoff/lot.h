@@ -36,8 +36,8 @@ typedef struct {
     float eps;           /* > 0                                             */
     float scale;         /* s; 0 selects 1/sqrt(d)                          */
     float tol;           /* >= 0; > 0: per-problem early stop of each inner
-                            problem (as bk_sinkhorn_params.tol)             */
-} bk_lot_params;
+                            problem (as bk_sinkhorn_config.tol)             */
+} bk_lot_config;
 
 typedef struct {
     int32_t iters1, iters2; /* half-steps run by the two inner problems     */
@@ -50,16 +50,16 @@ typedef struct {
 } bk_lot_extras;
 
 /* r = 1, temp = 1, T = 5, eps = 1, scale = 1/sqrt(d); Z, theta to be set */
-BK_API bk_lot_params bk_lot_params_default(void);
-BK_API size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p);
-BK_API size_t bk_lot_tape_size(const bk_attn_desc *desc, const bk_lot_params *p);
-BK_API bk_status bk_lot_forward(const bk_attn_desc *desc, const bk_lot_params *p, const bk_tensor *q,
+BK_API bk_lot_config bk_lot_config_default(void);
+BK_API size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_config *p);
+BK_API size_t bk_lot_tape_size(const bk_attn_desc *desc, const bk_lot_config *p);
+BK_API bk_status bk_lot_forward(const bk_attn_desc *desc, const bk_lot_config *p, const bk_tensor *q,
                                 const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
                                 const bk_lot_extras *extras, void *ws, size_t ws_size);
 /* Exact VJP of the T-step forward (replayed from the tape's potentials).
- * dq, dk, dv overwritten; dZ [H, r, d] and dtheta [H, r] (nullable) receive
- * the gradients summed over the batch. tape NULL recomputes the forward. */
-BK_API bk_status bk_lot_backward(const bk_attn_desc *desc, const bk_lot_params *p, const bk_tensor *q,
+ * dq, dk, dv overwritten; dZ [H, r, d] and dtheta [H, r] (nullable) are
+ * overwritten with the gradients summed over the batch. tape NULL recomputes the forward. */
+BK_API bk_status bk_lot_backward(const bk_attn_desc *desc, const bk_lot_config *p, const bk_tensor *q,
                                  const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout, const void *tape,
                                  const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, float *dZ,
                                  float *dtheta, void *ws, size_t ws_size);

@@ -48,6 +48,10 @@ typedef enum {
     BK_ATTN_ASAP = 4,      /* compiled layers (bk_model_set_asap); inference only */
     BK_ATTN_UNBALANCED = 5 /* unbalanced Sinkhorn: sk_iters, sk_eps, sk_rho      */
 } bk_attn_kind;
+/* The name of an attention kind, as the config key attn= spells it
+ * ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced"; "?" for
+ * another value). */
+BK_API const char *bk_attn_kind_name(bk_attn_kind k);
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
 
 typedef struct {
@@ -74,13 +78,15 @@ typedef struct {
     int lot_r, lot_iters; float lot_eps, lot_temp;        /* LOT: pivots (the
                                                pivots and mass logits are
                                                parameters of each layer)      */
-    int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling     */
+    int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling:
+                                               otk_iters half-steps (even)    */
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
  * mlp 128, CLS, positional embedding, final LN, CLS pooling, 10 classes,
  * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
- * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 10 iterations, eps 0.5. */
+ * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
+ * iterations), eps 0.5. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced,

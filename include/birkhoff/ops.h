@@ -4,7 +4,8 @@
  * Each attention operator (softmax, sinkhorn, unbalanced, esp, lot, asap)
  * has its own typed entry points (birkhoff/attn.h, esp.h, lot.h, asap.h);
  * the registry gives the same operators to code that chooses one at run
- * time (the CLI's `attn --op NAME`, the Python bindings, models): find it by
+ * time (the CLI resolves `attn --op NAME` here; the training engine's models
+ * use the same registry internally): find it by
  * name, fill its parameter struct by key=value (the keys are the struct's
  * field names, e.g. "iters", "eps", "rho"), then run the generic entry points,
  * which behave exactly as the operator's own with no extras but the
@@ -32,12 +33,12 @@ BK_API int bk_op_has_backward(const bk_op *op);
  * unknown key or a malformed value is BK_ERR_PARAM naming both), the keys,
  * and every scalar field as "key=value\n" lines (returns the length it
  * needs; writes at most cap bytes, NUL-terminated). */
-BK_API size_t bk_op_params_size(const bk_op *op);
-BK_API void bk_op_params_default(const bk_op *op, void *params);
-BK_API bk_status bk_op_params_set(const bk_op *op, void *params, const char *key, const char *value);
-BK_API int bk_op_param_count(const bk_op *op);
-BK_API const char *bk_op_param_key(const bk_op *op, int i);
-BK_API size_t bk_op_params_format(const bk_op *op, const void *params, char *buf, size_t cap);
+BK_API size_t bk_op_config_size(const bk_op *op);
+BK_API void bk_op_config_default(const bk_op *op, void *params);
+BK_API bk_status bk_op_config_set(const bk_op *op, void *params, const char *key, const char *value);
+BK_API int bk_op_config_count(const bk_op *op);
+BK_API const char *bk_op_config_key(const bk_op *op, int i);
+BK_API size_t bk_op_config_format(const bk_op *op, const void *params, char *buf, size_t cap);
 
 /* The operator's entry points without extras (attn: the optional
  * [B,H,Nq,Nk] attention output, data NULL or attn NULL for none). */

@@ -28,11 +28,14 @@ extern "C" {
  * NULL) psi is the identity (k must equal d).
  *
  * Plan, per set b and reference h: K_ij = <psi_i, z_j> (times S_ij when
- * pe_double), then L Sinkhorn iterations on K / eps with marginals 1/n_b
- * (valid elements; padded ones get zero mass) and 1/p, each a row step then
- * a column step from a zero column potential (the reference's u-then-v
- * order); the plan P (n_b x p) ends on a column step: columns sum to 1/p
- * exactly, rows to 1/n_b at convergence.
+ * pe_double), then S = iters Sinkhorn half-steps on K / eps with marginals
+ * 1/n_b (valid elements; padded ones get zero mass) and 1/p, row first from
+ * a zero column potential: L = S / 2 iterations, each a row step then a
+ * column step (the reference's u-then-v order). Like every iteration count
+ * of the library, iters counts half-steps; OTK's is even, because the plan
+ * P (n_b x p) ends on a column step: columns sum to 1/p exactly (the
+ * references' weights), rows to 1/n_b at convergence. (Before 0.2.0 iters
+ * counted the L iterations; checkpoints of that time are converted.)
  *   domain LOG: log-domain half-steps on the shared Sinkhorn engine (any eps);
  *   domain SCALING: u = a / (E v), v = b / (E^T u) with E = exp(K / eps)
  *     computed once (row-max shifted, which leaves the iterates' plan
@@ -66,7 +69,7 @@ extern "C" {
  * after an update, as the reference does.
  *
  * Errors: sizes < 1, n_b outside [1, n] (empty sets are refused), eps, sigma
- * <= 0, eta < 0, L < 1, k != d without anchors, grid or p inconsistent with
+ * <= 0, eta < 0, iters odd or < 2, k != d without anchors, grid or p inconsistent with
  * PE_2D, non-finite inputs. Accuracy: outputs 1e-5 and gradients 1e-4
  * relative to the largest entry against a double reference, for |K|/eps <= 20. */
 typedef enum { BK_OTK_LOG = 0, BK_OTK_SCALING = 1 } bk_otk_domain;
@@ -85,7 +88,8 @@ typedef struct {
     float sigma;           /* > 0 kernel bandwidth, alpha = 1 / sigma^2        */
     float eta;             /* >= 0 inverse square root regulariser            */
     float eps;             /* > 0 entropic temperature                        */
-    int iters;             /* L >= 1 Sinkhorn iterations (u then v)           */
+    int iters;             /* S half-steps, even, >= 2: S/2 iterations (u then
+                              v); default 20                                  */
     bk_otk_domain domain;
     bk_otk_convention convention;
     bk_otk_pe pe;
@@ -93,7 +97,7 @@ typedef struct {
     int pe_double;         /* 1: S also multiplies K (reference code)         */
     int grid_h, grid_w;    /* PE_2D input grid                                */
     bk_otk_isqrt_grad isqrt_grad;
-} bk_otk_params;
+} bk_otk_config;
 
 typedef struct {
     float row_err;         /* max_i |n_b * rowsum_i(P) - 1|                   */
@@ -107,21 +111,21 @@ typedef struct {
 } bk_otk_extras;
 
 /* eps = 0.5, L = 10, sigma = 0.5, eta = 1e-2, LOG, PAPER, no PE; W = NULL */
-BK_API bk_otk_params bk_otk_params_default(void);
-BK_API size_t bk_otk_workspace_size(const bk_otk_desc *desc, const bk_otk_params *p);
-BK_API size_t bk_otk_tape_size(const bk_otk_desc *desc, const bk_otk_params *p);
+BK_API bk_otk_config bk_otk_config_default(void);
+BK_API size_t bk_otk_workspace_size(const bk_otk_desc *desc, const bk_otk_config *p);
+BK_API size_t bk_otk_tape_size(const bk_otk_desc *desc, const bk_otk_config *p);
 /* psi for every valid element: psi [B, 1, n, k] (padded rows zero). */
-BK_API bk_status bk_otk_features(const bk_otk_desc *desc, const bk_otk_params *p, const bk_tensor *x,
+BK_API bk_status bk_otk_features(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
                                  const bk_tensor *psi);
 /* x [B,1,n,d] view, z [q,p,k] dense, out [B,1,p,q*k] view (row stride
  * stride_n >= q*k). tape (nullable) receives what the backward needs. */
-BK_API bk_status bk_otk_forward(const bk_otk_desc *desc, const bk_otk_params *p, const bk_tensor *x,
+BK_API bk_status bk_otk_forward(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
                                 const float *z, const bk_tensor *out, void *tape, const bk_otk_extras *extras,
                                 void *ws, size_t ws_size);
 /* dout [B,1,p,q*k]; dx [B,1,n,d] overwritten (padded rows zero), dz [q,p,k]
  * and dW [k,d] overwritten with sums over the batch; any of them may be
  * NULL (dW needs anchors). tape NULL recomputes the forward. */
-BK_API bk_status bk_otk_backward(const bk_otk_desc *desc, const bk_otk_params *p, const bk_tensor *x,
+BK_API bk_status bk_otk_backward(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
                                  const float *z, const bk_tensor *dout, const void *tape, const bk_tensor *dx,
                                  float *dz, float *dW, void *ws, size_t ws_size);
 
@@ -142,7 +146,7 @@ typedef struct {
     uint64_t seed;
     int64_t max_samples;   /* fit_anchors/fit_refs: elements sampled (0 = all) */
     bk_kmeans_init init;
-} bk_kmeans_params;
+} bk_kmeans_config;
 
 typedef struct {
     int iters;             /* iterations run                                  */
@@ -150,14 +154,14 @@ typedef struct {
     double objective;      /* mean cosine (K-means) or mean OT similarity     */
 } bk_kmeans_report;
 
-BK_API bk_kmeans_params bk_kmeans_params_default(void);
+BK_API bk_kmeans_config bk_kmeans_config_default(void);
 /* x [N, dim] row-major; centres [K, dim] unit rows. K > (non-zero rows) is
  * BK_ERR_PARAM. */
-BK_API bk_status bk_spherical_kmeans(const float *x, int64_t N, int dim, int K, const bk_kmeans_params *kp,
+BK_API bk_status bk_spherical_kmeans(const float *x, int64_t N, int dim, int K, const bk_kmeans_config *kp,
                                      float *centres, bk_kmeans_report *rep);
 /* Anchors W [k, d] by spherical K-means on (up to max_samples, uniformly
  * sampled) valid elements of x [B,1,n,d]; desc->k is the number of anchors. */
-BK_API bk_status bk_otk_fit_anchors(const bk_otk_desc *desc, const bk_tensor *x, const bk_kmeans_params *kp,
+BK_API bk_status bk_otk_fit_anchors(const bk_otk_desc *desc, const bk_tensor *x, const bk_kmeans_config *kp,
                                     float *W, bk_kmeans_report *rep);
 /* References z [q, p, k] on psi features (p->W, sigma, eta; identity without
  * anchors), normalised. q = 1: spherical K-means of all features (p
@@ -168,8 +172,8 @@ BK_API bk_status bk_otk_fit_anchors(const bk_otk_desc *desc, const bk_tensor *x,
  * its sets (an empty reference takes the worst-fitting set); kp->iters outer
  * iterations at most. barycenter > 0 adds that many damped barycentric steps
  * z <- normalise(z/2 + mean_b (p P^T psi_b)/2) after each K-means. */
-BK_API bk_status bk_otk_fit_refs(const bk_otk_desc *desc, const bk_otk_params *p, const bk_tensor *x,
-                                 const bk_kmeans_params *kp, int barycenter, float *z, bk_kmeans_report *rep);
+BK_API bk_status bk_otk_fit_refs(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
+                                 const bk_kmeans_config *kp, int barycenter, float *z, bk_kmeans_report *rep);
 
 #ifdef __cplusplus
 }

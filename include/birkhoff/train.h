@@ -72,9 +72,6 @@ BK_API size_t bk_run_config_format(const bk_run_config *r, char *buf, size_t cap
  * above batch, and checks the model (BK_ERR_PARAM; attn=asap cannot be
  * trained). */
 BK_API bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train);
-/* The name of an attention kind: "softmax", "sinkhorn", "esp", "lot",
- * "asap" ("?" for another value). */
-BK_API const char *bk_attn_kind_name(bk_attn_kind k);
 
 /* ---- runs stored in checkpoints ----
  * A run's checkpoints carry, in their caller metadata ("extra" of

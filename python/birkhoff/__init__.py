@@ -1,11 +1,14 @@
 """birkhoff: doubly-stochastic (optimal-transport) attention from Python.
 
 A ctypes binding of the C library libbirkhoff (no compiler or build step on
-the Python side). Two layers:
+the Python side). Three parts:
 
-  birkhoff.ops    numpy API: forward and backward of softmax, Sinkhorn, ESP,
-                  LOT and OTK on float32 arrays, ASAP calibration and compiled
-                  layers, OTK K-means fitting (also re-exported here);
+  birkhoff.ops    numpy API: forward and backward of softmax, Sinkhorn,
+                  unbalanced Sinkhorn, ESP, LOT and OTK on float32 arrays,
+                  ASAP calibration and compiled layers, OTK K-means fitting
+                  (also re-exported here);
+  birkhoff.data   the library's datasets (verified readers, generated sets,
+                  batches, epoch order);
   birkhoff.torch  PyTorch API: autograd Functions and nn.Modules (imported
                   on demand: numpy users do not need torch).
 

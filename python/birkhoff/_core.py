@@ -223,7 +223,7 @@ def f32_np(a):
 
 def setp(p, **kw):
     """fields of a C parameter struct from keywords; None keeps the
-    library's default (the *_params_default() value)"""
+    library's default (the *_config_default() value)"""
     for k, v in kw.items():
         if v is not None:
             t = type(getattr(p, k))
@@ -238,14 +238,14 @@ def setp(p, **kw):
 
 
 def sinkhorn_params(scale=None, eps=None, iters=None, tol=None, grad=None):
-    p = setp(lib.bk_sinkhorn_params_default(), scale=scale, eps=eps, iters=iters, tol=tol)
+    p = setp(lib.bk_sinkhorn_config_default(), scale=scale, eps=eps, iters=iters, tol=tol)
     if grad is not None:
         p.grad = choice(GRAD_MODES, grad, "grad")
     return p
 
 
 def unbalanced_params(scale=None, eps=None, iters=None, tol=None, rho=None):
-    return setp(lib.bk_unbalanced_params_default(), scale=scale, eps=eps, iters=iters, tol=tol, rho=rho)
+    return setp(lib.bk_unbalanced_config_default(), scale=scale, eps=eps, iters=iters, tol=tol, rho=rho)
 
 
 def _sk_funcs(p):
@@ -323,7 +323,7 @@ class EspConfig:
 
     def __init__(self, sort=None, t=None, tau=None, scale=None, cost=None, out_scale=None, slices=None, theta=None,
                  seed=None):
-        self.p = setp(lib.bk_esp_params_default(), t=t, tau=tau, scale=scale, seed=seed)
+        self.p = setp(lib.bk_esp_config_default(), t=t, tau=tau, scale=scale, seed=seed)
         if sort is not None:
             self.p.sort = choice(ESP_SORT, sort, "sort")
         if cost is not None:
@@ -403,7 +403,7 @@ def lot_params(pr, Z, theta, temp=None, iters=None, eps=None, scale=None, tol=No
     if Z.ndim != 3 or Z.shape[0] != d.H or Z.shape[2] != d.d:
         raise ValueError("Z: [H=%d, r, d=%d] expected, got shape %s" % (d.H, d.d, Z.shape))
     theta = dense_param(theta, (d.H, Z.shape[1]), "theta")
-    p = setp(lib.bk_lot_params_default(), temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
+    p = setp(lib.bk_lot_config_default(), temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
     p.r, p.Z, p.theta = Z.shape[1], f32_np(Z), f32_np(theta)
     return p, Z, theta
 
@@ -503,7 +503,7 @@ def otk_setup(ad, x, z, W, lengths, kw):
 
 
 def otk_params(W, sigma, eta, eps, iters, domain, convention, pe, sigma_pos, pe_double, grid, isqrt_grad):
-    p = setp(lib.bk_otk_params_default(), sigma=sigma, eta=eta, eps=eps, iters=iters, sigma_pos=sigma_pos)
+    p = setp(lib.bk_otk_config_default(), sigma=sigma, eta=eta, eps=eps, iters=iters, sigma_pos=sigma_pos)
     p.W = f32_np(W)
     for field, table, v in (("domain", OTK_DOMAIN, domain), ("convention", OTK_CONVENTION, convention),
                             ("pe", OTK_PE, pe), ("isqrt_grad", OTK_ISQRT, isqrt_grad)):

@@ -171,7 +171,8 @@ def _otk_setup(x, z, lengths, W, kw):
 def otk(x, z, *, lengths=None, W=None, plan=False, diag=False, tape=True, **params):
     """OTK embedding of sets x [B, n, d] onto references z [q, p, k]:
     out [B, p, q*k]. W [k, d]: Nystrom anchors (None: identity, k = d).
-    params: sigma, eta, eps, iters, domain ("log"/"scaling"), convention
+    params: sigma, eta, eps, iters (Sinkhorn half-steps, even: iters/2
+    iterations; default 20), domain ("log"/"scaling"), convention
     ("paper"/"reference"), pe ("none"/"1d"/"2d"), sigma_pos, pe_double,
     grid (h, w), isqrt_grad ("exact"/"reference"). Extras: plan
     [B, q, n, p]; diag {row_err, col_err} [B, q]."""
@@ -196,7 +197,7 @@ def otk_features(x, W=None, *, lengths=None, sigma=None, eta=None):
 
 
 def _kmeans(iters, tol, seed, max_samples, init):
-    kp = K.setp(lib.bk_kmeans_params_default(), iters=iters, tol=tol, seed=seed, max_samples=max_samples)
+    kp = K.setp(lib.bk_kmeans_config_default(), iters=iters, tol=tol, seed=seed, max_samples=max_samples)
     if init is not None:
         kp.init = K.choice(K.KMEANS_INIT, init, "init")
     return kp
@@ -365,7 +366,7 @@ class AsapCalibration:
 
     def fit(self, method="ls", *, max_iters=None, tol=None):
         """(AsapLayer, report dict)"""
-        kl = K.setp(lib.bk_asap_kl_opts_default(), max_iters=max_iters, tol=tol)
+        kl = K.setp(lib.bk_asap_kl_config_default(), max_iters=max_iters, tol=tol)
         lay = AsapLayer()
         rep = _lib.AsapFitReport()
         check(lib.bk_asap_calib_fit(self._h, K.choice(K.ASAP_FIT, method, "method"), C.byref(kl),

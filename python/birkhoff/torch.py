@@ -237,8 +237,8 @@ def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", t
 
 def otk_embedding(x, z, W=None, *, lengths=None, **params):
     """OTK embedding of x [B, n, d] onto references z [q, p, k]: [B, p, q*k]
-    (params as birkhoff.otk: sigma, eta, eps, iters, domain, convention,
-    pe, sigma_pos, pe_double, grid, isqrt_grad)."""
+    (params as birkhoff.otk: sigma, eta, eps, iters (half-steps, even),
+    domain, convention, pe, sigma_pos, pe_double, grid, isqrt_grad)."""
     return _Otk.apply(x, _as_tensor(z, "z"), _as_tensor(W, "W"), lengths, K.otk_keywords(params))
 
 
@@ -346,7 +346,7 @@ class MultiheadAttention(nn.Module):
         if self.normaliser == "esp":
             return K.esp_forward, K.EspConfig(**o)
         if pr is None:
-            return K.lot_forward, K.setp(K.lib.bk_lot_params_default(), **o)
+            return K.lot_forward, K.setp(K.lib.bk_lot_config_default(), **o)
         return K.lot_forward, K.lot_params(pr, _param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)[0]
 
     def extra_repr(self):
@@ -436,8 +436,8 @@ class OTKPooling(nn.Module):
     are a parameter (N(0, 1/k)); anchors=k0 adds a trainable Nystrom
     feature map with anchors W [k0, dim] (unit rows; renormalise them after
     an optimiser step with normalise_anchors()), else k = dim.
-    options: sigma, eta, eps, iters, domain, convention, pe, sigma_pos,
-    pe_double, grid, isqrt_grad (birkhoff.otk)."""
+    options: sigma, eta, eps, iters (half-steps, even), domain, convention,
+    pe, sigma_pos, pe_double, grid, isqrt_grad (birkhoff.otk)."""
 
     def __init__(self, dim, refs=1, supports=10, anchors=None, flatten=True, **options):
         super().__init__()

@@ -1,4 +1,4 @@
-/* abi.c -- sizes and offsets of the public structs by name, so that bindings
+/* abi.c -- sizes of the public structs by name, so that bindings
  * written against the header without a compiler (python/birkhoff, ctypes)
  * can check their mirror of every struct at load time. */
 #include "internal.h"
@@ -11,12 +11,12 @@ static const struct {
     const char *name;
     size_t size;
 } abi_table[] = {
-    ROW(bk_tensor),          ROW(bk_attn_desc),        ROW(bk_sinkhorn_params), ROW(bk_sinkhorn_diag),
-    ROW(bk_sinkhorn_extras), ROW(bk_softmax_params),   ROW(bk_unbalanced_params),   ROW(bk_esp_params),      ROW(bk_esp_diag),
-    ROW(bk_esp_extras),      ROW(bk_lot_params),       ROW(bk_lot_diag),        ROW(bk_lot_extras),
-    ROW(bk_otk_desc),        ROW(bk_otk_params),       ROW(bk_otk_diag),        ROW(bk_otk_extras),
-    ROW(bk_kmeans_params),   ROW(bk_kmeans_report),    ROW(bk_asap_layer),      ROW(bk_asap_config),
-    ROW(bk_asap_kl_opts),    ROW(bk_asap_fit_report),  ROW(bk_asap_extras),     ROW(bk_attn_fidelity),
+    ROW(bk_tensor),          ROW(bk_attn_desc),        ROW(bk_sinkhorn_config), ROW(bk_sinkhorn_diag),
+    ROW(bk_sinkhorn_extras), ROW(bk_softmax_config),   ROW(bk_unbalanced_config),   ROW(bk_esp_config),      ROW(bk_esp_diag),
+    ROW(bk_esp_extras),      ROW(bk_lot_config),       ROW(bk_lot_diag),        ROW(bk_lot_extras),
+    ROW(bk_otk_desc),        ROW(bk_otk_config),       ROW(bk_otk_diag),        ROW(bk_otk_extras),
+    ROW(bk_kmeans_config),   ROW(bk_kmeans_report),    ROW(bk_asap_layer),      ROW(bk_asap_config),
+    ROW(bk_asap_kl_config),    ROW(bk_asap_fit_report),  ROW(bk_asap_extras),     ROW(bk_attn_fidelity),
     ROW(bk_model_config),    ROW(bk_optim_config),     ROW(bk_batch),           ROW(bk_param_info),
     ROW(bk_data_config),     ROW(bk_dataset_info),
 };

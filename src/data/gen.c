@@ -75,7 +75,7 @@ static void gen_lo_init_lengths(gen_lctx *c, int max_depth)
  *   A >= 4: R == r, or r+3 <= R <= r*L
  *   A == 3: the same, but R != r+5
  *   A == 2: r <= R <= r*L and R = r mod 3
- * tests/test_gen.c checks this against a dynamic program. */
+ * tests/data/test_gen.c checks this against a dynamic program. */
 static int gen_lo_fill_ok(const gen_lctx *c, int R, int r, int dd)
 {
     if (r == 0) return R == 0;

@@ -578,7 +578,46 @@ typedef struct {
     const unsigned char *data;
     uint64_t dsize;
     bk_model_config cfg;
+    int old_otk;           /* written before 0.2.0: otk_iters converted      */
 } ckfile;
+
+/* Checkpoints written before 0.2.0 counted OTK's Sinkhorn iterations whole
+ * (otk_iters = L); since 0.2.0 every iteration count of the library is in
+ * half-steps (otk_iters = 2 L). A version string that does not parse is a
+ * current one (the checksum already vouched for the file). */
+static int counts_whole_otk_iterations(const char *version)
+{
+    int major = 0, minor = 0;
+    if (!version || sscanf(version, "%d.%d", &major, &minor) != 2) return 0;
+    return major == 0 && minor < 2;
+}
+
+/* the run text of such a checkpoint (key=value lines) with its otk_iters
+ * line doubled; NULL when out of memory */
+static char *otk_iters_doubled(const char *text)
+{
+    const size_t n = strlen(text);
+    const size_t cap = 2 * n + 32; /* a doubled value gains at most one digit per line */
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (const char *p = text; *p;) {
+        const char *e = strchr(p, '\n');
+        const size_t L = e ? (size_t)(e - p) + 1 : strlen(p);
+        long v;
+        char *end;
+        if (!strncmp(p, "otk_iters=", 10) && (v = strtol(p + 10, &end, 10)) >= 0 && v <= (1L << 20) &&
+            (*end == '\n' || *end == 0))
+            o += (size_t)snprintf(out + o, cap - o, "otk_iters=%ld%s", 2 * v, *end ? "\n" : "");
+        else {
+            memcpy(out + o, p, L);
+            o += L;
+        }
+        p += L;
+    }
+    out[o] = 0;
+    return out;
+}
 
 static void ckfile_free(ckfile *f)
 {
@@ -671,6 +710,7 @@ static bk_status ckfile_read(const char *path, ckfile *f)
     }
     bk_model_config cfg = bk_model_config_default();
     const char *ctext = meta_get(&h, "config");
+    const int old_otk = counts_whole_otk_iterations(meta_get(&h, "version"));
     if (!ctext) {
         st = bki_fail(BK_ERR_FORMAT, "%s: checkpoint metadata lacks the model config", path);
         goto fail;
@@ -681,6 +721,8 @@ static bk_status ckfile_read(const char *path, ckfile *f)
         st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, why);
         goto fail;
     }
+    if (old_otk) cfg.otk_iters *= 2;
+    f->old_otk = old_otk;
     f->buf = buf;
     f->h = h;
     f->data = data;
@@ -799,7 +841,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
     }
     if (extra) {
         const char *e = meta_get(&h, "extra");
-        if (e && !(*extra = strdup(e))) {
+        if (e && !(*extra = f.old_otk ? otk_iters_doubled(e) : strdup(e))) {
             st = bki_fail(BK_ERR_NOMEM, "out of memory");
             goto done;
         }

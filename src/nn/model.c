@@ -69,9 +69,14 @@ bk_model_config bk_model_config_default(void)
     c.lot_temp = 1.0f;
     c.otk_refs = 1;
     c.otk_supports = 4;
-    c.otk_iters = 10;
+    c.otk_iters = 20; /* half-steps: 10 iterations */
     c.otk_eps = 0.5f;
     return c;
+}
+
+const char *bk_attn_kind_name(bk_attn_kind k)
+{
+    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_UNBALANCED ? ATTN_NAMES[k] : "?";
 }
 
 bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value)
@@ -149,8 +154,10 @@ bk_status bk_model_config_check(const bk_model_config *c)
         NEED(c->lot_r >= 1 && c->lot_iters >= 1 && c->lot_eps > 0.0f && c->lot_temp > 0.0f,
              "LOT needs lot_r, lot_iters >= 1 and lot_eps, lot_temp > 0");
     if (c->pool == BK_POOL_OTK)
-        NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 1 && c->otk_eps > 0.0f,
-             "OTK pooling needs otk_refs, otk_supports, otk_iters >= 1 and otk_eps > 0");
+        NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
+                 c->otk_eps > 0.0f,
+             "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
+             "iterations) and otk_eps > 0");
     return BK_OK;
 }
 
@@ -335,18 +342,18 @@ static bk_otk_desc otk_desc(const bk_model *m, int B)
     return d;
 }
 
-static bk_sinkhorn_params sk_params(const bk_model *m)
+static bk_sinkhorn_config sk_params(const bk_model *m)
 {
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.scale = m->c.attn_scale;
     p.eps = m->c.sk_eps;
     p.iters = m->c.sk_iters;
     return p;
 }
 
-static bk_esp_params esp_params(const bk_model *m, int l)
+static bk_esp_config esp_params(const bk_model *m, int l)
 {
-    bk_esp_params p = bk_esp_params_default();
+    bk_esp_config p = bk_esp_config_default();
     p.sort = m->c.esp_soft ? BK_ESP_SOFT : BK_ESP_HARD;
     p.t = m->c.esp_t;
     p.tau = m->c.esp_tau;
@@ -357,9 +364,9 @@ static bk_esp_params esp_params(const bk_model *m, int l)
     return p;
 }
 
-static bk_lot_params lot_params(const bk_model *m, int l)
+static bk_lot_config lot_params(const bk_model *m, int l)
 {
-    bk_lot_params p = bk_lot_params_default();
+    bk_lot_config p = bk_lot_config_default();
     p.r = m->c.lot_r;
     p.Z = m->w + m->bo[l].lot_z;
     p.theta = m->w + m->bo[l].lot_t;
@@ -370,9 +377,9 @@ static bk_lot_params lot_params(const bk_model *m, int l)
     return p;
 }
 
-static bk_otk_params otk_params(const bk_model *m)
+static bk_otk_config otk_params(const bk_model *m)
 {
-    bk_otk_params p = bk_otk_params_default();
+    bk_otk_config p = bk_otk_config_default();
     p.eps = m->c.otk_eps;
     p.iters = m->c.otk_iters;
     return p;
@@ -385,18 +392,18 @@ static bk_otk_params otk_params(const bk_model *m)
  * operator framework's generic call. A kind with parameters learned by the
  * model (LOT's pivots) also says where their gradients go. */
 typedef union {
-    bk_softmax_params softmax;
-    bk_sinkhorn_params sinkhorn;
-    bk_unbalanced_params unbalanced;
-    bk_esp_params esp;
-    bk_lot_params lot;
-    bk_asap_params asap;
+    bk_softmax_config softmax;
+    bk_sinkhorn_config sinkhorn;
+    bk_unbalanced_config unbalanced;
+    bk_esp_config esp;
+    bk_lot_config lot;
+    bk_asap_forward_config asap;
 } attn_par;
 
 static void softmax_fill(const bk_model *m, int l, attn_par *p)
 {
     (void)l;
-    p->softmax = bk_softmax_params_default();
+    p->softmax = bk_softmax_config_default();
     p->softmax.scale = m->c.attn_scale;
 }
 static void sinkhorn_fill(const bk_model *m, int l, attn_par *p)
@@ -407,7 +414,7 @@ static void sinkhorn_fill(const bk_model *m, int l, attn_par *p)
 static void unbalanced_fill(const bk_model *m, int l, attn_par *p)
 {
     (void)l;
-    p->unbalanced = bk_unbalanced_params_default();
+    p->unbalanced = bk_unbalanced_config_default();
     p->unbalanced.scale = m->c.attn_scale;
     p->unbalanced.eps = m->c.sk_eps;
     p->unbalanced.iters = m->c.sk_iters;
@@ -646,7 +653,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         if (c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
             a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
             if (!z.bad && !measure) {
-                bk_esp_params ep = esp_params(m, l);
+                bk_esp_config ep = esp_params(m, l);
                 ep.theta = NULL;
                 bk_esp_slices(&ep, m->dh, a->esp_theta);
             }
@@ -668,7 +675,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, c->dim, NULL};
-        bk_otk_params op = otk_params(m);
+        bk_otk_config op = otk_params(m);
         m->otk_tape_cap = bk_otk_tape_size(&od, &op);
         m->otk_tape = zalloc(&z, m->otk_tape_cap, 1);
         size_t w1 = bk_otk_workspace_size(&od, &op);
@@ -938,7 +945,7 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     const float *h = m->fin;
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
-        bk_otk_params op = otk_params(m);
+        bk_otk_config op = otk_params(m);
         bk_tensor x = {(float *)h, (int64_t)T * D, 0, D};
         bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
@@ -1082,7 +1089,7 @@ static bk_status pool_backward(bk_model *m, int B)
     memset(m->dN, 0, sizeof(float) * (size_t)B * T * D);
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
-        bk_otk_params op = otk_params(m);
+        bk_otk_config op = otk_params(m);
         bk_tensor x = {m->fin, (int64_t)T * D, 0, D};
         bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D};
         bk_tensor dx = {m->dN, (int64_t)T * D, 0, D};

@@ -11,7 +11,7 @@
  *     Z^T warm-started from u with 1 (ASAP-0), 2 (row-ending) or 3
  *     (column-ending) half-steps; the engine's A is then Lk P^T.
  * The online operator is a registered operator (op.h: bki_op_asap, forward
- * only; its parameters bk_asap_params are the compiled layer and the
+ * only; its parameters bk_asap_forward_config are the compiled layer and the
  * variant): the driver runs it. The other entry points (teacher dual,
  * features, calibration and its KL objective, the fidelity metrics) are not
  * attention operators; they run their problems with the library's one
@@ -49,9 +49,9 @@ bk_asap_config bk_asap_config_default(int d)
     return c;
 }
 
-bk_asap_kl_opts bk_asap_kl_opts_default(void)
+bk_asap_kl_config bk_asap_kl_config_default(void)
 {
-    bk_asap_kl_opts o = {50, 1e-13};
+    bk_asap_kl_config o = {50, 1e-13};
     return o;
 }
 
@@ -287,7 +287,7 @@ static int steps_of(bk_asap_variant v, int S)
 /* ------------------------------------------------------------------------ */
 /* online operator                                                          */
 /* ------------------------------------------------------------------------ */
-/* The operator (op.h): its parameters bk_asap_params (the layer and the
+/* The operator (op.h): its parameters bk_asap_forward_config (the layer and the
  * variant), and its forward's extras: the public ones and, for bk_asap_close,
  * the given dual (NULL: predicted from the features). */
 typedef struct {
@@ -295,11 +295,11 @@ typedef struct {
     const float *fin; /* [B*H*Nq], cost units */
 } asap_ex;
 
-static const bk_asap_params *par_of(const bki_call *c) { return c->par; }
+static const bk_asap_forward_config *par_of(const bki_call *c) { return c->par; }
 
 static bk_status check(const bki_call *c)
 {
-    const bk_asap_params *ap = par_of(c);
+    const bk_asap_forward_config *ap = par_of(c);
     const bk_asap_layer *ly = ap->layer;
     bk_status s;
     if ((s = check_layer(ly))) return s;
@@ -362,7 +362,7 @@ static size_t block_bytes(const bki_call *c)
 
 static uint32_t key(const bki_call *c)
 {
-    const bk_asap_params *ap = par_of(c);
+    const bk_asap_forward_config *ap = par_of(c);
     const int32_t e[2] = {ap->layer->slices, steps_of(ap->variant, ap->layer->teacher_iters)};
     uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, &c->op->id, sizeof c->op->id);
     h = bki_fnv1a(h, e, sizeof e);
@@ -378,7 +378,7 @@ static uint32_t key(const bki_call *c)
 static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
 {
     const bk_attn_desc *d = c->d;
-    const bk_asap_params *ap = par_of(c);
+    const bk_asap_forward_config *ap = par_of(c);
     const bk_asap_layer *ly = ap->layer;
     const bk_tensor *out = c->out, *attn = c->attn && c->attn->data ? c->attn : NULL;
     const asap_ex *ax = c->ex;
@@ -448,19 +448,21 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
     }
 }
 
-static void par_default(void *p)
+bk_asap_forward_config bk_asap_forward_config_default(void)
 {
-    const bk_asap_params d = {NULL, BK_ASAP_AUTO};
-    *(bk_asap_params *)p = d;
+    const bk_asap_forward_config d = {NULL, BK_ASAP_AUTO};
+    return d;
 }
+
+static void par_default(void *p) { *(bk_asap_forward_config *)p = bk_asap_forward_config_default(); }
 
 static const char *const variant_names[] = {"auto", "zero", "column", "row", NULL};
 static const bki_field fields[] = {
-    {"variant", BKI_F_ENUM, offsetof(bk_asap_params, variant), variant_names, 0},
+    {"variant", BKI_F_ENUM, offsetof(bk_asap_forward_config, variant), variant_names, 0},
 };
 
-const bki_op bki_op_asap = {"asap", 5, "bk_asap_params", fields, (int)(sizeof fields / sizeof fields[0]),
-                            sizeof(bk_asap_params), par_default, check, cost, lane_bytes, block_bytes, key,
+const bki_op bki_op_asap = {"asap", 5, "bk_asap_forward_config", fields, (int)(sizeof fields / sizeof fields[0]),
+                            sizeof(bk_asap_forward_config), par_default, check, cost, lane_bytes, block_bytes, key,
                             NULL, NULL, NULL, NULL, forward, NULL, NULL};
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
@@ -469,7 +471,7 @@ const bki_op bki_op_asap = {"asap", 5, "bk_asap_params", fields, (int)(sizeof fi
 
 size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)
 {
-    const bk_asap_params ap = {layer, BK_ASAP_AUTO};
+    const bk_asap_forward_config ap = {layer, BK_ASAP_AUTO};
     bki_call c = CALL(desc, &ap);
     return bki_op_workspace_size(&c);
 }
@@ -480,7 +482,7 @@ static bk_status forward_impl(const bk_attn_desc *d, const bk_asap_layer *ly, bk
                               const float *fin, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                               const bk_tensor *out, const bk_asap_extras *ex, void *ws, size_t ws_size)
 {
-    const bk_asap_params ap = {ly, variant};
+    const bk_asap_forward_config ap = {ly, variant};
     const asap_ex ax = {ex, fin};
     bki_call c = CALL(d, &ap);
     c.q = q; c.k = k; c.v = v; c.out = out; c.ex = &ax;
@@ -1074,7 +1076,7 @@ static void kl_eval(const bk_asap_calib *c, bki_plan pl, const double *w, double
     }
 }
 
-static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double *w, bk_asap_fit_report *rep)
+static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_config *o, double *w, bk_asap_fit_report *rep)
 {
     const int L = c->cfg.slices;
     const double lam = c->cfg.lambda;
@@ -1154,7 +1156,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_opts *o, double
     return st;
 }
 
-bk_status bk_asap_calib_fit(bk_asap_calib *c, bk_asap_fit fit, const bk_asap_kl_opts *kl, bk_asap_layer *ly,
+bk_status bk_asap_calib_fit(bk_asap_calib *c, bk_asap_fit fit, const bk_asap_kl_config *kl, bk_asap_layer *ly,
                             bk_asap_fit_report *report)
 {
     if (!c || !ly) return bki_fail(BK_ERR_NULL, "ASAP calibration or layer is NULL");
@@ -1164,7 +1166,7 @@ bk_status bk_asap_calib_fit(bk_asap_calib *c, bk_asap_fit fit, const bk_asap_kl_
         return bki_fail(BK_ERR_PARAM, "ASAP calibration set is empty (no problem with a valid query and key)");
     if (fit == BK_ASAP_FIT_KL && !c->keep_kl)
         return bki_fail(BK_ERR_PARAM, "the KL fit needs a calibration created with keep_kl = 1");
-    bk_asap_kl_opts ko = kl ? *kl : bk_asap_kl_opts_default();
+    bk_asap_kl_config ko = kl ? *kl : bk_asap_kl_config_default();
     if (ko.max_iters < 0 || !(ko.tol >= 0.0)) return bki_fail(BK_ERR_PARAM, "KL options: max_iters >= 0 and tol >= 0");
     const int L = c->cfg.slices, d = c->cfg.d;
     bk_asap_fit_report rep;

@@ -35,13 +35,13 @@
 /* ------------------------------------------------------------------------ */
 /* parameters                                                                */
 /* ------------------------------------------------------------------------ */
-bk_esp_params bk_esp_params_default(void)
+bk_esp_config bk_esp_config_default(void)
 {
-    bk_esp_params p = {BK_ESP_HARD, 1e-3f, 1.0f, 0.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, NULL, 0};
+    bk_esp_config p = {BK_ESP_HARD, 1e-3f, 1.0f, 0.0f, BK_ESP_COST_SQ, BK_ESP_SCALE_ROWS, 0, NULL, 0};
     return p;
 }
 
-int bk_esp_num_slices(const bk_esp_params *p, int d)
+int bk_esp_num_slices(const bk_esp_config *p, int d)
 {
     if (!p || d < 1 || p->L < 0) return 0;
     return p->L == 0 ? d : p->L;
@@ -53,7 +53,7 @@ float bk_esp_anneal(float t0, float factor, int epoch)
 }
 
 /* identity, the caller's, or random unit directions from the seed (sort1d.c) */
-static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
+static void fill_slices(const bk_esp_config *p, int d, int L, float *theta)
 {
     if (p->L == 0) {
         memset(theta, 0, sizeof(float) * (size_t)L * d);
@@ -66,7 +66,7 @@ static void fill_slices(const bk_esp_params *p, int d, int L, float *theta)
 }
 
 /* the scalar parameters, and theta's values when scan_theta (d = head dim) */
-static bk_status check_params(const bk_esp_params *p, int d, int scan_theta)
+static bk_status check_params(const bk_esp_config *p, int d, int scan_theta)
 {
     if (!p) return bki_fail(BK_ERR_NULL, "ESP parameters are NULL");
     if (p->sort != BK_ESP_HARD && p->sort != BK_ESP_SOFT) return bki_fail(BK_ERR_PARAM, "unknown ESP sort mode %d", (int)p->sort);
@@ -85,7 +85,7 @@ static bk_status check_params(const bk_esp_params *p, int d, int scan_theta)
     return BK_OK;
 }
 
-bk_status bk_esp_slices(const bk_esp_params *p, int d, float *theta)
+bk_status bk_esp_slices(const bk_esp_config *p, int d, float *theta)
 {
     if (!theta) return bki_fail(BK_ERR_NULL, "theta output is NULL");
     if (d < 1) return bki_fail(BK_ERR_SHAPE, "d must be >= 1");
@@ -102,12 +102,12 @@ typedef struct {
     const float *theta;
 } esp_cfg;
 
-static const bk_esp_params *par_of(const bki_call *c) { return c->par; }
+static const bk_esp_config *par_of(const bki_call *c) { return c->par; }
 
 /* the call's configuration (theta: the per-call area, once prepared) */
 static esp_cfg cfg_of(const bki_call *c)
 {
-    const bk_esp_params *p = par_of(c);
+    const bk_esp_config *p = par_of(c);
     const bk_attn_desc *d = c->d;
     esp_cfg k;
     k.L = bk_esp_num_slices(p, d->d);
@@ -169,7 +169,7 @@ typedef struct {
  * into *used). */
 static esp_slab carve(const bki_call *c, int members, char *base, size_t *used)
 {
-    const bk_esp_params *p = par_of(c);
+    const bk_esp_config *p = par_of(c);
     const int n = c->d->Nq, m = c->d->Nk, d = c->d->d, dv = c->d->dv, L = bk_esp_num_slices(p, d);
     const int soft = p->sort == BK_ESP_SOFT, euclid = p->cost == BK_ESP_COST_EUCLID;
     bki_arena ar = {base, 0, (size_t)-1};
@@ -228,7 +228,7 @@ static size_t lane_bytes(const bki_call *c, int members)
  * walks L (n + m) pairs of d + dv floats in a handful of phases; soft sort
  * makes O((n^2 + m^2)(d + dv)) per slice in about a dozen phases (the
  * Euclidean cost adds the n x m x n product U = P^T W R). */
-static double problem_cost(const bk_attn_desc *d, const bk_esp_params *p)
+static double problem_cost(const bk_attn_desc *d, const bk_esp_config *p)
 {
     const double n = d->Nq, m = d->Nk, w = (double)d->d + d->dv + 16;
     if (p->sort != BK_ESP_SOFT) return (double)bk_esp_num_slices(p, d->d) * (n + m) * w / 4;
@@ -239,7 +239,7 @@ static double problem_cost(const bk_attn_desc *d, const bk_esp_params *p)
 
 static double cost(const bki_call *c) { return problem_cost(c->d, par_of(c)); }
 
-bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_params *p)
+bki_plan bki_esp_plan(const bk_attn_desc *d, const bk_esp_config *p)
 {
     return bki_plan_problems(d->B * d->H, problem_cost(d, p));
 }
@@ -263,7 +263,7 @@ static size_t block_bytes(const bki_call *c)
 
 static uint32_t key(const bki_call *c)
 {
-    const bk_esp_params *p = par_of(c);
+    const bk_esp_config *p = par_of(c);
     const esp_cfg k = cfg_of(c);
     const float t = k.soft ? p->t : 0.0f;
     const int32_t e[4] = {k.L, (int32_t)p->sort, (int32_t)p->cost, (int32_t)p->out_scale};
@@ -298,7 +298,7 @@ static size_t prep_bytes(const bki_call *c)
 
 static bk_status prep_slices(bki_call *c)
 {
-    const bk_esp_params *p = par_of(c);
+    const bk_esp_config *p = par_of(c);
     fill_slices(p, c->d->d, bk_esp_num_slices(p, c->d->d), c->prep);
     return BK_OK;
 }
@@ -306,7 +306,7 @@ static bk_status prep_slices(bki_call *c)
 /* a problem's slice gradient (soft sort; hard sort gives none) */
 static size_t pgrad_bytes(const bki_call *c)
 {
-    const bk_esp_params *p = par_of(c);
+    const bk_esp_config *p = par_of(c);
     return p->sort == BK_ESP_SOFT ? sizeof(float) * (size_t)bk_esp_num_slices(p, c->d->d) * c->d->d : 0;
 }
 
@@ -1281,42 +1281,42 @@ static void backward(const bki_team *tm, bki_call *c, int pi, char *lane)
 /* ------------------------------------------------------------------------ */
 /* the operator and its public entry points                                  */
 /* ------------------------------------------------------------------------ */
-static void par_default(void *p) { *(bk_esp_params *)p = bk_esp_params_default(); }
+static void par_default(void *p) { *(bk_esp_config *)p = bk_esp_config_default(); }
 
 static const char *const sort_names[] = {"hard", "soft", NULL};
 static const char *const cost_names[] = {"sq", "euclid", NULL};
 static const char *const scale_names[] = {"rows", "paper", NULL};
 static const bki_field fields[] = {
-    {"sort", BKI_F_ENUM, offsetof(bk_esp_params, sort), sort_names, 0},
-    {"t", BKI_F_FLOAT, offsetof(bk_esp_params, t), NULL, 0},
-    {"tau", BKI_F_FLOAT, offsetof(bk_esp_params, tau), NULL, 0},
-    {"scale", BKI_F_FLOAT, offsetof(bk_esp_params, scale), NULL, 0},
-    {"cost", BKI_F_ENUM, offsetof(bk_esp_params, cost), cost_names, 0},
-    {"out_scale", BKI_F_ENUM, offsetof(bk_esp_params, out_scale), scale_names, 0},
-    {"L", BKI_F_INT, offsetof(bk_esp_params, L), NULL, 0},
-    {"seed", BKI_F_I64, offsetof(bk_esp_params, seed), NULL, 0},
+    {"sort", BKI_F_ENUM, offsetof(bk_esp_config, sort), sort_names, 0},
+    {"t", BKI_F_FLOAT, offsetof(bk_esp_config, t), NULL, 0},
+    {"tau", BKI_F_FLOAT, offsetof(bk_esp_config, tau), NULL, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_esp_config, scale), NULL, 0},
+    {"cost", BKI_F_ENUM, offsetof(bk_esp_config, cost), cost_names, 0},
+    {"out_scale", BKI_F_ENUM, offsetof(bk_esp_config, out_scale), scale_names, 0},
+    {"L", BKI_F_INT, offsetof(bk_esp_config, L), NULL, 0},
+    {"seed", BKI_F_I64, offsetof(bk_esp_config, seed), NULL, 0},
 };
 
-const bki_op bki_op_esp = {"esp", 3, "bk_esp_params", fields, (int)(sizeof fields / sizeof fields[0]),
-                           sizeof(bk_esp_params), par_default, check, cost, lane_bytes, block_bytes, key,
+const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
+                           sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
                            prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok};
 
 /* a call of the operator (every other field zero) */
 #define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}
 
-size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_params *p)
+size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_config *p)
 {
     bki_call c = CALL(desc, p);
     return bki_op_workspace_size(&c);
 }
 
-size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_params *p)
+size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_config *p)
 {
     bki_call c = CALL(desc, p);
     return bki_op_tape_size_query(&c);
 }
 
-bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
+bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_config *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_esp_extras *extras, void *ws,
                          size_t ws_size)
 {
@@ -1326,7 +1326,7 @@ bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_params *p, const
     return bki_op_forward(&c, tape, ws, ws_size);
 }
 
-bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_params *p, const bk_tensor *q, const bk_tensor *k,
+bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_config *p, const bk_tensor *q, const bk_tensor *k,
                           const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                           const bk_tensor *dk, const bk_tensor *dv, float *dtheta, void *ws, size_t ws_size)
 {

@@ -1,6 +1,6 @@
 /* lot.c -- LOT attention (LOTFormer): queries -> learnable pivots -> keys,
  * two small entropic OT problems glued, linear in the sequence length.
- * Semantics in include/birkhoff.h, derivations in docs/ALGORITHMS.md
+ * Semantics in include/birkhoff/lot.h, derivations in docs/ALGORITHMS.md
  * section 5.
  *
  * Both inner problems run on the one LSE/Sinkhorn engine (lse_engine.c) with
@@ -25,26 +25,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-bk_lot_params bk_lot_params_default(void)
+bk_lot_config bk_lot_config_default(void)
 {
-    bk_lot_params p = {1, NULL, NULL, 1.0f, 5, 1.0f, 0.0f, 0.0f};
+    bk_lot_config p = {1, NULL, NULL, 1.0f, 5, 1.0f, 0.0f, 0.0f};
     return p;
 }
 
-static void lot_default(void *p) { *(bk_lot_params *)p = bk_lot_params_default(); }
+static void lot_default(void *p) { *(bk_lot_config *)p = bk_lot_config_default(); }
 
 /* the scalar parameters by key (Z and theta are arrays: set them directly) */
 static const bki_field lot_fields[] = {
-    {"r", BKI_F_INT, offsetof(bk_lot_params, r), NULL, 0},
-    {"temp", BKI_F_FLOAT, offsetof(bk_lot_params, temp), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_lot_params, iters), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_lot_params, eps), NULL, 0},
-    {"scale", BKI_F_FLOAT, offsetof(bk_lot_params, scale), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_lot_params, tol), NULL, 0},
+    {"r", BKI_F_INT, offsetof(bk_lot_config, r), NULL, 0},
+    {"temp", BKI_F_FLOAT, offsetof(bk_lot_config, temp), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_lot_config, iters), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_lot_config, eps), NULL, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_lot_config, scale), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_lot_config, tol), NULL, 0},
 };
 
 
-static bk_status check_params(const bk_attn_desc *d, const bk_lot_params *p, int size_query)
+static bk_status check_params(const bk_attn_desc *d, const bk_lot_config *p, int size_query)
 {
     if (!p) return bki_fail(BK_ERR_NULL, "LOT parameters are NULL");
     if (p->r < 1 || p->r > (1 << 20)) return bki_fail(BK_ERR_PARAM, "number of pivots r must be in [1, 2^20], got %d", p->r);
@@ -101,7 +101,7 @@ static size_t ksum_floats(int M, int N, int K1, int K2)
 /* ---- the operator's tables ------------------------------------------------
  * Tape block: the two inner problems' potential histories, h1 (Nq x r
  * problem) then h2 (r x Nk); steps[0], steps[1]: the half-steps each ran. */
-static const bk_lot_params *par(const bki_call *c) { return c->par; }
+static const bk_lot_config *par(const bki_call *c) { return c->par; }
 
 static bk_status check(const bki_call *c)
 {
@@ -128,7 +128,7 @@ typedef struct {
 static lot_lane carve(const bki_call *c, int members, char *base, size_t *used)
 {
     const bk_attn_desc *d = c->d;
-    const bk_lot_params *p = par(c);
+    const bk_lot_config *p = par(c);
     bki_arena ar = {base, 0, (size_t)-1};
     const size_t n = (size_t)d->Nq, m = (size_t)d->Nk, r = (size_t)p->r, dv = (size_t)d->dv;
     const int dmax = d->d > d->dv ? d->d : d->dv;
@@ -157,18 +157,18 @@ static size_t lane_bytes(const bki_call *c, int members)
 
 static size_t block_bytes(const bki_call *c)
 {
-    const bk_lot_params *p = par(c);
+    const bk_lot_config *p = par(c);
     return (bki_hist_len(c->d->Nq, p->r, p->iters) + bki_hist_len(p->r, c->d->Nk, p->iters)) * sizeof(float);
 }
 
-static float alpha_of(const bk_attn_desc *d, const bk_lot_params *p)
+static float alpha_of(const bk_attn_desc *d, const bk_lot_config *p)
 {
     return bki_scale(p->scale, d->d) / p->eps;
 }
 
 static uint32_t key(const bki_call *c)
 {
-    const bk_lot_params *p = par(c);
+    const bk_lot_config *p = par(c);
     const float v[4] = {alpha_of(c->d, p), p->temp, p->tol, 0.0f};
     const int32_t n[2] = {p->r, p->iters};
     uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, v, sizeof v);
@@ -254,7 +254,7 @@ static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm
 
 /* The inner problems of problem pi: pivot masses, logits L1 = (s/eps) Q Z^T
  * (n x r) and L2 = (s/eps) Z K^T (r x m); ends in sync. */
-static void inner_setup(const bki_team *tm, const bk_attn_desc *d, const bk_lot_params *p, int n, int m,
+static void inner_setup(const bki_team *tm, const bk_attn_desc *d, const bk_lot_config *p, int n, int m,
                         const float *Q, int64_t ldq, const float *Kb, int64_t ldk, int h, const lot_lane *w,
                         bki_sk_problem *pb1, bki_sk_problem *pb2)
 {
@@ -316,7 +316,7 @@ static void glue_diag(const bki_team *tm, int n, int m, int r, const lot_lane *w
 static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
 {
     const bk_attn_desc *d = x->d;
-    const bk_lot_params *p = par(x);
+    const bk_lot_config *p = par(x);
     const bk_lot_extras *ex = x->ex;
     const lot_lane ln = carve(x, x->pl.team ? x->pl.nt : 1, base, NULL), *w = &ln;
     const bki_kernels *K = bki_kern();
@@ -369,7 +369,7 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
 static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
 {
     const bk_attn_desc *d = x->d;
-    const bk_lot_params *p = par(x);
+    const bk_lot_config *p = par(x);
     const lot_lane ln = carve(x, x->pl.team ? x->pl.nt : 1, base, NULL), *w = &ln;
     const bki_kernels *K = bki_kern();
     const int r = p->r, b = pi / d->H, h = pi % d->H, dvd = d->dv;
@@ -418,12 +418,12 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
     bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
-const bki_op bki_op_lot = {"lot", 4, "bk_lot_params", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
-                           sizeof(bk_lot_params), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
+const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
+                           sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
                            pgrad_bytes, reduce, forward, backward, steps_ok};
 
 /* ---- public entry points -------------------------------------------------- */
-static bki_call call_of(const bk_attn_desc *d, const bk_lot_params *p)
+static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)
 {
     bki_call c;
     memset(&c, 0, sizeof c);
@@ -433,19 +433,19 @@ static bki_call call_of(const bk_attn_desc *d, const bk_lot_params *p)
     return c;
 }
 
-size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_params *p)
+size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_config *p)
 {
     bki_call c = call_of(d, p);
     return bki_op_tape_size_query(&c);
 }
 
-size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_params *p)
+size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_config *p)
 {
     bki_call c = call_of(desc, p);
     return bki_op_workspace_size(&c);
 }
 
-bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
+bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_config *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_lot_extras *ex, void *ws,
                          size_t ws_size)
 {
@@ -455,7 +455,7 @@ bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_params *p, const bk
     return bki_op_forward(&c, tape, ws, ws_size);
 }
 
-bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_params *p, const bk_tensor *q, const bk_tensor *k,
+bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_config *p, const bk_tensor *q, const bk_tensor *k,
                           const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                           const bk_tensor *dk, const bk_tensor *dv, float *dZ, float *dtheta, void *ws, size_t ws_size)
 {

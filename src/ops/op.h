@@ -9,8 +9,9 @@
  * block per problem), the parallel region, errors. Operators are listed in
  * one place, registry.c; the public API of each operator (bk_sinkhorn_*,
  * bk_esp_*, ...) is a thin wrapper filling a bki_call, and the registry's
- * public face (bk_op_*) lets the CLI, the bindings and the model find an
- * operator by name and set its parameters by key.
+ * public face (bk_op_*) lets C callers and the CLI find an operator by name
+ * and set its parameters by key; the model calls the driver with the
+ * registry's tables directly (src/nn/model.c, ATTN_KINDS).
  *
  * Adding an operator: its parameter struct and public wrappers in its header,
  * one file with its kernels and its bki_op, one line in registry.c, its tests

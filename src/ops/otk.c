@@ -1,6 +1,6 @@
 /* otk.c -- the OTK embedding (Mialon et al. 2021): pool a set onto q
  * trainable references through an entropic OT plan, after a Nystrom kernel
- * map. Semantics in include/birkhoff.h, derivations in docs/ALGORITHMS.md
+ * map. Semantics in include/birkhoff/otk.h, derivations in docs/ALGORITHMS.md
  * section 6.
  *
  * Per set b (the parallel unit): psi = Nystrom(x_b) (n_b x k), then for each
@@ -31,14 +31,14 @@
 #define OTK_VERSION 1u
 #define OTK_NORM2_MIN 1e-4f    /* the reference's clamp of |x|^2 */
 
-bk_otk_params bk_otk_params_default(void)
+bk_otk_config bk_otk_config_default(void)
 {
-    bk_otk_params p;
+    bk_otk_config p;
     memset(&p, 0, sizeof p);
     p.sigma = 0.5f;
     p.eta = 1e-2f;
     p.eps = 0.5f;
-    p.iters = 10;
+    p.iters = 20; /* half-steps: 10 iterations */
     p.sigma_pos = 0.1f;
     return p;
 }
@@ -63,11 +63,15 @@ bk_status bki_otk_check_desc(const bk_otk_desc *d)
     return BK_OK;
 }
 
-static bk_status check_params(const bk_otk_desc *d, const bk_otk_params *p)
+static bk_status check_params(const bk_otk_desc *d, const bk_otk_config *p)
 {
     if (!p) return bki_fail(BK_ERR_NULL, "OTK parameters are NULL");
     if (!(p->eps > 0.0f) || !isfinite(p->eps)) return bki_fail(BK_ERR_PARAM, "eps must be finite and > 0, got %g", (double)p->eps);
-    if (p->iters < 1 || p->iters > 1000000) return bki_fail(BK_ERR_PARAM, "iters (L) must be in [1, 1e6], got %d", p->iters);
+    if (p->iters < 2 || p->iters > 2000000 || p->iters % 2)
+        return bki_fail(BK_ERR_PARAM,
+                        "iters counts half-steps and OTK runs whole (row, column) iterations: it must be even, in "
+                        "[2, 2e6] (2 L for L iterations), got %d",
+                        p->iters);
     if (p->domain != BK_OTK_LOG && p->domain != BK_OTK_SCALING) return bki_fail(BK_ERR_PARAM, "unknown OTK domain %d", (int)p->domain);
     if (p->convention != BK_OTK_PAPER && p->convention != BK_OTK_REFERENCE)
         return bki_fail(BK_ERR_PARAM, "unknown OTK convention %d", (int)p->convention);
@@ -141,7 +145,7 @@ static nys_global nys_carve(int k, int d, char *base)
 }
 
 /* G, its eigendecomposition and M = V diag(h(e)) V^T; s1, s2: k x k scratch */
-static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_params *p, nys_global *g, double *s1, double *s2)
+static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_config *p, nys_global *g, double *s1, double *s2)
 {
     const int k = d->k, dd = d->d;
     const double alpha = 1.0 / ((double)p->sigma * p->sigma);
@@ -173,7 +177,7 @@ static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_params *p, nys_glo
 }
 
 /* dW += (D + D^T) W with D = dG (x) alpha G, dG the gradient through h. */
-static void nys_backward_global(const bk_otk_desc *d, const bk_otk_params *p, const nys_global *g, const double *dM,
+static void nys_backward_global(const bk_otk_desc *d, const bk_otk_config *p, const nys_global *g, const double *dM,
                                 double *tmp, double *tmp2, float *dW)
 {
     const int k = d->k, dd = d->d;
@@ -254,21 +258,24 @@ typedef struct {
     float *scr;                        /* engine scratch for the team          */
 } otk_slab;
 
-static size_t hist_len(const bk_otk_desc *d, const bk_otk_params *p) { return bki_hist_len(d->n, d->p, 2 * p->iters); }
+/* the number of (row, column) iterations L: iters counts half-steps (even) */
+static int full_iters(const bk_otk_config *p) { return p->iters / 2; }
+
+static size_t hist_len(const bk_otk_desc *d, const bk_otk_config *p) { return bki_hist_len(d->n, d->p, p->iters); }
 static size_t part_stride(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
 
-static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_params *p, int members)
+static size_t slab_bytes(const bk_otk_desc *d, const bk_otk_config *p, int members)
 {
     const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p;
     return fl(n * d->d) + fl(n) + 4 * fl(n * k) + 4 * fl(n * P) + fl(hist_len(d, p)) +
-           fl(n + 2 * (size_t)p->iters * (n + P) + P) + fl(BKI_MAX_BLOCKS * part_stride(d->p)) +
+           fl(n + (size_t)p->iters * (n + P) + P) + fl(BKI_MAX_BLOCKS * part_stride(d->p)) +
            fl(2 * BKI_MAX_BLOCKS) + bki_round_up(BKI_MAX_BLOCKS * sizeof(double)) +
            bki_round_up(2 * BKI_MAX_BLOCKS * sizeof(int)) + fl(bki_kern()->sk_scratch(d->n, d->p, members)) +
            16 * BK_ALIGN;
 }
 
 /* lane li of the slabs of a call run as pl says */
-static otk_slab slab_at(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, char *slabs, int li)
+static otk_slab slab_at(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, char *slabs, int li)
 {
     const int members = pl.team ? pl.nt : 1;
     const size_t n = (size_t)d->n, k = (size_t)d->k, P = (size_t)d->p, sb = slab_bytes(d, p, members);
@@ -285,7 +292,7 @@ static otk_slab slab_at(const bk_otk_desc *d, const bk_otk_params *p, bki_plan p
     w.G = bki_take(&ar, n * P * sizeof(float));
     w.S = bki_take(&ar, n * P * sizeof(float));
     w.hist = bki_take(&ar, hist_len(d, p) * sizeof(float));
-    w.aux = bki_take(&ar, (n + 2 * (size_t)p->iters * (n + P) + P) * sizeof(float));
+    w.aux = bki_take(&ar, (n + (size_t)p->iters * (n + P) + P) * sizeof(float));
     w.part = bki_take(&ar, BKI_MAX_BLOCKS * part_stride(d->p) * sizeof(float));
     w.emax = bki_take(&ar, 2 * BKI_MAX_BLOCKS * sizeof(float));
     w.dsum = bki_take(&ar, BKI_MAX_BLOCKS * sizeof(double));
@@ -294,7 +301,7 @@ static otk_slab slab_at(const bk_otk_desc *d, const bk_otk_params *p, bki_plan p
     return w;
 }
 
-static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl)
+static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl)
 {
     return (size_t)pl.lanes * slab_bytes(d, p, pl.team ? pl.nt : 1) + BK_ALIGN;
 }
@@ -304,7 +311,7 @@ static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_params *p, bki_plan
  * set ends with its team in sync. */
 typedef void (*otk_set_fn)(const bki_team *tm, int b, const otk_slab *w, void *ctx);
 
-static void run_sets(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, char *slabs, int b0, int b1,
+static void run_sets(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, char *slabs, int b0, int b1,
                      otk_set_fn fn, void *ctx)
 {
 #pragma omp parallel num_threads(pl.nt)
@@ -332,24 +339,24 @@ typedef struct {
     float eps, sigma, eta, sigma_pos;
 } otk_tape_header;
 
-static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_params *p) { return bki_round_up(hist_len(d, p) * sizeof(float)) / sizeof(float); }
+static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_config *p) { return bki_round_up(hist_len(d, p) * sizeof(float)) / sizeof(float); }
 
-size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_params *p)
+size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_config *p)
 {
-    if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || p->iters < 1) return 0;
+    if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || p->iters < 2 || p->iters % 2) return 0;
     return bki_round_up(sizeof(otk_tape_header)) + (size_t)d->B * d->q * tape_block_floats(d, p) * sizeof(float);
 }
 
-static float *tape_block(const void *tape, const bk_otk_desc *d, const bk_otk_params *p, int b, int h)
+static float *tape_block(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, int b, int h)
 {
     return (float *)((char *)tape + bki_round_up(sizeof(otk_tape_header))) + ((size_t)b * d->q + h) * tape_block_floats(d, p);
 }
 
-static void tape_header_fill(otk_tape_header *t, const bk_otk_desc *d, const bk_otk_params *p)
+static void tape_header_fill(otk_tape_header *t, const bk_otk_desc *d, const bk_otk_config *p)
 {
     memset(t, 0, sizeof *t);
     t->magic = OTK_MAGIC; t->version = OTK_VERSION;
-    t->B = d->B; t->n = d->n; t->d = d->d; t->q = d->q; t->p = d->p; t->k = d->k; t->L = p->iters;
+    t->B = d->B; t->n = d->n; t->d = d->d; t->q = d->q; t->p = d->p; t->k = d->k; t->L = full_iters(p);
     t->domain = p->domain; t->convention = p->convention; t->pe = p->pe; t->pe_double = p->pe_double;
     t->anchors = p->W != NULL;
     t->eps = p->eps; t->sigma = p->sigma; t->eta = p->eta; t->sigma_pos = p->sigma_pos;
@@ -358,14 +365,14 @@ static void tape_header_fill(otk_tape_header *t, const bk_otk_desc *d, const bk_
 /* ---- workspace ---------------------------------------------------------------- */
 /* global part: Nystrom matrices, per-set gradient blocks (z, M, W), and a tape
  * when the backward recomputes the forward */
-static size_t grad_block_floats(const bk_otk_desc *d, const bk_otk_params *p)
+static size_t grad_block_floats(const bk_otk_desc *d, const bk_otk_config *p)
 {
     size_t f = (size_t)d->q * d->p * d->k;
     if (p->W) f += (size_t)d->k * d->k + (size_t)d->k * d->d;
     return bki_round_up(f * sizeof(float)) / sizeof(float);
 }
 
-static size_t ws_need(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, int backward, int own_tape)
+static size_t ws_need(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, int backward, int own_tape)
 {
     size_t b = slabs_bytes(d, p, pl);
     if (p->W) b += nys_bytes(d->k, d->d) + 3 * bki_round_up((size_t)d->k * d->k * sizeof(double)) + BK_ALIGN;
@@ -374,9 +381,9 @@ static size_t ws_need(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl,
     return b;
 }
 
-size_t bk_otk_workspace_size(const bk_otk_desc *d, const bk_otk_params *p)
+size_t bk_otk_workspace_size(const bk_otk_desc *d, const bk_otk_config *p)
 {
-    if (!d || !p || d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1 || p->iters < 1) return 0;
+    if (!d || !p || d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1 || p->iters < 2 || p->iters % 2) return 0;
     return ws_need(d, p, plan_of(d), 1, 1);
 }
 
@@ -388,7 +395,7 @@ typedef struct {
     void *own_tape;
 } otk_ws;
 
-static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_params *p, bki_plan pl, int backward, int own_tape, char *base)
+static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, int backward, int own_tape, char *base)
 {
     otk_ws w;
     memset(&w, 0, sizeof w);
@@ -414,7 +421,7 @@ static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_params *p, bki_plan p
 /* ---- features ----------------------------------------------------------------- */
 /* psi (n_b x k, row stride k) of one set; keeps xh, r and Bm for the backward.
  * Ends in sync. */
-static void set_features(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, const float *M, int nb,
+static void set_features(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, const float *M, int nb,
                          const float *x, int64_t ldx, const otk_slab *w)
 {
     const int dd = d->d, k = d->k;
@@ -456,7 +463,7 @@ static void set_features(const bki_team *tm, const bk_otk_desc *d, const bk_otk_
 
 /* ---- positional encoding --------------------------------------------------------- */
 /* this member's rows of S (no sync) */
-static void pe_matrix(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, float *S)
+static void pe_matrix(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, int nb, float *S)
 {
     const int P = d->p;
     const double isg = 1.0 / p->sigma_pos;
@@ -491,7 +498,7 @@ static void times_pe(const bki_team *tm, int nb, int P, float *X, const float *S
 
 /* logits Lg = (psi z_h^T) / eps, times S when pe_double; psi: nb x k. Ends in
  * sync. */
-static void plan_logits(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *psi,
+static void plan_logits(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, int nb, const float *psi,
                         const float *zh, const otk_slab *w)
 {
     const int P = d->p, k = d->k;
@@ -679,25 +686,25 @@ static void scaling_backward(const bki_team *tm, int n, int m, int L, const floa
 /* ---- one plan ---------------------------------------------------------------------- */
 /* A = n_b P into w->A; potentials into hist. Returns 0 on scaling underflow
  * (in every member). Ends in sync. */
-static int plan_forward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, float *hist,
+static int plan_forward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, int nb, float *hist,
                         const otk_slab *w)
 {
     const int P = d->p;
-    if (p->domain == BK_OTK_SCALING) return scaling_forward(tm, nb, P, p->iters, w->Lg, w->A, hist, w);
-    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * p->iters, 0.0f, NULL, 1.0f};
+    if (p->domain == BK_OTK_SCALING) return scaling_forward(tm, nb, P, full_iters(p), w->Lg, w->A, hist, w);
+    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, p->iters, 0.0f, NULL, 1.0f};
     bki_sk_result res = {hist, w->A, P, NULL, NULL, 0, 0.0f, 0.0f};
     bki_kern()->sk_forward(tm, &pb, &res, w->scr);
     return 1;
 }
 
-static float out_coef(const bk_otk_desc *d, const bk_otk_params *p)
+static float out_coef(const bk_otk_desc *d, const bk_otk_config *p)
 {
     return p->convention == BK_OTK_REFERENCE ? (float)d->p : sqrtf((float)d->p / (float)d->q);
 }
 
 /* pooling weights Wt = c/n_b A (x) S on this member's rows (Wt may be A; no
  * sync) */
-static void pool_weights(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, int nb, const float *A,
+static void pool_weights(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, int nb, const float *A,
                          float *Wt, const float *S)
 {
     const float c = out_coef(d, p) / (float)nb;
@@ -745,7 +752,7 @@ static void plan_diag(const bki_team *tm, int nb, int P, const float *A, const o
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
-static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z)
+static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z)
 {
     bk_status s;
     if ((s = bki_otk_check_desc(d)) || (s = check_params(d, p))) return s;
@@ -758,7 +765,7 @@ static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_params *p, cons
 /* ---- forward of one set: features, then q plans and their pooling ---------------- */
 typedef struct {
     const bk_otk_desc *d;
-    const bk_otk_params *p;
+    const bk_otk_config *p;
     const bk_tensor *x, *out;
     const float *z;
     void *tape;
@@ -771,7 +778,7 @@ static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
 {
     fwd_ctx *x = vctx;
     const bk_otk_desc *d = x->d;
-    const bk_otk_params *p = x->p;
+    const bk_otk_config *p = x->p;
     const bk_otk_extras *ex = x->ex;
     const int P = d->p, k = d->k, nb = bki_len(d->len, b, d->n);
     set_features(tm, d, p, x->ws->nys.M, nb, bki_at(x->x, b, 0), x->x->stride_n, w);
@@ -806,7 +813,7 @@ static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
 
 /* Runs every set; out / tape / extras may be NULL. Returns the first set
  * whose scaling iteration failed, or -1. */
-static int forward_core(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
+static int forward_core(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                         const bk_tensor *out, void *tape, const bk_otk_extras *ex, const otk_ws *ws, bki_plan pl)
 {
     fwd_ctx c = {d, p, x, out, z, tape, ex, ws, -1};
@@ -817,7 +824,7 @@ static int forward_core(const bk_otk_desc *d, const bk_otk_params *p, const bk_t
 /* The Nystrom matrix, once per call, serially: in a one-thread region, so
  * that LAPACK's BLAS runs on one thread in the library's floating-point mode
  * like every other part of the call. */
-static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_params *p, otk_ws *w)
+static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_config *p, otk_ws *w)
 {
     bk_status s = BK_OK;
     if (!p->W) return s;
@@ -829,7 +836,7 @@ static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_params *p, otk_w
     return s;
 }
 
-bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
+bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                          const bk_tensor *out, void *tape, const bk_otk_extras *ex, void *wsp, size_t ws_size)
 {
     bk_status s;
@@ -866,7 +873,7 @@ done:
 
 typedef struct {
     const bk_otk_desc *d;
-    const bk_otk_params *p;
+    const bk_otk_config *p;
     const bk_tensor *x, *psi;
     const float *M;
 } feat_ctx;
@@ -884,7 +891,7 @@ static void features_set(const bki_team *tm, int b, const otk_slab *w, void *vct
     if (tm->tid == 0) bki_zero_rows(dst, c->psi->stride_n, nb, d->n, d->k);
 }
 
-bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const bk_tensor *psi)
+bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const bk_tensor *psi)
 {
     bk_status s;
     if ((s = bki_otk_check_desc(d)) || (s = check_params(d, p))) return s;
@@ -912,7 +919,7 @@ done:
 }
 
 /* ---- backward --------------------------------------------------------------------- */
-static bk_status check_tape(const void *tape, const bk_otk_desc *d, const bk_otk_params *p)
+static bk_status check_tape(const void *tape, const bk_otk_desc *d, const bk_otk_config *p)
 {
     otk_tape_header t;
     tape_header_fill(&t, d, p);
@@ -925,7 +932,7 @@ static bk_status check_tape(const void *tape, const bk_otk_desc *d, const bk_otk
 
 /* Nystrom backward of one set: dpsi -> dx rows, dM_b, dW_b (direct term).
  * Called with dpsi complete; ends in sync. */
-static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_params *p, const float *M,
+static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, const float *M,
                                   int nb, const float *x, int64_t ldx, const otk_slab *w, float *dxb, int64_t lddx,
                                   float *dMb, float *dWb)
 {
@@ -974,7 +981,7 @@ static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, cons
 
 typedef struct {
     const bk_otk_desc *d;
-    const bk_otk_params *p;
+    const bk_otk_config *p;
     const bk_tensor *x, *dout, *dx;
     const float *z;
     const void *tape;
@@ -985,8 +992,8 @@ static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
 {
     const bwd_ctx *x = vctx;
     const bk_otk_desc *d = x->d;
-    const bk_otk_params *p = x->p;
-    const int P = d->p, k = d->k, L = p->iters, nb = bki_len(d->len, b, d->n), pe = p->pe != BK_OTK_PE_NONE;
+    const bk_otk_config *p = x->p;
+    const int P = d->p, k = d->k, L = full_iters(p), nb = bki_len(d->len, b, d->n), pe = p->pe != BK_OTK_PE_NONE;
     const float *xb = bki_at(x->x, b, 0);
     float *gz = x->ws->grads + (size_t)b * grad_block_floats(d, p), *gM = NULL, *gW = NULL;
     if (p->W) {
@@ -1036,7 +1043,7 @@ static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
     if (dxb && tm->tid == 0) bki_zero_rows(dxb, x->dx->stride_n, nb, d->n, d->d);
 }
 
-bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const float *z,
+bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                           const bk_tensor *dout, const void *tape_in, const bk_tensor *dx, float *dz, float *dW,
                           void *wsp, size_t ws_size)
 {
@@ -1115,7 +1122,7 @@ done:
  * ref[b] = h of p P^T F_b is added to bary[h] ([q][p][k]) in set order. */
 typedef struct {
     const bk_otk_desc *d;
-    const bk_otk_params *p;
+    const bk_otk_config *p;
     const float *F, *z;
     double *sim;
     const int *ref;
@@ -1154,10 +1161,10 @@ static void transport_set(const bki_team *tm, int b, const otk_slab *w, void *vc
     }
 }
 
-bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_params *p0, const float *F, const float *z,
+bk_status bki_otk_transport(const bk_otk_desc *d, const bk_otk_config *p0, const float *F, const float *z,
                             double *sim, const int *ref, float *bary)
 {
-    bk_otk_params p = *p0;
+    bk_otk_config p = *p0;
     p.W = NULL;
     p.domain = BK_OTK_LOG;
     p.pe = BK_OTK_PE_NONE;

@@ -13,13 +13,13 @@
 
 #define KM_BLOCK 1024 /* rows per assignment block (fixed: determinism) */
 
-bk_kmeans_params bk_kmeans_params_default(void)
+bk_kmeans_config bk_kmeans_config_default(void)
 {
-    bk_kmeans_params k = {100, 1e-6f, 0, 0, BK_KMEANS_PLUSPLUS};
+    bk_kmeans_config k = {100, 1e-6f, 0, 0, BK_KMEANS_PLUSPLUS};
     return k;
 }
 
-static bk_status check_kp(const bk_kmeans_params *kp)
+static bk_status check_kp(const bk_kmeans_config *kp)
 {
     if (!kp) return bki_fail(BK_ERR_NULL, "K-means parameters are NULL");
     if (kp->iters < 1) return bki_fail(BK_ERR_PARAM, "K-means iterations must be >= 1, got %d", kp->iters);
@@ -55,7 +55,7 @@ static int64_t normalise_rows(float *x, int64_t N, int dim)
 }
 
 /* spherical K-means on unit rows xn [N][dim] (N >= K); centres [K][dim] */
-static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const bk_kmeans_params *kp, float *C,
+static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const bk_kmeans_config *kp, float *C,
                              bk_kmeans_report *rep)
 {
     int32_t *assign = malloc(sizeof(int32_t) * (size_t)N);
@@ -184,7 +184,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
     return BK_OK;
 }
 
-bk_status bk_spherical_kmeans(const float *x, int64_t N, int dim, int K, const bk_kmeans_params *kp, float *centres,
+bk_status bk_spherical_kmeans(const float *x, int64_t N, int dim, int K, const bk_kmeans_config *kp, float *centres,
                               bk_kmeans_report *rep)
 {
     bk_status s;
@@ -238,7 +238,7 @@ static bk_status check_sets(const bk_otk_desc *d, const bk_tensor *x)
     return bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len);
 }
 
-bk_status bk_otk_fit_anchors(const bk_otk_desc *d, const bk_tensor *x, const bk_kmeans_params *kp, float *W,
+bk_status bk_otk_fit_anchors(const bk_otk_desc *d, const bk_tensor *x, const bk_kmeans_config *kp, float *W,
                              bk_kmeans_report *rep)
 {
     bk_status s;
@@ -260,7 +260,7 @@ bk_status bk_otk_fit_anchors(const bk_otk_desc *d, const bk_tensor *x, const bk_
 
 /* damped barycentric steps z <- normalise(z/2 + mean_b(p P_b^T F_b)/2) for
  * the references of ref[] (sets with ref[b] = h move z^h) */
-static bk_status barycenter(const bk_otk_desc *d, const bk_otk_params *p, const float *F, const int *ref, int steps,
+static bk_status barycenter(const bk_otk_desc *d, const bk_otk_config *p, const float *F, const int *ref, int steps,
                             float *z)
 {
     const size_t pk = (size_t)d->p * d->k;
@@ -289,7 +289,7 @@ static bk_status barycenter(const bk_otk_desc *d, const bk_otk_params *p, const 
     return s;
 }
 
-bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_params *p, const bk_tensor *x, const bk_kmeans_params *kp,
+bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const bk_kmeans_config *kp,
                           int barycenter_steps, float *z, bk_kmeans_report *rep)
 {
     bk_status s;
@@ -378,7 +378,7 @@ bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_params *p, const bk
             m = normalise_rows(xs, m, k);
             float *zh = z + (size_t)h * P * k;
             if (m >= P) {
-                bk_kmeans_params ip = *kp;
+                bk_kmeans_config ip = *kp;
                 ip.seed = kp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(it * q + h + 1);
                 s = kmeans_core(xs, m, k, P, &ip, zh, NULL);
             } else {

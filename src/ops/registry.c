@@ -33,29 +33,29 @@ const bk_op *bk_op_at(int i) { return i >= 0 && i < NOPS ? out(ops[i]) : NULL; }
 const bk_op *bk_op_find(const char *name) { return out(bki_op_find(name)); }
 const char *bk_op_name(const bk_op *op) { return op ? in(op)->name : NULL; }
 int bk_op_has_backward(const bk_op *op) { return op && in(op)->backward != NULL; }
-size_t bk_op_params_size(const bk_op *op) { return op ? in(op)->par_size : 0; }
+size_t bk_op_config_size(const bk_op *op) { return op ? in(op)->par_size : 0; }
 
-void bk_op_params_default(const bk_op *op, void *params)
+void bk_op_config_default(const bk_op *op, void *params)
 {
     if (op && params) in(op)->par_default(params);
 }
 
-bk_status bk_op_params_set(const bk_op *op, void *params, const char *key, const char *value)
+bk_status bk_op_config_set(const bk_op *op, void *params, const char *key, const char *value)
 {
-    if (!op || !params) return bki_fail(BK_ERR_NULL, "bk_op_params_set: NULL operator or parameters");
+    if (!op || !params) return bki_fail(BK_ERR_NULL, "bk_op_config_set: NULL operator or parameters");
     bk_status s = bki_cfg_set(params, in(op)->fields, in(op)->nfields, in(op)->name, key, value);
     if (s == BK_OK) bki_clear_error();
     return s;
 }
 
-int bk_op_param_count(const bk_op *op) { return op ? in(op)->nfields : 0; }
+int bk_op_config_count(const bk_op *op) { return op ? in(op)->nfields : 0; }
 
-const char *bk_op_param_key(const bk_op *op, int i)
+const char *bk_op_config_key(const bk_op *op, int i)
 {
     return op && i >= 0 && i < in(op)->nfields ? in(op)->fields[i].name : NULL;
 }
 
-size_t bk_op_params_format(const bk_op *op, const void *params, char *buf, size_t cap)
+size_t bk_op_config_format(const bk_op *op, const void *params, char *buf, size_t cap)
 {
     if (!op || !params) return 0;
     return bki_cfg_format(params, in(op)->fields, in(op)->nfields, buf, cap);

@@ -25,12 +25,12 @@ static sk_cfg cfg_of(const bki_call *c)
 {
     sk_cfg k = {0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED, 1.0f, 0.0f};
     if (c->op == &bki_op_softmax) {
-        k.scale = ((const bk_softmax_params *)c->par)->scale;
+        k.scale = ((const bk_softmax_config *)c->par)->scale;
     } else if (c->op == &bki_op_sinkhorn) {
-        const bk_sinkhorn_params *p = c->par;
+        const bk_sinkhorn_config *p = c->par;
         k.scale = p->scale; k.eps = p->eps; k.S = p->iters; k.tol = p->tol; k.grad = p->grad;
     } else {
-        const bk_unbalanced_params *p = c->par;
+        const bk_unbalanced_config *p = c->par;
         k.scale = p->scale; k.eps = p->eps; k.S = p->iters; k.tol = p->tol; k.rho = p->rho;
         k.kappa = p->rho / (p->rho + p->eps);
     }
@@ -229,51 +229,51 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 }
 
 /* ---- the three operators ------------------------------------------------- */
-bk_softmax_params bk_softmax_params_default(void)
+bk_softmax_config bk_softmax_config_default(void)
 {
-    bk_softmax_params p = {0.0f};
+    bk_softmax_config p = {0.0f};
     return p;
 }
 
-bk_sinkhorn_params bk_sinkhorn_params_default(void)
+bk_sinkhorn_config bk_sinkhorn_config_default(void)
 {
-    bk_sinkhorn_params p = {0.0f, 1.0f, 5, 0.0f, BK_GRAD_UNROLLED};
+    bk_sinkhorn_config p = {0.0f, 1.0f, 5, 0.0f, BK_GRAD_UNROLLED};
     return p;
 }
 
-bk_unbalanced_params bk_unbalanced_params_default(void)
+bk_unbalanced_config bk_unbalanced_config_default(void)
 {
-    bk_unbalanced_params p = {0.0f, 1.0f, 5, 0.0f, 10.0f};
+    bk_unbalanced_config p = {0.0f, 1.0f, 5, 0.0f, 10.0f};
     return p;
 }
 
-static void softmax_default(void *p) { *(bk_softmax_params *)p = bk_softmax_params_default(); }
-static void sinkhorn_default(void *p) { *(bk_sinkhorn_params *)p = bk_sinkhorn_params_default(); }
-static void unbalanced_default(void *p) { *(bk_unbalanced_params *)p = bk_unbalanced_params_default(); }
+static void softmax_default(void *p) { *(bk_softmax_config *)p = bk_softmax_config_default(); }
+static void sinkhorn_default(void *p) { *(bk_sinkhorn_config *)p = bk_sinkhorn_config_default(); }
+static void unbalanced_default(void *p) { *(bk_unbalanced_config *)p = bk_unbalanced_config_default(); }
 
 static const char *const grad_names[] = {"unrolled", "implicit", NULL};
-static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_params, scale), NULL, 0}};
+static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_config, scale), NULL, 0}};
 static const bki_field sinkhorn_fields[] = {
-    {"scale", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, scale), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, eps), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_sinkhorn_params, iters), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_sinkhorn_params, tol), NULL, 0},
-    {"grad", BKI_F_ENUM, offsetof(bk_sinkhorn_params, grad), grad_names, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, scale), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, eps), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_sinkhorn_config, iters), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, tol), NULL, 0},
+    {"grad", BKI_F_ENUM, offsetof(bk_sinkhorn_config, grad), grad_names, 0},
 };
 static const bki_field unbalanced_fields[] = {
-    {"scale", BKI_F_FLOAT, offsetof(bk_unbalanced_params, scale), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_unbalanced_params, eps), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_unbalanced_params, iters), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_unbalanced_params, tol), NULL, 0},
-    {"rho", BKI_F_FLOAT, offsetof(bk_unbalanced_params, rho), NULL, 0},
+    {"scale", BKI_F_FLOAT, offsetof(bk_unbalanced_config, scale), NULL, 0},
+    {"eps", BKI_F_FLOAT, offsetof(bk_unbalanced_config, eps), NULL, 0},
+    {"iters", BKI_F_INT, offsetof(bk_unbalanced_config, iters), NULL, 0},
+    {"tol", BKI_F_FLOAT, offsetof(bk_unbalanced_config, tol), NULL, 0},
+    {"rho", BKI_F_FLOAT, offsetof(bk_unbalanced_config, rho), NULL, 0},
 };
 
 #define SK_OP(var, nm, ident, par, tab, def)                                                                        \
     const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
                         lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok}
-SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_params, softmax_fields, softmax_default);
-SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_params, sinkhorn_fields, sinkhorn_default);
-SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_params, unbalanced_fields, unbalanced_default);
+SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default);
+SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default);
+SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default);
 
 /* ---- public entry points ------------------------------------------------- */
 static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par)
@@ -314,40 +314,40 @@ static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par
         c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;                                \
         return bki_op_backward(&c, tape, ws, ws_size);                                                            \
     }
-SK_ENTRY_POINTS(bk_sinkhorn, bki_op_sinkhorn, bk_sinkhorn_params, bk_sinkhorn_extras, extras ? &extras->attn : NULL)
-SK_ENTRY_POINTS(bk_unbalanced, bki_op_unbalanced, bk_unbalanced_params, bk_sinkhorn_extras,
+SK_ENTRY_POINTS(bk_sinkhorn, bki_op_sinkhorn, bk_sinkhorn_config, bk_sinkhorn_extras, extras ? &extras->attn : NULL)
+SK_ENTRY_POINTS(bk_unbalanced, bki_op_unbalanced, bk_unbalanced_config, bk_sinkhorn_extras,
                 extras ? &extras->attn : NULL)
 
 /* softmax: its size queries take no parameters (none changes them) */
 size_t bk_softmax_workspace_size(const bk_attn_desc *desc)
 {
-    const bk_softmax_params p = bk_softmax_params_default();
+    const bk_softmax_config p = bk_softmax_config_default();
     bki_call c = call_of(&bki_op_softmax, desc, &p);
     return bki_op_workspace_size(&c);
 }
 
 size_t bk_softmax_tape_size(const bk_attn_desc *desc)
 {
-    const bk_softmax_params p = bk_softmax_params_default();
+    const bk_softmax_config p = bk_softmax_config_default();
     bki_call c = call_of(&bki_op_softmax, desc, &p);
     return bki_op_tape_size_query(&c);
 }
 
-bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_params *p, const bk_tensor *q,
+bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_config *p, const bk_tensor *q,
                              const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
                              const bk_tensor *attn, void *ws, size_t ws_size)
 {
-    const bk_softmax_params def = bk_softmax_params_default();
+    const bk_softmax_config def = bk_softmax_config_default();
     bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
     c.q = q; c.k = k; c.v = v; c.out = out; c.attn = attn;
     return bki_op_forward(&c, tape, ws, ws_size);
 }
 
-bk_status bk_softmax_backward(const bk_attn_desc *desc, const bk_softmax_params *p, const bk_tensor *q,
+bk_status bk_softmax_backward(const bk_attn_desc *desc, const bk_softmax_config *p, const bk_tensor *q,
                               const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout, const void *tape,
                               const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)
 {
-    const bk_softmax_params def = bk_softmax_params_default();
+    const bk_softmax_config def = bk_softmax_config_default();
     bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
     c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
     return bki_op_backward(&c, tape, ws, ws_size);

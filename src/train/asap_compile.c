@@ -81,7 +81,7 @@ bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compi
     for (int l = 0; l < c->depth; l++) {
         bk_asap_layer ly;
         bk_asap_fit_report rep;
-        bk_asap_kl_opts ko = bk_asap_kl_opts_default();
+        bk_asap_kl_config ko = bk_asap_kl_config_default();
         if ((st = bk_asap_calib_fit(cal[l], cc->fit, &ko, &ly, &rep)) != BK_OK) {
             char msg[480];
             snprintf(msg, sizeof msg, "%s", bk_last_error());

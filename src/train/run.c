@@ -262,11 +262,6 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
     return BK_OK;
 }
 
-const char *bk_attn_kind_name(bk_attn_kind k)
-{
-    static const char *const names[] = {"softmax", "sinkhorn", "esp", "lot", "asap"};
-    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_ASAP ? names[k] : "?";
-}
 
 /* ---- the run stored in a checkpoint (metadata "extra") ---- */
 int bk_run_extra_get(const char *extra, const char *key, char *out, size_t cap)

@@ -35,7 +35,7 @@ static void count_free(void *p, void *u)
 /* one Sinkhorn forward + backward on fixed data, workspace from the library */
 typedef struct {
     th_prob pb;
-    bk_sinkhorn_params p;
+    bk_sinkhorn_config p;
     bk_status s1, s2;
 } run_t;
 
@@ -43,7 +43,7 @@ static void run_init(run_t *r, uint64_t seed)
 {
     th_rng g = {seed};
     th_prob_init(&r->pb, 2, 3, 40, 36, 8, 6, 0, 1, 1.0, &g);
-    r->p = bk_sinkhorn_params_default();
+    r->p = bk_sinkhorn_config_default();
 }
 
 static void run_once(run_t *r)
@@ -161,7 +161,7 @@ void test_backend(void)
         th_check(r.s1 == BK_OK && same_outputs(&ref, &r), "an operator the backend has runs (and gives the same result)",
                  "%s", bk_last_error());
         /* LOT: refused before anything is written */
-        bk_lot_params lp = bk_lot_params_default();
+        bk_lot_config lp = bk_lot_config_default();
         float Z[3 * 2 * 8], th[3 * 2];
         for (int i = 0; i < 48; i++) Z[i] = 0.1f * (float)(i % 7);
         for (int i = 0; i < 6; i++) th[i] = 0.0f;

@@ -66,7 +66,7 @@ static double scale_of(float s) { return s != 0.0f ? (double)s : (double)(1.0f /
 static void softmax_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
     (void)s;
-    const double a = scale_of(((const bk_softmax_params *)par)->scale);
+    const double a = scale_of(((const bk_softmax_config *)par)->scale);
     ref_attn_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, 1, o->A, o->O);
     if (bw)
         ref_attn_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, 1, in->dO, o->dQ,
@@ -76,7 +76,7 @@ static void softmax_ref(const void *par, const op_state *s, const ref_in *in, re
 static void sinkhorn_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
     (void)s;
-    const bk_sinkhorn_params *p = par;
+    const bk_sinkhorn_config *p = par;
     const double a = (double)(float)(scale_of(p->scale) / p->eps);
     ref_attn_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, o->A, o->O);
     if (bw)
@@ -87,7 +87,7 @@ static void sinkhorn_ref(const void *par, const op_state *s, const ref_in *in, r
 static void unbalanced_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
     (void)s;
-    const bk_unbalanced_params *p = par;
+    const bk_unbalanced_config *p = par;
     const double a = scale_of(p->scale) / p->eps, kappa = (double)p->rho / ((double)p->rho + p->eps);
     ref_unb_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, p->iters, kappa, o->A,
                             o->O);
@@ -99,7 +99,7 @@ static void unbalanced_ref(const void *par, const op_state *s, const ref_in *in,
 /* ---- ESP: soft sort on a given slice bank, dTheta learned --------------- */
 static void esp_setup(void *par, op_state *s, th_rng *r)
 {
-    bk_esp_params *p = par;
+    bk_esp_config *p = par;
     for (int i = 0; i < NSL * D_; i++) s->slices[i] = (float)th_normal(r);
     p->L = NSL;
     p->theta = s->slices;
@@ -108,7 +108,7 @@ static void esp_setup(void *par, op_state *s, th_rng *r)
 
 static void esp_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
-    const bk_esp_params *p = par;
+    const bk_esp_config *p = par;
     double th[NSL * D_];
     for (int i = 0; i < NSL * D_; i++) th[i] = s->slices[i];
     const ref_esp_cfg c = {p->sort == BK_ESP_SOFT, p->t, p->tau, scale_of(p->scale), p->cost == BK_ESP_COST_EUCLID,
@@ -122,7 +122,7 @@ static void esp_ref(const void *par, const op_state *s, const ref_in *in, ref_ou
 /* ---- LOT: learned pivots and masses ------------------------------------- */
 static void lot_setup(void *par, op_state *s, th_rng *r)
 {
-    bk_lot_params *p = par;
+    bk_lot_config *p = par;
     for (int i = 0; i < H_ * NPIV * D_; i++) s->Z[i] = (float)th_normal(r);
     for (int i = 0; i < H_ * NPIV; i++) s->th[i] = (float)(0.5 * th_normal(r));
     p->r = NPIV;
@@ -134,7 +134,7 @@ static void lot_setup(void *par, op_state *s, th_rng *r)
 
 static void lot_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
-    const bk_lot_params *p = par;
+    const bk_lot_config *p = par;
     double Z[H_ * NPIV * D_], th[H_ * NPIV];
     for (int i = 0; i < H_ * NPIV * D_; i++) Z[i] = s->Z[i];
     for (int i = 0; i < H_ * NPIV; i++) th[i] = s->th[i];
@@ -149,7 +149,7 @@ static void lot_ref(const void *par, const op_state *s, const ref_in *in, ref_ou
 /* ---- ASAP: a random compiled layer (unit slices, omega), forward only ---- */
 static void asap_setup(void *par, op_state *s, th_rng *r)
 {
-    bk_asap_params *p = par;
+    bk_asap_forward_config *p = par;
     bk_asap_layer *ly = &s->ly;
     memset(ly, 0, sizeof *ly);
     ly->d = D_;
@@ -176,7 +176,7 @@ static void asap_setup(void *par, op_state *s, th_rng *r)
 static void asap_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
 {
     (void)bw;
-    const bk_asap_params *p = par;
+    const bk_asap_forward_config *p = par;
     const bk_asap_layer *ly = p->layer;
     const int variant = p->variant != BK_ASAP_AUTO ? (int)p->variant
                         : ly->teacher_iters % 2 == 0 ? (int)BK_ASAP_COLUMN
@@ -258,14 +258,14 @@ static void run_backend(bk_context *ctx, int layout)
         memset(&st, 0, sizeof st);
         _Alignas(16) unsigned char par[512];
         if (!th_check(op->par_size <= sizeof par, name, "parameter struct of %zu bytes", op->par_size)) continue;
-        bk_op_params_default(pub, par);
+        bk_op_config_default(pub, par);
         if (row->setup) row->setup(par, &st, &r);
         char keys[128];
         snprintf(keys, sizeof keys, "%s", row->keys);
         for (char *kv = strtok(keys, " "); kv; kv = strtok(NULL, " ")) {
             char *eq = strchr(kv, '=');
             *eq = 0;
-            th_check(bk_op_params_set(pub, par, kv, eq + 1) == BK_OK, name, "key %s: %s", kv, bk_last_error());
+            th_check(bk_op_config_set(pub, par, kv, eq + 1) == BK_OK, name, "key %s: %s", kv, bk_last_error());
         }
         const size_t nq = (size_t)B_ * H_ * NQ, nk = (size_t)B_ * H_ * NK;
         dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};

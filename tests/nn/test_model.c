@@ -127,7 +127,7 @@ static void test_fd(void)
         {"attn=lot,lot_r=3,lot_iters=5", 0, 0.0f},
         {"attn=unbalanced,sk_iters=5,sk_rho=2,pool=mean", 0, 0.0f},
         {"input=tokens,vocab=11,max_len=6,attn=unbalanced,sk_iters=4,sk_eps=0.5,sk_rho=0.5", 1, 0.0f},
-        {"attn=sinkhorn,pool=otk,otk_refs=2,otk_supports=3,otk_iters=4", 0, 0.0f},
+        {"attn=sinkhorn,pool=otk,otk_refs=2,otk_supports=3,otk_iters=8", 0, 0.0f},
         {"input=tokens,vocab=11,max_len=6,attn=sinkhorn,sk_iters=3,pool=mean", 1, 0.0f},
         {"input=tokens,vocab=11,max_len=6,attn=softmax,cls=0,pool=max,pos_embed=0", 1, 0.2f},
         {"input=points,point_dim=3,max_points=7,attn=lot,lot_r=2,cls=0,pos_embed=0,pool=mean", 1, 0.0f},
@@ -593,6 +593,7 @@ static void test_bad_input(void)
     expect_cfg_error("attn=sinkhorn,sk_iters=0", "Sinkhorn");
     expect_cfg_error("attn=unbalanced,sk_rho=0", "sk_rho > 0");
     expect_cfg_error("attn=unbalanced,sk_iters=0", "Sinkhorn");
+    expect_cfg_error("pool=otk,otk_iters=5", "otk_iters even");
     th_rng r = {8};
     bk_model *m = model_from("dim=8,depth=1,heads=2,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
     if (!m) return;
@@ -696,6 +697,51 @@ out:
     for (int i = 0; i < 3; i++) free(g[i]);
 }
 
+/* Checkpoints written before 0.2.0 counted OTK iterations whole: loading
+ * one doubles otk_iters in its model config and in its run text, so the old
+ * model runs the same iterations; current ones load unchanged. (The version
+ * string is outside the checksum: the test rewrites it in place.) */
+static void test_checkpoint_versions(void)
+{
+    char path[256];
+    tmp_path(path, sizeof path, "ckver");
+    bk_model *m = model_from("input=points,point_dim=3,max_points=6,dim=8,depth=1,heads=2,pool=otk,otk_iters=6", 3, 2);
+    if (!m) return;
+    const char *extra = "epochs=3\notk_iters=6\npos_epoch=1\n";
+    th_check(bk_checkpoint_save(path, m, NULL, extra) == BK_OK, "checkpoint save (versions)", "%s", bk_last_error());
+    bk_model_free(m);
+    bk_model_config c;
+    c.otk_iters = -1;
+    const bk_status cs = bk_checkpoint_config(path, &c);
+    th_check(cs == BK_OK && c.otk_iters == 6, "a current checkpoint keeps otk_iters", "%d", c.otk_iters);
+    /* make it a 0.1.0 checkpoint */
+    FILE *f = fopen(path, "r+b");
+    char buf[4096];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = 0;
+    char ver[32];
+    snprintf(ver, sizeof ver, "\"version\":\"%s\"", bk_version());
+    char *at = NULL;
+    for (size_t i = 8; i + strlen(ver) <= n && !at; i++)
+        if (!memcmp(buf + i, ver, strlen(ver))) at = buf + i;
+    int ok = f && at && strlen(bk_version()) == 5;
+    if (ok) {
+        memcpy(at + 11, "0.1.0", 5);
+        ok = fseek(f, 0, SEEK_SET) == 0 && fwrite(buf, 1, n, f) == n;
+    }
+    if (f) fclose(f);
+    if (!th_check(ok, "rewrite the checkpoint's version to 0.1.0", "%s", bk_version())) return;
+    bk_model *l = NULL;
+    char *ex = NULL;
+    ok = bk_checkpoint_load(path, 2, &l, NULL, &ex) == BK_OK;
+    th_check(ok && bk_model_get_config(l)->otk_iters == 12 && ex && !strcmp(ex, "epochs=3\notk_iters=12\npos_epoch=1\n"),
+             "a 0.1.0 checkpoint: otk_iters (whole iterations then) doubled in its config and run text", "%s | %s",
+             ok ? "" : bk_last_error(), ex ? ex : "(no extra)");
+    free(ex);
+    bk_model_free(l);
+    remove(path);
+}
+
 /* ASAP inference: compile each block of a trained-for-a-moment Sinkhorn
  * model on its own activations; the compiled model's logits follow the
  * teacher's (same weights, attention replaced). */
@@ -777,4 +823,5 @@ void test_model(void)
     test_checkpoint_strings();
     test_asap_model();
     test_unbalanced_model();
+    test_checkpoint_versions();
 }

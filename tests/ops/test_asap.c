@@ -258,7 +258,7 @@ static void test_asap_properties(void)
         cfg.teacher_iters = S;
         ly.teacher_iters = S;
         bk_asap_teacher_dual(&t.desc, &cfg, &t.tq, &t.tk, y);
-        bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+        bk_sinkhorn_config sp = bk_sinkhorn_config_default();
         sp.iters = S;
         bk_sinkhorn_extras sx = {ta2, NULL, NULL, NULL};
         bk_sinkhorn_forward(&t.desc, &sp, &t.tq, &t.tk, &t.tv, &to2, NULL, &sx, NULL, 0);
@@ -872,24 +872,24 @@ static void test_asap_bad_input(void)
 static void test_asap_registry(void)
 {
     const bk_op *op = bk_op_find("asap");
-    int ok = op && !bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_asap_params) &&
-             !strcmp(bk_op_name(op), "asap") && bk_op_param_count(op) == 1 && !strcmp(bk_op_param_key(op, 0), "variant");
-    th_check(ok, "registry: asap found by name, forward only, with bk_asap_params {layer, variant}", "%p",
+    int ok = op && !bk_op_has_backward(op) && bk_op_config_size(op) == sizeof(bk_asap_forward_config) &&
+             !strcmp(bk_op_name(op), "asap") && bk_op_config_count(op) == 1 && !strcmp(bk_op_config_key(op, 0), "variant");
+    th_check(ok, "registry: asap found by name, forward only, with bk_asap_forward_config {layer, variant}", "%p",
              (const void *)op);
     if (!ok) return;
-    bk_asap_params ap;
+    bk_asap_forward_config ap;
     memset(&ap, 0x5a, sizeof ap);
-    bk_op_params_default(op, &ap);
+    bk_op_config_default(op, &ap);
     ok = ap.layer == NULL && ap.variant == BK_ASAP_AUTO;
     const char *names[4] = {"auto", "zero", "column", "row"};
-    for (int v = 3; v >= 0; v--) ok &= bk_op_params_set(op, &ap, "variant", names[v]) == BK_OK && (int)ap.variant == v;
-    ok &= bk_op_params_set(op, &ap, "variant", "row") == BK_OK;
+    for (int v = 3; v >= 0; v--) ok &= bk_op_config_set(op, &ap, "variant", names[v]) == BK_OK && (int)ap.variant == v;
+    ok &= bk_op_config_set(op, &ap, "variant", "row") == BK_OK;
     char buf[64];
-    ok = ok && bk_op_params_format(op, &ap, buf, sizeof buf) < sizeof buf && !strcmp(buf, "variant=row\n");
+    ok = ok && bk_op_config_format(op, &ap, buf, sizeof buf) < sizeof buf && !strcmp(buf, "variant=row\n");
     th_check(ok, "registry: asap variant set by key (by name) and formatted", "%s", bk_last_error());
-    bk_status s1 = bk_op_params_set(op, &ap, "layer", "x.asap");
+    bk_status s1 = bk_op_config_set(op, &ap, "layer", "x.asap");
     int bad = s1 == BK_ERR_PARAM && strstr(bk_last_error(), "layer") != NULL;
-    bk_status s2 = bk_op_params_set(op, &ap, "variant", "diagonal");
+    bk_status s2 = bk_op_config_set(op, &ap, "variant", "diagonal");
     bad &= s2 == BK_ERR_PARAM && strstr(bk_last_error(), "diagonal") != NULL && strstr(bk_last_error(), "variant");
     bad &= ap.variant == BK_ASAP_ROW && ap.layer == NULL;
     th_check(bad, "registry: asap refuses an unknown key and a bad value, naming them", "%s", bk_last_error());
@@ -920,7 +920,7 @@ static void test_asap_registry(void)
     bk_status sf = bk_op_forward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.to, tape, NULL, NULL, 0);
     bk_status sb = bk_op_backward(op, d, &ap, &y.tq, &y.tk, &y.tv, &y.tdo, tape, &y.tdq, &y.tdk, &y.tdv, NULL, 0);
     int refused = sf == BK_OK && sb == BK_ERR_PARAM && strstr(bk_last_error(), "no backward") != NULL;
-    bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+    bk_sinkhorn_config sp = bk_sinkhorn_config_default();
     bk_status ss = bk_sinkhorn_backward(d, &sp, &y.tq, &y.tk, &y.tv, &y.tdo, tape, &y.tdq, &y.tdk, &y.tdv, NULL, 0);
     refused &= ss == BK_ERR_TAPE && strstr(bk_last_error(), "another operator") != NULL;
     th_check(refused, "registry: asap has no backward; its tape is refused by another operator", "%s / %s / %s: %s",

@@ -1,5 +1,6 @@
-/* test_attn.c -- softmax and Sinkhorn attention: against the independent
- * double-precision reference (tests/ops/ref_attn.c), finite differences, the
+/* test_attn.c -- softmax, Sinkhorn and unbalanced Sinkhorn attention, and the
+ * operator registry: against the independent double-precision references
+ * (tests/ops/ref_attn.c, ref_unbalanced.c), finite differences, the
  * digest's properties, determinism, layouts, padding, and bad input. */
 #include "birkhoff.h"
 #include "../harness.h"
@@ -26,7 +27,7 @@ typedef struct {
 
 typedef struct {
     th_prob pb; /* inputs, outputs, views, lengths */
-    bk_sinkhorn_params p;
+    bk_sinkhorn_config p;
     bk_sinkhorn_diag *diag;
 } tbuf;
 
@@ -39,7 +40,7 @@ static void tb_init(tbuf *t, const tcase *c, uint64_t seed)
 {
     th_rng r = {seed};
     th_prob_init(&t->pb, c->B, c->H, c->Nq, c->Nk, c->d, c->dv, c->layout, c->pad, c->sigma, &r);
-    t->p = bk_sinkhorn_params_default();
+    t->p = bk_sinkhorn_config_default();
     t->p.iters = c->S;
     t->p.eps = c->eps;
     t->p.scale = c->scale;
@@ -160,7 +161,7 @@ static void test_softmax(void)
     float *dk = malloc(nk * c.d * 4), *dv = malloc(nk * c.dv * 4);
     bk_tensor to = view(&c, o, c.Nq, c.dv), ta = view(&c, a, c.Nq, c.Nk), tdq = view(&c, dq, c.Nq, c.d);
     bk_tensor tdk = view(&c, dk, c.Nk, c.d), tdv = view(&c, dv, c.Nk, c.dv);
-    bk_softmax_params sp = {0.0f};
+    bk_softmax_config sp = {0.0f};
     void *tape = malloc(bk_softmax_tape_size(&t.pb.desc));
     bk_status s1 = bk_softmax_forward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &to, tape, &ta, NULL, 0);
     bk_status s2 = bk_softmax_backward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
@@ -378,7 +379,7 @@ typedef struct {
     int32_t ql[16], kl[16];
     float *q, *k, *v, *o, *a, *dout, *dq, *dk, *dv, *f, *g;
     bk_sinkhorn_diag diag[16];
-    bk_sinkhorn_params p;
+    bk_sinkhorn_config p;
     int softmax;
     float rho; /* > 0: unbalanced Sinkhorn with this rho (p's scale, eps, iters, tol) */
     bk_status s1, s2;
@@ -393,7 +394,7 @@ static float *dp_fill(size_t n, th_rng *r)
 
 /* B x H problems in [B,H,N,C], lengths Lq/Lk for batch entry 0 and random
  * lengths >= 1 for the others (padded rows hold garbage) */
-static void dp_init(dprob *x, int B, int H, int Nq, int Nk, int d, int dv, int Lq, int Lk, const bk_sinkhorn_params *p,
+static void dp_init(dprob *x, int B, int H, int Nq, int Nk, int d, int dv, int Lq, int Lk, const bk_sinkhorn_config *p,
                     int softmax, uint64_t seed)
 {
     memset(x, 0, sizeof *x);
@@ -436,13 +437,13 @@ static void dp_run(void *ctx)
     bk_tensor to = DP_T(x, o, d->Nq, d->dv), ta = DP_T(x, a, d->Nq, d->Nk), tdo = DP_T(x, dout, d->Nq, d->dv);
     bk_tensor tdq = DP_T(x, dq, d->Nq, d->d), tdk = DP_T(x, dk, d->Nk, d->d), tdv = DP_T(x, dv, d->Nk, d->dv);
     bk_sinkhorn_extras ex = {ta, x->f, x->g, x->diag};
-    const bk_unbalanced_params up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
+    const bk_unbalanced_config up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
     void *tape = malloc(x->rho > 0 ? bk_unbalanced_tape_size(d, &up) : bk_sinkhorn_tape_size(d, &x->p));
     if (x->rho > 0) {
         x->s1 = bk_unbalanced_forward(d, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
         x->s2 = bk_unbalanced_backward(d, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
     } else if (x->softmax) {
-        bk_softmax_params sp = {x->p.scale};
+        bk_softmax_config sp = {x->p.scale};
         x->s1 = bk_softmax_forward(d, &sp, &tq, &tk, &tv, &to, tape, &ta, NULL, 0);
         x->s2 = bk_softmax_backward(d, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
     } else {
@@ -506,7 +507,7 @@ static void test_determinism(void)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         if (TH.quick && ci == 3) continue;
         const float rho = cases[ci].rho;
-        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = cases[ci].S;
         p.tol = cases[ci].tol;
         p.grad = cases[ci].grad;
@@ -557,7 +558,7 @@ static void test_determinism(void)
 static void test_fp_state(void)
 {
     const unsigned saved = _mm_getcsr(), bits = 0x8040u; /* FTZ | DAZ */
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = 6;
     p.eps = 0.05f; /* sharp: tiny entries everywhere */
     dprob x[2];
@@ -590,7 +591,7 @@ static void test_fp_state(void)
 /* ------------------------------------------------------------------------ */
 static void unb_vs_ref(int B, int H, int Nq, int Nk, int d, int dv, int pad, int S, float eps, float rho, uint64_t seed)
 {
-    bk_sinkhorn_params p0 = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p0 = bk_sinkhorn_config_default();
     p0.iters = S;
     p0.eps = eps;
     dprob x;
@@ -633,7 +634,7 @@ static double unb_loss(void *ctx)
 {
     dprob *x = ctx;
     const bk_attn_desc *d = &x->d;
-    const bk_unbalanced_params up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
+    const bk_unbalanced_config up = {x->p.scale, x->p.eps, x->p.iters, x->p.tol, x->rho};
     bk_tensor tq = DP_T(x, q, d->Nq, d->d), tk = DP_T(x, k, d->Nk, d->d), tv = DP_T(x, v, d->Nk, d->dv);
     bk_tensor to = DP_T(x, o, d->Nq, d->dv);
     bk_unbalanced_forward(d, &up, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0);
@@ -646,7 +647,7 @@ static void test_unbalanced(void)
 {
     /* finite differences of the float32 operator itself (directional) */
     for (int S = 2; S <= 5; S++) {
-        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = S;
         dprob x;
         dp_init(&x, 1, 2, 9, 7, 4, 3, 9, 7, &p, 0, 700 + (uint64_t)S);
@@ -679,7 +680,7 @@ static void test_unbalanced(void)
             }
     /* rho -> infinity is Sinkhorn attention: kappa rounds to 1, the same code path, bitwise */
     {
-        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = 6;
         dprob a, b;
         dp_init(&a, 2, 2, 31, 23, 8, 8, 29, 20, &p, 0, 77);
@@ -698,7 +699,7 @@ static void test_unbalanced(void)
     }
     /* marginals: rows exact after a row step; columns not exact after a damped column step */
     {
-        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
         float worst_row = 0.0f, least_col = 1e30f;
         for (int S = 5; S <= 6; S++) {
             p.iters = S;
@@ -720,16 +721,16 @@ static void test_unbalanced(void)
     /* the registry: found by name, parameters by key, the generic entry points == the typed ones, bitwise */
     {
         const bk_op *op = bk_op_find("unbalanced");
-        int ok = op && bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_unbalanced_params);
-        bk_unbalanced_params up;
+        int ok = op && bk_op_has_backward(op) && bk_op_config_size(op) == sizeof(bk_unbalanced_config);
+        bk_unbalanced_config up;
         if (ok) {
-            bk_op_params_default(op, &up);
-            ok = bk_op_params_set(op, &up, "rho", "2.5") == BK_OK && bk_op_params_set(op, &up, "iters", "4") == BK_OK &&
+            bk_op_config_default(op, &up);
+            ok = bk_op_config_set(op, &up, "rho", "2.5") == BK_OK && bk_op_config_set(op, &up, "iters", "4") == BK_OK &&
                  up.rho == 2.5f && up.iters == 4 && up.eps == 1.0f;
-            ok = ok && bk_op_params_set(op, &up, "sharpness", "1") == BK_ERR_PARAM && strstr(bk_last_error(), "sharpness");
-            ok = ok && bk_op_params_set(op, &up, "rho", "abc") == BK_ERR_PARAM;
+            ok = ok && bk_op_config_set(op, &up, "sharpness", "1") == BK_ERR_PARAM && strstr(bk_last_error(), "sharpness");
+            ok = ok && bk_op_config_set(op, &up, "rho", "abc") == BK_ERR_PARAM;
             char buf[256];
-            ok = ok && bk_op_params_format(op, &up, buf, sizeof buf) < sizeof buf && strstr(buf, "rho=2.5\n");
+            ok = ok && bk_op_config_format(op, &up, buf, sizeof buf) < sizeof buf && strstr(buf, "rho=2.5\n");
         }
         th_check(ok, "registry: unbalanced found by name, its parameters set and formatted by key", "%s",
                  bk_last_error());
@@ -739,7 +740,7 @@ static void test_unbalanced(void)
                  "registry: every entry found by its name; unknown names and indices give NULL", "%d of %d", found,
                  bk_op_count());
         if (ok) {
-            bk_sinkhorn_params p = bk_sinkhorn_params_default();
+            bk_sinkhorn_config p = bk_sinkhorn_config_default();
             dprob x, y;
             dp_init(&x, 2, 2, 17, 19, 8, 6, 15, 19, &p, 0, 123);
             dp_init(&y, 2, 2, 17, 19, 8, 6, 15, 19, &p, 0, 123);
@@ -761,7 +762,7 @@ static void test_unbalanced(void)
             th_check(same, "registry: bk_op_forward/backward == bk_unbalanced_forward/backward (bitwise)", "%s / %s",
                      bk_status_str(s1), bk_status_str(s2));
             /* a Sinkhorn tape is refused by the unbalanced backward */
-            bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+            bk_sinkhorn_config sp = bk_sinkhorn_config_default();
             sp.iters = up.iters;
             void *stape = malloc(bk_sinkhorn_tape_size(d, &sp));
             bk_sinkhorn_forward(d, &sp, &tq, &tk, &tv, &to, stape, NULL, NULL, 0);
@@ -772,7 +773,7 @@ static void test_unbalanced(void)
             const float bad[3] = {0.0f, -1.0f, NAN};
             int refused = 1;
             for (int i = 0; i < 3; i++) {
-                bk_unbalanced_params bp = up;
+                bk_unbalanced_config bp = up;
                 bp.rho = bad[i];
                 refused &= bk_unbalanced_forward(d, &bp, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0) == BK_ERR_PARAM &&
                            strstr(bk_last_error(), "rho") != NULL;
@@ -1053,7 +1054,7 @@ static void test_bad_input(void)
         th_check(s_ == (code) && !memcmp(o0, t.pb.o, osz * 4) && bk_last_error()[0], "bad input: " what,  \
                  "got %s (%s)", bk_status_str(s_), bk_last_error());                                    \
     } while (0)
-    bk_sinkhorn_params p = t.p;
+    bk_sinkhorn_config p = t.p;
     bk_attn_desc d = t.pb.desc;
     bk_tensor nul = {NULL, 0, 0, 0};
     EXPECT(bk_sinkhorn_forward(NULL, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL desc");

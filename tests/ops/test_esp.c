@@ -24,7 +24,7 @@ typedef struct {
 typedef struct {
     th_prob pb; /* inputs, outputs, views, lengths */
     float *theta, *sig, *dth;
-    bk_esp_params p;
+    bk_esp_config p;
     bk_esp_diag *diag;
     int L;
 } ebuf;
@@ -34,7 +34,7 @@ static void eb_init(ebuf *t, const ecase *c, uint64_t seed)
     th_rng r = {seed};
     const int B = c->B, H = c->H;
     th_prob_init(&t->pb, B, H, c->Nq, c->Nk, c->d, c->dv, c->layout, c->pad, c->sigma, &r);
-    t->p = bk_esp_params_default();
+    t->p = bk_esp_config_default();
     t->p.sort = c->sort;
     t->p.t = c->t;
     t->p.tau = c->tau;
@@ -450,7 +450,7 @@ static void test_esp_bad_input(void)
     memcpy(o0, t.pb.o, sizeof o0);
 #define EXPECT(mut, code, what)                                                                                   \
     do {                                                                                                          \
-        bk_esp_params p = t.p;                                                                                    \
+        bk_esp_config p = t.p;                                                                                    \
         mut;                                                                                                      \
         bk_status s_ = bk_esp_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0);             \
         th_check(s_ == (code) && !memcmp(o0, t.pb.o, sizeof o0), "esp bad input: " what, "%s (%s)", bk_status_str(s_), \
@@ -470,7 +470,7 @@ static void test_esp_bad_input(void)
     EXPECT(p.scale = NAN, BK_ERR_PARAM, "scale NaN");
 #undef EXPECT
     /* hard sort ignores t */
-    bk_esp_params p = t.p;
+    bk_esp_config p = t.p;
     p.sort = BK_ESP_HARD;
     p.t = 0.0f;
     th_check(bk_esp_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0) == BK_OK,
@@ -480,7 +480,7 @@ static void test_esp_bad_input(void)
     char *tape = calloc(1, tsz);
     th_check(ebwd(&t, tape) == BK_ERR_TAPE, "esp bad input: garbage tape", "%s", bk_last_error());
     efwd(&t, tape);
-    bk_esp_params p2 = t.p;
+    bk_esp_config p2 = t.p;
     p2.tau = 2.0f;
     th_check(bk_esp_backward(&t.pb.desc, &p2, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &t.pb.tdq, &t.pb.tdk, &t.pb.tdv, NULL, NULL, 0) ==
                  BK_ERR_TAPE,
@@ -491,7 +491,7 @@ static void test_esp_bad_input(void)
     float th[9];
     th_check(bk_esp_slices(&t.p, 3, th) == BK_OK && th[0] == 1 && th[1] == 0 && th[4] == 1, "bk_esp_slices identity",
              "%s", "");
-    bk_esp_params pr = t.p;
+    bk_esp_config pr = t.p;
     pr.L = 4;
     pr.seed = 42;
     float r1[12], r2[12];
@@ -788,32 +788,32 @@ static void test_esp_parallel_determinism(void)
 static void test_esp_registry(void)
 {
     const bk_op *op = bk_op_find("esp");
-    int ok = op && bk_op_has_backward(op) && bk_op_params_size(op) == sizeof(bk_esp_params) &&
+    int ok = op && bk_op_has_backward(op) && bk_op_config_size(op) == sizeof(bk_esp_config) &&
              !strcmp(bk_op_name(op), "esp");
-    th_check(ok, "registry: esp found by name, with a backward and bk_esp_params", "%p", (const void *)op);
+    th_check(ok, "registry: esp found by name, with a backward and bk_esp_config", "%p", (const void *)op);
     if (!ok) return;
     /* the scalar fields by key; enums by name */
-    bk_esp_params p;
-    bk_op_params_default(op, &p);
-    const bk_esp_params def = bk_esp_params_default();
+    bk_esp_config p;
+    bk_op_config_default(op, &p);
+    const bk_esp_config def = bk_esp_config_default();
     ok = p.sort == def.sort && p.t == def.t && p.tau == def.tau && p.scale == def.scale && p.cost == def.cost &&
          p.out_scale == def.out_scale && p.L == def.L && p.theta == def.theta && p.seed == def.seed;
     const char *kv[][2] = {{"sort", "soft"}, {"t", "0.25"},        {"tau", "1.5"}, {"scale", "0.5"},
                            {"cost", "euclid"}, {"out_scale", "paper"}, {"L", "3"},     {"seed", "42"}};
-    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) ok &= bk_op_params_set(op, &p, kv[i][0], kv[i][1]) == BK_OK;
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) ok &= bk_op_config_set(op, &p, kv[i][0], kv[i][1]) == BK_OK;
     ok = ok && p.sort == BK_ESP_SOFT && p.t == 0.25f && p.tau == 1.5f && p.scale == 0.5f &&
          p.cost == BK_ESP_COST_EUCLID && p.out_scale == BK_ESP_SCALE_PAPER && p.L == 3 && p.seed == 42 && !p.theta;
     char buf[512];
-    ok = ok && bk_op_param_count(op) == 8 && bk_op_params_format(op, &p, buf, sizeof buf) < sizeof buf &&
+    ok = ok && bk_op_config_count(op) == 8 && bk_op_config_format(op, &p, buf, sizeof buf) < sizeof buf &&
          strstr(buf, "sort=soft\n") && strstr(buf, "cost=euclid\n") && strstr(buf, "out_scale=paper\n") &&
          strstr(buf, "L=3\n") && strstr(buf, "seed=42\n");
     th_check(ok, "registry: esp parameters set by key (enums by name) and formatted", "%s", bk_last_error());
-    const bk_esp_params keep = p;
-    bk_status s1 = bk_op_params_set(op, &p, "temperature", "1");
+    const bk_esp_config keep = p;
+    bk_status s1 = bk_op_config_set(op, &p, "temperature", "1");
     int bad = s1 == BK_ERR_PARAM && strstr(bk_last_error(), "temperature") != NULL;
-    bk_status s2 = bk_op_params_set(op, &p, "sort", "medium");
+    bk_status s2 = bk_op_config_set(op, &p, "sort", "medium");
     bad &= s2 == BK_ERR_PARAM && strstr(bk_last_error(), "medium") != NULL && strstr(bk_last_error(), "sort") != NULL;
-    bk_status s3 = bk_op_params_set(op, &p, "tau", "abc");
+    bk_status s3 = bk_op_config_set(op, &p, "tau", "abc");
     bad &= s3 == BK_ERR_PARAM && strstr(bk_last_error(), "tau") != NULL;
     bad &= p.sort == keep.sort && p.tau == keep.tau;
     th_check(bad, "registry: esp refuses an unknown key and a bad value, naming them", "%s", bk_last_error());
@@ -823,7 +823,7 @@ static void test_esp_registry(void)
         ebuf x, y;
         eb_init(&x, &c, 720 + sort);
         eb_init(&y, &c, 720 + sort);
-        bk_esp_params q = keep;
+        bk_esp_config q = keep;
         q.sort = (bk_esp_sort)sort;
         q.out_scale = BK_ESP_SCALE_ROWS;
         x.p = y.p = q;
@@ -849,7 +849,7 @@ static void test_esp_registry(void)
         th_check(same, name, "%s %s %s %s: %s", bk_status_str(st[0]), bk_status_str(st[1]), bk_status_str(st[2]),
                  bk_status_str(st[3]), bk_last_error());
         if (sort == 0) { /* a Sinkhorn tape is refused by the ESP backward, and an ESP tape by Sinkhorn's */
-            bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+            bk_sinkhorn_config sp = bk_sinkhorn_config_default();
             void *stape = malloc(bk_sinkhorn_tape_size(d, &sp));
             bk_status s0 = bk_sinkhorn_forward(d, &sp, &y.pb.tq, &y.pb.tk, &y.pb.tv, &y.pb.to, stape, NULL, NULL, 0);
             bk_status se = ebwd(&y, stape);

@@ -18,7 +18,7 @@ typedef struct {
 typedef struct {
     th_prob pb;
     float *Z, *theta, *dZ, *dth;
-    bk_lot_params p;
+    bk_lot_config p;
     bk_lot_diag *diag;
 } lbuf;
 
@@ -33,7 +33,7 @@ static void lb_init(lbuf *t, const lcase *c, uint64_t seed)
     t->dth = calloc(nt, sizeof(float));
     for (size_t i = 0; i < nz; i++) t->Z[i] = (float)th_normal(&r);
     for (size_t i = 0; i < nt; i++) t->theta[i] = (float)(0.5 * th_normal(&r));
-    t->p = bk_lot_params_default();
+    t->p = bk_lot_config_default();
     t->p.r = c->r;
     t->p.Z = t->Z;
     t->p.theta = t->theta;
@@ -379,7 +379,7 @@ static void test_lot_bad_input(void)
     memcpy(o0, t.pb.o, sizeof o0);
 #define EXPECT(mut, code, what)                                                                                    \
     do {                                                                                                           \
-        bk_lot_params p = t.p;                                                                                     \
+        bk_lot_config p = t.p;                                                                                     \
         mut;                                                                                                       \
         bk_status s_ = bk_lot_forward(&t.pb.desc, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0); \
         th_check(s_ == (code) && !memcmp(o0, t.pb.o, sizeof o0), "lot bad input: " what, "%s (%s)",               \

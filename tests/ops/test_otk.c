@@ -25,7 +25,7 @@ typedef struct {
 typedef struct {
     ocase c;
     bk_otk_desc desc;
-    bk_otk_params p;
+    bk_otk_config p;
     int32_t *len;
     int64_t ldx;             /* row stride of x (>= d: exercises strides)   */
     float *x, *z, *W, *o, *dout, *dx, *dz, *dW, *plan;
@@ -74,12 +74,12 @@ static void ob_init(obuf *t, const ocase *c, uint64_t seed)
     t->to = bk_tensor_bhnd(t->o, 1, c->p, c->q * c->k);
     t->tdo = bk_tensor_bhnd(t->dout, 1, c->p, c->q * c->k);
     t->tdx = bk_tensor_bhnd(t->dx, 1, c->n, c->d);
-    t->p = bk_otk_params_default();
+    t->p = bk_otk_config_default();
     t->p.W = t->W;
     t->p.sigma = 0.8f;
     t->p.eta = c->eta;
     t->p.eps = c->eps;
-    t->p.iters = c->L;
+    t->p.iters = 2 * c->L; /* the case's L iterations, in half-steps */
     t->p.domain = c->domain;
     t->p.convention = c->conv;
     t->p.pe = c->pe;
@@ -379,7 +379,7 @@ static void test_otk_properties(void)
             }
         }
         bk_otk_desc desc = {1, k, d, 1, 1, k, NULL};
-        bk_otk_params p = bk_otk_params_default();
+        bk_otk_config p = bk_otk_config_default();
         p.W = W; p.sigma = 1.0f; p.eta = 0.0f;
         bk_tensor tx = bk_tensor_bhnd(x, 1, k, d), tp = bk_tensor_bhnd(psi, 1, k, k);
         bk_status s = bk_otk_features(&desc, &p, &tx, &tp);
@@ -600,7 +600,7 @@ typedef struct {
 static void of_run(void *ctx)
 {
     ofit *f = ctx;
-    bk_kmeans_params kp = bk_kmeans_params_default();
+    bk_kmeans_config kp = bk_kmeans_config_default();
     kp.iters = 3;
     kp.seed = 9;
     f->s = bk_otk_fit_refs(&f->x.t.desc, &f->x.t.p, &f->x.t.tx, &kp, 2, f->Z, &f->rep);
@@ -680,7 +680,7 @@ static void test_otk_kmeans(void)
     th_rng r = {31};
     for (int i = 0; i < N; i++)
         for (int e = 0; e < dim; e++) x[i * dim + e] = (float)((1.0 + 2.0 * (i % 7)) * (ctr[i % 3][e] + 0.05 * th_normal(&r)));
-    bk_kmeans_params kp = bk_kmeans_params_default();
+    bk_kmeans_config kp = bk_kmeans_config_default();
     kp.seed = 5;
     bk_kmeans_report rep;
     bk_status s = bk_spherical_kmeans(x, N, dim, K, &kp, C, &rep);
@@ -728,7 +728,7 @@ static void test_otk_kmeans(void)
     }
     th_check(s == BK_OK && un < 1e-5, "fit-anchors: unit anchors", "status %d, max |norm^2 - 1| %.2e", s, un);
     bk_otk_desc dr = {B, n, d, 2, p, d, len};
-    bk_otk_params op = bk_otk_params_default();
+    bk_otk_config op = bk_otk_config_default();
     op.eps = 0.1f;
     s = bk_otk_fit_refs(&dr, &op, &tx, &kp, 2, Z, &rep);
     /* each reference should hold the two directions of one kind */
@@ -770,11 +770,12 @@ static void test_otk_bad_input(void)
 {
     obuf t;
     ob_init(&t, &PROP, 41);
-    bk_otk_params p0 = t.p;
+    bk_otk_config p0 = t.p;
     struct { const char *name; bk_status want; } cs[] = {
         {"sigma <= 0", BK_ERR_PARAM}, {"eps <= 0", BK_ERR_PARAM}, {"L < 1", BK_ERR_PARAM}, {"eta < 0", BK_ERR_PARAM},
         {"sigma_pos <= 0", BK_ERR_PARAM}, {"2-D PE with p not square", BK_ERR_SHAPE}, {"2-D PE grid != n", BK_ERR_SHAPE},
         {"NaN anchor", BK_ERR_NONFINITE}, {"unknown domain", BK_ERR_PARAM},
+        {"odd iters (half-steps of whole iterations)", BK_ERR_PARAM},
     };
     for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++) {
         t.p = p0;
@@ -788,6 +789,7 @@ static void test_otk_bad_input(void)
         case 6: t.p.pe = BK_OTK_PE_2D; t.p.grid_h = 3; t.p.grid_w = 3; break;
         case 7: t.W[3] = NAN; break;
         case 8: t.p.domain = (bk_otk_domain)7; break;
+        case 9: t.p.iters = 7; break;
         }
         bk_status s = ofwd(&t, NULL);
         th_check(s == cs[i].want, cs[i].name, "status %d: %s", s, bk_last_error());

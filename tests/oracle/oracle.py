@@ -46,7 +46,7 @@ DIR/dZ.npy ([H, r, d]) and DIR/dtheta.npy ([H, r]), the gradients of
 sum(O * dO) summed over the batch.
 
   /usr/bin/python3 tests/oracle/oracle.py --op otk --x X.npy --refs Z.npy \
-      [--lengths L.npy] [--anchors W.npy --sigma s --eta e] --eps E --iters L \
+      [--lengths L.npy] [--anchors W.npy --sigma s --eta e] --eps E --iters S \
       [--domain log|scaling] [--convention paper|reference] \
       [--pe none|1d|2d --sigma-pos s [--pe-double] [--grid HxW]] \
       [--isqrt-grad exact|reference] [--dout dPhi.npy] [--dtype ...] --outdir DIR
@@ -56,7 +56,8 @@ otk_semantics; the flags mirror `birkhoff otk embed`): sets X [B, n, d],
 references Z [q, p, k], optional anchors W [k, d] (float32 .npy; without
 anchors psi is the identity and k = d) and valid lengths (int32 [B]).
 Defaults: --sigma 0.5, --eta 1e-2, --domain log, --convention paper, --pe
-none, --sigma-pos 0.1, --isqrt-grad exact; --iters is required and --eps
+none, --sigma-pos 0.1, --isqrt-grad exact; --iters (half-steps, even: S/2
+iterations) is required and --eps
 defaults to 1 as for the other ops. Writes DIR/Phi.npy ([B, p, q*k]) and
 DIR/P.npy (the pooling weights c P .* S, [B, q, n, p]); with --dout (dPhi
 [B, p, q*k]) also DIR/dX.npy, DIR/dZ.npy and, with anchors, DIR/dW.npy, the
@@ -198,7 +199,7 @@ def run_lot_oracle(q, k, v, dout, Z, theta, temp, iters, eps=1.0, scale=None,
 
 
 def run_otk_oracle(x, z, dout=None, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5,
-                   iters=10, domain="log", convention="paper", pe=None, sigma_pos=0.1,
+                   iters=20, domain="log", convention="paper", pe=None, sigma_pos=0.1,
                    pe_double=False, grid=None, isqrt_grad="exact", dtype="float64"):
     """Forward (+ backward with dout) of otk_semantics on numpy inputs.
 
@@ -291,8 +292,8 @@ def main(argv=None):
     if a.op == "otk":
         if a.x is None or a.refs is None:
             ap.error("--op otk needs --x and --refs")
-        if a.iters is None or a.iters < 1:
-            ap.error("--op otk needs --iters L with L >= 1")
+        if a.iters is None or a.iters < 2 or a.iters % 2:
+            ap.error("--op otk needs --iters S, an even number of half-steps >= 2")
         if a.eps <= 0:
             ap.error("--eps must be > 0")
         try:

@@ -131,7 +131,7 @@ GRAD_CASES = [
     ("sinkhorn-S4-e0.5-tokens-max", f"{TOK},attn=sinkhorn,sk_iters=4,sk_eps=0.5,pool=max,"
      "qkv_bias=1", 4, True, 0.0, True),
     ("sinkhorn-S5-e0.5-points-otk", f"{PTS},attn=sinkhorn,sk_iters=5,sk_eps=0.5,pool=otk,"
-     "otk_refs=2,otk_supports=3,otk_iters=5,otk_eps=0.5", 4, True, 0.0, True),
+     "otk_refs=2,otk_supports=3,otk_iters=10,otk_eps=0.5", 4, True, 0.0, True),
     ("sinkhorn-S4-e1-tokens-cls-nomlp", f"{TOK},attn=sinkhorn,sk_iters=4,sk_eps=1,pool=cls,"
      "mlp_dim=0,attn_scale=0.3", 3, True, 0.0, False),
     ("unbalanced-S5-r2-image-mean", f"{IMG8P2},attn=unbalanced,sk_iters=5,sk_eps=1,sk_rho=2,"
@@ -149,7 +149,7 @@ GRAD_CASES = [
     ("lot-image-cls", f"{IMG8P4},attn=lot,lot_r=3,lot_iters=5,lot_eps=1,lot_temp=1,pool=cls", 3,
      False, 0.0, True),
     ("lot-tokens-otk", f"{TOK},attn=lot,lot_r=3,lot_iters=5,lot_eps=0.5,lot_temp=0.5,pool=otk,"
-     "otk_refs=1,otk_supports=4,otk_iters=10,otk_eps=0.5", 4, True, 0.0, True),
+     "otk_refs=1,otk_supports=4,otk_iters=20,otk_eps=0.5", 4, True, 0.0, True),
     ("lot-points-max", f"{PTS},attn=lot,lot_r=3,lot_iters=5,lot_eps=1,lot_temp=2,pool=max", 3,
      True, 0.1, False),
 ]

@@ -57,7 +57,7 @@ with n = 1, p >= n, k > d, padding with NaN in the padded rows (1-D only)):
 
   BIRKHOFF otk embed --x X.npy [--lengths L.npy] --refs Z.npy
           [--anchors W.npy --sigma s --eta e --isqrt-grad exact|reference]
-          --eps E --iters L --domain log|scaling --convention paper|reference
+          --eps E --iters 2L --domain log|scaling --convention paper|reference
           [--pe 1d|2d --sigma-pos s [--pe-double] [--grid HxW]]
           --out Phi.npy --plan P.npy --dout dPhi.npy --dx dX.npy
           --drefs dZ.npy [--danchors dW.npy]
@@ -407,7 +407,7 @@ def make_otk_cases(quick):
                     + ("nope" if pe is None else f"{pe}{'x2' if dbl else ''} sp={sp:g}")
                     + " B{} n{} d{} k{} q{} p{}".format(*shape) + (" pad" if pad else ""))
             cases.append(dict(name=name, op="otk", domain=dom, convention=conv, map=mp,
-                              S=L, eps=eps, pe=pe, pe_double=dbl, sigma_pos=sp, grid=grid,
+                              S=2 * L, eps=eps, pe=pe, pe_double=dbl, sigma_pos=sp, grid=grid,
                               shape=shape, pad=pad, seed=zlib.crc32(name.encode())))
     return cases
 
@@ -606,7 +606,7 @@ def otk_reference_relation(quick):
                                    pe=pe, sigma_pos=0.3, grid=grid, return_plan=True)
         g1 = torch.autograd.grad((o1 * dout).sum(), lr)
         o2, p2 = otk.otk_semantics(ls[0], ls[1], lengths=lens, W=ls[2] if anch else None,
-                                   sigma=sg, eta=et, eps=eps, iters=L,
+                                   sigma=sg, eta=et, eps=eps, iters=2 * L,
                                    domain="log" if logd else "scaling",
                                    convention="reference",
                                    pe=None if pe is None else ("2d" if grid else "1d"),

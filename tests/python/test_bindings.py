@@ -668,11 +668,11 @@ def test_gradcheck():
                 ins = [torch.from_numpy(x).requires_grad_(True), torch.from_numpy(z).requires_grad_(True)]
                 if anchors:
                     ins.append(torch.from_numpy(W).requires_grad_(True))
-                kw = dict(sigma=0.7, eps=0.3, iters=3, domain=domain, lengths=lens)
+                kw = dict(sigma=0.7, eps=0.3, iters=6, domain=domain, lengths=lens)
                 gradcheck(lambda *t: bt.otk_embedding(t[0], t[1], t[2] if anchors else None, **kw), tuple(ins),
                           "gradcheck otk W=%s %s lens=%s" % (anchors, domain, lens))
     x, z, W = otk_inputs(2, 4, 3, 3, 1, 4, True)
-    gradcheck(lambda *t: bt.otk_embedding(*t, sigma=0.7, eps=0.3, iters=3, pe="1d", sigma_pos=0.5,
+    gradcheck(lambda *t: bt.otk_embedding(*t, sigma=0.7, eps=0.3, iters=6, pe="1d", sigma_pos=0.5,
                                           convention="reference", lengths=[4, 3]),
               tuple(torch.from_numpy(a).requires_grad_(True) for a in (x, z, W)), "gradcheck otk pe 1d reference")
 
@@ -862,8 +862,8 @@ def test_errors():
                      "MHA float key_padding_mask -> ValueError")
         check_raises(ValueError, lambda: mha(x, attn_mask=torch.zeros(4, 4)), "MHA attn_mask -> ValueError")
         check_raises(ValueError, lambda: mha(torch.from_numpy(randn(2, 4, 6))), "MHA wrong embed dim -> ValueError")
-        bad = [c for c in spy.calls if c not in ("bk_esp_params_default", "bk_sinkhorn_params_default",
-                                                 "bk_lot_params_default", "bk_otk_params_default")]
+        bad = [c for c in spy.calls if c not in ("bk_esp_config_default", "bk_sinkhorn_config_default",
+                                                 "bk_lot_config_default", "bk_otk_config_default")]
         check(not bad, "argument errors raised before any C operator call", "C called: %s" % bad)
     finally:
         _core.lib, bk_ops.lib = saved

@@ -200,7 +200,7 @@ np.save(P("oz.npy"), (rng.standard_normal((qo, po, ko)) * 0.5).astype("<f4"))
 np.save(P("oz_id.npy"), (rng.standard_normal((qo, po, do_)) * 0.5).astype("<f4"))
 np.save(P("odo.npy"), rng.standard_normal((Bo, po, qo * ko)).astype("<f4"))
 otk = ["otk", "embed", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--refs", P("oz.npy"), "--anchors", P("ow.npy")]
-rc, out = run(*otk, "--out", P("ophi.npy"), "--plan", P("oplan.npy"), "--diag", P("odiag.npy"), "--iters", "7",
+rc, out = run(*otk, "--out", P("ophi.npy"), "--plan", P("oplan.npy"), "--diag", P("odiag.npy"), "--iters", "14",
               "--dout", P("odo.npy"), "--dx", P("odx.npy"), "--drefs", P("odz.npy"), "--danchors", P("odw.npy"))
 check(rc == 0, "otk embed good run", out)
 if rc == 0:
@@ -235,6 +235,9 @@ rc, out = run("otk", "embed", "--x", P("ox.npy"), "--refs", P("oz_id.npy"), "--o
 check(rc == 1 and "non-finite" in out and not os.path.exists(P("never.npy")), "otk NaN in a valid element refused", out)
 rc, out = run("otk", "embed", "--x", P("missing.npy"), "--refs", P("oz.npy"), "--out", P("never.npy"))
 check(rc == 1 and "missing.npy" in out, "otk missing file", out)
+rc, out = run(*otk, "--iters", "7", "--out", P("never.npy"))
+check(rc != 0 and "even" in out and "half-steps" in out and not os.path.exists(P("never.npy")),
+      "otk --iters counts half-steps: an odd count refused", out)
 rc, out = run("otk", "fit-anchors", "--x", P("ox.npy"), "--lengths", P("olen.npy"), "--k", "4", "--seed", "3",
               "--out", P("ofw.npy"))
 W1 = np.load(P("ofw.npy")) if rc == 0 else None

@@ -172,7 +172,8 @@ static void test_config(void)
           "extra: values by key (truncated to the buffer)", "%s", "");
     CHECK(bk_run_config_from_extra(NULL, &l) == BK_ERR_FORMAT && has(bk_last_error(), "no run metadata"),
           "extra: a checkpoint without a run is refused", "%s", bk_last_error());
-    CHECK(!strcmp(bk_attn_kind_name(BK_ATTN_SINKHORN), "sinkhorn") && !strcmp(bk_attn_kind_name((bk_attn_kind)9), "?"),
+    CHECK(!strcmp(bk_attn_kind_name(BK_ATTN_SINKHORN), "sinkhorn") && !strcmp(bk_attn_kind_name(BK_ATTN_UNBALANCED), "unbalanced") &&
+              !strcmp(bk_attn_kind_name((bk_attn_kind)9), "?"),
           "attention kind names", "%s", "");
 }
 

@@ -170,7 +170,7 @@ static int cmd_calibrate(int argc, char **argv)
         return CLI_USAGE;
     }
     bk_asap_config cfg = bk_asap_config_default(1);
-    bk_asap_kl_opts ko = bk_asap_kl_opts_default();
+    bk_asap_kl_config ko = bk_asap_kl_config_default();
     bk_asap_fit ft = BK_ASAP_FIT_LS;
     float lam = 1e-3f;
     if ((S && (!cli_parse_int(S, &cfg.teacher_iters) || cfg.teacher_iters < 2)) ||
@@ -447,7 +447,7 @@ static int cmd_report(int argc, char **argv)
         for (int r = 0; r < reps && s == BK_OK; r++) {
             double t = cli_now();
             if (m == 0 || m >= 3) {
-                bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+                bk_sinkhorn_config sp = bk_sinkhorn_config_default();
                 sp.iters = m == 0 ? ly.teacher_iters : base[m - 3];
                 sp.eps = ly.eps;
                 sp.scale = ly.scale;

@@ -117,7 +117,7 @@ int cmd_attn(int argc, char **argv)
         fprintf(stderr, "birkhoff attn: --rho applies to --op unbalanced only\n");
         return CLI_USAGE;
     }
-    float rho = bk_unbalanced_params_default().rho;
+    float rho = bk_unbalanced_config_default().rho;
     if (a.rho && (!cli_parse_float(a.rho, &rho) || !(rho > 0))) {
         fprintf(stderr, "birkhoff attn: --rho must be a number > 0, got '%s'\n", a.rho);
         return CLI_USAGE;
@@ -164,7 +164,7 @@ int cmd_attn(int argc, char **argv)
         fprintf(stderr, "birkhoff attn: --dpivots/--dpivot-logits need --dout\n");
         return CLI_USAGE;
     }
-    bk_lot_params lp = bk_lot_params_default();
+    bk_lot_config lp = bk_lot_config_default();
     if (lot && a.ptemp && (!cli_parse_float(a.ptemp, &lp.temp) || !(lp.temp > 0))) {
         fprintf(stderr, "birkhoff attn: --pivot-temp must be a number > 0, got '%s'\n", a.ptemp);
         return CLI_USAGE;
@@ -175,7 +175,7 @@ int cmd_attn(int argc, char **argv)
                         "--sigma/--dslices apply to --op esp only\n");
         return CLI_USAGE;
     }
-    bk_esp_params ep = bk_esp_params_default();
+    bk_esp_config ep = bk_esp_config_default();
     if (esp) {
         if (a.iters || a.eps || a.tol || a.grad) {
             fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad apply to --op sinkhorn only\n");
@@ -225,7 +225,7 @@ int cmd_attn(int argc, char **argv)
         fprintf(stderr, "birkhoff attn: --dslices needs --dout\n");
         return CLI_USAGE;
     }
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
     if (a.iters && (!cli_parse_int(a.iters, &p.iters) || p.iters < 1)) {
         fprintf(stderr, "birkhoff attn: --iters must be an integer >= 1, got '%s'\n", a.iters);
         return CLI_USAGE;
@@ -254,7 +254,7 @@ int cmd_attn(int argc, char **argv)
         fprintf(stderr, "birkhoff attn: --grad applies to --op sinkhorn only\n");
         return CLI_USAGE;
     }
-    const bk_unbalanced_params up = {p.scale, p.eps, p.iters, p.tol, rho};
+    const bk_unbalanced_config up = {p.scale, p.eps, p.iters, p.tol, rho};
     if (!sink && !esp && !lot && !asap && (a.iters || a.eps || a.tol || a.grad || a.diag)) {
         fprintf(stderr, "birkhoff attn: --iters/--eps/--tol/--grad/--diag apply to --op sinkhorn only\n");
         return CLI_USAGE;
@@ -389,7 +389,7 @@ int cmd_attn(int argc, char **argv)
         s = unb ? bk_unbalanced_forward(&desc, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0)
                 : bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else {
-        bk_softmax_params sp = {p.scale};
+        bk_softmax_config sp = {p.scale};
         s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, A ? &ta : NULL, NULL, 0);
     }
     if (s != BK_OK) {
@@ -423,7 +423,7 @@ int cmd_attn(int argc, char **argv)
             s = unb ? bk_unbalanced_backward(&desc, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0)
                     : bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         } else {
-            bk_softmax_params sp = {p.scale};
+            bk_softmax_config sp = {p.scale};
             s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         }
         if (s != BK_OK) {

@@ -104,9 +104,9 @@ static double time_softmax_baseline(const bcase *c, const float *q, const float 
     return cli_now() - t0;
 }
 
-static bk_esp_params esp_params(const bcase *c)
+static bk_esp_config esp_params(const bcase *c)
 {
-    bk_esp_params e = bk_esp_params_default();
+    bk_esp_config e = bk_esp_config_default();
     e.sort = c->op == OP_ESP_HARD ? BK_ESP_HARD : BK_ESP_SOFT;
     e.t = 1e-3f;
     if (c->op == OP_ESP) { /* the reference module: Euclidean cost, temperature 10 (tau = 10 N here) */
@@ -156,10 +156,10 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     float *dq = malloc(n * 4), *dk = malloc(n * 4), *dv = malloc(n * 4);
     fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
     bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = c->S;
-    bk_softmax_params sp = {0.0f};
-    bk_esp_params ep = esp_params(c);
+    bk_softmax_config sp = {0.0f};
+    bk_esp_config ep = esp_params(c);
     const int esp = c->op >= OP_ESP && c->op <= OP_ESP_HARD, lot = c->op == OP_LOT;
     /* LOT pivots as the peer draws them: Z ~ N(0,1)/sqrt(d) (here uniform with that std), theta = 0 */
     float *Z = lot ? malloc(sizeof(float) * (size_t)BH * LOT_R * d) : NULL;
@@ -168,7 +168,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         fill(Z, (size_t)BH * LOT_R * d, 5);
         for (size_t i = 0; i < (size_t)BH * LOT_R * d; i++) Z[i] /= sqrtf((float)d);
     }
-    bk_lot_params lp = bk_lot_params_default();
+    bk_lot_config lp = bk_lot_config_default();
     lp.r = LOT_R;
     lp.Z = Z;
     lp.theta = th;

@@ -44,7 +44,7 @@ static bk_status run_method(int m, const bk_attn_desc *d, const bk_asap_layer *l
         return bk_asap_forward(d, ly, m == M_ASAP ? BK_ASAP_AUTO : BK_ASAP_ZERO, q, k, v, o, attn.data ? &ex : NULL,
                                ws, wsb);
     }
-    bk_sinkhorn_params sp = bk_sinkhorn_params_default();
+    bk_sinkhorn_config sp = bk_sinkhorn_config_default();
     sp.iters = m == M_TEACHER ? ly->teacher_iters : m == M_S3 ? 3 : 5;
     sp.eps = ly->eps;
     sp.scale = ly->scale;
@@ -138,7 +138,7 @@ int bench_asap(int argc, char **argv)
         /* held-out inputs */
         asap_synth(1, H, N, d, 1, temp, Q, K, V);
         size_t wsb = bk_asap_workspace_size(&desc, &ly);
-        bk_sinkhorn_params spw = bk_sinkhorn_params_default();
+        bk_sinkhorn_config spw = bk_sinkhorn_config_default();
         spw.iters = S;
         size_t w2 = bk_sinkhorn_workspace_size(&desc, &spw);
         if (w2 > wsb) wsb = w2;

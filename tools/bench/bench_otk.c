@@ -22,7 +22,8 @@ static void otk_bench_usage(FILE *f)
             "                      [--warmup W] [--eps E] [--domain log|scaling] [--no-peer] [--json]\n"
             "                      [--python PATH] [--peer-script PATH]\n"
             "B sets of n elements of dimension d, k Nystrom anchors (sigma 0.5, eta 0.01), q references of\n"
-            "p supports, L Sinkhorn iterations, eps 0.5, no mask. Default cases: the issue's n = 1000,\n"
+            "p supports, L Sinkhorn iterations (2 L half-steps; the peer's n_iter = L), eps 0.5, no mask.\n"
+            "Default cases: the issue's n = 1000,\n"
             "d = 64, k = 128, p = 64, q = 1 and q = 4, B = 32, L = 10. The peer is the reference code's\n"
             "OTKernel + CKN Nystrom layer (scaling domain, autograd through every iteration).\n");
 }
@@ -73,9 +74,9 @@ int bench_otk(int argc, char **argv)
     for (int ci = 0; ci < nc; ci++) {
         const ocase c = cs[ci];
         bk_otk_desc desc = {c.B, c.n, c.d, c.q, c.p, c.k, NULL};
-        bk_otk_params p = bk_otk_params_default();
+        bk_otk_config p = bk_otk_config_default();
         p.eps = eps;
-        p.iters = c.L;
+        p.iters = 2 * c.L; /* the case's L iterations (the peer's n_iter) = 2 L half-steps */
         p.domain = strcmp(domain, "log") ? BK_OTK_SCALING : BK_OTK_LOG;
         const size_t nx = (size_t)c.B * c.n * c.d, nz = (size_t)c.q * c.p * c.k, no = (size_t)c.B * c.p * c.q * c.k;
         float *x = malloc(nx * 4), *z = malloc(nz * 4), *W = malloc((size_t)c.k * c.d * 4), *o = malloc(no * 4);

@@ -88,9 +88,9 @@ int cmd_demo(int argc, char **argv)
            "f+b ms");
     const int Ss[] = {1, 2, 3, 5, 9, 21};
     for (int si = -1; si < 6; si++) {
-        bk_sinkhorn_params p = bk_sinkhorn_params_default();
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = si < 0 ? 1 : Ss[si];
-        bk_softmax_params sp = {0.0f};
+        bk_softmax_config sp = {0.0f};
         size_t tsz = bk_sinkhorn_tape_size(&desc, &p);
         void *tape = malloc(tsz);
         double best_f = 1e9, best_b = 1e9;
@@ -125,7 +125,7 @@ int cmd_demo(int argc, char **argv)
     }
     /* ESP: hard sort (exactly doubly stochastic, no N x N) and soft sort */
     for (int sort = 0; sort < 2; sort++) {
-        bk_esp_params ep = bk_esp_params_default();
+        bk_esp_config ep = bk_esp_config_default();
         ep.sort = sort ? BK_ESP_SOFT : BK_ESP_HARD;
         ep.t = 0.05f;
         ep.tau = 1.0f;
@@ -162,7 +162,7 @@ int cmd_demo(int argc, char **argv)
     /* a padded cross-attention batch: queries attend to a padded memory */
     int32_t ql[4] = {N, N / 2, 3, 0}, kl[4] = {N / 3, N, 5, N};
     bk_attn_desc pd = {B, H, N, N, d, d, ql, kl};
-    bk_sinkhorn_params p = bk_sinkhorn_params_default();
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = 21;
     bk_sinkhorn_extras ex = {ta, NULL, NULL, diag};
     bk_status s = bk_sinkhorn_forward(&pd, &p, &tq, &tk, &tv, &to, NULL, &ex, NULL, 0);

@@ -23,7 +23,8 @@ static void otk_usage(FILE *f)
             "  --sigma s         kernel bandwidth, alpha = 1/s^2 (default 0.5)\n"
             "  --eta e           inverse square root regulariser (default 0.01, the reference's)\n"
             "  --eps E           entropic temperature (default 0.5)\n"
-            "  --iters L         Sinkhorn iterations, each a row then a column step (default 10)\n"
+            "  --iters S         Sinkhorn half-steps, even: S/2 iterations, each a row then a column step\n"
+            "                    (default 20)\n"
             "  --threads N       threads (default: all cores); results do not depend on it\n"
             "embed:\n"
             "  --domain log|scaling          log-domain engine (default) or exp(K/eps) scaling form\n"
@@ -60,9 +61,9 @@ static int bad_value(const char *flag, const char *v, const char *what)
 
 /* parses the options shared by every subcommand into p (anchors loaded
  * into W) */
-static int common_params(const otk_args *a, bk_otk_params *p, bk_npy *W)
+static int common_params(const otk_args *a, bk_otk_config *p, bk_npy *W)
 {
-    *p = bk_otk_params_default();
+    *p = bk_otk_config_default();
     if (a->threads) {
         int nt;
         if (!cli_parse_int(a->threads, &nt) || nt < 1) return bad_value("--threads", a->threads, "an integer >= 1");
@@ -71,7 +72,8 @@ static int common_params(const otk_args *a, bk_otk_params *p, bk_npy *W)
     if (a->sigma && (!cli_parse_float(a->sigma, &p->sigma) || !(p->sigma > 0))) return bad_value("--sigma", a->sigma, "a number > 0");
     if (a->eta && (!cli_parse_float(a->eta, &p->eta) || !(p->eta >= 0))) return bad_value("--eta", a->eta, "a number >= 0");
     if (a->eps && (!cli_parse_float(a->eps, &p->eps) || !(p->eps > 0))) return bad_value("--eps", a->eps, "a number > 0");
-    if (a->iters && (!cli_parse_int(a->iters, &p->iters) || p->iters < 1)) return bad_value("--iters", a->iters, "an integer >= 1");
+    if (a->iters && (!cli_parse_int(a->iters, &p->iters) || p->iters < 2 || p->iters % 2))
+        return bad_value("--iters", a->iters, "an even integer >= 2 (half-steps: 2 L for L iterations)");
     if (a->anchors) {
         if (!cli_load_f32("otk", "anchors", a->anchors, 2, W)) return 0;
         p->W = W->data;
@@ -79,9 +81,9 @@ static int common_params(const otk_args *a, bk_otk_params *p, bk_npy *W)
     return 1;
 }
 
-static int kmeans_params(const otk_args *a, bk_kmeans_params *kp)
+static int kmeans_params(const otk_args *a, bk_kmeans_config *kp)
 {
-    *kp = bk_kmeans_params_default();
+    *kp = bk_kmeans_config_default();
     int v;
     if (a->kiters && (!cli_parse_int(a->kiters, &kp->iters) || kp->iters < 1)) return bad_value("--kmeans-iters", a->kiters, "an integer >= 1");
     if (a->tol && (!cli_parse_float(a->tol, &kp->tol) || !(kp->tol >= 0))) return bad_value("--tol", a->tol, "a number >= 0");
@@ -103,7 +105,7 @@ static int run_embed(const otk_args *a)
     float *O = NULL, *PL = NULL, *D = NULL, *DX = NULL, *DZ = NULL, *DW = NULL;
     bk_otk_diag *dg = NULL;
     void *tape = NULL;
-    bk_otk_params p;
+    bk_otk_config p;
     if (!a->refs) {
         fprintf(stderr, "birkhoff otk embed: --refs is required\n");
         return CLI_USAGE;
@@ -235,8 +237,8 @@ static int run_fit(const otk_args *a, int refs)
     int rc = CLI_FAIL;
     bk_npy X = {0}, W = {0}, LEN = {0};
     float *out = NULL;
-    bk_otk_params p;
-    bk_kmeans_params kp;
+    bk_otk_config p;
+    bk_kmeans_config kp;
     int K = 0, q = 1, P = 0, bary = 0;
     if (!common_params(a, &p, &W) || !kmeans_params(a, &kp)) goto usage;
     if (!refs) {

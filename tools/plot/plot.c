@@ -475,12 +475,12 @@ static int plot_transport(int argc, char **argv)
     /* scores 2 x.y / eps: the row and column terms of -|x - y|^2 / eps are
      * absorbed by the normalisations, so Sinkhorn gives the entropic plan of
      * the squared distance and softmax its row-normalised kernel */
-    bk_softmax_params sp = {2.0f / eps};
-    bk_sinkhorn_params kp = bk_sinkhorn_params_default();
+    bk_softmax_config sp = {2.0f / eps};
+    bk_sinkhorn_config kp = bk_sinkhorn_config_default();
     kp.scale = 2.0f;
     kp.eps = eps;
     kp.iters = 400;
-    bk_esp_params ep = bk_esp_params_default();
+    bk_esp_config ep = bk_esp_config_default();
     ep.sort = BK_ESP_HARD;
     ep.scale = 1.0f;
     ep.L = 16;

@@ -196,6 +196,65 @@ class Problem:
         return attn_operand(self.ad, self.ad.empty((d.B, d.H, d.Nq, d.Nk)), "bhnd", "attn")
 
 
+def operator_names():
+    """the registry's operators, in its order"""
+    return [lib.bk_op_name(lib.bk_op_at(i)).decode() for i in range(lib.bk_op_count())]
+
+
+class Registered:
+    """A registered operator and one filled parameter struct: the registry's
+    defaults, then each keyword as key=value through the C setter (which
+    names an unknown key or a bad value). Keys set scalars only: operators
+    whose parameters hold arrays (LOT's pivots, ESP's own slice bank, ASAP's
+    layer) need their typed functions for those."""
+
+    def __init__(self, name, params):
+        if not isinstance(name, str):
+            raise TypeError("the operator name must be a string, got %r" % (name,))
+        self.op = lib.bk_op_find(name.encode())
+        if not self.op:
+            raise ValueError("unknown operator %r; the registry has: %s" % (name, ", ".join(operator_names())))
+        self.name = name
+        size = lib.bk_op_config_size(self.op)
+        self.par = (C.c_double * ((size + 7) // 8))()   # 8-byte aligned storage
+        lib.bk_op_config_default(self.op, self.par)
+        for k, v in params.items():
+            if v is None:
+                continue
+            if isinstance(v, bool):
+                v = int(v)
+            check(lib.bk_op_config_set(self.op, self.par, str(k).encode(), str(v).encode()))
+
+    def has_backward(self):
+        return bool(lib.bk_op_has_backward(self.op))
+
+    def forward(self, pr, want_tape=True, want_attn=False):
+        d = pr.desc
+        out = pr.out()
+        want_tape = want_tape and self.has_backward()
+        tape = tape_buffer(lib.bk_op_tape_size(self.op, C.byref(d), self.par)) if want_tape else None
+        attn = pr.attn() if want_attn else None
+        tq, tk, tv = pr.tensors()
+        check(lib.bk_op_forward(self.op, C.byref(d), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
+                                C.byref(out.tensor()), tape_ptr(tape), C.byref(attn.tensor()) if attn else None,
+                                None, 0))
+        res = {"out": out.obj, "tape": tape}
+        if want_attn:
+            res["attn"] = attn.obj
+        return res
+
+    def backward(self, pr, dout, tape):
+        if not self.has_backward():
+            raise ValueError("operator %r has no backward (inference only)" % self.name)
+        do = pr.dout(dout)
+        dq, dk, dv = pr.grads()
+        tq, tk, tv = pr.tensors()
+        check(lib.bk_op_backward(self.op, C.byref(pr.desc), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
+                                 C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
+                                 C.byref(dv.tensor()), None, 0))
+        return dq.obj, dk.obj, dv.obj
+
+
 def tape_buffer(nbytes):
     return np.empty(max(int(nbytes), 1), dtype=np.uint8)
 

@@ -220,6 +220,20 @@ _PROTOS = {
     "bk_asap_forward": (st, [_D, P(AsapLayer), C.c_int, _T, _T, _T, _T, P(AsapExtras), vp, sz]),
     "bk_asap_close": (st, [_D, P(AsapLayer), C.c_int, f32p, _T, _T, _T, _T, P(AsapExtras), vp, sz]),
     "bk_attn_compare": (st, [_D, _T, _T, _T, _T, P(AttnFidelity)]),
+    # the operator registry (birkhoff/ops.h): operators by name, parameters by key
+    "bk_op_count": (C.c_int, []),
+    "bk_op_at": (vp, [C.c_int]),
+    "bk_op_find": (vp, [C.c_char_p]),
+    "bk_op_name": (C.c_char_p, [vp]),
+    "bk_op_has_backward": (C.c_int, [vp]),
+    "bk_op_config_size": (sz, [vp]),
+    "bk_op_config_default": (None, [vp, vp]),
+    "bk_op_config_set": (st, [vp, vp, C.c_char_p, C.c_char_p]),
+    "bk_op_config_count": (C.c_int, [vp]),
+    "bk_op_config_key": (C.c_char_p, [vp, C.c_int]),
+    "bk_op_tape_size": (sz, [vp, _D, vp]),
+    "bk_op_forward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, vp, sz]),
+    "bk_op_backward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
 }
 
 

@@ -27,7 +27,7 @@ from . import _core as K
 from . import _lib
 from ._lib import check, lib
 
-__all__ = ["Result", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
+__all__ = ["Result", "operators", "attention", "attention_backward", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
            "unbalanced_backward", "esp", "esp_backward",
            "esp_slices", "lot", "lot_backward", "otk", "otk_backward", "otk_features", "spherical_kmeans",
            "otk_fit_anchors", "otk_fit_refs", "AsapCalibration", "AsapLayer", "asap_teacher_dual"]
@@ -51,6 +51,35 @@ def _problem(q, k, v, q_len, k_len, layout):
 
 
 # ---- softmax ----
+
+# ---- any registered operator, by name (the C registry, birkhoff/ops.h) ----
+
+def operators():
+    """The names of the registered attention operators (softmax, sinkhorn,
+    unbalanced, esp, asap, lot: the C library's list)."""
+    return K.operator_names()
+
+
+def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", attn=False, tape=True, **params):
+    """Any registered operator by name, its parameters by key (the C
+    struct's field names, e.g. iters=5, eps=0.5, rho=2, sort="soft"; the
+    library's defaults for the others): exactly the operator's own function
+    with no extras but attn. Parameters that are arrays (LOT's pivots, an
+    ESP slice bank, an ASAP layer) are not keys: use lot(), esp(slices=...),
+    AsapLayer.forward() for those. An unknown name lists the registry; an
+    unknown key or a bad value raises BirkhoffError naming it."""
+    op = K.Registered(name, params)
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    return Result(op.forward(pr, tape, attn))
+
+
+def attention_backward(name, q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", **params):
+    """(dq, dk, dv) of attention(name, ...) with the same parameters; tape
+    None recomputes the forward."""
+    op = K.Registered(name, params)
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    return op.backward(pr, dout, tape)
+
 
 def softmax(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, attn=False, tape=True):
     """Softmax attention O = softmax(scale q k^T) v; attn=True adds the

@@ -37,7 +37,7 @@ from torch import nn
 
 from . import _core as K
 
-__all__ = ["softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "otk_embedding",
+__all__ = ["attention", "softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "otk_embedding",
            "MultiheadAttention", "LOTAttention", "OTKPooling"]
 
 
@@ -129,6 +129,8 @@ class _QKV(torch.autograd.Function):
 
 _SOFTMAX = (K.softmax_forward, K.softmax_backward)
 _SINKHORN = (K.sinkhorn_forward, K.sinkhorn_backward)
+_REGISTERED = (lambda pr, p, want_tape=True: p.forward(pr, want_tape),
+               lambda pr, p, dout, tape: p.backward(pr, dout, tape))
 
 
 class _Esp(torch.autograd.Function):
@@ -195,6 +197,13 @@ class _Otk(torch.autograd.Function):
 
 
 # ---- functional API ----
+
+def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", **params):
+    """Any registered operator by name (birkhoff.operators()), its scalar
+    parameters by key as birkhoff.attention(); differentiable in q, k, v
+    when the operator has a backward."""
+    return _QKV.apply(q, k, v, q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
+
 
 def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None):
     """softmax(scale q k^T) v (scale None: 1/sqrt(d))"""

@@ -7,6 +7,12 @@
  * region): rows in fixed blocks, column sums from per-block partial sums
  * added in block order, so the result does not depend on the team's size.
  *
+ * Every Sinkhorn-type iteration of the library runs here (softmax, Sinkhorn,
+ * unbalanced Sinkhorn through kappa-damped column steps, LOT's inner
+ * problems, OTK's log-domain plans, ASAP's c-transforms), except OTK's
+ * scaling domain, a multiply-only iteration on a once-exponentiated kernel:
+ * src/ops/otk.c, "scaling domain", says why it is a kernel of its own.
+ *
  * Algorithm (docs/ALGORITHMS.md has the derivations):
  *
  * Forward. A row step followed by a column step costs ONE pass over C and one

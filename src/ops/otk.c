@@ -511,6 +511,21 @@ static void plan_logits(const bki_team *tm, const bk_otk_desc *d, const bk_otk_c
 }
 
 /* ---- scaling domain ---------------------------------------------------------------
+ * Why this is a kernel of its own and not a mode of the LSE engine
+ * (src/core/lse_engine.c): the engine's half-step is a log-sum-exp over the
+ * scores, one exp per entry per half-step (fused to one per pair), valid for
+ * any eps. The scaling iteration exponentiates ONCE and then only multiplies
+ * (two matrix-vector products per iteration, no exp): that is the whole point
+ * of the option (the reference code's numerics, and faster when n p is large
+ * and L is long), and it is exact only while E does not underflow, which the
+ * engine's callers never have to think about. Its backward is different too:
+ * the adjoints of the scalings accumulate into one rank-2L update of the
+ * plan's gradient (one GEMM below), where the engine replays half-steps.
+ * Making it an engine mode would give the engine a second state
+ * representation and a second backward used by one caller; it shares the
+ * engine's fixed row blocks and block-ordered column sums instead, so it
+ * follows the same parallel model and determinism contract.
+ *
  * E = exp(Lg - rowmax) (kept in A), v_0 = 1, L times u = (1/n)/(E v),
  * v = (1/p)/(E^T u); u_t, v_t stored as the potentials (hist layout: u_1, v_1,
  * ..., u_L, v_L). A = n diag(u_L) E diag(v_L). Rows run in the engine's fixed

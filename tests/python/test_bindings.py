@@ -305,6 +305,47 @@ def test_unbalanced():
           "unbalanced rho=1e12 == sinkhorn (bitwise)")
 
 
+def test_registry():
+    section("1c. any registered operator by name (birkhoff.attention, the C registry)")
+    check(bk.operators() == ["softmax", "sinkhorn", "unbalanced", "esp", "asap", "lot"], "operators(): the registry",
+          str(bk.operators()))
+    B, H, Nq, Nk, d, dv = 2, 2, 6, 7, 4, 3
+    q, k, v, do = randn(B, H, Nq, d), randn(B, H, Nk, d), randn(B, H, Nk, dv), randn(B, H, Nq, dv)
+    lens = dict(q_len=[Nq, 4], k_len=[5, Nk])
+    same = [
+        ("softmax", {}, bk.softmax, bk.softmax_backward, {}),
+        ("sinkhorn", dict(iters=4, eps=0.5), bk.sinkhorn, bk.sinkhorn_backward, dict(iters=4, eps=0.5)),
+        ("unbalanced", dict(iters=5, rho=2), bk.unbalanced, bk.unbalanced_backward, dict(iters=5, rho=2)),
+        ("esp", dict(sort="soft", t=0.2, tau=2), bk.esp, bk.esp_backward, dict(sort="soft", t=0.2, tau=2)),
+    ]
+    for name, kw, fwd, bwd, kw_t in same:
+        a = bk.attention(name, q, k, v, attn=True, **lens, **kw)
+        b = fwd(q, k, v, attn=True, **lens, **kw_t)
+        g1 = bk.attention_backward(name, q, k, v, do, a.tape, **lens, **kw)
+        g2 = bwd(q, k, v, do, b.tape, **lens, **kw_t)
+        check(np.array_equal(a.out, b.out) and np.array_equal(a.attn, b.attn)
+              and all(np.array_equal(x, y) for x, y in zip(g1, g2)),
+              "attention(%r) == its typed function, forward and gradients, bitwise" % name)
+    try:
+        bk.attention("flash", q, k, v)
+        check(False, "unknown operator refused")
+    except ValueError as e:
+        check("registry has: softmax, sinkhorn" in str(e), "unknown operator refused, naming the registry", str(e))
+    try:
+        bk.attention("sinkhorn", q, k, v, colour=1)
+        check(False, "unknown key refused")
+    except bk.BirkhoffError as e:
+        check("unknown key 'colour'" in str(e), "unknown key refused by the C setter", str(e))
+    try:
+        bk.attention("sinkhorn", q, k, v, iters="many")
+        check(False, "bad value refused")
+    except bk.BirkhoffError as e:
+        check("iters" in str(e), "a malformed value refused, naming the key", str(e))
+    qt, kt, vt = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v))
+    gradcheck(lambda *t: bt.attention("unbalanced", *t, iters=3, rho=0.5, **lens), (qt, kt, vt),
+              "gradcheck birkhoff.torch.attention('unbalanced')")
+
+
 def test_esp():
     section("1. ESP vs espformer_torch.esp_semantics")
     B, H, Nq, Nk, d, dv = 2, 2, 6, 8, 4, 3
@@ -1170,7 +1211,7 @@ def test_regressions():
 
 def main():
     print("birkhoff %s (%s) from %s" % (bk.version(), bk.isa(), bk.LIBRARY_PATH))
-    for fn in (test_softmax_sinkhorn, test_unbalanced, test_esp, test_lot, test_otk, test_layouts, test_gradcheck,
+    for fn in (test_softmax_sinkhorn, test_unbalanced, test_registry, test_esp, test_lot, test_otk, test_layouts, test_gradcheck,
                test_mha_equivalence, test_errors, test_asap, test_otk_fit, test_threads, test_leaks,
                test_regressions):
         try:

@@ -9,8 +9,9 @@
  * a device backend runs the operators it implements and refuses the others
  * with BK_ERR_UNSUPPORTED, naming the operator and the backend (it never
  * copies data to the host behind the caller's back). Tensors passed to an
- * entry point live where the current context's backend computes (host memory
- * for the CPU backend).
+ * entry point must live where the current context's backend computes (host
+ * memory for the CPU backend): each bk_tensor says where (its device field,
+ * birkhoff/core.h), and one that lives elsewhere is refused.
  *
  * A context is not shared between threads while its workspace cache is on
  * (the cache is one buffer); without the cache a context may be current on

@@ -188,9 +188,19 @@ BK_API const char *bk_isa(void);
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                  */
 /* ------------------------------------------------------------------------ */
+/* Where a tensor's data lives: host memory (0, so a zeroed or
+ * brace-initialised tensor is a host tensor) or the memory of CUDA device i.
+ * Every entry point checks that each tensor lives where the current context
+ * computes (birkhoff/context.h) and refuses it otherwise (BK_ERR_PARAM,
+ * naming the tensor and both places): the library never copies between
+ * host and device behind the caller's back. */
+#define BK_DEVICE_HOST 0
+#define BK_DEVICE_CUDA(i) (1 + (i))
+
 typedef struct {
     float  *data;
     int64_t stride_b, stride_h, stride_n;   /* in floats; channel stride 1 */
+    int32_t device;                         /* BK_DEVICE_HOST or BK_DEVICE_CUDA(i) */
 } bk_tensor;
 
 /* Contiguous [B,H,N,C] view. */

@@ -31,7 +31,8 @@ class BirkhoffError(RuntimeError):
 
 
 class Tensor(C.Structure):
-    _fields_ = [("data", f32p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64)]
+    _fields_ = [("data", f32p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64),
+                ("device", C.c_int32)]   # BK_DEVICE_HOST (0): the bindings pass host arrays
 
 
 class AttnDesc(C.Structure):

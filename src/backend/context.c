@@ -104,6 +104,11 @@ bk_context *bk_context_use(bk_context *ctx)
 
 bk_context *bki_ctx(void) { return tl_current ? tl_current : &g_default; }
 bk_context *bk_context_current(void) { return bki_ctx(); }
+int bki_ctx_device(void)
+{
+    const bk_context *c = bki_ctx();
+    return c->be->kind == BK_BACKEND_CPU ? BK_DEVICE_HOST : BK_DEVICE_CUDA(c->cfg.device);
+}
 const bki_backend *bki_ctx_backend(const bk_context *ctx) { return ctx->be; }
 bk_backend bk_context_backend(const bk_context *ctx) { return ctx ? ctx->be->kind : BK_BACKEND_CPU; }
 const char *bk_context_backend_name(const bk_context *ctx) { return ctx ? ctx->be->name : "cpu"; }

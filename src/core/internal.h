@@ -163,6 +163,9 @@ void bki_zero_rows(float *base, int64_t sn, int from, int N, int C);
  * call gets from the current context (its allocator or its cache: *owned,
  * released with bki_workspace_release; src/backend/context.c). */
 bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base);
+/* the memory the current context computes in: BK_DEVICE_HOST or
+ * BK_DEVICE_CUDA(i) (src/backend/context.c) */
+int bki_ctx_device(void);
 void bki_workspace_release(void *owned);
 static inline char *bki_align_ptr(char *p)
 {

@@ -3,17 +3,18 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C)
 {
-    bk_tensor t = {data, (int64_t)H * N * C, (int64_t)N * C, C};
+    bk_tensor t = {data, (int64_t)H * N * C, (int64_t)N * C, C, BK_DEVICE_HOST};
     return t;
 }
 
 bk_tensor bk_tensor_bnhd(float *data, int H, int N, int C)
 {
-    bk_tensor t = {data, (int64_t)N * H * C, C, (int64_t)H * C};
+    bk_tensor t = {data, (int64_t)N * H * C, C, (int64_t)H * C, BK_DEVICE_HOST};
     return t;
 }
 
@@ -35,9 +36,25 @@ bk_status bki_check_desc(const bk_attn_desc *d)
     return BK_OK;
 }
 
+static const char *device_name(int32_t dev, char *buf, size_t n)
+{
+    if (dev == BK_DEVICE_HOST) snprintf(buf, n, "host");
+    else if (dev > 0) snprintf(buf, n, "cuda:%d", (int)dev - 1);
+    else snprintf(buf, n, "an unknown device (%d)", (int)dev);
+    return buf;
+}
+
 bk_status bki_check_tensor(const char *name, const bk_tensor *t, int B, int H, int N, int C)
 {
     if (!t || !t->data) return bki_fail(BK_ERR_NULL, "tensor %s is NULL", name);
+    const int here = bki_ctx_device();
+    if (t->device != here) {
+        char a[32], b[32];
+        return bki_fail(BK_ERR_PARAM,
+                        "tensor %s lives in %s memory but the current context computes in %s memory (birkhoff "
+                        "never copies between devices: move the tensor, or run in a context of its device)",
+                        name, device_name(t->device, a, sizeof a), device_name(here, b, sizeof b));
+    }
     if (t->stride_b < 0 || t->stride_h < 0 || t->stride_n < 0)
         return bki_fail(BK_ERR_STRIDE, "tensor %s has a negative stride", name);
     /* No self-overlap: sort the non-trivial dims by stride; each stride must

@@ -890,10 +890,10 @@ static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
 static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
 {
     const int64_t T = m->T, I = m->I, dh = m->dh;
-    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I};
-    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I};
-    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I};
-    *o = (bk_tensor){att, T * I, dh, I};
+    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST};
 }
 
 static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
@@ -946,8 +946,8 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
-        bk_tensor x = {(float *)h, (int64_t)T * D, 0, D};
-        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D};
+        bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
+        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         return bk_otk_forward(&od, &op, &x, m->w + m->otk_z, &out, train ? m->otk_tape : NULL, NULL, m->ws, m->ws_cap);
@@ -1065,8 +1065,8 @@ static bk_status attn_backward(bk_model *m, int l, int B)
     bk_tensor q, k, v, o;
     views(m, a->qkv, a->att, &q, &k, &v, &o);
     const int64_t T = m->T, I = m->I, dh = m->dh;
-    bk_tensor dout = {m->dA, T * I, dh, I}, dq = {m->dq, T * I, dh, I}, dk = {m->dk, T * I, dh, I},
-              dv = {m->dv, T * I, dh, I};
+    bk_tensor dout = {m->dA, T * I, dh, I, BK_DEVICE_HOST}, dq = {m->dq, T * I, dh, I, BK_DEVICE_HOST},
+              dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
     bk_status st = ensure_ws(m, attn_ws(m, &d, l));
     if (st) return st;
     attn_par par;
@@ -1090,9 +1090,9 @@ static bk_status pool_backward(bk_model *m, int B)
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
-        bk_tensor x = {m->fin, (int64_t)T * D, 0, D};
-        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D};
-        bk_tensor dx = {m->dN, (int64_t)T * D, 0, D};
+        bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
+        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST};
+        bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, NULL, m->ws, m->ws_cap);
@@ -1264,7 +1264,7 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         return bki_fail(BK_ERR_PARAM, "bk_model_attention: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_attention: no forward has run");
     const int64_t T = m->T;
-    bk_tensor A = {attn, m->c.heads * T * T, T * T, T};
+    bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST};
     /* re-running the operator rewrites att with the same values; the tape
      * of a pending backward is left alone (train = 0) */
     return attn_forward(m, layer, m->B, 0, &A);

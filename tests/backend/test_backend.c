@@ -147,6 +147,28 @@ void test_backend(void)
         th_prob_free(&r.pb);
     }
 
+    /* tensors carry their device: one that lives elsewhere than the current
+     * context computes is refused before anything is written */
+    run_init(&r, 5);
+    {
+        bk_tensor qd = r.pb.tq;
+        qd.device = BK_DEVICE_CUDA(0);
+        const float before = r.pb.o[0];
+        bk_status sd = bk_sinkhorn_forward(&r.pb.desc, &r.p, &qd, &r.pb.tk, &r.pb.tv, &r.pb.to, NULL, NULL, NULL, 0);
+        th_check(sd == BK_ERR_PARAM && strstr(bk_last_error(), "tensor q lives in cuda:0 memory") &&
+                     strstr(bk_last_error(), "computes in host memory") && r.pb.o[0] == before,
+                 "a tensor on another device: refused, naming it and both places, nothing written", "%s: %s",
+                 bk_status_str(sd), bk_last_error());
+        bk_tensor od = r.pb.to;
+        od.device = 7;
+        sd = bk_sinkhorn_forward(&r.pb.desc, &r.p, &r.pb.tq, &r.pb.tk, &r.pb.tv, &od, NULL, NULL, NULL, 0);
+        th_check(sd == BK_ERR_PARAM && strstr(bk_last_error(), "tensor out lives in cuda:6"), "an output on another device refused",
+                 "%s", bk_last_error());
+        th_check(bk_tensor_bhnd(r.pb.q, 3, 40, 8).device == BK_DEVICE_HOST && bk_tensor_bnhd(r.pb.q, 3, 40, 8).device == 0,
+                 "views made by the library are host tensors", "%s", "");
+    }
+    th_prob_free(&r.pb);
+
     /* a backend lacking operators: they are refused, the others run */
     bki_backend partial = bki_backend_cpu;
     partial.name = "partial";

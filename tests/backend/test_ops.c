@@ -236,6 +236,7 @@ static bk_tensor on(const bk_tensor *t, const dbuf *d)
 {
     bk_tensor x = *t;
     x.data = d->dev;
+    x.device = bki_ctx_device(); /* the tensor says where it lives */
     return x;
 }
 

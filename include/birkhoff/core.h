@@ -6,8 +6,11 @@
  * <birkhoff.h> includes every part of the API (birkhoff/core.h, context.h,
  * attn.h, ops.h, esp.h, lot.h, otk.h, asap.h, nn.h, data.h, train.h and the
  * deprecated names of compat.h). Every function returns a bk_status; on
- * failure bk_last_error() gives a readable reason (thread-local) and nothing
- * has been written to any output.
+ * failure bk_last_error() gives a readable reason (thread-local). Argument,
+ * parameter, workspace and tape errors are found before anything is written;
+ * the one failure found while problems run (Sinkhorn's implicit backward, a
+ * linear system that cannot be solved) is reported for the lowest failing
+ * problem after the call, when other problems' outputs may be written.
  *
  * ----------------------------------------------------------------------------
  * CONVENTIONS OF THE WHOLE API

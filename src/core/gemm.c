@@ -11,8 +11,9 @@ void bki_gemm_tiles(int M, int N, int *rb, int *cb)
 {
     *rb = bki_gemm_block(M);
     const int nr = bki_nblocks(M, *rb);
-    /* few row tiles (a thin output, e.g. r x m): cut the columns too */
-    int nc = nr >= 16 ? 1 : (16 + nr - 1) / nr;
+    /* at most 8 row tiles: cut the columns too, to about 16 tiles in all
+     * (team sharing; columns of at least 64) */
+    const int nc = (16 + nr - 1) / nr;
     int c = (N + nc - 1) / nc;
     c = (c + 15) & ~15;
     *cb = c < 64 ? 64 : c;

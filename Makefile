@@ -39,14 +39,14 @@ OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c 
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c
-TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/bleu.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
 HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
-           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/plot/plot.c \
+           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/plot/plot.c \
            tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
            tools/bench/bench_train.c tools/demo/demo.c
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
@@ -72,6 +72,7 @@ TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
 TDATA   = $(BUILD)/test_data
 TTRAIN  = $(BUILD)/test_train
+TBLEU   = $(BUILD)/test_bleu
 
 PHONY_EXTRA = fuzz
 .PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -138,6 +139,11 @@ $(TDATA): $(BUILD)/obj/tests/data/test_data.o $(LIB_A)
 $(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(BUILD)/obj/tests/train/test_bleu.o: tests/data/tcheck.h
+
+$(TBLEU): $(BUILD)/obj/tests/train/test_bleu.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 # the CLI's charts (tools/plot/chart.c)
 $(BUILD)/obj/tests/tools/test_chart.o: tests/tools/test_chart.c tools/plot/chart.h
 	@mkdir -p $(dir $@)
@@ -158,12 +164,13 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TTRAIN)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TTRAIN) $(TBLEU)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
 	$(TDATA)
 	$(TTRAIN)
+	$(TBLEU)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)
@@ -188,6 +195,7 @@ check-valgrind: $(TESTS)
 oracle: $(CLI)
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
+	$(PY) tests/oracle/test_bleu.py --birkhoff $(CLI)
 
 # the Python package (python/birkhoff) is installed next to the library, into
 # the site directory Debian's python3 searches for this prefix

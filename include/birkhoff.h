@@ -15,6 +15,7 @@
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
  *   birkhoff/data.h   datasets: verified readers, generated sets, batches
  *   birkhoff/train.h  training runs: configuration, loop, evaluation, ASAP compile
+ *   birkhoff/metrics.h  translation metrics: corpus BLEU
  *   birkhoff/compat.h the option structs' names before 1.0's convention
  *                     (deprecated aliases)
  */
@@ -32,6 +33,7 @@
 #include "birkhoff/nn.h"
 #include "birkhoff/data.h"
 #include "birkhoff/train.h"
+#include "birkhoff/metrics.h"
 #include "birkhoff/compat.h"
 
 #endif /* BIRKHOFF_H */

@@ -79,6 +79,7 @@ int cmd_model(int argc, char **argv);     /* model/model.c */
 int cmd_train(int argc, char **argv);     /* train/train.c */
 int cmd_eval(int argc, char **argv);      /* train/eval.c  */
 int cmd_data(int argc, char **argv);      /* train/data.c  */
+int cmd_bleu(int argc, char **argv);      /* bleu/bleu.c   */
 int cmd_plot(int argc, char **argv);      /* plot/plot.c   */
 int cmd_bench(int argc, char **argv);     /* bench/bench.c */
 int bench_otk(int argc, char **argv);     /* bench/bench_otk.c: bench --op otk */

@@ -35,11 +35,11 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
-OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
+OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
-DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c
-TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/bleu.c
+DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
@@ -52,9 +52,9 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
-           tests/ops/ref_unbalanced.c
+           tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/ops/test_attn.c tests/ops/test_esp.c \
-           tests/ops/test_lot.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
+           tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a
@@ -67,10 +67,12 @@ REFLOT = $(BUILD)/ref_lot_selftest
 REFOTK = $(BUILD)/ref_otk_selftest
 REFASAP = $(BUILD)/ref_asap_selftest
 REFUNB  = $(BUILD)/ref_unbalanced_selftest
+REFDIFF = $(BUILD)/ref_diff_selftest
 EXAMPLE = $(BUILD)/quickstart
 TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
 TDATA   = $(BUILD)/test_data
+TPARALLEL = $(BUILD)/test_parallel
 TTRAIN  = $(BUILD)/test_train
 TBLEU   = $(BUILD)/test_bleu
 
@@ -127,6 +129,9 @@ $(REFASAP): $(BUILD)/obj/tests/ops/ref_asap.o $(BUILD)/obj/tests/ops/ref_asap_se
 $(REFUNB): $(BUILD)/obj/tests/ops/ref_unbalanced.o $(BUILD)/obj/tests/ops/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFDIFF): $(BUILD)/obj/tests/ops/ref_diff.o $(BUILD)/obj/tests/ops/ref_diff_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 # tests of the library's datasets and training runs (tests/data, tests/train)
 $(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/train/test_train.o: tests/data/tcheck.h
 
@@ -134,6 +139,11 @@ $(TGEN): $(BUILD)/obj/tests/data/test_gen.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 $(TDATA): $(BUILD)/obj/tests/data/test_data.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/obj/tests/data/test_parallel.o: tests/data/tcheck.h
+
+$(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 $(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(LIB_A)
@@ -164,11 +174,12 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TTRAIN) $(TBLEU)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TTRAIN) $(TBLEU)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
 	$(TDATA)
+	$(TPARALLEL)
 	$(TTRAIN)
 	$(TBLEU)
 	$(REFST)
@@ -177,6 +188,7 @@ test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(CLI
 	$(REFOTK)
 	$(REFASAP)
 	$(REFUNB)
+	$(REFDIFF)
 	$(TESTS)
 	$(PORTABLE) $(TESTS)
 
@@ -233,6 +245,7 @@ check: deps
 # gradcheck, leaks, and a ViT on MNIST with birkhoff's Sinkhorn attention
 test-python: all
 	$(PY) tests/python/test_bindings.py
+	$(PY) tests/python/test_parallel.py
 	$(PY) tests/python/test_vit_mnist.py
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each

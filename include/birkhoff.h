@@ -10,6 +10,7 @@
  *   birkhoff/ops.h    the operator registry: every attention operator by name
  *   birkhoff/esp.h    ESP attention (ESPFormer)
  *   birkhoff/lot.h    LOT attention (LOTFormer)
+ *   birkhoff/diff.h   differential attention (DiffTransformer)
  *   birkhoff/otk.h    the OTK embedding and its unsupervised fits
  *   birkhoff/asap.h   ASAP: Sinkhorn compiled into a loop-free operator
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
@@ -28,6 +29,7 @@
 #include "birkhoff/ops.h"
 #include "birkhoff/esp.h"
 #include "birkhoff/lot.h"
+#include "birkhoff/diff.h"
 #include "birkhoff/otk.h"
 #include "birkhoff/asap.h"
 #include "birkhoff/nn.h"

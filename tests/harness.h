@@ -32,6 +32,7 @@ void test_npy(void);
 void test_compat(void); /* tests/core/test_compat.c */
 void test_esp(void);
 void test_lot(void);
+void test_diff(void); /* tests/ops/test_diff.c */
 void test_otk(void);
 void test_asap(void);
 void test_model(void);

@@ -96,6 +96,8 @@ save("Zs.npy", Z1[None])
 save("ths.npy", th1[None])
 save("Zb.npy", np.repeat(Z1[None], HB, 0))
 save("thb.npy", np.repeat(th1[None], HB, 0))
+save("Ls.npy", np.array([0.6], np.float32))
+save("Lb.npy", np.full(HB, 0.6, np.float32))
 save("slices.npy", (lambda t: t / np.linalg.norm(t, axis=1, keepdims=True))(randn(12, d)))
 
 fa = make_attn_inputs("a")
@@ -109,15 +111,17 @@ OPS = [
                   "--dslices", "{o}/dslices.npy", "--sigma", "{o}/sigma.npy"], {"dslices"}),
     ("lot", ["--op", "lot", "--pivots", "{Z}", "--pivot-logits", "{th}", "--diag", "{o}/diag.npy",
              "--dpivots", "{o}/dpivots.npy", "--dpivot-logits", "{o}/dpl.npy"], {"dpivots", "dpl"}),
+    ("diff", ["--op", "diff", "--lambda", "{L}", "--dlambda", "{o}/dlambda.npy"], {"dlambda"}),
 ]
 # outputs that are sums over the batch (parameter gradients) cannot be compared across batch shapes
-SHARED = {"dslices", "dpivots", "dpl"}
+SHARED = {"dslices", "dpivots", "dpl", "dlambda"}
 
 
 def expand(flags, o, which):
     zs = P("Zs.npy") if which == "single" else P("Zb.npy")
     ths = P("ths.npy") if which == "single" else P("thb.npy")
-    return [x.replace("{o}", o).replace("{Z}", zs).replace("{th}", ths) for x in flags]
+    ls = P("Ls.npy") if which == "single" else P("Lb.npy")
+    return [x.replace("{o}", o).replace("{Z}", zs).replace("{th}", ths).replace("{L}", ls) for x in flags]
 
 
 def read_all(o):
@@ -276,6 +280,8 @@ def once():
         res += flat(fw) + flat(getattr(bk, op + "_backward")(q, k, v, do, fw.tape, **kw))
     fw = bk.lot(q, k, v, Z, th)
     res += flat(fw) + flat(bk.lot_backward(q, k, v, Z, th, do, fw.tape))
+    fw = bk.diff(q, k, v, [0.6], attn=True)
+    res += flat(fw) + flat(bk.diff_backward(q, k, v, [0.6], do, fw.tape))
     fw = bk.otk(x, refs)
     res += flat(fw) + flat(bk.otk_backward(x, refs, dphi, fw.tape))
     return res

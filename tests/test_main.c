@@ -50,6 +50,7 @@ int main(int argc, char **argv)
     test_attn();
     test_esp();
     test_lot();
+    test_diff();
     test_otk();
     test_asap();
     test_model();

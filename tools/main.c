@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
             "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
             "  asap    compile Sinkhorn into ASAP: a trained model (compile) or a layer (calibrate, report, ...)\n"
-            "  model   transformer models: create, differentiate, train on .npy batches, show checkpoints\n"
+            "  model   transformer models: create, differentiate, train on .npy batches, show, swap attention\n"
             "  bench   benchmark operators over a shape grid against the PyTorch peers\n"
             "  demo    Sinkhorn vs softmax attention on generated data: marginals and timings\n"
             "  version print the version and the kernel instruction set\n"

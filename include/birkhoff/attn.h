@@ -87,12 +87,21 @@ BK_API bk_status bk_sinkhorn_backward(const bk_attn_desc *desc,
 
 /* Softmax attention: A = row-softmax(scale * Q K^T) on the valid block.
  * Same descriptor, layouts and padding as Sinkhorn; it is the S = 1 case of
- * the same engine (p.iters = 1, eps = 1). Tape: the row log-normalisers. */
+ * the same engine (p.iters = 1, eps = 1). Tape: the row log-normalisers.
+ * Causal (causal = 1): on a problem's valid Lq x Lk block, query i sees the
+ * keys j <= i + (Lk - Lq), i.e. the queries are the LAST Lq positions of the
+ * key sequence (Lq = Lk: the usual lower triangle; Lk > Lq: decoding with a
+ * key/value cache); masked entries of A are exactly 0 and get no gradient.
+ * A problem with Lk < Lq is refused (BK_ERR_LENGTH). Softmax is the only
+ * causal normaliser: under a causal mask the only doubly-stochastic matrix
+ * is the identity (docs/ALGORITHMS.md, section 3), so the Sinkhorn family,
+ * ESP, LOT and ASAP have no causal mode. */
 typedef struct {
-    float scale;          /* 0 selects 1/sqrt(d) */
+    float scale;          /* 0 selects 1/sqrt(d)                             */
+    int causal;           /* 0 or 1 (see above)                              */
 } bk_softmax_config;
 
-/* scale 0 (1/sqrt(d)); a NULL parameter pointer means the same */
+/* scale 0 (1/sqrt(d)), not causal; a NULL parameter pointer means the same */
 BK_API bk_softmax_config bk_softmax_config_default(void);
 
 BK_API size_t bk_softmax_workspace_size(const bk_attn_desc *desc);

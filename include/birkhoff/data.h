@@ -1,5 +1,6 @@
 /* birkhoff/data.h -- datasets: stored readers with verified versions,
- * generated sets, batches and the sample order of training (docs/TRAINING.md).
+ * generated sets, batches and the sample order of training (docs/TRAINING.md),
+ * and parallel text for translation (bk_parallel_*, docs/TRANSLATION.md).
  * Part of the public API; include <birkhoff.h> (all of it) or this file. The
  * conventions every function follows are at the top of birkhoff/core.h: a
  * function returns a bk_status and, on failure, bk_last_error() gives the
@@ -156,6 +157,92 @@ BK_API bk_status bk_data_parse_digits(const char *buf, size_t n, int64_t cap, ui
  * body keeps any further empty lines. n when there is no empty line (the
  * whole message is headers). */
 BK_API size_t bk_data_mail_body(const uint8_t *msg, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Parallel text: sentence pairs for translation                            */
+/* ------------------------------------------------------------------------ */
+/* A parallel split is two line-aligned UTF-8 files, line i of the source
+ * translating line i of the target; the sentences are kept as raw UTF-8
+ * (tokenising them is not this layer's work). The stored corpus:
+ *   bible          bible/{train,valid,test}.{es,en} (+ .ref, MANIFEST):
+ *                  Spanish (Reina-Valera 1909) -> English (World English
+ *                  Bible), verse-aligned, split by whole books; built by
+ *                  scripts/data.sh bible (docs/TRANSLATION.md)
+ * Every file is validated strictly, and a failure names the file and the
+ * line (and the byte in the line for bad UTF-8), BK_ERR_FORMAT:
+ *   - valid UTF-8 (no overlong forms, surrogates or code points above
+ *     U+10FFFF), no byte-order mark at the start;
+ *   - "\n" line ends only: a CR anywhere is refused, as are the other
+ *     control characters (U+0000..U+001F but TAB, U+007F..U+009F) and the
+ *     Unicode line and paragraph separators U+2028, U+2029 (readers that
+ *     split on them would see other lines);
+ *   - no empty line and no line of only spaces and tabs (the last line's
+ *     "\n" is optional, so a file ending in "\n\n" has an empty line);
+ *   - no line longer than max_bytes bytes (its "\n" not counted);
+ *   - both files the same number of lines, at least one; each file at most
+ *     BK_PARALLEL_MAX_FILE bytes.
+ * A file that cannot be opened or read is BK_ERR_IO. */
+#define BK_PARALLEL_MAX_LINE_DEFAULT 4096
+#define BK_PARALLEL_MAX_LINE (1 << 20)
+#define BK_PARALLEL_MAX_FILE ((int64_t)1 << 30)
+
+typedef struct {
+    int max_bytes;  /* longest line in bytes, its "\n" not counted
+                       (0: BK_PARALLEL_MAX_LINE_DEFAULT; 1..BK_PARALLEL_MAX_LINE) */
+    int64_t limit;  /* > 0: keep only the first `limit` pairs (every line is
+                       still validated); 0: all; < 0 is refused          */
+} bk_parallel_config;
+
+/* A sentence pair: NUL-terminated UTF-8 without the line end, and its
+ * length in bytes. The pointers live as long as the bk_parallel. */
+typedef struct {
+    const char *src, *tgt;
+    int32_t src_len, tgt_len;
+} bk_sentence_pair;
+
+typedef struct {
+    int64_t n;                    /* pairs kept                              */
+    int64_t lines;                /* lines in each file (n unless limited)   */
+    int64_t src_bytes, tgt_bytes; /* bytes of the kept sentences             */
+    int32_t src_max, tgt_max;     /* longest kept sentence, bytes            */
+    uint64_t src_fnv, tgt_fnv;    /* FNV-1a-64 of each whole file            */
+    char version[192];            /* what a run records: corpus, split and
+                                     checksums (or the files' names)         */
+} bk_parallel_info;
+
+typedef struct bk_parallel bk_parallel;
+
+/* max_bytes 4096, no limit. */
+BK_API bk_parallel_config bk_parallel_config_default(void);
+/* Parses two files held in memory (src[0..src_n), tgt[0..tgt_n); copied,
+ * so the caller keeps its buffers). src_name and tgt_name (NULL: "source",
+ * "target") are what the messages call them. c NULL: the defaults. Errors:
+ * BK_ERR_NULL (a NULL buffer with a non-zero size, or out NULL),
+ * BK_ERR_PARAM (max_bytes or limit out of range), BK_ERR_FORMAT (above),
+ * BK_ERR_NOMEM; *out is untouched on failure. */
+BK_API bk_status bk_parallel_parse(const char *src, size_t src_n, const char *tgt, size_t tgt_n,
+                                   const char *src_name, const char *tgt_name, const bk_parallel_config *c,
+                                   bk_parallel **out);
+/* Reads and parses the two files at these paths (any line-aligned pair). */
+BK_API bk_status bk_parallel_load(const char *src_path, const char *tgt_path, const bk_parallel_config *c,
+                                  bk_parallel **out);
+/* Opens split "train", "valid" or "test" of a stored corpus of this library
+ * (name "bible": source es, target en) from DIR/NAME/SPLIT.{src,tgt} (dir
+ * NULL or "": $BK_DATA, else "data"), checked against the FNV-1a-64 sums
+ * and sizes of the version this library knows (the one scripts/data.sha256
+ * records). A missing file is BK_ERR_IO, another version BK_ERR_FORMAT, both
+ * with a message naming the file and the fix ("scripts/data.sh bible") and,
+ * for another version, the Debian package versions the known one was built
+ * from. An unknown name or split: BK_ERR_PARAM. */
+BK_API bk_status bk_parallel_open(const char *name, const char *split, const char *dir, const bk_parallel_config *c,
+                                  bk_parallel **out);
+BK_API void bk_parallel_free(bk_parallel *p);
+/* Pairs kept (0 for NULL). */
+BK_API int64_t bk_parallel_count(const bk_parallel *p);
+/* Counts, sizes and checksums (NULL for NULL). */
+BK_API const bk_parallel_info *bk_parallel_get_info(const bk_parallel *p);
+/* Pair i, 0 <= i < count (BK_ERR_PARAM otherwise; BK_ERR_NULL for NULL). */
+BK_API bk_status bk_parallel_pair(const bk_parallel *p, int64_t i, bk_sentence_pair *out);
 
 /* ------------------------------------------------------------------------ */
 /* Generated datasets                                                       */

@@ -179,6 +179,41 @@ BK_API bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib
 /* Tokens per sample (incl. CLS), and heads. */
 BK_API int bk_model_tokens(const bk_model *m);
 
+/* ---- changing a model's attention (docs/MODEL.md, "Plug-and-play swaps") ----
+ * bk_model_set_attn_config changes, in place, the attention parameters that
+ * keep the parameter table: c must equal the model's configuration except
+ * for attn_scale, sk_iters, sk_eps, sk_rho, esp_soft, esp_t, esp_tau,
+ * lot_iters, lot_eps and lot_temp (any other difference: BK_ERR_PARAM naming
+ * the key). The weights, the optimiser state that refers to them and the
+ * dropout counter are untouched; operator tapes are grown when the new
+ * parameters need more (BK_ERR_NOMEM leaves the model as it was), and a
+ * pending backward is dropped (run a training forward again). What the
+ * training loop uses for ESP's temperature annealing (esp_t per epoch) and
+ * for evaluating a soft-sort ESP model with the hard sort (esp_soft = 0).
+ *
+ * bk_model_swap creates a new model (max_batch as bk_model_create) whose
+ * configuration is target, with every weight of src: target must equal src's
+ * configuration except for the attention keys (attn, attn_scale, sk_*, esp_*,
+ * lot_*; another key: BK_ERR_PARAM naming it). Every tensor the two
+ * parameter tables share (embedding, blocks, norms, pooling, head) is copied
+ * bit for bit; a tensor only the target has (LOT's blocks.l.attn.lot_z and
+ * lot_theta, swapping to lot) gets the model's own LOT initialisation, i.e.
+ * what bk_model_create gives a LOT model with src's seed (pivots N(0, 1),
+ * mass logits 0: uniform masses); a tensor only src has (swapping away from
+ * lot) is dropped. The seed and the dropout counter are src's; compiled ASAP
+ * layers are not carried (a swap away from asap gives the Sinkhorn teacher's
+ * attention back). attn = asap is refused: ASAP layers are fitted to a
+ * Sinkhorn model's attention on data (bk_asap_compile). A LOT source swapped
+ * to LOT keeps its lot_r (its pivots are trained). Swapping to another kind
+ * and back (without LOT in between) reproduces src exactly.
+ * blocks (nblocks entries, each in [0, depth)) selects the blocks whose
+ * attention changes; NULL / 0 selects all. A model holds one attention kind
+ * for all its blocks: a selection that is not every block is refused
+ * (BK_ERR_UNSUPPORTED) until models carry per-block kinds. */
+BK_API bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c);
+BK_API bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, const int *blocks, int nblocks,
+                               int max_batch, bk_model **out);
+
 /* ---- optimisers and schedules ---- */
 typedef enum { BK_OPT_ADAMW = 0, BK_OPT_ADAM = 1, BK_OPT_SGD = 2 } bk_opt_kind;
 typedef enum { BK_SCHED_CONSTANT = 0, BK_SCHED_STEP = 1, BK_SCHED_COSINE = 2 } bk_sched_kind;

@@ -47,6 +47,26 @@ typedef struct {
                                steps in total                                   */
     char progress[8];       /* auto | bar | plain | none (for the CLI's display;
                                recorded, not used by the library)               */
+    char init[512];         /* "": a new run starts from bk_model_create; else
+                               the checkpoint it starts from (fine-tuning): its
+                               weights, seed and dropout counter, with the
+                               run's model configuration, which must equal the
+                               checkpoint's but for the attention keys (a
+                               different attention is a bk_model_swap); a
+                               fresh optimiser. Set r->model from
+                               bk_checkpoint_config (or the whole run from
+                               bk_run_load) first, as the CLI's --init does.
+                               Not used when resuming.                         */
+    float esp_anneal;       /* ESP's SoftSort temperature annealing (ESPFormer
+                               section 4.4): 0 = off; a factor in (0, 1]: epoch
+                               e (0-based) trains and is evaluated with
+                               esp_t = bk_esp_anneal(model.esp_t, factor, e)
+                               (model.esp_t is t0); attn=esp only              */
+    char eval_esp_sort[8];  /* "" (= model) | model | soft | hard: the sort of
+                               an ESP model in the end-of-epoch evaluations and
+                               diagnostics (hard: the model trained soft,
+                               evaluated with the exact sort, esp_soft = 0);
+                               birkhoff eval reads it as its default           */
     bk_model_config model;
     bk_optim_config optim;
 } bk_run_config;
@@ -279,6 +299,43 @@ typedef void (*bk_asap_compile_callback)(void *user, const bk_asap_compile_event
  * must use Sinkhorn attention (BK_ERR_PARAM otherwise). cb is nullable. */
 BK_API bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compile_config *c,
                                  bk_asap_compile_callback cb, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Plug-and-play swaps of a trained model's attention                       */
+/* ------------------------------------------------------------------------ */
+/* bk_checkpoint_swap writes to out the model of checkpoint in with another
+ * attention normaliser (docs/MODEL.md, "Plug-and-play swaps"): the model
+ * configuration of in, then attn = c->attn and c->keys applied, then
+ * bk_model_swap (every weight kept bit for bit; LOT pivots created or
+ * dropped). Only attention keys may be given (attn_scale, sk_iters, sk_eps,
+ * sk_rho, esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps,
+ * lot_temp): another key, an unknown one or a bad value is BK_ERR_PARAM.
+ * The new checkpoint holds no optimiser state (fine-tuning starts a fresh
+ * optimiser: bk_run_config.init); when in was written by a training run its
+ * run (data versions, position, configuration with the new model keys) is
+ * carried, with swapped_from=<in>, so it evaluates (bk_run_load) and
+ * fine-tunes like any checkpoint of a run.
+ * attn = "asap" compiles (bk_asap_compile with c->asap) a checkpoint of a
+ * Sinkhorn run: its own Sinkhorn layers are the teacher; keys are refused
+ * (the teacher's S and eps are the model's), and a source whose attention is
+ * not Sinkhorn is refused with the two steps that do it (swap to sinkhorn,
+ * fine-tune if wanted, then compile): ASAP reproduces a Sinkhorn layer, and a
+ * model whose weights were not trained for Sinkhorn has no such teacher of
+ * its own. Written atomically (temporary file, rename); on failure out is not
+ * created. */
+typedef struct {
+    const char *attn;       /* the new normaliser: softmax, sinkhorn,
+                               unbalanced, esp, lot or asap                    */
+    const char *keys;       /* "key=value,..." attention keys, or NULL         */
+    const int *blocks;      /* the blocks to change (NULL: all); today every
+                               block of a model shares one kind, so a list must
+                               name them all (else BK_ERR_UNSUPPORTED)         */
+    int nblocks;
+    bk_asap_compile_config asap; /* attn = asap: the compilation              */
+} bk_swap_config;
+/* attn NULL (must be set), keys NULL, all blocks, asap defaults. */
+BK_API bk_swap_config bk_swap_config_default(void);
+BK_API bk_status bk_checkpoint_swap(const char *in, const char *out, const bk_swap_config *c);
 
 #ifdef __cplusplus
 }

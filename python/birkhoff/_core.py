@@ -350,9 +350,13 @@ def sinkhorn_backward(pr, p, dout, tape):
     return dq.obj, dk.obj, dv.obj
 
 
-def softmax_forward(pr, scale, want_tape=True, want_attn=False):
+def softmax_params(scale=None, causal=None):
+    return setp(_lib.SoftmaxParams(0.0, 0), scale=scale, causal=None if causal is None else int(bool(causal)))
+
+
+def softmax_forward(pr, p, want_tape=True, want_attn=False):
+    """softmax attention (p: SoftmaxParams, softmax_params())"""
     d = pr.desc
-    p = _lib.SoftmaxParams(float(scale))
     out = pr.out()
     tape = tape_buffer(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
     attn = pr.attn() if want_attn else None
@@ -366,8 +370,7 @@ def softmax_forward(pr, scale, want_tape=True, want_attn=False):
     return res
 
 
-def softmax_backward(pr, scale, dout, tape):
-    p = _lib.SoftmaxParams(float(scale))
+def softmax_backward(pr, p, dout, tape):
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
     tq, tk, tv = pr.tensors()
@@ -496,6 +499,48 @@ def lot_backward(pr, p, dout, tape, want_pivots=True):
                               C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
                               C.byref(dv.tensor()), f32_np(dZ), f32_np(dth), None, 0))
     return dq.obj, dk.obj, dv.obj, dZ, dth
+
+
+def diff_params(pr, lam, scale=None):
+    """(params, lam): lam [H] as a dense float32 numpy array (a number: the
+    same lambda for every head)"""
+    d = pr.desc
+    if lam is None:
+        raise ValueError("differential attention: lambda [H] is required")
+    if np.ndim(lam) == 0:
+        lam = np.full(d.H, lam, np.float32)
+    lam = dense_param(lam, (d.H,), "lambda")
+    p = setp(lib.bk_diff_config_default(), scale=scale)
+    p.lam = f32_np(lam)
+    return p, lam
+
+
+def diff_forward(pr, p, want_tape=True, want_attn=False):
+    d = pr.desc
+    out = pr.out()
+    tape = tape_buffer(lib.bk_diff_tape_size(C.byref(d), C.byref(p))) if want_tape else None
+    attn = pr.attn() if want_attn else None
+    ex = _lib.DiffExtras(attn.tensor() if attn else _lib.Tensor())
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_diff_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                              C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
+    res = {"out": out.obj, "tape": tape}
+    if want_attn:
+        res["attn"] = attn.obj
+    return res
+
+
+def diff_backward(pr, p, dout, tape, want_lambda=True):
+    """(dq, dk, dv, dlambda [H] summed over the batch, or None)"""
+    d = pr.desc
+    do = pr.dout(dout)
+    dq, dk, dv = pr.grads()
+    dl = np.zeros(d.H, np.float32) if want_lambda else None
+    tq, tk, tv = pr.tensors()
+    check(lib.bk_diff_backward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                               C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
+                               C.byref(dv.tensor()), f32_np(dl), None, 0))
+    return dq.obj, dk.obj, dv.obj, dl
 
 
 def diag_dict(arr, B, H, fields):

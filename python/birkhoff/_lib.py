@@ -59,7 +59,7 @@ class SinkhornExtras(C.Structure):
 
 
 class SoftmaxParams(C.Structure):
-    _fields_ = [("scale", C.c_float)]
+    _fields_ = [("scale", C.c_float), ("causal", C.c_int)]
 
 
 class EspParams(C.Structure):
@@ -87,6 +87,15 @@ class LotDiag(C.Structure):
 
 class LotExtras(C.Structure):
     _fields_ = [("attn", Tensor), ("diag", C.POINTER(LotDiag))]
+
+
+class DiffParams(C.Structure):
+    # bk_diff_config: scale, then the per-head lambda array ("lambda" in C)
+    _fields_ = [("scale", C.c_float), ("lam", f32p)]
+
+
+class DiffExtras(C.Structure):
+    _fields_ = [("attn", Tensor)]
 
 
 class OtkDesc(C.Structure):
@@ -154,7 +163,7 @@ _ABI = {
     "bk_sinkhorn_diag": SinkhornDiag, "bk_sinkhorn_extras": SinkhornExtras, "bk_softmax_config": SoftmaxParams,
     "bk_unbalanced_config": UnbalancedParams,
     "bk_esp_config": EspParams, "bk_esp_diag": EspDiag, "bk_esp_extras": EspExtras, "bk_lot_config": LotParams,
-    "bk_lot_diag": LotDiag, "bk_lot_extras": LotExtras, "bk_otk_desc": OtkDesc, "bk_otk_config": OtkParams,
+    "bk_lot_diag": LotDiag, "bk_lot_extras": LotExtras, "bk_diff_config": DiffParams, "bk_diff_extras": DiffExtras, "bk_otk_desc": OtkDesc, "bk_otk_config": OtkParams,
     "bk_otk_diag": OtkDiag, "bk_otk_extras": OtkExtras, "bk_kmeans_config": KmeansParams,
     "bk_kmeans_report": KmeansReport, "bk_asap_layer": AsapLayer, "bk_asap_config": AsapConfig,
     "bk_asap_kl_config": AsapKlOpts, "bk_asap_fit_report": AsapFitReport, "bk_asap_extras": AsapExtras,
@@ -198,6 +207,10 @@ _PROTOS = {
     "bk_lot_tape_size": (sz, [_D, P(LotParams)]),
     "bk_lot_forward": (st, [_D, P(LotParams), _T, _T, _T, _T, vp, P(LotExtras), vp, sz]),
     "bk_lot_backward": (st, [_D, P(LotParams), _T, _T, _T, _T, vp, _T, _T, _T, f32p, f32p, vp, sz]),
+    "bk_diff_config_default": (DiffParams, []),
+    "bk_diff_tape_size": (sz, [_D, P(DiffParams)]),
+    "bk_diff_forward": (st, [_D, P(DiffParams), _T, _T, _T, _T, vp, P(DiffExtras), vp, sz]),
+    "bk_diff_backward": (st, [_D, P(DiffParams), _T, _T, _T, _T, vp, _T, _T, _T, f32p, vp, sz]),
     "bk_otk_config_default": (OtkParams, []),
     "bk_otk_tape_size": (sz, [_OD, P(OtkParams)]),
     "bk_otk_features": (st, [_OD, P(OtkParams), _T, _T]),

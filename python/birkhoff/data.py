@@ -16,6 +16,14 @@ Python.
 Fetch the stored datasets with scripts/data.sh NAME. A missing, truncated or
 different file raises birkhoff.BirkhoffError with the C library's message
 (it names the file and the command that fixes it).
+
+Parallel text for translation (bk_parallel_*; docs/TRANSLATION.md): sentence
+pairs as str, validated by the C reader (UTF-8, line-aligned, no empty line):
+
+    from birkhoff.data import Parallel
+    with Parallel("bible", "test") as p:       # scripts/data.sh bible
+        print(len(p), p.version, p[0])         # (spanish, english)
+    p = Parallel.from_files("a.es", "a.en")    # any two line-aligned files
 """
 import ctypes as C
 from collections import namedtuple
@@ -24,7 +32,7 @@ import numpy as np
 
 from ._lib import BirkhoffError, check, lib
 
-__all__ = ["Dataset", "Batch", "known", "NAMES", "BirkhoffError"]
+__all__ = ["Dataset", "Batch", "known", "NAMES", "Parallel", "BirkhoffError"]
 
 NAMES = ("mnist", "fashion-mnist", "digits", "spam", "listops", "shapes")
 SPLITS = {"train": 0, "test": 1}
@@ -46,6 +54,23 @@ class DatasetInfo(C.Structure):
                 ("version", C.c_char * 192)]
 
 
+class ParallelConfig(C.Structure):
+    """mirror of bk_parallel_config"""
+    _fields_ = [("max_bytes", C.c_int), ("limit", C.c_int64)]
+
+
+class ParallelInfo(C.Structure):
+    """mirror of bk_parallel_info"""
+    _fields_ = [("n", C.c_int64), ("lines", C.c_int64), ("src_bytes", C.c_int64), ("tgt_bytes", C.c_int64),
+                ("src_max", C.c_int32), ("tgt_max", C.c_int32), ("src_fnv", C.c_uint64), ("tgt_fnv", C.c_uint64),
+                ("version", C.c_char * 192)]
+
+
+class SentencePair(C.Structure):
+    """mirror of bk_sentence_pair"""
+    _fields_ = [("src", C.c_void_p), ("tgt", C.c_void_p), ("src_len", C.c_int32), ("tgt_len", C.c_int32)]
+
+
 _i64p = C.POINTER(C.c_int64)
 _i32p = C.POINTER(C.c_int32)
 _f32p = C.POINTER(C.c_float)
@@ -55,13 +80,24 @@ for _name, _res, _args in (
         ("bk_data_open", C.c_int, [C.c_char_p, C.c_int, C.POINTER(DataConfig), C.POINTER(C.c_void_p)]),
         ("bk_data_close", None, [C.c_void_p]),
         ("bk_data_info", C.POINTER(DatasetInfo), [C.c_void_p]),
-        ("bk_data_fill", C.c_int, [C.c_void_p, _i64p, C.c_int, _f32p, _i32p, _i32p, _i32p])):
+        ("bk_data_fill", C.c_int, [C.c_void_p, _i64p, C.c_int, _f32p, _i32p, _i32p, _i32p]),
+        ("bk_parallel_config_default", ParallelConfig, []),
+        ("bk_parallel_parse", C.c_int, [C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t, C.c_char_p, C.c_char_p,
+                                        C.POINTER(ParallelConfig), C.POINTER(C.c_void_p)]),
+        ("bk_parallel_load", C.c_int, [C.c_char_p, C.c_char_p, C.POINTER(ParallelConfig), C.POINTER(C.c_void_p)]),
+        ("bk_parallel_open", C.c_int, [C.c_char_p, C.c_char_p, C.c_char_p, C.POINTER(ParallelConfig),
+                                       C.POINTER(C.c_void_p)]),
+        ("bk_parallel_free", None, [C.c_void_p]),
+        ("bk_parallel_get_info", C.POINTER(ParallelInfo), [C.c_void_p]),
+        ("bk_parallel_pair", C.c_int, [C.c_void_p, C.c_int64, C.POINTER(SentencePair)])):
     try:
         _f = getattr(lib, _name)
     except AttributeError:
         raise ImportError("birkhoff.data: %s lacks %s (a library older than this package?)" % (lib._name, _name))
     _f.restype, _f.argtypes = _res, _args
-for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetInfo)):
+for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetInfo),
+                    ("bk_parallel_config", ParallelConfig), ("bk_parallel_info", ParallelInfo),
+                    ("bk_sentence_pair", SentencePair)):
     if lib.bk_abi_sizeof(_name.encode()) != C.sizeof(_cls):
         raise ImportError("birkhoff.data: struct %s is %d bytes in %s, %d in this package's mirror (library and "
                           "package versions differ)" % (_name, lib.bk_abi_sizeof(_name.encode()), lib._name,
@@ -86,7 +122,31 @@ def known(name):
     return bool(lib.bk_data_known(str(name).encode()))
 
 
-class Dataset:
+class _Handle:
+    """A C object owned by a Python one: close() (or a with block, or
+    collection) releases it through the C function named by _free."""
+    _free = None
+
+    def close(self):
+        """releases the C object (also done when this one is collected)"""
+        if getattr(self, "_h", None):
+            getattr(lib, self._free)(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Dataset(_Handle):
     """One split of a dataset, opened (and, for stored sets, read and verified)
     by the C library.
 
@@ -103,6 +163,8 @@ class Dataset:
     Attributes: name, split, kind ("image", "tokens" or "points"), classes,
     version (what a run records), input_shape (one sample's input: (C, H, W),
     (max_len,) or (points, 3)); len(ds) is the number of samples."""
+
+    _free = "bk_data_close"
 
     def __init__(self, name, split="train", data_dir=None, **options):
         if split not in SPLITS:
@@ -139,24 +201,6 @@ class Dataset:
         return "Dataset(%s, %d samples, %s %s, %d classes)" % (self.version, self._n, self.kind, self.input_shape,
                                                               self.classes)
 
-    def close(self):
-        """releases the C dataset (also done when the object is collected)"""
-        if getattr(self, "_h", None):
-            lib.bk_data_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
-
     def batch(self, indices):
         """The samples at `indices` (any integers in [0, len)) as a Batch."""
         if not getattr(self, "_h", None):
@@ -184,3 +228,91 @@ class Dataset:
     def load(self):
         """The whole split as one Batch."""
         return self.batch(np.arange(self._n, dtype=np.int64))
+
+
+PARALLEL_SPLITS = ("train", "valid", "test")
+
+
+class Parallel(_Handle):
+    """Sentence pairs of a parallel split, read and validated by the C library
+    (bk_parallel_*): valid UTF-8, "\\n" line ends, no empty or blank line, no
+    line over max_bytes, both sides the same number of lines; a failure
+    raises BirkhoffError naming the file and line.
+
+    Parallel(name="bible", split="train", data_dir=None, *, limit=0, max_bytes=0)
+        a stored corpus (data_dir/NAME/SPLIT.{src,tgt}; None: $BK_DATA, else
+        "data"), checked against the version this library knows
+    Parallel.from_files(src_path, tgt_path, *, limit=0, max_bytes=0)
+    Parallel.from_bytes(src, tgt, *, limit=0, max_bytes=0, names=None)
+        any two line-aligned texts (bytes or str)
+
+    len(p) pairs; p[i] is (source, target) as str; iterating gives the
+    pairs in order. Attributes: version (what a run records), lines,
+    src_bytes, tgt_bytes, src_max, tgt_max (bytes), src_fnv, tgt_fnv."""
+
+    _free = "bk_parallel_free"
+
+    def __init__(self, name="bible", split="train", data_dir=None, *, limit=0, max_bytes=0, _handle=None):
+        if _handle is None:
+            if split not in PARALLEL_SPLITS:
+                raise ValueError("split must be one of %s, got %r" % (", ".join(PARALLEL_SPLITS), split))
+            h = C.c_void_p()
+            cfg = self._config(limit, max_bytes)
+            d = None if data_dir is None else str(data_dir).encode()
+            check(lib.bk_parallel_open(str(name).encode(), split.encode(), d, C.byref(cfg), C.byref(h)))
+            _handle = h
+        self._h = _handle
+        info = lib.bk_parallel_get_info(self._h).contents
+        self._n = info.n
+        self.version = info.version.decode()
+        for k in ("lines", "src_bytes", "tgt_bytes", "src_max", "tgt_max", "src_fnv", "tgt_fnv"):
+            setattr(self, k, getattr(info, k))
+
+    @staticmethod
+    def _config(limit, max_bytes):
+        cfg = lib.bk_parallel_config_default()
+        if max_bytes:
+            cfg.max_bytes = int(max_bytes)
+        cfg.limit = int(limit)
+        return cfg
+
+    @classmethod
+    def from_files(cls, src_path, tgt_path, *, limit=0, max_bytes=0):
+        """the pairs of two line-aligned files"""
+        h = C.c_void_p()
+        cfg = cls._config(limit, max_bytes)
+        check(lib.bk_parallel_load(str(src_path).encode(), str(tgt_path).encode(), C.byref(cfg), C.byref(h)))
+        return cls(_handle=h)
+
+    @classmethod
+    def from_bytes(cls, src, tgt, *, limit=0, max_bytes=0, names=None):
+        """the pairs of two line-aligned texts in memory (str is encoded as UTF-8)"""
+        s = src.encode() if isinstance(src, str) else bytes(src)
+        t = tgt.encode() if isinstance(tgt, str) else bytes(tgt)
+        sn, tn = (None, None) if names is None else (str(names[0]).encode(), str(names[1]).encode())
+        h = C.c_void_p()
+        cfg = cls._config(limit, max_bytes)
+        check(lib.bk_parallel_parse(s, len(s), t, len(t), sn, tn, C.byref(cfg), C.byref(h)))
+        return cls(_handle=h)
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return "Parallel(%s)" % self.version
+
+    def __getitem__(self, i):
+        if not getattr(self, "_h", None):
+            raise ValueError("the corpus is closed")
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("pair %d outside [0, %d)" % (i, self._n))
+        pr = SentencePair()
+        check(lib.bk_parallel_pair(self._h, i, C.byref(pr)))
+        return (C.string_at(pr.src, pr.src_len).decode("utf-8"), C.string_at(pr.tgt, pr.tgt_len).decode("utf-8"))
+
+    def __iter__(self):
+        for i in range(self._n):
+            yield self[i]

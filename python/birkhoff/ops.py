@@ -29,7 +29,7 @@ from ._lib import check, lib
 
 __all__ = ["Result", "operators", "attention", "attention_backward", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
            "unbalanced_backward", "esp", "esp_backward",
-           "esp_slices", "lot", "lot_backward", "otk", "otk_backward", "otk_features", "spherical_kmeans",
+           "esp_slices", "lot", "lot_backward", "diff", "diff_backward", "otk", "otk_backward", "otk_features", "spherical_kmeans",
            "otk_fit_anchors", "otk_fit_refs", "AsapCalibration", "AsapLayer", "asap_teacher_dual"]
 
 NP = K.NP
@@ -81,17 +81,18 @@ def attention_backward(name, q, k, v, dout, tape=None, *, q_len=None, k_len=None
     return op.backward(pr, dout, tape)
 
 
-def softmax(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, attn=False, tape=True):
+def softmax(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False, attn=False, tape=True):
     """Softmax attention O = softmax(scale q k^T) v; attn=True adds the
-    [B, H, Nq, Nk] attention."""
+    [B, H, Nq, Nk] attention. causal=True: query i sees keys j <= i +
+    (Lk - Lq) (the queries are the last positions; Lk >= Lq required)."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    return Result(K.softmax_forward(pr, 0.0 if scale is None else scale, tape, attn))
+    return Result(K.softmax_forward(pr, K.softmax_params(scale, causal), tape, attn))
 
 
-def softmax_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None):
+def softmax_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False):
     """(dq, dk, dv)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    return K.softmax_backward(pr, 0.0 if scale is None else scale, dout, tape)
+    return K.softmax_backward(pr, K.softmax_params(scale, causal), dout, tape)
 
 
 # ---- Sinkhorn ----
@@ -185,6 +186,28 @@ def lot_backward(q, k, v, Z, theta, dout, tape=None, *, q_len=None, k_len=None, 
     pr = _problem(q, k, v, q_len, k_len, layout)
     p, Z, theta = K.lot_params(pr, Z, theta, temp, iters, eps, scale, tol)
     return K.lot_backward(pr, p, dout, tape, True)
+
+
+# ---- differential attention ----
+
+def diff(q, k, v, lam, *, q_len=None, k_len=None, layout="bhnd", scale=None, attn=False, tape=True):
+    """Differential attention (DiffTransformer): O = (softmax(s Q1 K1^T) -
+    lam_h softmax(s Q2 K2^T)) V, q = [q1, q2] and k = [k1, k2] split in two
+    halves of the (even) head dimension d; lam [H] per head (a number: the
+    same for every head); scale None: 1/sqrt(d/2). The paper's lambda
+    re-parameterisation, per-head normalisation and (1 - lambda_init) are the
+    caller's (birkhoff/diff.h). Extras: attn (the combined map A1 - lam A2,
+    dense, small problems)."""
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    p, lam = K.diff_params(pr, lam, scale)
+    return Result(K.diff_forward(pr, p, tape, attn))
+
+
+def diff_backward(q, k, v, lam, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None):
+    """(dq, dk, dv, dlambda): dlambda [H] summed over the batch"""
+    pr = _problem(q, k, v, q_len, k_len, layout)
+    p, lam = K.diff_params(pr, lam, scale)
+    return K.diff_backward(pr, p, dout, tape, True)
 
 
 # ---- OTK ----

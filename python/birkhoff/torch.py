@@ -37,7 +37,7 @@ from torch import nn
 
 from . import _core as K
 
-__all__ = ["attention", "softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "otk_embedding",
+__all__ = ["attention", "softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "diff_attention", "otk_embedding",
            "MultiheadAttention", "LOTAttention", "OTKPooling"]
 
 
@@ -175,6 +175,26 @@ class _Lot(torch.autograd.Function):
         return dq, dk, dv, _t(dZ), _t(dth), None, None, None, None
 
 
+class _Diff(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lam, q_len, k_len, layout, kw):
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        p, ln = K.diff_params(pr, _param_np(lam, "lambda"), **kw)
+        res = K.diff_forward(pr, p, want_tape=any(ctx.needs_input_grad[:4]))
+        ctx.save_for_backward(q, k, v, lam)
+        ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
+        return res["out"]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lam = ctx.saved_tensors
+        q_len, k_len, layout, kw = ctx.args
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        p, ln = K.diff_params(pr, _param_np(lam, "lambda"), **kw)
+        dq, dk, dv, dl = K.diff_backward(pr, p, dout, ctx.tape, ctx.needs_input_grad[3])
+        return dq, dk, dv, _t(dl), None, None, None, None
+
+
 class _Otk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, z, W, lengths, kw):
@@ -205,9 +225,10 @@ def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", **params)
     return _QKV.apply(q, k, v, q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
 
 
-def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None):
-    """softmax(scale q k^T) v (scale None: 1/sqrt(d))"""
-    return _QKV.apply(q, k, v, q_len, k_len, layout, _SOFTMAX, 0.0 if scale is None else float(scale))
+def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False):
+    """softmax(scale q k^T) v (scale None: 1/sqrt(d)); causal=True: query i
+    sees keys j <= i + (Lk - Lq)"""
+    return _QKV.apply(q, k, v, q_len, k_len, layout, _SOFTMAX, K.softmax_params(scale, causal))
 
 
 def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
@@ -242,6 +263,20 @@ def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", t
     [H, r]; both get gradients."""
     kw = dict(temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
     return _Lot.apply(q, k, v, _as_tensor(Z, "Z"), _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
+
+
+def diff_attention(q, k, v, lam, *, q_len=None, k_len=None, layout="bhnd", scale=None):
+    """Differential attention (DiffTransformer): (softmax(s Q1 K1^T) - lam_h
+    softmax(s Q2 K2^T)) V with q, k split in halves of the (even) head
+    dimension; lam [H] (a tensor with requires_grad gets dL/dlambda, summed
+    over the batch; the paper's re-parameterisation lambda = exp(lq1.lk1) -
+    exp(lq2.lk2) + lambda_init can be written around it in torch);
+    scale None: 1/sqrt(d/2)."""
+    if not isinstance(lam, torch.Tensor):
+        lam = torch.as_tensor(np.asarray(lam, dtype=np.float32))
+    if lam.dim() == 0 and q.dim() == 4:
+        lam = lam.expand(q.shape[2] if layout == "bnhd" else q.shape[1])
+    return _Diff.apply(q, k, v, lam, q_len, k_len, layout, dict(scale=scale))
 
 
 def otk_embedding(x, z, W=None, *, lengths=None, **params):
@@ -330,7 +365,7 @@ class MultiheadAttention(nn.Module):
         self._check_options()
         nn.init.xavier_uniform_(self.in_proj_weight)
 
-    _KEYS = {"softmax": ("scale",), "sinkhorn": ("scale", "eps", "iters", "tol", "grad"),
+    _KEYS = {"softmax": ("scale", "causal"), "sinkhorn": ("scale", "eps", "iters", "tol", "grad"),
              "unbalanced": ("scale", "eps", "iters", "tol", "rho"),
              "esp": ("sort", "t", "tau", "scale", "cost", "out_scale", "slices", "seed"),
              "lot": ("temp", "iters", "eps", "scale", "tol")}
@@ -347,7 +382,7 @@ class MultiheadAttention(nn.Module):
         only checks the options (LOT's pivots are checked against a problem)"""
         o = self.options
         if self.normaliser == "softmax":
-            return K.softmax_forward, K.setp(K._lib.SoftmaxParams(), **o).scale
+            return K.softmax_forward, K.softmax_params(**o)
         if self.normaliser == "sinkhorn":
             return K.sinkhorn_forward, K.sinkhorn_params(**o)
         if self.normaliser == "unbalanced":

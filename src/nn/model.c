@@ -778,6 +778,143 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 }
 
 /* ------------------------------------------------------------------------ */
+/* changing the attention of a model: in place, or swapped into a new one   */
+/* ------------------------------------------------------------------------ */
+/* the attention keys: what a swap may change (the rest of the configuration
+ * fixes the parameter table of everything but the attention) */
+static const char *const SWAP_KEYS[] = {"attn",    "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
+                                        "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
+                                        "lot_iters", "lot_eps",  "lot_temp", NULL};
+/* the attention keys that keep the parameter table and the fixed ESP slices:
+ * what bk_model_set_attn_config may change in place */
+static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
+                                           "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp", NULL};
+
+static int key_in(const char *key, size_t n, const char *const *list)
+{
+    for (int i = 0; list[i]; i++)
+        if (strlen(list[i]) == n && !strncmp(list[i], key, n)) return 1;
+    return 0;
+}
+
+/* The first key (in the text form's order) in which a and b differ and that
+ * is not in allowed, copied into key; 0 when there is none. */
+static int config_diff(const bk_model_config *a, const bk_model_config *b, const char *const *allowed, char *key,
+                       size_t cap)
+{
+    char ta[4096], tb[4096];
+    bk_model_config_format(a, ta, sizeof ta);
+    bk_model_config_format(b, tb, sizeof tb);
+    /* both texts list the same keys in the same order, one per line */
+    for (const char *p = ta, *q = tb; *p && *q;) {
+        const size_t lp = strcspn(p, "\n"), lq = strcspn(q, "\n"), k = strcspn(p, "=");
+        if ((lp != lq || strncmp(p, q, lp)) && !key_in(p, k, allowed)) {
+            snprintf(key, cap, "%.*s", (int)k, p);
+            return 1;
+        }
+        p += lp + (p[lp] == '\n');
+        q += lq + (q[lq] == '\n');
+    }
+    return 0;
+}
+
+bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
+{
+    if (!m || !c) return bki_fail(BK_ERR_NULL, "bk_model_set_attn_config: NULL argument");
+    bk_status st = bk_model_config_check(c);
+    if (st) return st;
+    char key[64];
+    if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
+        return bki_fail(BK_ERR_PARAM,
+                        "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau "
+                        "and lot_iters/lot_eps/lot_temp may change (bk_model_swap changes the attention kind)",
+                        key);
+    /* the tapes follow the new parameters (grown, never shrunk); the
+     * workspace grows on use (ensure_ws) */
+    const bk_model_config old = m->c;
+    m->c = *c;
+    bk_attn_desc ad = {m->max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
+    for (int l = 0; l < c->depth; l++) {
+        blk_act *a = &m->ba[l];
+        const size_t need = attn_tape(m, &ad, l);
+        if (need <= a->tape_cap) continue;
+        void *t = calloc(1, need);
+        if (!t) {
+            m->c = old;
+            return bki_fail(BK_ERR_NOMEM, "bk_model_set_attn_config: out of memory for a %zu-byte tape", need);
+        }
+        free(a->tape);
+        a->tape = t;
+        a->tape_cap = need;
+    }
+    m->have_tape = 0; /* a pending backward belongs to the old attention */
+    return BK_OK;
+}
+
+bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, const int *blocks, int nblocks,
+                        int max_batch, bk_model **out)
+{
+    if (!src || !target || !out) return bki_fail(BK_ERR_NULL, "bk_model_swap: NULL argument");
+    *out = NULL;
+    const int depth = src->c.depth;
+    if (nblocks < 0 || (nblocks > 0 && !blocks))
+        return bki_fail(BK_ERR_PARAM, "bk_model_swap: nblocks = %d without a block list", nblocks);
+    if (nblocks > 0) {
+        /* a list naming every block is a swap of all blocks; one kind per
+         * model is all a model holds today */
+        char seen[4096] = {0};
+        int distinct = 0;
+        for (int i = 0; i < nblocks; i++) {
+            if (blocks[i] < 0 || blocks[i] >= depth)
+                return bki_fail(BK_ERR_PARAM, "bk_model_swap: block %d outside [0, %d)", blocks[i], depth);
+            distinct += !seen[blocks[i]];
+            seen[blocks[i]] = 1;
+        }
+        if (distinct != depth)
+            return bki_fail(BK_ERR_UNSUPPORTED,
+                            "bk_model_swap: the blocks of a model share one attention kind; swapping %d of its %d "
+                            "blocks is not supported (swap every block)",
+                            distinct, depth);
+    }
+    bk_status st = bk_model_config_check(target);
+    if (st) return st;
+    if (target->attn == BK_ATTN_ASAP)
+        return bki_fail(BK_ERR_PARAM, "bk_model_swap: ASAP layers are compiled from a Sinkhorn model's own attention "
+                                      "on calibration inputs (bk_asap_compile, `birkhoff model swap --attn asap`)");
+    char key[64];
+    if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
+        return bki_fail(BK_ERR_PARAM,
+                        "bk_model_swap: %s differs; a swap changes the attention only (attn, attn_scale, sk_*, esp_*, "
+                        "lot_*)",
+                        key);
+    if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)
+        return bki_fail(BK_ERR_PARAM, "bk_model_swap: lot_r %d -> %d: a LOT model's pivots are trained weights of "
+                                      "lot_r rows; their count cannot change",
+                        src->c.lot_r, target->lot_r);
+    bk_model *m = NULL;
+    if ((st = bk_model_create(target, src->seed, max_batch, &m))) return st;
+    /* every tensor both tables name is copied; the others (a LOT target's
+     * pivots and mass logits) keep the initialisation of bk_model_create
+     * with the source's seed */
+    for (int i = 0; i < m->nparam; i++) {
+        const bki_param *p = &m->tab[i];
+        for (int j = 0; j < src->nparam; j++) {
+            const bki_param *q = &src->tab[j];
+            if (strcmp(p->name, q->name)) continue;
+            if (q->count != p->count) { /* (no shared tensor changes shape: lot_r is checked above) */
+                bk_model_free(m);
+                return bki_fail(BK_ERR_SHAPE, "bk_model_swap: tensor %s changes shape", p->name);
+            }
+            memcpy(m->w + p->off, src->w + q->off, sizeof(float) * (size_t)p->count);
+            break;
+        }
+    }
+    m->fwd_count = src->fwd_count;
+    *out = m;
+    return BK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* forward                                                                  */
 /* ------------------------------------------------------------------------ */
 static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labels)

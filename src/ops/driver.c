@@ -40,6 +40,25 @@ size_t bki_op_tape_size_query(bki_call *c)
     return bki_op_tape_size(c);
 }
 
+void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const float *A, int lda, int Lq, int Lk)
+{
+    if (!c->attn || !c->attn->data) return;
+    const bk_attn_desc *d = c->d;
+    float *Ab = bki_at(c->attn, p / d->H, p % d->H);
+    const int live = Lq > 0 && Lk > 0;
+    int i0, i1;
+    bki_team_share(tm, d->Nq, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *row = Ab + (int64_t)i * c->attn->stride_n;
+        if (live && i < Lq) {
+            memcpy(row, A + (size_t)i * lda, sizeof(float) * (size_t)Lk);
+            memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+        } else {
+            memset(row, 0, sizeof(float) * (size_t)d->Nk);
+        }
+    }
+}
+
 bki_block_header *bki_op_block(const bki_call *c, int p)
 {
     return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * block_total(c));

@@ -128,11 +128,16 @@ static inline void *bki_op_block_data(const bki_call *c, int p) { return bki_op_
 /* the lengths of problem p */
 static inline int bki_op_lq(const bki_call *c, int p) { return bki_len(c->d->q_len, p / c->d->H, c->d->Nq); }
 static inline int bki_op_lk(const bki_call *c, int p) { return bki_len(c->d->k_len, p / c->d->H, c->d->Nk); }
+/* writes problem p's attention output (when the call asks for one) from a
+ * dense Lq x Lk block A (row stride lda): the valid block, zeros elsewhere;
+ * rows shared over the team (no sync) */
+void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const float *A, int lda, int Lq, int Lk);
 /* a problem's failure, kept for the call's error (the lowest index wins);
  * a team's member 0 reports it */
 void bki_op_fail(bki_call *c, int p, bk_status s);
 
 /* ---- the registry (registry.c) ------------------------------------------ */
 const bki_op *bki_op_find(const char *name);
-extern const bki_op bki_op_softmax, bki_op_sinkhorn, bki_op_unbalanced, bki_op_esp, bki_op_lot, bki_op_asap;
+extern const bki_op bki_op_softmax, bki_op_sinkhorn, bki_op_unbalanced, bki_op_esp, bki_op_lot, bki_op_asap,
+    bki_op_diff;
 #endif

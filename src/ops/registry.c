@@ -13,6 +13,7 @@ static const bki_op *const ops[] = {
     &bki_op_esp,
     &bki_op_asap,
     &bki_op_lot,
+    &bki_op_diff,
 };
 enum { NOPS = (int)(sizeof ops / sizeof ops[0]) };
 

@@ -19,13 +19,16 @@ typedef struct {
     bk_grad_mode grad;
     float kappa; /* 1: balanced */
     float rho;   /* unbalanced: the KL penalty (kappa = rho / (rho + eps)) */
+    int causal;  /* softmax only: query i sees keys j <= i + (Lk - Lq)    */
 } sk_cfg;
 
 static sk_cfg cfg_of(const bki_call *c)
 {
-    sk_cfg k = {0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED, 1.0f, 0.0f};
+    sk_cfg k = {0.0f, 1.0f, 1, 0.0f, BK_GRAD_UNROLLED, 1.0f, 0.0f, 0};
     if (c->op == &bki_op_softmax) {
-        k.scale = ((const bk_softmax_config *)c->par)->scale;
+        const bk_softmax_config *p = c->par;
+        k.scale = p->scale;
+        k.causal = p->causal;
     } else if (c->op == &bki_op_sinkhorn) {
         const bk_sinkhorn_config *p = c->par;
         k.scale = p->scale; k.eps = p->eps; k.S = p->iters; k.tol = p->tol; k.grad = p->grad;
@@ -55,7 +58,30 @@ static bk_status check(const bki_call *c)
         return bki_fail(BK_ERR_PARAM, "rho must be finite and > 0, got %g", (double)k.rho);
     if (c->d && c->d->d >= 1 && !isfinite(alpha_of(c, &k)))
         return bki_fail(BK_ERR_PARAM, "scale/eps overflows (scale=%g eps=%g)", (double)k.scale, (double)k.eps);
+    if (k.causal != 0 && k.causal != 1) return bki_fail(BK_ERR_PARAM, "causal must be 0 or 1, got %d", k.causal);
+    if (k.causal && !c->ws_mode)
+        for (int b = 0; b < c->d->B; b++) {
+            const int Lq = bki_len(c->d->q_len, b, c->d->Nq), Lk = bki_len(c->d->k_len, b, c->d->Nk);
+            if (Lq > 0 && Lk < Lq)
+                return bki_fail(BK_ERR_LENGTH,
+                                "causal softmax needs at least as many keys as queries (the queries are the last "
+                                "positions): batch %d has Lq=%d, Lk=%d",
+                                b, Lq, Lk);
+        }
     return BK_OK;
+}
+
+/* causal: C_ij = -inf for j > i + (Lk - Lq) on the valid block (rows shared
+ * over the team); exp(-inf) is exactly 0 in the engine, so A_ij = 0 and the
+ * replayed backward gives those entries no gradient */
+static void mask_causal(const bki_team *tm, const sk_cfg *k, int Lq, int Lk, float *C)
+{
+    if (!k->causal) return;
+    int i0, i1;
+    bki_team_share(tm, Lq, &i0, &i1);
+    for (int i = i0; i < i1; i++)
+        for (int j = i + (Lk - Lq) + 1; j < Lk; j++) C[(size_t)i * Lk + j] = -INFINITY;
+    bki_team_sync(tm);
 }
 
 static double cost(const bki_call *c) { return (double)c->d->Nq * c->d->Nk; }
@@ -105,6 +131,7 @@ static uint32_t key(const bki_call *c)
     h = bki_fnv1a(h, &a, sizeof a);
     h = bki_fnv1a(h, &k.S, sizeof k.S);
     h = bki_fnv1a(h, &k.kappa, sizeof k.kappa);
+    h = bki_fnv1a(h, &k.causal, sizeof k.causal);
     return (uint32_t)(h ^ (h >> 32));
 }
 
@@ -130,26 +157,14 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *base)
         bki_gemm(tm, 0, 1, Lq, Lk, d->d, alpha_of(c, &k), bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h),
                  c->k->stride_n, 0.0f, ln.C, Lk);
         bki_team_sync(tm);
+        mask_causal(tm, &k, Lq, Lk, ln.C);
         bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
         bki_kern()->sk_forward(tm, &pb, &res, ln.scr);
         if (c->out)
             bki_gemm(tm, 0, 0, Lq, d->dv, Lk, 1.0f, ln.A, Lk, bki_at(c->v, b, h), c->v->stride_n, 0.0f,
                      bki_at(c->out, b, h), c->out->stride_n);
     }
-    if (c->attn && c->attn->data) { /* rows shared over the team */
-        float *Ab = bki_at(c->attn, b, h);
-        int i0, i1;
-        bki_team_share(tm, d->Nq, &i0, &i1);
-        for (int i = i0; i < i1; i++) {
-            float *row = Ab + (int64_t)i * c->attn->stride_n;
-            if (i < Lq && live) {
-                memcpy(row, ln.A + (size_t)i * Lk, sizeof(float) * (size_t)Lk);
-                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
-            } else {
-                memset(row, 0, sizeof(float) * (size_t)d->Nk);
-            }
-        }
-    }
+    bki_op_export_attn(tm, c, p, ln.A, Lk, Lq, Lk);
     if (tm->tid != 0) return;
     if (c->out) bki_zero_rows(bki_at(c->out, b, h), c->out->stride_n, live ? Lq : 0, d->Nq, d->dv);
     if (blk) blk->steps[0] = res.iters;
@@ -197,6 +212,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
     const bki_kernels *K = bki_kern();
     bki_gemm(tm, 0, 1, Lq, Lk, d->d, alpha, Qb, c->q->stride_n, Kb, c->k->stride_n, 0.0f, ln.C, Lk);
     bki_team_sync(tm);
+    mask_causal(tm, &k, Lq, Lk, ln.C);
     bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
     K->sk_attention(tm, &pb, iters, hist, ln.A, Lk, ln.scr);
     /* dV = A^T dO ; Abar = dO V^T */
@@ -231,7 +247,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 /* ---- the three operators ------------------------------------------------- */
 bk_softmax_config bk_softmax_config_default(void)
 {
-    bk_softmax_config p = {0.0f};
+    bk_softmax_config p = {0.0f, 0};
     return p;
 }
 
@@ -252,7 +268,8 @@ static void sinkhorn_default(void *p) { *(bk_sinkhorn_config *)p = bk_sinkhorn_c
 static void unbalanced_default(void *p) { *(bk_unbalanced_config *)p = bk_unbalanced_config_default(); }
 
 static const char *const grad_names[] = {"unrolled", "implicit", NULL};
-static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_config, scale), NULL, 0}};
+static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_config, scale), NULL, 0},
+                                           {"causal", BKI_F_INT, offsetof(bk_softmax_config, causal), NULL, 0}};
 static const bki_field sinkhorn_fields[] = {
     {"scale", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, scale), NULL, 0},
     {"eps", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, eps), NULL, 0},

@@ -45,6 +45,9 @@ static const run_key KEYS[] = {
     RK("eval_batch", K_INT, eval_batch, 1, 65536),
     RK("stop_after", K_I64, stop_after, 0, 1e15),
     RS("progress", progress),
+    RS("init", init),
+    RK("esp_anneal", K_FLOAT, esp_anneal, 0, 1),
+    RS("eval_esp_sort", eval_esp_sort),
 };
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -89,6 +92,8 @@ static bk_status set_run_key(bk_run_config *r, const run_key *k, const char *v)
         if (!strcmp(k->name, "progress") && strcmp(v, "auto") && strcmp(v, "bar") && strcmp(v, "plain") &&
             strcmp(v, "none"))
             return bki_fail(BK_ERR_PARAM, "progress=%s: expected auto, bar, plain or none", v);
+        if (!strcmp(k->name, "eval_esp_sort") && *v && strcmp(v, "model") && strcmp(v, "soft") && strcmp(v, "hard"))
+            return bki_fail(BK_ERR_PARAM, "eval_esp_sort=%s: expected model, soft or hard", v);
         snprintf(p, k->cap, "%s", v);
         return BK_OK;
     }
@@ -255,6 +260,12 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
     if (r->model.attn == BK_ATTN_ASAP)
         return bki_fail(BK_ERR_PARAM,
                         "attn=asap cannot be trained: train a Sinkhorn model, then `birkhoff asap compile`");
+    if (r->model.attn != BK_ATTN_ESP && r->esp_anneal > 0)
+        return bki_fail(BK_ERR_PARAM, "esp_anneal=%g anneals ESP's SoftSort temperature; this run has attn=%s",
+                        (double)r->esp_anneal, bk_attn_kind_name(r->model.attn));
+    if (r->model.attn != BK_ATTN_ESP && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
+        return bki_fail(BK_ERR_PARAM, "eval_esp_sort=%s chooses ESP's sort; this run has attn=%s", r->eval_esp_sort,
+                        bk_attn_kind_name(r->model.attn));
     if (r->micro > r->batch) r->micro = 0;
     const int64_t per_epoch = (bk_data_info(train)->n + r->batch - 1) / r->batch;
     if (r->optim.sched == BK_SCHED_COSINE && r->optim.total_steps == 0)
@@ -296,7 +307,7 @@ static bk_status extra_config(const char *extra, bk_run_config *r)
         p = e ? e + 1 : NULL;
         char *eq = strchr(line, '=');
         if (!eq || !strncmp(line, "pos_", 4) || !strncmp(line, "data_train=", 11) || !strncmp(line, "data_test=", 10) ||
-            !strncmp(line, "teacher", 7) || !strncmp(line, "calib_", 6))
+            !strncmp(line, "teacher", 7) || !strncmp(line, "calib_", 6) || !strncmp(line, "swapped_from=", 13))
             continue;
         *eq = 0;
         bk_status st = bk_run_config_set(r, line, eq + 1);

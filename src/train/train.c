@@ -338,6 +338,73 @@ static void train_free(train_state *s)
     bk_data_close(s->te);
 }
 
+/* A new run's model from the checkpoint r->init: its weights, seed and
+ * dropout counter, with the run's model configuration (the attention swapped
+ * when the run's differs; any other difference is refused). */
+static bk_status init_model(const bk_run_config *r, int maxb, bk_model **out)
+{
+    bk_model *m0 = NULL;
+    bk_status st = bk_checkpoint_load(r->init, maxb, &m0, NULL, NULL);
+    if (st != BK_OK) return st;
+    char a[4096], b[4096];
+    bk_model_config_format(bk_model_get_config(m0), a, sizeof a);
+    bk_model_config_format(&r->model, b, sizeof b);
+    if (!strcmp(a, b)) {
+        *out = m0;
+        return BK_OK;
+    }
+    st = bk_model_swap(m0, &r->model, NULL, 0, maxb, out);
+    bk_model_free(m0);
+    if (st != BK_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "init=%s: the run's model must be the checkpoint's but for its attention: %s", r->init, msg);
+    }
+    return st;
+}
+
+/* The attention of epoch e (0-based): ESP's annealed SoftSort temperature
+ * t0 factor^e, t0 the run's esp_t (a pure function of the epoch, so a resumed
+ * run continues with the same t). */
+static bk_status epoch_attention(bk_model *m, const bk_run_config *r, int e)
+{
+    if (!(r->esp_anneal > 0.0f)) return BK_OK;
+    bk_model_config c = *bk_model_get_config(m);
+    c.esp_t = bk_esp_anneal(r->model.esp_t, r->esp_anneal, e);
+    bk_status st = bk_model_set_attn_config(m, &c);
+    if (st != BK_OK) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "esp_anneal: epoch %d (t = %g): %s", e + 1, (double)c.esp_t, msg);
+    }
+    return st;
+}
+
+/* The end-of-epoch evaluation and diagnostics, with the sort eval_esp_sort
+ * asks of an ESP model (the model's own attention is restored after). */
+static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_dataset *te, int diag_n,
+                                bk_layer_diag *diag, bk_eval_result *er)
+{
+    const bk_model_config keep = *bk_model_get_config(m);
+    const int hard = !strcmp(r->eval_esp_sort, "hard"), soft = !strcmp(r->eval_esp_sort, "soft");
+    bk_status st = BK_OK;
+    if (keep.attn == BK_ATTN_ESP && (hard || soft)) {
+        bk_model_config c = keep;
+        c.esp_soft = soft;
+        st = bk_model_set_attn_config(m, &c);
+    }
+    if (st == BK_OK) st = bk_evaluate(m, te, 0, r->eval_batch, 0, er);
+    if (st == BK_OK) st = bk_attention_diag(m, te, diag_n, diag, NULL, NULL);
+    if (keep.esp_soft != bk_model_get_config(m)->esp_soft) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        const bk_status s2 = bk_model_set_attn_config(m, &keep); /* (never grows a tape: cannot fail) */
+        if (st == BK_OK) st = s2;
+        else bki_fail(st, "%s", msg);
+    }
+    return st;
+}
+
 /* Steps 1..: data, model, run directory, up to the first step. */
 static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode, run_pos *pos,
                              bk_train_result *res)
@@ -393,10 +460,16 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
         if ((st = bk_checkpoint_load(path, maxb, &s->m, &s->o, NULL)) != BK_OK) return st;
         if (!s->o && (st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
     } else {
-        if (!mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
-        if ((st = bk_model_create(&r->model, r->seed, maxb, &s->m)) != BK_OK ||
-            (st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK)
+        if (r->init[0]) {
+            if ((st = init_model(r, maxb, &s->m)) != BK_OK) {
+                res->stage = st == BK_ERR_PARAM ? BK_TRAIN_STAGE_CONFIG : BK_TRAIN_STAGE_SETUP;
+                return st;
+            }
+        } else if ((st = bk_model_create(&r->model, r->seed, maxb, &s->m)) != BK_OK) {
             return st;
+        }
+        if ((st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
+        if (!mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
     }
     snprintf(path, sizeof path, "%s/ckpt", dir);
     if (!mkdir_p(path)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", path, strerror(errno));
@@ -487,6 +560,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     int stopped = 0;
     res->stage = BK_TRAIN_STAGE_STEP;
     for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
+        if ((st = epoch_attention(m, r, e)) != BK_OK) break;
         bk_data_epoch_order(s.order, tri->n, r->seed, e);
         for (int64_t bi = pos.batch; bi < nb; bi++) {
             const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
@@ -568,8 +642,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
         if (stopped || st != BK_OK) break;
         /* end of epoch: evaluate, record, checkpoint */
         bk_eval_result er = {0};
-        if ((st = bk_evaluate(m, s.te, 0, r->eval_batch, 0, &er)) != BK_OK ||
-            (st = bk_attention_diag(m, s.te, diag_n, s.diag, NULL, NULL)) != BK_OK) {
+        if ((st = evaluate_epoch(m, r, s.te, diag_n, s.diag, &er)) != BK_OK) {
             char msg[480];
             snprintf(msg, sizeof msg, "%s", bk_last_error());
             bki_fail(st, "evaluation: %s", msg);
@@ -584,12 +657,15 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             en += s.diag[l].entropy / depth;
         }
         const double now = now_s(), t = pos.elapsed + now - t0;
+        char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
+        if (r->model.attn == BK_ATTN_ESP)
+            snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%.9g", (double)bk_model_get_config(m)->esp_t);
         fprintf(s.logs.jsonl,
                 "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
                 "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
-                "\"attn_entropy\":%.6g,\"time_s\":%.3f}\n",
+                "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
                 e + 1, (long long)pos.step, pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc,
-                rd, cd, en, t);
+                rd, cd, en, esp_t, t);
         fprintf(s.logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos.step,
                 pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc, rd, cd, en, t);
         logs_flush(&s.logs);

@@ -22,6 +22,7 @@
 #include "../tutil.h"
 #include "../ops/ref_asap.h"
 #include "../ops/ref_attn.h"
+#include "../ops/ref_diff.h"
 #include "../ops/ref_esp.h"
 #include "../ops/ref_lot.h"
 #include "../ops/ref_unbalanced.h"
@@ -37,6 +38,7 @@ enum { B_ = 2, H_ = 2, NQ = 13, NK = 11, D_ = 6, DV = 5, NSL = 3, NPIV = 3 };
 typedef struct {
     float Z[H_ * NPIV * D_], th[H_ * NPIV];      /* LOT pivots and mass logits */
     float slices[NSL * D_];                      /* ESP slice bank             */
+    float lam[H_];                               /* differential attention     */
     bk_asap_layer ly;                            /* ASAP layer                 */
     float pg[H_ * NPIV * D_ + H_ * NPIV];        /* parameter gradients (lib)  */
     bki_lot_grads lg;
@@ -204,6 +206,27 @@ static void asap_ref(const void *par, const op_state *s, const ref_in *in, ref_o
         }
 }
 
+/* ---- differential attention: lambda per head, dlambda learned ---------- */
+static void diff_setup(void *par, op_state *s, th_rng *r)
+{
+    bk_diff_config *p = par;
+    for (int h = 0; h < H_; h++) s->lam[h] = (float)(0.8 * th_normal(r));
+    p->lambda = s->lam;
+    s->npg = H_;
+}
+
+static void diff_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    const bk_diff_config *p = par;
+    const double a = p->scale != 0.0f ? (double)p->scale : (double)(1.0f / sqrtf((float)(D_ / 2)));
+    double lam[H_];
+    for (int h = 0; h < H_; h++) lam[h] = s->lam[h];
+    ref_diff_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, lam, o->A, o->O);
+    if (bw)
+        ref_diff_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, a, lam, in->dO, o->dQ,
+                                  o->dK, o->dV, o->dP);
+}
+
 static const op_row OPS[] = {
     {"softmax", "", NULL, softmax_ref},
     {"sinkhorn", "iters=5 eps=0.7", NULL, sinkhorn_ref},
@@ -211,6 +234,7 @@ static const op_row OPS[] = {
     {"esp", "sort=soft t=0.2 tau=1", esp_setup, esp_ref},
     {"lot", "iters=5 eps=1 temp=1", lot_setup, lot_ref},
     {"asap", "", asap_setup, asap_ref},
+    {"diff", "", diff_setup, diff_ref},
 };
 #define NOPS_ROWS ((int)(sizeof OPS / sizeof OPS[0]))
 

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 CLI=${1:-./build/birkhoff}
 C=tests/fuzz/corpus
 rm -rf "$C"
-mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy}
+mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy,parallel}
 
 python3 - "$C" <<'PY'
 import struct, sys
@@ -47,6 +47,10 @@ def npy(descr, shape, payload, version=1):
 w("npy/f32-2x3.npy", npy("<f4", (2, 3), struct.pack("<6f", 0, 1, -2.5, 3.25, 1e-3, 7)))
 w("npy/i32-4-v2.npy", npy("<i4", (4,), struct.pack("<4i", 1, -2, 3, 2**31 - 1), version=2))
 w("npy/scalar.npy", npy("<f4", (), struct.pack("<f", 1.5)))
+# parallel: source NUL target (two line-aligned files); without a NUL, the same text on both sides
+w("parallel/es-en.txt", "En el principio crió Dios los cielos y la tierra.\n¿Dónde\testás?\n".encode()
+  + b"\0" + "In the beginning, God created the heavens and the earth.\nWhere are you? \U0001F600\n".encode())
+w("parallel/one-side-no-final-newline.txt", "Amén.\nAleluya.".encode())
 PY
 
 cfg="input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=2"

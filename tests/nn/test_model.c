@@ -808,6 +808,249 @@ static void test_asap_model(void)
     bk_model_free(stud);
 }
 
+/* a model's tensor by name (NULL when it has none) */
+static const float *param_named(const bk_model *m, const char *name, int64_t *count)
+{
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        if (!strcmp(pi.name, name)) {
+            if (count) *count = pi.count;
+            return pi.data;
+        }
+    }
+    return NULL;
+}
+
+/* every tensor of a also in b, bitwise; and how many b has that a lacks */
+static int shared_same(const bk_model *a, const bk_model *b, int *only_b)
+{
+    int same = 1;
+    *only_b = 0;
+    for (int i = 0; i < bk_model_param_count(b); i++) {
+        bk_param_info pi;
+        bk_model_param(b, i, &pi);
+        int64_t n = 0;
+        const float *w = param_named(a, pi.name, &n);
+        if (!w) (*only_b)++;
+        else same &= n == pi.count && !memcmp(w, pi.data, sizeof(float) * (size_t)n);
+    }
+    return same;
+}
+
+/* Plug-and-play swaps (bk_model_swap): every shared weight kept bitwise, only
+ * the attention changes (logits differ), swapping back reproduces the
+ * original bitwise, LOT pivots created with the model's own initialisation
+ * or dropped, every target evaluates and trains, bad requests refused. */
+static void test_swap(void)
+{
+    const char *base = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,classes=4,dropout=0.1";
+    char t[512];
+    snprintf(t, sizeof t, "%s,attn=sinkhorn,sk_iters=5", base);
+    th_rng r = {71};
+    bk_model *src = model_from(t, 13, 6);
+    if (!src) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(src), 6, 0, &r);
+    /* a few steps, so that the weights are not the initial ones */
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim *o = NULL;
+    double loss;
+    int ok = bk_optim_create(&oc, src, &o) == BK_OK;
+    for (int s = 0; s < 3 && ok; s++) ok = bk_train_step(src, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK;
+    bk_optim_free(o);
+    float l0[24], l1[24], l2[24];
+    ok = ok && bk_model_forward(src, &tb.b, 0, 0.0f, l0, &loss) == BK_OK;
+    th_check(ok, "swap: source model", "%s", bk_last_error());
+    const char *targets[] = {"attn=softmax", "attn=unbalanced,sk_rho=2", "attn=esp,esp_soft=1,esp_t=0.1",
+                             "attn=esp,esp_soft=0,esp_slices=5", "attn=lot,lot_r=3", "attn=sinkhorn,sk_iters=9,sk_eps=0.5"};
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        bk_model_config tc = *bk_model_get_config(src);
+        bk_model *sw = NULL, *back = NULL;
+        bk_status st = bk_model_config_parse(&tc, targets[i]);
+        if (!st) st = bk_model_swap(src, &tc, NULL, 0, 6, &sw);
+        if (!th_check(st == BK_OK, "swap: created", "%s: %s", targets[i], bk_last_error())) continue;
+        int only_sw = 0, only_src = 0;
+        const int kept = shared_same(src, sw, &only_sw);
+        shared_same(sw, src, &only_src);
+        const int lot = tc.attn == BK_ATTN_LOT;
+        th_check(kept && only_src == 0 && only_sw == (lot ? 4 : 0), "swap: every shared weight kept bitwise",
+                 "%s: kept %d, new tensors %d, dropped %d", targets[i], kept, only_sw, only_src);
+        if (lot) {
+            /* the pivots: the model's own LOT initialisation with the source's seed */
+            bk_model *fresh = NULL;
+            bk_model_create(&tc, 13, 1, &fresh);
+            int64_t n1 = 0, n2 = 0;
+            const float *z1 = param_named(sw, "blocks.1.attn.lot_z", &n1), *z2 = fresh ? param_named(fresh, "blocks.1.attn.lot_z", &n2) : NULL;
+            const float *m1 = param_named(sw, "blocks.0.attn.lot_theta", NULL);
+            th_check(z1 && z2 && n1 == n2 && n1 == 2 * 3 * 8 && !memcmp(z1, z2, sizeof(float) * (size_t)n1) && m1 &&
+                         m1[0] == 0.0f,
+                     "swap to lot: pivots as bk_model_create initialises them (seeded N(0,1)), mass logits 0", "%lld",
+                     (long long)n1);
+            bk_model_free(fresh);
+        }
+        ok = bk_model_forward(sw, &tb.b, 0, 0.0f, l1, &loss) == BK_OK;
+        double diff = 0;
+        int finite = 1;
+        for (int j = 0; j < 24; j++) {
+            diff = fmax(diff, fabs((double)l1[j] - l0[j]));
+            finite &= isfinite(l1[j]);
+        }
+        th_check(ok && finite && diff > 0, "swap: the model evaluates, and only the attention changed its logits",
+                 "%s: max |logit diff| %.3g (%s)", targets[i], diff, ok ? "" : bk_last_error());
+        /* and trains (fine-tuning a swapped model; LOT's new pivots get gradients) */
+        bk_optim *os = NULL;
+        double la = 0, lb = 0;
+        ok = bk_optim_create(&oc, sw, &os) == BK_OK;
+        for (int s = 0; s < 4 && ok; s++) ok = bk_train_step(sw, os, &tb.b, 0, 0.0f, s ? &lb : &la, NULL) == BK_OK;
+        th_check(ok && isfinite(lb), "swap: the swapped model fine-tunes", "%s: %s", targets[i], bk_last_error());
+        bk_optim_free(os);
+        bk_model_free(sw);
+        sw = NULL;
+        /* back: a fresh swap of the source there and back */
+        st = bk_model_swap(src, &tc, NULL, 0, 6, &sw);
+        if (!st) st = bk_model_swap(sw, bk_model_get_config(src), NULL, 0, 6, &back);
+        if (!st) st = bk_model_forward(back, &tb.b, 0, 0.0f, l2, &loss);
+        int only = 0;
+        if (!lot)
+            th_check(st == BK_OK && !memcmp(l0, l2, sizeof l0) && shared_same(src, back, &only) && only == 0 &&
+                         bk_model_num_params(back) == bk_model_num_params(src),
+                     "swap there and back reproduces the original logits and weights bitwise", "%s: %s", targets[i],
+                     st ? bk_last_error() : "");
+        else
+            th_check(st == BK_OK && !memcmp(l0, l2, sizeof l0) && bk_model_num_params(back) == bk_model_num_params(src),
+                     "swap away from lot drops the pivots; back to sinkhorn reproduces the original", "%s",
+                     st ? bk_last_error() : "");
+        bk_model_free(sw);
+        bk_model_free(back);
+    }
+    /* block selections: every block is a swap of all; a part is not supported */
+    bk_model_config tc = *bk_model_get_config(src);
+    tc.attn = BK_ATTN_SOFTMAX;
+    bk_model *sw = NULL;
+    const int all[] = {1, 0, 1}, part[] = {1}, bad[] = {2};
+    th_check(bk_model_swap(src, &tc, all, 3, 6, &sw) == BK_OK && sw, "swap: a block list naming every block", "%s",
+             bk_last_error());
+    bk_model_free(sw);
+    sw = NULL;
+    bk_status st = bk_model_swap(src, &tc, part, 1, 6, &sw);
+    th_check(st == BK_ERR_UNSUPPORTED && !sw && strstr(bk_last_error(), "share one attention kind"),
+             "swap: a part of the blocks is refused (one kind per model)", "%s", bk_last_error());
+    st = bk_model_swap(src, &tc, bad, 1, 6, &sw);
+    th_check(st == BK_ERR_PARAM && strstr(bk_last_error(), "block 2 outside"), "swap: a block out of range", "%s",
+             bk_last_error());
+    /* bad targets */
+    struct {
+        const char *text, *want;
+        bk_status st;
+    } badt[] = {{"attn=softmax,dim=32", "dim differs", BK_ERR_PARAM},
+                {"attn=softmax,mlp_dim=8", "mlp_dim differs", BK_ERR_PARAM},
+                {"attn=asap", "bk_asap_compile", BK_ERR_PARAM},
+                {"attn=sinkhorn,sk_iters=0", "Sinkhorn needs", BK_ERR_PARAM},
+                {"attn=lot,lot_r=0", "LOT needs", BK_ERR_PARAM}};
+    for (size_t i = 0; i < sizeof badt / sizeof badt[0]; i++) {
+        tc = *bk_model_get_config(src);
+        bk_model_config_parse(&tc, badt[i].text);
+        st = bk_model_swap(src, &tc, NULL, 0, 6, &sw);
+        th_check(st == badt[i].st && !sw && strstr(bk_last_error(), badt[i].want), "swap: bad target refused",
+                 "%s -> %s", badt[i].text, bk_last_error());
+    }
+    tc = *bk_model_get_config(src);
+    bk_model_config_parse(&tc, "attn=lot,lot_r=3");
+    bk_model *lm = NULL;
+    st = bk_model_swap(src, &tc, NULL, 0, 6, &lm);
+    tc.lot_r = 4;
+    if (!st) st = bk_model_swap(lm, &tc, NULL, 0, 6, &sw);
+    th_check(st == BK_ERR_PARAM && !sw && strstr(bk_last_error(), "lot_r 3 -> 4"), "swap: a LOT model keeps its lot_r",
+             "%s", bk_last_error());
+    bk_model_free(lm);
+    th_check(bk_model_swap(NULL, &tc, NULL, 0, 6, &sw) == BK_ERR_NULL, "swap: NULL source", "%s", "");
+    batch_free(&tb);
+    bk_model_free(src);
+}
+
+/* bk_model_set_attn_config: in place (the tape grows with sk_iters and the
+ * result equals a model created so), ESP's hard sort on a soft-trained model
+ * (exactly doubly stochastic, unlike soft), refusals. */
+static void test_set_attn(void)
+{
+    const char *base = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,classes=4";
+    char t5[256], t9[256];
+    snprintf(t5, sizeof t5, "%s,attn=sinkhorn,sk_iters=5", base);
+    snprintf(t9, sizeof t9, "%s,attn=sinkhorn,sk_iters=9,sk_eps=0.5", base);
+    th_rng r = {5};
+    bk_model *a = model_from(t5, 3, 4), *b = model_from(t9, 3, 4);
+    if (!a || !b) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 4, 0, &r);
+    double la, lb;
+    bk_model_config c = *bk_model_get_config(b);
+    int ok = bk_model_forward(a, &tb.b, 1, 0.0f, NULL, &la) == BK_OK && bk_model_set_attn_config(a, &c) == BK_OK;
+    th_check(ok && bk_model_backward(a, 1.0f) == BK_ERR_TAPE, "set_attn_config drops a pending backward", "%s",
+             bk_last_error());
+    bk_model_zero_grad(a);
+    bk_model_zero_grad(b);
+    ok = ok && bk_model_forward(a, &tb.b, 1, 0.0f, NULL, &la) == BK_OK && bk_model_backward(a, 1.0f) == BK_OK &&
+         bk_model_forward(b, &tb.b, 1, 0.0f, NULL, &lb) == BK_OK && bk_model_backward(b, 1.0f) == BK_OK;
+    const int64_t P = bk_model_num_params(a);
+    th_check(ok && la == lb && !memcmp(bk_model_grads(a), bk_model_grads(b), sizeof(float) * (size_t)P),
+             "set_attn_config (S 5 -> 9, a larger tape) == a model created so, bitwise", "%s", bk_last_error());
+    c.dim = 32;
+    bk_status st = bk_model_set_attn_config(a, &c);
+    th_check(st == BK_ERR_PARAM && strstr(bk_last_error(), "dim differs"), "set_attn_config refuses dim", "%s",
+             bk_last_error());
+    c = *bk_model_get_config(a);
+    c.attn = BK_ATTN_SOFTMAX;
+    st = bk_model_set_attn_config(a, &c);
+    th_check(st == BK_ERR_PARAM && strstr(bk_last_error(), "attn differs") && bk_model_get_config(a)->attn == BK_ATTN_SINKHORN,
+             "set_attn_config refuses a kind change (bk_model_swap does that)", "%s", bk_last_error());
+    bk_model_free(a);
+    bk_model_free(b);
+    batch_free(&tb);
+
+    /* ESP: soft-trained, evaluated with the hard sort */
+    char te[256];
+    snprintf(te, sizeof te, "%s,attn=esp,esp_soft=1,esp_t=0.5,esp_tau=1", base);
+    bk_model *e = model_from(te, 4, 4);
+    if (!e) return;
+    batch_make(&tb, bk_model_get_config(e), 4, 0, &r);
+    const int T = bk_model_tokens(e), H = 2;
+    const size_t n = (size_t)4 * H * T * T;
+    float *As = malloc(sizeof(float) * n), *Ah = malloc(sizeof(float) * n);
+    ok = As && Ah && bk_model_forward(e, &tb.b, 0, 0.0f, NULL, &la) == BK_OK && bk_model_attention(e, 1, As) == BK_OK;
+    c = *bk_model_get_config(e);
+    c.esp_soft = 0;
+    ok = ok && bk_model_set_attn_config(e, &c) == BK_OK && bk_model_forward(e, &tb.b, 0, 0.0f, NULL, &lb) == BK_OK &&
+         bk_model_attention(e, 1, Ah) == BK_OK;
+    double hard_dev = 0, soft_col = 0, diff = 0;
+    for (size_t p = 0; ok && p < (size_t)4 * H; p++)
+        for (int j = 0; j < T; j++) {
+            double rs = 0, cs = 0, css = 0;
+            for (int i = 0; i < T; i++) {
+                rs += Ah[(p * T + j) * T + i];
+                cs += Ah[(p * T + i) * T + j];
+                css += As[(p * T + i) * T + j];
+                diff = fmax(diff, fabs(Ah[(p * T + i) * T + j] - As[(p * T + i) * T + j]));
+            }
+            hard_dev = fmax(hard_dev, fmax(fabs(rs - 1), fabs(cs - 1)));
+            soft_col = fmax(soft_col, fabs(css - 1));
+        }
+    th_check(ok && hard_dev < 1e-5 && soft_col > 1e-3 && diff > 1e-3 && la != lb,
+             "ESP evaluated with the hard sort: exactly doubly stochastic, unlike the soft sort it trained with",
+             "hard dev %.3g, soft column dev %.3g, diff %.3g (%s)", hard_dev, soft_col, diff, ok ? "" : bk_last_error());
+    /* the hard sort trains too (the tape is re-planned) and back to soft */
+    bk_model_zero_grad(e);
+    ok = bk_model_forward(e, &tb.b, 1, 0.0f, NULL, &la) == BK_OK && bk_model_backward(e, 1.0f) == BK_OK;
+    c.esp_soft = 1;
+    ok = ok && bk_model_set_attn_config(e, &c) == BK_OK && bk_model_forward(e, &tb.b, 1, 0.0f, NULL, &la) == BK_OK &&
+         bk_model_backward(e, 1.0f) == BK_OK;
+    th_check(ok, "ESP: soft -> hard -> soft in place, training forward/backward each way", "%s", bk_last_error());
+    free(As);
+    free(Ah);
+    batch_free(&tb);
+    bk_model_free(e);
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
@@ -824,4 +1067,6 @@ void test_model(void)
     test_asap_model();
     test_unbalanced_model();
     test_checkpoint_versions();
+    test_swap();
+    test_set_attn();
 }

@@ -161,7 +161,7 @@ static void test_softmax(void)
     float *dk = malloc(nk * c.d * 4), *dv = malloc(nk * c.dv * 4);
     bk_tensor to = view(&c, o, c.Nq, c.dv), ta = view(&c, a, c.Nq, c.Nk), tdq = view(&c, dq, c.Nq, c.d);
     bk_tensor tdk = view(&c, dk, c.Nk, c.d), tdv = view(&c, dv, c.Nk, c.dv);
-    bk_softmax_config sp = {0.0f};
+    bk_softmax_config sp = {0.0f, 0};
     void *tape = malloc(bk_softmax_tape_size(&t.pb.desc));
     bk_status s1 = bk_softmax_forward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &to, tape, &ta, NULL, 0);
     bk_status s2 = bk_softmax_backward(&t.pb.desc, &sp, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
@@ -443,7 +443,7 @@ static void dp_run(void *ctx)
         x->s1 = bk_unbalanced_forward(d, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
         x->s2 = bk_unbalanced_backward(d, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
     } else if (x->softmax) {
-        bk_softmax_config sp = {x->p.scale};
+        bk_softmax_config sp = {x->p.scale, 0};
         x->s1 = bk_softmax_forward(d, &sp, &tq, &tk, &tv, &to, tape, &ta, NULL, 0);
         x->s2 = bk_softmax_backward(d, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
     } else {
@@ -1141,11 +1141,237 @@ static void test_bad_input(void)
 #undef EXPECT
 }
 
+/* ---- causal softmax ------------------------------------------------------
+ * An independent double reference (direct loops: masked row softmax, its
+ * VJP), finite differences, the defining property (the future never
+ * matters), determinism, and the errors. */
+typedef struct {
+    th_prob pb;
+    int32_t ql[3], kl[3];
+    bk_softmax_config p;
+    bk_status s1, s2;
+} cprob;
+
+static void cp_init(cprob *x, int B, int H, int Nq, int Nk, int d, int dv, int layout, const int *ql, const int *kl,
+                    uint64_t seed)
+{
+    th_rng r = {seed};
+    th_prob_init(&x->pb, B, H, Nq, Nk, d, dv, layout, 0, 1.0, &r);
+    for (int b = 0; b < B; b++) {
+        x->ql[b] = ql ? ql[b] : Nq;
+        x->kl[b] = kl ? kl[b] : Nk;
+    }
+    x->pb.desc.q_len = ql ? x->ql : NULL;
+    x->pb.desc.k_len = kl ? x->kl : NULL;
+    x->p = bk_softmax_config_default();
+    x->p.causal = 1;
+}
+
+static void cp_run(void *ctx)
+{
+    cprob *x = ctx;
+    th_prob *t = &x->pb;
+    void *tape = malloc(bk_softmax_tape_size(&t->desc) + 1);
+    x->s1 = bk_softmax_forward(&t->desc, &x->p, &t->tq, &t->tk, &t->tv, &t->to, tape, &t->ta, NULL, 0);
+    x->s2 = bk_softmax_backward(&t->desc, &x->p, &t->tq, &t->tk, &t->tv, &t->tdo, tape, &t->tdq, &t->tdk, &t->tdv,
+                                NULL, 0);
+    free(tape);
+}
+
+static double cp_loss(void *ctx)
+{
+    cprob *x = ctx;
+    th_prob *t = &x->pb;
+    if (bk_softmax_forward(&t->desc, &x->p, &t->tq, &t->tk, &t->tv, &t->to, NULL, NULL, NULL, 0)) return NAN;
+    const bk_attn_desc *d = &t->desc;
+    double L = 0.0;
+    for (size_t i = 0; i < (size_t)d->B * d->H * d->Nq * d->dv; i++) L += (double)t->o[i] * t->dout[i];
+    return L;
+}
+
+/* the double reference on gathered [B][H][N][C] arrays */
+static void causal_ref(const bk_attn_desc *d, const int32_t *ql, const int32_t *kl, double alpha, const double *Q,
+                       const double *K, const double *V, const double *dO, double *A, double *O, double *dQ,
+                       double *dK, double *dV)
+{
+    const int n = d->Nq, m = d->Nk;
+    for (int b = 0; b < d->B; b++)
+        for (int h = 0; h < d->H; h++) {
+            const size_t pq = (size_t)b * d->H + h;
+            const int Lq = ql ? ql[b] : n, Lk = kl ? kl[b] : m, off = Lk - Lq;
+            const double *q = Q + pq * n * d->d, *k = K + pq * m * d->d, *v = V + pq * m * d->dv,
+                         *go = dO + pq * n * d->dv;
+            double *a = A + pq * n * m, *o = O + pq * n * d->dv, *gq = dQ + pq * n * d->d, *gk = dK + pq * m * d->d,
+                   *gv = dV + pq * m * d->dv;
+            for (int i = 0; i < Lq; i++) {
+                const int last = i + off;
+                double mx = -INFINITY, z = 0.0;
+                for (int j = 0; j <= last; j++) {
+                    double s = 0;
+                    for (int c = 0; c < d->d; c++) s += q[i * d->d + c] * k[j * d->d + c];
+                    a[(size_t)i * m + j] = alpha * s;
+                    mx = fmax(mx, alpha * s);
+                }
+                for (int j = 0; j <= last; j++) z += exp(a[(size_t)i * m + j] - mx);
+                for (int j = 0; j < m; j++) a[(size_t)i * m + j] = j <= last ? exp(a[(size_t)i * m + j] - mx) / z : 0.0;
+                for (int e = 0; e < d->dv; e++) {
+                    double s = 0;
+                    for (int j = 0; j <= last; j++) s += a[(size_t)i * m + j] * v[j * d->dv + e];
+                    o[i * d->dv + e] = s;
+                }
+                /* VJP: dA = dO V^T, dS = A (dA - <A, dA>) */
+                double r = 0;
+                double *dA = malloc(sizeof(double) * (size_t)m);
+                for (int j = 0; j <= last; j++) {
+                    double s = 0;
+                    for (int e = 0; e < d->dv; e++) s += go[i * d->dv + e] * v[j * d->dv + e];
+                    dA[j] = s;
+                    r += a[(size_t)i * m + j] * s;
+                }
+                for (int j = 0; j <= last; j++) {
+                    const double ds = a[(size_t)i * m + j] * (dA[j] - r);
+                    for (int c = 0; c < d->d; c++) {
+                        gq[i * d->d + c] += alpha * ds * k[j * d->d + c];
+                        gk[j * d->d + c] += alpha * ds * q[i * d->d + c];
+                    }
+                    for (int e = 0; e < d->dv; e++) gv[j * d->dv + e] += a[(size_t)i * m + j] * go[i * d->dv + e];
+                }
+                free(dA);
+            }
+        }
+}
+
+static void test_causal(void)
+{
+    struct { int B, H, Nq, Nk, d, dv, layout, pad; } cs[] = {
+        {2, 2, 7, 7, 5, 4, 0, 0}, {1, 3, 5, 9, 6, 3, 1, 0}, {2, 2, 8, 11, 4, 5, 0, 1}, {3, 1, 1, 6, 3, 2, 1, 0},
+        {2, 1, 33, 33, 8, 8, 1, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int B = cs[ci].B, H = cs[ci].H, Nq = cs[ci].Nq, Nk = cs[ci].Nk, dd = cs[ci].d, dv = cs[ci].dv;
+        /* padded: Lq <= Lk per batch entry, the last one full */
+        int ql[3], kl[3];
+        for (int b = 0; b < B; b++) {
+            ql[b] = b == B - 1 ? Nq : 1 + (int)((b * 7 + 3) % Nq);
+            kl[b] = b == B - 1 ? Nk : ql[b] + (int)((b * 5 + 1) % (Nk - ql[b] + 1));
+        }
+        cprob x;
+        cp_init(&x, B, H, Nq, Nk, dd, dv, cs[ci].layout, cs[ci].pad ? ql : NULL, cs[ci].pad ? kl : NULL, 900 + ci);
+        cp_run(&x);
+        char name[160];
+        snprintf(name, sizeof name, "causal softmax vs the double reference B%d H%d %dx%d d%d dv%d %s pad%d", B, H, Nq,
+                 Nk, dd, dv, cs[ci].layout ? "bnhd" : "bhnd", cs[ci].pad);
+        if (!th_check(x.s1 == BK_OK && x.s2 == BK_OK, name, "%s / %s: %s", bk_status_str(x.s1), bk_status_str(x.s2),
+                      bk_last_error())) {
+            th_prob_free(&x.pb);
+            continue;
+        }
+        th_prob *t = &x.pb;
+        const int32_t *qlp = t->desc.q_len, *klp = t->desc.k_len;
+        double *Q = th_gather(&t->tq, B, H, Nq, dd, qlp), *K = th_gather(&t->tk, B, H, Nk, dd, klp);
+        double *V = th_gather(&t->tv, B, H, Nk, dv, klp), *dO = th_gather(&t->tdo, B, H, Nq, dv, qlp);
+        const size_t nq = (size_t)B * H * Nq, nk = (size_t)B * H * Nk;
+        double *A = calloc(nq * Nk, 8), *O = calloc(nq * dv, 8), *dQ = calloc(nq * dd, 8), *dK = calloc(nk * dd, 8),
+               *dV = calloc(nk * dv, 8);
+        causal_ref(&t->desc, qlp, klp, (double)(1.0f / sqrtf((float)dd)), Q, K, V, dO, A, O, dQ, dK, dV);
+        const double eo = th_rel_err(&t->to, B, H, Nq, dv, O), ea = th_rel_err(&t->ta, B, H, Nq, Nk, A),
+                     eq = th_rel_err(&t->tdq, B, H, Nq, dd, dQ), ek = th_rel_err(&t->tdk, B, H, Nk, dd, dK),
+                     ev = th_rel_err(&t->tdv, B, H, Nk, dv, dV);
+        th_check(eo <= 1e-5 && ea <= 1e-5 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, name,
+                 "O %.2e A %.2e dQ %.2e dK %.2e dV %.2e", eo, ea, eq, ek, ev);
+        /* masked entries are exactly 0 */
+        int zero = 1;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                const int Lq = qlp ? qlp[b] : Nq, Lk = klp ? klp[b] : Nk;
+                const float *Ab = t->ta.data + (int64_t)b * t->ta.stride_b + (int64_t)h * t->ta.stride_h;
+                for (int i = 0; i < Lq; i++)
+                    for (int j = i + (Lk - Lq) + 1; j < Nk; j++) zero &= Ab[(int64_t)i * t->ta.stride_n + j] == 0.0f;
+            }
+        th_check(zero, "causal softmax: the future gets exactly zero attention", "%s", name);
+        free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV);
+        th_prob_free(&x.pb);
+    }
+    /* finite differences of the float operator */
+    {
+        cprob x;
+        cp_init(&x, 1, 2, 9, 12, 4, 3, 0, NULL, NULL, 77);
+        cp_run(&x);
+        float *g[3] = {x.pb.dq, x.pb.dk, x.pb.dv}, *in[3] = {x.pb.q, x.pb.k, x.pb.v};
+        const int cnt[3] = {2 * 9 * 4, 2 * 12 * 4, 2 * 12 * 3};
+        const char *nm[3] = {"causal softmax FD dQ", "causal softmax FD dK", "causal softmax FD dV"};
+        th_rng r = {5};
+        for (int w = 0; w < 3; w++) th_directional_fd(nm[w], in[w], g[w], cnt[w], 1e-3f, &r, cp_loss, &x);
+        th_prob_free(&x.pb);
+    }
+    /* the future never matters: keys and values after a row's last visible
+     * position change nothing in that row; the first row (Lq = Lk) is v_0 */
+    {
+        cprob x;
+        cp_init(&x, 1, 1, 6, 6, 4, 3, 0, NULL, NULL, 78);
+        cp_run(&x);
+        float o0[6 * 3];
+        memcpy(o0, x.pb.o, sizeof o0);
+        int first = 1;
+        for (int e = 0; e < 3; e++) first &= x.pb.o[e] == x.pb.v[e];
+        for (int c = 0; c < 4; c++) x.pb.k[5 * 4 + c] += 3.0f;
+        for (int e = 0; e < 3; e++) x.pb.v[5 * 3 + e] -= 2.0f;
+        cp_run(&x);
+        th_check(first && !memcmp(o0, x.pb.o, sizeof(float) * 5 * 3) && memcmp(o0 + 15, x.pb.o + 15, 12) != 0,
+                 "causal softmax: changing the last key and value changes only the last row; row 0 is v_0 exactly",
+                 "%s", "");
+        th_prob_free(&x.pb);
+    }
+    /* determinism: one team-sized problem and a batch */
+    {
+        cprob x;
+        cp_init(&x, 1, 1, 260, 300, 32, 16, 1, NULL, NULL, 79);
+        th_span sp[5] = {{x.pb.o, sizeof(float) * 260 * 16}, {x.pb.a, sizeof(float) * 260 * 300},
+                         {x.pb.dq, sizeof(float) * 260 * 32}, {x.pb.dk, sizeof(float) * 300 * 32},
+                         {x.pb.dv, sizeof(float) * 300 * 16}};
+        th_same_over_threads("causal softmax: bitwise identical at 1, 2, 3, 5, 8 threads (260 x 300)", cp_run, &x, sp, 5);
+        th_check(x.s1 == BK_OK && x.s2 == BK_OK, "causal softmax determinism run", "%s", bk_last_error());
+        th_prob_free(&x.pb);
+    }
+    /* errors */
+    {
+        cprob x;
+        int ql[2] = {5, 6}, kl[2] = {4, 6};
+        cp_init(&x, 2, 1, 6, 6, 4, 3, 0, ql, kl, 80);
+        cp_run(&x);
+        th_check(x.s1 == BK_ERR_LENGTH && strstr(bk_last_error(), "batch 0 has Lq=5, Lk=4"),
+                 "causal softmax refuses fewer keys than queries, naming the batch entry", "%s", bk_last_error());
+        th_prob_free(&x.pb);
+        cp_init(&x, 1, 1, 4, 4, 4, 3, 0, NULL, NULL, 81);
+        x.p.causal = 2;
+        th_check(bk_softmax_forward(&x.pb.desc, &x.p, &x.pb.tq, &x.pb.tk, &x.pb.tv, &x.pb.to, NULL, NULL, NULL, 0) ==
+                     BK_ERR_PARAM,
+                 "causal must be 0 or 1", "%s", bk_last_error());
+        x.p.causal = 1;
+        void *tape = malloc(bk_softmax_tape_size(&x.pb.desc));
+        bk_softmax_config plain = bk_softmax_config_default();
+        bk_status s = bk_softmax_forward(&x.pb.desc, &x.p, &x.pb.tq, &x.pb.tk, &x.pb.tv, &x.pb.to, tape, NULL, NULL, 0);
+        s = s ? s
+              : bk_softmax_backward(&x.pb.desc, &plain, &x.pb.tq, &x.pb.tk, &x.pb.tv, &x.pb.tdo, tape, &x.pb.tdq,
+                                    &x.pb.tdk, &x.pb.tdv, NULL, 0);
+        th_check(s == BK_ERR_TAPE, "a causal tape is refused by a non-causal backward", "%s: %s", bk_status_str(s),
+                 bk_last_error());
+        free(tape);
+        th_prob_free(&x.pb);
+        const bk_op *op = bk_op_find("softmax");
+        bk_softmax_config pk;
+        bk_op_config_default(op, &pk);
+        th_check(bk_op_config_set(op, &pk, "causal", "1") == BK_OK && pk.causal == 1,
+                 "the registry sets causal by key", "%s", bk_last_error());
+    }
+}
+
 void test_attn(void)
 {
     printf("# isa %s, %d threads\n", bk_isa(), bk_get_num_threads());
     test_grid();
     test_softmax();
+    test_causal();
     test_fd();
     test_shift_invariance();
     test_permutation();

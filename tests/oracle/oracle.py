@@ -45,6 +45,16 @@ Sinkhorn problem, --eps defaults to 1. Besides O, A, dQ, dK, dV it writes
 DIR/dZ.npy ([H, r, d]) and DIR/dtheta.npy ([H, r]), the gradients of
 sum(O * dO) summed over the batch.
 
+  /usr/bin/python3 tests/oracle/oracle.py --op diff --lambda L.npy [--scale s] \
+      --q Q.npy --k K.npy --v V.npy --dout dO.npy [--q-len ql.npy --k-len kl.npy] \
+      [--dtype ...] --outdir DIR
+
+--op diff is birkhoff's differential attention (bench/peers/diff_torch.py,
+diff_semantics): q, k with an even d (halves [:d/2], [d/2:]), lambda [H]
+(float32 .npy); --scale defaults to (d/2)^-1/2. Besides O, A (the combined
+map A1 - lambda A2), dQ, dK, dV it writes DIR/dlambda.npy ([H], summed over
+the batch).
+
   /usr/bin/python3 tests/oracle/oracle.py --op otk --x X.npy --refs Z.npy \
       [--lengths L.npy] [--anchors W.npy --sigma s --eta e] --eps E --iters S \
       [--domain log|scaling] [--convention paper|reference] \
@@ -76,6 +86,7 @@ import torch
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "bench", "peers"))
+import diff_torch as dif  # noqa: E402
 import espformer_torch as esp  # noqa: E402
 import lotformer_torch as lot  # noqa: E402
 import otk_torch as otk  # noqa: E402
@@ -198,6 +209,36 @@ def run_lot_oracle(q, k, v, dout, Z, theta, temp, iters, eps=1.0, scale=None,
             "dK": grad(tk), "dV": grad(tv), "dZ": grad(tz), "dtheta": grad(tth)}
 
 
+def run_diff_oracle(q, k, v, dout, lam, scale=None, q_len=None, k_len=None, dtype="float64"):
+    """Forward + backward of diff_semantics on numpy inputs.
+
+    Returns a dict of numpy arrays (in the compute dtype) with keys O, A, dQ,
+    dK, dV, dlambda; the gradients are those of sum(O * dout) (dlambda summed
+    over the batch, as lambda is shared).
+    """
+    if dtype not in ("float32", "float64"):
+        raise ValueError("dtype must be float32 or float64")
+    tdt = torch.float64 if dtype == "float64" else torch.float32
+
+    def leaf(a):
+        return torch.tensor(np.asarray(a), dtype=tdt).requires_grad_(True)
+
+    tq, tk, tv, tl = (leaf(x) for x in (q, k, v, lam))
+    tdo = torch.tensor(np.asarray(dout), dtype=tdt)
+    ql = None if q_len is None else [int(x) for x in np.asarray(q_len).reshape(-1)]
+    kl = None if k_len is None else [int(x) for x in np.asarray(k_len).reshape(-1)]
+    out, attn = dif.diff_semantics(tq, tk, tv, tl, scale=scale, q_len=ql, k_len=kl)
+    if out.shape != tdo.shape:
+        raise ValueError(f"dout shape {tuple(tdo.shape)} != output shape {tuple(out.shape)}")
+    (out * tdo).sum().backward()
+
+    def grad(x):
+        return (x.grad if x.grad is not None else torch.zeros_like(x)).detach().numpy()
+
+    return {"O": out.detach().numpy(), "A": attn.detach().numpy(), "dQ": grad(tq),
+            "dK": grad(tk), "dV": grad(tv), "dlambda": grad(tl)}
+
+
 def run_otk_oracle(x, z, dout=None, lengths=None, W=None, sigma=0.5, eta=1e-2, eps=0.5,
                    iters=20, domain="log", convention="paper", pe=None, sigma_pos=0.1,
                    pe_double=False, grid=None, isqrt_grad="exact", dtype="float64"):
@@ -250,7 +291,7 @@ def _parse_grid(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "otk"])
+    ap.add_argument("--op", required=True, choices=["softmax", "sinkhorn", "esp", "lot", "diff", "otk"])
     ap.add_argument("--q", default=None, help="required except for --op otk")
     ap.add_argument("--k", default=None, help="required except for --op otk")
     ap.add_argument("--v", default=None, help="required except for --op otk")
@@ -271,6 +312,7 @@ def main(argv=None):
     ap.add_argument("--pivot-logits", default=None, help="lot: mass logits theta [H, r] .npy")
     ap.add_argument("--pivot-temp", type=float, default=None,
                     help="lot: mass temperature (p0 = softmax(theta / t))")
+    ap.add_argument("--lambda", dest="lam", default=None, help="diff: lambda [H] .npy")
     ap.add_argument("--x", default=None, help="otk: sets X [B, n, d] .npy")
     ap.add_argument("--refs", default=None, help="otk: references Z [q, p, k] .npy")
     ap.add_argument("--lengths", default=None, help="otk: valid lengths int32 [B] .npy")
@@ -325,6 +367,8 @@ def main(argv=None):
         ap.error("--pivots/--pivot-logits/--pivot-temp are only for --op lot")
     if a.eps <= 0:
         ap.error("--eps must be > 0")
+    if (a.op == "diff") != (a.lam is not None):
+        ap.error("--op diff needs --lambda, and --lambda is only for --op diff")
 
     if a.op == "esp":
         if a.sort is None or a.tau is None:
@@ -342,6 +386,9 @@ def main(argv=None):
         res = run_esp_oracle(q, k, v, dout, a.sort, a.tau, t=a.softsort_t, cost=a.cost,
                              out_scale=a.esp_scale, scale=a.scale, theta=theta,
                              q_len=ql, k_len=kl, dtype=a.dtype)
+    elif a.op == "diff":
+        res = run_diff_oracle(q, k, v, dout, np.load(a.lam), scale=a.scale, q_len=ql, k_len=kl,
+                              dtype=a.dtype)
     elif a.op == "lot":
         res = run_lot_oracle(q, k, v, dout, np.load(a.pivots), np.load(a.pivot_logits),
                              a.pivot_temp, a.iters, eps=a.eps, scale=a.scale,

@@ -48,6 +48,20 @@ compared (O, A, dQ, dK, dV, dZ, dtheta) with the float64 oracle lot_semantics
 the float32 oracle to the float64 one. Extra cases (no CLI) check that the
 reference port lot_reference (float64 marginals) equals lot_semantics.
 
+Differential attention cases (the softmax shapes, padding, lambda [H] drawn
+N(0, 0.7^2), so of either sign; scale (d/2)^-1/2, times 0.6 in a third of
+the cases):
+
+  BIRKHOFF attn --op diff --lambda L.npy --scale s --q Q.npy --k K.npy
+          --v V.npy --out O.npy --attn A.npy [--q-len ql.npy --k-len kl.npy]
+          --dout dO.npy --dq dQ.npy --dk dK.npy --dv dV.npy --dlambda dL.npy
+
+compared (O, A, dQ, dK, dV, dlambda) with the float64 oracle diff_semantics
+(bench/peers/diff_torch.py); each case also prints the distance of the
+float32 oracle to the float64 one. Extra rows (no CLI) check that the
+paper's layout (diff_reference: 2H heads, one batched softmax, weights viewed
+as [B, H, 2, N, M]) equals diff_semantics.
+
 OTK cases (domain log|scaling, convention paper|reference, feature map
 identity or Nystrom with unit random anchors (sigma, eta) = (0.5, 1e-2),
 (1, 0), (0.7, 1e-2), isqrt gradient exact or reference, iterations L in
@@ -140,6 +154,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 NAMES = ("O", "A", "dQ", "dK", "dV")
 ESP_NAMES = ("O", "A", "sigma", "dQ", "dK", "dV", "dTheta")
 LOT_NAMES = ("O", "A", "dQ", "dK", "dV", "dZ", "dtheta")
+DIFF_NAMES = ("O", "A", "dQ", "dK", "dV", "dlambda")
 FWD_NAMES = ("O", "A", "sigma")
 OTK_NAMES = ("Phi", "P", "dX", "dZ", "dW")
 OTK_FWD_NAMES = ("Phi", "P")
@@ -636,7 +651,45 @@ def make_cases(quick):
                 cases.append(dict(name=name, op=op, S=S, eps=eps, shape=shape,
                                   pad=pad, seed=zlib.crc32(name.encode()),
                                   rho=UNB_RHO if op == "unbalanced" else None))
-    return cases + make_esp_cases(quick) + make_lot_cases(quick)
+    return cases + make_esp_cases(quick) + make_lot_cases(quick) + make_diff_cases(quick)
+
+
+def make_diff_cases(quick):
+    """Differential attention: the softmax shapes (all with an even d), with
+    and without padding."""
+    cases = []
+    for shape in (SHAPES_QUICK if quick else SHAPES_FULL):
+        for pad in (False, True):
+            name = "diff B{}H{} Nq{} Nk{} d{} dv{}".format(*shape) + (" pad" if pad else "")
+            cases.append(dict(name=name, op="diff", S=None, eps=None, shape=shape, pad=pad,
+                              seed=zlib.crc32(name.encode())))
+    return cases
+
+
+def diff_reference_relation(quick):
+    """diff_reference (the paper's layout) vs diff_semantics, float64.
+
+    Returns a list of (name, forward error, gradient error)."""
+    import numpy as np
+    import torch
+    import diff_torch as dif
+    rows = []
+    for (B, H, Nq, Nk, d, dv) in (SHAPES_QUICK if quick else SHAPES_FULL)[:4]:
+        name = f"diff reference relation B{B}H{H} Nq{Nq} Nk{Nk} d{d} dv{dv}"
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        q, k, v, lam, do = (torch.tensor(rng.standard_normal(sh), dtype=torch.float64)
+                            for sh in ((B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, dv), (H,),
+                                       (B, H, Nq, dv)))
+        ins = [x.clone().requires_grad_(True) for x in (q, k, v, lam)]
+        o1, a1 = dif.diff_reference(dif.to_pair_heads(ins[0]), dif.to_pair_heads(ins[1]), ins[2], ins[3])
+        g1 = torch.autograd.grad((o1 * do).sum(), ins)
+        o2, a2 = dif.diff_semantics(*ins)
+        g2 = torch.autograd.grad((o2 * do).sum(), ins)
+        fwd = max(float((x - y).abs().max()) for x, y in ((o1, o2), (a1, a2)))
+        grad = max(float((x - y).abs().max()) / max(1.0, float(y.abs().max()))
+                   for x, y in zip(g1, g2))
+        rows.append((name, fwd, grad))
+    return rows
 
 
 def make_inputs(case):
@@ -651,7 +704,8 @@ def make_inputs(case):
     # Scores s * q.k with s ~ d^-1/2 are about N(0, 1); a third of the cases
     # use a smaller explicit scale. The scale is rounded to float32 so that
     # the CLI (float32) and the oracle (float64) use the very same number.
-    scale = float(np.float32(d ** -0.5 * (0.6 if case["seed"] % 3 == 0 else 1.0)))
+    dsc = d // 2 if case["op"] == "diff" else d  # diff: the half head dimension
+    scale = float(np.float32(dsc ** -0.5 * (0.6 if case["seed"] % 3 == 0 else 1.0)))
     ql = kl = None
     if case["pad"]:
         ql = rng.integers(1, Nq + 1, size=B).astype(np.int32)
@@ -664,7 +718,9 @@ def make_inputs(case):
             k[b, :, kl[b]:] = -junk
             v[b, :, kl[b]:] = junk
     inp = dict(q=q, k=k, v=v, dout=dout, scale=scale, q_len=ql, k_len=kl, theta=None,
-               pivots=None, pivot_logits=None)
+               pivots=None, pivot_logits=None, lam=None)
+    if case["op"] == "diff":
+        inp["lam"] = (0.7 * rng.standard_normal(H)).astype(np.float32)
     if case["op"] == "esp":
         add_esp_inputs(case, inp, rng)
     elif case["op"] == "lot":
@@ -729,12 +785,13 @@ def run_cli(cli, case, inp, tmp):
     import numpy as np
     esp = case["op"] == "esp"
     lot = case["op"] == "lot"
+    dif = case["op"] == "diff"
     paths = {}
-    for key in ("q", "k", "v", "dout", "q_len", "k_len", "theta", "pivots", "pivot_logits"):
+    for key in ("q", "k", "v", "dout", "q_len", "k_len", "theta", "pivots", "pivot_logits", "lam"):
         if inp[key] is not None:
             paths[key] = os.path.join(tmp, key + ".npy")
             np.save(paths[key], inp[key])
-    names = [n for n in (ESP_NAMES if esp else LOT_NAMES if lot else NAMES)
+    names = [n for n in (ESP_NAMES if esp else LOT_NAMES if lot else DIFF_NAMES if dif else NAMES)
              if n != "dTheta" or inp["theta"] is not None]
     outs = {n: os.path.join(tmp, "cli_" + n + ".npy") for n in names}
     cmd = [cli, "attn", "--op", case["op"]]
@@ -745,6 +802,8 @@ def run_cli(cli, case, inp, tmp):
     if lot:
         cmd += ["--pivots", paths["pivots"], "--pivot-logits", paths["pivot_logits"],
                 "--pivot-temp", "%.9g" % case["temp"]]
+    if dif:
+        cmd += ["--lambda", paths["lam"]]
     cmd += ["--q", paths["q"], "--k", paths["k"],
             "--v", paths["v"], "--out", outs["O"], "--attn", outs["A"]]
     if esp:
@@ -764,6 +823,8 @@ def run_cli(cli, case, inp, tmp):
         cmd += ["--dslices", outs["dTheta"]]
     if lot:
         cmd += ["--dpivots", outs["dZ"], "--dpivot-logits", outs["dtheta"]]
+    if dif:
+        cmd += ["--dlambda", outs["dlambda"]]
     return run_cli_outputs(cmd, outs, names)
 
 
@@ -812,6 +873,12 @@ def reference_relation(quick):
                    for x, y in zip(g1, g2))
         rows.append((name, fwd, grad))
     return rows
+
+
+def diff_oracle(oracle, case, inp, dtype):
+    return oracle.run_diff_oracle(inp["q"], inp["k"], inp["v"], inp["dout"], inp["lam"],
+                                  scale=inp["scale"], q_len=inp["q_len"], k_len=inp["k_len"],
+                                  dtype=dtype)
 
 
 def lot_oracle(oracle, case, inp, dtype):
@@ -1481,12 +1548,15 @@ def main():
     worst_lot_rel = [0.0, 0.0]
     worst_otk_rel = [0.0, 0.0]
     worst_asap_rel = [0.0, 0.0]
+    worst_diff_rel = [0.0, 0.0]
     for name, fwd, grad in (reference_relation(args.quick) + lot_reference_relation(args.quick)
+                            + diff_reference_relation(args.quick)
                             + otk_reference_relation(args.quick)
                             + asap_reference_relation(args.quick)):
         w = (worst_lot_rel if name.startswith("lot") else
              worst_otk_rel if name.startswith("otk") else
-             worst_asap_rel if name.startswith("asap") else worst_rel)
+             worst_asap_rel if name.startswith("asap") else
+             worst_diff_rel if name.startswith("diff") else worst_rel)
         w[0], w[1] = max(w[0], fwd), max(w[1], grad)
         ok = fwd <= rel_tol and grad <= rel_tol
         passed += ok
@@ -1505,6 +1575,7 @@ def main():
     worst_dir32 = [0.0, 0.0]     # float32, textbook direct update
     worst_esp32 = [0.0, 0.0]     # ESP oracle in float32
     worst_lot32 = [0.0, 0.0]     # LOT oracle in float32
+    worst_diff32 = [0.0, 0.0]    # differential attention oracle in float32
     n_esp = sum(c["op"] == "esp" for c in cases)
     n_lot = sum(c["op"] == "lot" for c in cases)
     print(f"oracle test: {len(cases)} cases ({n_esp} ESP, {n_lot} LOT), CLI {cli}, tolerances "
@@ -1513,14 +1584,16 @@ def main():
         inp = make_inputs(case)
         esp = case["op"] == "esp"
         lot = case["op"] == "lot"
-        if lot:
-            ref = lot_oracle(oracle, case, inp, "float64")
-            r32 = lot_oracle(oracle, case, inp, "float32")
+        dif = case["op"] == "diff"
+        if lot or dif:
+            run_port, w32 = (diff_oracle, worst_diff32) if dif else (lot_oracle, worst_lot32)
+            ref = run_port(oracle, case, inp, "float64")
+            r32 = run_port(oracle, case, inp, "float32")
             e32 = (max(rel_err(r32[n], ref[n]) for n in FWD_NAMES if n in ref),
                    max(rel_err(r32[n], ref[n]) for n in ref if n not in FWD_NAMES))
-            worst_lot32[0], worst_lot32[1] = max(worst_lot32[0], e32[0]), max(worst_lot32[1], e32[1])
+            w32[0], w32[1] = max(w32[0], e32[0]), max(w32[1], e32[1])
             info = f"| f32 oracle {e32[0]:.1e}/{e32[1]:.1e}"
-            names = list(LOT_NAMES)
+            names = list(DIFF_NAMES if dif else LOT_NAMES)
         elif esp:
             ref = esp_oracle(oracle, case, inp, "float64")
             r32 = esp_oracle(oracle, case, inp, "float32")
@@ -1554,7 +1627,8 @@ def main():
             x = np.asarray(got["dTheta"])
             errs["dTheta"] = (float(np.abs(x).max()) if x.shape == ref["dTheta"].shape
                               and np.all(np.isfinite(x)) else float("inf"))
-        fam = "esp " + case["sort"] if esp else "lot" if lot else "sinkhorn/softmax"
+        fam = ("esp " + case["sort"] if esp else "lot" if lot else "diff" if dif
+               else "sinkhorn/softmax")
         for n in names:
             worst_cli[(fam, n)] = max(worst_cli.get((fam, n), 0.0), errs[n])
         bad = [n for n in names
@@ -1566,7 +1640,7 @@ def main():
         # Say why an inf error arose: wrong shape or non-finite values.
         why = explain_bad(bad, got, ref, {"dTheta": " [hard sort: dTheta must be exactly 0]"}
                           if hard_theta else None)
-        short = {"sigma": "sig", "dTheta": "dTh", "dtheta": "dth"}
+        short = {"sigma": "sig", "dTheta": "dTh", "dtheta": "dth", "dlambda": "dl"}
         print(f"{status} {case['name']:44s} " +
               " ".join(f"{short.get(n, n)} {errs[n]:.1e}" for n in names) + f" {info}{why}",
               flush=True)
@@ -1598,6 +1672,10 @@ def main():
           f"O/A {worst_lot32[0]:.2e}, grads {worst_lot32[1]:.2e}")
     print(f"reference port vs LOT semantics, float64:                   "
           f"fwd {worst_lot_rel[0]:.2e}, grads {worst_lot_rel[1]:.2e}")
+    print(f"differential attention oracle in float32 vs float64:        "
+          f"O/A {worst_diff32[0]:.2e}, grads {worst_diff32[1]:.2e}")
+    print(f"paper's layout vs differential attention semantics, float64: "
+          f"fwd {worst_diff_rel[0]:.2e}, grads {worst_diff_rel[1]:.2e}")
     if p_otk + f_otk:
         print(f"OTK oracle in float32 vs float64 (relative):                "
               f"Phi/P {worst_otk32[0]:.2e}, grads {worst_otk32[1]:.2e}")

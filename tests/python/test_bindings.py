@@ -53,6 +53,7 @@ import birkhoff.torch as bt  # noqa: E402
 from birkhoff import _core, _lib  # noqa: E402
 from birkhoff import ops as bk_ops  # noqa: E402
 
+import diff_torch as diff_ref  # noqa: E402
 import espformer_torch as esp_ref  # noqa: E402
 import lotformer_torch as lot_ref  # noqa: E402
 import otk_torch as otk_ref  # noqa: E402
@@ -305,9 +306,42 @@ def test_unbalanced():
           "unbalanced rho=1e12 == sinkhorn (bitwise)")
 
 
+def test_causal():
+    section("1d. causal softmax vs a masked float64 softmax")
+    for (B, H, Nq, Nk, d, dv, lens) in [(2, 2, 6, 6, 4, 3, None), (1, 3, 4, 9, 5, 2, None),
+                                         (2, 1, 5, 7, 4, 4, ([3, 5], [6, 7]))]:
+        q, k, v, do = randn(B, H, Nq, d), randn(B, H, Nk, d), randn(B, H, Nk, dv), randn(B, H, Nq, dv)
+        ql, kl = (None, None) if lens is None else lens
+        res = bk.softmax(q, k, v, q_len=ql, k_len=kl, causal=True, attn=True)
+        dq, dk, dv_ = bk.softmax_backward(q, k, v, do, res.tape, q_len=ql, k_len=kl, causal=True)
+        tq, tk, tv = (torch.from_numpy(x).double().requires_grad_(True) for x in (q, k, v))
+        out = torch.zeros(B, H, Nq, dv, dtype=torch.float64)
+        A = torch.zeros(B, H, Nq, Nk, dtype=torch.float64)
+        for b in range(B):
+            Lq, Lk = (Nq if ql is None else ql[b]), (Nk if kl is None else kl[b])
+            s = torch.matmul(tq[b, :, :Lq], tk[b, :, :Lk].transpose(-1, -2)) / math.sqrt(d)
+            keep = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+            a = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)
+            out[b, :, :Lq] = torch.matmul(a, tv[b, :, :Lk])
+            A[b, :, :Lq, :Lk] = a.detach()
+        (out * torch.from_numpy(do).double()).sum().backward()
+        tag = "causal softmax B%d H%d %dx%d lens=%s" % (B, H, Nq, Nk, lens)
+        check_close(res.out, out.detach().numpy(), TOL_OUT, tag + ": out")
+        check_close(res.attn, A.numpy(), TOL_OUT, tag + ": attn")
+        for name, got, want in (("dq", dq, tq.grad), ("dk", dk, tk.grad), ("dv", dv_, tv.grad)):
+            check_close(got, want.numpy(), TOL_GRAD, tag + ": " + name)
+    qt, kt, vt = (torch.from_numpy(randn(1, 2, 4, 3)).requires_grad_(True) for _ in range(3))
+    gradcheck(lambda *t: bt.softmax_attention(*t, causal=True), (qt, kt, vt), "gradcheck causal softmax_attention")
+    try:
+        bk.softmax(randn(1, 1, 5, 3), randn(1, 1, 4, 3), randn(1, 1, 4, 2), causal=True)
+        check(False, "causal with fewer keys than queries refused")
+    except bk.BirkhoffError as e:
+        check("at least as many keys" in str(e), "causal with fewer keys than queries refused", str(e))
+
+
 def test_registry():
     section("1c. any registered operator by name (birkhoff.attention, the C registry)")
-    check(bk.operators() == ["softmax", "sinkhorn", "unbalanced", "esp", "asap", "lot"], "operators(): the registry",
+    check(bk.operators() == ["softmax", "sinkhorn", "unbalanced", "esp", "asap", "lot", "diff"], "operators(): the registry",
           str(bk.operators()))
     B, H, Nq, Nk, d, dv = 2, 2, 6, 7, 4, 3
     q, k, v, do = randn(B, H, Nq, d), randn(B, H, Nk, d), randn(B, H, Nk, dv), randn(B, H, Nq, dv)
@@ -430,6 +464,65 @@ def test_lot():
                                              t64(th, False), temp=temp, iters=T, eps=eps, scale=scale, q_len=ql,
                                              k_len=kl, return_attn=True)
                 check_close(res.attn, A.numpy(), TOL_OUT, tag + ": attn")
+
+
+def test_diff():
+    section("1. differential attention vs diff_torch.diff_semantics")
+    for (B, H, Nq, Nk, d, dv) in [(2, 3, 7, 9, 4, 3), (1, 2, 5, 4, 8, 6)]:
+        q, k, v = randn(B, H, Nq, d), randn(B, H, Nk, d), randn(B, H, Nk, dv)
+        lam = (0.8 * randn(H)).astype(np.float32)
+        for scale in (None, 0.45):
+            for lens in (None, ([Nq, 3], [5, Nk]) if B == 2 else ([3], [2])):
+                ql, kl = (None, None) if lens is None else lens
+                tag = "diff B%dH%d %dx%d d=%d scale=%s pad=%s" % (B, H, Nq, Nk, d, scale, lens is not None)
+                res, _ = attn_case(
+                    tag,
+                    lambda q_, k_, v_, l_, **kw: bk.diff(q_, k_, v_, l_, attn=True, scale=scale, **kw),
+                    lambda q_, k_, v_, l_, do, tp, **kw: bk.diff_backward(q_, k_, v_, l_, do, tp, scale=scale, **kw),
+                    lambda q_, k_, v_, l_, a, b_: diff_ref.diff_semantics(q_, k_, v_, l_, scale=scale, q_len=a,
+                                                                          k_len=b_)[0],
+                    q, k, v, extras=(lam,), extra_grad=(True,), q_len=ql, k_len=kl, names=("dlambda",))
+                _, A = diff_ref.diff_semantics(t64(q, False), t64(k, False), t64(v, False), t64(lam, False),
+                                               scale=scale, q_len=ql, k_len=kl)
+                check_close(res.attn, A.numpy(), TOL_OUT, tag + ": attn")
+    # lambda = 0 is softmax on the first halves, bitwise; a number is every head's lambda
+    q, k, v = randn(2, 2, 6, 8), randn(2, 2, 5, 8), randn(2, 2, 5, 3)
+    o0 = bk.diff(q, k, v, 0.0).out
+    o1 = bk.softmax(np.ascontiguousarray(q[..., :4]), np.ascontiguousarray(k[..., :4]), v).out
+    check(np.array_equal(o0, o1), "diff: lambda = 0 == softmax on the first halves (bitwise)")
+    check(np.array_equal(bk.diff(q, k, v, 0.3).out, bk.diff(q, k, v, np.full(2, 0.3, np.float32)).out),
+          "diff: a number is every head's lambda")
+    # torch: the Function == numpy bitwise, lambda's gradient, its re-parameterisation around it
+    qt, kt, vt = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v))
+    lt = torch.tensor([0.4, -0.2], requires_grad=True)
+    y = bt.diff_attention(qt, kt, vt, lt, q_len=[6, 2], k_len=[3, 5])
+    ref = bk.diff(q, k, v, lt.detach().numpy(), q_len=[6, 2], k_len=[3, 5]).out
+    check(np.array_equal(y.detach().numpy(), ref), "diff_attention == birkhoff.diff (bitwise)")
+    do = randn(*y.shape)
+    (y * torch.from_numpy(do)).sum().backward()
+    g = bk.diff_backward(q, k, v, lt.detach().numpy(), do, q_len=[6, 2], k_len=[3, 5])
+    check(all(np.array_equal(a, b) for a, b in zip((qt.grad, kt.grad, vt.grad, lt.grad), g)),
+          "diff_attention: autograd == birkhoff.diff_backward (bitwise, incl. dlambda)")
+    lq1, lk1, lq2, lk2 = (torch.tensor(0.1 * randn(4), requires_grad=True) for _ in range(4))
+    li = diff_ref.lambda_init(2)
+
+    def layer(a, b, c, x1, y1, x2, y2):
+        lam_ = diff_ref.reparam_lambda(x1, y1, x2, y2, li).expand(2)
+        return bt.diff_attention(a, b, c, lam_, q_len=[4, 2], k_len=[3, 5]) * (1 - li)
+    small = [torch.from_numpy(randn(*s)).requires_grad_(True) for s in ((2, 2, 4, 4), (2, 2, 5, 4), (2, 2, 5, 3))]
+    gradcheck(layer, tuple(small) + (lq1, lk1, lq2, lk2),
+              "gradcheck diff_attention with the re-parameterised lambda (padded)")
+    gradcheck(lambda a, b, c, l_: bt.diff_attention(a, b, c, l_, scale=0.6), tuple(small) + (lt,),
+              "gradcheck diff_attention (q, k, v, lambda)")
+    # errors before C, and C's
+    check_raises(ValueError, lambda: bk.diff(q, k, v, randn(3)), "diff: lambda of the wrong length -> ValueError")
+    check_raises(ValueError, lambda: bk.diff(q, k, v, None), "diff: lambda None -> ValueError")
+    check_raises(_lib.BirkhoffError, lambda: bk.diff(q[..., :3].copy(), k[..., :3].copy(), v, [0.1, 0.2]),
+                 "diff: an odd head dimension -> BirkhoffError", "even")
+    check_raises(_lib.BirkhoffError, lambda: bk.diff(q, k, v, [0.1, np.nan]),
+                 "diff: non-finite lambda -> BirkhoffError", "non-finite")
+    check_raises(_lib.BirkhoffError, lambda: bk.attention("diff", q, k, v),
+                 "attention('diff') without lambda -> BirkhoffError", "lambda")
 
 
 def otk_inputs(B, n, d, k, q, p, anchors):
@@ -1211,7 +1304,7 @@ def test_regressions():
 
 def main():
     print("birkhoff %s (%s) from %s" % (bk.version(), bk.isa(), bk.LIBRARY_PATH))
-    for fn in (test_softmax_sinkhorn, test_unbalanced, test_registry, test_esp, test_lot, test_otk, test_layouts, test_gradcheck,
+    for fn in (test_softmax_sinkhorn, test_unbalanced, test_causal, test_registry, test_esp, test_lot, test_diff, test_otk, test_layouts, test_gradcheck,
                test_mha_equivalence, test_errors, test_asap, test_otk_fit, test_threads, test_leaks,
                test_regressions):
         try:

@@ -69,6 +69,45 @@ rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "
               "--out", P("o2.npy"), "--iters", "3")
 check(rc == 2 and "sinkhorn only" in out, "softmax rejects --iters", out)
 
+# differential attention: a good run (rows of A sum to 1 - lambda, padding, dlambda), lambda = 0 is
+# softmax on the first halves bitwise, and its errors
+lam = np.array([0.5, -0.25, 1.0], dtype="<f4")
+np.save(P("lam.npy"), lam)
+np.save(P("lam0.npy"), np.zeros(H, dtype="<f4"))
+np.save(P("lam_bad.npy"), np.zeros(H + 1, dtype="<f4"))
+dbase = ["attn", "--op", "diff", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy")]
+rc, out = run(*dbase, "--lambda", P("lam.npy"), "--out", P("od.npy"), "--attn", P("ad.npy"), "--q-len", P("ql.npy"),
+              "--k-len", P("kl.npy"), "--dout", P("do.npy"), "--dq", P("dqd.npy"), "--dlambda", P("dld.npy"))
+check(rc == 0, "diff run", out)
+if rc == 0:
+    ad, dl = np.load(P("ad.npy")), np.load(P("dld.npy"))
+    rs = ad[1, :, :2].sum(-1)  # batch 1: 2 valid queries
+    check(np.allclose(rs, (1 - lam)[:, None], atol=1e-6) and np.all(ad[0, :, :, 3:] == 0)
+          and np.all(np.load(P("od.npy"))[1, :, 2:] == 0), "diff: rows of A1 - lambda A2 sum to 1 - lambda, padding zero")
+    check(dl.shape == (H,) and np.all(np.isfinite(dl)) and np.load(P("dqd.npy")).shape == (B, H, Nq, d),
+          "diff: dlambda [H] and dq written")
+np.save(P("q1.npy"), np.ascontiguousarray(np.load(P("q.npy"))[..., :d // 2]))
+np.save(P("k1.npy"), np.ascontiguousarray(np.load(P("k.npy"))[..., :d // 2]))
+rc1, out1 = run(*dbase, "--lambda", P("lam0.npy"), "--out", P("od0.npy"))
+rc2, out2 = run("attn", "--op", "softmax", "--q", P("q1.npy"), "--k", P("k1.npy"), "--v", P("v.npy"),
+                "--out", P("os0.npy"))
+check(rc1 == 0 and rc2 == 0 and np.array_equal(np.load(P("od0.npy")), np.load(P("os0.npy"))),
+      "diff with lambda = 0 == softmax on the first halves (bitwise)", out1 + out2)
+for extra, msg, want in (([], "--lambda", 2), (["--lambda", P("lam.npy"), "--iters", "3"], "sinkhorn only", 2),
+                         (["--lambda", P("lam.npy"), "--dlambda", P("never_d2.npy")], "--dout", 2),
+                         (["--lambda", P("lam_bad.npy")], "float32 array [H]", 1),
+                         (["--lambda", P("missing.npy")], "missing.npy", 1)):
+    rc, out = run(*dbase, "--out", P("never_d.npy"), *extra)
+    check(rc == want and msg in out and not os.path.exists(P("never_d.npy")), "diff error %s" % extra[-1:], out)
+rc, out = run(*base, "--out", P("never_d.npy"), "--lambda", P("lam.npy"))
+check(rc == 2 and "diff only" in out and not os.path.exists(P("never_d.npy")), "--lambda refused for sinkhorn", out)
+np.save(P("q3.npy"), rng.standard_normal((B, H, Nq, 3)).astype("<f4"))
+np.save(P("k3.npy"), rng.standard_normal((B, H, Nk, 3)).astype("<f4"))
+rc, out = run("attn", "--op", "diff", "--lambda", P("lam.npy"), "--q", P("q3.npy"), "--k", P("k3.npy"),
+              "--v", P("v.npy"), "--out", P("never_d.npy"), "--attn", P("never_da.npy"))
+check(rc == 1 and "even" in out and not os.path.exists(P("never_d.npy")) and not os.path.exists(P("never_da.npy")),
+      "diff: an odd head dimension fails, nothing written", out)
+
 
 def bad_case(name, files, extra=(), want_rc=1, want_msg=""):
     out_path = P("never.npy")

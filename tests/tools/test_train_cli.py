@@ -166,6 +166,98 @@ open(P("asap-bad.safetensors"), "wb").write(raw)
 rc, out = run("eval", "--ckpt", P("asap-bad.safetensors"))
 check(rc == 1 and "checksum" in out, "the checksum covers the compiled layers", out)
 
+# ---- plug-and-play swaps of a trained model's attention, and fine-tuning ----
+for attn, keys in (("softmax", []), ("unbalanced", ["sk_rho=2"]), ("esp", ["--esp-soft", "0"]),
+                   ("lot", ["lot_r=4"]), ("sinkhorn", ["--keys", "sk_iters=9,sk_eps=0.5"])):
+    rc, out = run("model", "swap", "--in", P("sk/last.safetensors"), "--out", P(f"sw-{attn}.safetensors"),
+                  "--attn", attn, *keys)
+    check(rc == 0 and f"-> {attn}" in out, f"model swap sinkhorn -> {attn}", out)
+    rc, out = run("eval", "--ckpt", P(f"sw-{attn}.safetensors"), "--json", P(f"sw-{attn}.json"))
+    ok = rc == 0
+    if ok:
+        ev = json.load(open(P(f"sw-{attn}.json")))
+        ok = ev["attn"] == attn and ev["n"] == 359 and 0 <= ev["accuracy"] <= 1
+    check(ok, f"the swapped ({attn}) checkpoint evaluates (unadapted)", out[:400])
+    # and back: the source's weights bit for bit (no optimiser state in either)
+    rc, out = run("model", "swap", "--in", P(f"sw-{attn}.safetensors"), "--out", P(f"back-{attn}.safetensors"),
+                  "--attn", "sinkhorn", "sk_iters=5", "sk_eps=1", "--blocks", "all")
+    if attn == "softmax":
+        ref = tensors(P("back-softmax.safetensors"))[0] if rc == 0 else None
+    else:
+        check(rc == 0 and tensors(P(f"back-{attn}.safetensors"))[0] == ref,
+              f"swap {attn} -> sinkhorn gives the source's weights bitwise", out)
+meta = tensors(P("sw-lot.safetensors"))[1]
+raw = open(P("sw-lot.safetensors"), "rb").read()
+names = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]]).keys()
+check("blocks.1.attn.lot_z" in names and "attn=lot" in meta["config"] and
+      "attn=lot" in meta["extra"] and "swapped_from=" in meta["extra"] and "optim" not in meta,
+      "the swapped checkpoint: LOT pivots, its run's config follows, no optimiser state", str(meta)[:300])
+rc, out = run("train", "--init", P("sw-lot.safetensors"), "--epochs", "2", "--lr", "2e-4", "--out", P("ft"),
+              "--progress", "none")
+ok = rc == 0 and os.path.exists(P("ft/summary.json"))
+check(ok, "fine-tune a swapped checkpoint: train --init (the run's data and keys)", out)
+if ok:
+    check(tensors(P("ft/ckpt/epoch-0000.safetensors"))[0][:1000] == tensors(P("sw-lot.safetensors"))[0][:1000] and
+          json.load(open(P("ft/summary.json")))["attn"] == "lot", "the fine-tuning run starts from the swapped weights")
+rc, out = run("train", "--init", P("sk/last.safetensors"), "--attn", "softmax", "--epochs", "1", "--out", P("ft2"),
+              "--progress", "none")
+check(rc == 0 and json.load(open(P("ft2/summary.json")))["attn"] == "softmax",
+      "train --init CKPT --attn softmax swaps on the way in", out)
+rc, out = run("train", "--init", P("sk/last.safetensors"), "--dim", "32", "--out", P("ft3"), "--progress", "none")
+check(rc == 2 and "dim differs" in out and not os.path.exists(P("ft3/last.safetensors")),
+      "train --init with another architecture is refused", out)
+for args, code, msg in (
+        (["--attn", "magic"], 2, "unknown attn 'magic'"), (["--attn", "softmax", "dim=32"], 2, "dim differs"),
+        (["--attn", "softmax", "nope=1"], 2, "unknown key 'nope'"), (["--attn", "sinkhorn", "sk_iters=x"], 2, "sk_iters"),
+        (["--attn", "softmax", "--blocks", "0"], 2, "share one attention kind"),
+        (["--attn", "softmax", "--blocks", "0,x"], 2, "--blocks"), (["--attn", "softmax", "stray"], 2, "unexpected"),
+        (["--attn", "asap", "sk_iters=3"], 2, "keys do not apply"), ([], 2, "--attn")):
+    rc, out = run("model", "swap", "--in", P("sk/last.safetensors"), "--out", P("never.safetensors"), *args)
+    check(rc == code and msg in out and not os.path.exists(P("never.safetensors")), f"model swap {args} refused", out)
+rc, out = run("model", "swap", "--in", P("sm/last.safetensors"), "--out", P("never.safetensors"), "--attn", "asap")
+check(rc == 2 and "swap to sinkhorn first" in out and not os.path.exists(P("never.safetensors")),
+      "model swap to asap needs a Sinkhorn source (says how)", out)
+rc, out = run("model", "swap", "--in", P("nope.safetensors"), "--out", P("never.safetensors"), "--attn", "softmax")
+check(rc == 1 and "cannot open" in out, "model swap: missing checkpoint", out)
+rc, out = run("model", "swap", "--in", P("sk/last.safetensors"), "--out", P("asap2.safetensors"), "--attn", "asap",
+              "--samples", "128")
+check(rc == 0 and "ASAP layers compiled" in out, "model swap --attn asap compiles the Sinkhorn layers", out)
+rc, out = run("eval", "--ckpt", P("asap2.safetensors"))
+check(rc == 0 and "agreement" in out, "the swapped-to-asap model evaluates against its teacher", out)
+
+# ---- ESP as ESPFormer trains it: SoftSort temperature annealing, hard evaluation ----
+esp = ["--config", cfg, "--attn", "esp", "--esp-t", "0.1", "--esp-anneal", "0.8", "--eval-esp-sort", "hard",
+       "--epochs", "3", "--progress", "none", "--dim", "32", "--depth", "1"]
+rc, out = run("train", *esp, "--out", P("esp"))
+check(rc == 0, "train ESP with --esp-anneal 0.8 --eval-esp-sort hard", out)
+if rc == 0:
+    ep = [json.loads(x) for x in open(P("esp/metrics.jsonl")) if '"type":"epoch"' in x]
+    check([e["esp_t"] for e in ep] == [float("%.9g" % (0.1 * 0.8 ** k)) for k in range(3)] or
+          all(abs(e["esp_t"] - 0.1 * 0.8 ** k) < 1e-8 for k, e in enumerate(ep)),
+          "esp_t per epoch: t0 0.8^epoch", str([e["esp_t"] for e in ep]))
+    check(all(e["attn_col_dev"] < 1e-5 and e["attn_row_dev"] < 1e-5 for e in ep),
+          "hard evaluation: exactly doubly stochastic attention every epoch", str(ep[-1]))
+    rc, out = run("train", *esp, "--out", P("esp-cut"), "--stop-after", "60")
+    rc2, out2 = run("train", "--resume", P("esp-cut"), "--threads", "1")
+    check(rc == 130 and rc2 == 0 and tensors(P("esp/last.safetensors"))[0] == tensors(P("esp-cut/last.safetensors"))[0]
+          and strip_times(P("esp/metrics.jsonl")) == strip_times(P("esp-cut/metrics.jsonl")),
+          "annealing resumed mid-epoch == uninterrupted (same t, weights, records)", out + out2)
+    rc, out = run("eval", "--ckpt", P("esp/last.safetensors"), "--json", P("esp-hard.json"))
+    rc2, out2 = run("eval", "--ckpt", P("esp/last.safetensors"), "--esp-sort", "soft", "--json", P("esp-soft.json"))
+    ok = rc == 0 and rc2 == 0
+    if ok:
+        h, so = json.load(open(P("esp-hard.json"))), json.load(open(P("esp-soft.json")))
+        ok = (h["esp_sort"] == "hard" and so["esp_sort"] == "soft" and abs(h["esp_t"] - 0.1 * 0.8 ** 2) < 1e-8 and
+              max(x["col_dev"] for x in h["layers"]) < 1e-5 and
+              max(x["col_dev"] for x in so["layers"]) > max(x["col_dev"] for x in h["layers"]))
+    check(ok, "eval: the run's eval_esp_sort (hard) by default, --esp-sort soft on request", out + out2)
+    rc, out = run("eval", "--ckpt", P("esp/last.safetensors"), "--esp-hard")
+    check(rc == 0 and "hard sort" in out, "eval --esp-hard", out)
+rc, out = run("eval", "--ckpt", P("sm/last.safetensors"), "--esp-hard")
+check(rc == 2 and "ESP's sort" in out, "eval --esp-hard of a softmax model is refused", out)
+rc, out = run("train", "--config", cfg, "--esp-anneal", "0.8", "--out", P("never"))
+check(rc == 2 and "esp_anneal" in out, "--esp-anneal on a softmax run is refused", out)
+
 # ---- interrupted runs resume exactly ----
 common = ["--config", cfg, "--epochs", "3", "--dropout", "0.1", "--micro", "20", "--progress", "none"]
 rc, out = run("train", *common, "--out", P("full"))

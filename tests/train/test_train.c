@@ -417,6 +417,223 @@ static void test_compile(void)
           "compile: a softmax model is refused", "%s", bk_last_error());
 }
 
+/* ---- plug-and-play swaps of a run's checkpoint, and fine-tuning one ---- */
+static int same_params(const char *a, const char *b)
+{
+    bk_model *x = NULL, *y = NULL;
+    int ok = bk_checkpoint_load(a, 1, &x, NULL, NULL) == BK_OK && bk_checkpoint_load(b, 1, &y, NULL, NULL) == BK_OK &&
+             bk_model_num_params(x) == bk_model_num_params(y) &&
+             !memcmp(bk_model_params(x), bk_model_params(y), sizeof(float) * (size_t)bk_model_num_params(x));
+    bk_model_free(x);
+    bk_model_free(y);
+    return ok;
+}
+
+static void test_swap(void)
+{
+    char ck[600], out[600], back[600], p[600];
+    snprintf(ck, sizeof ck, "%s/sk/last.safetensors", g_tmp); /* test_compile's Sinkhorn run */
+    const char *to[][2] = {{"softmax", NULL}, {"unbalanced", "sk_rho=2"}, {"esp", "esp_soft=0,esp_tau=1"},
+                           {"lot", "lot_r=3,lot_iters=5"}, {"sinkhorn", "sk_iters=7"}};
+    for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) {
+        snprintf(out, sizeof out, "%s/swap-%s.safetensors", g_tmp, to[i][0]);
+        bk_swap_config sc = bk_swap_config_default();
+        sc.attn = to[i][0];
+        sc.keys = to[i][1];
+        bk_status st = bk_checkpoint_swap(ck, out, &sc);
+        bk_model *m = NULL;
+        bk_run_config r;
+        char *extra = NULL, v[600];
+        if (st == BK_OK) st = bk_run_load(out, 32, &m, &r, &extra);
+        bk_dataset *te = NULL;
+        bk_eval_result er = {0};
+        if (st == BK_OK) st = bk_run_open_data(&r, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(m), &te);
+        if (st == BK_OK) st = bk_evaluate(m, te, 0, 32, 0, &er);
+        char name[120];
+        snprintf(name, sizeof name, "checkpoint swap sinkhorn -> %s: a run checkpoint that evaluates", to[i][0]);
+        CHECK(st == BK_OK && !strcmp(bk_attn_kind_name(r.model.attn), to[i][0]) &&
+                  !strcmp(bk_attn_kind_name(bk_model_get_config(m)->attn), to[i][0]) &&
+                  bk_run_extra_get(extra, "swapped_from", v, sizeof v) && !strcmp(v, ck) &&
+                  bk_run_extra_get(extra, "data_train", v, sizeof v) && er.n == 32,
+              name, "%s", bk_last_error());
+        bk_eval_result_free(&er);
+        bk_data_close(te);
+        free(extra);
+        bk_model_free(m);
+        /* back to the source's Sinkhorn */
+        snprintf(back, sizeof back, "%s/back-%s.safetensors", g_tmp, to[i][0]);
+        sc.attn = "sinkhorn";
+        sc.keys = "sk_iters=5,sk_eps=1";
+        st = bk_checkpoint_swap(out, back, &sc);
+        snprintf(name, sizeof name, "checkpoint swap %s -> sinkhorn: the source's weights bitwise", to[i][0]);
+        CHECK(st == BK_OK && same_params(ck, back), name, "%s", bk_last_error());
+    }
+    /* fine-tuning a swapped checkpoint: a new run from it (init) */
+    snprintf(out, sizeof out, "%s/swap-lot.safetensors", g_tmp);
+    snprintf(p, sizeof p, "%s/ft", g_tmp);
+    bk_model *m = NULL;
+    bk_run_config r;
+    bk_status st = bk_run_load(out, 1, &m, &r, NULL);
+    bk_model_free(m);
+    snprintf(r.init, sizeof r.init, "%.500s", out);
+    r.epochs = 1;
+    r.optim.lr = 1e-4f;
+    bk_train_result res;
+    if (st == BK_OK) st = bk_train_run(&r, p, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    char e0[700];
+    snprintf(e0, sizeof e0, "%s/ckpt/epoch-0000.safetensors", p);
+    CHECK(st == BK_OK && !res.stopped && res.epoch == 1 && isfinite(res.test_acc) && same_params(out, e0),
+          "fine-tuning a swapped (LOT) checkpoint: a new run from its weights", "%s", bk_last_error());
+    /* init with another attention in the run: swapped on the way in */
+    st = bk_run_load(ck, 1, &m, &r, NULL);
+    bk_model_free(m);
+    snprintf(r.init, sizeof r.init, "%.500s", ck);
+    r.epochs = 1;
+    r.model.attn = BK_ATTN_SOFTMAX;
+    snprintf(p, sizeof p, "%s/ft2", g_tmp);
+    if (st == BK_OK) st = bk_train_run(&r, p, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    snprintf(e0, sizeof e0, "%s/ckpt/epoch-0000.safetensors", p);
+    CHECK(st == BK_OK && same_params(ck, e0), "init with another attention: the checkpoint's weights, swapped", "%s",
+          bk_last_error());
+    r.model.dim = 32;
+    snprintf(p, sizeof p, "%s/ft3", g_tmp);
+    st = bk_train_run(&r, p, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "dim differs") &&
+              !exists(p, "last.safetensors"),
+          "init: a model that is not the checkpoint's is refused", "%s", bk_last_error());
+
+    /* refusals: nothing written */
+    snprintf(out, sizeof out, "%s/never.safetensors", g_tmp);
+    snprintf(p, sizeof p, "%s/full/last.safetensors", g_tmp); /* a softmax run */
+    struct {
+        const char *in, *attn, *keys, *want;
+        bk_status st;
+    } bad[] = {{ck, "magic", NULL, "unknown attn 'magic'", BK_ERR_PARAM},
+               {ck, "softmax", "dim=32", "dim differs", BK_ERR_PARAM},
+               {ck, "softmax", "nope=1", "unknown key 'nope'", BK_ERR_PARAM},
+               {ck, "sinkhorn", "sk_iters=abc", "not an integer", BK_ERR_PARAM},
+               {ck, "sinkhorn", "sk_iters=0", "Sinkhorn needs", BK_ERR_PARAM},
+               {ck, "asap", "sk_iters=3", "keys do not apply", BK_ERR_PARAM},
+               {p, "asap", NULL, "swap to sinkhorn first", BK_ERR_PARAM},
+               {"/nonexistent/x.safetensors", "softmax", NULL, "cannot open", BK_ERR_IO},
+               {ck, NULL, NULL, "no attention named", BK_ERR_NULL}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bk_swap_config sc = bk_swap_config_default();
+        sc.attn = bad[i].attn;
+        sc.keys = bad[i].keys;
+        st = bk_checkpoint_swap(bad[i].in, out, &sc);
+        char name[120];
+        snprintf(name, sizeof name, "checkpoint swap refused: %s %s", bad[i].attn ? bad[i].attn : "(none)",
+                 bad[i].keys ? bad[i].keys : "");
+        CHECK(st == bad[i].st && has(bk_last_error(), bad[i].want) && access(out, F_OK) != 0, name, "%s: %s",
+              bk_status_str(st), bk_last_error());
+    }
+    const int part[] = {0, 0};
+    bk_swap_config sc = bk_swap_config_default();
+    sc.attn = "softmax";
+    sc.blocks = part;
+    sc.nblocks = 2; /* block 0 twice: the model's only block */
+    st = bk_checkpoint_swap(ck, out, &sc);
+    CHECK(st == BK_OK, "checkpoint swap: a block list naming every block", "%s", bk_last_error());
+    remove(out);
+}
+
+/* ---- ESP: the temperature annealing of ESPFormer, and hard evaluation ---- */
+static void test_esp_anneal(void)
+{
+    char full[400], cut[400], p1[600], p2[600];
+    snprintf(full, sizeof full, "%s/esp-full", g_tmp);
+    snprintf(cut, sizeof cut, "%s/esp-cut", g_tmp);
+    bk_run_config r = tiny("esp", 3);
+    r.model.esp_t = 0.1f;
+    r.esp_anneal = 0.8f;
+    CHECK(bk_run_config_set(&r, "esp_anneal", "0.8") == BK_OK && bk_run_config_set(&r, "eval_esp_sort", "hard") == BK_OK &&
+              bk_run_config_set(&r, "esp_anneal", "1.5") == BK_ERR_PARAM &&
+              bk_run_config_set(&r, "eval_esp_sort", "sharp") == BK_ERR_PARAM && has(bk_last_error(), "model, soft or hard"),
+          "esp_anneal and eval_esp_sort keys (ranges)", "%s", bk_last_error());
+    bk_train_result res;
+    bk_status st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (!CHECK(st == BK_OK && res.epoch == 3, "ESP run with annealing and hard evaluation", "%s", bk_last_error())) return;
+    /* epoch e (0-based) trains with t0 0.8^e; its checkpoint (epoch-(e+1)) holds that t; epoch-0000 holds t0 */
+    int sched = 1;
+    for (int e = 0; e <= 3; e++) {
+        bk_model_config c;
+        snprintf(p1, sizeof p1, "%s/ckpt/epoch-%04d.safetensors", full, e);
+        const float want = e == 0 ? 0.1f : bk_esp_anneal(0.1f, 0.8f, e - 1);
+        sched &= bk_checkpoint_config(p1, &c) == BK_OK && c.esp_t == want && c.esp_soft == 1;
+    }
+    CHECK(sched && bk_esp_anneal(0.1f, 0.8f, 2) == 0.1f * powf(0.8f, 2.0f),
+          "annealing: the t of every epoch's checkpoint is t0 0.8^epoch", "%s", bk_last_error());
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    char *mtext = read_all(p1, NULL);
+    int rec = mtext != NULL;
+    for (int e = 0; e < 3; e++) {
+        char want[64];
+        snprintf(want, sizeof want, "\"type\":\"epoch\",\"epoch\":%d,", e + 1);
+        const char *q = mtext ? strstr(mtext, want) : NULL;
+        snprintf(want, sizeof want, "\"esp_t\":%.9g,", (double)bk_esp_anneal(0.1f, 0.8f, e));
+        rec &= q && strstr(q, want) && strstr(q, want) < strchr(q, '\n');
+    }
+    CHECK(rec, "annealing: the epoch records carry each epoch's t", "%s", "");
+    /* hard evaluation: exactly doubly stochastic attention in the records */
+    int hard = 0;
+    for (const char *q = mtext; q && (q = strstr(q, "\"attn_col_dev\":")); q++) hard += strtod(q + 15, NULL) < 1e-5;
+    CHECK(hard == 3, "eval_esp_sort=hard: every epoch's attention is exactly doubly stochastic", "%d of 3", hard);
+    free(mtext);
+    /* resumed mid-epoch 2, on one thread: the same t and the same run bit for bit */
+    bk_run_config rc = r;
+    rc.stop_after = 8;
+    st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    bk_run_config rr;
+    if (st == BK_OK) st = bk_train_resume_config(cut, &rr, NULL);
+    rr.threads = 1;
+    if (st == BK_OK) st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    bk_set_num_threads(0);
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
+    bk_model_config c1, c2;
+    CHECK(st == BK_OK && !res.stopped && same_tensors(p1, p2) && bk_checkpoint_config(p1, &c1) == BK_OK &&
+              bk_checkpoint_config(p2, &c2) == BK_OK && c1.esp_t == c2.esp_t && rr.model.esp_t == 0.1f,
+          "annealing resumed mid-epoch == uninterrupted (weights, t), bitwise", "%s", bk_last_error());
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    snprintf(p2, sizeof p2, "%s/metrics.jsonl", cut);
+    char *a = strip_times(p1), *b = strip_times(p2);
+    CHECK(a && b && !strcmp(a, b), "annealing resumed: metrics == uninterrupted (but the timings)", "%s", "");
+    free(a);
+    free(b);
+    /* the soft evaluation of the same model: not doubly stochastic */
+    bk_model *m = NULL;
+    bk_run_config lr;
+    bk_dataset *te = NULL;
+    bk_layer_diag dg[1], dh[1];
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    st = bk_run_load(p1, 64, &m, &lr, NULL);
+    if (st == BK_OK) st = bk_run_open_data(&lr, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(m), &te);
+    if (st == BK_OK) st = bk_attention_diag(m, te, 32, dg, NULL, NULL);
+    bk_model_config hc = m ? *bk_model_get_config(m) : bk_model_config_default();
+    hc.esp_soft = 0;
+    if (st == BK_OK) st = bk_model_set_attn_config(m, &hc);
+    if (st == BK_OK) st = bk_attention_diag(m, te, 32, dh, NULL, NULL);
+    CHECK(st == BK_OK && !strcmp(lr.eval_esp_sort, "hard") && dg[0].col_dev > 1e-4 && dh[0].col_dev < 1e-5 &&
+              dh[0].row_dev < 1e-5,
+          "the soft-trained model: soft attention not doubly stochastic, hard exactly", "%s: soft %.3g, hard %.3g",
+          bk_last_error(), dg[0].col_dev, dh[0].col_dev);
+    bk_data_close(te);
+    bk_model_free(m);
+    /* refusals */
+    bk_run_config bad = tiny("sinkhorn", 1);
+    bad.esp_anneal = 0.8f;
+    snprintf(p1, sizeof p1, "%s/never", g_tmp);
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "esp_anneal"),
+          "esp_anneal on a non-ESP run is refused", "%s", bk_last_error());
+    bad = tiny("softmax", 1);
+    snprintf(bad.eval_esp_sort, sizeof bad.eval_esp_sort, "hard");
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "eval_esp_sort=hard"), "eval_esp_sort on a non-ESP run is refused",
+          "%s", bk_last_error());
+}
+
 static void rm_rf(const char *path)
 {
     char cmd[600];
@@ -430,6 +647,8 @@ int main(void)
     test_config();
     test_runs();
     test_compile();
+    test_swap();
+    test_esp_anneal();
     rm_rf(g_tmp);
     return tc_summary();
 }

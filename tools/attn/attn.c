@@ -8,7 +8,7 @@
 static void attn_usage(FILE *f)
 {
     fprintf(f,
-            "usage: birkhoff attn --op softmax|sinkhorn|unbalanced|esp|lot|asap|asap0 --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+            "usage: birkhoff attn --op softmax|sinkhorn|unbalanced|esp|lot|diff|asap|asap0 --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
             "\n"
             "Inputs are float32 .npy arrays: Q [B,H,Nq,d], K [B,H,Nk,d], V [B,H,Nk,dv].\n"
             "Writes O [B,H,Nq,dv]. Every output file is written atomically.\n"
@@ -48,6 +48,11 @@ static void attn_usage(FILE *f)
             "  --iters T --eps E --tol t   half-steps of each inner Sinkhorn problem (default 5), eps (1)\n"
             "  --dpivots F.npy --dpivot-logits F.npy   gradients w.r.t. Z and theta (with --dout)\n"
             "  --diag D.npy      (lot) per-problem [iters1, iters2, row_err, col_err], [B,H,4]\n"
+            "differential attention (--op diff; d even: q = [q1, q2], k = [k1, k2]):\n"
+            "  --lambda L.npy    float32 [H] per-head lambda (required): O = (softmax(s Q1 K1^T)\n"
+            "                    - lambda softmax(s Q2 K2^T)) V; --scale s (default 1/sqrt(d/2)), --attn\n"
+            "                    writes the combined map\n"
+            "  --dlambda F.npy   write dL/dlambda [H], summed over the batch (with --dout)\n"
             "ASAP (--op asap | asap0; inference only, no backward):\n"
             "  --layer F.asap    compiled layer from `birkhoff asap calibrate` (required; it fixes\n"
             "                    scale, eps and the slice bank)\n"
@@ -62,6 +67,7 @@ typedef struct {
     const char *pivots, *plogits, *ptemp, *dpivots, *dplogits;
     const char *layer, *variant;
     const char *rho;
+    const char *lambda, *dlambda;
 } attn_args;
 
 static int load4(const char *what, const char *path, bk_npy *a) { return cli_load_f32("attn", what, path, 4, a); }
@@ -92,6 +98,7 @@ int cmd_attn(int argc, char **argv)
         {"--pivots", &a.pivots, 0}, {"--pivot-logits", &a.plogits, 0}, {"--pivot-temp", &a.ptemp, 0},
         {"--dpivots", &a.dpivots, 0}, {"--dpivot-logits", &a.dplogits, 0},
         {"--layer", &a.layer, 0}, {"--variant", &a.variant, 0}, {"--rho", &a.rho, 0},
+        {"--lambda", &a.lambda, 0}, {"--dlambda", &a.dlambda, 0},
     };
     int done = 0, rc0 = cli_parse_opts("attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), attn_usage, &done);
     if (rc0 != CLI_OK || done) return rc0;
@@ -113,6 +120,19 @@ int cmd_attn(int argc, char **argv)
     const int unb = !strcmp(a.op, "unbalanced");
     const int sink = !strcmp(a.op, "sinkhorn") || unb, esp = !strcmp(a.op, "esp"), lot = !strcmp(a.op, "lot");
     const int asap = !strcmp(a.op, "asap") || !strcmp(a.op, "asap0");
+    const int dif = !strcmp(a.op, "diff");
+    if (!dif && (a.lambda || a.dlambda)) {
+        fprintf(stderr, "birkhoff attn: --lambda/--dlambda apply to --op diff only\n");
+        return CLI_USAGE;
+    }
+    if (dif && !a.lambda) {
+        fprintf(stderr, "birkhoff attn: --op diff needs --lambda L.npy (float32 [H], one lambda per head)\n");
+        return CLI_USAGE;
+    }
+    if (a.dlambda && !a.dout) {
+        fprintf(stderr, "birkhoff attn: --dlambda needs --dout\n");
+        return CLI_USAGE;
+    }
     if (a.rho && !unb) {
         fprintf(stderr, "birkhoff attn: --rho applies to --op unbalanced only\n");
         return CLI_USAGE;
@@ -273,9 +293,10 @@ int cmd_attn(int argc, char **argv)
     }
 
     int rc = CLI_FAIL;
-    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0}, TH = {0}, PZ = {0}, PT = {0};
+    bk_npy Q = {0}, K = {0}, V = {0}, QL = {0}, KL = {0}, DO = {0}, TH = {0}, PZ = {0}, PT = {0}, LAM = {0};
     float *O = NULL, *A = NULL, *dQ = NULL, *dK = NULL, *dV = NULL, *D = NULL, *SG = NULL, *DTH = NULL;
-    float *DPZ = NULL, *DPT = NULL;
+    float *DPZ = NULL, *DPT = NULL, *DLAM = NULL;
+    bk_diff_config dp = bk_diff_config_default();
     bk_sinkhorn_diag *diag = NULL;
     bk_esp_diag *ediag = NULL;
     bk_lot_diag *ldiag = NULL;
@@ -342,6 +363,18 @@ int cmd_attn(int argc, char **argv)
         lp.scale = p.scale;
         lp.tol = p.tol;
     }
+    if (dif) {
+        if (bk_npy_read(a.lambda, &LAM) != BK_OK) {
+            fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
+            goto done;
+        }
+        if (LAM.dtype != BK_F32 || LAM.ndim != 1 || LAM.shape[0] != H) {
+            fprintf(stderr, "birkhoff attn: --lambda (%s) must be a float32 array [H] with H = %d\n", a.lambda, H);
+            goto done;
+        }
+        dp.lambda = LAM.data;
+        dp.scale = p.scale;
+    }
     if (asap) {
         if (bk_asap_load(a.layer, &layer) != BK_OK) {
             fprintf(stderr, "birkhoff attn: %s\n", bk_last_error());
@@ -364,6 +397,7 @@ int cmd_attn(int argc, char **argv)
     if (a.sigma) SG = malloc(sizeof(float) * (size_t)B * H * (L > 0 ? L : 1));
     size_t tsz = esp ? bk_esp_tape_size(&desc, &ep)
                  : lot ? bk_lot_tape_size(&desc, &lp)
+                 : dif ? bk_diff_tape_size(&desc, &dp)
                  : unb ? bk_unbalanced_tape_size(&desc, &up)
                  : sink ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     if (a.dout) tape = malloc(tsz ? tsz : 1);
@@ -381,6 +415,9 @@ int cmd_attn(int argc, char **argv)
     } else if (asap) {
         bk_asap_extras ex = {ta, NULL, diag};
         s = bk_asap_forward(&desc, &layer, av, &tq, &tk, &tv, &to, &ex, NULL, 0);
+    } else if (dif) {
+        bk_diff_extras ex = {ta};
+        s = bk_diff_forward(&desc, &dp, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else if (lot) {
         bk_lot_extras ex = {ta, ldiag};
         s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
@@ -389,7 +426,7 @@ int cmd_attn(int argc, char **argv)
         s = unb ? bk_unbalanced_forward(&desc, &up, &tq, &tk, &tv, &to, tape, &ex, NULL, 0)
                 : bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, &ex, NULL, 0);
     } else {
-        bk_softmax_config sp = {p.scale};
+        bk_softmax_config sp = {p.scale, 0};
         s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, A ? &ta : NULL, NULL, 0);
     }
     if (s != BK_OK) {
@@ -415,7 +452,13 @@ int cmd_attn(int argc, char **argv)
             fprintf(stderr, "birkhoff attn: out of memory\n");
             goto done;
         }
-        if (esp) {
+        if (a.dlambda && !(DLAM = malloc(sizeof(float) * (size_t)H))) {
+            fprintf(stderr, "birkhoff attn: out of memory\n");
+            goto done;
+        }
+        if (dif) {
+            s = bk_diff_backward(&desc, &dp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DLAM, NULL, 0);
+        } else if (esp) {
             s = bk_esp_backward(&desc, &ep, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DTH, NULL, 0);
         } else if (lot) {
             s = bk_lot_backward(&desc, &lp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, DPZ, DPT, NULL, 0);
@@ -423,7 +466,7 @@ int cmd_attn(int argc, char **argv)
             s = unb ? bk_unbalanced_backward(&desc, &up, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0)
                     : bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         } else {
-            bk_softmax_config sp = {p.scale};
+            bk_softmax_config sp = {p.scale, 0};
             s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, 0);
         }
         if (s != BK_OK) {
@@ -434,7 +477,7 @@ int cmd_attn(int argc, char **argv)
     /* every result is computed: now write the files */
     int64_t so[4] = {B, H, Nq, dv}, sa[4] = {B, H, Nq, Nk}, sq[4] = {B, H, Nq, d}, sk[4] = {B, H, Nk, d};
     int64_t sv[4] = {B, H, Nk, dv}, sd[3] = {B, H, 3}, sg[3] = {B, H, L}, sth[2] = {L, d};
-    int64_t spz[3] = {H, lp.r, d}, spt[2] = {H, lp.r};
+    int64_t spz[3] = {H, lp.r, d}, spt[2] = {H, lp.r}, slam[1] = {H};
     if (ldiag) {
         sd[2] = 4;
         D = malloc(sizeof(float) * (size_t)B * H * 4);
@@ -464,12 +507,12 @@ int cmd_attn(int argc, char **argv)
             D[3 * i + 2] = diag[i].col_err;
         }
     }
-    const cli_output outs[10] = {
+    const cli_output outs[11] = {
         {a.out, 4, so, O}, {A ? a.attn : NULL, 4, sa, A}, {D ? a.diag : NULL, 3, sd, D},
         {a.dq, 4, sq, dQ}, {a.dk, 4, sk, dK}, {a.dv, 4, sv, dV}, {SG ? a.sigma : NULL, 3, sg, SG},
         {DTH ? a.dslices : NULL, 2, sth, DTH}, {DPZ ? a.dpivots : NULL, 3, spz, DPZ},
-        {DPT ? a.dplogits : NULL, 2, spt, DPT}};
-    if (!cli_write_outputs("attn", 10, outs)) goto done;
+        {DPT ? a.dplogits : NULL, 2, spt, DPT}, {DLAM ? a.dlambda : NULL, 1, slam, DLAM}};
+    if (!cli_write_outputs("attn", 11, outs)) goto done;
     if (diag) {
         float re = 0, ce = 0;
         int it = 0;
@@ -484,8 +527,8 @@ int cmd_attn(int argc, char **argv)
     rc = CLI_OK;
 done:
     bk_npy_free(&Q); bk_npy_free(&K); bk_npy_free(&V); bk_npy_free(&QL); bk_npy_free(&KL); bk_npy_free(&DO);
-    bk_npy_free(&TH); bk_npy_free(&PZ); bk_npy_free(&PT);
-    free(DPZ); free(DPT); free(ldiag);
+    bk_npy_free(&TH); bk_npy_free(&PZ); bk_npy_free(&PT); bk_npy_free(&LAM);
+    free(DPZ); free(DPT); free(DLAM); free(ldiag);
     bk_asap_layer_free(&layer);
     free(O); free(A); free(dQ); free(dK); free(dV); free(D); free(diag); free(ediag); free(SG); free(DTH); free(tape);
     return rc;

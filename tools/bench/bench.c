@@ -158,7 +158,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = c->S;
-    bk_softmax_config sp = {0.0f};
+    bk_softmax_config sp = {0.0f, 0};
     bk_esp_config ep = esp_params(c);
     const int esp = c->op >= OP_ESP && c->op <= OP_ESP_HARD, lot = c->op == OP_LOT;
     /* LOT pivots as the peer draws them: Z ~ N(0,1)/sqrt(d) (here uniform with that std), theta = 0 */

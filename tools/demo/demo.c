@@ -90,7 +90,7 @@ int cmd_demo(int argc, char **argv)
     for (int si = -1; si < 6; si++) {
         bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = si < 0 ? 1 : Ss[si];
-        bk_softmax_config sp = {0.0f};
+        bk_softmax_config sp = {0.0f, 0};
         size_t tsz = bk_sinkhorn_tape_size(&desc, &p);
         void *tape = malloc(tsz);
         double best_f = 1e9, best_b = 1e9;

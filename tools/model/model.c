@@ -18,6 +18,8 @@ static void usage_model(FILE *f)
                "  birkhoff model train --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy] --labels Y.npy\n"
                "                       --steps N [--optim TEXT] [--micro M] [--ls LS] --out CKPT2 [--losses L.npy]\n"
                "  birkhoff model show --ckpt CKPT\n"
+               "  birkhoff model swap --in CKPT --out CKPT2 --attn NAME [KEY=VALUE... | --KEY VALUE... | --keys TEXT]\n"
+               "                      [--blocks all|i,j,...] [--samples N] [--data-dir DIR]\n"
                "\n"
                "TEXT is \"key=value,...\" (docs/MODEL.md lists the keys; model keys as bk_model_config, optimiser\n"
                "keys kind=adamw|adam|sgd, lr, beta1, beta2, eps, weight_decay, momentum, nesterov, clip,\n"
@@ -25,7 +27,15 @@ static void usage_model(FILE *f)
                "X: images float32 [B,C,H,W] or points [B,max_points,point_dim]; T int32 [B,max_len]; L, Y int32 [B].\n"
                "grads writes DIR/logits.npy [B,classes], DIR/loss.npy [1] and DIR/grads.safetensors (a\n"
                "checkpoint-format file whose tensors hold the gradients of one training-mode forward/backward).\n"
-               "train runs N optimiser steps on the same batch; --losses gets the loss before each step.\n");
+               "train runs N optimiser steps on the same batch; --losses gets the loss before each step.\n"
+               "swap replaces the attention normaliser of a trained model (softmax, sinkhorn, unbalanced, esp, lot,\n"
+               "asap) and keeps every weight: KEYs are the new normaliser's (attn_scale, sk_iters, sk_eps, sk_rho,\n"
+               "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp); a swap to lot creates the\n"
+               "pivots (the model's own LOT initialisation), away from lot drops them; asap compiles the Sinkhorn\n"
+               "layers of a Sinkhorn run (--samples calibration inputs, default 512). The blocks of a model share one\n"
+               "attention kind: --blocks must name all of them. The run of a `birkhoff train` checkpoint is carried:\n"
+               "the result evaluates with `birkhoff eval` and fine-tunes with `birkhoff train --init CKPT2`\n"
+               "(docs/MODEL.md, Plug-and-play swaps).\n");
 }
 
 typedef struct {
@@ -313,6 +323,109 @@ static int model_show(int argc, char **argv)
     return CLI_OK;
 }
 
+/* "all" (NULL list) or "i,j,..." block indices into out (room for max) */
+static int parse_blocks(const char *s, int *out, int max, int *n)
+{
+    *n = 0;
+    if (!strcmp(s, "all")) return 1;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 1 << 20 || *n >= max || (*end && *end != ',')) return 0;
+        out[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n > 0;
+}
+
+static int model_swap(int argc, char **argv)
+{
+    const char *in = NULL, *out = NULL, *attn = NULL, *blocks_s = "all", *samples = NULL, *dir = NULL;
+    char keys[4096] = "";
+    size_t kn = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage_model(stdout);
+            return CLI_OK;
+        }
+        const char **dst = !strcmp(a, "--in") ? &in : !strcmp(a, "--out") ? &out : !strcmp(a, "--attn") ? &attn
+                           : !strcmp(a, "--blocks") ? &blocks_s : !strcmp(a, "--samples") ? &samples
+                           : !strcmp(a, "--data-dir") ? &dir : NULL;
+        char item[1200];
+        if (strncmp(a, "--", 2) != 0) {
+            if (!strchr(a, '=')) {
+                fprintf(stderr, "birkhoff model swap: unexpected argument '%s' (keys are KEY=VALUE)\n", a);
+                return CLI_USAGE;
+            }
+            snprintf(item, sizeof item, "%s", a);
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "birkhoff model swap: %s needs a value\n", a);
+                return CLI_USAGE;
+            }
+            const char *v = argv[++i];
+            if (dst) {
+                *dst = v;
+                continue;
+            }
+            if (!strcmp(a, "--keys") || !strcmp(a, "--set")) {
+                snprintf(item, sizeof item, "%s", v);
+            } else { /* --KEY VALUE: a model key */
+                snprintf(item, sizeof item, "%s=%s", a + 2, v);
+                for (char *c = item; *c && *c != '='; c++)
+                    if (*c == '-') *c = '_';
+            }
+        }
+        const size_t L = strlen(item);
+        if (kn + L + 2 > sizeof keys) {
+            fprintf(stderr, "birkhoff model swap: too many keys\n");
+            return CLI_USAGE;
+        }
+        if (kn) keys[kn++] = ',';
+        memcpy(keys + kn, item, L + 1);
+        kn += L;
+    }
+    int blocks[64], nb = 0, ns = 512;
+    if (!in || !out || !attn) {
+        fprintf(stderr, "birkhoff model swap: --in, --out and --attn are required\n");
+        return CLI_USAGE;
+    }
+    if (!parse_blocks(blocks_s, blocks, 64, &nb)) {
+        fprintf(stderr, "birkhoff model swap: --blocks expects 'all' or block indices 'i,j,...' (got '%s')\n", blocks_s);
+        return CLI_USAGE;
+    }
+    if (samples && (!cli_parse_int(samples, &ns) || ns < 1)) {
+        fprintf(stderr, "birkhoff model swap: --samples must be >= 1\n");
+        return CLI_USAGE;
+    }
+    bk_swap_config sc = bk_swap_config_default();
+    sc.attn = attn;
+    sc.keys = kn ? keys : NULL;
+    sc.blocks = nb ? blocks : NULL;
+    sc.nblocks = nb;
+    sc.asap.samples = ns;
+    sc.asap.data_dir = dir;
+    bk_model_config from;
+    if (bk_checkpoint_config(in, &from) != BK_OK) return fail("model swap", "loading the checkpoint");
+    const bk_status st = bk_checkpoint_swap(in, out, &sc);
+    if (st != BK_OK) {
+        fprintf(stderr, "birkhoff model swap: %s\n", bk_last_error());
+        /* what the request got wrong is a usage error; a file that cannot be
+         * read or written is not */
+        return st == BK_ERR_PARAM || st == BK_ERR_UNSUPPORTED ? CLI_USAGE : CLI_FAIL;
+    }
+    bk_model_config to;
+    if (bk_checkpoint_config(out, &to) != BK_OK) return fail("model swap", out);
+    printf("%s: %s attention -> %s: %s (every weight kept%s)\n", in, bk_attn_kind_name(from.attn),
+           bk_attn_kind_name(to.attn), out,
+           to.attn == BK_ATTN_LOT && from.attn != BK_ATTN_LOT   ? "; LOT pivots initialised"
+           : from.attn == BK_ATTN_LOT && to.attn != BK_ATTN_LOT ? "; LOT pivots dropped"
+           : to.attn == BK_ATTN_ASAP                            ? "; ASAP layers compiled"
+                                                                : "");
+    return CLI_OK;
+}
+
 int cmd_model(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -323,6 +436,7 @@ int cmd_model(int argc, char **argv)
     if (!strcmp(argv[1], "grads")) return model_grads(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train")) return model_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "show")) return model_show(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "swap")) return model_swap(argc - 1, argv + 1);
     fprintf(stderr, "birkhoff model: unknown subcommand '%s'\n", argv[1]);
     usage_model(stderr);
     return CLI_USAGE;

@@ -476,7 +476,7 @@ static int plot_transport(int argc, char **argv)
     /* scores 2 x.y / eps: the row and column terms of -|x - y|^2 / eps are
      * absorbed by the normalisations, so Sinkhorn gives the entropic plan of
      * the squared distance and softmax its row-normalised kernel */
-    bk_softmax_config sp = {2.0f / eps};
+    bk_softmax_config sp = {2.0f / eps, 0};
     bk_sinkhorn_config kp = bk_sinkhorn_config_default();
     kp.scale = 2.0f;
     kp.eps = eps;

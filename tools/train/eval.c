@@ -12,6 +12,7 @@ static void usage_eval(FILE *f)
 {
     fprintf(f, "usage: birkhoff eval --ckpt CKPT [--data NAME] [--split test|train] [--limit N] [--data-dir DIR]\n"
                "                     [--batch B] [--diag-samples N] [--teacher CKPT] [--json OUT.json]\n"
+               "                     [--esp-sort model|soft|hard | --esp-hard]\n"
                "\n"
                "Evaluates a checkpoint written by `birkhoff train` (or `birkhoff asap compile`) on a split of its\n"
                "dataset (the data options are the run's; --data picks another dataset of the same shape):\n"
@@ -19,27 +20,34 @@ static void usage_eval(FILE *f)
                "the attention diagnostics on the first N samples (default 64): mean |row sum - 1|, mean\n"
                "|column sum - 1| and the mean entropy of the attention rows (with that of a uniform row).\n"
                "A compiled ASAP model is compared with its teacher (--teacher, default: the checkpoint it was\n"
-               "compiled from): the fraction of samples on which their predictions agree.\n");
+               "compiled from): the fraction of samples on which their predictions agree.\n"
+               "An ESP model is evaluated with the sort its run's eval_esp_sort names (default: the model's own,\n"
+               "esp_soft of its configuration); --esp-sort hard (or --esp-hard) evaluates a soft-trained model with\n"
+               "the exact sort (ESPFormer's \"hard\" mode: exactly doubly stochastic attention).\n");
 }
 
 int cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = NULL, *split = "test", *limit_s = NULL, *dir = NULL, *batch_s = NULL,
-               *diag_s = NULL, *teacher = NULL, *json = NULL;
+               *diag_s = NULL, *teacher = NULL, *json = NULL, *esp_sort = NULL, *esp_hard = NULL;
     const cli_opt opts[] = {{"--ckpt", &ckpt, 0},         {"--data", &data, 0},   {"--split", &split, 0},
                             {"--limit", &limit_s, 0},     {"--data-dir", &dir, 0}, {"--batch", &batch_s, 0},
-                            {"--diag-samples", &diag_s, 0}, {"--teacher", &teacher, 0}, {"--json", &json, 0}};
+                            {"--diag-samples", &diag_s, 0}, {"--teacher", &teacher, 0}, {"--json", &json, 0},
+                            {"--esp-sort", &esp_sort, 0}, {"--esp-hard", &esp_hard, 1}};
     int done = 0, rc0 = cli_parse_opts("eval", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage_eval, &done);
     if (done || rc0) return rc0;
     int limit = 0, batch = 256, ndiag = 64;
     if (!ckpt || (limit_s && (!cli_parse_int(limit_s, &limit) || limit < 0)) ||
         (batch_s && (!cli_parse_int(batch_s, &batch) || batch < 1)) ||
         (diag_s && (!cli_parse_int(diag_s, &ndiag) || ndiag < 1 || ndiag > 4096)) ||
-        (strcmp(split, "test") && strcmp(split, "train"))) {
+        (strcmp(split, "test") && strcmp(split, "train")) ||
+        (esp_sort && strcmp(esp_sort, "model") && strcmp(esp_sort, "soft") && strcmp(esp_sort, "hard")) ||
+        (esp_sort && esp_hard && strcmp(esp_sort, "hard"))) {
         fprintf(stderr, "birkhoff eval: needs --ckpt; --limit >= 0, --batch >= 1, --diag-samples in [1, 4096], "
-                        "--split test|train\n");
+                        "--split test|train, --esp-sort model|soft|hard (--esp-hard: hard)\n");
         return CLI_USAGE;
     }
+    if (esp_hard) esp_sort = "hard";
     const int maxb = batch > ndiag ? batch : ndiag;
     bk_model *m = NULL, *tm = NULL;
     bk_run_config r, tr;
@@ -57,8 +65,29 @@ int cmd_eval(int argc, char **argv)
         return CLI_FAIL;
     }
     const bk_dataset_info *ds = bk_data_info(dset);
-    const bk_model_config *c = bk_model_get_config(m);
     int rc = CLI_FAIL;
+    /* ESP's sort: the flag, else the run's eval_esp_sort, else the model's own */
+    if (!esp_sort && (!strcmp(r.eval_esp_sort, "soft") || !strcmp(r.eval_esp_sort, "hard"))) esp_sort = r.eval_esp_sort;
+    if (esp_sort && strcmp(esp_sort, "model")) {
+        bk_model_config ec = *bk_model_get_config(m);
+        if (ec.attn != BK_ATTN_ESP) {
+            fprintf(stderr, "birkhoff eval: --esp-sort %s chooses ESP's sort; %s has %s attention\n", esp_sort, ckpt,
+                    bk_attn_kind_name(ec.attn));
+            free(extra);
+            bk_model_free(m);
+            bk_data_close(dset);
+            return CLI_USAGE;
+        }
+        ec.esp_soft = !strcmp(esp_sort, "soft");
+        if (bk_model_set_attn_config(m, &ec) != BK_OK) {
+            fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
+            free(extra);
+            bk_model_free(m);
+            bk_data_close(dset);
+            return CLI_FAIL;
+        }
+    }
+    const bk_model_config *c = bk_model_get_config(m);
     bk_eval_result ev = {0}, tev = {0};
     bk_layer_diag *dg = calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *dg);
     char tpath[1024] = "";
@@ -88,6 +117,9 @@ int cmd_eval(int argc, char **argv)
     const int C = c->classes;
     printf("checkpoint  %s (%s attention, depth %d, %d heads, %lld parameters)\n", ckpt, bk_attn_kind_name(c->attn), c->depth,
            c->heads, (long long)bk_model_num_params(m));
+    if (c->attn == BK_ATTN_ESP)
+        printf("esp         %s sort (t = %g, tau = %g)\n", c->esp_soft ? "soft" : "hard", (double)c->esp_t,
+               (double)c->esp_tau);
     printf("data        %s, %lld samples (%.0f samples/s)\n", ds->version, (long long)ev.n, (double)ev.n / secs);
     printf("accuracy    %.2f %%   loss %.4f\n", 100.0 * ev.acc, ev.loss);
     if (tpath[0])
@@ -113,6 +145,9 @@ int cmd_eval(int argc, char **argv)
                                     "{\"ckpt\":\"%s\",\"attn\":\"%s\",\"data\":\"%s\",\"n\":%lld,\"accuracy\":%.6g,"
                                     "\"loss\":%.6g",
                                     ckpt, bk_attn_kind_name(c->attn), ds->version, (long long)ev.n, ev.acc, ev.loss);
+        if (c->attn == BK_ATTN_ESP)
+            n += (size_t)snprintf(s + n, cap - n, ",\"esp_sort\":\"%s\",\"esp_t\":%.9g", c->esp_soft ? "soft" : "hard",
+                                  (double)c->esp_t);
         if (tpath[0])
             n += (size_t)snprintf(s + n, cap - n, ",\"teacher\":\"%s\",\"teacher_accuracy\":%.6g,\"agreement\":%.6g",
                                   tpath, tev.acc, agree);

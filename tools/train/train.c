@@ -31,7 +31,8 @@ static void usage_train(FILE *f)
             "Trains a model on a dataset. Keys (docs/TRAINING.md): run keys (data=mnist|fashion-mnist|digits|spam|\n"
             "listops|shapes, data_dir, train_limit, test_limit, seq_len, min_len, listops_depth, points, noise,\n"
             "gen_train, gen_test, data_seed, epochs, batch, micro, ls, seed, threads, log_every, eval_batch,\n"
-            "stop_after, progress=auto|bar|plain|none), model keys (attn=softmax|sinkhorn|esp|lot|unbalanced, dim,\n"
+            "stop_after, progress=auto|bar|plain|none, init=CKPT, esp_anneal=FACTOR, eval_esp_sort=model|soft|hard),\n"
+            "model keys (attn=softmax|sinkhorn|esp|lot|unbalanced, dim,\n"
             "depth, heads, mlp_dim, patch, sk_iters, sk_eps, sk_rho, ... as `birkhoff model`) and optimiser keys (kind, lr,\n"
             "weight_decay, clip, sched, warmup, ...). The config file holds 'key = value' lines; flags override it\n"
             "(--weight-decay and --weight_decay are the same key).\n"
@@ -39,7 +40,11 @@ static void usage_train(FILE *f)
             "DIR (default runs/DATA-ATTN) receives config.txt, metrics.jsonl (one record per step and per epoch),\n"
             "steps.csv, epochs.csv, ckpt/epoch-NNNN.safetensors (epoch 0 = the initial model), last.safetensors\n"
             "and summary.json. Ctrl-C (or stop_after) saves last.safetensors and exits with status 130;\n"
-            "--resume DIR continues bit for bit as the uninterrupted run would have.\n");
+            "--resume DIR continues bit for bit as the uninterrupted run would have.\n"
+            "--init CKPT starts a new run (fine-tuning) from a checkpoint's weights: the model keys start from the\n"
+            "checkpoint's (other attention keys swap its attention, as `birkhoff model swap`); a fresh optimiser.\n"
+            "--esp-anneal F trains ESP epoch e with esp_t = t0 F^e (ESPFormer: 0.8); --eval-esp-sort hard evaluates\n"
+            "every epoch with the exact sort.\n");
 }
 
 static int exists(const char *p)
@@ -124,6 +129,48 @@ static void on_event(void *user, const bk_train_event *ev)
                 ev->attn_col_dev, tt);
 }
 
+/* The key flags (--KEY VALUE, --set KEY=VALUE) applied to r in order
+ * (resume: only those a resumed run may change); CLI_OK or CLI_USAGE. */
+static int apply_flags(int argc, char **argv, int resume, bk_run_config *r)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--force")) continue;
+        if (!strcmp(a, "--config") || !strcmp(a, "--out") || !strcmp(a, "--resume")) {
+            i++;
+            continue;
+        }
+        char key[128], val[1024];
+        const char *v = argv[++i];
+        if (!strcmp(a, "--set")) {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) {
+                fprintf(stderr, "birkhoff train: --set expects KEY=VALUE, got '%s'\n", v);
+                return CLI_USAGE;
+            }
+            memcpy(key, v, (size_t)(eq - v));
+            key[eq - v] = 0;
+            snprintf(val, sizeof val, "%s", eq + 1);
+        } else {
+            snprintf(key, sizeof key, "%s", a + 2);
+            snprintf(val, sizeof val, "%s", v);
+        }
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        if (resume && strcmp(key, "epochs") && strcmp(key, "threads") && strcmp(key, "progress") &&
+            strcmp(key, "stop_after") && strcmp(key, "data_dir")) {
+            fprintf(stderr, "birkhoff train: a resumed run keeps its configuration: only --epochs, --threads, "
+                            "--progress, --stop-after and --data-dir apply (got --%s)\n", key);
+            return CLI_USAGE;
+        }
+        if (bk_run_config_set(r, key, val) != BK_OK) {
+            fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
+            return CLI_USAGE;
+        }
+    }
+    return CLI_OK;
+}
+
 int cmd_train(int argc, char **argv)
 {
     bk_run_config r = bk_run_config_default();
@@ -172,40 +219,30 @@ int cmd_train(int argc, char **argv)
         return CLI_USAGE;
     }
     /* pass 2: key flags, in order */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--force")) continue;
-        if (!strcmp(a, "--config") || !strcmp(a, "--out") || !strcmp(a, "--resume")) {
-            i++;
-            continue;
-        }
-        char key[128], val[1024];
-        const char *v = argv[++i];
-        if (!strcmp(a, "--set")) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) {
-                fprintf(stderr, "birkhoff train: --set expects KEY=VALUE, got '%s'\n", v);
-                return CLI_USAGE;
+    int rc = apply_flags(argc, argv, resume != NULL, &r);
+    if (rc != CLI_OK) return rc;
+    if (!resume && r.init[0]) {
+        /* init=CKPT (a new run from a checkpoint's weights): the keys start
+         * from the checkpoint's run when it has one (data, batch, ...:
+         * fine-tuning goes on where it stopped; else the defaults) and its
+         * model, then the config file and the flags apply again on top */
+        char init[sizeof r.init];
+        snprintf(init, sizeof init, "%s", r.init);
+        bk_model *m0 = NULL;
+        if (bk_run_load(init, 1, &m0, &r, NULL) != BK_OK) {
+            r = bk_run_config_default();
+            if (bk_checkpoint_config(init, &r.model) != BK_OK) {
+                fprintf(stderr, "birkhoff train: init: %s\n", bk_last_error());
+                return CLI_FAIL;
             }
-            memcpy(key, v, (size_t)(eq - v));
-            key[eq - v] = 0;
-            snprintf(val, sizeof val, "%s", eq + 1);
-        } else {
-            snprintf(key, sizeof key, "%s", a + 2);
-            snprintf(val, sizeof val, "%s", v);
         }
-        for (char *c = key; *c; c++)
-            if (*c == '-') *c = '_';
-        if (resume && strcmp(key, "epochs") && strcmp(key, "threads") && strcmp(key, "progress") &&
-            strcmp(key, "stop_after") && strcmp(key, "data_dir")) {
-            fprintf(stderr, "birkhoff train: a resumed run keeps its configuration: only --epochs, --threads, "
-                            "--progress, --stop-after and --data-dir apply (got --%s)\n", key);
-            return CLI_USAGE;
-        }
-        if (bk_run_config_set(&r, key, val) != BK_OK) {
+        bk_model_free(m0);
+        r.stop_after = 0;
+        if (cfg_path && bk_run_config_load(&r, cfg_path) != BK_OK) {
             fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
             return CLI_USAGE;
         }
+        if ((rc = apply_flags(argc, argv, 0, &r)) != CLI_OK) return rc;
     }
     if (resume && epochs_done >= r.epochs) {
         fprintf(stderr, "birkhoff train: %s has finished its %d epochs; --epochs N with N > %d continues it\n", dir,

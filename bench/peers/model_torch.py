@@ -83,6 +83,7 @@ import torch.nn.functional as F  # noqa: E402
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+import diff_torch as diff_port  # noqa: E402
 import espformer_torch as esp_port  # noqa: E402
 import lotformer_torch as lot_port  # noqa: E402
 import otk_torch as otk_port  # noqa: E402
@@ -216,7 +217,7 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
 # Configurations
 # ---------------------------------------------------------------------------
 INPUTS = ("image", "tokens", "points")
-ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced")
+ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff")
 POOLS = ("cls", "mean", "max", "otk")
 
 # bk_model_config fields in declaration order, with bk_model_config_default's
@@ -305,7 +306,7 @@ def parse_config(text):
     """Model configuration text ("key=value" lines or a comma list) -> dict.
 
     Known keys get their type (int, float, or the enum name as a string:
-    input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap,
+    input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
     pool=cls|mean|max|otk); unknown keys are kept as strings (Model refuses
     them). Only the keys present in the text are returned.
     """
@@ -412,6 +413,8 @@ def check_config(cfg):
         raise ValueError("dropout must be in [0, 1)")
     if cfg["attn"] == "asap":
         raise ValueError("attn=asap (compiled inference-only layers) has no PyTorch twin")
+    if cfg["attn"] == "diff" and head_dim(cfg) % 2:
+        raise ValueError(f"attn=diff needs an even head dimension, got {head_dim(cfg)}")
 
 
 def param_specs(cfg):
@@ -451,6 +454,9 @@ def param_specs(cfg):
         if cfg["attn"] == "lot":
             specs.append((p + "attn.lot_z", (H, cfg["lot_r"], dh), 0))
             specs.append((p + "attn.lot_theta", (H, cfg["lot_r"]), 0))
+        if cfg["attn"] == "diff":
+            for v in _DIFF_VECTORS:
+                specs.append((p + "attn." + v, (dh // 2,), 0))
         linear(p + "attn.proj", inner, D)
         if M > 0:
             norm(p + "ln2")
@@ -462,6 +468,10 @@ def param_specs(cfg):
         specs.append(("pool.otk_z", (cfg["otk_refs"], cfg["otk_supports"], D), 0))
     linear("head", feature_dim(cfg), cfg["classes"])
     return specs
+
+
+# attn=diff: the learned lambda vectors of each block, in the checkpoint's order
+_DIFF_VECTORS = ("diff_lq1", "diff_lk1", "diff_lq2", "diff_lk2")
 
 
 def unit_directions(seed, L, d):
@@ -528,7 +538,12 @@ class _Embed(nn.Module):
 
 
 class _Attention(nn.Module):
-    """attn.qkv, [attn.lot_z, attn.lot_theta], attn.proj around the operator."""
+    """attn.qkv, [attn.lot_z, attn.lot_theta | attn.diff_*], attn.proj around the operator.
+
+    attn=diff is diff_torch.DiffAttentionLayer's computation on the model's
+    qkv (head_dim dh, halves of dh/2): lambda = exp(lq1 . lk1) - exp(lq2 . lk2)
+    + lambda_init(layer + 1) shared by the heads, diff_semantics, per-head
+    RMSNorm (no gain, eps = ln_eps), times (1 - lambda_init)."""
 
     def __init__(self, cfg, layer, reference):
         super().__init__()
@@ -539,6 +554,11 @@ class _Attention(nn.Module):
         if cfg["attn"] == "lot":
             self.lot_z = nn.Parameter(torch.empty(H, cfg["lot_r"], dh))
             self.lot_theta = nn.Parameter(torch.empty(H, cfg["lot_r"]))
+        if cfg["attn"] == "diff":
+            for v in _DIFF_VECTORS:
+                setattr(self, v, nn.Parameter(torch.empty(dh // 2)))
+            self.lam_init = diff_port.lambda_init(layer + 1)
+            self.subln = diff_port.RMSNorm(eps=cfg["ln_eps"])
         self.proj = nn.Linear(H * dh, D)
         if cfg["attn"] == "esp" and cfg["esp_slices"] > 0:
             # Fixed (not trained) slices: not part of the state_dict.
@@ -584,6 +604,13 @@ class _Attention(nn.Module):
             return lot_port.lot_semantics(q, k, v, self.lot_z, self.lot_theta,
                                           temp=c["lot_temp"], iters=c["lot_iters"],
                                           eps=c["lot_eps"], scale=s, q_len=lens, k_len=lens)[0]
+        if kind == "diff":   # the operator's default scale is (dh/2)^-1/2
+            lam = diff_port.reparam_lambda(self.diff_lq1, self.diff_lk1, self.diff_lq2,
+                                           self.diff_lk2, self.lam_init)
+            o = diff_port.diff_semantics(q, k, v, lam.expand(self.H),
+                                         scale=c["attn_scale"] if c["attn_scale"] != 0 else None,
+                                         q_len=lens, k_len=lens, return_attn=False)
+            return self.subln(o) * (1.0 - self.lam_init)
         raise ValueError(f"attention {kind!r} has no PyTorch twin")
 
     def forward(self, x, lens):
@@ -683,7 +710,7 @@ class Model(nn.Module):
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
         CLS, positions, token table N(0, 0.02^2), LOT pivots N(0, 1), masses 0,
-        OTK references N(0, 1/D)."""
+        OTK references N(0, 1/D), diff lambda vectors N(0, 0.1^2)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.LayerNorm)):
                 m.reset_parameters()
@@ -695,6 +722,8 @@ class Model(nn.Module):
                     p.normal_(0.0, 1.0)
                 elif name.endswith("lot_theta"):
                     p.zero_()
+                elif name.rsplit(".", 1)[-1] in _DIFF_VECTORS:
+                    p.normal_(0.0, 0.1)
                 elif name == "pool.otk_z":
                     p.normal_(0.0, self.cfg["dim"] ** -0.5)
 
@@ -1032,6 +1061,8 @@ _SELF_CASES = [
      "attn=esp,esp_soft=1,esp_t=0.3,esp_tau=2,esp_slices=3,pool=mean", True),
     ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
      "attn=esp,esp_soft=0,esp_tau=3,pool=cls", False),
+    ("input=tokens,vocab=9,max_len=5,dim=8,depth=2,heads=2,mlp_dim=8,classes=3,"
+     "attn=diff,pool=mean", True),
 ]
 
 

@@ -46,10 +46,13 @@ typedef enum { BK_INPUT_IMAGE = 0, BK_INPUT_TOKENS = 1, BK_INPUT_POINTS = 2 } bk
 typedef enum {
     BK_ATTN_SOFTMAX = 0, BK_ATTN_SINKHORN = 1, BK_ATTN_ESP = 2, BK_ATTN_LOT = 3,
     BK_ATTN_ASAP = 4,      /* compiled layers (bk_model_set_asap); inference only */
-    BK_ATTN_UNBALANCED = 5 /* unbalanced Sinkhorn: sk_iters, sk_eps, sk_rho      */
+    BK_ATTN_UNBALANCED = 5, /* unbalanced Sinkhorn: sk_iters, sk_eps, sk_rho     */
+    BK_ATTN_DIFF = 6        /* differential attention (DiffTransformer): even
+                               head_dim; learned lambda vectors per block,
+                               per-head RMSNorm, (1 - lambda_init)           */
 } bk_attn_kind;
 /* The name of an attention kind, as the config key attn= spells it
- * ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced"; "?" for
+ * ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff"; "?" for
  * another value). */
 BK_API const char *bk_attn_kind_name(bk_attn_kind k);
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
@@ -89,7 +92,7 @@ typedef struct {
  * iterations), eps 0.5. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
- * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced,
+ * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
  * pool=cls|mean|max|otk). Unknown keys or malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */
@@ -118,8 +121,8 @@ typedef struct {
 
 /* Creates a model with parameters initialised from seed (Linear weights and
  * biases U(-1/sqrt(in), 1/sqrt(in)) as PyTorch; LN 1/0; CLS, positions and
- * token table N(0, 0.02^2); LOT pivots N(0,1), mass logits 0; OTK references
- * N(0, 1/dim)) and its activations planned for batches of up to max_batch.
+ * token table N(0, 0.02^2); LOT pivots N(0,1), mass logits 0; diff's lambda
+ * vectors N(0, 0.1^2); OTK references N(0, 1/dim)) and its activations planned for batches of up to max_batch.
  * Everything is allocated here, once (bk_model_memory says how much); a model
  * needing more than the machine's physical memory is refused (BK_ERR_NOMEM,
  * with both figures) rather than left to the kernel's OOM killer. */
@@ -142,7 +145,8 @@ typedef struct {
     int64_t offset, count; /* in floats, into the parameter/gradient buffers  */
     int decay;             /* 1: weight decay applies (Linear weights, token
                               table); 0: biases, norms, CLS, positions, LOT
-                              pivots/masses, OTK references                   */
+                              pivots/masses, diff lambda vectors, OTK
+                              references                                      */
     float *data, *grad;
 } bk_param_info;
 BK_API bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info);
@@ -197,10 +201,12 @@ BK_API int bk_model_tokens(const bk_model *m);
  * lot_*; another key: BK_ERR_PARAM naming it). Every tensor the two
  * parameter tables share (embedding, blocks, norms, pooling, head) is copied
  * bit for bit; a tensor only the target has (LOT's blocks.l.attn.lot_z and
- * lot_theta, swapping to lot) gets the model's own LOT initialisation, i.e.
- * what bk_model_create gives a LOT model with src's seed (pivots N(0, 1),
- * mass logits 0: uniform masses); a tensor only src has (swapping away from
- * lot) is dropped. The seed and the dropout counter are src's; compiled ASAP
+ * lot_theta, swapping to lot; diff's blocks.l.attn.diff_lq1 ... diff_lk2,
+ * swapping to diff) gets the model's own initialisation, i.e. what
+ * bk_model_create gives a model of that kind with src's seed (pivots N(0, 1),
+ * mass logits 0: uniform masses; lambda vectors N(0, 0.1^2)); a tensor only
+ * src has (swapping away from lot or diff) is dropped. attn = diff needs an
+ * even head dimension. The seed and the dropout counter are src's; compiled ASAP
  * layers are not carried (a swap away from asap gives the Sinkhorn teacher's
  * attention back). attn = asap is refused: ASAP layers are fitted to a
  * Sinkhorn model's attention on data (bk_asap_compile). A LOT source swapped

@@ -14,7 +14,7 @@
 /* configuration                                                            */
 /* ------------------------------------------------------------------------ */
 static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
-static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", NULL};
+static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
 static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
@@ -76,7 +76,7 @@ bk_model_config bk_model_config_default(void)
 
 const char *bk_attn_kind_name(bk_attn_kind k)
 {
-    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_UNBALANCED ? ATTN_NAMES[k] : "?";
+    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?";
 }
 
 bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value)
@@ -101,7 +101,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
 {
     if (!c) return bki_fail(BK_ERR_NULL, "model config: NULL");
     NEED(c->input >= BK_INPUT_IMAGE && c->input <= BK_INPUT_POINTS, "unknown input kind %d", (int)c->input);
-    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_UNBALANCED, "unknown attention type %d", (int)c->attn);
+    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_DIFF, "unknown attention type %d", (int)c->attn);
     NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_OTK, "unknown pooling %d", (int)c->pool);
     if (c->input == BK_INPUT_IMAGE) {
         NEED(c->channels >= 1 && c->image_h >= 1 && c->image_w >= 1, "image sizes must be >= 1 (channels=%d, %dx%d)",
@@ -153,6 +153,13 @@ bk_status bk_model_config_check(const bk_model_config *c)
     if (c->attn == BK_ATTN_LOT)
         NEED(c->lot_r >= 1 && c->lot_iters >= 1 && c->lot_eps > 0.0f && c->lot_temp > 0.0f,
              "LOT needs lot_r, lot_iters >= 1 and lot_eps, lot_temp > 0");
+    if (c->attn == BK_ATTN_DIFF) {
+        const int dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
+        NEED(dh % 2 == 0,
+             "attn=diff needs an even head dimension (the two halves of q and k give the two maps); head_dim is %d "
+             "(set head_dim, or dim and heads, so that it is even)",
+             dh);
+    }
     if (c->pool == BK_POOL_OTK)
         NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
                  c->otk_eps > 0.0f,
@@ -167,7 +174,8 @@ bk_status bk_model_config_check(const bk_model_config *c)
 #define MAXP 256
 
 typedef struct {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, proj_w, proj_b, ln2_w, ln2_b,
+        fc1_w, fc1_b, fc2_w, fc2_b;
 } blk_off;
 
 typedef struct {
@@ -178,6 +186,8 @@ typedef struct {
     size_t tape_cap;
     float *esp_theta;
     bk_asap_layer *asap;
+    float *draw, *drs, *lam;          /* diff: the operator's output [R, I], its
+                                         per-head inverse RMS [R, H], lambda [H] */
 } blk_act;
 
 struct bk_model {
@@ -201,7 +211,7 @@ struct bk_model {
     void *otk_tape;
     size_t otk_tape_cap;
     /* backward scratch */
-    float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp;
+    float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
     void *ws;
     size_t ws_cap;
     int B, have_tape;
@@ -258,6 +268,12 @@ static void build_table(bk_model *m)
             P(lot_z, "attn.lot_z", 3, c->heads, c->lot_r, m->dh, 0);
             P(lot_t, "attn.lot_theta", 2, c->heads, c->lot_r, 0, 0);
         }
+        if (c->attn == BK_ATTN_DIFF) {
+            P(dl_q1, "attn.diff_lq1", 1, m->dh / 2, 0, 0, 0);
+            P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
+            P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
+            P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
+        }
         P(proj_w, "attn.proj.weight", 2, D, I, 0, 1);
         P(proj_b, "attn.proj.bias", 1, D, 0, 0, 0);
         if (c->mlp_dim > 0) {
@@ -305,6 +321,8 @@ static void init_params(bk_model *m)
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)gauss(&s);
         } else if (ENDS("lot_theta")) {
             for (int64_t j = 0; j < p->count; j++) w[j] = 0.0f;
+        } else if (ENDS("diff_lq1") || ENDS("diff_lk1") || ENDS("diff_lq2") || ENDS("diff_lk2")) {
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.1 * gauss(&s)); /* the paper's N(0, 0.1^2) */
         } else if (strcmp(n, "pool.otk_z") == 0) {
             const double sd = 1.0 / sqrt((double)m->c.dim);
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
@@ -398,6 +416,7 @@ typedef union {
     bk_esp_config esp;
     bk_lot_config lot;
     bk_asap_forward_config asap;
+    bk_diff_config diff;
 } attn_par;
 
 static void softmax_fill(const bk_model *m, int l, attn_par *p)
@@ -428,6 +447,15 @@ static void asap_fill(const bk_model *m, int l, attn_par *p)
     p->asap.variant = BK_ASAP_AUTO;
 }
 
+/* diff: lambda is the block's [H] array (diff_set_lambda fills it before
+ * each call; a size query reads no array) */
+static void diff_fill(const bk_model *m, int l, attn_par *p)
+{
+    p->diff = bk_diff_config_default();
+    p->diff.scale = m->c.attn_scale;
+    p->diff.lambda = m->ba[l].lam;
+}
+
 typedef struct {
     const char *op;                                     /* registry name */
     void (*fill)(const bk_model *m, int l, attn_par *p); /* config -> params */
@@ -439,6 +467,7 @@ static const attn_kind ATTN_KINDS[] = {
     [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, 0},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, 0},
     [BK_ATTN_ESP] = {"esp", esp_fill, 0},               [BK_ATTN_LOT] = {"lot", lot_fill, 1},
     [BK_ATTN_ASAP] = {"asap", asap_fill, 0},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, 0},
+    [BK_ATTN_DIFF] = {"diff", diff_fill, 0},
 };
 
 /* a generic call of layer l's operator (par: its storage) */
@@ -491,6 +520,9 @@ void bk_model_free(bk_model *m)
             free(a->g1);
             free(a->tape);
             free(a->esp_theta);
+            free(a->draw);
+            free(a->drs);
+            free(a->lam);
             if (a->asap) {
                 bk_asap_layer_free(a->asap);
                 free(a->asap);
@@ -500,7 +532,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->ws};
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -606,11 +638,12 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->bo = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    int tensors = 8 + 14 * c->depth;
+    const int per_block = c->attn == BK_ATTN_DIFF ? 16 : 14; /* (diff: four lambda vectors for LOT's two) */
+    int tensors = 8 + per_block * c->depth;
     if (tensors > MAXP) {
         const int depth = c->depth; /* (c points into m) */
         bk_model_free(m);
-        return bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", depth, (MAXP - 8) / 14);
+        return bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", depth, (MAXP - 8) / per_block);
     }
     build_table(m);
     sizer z = {0, 0, measure};
@@ -658,6 +691,11 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
                 bk_esp_slices(&ep, m->dh, a->esp_theta);
             }
         }
+        if (c->attn == BK_ATTN_DIFF) {
+            a->draw = falloc((size_t)(R * I), &z);
+            a->drs = falloc((size_t)R * (size_t)c->heads, &z);
+            a->lam = falloc((size_t)c->heads, &z);
+        }
         if (z.bad) break;
         a->tape_cap = attn_tape(m, &ad, l);
         if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
@@ -695,6 +733,10 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     const size_t otmp = (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)D;
     m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
     m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
+    if (c->attn == BK_ATTN_DIFF) {
+        m->dO = falloc((size_t)(R * I), &z);
+        m->dlam = falloc((size_t)c->heads, &z);
+    }
     if (z.bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for activations");
     if (measure) {
         *bytes = wsz > SIZE_MAX - z.bytes ? SIZE_MAX : z.bytes + wsz;
@@ -1033,6 +1075,88 @@ static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_te
     *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST};
 }
 
+/* ---- attn=diff: the paper's layer around the operator (docs/MODEL.md) ------
+ * lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one value shared by
+ * the heads of block l; each head's operator output (dh channels) is divided
+ * by its RMS (eps = ln_eps, no learned gain) and multiplied by
+ * (1 - lambda_init). l is 0-based: the paper's l - 1. */
+static double diff_lambda_init(int l) { return 0.8 - 0.6 * exp(-0.3 * (double)l); }
+
+/* e1 = exp(lq1 . lk1), e2 = exp(lq2 . lk2) (dot products in double, in order) */
+static void diff_exps(const bk_model *m, int l, double *e1, double *e2)
+{
+    const blk_off *o = &m->bo[l];
+    const float *w = m->w;
+    double s1 = 0.0, s2 = 0.0;
+    for (int j = 0; j < m->dh / 2; j++) {
+        s1 += (double)w[o->dl_q1 + j] * w[o->dl_k1 + j];
+        s2 += (double)w[o->dl_q2 + j] * w[o->dl_k2 + j];
+    }
+    *e1 = exp(s1);
+    *e2 = exp(s2);
+}
+
+static void diff_set_lambda(bk_model *m, int l)
+{
+    double e1, e2;
+    diff_exps(m, l, &e1, &e2);
+    const float lam = (float)(e1 - e2 + diff_lambda_init(l));
+    for (int h = 0; h < m->c.heads; h++) m->ba[l].lam[h] = lam;
+}
+
+/* forward (bwd = 0): att = (1 - lambda_init) RMSNorm_h(draw) per (row, head),
+ * drs keeping 1/RMS; backward (bwd = 1): dO = (1 - lambda_init) rs (dy - x
+ * rs^2 <dy, x> / dh) from dy = dA */
+static void diff_norm(bk_model *m, int l, int B, int bwd)
+{
+    blk_act *a = &m->ba[l];
+    const int H = m->c.heads, dh = m->dh, I = m->I, nt = bki_threads();
+    const int64_t R = (int64_t)B * m->T;
+    const double eps = m->c.ln_eps;
+    const float g = (float)(1.0 - diff_lambda_init(l));
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++)
+            for (int h = 0; h < H; h++) {
+                const size_t at = (size_t)r * I + (size_t)h * dh;
+                const float *x = a->draw + at;
+                float *rs = a->drs + (size_t)r * H + h;
+                if (!bwd) {
+                    double ss = 0.0;
+                    for (int k = 0; k < dh; k++) ss += (double)x[k] * x[k];
+                    *rs = (float)(1.0 / sqrt(ss / dh + eps));
+                    for (int k = 0; k < dh; k++) a->att[at + k] = x[k] * *rs * g;
+                } else {
+                    const float *dy = m->dA + at;
+                    double dot = 0.0;
+                    for (int k = 0; k < dh; k++) dot += (double)dy[k] * x[k];
+                    const float c = (float)((double)*rs * *rs * dot / dh);
+                    for (int k = 0; k < dh; k++) m->dO[at + k] = g * *rs * (dy[k] - x[k] * c);
+                }
+            }
+    }
+}
+
+/* dlambda (summed over the heads, in head order) into the four vectors */
+static void diff_lambda_bwd(bk_model *m, int l)
+{
+    const blk_off *o = &m->bo[l];
+    const float *w = m->w;
+    float *gw = m->gw;
+    double gl = 0.0, e1, e2;
+    for (int h = 0; h < m->c.heads; h++) gl += m->dlam[h];
+    diff_exps(m, l, &e1, &e2);
+    const double g1 = gl * e1, g2 = -gl * e2;
+    for (int j = 0; j < m->dh / 2; j++) {
+        gw[o->dl_q1 + j] += (float)(g1 * w[o->dl_k1 + j]);
+        gw[o->dl_k1 + j] += (float)(g1 * w[o->dl_q1 + j]);
+        gw[o->dl_q2 + j] += (float)(g2 * w[o->dl_k2 + j]);
+        gw[o->dl_k2 + j] += (float)(g2 * w[o->dl_q2 + j]);
+    }
+}
+
 static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
 {
     blk_act *a = &m->ba[l];
@@ -1043,10 +1167,17 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     if (st) return st;
     if (m->c.attn == BK_ATTN_ASAP && !a->asap)
         return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
+    const int diff = m->c.attn == BK_ATTN_DIFF;
+    if (diff) {
+        diff_set_lambda(m, l);
+        o.data = a->draw; /* normalised into att below */
+    }
     attn_par par;
     bki_call c = attn_call(m, &d, l, &par);
     c.q = &q; c.k = &k; c.v = &v; c.out = &o; c.attn = attn_out;
-    return bki_op_forward(&c, train ? a->tape : NULL, m->ws, m->ws_cap);
+    if ((st = bki_op_forward(&c, train ? a->tape : NULL, m->ws, m->ws_cap))) return st;
+    if (diff) diff_norm(m, l, B, 0);
+    return BK_OK;
 }
 
 /* out = x + dropout(out + b) over [R, D] */
@@ -1206,12 +1337,20 @@ static bk_status attn_backward(bk_model *m, int l, int B)
               dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
     bk_status st = ensure_ws(m, attn_ws(m, &d, l));
     if (st) return st;
+    const int diff = m->c.attn == BK_ATTN_DIFF;
+    if (diff) {
+        /* through the per-head norm first; the operator's dout is dO */
+        diff_norm(m, l, B, 1);
+        dout.data = m->dO;
+    }
     attn_par par;
     bki_call c = attn_call(m, &d, l, &par);
     bki_lot_grads lg = {m->dZtmp, m->dthtmp};
     c.q = &q; c.k = &k; c.v = &v; c.dout = &dout; c.dq = &dq; c.dk = &dk; c.dv = &dv;
     if (ATTN_KINDS[m->c.attn].lot_grads) c.pg = &lg;
+    if (diff) c.pg = m->dlam;
     if ((st = bki_op_backward(&c, a->tape, m->ws, m->ws_cap))) return st;
+    if (diff) diff_lambda_bwd(m, l);
     if (ATTN_KINDS[m->c.attn].lot_grads) {
         add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * dh);
         add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);

@@ -134,10 +134,13 @@ static void test_fd(void)
         {"input=points,point_dim=3,max_points=7,attn=esp,esp_t=0.2,pool=otk,otk_supports=2", 1, 0.0f},
         {"depth=1,heads=1,head_dim=12,mlp_dim=0,attn=sinkhorn,final_norm=1", 0, 0.0f},
         {"depth=1,heads=3,head_dim=4,mlp_dim=0,final_norm=0,attn=softmax", 0, 0.0f},
+        {"attn=diff,qkv_bias=1", 0, 0.0f},
+        {"depth=3,heads=2,head_dim=6,attn=diff,attn_scale=0.4,pool=mean", 0, 0.1f},
+        {"input=tokens,vocab=11,max_len=6,attn=diff,pool=mean", 1, 0.0f},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) {
-        if (TH.quick && i % 3 != 0) continue;
+        if (TH.quick && i % 3 != 0 && !strstr(cases[i].extra, "attn=diff")) continue;
         snprintf(t, sizeof t, "%s,%s", base, cases[i].extra);
         /* Max pooling has kinks: a step that moves every entry of a tensor
          * switches some argmax (at 1e-3), and a step small enough not to
@@ -153,8 +156,9 @@ static void test_threads(void)
 {
     const char *cfgs[] = {"dim=32,depth=2,heads=4,mlp_dim=48,image_h=16,image_w=16,patch=4,attn=sinkhorn,dropout=0.1",
                           "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=4,pool=otk",
-                          "input=points,max_points=10,dim=16,heads=2,attn=esp,esp_t=0.1,pool=max,cls=0,pos_embed=0"};
-    for (int c = 0; c < 3; c++) {
+                          "input=points,max_points=10,dim=16,heads=2,attn=esp,esp_t=0.1,pool=max,cls=0,pos_embed=0",
+                          "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=diff,pool=mean,dropout=0.1"};
+    for (int c = 0; c < (int)(sizeof cfgs / sizeof cfgs[0]); c++) {
         float *ref = NULL;
         int64_t P = 0;
         int same = 1;
@@ -863,7 +867,7 @@ static void test_swap(void)
     ok = ok && bk_model_forward(src, &tb.b, 0, 0.0f, l0, &loss) == BK_OK;
     th_check(ok, "swap: source model", "%s", bk_last_error());
     const char *targets[] = {"attn=softmax", "attn=unbalanced,sk_rho=2", "attn=esp,esp_soft=1,esp_t=0.1",
-                             "attn=esp,esp_soft=0,esp_slices=5", "attn=lot,lot_r=3", "attn=sinkhorn,sk_iters=9,sk_eps=0.5"};
+                             "attn=esp,esp_soft=0,esp_slices=5", "attn=lot,lot_r=3", "attn=sinkhorn,sk_iters=9,sk_eps=0.5", "attn=diff"};
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
         bk_model_config tc = *bk_model_get_config(src);
         bk_model *sw = NULL, *back = NULL;
@@ -874,7 +878,9 @@ static void test_swap(void)
         const int kept = shared_same(src, sw, &only_sw);
         shared_same(sw, src, &only_src);
         const int lot = tc.attn == BK_ATTN_LOT;
-        th_check(kept && only_src == 0 && only_sw == (lot ? 4 : 0), "swap: every shared weight kept bitwise",
+        /* new tensors: LOT's pivots and masses, diff's four lambda vectors, per block */
+        const int fresh_n = lot ? 4 : tc.attn == BK_ATTN_DIFF ? 8 : 0;
+        th_check(kept && only_src == 0 && only_sw == fresh_n, "swap: every shared weight kept bitwise",
                  "%s: kept %d, new tensors %d, dropped %d", targets[i], kept, only_sw, only_src);
         if (lot) {
             /* the pivots: the model's own LOT initialisation with the source's seed */
@@ -965,6 +971,89 @@ static void test_swap(void)
              "%s", bk_last_error());
     bk_model_free(lm);
     th_check(bk_model_swap(NULL, &tc, NULL, 0, 6, &sw) == BK_ERR_NULL, "swap: NULL source", "%s", "");
+    batch_free(&tb);
+    bk_model_free(src);
+}
+
+/* attn=diff (DiffTransformer): softmax -> diff -> softmax keeps every shared
+ * weight bitwise and gives the original logits back; the lambda vectors are
+ * the model's own initialisation (seeded N(0, 0.1^2), named
+ * blocks.l.attn.diff_lq1 ...); they and every other tensor get gradients;
+ * an odd head dimension is refused, by the config and by a swap. */
+static void test_diff_model(void)
+{
+    const char *text = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=4,classes=4,attn=softmax";
+    th_rng r = {17};
+    bk_model *src = model_from(text, 21, 4);
+    if (!src) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(src), 4, 0, &r);
+    float l0[16], l1[16], l2[16];
+    double loss;
+    bk_model_config tc = *bk_model_get_config(src);
+    tc.attn = BK_ATTN_DIFF;
+    bk_model *sw = NULL, *back = NULL, *fresh = NULL;
+    bk_status st = bk_model_forward(src, &tb.b, 0, 0.0f, l0, &loss);
+    if (!st) st = bk_model_swap(src, &tc, NULL, 0, 4, &sw);
+    if (!st) st = bk_model_forward(sw, &tb.b, 0, 0.0f, l1, &loss);
+    if (!st) st = bk_model_swap(sw, bk_model_get_config(src), NULL, 0, 4, &back);
+    if (!st) st = bk_model_forward(back, &tb.b, 0, 0.0f, l2, &loss);
+    if (!st) st = bk_model_create(&tc, 21, 1, &fresh);
+    if (th_check(st == BK_OK, "diff: swaps", "%s", st ? bk_last_error() : "")) {
+        int only_sw = 0, only_back = 0;
+        const int kept = shared_same(src, sw, &only_sw), back_same = shared_same(src, back, &only_back);
+        th_check(kept && only_sw == 8 && back_same && only_back == 0 && !memcmp(l0, l2, sizeof l0) &&
+                     memcmp(l0, l1, sizeof l0) != 0,
+                 "diff: softmax -> diff -> softmax keeps shared weights and logits bitwise", "kept %d new %d back %d",
+                 kept, only_sw, back_same);
+        const char *names[] = {"blocks.0.attn.diff_lq1", "blocks.0.attn.diff_lk1", "blocks.1.attn.diff_lq2",
+                               "blocks.1.attn.diff_lk2"};
+        for (int i = 0; i < 4; i++) {
+            int64_t n1 = 0, n2 = 0;
+            const float *a = param_named(sw, names[i], &n1), *b = param_named(fresh, names[i], &n2);
+            double ss = 0;
+            for (int64_t j = 0; a && j < n1; j++) ss += (double)a[j] * a[j];
+            th_check(a && b && n1 == 4 && n2 == 4 && !memcmp(a, b, sizeof(float) * 4) && ss > 0 && ss < 4 * 0.25,
+                     "diff: lambda vectors of dh/2 created by the model's own initialisation", "%s: %lld", names[i],
+                     (long long)n1);
+        }
+        /* every tensor, the lambda vectors included, gets a gradient */
+        bk_model_zero_grad(sw);
+        st = bk_model_forward(sw, &tb.b, 1, 0.0f, NULL, &loss);
+        if (!st) st = bk_model_backward(sw, 1.0f);
+        int zero = 0;
+        const char *zname = "";
+        for (int i = 0; !st && i < bk_model_param_count(sw); i++) {
+            bk_param_info pi;
+            bk_model_param(sw, i, &pi);
+            double g = 0;
+            for (int64_t j = 0; j < pi.count; j++) g += fabs(pi.grad[j]);
+            if (!(g > 0)) {
+                zero++;
+                zname = pi.name;
+            }
+        }
+        th_check(!st && zero == 0, "diff: every tensor has a gradient", "%d zero (%s) %s", zero, zname,
+                 st ? bk_last_error() : "");
+        th_check(!strcmp(bk_attn_kind_name(BK_ATTN_DIFF), "diff"), "diff: kind name", "%s",
+                 bk_attn_kind_name(BK_ATTN_DIFF));
+    }
+    bk_model_free(sw);
+    bk_model_free(back);
+    bk_model_free(fresh);
+    /* odd head dimensions */
+    expect_cfg_error("attn=diff,dim=12,heads=4", "even head dimension");
+    expect_cfg_error("attn=diff,heads=2,head_dim=5", "even head dimension");
+    bk_model *odd = model_from("dim=12,depth=1,heads=4,image_h=8,image_w=8,patch=4,attn=softmax", 1, 2);
+    if (odd) {
+        tc = *bk_model_get_config(odd);
+        tc.attn = BK_ATTN_DIFF;
+        sw = NULL;
+        st = bk_model_swap(odd, &tc, NULL, 0, 2, &sw);
+        th_check(st == BK_ERR_PARAM && !sw && strstr(bk_last_error(), "even head dimension"),
+                 "diff: swap of an odd head dimension refused", "%s", bk_last_error());
+        bk_model_free(odd);
+    }
     batch_free(&tb);
     bk_model_free(src);
 }
@@ -1069,4 +1158,5 @@ void test_model(void)
     test_checkpoint_versions();
     test_swap();
     test_set_attn();
+    test_diff_model();
 }

@@ -152,6 +152,9 @@ GRAD_CASES = [
      "otk_refs=1,otk_supports=4,otk_iters=20,otk_eps=0.5", 4, True, 0.0, True),
     ("lot-points-max", f"{PTS},attn=lot,lot_r=3,lot_iters=5,lot_eps=1,lot_temp=2,pool=max", 3,
      True, 0.1, False),
+    ("diff-image-cls", f"{IMG8P4},attn=diff,pool=cls,qkv_bias=1", 3, False, 0.0, True),
+    ("diff-tokens-mean-depth3", f"{TOK},attn=diff,pool=mean,depth=3,head_dim=6,attn_scale=0.4", 4,
+     True, 0.1, True),
 ]
 
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
@@ -179,6 +182,8 @@ TRAIN_CASES = [
      ADAMW, 10, 2, 0.0, None, True),
     ("adamw-cosine-resume-4+6-sinkhorn-image", f"{IMG8P4},attn=sinkhorn,sk_iters=5,pool=cls", 4,
      False, COSINE, 10, 0, 0.0, 4, True),
+    ("sgd-momentum-diff-tokens-padded", f"{TOK},attn=diff,pool=mean", 4, True,
+     "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
 ]
 
 # Standard deviations of the N(0, 0.02^2) initialisations (MODEL.md)
@@ -434,6 +439,7 @@ def init_problems(mt, text, seed, tensors, meta):
                 probs.append(f"{n}: max |w| {amax:.4g} < half of 1/sqrt({fan_in})")
         else:
             std = (0.02 if n in INIT_STD else 1.0 if n.endswith("lot_z")
+                   else 0.1 if leaf.startswith("diff_l")
                    else cfg["dim"] ** -0.5 if n == "pool.otk_z" else None)
             if std is None:
                 probs.append(f"{n}: no initialisation law known to the test")

@@ -173,7 +173,7 @@ static void test_config(void)
     CHECK(bk_run_config_from_extra(NULL, &l) == BK_ERR_FORMAT && has(bk_last_error(), "no run metadata"),
           "extra: a checkpoint without a run is refused", "%s", bk_last_error());
     CHECK(!strcmp(bk_attn_kind_name(BK_ATTN_SINKHORN), "sinkhorn") && !strcmp(bk_attn_kind_name(BK_ATTN_UNBALANCED), "unbalanced") &&
-              !strcmp(bk_attn_kind_name((bk_attn_kind)9), "?"),
+              !strcmp(bk_attn_kind_name(BK_ATTN_DIFF), "diff") && !strcmp(bk_attn_kind_name((bk_attn_kind)9), "?"),
           "attention kind names", "%s", "");
 }
 
@@ -434,7 +434,7 @@ static void test_swap(void)
     char ck[600], out[600], back[600], p[600];
     snprintf(ck, sizeof ck, "%s/sk/last.safetensors", g_tmp); /* test_compile's Sinkhorn run */
     const char *to[][2] = {{"softmax", NULL}, {"unbalanced", "sk_rho=2"}, {"esp", "esp_soft=0,esp_tau=1"},
-                           {"lot", "lot_r=3,lot_iters=5"}, {"sinkhorn", "sk_iters=7"}};
+                           {"lot", "lot_r=3,lot_iters=5"}, {"sinkhorn", "sk_iters=7"}, {"diff", NULL}};
     for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) {
         snprintf(out, sizeof out, "%s/swap-%s.safetensors", g_tmp, to[i][0]);
         bk_swap_config sc = bk_swap_config_default();

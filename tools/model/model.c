@@ -421,6 +421,8 @@ static int model_swap(int argc, char **argv)
            bk_attn_kind_name(to.attn), out,
            to.attn == BK_ATTN_LOT && from.attn != BK_ATTN_LOT   ? "; LOT pivots initialised"
            : from.attn == BK_ATTN_LOT && to.attn != BK_ATTN_LOT ? "; LOT pivots dropped"
+           : to.attn == BK_ATTN_DIFF && from.attn != BK_ATTN_DIFF ? "; diff lambda vectors initialised"
+           : from.attn == BK_ATTN_DIFF && to.attn != BK_ATTN_DIFF ? "; diff lambda vectors dropped"
            : to.attn == BK_ATTN_ASAP                            ? "; ASAP layers compiled"
                                                                 : "");
     return CLI_OK;

@@ -32,7 +32,7 @@ static void usage_train(FILE *f)
             "listops|shapes, data_dir, train_limit, test_limit, seq_len, min_len, listops_depth, points, noise,\n"
             "gen_train, gen_test, data_seed, epochs, batch, micro, ls, seed, threads, log_every, eval_batch,\n"
             "stop_after, progress=auto|bar|plain|none, init=CKPT, esp_anneal=FACTOR, eval_esp_sort=model|soft|hard),\n"
-            "model keys (attn=softmax|sinkhorn|esp|lot|unbalanced, dim,\n"
+            "model keys (attn=softmax|sinkhorn|esp|lot|unbalanced|diff, dim,\n"
             "depth, heads, mlp_dim, patch, sk_iters, sk_eps, sk_rho, ... as `birkhoff model`) and optimiser keys (kind, lr,\n"
             "weight_decay, clip, sched, warmup, ...). The config file holds 'key = value' lines; flags override it\n"
             "(--weight-decay and --weight_decay are the same key).\n"

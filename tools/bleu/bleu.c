@@ -54,7 +54,7 @@ static char **read_lines(const char *path, int *count)
         n++;
     }
     if (!bad && ferror(f)) {
-        fprintf(stderr, "birkhoff bleu: %s: read error\n", path);
+        fprintf(stderr, "birkhoff bleu: %s: %s\n", path, strerror(errno));
         bad = 1;
     }
     free(line);

@@ -102,6 +102,24 @@ void th_prob_init(th_prob *t, int B, int H, int Nq, int Nk, int d, int dv, int l
     th_fill_tensor(&t->tdo, B, H, Nq, dv, t->ql, r, 1.0);
 }
 
+void th_prob_plant_lengths(th_prob *t, int e, int Lq, int Lk, uint64_t seed)
+{
+    bk_attn_desc *d = &t->desc;
+    t->ql = malloc(sizeof(int32_t) * (size_t)d->B);
+    t->kl = malloc(sizeof(int32_t) * (size_t)d->B);
+    d->q_len = t->ql;
+    d->k_len = t->kl;
+    th_rng r = {seed};
+    for (int b = 0; b < d->B; b++) {
+        t->ql[b] = b == e ? Lq : (int32_t)(th_next(&r) % (uint64_t)(d->Nq + 1));
+        t->kl[b] = b == e ? Lk : 1 + (int32_t)(th_next(&r) % (uint64_t)d->Nk);
+    }
+    th_fill_tensor(&t->tq, d->B, d->H, d->Nq, d->d, t->ql, &r, 1.0);
+    th_fill_tensor(&t->tk, d->B, d->H, d->Nk, d->d, t->kl, &r, 1.0);
+    th_fill_tensor(&t->tv, d->B, d->H, d->Nk, d->dv, t->kl, &r, 1.0);
+    th_fill_tensor(&t->tdo, d->B, d->H, d->Nq, d->dv, t->ql, &r, 1.0);
+}
+
 void th_prob_free(th_prob *t)
 {
     free(t->ql); free(t->kl); free(t->q); free(t->k); free(t->v); free(t->o); free(t->a);

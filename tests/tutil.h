@@ -32,6 +32,11 @@ typedef struct {
 void th_prob_init(th_prob *t, int B, int H, int Nq, int Nk, int d, int dv, int layout, int pad, double sigma,
                   th_rng *r);
 void th_prob_free(th_prob *t);
+/* Gives an unpadded problem per-batch lengths: (Lq, Lk) for entry e and
+ * seeded random ones for the others (Lq in [0, Nq], Lk in [1, Nk]), then
+ * refills q, k, v, dout (N(0,1) in the valid rows, NaN in the padding). For
+ * the determinism tests that plant one problem inside batches. */
+void th_prob_plant_lengths(th_prob *t, int e, int Lq, int Lk, uint64_t seed);
 
 /* Directional finite-difference check of one gradient: perturbs the cnt
  * entries of x along a random +-1 direction by +-h, evaluates loss(ctx) (a

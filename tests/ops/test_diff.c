@@ -413,19 +413,7 @@ static void dd_init(ddet *x, const dcase *c, int e, int Lq, int Lk, uint64_t see
     u.pad = 0;
     db_init(&x->t, &u, seed);
     th_prob *pb = &x->t.pb;
-    pb->ql = malloc(sizeof(int32_t) * (size_t)c->B);
-    pb->kl = malloc(sizeof(int32_t) * (size_t)c->B);
-    pb->desc.q_len = pb->ql;
-    pb->desc.k_len = pb->kl;
-    th_rng r = {seed ^ 0x77ull};
-    for (int b = 0; b < c->B; b++) {
-        pb->ql[b] = b == e ? Lq : (int32_t)(th_next(&r) % (uint64_t)(c->Nq + 1));
-        pb->kl[b] = b == e ? Lk : 1 + (int32_t)(th_next(&r) % (uint64_t)c->Nk);
-    }
-    th_fill_tensor(&pb->tq, c->B, c->H, c->Nq, c->d, pb->ql, &r, 1.0);
-    th_fill_tensor(&pb->tk, c->B, c->H, c->Nk, c->d, pb->kl, &r, 1.0);
-    th_fill_tensor(&pb->tv, c->B, c->H, c->Nk, c->dv, pb->kl, &r, 1.0);
-    th_fill_tensor(&pb->tdo, c->B, c->H, c->Nq, c->dv, pb->ql, &r, 1.0);
+    th_prob_plant_lengths(pb, e, Lq, Lk, seed ^ 0x77ull);
     x->tape_bytes = bk_diff_tape_size(&pb->desc, &x->t.p);
     x->tape = calloc(1, x->tape_bytes);
 }

@@ -456,18 +456,42 @@ static void diff_fill(const bk_model *m, int l, attn_par *p)
     p->diff.lambda = m->ba[l].lam;
 }
 
+/* The layer's own work around the operator, for the kinds that learn
+ * parameters of the operator (LOT's pivots, diff's lambda vectors) or
+ * post-process its output (diff's per-head norm); NULL hooks do nothing.
+ * fwd_pre may redirect the operator's output, bwd_pre its upstream
+ * gradient; pgrads gives the operator's parameter-gradient outputs (lg: the
+ * storage LOT's take), bwd_post adds them into the model's gradients. */
+typedef struct {
+    void (*fwd_pre)(bk_model *m, int l, bk_tensor *o);
+    void (*fwd_post)(bk_model *m, int l, int B);
+    void (*bwd_pre)(bk_model *m, int l, int B, bk_tensor *dout);
+    void *(*pgrads)(bk_model *m, bki_lot_grads *lg);
+    void (*bwd_post)(bk_model *m, int l);
+} attn_hooks;
+
 typedef struct {
     const char *op;                                     /* registry name */
     void (*fill)(const bk_model *m, int l, attn_par *p); /* config -> params */
-    int lot_grads;                                      /* dZ, dtheta of the layer's pivots */
+    const attn_hooks *hooks;                            /* NULL: the operator alone */
 } attn_kind;
+
+static void *lot_pgrads(bk_model *m, bki_lot_grads *lg);
+static void lot_bwd_post(bk_model *m, int l);
+static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o);
+static void diff_fwd_post(bk_model *m, int l, int B);
+static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout);
+static void *diff_pgrads(bk_model *m, bki_lot_grads *lg);
+static void diff_lambda_bwd(bk_model *m, int l);
+static const attn_hooks LOT_HOOKS = {NULL, NULL, NULL, lot_pgrads, lot_bwd_post};
+static const attn_hooks DIFF_HOOKS = {diff_fwd_pre, diff_fwd_post, diff_bwd_pre, diff_pgrads, diff_lambda_bwd};
 
 /* indexed by bk_attn_kind (ATTN_NAMES above lists the same kinds) */
 static const attn_kind ATTN_KINDS[] = {
-    [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, 0},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, 0},
-    [BK_ATTN_ESP] = {"esp", esp_fill, 0},               [BK_ATTN_LOT] = {"lot", lot_fill, 1},
-    [BK_ATTN_ASAP] = {"asap", asap_fill, 0},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, 0},
-    [BK_ATTN_DIFF] = {"diff", diff_fill, 0},
+    [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, NULL},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, NULL},
+    [BK_ATTN_ESP] = {"esp", esp_fill, NULL},               [BK_ATTN_LOT] = {"lot", lot_fill, &LOT_HOOKS},
+    [BK_ATTN_ASAP] = {"asap", asap_fill, NULL},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, NULL},
+    [BK_ATTN_DIFF] = {"diff", diff_fill, &DIFF_HOOKS},
 };
 
 /* a generic call of layer l's operator (par: its storage) */
@@ -1157,6 +1181,24 @@ static void diff_lambda_bwd(bk_model *m, int l)
     }
 }
 
+static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o)
+{
+    diff_set_lambda(m, l);
+    o->data = m->ba[l].draw; /* normalised into att by diff_fwd_post */
+}
+static void diff_fwd_post(bk_model *m, int l, int B) { diff_norm(m, l, B, 0); }
+/* through the per-head norm first; the operator's dout is dO */
+static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout)
+{
+    diff_norm(m, l, B, 1);
+    dout->data = m->dO;
+}
+static void *diff_pgrads(bk_model *m, bki_lot_grads *lg)
+{
+    (void)lg;
+    return m->dlam;
+}
+
 static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
 {
     blk_act *a = &m->ba[l];
@@ -1167,16 +1209,13 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     if (st) return st;
     if (m->c.attn == BK_ATTN_ASAP && !a->asap)
         return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
-    const int diff = m->c.attn == BK_ATTN_DIFF;
-    if (diff) {
-        diff_set_lambda(m, l);
-        o.data = a->draw; /* normalised into att below */
-    }
+    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
+    if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &o);
     attn_par par;
     bki_call c = attn_call(m, &d, l, &par);
     c.q = &q; c.k = &k; c.v = &v; c.out = &o; c.attn = attn_out;
     if ((st = bki_op_forward(&c, train ? a->tape : NULL, m->ws, m->ws_cap))) return st;
-    if (diff) diff_norm(m, l, B, 0);
+    if (hk && hk->fwd_post) hk->fwd_post(m, l, B);
     return BK_OK;
 }
 
@@ -1326,6 +1365,17 @@ static void add_into(float *dst, const float *src, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+static void *lot_pgrads(bk_model *m, bki_lot_grads *lg)
+{
+    *lg = (bki_lot_grads){m->dZtmp, m->dthtmp};
+    return lg;
+}
+static void lot_bwd_post(bk_model *m, int l)
+{
+    add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * m->dh);
+    add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
+}
+
 static bk_status attn_backward(bk_model *m, int l, int B)
 {
     blk_act *a = &m->ba[l];
@@ -1337,24 +1387,15 @@ static bk_status attn_backward(bk_model *m, int l, int B)
               dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
     bk_status st = ensure_ws(m, attn_ws(m, &d, l));
     if (st) return st;
-    const int diff = m->c.attn == BK_ATTN_DIFF;
-    if (diff) {
-        /* through the per-head norm first; the operator's dout is dO */
-        diff_norm(m, l, B, 1);
-        dout.data = m->dO;
-    }
+    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
+    if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &dout);
     attn_par par;
     bki_call c = attn_call(m, &d, l, &par);
-    bki_lot_grads lg = {m->dZtmp, m->dthtmp};
+    bki_lot_grads lg;
     c.q = &q; c.k = &k; c.v = &v; c.dout = &dout; c.dq = &dq; c.dk = &dk; c.dv = &dv;
-    if (ATTN_KINDS[m->c.attn].lot_grads) c.pg = &lg;
-    if (diff) c.pg = m->dlam;
+    if (hk && hk->pgrads) c.pg = hk->pgrads(m, &lg);
     if ((st = bki_op_backward(&c, a->tape, m->ws, m->ws_cap))) return st;
-    if (diff) diff_lambda_bwd(m, l);
-    if (ATTN_KINDS[m->c.attn].lot_grads) {
-        add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * dh);
-        add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
-    }
+    if (hk && hk->bwd_post) hk->bwd_post(m, l);
     return BK_OK;
 }
 

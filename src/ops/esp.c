@@ -661,6 +661,21 @@ static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, con
 /* dV and dsigma over key blocks (each key gathers its partner queries' dO),
  * then dQ over query blocks and dK over key blocks (the cost's gradient,
  * walked from both sides so every output row has one writer). */
+/* the weight of the pair (q, k) in the hard-sort cost gradient, from its
+ * slice factor g: d/dq of |q - k|^2 is 2 (q - k); of |q - k|, (q - k) / |q - k|,
+ * nothing at a zero distance (returns 0 then) */
+static inline int pair_weight(const esp_cfg *c, int d, const float *q, const float *k, float *g)
+{
+    if (!c->euclid) {
+        *g *= 2.0f;
+        return 1;
+    }
+    const float nrm = sqrtf(sqdist(d, q, k));
+    if (nrm == 0.0f) return 0;
+    *g /= nrm;
+    return 1;
+}
+
 static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, const float *V, int64_t ldv,
                           const float *dO, int64_t ldo, const int32_t *alpha, const int32_t *beta, const float *sig,
                           float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv, esp_slab *w)
@@ -719,15 +734,7 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
                         HARD_PAIRS(i, l, {
                             const float *kk = w->Kt + (size_t)j * d;
                             float g = (float)(w->Dc[l] * cells);
-                            int skip = 0;
-                            if (c->euclid) {
-                                float nrm = sqrtf(sqdist(d, q, kk));
-                                if (nrm == 0.0f) skip = 1;
-                                else g /= nrm;
-                            } else {
-                                g *= 2.0f;
-                            }
-                            if (!skip)
+                            if (pair_weight(c, d, q, kk, &g))
                                 for (int x = 0; x < d; x++) gq[x] += g * (q[x] - kk[x]);
                         });
                     }
@@ -746,15 +753,7 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
                         HARD_KEY_PAIRS(j, l, {
                             const float *q = w->Qt + (size_t)i * d;
                             float g = (float)(w->Dc[l] * cells);
-                            int skip = 0;
-                            if (c->euclid) {
-                                float nrm = sqrtf(sqdist(d, q, kk));
-                                if (nrm == 0.0f) skip = 1;
-                                else g /= nrm;
-                            } else {
-                                g *= 2.0f;
-                            }
-                            if (!skip)
+                            if (pair_weight(c, d, q, kk, &g))
                                 for (int x = 0; x < d; x++) gk[x] -= g * (q[x] - kk[x]);
                         });
                     }

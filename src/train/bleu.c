@@ -86,19 +86,23 @@ bk_status bk_bleu(const bk_token_seq *hyp, const bk_token_seq *ref, int n, const
         const bk_token_seq *h = &hyp[i], *e = &ref[i];
         r.hyp_len += h->len;
         r.ref_len += e->len;
+        /* this sentence's table: the first sc slots (a short sentence in a
+         * corpus with one long reference clears only what it uses) */
+        size_t sc = 16;
+        while (sc < 2 * (size_t)e->len + 2) sc <<= 1;
         for (int k = 1; k <= N; k++) {
             if (h->len < k) break;
             r.totals[k - 1] += h->len - k + 1;
             if (e->len < k) continue;
-            for (size_t j = 0; j < cap; j++) tab[j].pos = -1;
+            for (size_t j = 0; j < sc; j++) tab[j].pos = -1;
             for (int j = 0; j + k <= e->len; j++) {
                 const uint64_t hv = hash_gram(e->tok + j, k);
-                gram *g = find(tab, cap - 1, e->tok, e->tok + j, k, hv);
+                gram *g = find(tab, sc - 1, e->tok, e->tok + j, k, hv);
                 if (g->pos < 0) *g = (gram){hv, j, 0, 0};
                 g->count++;
             }
             for (int j = 0; j + k <= h->len; j++) {
-                gram *g = find(tab, cap - 1, e->tok, h->tok + j, k, hash_gram(h->tok + j, k));
+                gram *g = find(tab, sc - 1, e->tok, h->tok + j, k, hash_gram(h->tok + j, k));
                 if (g->pos >= 0 && g->used < g->count) {
                     g->used++;
                     r.matches[k - 1]++;

@@ -39,7 +39,7 @@ OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c 
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
-TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
@@ -73,8 +73,10 @@ TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
 TDATA   = $(BUILD)/test_data
 TPARALLEL = $(BUILD)/test_parallel
+TBIBLE  = $(BUILD)/test_bible
 TTRAIN  = $(BUILD)/test_train
 TBLEU   = $(BUILD)/test_bleu
+TDECODE = $(BUILD)/test_decode
 
 PHONY_EXTRA = fuzz
 .PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
@@ -146,12 +148,24 @@ $(BUILD)/obj/tests/data/test_parallel.o: tests/data/tcheck.h
 $(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(BUILD)/obj/tests/data/test_bible.o: tests/data/tcheck.h
+
+$(TBIBLE): $(BUILD)/obj/tests/data/test_bible.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/train/test_bleu.o: tests/data/tcheck.h
 
 $(TBLEU): $(BUILD)/obj/tests/train/test_bleu.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# the beam search (src/train/decode.c, an internal module: the test includes its header)
+$(BUILD)/obj/tests/train/test_decode.o: tests/data/tcheck.h src/train/decode.h
+$(BUILD)/obj/src/train/decode.o: src/train/decode.h
+
+$(TDECODE): $(BUILD)/obj/tests/train/test_decode.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 # the CLI's charts (tools/plot/chart.c)
@@ -174,14 +188,16 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TTRAIN) $(TBLEU)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
 	$(TDATA)
 	$(TPARALLEL)
+	$(TBIBLE)
 	$(TTRAIN)
 	$(TBLEU)
+	$(TDECODE)
 	$(REFST)
 	$(REFESP)
 	$(REFLOT)

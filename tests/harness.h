@@ -36,6 +36,7 @@ void test_diff(void); /* tests/ops/test_diff.c */
 void test_otk(void);
 void test_asap(void);
 void test_model(void);
+void test_seq2seq(void);
 void test_backend(void);
 void test_ops_harness(void); /* tests/backend/test_ops.c */
 #endif

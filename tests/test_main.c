@@ -54,6 +54,7 @@ int main(int argc, char **argv)
     test_otk();
     test_asap();
     test_model();
+    test_seq2seq();
     test_backend();
     test_ops_harness();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);

@@ -14,6 +14,10 @@
  *   spam           spam/{easy-ham-1,easy-ham-2,hard-ham-1,spam-1,spam-2}/
  *                  *.txt (SpamAssassin messages; the body after the header
  *                  block, as bytes: vocabulary 256)
+ *   bible          bible/{train,valid,test}.{es,en}.ids (Spanish -> English
+ *                  sentence pairs as SentencePiece ids of one joint
+ *                  vocabulary of 8000; scripts/data.sh bible-spm): a
+ *                  seq2seq dataset (below, "Sentence-pair datasets")
  * and generated ones are a pure function of (seed, index) (below):
  *   listops        LRA ListOps expressions (vocabulary 15, 10 classes)
  *   shapes         labelled 3-D point clouds (random pose, scale, noise)
@@ -42,13 +46,17 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 /* Datasets                                                                 */
 /* ------------------------------------------------------------------------ */
-typedef enum { BK_SPLIT_TRAIN = 0, BK_SPLIT_TEST = 1 } bk_split;
+/* BK_SPLIT_VALID: only datasets with a validation split of their own
+ * (bible); the others refuse it (BK_ERR_PARAM). */
+typedef enum { BK_SPLIT_TRAIN = 0, BK_SPLIT_TEST = 1, BK_SPLIT_VALID = 2 } bk_split;
 
 typedef struct {
     const char *dir;     /* data directory; NULL or "": $BK_DATA, else "data"  */
     int64_t limit;       /* > 0: only the first `limit` samples of the split   */
     int max_len;         /* spam: bytes kept per message (0: 1024, at most
-                            65536); listops: longest sequence (0: 2000)        */
+                            65536); listops: longest sequence (0: 2000);
+                            seq2seq: longest source, EOS counted (0: the
+                            split's longest); longer pairs are dropped        */
     int min_len;         /* listops: shortest sequence (0: the generator's
                             default, max(5, max_len / 4))                      */
     int listops_depth;   /* listops: maximum nesting depth (10)                */
@@ -57,12 +65,14 @@ typedef struct {
     int64_t gen_train, gen_test; /* generated sets: samples per split (20000,
                             2000)                                              */
     uint64_t gen_seed;   /* generated sets: the seed of both splits (1)        */
+    int tgt_max_len;     /* seq2seq: longest target, EOS counted (0: the
+                            split's longest); longer pairs are dropped        */
 } bk_data_config;
 
 /* The defaults above. */
 BK_API bk_data_config bk_data_config_default(void);
 /* 1 if name is a dataset of this library ("mnist", "fashion-mnist",
- * "digits", "spam", "listops", "shapes"), else 0. */
+ * "digits", "spam", "listops", "shapes", "bible"), else 0. */
 BK_API int bk_data_known(const char *name);
 
 typedef struct bk_dataset bk_dataset;
@@ -73,7 +83,10 @@ typedef struct bk_dataset bk_dataset;
  *   BK_INPUT_TOKENS  int32 [max_len] token ids in [0, vocab), zero after the
  *                    sample's length (1..max_len)
  *   BK_INPUT_POINTS  float [points, point_dim] (x, y, z per point)
- * and an int32 label in [0, classes). */
+ * and an int32 label in [0, classes); except for a seq2seq dataset (seq2seq
+ * 1: kind BK_INPUT_TOKENS, classes 0), whose sample is a sentence pair: the
+ * source as tokens (max_len, padded with BK_SEQ_PAD) and the target
+ * (tgt_max_len), no label (bk_data_fill_pair). */
 typedef struct {
     char name[16];          /* the dataset's name                             */
     bk_split split;
@@ -84,7 +97,12 @@ typedef struct {
     int vocab, max_len;     /* tokens                                         */
     int points, point_dim;  /* point clouds                                   */
     char version[192];      /* what a run records: name, split, source,
-                               checksums or generator parameters              */
+                               checksums or generator parameters (seq2seq:
+                               also the caps and the pairs they dropped)      */
+    int seq2seq;            /* 1: pairs (tokens = source, tgt = target)       */
+    int tgt_max_len;        /* seq2seq: the target cap, EOS counted           */
+    int64_t tokens_src, tokens_tgt; /* seq2seq: total ids of the n pairs kept,
+                               EOS included                                   */
 } bk_dataset_info;
 
 /* Opens a split of the dataset `name` (c NULL: bk_data_config_default()).
@@ -101,14 +119,18 @@ BK_API const bk_dataset_info *bk_data_info(const bk_dataset *ds);
  * and len [B] (= points; nullable) for point clouds, tokens [B, max_len] and
  * len [B] for tokens; labels [B] (nullable). Arrays the kind does not use may
  * be NULL. A generated sample is made here (any order, any thread: it
- * depends on (seed, index) only). Errors: an index outside [0, n)
+ * depends on (seed, index) only). A seq2seq dataset fills tokens and len
+ * with the sources (as bk_data_fill_pair) and refuses labels != NULL
+ * (BK_ERR_PARAM: it has none). Errors: an index outside [0, n)
  * (BK_ERR_PARAM), a needed array NULL (BK_ERR_NULL), B < 0 (BK_ERR_SHAPE). */
 BK_API bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x, int32_t *tokens,
                               int32_t *len, int32_t *labels);
 /* Writes the model-config fields the data fixes: input kind, channels and
  * image size (the patch is kept if it divides both sides, else lowered to
  * the largest divisor of both), vocab, max_len, point_dim, max_points and
- * classes. */
+ * classes. A seq2seq dataset writes input = tokens, arch = BK_ARCH_SEQ2SEQ,
+ * vocab, max_len, tgt_max_len, bos = BK_SEQ_BOS and eos = BK_SEQ_EOS, and
+ * leaves classes alone; the other datasets leave arch alone. */
 BK_API void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c);
 
 /* ---- batch buffers ---- */
@@ -118,14 +140,18 @@ typedef struct {
                             NULL for tokens                                     */
     int32_t *tokens;     /* [cap, max_len] (tokens only, else NULL)             */
     int32_t *len;        /* [cap]                                               */
-    int32_t *labels;     /* [cap]                                               */
+    int32_t *labels;     /* [cap]; NULL for a seq2seq dataset                   */
     int64_t *idx;        /* [cap]: the sample indices bk_data_batch_fill reads  */
+    int32_t *tgt;        /* seq2seq: [cap, tgt_max_len], else NULL              */
+    int32_t *tgt_len;    /* seq2seq: [cap], else NULL                           */
 } bk_data_batch;
 /* Allocates buffers for up to cap samples of ds (cap >= 1). */
 BK_API bk_status bk_data_batch_init(bk_data_batch *b, const bk_dataset *ds, int cap);
 BK_API void bk_data_batch_free(bk_data_batch *b);
 /* Fills samples b->idx[0..B) (B <= cap) and sets *out to a batch over the
- * buffers (len NULL for images), ready for bk_model_forward. */
+ * buffers (len NULL for images), ready for bk_model_forward. A seq2seq
+ * dataset sets tokens/len (sources), tgt/tgt_len (targets) and labels NULL;
+ * the others set tgt and tgt_len NULL. */
 BK_API bk_status bk_data_batch_fill(bk_data_batch *b, const bk_dataset *ds, int B, bk_batch *out);
 
 /* ---- sample order ---- */
@@ -136,6 +162,68 @@ BK_API bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed);
  * a fixed permutation of (seed, epoch), so that a resumed run sees the same
  * order as an uninterrupted one. */
 BK_API bk_status bk_data_epoch_order(int64_t *p, int64_t n, uint64_t seed, int epoch);
+/* Length-bucketed order of a seq2seq dataset (fairseq batches sentences of
+ * similar length, so that padding to the longest one wastes little). p[0..n)
+ * is an order of samples (e.g. bk_data_epoch_order's), rewritten in place:
+ *  1. cut into consecutive windows of w samples, w = window rounded up to a
+ *     multiple of batch (window <= 0: one window, the whole of p);
+ *  2. each window sorted by (target length, source length), stably (ties
+ *     keep their incoming order);
+ *  3. the window cut into batches of `batch`; its full batches are shuffled
+ *     (Fisher-Yates over splitmix64) with a seed that is a hash of the
+ *     window's incoming indices (so the epoch order's seed decides it: the
+ *     same p gives the same result, on any thread count); a last, partial
+ *     batch (only in the last window) stays last.
+ * So every batch of `batch` consecutive entries starting at a multiple of
+ * batch lies in one window and holds samples of similar lengths, and p stays
+ * a permutation of its entries. Errors: BK_ERR_NULL, BK_ERR_SHAPE (n < 0,
+ * batch < 1), BK_ERR_PARAM (not a seq2seq dataset; an entry outside
+ * [0, n of ds)); p is untouched on failure. */
+BK_API bk_status bk_data_bucket_order(const bk_dataset *ds, int64_t *p, int64_t n, int batch, int64_t window);
+
+/* ---- sentence-pair (seq2seq) datasets ---- */
+/* A seq2seq split is two line-aligned id files, line i of the source
+ * translating line i of the target: one sentence a line, its token ids as
+ * decimal numbers separated by single spaces, without BOS or EOS (what
+ * spm_encode --output_format=id writes). Parsing is strict, BK_ERR_FORMAT
+ * naming the file and line: "\n" line ends only (the last line's optional;
+ * a CR is refused), no empty line, no leading, trailing or double space, no
+ * token that is not a plain decimal number (no sign, no leading zero), no id
+ * outside [0, vocab), the same number of lines in both files. Plain or
+ * gzipped files are read alike, each at most 1 GiB.
+ * Every sentence gets BK_SEQ_EOS appended (fairseq's convention), so a
+ * length counts the EOS. The caps (bk_data_config.max_len for the source,
+ * tgt_max_len for the target; 0: the split's longest) drop every pair with
+ * a longer side (fairseq's skip of over-long pairs); info.version records
+ * the caps and the count dropped. Then `limit` keeps the first pairs. An
+ * empty result is BK_ERR_SHAPE; a negative cap BK_ERR_PARAM.
+ * "bible" (bk_data_open) reads DIR/bible/SPLIT.{es,en}.ids, vocabulary
+ * BK_BIBLE_VOCAB (a constant: the id files are bound by their checksums to
+ * the one SentencePiece model, data/bible/spm.model), and checks each file
+ * against the size and FNV-1a-64 sum of the known version (the files whose
+ * sha256 scripts/data.sha256 records): a missing file is BK_ERR_IO, another
+ * version BK_ERR_FORMAT, both naming the file and the fix
+ * ("scripts/data.sh bible-spm"). Splits train, valid and test. */
+#define BK_SEQ_UNK 0
+#define BK_SEQ_BOS 1
+#define BK_SEQ_EOS 2
+#define BK_SEQ_PAD 3
+#define BK_BIBLE_VOCAB 8000
+
+/* Opens any two line-aligned id files as a seq2seq dataset (name "ids"),
+ * with the rules above but no checksum: vocab in [4, 2^24], split is only
+ * recorded (info.split). c NULL: the defaults. Errors: BK_ERR_NULL,
+ * BK_ERR_PARAM (vocab, caps), BK_ERR_IO, BK_ERR_FORMAT, BK_ERR_SHAPE,
+ * BK_ERR_NOMEM. */
+BK_API bk_status bk_data_open_ids(const char *src_path, const char *tgt_path, int vocab, bk_split split,
+                                  const bk_data_config *c, bk_dataset **out);
+/* Pairs idx[0..B) of a seq2seq dataset: src [B, max_len] and tgt
+ * [B, tgt_max_len] (ids, ending with BK_SEQ_EOS, then BK_SEQ_PAD to the
+ * row's end), src_len [B] and tgt_len [B] (EOS counted; >= 2). Errors: a
+ * dataset that is not seq2seq or an index outside [0, n) (BK_ERR_PARAM), a
+ * NULL array (BK_ERR_NULL), B < 0 (BK_ERR_SHAPE). */
+BK_API bk_status bk_data_fill_pair(const bk_dataset *ds, const int64_t *idx, int B, int32_t *src, int32_t *src_len,
+                                   int32_t *tgt, int32_t *tgt_len);
 
 /* ---- parsers over memory (what the readers use; fuzzed in tests/fuzz) ---- */
 /* IDX: magic 0x0000080<d> (unsigned bytes, d dims), big-endian sizes. Fills

@@ -56,6 +56,9 @@ typedef enum {
  * another value). */
 BK_API const char *bk_attn_kind_name(bk_attn_kind k);
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
+/* The model's architecture: the encoder classifier above, or an
+ * encoder-decoder translation model (docs/MODEL.md, "Encoder-decoder"). */
+typedef enum { BK_ARCH_CLASSIFIER = 0, BK_ARCH_SEQ2SEQ = 1 } bk_arch;
 
 typedef struct {
     bk_input_kind input;
@@ -83,6 +86,22 @@ typedef struct {
                                                parameters of each layer)      */
     int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling:
                                                otk_iters half-steps (even)    */
+    /* ---- encoder-decoder (arch = seq2seq; docs/MODEL.md) ----
+     * input = tokens, one joint vocabulary (vocab) whose table embeds the
+     * source, the target and is the output projection (tied); max_len
+     * source positions, tgt_max_len target positions (both counting the
+     * EOS); depth encoder blocks (attention attn), dec_depth decoder blocks
+     * (causal softmax self-attention, cross-attention cross_attn);
+     * pos_embed 0 none, 1 learned, 2 sinusoidal; post_ln 1 normalises after
+     * each residual add (fairseq's default), 0 before (pre-LN, with the
+     * final norms final_norm); bos starts the decoder's input, eos ends a
+     * sentence. cls, pool, classes and the OTK keys are not used.       */
+    bk_arch arch;
+    int dec_depth, tgt_max_len;
+    bk_attn_kind cross_attn;                /* softmax, sinkhorn, unbalanced
+                                               or esp                          */
+    int post_ln;
+    int bos, eos;
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
@@ -110,13 +129,19 @@ typedef struct bk_model bk_model;
  *   image:  x [B, channels, image_h, image_w]
  *   tokens: tokens [B, max_len] in [0, vocab), len [B] in [1, max_len] or NULL
  *   points: x [B, max_points, point_dim],  len [B] in [1, max_points] or NULL
- * labels [B] in [0, classes) (needed for the loss and the backward). */
+ * labels [B] in [0, classes) (needed for the loss and the backward).
+ *   seq2seq: tokens [B, max_len] the source ids (ending with eos), len [B]
+ *            (NULL: all max_len), tgt and tgt_len the targets (needed for
+ *            the loss and the backward); labels are not read. */
 typedef struct {
     int B;
     const float *x;
     const int32_t *tokens;
     const int32_t *len;
     const int32_t *labels;
+    const int32_t *tgt;     /* seq2seq: target ids [B, tgt_max_len], each
+                               sentence ending with eos, then anything      */
+    const int32_t *tgt_len; /* seq2seq: [B] in [1, tgt_max_len] (EOS counted) */
 } bk_batch;
 
 /* Creates a model with parameters initialised from seed (Linear weights and
@@ -220,9 +245,51 @@ BK_API bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
 BK_API bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, const int *blocks, int nblocks,
                                int max_batch, bk_model **out);
 
+/* ---- encoder-decoder models: statistics and decoding ---- */
+/* Of the last forward: the tokens the loss averaged over (classifier: the
+ * samples, seq2seq: the valid target tokens) and how many of them the
+ * logits' argmax predicted (both nullable). BK_ERR_PARAM before any forward
+ * with labels or targets. */
+BK_API bk_status bk_model_token_stats(const bk_model *m, int64_t *tokens, int64_t *correct);
+
+/* Decoding (greedy when beam = 1): the best hypothesis under the score
+ * sum(log p) / len^len_penalty (len counts the EOS; fairseq's --lenpen),
+ * at most min(tgt_max_len, len_a * src_len + len_b) tokens with its EOS
+ * (forced at the limit). cache = 1 keeps every decoder layer's keys and
+ * values (a step costs O(length)); cache = 0 recomputes the whole prefix at
+ * every step (same result; what the cache saves, for benchmarks). */
+typedef struct {
+    int beam;            /* >= 1 (5)                                         */
+    float len_penalty;   /* alpha (1)                                         */
+    float len_a;         /* (1.5)                                             */
+    int len_b;           /* (10)                                              */
+    int cache;           /* 0/1 (1)                                           */
+} bk_decode_config;
+BK_API bk_decode_config bk_decode_config_default(void);
+/* Keys beam, len_penalty, len_a, len_b, cache; BK_ERR_PARAM as the other
+ * config setters. */
+BK_API bk_status bk_decode_config_set(bk_decode_config *c, const char *key, const char *value);
+/* Translates B source sentences (src [B, src_stride] ids, src_len [B] in
+ * [1, max_len], each ending with eos) with a seq2seq model: out [B,
+ * out_stride] receives the tokens of the best hypothesis without BOS and
+ * EOS, out_len [B] their count (nullable: score [B], the hypothesis'
+ * length-penalised log-probability). Batched over the sentences (at most the
+ * model's max_batch, each beam hypothesis one row: B * beam <= max_batch *
+ * ... see docs/MODEL.md), deterministic (ties go to the lower hypothesis,
+ * then the lower token). Errors: not a seq2seq model or cross_attn not
+ * softmax (a doubly-stochastic cross-attention normalises over all target
+ * positions; it has no incremental form) (BK_ERR_PARAM), out_stride below
+ * the length limit (BK_ERR_SHAPE), ids or lengths out of range
+ * (BK_ERR_PARAM / BK_ERR_LENGTH). */
+BK_API bk_status bk_model_translate(bk_model *m, const int32_t *src, int src_stride, const int32_t *src_len, int B,
+                                    const bk_decode_config *c, int32_t *out, int out_stride, int32_t *out_len,
+                                    float *score);
+
 /* ---- optimisers and schedules ---- */
 typedef enum { BK_OPT_ADAMW = 0, BK_OPT_ADAM = 1, BK_OPT_SGD = 2 } bk_opt_kind;
-typedef enum { BK_SCHED_CONSTANT = 0, BK_SCHED_STEP = 1, BK_SCHED_COSINE = 2 } bk_sched_kind;
+/* invsqrt: fairseq's inverse_sqrt, lr (step + 1) / warmup during the
+ * warm-up, then lr sqrt(warmup / (step + 1)) (0-based steps). */
+typedef enum { BK_SCHED_CONSTANT = 0, BK_SCHED_STEP = 1, BK_SCHED_COSINE = 2, BK_SCHED_INVSQRT = 3 } bk_sched_kind;
 typedef struct {
     bk_opt_kind kind;
     float lr, beta1, beta2, eps;   /* Adam(W) (PyTorch's formulas)            */

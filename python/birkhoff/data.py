@@ -34,8 +34,8 @@ from ._lib import BirkhoffError, check, lib
 
 __all__ = ["Dataset", "Batch", "known", "NAMES", "Parallel", "BirkhoffError"]
 
-NAMES = ("mnist", "fashion-mnist", "digits", "spam", "listops", "shapes")
-SPLITS = {"train": 0, "test": 1}
+NAMES = ("mnist", "fashion-mnist", "digits", "spam", "listops", "shapes", "bible")
+SPLITS = {"train": 0, "test": 1, "valid": 2}  # bk_split; "valid": bible only
 KINDS = ("image", "tokens", "points")  # bk_input_kind
 
 
@@ -43,7 +43,7 @@ class DataConfig(C.Structure):
     """mirror of bk_data_config"""
     _fields_ = [("dir", C.c_char_p), ("limit", C.c_int64), ("max_len", C.c_int), ("min_len", C.c_int),
                 ("listops_depth", C.c_int), ("points", C.c_int), ("noise", C.c_float), ("gen_train", C.c_int64),
-                ("gen_test", C.c_int64), ("gen_seed", C.c_uint64)]
+                ("gen_test", C.c_int64), ("gen_seed", C.c_uint64), ("tgt_max_len", C.c_int)]
 
 
 class DatasetInfo(C.Structure):
@@ -51,7 +51,8 @@ class DatasetInfo(C.Structure):
     _fields_ = [("name", C.c_char * 16), ("split", C.c_int), ("kind", C.c_int), ("n", C.c_int64),
                 ("classes", C.c_int), ("channels", C.c_int), ("height", C.c_int), ("width", C.c_int),
                 ("vocab", C.c_int), ("max_len", C.c_int), ("points", C.c_int), ("point_dim", C.c_int),
-                ("version", C.c_char * 192)]
+                ("version", C.c_char * 192), ("seq2seq", C.c_int), ("tgt_max_len", C.c_int),
+                ("tokens_src", C.c_int64), ("tokens_tgt", C.c_int64)]
 
 
 class ParallelConfig(C.Structure):
@@ -81,6 +82,7 @@ for _name, _res, _args in (
         ("bk_data_close", None, [C.c_void_p]),
         ("bk_data_info", C.POINTER(DatasetInfo), [C.c_void_p]),
         ("bk_data_fill", C.c_int, [C.c_void_p, _i64p, C.c_int, _f32p, _i32p, _i32p, _i32p]),
+        ("bk_data_fill_pair", C.c_int, [C.c_void_p, _i64p, C.c_int, _i32p, _i32p, _i32p, _i32p]),
         ("bk_parallel_config_default", ParallelConfig, []),
         ("bk_parallel_parse", C.c_int, [C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t, C.c_char_p, C.c_char_p,
                                         C.POINTER(ParallelConfig), C.POINTER(C.c_void_p)]),
@@ -106,7 +108,7 @@ for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetI
 # keyword -> bk_data_config field (the keywords are `birkhoff train`'s run keys)
 _OPTIONS = {"limit": "limit", "seq_len": "max_len", "min_len": "min_len", "listops_depth": "listops_depth",
             "points": "points", "noise": "noise", "gen_train": "gen_train", "gen_test": "gen_test",
-            "data_seed": "gen_seed"}
+            "data_seed": "gen_seed", "tgt_len": "tgt_max_len"}
 
 Batch = namedtuple("Batch", "x tokens lengths labels")
 Batch.__doc__ = """Samples of a split, in the model layout of bk_batch:
@@ -168,7 +170,7 @@ class Dataset(_Handle):
 
     def __init__(self, name, split="train", data_dir=None, **options):
         if split not in SPLITS:
-            raise ValueError("split must be 'train' or 'test', got %r" % (split,))
+            raise ValueError("split must be 'train', 'test' or 'valid', got %r" % (split,))
         cfg = lib.bk_data_config_default()
         for k, v in options.items():
             if k not in _OPTIONS:
@@ -186,6 +188,9 @@ class Dataset(_Handle):
         self.classes = info.classes
         self.version = info.version.decode()
         self._n = info.n
+        self.seq2seq = bool(info.seq2seq)
+        if self.seq2seq:
+            self.tgt_max_len = info.tgt_max_len
         if self.kind == "image":
             self.input_shape = (info.channels, info.height, info.width)
         elif self.kind == "tokens":
@@ -209,7 +214,7 @@ class Dataset(_Handle):
         B = idx.shape[0]
         if B >= 2 ** 31:
             raise ValueError("at most 2^31 - 1 samples per batch")
-        labels = np.empty(B, np.int32)
+        labels = None if self.seq2seq else np.empty(B, np.int32)
         x = tokens = lengths = None
         if self.kind == "tokens":
             tokens = np.empty((B,) + self.input_shape, np.int32)
@@ -222,8 +227,28 @@ class Dataset(_Handle):
         def ptr(a, t):
             return None if a is None else a.ctypes.data_as(t)
         check(lib.bk_data_fill(self._h, idx.ctypes.data_as(_i64p), B, ptr(x, _f32p), ptr(tokens, _i32p),
-                               ptr(lengths, _i32p), labels.ctypes.data_as(_i32p)))
+                               ptr(lengths, _i32p), ptr(labels, _i32p)))
         return Batch(x, tokens, lengths, labels)
+
+    def pairs(self, indices):
+        """A seq2seq dataset's pairs at `indices`: (src [B, max_len], src_len [B],
+        tgt [B, tgt_max_len], tgt_len [B]), int32, each sentence ending with
+        EOS (2) and padded with 3 (bk_data_fill_pair)."""
+        if not getattr(self, "_h", None):
+            raise ValueError("the dataset is closed")
+        if not self.seq2seq:
+            raise ValueError("%s is not a sentence-pair dataset" % self.name)
+        idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))
+        B = idx.shape[0]
+        if B >= 2 ** 31:
+            raise ValueError("at most 2^31 - 1 samples per batch")
+        src = np.empty((B, self.input_shape[0]), np.int32)
+        tgt = np.empty((B, self.tgt_max_len), np.int32)
+        sl = np.empty(B, np.int32)
+        tl = np.empty(B, np.int32)
+        check(lib.bk_data_fill_pair(self._h, idx.ctypes.data_as(_i64p), B, src.ctypes.data_as(_i32p),
+                                    sl.ctypes.data_as(_i32p), tgt.ctypes.data_as(_i32p), tl.ctypes.data_as(_i32p)))
+        return src, sl, tgt, tl
 
     def load(self):
         """The whole split as one Batch."""

@@ -44,9 +44,15 @@ bk_status bk_data_batch_init(bk_data_batch *b, const bk_dataset *ds, int cap)
     if (xs) b->x = malloc(sizeof(float) * xs * (size_t)cap);
     if (in->kind == BK_INPUT_TOKENS) b->tokens = malloc(sizeof(int32_t) * (size_t)in->max_len * (size_t)cap);
     b->len = malloc(sizeof(int32_t) * (size_t)cap);
-    b->labels = malloc(sizeof(int32_t) * (size_t)cap);
+    if (in->seq2seq) { /* a target instead of a label */
+        b->tgt = malloc(sizeof(int32_t) * (size_t)in->tgt_max_len * (size_t)cap);
+        b->tgt_len = malloc(sizeof(int32_t) * (size_t)cap);
+    } else {
+        b->labels = malloc(sizeof(int32_t) * (size_t)cap);
+    }
     b->idx = malloc(sizeof(int64_t) * (size_t)cap);
-    if ((xs && !b->x) || (in->kind == BK_INPUT_TOKENS && !b->tokens) || !b->len || !b->labels || !b->idx) {
+    if ((xs && !b->x) || (in->kind == BK_INPUT_TOKENS && !b->tokens) || !b->len || !b->idx ||
+        (in->seq2seq ? !b->tgt || !b->tgt_len : !b->labels)) {
         bk_data_batch_free(b);
         return bki_fail(BK_ERR_NOMEM, "out of memory");
     }
@@ -61,6 +67,8 @@ void bk_data_batch_free(bk_data_batch *b)
     free(b->len);
     free(b->labels);
     free(b->idx);
+    free(b->tgt);
+    free(b->tgt_len);
     memset(b, 0, sizeof *b);
 }
 
@@ -69,12 +77,18 @@ bk_status bk_data_batch_fill(bk_data_batch *b, const bk_dataset *ds, int B, bk_b
     bki_clear_error();
     if (!b || !ds || !out) return bki_fail(BK_ERR_NULL, "bk_data_batch_fill: NULL argument");
     if (B < 0 || B > b->cap) return bki_fail(BK_ERR_SHAPE, "bk_data_batch_fill: %d samples, capacity %d", B, b->cap);
-    bk_status st = bk_data_fill(ds, b->idx, B, b->x, b->tokens, b->len, b->labels);
+    const int s2s = bk_data_info(ds)->seq2seq;
+    if (s2s && (!b->tgt || !b->tgt_len))
+        return bki_fail(BK_ERR_PARAM, "bk_data_batch_fill: the buffers were not made for this seq2seq dataset");
+    bk_status st = s2s ? bk_data_fill_pair(ds, b->idx, B, b->tokens, b->len, b->tgt, b->tgt_len)
+                       : bk_data_fill(ds, b->idx, B, b->x, b->tokens, b->len, b->labels);
     if (st != BK_OK) return st;
     out->B = B;
     out->x = b->x;
     out->tokens = b->tokens;
     out->len = bk_data_info(ds)->kind == BK_INPUT_IMAGE ? NULL : b->len;
-    out->labels = b->labels;
+    out->labels = s2s ? NULL : b->labels;
+    out->tgt = s2s ? b->tgt : NULL;
+    out->tgt_len = s2s ? b->tgt_len : NULL;
     return BK_OK;
 }

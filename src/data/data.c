@@ -22,6 +22,12 @@ struct bk_dataset {
     uint64_t gen_seed;  /* generated sets: the split's stream seed           */
     bk_listops_config listops; /* resolved and checked at open              */
     bk_shapes_config shapes;
+    /* seq2seq: every line of both files (EOS appended): line l of side s is
+     * ids[s] + off[s][l], off[s][l+1] - off[s][l] ids; sample i is line
+     * keep[i] (the pairs within the caps, in file order) */
+    int32_t *ids[2];
+    int64_t *off[2];
+    int64_t *keep;
 };
 
 /* ---- the versions this code knows ---- */
@@ -42,6 +48,14 @@ static const known_file KNOWN[] = {
     {"fashion-mnist/t10k-labels-idx1-ubyte.gz", 10008, 0xf87419dba64360a3ull},
     {"digits/digits.csv.gz", 264712, 0x0b6db7d4442bbc5dull},
     {"spam", 6046, 0xcc4488f3c0ae4a58ull}, /* (files; checksum over names and contents) */
+    /* scripts/data.sh bible-spm (sentencepiece 0.1.97-3+b1; their sha256 in
+     * scripts/data.sha256) */
+    {"bible/train.es.ids", 3671248, 0xfccb3150824a675bull},
+    {"bible/train.en.ids", 3676945, 0x2034b09d2fd94a33ull},
+    {"bible/valid.es.ids", 139914, 0x5c6bcd86bdfb553eull},
+    {"bible/valid.en.ids", 137950, 0x25c64ccfe6542deeull},
+    {"bible/test.es.ids", 219174, 0x6d8d9a6ea4ee056cull},
+    {"bible/test.en.ids", 219190, 0x3009801c8cc5fb57ull},
 };
 
 static const known_file *known(const char *rel)
@@ -51,21 +65,21 @@ static const known_file *known(const char *rel)
     return NULL;
 }
 
-/* the message when a stored file is missing or not the known version */
+/* the message when a stored file is missing or not the known version (name
+ * NULL: a file of the caller's, no fix to name) */
 static bk_status data_fail(bk_status s, const char *name, const char *fmt, const char *a, const char *b)
 {
     char what[2600];
     snprintf(what, sizeof what, fmt, a, b);
+    if (!name) return bki_fail(s, "%s", what);
     return bki_fail(s, "%s; fetch and verify it with: scripts/data.sh %s", what, name);
 }
 
 /* Reads a whole (optionally gzipped) file, at most maxb decompressed bytes,
- * and checks it against the known version. */
-static bk_status read_known(const char *dir, const char *name, const char *rel, size_t maxb, uint8_t **out,
-                            size_t *outn, uint64_t *sum)
+ * and checks it against k (NULL: no check). */
+static bk_status read_path(const char *path, const char *name, const known_file *k, size_t maxb, uint8_t **out,
+                           size_t *outn, uint64_t *sum)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, rel);
     errno = 0;
     gzFile g = gzopen(path, "rb");
     if (!g) return data_fail(BK_ERR_IO, name, "%s: cannot open (%s)", path, strerror(errno ? errno : ENOENT));
@@ -107,10 +121,9 @@ static bk_status read_known(const char *dir, const char *name, const char *rel, 
     if (!ok) {
         free(buf);
         if (!buf) return bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
-        return data_fail(BK_ERR_FORMAT, name, "%s: larger than the known version (%s)", path,
-                         "corrupt or another file");
+        return data_fail(BK_ERR_FORMAT, name, k ? "%s: larger than the known version (%s)" : "%s: larger than %s",
+                         path, k ? "corrupt or another file" : "the limit");
     }
-    const known_file *k = known(rel);
     if (k && ((k->bytes && k->bytes != have) || (k->fnv && k->fnv != h))) {
         free(buf);
         char got[64];
@@ -121,6 +134,15 @@ static bk_status read_known(const char *dir, const char *name, const char *rel, 
     *outn = have;
     *sum = h;
     return BK_OK;
+}
+
+/* read_path of DIR/rel, checked against the known version of rel */
+static bk_status read_known(const char *dir, const char *name, const char *rel, size_t maxb, uint8_t **out,
+                            size_t *outn, uint64_t *sum)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    return read_path(path, name, known(rel), maxb, out, outn, sum);
 }
 
 /* ---- parsers ---- */
@@ -239,7 +261,7 @@ bk_data_config bk_data_config_default(void)
 
 int bk_data_known(const char *name)
 {
-    static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "listops", "shapes"};
+    static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "listops", "shapes", "bible"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (name && strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -535,17 +557,162 @@ static bk_status open_shapes(const bk_data_config *o, int split, bk_dataset *ds)
     return BK_OK;
 }
 
+/* ---- sentence pairs as ids (seq2seq datasets) ---- */
+#define IDS_MAX_FILE ((size_t)1 << 30)
+#define IDS_MAX_VOCAB (1 << 24)
+
+static const char *split_name(int split)
+{
+    return split == BK_SPLIT_TRAIN ? "train" : split == BK_SPLIT_TEST ? "test" : "valid";
+}
+
+/* One id file: counts its lines and ids (*lines, *nids: EOS included) and,
+ * when ids and off are not NULL, writes them (off[lines + 1]). */
+static bk_status parse_ids(const char *name, const uint8_t *b, size_t n, int vocab, int64_t *lines, int64_t *nids,
+                           int32_t *ids, int64_t *off)
+{
+    if (n == 0) return bki_fail(BK_ERR_FORMAT, "%s: empty file (no lines)", name);
+    int64_t line = 0, pos = 0;
+    size_t i = 0;
+    while (i < n) {
+        if (off) off[line] = pos;
+        line++;
+        for (int tok = 1;; tok++) {
+            size_t s = i;
+            int64_t v = 0;
+            while (i < n && b[i] >= '0' && b[i] <= '9' && i - s < 12) v = v * 10 + (b[i++] - '0');
+            if (i == s) {
+                const char *why = b[i] == '\n' ? (tok == 1 ? "is empty" : "ends with a space")
+                                  : b[i] == '\r' ? "has a carriage return (CR); lines must end in \"\\n\" only"
+                                  : b[i] == ' '  ? (tok == 1 ? "starts with a space" : "has two spaces in a row")
+                                                 : NULL;
+                if (why) return bki_fail(BK_ERR_FORMAT, "%s: line %lld %s", name, (long long)line, why);
+                return bki_fail(BK_ERR_FORMAT, "%s: line %lld, token %d: byte 0x%02x is not a decimal digit", name,
+                                (long long)line, tok, b[i]);
+            }
+            if (i < n && b[i] != ' ' && b[i] != '\n')
+                return bki_fail(BK_ERR_FORMAT, "%s: line %lld, token %d: %s", name, (long long)line, tok,
+                                b[i] >= '0' && b[i] <= '9' ? "too many digits"
+                                : b[i] == '\r'            ? "carriage return (CR); lines must end in \"\\n\" only"
+                                                          : "not a decimal number (a non-digit byte)");
+            if (i - s > 1 && b[s] == '0')
+                return bki_fail(BK_ERR_FORMAT, "%s: line %lld, token %d: leading zero", name, (long long)line, tok);
+            if (v >= vocab)
+                return bki_fail(BK_ERR_FORMAT, "%s: line %lld, token %d: id %lld outside [0, %d)", name,
+                                (long long)line, tok, (long long)v, vocab);
+            if (ids) ids[pos] = (int32_t)v;
+            pos++;
+            if (i == n || b[i] == '\n') break;
+            i++; /* the space */
+            if (i == n) return bki_fail(BK_ERR_FORMAT, "%s: line %lld ends with a space", name, (long long)line);
+        }
+        if (ids) ids[pos] = BK_SEQ_EOS;
+        pos++;
+        if (i < n) i++; /* the "\n" */
+    }
+    if (off) off[line] = pos;
+    *lines = line;
+    *nids = pos;
+    return BK_OK;
+}
+
+/* Reads, checks (k[s] not NULL) and parses both files of a pair split, and
+ * applies the caps and the limit. fix: the scripts/data.sh target of a
+ * stored set, NULL for the caller's files. */
+static bk_status open_pairs(const char *path[2], const known_file *k[2], const char *fix, int vocab,
+                            const bk_data_config *o, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    if (o->max_len < 0 || o->tgt_max_len < 0)
+        return bki_fail(BK_ERR_PARAM, "%s: max_len %d or tgt_max_len %d is negative", in->name, o->max_len,
+                        o->tgt_max_len);
+    uint64_t h[2] = {0, 0};
+    int64_t lines[2] = {0, 0};
+    int longest[2] = {0, 0};
+    for (int s = 0; s < 2; s++) {
+        uint8_t *buf = NULL;
+        size_t n = 0;
+        int64_t nids = 0;
+        bk_status st = read_path(path[s], fix, k[s], k[s] ? (size_t)k[s]->bytes : IDS_MAX_FILE, &buf, &n, &h[s]);
+        if (st != BK_OK) return st;
+        st = parse_ids(path[s], buf, n, vocab, &lines[s], &nids, NULL, NULL);
+        if (st == BK_OK) {
+            ds->ids[s] = malloc(sizeof(int32_t) * (size_t)nids);
+            ds->off[s] = malloc(sizeof(int64_t) * (size_t)(lines[s] + 1));
+            if (!ds->ids[s] || !ds->off[s]) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+        }
+        if (st == BK_OK) st = parse_ids(path[s], buf, n, vocab, &lines[s], &nids, ds->ids[s], ds->off[s]);
+        free(buf);
+        if (st != BK_OK) return st;
+        for (int64_t l = 0; l < lines[s]; l++) {
+            int64_t L = ds->off[s][l + 1] - ds->off[s][l];
+            if (L > INT32_MAX) return bki_fail(BK_ERR_FORMAT, "%s: line %lld is too long", path[s], (long long)l + 1);
+            if (L > longest[s]) longest[s] = (int)L;
+        }
+    }
+    if (lines[0] != lines[1])
+        return bki_fail(BK_ERR_FORMAT, "%s has %lld lines, %s has %lld: the files are not line-aligned", path[0],
+                        (long long)lines[0], path[1], (long long)lines[1]);
+    const int cap[2] = {o->max_len > 0 ? o->max_len : longest[0], o->tgt_max_len > 0 ? o->tgt_max_len : longest[1]};
+    ds->keep = malloc(sizeof(int64_t) * (size_t)lines[0]);
+    if (!ds->keep) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    int64_t kept = 0;
+    for (int64_t l = 0; l < lines[0]; l++)
+        if (ds->off[0][l + 1] - ds->off[0][l] <= cap[0] && ds->off[1][l + 1] - ds->off[1][l] <= cap[1])
+            ds->keep[kept++] = l;
+    const int64_t dropped = lines[0] - kept;
+    if (o->limit > 0 && o->limit < kept) kept = o->limit;
+    in->kind = BK_INPUT_TOKENS;
+    in->seq2seq = 1;
+    in->n = kept;
+    in->classes = 0;
+    in->vocab = vocab;
+    in->max_len = cap[0];
+    in->tgt_max_len = cap[1];
+    for (int64_t i = 0; i < kept; i++) {
+        const int64_t l = ds->keep[i];
+        in->tokens_src += ds->off[0][l + 1] - ds->off[0][l];
+        in->tokens_tgt += ds->off[1][l + 1] - ds->off[1][l];
+    }
+    char what[96];
+    if (fix)
+        snprintf(what, sizeof what, "%s:%s es-en (spm unigram %d)", in->name, split_name(in->split), vocab);
+    else
+        snprintf(what, sizeof what, "%s:%s (vocab %d)", in->name, split_name(in->split), vocab);
+    snprintf(in->version, sizeof in->version, "%s fnv1a:%016llx+%016llx src<=%d tgt<=%d dropped %lld of %lld", what,
+             (unsigned long long)h[0], (unsigned long long)h[1], cap[0], cap[1], (long long)dropped,
+             (long long)lines[0]);
+    return BK_OK;
+}
+
+static bk_status open_bible(const char *dir, int split, const bk_data_config *o, bk_dataset *ds)
+{
+    const char *lang[2] = {"es", "en"};
+    char rel[2][64], p[2][1200];
+    const char *path[2] = {p[0], p[1]};
+    const known_file *k[2];
+    for (int s = 0; s < 2; s++) {
+        snprintf(rel[s], sizeof rel[s], "bible/%s.%s.ids", split_name(split), lang[s]);
+        snprintf(p[s], sizeof p[s], "%s/%s", dir, rel[s]);
+        k[s] = known(rel[s]);
+    }
+    return open_pairs(path, k, "bible-spm", BK_BIBLE_VOCAB, o, ds);
+}
+
 bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o, bk_dataset **out)
 {
     bki_clear_error();
     if (!out) return bki_fail(BK_ERR_NULL, "bk_data_open: out is NULL");
     *out = NULL;
-    if (split != BK_SPLIT_TRAIN && split != BK_SPLIT_TEST)
-        return bki_fail(BK_ERR_PARAM, "bk_data_open: split %d is neither BK_SPLIT_TRAIN nor BK_SPLIT_TEST",
+    if (split != BK_SPLIT_TRAIN && split != BK_SPLIT_TEST && split != BK_SPLIT_VALID)
+        return bki_fail(BK_ERR_PARAM, "bk_data_open: split %d is not BK_SPLIT_TRAIN, BK_SPLIT_TEST or BK_SPLIT_VALID",
                         (int)split);
     if (!bk_data_known(name))
-        return bki_fail(BK_ERR_PARAM, "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, listops, shapes)",
+        return bki_fail(BK_ERR_PARAM,
+                        "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, listops, shapes, bible)",
                         name ? name : "");
+    if (split == BK_SPLIT_VALID && strcmp(name, "bible") != 0)
+        return bki_fail(BK_ERR_PARAM, "dataset %s has no validation split (only train and test)", name);
     bk_data_config def = bk_data_config_default();
     if (!o) o = &def;
     bk_dataset *ds = calloc(1, sizeof *ds);
@@ -568,6 +735,8 @@ bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o
         st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam: max_len %d above 65536", L) : open_spam(dir, split, L, ds);
     } else if (strcmp(name, "listops") == 0) {
         st = open_listops(o, split, ds);
+    } else if (strcmp(name, "bible") == 0) {
+        st = open_bible(dir, split, o, ds);
     } else {
         st = open_shapes(o, split, ds);
     }
@@ -587,7 +756,42 @@ void bk_data_close(bk_dataset *ds)
     free(ds->bytes);
     free(ds->lens);
     free(ds->labels);
+    for (int s = 0; s < 2; s++) {
+        free(ds->ids[s]);
+        free(ds->off[s]);
+    }
+    free(ds->keep);
     free(ds);
+}
+
+bk_status bk_data_open_ids(const char *src_path, const char *tgt_path, int vocab, bk_split split,
+                           const bk_data_config *o, bk_dataset **out)
+{
+    bki_clear_error();
+    if (!src_path || !tgt_path || !out) return bki_fail(BK_ERR_NULL, "bk_data_open_ids: NULL argument");
+    *out = NULL;
+    if (split != BK_SPLIT_TRAIN && split != BK_SPLIT_TEST && split != BK_SPLIT_VALID)
+        return bki_fail(BK_ERR_PARAM, "bk_data_open_ids: split %d is not a bk_split", (int)split);
+    if (vocab < 4 || vocab > IDS_MAX_VOCAB)
+        return bki_fail(BK_ERR_PARAM, "bk_data_open_ids: vocab %d outside [4, %d]", vocab, IDS_MAX_VOCAB);
+    bk_data_config def = bk_data_config_default();
+    if (!o) o = &def;
+    bk_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    ds->info.split = split;
+    snprintf(ds->info.name, sizeof ds->info.name, "ids");
+    const char *path[2] = {src_path, tgt_path};
+    const known_file *k[2] = {NULL, NULL};
+    bk_status st = open_pairs(path, k, NULL, vocab, o, ds);
+    if (st == BK_OK && ds->info.n < 1)
+        st = bki_fail(BK_ERR_SHAPE, "%s | %s: empty split (every pair over the caps: source %d, target %d)", src_path,
+                      tgt_path, ds->info.max_len, ds->info.tgt_max_len);
+    if (st != BK_OK) {
+        bk_data_close(ds);
+        return st;
+    }
+    *out = ds;
+    return BK_OK;
 }
 
 const bk_dataset_info *bk_data_info(const bk_dataset *ds) { return ds ? &ds->info : NULL; }
@@ -597,6 +801,15 @@ void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c)
     if (!ds || !c) return;
     const bk_dataset_info *in = &ds->info;
     c->input = in->kind;
+    if (in->seq2seq) {
+        c->arch = BK_ARCH_SEQ2SEQ;
+        c->vocab = in->vocab;
+        c->max_len = in->max_len;
+        c->tgt_max_len = in->tgt_max_len;
+        c->bos = BK_SEQ_BOS;
+        c->eos = BK_SEQ_EOS;
+        return;
+    }
     c->classes = in->classes;
     if (in->kind == BK_INPUT_IMAGE) {
         c->channels = in->channels;
@@ -614,6 +827,109 @@ void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c)
     }
 }
 
+/* side s (0 source, 1 target) of sample i into row (its cap wide) */
+static void fill_side(const bk_dataset *ds, int s, int64_t i, int32_t *row, int32_t *len)
+{
+    const int64_t l = ds->keep[i];
+    const int32_t *p = ds->ids[s] + ds->off[s][l];
+    const int L = (int)(ds->off[s][l + 1] - ds->off[s][l]);
+    const int cap = s ? ds->info.tgt_max_len : ds->info.max_len;
+    for (int j = 0; j < cap; j++) row[j] = j < L ? p[j] : BK_SEQ_PAD;
+    *len = L;
+}
+
+bk_status bk_data_fill_pair(const bk_dataset *ds, const int64_t *idx, int B, int32_t *src, int32_t *src_len,
+                            int32_t *tgt, int32_t *tgt_len)
+{
+    bki_clear_error();
+    if (!ds || (!idx && B > 0)) return bki_fail(BK_ERR_NULL, "bk_data_fill_pair: dataset or indices NULL");
+    if (B < 0) return bki_fail(BK_ERR_SHAPE, "bk_data_fill_pair: B = %d", B);
+    const bk_dataset_info *in = &ds->info;
+    if (!in->seq2seq)
+        return bki_fail(BK_ERR_PARAM, "bk_data_fill_pair: %s is not a seq2seq dataset (use bk_data_fill)", in->name);
+    if (!src || !src_len || !tgt || !tgt_len)
+        return bki_fail(BK_ERR_NULL, "bk_data_fill_pair: src, src_len, tgt or tgt_len is NULL");
+    for (int b = 0; b < B; b++)
+        if (idx[b] < 0 || idx[b] >= in->n)
+            return bki_fail(BK_ERR_PARAM, "bk_data_fill_pair: sample %lld of %s outside [0, %lld)", (long long)idx[b],
+                            in->name, (long long)in->n);
+    for (int b = 0; b < B; b++) {
+        fill_side(ds, 0, idx[b], src + (size_t)b * (size_t)in->max_len, &src_len[b]);
+        fill_side(ds, 1, idx[b], tgt + (size_t)b * (size_t)in->tgt_max_len, &tgt_len[b]);
+    }
+    return BK_OK;
+}
+
+/* ---- length buckets ---- */
+typedef struct {
+    int64_t tl, sl, pos, idx;
+} bucket_key;
+
+static int cmp_bucket(const void *a, const void *b)
+{
+    const bucket_key *x = a, *y = b;
+    if (x->tl != y->tl) return x->tl < y->tl ? -1 : 1;
+    if (x->sl != y->sl) return x->sl < y->sl ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos; /* stable */
+}
+
+bk_status bk_data_bucket_order(const bk_dataset *ds, int64_t *p, int64_t n, int batch, int64_t window)
+{
+    bki_clear_error();
+    if (!ds || (!p && n > 0)) return bki_fail(BK_ERR_NULL, "bk_data_bucket_order: NULL argument");
+    if (n < 0 || batch < 1)
+        return bki_fail(BK_ERR_SHAPE, "bk_data_bucket_order: n = %lld, batch = %d", (long long)n, batch);
+    const bk_dataset_info *in = &ds->info;
+    if (!in->seq2seq)
+        return bki_fail(BK_ERR_PARAM, "bk_data_bucket_order: %s is not a seq2seq dataset", in->name);
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] < 0 || p[i] >= in->n)
+            return bki_fail(BK_ERR_PARAM, "bk_data_bucket_order: entry %lld is %lld, outside [0, %lld)", (long long)i,
+                            (long long)p[i], (long long)in->n);
+    if (n == 0) return BK_OK;
+    int64_t w = window <= 0 || window >= n ? n : window;
+    w = (w + batch - 1) / batch * batch;
+    const int64_t kmax = w < n ? w : n;
+    bucket_key *k = malloc(sizeof *k * (size_t)kmax);
+    int64_t *tmp = malloc(sizeof *tmp * (size_t)kmax);
+    if (!k || !tmp) {
+        free(k);
+        free(tmp);
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t a = 0; a < n; a += w) {
+        const int64_t m = n - a < w ? n - a : w;
+        uint64_t h = BKI_FNV_OFFSET;
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t l = ds->keep[p[a + i]];
+            k[i].tl = ds->off[1][l + 1] - ds->off[1][l];
+            k[i].sl = ds->off[0][l + 1] - ds->off[0][l];
+            k[i].pos = i;
+            k[i].idx = p[a + i];
+            h = bki_mix64_fin(h ^ (uint64_t)p[a + i]) + BKI_GOLDEN;
+        }
+        qsort(k, (size_t)m, sizeof *k, cmp_bucket);
+        /* shuffle the full batches of the window; a partial one stays last */
+        const int64_t nb = m / batch;
+        int64_t *perm = tmp; /* nb <= m entries */
+        for (int64_t j = 0; j < nb; j++) perm[j] = j;
+        uint64_t s = h;
+        for (int64_t j = nb - 1; j > 0; j--) {
+            s = bki_mix64_fin(s + BKI_GOLDEN);
+            const int64_t r = (int64_t)(s % (uint64_t)(j + 1));
+            const int64_t t = perm[j];
+            perm[j] = perm[r];
+            perm[r] = t;
+        }
+        for (int64_t j = 0; j < nb; j++)
+            for (int q = 0; q < batch; q++) p[a + j * batch + q] = k[perm[j] * batch + q].idx;
+        for (int64_t i = nb * batch; i < m; i++) p[a + i] = k[i].idx;
+    }
+    free(k);
+    free(tmp);
+    return BK_OK;
+}
+
 bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x, int32_t *tok, int32_t *len,
                        int32_t *lab)
 {
@@ -621,6 +937,16 @@ bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x
     if (!ds || (!idx && B > 0)) return bki_fail(BK_ERR_NULL, "bk_data_fill: dataset or indices NULL");
     if (B < 0) return bki_fail(BK_ERR_SHAPE, "bk_data_fill: B = %d", B);
     const bk_dataset_info *in = &ds->info;
+    if (in->seq2seq) {
+        if (lab) return bki_fail(BK_ERR_PARAM, "bk_data_fill: %s is a seq2seq dataset, it has no labels", in->name);
+        if (!tok || !len) return bki_fail(BK_ERR_NULL, "bk_data_fill: tokens or len is NULL");
+        for (int b = 0; b < B; b++)
+            if (idx[b] < 0 || idx[b] >= in->n)
+                return bki_fail(BK_ERR_PARAM, "bk_data_fill: sample %lld of %s outside [0, %lld)",
+                                (long long)idx[b], in->name, (long long)in->n);
+        for (int b = 0; b < B; b++) fill_side(ds, 0, idx[b], tok + (size_t)b * (size_t)in->max_len, &len[b]);
+        return BK_OK;
+    }
     if ((in->kind != BK_INPUT_TOKENS && !x) || (in->kind == BK_INPUT_TOKENS && (!tok || !len)))
         return bki_fail(BK_ERR_NULL, "bk_data_fill: %s",
                         in->kind == BK_INPUT_TOKENS ? "tokens or len is NULL" : "x is NULL");

@@ -1,7 +1,7 @@
 /* model.c -- the transformer classifier of the training engine
  * (docs/MODEL.md): configuration, parameter table, planned activations,
  * forward and exact backward over the library's attention operators. */
-#include "layers.h"
+#include "model_impl.h"
 #include "../ops/op.h"
 
 #include <math.h>
@@ -16,6 +16,7 @@
 static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
 static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
 static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
+static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
 #define E(field, names) {#field, BKI_F_ENUM, offsetof(bk_model_config, field), names, 0}
@@ -30,7 +31,9 @@ static const bki_field MODEL_FIELDS[] = {
     F(esp_t, BKI_F_FLOAT),
     F(esp_tau, BKI_F_FLOAT),      F(esp_slices, BKI_F_INT),  F(lot_r, BKI_F_INT),        F(lot_iters, BKI_F_INT),
     F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
-    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),
+    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   E(arch, ARCH_NAMES),        F(dec_depth, BKI_F_INT),
+    F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
+    F(eos, BKI_F_INT),
 };
 #undef F
 #undef E
@@ -71,6 +74,12 @@ bk_model_config bk_model_config_default(void)
     c.otk_supports = 4;
     c.otk_iters = 20; /* half-steps: 10 iterations */
     c.otk_eps = 0.5f;
+    c.arch = BK_ARCH_CLASSIFIER;
+    c.dec_depth = 2;
+    c.tgt_max_len = 128;
+    c.cross_attn = BK_ATTN_SOFTMAX;
+    c.bos = 1;
+    c.eos = 2;
     return c;
 }
 
@@ -119,10 +128,31 @@ bk_status bk_model_config_check(const bk_model_config *c)
     NEED(c->head_dim > 0 || c->dim % c->heads == 0, "heads (%d) do not divide dim (%d); set head_dim explicitly",
          c->heads, c->dim);
     NEED(c->head_dim >= 0 && c->mlp_dim >= 0, "head_dim and mlp_dim must be >= 0");
-    NEED((c->cls | c->pos_embed | c->final_norm | c->qkv_bias | c->esp_soft) >= 0 &&
-             c->cls <= 1 && c->pos_embed <= 1 && c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1,
-         "cls, pos_embed, final_norm, qkv_bias and esp_soft are 0/1 switches");
-    NEED(c->classes >= 2, "classes must be >= 2 (got %d)", c->classes);
+    NEED(c->arch == BK_ARCH_CLASSIFIER || c->arch == BK_ARCH_SEQ2SEQ, "unknown arch %d", (int)c->arch);
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    NEED((c->cls | c->pos_embed | c->final_norm | c->qkv_bias | c->esp_soft | c->post_ln) >= 0 && c->cls <= 1 &&
+             c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1 && c->post_ln <= 1,
+         "cls, final_norm, qkv_bias, esp_soft and post_ln are 0/1 switches");
+    NEED(c->pos_embed <= (s2s ? 2 : 1), "pos_embed must be 0 (none), 1 (learned)%s (got %d)",
+         s2s ? " or 2 (sinusoidal)" : "; sinusoidal positions (2) are for arch=seq2seq", c->pos_embed);
+    if (s2s) {
+        NEED(c->input == BK_INPUT_TOKENS, "arch=seq2seq needs input=tokens");
+        NEED(c->dec_depth >= 1 && c->dec_depth <= 4096, "arch=seq2seq needs dec_depth in [1, 4096] (got %d)",
+             c->dec_depth);
+        NEED(c->tgt_max_len >= 1 && c->tgt_max_len <= (1 << 20), "tgt_max_len must be in [1, 2^20] (got %d)",
+             c->tgt_max_len);
+        NEED(c->bos >= 0 && c->bos < c->vocab && c->eos >= 0 && c->eos < c->vocab,
+             "bos (%d) and eos (%d) must be ids of the vocabulary [0, %d)", c->bos, c->eos, c->vocab);
+        NEED(c->attn != BK_ATTN_ASAP, "arch=seq2seq: ASAP compilation is for classifier models");
+        NEED(c->cross_attn == BK_ATTN_SOFTMAX || c->cross_attn == BK_ATTN_SINKHORN ||
+                 c->cross_attn == BK_ATTN_UNBALANCED || c->cross_attn == BK_ATTN_ESP,
+             "cross_attn=%s: the cross-attention takes softmax, sinkhorn, unbalanced or esp (LOT's pivots and "
+             "diff's lambda are per-block parameters of self-attention layers)",
+             c->cross_attn >= BK_ATTN_SOFTMAX && c->cross_attn <= BK_ATTN_DIFF ? ATTN_NAMES[c->cross_attn] : "?");
+    } else {
+        NEED(c->classes >= 2, "classes must be >= 2 (got %d)", c->classes);
+        NEED(!c->post_ln, "post_ln=1 is implemented for arch=seq2seq only (the classifier is pre-LN)");
+    }
     {
         /* sizes whose products are ints in the model: bounded (a config is
          * also untrusted input, e.g. from a checkpoint's metadata) */
@@ -139,16 +169,19 @@ bk_status bk_model_config_check(const bk_model_config *c)
     NEED(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
     NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
     NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
-    NEED(c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
-    if (c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED)
+    NEED(s2s || c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
+    const int uses_sk = c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
+                        (s2s && (c->cross_attn == BK_ATTN_SINKHORN || c->cross_attn == BK_ATTN_UNBALANCED));
+    const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP);
+    if (uses_sk)
         NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
              "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
-    if (c->attn == BK_ATTN_UNBALANCED)
+    if (c->attn == BK_ATTN_UNBALANCED || (s2s && c->cross_attn == BK_ATTN_UNBALANCED))
         NEED(c->sk_rho > 0.0f, "unbalanced Sinkhorn needs sk_rho > 0 (got %g)", (double)c->sk_rho);
     NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
              c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
          "LOT/OTK/ESP sizes must be >= 0 and iteration counts <= 2^20");
-    if (c->attn == BK_ATTN_ESP)
+    if (uses_esp)
         NEED(c->esp_t > 0.0f && c->esp_tau >= 0.0f && c->esp_slices >= 0, "ESP needs esp_t > 0, esp_tau >= 0, esp_slices >= 0");
     if (c->attn == BK_ATTN_LOT)
         NEED(c->lot_r >= 1 && c->lot_iters >= 1 && c->lot_eps > 0.0f && c->lot_temp > 0.0f,
@@ -160,7 +193,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
              "(set head_dim, or dim and heads, so that it is even)",
              dh);
     }
-    if (c->pool == BK_POOL_OTK)
+    if (!s2s && c->pool == BK_POOL_OTK)
         NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
                  c->otk_eps > 0.0f,
              "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
@@ -171,53 +204,6 @@ bk_status bk_model_config_check(const bk_model_config *c)
 /* ------------------------------------------------------------------------ */
 /* the model                                                                */
 /* ------------------------------------------------------------------------ */
-#define MAXP 256
-
-typedef struct {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, proj_w, proj_b, ln2_w, ln2_b,
-        fc1_w, fc1_b, fc2_w, fc2_b;
-} blk_off;
-
-typedef struct {
-    float *mid, *out;                 /* residual stream after attention / block */
-    float *ln1, *mu1, *rs1, *qkv, *att;
-    float *ln2, *mu2, *rs2, *f1, *g1;
-    void *tape;
-    size_t tape_cap;
-    float *esp_theta;
-    bk_asap_layer *asap;
-    float *draw, *drs, *lam;          /* diff: the operator's output [R, I], its
-                                         per-head inverse RMS [R, H], lambda [H] */
-} blk_act;
-
-struct bk_model {
-    bk_model_config c;
-    uint64_t seed, fwd_count, cur_count;
-    int max_batch, np, in_feat, T, I, dh, F;
-    int nparam;
-    bki_param tab[MAXP];
-    int64_t P;
-    float *w, *gw;
-    /* parameter offsets (-1 when absent) */
-    int64_t e_w, e_b, e_w2, e_b2, cls_o, pos_o, nrm_w, nrm_b, otk_z, head_w, head_b;
-    blk_off *bo;
-    /* activations */
-    float *emb_in, *emb_h, *emb_g, *emb_o;  /* [B*np, in_feat], points hidden, gelu, embed out */
-    float *x0;                               /* [R, D] stream entering block 0   */
-    blk_act *ba;
-    float *fin, *fmu, *frs;                  /* final norm                        */
-    float *pooled, *logits, *probs;
-    int32_t *argmax, *nb, *labels, *tokens;
-    void *otk_tape;
-    size_t otk_tape_cap;
-    /* backward scratch */
-    float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
-    void *ws;
-    size_t ws_cap;
-    int B, have_tape;
-    float ls;
-};
-
 static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, int64_t s1, int64_t s2, int decay)
 {
     bki_param *p = &m->tab[m->nparam++];
@@ -233,12 +219,100 @@ static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, in
     return p->off;
 }
 
-static void build_table(bk_model *m)
+/* the tensors of block l (index into bo; decoder blocks after the encoder's)
+ * under prefix ("blocks.3.", "enc.blocks.0.", "dec.blocks.1."): self-
+ * attention of kind `kind`, the cross-attention when dec */
+static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind, int dec)
 {
     const bk_model_config *c = &m->c;
     const int D = c->dim, I = m->I;
     char nm[64];
+    blk_off *o = &m->bo[l];
+    memset(o, 0xff, sizeof *o); /* all -1 */
+#define P(field, suffix, nd, a, b2, c2, dec)                                                                       \
+    do {                                                                                                           \
+        snprintf(nm, sizeof nm, "%s%s", prefix, suffix);                                                           \
+        o->field = add_param(m, nm, nd, a, b2, c2, dec);                                                           \
+    } while (0)
+    P(ln1_w, "ln1.weight", 1, D, 0, 0, 0);
+    P(ln1_b, "ln1.bias", 1, D, 0, 0, 0);
+    P(qkv_w, "attn.qkv.weight", 2, 3 * I, D, 0, 1);
+    if (c->qkv_bias) P(qkv_b, "attn.qkv.bias", 1, 3 * I, 0, 0, 0);
+    if (kind == BK_ATTN_LOT) {
+        P(lot_z, "attn.lot_z", 3, c->heads, c->lot_r, m->dh, 0);
+        P(lot_t, "attn.lot_theta", 2, c->heads, c->lot_r, 0, 0);
+    }
+    if (kind == BK_ATTN_DIFF) {
+        P(dl_q1, "attn.diff_lq1", 1, m->dh / 2, 0, 0, 0);
+        P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
+        P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
+        P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
+    }
+    P(proj_w, "attn.proj.weight", 2, D, I, 0, 1);
+    P(proj_b, "attn.proj.bias", 1, D, 0, 0, 0);
+    if (dec) {
+        P(lnc_w, "lnc.weight", 1, D, 0, 0, 0);
+        P(lnc_b, "lnc.bias", 1, D, 0, 0, 0);
+        P(cq_w, "cross.q.weight", 2, I, D, 0, 1);
+        if (c->qkv_bias) P(cq_b, "cross.q.bias", 1, I, 0, 0, 0);
+        P(ckv_w, "cross.kv.weight", 2, 2 * I, D, 0, 1);
+        if (c->qkv_bias) P(ckv_b, "cross.kv.bias", 1, 2 * I, 0, 0, 0);
+        P(cproj_w, "cross.proj.weight", 2, D, I, 0, 1);
+        P(cproj_b, "cross.proj.bias", 1, D, 0, 0, 0);
+    }
+    if (c->mlp_dim > 0) {
+        P(ln2_w, "ln2.weight", 1, D, 0, 0, 0);
+        P(ln2_b, "ln2.bias", 1, D, 0, 0, 0);
+        P(fc1_w, "mlp.fc1.weight", 2, c->mlp_dim, D, 0, 1);
+        P(fc1_b, "mlp.fc1.bias", 1, c->mlp_dim, 0, 0, 0);
+        P(fc2_w, "mlp.fc2.weight", 2, D, c->mlp_dim, 0, 1);
+        P(fc2_b, "mlp.fc2.bias", 1, D, 0, 0, 0);
+    }
+#undef P
+}
+
+/* the encoder-decoder's table (docs/MODEL.md): embed.table (shared by the
+ * source, the target and the output projection), [enc.pos, dec.pos],
+ * enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm] */
+static void build_table_s2s(bk_model *m)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim;
+    char pre[32];
+    m->e_w = add_param(m, "embed.table", 2, c->vocab, D, 0, 1);
+    if (c->pos_embed == 1) {
+        m->pos_o = add_param(m, "enc.pos", 2, c->max_len, D, 0, 0);
+        m->dpos_o = add_param(m, "dec.pos", 2, c->tgt_max_len, D, 0, 0);
+    }
+    for (int l = 0; l < c->depth; l++) {
+        snprintf(pre, sizeof pre, "enc.blocks.%d.", l);
+        add_block(m, l, pre, c->attn, 0);
+    }
+    if (c->final_norm) {
+        m->nrm_w = add_param(m, "enc.norm.weight", 1, D, 0, 0, 0);
+        m->nrm_b = add_param(m, "enc.norm.bias", 1, D, 0, 0, 0);
+    }
+    for (int j = 0; j < c->dec_depth; j++) {
+        snprintf(pre, sizeof pre, "dec.blocks.%d.", j);
+        add_block(m, c->depth + j, pre, BK_ATTN_SOFTMAX, 1);
+    }
+    if (c->final_norm) {
+        m->dnrm_w = add_param(m, "dec.norm.weight", 1, D, 0, 0, 0);
+        m->dnrm_b = add_param(m, "dec.norm.bias", 1, D, 0, 0, 0);
+    }
+}
+
+static void build_table(bk_model *m)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim;
+    char pre[32];
     m->e_w = m->e_b = m->e_w2 = m->e_b2 = m->cls_o = m->pos_o = m->nrm_w = m->nrm_b = m->otk_z = -1;
+    m->head_w = m->head_b = m->dpos_o = m->dnrm_w = m->dnrm_b = -1;
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        build_table_s2s(m);
+        return;
+    }
     if (c->input == BK_INPUT_IMAGE) {
         m->e_w = add_param(m, "embed.proj.weight", 2, D, m->in_feat, 0, 1);
         m->e_b = add_param(m, "embed.proj.bias", 1, D, 0, 0, 0);
@@ -253,38 +327,8 @@ static void build_table(bk_model *m)
     if (c->cls) m->cls_o = add_param(m, "cls", 1, D, 0, 0, 0);
     if (c->pos_embed) m->pos_o = add_param(m, "pos", 2, m->T, D, 0, 0);
     for (int l = 0; l < c->depth; l++) {
-        blk_off *o = &m->bo[l];
-        memset(o, 0xff, sizeof *o); /* all -1 */
-#define P(field, suffix, nd, a, b2, c2, dec)                                                                       \
-    do {                                                                                                           \
-        snprintf(nm, sizeof nm, "blocks.%d.%s", l, suffix);                                                        \
-        o->field = add_param(m, nm, nd, a, b2, c2, dec);                                                           \
-    } while (0)
-        P(ln1_w, "ln1.weight", 1, D, 0, 0, 0);
-        P(ln1_b, "ln1.bias", 1, D, 0, 0, 0);
-        P(qkv_w, "attn.qkv.weight", 2, 3 * I, D, 0, 1);
-        if (c->qkv_bias) P(qkv_b, "attn.qkv.bias", 1, 3 * I, 0, 0, 0);
-        if (c->attn == BK_ATTN_LOT) {
-            P(lot_z, "attn.lot_z", 3, c->heads, c->lot_r, m->dh, 0);
-            P(lot_t, "attn.lot_theta", 2, c->heads, c->lot_r, 0, 0);
-        }
-        if (c->attn == BK_ATTN_DIFF) {
-            P(dl_q1, "attn.diff_lq1", 1, m->dh / 2, 0, 0, 0);
-            P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
-            P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
-            P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
-        }
-        P(proj_w, "attn.proj.weight", 2, D, I, 0, 1);
-        P(proj_b, "attn.proj.bias", 1, D, 0, 0, 0);
-        if (c->mlp_dim > 0) {
-            P(ln2_w, "ln2.weight", 1, D, 0, 0, 0);
-            P(ln2_b, "ln2.bias", 1, D, 0, 0, 0);
-            P(fc1_w, "mlp.fc1.weight", 2, c->mlp_dim, D, 0, 1);
-            P(fc1_b, "mlp.fc1.bias", 1, c->mlp_dim, 0, 0, 0);
-            P(fc2_w, "mlp.fc2.weight", 2, D, c->mlp_dim, 0, 1);
-            P(fc2_b, "mlp.fc2.bias", 1, D, 0, 0, 0);
-        }
-#undef P
+        snprintf(pre, sizeof pre, "blocks.%d.", l);
+        add_block(m, l, pre, c->attn, 0);
     }
     if (c->final_norm) {
         m->nrm_w = add_param(m, "norm.weight", 1, D, 0, 0, 0);
@@ -313,8 +357,13 @@ static void init_params(bk_model *m)
         const char *n = p->name;
         size_t ln = strlen(n);
 #define ENDS(suf) (ln >= strlen(suf) && strcmp(n + ln - strlen(suf), suf) == 0)
-        if (strstr(n, ".ln1.") || strstr(n, ".ln2.") || strncmp(n, "norm.", 5) == 0) {
+        if (strstr(n, ".ln1.") || strstr(n, ".ln2.") || strstr(n, ".lnc.") || strncmp(n, "norm.", 5) == 0 ||
+            ENDS("norm.weight") || ENDS("norm.bias")) {
             for (int64_t j = 0; j < p->count; j++) w[j] = ENDS(".weight") ? 1.0f : 0.0f;
+        } else if (m->c.arch == BK_ARCH_SEQ2SEQ && (strcmp(n, "embed.table") == 0 || ENDS(".pos"))) {
+            /* fairseq's: N(0, 1/dim), the table scaled by sqrt(dim) on input */
+            const double sd = 1.0 / sqrt((double)m->c.dim);
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
         } else if (strcmp(n, "cls") == 0 || strcmp(n, "pos") == 0 || strcmp(n, "embed.table") == 0) {
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.02 * gauss(&s));
         } else if (ENDS("lot_z")) {
@@ -369,7 +418,8 @@ static bk_sinkhorn_config sk_params(const bk_model *m)
     return p;
 }
 
-static bk_esp_config esp_params(const bk_model *m, int l)
+/* cross: the cross-attention of decoder block l (its own slices and seed) */
+static bk_esp_config esp_params(const bk_model *m, int l, int cross)
 {
     bk_esp_config p = bk_esp_config_default();
     p.sort = m->c.esp_soft ? BK_ESP_SOFT : BK_ESP_HARD;
@@ -377,8 +427,8 @@ static bk_esp_config esp_params(const bk_model *m, int l)
     p.tau = m->c.esp_tau;
     p.scale = m->c.attn_scale;
     p.L = m->c.esp_slices;
-    p.theta = m->c.esp_slices > 0 ? m->ba[l].esp_theta : NULL;
-    p.seed = 1000u + (uint64_t)l;
+    p.theta = m->c.esp_slices > 0 ? (cross ? m->ba[l].cesp_theta : m->ba[l].esp_theta) : NULL;
+    p.seed = (cross ? 2000u : 1000u) + (uint64_t)l;
     return p;
 }
 
@@ -419,41 +469,47 @@ typedef union {
     bk_diff_config diff;
 } attn_par;
 
-static void softmax_fill(const bk_model *m, int l, attn_par *p)
+/* where an operator runs: the block (index into bo/ba), cross-attention or
+ * self-attention, causal (the decoder's self-attention: softmax only) */
+typedef struct {
+    int l, cross, causal;
+} attn_site;
+
+static void softmax_fill(const bk_model *m, attn_site s, attn_par *p)
 {
-    (void)l;
     p->softmax = bk_softmax_config_default();
     p->softmax.scale = m->c.attn_scale;
+    p->softmax.causal = s.causal;
 }
-static void sinkhorn_fill(const bk_model *m, int l, attn_par *p)
+static void sinkhorn_fill(const bk_model *m, attn_site s, attn_par *p)
 {
-    (void)l;
+    (void)s;
     p->sinkhorn = sk_params(m);
 }
-static void unbalanced_fill(const bk_model *m, int l, attn_par *p)
+static void unbalanced_fill(const bk_model *m, attn_site s, attn_par *p)
 {
-    (void)l;
+    (void)s;
     p->unbalanced = bk_unbalanced_config_default();
     p->unbalanced.scale = m->c.attn_scale;
     p->unbalanced.eps = m->c.sk_eps;
     p->unbalanced.iters = m->c.sk_iters;
     p->unbalanced.rho = m->c.sk_rho;
 }
-static void esp_fill(const bk_model *m, int l, attn_par *p) { p->esp = esp_params(m, l); }
-static void lot_fill(const bk_model *m, int l, attn_par *p) { p->lot = lot_params(m, l); }
-static void asap_fill(const bk_model *m, int l, attn_par *p)
+static void esp_fill(const bk_model *m, attn_site s, attn_par *p) { p->esp = esp_params(m, s.l, s.cross); }
+static void lot_fill(const bk_model *m, attn_site s, attn_par *p) { p->lot = lot_params(m, s.l); }
+static void asap_fill(const bk_model *m, attn_site s, attn_par *p)
 {
-    p->asap.layer = m->ba[l].asap;
+    p->asap.layer = m->ba[s.l].asap;
     p->asap.variant = BK_ASAP_AUTO;
 }
 
 /* diff: lambda is the block's [H] array (diff_set_lambda fills it before
  * each call; a size query reads no array) */
-static void diff_fill(const bk_model *m, int l, attn_par *p)
+static void diff_fill(const bk_model *m, attn_site s, attn_par *p)
 {
     p->diff = bk_diff_config_default();
     p->diff.scale = m->c.attn_scale;
-    p->diff.lambda = m->ba[l].lam;
+    p->diff.lambda = m->ba[s.l].lam;
 }
 
 /* The layer's own work around the operator, for the kinds that learn
@@ -472,7 +528,7 @@ typedef struct {
 
 typedef struct {
     const char *op;                                     /* registry name */
-    void (*fill)(const bk_model *m, int l, attn_par *p); /* config -> params */
+    void (*fill)(const bk_model *m, attn_site s, attn_par *p); /* config -> params */
     const attn_hooks *hooks;                            /* NULL: the operator alone */
 } attn_kind;
 
@@ -494,33 +550,45 @@ static const attn_kind ATTN_KINDS[] = {
     [BK_ATTN_DIFF] = {"diff", diff_fill, &DIFF_HOOKS},
 };
 
-/* a generic call of layer l's operator (par: its storage) */
-static bki_call attn_call(const bk_model *m, const bk_attn_desc *d, int l, attn_par *par)
+/* the attention kind at a site: the model's attn (self-attention of the
+ * classifier and the encoder), softmax (the decoder's causal self-
+ * attention), cross_attn */
+static bk_attn_kind site_kind(const bk_model *m, attn_site s)
 {
-    const attn_kind *k = &ATTN_KINDS[m->c.attn];
+    return s.cross ? m->c.cross_attn : s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
+}
+static attn_site self_site(int l) { return (attn_site){l, 0, 0}; }
+
+/* a generic call of the operator at a site (par: its storage) */
+static bki_call attn_call_at(const bk_model *m, const bk_attn_desc *d, attn_site s, attn_par *par)
+{
+    const attn_kind *k = &ATTN_KINDS[site_kind(m, s)];
     bki_call c;
     memset(&c, 0, sizeof c);
     c.op = bki_op_find(k->op);
     c.d = d;
-    k->fill(m, l, par);
+    k->fill(m, s, par);
     c.par = par;
     return c;
 }
 
-static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, int l)
+static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, attn_site s)
 {
     attn_par par;
-    bki_call c = attn_call(m, d, l, &par);
+    bki_call c = attn_call_at(m, d, s, &par);
     return bki_op_workspace_size(&c);
 }
 
 /* a tape for training (operators without a backward need none) */
-static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, int l)
+static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, attn_site s)
 {
     attn_par par;
-    bki_call c = attn_call(m, d, l, &par);
+    bki_call c = attn_call_at(m, d, s, &par);
     return c.op->backward ? bki_op_tape_size_query(&c) : 0;
 }
+
+/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's */
+static int block_count(const bk_model_config *c) { return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0); }
 
 void bk_model_free(bk_model *m)
 {
@@ -528,7 +596,7 @@ void bk_model_free(bk_model *m)
     free(m->w);
     free(m->gw);
     if (m->ba)
-        for (int l = 0; l < m->c.depth; l++) {
+        for (int l = 0; l < block_count(&m->c); l++) {
             blk_act *a = &m->ba[l];
             free(a->mid);
             if (a->out != a->mid) free(a->out);
@@ -547,6 +615,15 @@ void bk_model_free(bk_model *m)
             free(a->draw);
             free(a->drs);
             free(a->lam);
+            if (a->cmid != a->out) free(a->cmid);
+            free(a->lnc);
+            free(a->muc);
+            free(a->rsc);
+            free(a->cq);
+            free(a->ckv);
+            free(a->catt);
+            free(a->cesp_theta);
+            free(a->ctape);
             if (a->asap) {
                 bk_asap_layer_free(a->asap);
                 free(a->asap);
@@ -556,7 +633,8 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws};
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws,
+                    m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -626,6 +704,23 @@ bk_status bk_model_memory(const bk_model_config *cfg, int max_batch, int64_t *nu
     return st;
 }
 
+/* fairseq's sinusoidal positions: row p = [sin(p w_0) .. sin(p w_{h-1}),
+ * cos(p w_0) .. cos(p w_{h-1})] (, 0 for an odd dim), h = dim / 2,
+ * w_i = 10000^(-i / (h - 1)), positions from 0 */
+static void sinusoids(float *tab, int N, int D)
+{
+    const int h = D / 2;
+    for (int p = 0; p < N; p++) {
+        float *r = tab + (size_t)p * D;
+        for (int i = 0; i < h; i++) {
+            const double w = h > 1 ? exp(-log(10000.0) * (double)i / (double)(h - 1)) : 1.0;
+            r[i] = (float)sin((double)p * w);
+            r[h + i] = (float)cos((double)p * w);
+        }
+        if (D % 2) r[D - 1] = 0.0f;
+    }
+}
+
 static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
                              size_t *bytes)
 {
@@ -637,6 +732,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     if (!m) return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
     m->c = *cfg;
     const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     m->seed = seed;
     m->max_batch = max_batch;
     m->dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
@@ -651,23 +747,29 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->np = c->max_points;
         m->in_feat = c->point_dim;
     }
-    m->T = m->np + c->cls;
-    m->F = c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim : c->dim;
-    const int64_t R = (int64_t)max_batch * m->T, D = c->dim, I = m->I, M = c->mlp_dim;
+    m->T = m->np + (s2s ? 0 : c->cls);
+    m->Tmax = m->T;
+    m->Td = s2s ? c->tgt_max_len : 0;
+    m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim : c->dim;
+    const int NB = block_count(c), Nmax = m->T > m->Td ? m->T : m->Td;
+    /* R: the rows of the encoder (classifier) stream, Rd the decoder's, Rx
+     * the larger (the shared backward scratch) */
+    const int64_t R = (int64_t)max_batch * m->T, Rd = (int64_t)max_batch * m->Td, Rx = (int64_t)max_batch * Nmax,
+                  D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab;
     /* (bounds that keep every size below in range; bk_model_memory and the
      * physical-memory check refuse what is merely too large for the machine) */
-    if (R * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) ||
-        (double)max_batch * c->heads * (double)m->T * (double)m->T * 8.0 > 0x1p60)
+    if (Rx * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) || (double)Rd * (double)V > 0x1p40 ||
+        (double)max_batch * c->heads * (double)Nmax * (double)Nmax * 8.0 > 0x1p60)
         return bk_model_free(m), bki_fail(BK_ERR_SHAPE, "bk_model_create: activations too large");
-    m->bo = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->bo);
-    m->ba = calloc((size_t)(c->depth ? c->depth : 1), sizeof *m->ba);
+    m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
+    m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
     const int per_block = c->attn == BK_ATTN_DIFF ? 16 : 14; /* (diff: four lambda vectors for LOT's two) */
-    int tensors = 8 + per_block * c->depth;
+    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0);
     if (tensors > MAXP) {
-        const int depth = c->depth; /* (c points into m) */
         bk_model_free(m);
-        return bki_fail(BK_ERR_PARAM, "bk_model_create: depth %d too large (at most %d)", depth, (MAXP - 8) / per_block);
+        return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",
+                        NB, MAXP);
     }
     build_table(m);
     sizer z = {0, 0, measure};
@@ -687,55 +789,105 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->emb_g = falloc(Bn * (size_t)D, &z);
     }
     if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(&z, Bn, sizeof(int32_t));
-    m->emb_o = falloc(Bn * (size_t)D, &z);
+    if (!s2s) m->emb_o = falloc(Bn * (size_t)D, &z);
     m->x0 = falloc((size_t)(R * D), &z);
-    bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
-    size_t wsz = 0;
-    for (int l = 0; l < c->depth; l++) {
-        blk_act *a = &m->ba[l];
-        a->mid = falloc((size_t)(R * D), &z);
-        a->out = M > 0 ? falloc((size_t)(R * D), &z) : a->mid;
-        a->ln1 = falloc((size_t)(R * D), &z);
-        a->mu1 = falloc((size_t)R, &z);
-        a->rs1 = falloc((size_t)R, &z);
-        a->qkv = falloc((size_t)(R * 3 * I), &z);
-        a->att = falloc((size_t)(R * I), &z);
-        if (M > 0) {
-            a->ln2 = falloc((size_t)(R * D), &z);
-            a->mu2 = falloc((size_t)R, &z);
-            a->rs2 = falloc((size_t)R, &z);
-            a->f1 = falloc((size_t)(R * M), &z);
-            a->g1 = falloc((size_t)(R * M), &z);
+    if (s2s) {
+        if (c->pos_embed == 2) {
+            m->sin_tab = falloc((size_t)Nmax * (size_t)D, &z);
+            if (!z.bad && !measure) sinusoids(m->sin_tab, Nmax, (int)D);
         }
-        if (c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
+        m->nbt = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
+        m->dtok = zalloc(&z, (size_t)Rd, sizeof(int32_t));
+        m->tgt = zalloc(&z, (size_t)Rd, sizeof(int32_t));
+        m->dx0 = falloc((size_t)(Rd * D), &z);
+        m->dfin = falloc((size_t)(Rd * D), &z);
+        m->dfmu = falloc((size_t)Rd, &z);
+        m->dfrs = falloc((size_t)Rd, &z);
+        m->plog = falloc((size_t)Rd * (size_t)V, &z);
+        m->rloss = zalloc(&z, 2 * (size_t)Rd, sizeof(double));
+        m->dMem = falloc((size_t)(R * D), &z);
+        if (c->post_ln) m->dS = falloc((size_t)(Rx * D), &z);
+    }
+    bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc dd = {max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc cd = {max_batch, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
+    size_t wsz = 0;
+    for (int l = 0; l < NB; l++) {
+        blk_act *a = &m->ba[l];
+        const int dec = l >= c->depth;
+        const int64_t Rl = dec ? Rd : R;
+        a->mid = falloc((size_t)(Rl * D), &z);
+        a->out = M > 0 || dec ? falloc((size_t)(Rl * D), &z) : a->mid;
+        a->ln1 = falloc((size_t)(Rl * D), &z);
+        a->mu1 = falloc((size_t)Rl, &z);
+        a->rs1 = falloc((size_t)Rl, &z);
+        a->qkv = falloc((size_t)(Rl * 3 * I), &z);
+        a->att = falloc((size_t)(Rl * I), &z);
+        if (M > 0) {
+            a->ln2 = falloc((size_t)(Rl * D), &z);
+            a->mu2 = falloc((size_t)Rl, &z);
+            a->rs2 = falloc((size_t)Rl, &z);
+            a->f1 = falloc((size_t)(Rl * M), &z);
+            a->g1 = falloc((size_t)(Rl * M), &z);
+        }
+        if (dec) {
+            /* (without an MLP the block's output is the cross-attention's) */
+            a->cmid = M > 0 ? falloc((size_t)(Rd * D), &z) : a->out;
+            a->lnc = falloc((size_t)(Rd * D), &z);
+            a->muc = falloc((size_t)Rd, &z);
+            a->rsc = falloc((size_t)Rd, &z);
+            a->cq = falloc((size_t)(Rd * I), &z);
+            a->ckv = falloc((size_t)(R * 2 * I), &z);
+            a->catt = falloc((size_t)(Rd * I), &z);
+            if (c->cross_attn == BK_ATTN_ESP && c->esp_slices > 0) {
+                a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
+                if (!z.bad && !measure) {
+                    bk_esp_config ep = esp_params(m, l, 1);
+                    ep.theta = NULL;
+                    bk_esp_slices(&ep, m->dh, a->cesp_theta);
+                }
+            }
+        }
+        if (!dec && c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
             a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
             if (!z.bad && !measure) {
-                bk_esp_config ep = esp_params(m, l);
+                bk_esp_config ep = esp_params(m, l, 0);
                 ep.theta = NULL;
                 bk_esp_slices(&ep, m->dh, a->esp_theta);
             }
         }
-        if (c->attn == BK_ATTN_DIFF) {
+        if (!dec && c->attn == BK_ATTN_DIFF) {
             a->draw = falloc((size_t)(R * I), &z);
             a->drs = falloc((size_t)R * (size_t)c->heads, &z);
             a->lam = falloc((size_t)c->heads, &z);
         }
         if (z.bad) break;
-        a->tape_cap = attn_tape(m, &ad, l);
+        const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
+        a->tape_cap = attn_tape(m, dec ? &dd : &ad, self);
         if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
-        size_t w1 = attn_ws(m, &ad, l);
+        size_t w1 = attn_ws(m, dec ? &dd : &ad, self);
         if (w1 > wsz) wsz = w1;
+        if (dec) {
+            a->ctape_cap = attn_tape(m, &cd, cross);
+            if (a->ctape_cap) a->ctape = zalloc(&z, a->ctape_cap, 1);
+            w1 = attn_ws(m, &cd, cross);
+            if (w1 > wsz) wsz = w1;
+        }
     }
     m->fin = falloc((size_t)(R * D), &z);
     m->fmu = falloc((size_t)R, &z);
     m->frs = falloc((size_t)R, &z);
-    m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
-    m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
-    m->probs = falloc((size_t)max_batch * (size_t)c->classes, &z);
-    m->argmax = zalloc(&z, (size_t)max_batch * (size_t)D, sizeof(int32_t));
     m->nb = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-    m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-    if (c->pool == BK_POOL_OTK) {
+    if (!s2s) {
+        m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
+        m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
+        m->probs = falloc((size_t)max_batch * (size_t)c->classes, &z);
+        m->argmax = zalloc(&z, (size_t)max_batch * (size_t)D, sizeof(int32_t));
+        m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
+        m->dpool = falloc((size_t)max_batch * (size_t)m->F, &z);
+        m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
+    }
+    if (!s2s && c->pool == BK_POOL_OTK) {
         bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, c->dim, NULL};
         bk_otk_config op = otk_params(m);
         m->otk_tape_cap = bk_otk_tape_size(&od, &op);
@@ -743,18 +895,16 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         size_t w1 = bk_otk_workspace_size(&od, &op);
         if (w1 > wsz) wsz = w1;
     }
-    m->dX = falloc((size_t)(R * D), &z);
-    m->dT = falloc((size_t)(R * D), &z);
-    m->dN = falloc((size_t)(R * D), &z);
-    m->dA = falloc((size_t)(R * I), &z);
-    m->dq = falloc((size_t)(R * I), &z);
-    m->dk = falloc((size_t)(R * I), &z);
-    m->dv = falloc((size_t)(R * I), &z);
-    m->dM = falloc((size_t)(R * (M > D ? M : D)), &z);
-    m->dpool = falloc((size_t)max_batch * (size_t)m->F, &z);
-    m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
+    m->dX = falloc((size_t)(Rx * D), &z);
+    m->dT = falloc((size_t)(Rx * D), &z);
+    m->dN = falloc((size_t)(Rx * D), &z);
+    m->dA = falloc((size_t)(Rx * I), &z);
+    m->dq = falloc((size_t)(Rx * I), &z);
+    m->dk = falloc((size_t)(Rx * I), &z);
+    m->dv = falloc((size_t)(Rx * I), &z);
+    m->dM = falloc((size_t)(Rx * (M > D ? M : D)), &z);
     const size_t ztmp = (size_t)c->heads * (size_t)c->lot_r * (size_t)m->dh;
-    const size_t otmp = (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)D;
+    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)D;
     m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
     m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
     if (c->attn == BK_ATTN_DIFF) {
@@ -839,7 +989,8 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
         free(m->ba[layer].asap);
     }
     m->ba[layer].asap = cp;
-    size_t need = attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, layer);
+    size_t need =
+        attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, self_site(layer));
     return ensure_ws(m, need);
 }
 
@@ -848,7 +999,7 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 /* ------------------------------------------------------------------------ */
 /* the attention keys: what a swap may change (the rest of the configuration
  * fixes the parameter table of everything but the attention) */
-static const char *const SWAP_KEYS[] = {"attn",    "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
+static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
                                         "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
                                         "lot_iters", "lot_eps",  "lot_temp", NULL};
 /* the attention keys that keep the parameter table and the fixed ESP slices:
@@ -899,19 +1050,26 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
      * workspace grows on use (ensure_ws) */
     const bk_model_config old = m->c;
     m->c = *c;
-    bk_attn_desc ad = {m->max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
-    for (int l = 0; l < c->depth; l++) {
+    bk_attn_desc ad = {m->max_batch, c->heads, m->Tmax, m->Tmax, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc dd = {m->max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc cd = {m->max_batch, c->heads, m->Td, m->Tmax, m->dh, m->dh, NULL, NULL};
+    for (int l = 0; l < block_count(c); l++) {
         blk_act *a = &m->ba[l];
-        const size_t need = attn_tape(m, &ad, l);
-        if (need <= a->tape_cap) continue;
-        void *t = calloc(1, need);
-        if (!t) {
-            m->c = old;
-            return bki_fail(BK_ERR_NOMEM, "bk_model_set_attn_config: out of memory for a %zu-byte tape", need);
+        const int dec = l >= c->depth;
+        for (int cross = 0; cross <= dec; cross++) {
+            void **tape = cross ? &a->ctape : &a->tape;
+            size_t *cap = cross ? &a->ctape_cap : &a->tape_cap;
+            const size_t need = attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
+            if (need <= *cap) continue;
+            void *t = calloc(1, need);
+            if (!t) {
+                m->c = old;
+                return bki_fail(BK_ERR_NOMEM, "bk_model_set_attn_config: out of memory for a %zu-byte tape", need);
+            }
+            free(*tape);
+            *tape = t;
+            *cap = need;
         }
-        free(a->tape);
-        a->tape = t;
-        a->tape_cap = need;
     }
     m->have_tape = 0; /* a pending backward belongs to the old attention */
     return BK_OK;
@@ -925,6 +1083,10 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     const int depth = src->c.depth;
     if (nblocks < 0 || (nblocks > 0 && !blocks))
         return bki_fail(BK_ERR_PARAM, "bk_model_swap: nblocks = %d without a block list", nblocks);
+    if (nblocks > 0 && src->c.arch == BK_ARCH_SEQ2SEQ)
+        return bki_fail(BK_ERR_UNSUPPORTED, "bk_model_swap: an encoder-decoder's swap is chosen by the target's attn "
+                                            "(encoder self-attention) and cross_attn (cross-attention), not by a block "
+                                            "list");
     if (nblocks > 0) {
         /* a list naming every block is a swap of all blocks; one kind per
          * model is all a model holds today */
@@ -983,12 +1145,50 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
 /* ------------------------------------------------------------------------ */
 /* forward                                                                  */
 /* ------------------------------------------------------------------------ */
+/* the seq2seq batch: source ids and lengths, targets when needed */
+static bk_status check_batch_s2s(const bk_model *m, const bk_batch *b, int need_tgt)
+{
+    const bk_model_config *c = &m->c;
+    if (!b->tokens) return bki_fail(BK_ERR_NULL, "model: the batch lacks its source tokens");
+    if (need_tgt && (!b->tgt || !b->tgt_len))
+        return bki_fail(BK_ERR_NULL, "model: a seq2seq forward needs the targets (tgt and tgt_len: the decoder "
+                                     "reads them shifted right; bk_model_translate decodes without them)");
+    for (int i = 0; i < b->B; i++) {
+        const int n = b->len ? b->len[i] : c->max_len;
+        if (n < 1 || n > c->max_len)
+            return bki_fail(BK_ERR_LENGTH, "model: source length len[%d] = %d outside [1, max_len = %d]", i, n,
+                            c->max_len);
+        for (int t = 0; t < n; t++) {
+            const int32_t v = b->tokens[(size_t)i * c->max_len + t];
+            if (v < 0 || v >= c->vocab)
+                return bki_fail(BK_ERR_PARAM, "model: source token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
+                                c->vocab);
+        }
+        if (!b->tgt || !b->tgt_len) continue;
+        const int nt = b->tgt_len[i];
+        if (nt < 1 || nt > c->tgt_max_len)
+            return bki_fail(BK_ERR_LENGTH, "model: target length tgt_len[%d] = %d outside [1, tgt_max_len = %d]", i,
+                            nt, c->tgt_max_len);
+        for (int t = 0; t < nt; t++) {
+            const int32_t v = b->tgt[(size_t)i * c->tgt_max_len + t];
+            if (v < 0 || v >= c->vocab)
+                return bki_fail(BK_ERR_PARAM, "model: target token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
+                                c->vocab);
+        }
+    }
+    return BK_OK;
+}
+
 static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labels)
 {
     const bk_model_config *c = &m->c;
     if (!b) return bki_fail(BK_ERR_NULL, "model: NULL batch");
     if (b->B < 1 || b->B > m->max_batch)
         return bki_fail(BK_ERR_SHAPE, "model: batch of %d outside [1, max_batch = %d]", b->B, m->max_batch);
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        (void)need_labels; /* (teacher forcing: the decoder reads the targets) */
+        return check_batch_s2s(m, b, 1);
+    }
     if (c->input == BK_INPUT_TOKENS ? !b->tokens : !b->x)
         return bki_fail(BK_ERR_NULL, "model: the batch lacks its %s", c->input == BK_INPUT_TOKENS ? "tokens" : "inputs x");
     if (need_labels && !b->labels) return bki_fail(BK_ERR_NULL, "model: labels needed for the loss");
@@ -1199,27 +1399,47 @@ static void *diff_pgrads(bk_model *m, bki_lot_grads *lg)
     return m->dlam;
 }
 
+/* the operator at a site, forward: train keeps its tape */
+static bk_status site_forward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
+                              const bk_tensor *v, const bk_tensor *o, const bk_tensor *attn_out, void *tape)
+{
+    bk_status st = ensure_ws(m, attn_ws(m, d, s));
+    if (st) return st;
+    attn_par par;
+    bki_call c = attn_call_at(m, d, s, &par);
+    c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn_out;
+    return bki_op_forward(&c, tape, m->ws, m->ws_cap);
+}
+
+static bk_status site_backward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
+                               const bk_tensor *v, const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk,
+                               const bk_tensor *dv, void *pg, void *tape)
+{
+    bk_status st = ensure_ws(m, attn_ws(m, d, s));
+    if (st) return st;
+    attn_par par;
+    bki_call c = attn_call_at(m, d, s, &par);
+    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
+    return bki_op_backward(&c, tape, m->ws, m->ws_cap);
+}
+
+/* the self-attention of block l (classifier, encoder) with its kind's hooks */
 static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
 {
     blk_act *a = &m->ba[l];
     bk_attn_desc d = attn_desc(m, B);
     bk_tensor q, k, v, o;
     views(m, a->qkv, a->att, &q, &k, &v, &o);
-    bk_status st = ensure_ws(m, attn_ws(m, &d, l));
-    if (st) return st;
     if (m->c.attn == BK_ATTN_ASAP && !a->asap)
         return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
     const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
     if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &o);
-    attn_par par;
-    bki_call c = attn_call(m, &d, l, &par);
-    c.q = &q; c.k = &k; c.v = &v; c.out = &o; c.attn = attn_out;
-    if ((st = bki_op_forward(&c, train ? a->tape : NULL, m->ws, m->ws_cap))) return st;
+    bk_status st = site_forward(m, self_site(l), &d, &q, &k, &v, &o, attn_out, train ? a->tape : NULL);
+    if (st) return st;
     if (hk && hk->fwd_post) hk->fwd_post(m, l, B);
     return BK_OK;
 }
 
-/* out = x + dropout(out + b) over [R, D] */
 static void residual_add(int R, int D, const float *x, float *out, const float *b, float p, uint64_t key)
 {
     const int nt = bki_threads();
@@ -1284,6 +1504,12 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     return BK_OK;
 }
 
+static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int train);
+static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin);
+static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
+static bk_status s2s_backward(bk_model *m, float grad_scale);
+static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale);
+
 bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
 {
     if (!m) return bki_fail(BK_ERR_NULL, "bk_model_forward: NULL model");
@@ -1293,33 +1519,27 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
     if (!(ls >= 0.0f && ls < 1.0f)) return bki_fail(BK_ERR_PARAM, "model: label smoothing %g outside [0, 1)", (double)ls);
     if (train && c->attn == BK_ATTN_ASAP)
         return bki_fail(BK_ERR_PARAM, "model: ASAP layers are compiled for inference only; they cannot be trained");
-    const int B = bt->B, T = m->T, D = c->dim, I = m->I, M = c->mlp_dim, R = B * T;
     m->have_tape = 0;
-    m->B = B;
+    m->B = bt->B;
     m->ls = ls;
+    if (train) m->cur_count = m->fwd_count;
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        if ((st = s2s_forward(m, bt, train, ls, logits, loss))) return st;
+        if (train) {
+            m->have_tape = 1;
+            m->fwd_count++;
+        }
+        return BK_OK;
+    }
+    const int B = bt->B, T = m->T, D = c->dim, R = B * T;
     for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
     if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
-    if (train) m->cur_count = m->fwd_count;
-    const float pdrop = train ? c->dropout : 0.0f;
 
     embed_fwd(m, bt, train);
     const float *x = m->x0;
     for (int l = 0; l < c->depth; l++) {
-        blk_act *a = &m->ba[l];
-        const blk_off *o = &m->bo[l];
-        bki_layernorm_fwd(R, D, x, m->w + o->ln1_w, m->w + o->ln1_b, c->ln_eps, a->ln1, a->mu1, a->rs1);
-        bki_linear_fwd(R, D, 3 * I, a->ln1, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-        if ((st = attn_forward(m, l, B, train, NULL))) return st;
-        bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, a->mid, D);
-        residual_add(R, D, x, a->mid, m->w + o->proj_b, pdrop, bki_dropout_key(m->seed, m->cur_count, 1 + 2 * l));
-        if (M > 0) {
-            bki_layernorm_fwd(R, D, a->mid, m->w + o->ln2_w, m->w + o->ln2_b, c->ln_eps, a->ln2, a->mu2, a->rs2);
-            bki_linear_fwd(R, D, M, a->ln2, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M);
-            bki_gelu_fwd((size_t)R * M, a->f1, a->g1);
-            bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, a->out, D);
-            residual_add(R, D, a->mid, a->out, m->w + o->fc2_b, pdrop, bki_dropout_key(m->seed, m->cur_count, 2 + 2 * l));
-        }
-        x = a->out;
+        if ((st = enc_block_fwd(m, l, B, x, train))) return st;
+        x = m->ba[l].out;
     }
     if (c->final_norm)
         bki_layernorm_fwd(R, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
@@ -1331,6 +1551,7 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
     const int C = c->classes;
     double total = 0.0;
     int finite = 1;
+    int64_t hits = 0;
     for (int b = 0; b < B; b++) {
         const float *z = m->logits + (size_t)b * C;
         float *p = m->probs + (size_t)b * C;
@@ -1345,8 +1566,15 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
             mean_nll += lse - z[j];
         }
         if (!isfinite(lse)) finite = 0;
-        if (bt->labels) total += (1.0 - ls) * (lse - z[bt->labels[b]]) + ls * mean_nll / C;
+        if (bt->labels) {
+            total += (1.0 - ls) * (lse - z[bt->labels[b]]) + ls * mean_nll / C;
+            int best = 0;
+            for (int j = 1; j < C; j++) best = z[j] > z[best] ? j : best;
+            hits += best == bt->labels[b];
+        }
     }
+    m->ntok = bt->labels ? B : 0;
+    m->ncorrect = hits;
     if (!finite) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
     if (logits) memcpy(logits, m->logits, sizeof(float) * (size_t)B * C);
     if (loss) *loss = total / B;
@@ -1385,16 +1613,12 @@ static bk_status attn_backward(bk_model *m, int l, int B)
     const int64_t T = m->T, I = m->I, dh = m->dh;
     bk_tensor dout = {m->dA, T * I, dh, I, BK_DEVICE_HOST}, dq = {m->dq, T * I, dh, I, BK_DEVICE_HOST},
               dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
-    bk_status st = ensure_ws(m, attn_ws(m, &d, l));
-    if (st) return st;
     const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
     if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &dout);
-    attn_par par;
-    bki_call c = attn_call(m, &d, l, &par);
     bki_lot_grads lg;
-    c.q = &q; c.k = &k; c.v = &v; c.dout = &dout; c.dq = &dq; c.dk = &dk; c.dv = &dv;
-    if (hk && hk->pgrads) c.pg = hk->pgrads(m, &lg);
-    if ((st = bki_op_backward(&c, a->tape, m->ws, m->ws_cap))) return st;
+    void *pg = hk && hk->pgrads ? hk->pgrads(m, &lg) : NULL;
+    bk_status st = site_backward(m, self_site(l), &d, &q, &k, &v, &dout, &dq, &dk, &dv, pg, a->tape);
+    if (st) return st;
     if (hk && hk->bwd_post) hk->bwd_post(m, l);
     return BK_OK;
 }
@@ -1471,22 +1695,7 @@ static void embed_backward(bk_model *m, int B)
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
                        m->gw + m->e_b);
     } else if (c->input == BK_INPUT_TOKENS) {
-        /* table rows: parallel over column blocks, rows in order */
-        float *g = m->gw + m->e_w;
-        const int nblk = (D + 31) / 32;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int blk = 0; blk < nblk; blk++) {
-                const int c0 = blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
-                for (size_t r = 0; r < Bn; r++) {
-                    float *gr = g + (size_t)m->tokens[r] * D + c0;
-                    const float *er = dE + r * D + c0;
-                    for (int k = 0; k < cn; k++) gr[k] += er[k];
-                }
-            }
-    }
+        table_scatter(m->gw + m->e_w, D, m->tokens, Bn, dE, 1.0f);
     } else {
         const int pd = m->in_feat;
         float *dG = m->dM;
@@ -1496,14 +1705,487 @@ static void embed_backward(bk_model *m, int B)
     }
 }
 
+/* ---- residual sublayers -----------------------------------------------------
+ * pre-LN:  out = x + drop(f(LN(x)) + b)
+ * post-LN: out = LN(x + drop(f(x) + b))
+ * The norm's buffers (ln, mu, rs) hold LN(x) (pre) or the residual sum x +
+ * drop(f + b) (post); sub_in gives the sublayer's input, sub_y the buffer
+ * its last linear writes, sub_out adds the residual (and normalises). */
+typedef struct {
+    int64_t g, b;          /* the norm's parameters                          */
+    float *ln, *mu, *rs;   /* its buffers                                    */
+} sub_norm;
+
+static const float *sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
+{
+    if (m->c.post_ln) return x;
+    bki_layernorm_fwd(R, m->c.dim, x, m->w + n->g, m->w + n->b, m->c.ln_eps, n->ln, n->mu, n->rs);
+    return n->ln;
+}
+static float *sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
+static void sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
+{
+    const int D = m->c.dim;
+    float *y = sub_y(m, n, out);
+    residual_add(R, D, x, y, m->w + bias, p, bki_dropout_key(m->seed, m->cur_count, site));
+    if (m->c.post_ln) bki_layernorm_fwd(R, D, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
+}
+
+/* backward: dX holds d(out). sub_bwd_in leaves dT = d(f's output) (the
+ * dropout applied) and, post-LN, dX = d(residual sum); sub_bwd_out takes
+ * dT = d(f's input) into dX = d(x). */
+static void sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
+{
+    const int D = m->c.dim;
+    const size_t RD = (size_t)R * D;
+    if (m->c.post_ln) {
+        memset(m->dS, 0, sizeof(float) * RD);
+        bki_layernorm_bwd(R, D, n->ln, n->mu, n->rs, m->w + n->g, m->dX, m->dS, m->gw + n->g, m->gw + n->b);
+        memcpy(m->dX, m->dS, sizeof(float) * RD);
+    }
+    memcpy(m->dT, m->dX, sizeof(float) * RD);
+    if (m->c.dropout > 0.0f) bki_dropout(m->dT, R, D, D, m->c.dropout, bki_dropout_key(m->seed, m->cur_count, site));
+}
+static void sub_bwd_out(bk_model *m, int R, const float *x, const sub_norm *n)
+{
+    const int D = m->c.dim;
+    if (m->c.post_ln)
+        add_into(m->dX, m->dT, (size_t)R * D);
+    else
+        bki_layernorm_bwd(R, D, x, n->mu, n->rs, m->w + n->g, m->dT, m->dX, m->gw + n->g, m->gw + n->b);
+}
+/* the sublayer's input as the forward saw it */
+static const float *sub_h(const bk_model *m, const sub_norm *n, const float *x) { return m->c.post_ln ? x : n->ln; }
+
+static sub_norm norm1(bk_model *m, int l)
+{
+    return (sub_norm){m->bo[l].ln1_w, m->bo[l].ln1_b, m->ba[l].ln1, m->ba[l].mu1, m->ba[l].rs1};
+}
+static sub_norm norm2(bk_model *m, int l)
+{
+    return (sub_norm){m->bo[l].ln2_w, m->bo[l].ln2_b, m->ba[l].ln2, m->ba[l].mu2, m->ba[l].rs2};
+}
+static sub_norm normc(bk_model *m, int l)
+{
+    return (sub_norm){m->bo[l].lnc_w, m->bo[l].lnc_b, m->ba[l].lnc, m->ba[l].muc, m->ba[l].rsc};
+}
+
+/* the MLP sublayer of block l on rows R: x -> out */
+static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float p, int site)
+{
+    blk_act *a = &m->ba[l];
+    const blk_off *o = &m->bo[l];
+    const int D = m->c.dim, M = m->c.mlp_dim;
+    const sub_norm n = norm2(m, l);
+    const float *h = sub_in(m, R, x, &n);
+    bki_linear_fwd(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M);
+    bki_gelu_fwd((size_t)R * M, a->f1, a->g1);
+    bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, sub_y(m, &n, out), D);
+    sub_out(m, R, x, &n, o->fc2_b, p, site, out);
+}
+static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
+{
+    blk_act *a = &m->ba[l];
+    const blk_off *o = &m->bo[l];
+    const int D = m->c.dim, M = m->c.mlp_dim;
+    const sub_norm n = norm2(m, l);
+    sub_bwd_in(m, R, &n, site);
+    bki_linear_bwd(R, M, D, a->g1, M, m->w + o->fc2_w, m->dT, D, m->dM, 0.0f, m->gw + o->fc2_w, m->gw + o->fc2_b);
+    bki_gelu_bwd((size_t)R * M, a->f1, m->dM, m->dM);
+    bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
+                   m->gw + o->fc1_b);
+    sub_bwd_out(m, R, x, &n);
+}
+
+/* encoder (classifier) block l on B samples of T = m->T rows each */
+static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int train)
+{
+    blk_act *a = &m->ba[l];
+    const blk_off *o = &m->bo[l];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, R = B * m->T;
+    const float p = train ? c->dropout : 0.0f;
+    const sub_norm n1 = norm1(m, l);
+    const float *h = sub_in(m, R, x, &n1);
+    bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
+    bk_status st = attn_forward(m, l, B, train, NULL);
+    if (st) return st;
+    bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, sub_y(m, &n1, a->mid), D);
+    sub_out(m, R, x, &n1, o->proj_b, p, 1 + 2 * l, a->mid);
+    if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
+    return BK_OK;
+}
+
+/* dX = d(block output) -> d(block input) */
+static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
+{
+    blk_act *a = &m->ba[l];
+    const blk_off *o = &m->bo[l];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, R = B * m->T;
+    if (c->mlp_dim > 0) mlp_bwd(m, l, R, a->mid, 2 + 2 * l);
+    const sub_norm n1 = norm1(m, l);
+    sub_bwd_in(m, R, &n1, 1 + 2 * l);
+    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, m->dT, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    bk_status st = attn_backward(m, l, B);
+    if (st) return st;
+    /* qkv = h Wqkv^T: three blocks of rows of W, one per q / k / v */
+    float *dsrc[3] = {m->dq, m->dk, m->dv};
+    const float *h = sub_h(m, &n1, xin);
+    for (int j = 0; j < 3; j++)
+        bki_linear_bwd(R, D, I, h, D, m->w + o->qkv_w + (size_t)j * I * D, dsrc[j], I, m->dT, j ? 1.0f : 0.0f,
+                       m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL);
+    sub_bwd_out(m, R, xin, &n1);
+    return BK_OK;
+}
+
+/* ---- the encoder-decoder (arch = seq2seq) -------------------------------- */
+/* block index of decoder block j, and its dropout sites (self, cross, MLP) */
+static int dec_index(const bk_model *m, int j) { return m->c.depth + j; }
+static int dec_site(const bk_model *m, int j) { return 1 + 2 * m->c.depth + 3 * j; }
+static int dec_embed_site(const bk_model *m) { return 1 + 2 * m->c.depth + 3 * m->c.dec_depth; }
+
+static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o,
+                      bk_tensor *cq, bk_tensor *ck, bk_tensor *cv, bk_tensor *co)
+{
+    const int64_t Td = m->Td, T = m->T, I = m->I, dh = m->dh;
+    *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
+    *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST};
+    *cq = (bk_tensor){a->cq, Td * I, dh, I, BK_DEVICE_HOST};
+    *ck = (bk_tensor){a->ckv, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST};
+    *cv = (bk_tensor){a->ckv + I, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST};
+    *co = (bk_tensor){a->catt, Td * I, dh, I, BK_DEVICE_HOST};
+}
+
+/* decoder block j on B samples: x [B*Td, D] -> out, attending to the
+ * encoder's output m->fin [B*T, D] */
+static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int train)
+{
+    const int L = dec_index(m, j), site = dec_site(m, j);
+    blk_act *a = &m->ba[L];
+    const blk_off *o = &m->bo[L];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, Rd = B * m->Td, Re = B * m->T;
+    const float p = train ? c->dropout : 0.0f;
+    bk_tensor q, k, v, ot, cq, ck, cv, co;
+    dec_views(m, a, &q, &k, &v, &ot, &cq, &ck, &cv, &co);
+    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
+    const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
+    /* causal softmax self-attention */
+    const sub_norm n1 = norm1(m, L);
+    const float *h = sub_in(m, Rd, x, &n1);
+    bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
+    bk_status st = site_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
+    if (st) return st;
+    bki_linear_fwd(Rd, I, D, a->att, I, m->w + o->proj_w, NULL, sub_y(m, &n1, a->mid), D);
+    sub_out(m, Rd, x, &n1, o->proj_b, p, site, a->mid);
+    /* cross-attention: queries from the stream, keys and values from the
+     * encoder's output */
+    const sub_norm nc = normc(m, L);
+    h = sub_in(m, Rd, a->mid, &nc);
+    bki_linear_fwd(Rd, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
+    bki_linear_fwd(Re, D, 2 * I, m->fin, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
+    st = site_forward(m, (attn_site){L, 1, 0}, &dc, &cq, &ck, &cv, &co, NULL, train ? a->ctape : NULL);
+    if (st) return st;
+    bki_linear_fwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, NULL, sub_y(m, &nc, a->cmid), D);
+    sub_out(m, Rd, a->mid, &nc, o->cproj_b, p, site + 1, a->cmid);
+    if (c->mlp_dim > 0) mlp_fwd(m, L, Rd, a->cmid, a->out, p, site + 2);
+    return BK_OK;
+}
+
+/* dX = d(block output) -> d(block input); adds d(encoder output) into dMem */
+static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
+{
+    const int L = dec_index(m, j), site = dec_site(m, j);
+    blk_act *a = &m->ba[L];
+    const blk_off *o = &m->bo[L];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, Rd = B * m->Td, Re = B * m->T;
+    const int64_t Td = m->Td, T = m->T, dh = m->dh;
+    bk_tensor q, k, v, ot, cq, ck, cv, co;
+    dec_views(m, a, &q, &k, &v, &ot, &cq, &ck, &cv, &co);
+    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
+    const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
+    const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST},
+                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST},
+                    dck = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dcv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
+    bk_status st;
+    if (c->mlp_dim > 0) mlp_bwd(m, L, Rd, a->cmid, site + 2);
+    /* cross-attention */
+    const sub_norm nc = normc(m, L);
+    sub_bwd_in(m, Rd, &nc, site + 1);
+    bki_linear_bwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, m->dT, D, m->dA, 0.0f, m->gw + o->cproj_w,
+                   m->gw + o->cproj_b);
+    if ((st = site_backward(m, (attn_site){L, 1, 0}, &dc, &cq, &ck, &cv, &dA, &dq, &dck, &dcv, NULL, a->ctape)))
+        return st;
+    bki_linear_bwd(Rd, D, I, sub_h(m, &nc, a->mid), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
+                   c->qkv_bias ? m->gw + o->cq_b : NULL);
+    /* kv = mem Wkv^T: the K rows of W, then the V rows */
+    float *dkv[2] = {m->dk, m->dv};
+    for (int i = 0; i < 2; i++)
+        bki_linear_bwd(Re, D, I, m->fin, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, m->dMem, 1.0f,
+                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL);
+    sub_bwd_out(m, Rd, a->mid, &nc);
+    /* causal self-attention */
+    const sub_norm n1 = norm1(m, L);
+    sub_bwd_in(m, Rd, &n1, site);
+    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, m->dT, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    if ((st = site_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
+    float *dsrc[3] = {m->dq, m->dk, m->dv};
+    const float *h = sub_h(m, &n1, xin);
+    for (int i = 0; i < 3; i++)
+        bki_linear_bwd(Rd, D, I, h, D, m->w + o->qkv_w + (size_t)i * I * D, dsrc[i], I, m->dT, i ? 1.0f : 0.0f,
+                       m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL);
+    sub_bwd_out(m, Rd, xin, &n1);
+    return BK_OK;
+}
+
+/* x[b, t] = sqrt(dim) table[tok[b, t]] + pos[t] over [B, N] (tok row stride
+ * N), dropout, rows t >= len[b] zero */
+static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *x,
+                          int train, int site)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, nt = bki_threads();
+    const float sc = sqrtf((float)D);
+    const float *E = m->w + m->e_w;
+    const float *pos = c->pos_embed == 1 ? m->w + pos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)B * N; r++) {
+            const int b = (int)(r / N), t = (int)(r % N);
+            float *xr = x + (size_t)r * D;
+            if (t >= len[b]) {
+                memset(xr, 0, sizeof(float) * (size_t)D);
+                continue;
+            }
+            const float *e = E + (size_t)tok[r] * D;
+            for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
+        }
+    }
+    if (train && c->dropout > 0.0f) bki_dropout(x, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
+}
+
+/* the table's gradient: g[tok[r]] += scale dE[r] over n rows (rows with
+ * tok < 0 skipped), parallel over column blocks, rows in order */
+static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
+{
+    const int nblk = (D + 31) / 32, nt = bki_threads();
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nblk; blk++) {
+            const int c0 = blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
+            for (size_t r = 0; r < n; r++) {
+                if (tok[r] < 0) continue;
+                float *gr = g + (size_t)tok[r] * D + c0;
+                const float *er = dE + r * D + c0;
+                for (int k = 0; k < cn; k++) gr[k] += scale * er[k];
+            }
+        }
+    }
+}
+
+/* backward of s2s_embed_fwd from dx (modified: dropout applied, padded rows
+ * zeroed) into the table and the learned positions; tok's padded entries
+ * are set to -1 */
+static void s2s_embed_bwd(bk_model *m, int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *dx,
+                          int site)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, nt = bki_threads();
+    for (int b = 0; b < B; b++)
+        if (len[b] < N) {
+            memset(dx + ((size_t)b * N + (size_t)len[b]) * D, 0, sizeof(float) * (size_t)(N - len[b]) * D);
+            for (int t = len[b]; t < N; t++) tok[(size_t)b * N + t] = -1;
+        }
+    if (c->dropout > 0.0f) bki_dropout(dx, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
+    if (c->pos_embed == 1) {
+        float *g = m->gw + pos_o;
+#pragma omp parallel num_threads(nt)
+        {
+            BKI_REGION;
+#pragma omp for schedule(static)
+            for (int t = 0; t < N; t++)
+                for (int b = 0; b < B; b++) add_into(g + (size_t)t * D, dx + ((size_t)b * N + t) * D, (size_t)D);
+        }
+    }
+    table_scatter(m->gw + m->e_w, D, tok, (size_t)B * N, dx, sqrtf((float)D));
+}
+
+/* logits = h table^T over the valid target rows, label-smoothed
+ * cross-entropy averaged over the valid target tokens; plog keeps the
+ * probabilities (rows of padded positions zero) */
+static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *loss)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, V = c->vocab, Td = m->Td, nt = bki_threads(), Rd = B * Td;
+    bki_linear_fwd(Rd, D, V, m->dfin, D, m->w + m->e_w, NULL, m->plog, V);
+    if (logits) {
+        memset(logits, 0, sizeof(float) * (size_t)B * c->tgt_max_len * V);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < m->nbt[b]; t++)
+                memcpy(logits + ((size_t)b * c->tgt_max_len + t) * V, m->plog + ((size_t)b * Td + t) * V,
+                       sizeof(float) * (size_t)V);
+    }
+    double *rl = m->rloss; /* per row: loss, hit */
+    int finite = 1;
+#pragma omp parallel num_threads(nt) reduction(&& : finite)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < Rd; r++) {
+            const int b = r / Td, t = r % Td;
+            float *z = m->plog + (size_t)r * V;
+            if (t >= m->nbt[b]) {
+                memset(z, 0, sizeof(float) * (size_t)V);
+                rl[2 * r] = rl[2 * r + 1] = 0.0;
+                continue;
+            }
+            const int y = m->tgt[r];
+            int best = 0;
+            double mx = z[0], sz = 0.0;
+            for (int j = 1; j < V; j++)
+                if (z[j] > mx) mx = z[j], best = j;
+            double s = 0.0;
+            for (int j = 0; j < V; j++) {
+                s += exp((double)z[j] - mx);
+                sz += z[j];
+            }
+            const double lse = mx + log(s);
+            if (!isfinite(lse)) finite = 0;
+            rl[2 * r] = (1.0 - ls) * (lse - z[y]) + ls * (lse - sz / V);
+            rl[2 * r + 1] = best == y;
+            for (int j = 0; j < V; j++) z[j] = (float)exp((double)z[j] - lse);
+        }
+    }
+    if (!finite) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
+    double total = 0.0;
+    int64_t hits = 0;
+    for (int r = 0; r < Rd; r++) {
+        total += rl[2 * r];
+        hits += rl[2 * r + 1] != 0.0;
+    }
+    m->ncorrect = hits;
+    if (loss) *loss = total / (double)m->ntok;
+    return BK_OK;
+}
+
+static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
+{
+    const bk_model_config *c = &m->c;
+    const int B = bt->B, D = c->dim;
+    bk_status st;
+    /* the batch's lengths fix the rows: T source and Td target positions */
+    int S = 1, Td = 1;
+    for (int b = 0; b < B; b++) {
+        m->nb[b] = bt->len ? bt->len[b] : c->max_len;
+        S = m->nb[b] > S ? m->nb[b] : S;
+        m->nbt[b] = bt->tgt_len ? bt->tgt_len[b] : c->tgt_max_len;
+        Td = m->nbt[b] > Td ? m->nbt[b] : Td;
+    }
+    m->T = S;
+    m->Td = Td;
+    m->ntok = 0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < m->nb[b] ? bt->tokens[(size_t)b * c->max_len + t] : 0;
+        for (int t = 0; t < Td; t++) {
+            const int valid = t < m->nbt[b];
+            m->dtok[(size_t)b * Td + t] = !valid ? 0 : t == 0 ? c->bos : bt->tgt[(size_t)b * c->tgt_max_len + t - 1];
+            m->tgt[(size_t)b * Td + t] = valid && bt->tgt ? bt->tgt[(size_t)b * c->tgt_max_len + t] : 0;
+        }
+        m->ntok += m->nbt[b];
+    }
+    const int Re = B * S, Rd = B * Td;
+    /* encoder */
+    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
+    const float *x = m->x0;
+    for (int l = 0; l < c->depth; l++) {
+        if ((st = enc_block_fwd(m, l, B, x, train))) return st;
+        x = m->ba[l].out;
+    }
+    if (c->final_norm)
+        bki_layernorm_fwd(Re, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
+    else
+        memcpy(m->fin, x, sizeof(float) * (size_t)Re * D);
+    /* decoder */
+    s2s_embed_fwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dx0, train, dec_embed_site(m));
+    x = m->dx0;
+    for (int j = 0; j < c->dec_depth; j++) {
+        if ((st = dec_block_fwd(m, j, B, x, train))) return st;
+        x = m->ba[dec_index(m, j)].out;
+    }
+    if (c->final_norm)
+        bki_layernorm_fwd(Rd, D, x, m->w + m->dnrm_w, m->w + m->dnrm_b, c->ln_eps, m->dfin, m->dfmu, m->dfrs);
+    else
+        memcpy(m->dfin, x, sizeof(float) * (size_t)Rd * D);
+    return s2s_loss(m, B, ls, logits, loss);
+}
+
+static bk_status s2s_backward(bk_model *m, float grad_scale)
+{
+    const bk_model_config *c = &m->c;
+    const int B = m->B, D = c->dim, V = c->vocab, Td = m->Td, S = m->T, Rd = B * Td, Re = B * S, nt = bki_threads();
+    const float ls = m->ls, k = grad_scale / (float)m->ntok;
+    bk_status st;
+    /* dlogits = k (p - target) on the valid rows (padded rows are zero) */
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < Rd; r++) {
+            if (r % Td >= m->nbt[r / Td]) continue;
+            float *p = m->plog + (size_t)r * V;
+            for (int j = 0; j < V; j++) p[j] = k * (p[j] - ls / (float)V);
+            p[m->tgt[r]] -= k * (1.0f - ls);
+        }
+    }
+    bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL);
+    const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
+    if (c->final_norm) {
+        memset(m->dX, 0, sizeof(float) * (size_t)Rd * D);
+        bki_layernorm_bwd(Rd, D, xlast, m->dfmu, m->dfrs, m->w + m->dnrm_w, m->dN, m->dX, m->gw + m->dnrm_w,
+                          m->gw + m->dnrm_b);
+    } else {
+        memcpy(m->dX, m->dN, sizeof(float) * (size_t)Rd * D);
+    }
+    memset(m->dMem, 0, sizeof(float) * (size_t)Re * D);
+    for (int j = c->dec_depth - 1; j >= 0; j--)
+        if ((st = dec_block_bwd(m, j, B, j > 0 ? m->ba[dec_index(m, j - 1)].out : m->dx0))) return st;
+    s2s_embed_bwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dX, dec_embed_site(m));
+    /* encoder, from d(its output) */
+    const float *elast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
+    if (c->final_norm) {
+        memset(m->dX, 0, sizeof(float) * (size_t)Re * D);
+        bki_layernorm_bwd(Re, D, elast, m->fmu, m->frs, m->w + m->nrm_w, m->dMem, m->dX, m->gw + m->nrm_w,
+                          m->gw + m->nrm_b);
+    } else {
+        memcpy(m->dX, m->dMem, sizeof(float) * (size_t)Re * D);
+    }
+    for (int l = c->depth - 1; l >= 0; l--)
+        if ((st = enc_block_bwd(m, l, B, l > 0 ? m->ba[l - 1].out : m->x0))) return st;
+    s2s_embed_bwd(m, m->tokens, m->nb, B, S, m->pos_o, m->dX, 0);
+    return BK_OK;
+}
+
 bk_status bk_model_backward(bk_model *m, float grad_scale)
 {
     if (!m) return bki_fail(BK_ERR_NULL, "bk_model_backward: NULL model");
     if (!m->have_tape) return bki_fail(BK_ERR_TAPE, "bk_model_backward: no training forward to differentiate");
     if (!isfinite(grad_scale)) return bki_fail(BK_ERR_PARAM, "bk_model_backward: grad_scale must be finite");
     const bk_model_config *c = &m->c;
-    const int B = m->B, T = m->T, D = c->dim, I = m->I, M = c->mlp_dim, R = B * T, C = c->classes;
     bk_status st;
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        if ((st = s2s_backward(m, grad_scale))) return st;
+        m->have_tape = 0;
+        return BK_OK;
+    }
+    const int B = m->B, T = m->T, D = c->dim, R = B * T, C = c->classes;
     const float ls = m->ls;
     /* dlogits = scale / B (p - target) */
     for (int b = 0; b < B; b++)
@@ -1521,32 +2203,19 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     } else {
         memcpy(m->dX, m->dN, sizeof(float) * (size_t)R * D);
     }
-    for (int l = c->depth - 1; l >= 0; l--) {
-        blk_act *a = &m->ba[l];
-        const blk_off *o = &m->bo[l];
-        const float *xin = l > 0 ? m->ba[l - 1].out : m->x0;
-        if (M > 0) {
-            memcpy(m->dT, m->dX, sizeof(float) * (size_t)R * D);
-            if (c->dropout > 0.0f) bki_dropout(m->dT, R, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 2 + 2 * l));
-            bki_linear_bwd(R, M, D, a->g1, M, m->w + o->fc2_w, m->dT, D, m->dM, 0.0f, m->gw + o->fc2_w, m->gw + o->fc2_b);
-            bki_gelu_bwd((size_t)R * M, a->f1, m->dM, m->dM);
-            bki_linear_bwd(R, D, M, a->ln2, D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w, m->gw + o->fc1_b);
-            bki_layernorm_bwd(R, D, a->mid, a->mu2, a->rs2, m->w + o->ln2_w, m->dT, m->dX, m->gw + o->ln2_w,
-                              m->gw + o->ln2_b);
-        }
-        memcpy(m->dT, m->dX, sizeof(float) * (size_t)R * D);
-        if (c->dropout > 0.0f) bki_dropout(m->dT, R, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 1 + 2 * l));
-        bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, m->dT, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
-        if ((st = attn_backward(m, l, B))) return st;
-        /* qkv = ln1 Wqkv^T: three blocks of rows of W, one per q / k / v */
-        float *dsrc[3] = {m->dq, m->dk, m->dv};
-        for (int j = 0; j < 3; j++)
-            bki_linear_bwd(R, D, I, a->ln1, D, m->w + o->qkv_w + (size_t)j * I * D, dsrc[j], I, m->dT, j ? 1.0f : 0.0f,
-                           m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL);
-        bki_layernorm_bwd(R, D, xin, a->mu1, a->rs1, m->w + o->ln1_w, m->dT, m->dX, m->gw + o->ln1_w, m->gw + o->ln1_b);
-    }
+    for (int l = c->depth - 1; l >= 0; l--)
+        if ((st = enc_block_bwd(m, l, B, l > 0 ? m->ba[l - 1].out : m->x0))) return st;
     embed_backward(m, B);
     m->have_tape = 0;
+    return BK_OK;
+}
+
+bk_status bk_model_token_stats(const bk_model *m, int64_t *tokens, int64_t *correct)
+{
+    if (!m) return bki_fail(BK_ERR_NULL, "bk_model_token_stats: NULL model");
+    if (m->ntok < 1) return bki_fail(BK_ERR_PARAM, "bk_model_token_stats: no forward with labels or targets has run");
+    if (tokens) *tokens = m->ntok;
+    if (correct) *correct = m->ncorrect;
     return BK_OK;
 }
 

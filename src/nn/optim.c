@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char *const OPT_NAMES[] = {"adamw", "adam", "sgd", NULL};
-static const char *const SCHED_NAMES[] = {"constant", "step", "cosine", NULL};
+static const char *const SCHED_NAMES[] = {"constant", "step", "cosine", "invsqrt", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_optim_config, field), NULL, 0}
 static const bki_field OPT_FIELDS[] = {
@@ -73,7 +73,7 @@ static bk_status check_cfg(const bk_optim_config *c)
     NEED(c->momentum >= 0.0f && c->momentum < 1.0f, "momentum must be in [0, 1)");
     NEED(c->nesterov == 0 || (c->nesterov == 1 && c->momentum > 0.0f), "nesterov needs momentum > 0");
     NEED(c->clip >= 0.0f, "clip must be >= 0");
-    NEED(c->sched >= BK_SCHED_CONSTANT && c->sched <= BK_SCHED_COSINE, "unknown schedule %d", (int)c->sched);
+    NEED(c->sched >= BK_SCHED_CONSTANT && c->sched <= BK_SCHED_INVSQRT, "unknown schedule %d", (int)c->sched);
     NEED(c->warmup >= 0, "warmup must be >= 0");
     NEED(c->sched != BK_SCHED_COSINE || c->total_steps > c->warmup, "cosine needs total_steps > warmup");
     NEED(c->lr_min >= 0.0f && c->lr_min <= c->lr, "lr_min must be in [0, lr]");
@@ -96,6 +96,8 @@ float bk_optim_lr(const bk_optim_config *c, int64_t step)
             if (step >= c->milestones[i]) lr *= c->gamma;
         return (float)lr;
     }
+    case BK_SCHED_INVSQRT: /* fairseq's inverse_sqrt: lr sqrt(warmup / (step + 1)) after the warm-up */
+        return (float)((double)c->lr * sqrt((double)(c->warmup > 0 ? c->warmup : 1) / (double)(step + 1)));
     case BK_SCHED_COSINE: {
         if (step >= c->total_steps) return c->lr_min;
         const double t = (double)(step - c->warmup) / (double)(c->total_steps - c->warmup);
@@ -229,18 +231,40 @@ bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, 
     if (b->B < 1) return bki_fail(BK_ERR_SHAPE, "bk_train_step: empty batch");
     const int mb = micro > 0 && micro < b->B ? micro : b->B;
     const int64_t per = bki_model_sample_size(m);
+    const bk_model_config *c = bk_model_get_config(m);
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    /* a micro-batch's weight: its samples (classifier) or its target
+     * tokens (seq2seq: the loss averages over tokens) */
+    int64_t total_w = b->B;
+    if (s2s) {
+        if (!b->tgt_len) return bki_fail(BK_ERR_NULL, "bk_train_step: a seq2seq batch needs tgt_len");
+        total_w = 0;
+        for (int i = 0; i < b->B; i++) total_w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
+        if (total_w < 1) return bki_fail(BK_ERR_LENGTH, "bk_train_step: no target tokens in the batch");
+    }
     bk_model_zero_grad(m);
     double total = 0.0;
     for (int s = 0; s < b->B; s += mb) {
         const int n = b->B - s < mb ? b->B - s : mb;
-        bk_batch part = {n, b->x ? b->x + (int64_t)s * per : NULL, b->tokens ? b->tokens + (int64_t)s * per : NULL,
-                         b->len ? b->len + s : NULL, b->labels ? b->labels + s : NULL};
+        bk_batch part = *b;
+        part.B = n;
+        part.x = b->x ? b->x + (int64_t)s * per : NULL;
+        part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
+        part.len = b->len ? b->len + s : NULL;
+        part.labels = b->labels ? b->labels + s : NULL;
+        part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
+        part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
+        int64_t w = n;
+        if (s2s) {
+            w = 0;
+            for (int i = 0; i < n; i++) w += part.tgt_len[i];
+        }
         double l = 0.0;
         bk_status st = bk_model_forward(m, &part, 1, ls, NULL, &l);
         if (st) return st;
-        if ((st = bk_model_backward(m, (float)n / (float)b->B))) return st;
-        total += l * n;
+        if ((st = bk_model_backward(m, (float)w / (float)total_w))) return st;
+        total += l * (double)w;
     }
-    if (loss) *loss = total / b->B;
+    if (loss) *loss = total / (double)total_w;
     return bk_optim_step(o, m, gnorm);
 }

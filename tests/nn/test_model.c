@@ -17,7 +17,7 @@
 typedef struct {
     bk_batch b;
     float *x;
-    int32_t *tok, *len, *lab;
+    int32_t *tok, *len, *lab, *tgt, *tgt_len;
 } tbatch;
 
 static void batch_make(tbatch *t, const bk_model_config *c, int B, int pad, th_rng *r)
@@ -45,10 +45,25 @@ static void batch_make(tbatch *t, const bk_model_config *c, int B, int pad, th_r
         for (int i = 0; i < B; i++) t->len[i] = i == 0 ? N : 1 + (int32_t)(th_next(r) % (uint64_t)N);
         t->b.len = t->len;
     }
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        /* targets: random ids, lengths random in [1, tgt_max_len] when padded
+         * (the last sample full, so the padded ones are not the longest) */
+        const int Nt = c->tgt_max_len;
+        t->tgt = malloc(sizeof(int32_t) * (size_t)B * Nt);
+        t->tgt_len = malloc(sizeof(int32_t) * (size_t)B);
+        for (int i = 0; i < B * Nt; i++) t->tgt[i] = (int32_t)(th_next(r) % (uint64_t)c->vocab);
+        for (int i = 0; i < B; i++)
+            t->tgt_len[i] = !pad || i == B - 1 ? Nt : 1 + (int32_t)(th_next(r) % (uint64_t)Nt);
+        t->b.tgt = t->tgt;
+        t->b.tgt_len = t->tgt_len;
+        t->b.labels = NULL;
+    }
 }
 
 static void batch_free(tbatch *t)
 {
+    free(t->tgt);
+    free(t->tgt_len);
     free(t->x);
     free(t->tok);
     free(t->len);
@@ -148,6 +163,41 @@ static void test_fd(void)
          * checked here above the pooling only; their full gradient is held
          * to the PyTorch twin (same subgradient) in tests/oracle/test_model.py. */
         fd_case(t, 3, cases[i].pad, cases[i].ls, 1e-3f, strstr(cases[i].extra, "pool=max") != NULL);
+    }
+}
+
+/* the encoder-decoder: every gradient against finite differences, for each
+ * normaliser of the encoder and of the cross-attention, pre- and post-LN,
+ * learned, sinusoidal and no positions, padded batches on both sides */
+static void test_fd_seq2seq(void)
+{
+    const char *base = "arch=seq2seq,input=tokens,vocab=13,max_len=6,tgt_max_len=5,dim=16,depth=2,dec_depth=2,heads=2,"
+                       "mlp_dim=24";
+    char t[512];
+    struct {
+        const char *extra;
+        int pad;
+        float ls;
+    } cases[] = {
+        {"attn=softmax", 1, 0.0f},
+        {"attn=softmax,post_ln=1,final_norm=0,pos_embed=2,qkv_bias=1", 1, 0.1f},
+        {"attn=sinkhorn,cross_attn=sinkhorn,sk_iters=3", 1, 0.0f},
+        {"attn=esp,cross_attn=esp,esp_t=0.2,esp_slices=3", 0, 0.0f},
+        {"attn=lot,lot_r=2,pos_embed=0", 1, 0.0f},
+        {"attn=diff,qkv_bias=1,pos_embed=2", 1, 0.0f},
+        {"attn=unbalanced,cross_attn=unbalanced,sk_iters=4,sk_rho=2,post_ln=1", 1, 0.0f},
+        {"depth=1,dec_depth=1,mlp_dim=0,heads=1,head_dim=8", 1, 0.1f},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < n; i++) {
+        if (TH.quick && i % 2) continue;
+        snprintf(t, sizeof t, "%s,%s", base, cases[i].extra);
+        /* h = 3e-3: the encoder's gradients are small (the loss averages
+         * over target tokens): at 1e-3 the float32 loss's rounding is of
+         * the order of the check's floor (1e-4), at 1e-2 the truncation
+         * error is (per-entry differences agree to 4 digits). The strict
+         * check is the float64 PyTorch twin (tests/oracle/test_model.py). */
+        fd_case(t, 3, cases[i].pad, cases[i].ls, 3e-3f, 0);
     }
 }
 
@@ -1159,4 +1209,10 @@ void test_model(void)
     test_swap();
     test_set_attn();
     test_diff_model();
+}
+
+void test_seq2seq(void)
+{
+    if (TH.filter && !strstr("seq2seq", TH.filter)) return;
+    test_fd_seq2seq();
 }

@@ -81,7 +81,7 @@ int bench_train(int argc, char **argv)
         cli_fill(x, nin, 7, 1.0f);
         for (int i = 0; i < B; i++) lab[i] = i % c.classes;
         for (size_t i = 0; i < nin; i++) tok[i] = (int32_t)(i * 7 % (size_t)c.vocab);
-        bk_batch b = {B, x, tok, NULL, lab};
+        bk_batch b = {B, x, tok, NULL, lab, NULL, NULL};
         double *t = malloc(sizeof(double) * (size_t)steps), loss;
         int ok = 1;
         for (int s = 0; s < warm + steps && ok; s++) {

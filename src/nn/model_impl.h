@@ -1,0 +1,87 @@
+/* model_impl.h -- the model's layout, shared by the files of the training
+ * engine that run it: model.c (configuration, parameters, forward and
+ * backward of the classifier and of the encoder-decoder) and
+ * seq2seq_step.c (the encoder-decoder's incremental decoding). */
+#ifndef BK_MODEL_IMPL_H
+#define BK_MODEL_IMPL_H
+
+#include "layers.h"
+
+#define MAXP 512
+
+/* parameter offsets of one block (-1 when absent). Encoder (and classifier)
+ * blocks use ln1, qkv, the attention kind's own tensors, proj, ln2 and the
+ * MLP; decoder blocks add the cross-attention: lnc, cq (queries from the
+ * decoder stream), ckv (keys and values from the encoder's output), cproj. */
+typedef struct {
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, proj_w, proj_b, ln2_w, ln2_b,
+        fc1_w, fc1_b, fc2_w, fc2_b;
+    int64_t lnc_w, lnc_b, cq_w, cq_b, ckv_w, ckv_b, cproj_w, cproj_b;
+} blk_off;
+
+/* A block's activations. Pre-LN: ln1/lnc/ln2 hold the normalised inputs of
+ * the sublayers; post-LN: they hold the residual sums the norms take (the
+ * sublayers read the stream itself). */
+typedef struct {
+    float *mid, *out;                 /* residual stream after attention / block */
+    float *ln1, *mu1, *rs1, *qkv, *att;
+    float *ln2, *mu2, *rs2, *f1, *g1;
+    void *tape;
+    size_t tape_cap;
+    float *esp_theta;
+    bk_asap_layer *asap;
+    float *draw, *drs, *lam;          /* diff: the operator's output [R, I], its
+                                         per-head inverse RMS [R, H], lambda [H] */
+    /* decoder blocks: the stream after the cross-attention, its norm, the
+     * queries [Rd, I], keys and values [Re, 2I], output [Rd, I] and tape */
+    float *cmid, *lnc, *muc, *rsc, *cq, *ckv, *catt, *cesp_theta;
+    void *ctape;
+    size_t ctape_cap;
+} blk_act;
+
+struct bk_model {
+    bk_model_config c;
+    uint64_t seed, fwd_count, cur_count;
+    int max_batch, np, in_feat, T, I, dh, F;
+    int nparam;
+    bki_param tab[MAXP];
+    int64_t P;
+    float *w, *gw;
+    /* parameter offsets (-1 when absent) */
+    int64_t e_w, e_b, e_w2, e_b2, cls_o, pos_o, nrm_w, nrm_b, otk_z, head_w, head_b;
+    blk_off *bo;   /* seq2seq: [0, depth) encoder, [depth, depth + dec_depth) decoder */
+    /* activations */
+    float *emb_in, *emb_h, *emb_g, *emb_o;  /* [B*np, in_feat], points hidden, gelu, embed out */
+    float *x0;                               /* [R, D] stream entering block 0   */
+    blk_act *ba;
+    float *fin, *fmu, *frs;                  /* final norm                        */
+    float *pooled, *logits, *probs;
+    int32_t *argmax, *nb, *labels, *tokens;
+    void *otk_tape;
+    size_t otk_tape_cap;
+    /* backward scratch */
+    float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
+    void *ws;
+    size_t ws_cap;
+    int B, have_tape;
+    float ls;
+    int64_t ntok, ncorrect;                  /* bk_model_token_stats            */
+    /* ---- seq2seq (arch = seq2seq): T is the source length of the current
+     * batch (the longest valid one; max_len at most), Td the target's;
+     * encoder rows B*T, decoder rows B*Td, each [B, len, D] ---- */
+    int Tmax, Td;
+    int64_t dpos_o, dnrm_w, dnrm_b;           /* dec.pos, dec.norm             */
+    float *sin_tab;                           /* sinusoidal positions [max(max_len,
+                                                 tgt_max_len), D]               */
+    int32_t *nbt, *dtok, *tgt;                /* target lengths [B], decoder input
+                                                 and targets [B, Td]            */
+    float *dx0, *dfin, *dfmu, *dfrs;          /* decoder stream in, final norm */
+    float *plog;                              /* [Rd, vocab]: logits, then
+                                                 probabilities, then their
+                                                 gradient                       */
+    double *rloss;                            /* [Rd, 2]: per-row loss and hit */
+    float *dMem, *dS;                         /* backward: d(encoder output),
+                                                 post-LN residual-sum gradient  */
+};
+
+#endif

@@ -37,13 +37,13 @@ AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=
 CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
-NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c
+NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
-TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/plot/plot.c \

@@ -273,10 +273,11 @@ BK_API bk_status bk_decode_config_set(bk_decode_config *c, const char *key, cons
  * [1, max_len], each ending with eos) with a seq2seq model: out [B,
  * out_stride] receives the tokens of the best hypothesis without BOS and
  * EOS, out_len [B] their count (nullable: score [B], the hypothesis'
- * length-penalised log-probability). Batched over the sentences (at most the
- * model's max_batch, each beam hypothesis one row: B * beam <= max_batch *
- * ... see docs/MODEL.md), deterministic (ties go to the lower hypothesis,
- * then the lower token). Errors: not a seq2seq model or cross_attn not
+ * length-penalised log-probability). Batched over the sentences (B <= the
+ * model's max_batch; the decoder's state, B * beam rows with every layer's
+ * keys and values, is allocated per call), deterministic (ties go to the
+ * lower hypothesis, then the lower token). src_stride >= the longest
+ * sentence. Errors: not a seq2seq model or cross_attn not
  * softmax (a doubly-stochastic cross-attention normalises over all target
  * positions; it has no incremental form) (BK_ERR_PARAM), out_stride below
  * the length limit (BK_ERR_SHAPE), ids or lengths out of range

@@ -934,6 +934,7 @@ const bki_param *bki_model_table(const bk_model *m, int *count)
     return m->tab;
 }
 uint64_t bki_model_seed(const bk_model *m) { return m->seed; }
+int bki_model_max_batch(const bk_model *m) { return m->max_batch; }
 int64_t bki_model_sample_size(const bk_model *m)
 {
     return m->c.input == BK_INPUT_IMAGE ? (int64_t)m->c.channels * m->c.image_h * m->c.image_w
@@ -2125,6 +2126,36 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
     else
         memcpy(m->dfin, x, sizeof(float) * (size_t)Rd * D);
     return s2s_loss(m, B, ls, logits, loss);
+}
+
+/* the encoder alone (inference) on B sentences: m->fin = memory [B*T, D],
+ * T = the longest source, m->nb the lengths (decoding; src rows of stride
+ * `stride`) */
+bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B)
+{
+    const bk_model_config *c = &m->c;
+    bk_status st;
+    int S = 1;
+    for (int b = 0; b < B; b++) {
+        m->nb[b] = len[b];
+        S = len[b] > S ? len[b] : S;
+    }
+    m->have_tape = 0;
+    m->B = B;
+    m->T = S;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < len[b] ? src[(size_t)b * stride + t] : 0;
+    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, 0, 0);
+    const float *x = m->x0;
+    for (int l = 0; l < c->depth; l++) {
+        if ((st = enc_block_fwd(m, l, B, x, 0))) return st;
+        x = m->ba[l].out;
+    }
+    if (c->final_norm)
+        bki_layernorm_fwd(B * S, c->dim, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
+    else
+        memcpy(m->fin, x, sizeof(float) * (size_t)B * S * c->dim);
+    return BK_OK;
 }
 
 static bk_status s2s_backward(bk_model *m, float grad_scale)

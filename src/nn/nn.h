@@ -18,10 +18,26 @@ const bki_param *bki_model_table(const bk_model *m, int *count);
 uint64_t bki_model_seed(const bk_model *m);
 /* elements per sample of the batch's input array (x, or tokens) */
 int64_t bki_model_sample_size(const bk_model *m);
+int bki_model_max_batch(const bk_model *m);
 uint64_t bki_model_fwd_count(const bk_model *m);
 void bki_model_set_fwd_count(bk_model *m, uint64_t c);
 /* the compiled ASAP layer of block l (NULL when none is attached) */
 const bk_asap_layer *bki_model_asap(const bk_model *m, int layer);
+
+/* ---- the encoder-decoder's incremental decoding (model.c, seq2seq_step.c) ----
+ * bki_s2s_encode runs the encoder on B <= max_batch sentences (checked by
+ * the caller). A decoder state holds rows = B * beam hypotheses: every
+ * decoder layer's keys and values of the positions fed so far (cache = 1),
+ * or the rows' prefixes, recomputed from the start at every step (cache =
+ * 0: the same numbers, what the cache saves). bki_s2s_step has the
+ * semantics of bki_decoder.step (src/train/decode.h): feeds token tok[r] at
+ * position t to row r, whose state continues row parent[r] of step t - 1,
+ * and writes the next token's log-probabilities logp [rows, vocab]. */
+bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B);
+typedef struct bki_s2s_dec bki_s2s_dec;
+bk_status bki_s2s_dec_create(bk_model *m, int B, int beam, int max_steps, int cache, bki_s2s_dec **out);
+bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, const int32_t *tok, float *logp);
+void bki_s2s_dec_free(bki_s2s_dec *d);
 
 /* ---- optimiser state access for checkpoints (optim.c) ------------------- */
 /* slots: 0 (SGD momentum "buf" / Adam "m") and 1 (Adam "v"); NULL if absent */

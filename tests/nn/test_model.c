@@ -201,6 +201,194 @@ static void test_fd_seq2seq(void)
     }
 }
 
+/* a copy task: source = random ids in [4, V) of length 1..maxl, then EOS;
+ * target = the same sentence */
+static void copy_batch(th_rng *r, int B, int V, int maxl, int S, int Tn, int32_t *src, int32_t *len, int32_t *tgt,
+                       int32_t *tlen)
+{
+    for (int b = 0; b < B; b++) {
+        const int n = 1 + (int)(th_next(r) % (uint64_t)maxl);
+        for (int t = 0; t < S; t++) src[(size_t)b * S + t] = 3;
+        for (int t = 0; t < Tn; t++) tgt[(size_t)b * Tn + t] = 3;
+        for (int t = 0; t < n; t++) src[(size_t)b * S + t] = tgt[(size_t)b * Tn + t] = 4 + (int32_t)(th_next(r) % (uint64_t)(V - 4));
+        src[(size_t)b * S + n] = tgt[(size_t)b * Tn + n] = 2;
+        len[b] = tlen[b] = n + 1;
+    }
+}
+
+/* decoding: the step form against the teacher-forced forward (greedy's
+ * choices are the forward's argmax, its score the forward's log-likelihood),
+ * cache against no cache, batched against one by one, beam >= greedy's
+ * likelihood, a trained copy task decoded exactly, and refusals */
+static void test_decode_model(void)
+{
+    const int V = 12, S = 9, Tn = 9, B = 6;
+    const char *cfg = "arch=seq2seq,input=tokens,vocab=12,max_len=9,tgt_max_len=9,dim=32,depth=1,dec_depth=2,heads=2,"
+                      "mlp_dim=48,final_norm=1,qkv_bias=1";
+    bk_model *m = model_from(cfg, 3, 8);
+    if (!m) return;
+    th_rng r = {77};
+    int32_t src[B * S], len[B], tgt[B * Tn], tlen[B], out[B * Tn], olen[B], out2[B * Tn], olen2[B];
+    float score[B], score2[B];
+    copy_batch(&r, B, V, 7, S, Tn, src, len, tgt, tlen);
+    bk_decode_config dc = bk_decode_config_default();
+    dc.beam = 1;
+    dc.len_penalty = 0.0f;
+    dc.len_a = 1.0f;
+    dc.len_b = 2;
+    int ok = bk_model_translate(m, src, S, len, B, &dc, out, Tn, olen, score) == BK_OK;
+    if (!th_check(ok, "decode greedy", "%s", bk_last_error())) goto out;
+    /* teacher-forced forward on the greedy outputs (+ EOS, unless cut at the limit) */
+    {
+        int32_t ft[B * Tn], fl[B];
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < Tn; t++) ft[b * Tn + t] = t < olen[b] ? out[b * Tn + t] : 2;
+            fl[b] = olen[b] + 1;
+        }
+        float *lg = malloc(sizeof(float) * (size_t)B * Tn * V);
+        bk_batch fb = {.B = B, .tokens = src, .len = len, .tgt = ft, .tgt_len = fl};
+        ok = bk_model_forward(m, &fb, 0, 0.0f, lg, NULL) == BK_OK;
+        double worst_ll = 0.0;
+        int argmax_ok = 1;
+        for (int b = 0; ok && b < B; b++) {
+            double ll = 0.0;
+            for (int t = 0; t < fl[b]; t++) {
+                const float *z = lg + ((size_t)b * Tn + t) * V;
+                double mx = z[0], sum = 0.0;
+                int best = 0;
+                for (int v = 1; v < V; v++)
+                    if (z[v] > z[best]) best = v;
+                mx = z[best];
+                for (int v = 0; v < V; v++) sum += exp(z[v] - mx);
+                ll += z[ft[b * Tn + t]] - mx - log(sum);
+                /* (the last position of a sentence cut at its limit is a forced EOS) */
+                if (t < olen[b] && best != ft[b * Tn + t]) argmax_ok = 0;
+            }
+            worst_ll = fmax(worst_ll, fabs(ll - score[b]));
+        }
+        free(lg);
+        th_check(ok && argmax_ok, "decode greedy = forward argmax", "%s", ok ? "" : bk_last_error());
+        th_check(ok && worst_ll < 1e-4, "decode score = forward log-likelihood", "max |diff| %.3g", worst_ll);
+    }
+    /* cache = 0: the same outputs and scores */
+    dc.cache = 0;
+    ok = bk_model_translate(m, src, S, len, B, &dc, out2, Tn, olen2, score2) == BK_OK;
+    int same = ok, close = ok;
+    for (int b = 0; ok && b < B; b++) {
+        same &= olen2[b] == olen[b] && !memcmp(out2 + b * Tn, out + b * Tn, sizeof(int32_t) * (size_t)olen[b]);
+        close &= fabsf(score2[b] - score[b]) <= 1e-5f * (1.0f + fabsf(score[b]));
+    }
+    th_check(same && close, "decode cache = no cache", "%s", ok ? "" : bk_last_error());
+    dc.cache = 1;
+    /* beam 4 (length penalty 0: raw log-likelihood) finds at least greedy's */
+    dc.beam = 4;
+    ok = bk_model_translate(m, src, S, len, B, &dc, out2, Tn, olen2, score2) == BK_OK;
+    int better = ok;
+    for (int b = 0; ok && b < B; b++) better &= score2[b] >= score[b] - 1e-5f;
+    th_check(better, "decode beam >= greedy likelihood", "%s", ok ? "" : bk_last_error());
+    /* batched = one by one (beam 4) */
+    {
+        int32_t o1[Tn], l1;
+        float s1;
+        int eq = ok;
+        for (int b = 0; eq && b < B; b++) {
+            eq = bk_model_translate(m, src + b * S, S, len + b, 1, &dc, o1, Tn, &l1, &s1) == BK_OK && l1 == olen2[b] &&
+                 !memcmp(o1, out2 + b * Tn, sizeof(int32_t) * (size_t)l1) && fabsf(s1 - score2[b]) <= 1e-5f;
+        }
+        th_check(eq, "decode batched = one by one", "%s", bk_last_error());
+    }
+    /* refusals */
+    {
+        int32_t bad[S];
+        memcpy(bad, src, sizeof bad);
+        bad[0] = V;
+        th_check(bk_model_translate(m, bad, S, len, 1, &dc, out, Tn, olen, NULL) == BK_ERR_PARAM, "decode bad token",
+                 "%s", bk_last_error());
+        int32_t l0 = 0, lbig = S + 1;
+        th_check(bk_model_translate(m, src, S, &l0, 1, &dc, out, Tn, olen, NULL) == BK_ERR_LENGTH,
+                 "decode empty sentence", "%s", bk_last_error());
+        th_check(bk_model_translate(m, src, S, &lbig, 1, &dc, out, Tn, olen, NULL) == BK_ERR_LENGTH,
+                 "decode over-long sentence", "%s", bk_last_error());
+        th_check(bk_model_translate(m, src, S, len, 9, &dc, out, Tn, olen, NULL) == BK_ERR_SHAPE,
+                 "decode batch above max_batch", "%s", bk_last_error());
+        th_check(bk_model_translate(m, src, S, len, 1, &dc, out, 2, olen, NULL) == BK_ERR_SHAPE,
+                 "decode out_stride too small", "%s", bk_last_error());
+        bk_model_config sc = *bk_model_get_config(m);
+        sc.cross_attn = BK_ATTN_SINKHORN;
+        bk_model *sw = NULL;
+        if (th_check(bk_model_swap(m, &sc, NULL, 0, 8, &sw) == BK_OK, "swap cross-attention to sinkhorn", "%s",
+                     bk_last_error())) {
+            const bk_status st = bk_model_translate(sw, src, S, len, 1, &dc, out, Tn, olen, NULL);
+            th_check(st == BK_ERR_PARAM && strstr(bk_last_error(), "step"), "decode refuses a DS cross-attention",
+                     "%s", bk_last_error());
+        }
+        bk_model_free(sw);
+        bk_model_config cc = *bk_model_get_config(m);
+        th_check(bk_model_config_set(&cc, "attn", "sinkhorn") == BK_OK && bk_model_config_check(&cc) == BK_OK,
+                 "seq2seq: a DS encoder is fine", "%s", bk_last_error());
+        cc = *bk_model_get_config(m);
+        cc.cross_attn = BK_ATTN_LOT;
+        th_check(bk_model_config_check(&cc) == BK_ERR_PARAM, "seq2seq: LOT cross-attention refused", "%s",
+                 bk_last_error());
+        cc = *bk_model_get_config(m);
+        cc.input = BK_INPUT_IMAGE;
+        th_check(bk_model_config_check(&cc) == BK_ERR_PARAM, "seq2seq: needs tokens", "%s", bk_last_error());
+        bk_batch nb = {.B = 1, .tokens = src, .len = len};
+        th_check(bk_model_forward(m, &nb, 0, 0.0f, NULL, NULL) == BK_ERR_NULL, "seq2seq forward needs targets", "%s",
+                 bk_last_error());
+        int32_t tl0 = 0;
+        bk_batch zb = {.B = 1, .tokens = src, .len = len, .tgt = tgt, .tgt_len = &tl0};
+        th_check(bk_model_forward(m, &zb, 0, 0.0f, NULL, NULL) == BK_ERR_LENGTH, "seq2seq empty target", "%s",
+                 bk_last_error());
+    }
+out:
+    bk_model_free(m);
+}
+
+/* the copy task, trained: greedy decoding reproduces held-out sentences */
+static void test_copy_task(void)
+{
+    const int V = 12, S = 9, Tn = 9, B = 32, steps = TH.quick ? 250 : 400;
+    bk_model *m = model_from("arch=seq2seq,input=tokens,vocab=12,max_len=9,tgt_max_len=9,dim=32,depth=1,dec_depth=1,"
+                             "heads=2,mlp_dim=64,final_norm=1",
+                             5, B);
+    if (!m) return;
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim_config_parse(&oc, "kind=adam,lr=1e-2,beta2=0.98,weight_decay=0,warmup=40,sched=invsqrt");
+    bk_optim *o = NULL;
+    if (!th_check(bk_optim_create(&oc, m, &o) == BK_OK, "copy optim", "%s", bk_last_error())) {
+        bk_model_free(m);
+        return;
+    }
+    th_rng r = {2024};
+    int32_t src[B * S], len[B], tgt[B * Tn], tlen[B], out[B * Tn], olen[B];
+    double loss = 0.0;
+    int ok = 1;
+    for (int s = 0; s < steps && ok; s++) {
+        copy_batch(&r, B, V, 7, S, Tn, src, len, tgt, tlen);
+        bk_batch b = {.B = B, .tokens = src, .len = len, .tgt = tgt, .tgt_len = tlen};
+        ok = bk_train_step(m, o, &b, 0, 0.0f, &loss, NULL) == BK_OK;
+    }
+    th_rng rt = {99}; /* held-out sentences */
+    copy_batch(&rt, B, V, 7, S, Tn, src, len, tgt, tlen);
+    bk_decode_config dc = bk_decode_config_default();
+    dc.beam = 1;
+    ok = ok && bk_model_translate(m, src, S, len, B, &dc, out, Tn, olen, NULL) == BK_OK;
+    int exact = 0;
+    for (int b = 0; ok && b < B; b++)
+        exact += olen[b] == len[b] - 1 && !memcmp(out + b * Tn, src + b * S, sizeof(int32_t) * (size_t)olen[b]);
+    th_check(ok && exact >= B * 9 / 10, "copy task: greedy exact match", "%d / %d (final loss %.4f) %s", exact, B,
+             loss, ok ? "" : bk_last_error());
+    dc.beam = 5;
+    int exact5 = 0;
+    ok = ok && bk_model_translate(m, src, S, len, B, &dc, out, Tn, olen, NULL) == BK_OK;
+    for (int b = 0; ok && b < B; b++)
+        exact5 += olen[b] == len[b] - 1 && !memcmp(out + b * Tn, src + b * S, sizeof(int32_t) * (size_t)olen[b]);
+    th_check(ok && exact5 >= B * 9 / 10, "copy task: beam-5 exact match", "%d / %d", exact5, B);
+    bk_optim_free(o);
+    bk_model_free(m);
+}
+
 /* one training step's gradients and the updated weights at 1, 2, 3 threads */
 static void test_threads(void)
 {
@@ -1215,4 +1403,6 @@ void test_seq2seq(void)
 {
     if (TH.filter && !strstr("seq2seq", TH.filter)) return;
     test_fd_seq2seq();
+    test_decode_model();
+    test_copy_task();
 }

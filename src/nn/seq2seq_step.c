@@ -1,0 +1,276 @@
+/* seq2seq_step.c -- the encoder-decoder's incremental decoding: one
+ * position of every hypothesis per call, each decoder layer's keys and
+ * values kept (docs/MODEL.md, "Decoding"). The training forward (model.c)
+ * runs the decoder on whole target sentences with the registered causal
+ * softmax operator; a step is the same arithmetic on one query row per
+ * hypothesis: the self-attention over the cached positions 0..t, the
+ * cross-attention (softmax: a doubly-stochastic cross-attention normalises
+ * over all target positions and has no step form) over the sentence's
+ * encoder output, the MLP, the final norm and the tied output projection.
+ * Rows are independent: each row's arithmetic is the same for any number of
+ * threads and any batch. */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct bki_s2s_dec {
+    bk_model *m;
+    int B, beam, rows, tmax, cache, S, pst;
+    float *kc, *vc;        /* [layers][rows, tmax, I]: cached keys, values   */
+    float *ckv;            /* [layers][B*S, 2I]: cross keys | values          */
+    float *scratch;        /* [rows, tmax, I]: reorder buffer                  */
+    int32_t *prefix, *ptmp;/* [rows, tmax]: tokens fed, reorder buffer        */
+    float *x, *h, *y, *qkv, *att, *f1, *g1, *mu, *rs, *p;
+};
+
+void bki_s2s_dec_free(bki_s2s_dec *d)
+{
+    if (!d) return;
+    void *bufs[] = {d->kc, d->vc, d->ckv, d->scratch, d->prefix, d->ptmp, d->x, d->h, d->y, d->qkv,
+                    d->att, d->f1, d->g1, d->mu, d->rs, d->p};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(d);
+}
+
+static float *fnew(size_t n) { return malloc(sizeof(float) * (n ? n : 1)); }
+
+bk_status bki_s2s_dec_create(bk_model *m, int B, int beam, int max_steps, int cache, bki_s2s_dec **out)
+{
+    *out = NULL;
+    const bk_model_config *c = &m->c;
+    bki_s2s_dec *d = calloc(1, sizeof *d);
+    if (!d) return bki_fail(BK_ERR_NOMEM, "decoding: out of memory");
+    const int L = c->dec_depth, I = m->I, D = c->dim, M = c->mlp_dim, S = m->T;
+    d->m = m;
+    d->B = B;
+    d->beam = beam;
+    d->rows = B * beam;
+    d->tmax = max_steps;
+    d->cache = cache;
+    d->S = S;
+    const size_t R = (size_t)d->rows, kv = (size_t)L * R * (size_t)max_steps * I;
+    d->kc = fnew(kv);
+    d->vc = fnew(kv);
+    d->ckv = fnew((size_t)L * B * S * 2 * I);
+    d->scratch = fnew(R * (size_t)max_steps * I);
+    d->prefix = malloc(sizeof(int32_t) * R * (size_t)max_steps);
+    d->ptmp = malloc(sizeof(int32_t) * R * (size_t)max_steps);
+    d->x = fnew(R * D);
+    d->h = fnew(R * D);
+    d->y = fnew(R * D);
+    d->qkv = fnew(R * 3 * I);
+    d->att = fnew(R * I);
+    d->f1 = fnew(R * (size_t)(M > 0 ? M : 1));
+    d->g1 = fnew(R * (size_t)(M > 0 ? M : 1));
+    d->mu = fnew(R);
+    d->rs = fnew(R);
+    d->pst = max_steps > S ? max_steps : S;
+    d->p = fnew(R * (size_t)d->pst);
+    if (!d->kc || !d->vc || !d->ckv || !d->scratch || !d->prefix || !d->ptmp || !d->x || !d->h || !d->y || !d->qkv ||
+        !d->att || !d->f1 || !d->g1 || !d->mu || !d->rs || !d->p) {
+        bki_s2s_dec_free(d);
+        return bki_fail(BK_ERR_NOMEM, "decoding: out of memory for %d hypotheses of up to %d tokens", B * beam,
+                        max_steps);
+    }
+    /* the cross-attention's keys and values, once per sentence */
+    for (int j = 0; j < L; j++) {
+        const blk_off *o = &m->bo[c->depth + j];
+        bki_linear_fwd(B * S, D, 2 * I, m->fin, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL,
+                       d->ckv + (size_t)j * B * S * 2 * I, 2 * I);
+    }
+    *out = d;
+    return BK_OK;
+}
+
+/* pre-LN: h = LN(x); post-LN: h = x */
+static const float *step_in(bki_s2s_dec *d, const float *x, int64_t g, int64_t b)
+{
+    bk_model *m = d->m;
+    if (m->c.post_ln) return x;
+    bki_layernorm_fwd(d->rows, m->c.dim, x, m->w + g, m->w + b, m->c.ln_eps, d->h, d->mu, d->rs);
+    return d->h;
+}
+/* x = x + y + bias (pre-LN) or LN(x + y + bias) (post-LN) */
+static void step_out(bki_s2s_dec *d, float *x, int64_t bias, int64_t g, int64_t b)
+{
+    bk_model *m = d->m;
+    const int D = m->c.dim;
+    const float *bb = m->w + bias;
+    for (int r = 0; r < d->rows; r++) {
+        float *xr = x + (size_t)r * D;
+        const float *yr = d->y + (size_t)r * D;
+        if (m->c.post_ln)
+            for (int k = 0; k < D; k++) d->h[(size_t)r * D + k] = xr[k] + (yr[k] + bb[k]);
+        else
+            for (int k = 0; k < D; k++) xr[k] += yr[k] + bb[k];
+    }
+    if (m->c.post_ln) bki_layernorm_fwd(d->rows, D, d->h, m->w + g, m->w + b, m->c.ln_eps, x, d->mu, d->rs);
+}
+
+/* out[r] = softmax(scale q_r . K_j, j < n) V over one head (dh), keys and
+ * values rows of stride ld; p: scratch of n floats */
+static void attend(const float *q, const float *K, const float *V, int64_t ld, int n, int dh, float scale, float *p,
+                   float *out)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *k = K + (size_t)j * ld;
+        float s = 0.0f;
+        for (int e = 0; e < dh; e++) s += q[e] * k[e];
+        p[j] = s * scale;
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    double z = 0.0;
+    for (int j = 0; j < n; j++) {
+        p[j] = expf(p[j] - mx);
+        z += p[j];
+    }
+    const float iz = (float)(1.0 / z);
+    for (int e = 0; e < dh; e++) out[e] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float w = p[j] * iz;
+        const float *v = V + (size_t)j * ld;
+        for (int e = 0; e < dh; e++) out[e] += w * v[e];
+    }
+}
+
+/* one position t for every row: tok -> x through the decoder layers; the
+ * layers' keys and values of position t join the cache */
+static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
+{
+    bk_model *m = d->m;
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, dh = m->dh, H = c->heads, M = c->mlp_dim, R = d->rows, S = d->S,
+              nt = bki_threads();
+    const float sc = sqrtf((float)D), scale = c->attn_scale > 0.0f ? c->attn_scale : 1.0f / sqrtf((float)dh);
+    const float *E = m->w + m->e_w;
+    const float *pos = c->pos_embed == 1 ? m->w + m->dpos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
+    for (int r = 0; r < R; r++) {
+        const float *e = E + (size_t)tok[r] * D;
+        float *xr = d->x + (size_t)r * D;
+        for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
+    }
+    for (int j = 0; j < c->dec_depth; j++) {
+        const blk_off *o = &m->bo[c->depth + j];
+        float *kc = d->kc + (size_t)j * R * d->tmax * I, *vc = d->vc + (size_t)j * R * d->tmax * I;
+        const float *ckv = d->ckv + (size_t)j * d->B * S * 2 * I;
+        /* causal self-attention over positions 0..t */
+        const float *h = step_in(d, d->x, o->ln1_w, o->ln1_b);
+        bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, d->qkv, 3 * I);
+#pragma omp parallel num_threads(nt)
+        {
+            BKI_REGION;
+#pragma omp for schedule(static)
+            for (int r = 0; r < R; r++) {
+                const float *qr = d->qkv + (size_t)r * 3 * I;
+                memcpy(kc + ((size_t)r * d->tmax + t) * I, qr + I, sizeof(float) * (size_t)I);
+                memcpy(vc + ((size_t)r * d->tmax + t) * I, qr + 2 * I, sizeof(float) * (size_t)I);
+                float *p = d->p + (size_t)r * d->pst;
+                for (int hh = 0; hh < H; hh++)
+                    attend(qr + (size_t)hh * dh, kc + (size_t)r * d->tmax * I + (size_t)hh * dh,
+                           vc + (size_t)r * d->tmax * I + (size_t)hh * dh, I, t + 1, dh, scale, p,
+                           d->att + (size_t)r * I + (size_t)hh * dh);
+            }
+        }
+        bki_linear_fwd(R, I, D, d->att, I, m->w + o->proj_w, NULL, d->y, D);
+        step_out(d, d->x, o->proj_b, o->ln1_w, o->ln1_b);
+        /* cross-attention over the sentence's encoder output */
+        h = step_in(d, d->x, o->lnc_w, o->lnc_b);
+        bki_linear_fwd(R, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, d->qkv, I);
+#pragma omp parallel num_threads(nt)
+        {
+            BKI_REGION;
+#pragma omp for schedule(static)
+            for (int r = 0; r < R; r++) {
+                const int b = r / d->beam;
+                const float *kv = ckv + (size_t)b * S * 2 * I;
+                float *p = d->p + (size_t)r * d->pst;
+                for (int hh = 0; hh < H; hh++)
+                    attend(d->qkv + (size_t)r * I + (size_t)hh * dh, kv + (size_t)hh * dh, kv + I + (size_t)hh * dh,
+                           2 * I, m->nb[b], dh, scale, p, d->att + (size_t)r * I + (size_t)hh * dh);
+            }
+        }
+        bki_linear_fwd(R, I, D, d->att, I, m->w + o->cproj_w, NULL, d->y, D);
+        step_out(d, d->x, o->cproj_b, o->lnc_w, o->lnc_b);
+        if (M > 0) {
+            h = step_in(d, d->x, o->ln2_w, o->ln2_b);
+            bki_linear_fwd(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, d->f1, M);
+            bki_gelu_fwd((size_t)R * M, d->f1, d->g1);
+            bki_linear_fwd(R, M, D, d->g1, M, m->w + o->fc2_w, NULL, d->y, D);
+            step_out(d, d->x, o->fc2_b, o->ln2_w, o->ln2_b);
+        }
+    }
+}
+
+/* rows' cached state [rows, tmax, n] of the first `len` positions:
+ * row r takes row parent[r]'s */
+static void reorder(float *a, float *scratch, const int32_t *parent, int R, int tmax, int len, int n)
+{
+    const size_t row = (size_t)tmax * n, used = (size_t)len * n;
+    for (int r = 0; r < R; r++) memcpy(scratch + (size_t)r * row, a + (size_t)parent[r] * row, sizeof(float) * used);
+    for (int r = 0; r < R; r++) memcpy(a + (size_t)r * row, scratch + (size_t)r * row, sizeof(float) * used);
+}
+
+bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, const int32_t *tok, float *logp)
+{
+    bk_model *m = d->m;
+    const bk_model_config *c = &m->c;
+    const int R = d->rows, D = c->dim, V = c->vocab, I = m->I, nt = bki_threads();
+    if (rows != R || t < 0 || t >= d->tmax)
+        return bki_fail(BK_ERR_SHAPE, "decoding: step %d of %d rows (the state holds %d rows, %d positions)", t, rows,
+                        R, d->tmax);
+    for (int r = 0; r < R; r++) {
+        if (tok[r] < 0 || tok[r] >= V) return bki_fail(BK_ERR_PARAM, "decoding: token %d outside [0, %d)", tok[r], V);
+        if (parent[r] < 0 || parent[r] >= R) return bki_fail(BK_ERR_PARAM, "decoding: parent row %d", parent[r]);
+    }
+    if (t > 0) {
+        /* the prefixes follow their hypotheses (both modes) */
+        for (int r = 0; r < R; r++)
+            memcpy(d->ptmp + (size_t)r * d->tmax, d->prefix + (size_t)parent[r] * d->tmax, sizeof(int32_t) * (size_t)t);
+        memcpy(d->prefix, d->ptmp, sizeof(int32_t) * (size_t)R * d->tmax);
+    }
+    for (int r = 0; r < R; r++) d->prefix[(size_t)r * d->tmax + t] = tok[r];
+    if (d->cache) {
+        if (t > 0)
+            for (int j = 0; j < c->dec_depth; j++) {
+                const size_t off = (size_t)j * R * d->tmax * I;
+                reorder(d->kc + off, d->scratch, parent, R, d->tmax, t, I);
+                reorder(d->vc + off, d->scratch, parent, R, d->tmax, t, I);
+            }
+        feed(d, t, tok);
+    } else {
+        /* no cache: every position of the prefix again */
+        int32_t *col = d->ptmp;
+        for (int u = 0; u <= t; u++) {
+            for (int r = 0; r < R; r++) col[r] = d->prefix[(size_t)r * d->tmax + u];
+            feed(d, u, col);
+        }
+    }
+    /* final norm, tied projection, log-softmax */
+    const float *h = d->x;
+    if (c->final_norm) {
+        bki_layernorm_fwd(R, D, d->x, m->w + m->dnrm_w, m->w + m->dnrm_b, c->ln_eps, d->h, d->mu, d->rs);
+        h = d->h;
+    }
+    bki_linear_fwd(R, D, V, h, D, m->w + m->e_w, NULL, logp, V);
+    int finite = 1;
+#pragma omp parallel num_threads(nt) reduction(&& : finite)
+    {
+        BKI_REGION;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *z = logp + (size_t)r * V;
+            double mx = z[0];
+            for (int j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+            double s = 0.0;
+            for (int j = 0; j < V; j++) s += exp((double)z[j] - mx);
+            const double lse = mx + log(s);
+            if (!isfinite(lse)) finite = 0;
+            for (int j = 0; j < V; j++) z[j] = (float)((double)z[j] - lse);
+        }
+    }
+    if (!finite) return bki_fail(BK_ERR_NONFINITE, "decoding: non-finite logits at step %d", t);
+    return BK_OK;
+}

@@ -46,7 +46,7 @@ PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
 HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
-           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/plot/plot.c \
+           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
            tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
            tools/bench/bench_train.c tools/demo/demo.c
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the

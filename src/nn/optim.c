@@ -224,41 +224,47 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
     return BK_OK;
 }
 
+/* samples [s, s + n) of a batch */
+bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n)
+{
+    const int64_t per = bki_model_sample_size(m);
+    const bk_model_config *c = bk_model_get_config(m);
+    bk_batch part = *b;
+    part.B = n;
+    part.x = b->x ? b->x + (int64_t)s * per : NULL;
+    part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
+    part.len = b->len ? b->len + s : NULL;
+    part.labels = b->labels ? b->labels + s : NULL;
+    part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
+    part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
+    return part;
+}
+
+/* what the loss averages over: samples, or (seq2seq) target tokens */
+int64_t bki_batch_weight(const bk_model *m, const bk_batch *b)
+{
+    if (bk_model_get_config(m)->arch != BK_ARCH_SEQ2SEQ || !b->tgt_len) return b->B;
+    int64_t w = 0;
+    for (int i = 0; i < b->B; i++) w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
+    return w;
+}
+
 bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, float ls, double *loss, double *gnorm)
 {
     if (!m || !o || !b) return bki_fail(BK_ERR_NULL, "bk_train_step: NULL argument");
     if (micro < 0) return bki_fail(BK_ERR_PARAM, "bk_train_step: micro must be >= 0");
     if (b->B < 1) return bki_fail(BK_ERR_SHAPE, "bk_train_step: empty batch");
     const int mb = micro > 0 && micro < b->B ? micro : b->B;
-    const int64_t per = bki_model_sample_size(m);
-    const bk_model_config *c = bk_model_get_config(m);
-    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     /* a micro-batch's weight: its samples (classifier) or its target
      * tokens (seq2seq: the loss averages over tokens) */
-    int64_t total_w = b->B;
-    if (s2s) {
-        if (!b->tgt_len) return bki_fail(BK_ERR_NULL, "bk_train_step: a seq2seq batch needs tgt_len");
-        total_w = 0;
-        for (int i = 0; i < b->B; i++) total_w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
-        if (total_w < 1) return bki_fail(BK_ERR_LENGTH, "bk_train_step: no target tokens in the batch");
-    }
+    const int64_t total_w = bki_batch_weight(m, b);
+    if (total_w < 1) return bki_fail(BK_ERR_LENGTH, "bk_train_step: no target tokens in the batch");
     bk_model_zero_grad(m);
     double total = 0.0;
     for (int s = 0; s < b->B; s += mb) {
         const int n = b->B - s < mb ? b->B - s : mb;
-        bk_batch part = *b;
-        part.B = n;
-        part.x = b->x ? b->x + (int64_t)s * per : NULL;
-        part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
-        part.len = b->len ? b->len + s : NULL;
-        part.labels = b->labels ? b->labels + s : NULL;
-        part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
-        part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
-        int64_t w = n;
-        if (s2s) {
-            w = 0;
-            for (int i = 0; i < n; i++) w += part.tgt_len[i];
-        }
+        const bk_batch part = bki_batch_slice(m, b, s, n);
+        const int64_t w = bki_batch_weight(m, &part);
         double l = 0.0;
         bk_status st = bk_model_forward(m, &part, 1, ls, NULL, &l);
         if (st) return st;

@@ -31,13 +31,15 @@ bk_status bk_evaluate(bk_model *m, const bk_dataset *ds, int64_t n, int batch, i
     memset(ev, 0, sizeof *ev);
     if (batch < 1) return bki_fail(BK_ERR_SHAPE, "bk_evaluate: batch %d", batch);
     const bk_dataset_info *in = bk_data_info(ds);
-    const int C = bk_model_get_config(m)->classes;
+    /* (a seq2seq model has no classes: no confusion matrix, no predictions) */
+    const int C = in->seq2seq ? 0 : bk_model_get_config(m)->classes;
+    if (in->seq2seq) keep_pred = 0;
     if (n <= 0 || n > in->n) n = in->n;
     ev->n = n;
     ev->classes = C;
-    ev->confusion = calloc((size_t)C * (size_t)C, sizeof(int64_t));
+    ev->confusion = calloc(C ? (size_t)C * (size_t)C : 1, sizeof(int64_t));
     if (keep_pred) ev->pred = malloc(sizeof(int32_t) * (size_t)n);
-    float *logits = malloc(sizeof(float) * (size_t)C * (size_t)batch);
+    float *logits = malloc(sizeof(float) * (C ? (size_t)C * (size_t)batch : 1));
     bk_data_batch b = {0};
     if (!ev->confusion || (keep_pred && !ev->pred) || !logits || bk_data_batch_init(&b, ds, batch) != BK_OK) {
         free(logits);
@@ -45,7 +47,7 @@ bk_status bk_evaluate(bk_model *m, const bk_dataset *ds, int64_t n, int batch, i
         return bki_fail(BK_ERR_NOMEM, "out of memory");
     }
     double total = 0.0;
-    int64_t correct = 0;
+    int64_t correct = 0, tokens = 0;
     bk_status st = BK_OK;
     for (int64_t s = 0; st == BK_OK && s < n; s += batch) {
         const int B = (int)(n - s < batch ? n - s : batch);
@@ -55,6 +57,16 @@ bk_status bk_evaluate(bk_model *m, const bk_dataset *ds, int64_t n, int batch, i
         if (bk_data_batch_fill(&b, ds, B, &bt) != BK_OK) {
             st = bki_fail(BK_ERR_IO, "cannot read samples %lld..%lld of %s", (long long)s, (long long)(s + B),
                           in->name);
+            } else if (in->seq2seq) {
+            /* sentence pairs: teacher-forced loss and accuracy per target
+             * token */
+            int64_t w = 0, hit = 0;
+            if ((st = bk_model_forward(m, &bt, 0, 0.0f, NULL, &loss)) == BK_OK &&
+                (st = bk_model_token_stats(m, &w, &hit)) == BK_OK) {
+                total += loss * (double)w;
+                correct += hit;
+                tokens += w;
+            }
         } else if ((st = bk_model_forward(m, &bt, 0, 0.0f, logits, &loss)) == BK_OK) {
             total += loss * B;
             for (int i = 0; i < B; i++) {
@@ -71,8 +83,9 @@ bk_status bk_evaluate(bk_model *m, const bk_dataset *ds, int64_t n, int batch, i
         bk_eval_result_free(ev);
         return st;
     }
-    ev->loss = total / (double)n;
-    ev->acc = (double)correct / (double)n;
+    const double w = in->seq2seq ? (double)tokens : (double)n;
+    ev->loss = total / w;
+    ev->acc = (double)correct / w;
     return BK_OK;
 }
 
@@ -82,21 +95,24 @@ bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_d
     bki_clear_error();
     if (!m || !ds || !per) return bki_fail(BK_ERR_NULL, "bk_attention_diag: NULL argument");
     const bk_model_config *c = bk_model_get_config(m);
-    const int H = c->heads, T = bk_model_tokens(m);
+    const int H = c->heads;
+    /* (seq2seq: the encoder's self-attention, no CLS token) */
+    const int cls = c->arch == BK_ARCH_SEQ2SEQ ? 0 : c->cls;
     if (B > bk_data_info(ds)->n) B = (int)bk_data_info(ds)->n;
     if (B < 1) return bki_fail(BK_ERR_SHAPE, "bk_attention_diag: B = %d", B);
     bk_data_batch b = {0};
-    float *A = malloc(sizeof(float) * (size_t)B * H * T * T);
-    if (!A || bk_data_batch_init(&b, ds, B) != BK_OK) {
-        free(A);
-        return bki_fail(BK_ERR_NOMEM, "out of memory");
-    }
+    if (bk_data_batch_init(&b, ds, B) != BK_OK) return bki_fail(BK_ERR_NOMEM, "out of memory");
     for (int i = 0; i < B; i++) b.idx[i] = i;
     bk_batch bt;
     bk_status st = BK_OK;
     if (bk_data_batch_fill(&b, ds, B, &bt) != BK_OK)
         st = bki_fail(BK_ERR_IO, "cannot read the samples of %s", bk_data_info(ds)->name);
     if (st == BK_OK) st = bk_model_forward(m, &bt, 0, 0.0f, NULL, NULL);
+    /* the tokens per sample of this forward (a seq2seq model runs its
+     * batch's longest source) */
+    const int T = bk_model_tokens(m);
+    float *A = st == BK_OK ? malloc(sizeof(float) * (size_t)B * H * T * T) : NULL;
+    if (st == BK_OK && !A) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     int64_t nc = 0;
     for (int l = 0; st == BK_OK && l < c->depth; l++) {
         if ((st = bk_model_attention(m, l, A)) != BK_OK) break;
@@ -104,7 +120,7 @@ bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_d
         int64_t nr = 0, ncl = 0;
         nc = 0;
         for (int s = 0; s < B; s++) {
-            const int L = c->input == BK_INPUT_IMAGE ? T : bt.len[s] + c->cls;
+            const int L = c->input == BK_INPUT_IMAGE ? T : bt.len[s] + cls;
             for (int h = 0; h < H; h++) {
                 const float *P = A + ((size_t)s * H + h) * T * T;
                 for (int i = 0; i < L; i++) {

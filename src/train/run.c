@@ -28,6 +28,7 @@ static const run_key KEYS[] = {
     RK("train_limit", K_I64, data_config.limit, 0, 1e12),
     RK("test_limit", K_I64, test_limit, 0, 1e12),
     RK("seq_len", K_INT, data_config.max_len, 0, 65536),
+    RK("tgt_len", K_INT, data_config.tgt_max_len, 0, 65536),
     RK("min_len", K_INT, data_config.min_len, 0, 4096),
     RK("listops_depth", K_INT, data_config.listops_depth, 1, 10),
     RK("points", K_INT, data_config.points, 16, 4096),
@@ -359,12 +360,22 @@ bk_status bk_run_open_data(const bk_run_config *r, const char *name, const char 
     bk_data_config o = r->data_config;
     o.dir = dir ? dir : (r->data_dir[0] ? r->data_dir : NULL);
     o.limit = limit;
+    if (mc->arch == BK_ARCH_SEQ2SEQ) {
+        /* sentence pairs within the model's lengths (longer ones dropped) */
+        o.max_len = mc->max_len;
+        o.tgt_max_len = mc->tgt_max_len;
+    }
     bk_dataset *ds;
     bk_status st = bk_data_open(name ? name : r->data, split, &o, &ds);
     if (st != BK_OK) return st;
     bk_model_config c = *mc;
     bk_data_model_shape(ds, &c);
-    if (c.input != mc->input || c.classes != mc->classes || c.channels != mc->channels || c.image_h != mc->image_h ||
+    if (mc->arch == BK_ARCH_SEQ2SEQ) {
+        /* (a split's caps are the model's: its shape is its vocabulary) */
+        c.max_len = mc->max_len;
+        c.tgt_max_len = mc->tgt_max_len;
+    }
+    if (c.arch != mc->arch || c.tgt_max_len != mc->tgt_max_len || c.input != mc->input || c.classes != mc->classes || c.channels != mc->channels || c.image_h != mc->image_h ||
         c.image_w != mc->image_w || c.vocab != mc->vocab || c.max_len != mc->max_len || c.max_points != mc->max_points ||
         c.point_dim != mc->point_dim) {
         st = bki_fail(BK_ERR_SHAPE, "dataset %s does not have the shape the model was trained on",

@@ -1,7 +1,7 @@
 /* train.c -- the training loop of a run: epochs in a seeded sample order,
  * metrics (JSONL and CSV), a checkpoint per epoch, stopping on a caller's
  * flag and resuming bit for bit (birkhoff/train.h, docs/TRAINING.md). */
-#include "../core/internal.h"
+#include "../nn/nn.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -439,6 +439,12 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     dop.dir = r->data_dir[0] ? r->data_dir : NULL;
     if ((st = bk_data_open(r->data, BK_SPLIT_TRAIN, &dop, &s->tr)) != BK_OK) return st;
     dop.limit = r->test_limit;
+    if (bk_data_info(s->tr)->seq2seq) {
+        /* the test pairs within the lengths the training split fixes (longer
+         * ones are dropped, as in training) */
+        dop.max_len = bk_data_info(s->tr)->max_len;
+        dop.tgt_max_len = bk_data_info(s->tr)->tgt_max_len;
+    }
     if ((st = bk_data_open(r->data, BK_SPLIT_TEST, &dop, &s->te)) != BK_OK) return st;
     const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
     char v1[256];
@@ -499,7 +505,10 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
     s->logits = malloc(sizeof(float) * (size_t)r->model.classes * (size_t)chunk);
     s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
-    if (!s->order || !s->logits || !s->diag || bk_data_batch_init(&s->buf, s->tr, chunk) != BK_OK)
+    /* a seq2seq batch is filled whole (its micro-batches are weighted by
+     * their target tokens, so the batch's count is needed first) */
+    const int cap = tri->seq2seq ? r->batch : chunk;
+    if (!s->order || !s->logits || !s->diag || bk_data_batch_init(&s->buf, s->tr, cap) != BK_OK)
         return bki_fail(BK_ERR_NOMEM, "out of memory");
     if (!resume) {
         remove_old_run(dir);
@@ -562,13 +571,41 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
         if ((st = epoch_attention(m, r, e)) != BK_OK) break;
         bk_data_epoch_order(s.order, tri->n, r->seed, e);
+        /* sentence pairs: batches of similar lengths (windows of 100 batches
+         * sorted by length, the batches shuffled; a pure function of the
+         * epoch's order, so a resumed run sees the same batches) */
+        if (tri->seq2seq && (st = bk_data_bucket_order(s.tr, s.order, tri->n, r->batch, 100 * (int64_t)r->batch)))
+            break;
         for (int64_t bi = pos.batch; bi < nb; bi++) {
             const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
             const float lr = bk_optim_lr(bk_optim_get_config(o), bk_optim_step_count(o));
             bk_model_zero_grad(m);
             double bl = 0;
-            int64_t bc = 0;
-            for (int b0 = 0; b0 < B; b0 += chunk) {
+            int64_t bc = 0, bw = B; /* loss sum, hits, tokens (samples) */
+            if (tri->seq2seq) {
+                bk_batch whole;
+                memcpy(s.buf.idx, s.order + bi * r->batch, sizeof(int64_t) * (size_t)B);
+                if ((st = bk_data_batch_fill(&s.buf, s.tr, B, &whole)) != BK_OK) break;
+                bw = bki_batch_weight(m, &whole);
+                for (int b0 = 0; b0 < B && st == BK_OK; b0 += chunk) {
+                    const int Bc = B - b0 < chunk ? B - b0 : chunk;
+                    const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
+                    const int64_t w = bki_batch_weight(m, &bt);
+                    double loss;
+                    int64_t hit = 0;
+                    if ((st = bk_model_forward(m, &bt, 1, r->ls, NULL, &loss)) != BK_OK ||
+                        (st = bk_model_backward(m, (float)w / (float)bw)) != BK_OK ||
+                        (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK) {
+                        char msg[480];
+                        snprintf(msg, sizeof msg, "%s", bk_last_error());
+                        bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
+                        break;
+                    }
+                    bl += loss * (double)w;
+                    bc += hit;
+                }
+            }
+            for (int b0 = 0; !tri->seq2seq && b0 < B; b0 += chunk) {
                 const int Bc = B - b0 < chunk ? B - b0 : chunk;
                 memcpy(s.buf.idx, s.order + bi * r->batch + b0, sizeof(int64_t) * (size_t)Bc);
                 bk_batch bt;
@@ -602,7 +639,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             pos.batch = bi + 1;
             pos.loss_sum += bl;
             pos.correct += bc;
-            pos.seen += B;
+            pos.seen += bw;
             const double now = now_s();
             win_samples += B;
             if (now - win_t >= 1.0 || rate == 0) {
@@ -615,10 +652,10 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
                 fprintf(s.logs.jsonl,
                         "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"batch\":%lld,\"loss\":%.6g,\"acc\":%.6g,"
                         "\"lr\":%.6g,\"gnorm\":%.6g,\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
-                        (long long)pos.step, e + 1, (long long)bi + 1, bl / B, (double)bc / B, (double)lr, gnorm, rate,
+                        (long long)pos.step, e + 1, (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, rate,
                         t);
                 fprintf(s.logs.steps, "%lld,%d,%lld,%.6g,%.6g,%.6g,%.6g,%.1f,%.3f\n", (long long)pos.step, e + 1,
-                        (long long)bi + 1, bl / B, (double)bc / B, (double)lr, gnorm, rate, t);
+                        (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, rate, t);
             }
             ev.kind = BK_TRAIN_EVENT_STEP;
             ev.epoch = e + 1;
@@ -626,8 +663,8 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             ev.step = pos.step;
             ev.elapsed_s = now - t0;
             ev.time_s = t;
-            ev.loss = bl / B;
-            ev.acc = (double)bc / B;
+            ev.loss = bl / bw;
+            ev.acc = (double)bc / bw;
             ev.lr = lr;
             ev.gnorm = gnorm;
             ev.samples_per_s = rate;

@@ -186,8 +186,46 @@ TRAIN_CASES = [
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
 ]
 
+# The encoder-decoder (arch=seq2seq): joint vocabulary of 13 ids (bos 1, eos
+# 2), sources of up to 6 tokens, targets of up to 5, 2 + 2 blocks.
+S2S = ("arch=seq2seq,input=tokens,vocab=13,max_len=6,tgt_max_len=5,dec_depth=2,bos=1,eos=2,"
+       "pos_embed=1")
+# name, config overrides, batch, padded, label smoothing, quick (the grads
+# cases of GRAD_CASES' shape; the batch: random_seq2seq_batch, padded on both
+# sides with one length-1 target and one length-1 source)
+S2S_GRAD_CASES = [
+    ("s2s-softmax-preln-learned", f"{S2S},attn=softmax,cross_attn=softmax", 3, False, 0.0, True),
+    ("s2s-softmax-preln-padded", f"{S2S},attn=softmax,cross_attn=softmax", 4, True, 0.0, True),
+    ("s2s-postln-nofinal-sin-bias-ls", f"{S2S},post_ln=1,final_norm=0,pos_embed=2,qkv_bias=1",
+     4, True, 0.1, True),
+    ("s2s-sinkhorn-S3", f"{S2S},attn=sinkhorn,cross_attn=sinkhorn,sk_iters=3", 4, True, 0.0,
+     True),
+    ("s2s-esp-t0.2", f"{S2S},attn=esp,cross_attn=esp,esp_t=0.2", 4, True, 0.0, True),
+    ("s2s-esp-slices3-nopos", f"{S2S},attn=esp,cross_attn=esp,esp_t=0.2,esp_slices=3,"
+     "pos_embed=0", 3, True, 0.0, False),
+    ("s2s-lot-r2", f"{S2S},attn=lot,lot_r=2", 4, True, 0.0, True),
+    ("s2s-diff", f"{S2S},attn=diff", 4, True, 0.1, True),
+    ("s2s-unbalanced", f"{S2S},attn=unbalanced,cross_attn=unbalanced,sk_rho=2", 4, True, 0.0,
+     True),
+    ("s2s-nomlp-depth1-dec1", f"{S2S},mlp_dim=0,depth=1,dec_depth=1", 4, True, 0.0, True),
+    ("s2s-postln-sinkhorn-cross-headdim", f"{S2S},post_ln=1,cross_attn=sinkhorn,sk_iters=4,"
+     "head_dim=6,attn_scale=0.4", 3, True, 0.0, False),
+]
+INVSQRT = f"{ADAMW},sched=invsqrt,warmup=3"
+# name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
+S2S_TRAIN_CASES = [
+    ("s2s-adamw-invsqrt-warmup3", f"{S2S},attn=softmax", 4, True, INVSQRT, 6, 0, 0.0, None,
+     True),
+    ("s2s-adamw-micro2-tokens-weighted", f"{S2S},attn=sinkhorn,cross_attn=sinkhorn,sk_iters=3",
+     5, True, INVSQRT, 6, 2, 0.1, None, True),
+    ("s2s-sgd-postln-resume-3+3", f"{S2S},post_ln=1,pos_embed=2", 4, True,
+     "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 6, 0, 0.0, 3, False),
+]
+
 # Standard deviations of the N(0, 0.02^2) initialisations (MODEL.md)
 INIT_STD = {"cls": 0.02, "pos": 0.02, "embed.table": 0.02}
+# seq2seq: the token table and the learned positions N(0, 1/dim) (fairseq's)
+S2S_INIT_STD = ("embed.table", "enc.pos", "dec.pos")
 
 
 def import_twin():
@@ -328,8 +366,8 @@ def write_batch(mt, cfg, B, padded, seed, d):
     batch = mt.random_batch(cfg, B, np.random.default_rng(seed), padded)
     args = []
     for key, flag in (("x", "--x"), ("tokens", "--tokens"), ("lengths", "--len"),
-                      ("labels", "--labels")):
-        if batch[key] is not None:
+                      ("labels", "--labels"), ("tgt", "--tgt"), ("tgt_len", "--tgt-len")):
+        if batch.get(key) is not None:
             path = os.path.join(d, key + ".npy")
             np.save(path, batch[key])
             args += [flag, path]
@@ -340,8 +378,7 @@ def twin_grads(mt, path, batch, ls, dtype):
     """Logits, loss and {name: grad} of the twin loaded from path."""
     import torch
     model, _, _ = mt.load_checkpoint(path, dtype=dtype)
-    logits = model(x=batch["x"], tokens=batch["tokens"], lengths=batch["lengths"])
-    loss = mt.loss_fn(logits, batch["labels"], ls)
+    logits, loss = mt.model_loss(model, batch, ls)
     loss.backward()
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy()
              for n, p in model.ordered_parameters()}
@@ -421,7 +458,9 @@ def init_problems(mt, text, seed, tensors, meta):
         a = tensors[n].astype(np.float64)
         leaf = n.rsplit(".", 1)[-1]
         parent = n.rsplit(".", 1)[0] if "." in n else ""
-        is_norm = parent.endswith(("ln1", "ln2")) or parent == "norm"
+        is_norm = parent.endswith(("ln1", "ln2", "lnc")) or parent in ("norm", "enc.norm",
+                                                                        "dec.norm")
+        s2s = cfg["arch"] == "seq2seq"
         if is_norm:
             want = 1.0 if leaf == "weight" else 0.0
             if not np.all(a == want):
@@ -438,7 +477,8 @@ def init_problems(mt, text, seed, tensors, meta):
             if a.size >= 16 and amax < 0.5 * bound:
                 probs.append(f"{n}: max |w| {amax:.4g} < half of 1/sqrt({fan_in})")
         else:
-            std = (0.02 if n in INIT_STD else 1.0 if n.endswith("lot_z")
+            std = (cfg["dim"] ** -0.5 if s2s and n in S2S_INIT_STD
+                   else 0.02 if not s2s and n in INIT_STD else 1.0 if n.endswith("lot_z")
                    else 0.1 if leaf.startswith("diff_l")
                    else cfg["dim"] ** -0.5 if n == "pool.otk_z" else None)
             if std is None:
@@ -516,7 +556,7 @@ def run_grads_case(rn, mt, case, tols, tmp, seed):
     for n in bad:
         print(f"       {n}: error {ge[n][0]:.2e}, zeros {ge[n][1]:.2e}, no floor {ge[n][2]:.2e}, "
               f"shape {tuple(np.shape(got[2].get(n, ())))}, f32 twin {ge32[n][0]:.1e}")
-    return ckpt, data_args, got
+    return ckpt, data_args, got, ls
 
 
 def twin_trajectory(mt, ckpt, batch, ocfg, steps, micro, ls):
@@ -671,8 +711,9 @@ def run_twin_checkpoint_check(rn, mt, tols, tmp, seed):
     compare_trajectory(rn, mt, name, tols, ocfg, losses, ref, t2, model, opt)
 
 
-def run_file_checks(rn, mt, tmp, ckpt, data_args, ref):
-    """Corrupt / truncated checkpoints are refused; a re-serialised one loads."""
+def run_file_checks(rn, mt, tmp, ckpt, data_args, ref, ls=0.0):
+    """Corrupt / truncated checkpoints are refused; a re-serialised one loads
+    (and, with the label smoothing ls of the case that gave ref, gives ref)."""
     import numpy as np
     raw = open(ckpt, "rb").read()
     hlen = struct.unpack("<Q", raw[:8])[0]
@@ -702,7 +743,7 @@ def run_file_checks(rn, mt, tmp, ckpt, data_args, ref):
     meta.pop("checksum", None)
     path = os.path.join(tmp, "rewritten.safetensors")
     mt.write_safetensors(path, tensors, meta, checksum_key="checksum")
-    got, msg = cli_grads(rn, mt, path, data_args, 0.0, os.path.join(tmp, "rewritten_out"))
+    got, msg = cli_grads(rn, mt, path, data_args, ls, os.path.join(tmp, "rewritten_out"))
     if got is None:
         rn.check(False, "file  re-serialised by model_torch", msg)
         return
@@ -770,9 +811,9 @@ def main():
         return 0
     t0 = time.perf_counter()
     rn = Runner(cli)
-    gcases = [c for c in GRAD_CASES if (c[-1] or not args.quick)
+    gcases = [c for c in GRAD_CASES + S2S_GRAD_CASES if (c[-1] or not args.quick)
               and (args.only is None or args.only in c[0])]
-    tcases = [c for c in TRAIN_CASES if (c[-1] or not args.quick)
+    tcases = [c for c in TRAIN_CASES + S2S_TRAIN_CASES if (c[-1] or not args.quick)
               and (args.only is None or args.only in c[0])]
     print(f"model engine test: {len(gcases)} gradient cases, {len(tcases)} trajectories, CLI {cli}",
           flush=True)
@@ -798,8 +839,8 @@ def main():
             os.makedirs(d, exist_ok=True)
             run_twin_checkpoint_check(rn, mt, tols, d, case_seed(args.seed, "twin-written"))
         if first is not None:
-            d, ckpt, data_args, ref = first
-            run_file_checks(rn, mt, d, ckpt, data_args, ref)
+            d, ckpt, data_args, ref, ls = first
+            run_file_checks(rn, mt, d, ckpt, data_args, ref, ls)
         elif gcases:
             rn.check(False, "file  checks", "not run: no gradient case succeeded")
     finally:

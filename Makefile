@@ -252,6 +252,7 @@ check: deps
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/tools/test_cli.py $(CLI)
 	$(PY) tests/tools/test_train_cli.py $(CLI)
+	$(PY) tests/tools/test_translate_cli.py $(CLI)
 	$(PY) tests/test_determinism.py $(CLI)
 	$(MAKE) test-python
 	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,194 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs)
     }
     free(staged);
     return !werr;
+}
+
+char **cli_read_lines(const char *prog, const char *path, int *count)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "birkhoff %s: %s: %s\n", prog, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 0, n = 0;
+    char **lines = NULL, *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    int bad = 0;
+    while ((len = getline(&line, &lcap, f)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        if ((size_t)len != strlen(line)) {
+            fprintf(stderr, "birkhoff %s: %s: line %zu holds a NUL byte\n", prog, path, n + 1);
+            bad = 1;
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            char **q = realloc(lines, sizeof(char *) * cap);
+            if (!q) {
+                bad = 1;
+                break;
+            }
+            lines = q;
+        }
+        if (!(lines[n] = strdup(line))) {
+            bad = 1;
+            break;
+        }
+        n++;
+    }
+    if (!bad && ferror(f)) {
+        fprintf(stderr, "birkhoff %s: %s: %s\n", prog, path, strerror(errno));
+        bad = 1;
+    }
+    free(line);
+    if (f != stdin) fclose(f);
+    if (bad || n > (size_t)1 << 30) {
+        if (!bad) fprintf(stderr, "birkhoff %s: %s: too many lines\n", prog, path);
+        for (size_t i = 0; i < n; i++) free(lines[i]);
+        free(lines);
+        return NULL;
+    }
+    *count = (int)n;
+    return lines ? lines : calloc(1, sizeof(char *));
+}
+
+void cli_free_lines(char **l, int n)
+{
+    for (int i = 0; l && i < n; i++) free(l[i]);
+    free(l);
+}
+
+/* ------------------------------------------------------------------------ */
+/* chrF (sacreBLEU's default: character n-grams n = 1..6, beta 2,           */
+/* whitespace removed; corpus statistics summed over the sentences)          */
+/* ------------------------------------------------------------------------ */
+enum { CHRF_ORDER = 6 };
+
+/* Python's str.isspace, which str.split() and re's \s remove */
+static int uspace(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* the code points of s without whitespace (a byte that is not valid UTF-8
+ * counts as one character of its own) */
+static uint32_t *code_points(const char *s, int *n)
+{
+    size_t L = strlen(s);
+    uint32_t *cp = malloc(sizeof(uint32_t) * (L + 1));
+    if (!cp) return NULL;
+    int k = 0;
+    const unsigned char *p = (const unsigned char *)s, *e = p + L;
+    while (p < e) {
+        uint32_t c = *p;
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len > 1 && p + len <= e) {
+            uint32_t v = c & (0x7f >> len);
+            int ok = 1;
+            for (int i = 1; i < len; i++) {
+                if ((p[i] & 0xc0) != 0x80) ok = 0;
+                v = (v << 6) | (p[i] & 0x3f);
+            }
+            if (ok) {
+                c = v;
+                p += len;
+            } else {
+                c = 0xdc00 + *p++;
+            }
+        } else {
+            c = len == 1 ? c : 0xdc00 + c;
+            p++;
+        }
+        if (!uspace(c)) cp[k++] = c;
+    }
+    *n = k;
+    return cp;
+}
+
+typedef struct {
+    uint64_t a, b;
+} key128;
+
+static int cmp_key(const void *x, const void *y)
+{
+    const key128 *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    return (p->b > q->b) - (p->b < q->b);
+}
+
+/* the n-grams of cp packed (21 bits a code point: 3 in a, 3 in b), sorted */
+static void ngram_keys(const uint32_t *cp, int len, int n, key128 *k)
+{
+    for (int i = 0; i + n <= len; i++) {
+        uint64_t a = 0, b = 0;
+        for (int j = 0; j < n; j++) {
+            if (j < 3)
+                a = (a << 21) | cp[i + j];
+            else
+                b = (b << 21) | cp[i + j];
+        }
+        k[i].a = a;
+        k[i].b = b;
+    }
+    if (len >= n) qsort(k, (size_t)(len - n + 1), sizeof(key128), cmp_key);
+}
+
+double cli_chrf(const char *const *hyp, const char *const *ref, int n)
+{
+    int64_t st[CHRF_ORDER][3] = {{0}};
+    for (int s = 0; s < n; s++) {
+        int lh, lr;
+        uint32_t *h = code_points(hyp[s], &lh), *r = code_points(ref[s], &lr);
+        key128 *kh = malloc(sizeof(key128) * (size_t)(lh + 1)), *kr = malloc(sizeof(key128) * (size_t)(lr + 1));
+        if (!h || !r || !kh || !kr) {
+            free(h);
+            free(r);
+            free(kh);
+            free(kr);
+            return -1;
+        }
+        for (int o = 1; o <= CHRF_ORDER; o++) {
+            int nh = lh >= o ? lh - o + 1 : 0, nr = lr >= o ? lr - o + 1 : 0;
+            ngram_keys(h, lh, o, kh);
+            ngram_keys(r, lr, o, kr);
+            int64_t match = 0;
+            for (int i = 0, j = 0; i < nh && j < nr;) { /* multiset intersection */
+                int c = cmp_key(&kh[i], &kr[j]);
+                if (c == 0) {
+                    match++;
+                    i++;
+                    j++;
+                } else if (c < 0) {
+                    i++;
+                } else {
+                    j++;
+                }
+            }
+            st[o - 1][0] += nh;
+            st[o - 1][1] += nr;
+            st[o - 1][2] += match;
+        }
+        free(h);
+        free(r);
+        free(kh);
+        free(kr);
+    }
+    double P = 0, R = 0;
+    int eff = 0;
+    for (int o = 0; o < CHRF_ORDER; o++) {
+        if (st[o][0] > 0 && st[o][1] > 0) {
+            P += (double)st[o][2] / (double)st[o][0];
+            R += (double)st[o][2] / (double)st[o][1];
+            eff++;
+        }
+    }
+    if (!eff) return 0.0;
+    P /= eff;
+    R /= eff;
+    const double b2 = 4.0; /* beta 2 */
+    return P + R > 0 ? 100.0 * (1 + b2) * P * R / (b2 * P + R) : 0.0;
 }
 
 int cli_write_text(const char *prog, const char *path, const char *text)

@@ -5,6 +5,7 @@
  *   asap/   birkhoff asap (+ compile)     model/  birkhoff model
  *   train/  birkhoff train, eval, data    plot/   birkhoff plot (chart.c: cairo)
  *   bench/  birkhoff bench (--op ...)     demo/   birkhoff demo
+ *   bleu/   birkhoff bleu                 translate/ birkhoff translate
  * The mechanisms (datasets, training runs, evaluation, ASAP compilation) are
  * the library's (birkhoff/data.h, birkhoff/train.h); a command parses its
  * arguments, calls them and prints. */
@@ -66,6 +67,20 @@ int cli_write_outputs(const char *prog, int n, const cli_output *outs);
  * else a message on stderr naming prog. */
 int cli_write_text(const char *prog, const char *path, const char *text);
 
+/* The lines of a text file, or of standard input for "-" (without their
+ * '\n'; a line holding a NUL byte is refused): a malloc'd array of *count
+ * malloc'd strings (never NULL on success, even when empty), freed by
+ * cli_free_lines; NULL after a message on stderr naming prog and path. */
+char **cli_read_lines(const char *prog, const char *path, int *count);
+void cli_free_lines(char **lines, int count);
+/* Corpus chrF x 100 of hyp against ref (n sentences, one reference each),
+ * sacreBLEU's default chrF2: character n-grams n = 1..6 over the UTF-8 code
+ * points with whitespace removed, n-gram counts summed over the corpus,
+ * precision and recall averaged over the orders that have n-grams on both
+ * sides, F-beta with beta = 2 (recall weighted 4x). -1 on allocation
+ * failure. */
+double cli_chrf(const char *const *hyp, const char *const *ref, int n);
+
 /* structured synthetic Q, K, V [B,H,N,d] (`asap generate`, `bench --op
  * asap`); 1 on success */
 int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, float *K, float *V);
@@ -80,6 +95,7 @@ int cmd_train(int argc, char **argv);     /* train/train.c */
 int cmd_eval(int argc, char **argv);      /* train/eval.c  */
 int cmd_data(int argc, char **argv);      /* train/data.c  */
 int cmd_bleu(int argc, char **argv);      /* bleu/bleu.c   */
+int cmd_translate(int argc, char **argv); /* translate/translate.c */
 int cmd_plot(int argc, char **argv);      /* plot/plot.c   */
 int cmd_bench(int argc, char **argv);     /* bench/bench.c */
 int bench_otk(int argc, char **argv);     /* bench/bench_otk.c: bench --op otk */

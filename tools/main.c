@@ -1,6 +1,6 @@
 /* main.c -- the birkhoff command-line program: dispatch to the commands
  * (one folder each: attn/, otk/, asap/, model/, train/ (train, eval, data),
- * bleu/, plot/, bench/, demo/). */
+ * bleu/, translate/, plot/, bench/, demo/). */
 #include "cli.h"
 
 #include <stdio.h>
@@ -20,6 +20,7 @@ static void usage(FILE *f)
             "  eval    accuracy, confusion and attention diagnostics of a checkpoint on a dataset\n"
             "  plot    figures: training curves, attention maps, column-sum histograms, transport plans\n"
             "  data    inspect a dataset (fetch stored ones with scripts/data.sh)\n"
+            "  translate  translate sentences (text or ids) with a seq2seq checkpoint; --ref scores them\n"
             "  bleu    corpus BLEU of a file of translations against a file of references\n"
             "  attn    run an attention operator on .npy files (forward, and backward with --dout)\n"
             "  otk     OTK embedding: embed sets onto references, fit anchors and references\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "plot")) return cmd_plot(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "bleu")) return cmd_bleu(argc - 1, argv + 1);
+    if (!strcmp(cmd, "translate")) return cmd_translate(argc - 1, argv + 1);
     if (!strcmp(cmd, "attn")) return cmd_attn(argc - 1, argv + 1);
     if (!strcmp(cmd, "otk")) return cmd_otk(argc - 1, argv + 1);
     if (!strcmp(cmd, "asap")) return cmd_asap(argc - 1, argv + 1);

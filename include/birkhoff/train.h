@@ -332,6 +332,12 @@ typedef struct {
                                name them all (else BK_ERR_UNSUPPORTED)         */
     int nblocks;
     bk_asap_compile_config asap; /* attn = asap: the compilation              */
+    const char *part;       /* an encoder-decoder's attention to change: "enc"
+                               (its encoder's self-attention, attn; NULL means
+                               it), "cross" (cross_attn) or "both"; the
+                               decoder's causal self-attention is softmax and
+                               is never swapped. A classifier refuses a part
+                               other than NULL / "enc".                         */
 } bk_swap_config;
 /* attn NULL (must be set), keys NULL, all blocks, asap defaults. */
 BK_API bk_swap_config bk_swap_config_default(void);

@@ -3,6 +3,7 @@
  * forward and exact backward over the library's attention operators. */
 #include "model_impl.h"
 #include "../ops/op.h"
+#include "../core/vexp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -2050,19 +2051,25 @@ static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *l
             }
             const int y = m->tgt[r];
             int best = 0;
-            double mx = z[0], sz = 0.0;
+            float mx = z[0];
+            double sz = 0.0;
             for (int j = 1; j < V; j++)
                 if (z[j] > mx) mx = z[j], best = j;
+            for (int j = 0; j < V; j++) sz += z[j];
+            const double zy = z[y];
+            /* exp(z - max) in place (the vectorised exp, 2 ulp), then the
+             * probabilities */
             double s = 0.0;
             for (int j = 0; j < V; j++) {
-                s += exp((double)z[j] - mx);
-                sz += z[j];
+                z[j] = bki_expf(z[j] - mx);
+                s += z[j];
             }
             const double lse = mx + log(s);
             if (!isfinite(lse)) finite = 0;
-            rl[2 * r] = (1.0 - ls) * (lse - z[y]) + ls * (lse - sz / V);
+            rl[2 * r] = (1.0 - ls) * (lse - zy) + ls * (lse - sz / V);
             rl[2 * r + 1] = best == y;
-            for (int j = 0; j < V; j++) z[j] = (float)exp((double)z[j] - lse);
+            const float is = (float)(1.0 / s);
+            for (int j = 0; j < V; j++) z[j] *= is;
         }
     }
     if (!finite) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");

@@ -10,6 +10,7 @@
  * Rows are independent: each row's arithmetic is the same for any number of
  * threads and any batch. */
 #include "model_impl.h"
+#include "../core/vexp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -262,10 +263,10 @@ bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, c
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             float *z = logp + (size_t)r * V;
-            double mx = z[0];
+            float mx = z[0];
             for (int j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
             double s = 0.0;
-            for (int j = 0; j < V; j++) s += exp((double)z[j] - mx);
+            for (int j = 0; j < V; j++) s += bki_expf(z[j] - mx);
             const double lse = mx + log(s);
             if (!isfinite(lse)) finite = 0;
             for (int j = 0; j < V; j++) z[j] = (float)((double)z[j] - lse);

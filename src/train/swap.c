@@ -50,7 +50,15 @@ bk_status bk_checkpoint_swap(const char *in, const char *out, const bk_swap_conf
     bk_status st = bk_checkpoint_config(in, &target);
     if (st != BK_OK) return st;
     const bk_attn_kind from = target.attn;
-    if ((st = bk_model_config_set(&target, "attn", c->attn)) != BK_OK) return st;
+    const char *part = c->part ? c->part : "enc";
+    const int enc = !strcmp(part, "enc") || !strcmp(part, "both"), cross = !strcmp(part, "cross") || !strcmp(part, "both");
+    if (!enc && !cross)
+        return bki_fail(BK_ERR_PARAM, "bk_checkpoint_swap: part '%s': enc, cross or both", part);
+    if (cross && target.arch != BK_ARCH_SEQ2SEQ)
+        return bki_fail(BK_ERR_PARAM, "bk_checkpoint_swap: part '%s': %s has no cross-attention (not arch=seq2seq)",
+                        part, in);
+    if (cross && (st = bk_model_config_set(&target, "cross_attn", c->attn)) != BK_OK) return st;
+    if (enc && (st = bk_model_config_set(&target, "attn", c->attn)) != BK_OK) return st;
     if (target.attn == BK_ATTN_ASAP) {
         if (c->keys && *c->keys)
             return bki_fail(BK_ERR_PARAM, "swap to asap: ASAP compiles the checkpoint's own Sinkhorn layers (its "

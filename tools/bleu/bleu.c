@@ -3,84 +3,28 @@
  * include/birkhoff/metrics.h). */
 #include "../cli.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void usage_bleu(FILE *f)
 {
-    fprintf(f, "usage: birkhoff bleu --hyp FILE --ref FILE [--tokenize 13a|none] [--order N] [--json]\n"
+    fprintf(f, "usage: birkhoff bleu --hyp FILE --ref FILE [--tokenize 13a|none] [--order N] [--json] [--chrf]\n"
                "\n"
                "Corpus BLEU (one reference per sentence) of the hypotheses against the references, UTF-8\n"
                "text, one sentence per line (- reads standard input; the files must have as many lines).\n"
                "--tokenize 13a (default) is the WMT scoring script's tokenisation (sacreBLEU's default);\n"
                "none splits on whitespace only, for text already tokenised. --order N: n-grams up to N\n"
-               "(default 4). Prints BLEU x 100, the n-gram precisions, the brevity penalty and the lengths.\n");
-}
-
-/* the lines of a file (without their '\n'); NULL with a message on failure */
-static char **read_lines(const char *path, int *count)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "birkhoff bleu: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 0, n = 0;
-    char **lines = NULL, *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    int bad = 0;
-    while ((len = getline(&line, &lcap, f)) >= 0) {
-        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
-        if ((size_t)len != strlen(line)) {
-            fprintf(stderr, "birkhoff bleu: %s: line %zu holds a NUL byte\n", path, n + 1);
-            bad = 1;
-            break;
-        }
-        if (n == cap) {
-            cap = cap ? 2 * cap : 1024;
-            char **q = realloc(lines, sizeof(char *) * cap);
-            if (!q) {
-                bad = 1;
-                break;
-            }
-            lines = q;
-        }
-        if (!(lines[n] = strdup(line))) {
-            bad = 1;
-            break;
-        }
-        n++;
-    }
-    if (!bad && ferror(f)) {
-        fprintf(stderr, "birkhoff bleu: %s: %s\n", path, strerror(errno));
-        bad = 1;
-    }
-    free(line);
-    if (f != stdin) fclose(f);
-    if (bad || n > (size_t)1 << 30) {
-        if (!bad) fprintf(stderr, "birkhoff bleu: %s: too many lines\n", path);
-        for (size_t i = 0; i < n; i++) free(lines[i]);
-        free(lines);
-        return NULL;
-    }
-    *count = (int)n;
-    return lines ? lines : calloc(1, sizeof(char *));
-}
-
-static void free_lines(char **l, int n)
-{
-    for (int i = 0; l && i < n; i++) free(l[i]);
-    free(l);
+               "(default 4). Prints BLEU x 100, the n-gram precisions, the brevity penalty and the lengths.\n"
+               "--chrf also prints chrF2 x 100 (sacreBLEU's default chrF: character 6-grams, beta 2,\n"
+               "whitespace removed; \"chrf\" in the --json object).\n");
 }
 
 int cmd_bleu(int argc, char **argv)
 {
-    const char *hyp = NULL, *ref = NULL, *tok = "13a", *order = NULL, *json = NULL;
+    const char *hyp = NULL, *ref = NULL, *tok = "13a", *order = NULL, *json = NULL, *chrf = NULL;
     const cli_opt opts[] = {{"--hyp", &hyp, 0}, {"--ref", &ref, 0}, {"--tokenize", &tok, 0}, {"--order", &order, 0},
-                            {"--json", &json, 1}};
-    int done = 0, rc = cli_parse_opts("bleu", argc, argv, opts, 5, usage_bleu, &done);
+                            {"--json", &json, 1}, {"--chrf", &chrf, 1}};
+    int done = 0, rc = cli_parse_opts("bleu", argc, argv, opts, 6, usage_bleu, &done);
     if (done || rc) return rc;
     bk_bleu_config cfg = bk_bleu_config_default();
     if (!hyp || !ref || (strcmp(tok, "13a") && strcmp(tok, "none")) ||
@@ -95,7 +39,7 @@ int cmd_bleu(int argc, char **argv)
     }
     cfg.tokenize = strcmp(tok, "13a") ? BK_BLEU_TOKENIZE_NONE : BK_BLEU_TOKENIZE_13A;
     int nh = 0, nr = 0;
-    char **H = read_lines(hyp, &nh), **R = H ? read_lines(ref, &nr) : NULL;
+    char **H = cli_read_lines("bleu", hyp, &nh), **R = H ? cli_read_lines("bleu", ref, &nr) : NULL;
     int code = CLI_FAIL;
     bk_bleu_report r;
     if (!H || !R) goto out;
@@ -108,8 +52,15 @@ int cmd_bleu(int argc, char **argv)
         fprintf(stderr, "birkhoff bleu: %s\n", bk_last_error());
         goto out;
     }
+    double cf = 0;
+    if (chrf && (cf = cli_chrf((const char *const *)H, (const char *const *)R, nh)) < 0) {
+        fprintf(stderr, "birkhoff bleu: out of memory\n");
+        goto out;
+    }
     if (json) {
-        printf("{\"bleu\": %.17g, \"bp\": %.17g, \"hyp_len\": %lld, \"ref_len\": %lld, \"sentences\": %d, "
+        printf("{");
+        if (chrf) printf("\"chrf\": %.17g, ", cf);
+        printf("\"bleu\": %.17g, \"bp\": %.17g, \"hyp_len\": %lld, \"ref_len\": %lld, \"sentences\": %d, "
                "\"order\": %d, \"tokenize\": \"%s\", \"precisions\": [",
                100.0 * r.bleu, r.bp, (long long)r.hyp_len, (long long)r.ref_len, nh, r.max_order, tok);
         for (int k = 0; k < r.max_order; k++) printf("%s%.17g", k ? ", " : "", 100.0 * r.precision[k]);
@@ -124,10 +75,11 @@ int cmd_bleu(int argc, char **argv)
         printf(" (BP = %.3f ratio = %.3f hyp_len = %lld ref_len = %lld; %d sentences, tokenize %s)\n", r.bp,
                r.ref_len ? (double)r.hyp_len / (double)r.ref_len : 0.0, (long long)r.hyp_len, (long long)r.ref_len,
                nh, tok);
+        if (chrf) printf("chrF2 = %.2f (character 6-grams, beta 2, whitespace removed)\n", cf);
     }
     code = CLI_OK;
 out:
-    free_lines(H, nh);
-    free_lines(R, nr);
+    cli_free_lines(H, nh);
+    cli_free_lines(R, nr);
     return code;
 }

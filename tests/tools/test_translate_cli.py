@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""CLI tests for `birkhoff translate` (and `birkhoff bleu --chrf`) on tiny
+seq2seq checkpoints made here (`model init`, plus a few `model train` steps
+on a reversal task so the outputs differ between sentences): one output line
+per input line in input order, ids in range, deterministic across runs,
+threads, batch sizes and the decoder cache, beam 1 and 4; every refusal
+(empty line, over-long line, id >= vocab, non-id, classifier checkpoint,
+missing files, missing spm_encode, bad flags) exits non-zero with a message
+naming the problem; chrF on hand-computed corpora; a raw-text round trip
+through spm_encode/spm_decode when they and data/bible/spm.model exist
+(SKIP otherwise). Seconds. Run:
+/usr/bin/python3 tests/tools/test_translate_cli.py build/birkhoff"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from checklib import Checks  # noqa: E402
+
+BK = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/birkhoff")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="bk_translate_")
+P = lambda n: os.path.join(tmp, n)  # noqa: E731
+
+
+def run(*args, stdin=None, env=None):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run([BK, *args], capture_output=True, text=True, errors="replace", timeout=300, env=e,
+                       cwd=tmp, input=stdin)
+    return p.returncode, p.stdout, p.stderr
+
+
+def write(name, text):
+    with open(P(name), "w") as f:
+        f.write(text)
+    return P(name)
+
+
+CFG = "arch=seq2seq,input=tokens,vocab=12,max_len=8,tgt_max_len=8,dim=16,depth=1,dec_depth=1,heads=2,mlp_dim=16"
+rc, out, err = run("model", "init", "--config", CFG, "--out", P("init.st"))
+check(rc == 0, "model init seq2seq", out + err)
+# a few steps on reversing 1-5 ids in [4, 12) so that sentences translate differently
+rng = np.random.default_rng(0)
+n, L = 64, 8
+T = np.full((n, L), 2, np.int32)
+G = np.full((n, L), 2, np.int32)
+ln = np.zeros(n, np.int32)
+for i in range(n):
+    k = int(rng.integers(1, 6))
+    s = rng.integers(4, 12, k)
+    T[i, :k], T[i, k], G[i, :k], G[i, k], ln[i] = s, 2, s[::-1], 2, k + 1
+for name, a in (("T", T), ("L", ln), ("G", G)):
+    np.save(P(name + ".npy"), a)
+rc, out, err = run("model", "train", "--ckpt", P("init.st"), "--tokens", P("T.npy"), "--len", P("L.npy"), "--tgt",
+                   P("G.npy"), "--tgt-len", P("L.npy"), "--steps", "60", "--optim", "lr=0.01", "--out", P("s2s.st"))
+check(rc == 0, "model train seq2seq", out + err)
+CK = P("s2s.st")
+
+lines = ["4 5 6", "7 8", "9 10 11 4 5", "3", "11 4 6 8 10 5 7", "6"]
+src = write("in.ids", "\n".join(lines) + "\n")
+
+
+def ids_out(text):
+    return [[int(t) for t in ln.split()] for ln in text.split("\n")[:-1]]
+
+
+base = None
+for beam in ("1", "4"):
+    rc, out, err = run("translate", "--ckpt", CK, "--ids", "--input", src, "--beam", beam)
+    ok = check(rc == 0, "translate --ids beam %s" % beam, err)
+    if not ok:
+        continue
+    got = ids_out(out)
+    check(len(got) == len(lines) and out.endswith("\n"), "one line per input (beam %s)" % beam, out)
+    check(all(0 <= t < 12 for s in got for t in s) and all(len(s) <= 7 for s in got), "ids in range", out)
+    check("sentences/s" in err, "sentences/s reported", err)
+    variants = [["--threads", "1"], ["--threads", "2"], ["--no-cache"], ["--batch", "1"], ["--batch", "4"], []]
+    for v in variants:
+        rc2, out2, err2 = run("translate", "--ckpt", CK, "--ids", "--input", src, "--beam", beam, *v)
+        check(rc2 == 0 and out2 == out, "beam %s: %s gives the same output" % (beam, " ".join(v) or "second run"),
+              out + "\n---\n" + out2 + err2)
+    if beam == "1":
+        base = got
+        check(len(set(map(tuple, got))) > 2, "the trained model's outputs differ between sentences", out)
+        # order restored: each sentence alone gives its own line
+        for i in (0, 2, 4):
+            rc2, out2, _ = run("translate", "--ckpt", CK, "--ids", "--beam", "1", stdin=lines[i] + "\n")
+            check(rc2 == 0 and ids_out(out2) == [got[i]], "input order restored (line %d)" % (i + 1), out2)
+
+# stdin, --output (atomic file), --ref (BLEU over ids)
+rc, out, err = run("translate", "--ckpt", CK, "--ids", "--beam", "1", "--output", P("o.ids"), stdin=open(src).read())
+check(rc == 0 and out == "" and os.path.exists(P("o.ids")), "--output from stdin", err)
+if base is not None and os.path.exists(P("o.ids")):
+    check(ids_out(open(P("o.ids")).read()) == base, "--output holds the translations", open(P("o.ids")).read())
+    rc, out, err = run("translate", "--ckpt", CK, "--ids", "--beam", "1", "--input", src, "--ref", P("o.ids"))
+    check(rc == 0 and "BLEU = 100.00" in err, "--ref: BLEU of the output against itself is 100", err)
+    check(not [f for f in os.listdir(tmp) if "tmp" in f.lower() and f.startswith("o.ids")], "no staged file left")
+
+# refusals: non-zero status and a message naming the problem
+cls = P("cls.st")
+rc, out, err = run("model", "init", "--config", "input=tokens,vocab=12,max_len=8,dim=16,depth=1,heads=2,mlp_dim=16,"
+                   "classes=2", "--out", cls)
+check(rc == 0, "model init classifier", out + err)
+bad = [
+    ("empty line", ["--input", write("e.ids", "4 5\n\n6\n")], "line 2 is empty"),
+    ("blank line", ["--input", write("b.ids", "4 5\n  \n")], "line 2 is empty"),
+    ("over-long line", ["--input", write("l.ids", "4\n4 5 6 7 8 9 10 11\n")], "line 2 has 8 tokens"),
+    ("id >= vocab", ["--input", write("v.ids", "4\n5\n4 12\n")], "line 3: id 12 outside the vocabulary"),
+    ("negative id", ["--input", write("n.ids", "-1\n")], "line 1: id -1"),
+    ("not an id", ["--input", write("x.ids", "4 five\n")], "line 1: 'five' is not a token id"),
+    ("no lines", ["--input", write("z.ids", "")], "has no lines"),
+    ("missing input", ["--input", P("nope.ids")], "nope.ids"),
+    ("ref line count", ["--input", src, "--ref", write("r2", "a\n")], "they must be equal"),
+    ("missing ref", ["--input", src, "--ref", P("nope.ref")], "nope.ref"),
+]
+for name, args, msg in bad:
+    rc, out, err = run("translate", "--ckpt", CK, "--ids", *args)
+    check(rc != 0 and msg in err and out == "", "refuses %s" % name, "rc %d: %s" % (rc, err))
+for name, args, msg in [
+    ("classifier checkpoint", ["--ckpt", cls, "--ids", "--input", src], "not an encoder-decoder"),
+    ("missing checkpoint", ["--ckpt", P("nope.st"), "--ids", "--input", src], "nope.st"),
+    ("no --ckpt", ["--ids", "--input", src], "needs --ckpt"),
+    ("beam 0", ["--ckpt", CK, "--ids", "--input", src, "--beam", "0"], "--beam 0"),
+    ("bad batch", ["--ckpt", CK, "--ids", "--input", src, "--batch", "0"], "--batch"),
+    ("unknown flag", ["--ckpt", CK, "--ids", "--frobnicate"], "frobnicate"),
+    ("raw text without --spm", ["--ckpt", CK, "--input", write("t.txt", "hola\n")], "needs --spm"),
+    ("missing --spm", ["--ckpt", CK, "--input", P("t.txt"), "--spm", P("nope.model")], "nope.model"),
+]:
+    rc, out, err = run("translate", *args)
+    check(rc != 0 and msg in err, "refuses %s" % name, "rc %d: %s" % (rc, err))
+# the output file is not touched on failure
+write("keep.out", "old\n")
+rc, out, err = run("translate", "--ckpt", CK, "--ids", "--input", P("v.ids"), "--output", P("keep.out"))
+check(rc != 0 and open(P("keep.out")).read() == "old\n", "a refused input leaves --output alone", err)
+# spm_encode missing from the PATH (any existing file serves as --spm: the tool is looked up first)
+rc, out, err = run("translate", "--ckpt", CK, "--input", P("t.txt"), "--spm", src, env={"PATH": tmp})
+check(rc != 0 and "spm_encode not found" in err, "refuses a missing spm_encode", "rc %d: %s" % (rc, err))
+
+# chrF on hand-computed corpora (birkhoff bleu --chrf shares translate's chrF):
+# "ab" vs "abc": 1-grams 2/2 precision, 2/3 recall; 2-grams 1/1, 1/2; no 3-grams in the hypothesis:
+# P = 1, R = 7/12, F2 = 5 P R / (4 P + R) = 7/11. Adding "a b" vs "ab" (whitespace removed: equal):
+# 1-grams 4/4, 4/5; 2-grams 2/2, 2/3: P = 1, R = 11/15, F2 = 55/71.
+for hyp, ref, want in ((["ab"], ["abc"], 700 / 11), (["ab", "a b"], ["abc", "ab"], 5500 / 71),
+                       (["ñandú x"], ["ñandúx"], 100.0), (["xyz"], ["abc"], 0.0)):
+    rc, out, err = run("bleu", "--hyp", write("h", "\n".join(hyp) + "\n"), "--ref", write("r", "\n".join(ref) + "\n"),
+                       "--chrf", "--json")
+    ok = rc == 0
+    got = json.loads(out)["chrf"] if ok else None
+    check(ok and abs(got - want) < 1e-9, "chrF %r vs %r = %.6f" % (hyp, ref, want), "%s %s" % (out, err))
+
+# raw text through SentencePiece (needs spm_encode/spm_decode and the Bible model)
+SPM = os.path.join(ROOT, "data", "bible", "spm.model")
+if shutil.which("spm_encode") and shutil.which("spm_decode") and os.path.exists(SPM):
+    cfg = "arch=seq2seq,input=tokens,vocab=8000,max_len=32,tgt_max_len=16,dim=16,depth=1,dec_depth=1,heads=2,mlp_dim=16"
+    rc, out, err = run("model", "init", "--config", cfg, "--out", P("big.st"))
+    check(rc == 0, "model init vocab 8000", out + err)
+    text = ["En el principio creó Dios los cielos y la tierra.", "Y la tierra estaba desordenada y vacía.",
+            "Dijo Dios: Sea la luz; y fué la luz."]
+    tin = write("in.es", "\n".join(text) + "\n")
+    rc, out, err = run("translate", "--ckpt", P("big.st"), "--spm", SPM, "--input", tin, "--beam", "2",
+                       "--ref", write("ref.en", "In the beginning.\nAnd the earth.\nGod said.\n"))
+    check(rc == 0 and len(out.split("\n")) == 4 and out.endswith("\n"), "raw text: one line per input", out + err)
+    check("BLEU = " in err and "chrF2 = " in err, "raw text --ref: BLEU and chrF", err)
+    rc2, out2, err2 = run("translate", "--ckpt", P("big.st"), "--spm", SPM, "--input", tin, "--beam", "2",
+                          "--threads", "1")
+    check(rc2 == 0 and out2 == out, "raw text: deterministic", out + out2 + err2)
+    # the ids the text path decodes equal --ids on spm_encode's ids
+    enc = subprocess.run(["spm_encode", "--model=" + SPM, "--output_format=id"], input="\n".join(text) + "\n",
+                         capture_output=True, text=True).stdout
+    rc3, out3, err3 = run("translate", "--ckpt", P("big.st"), "--ids", "--beam", "2", stdin=enc)
+    dec = subprocess.run(["spm_decode", "--model=" + SPM, "--input_format=id"], input=out3, capture_output=True,
+                         text=True).stdout
+    check(rc3 == 0 and dec == out, "raw text = spm_decode(--ids on spm_encode)", out + "---\n" + dec + err3)
+    rc, out, err = run("translate", "--ckpt", P("big.st"), "--spm", SPM,
+                       "--input", write("long.es", "hola\n" + "palabra " * 40 + "\n"))
+    check(rc != 0 and "line 2 has" in err and "max_len 32" in err, "raw text: over-long line named", err)
+else:
+    print("SKIP raw-text round trip: spm_encode/spm_decode or data/bible/spm.model missing")
+
+shutil.rmtree(tmp, ignore_errors=True)
+sys.exit(check.summary(" (translate CLI)"))

@@ -37,6 +37,15 @@ Contents:
   Dropout cannot be reproduced (the C engine draws it from a counter-based
   hash): a model with dropout > 0 is refused unless allow_dropout=True (the
   benchmark), where nn.Dropout is used.
+* Encoder-decoder (arch=seq2seq): Seq2SeqModel, the same pieces (the
+  attention module and its operators, LN, MLP, pre- or post-LN sublayers)
+  arranged as src/nn/model.c's s2s_forward: tied token table, learned /
+  sinusoidal / no positions, encoder blocks of attention attn, decoder blocks
+  of causal softmax self-attention, cross-attention cross_attn (rectangular
+  problems: query lengths tgt_len, key lengths len) and MLP; forward(tokens,
+  lengths, tgt, tgt_len) -> logits [B, tgt_max_len, vocab]; seq2seq_loss
+  (mean over the valid target tokens); build_model picks the class from
+  cfg["arch"], model_loss(model, batch, ls) gives (logits, loss) for either.
 * Training: loss_fn (cross-entropy with label smoothing), lr_at (the
   schedule), make_optimizer (torch.optim.AdamW / Adam / SGD with the decay and
   no-decay parameter groups, optionally loading the checkpoint's optimiser
@@ -219,6 +228,9 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
 INPUTS = ("image", "tokens", "points")
 ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff")
 POOLS = ("cls", "mean", "max", "otk")
+ARCHS = ("classifier", "seq2seq")
+# the attention kinds a seq2seq model's cross-attention takes (bk_model_config_check)
+CROSS_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp")
 
 # bk_model_config fields in declaration order, with bk_model_config_default's
 # values (include/birkhoff.h). vocab, max_len, point_dim and max_points are
@@ -235,11 +247,15 @@ CONFIG_DEFAULTS = {
     "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
     "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
     "otk_refs": 1, "otk_supports": 4, "otk_iters": 20, "otk_eps": 0.5,
+    # the encoder-decoder (arch=seq2seq; docs/MODEL.md "Encoder-decoder")
+    "arch": "classifier", "dec_depth": 2, "tgt_max_len": 128, "cross_attn": "softmax",
+    "post_ln": 0, "bos": 1, "eos": 2,
 }
-_CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS}
+_CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
+                 "cross_attn": ATTNS}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
-SCHEDS = ("constant", "step", "cosine")
+SCHEDS = ("constant", "step", "cosine", "invsqrt")
 # bk_optim_config fields (bk_optim_config_default: AdamW lr 1e-3, betas
 # (0.9, 0.999), eps 1e-8, wd 0.01, no clip, constant). momentum, gamma and the
 # others are this twin's defaults (checkpoints carry every field).
@@ -397,17 +413,23 @@ def check_config(cfg):
         if cfg[k] not in vals:
             raise ValueError(f"{k}={cfg[k]!r}: expected one of {'|'.join(vals)}")
     D, H = cfg["dim"], cfg["heads"]
-    if min(D, H, cfg["depth"]) < 1 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
+    s2s = cfg["arch"] == "seq2seq"
+    if s2s:
+        _check_seq2seq(cfg)
+    elif min(D, H, cfg["depth"]) < 1 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
         raise ValueError("dim, heads, depth must be >= 1; head_dim, mlp_dim >= 0")
+    elif cfg["pos_embed"] not in (0, 1) or cfg["post_ln"]:
+        raise ValueError("the classifier takes pos_embed 0/1 and post_ln=0 (sinusoidal positions "
+                         "and post-LN are for arch=seq2seq)")
     if cfg["head_dim"] == 0 and D % H:
         raise ValueError(f"heads ({H}) must divide dim ({D}) when head_dim = 0")
     if cfg["input"] == "image":
         P = cfg["patch"]
         if P < 1 or cfg["image_h"] % P or cfg["image_w"] % P or cfg["channels"] < 1:
             raise ValueError("patch must divide image_h and image_w")
-    if cfg["pool"] == "cls" and not cfg["cls"]:
+    if not s2s and cfg["pool"] == "cls" and not cfg["cls"]:
         raise ValueError("pool=cls needs cls=1")
-    if cfg["classes"] < 2:
+    if not s2s and cfg["classes"] < 2:
         raise ValueError("classes must be >= 2")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise ValueError("dropout must be in [0, 1)")
@@ -417,11 +439,27 @@ def check_config(cfg):
         raise ValueError(f"attn=diff needs an even head dimension, got {head_dim(cfg)}")
 
 
+def _check_seq2seq(cfg):
+    """The encoder-decoder's own constraints (bk_model_config_check)."""
+    if cfg["input"] != "tokens":
+        raise ValueError("arch=seq2seq needs input=tokens")
+    if min(cfg["dim"], cfg["heads"], cfg["dec_depth"], cfg["tgt_max_len"], cfg["vocab"],
+           cfg["max_len"]) < 1 or cfg["depth"] < 0 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
+        raise ValueError("arch=seq2seq: dim, heads, dec_depth, tgt_max_len, vocab, max_len >= 1; "
+                         "depth, head_dim, mlp_dim >= 0")
+    if cfg["pos_embed"] not in (0, 1, 2) or cfg["post_ln"] not in (0, 1):
+        raise ValueError("arch=seq2seq: pos_embed 0/1/2, post_ln 0/1")
+    if not (0 <= cfg["bos"] < cfg["vocab"] and 0 <= cfg["eos"] < cfg["vocab"]):
+        raise ValueError("bos and eos must be ids of the vocabulary")
+    if cfg["cross_attn"] not in CROSS_ATTNS:
+        raise ValueError(f"cross_attn={cfg['cross_attn']}: expected one of {'|'.join(CROSS_ATTNS)}")
+
+
 def param_specs(cfg):
     """[(name, shape, decay)] in the checkpoint's order (MODEL.md "Parameters").
 
     decay is 1 for Linear weights and the token table (weight decay applies),
-    0 otherwise.
+    0 otherwise. arch=seq2seq: build_table_s2s's order (see _seq2seq_specs).
     """
     D, H, dh, M = cfg["dim"], cfg["heads"], head_dim(cfg), cfg["mlp_dim"]
     inner = H * dh
@@ -436,6 +474,43 @@ def param_specs(cfg):
         specs.append((prefix + ".weight", (D,), 0))
         specs.append((prefix + ".bias", (D,), 0))
 
+    def block(p, kind, dec):
+        """add_block: ln1, attn.qkv, [kind's tensors], attn.proj, [lnc, cross.*], [ln2, mlp.*]"""
+        norm(p + "ln1")
+        linear(p + "attn.qkv", D, 3 * inner, bias=bool(cfg["qkv_bias"]))
+        if kind == "lot":
+            specs.append((p + "attn.lot_z", (H, cfg["lot_r"], dh), 0))
+            specs.append((p + "attn.lot_theta", (H, cfg["lot_r"]), 0))
+        if kind == "diff":
+            for v in _DIFF_VECTORS:
+                specs.append((p + "attn." + v, (dh // 2,), 0))
+        linear(p + "attn.proj", inner, D)
+        if dec:
+            norm(p + "lnc")
+            linear(p + "cross.q", D, inner, bias=bool(cfg["qkv_bias"]))
+            linear(p + "cross.kv", D, 2 * inner, bias=bool(cfg["qkv_bias"]))
+            linear(p + "cross.proj", inner, D)
+        if M > 0:
+            norm(p + "ln2")
+            linear(p + "mlp.fc1", D, M)
+            linear(p + "mlp.fc2", M, D)
+
+    if cfg["arch"] == "seq2seq":
+        # embed.table, [enc.pos, dec.pos], enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm]
+        specs.append(("embed.table", (cfg["vocab"], D), 1))
+        if cfg["pos_embed"] == 1:
+            specs.append(("enc.pos", (cfg["max_len"], D), 0))
+            specs.append(("dec.pos", (cfg["tgt_max_len"], D), 0))
+        for l in range(cfg["depth"]):
+            block(f"enc.blocks.{l}.", cfg["attn"], False)
+        if cfg["final_norm"]:
+            norm("enc.norm")
+        for j in range(cfg["dec_depth"]):
+            block(f"dec.blocks.{j}.", "softmax", True)
+        if cfg["final_norm"]:
+            norm("dec.norm")
+        return specs
+
     if cfg["input"] == "image":
         linear("embed.proj", cfg["patch"] ** 2 * cfg["channels"], D)
     elif cfg["input"] == "tokens":
@@ -448,20 +523,7 @@ def param_specs(cfg):
     if cfg["pos_embed"]:
         specs.append(("pos", (num_tokens(cfg), D), 0))
     for l in range(cfg["depth"]):
-        p = f"blocks.{l}."
-        norm(p + "ln1")
-        linear(p + "attn.qkv", D, 3 * inner, bias=bool(cfg["qkv_bias"]))
-        if cfg["attn"] == "lot":
-            specs.append((p + "attn.lot_z", (H, cfg["lot_r"], dh), 0))
-            specs.append((p + "attn.lot_theta", (H, cfg["lot_r"]), 0))
-        if cfg["attn"] == "diff":
-            for v in _DIFF_VECTORS:
-                specs.append((p + "attn." + v, (dh // 2,), 0))
-        linear(p + "attn.proj", inner, D)
-        if M > 0:
-            norm(p + "ln2")
-            linear(p + "mlp.fc1", D, M)
-            linear(p + "mlp.fc2", M, D)
+        block(f"blocks.{l}.", cfg["attn"], False)
     if cfg["final_norm"]:
         norm("norm")
     if cfg["pool"] == "otk":
@@ -543,58 +605,86 @@ class _Attention(nn.Module):
     attn=diff is diff_torch.DiffAttentionLayer's computation on the model's
     qkv (head_dim dh, halves of dh/2): lambda = exp(lq1 . lk1) - exp(lq2 . lk2)
     + lambda_init(layer + 1) shared by the heads, diff_semantics, per-head
-    RMSNorm (no gain, eps = ln_eps), times (1 - lambda_init)."""
+    RMSNorm (no gain, eps = ln_eps), times (1 - lambda_init).
 
-    def __init__(self, cfg, layer, reference):
+    The seq2seq model uses the same module for its other attention layers:
+    kind overrides cfg["attn"] (the decoder's self-attention is "softmax"
+    with causal=True; the cross-attention cfg["cross_attn"]); cross=True
+    replaces qkv by q (on the decoder stream) and kv (rows k|v, on the
+    encoder memory) and takes ESP's seeded slices from seed 2000 + layer
+    instead of 1000 + layer (layer: the block's index, decoder blocks
+    counted after the encoder's)."""
+
+    def __init__(self, cfg, layer, reference, kind=None, causal=False, cross=False):
         super().__init__()
         D, H, dh = cfg["dim"], cfg["heads"], head_dim(cfg)
         self.cfg, self.H, self.dh, self.reference = cfg, H, dh, reference
+        self.kind = kind = cfg["attn"] if kind is None else kind
+        self.causal, self.cross = causal, cross
+        if causal and kind != "softmax":
+            raise ValueError("only softmax attention has a causal mode")
         self.scale = cfg["attn_scale"] if cfg["attn_scale"] != 0 else dh ** -0.5
-        self.qkv = nn.Linear(D, 3 * H * dh, bias=bool(cfg["qkv_bias"]))
-        if cfg["attn"] == "lot":
+        bias = bool(cfg["qkv_bias"])
+        if cross:
+            self.q = nn.Linear(D, H * dh, bias=bias)
+            self.kv = nn.Linear(D, 2 * H * dh, bias=bias)
+        else:
+            self.qkv = nn.Linear(D, 3 * H * dh, bias=bias)
+        if kind == "lot":
             self.lot_z = nn.Parameter(torch.empty(H, cfg["lot_r"], dh))
             self.lot_theta = nn.Parameter(torch.empty(H, cfg["lot_r"]))
-        if cfg["attn"] == "diff":
+        if kind == "diff":
             for v in _DIFF_VECTORS:
                 setattr(self, v, nn.Parameter(torch.empty(dh // 2)))
             self.lam_init = diff_port.lambda_init(layer + 1)
             self.subln = diff_port.RMSNorm(eps=cfg["ln_eps"])
         self.proj = nn.Linear(H * dh, D)
-        if cfg["attn"] == "esp" and cfg["esp_slices"] > 0:
+        if kind == "esp" and cfg["esp_slices"] > 0:
             # Fixed (not trained) slices: not part of the state_dict.
-            th = torch.from_numpy(unit_directions(1000 + layer, cfg["esp_slices"], dh))
+            th = torch.from_numpy(unit_directions((2000 if cross else 1000) + layer,
+                                                  cfg["esp_slices"], dh))
             self.register_buffer("esp_theta", th, persistent=False)
         else:
             self.esp_theta = None
 
-    def operator(self, q, k, v, lens):
-        """Attention of q, k, v [B, H, T, dh] with valid lengths lens (None: all T)."""
-        c, kind, s = self.cfg, self.cfg["attn"], self.scale
+    def operator(self, q, k, v, lens, k_lens=None):
+        """Attention of q [B, H, Nq, dh], k, v [B, H, Nk, dh] with valid lengths
+        lens (queries; None: all Nq) and k_lens (keys; None: lens, i.e.
+        self-attention)."""
+        c, kind, s = self.cfg, self.kind, self.scale
+        kl = lens if k_lens is None else k_lens
+        if self.causal:   # query i sees the keys j <= i of its valid block
+            def block(qb, kb):
+                sc = torch.matmul(qb, kb.transpose(-1, -2)) * s
+                n = sc.shape[-1]
+                mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+                return torch.softmax(sc.masked_fill(mask, float("-inf")), dim=-1)
+            return sk_port._padded_apply(q, k, v, lens, kl, block)[0]
         if kind == "softmax":
             if not self.reference:
-                return sk_port.softmax_attention(q, k, v, scale=s, q_len=lens, k_len=lens)[0]
+                return sk_port.softmax_attention(q, k, v, scale=s, q_len=lens, k_len=kl)[0]
             scores = torch.matmul(q, k.transpose(-1, -2)) * s
-            if lens is not None:
-                T = q.shape[2]
-                keep = torch.arange(T).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+            if kl is not None:
+                Tk = k.shape[2]
+                keep = torch.arange(Tk).unsqueeze(0) < torch.tensor(kl).unsqueeze(1)
                 scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
             return torch.matmul(torch.softmax(scores, dim=-1), v)
         if kind == "sinkhorn":
             if self.reference:   # the reference port's own numerics
                 return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
-                                         q_len=lens, k_len=lens)[0]
+                                         q_len=lens, k_len=kl)[0]
             return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
-                                     q_len=lens, k_len=lens, thresh=0.0,
+                                     q_len=lens, k_len=kl, thresh=0.0,
                                      marginal_dtype=None, update="direct")[0]
         if kind == "unbalanced":   # the reference's SinkhornUnbalanced (rho = its q)
             return sk_port.attention(q, k, v, c["sk_iters"], eps=c["sk_eps"], scale=s,
-                                     q_len=lens, k_len=lens, thresh=0.0, marginal_dtype=None,
+                                     q_len=lens, k_len=kl, thresh=0.0, marginal_dtype=None,
                                      update="direct", rho=c["sk_rho"])[0]
         if kind == "esp":
             return esp_port.esp_semantics(
                 q, k, v, sort="soft" if c["esp_soft"] else "hard", t=c["esp_t"],
                 tau=c["esp_tau"], cost="sq", out_scale="rows", scale=s,
-                theta=self.esp_theta, q_len=lens, k_len=lens)[0]
+                theta=self.esp_theta, q_len=lens, k_len=kl)[0]
         if kind == "lot":
             if self.reference and lens is None and c["attn_scale"] == 0:
                 # the reference DeiT/Swin port: batched, float32 marginals
@@ -603,22 +693,30 @@ class _Attention(nn.Module):
                                               eps=c["lot_eps"])
             return lot_port.lot_semantics(q, k, v, self.lot_z, self.lot_theta,
                                           temp=c["lot_temp"], iters=c["lot_iters"],
-                                          eps=c["lot_eps"], scale=s, q_len=lens, k_len=lens)[0]
+                                          eps=c["lot_eps"], scale=s, q_len=lens, k_len=kl)[0]
         if kind == "diff":   # the operator's default scale is (dh/2)^-1/2
             lam = diff_port.reparam_lambda(self.diff_lq1, self.diff_lk1, self.diff_lq2,
                                            self.diff_lk2, self.lam_init)
             o = diff_port.diff_semantics(q, k, v, lam.expand(self.H),
                                          scale=c["attn_scale"] if c["attn_scale"] != 0 else None,
-                                         q_len=lens, k_len=lens, return_attn=False)
+                                         q_len=lens, k_len=kl, return_attn=False)
             return self.subln(o) * (1.0 - self.lam_init)
         raise ValueError(f"attention {kind!r} has no PyTorch twin")
 
-    def forward(self, x, lens):
+    def forward(self, x, lens, mem=None, mem_lens=None):
+        """x [B, T, D] -> [B, T, D] (proj's bias included). Cross-attention:
+        keys and values from mem [B, S, D] with valid lengths mem_lens."""
         B, T, _ = x.shape
         H, dh = self.H, self.dh
-        # q, k, v = columns [0, I), [I, 2I), [2I, 3I); head h at h*dh + c.
-        qkv = self.qkv(x).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
-        o = self.operator(qkv[0], qkv[1], qkv[2], lens)          # [B, H, T, dh]
+        if self.cross:
+            S = mem.shape[1]
+            q = self.q(x).view(B, T, H, dh).transpose(1, 2)
+            kv = self.kv(mem).view(B, S, 2, H, dh).permute(2, 0, 3, 1, 4)
+            o = self.operator(q, kv[0], kv[1], lens, mem_lens)
+        else:
+            # q, k, v = columns [0, I), [I, 2I), [2I, 3I); head h at h*dh + c.
+            qkv = self.qkv(x).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+            o = self.operator(qkv[0], qkv[1], qkv[2], lens)      # [B, H, T, dh]
         return self.proj(o.transpose(1, 2).reshape(B, T, H * dh))
 
 
@@ -632,14 +730,34 @@ class _MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class _Block(nn.Module):
-    """Pre-LN block: x += drop(attn(ln1 x)); x += drop(mlp(ln2 x)) (mlp_dim > 0)."""
+def _sublayer(x, f, norm, drop, post_ln):
+    """A residual sublayer (f includes its last linear's bias): pre-LN
+    x + drop(f(norm(x))), post-LN norm(x + drop(f(x)))."""
+    if post_ln:
+        return norm(x + drop(f(x)))
+    return x + drop(f(norm(x)))
 
-    def __init__(self, cfg, layer, reference):
+
+class _Block(nn.Module):
+    """Encoder block: x = sub(attn, ln1); x = sub(mlp, ln2) (mlp_dim > 0), the
+    sublayers pre-LN (the classifier; seq2seq post_ln=0) or post-LN.
+
+    dec=True: the seq2seq decoder block: causal softmax self-attention (ln1),
+    cross-attention on the encoder memory (lnc, cross.q/kv/proj, cross_attn),
+    MLP (ln2)."""
+
+    def __init__(self, cfg, layer, reference, dec=False):
         super().__init__()
         D = cfg["dim"]
+        self.post_ln = bool(cfg["post_ln"])
         self.ln1 = nn.LayerNorm(D, eps=cfg["ln_eps"])
-        self.attn = _Attention(cfg, layer, reference)
+        if dec:
+            self.attn = _Attention(cfg, layer, reference, kind="softmax", causal=True)
+            self.lnc = nn.LayerNorm(D, eps=cfg["ln_eps"])
+            self.cross = _Attention(cfg, layer, reference, kind=cfg["cross_attn"], cross=True)
+        else:
+            self.attn = _Attention(cfg, layer, reference)
+            self.lnc = self.cross = None
         if cfg["mlp_dim"] > 0:
             self.ln2 = nn.LayerNorm(D, eps=cfg["ln_eps"])
             self.mlp = _MLP(D, cfg["mlp_dim"])
@@ -647,10 +765,13 @@ class _Block(nn.Module):
             self.ln2 = self.mlp = None
         self.drop = nn.Dropout(cfg["dropout"])
 
-    def forward(self, x, lens):
-        x = x + self.drop(self.attn(self.ln1(x), lens))
+    def forward(self, x, lens, mem=None, mem_lens=None):
+        x = _sublayer(x, lambda h: self.attn(h, lens), self.ln1, self.drop, self.post_ln)
+        if self.cross is not None:
+            x = _sublayer(x, lambda h: self.cross(h, lens, mem, mem_lens), self.lnc, self.drop,
+                          self.post_ln)
         if self.mlp is not None:
-            x = x + self.drop(self.mlp(self.ln2(x)))
+            x = _sublayer(x, self.mlp, self.ln2, self.drop, self.post_ln)
         return x
 
 
@@ -825,6 +946,202 @@ class Model(nn.Module):
         return self.head(self.features(x=x, tokens=tokens, lengths=lengths))
 
 
+def sinusoid_table(N, D):
+    """fairseq's sinusoidal positions as the C engine stores them (float32):
+    row p = [sin(p w_i), i < h] ++ [cos(p w_i), i < h] (++ [0] for an odd D),
+    h = D // 2, w_i = 10000^(-i / (h - 1)) (w_0 = 1 when h = 1)."""
+    h = D // 2
+    tab = np.zeros((N, D), dtype=np.float64)
+    for i in range(h):
+        w = math.exp(-math.log(10000.0) * i / (h - 1)) if h > 1 else 1.0
+        for p in range(N):
+            tab[p, i] = math.sin(p * w)
+            tab[p, h + i] = math.cos(p * w)
+    return tab.astype(np.float32)
+
+
+def _as_long(a):
+    return (a if torch.is_tensor(a) else torch.as_tensor(np.asarray(a))).long()
+
+
+def _lengths_list(lengths, B, N, what):
+    """Per-sample lengths as a list of ints in [1, N] (None: all N)."""
+    if lengths is None:
+        return [N] * B
+    lens = np.asarray(lengths.detach().cpu() if torch.is_tensor(lengths) else lengths)
+    lens = [int(v) for v in lens.reshape(-1)]
+    if len(lens) != B or not all(1 <= v <= N for v in lens):
+        raise ValueError(f"{what} must be {B} values in [1, {N}]")
+    return lens
+
+
+class Seq2SeqModel(nn.Module):
+    """The birkhoff encoder-decoder (arch=seq2seq; docs/MODEL.md
+    "Encoder-decoder") in PyTorch, built from the classifier's pieces
+    (_Attention with its operators, _MLP, _Block with pre- or post-LN
+    sublayers).
+
+    One vocabulary: embed.table [vocab, D] embeds the source and the target
+    (x = sqrt(D) table[tok] + pos[t], pos learned (enc.pos, dec.pos),
+    sinusoidal or none; rows t >= length zero) and is the output projection
+    (logits = h table^T). Encoder: depth blocks of attention cfg["attn"]
+    [+ enc.norm] -> memory. Decoder: dec_depth blocks (causal softmax
+    self-attention, cross-attention cfg["cross_attn"] on the memory with
+    query lengths tgt_len and key lengths len, MLP) [+ dec.norm]. Its input
+    is bos, tgt[:, :-1] (teacher forcing); position t predicts tgt[:, t].
+
+    forward(tokens, lengths, tgt, tgt_len) -> logits [B, tgt_max_len, vocab]
+    (rows t >= tgt_len zero); seq2seq_loss gives the loss. Parameter names,
+    ordered_parameters, decay_flags, load_tensors and tensors as Model's.
+    """
+
+    def __init__(self, cfg, *, reference=False, allow_dropout=False):
+        super().__init__()
+        cfg = dict(cfg)
+        check_config(cfg)
+        if cfg["arch"] != "seq2seq":
+            raise ValueError("Seq2SeqModel needs arch=seq2seq (Model is the classifier)")
+        if cfg["dropout"] > 0 and not allow_dropout:
+            raise ValueError(f"dropout = {cfg['dropout']}: the C engine's dropout masks cannot "
+                             f"be reproduced; parity needs dropout = 0 (allow_dropout=True "
+                             f"for benchmarks)")
+        self.cfg = cfg
+        D, depth = cfg["dim"], cfg["depth"]
+        self.embed = _Embed(cfg)
+        self.enc = nn.Module()
+        self.dec = nn.Module()
+        if cfg["pos_embed"] == 1:
+            self.enc.pos = nn.Parameter(torch.empty(cfg["max_len"], D))
+            self.dec.pos = nn.Parameter(torch.empty(cfg["tgt_max_len"], D))
+        elif cfg["pos_embed"] == 2:
+            tab = torch.from_numpy(sinusoid_table(max(cfg["max_len"], cfg["tgt_max_len"]), D))
+            self.register_buffer("sin_tab", tab, persistent=False)
+        self.enc.blocks = nn.ModuleList(_Block(cfg, l, reference) for l in range(depth))
+        self.dec.blocks = nn.ModuleList(_Block(cfg, depth + j, reference, dec=True)
+                                        for j in range(cfg["dec_depth"]))
+        if cfg["final_norm"]:
+            self.enc.norm = nn.LayerNorm(D, eps=cfg["ln_eps"])
+            self.dec.norm = nn.LayerNorm(D, eps=cfg["ln_eps"])
+        self.drop = nn.Dropout(cfg["dropout"])
+        self.specs = param_specs(cfg)
+        got = {n: tuple(p.shape) for n, p in self.named_parameters()}
+        want = {n: tuple(s) for n, s, _ in self.specs}
+        assert got == want, f"internal: parameters {got} != specs {want}"
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
+        token table and learned positions N(0, 1/D) (fairseq's), LOT pivots
+        N(0, 1), masses 0, diff lambda vectors N(0, 0.1^2)."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.LayerNorm)):
+                m.reset_parameters()
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name in ("embed.table", "enc.pos", "dec.pos"):
+                    p.normal_(0.0, self.cfg["dim"] ** -0.5)
+                elif name.endswith("lot_z"):
+                    p.normal_(0.0, 1.0)
+                elif name.endswith("lot_theta"):
+                    p.zero_()
+                elif name.rsplit(".", 1)[-1] in _DIFF_VECTORS:
+                    p.normal_(0.0, 0.1)
+
+    ordered_parameters = Model.ordered_parameters
+    decay_flags = Model.decay_flags
+    load_tensors = Model.load_tensors
+    tensors = Model.tensors
+
+    def _embed(self, tok, lens, pos):
+        """sqrt(D) table[tok] + pos[t], dropout, rows t >= lens[b] zero."""
+        B, N = tok.shape
+        D = self.cfg["dim"]
+        keep = (torch.arange(N).unsqueeze(0) < torch.tensor(lens).unsqueeze(1))   # [B, N]
+        tok = tok.masked_fill(~keep, 0)
+        h = math.sqrt(D) * self.embed(tokens=tok)
+        if pos is not None:
+            h = h + pos[:N].to(h.dtype)
+        h = self.drop(h)
+        return h * keep.unsqueeze(-1).to(h.dtype)
+
+    def _pos(self, which):
+        if self.cfg["pos_embed"] == 1:
+            return getattr(self, which).pos
+        if self.cfg["pos_embed"] == 2:
+            return self.sin_tab
+        return None
+
+    def encode(self, tokens, lengths=None):
+        """The encoder memory [B, max_len, D] (rows t >= len are never read)
+        and the source lengths (a list)."""
+        c = self.cfg
+        tokens = _as_long(tokens)
+        if tokens.dim() != 2 or tokens.shape[1] != c["max_len"]:
+            raise ValueError(f"tokens must be [B, {c['max_len']}]")
+        B = tokens.shape[0]
+        lens = _lengths_list(lengths, B, c["max_len"], "lengths")
+        for b, n in enumerate(lens):
+            if int(tokens[b, :n].min()) < 0 or int(tokens[b, :n].max()) >= c["vocab"]:
+                raise ValueError("source token ids must be in [0, vocab)")
+        h = self._embed(tokens, lens, self._pos("enc"))
+        for blk in self.enc.blocks:
+            h = blk(h, lens)
+        if c["final_norm"]:
+            h = self.enc.norm(h)
+        return h, lens
+
+    def forward(self, tokens=None, lengths=None, tgt=None, tgt_len=None, x=None):
+        """Logits [B, tgt_max_len, vocab] (zero at t >= tgt_len[b])."""
+        c = self.cfg
+        if tokens is None or tgt is None:
+            raise ValueError("seq2seq: pass tokens (source) and tgt (targets)")
+        mem, slens = self.encode(tokens, lengths)
+        tgt = _as_long(tgt)
+        B, Tm = tgt.shape[0], c["tgt_max_len"]
+        if tgt.dim() != 2 or tgt.shape[1] != Tm or B != mem.shape[0]:
+            raise ValueError(f"tgt must be [{mem.shape[0]}, {Tm}]")
+        tlens = _lengths_list(tgt_len, B, Tm, "tgt_len")
+        for b, n in enumerate(tlens):
+            if int(tgt[b, :n].min()) < 0 or int(tgt[b, :n].max()) >= c["vocab"]:
+                raise ValueError("target token ids must be in [0, vocab)")
+        dec_in = torch.cat([torch.full((B, 1), c["bos"], dtype=torch.long), tgt[:, :-1]], dim=1)
+        h = self._embed(dec_in, tlens, self._pos("dec"))
+        for blk in self.dec.blocks:
+            h = blk(h, tlens, mem, slens)
+        if c["final_norm"]:
+            h = self.dec.norm(h)
+        logits = h @ self.embed.table.t()
+        keep = (torch.arange(Tm).unsqueeze(0) < torch.tensor(tlens).unsqueeze(1))
+        return logits * keep.unsqueeze(-1).to(logits.dtype)
+
+
+def seq2seq_loss(logits, tgt, tgt_len, ls=0.0):
+    """Mean over the valid target tokens (t < tgt_len[b]) of the label-smoothed
+    cross-entropy (PyTorch's definition)."""
+    tgt = _as_long(tgt)
+    B, Tm = tgt.shape
+    tlens = _lengths_list(tgt_len, B, Tm, "tgt_len")
+    keep = torch.arange(Tm).unsqueeze(0) < torch.tensor(tlens).unsqueeze(1)
+    return F.cross_entropy(logits[keep], tgt[keep], label_smoothing=float(ls))
+
+
+def build_model(cfg, **kw):
+    """Model (classifier) or Seq2SeqModel, as cfg["arch"] says."""
+    cfg = resolve_config(cfg) if isinstance(cfg, str) else cfg
+    return (Seq2SeqModel if cfg.get("arch") == "seq2seq" else Model)(cfg, **kw)
+
+
+def model_loss(model, batch, ls=0.0):
+    """The model's loss on a batch dict: labels (classifier: x / tokens,
+    lengths) or tgt, tgt_len (seq2seq: tokens, lengths)."""
+    if isinstance(model, Seq2SeqModel):
+        logits = model(tokens=batch["tokens"], lengths=batch.get("lengths"), tgt=batch["tgt"],
+                       tgt_len=batch["tgt_len"])
+        return logits, seq2seq_loss(logits, batch["tgt"], batch["tgt_len"], ls)
+    logits = model(x=batch.get("x"), tokens=batch.get("tokens"), lengths=batch.get("lengths"))
+    return logits, loss_fn(logits, batch["labels"], ls)
+
+
 def loss_fn(logits, labels, ls=0.0):
     """Mean cross-entropy with label smoothing ls (PyTorch's definition)."""
     labels = torch.as_tensor(np.asarray(labels) if not torch.is_tensor(labels) else labels).long()
@@ -844,7 +1161,7 @@ def load_checkpoint(path, dtype=torch.float64, verify=True, **model_kw):
     if meta.get("format") != "birkhoff":
         raise ValueError(f"{path}: metadata format is {meta.get('format')!r}, not 'birkhoff'")
     cfg = resolve_config(parse_config(meta.get("config", "")))
-    model = Model(cfg, **model_kw).to(dtype)
+    model = build_model(cfg, **model_kw).to(dtype)
     model.load_tensors(tensors)
     return model, tensors, meta
 
@@ -871,9 +1188,10 @@ def save_checkpoint(path, model, optimizer=None, optim_cfg=None, optim_step=0, s
 # ---------------------------------------------------------------------------
 def lr_at(ocfg, step):
     """Learning rate at 0-based step i (MODEL.md): warm-up lr (i+1)/warmup for
-    i < warmup, then constant, step (lr gamma^k, k = milestones <= i) or cosine
+    i < warmup, then constant, step (lr gamma^k, k = milestones <= i), cosine
     lr_min + (lr - lr_min)(1 + cos(pi (i - warmup)/(total_steps - warmup)))/2,
-    held at lr_min from total_steps on."""
+    held at lr_min from total_steps on, or invsqrt (fairseq's inverse_sqrt)
+    lr sqrt(max(warmup, 1) / (i + 1))."""
     lr, w = ocfg["lr"], ocfg["warmup"]
     if step < w:
         return lr * (step + 1) / w
@@ -882,6 +1200,8 @@ def lr_at(ocfg, step):
         return lr
     if sched == "step":
         return lr * ocfg["gamma"] ** sum(1 for m in ocfg["milestones"] if m <= step)
+    if sched == "invsqrt":     # fairseq's inverse_sqrt
+        return lr * math.sqrt(max(w, 1) / (step + 1))
     if sched == "cosine":
         T, lo = ocfg["total_steps"], ocfg["lr_min"]
         if step >= T:
@@ -953,26 +1273,29 @@ def optimizer_state(opt, model, ocfg):
 def train_step(model, opt, ocfg, step, batch, ls=0.0, micro=0):
     """One optimiser step on batch, as bk_train_step.
 
-    batch: dict with labels and x or tokens (lengths optional). step: the
-    number of steps already taken (0-based index for the schedule). Gradients
-    are zeroed, accumulated over micro-batches of at most `micro` samples (0:
-    one pass) with weight B_micro / B, clipped (global L2 norm, clip > 0),
-    the group learning rates set to lr_at(step), and the optimiser stepped.
-    Returns (mean loss of the batch, pre-clip gradient norm).
+    batch: dict with labels and x or tokens (lengths optional); seq2seq:
+    tokens, lengths (optional), tgt and tgt_len. step: the number of steps
+    already taken (0-based index for the schedule). Gradients are zeroed,
+    accumulated over micro-batches of at most `micro` samples (0: one pass)
+    with weight B_micro / B (seq2seq: the micro-batch's target tokens over the
+    batch's: the loss is the token-weighted mean), clipped (global L2 norm,
+    clip > 0), the group learning rates set to lr_at(step), and the optimiser
+    stepped. Returns (mean loss of the batch, pre-clip gradient norm).
     """
     params = [p for _, p in model.ordered_parameters()]
     for p in params:
         p.grad = None
-    labels = np.asarray(batch["labels"])
-    B = len(labels)
+    s2s = isinstance(model, Seq2SeqModel)
+    keys = ("tokens", "lengths", "tgt", "tgt_len") if s2s else ("x", "tokens", "lengths", "labels")
+    B = len(np.asarray(batch["tgt_len" if s2s else "labels"]))
+    weights = (np.asarray(batch["tgt_len"], dtype=np.float64) if s2s else np.ones(B))
     mb = B if micro <= 0 else micro
     total = 0.0
     for s in range(0, B, mb):
         sl = slice(s, min(B, s + mb))
-        part = {k: (None if batch.get(k) is None else np.asarray(batch[k])[sl])
-                for k in ("x", "tokens", "lengths")}
-        loss = loss_fn(model(**part), labels[sl], ls)
-        w = (sl.stop - sl.start) / B
+        part = {k: (None if batch.get(k) is None else np.asarray(batch[k])[sl]) for k in keys}
+        loss = model_loss(model, part, ls)[1]
+        w = float(weights[sl].sum() / weights.sum())
         (loss * w).backward()
         total += float(loss.detach()) * w
     for p in params:           # every tensor steps (and decays) as in the C engine
@@ -1012,7 +1335,38 @@ def random_batch(cfg, B, rng, padded=False):
             lens[1] = 1
         out["lengths"] = lens.astype(np.int32)
     out["labels"] = rng.integers(0, c["classes"], B).astype(np.int32)
+    if c.get("arch") == "seq2seq":
+        out = random_seq2seq_batch(c, B, rng, padded)
     return out
+
+
+def random_seq2seq_batch(cfg, B, rng, padded=False):
+    """A random seq2seq batch: int32 tokens [B, max_len] and tgt [B,
+    tgt_max_len] (ids in [0, vocab); each sentence ends with eos at its
+    length - 1, padding holds random ids), lengths (None unless padded) and
+    tgt_len [B]. Padded: source and target lengths drawn in [1, max]; sample
+    0 full on both sides, sample 1 a length-1 target (EOS only), sample 2 (B
+    > 2) a length-1 source."""
+    c = cfg
+    S, Tm, V = c["max_len"], c["tgt_max_len"], c["vocab"]
+    tokens = rng.integers(0, V, (B, S)).astype(np.int32)
+    tgt = rng.integers(0, V, (B, Tm)).astype(np.int32)
+    if padded:
+        lens = rng.integers(1, S + 1, B)
+        tl = rng.integers(1, Tm + 1, B)
+        lens[0], tl[0] = S, Tm
+        if B > 1:
+            tl[1] = 1
+            lens[1] = max(1, S - 1)
+        if B > 2:
+            lens[2] = 1
+    else:
+        lens, tl = np.full(B, S), np.full(B, Tm)
+    for b in range(B):
+        tokens[b, lens[b] - 1] = c["eos"]
+        tgt[b, tl[b] - 1] = c["eos"]
+    return {"x": None, "tokens": tokens, "lengths": lens.astype(np.int32) if padded else None,
+            "tgt": tgt, "tgt_len": tl.astype(np.int32), "labels": None}
 
 
 # ---------------------------------------------------------------------------
@@ -1063,6 +1417,15 @@ _SELF_CASES = [
      "attn=esp,esp_soft=0,esp_tau=3,pool=cls", False),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=2,heads=2,mlp_dim=8,classes=3,"
      "attn=diff,pool=mean", True),
+]
+
+
+_SELF_S2S_CASES = [
+    "arch=seq2seq,input=tokens,vocab=7,max_len=4,tgt_max_len=4,dim=8,depth=1,dec_depth=2,"
+    "heads=2,mlp_dim=8,attn=softmax,cross_attn=softmax,pos_embed=1",
+    "arch=seq2seq,input=tokens,vocab=7,max_len=5,tgt_max_len=3,dim=7,depth=1,dec_depth=1,"
+    "heads=2,head_dim=4,mlp_dim=6,attn=lot,lot_r=2,cross_attn=sinkhorn,sk_iters=3,post_ln=1,"
+    "pos_embed=2,final_norm=0,qkv_bias=1",
 ]
 
 
@@ -1198,7 +1561,43 @@ def _self_check():
             note("torch.optim vs MODEL.md formulas",
                  max(float(np.abs(p.detach().numpy() - ref[n]).max())
                      for n, p in model.ordered_parameters()))
+    # 5b. the encoder-decoder: gradcheck, padding invariance, checkpoint round trip.
+    with tempfile.TemporaryDirectory(prefix="bk_model_torch_") as tmp:
+        for text in _SELF_S2S_CASES:
+            cfg = resolve_config(text)
+            model = build_model(cfg).double()
+            data = random_batch(cfg, 3, rng, True)
+            kw = {k: data[k] for k in ("tokens", "lengths", "tgt", "tgt_len")}
+            path = os.path.join(tmp, "s2s.safetensors")
+            save_checkpoint(path, model)
+            m2, tens, _ = load_checkpoint(path)
+            assert isinstance(m2, Seq2SeqModel)
+            assert list(tens) == [n for n, _, _ in param_specs(cfg)]
+            note("checkpoint round trip (float32 rounding)",
+                 max(float((p - q).abs().max()) for (_, p), (_, q) in
+                     zip(model.ordered_parameters(), m2.ordered_parameters())))
+            d2 = {k: (None if v is None else v.copy()) for k, v in kw.items()}
+            for b in range(3):
+                n, t = data["lengths"][b], data["tgt_len"][b]
+                d2["tokens"][b, n:] = (d2["tokens"][b, n:] + 1) % cfg["vocab"]
+                d2["tgt"][b, t:] = (d2["tgt"][b, t:] + 1) % cfg["vocab"]
+            note("padding invariance (logits)", (model(**kw) - model(**d2)).abs().max())
+            names = [n for n, _ in model.ordered_parameters()]
+            leaves = [p.detach().clone().requires_grad_(True) for _, p in
+                      model.ordered_parameters()]
+
+            def f2(*ps, model=model, names=names, kw=kw):
+                return torch.nn.utils.stateless.functional_call(
+                    model, dict(zip(names, ps)), (), kw)
+            gc = torch.autograd.gradcheck(f2, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+            print(f"gradcheck seq2seq/{cfg['attn']}/{cfg['cross_attn']}/post_ln={cfg['post_ln']}: "
+                  f"{gc}")
+            ok = ok and gc
     # 6. schedules.
+    oc = resolve_optim("lr=2,warmup=3,sched=invsqrt")
+    note("invsqrt schedule", max(abs(lr_at(oc, i) - w) for i, w in
+                                 enumerate([2 / 3, 4 / 3, 2, 2 * math.sqrt(3 / 4),
+                                            2 * math.sqrt(3 / 5)])))
     oc = resolve_optim("lr=1,warmup=2,sched=cosine,total_steps=6,lr_min=0.1")
     want = [0.5, 1.0, 1.0, 0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2, 0.55,
             0.1 + 0.9 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.1, 0.1]

@@ -16,6 +16,8 @@ float64 and compares:
   BIRKHOFF model train --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy]
            --labels Y.npy --steps N [--optim TEXT] [--micro M] [--ls LS]
            --out CKPT2 --losses LOSSES.npy
+  (arch=seq2seq: --tgt TGT.npy --tgt-len TL.npy instead of --labels; logits
+   [B, tgt_max_len, vocab]; the twin is model_torch.Seq2SeqModel)
 
 Checks (one output line each, with the measured error and its tolerance):
 
@@ -50,6 +52,19 @@ Checks (one output line each, with the measured error and its tolerance):
   checkpoint). Compared: the losses step by step, the final weights and the
   optimiser state (m, v or the momentum buffer), tensor by tensor; optim_step
   and the optimiser configuration in the output.
+* seq2seq (S2S_GRAD_CASES, S2S_TRAIN_CASES; most run in --quick, ~3 s):
+  the encoder-decoder's init checks (names/order/shapes of build_table_s2s,
+  the token table and learned positions N(0, 1/dim), LN incl. lnc / enc.norm
+  / dec.norm 1/0) and grads parity (logits [B, tgt_max_len, vocab], loss,
+  every gradient) for softmax pre-LN with learned positions (full and
+  padded), post-LN without final norms with sinusoidal positions, qkv bias
+  and ls 0.1, Sinkhorn S = 3 self and cross, ESP soft (axes; seeded slices:
+  self 1000 + l, cross 2000 + l), LOT r = 2 in the encoder, diff, unbalanced
+  self and cross, no MLP with one block each side, an odd dim (sinusoids'
+  zero column); padded batches differ on both sides (a length-1 target and
+  a length-1 source). Trajectories: AdamW with sched=invsqrt warmup=3 (6
+  steps), the same with --micro 2 on 5 samples (micro-batches weighted by
+  their target tokens) and ls 0.1, SGD post-LN resumed 3 + 3.
 * files: a checkpoint with one data byte flipped is refused by `model grads`
   (non-zero exit, the message names the checksum or corruption), so are one
   truncated by 64 bytes and one cut inside its header; a checkpoint
@@ -210,6 +225,8 @@ S2S_GRAD_CASES = [
     ("s2s-nomlp-depth1-dec1", f"{S2S},mlp_dim=0,depth=1,dec_depth=1", 4, True, 0.0, True),
     ("s2s-postln-sinkhorn-cross-headdim", f"{S2S},post_ln=1,cross_attn=sinkhorn,sk_iters=4,"
      "head_dim=6,attn_scale=0.4", 3, True, 0.0, False),
+    ("s2s-odd-dim9-sin-esp-cross", f"{S2S},dim=9,head_dim=4,pos_embed=2,cross_attn=esp,"
+     "esp_t=0.2,esp_tau=2", 4, True, 0.0, False),
 ]
 INVSQRT = f"{ADAMW},sched=invsqrt,warmup=3"
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick

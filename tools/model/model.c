@@ -15,7 +15,11 @@ static void usage_model(FILE *f)
                "  birkhoff model init --config TEXT [--seed S] [--optim TEXT] --out CKPT\n"
                "  birkhoff model grads --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy] --labels Y.npy\n"
                "                       [--ls LS] --out-dir DIR\n"
+               "  birkhoff model grads --ckpt CKPT --tokens T.npy [--len L.npy] --tgt TGT.npy --tgt-len TL.npy\n"
+               "                       [--ls LS] --out-dir DIR                               (arch=seq2seq)\n"
                "  birkhoff model train --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy] --labels Y.npy\n"
+               "                       --steps N [--optim TEXT] [--micro M] [--ls LS] --out CKPT2 [--losses L.npy]\n"
+               "  birkhoff model train --ckpt CKPT --tokens T.npy [--len L.npy] --tgt TGT.npy --tgt-len TL.npy\n"
                "                       --steps N [--optim TEXT] [--micro M] [--ls LS] --out CKPT2 [--losses L.npy]\n"
                "  birkhoff model show --ckpt CKPT\n"
                "  birkhoff model swap --in CKPT --out CKPT2 --attn NAME [KEY=VALUE... | --KEY VALUE... | --keys TEXT]\n"
@@ -23,11 +27,16 @@ static void usage_model(FILE *f)
                "\n"
                "TEXT is \"key=value,...\" (docs/MODEL.md lists the keys; model keys as bk_model_config, optimiser\n"
                "keys kind=adamw|adam|sgd, lr, beta1, beta2, eps, weight_decay, momentum, nesterov, clip,\n"
-               "sched=constant|step|cosine, warmup, total_steps, lr_min, gamma, milestones=a:b).\n"
+               "sched=constant|step|cosine|invsqrt, warmup, total_steps, lr_min, gamma, milestones=a:b).\n"
                "X: images float32 [B,C,H,W] or points [B,max_points,point_dim]; T int32 [B,max_len]; L, Y int32 [B].\n"
-               "grads writes DIR/logits.npy [B,classes], DIR/loss.npy [1] and DIR/grads.safetensors (a\n"
-               "checkpoint-format file whose tensors hold the gradients of one training-mode forward/backward).\n"
-               "train runs N optimiser steps on the same batch; --losses gets the loss before each step.\n"
+               "An encoder-decoder (arch=seq2seq) reads source tokens T (lengths L) and, instead of labels, the\n"
+               "targets: TGT int32 [B,tgt_max_len] (each sentence ending with eos) and their lengths TL int32 [B]\n"
+               "(EOS counted); its loss is the mean over the valid target tokens.\n"
+               "grads writes DIR/logits.npy [B,classes] (seq2seq: [B,tgt_max_len,vocab], rows at t >= TL zero),\n"
+               "DIR/loss.npy [1] and DIR/grads.safetensors (a checkpoint-format file whose tensors hold the\n"
+               "gradients of one training-mode forward/backward).\n"
+               "train runs N optimiser steps on the same batch (--micro M: micro-batches of M samples, weighted by\n"
+               "their samples, seq2seq by their target tokens); --losses gets the loss before each step.\n"
                "swap replaces the attention normaliser of a trained model (softmax, sinkhorn, unbalanced, esp, lot,\n"
                "asap) and keeps every weight: KEYs are the new normaliser's (attn_scale, sk_iters, sk_eps, sk_rho,\n"
                "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp); a swap to lot creates the\n"
@@ -39,7 +48,7 @@ static void usage_model(FILE *f)
 }
 
 typedef struct {
-    bk_npy x, tok, len, lab;
+    bk_npy x, tok, len, lab, tgt, tgt_len;
     bk_batch b;
 } cli_batch;
 
@@ -49,14 +58,40 @@ static void batch_release(cli_batch *cb)
     bk_npy_free(&cb->tok);
     bk_npy_free(&cb->len);
     bk_npy_free(&cb->lab);
+    bk_npy_free(&cb->tgt);
+    bk_npy_free(&cb->tgt_len);
 }
 
-/* loads the batch files and checks their shapes against the model */
+/* loads the batch files and checks their shapes against the model: the
+ * labels (yp) for a classifier, the targets (gp, glp) for a seq2seq model */
 static int load_batch(const char *prog, const bk_model_config *c, const char *xp, const char *tp, const char *lp,
-                      const char *yp, cli_batch *cb)
+                      const char *yp, const char *gp, const char *glp, cli_batch *cb)
 {
     memset(cb, 0, sizeof *cb);
     int64_t B = -1;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    if (s2s) {
+        if (yp) {
+            fprintf(stderr, "birkhoff %s: this is an encoder-decoder (arch=seq2seq) model: it reads targets, not labels; "
+                            "give --tgt TGT.npy and --tgt-len TL.npy instead of --labels\n", prog);
+            return 0;
+        }
+        if (!gp || !glp) {
+            fprintf(stderr, "birkhoff %s: this is an encoder-decoder (arch=seq2seq) model: give both --tgt TGT.npy "
+                            "(int32 [B, %d]) and --tgt-len TL.npy (int32 [B])\n", prog, c->tgt_max_len);
+            return 0;
+        }
+    } else {
+        if (gp || glp) {
+            fprintf(stderr, "birkhoff %s: --tgt and --tgt-len are for encoder-decoder (arch=seq2seq) models; this "
+                            "classifier reads --labels\n", prog);
+            return 0;
+        }
+        if (!yp) {
+            fprintf(stderr, "birkhoff %s: --labels Y.npy is required\n", prog);
+            return 0;
+        }
+    }
     if (c->input == BK_INPUT_TOKENS) {
         if (!tp) {
             fprintf(stderr, "birkhoff %s: this model reads tokens: give --tokens T.npy\n", prog);
@@ -108,6 +143,21 @@ static int load_batch(const char *prog, const bk_model_config *c, const char *xp
         if (!cli_load_len(prog, "--labels", yp, B, &cb->lab)) return 0;
         cb->b.labels = cb->lab.data;
     }
+    if (s2s) {
+        if (bk_npy_read(gp, &cb->tgt) != BK_OK) {
+            fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+            return 0;
+        }
+        if (cb->tgt.dtype != BK_I32 || cb->tgt.ndim != 2 || cb->tgt.shape[0] != B ||
+            cb->tgt.shape[1] != c->tgt_max_len) {
+            fprintf(stderr, "birkhoff %s: --tgt (%s) must be int32 [%lld, %d] (B, tgt_max_len)\n", prog, gp,
+                    (long long)B, c->tgt_max_len);
+            return 0;
+        }
+        cb->b.tgt = cb->tgt.data;
+        if (!cli_load_len(prog, "--tgt-len", glp, B, &cb->tgt_len)) return 0;
+        cb->b.tgt_len = cb->tgt_len.data;
+    }
     return 1;
 }
 
@@ -155,14 +205,17 @@ static int model_init(int argc, char **argv)
 
 static int model_grads(int argc, char **argv)
 {
-    const char *ck = NULL, *xp = NULL, *tp = NULL, *lp = NULL, *yp = NULL, *lsp = "0", *dir = NULL;
-    cli_opt o[] = {{"--ckpt", &ck, 0},   {"--x", &xp, 0},  {"--tokens", &tp, 0},   {"--len", &lp, 0},
-                   {"--labels", &yp, 0}, {"--ls", &lsp, 0}, {"--out-dir", &dir, 0}};
-    int done = 0, rc = cli_parse_opts("model grads", argc, argv, o, 7, usage_model, &done);
+    const char *ck = NULL, *xp = NULL, *tp = NULL, *lp = NULL, *yp = NULL, *lsp = "0", *dir = NULL, *gp = NULL,
+               *glp = NULL;
+    cli_opt o[] = {{"--ckpt", &ck, 0},   {"--x", &xp, 0},   {"--tokens", &tp, 0},  {"--len", &lp, 0},
+                   {"--labels", &yp, 0}, {"--ls", &lsp, 0}, {"--out-dir", &dir, 0}, {"--tgt", &gp, 0},
+                   {"--tgt-len", &glp, 0}};
+    int done = 0, rc = cli_parse_opts("model grads", argc, argv, o, 9, usage_model, &done);
     if (rc || done) return rc;
     float ls;
-    if (!ck || !yp || !dir || !cli_parse_float(lsp, &ls)) {
-        fprintf(stderr, "birkhoff model grads: --ckpt, --labels, --out-dir (and a numeric --ls) are required\n");
+    if (!ck || !(yp || gp || glp) || !dir || !cli_parse_float(lsp, &ls)) {
+        fprintf(stderr, "birkhoff model grads: --ckpt, --labels (seq2seq: --tgt and --tgt-len), --out-dir (and a "
+                        "numeric --ls) are required\n");
         return CLI_USAGE;
     }
     bk_model *m = NULL;
@@ -170,7 +223,7 @@ static int model_grads(int argc, char **argv)
     const bk_model_config *c = bk_model_get_config(m);
     cli_batch cb;
     int ret = CLI_OK;
-    if (!load_batch("model grads", c, xp, tp, lp, yp, &cb)) {
+    if (!load_batch("model grads", c, xp, tp, lp, yp, gp, glp, &cb)) {
         ret = CLI_FAIL;
         goto out;
     }
@@ -181,8 +234,14 @@ static int model_grads(int argc, char **argv)
         goto out;
     }
     c = bk_model_get_config(m);
-    const int B = cb.b.B, C = c->classes;
-    float *logits = malloc(sizeof(float) * (size_t)B * (size_t)C);
+    const int B = cb.b.B, s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int C = s2s ? c->vocab : c->classes, Tt = s2s ? c->tgt_max_len : 1;
+    float *logits = malloc(sizeof(float) * (size_t)B * (size_t)Tt * (size_t)C);
+    if (!logits) {
+        fprintf(stderr, "birkhoff model grads: out of memory\n");
+        ret = CLI_FAIL;
+        goto out;
+    }
     double loss = 0;
     const int train = c->attn != BK_ATTN_ASAP;
     if (bk_model_forward(m, &cb.b, train, ls, logits, &loss) || (train && (bk_model_zero_grad(m), bk_model_backward(m, 1.0f)))) {
@@ -196,8 +255,8 @@ static int model_grads(int argc, char **argv)
     snprintf(p2, sizeof p2, "%s/loss.npy", dir);
     snprintf(p3, sizeof p3, "%s/grads.safetensors", dir);
     float lossf = (float)loss;
-    int64_t s1[2] = {B, C}, s2[1] = {1};
-    cli_output outs[2] = {{p1, 2, s1, logits}, {p2, 1, s2, &lossf}};
+    int64_t s1[3] = {B, s2s ? Tt : C, C}, s2[1] = {1};
+    cli_output outs[2] = {{p1, s2s ? 3 : 2, s1, logits}, {p2, 1, s2, &lossf}};
     if (!cli_write_outputs("model grads", 2, outs)) ret = CLI_FAIL;
     if (!ret && train) {
         /* the gradients in the checkpoint layout: swap them into the parameter buffer for the write */
@@ -220,17 +279,19 @@ out:
 static int model_train(int argc, char **argv)
 {
     const char *ck = NULL, *xp = NULL, *tp = NULL, *lp = NULL, *yp = NULL, *lsp = "0", *out = NULL, *sp = NULL,
-               *optim = NULL, *mp = "0", *lossp = NULL;
-    cli_opt o[] = {{"--ckpt", &ck, 0},   {"--x", &xp, 0},     {"--tokens", &tp, 0}, {"--len", &lp, 0},
-                   {"--labels", &yp, 0}, {"--ls", &lsp, 0},   {"--out", &out, 0},   {"--steps", &sp, 0},
-                   {"--optim", &optim, 0}, {"--micro", &mp, 0}, {"--losses", &lossp, 0}};
-    int done = 0, rc = cli_parse_opts("model train", argc, argv, o, 11, usage_model, &done);
+               *optim = NULL, *mp = "0", *lossp = NULL, *gp = NULL, *glp = NULL;
+    cli_opt o[] = {{"--ckpt", &ck, 0},     {"--x", &xp, 0},     {"--tokens", &tp, 0},   {"--len", &lp, 0},
+                   {"--labels", &yp, 0},   {"--ls", &lsp, 0},   {"--out", &out, 0},     {"--steps", &sp, 0},
+                   {"--optim", &optim, 0}, {"--micro", &mp, 0}, {"--losses", &lossp, 0}, {"--tgt", &gp, 0},
+                   {"--tgt-len", &glp, 0}};
+    int done = 0, rc = cli_parse_opts("model train", argc, argv, o, 13, usage_model, &done);
     if (rc || done) return rc;
     float ls;
     int steps, micro;
-    if (!ck || !yp || !out || !sp || !cli_parse_float(lsp, &ls) || !cli_parse_int(sp, &steps) || steps < 1 ||
-        !cli_parse_int(mp, &micro) || micro < 0) {
-        fprintf(stderr, "birkhoff model train: --ckpt, --labels, --out and --steps N >= 1 are required\n");
+    if (!ck || !(yp || gp || glp) || !out || !sp || !cli_parse_float(lsp, &ls) || !cli_parse_int(sp, &steps) ||
+        steps < 1 || !cli_parse_int(mp, &micro) || micro < 0) {
+        fprintf(stderr, "birkhoff model train: --ckpt, --labels (seq2seq: --tgt and --tgt-len), --out and --steps N "
+                        ">= 1 are required\n");
         return CLI_USAGE;
     }
     bk_model *m = NULL;
@@ -240,7 +301,7 @@ static int model_train(int argc, char **argv)
     int ret = CLI_OK;
     double *losses = NULL;
     float *lf = NULL;
-    if (!load_batch("model train", bk_model_get_config(m), xp, tp, lp, yp, &cb)) {
+    if (!load_batch("model train", bk_model_get_config(m), xp, tp, lp, yp, gp, glp, &cb)) {
         ret = CLI_FAIL;
         goto out;
     }

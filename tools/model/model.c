@@ -23,7 +23,7 @@ static void usage_model(FILE *f)
                "                       --steps N [--optim TEXT] [--micro M] [--ls LS] --out CKPT2 [--losses L.npy]\n"
                "  birkhoff model show --ckpt CKPT\n"
                "  birkhoff model swap --in CKPT --out CKPT2 --attn NAME [KEY=VALUE... | --KEY VALUE... | --keys TEXT]\n"
-               "                      [--blocks all|i,j,...] [--samples N] [--data-dir DIR]\n"
+               "                      [--blocks all|i,j,...|enc|cross|both] [--samples N] [--data-dir DIR]\n"
                "\n"
                "TEXT is \"key=value,...\" (docs/MODEL.md lists the keys; model keys as bk_model_config, optimiser\n"
                "keys kind=adamw|adam|sgd, lr, beta1, beta2, eps, weight_decay, momentum, nesterov, clip,\n"
@@ -41,8 +41,10 @@ static void usage_model(FILE *f)
                "asap) and keeps every weight: KEYs are the new normaliser's (attn_scale, sk_iters, sk_eps, sk_rho,\n"
                "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp); a swap to lot creates the\n"
                "pivots (the model's own LOT initialisation), away from lot drops them; asap compiles the Sinkhorn\n"
-               "layers of a Sinkhorn run (--samples calibration inputs, default 512). The blocks of a model share one\n"
-               "attention kind: --blocks must name all of them. The run of a `birkhoff train` checkpoint is carried:\n"
+               "layers of a Sinkhorn run (--samples calibration inputs, default 512). The blocks of a classifier share\n"
+               "one attention kind: --blocks must name all of them. An encoder-decoder swaps its encoder's\n"
+               "self-attention (--blocks enc, the default), its cross-attention (cross) or both; its decoder's causal\n"
+               "self-attention stays softmax. The run of a `birkhoff train` checkpoint is carried:\n"
                "the result evaluates with `birkhoff eval` and fine-tunes with `birkhoff train --init CKPT2`\n"
                "(docs/MODEL.md, Plug-and-play swaps).\n");
 }
@@ -452,8 +454,16 @@ static int model_swap(int argc, char **argv)
         fprintf(stderr, "birkhoff model swap: --in, --out and --attn are required\n");
         return CLI_USAGE;
     }
+    const char *part = NULL; /* an encoder-decoder's attention: enc, cross or both */
+    if (!strcmp(blocks_s, "enc") || !strcmp(blocks_s, "cross") || !strcmp(blocks_s, "both")) {
+        part = blocks_s;
+        blocks_s = "all";
+    }
     if (!parse_blocks(blocks_s, blocks, 64, &nb)) {
-        fprintf(stderr, "birkhoff model swap: --blocks expects 'all' or block indices 'i,j,...' (got '%s')\n", blocks_s);
+        fprintf(stderr,
+                "birkhoff model swap: --blocks expects 'all', block indices 'i,j,...' or (an encoder-decoder) enc, "
+                "cross or both (got '%s')\n",
+                blocks_s);
         return CLI_USAGE;
     }
     if (samples && (!cli_parse_int(samples, &ns) || ns < 1)) {
@@ -465,6 +475,7 @@ static int model_swap(int argc, char **argv)
     sc.keys = kn ? keys : NULL;
     sc.blocks = nb ? blocks : NULL;
     sc.nblocks = nb;
+    sc.part = part;
     sc.asap.samples = ns;
     sc.asap.data_dir = dir;
     bk_model_config from;
@@ -478,8 +489,10 @@ static int model_swap(int argc, char **argv)
     }
     bk_model_config to;
     if (bk_checkpoint_config(out, &to) != BK_OK) return fail("model swap", out);
-    printf("%s: %s attention -> %s: %s (every weight kept%s)\n", in, bk_attn_kind_name(from.attn),
-           bk_attn_kind_name(to.attn), out,
+    if (from.arch == BK_ARCH_SEQ2SEQ && to.cross_attn != from.cross_attn)
+        printf("%s: cross-attention %s -> %s\n", in, bk_attn_kind_name(from.cross_attn), bk_attn_kind_name(to.cross_attn));
+    printf("%s: %s%s attention -> %s: %s (every weight kept%s)\n", in,
+           from.arch == BK_ARCH_SEQ2SEQ ? "encoder " : "", bk_attn_kind_name(from.attn), bk_attn_kind_name(to.attn), out,
            to.attn == BK_ATTN_LOT && from.attn != BK_ATTN_LOT   ? "; LOT pivots initialised"
            : from.attn == BK_ATTN_LOT && to.attn != BK_ATTN_LOT ? "; LOT pivots dropped"
            : to.attn == BK_ATTN_DIFF && from.attn != BK_ATTN_DIFF ? "; diff lambda vectors initialised"

@@ -10,7 +10,7 @@
 
 static void usage_eval(FILE *f)
 {
-    fprintf(f, "usage: birkhoff eval --ckpt CKPT [--data NAME] [--split test|train] [--limit N] [--data-dir DIR]\n"
+    fprintf(f, "usage: birkhoff eval --ckpt CKPT [--data NAME] [--split test|train|valid] [--limit N] [--data-dir DIR]\n"
                "                     [--batch B] [--diag-samples N] [--teacher CKPT] [--json OUT.json]\n"
                "                     [--esp-sort model|soft|hard | --esp-hard]\n"
                "\n"
@@ -40,11 +40,11 @@ int cmd_eval(int argc, char **argv)
     if (!ckpt || (limit_s && (!cli_parse_int(limit_s, &limit) || limit < 0)) ||
         (batch_s && (!cli_parse_int(batch_s, &batch) || batch < 1)) ||
         (diag_s && (!cli_parse_int(diag_s, &ndiag) || ndiag < 1 || ndiag > 4096)) ||
-        (strcmp(split, "test") && strcmp(split, "train")) ||
+        (strcmp(split, "test") && strcmp(split, "train") && strcmp(split, "valid")) ||
         (esp_sort && strcmp(esp_sort, "model") && strcmp(esp_sort, "soft") && strcmp(esp_sort, "hard")) ||
         (esp_sort && esp_hard && strcmp(esp_sort, "hard"))) {
         fprintf(stderr, "birkhoff eval: needs --ckpt; --limit >= 0, --batch >= 1, --diag-samples in [1, 4096], "
-                        "--split test|train, --esp-sort model|soft|hard (--esp-hard: hard)\n");
+                        "--split test|train|valid, --esp-sort model|soft|hard (--esp-hard: hard)\n");
         return CLI_USAGE;
     }
     if (esp_hard) esp_sort = "hard";
@@ -57,7 +57,7 @@ int cmd_eval(int argc, char **argv)
         return CLI_FAIL;
     }
     bk_dataset *dset;
-    const bk_split sp = strcmp(split, "test") ? BK_SPLIT_TRAIN : BK_SPLIT_TEST;
+    const bk_split sp = !strcmp(split, "test") ? BK_SPLIT_TEST : !strcmp(split, "valid") ? BK_SPLIT_VALID : BK_SPLIT_TRAIN;
     if (bk_run_open_data(&r, data, dir, sp, limit, bk_model_get_config(m), &dset) != BK_OK) {
         fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
         free(extra);
@@ -94,6 +94,13 @@ int cmd_eval(int argc, char **argv)
     if (teacher) snprintf(tpath, sizeof tpath, "%s", teacher);
     else if (c->attn == BK_ATTN_ASAP) bk_run_extra_get(extra, "teacher", tpath, sizeof tpath);
     if (!dg) goto done;
+    if (tpath[0] && c->arch == BK_ARCH_SEQ2SEQ) {
+        fprintf(stderr, "birkhoff eval: --teacher compares a compiled ASAP classifier with its teacher; %s is an "
+                        "encoder-decoder\n",
+                ckpt);
+        rc = CLI_USAGE;
+        goto done;
+    }
     const double t0 = cli_now();
     if (bk_evaluate(m, dset, 0, batch, 1, &ev) != BK_OK || bk_attention_diag(m, dset, ndiag, dg, NULL, NULL) != BK_OK) {
         fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
@@ -114,19 +121,27 @@ int cmd_eval(int argc, char **argv)
         for (int64_t i = 0; i < ev.n; i++) same += ev.pred[i] == tev.pred[i];
         agree = (double)same / (double)ev.n;
     }
-    const int C = c->classes;
+    const int C = ev.classes; /* (0 for an encoder-decoder: no confusion matrix) */
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     printf("checkpoint  %s (%s attention, depth %d, %d heads, %lld parameters)\n", ckpt, bk_attn_kind_name(c->attn), c->depth,
            c->heads, (long long)bk_model_num_params(m));
     if (c->attn == BK_ATTN_ESP)
         printf("esp         %s sort (t = %g, tau = %g)\n", c->esp_soft ? "soft" : "hard", (double)c->esp_t,
                (double)c->esp_tau);
     printf("data        %s, %lld samples (%.0f samples/s)\n", ds->version, (long long)ev.n, (double)ev.n / secs);
-    printf("accuracy    %.2f %%   loss %.4f\n", 100.0 * ev.acc, ev.loss);
+    if (s2s)
+        printf("accuracy    %.2f %% of the target tokens (teacher-forced)   loss %.4f per token   perplexity %.2f\n"
+               "            (BLEU of decoded translations: birkhoff translate --ckpt CKPT --input SRC --ref REF)\n",
+               100.0 * ev.acc, ev.loss, exp(ev.loss));
+    else
+        printf("accuracy    %.2f %%   loss %.4f\n", 100.0 * ev.acc, ev.loss);
     if (tpath[0])
         printf("teacher     %s: accuracy %.2f %%, agreement %.2f %%\n", tpath, 100.0 * tev.acc, 100.0 * agree);
-    printf("confusion   (rows = label, columns = prediction)\n      ");
-    for (int j = 0; j < C; j++) printf(" %6d", j);
-    printf("\n");
+    if (C) {
+        printf("confusion   (rows = label, columns = prediction)\n      ");
+        for (int j = 0; j < C; j++) printf(" %6d", j);
+        printf("\n");
+    }
     for (int i = 0; i < C; i++) {
         printf("  %3d ", i);
         for (int j = 0; j < C; j++) printf(" %6lld", (long long)ev.confusion[(size_t)i * C + j]);

@@ -1377,11 +1377,19 @@ def bench(config, batch, steps, warmup, threads, seed=0):
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     cfg = resolve_config(config)
-    model = Model(cfg, reference=True, allow_dropout=True).float()
+    model = build_model(cfg, reference=True, allow_dropout=True).float()
     model.train()
     ocfg = resolve_optim(None)
     opt = make_optimizer(model, ocfg)
     data = random_batch(cfg, batch, np.random.default_rng(seed))
+    if cfg.get("arch") == "seq2seq":
+        # full-length sentences (as the C benchmark's batch): ids >= 4, EOS last
+        rng = np.random.default_rng(seed)
+        for k, n in (("tokens", cfg["max_len"]), ("tgt", cfg["tgt_max_len"])):
+            data[k] = rng.integers(4, cfg["vocab"], (batch, n)).astype(np.int32)
+            data[k][:, n - 1] = cfg["eos"]
+        data["lengths"] = None
+        data["tgt_len"] = np.full(batch, cfg["tgt_max_len"], dtype=np.int32)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -1390,7 +1398,8 @@ def bench(config, batch, steps, warmup, threads, seed=0):
         if i >= warmup:
             times.append(dt)
     med = float(np.median(times))
-    return {"samples_per_s": batch / med, "step_s_median": med,
+    tokens = batch * cfg["tgt_max_len"] if cfg.get("arch") == "seq2seq" else batch
+    return {"samples_per_s": batch / med, "tokens_per_s": tokens / med, "step_s_median": med,
             "step_s_p25": float(np.percentile(times, 25)),
             "step_s_p75": float(np.percentile(times, 75)),
             "threads": threads, "torch": torch.__version__, "batch": batch, "steps": steps,

@@ -17,7 +17,9 @@ static void usage_bt(FILE *f)
                "  depth 4, 4 heads, mlp 256, 10 classes. LIST: comma-separated attention settings, each a\n"
                "  ';'-separated key=value group added to TEXT (default \"attn=softmax,attn=sinkhorn;sk_iters=5\").\n"
                "  Reports the median step time, samples/s, the GEMM GFLOP/s and fraction of the machine's peak,\n"
-               "  and the PyTorch twin's samples/s on the same threads.\n");
+               "  and the PyTorch twin's samples/s on the same threads. An encoder-decoder (arch=seq2seq in TEXT)\n"
+               "  trains on full-length sentence pairs (max_len source, tgt_max_len target pieces); --json adds\n"
+               "  target tokens/s for both.\n");
 }
 
 /* forward multiply-adds x 2 of the GEMM-like parts (linears and the two
@@ -30,6 +32,14 @@ static double step_flops(const bk_model_config *c, int B, int T, int np)
     double f = c->input == BK_INPUT_TOKENS ? 0 : 2.0 * B * np * in_feat * D;
     const double attn = c->attn == BK_ATTN_LOT ? 2.0 * 2.0 * R * c->lot_r * I * 2 : 2.0 * 2.0 * B * (double)T * T * I;
     f += c->depth * (2.0 * R * D * 3 * I + 2.0 * R * I * D + 2.0 * 2.0 * R * D * M + attn);
+    if (c->arch == BK_ARCH_SEQ2SEQ) {
+        /* decoder blocks (self, cross: queries, keys/values of the source
+         * rows, the two products; MLP) and the tied output projection */
+        const double Td = c->tgt_max_len, Rd = (double)B * Td;
+        const double self = 2.0 * Rd * D * 3 * I + 2.0 * Rd * I * D + 2.0 * 2.0 * B * Td * Td * I;
+        const double cross = 2.0 * Rd * D * I + 2.0 * R * D * 2 * I + 2.0 * 2.0 * B * Td * T * I + 2.0 * Rd * I * D;
+        f += c->dec_depth * (self + cross + 2.0 * 2.0 * Rd * D * M) + 2.0 * Rd * D * c->vocab;
+    }
     return 3.0 * f;
 }
 
@@ -79,9 +89,28 @@ int bench_train(int argc, char **argv)
         float *x = malloc(sizeof(float) * nin);
         int32_t *tok = calloc(nin, sizeof(int32_t)), *lab = malloc(sizeof(int32_t) * (size_t)B);
         cli_fill(x, nin, 7, 1.0f);
-        for (int i = 0; i < B; i++) lab[i] = i % c.classes;
+        for (int i = 0; i < B; i++) lab[i] = i % (c.classes > 0 ? c.classes : 1);
         for (size_t i = 0; i < nin; i++) tok[i] = (int32_t)(i * 7 % (size_t)c.vocab);
         bk_batch b = {B, x, tok, NULL, lab, NULL, NULL};
+        /* an encoder-decoder: full-length sentences on both sides (ids >= 4,
+         * EOS last), so the rows are the configuration's */
+        const int s2s = c.arch == BK_ARCH_SEQ2SEQ;
+        int32_t *tgt = s2s ? malloc(sizeof(int32_t) * (size_t)B * c.tgt_max_len) : NULL;
+        int32_t *tlen = s2s ? malloc(sizeof(int32_t) * (size_t)B) : NULL;
+        if (s2s) {
+            for (int i = 0; i < B; i++) {
+                for (int t = 0; t < c.max_len; t++)
+                    tok[(size_t)i * c.max_len + t] = t == c.max_len - 1 ? c.eos : 4 + (int32_t)((i * 131 + t * 7) % (c.vocab - 4));
+                for (int t = 0; t < c.tgt_max_len; t++)
+                    tgt[(size_t)i * c.tgt_max_len + t] =
+                        t == c.tgt_max_len - 1 ? c.eos : 4 + (int32_t)((i * 37 + t * 11) % (c.vocab - 4));
+                tlen[i] = c.tgt_max_len;
+            }
+            b.labels = NULL;
+            b.tgt = tgt;
+            b.tgt_len = tlen;
+        }
+        const double per_sample = s2s ? c.tgt_max_len : 1; /* tokens (target) a sample */
         double *t = malloc(sizeof(double) * (size_t)steps), loss;
         int ok = 1;
         for (int s = 0; s < warm + steps && ok; s++) {
@@ -92,7 +121,7 @@ int bench_train(int argc, char **argv)
         if (!ok) fprintf(stderr, "birkhoff bench: %s: %s\n", full, bk_last_error());
         double med, q25, q75;
         cli_stats(t, steps, &med, &q25, &q75);
-        const int np = bk_model_tokens(m) - c.cls;
+        const int np = bk_model_tokens(m) - (s2s ? 0 : c.cls);
         const double fl = step_flops(&c, B, bk_model_tokens(m), np), gfs = fl / med / 1e9;
         double peer = -1;
         if (!nopeer && access(script, R_OK) == 0) {
@@ -115,9 +144,9 @@ int bench_train(int argc, char **argv)
             printf("{\"op\": \"train\", \"config\": \"%s\", \"batch\": %d, \"threads\": %d, \"step_median_s\": %.6g, "
                    "\"step_q25_s\": %.6g, \"step_q75_s\": %.6g, \"samples_per_s\": %.2f, \"gemm_gflops\": %.2f, "
                    "\"frac_peak\": %.4f, \"vs_first\": %.4f, \"torch_samples_per_s\": %.2f, \"speedup\": %.3f, "
-                   "\"loss\": %.5f}\n",
+                   "\"tokens_per_s\": %.1f, \"torch_tokens_per_s\": %.1f, \"loss\": %.5f}\n",
                    full, B, nt, med, q25, q75, B / med, gfs, gf > 0 ? gfs / gf : 0.0, med * 1e3 / base_ms, peer,
-                   peer > 0 ? B / med / peer : -1.0, loss);
+                   peer > 0 ? B / med / peer : -1.0, B * per_sample / med, peer > 0 ? peer * per_sample : -1.0, loss);
         else
             printf("  %-28s %10.2f %10.1f %9.1f %7.1f%% %12.1f %8.2fx   (x%.2f the first)\n", item, med * 1e3, B / med,
                    gfs, 100.0 * gfs / gf, peer, peer > 0 ? B / med / peer : 0.0, med * 1e3 / base_ms);
@@ -126,6 +155,8 @@ int bench_train(int argc, char **argv)
         free(x);
         free(tok);
         free(lab);
+        free(tgt);
+        free(tlen);
         bk_optim_free(opt);
         bk_model_free(m);
     }

@@ -56,7 +56,7 @@ score() { # score CKPT BASE ATTN SEED STAGE
 
 # (a fine-tuning run starts from its checkpoint's run and model: no config
 # file, whose attn would swap the attention back)
-FTC="--data-dir $DATA --train-limit $LIMIT --seq-len $LEN --tgt-len $LEN --progress none --force"
+FTC="--data-dir $DATA --train-limit $LIMIT --test-limit 500 --seq-len $LEN --tgt-len $LEN --progress none --force"
 COMMON="--config configs/bible.conf $FTC"
 for seed in $SEEDS; do
     for base in softmax diff; do

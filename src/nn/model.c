@@ -1506,7 +1506,7 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     return BK_OK;
 }
 
-static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int train);
+static bk_status encoder_fwd(bk_model *m, int B, int train);
 static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin);
 static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
 static bk_status s2s_backward(bk_model *m, float grad_scale);
@@ -1533,20 +1533,12 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
         }
         return BK_OK;
     }
-    const int B = bt->B, T = m->T, D = c->dim, R = B * T;
+    const int B = bt->B;
     for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
     if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
 
     embed_fwd(m, bt, train);
-    const float *x = m->x0;
-    for (int l = 0; l < c->depth; l++) {
-        if ((st = enc_block_fwd(m, l, B, x, train))) return st;
-        x = m->ba[l].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(R, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
-    else
-        memcpy(m->fin, x, sizeof(float) * (size_t)R * D);
+    if ((st = encoder_fwd(m, B, train))) return st;
     if ((st = pool_forward(m, B, train))) return st;
     bki_linear_fwd(B, m->F, c->classes, m->pooled, m->F, m->w + m->head_w, m->w + m->head_b, m->logits, c->classes);
 
@@ -1815,6 +1807,25 @@ static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int tr
     bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, sub_y(m, &n1, a->mid), D);
     sub_out(m, R, x, &n1, o->proj_b, p, 1 + 2 * l, a->mid);
     if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
+    return BK_OK;
+}
+
+/* the blocks from m->x0 [B*T, D], then the final norm (or a copy) into
+ * m->fin: the classifier's trunk, the encoder's memory */
+static bk_status encoder_fwd(bk_model *m, int B, int train)
+{
+    const bk_model_config *c = &m->c;
+    const int R = B * m->T, D = c->dim;
+    const float *x = m->x0;
+    for (int l = 0; l < c->depth; l++) {
+        bk_status st = enc_block_fwd(m, l, B, x, train);
+        if (st) return st;
+        x = m->ba[l].out;
+    }
+    if (c->final_norm)
+        bki_layernorm_fwd(R, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
+    else
+        memcpy(m->fin, x, sizeof(float) * (size_t)R * D);
     return BK_OK;
 }
 
@@ -2109,21 +2120,13 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
         }
         m->ntok += m->nbt[b];
     }
-    const int Re = B * S, Rd = B * Td;
+    const int Rd = B * Td;
     /* encoder */
     s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
-    const float *x = m->x0;
-    for (int l = 0; l < c->depth; l++) {
-        if ((st = enc_block_fwd(m, l, B, x, train))) return st;
-        x = m->ba[l].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(Re, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
-    else
-        memcpy(m->fin, x, sizeof(float) * (size_t)Re * D);
+    if ((st = encoder_fwd(m, B, train))) return st;
     /* decoder */
     s2s_embed_fwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dx0, train, dec_embed_site(m));
-    x = m->dx0;
+    const float *x = m->dx0;
     for (int j = 0; j < c->dec_depth; j++) {
         if ((st = dec_block_fwd(m, j, B, x, train))) return st;
         x = m->ba[dec_index(m, j)].out;
@@ -2140,8 +2143,6 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
  * `stride`) */
 bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B)
 {
-    const bk_model_config *c = &m->c;
-    bk_status st;
     int S = 1;
     for (int b = 0; b < B; b++) {
         m->nb[b] = len[b];
@@ -2153,16 +2154,7 @@ bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int3
     for (int b = 0; b < B; b++)
         for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < len[b] ? src[(size_t)b * stride + t] : 0;
     s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, 0, 0);
-    const float *x = m->x0;
-    for (int l = 0; l < c->depth; l++) {
-        if ((st = enc_block_fwd(m, l, B, x, 0))) return st;
-        x = m->ba[l].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(B * S, c->dim, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
-    else
-        memcpy(m->fin, x, sizeof(float) * (size_t)B * S * c->dim);
-    return BK_OK;
+    return encoder_fwd(m, B, 0);
 }
 
 static bk_status s2s_backward(bk_model *m, float grad_scale)

@@ -395,7 +395,11 @@ static void test_threads(void)
     const char *cfgs[] = {"dim=32,depth=2,heads=4,mlp_dim=48,image_h=16,image_w=16,patch=4,attn=sinkhorn,dropout=0.1",
                           "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=4,pool=otk",
                           "input=points,max_points=10,dim=16,heads=2,attn=esp,esp_t=0.1,pool=max,cls=0,pos_embed=0",
-                          "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=diff,pool=mean,dropout=0.1"};
+                          "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=diff,pool=mean,dropout=0.1",
+                          "arch=seq2seq,input=tokens,vocab=40,max_len=12,tgt_max_len=10,dim=24,heads=2,dec_depth=2,"
+                          "attn=sinkhorn,cross_attn=esp,esp_t=0.1,dropout=0.1,post_ln=1,pos_embed=2",
+                          "arch=seq2seq,input=tokens,vocab=40,max_len=12,tgt_max_len=10,dim=24,heads=2,dec_depth=1,"
+                          "attn=lot,lot_r=3,dropout=0.1"};
     for (int c = 0; c < (int)(sizeof cfgs / sizeof cfgs[0]); c++) {
         float *ref = NULL;
         int64_t P = 0;
@@ -482,20 +486,26 @@ static void tmp_path(char *buf, size_t n, const char *tag)
 /* resume from a checkpoint continues bit for bit */
 static void test_resume(void)
 {
-    const char *cfg = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,attn=sinkhorn,dropout=0.2";
+    /* a classifier with three optimisers, an encoder-decoder with fairseq's
+     * recipe (micro-batches weighted by target tokens on odd steps) */
+    const char *cfgs[] = {"dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,attn=sinkhorn,dropout=0.2",
+                          "arch=seq2seq,input=tokens,vocab=30,max_len=7,tgt_max_len=6,dim=16,heads=2,dec_depth=2,"
+                          "mlp_dim=24,attn=sinkhorn,dropout=0.2,post_ln=1,pos_embed=2,qkv_bias=1"};
     const char *opts[] = {"kind=adamw,lr=3e-3,weight_decay=0.05,clip=1,sched=cosine,warmup=2,total_steps=8",
                           "kind=sgd,lr=0.05,momentum=0.9,nesterov=1,weight_decay=1e-3,sched=step,milestones=2:4,gamma=0.5",
-                          "kind=adam,lr=1e-3,weight_decay=0.01"};
+                          "kind=adam,lr=1e-3,weight_decay=0.01",
+                          "kind=adam,lr=2e-3,beta2=0.98,weight_decay=1e-4,clip=1,sched=invsqrt,warmup=3"};
     char path[256];
     tmp_path(path, sizeof path, "resume");
-    for (int oi = 0; oi < 3; oi++) {
+    for (int oi = 0; oi < 4; oi++) {
+        const char *cfg = cfgs[oi == 3];
         th_rng r = {11};
         bk_optim_config oc = bk_optim_config_default();
         bk_optim_config_parse(&oc, opts[oi]);
         bk_model *a = model_from(cfg, 21, 6);
         if (!a) return;
         tbatch tb;
-        batch_make(&tb, bk_model_get_config(a), 6, 0, &r);
+        batch_make(&tb, bk_model_get_config(a), 6, oi == 3, &r);
         bk_optim *oa = NULL;
         bk_optim_create(&oc, a, &oa);
         double la[6], lb[6];

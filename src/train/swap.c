@@ -52,6 +52,12 @@ bk_status bk_checkpoint_swap(const char *in, const char *out, const bk_swap_conf
     const bk_attn_kind from = target.attn;
     const char *part = c->part ? c->part : "enc";
     const int enc = !strcmp(part, "enc") || !strcmp(part, "both"), cross = !strcmp(part, "cross") || !strcmp(part, "both");
+    if (!strcmp(part, "dec") || !strcmp(part, "decoder") || !strcmp(part, "self"))
+        return bki_fail(BK_ERR_PARAM,
+                        "bk_checkpoint_swap: the decoder's self-attention is causal and stays softmax: no "
+                        "doubly-stochastic normaliser has a causal form (the only doubly-stochastic lower-triangular "
+                        "matrix is the identity, and column sums over the queries would let a position see later "
+                        "ones); swap the encoder (enc) or the cross-attention (cross)");
     if (!enc && !cross)
         return bki_fail(BK_ERR_PARAM, "bk_checkpoint_swap: part '%s': enc, cross or both", part);
     if (cross && target.arch != BK_ARCH_SEQ2SEQ)

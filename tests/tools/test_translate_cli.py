@@ -144,6 +144,22 @@ check(rc != 0 and open(P("keep.out")).read() == "old\n", "a refused input leaves
 rc, out, err = run("translate", "--ckpt", CK, "--input", P("t.txt"), "--spm", src, env={"PATH": tmp})
 check(rc != 0 and "spm_encode not found" in err, "refuses a missing spm_encode", "rc %d: %s" % (rc, err))
 
+# swaps of an encoder-decoder: the encoder or the cross-attention; the decoder's causal self-attention is
+# refused with the reason; a DS cross-attention is refused by translate (no step-by-step form)
+rc, out, err = run("model", "swap", "--in", CK, "--out", P("dec.st"), "--attn", "sinkhorn", "--blocks", "dec")
+check(rc == 2 and "causal" in err and not os.path.exists(P("dec.st")), "swap of the decoder's self-attention refused",
+      "rc %d: %s" % (rc, err))
+rc, out, err = run("model", "swap", "--in", CK, "--out", P("enc.st"), "--attn", "sinkhorn", "sk_iters=3")
+check(rc == 0 and "encoder softmax attention -> sinkhorn" in out, "swap of the encoder", out + err)
+rc, out, err = run("translate", "--ckpt", P("enc.st"), "--ids", "--input", src)
+check(rc == 0 and len(out.split("\n")) == len(lines) + 1, "a Sinkhorn encoder decodes", err)
+rc, out, err = run("model", "swap", "--in", CK, "--out", P("cross.st"), "--attn", "sinkhorn", "--blocks", "cross")
+check(rc == 0 and "cross-attention softmax -> sinkhorn" in out, "swap of the cross-attention", out + err)
+rc, out, err = run("translate", "--ckpt", P("cross.st"), "--ids", "--input", src)
+check(rc == 1 and "step-by-step" in err, "translate refuses a Sinkhorn cross-attention", "rc %d: %s" % (rc, err))
+rc, out, err = run("eval", "--ckpt", P("cross.st"))
+check(rc != 0, "eval of a checkpoint without a run needs data", out + err)
+
 # chrF on hand-computed corpora (birkhoff bleu --chrf shares translate's chrF):
 # "ab" vs "abc": 1-grams 2/2 precision, 2/3 recall; 2-grams 1/1, 1/2; no 3-grams in the hypothesis:
 # P = 1, R = 7/12, F2 = 5 P R / (4 P + R) = 7/11. Adding "a b" vs "ab" (whitespace removed: equal):

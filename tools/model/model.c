@@ -455,7 +455,7 @@ static int model_swap(int argc, char **argv)
         return CLI_USAGE;
     }
     const char *part = NULL; /* an encoder-decoder's attention: enc, cross or both */
-    if (!strcmp(blocks_s, "enc") || !strcmp(blocks_s, "cross") || !strcmp(blocks_s, "both")) {
+    if (strcmp(blocks_s, "all") && (blocks_s[0] < '0' || blocks_s[0] > '9')) { /* a part, checked by the library */
         part = blocks_s;
         blocks_s = "all";
     }

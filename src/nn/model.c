@@ -1114,7 +1114,7 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     char key[64];
     if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_swap: %s differs; a swap changes the attention only (attn, attn_scale, sk_*, esp_*, "
+                        "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, attn_scale, sk_*, esp_*, "
                         "lot_*)",
                         key);
     if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)

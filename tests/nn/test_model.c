@@ -345,6 +345,78 @@ out:
     bk_model_free(m);
 }
 
+/* swaps of an encoder-decoder: the encoder's attention, the cross-attention
+ * or both; every shared weight bit for bit, the logits change and come back
+ * bitwise; LOT's pivots created for the encoder only */
+static void test_swap_seq2seq(void)
+{
+    const char *cfg = "arch=seq2seq,input=tokens,vocab=20,max_len=7,tgt_max_len=6,dim=16,heads=2,dec_depth=2,"
+                      "mlp_dim=24,qkv_bias=1";
+    bk_model *m = model_from(cfg, 13, 4);
+    if (!m) return;
+    th_rng r = {5};
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(m), 4, 1, &r);
+    const size_t nl = (size_t)4 * 6 * 20;
+    float *l0 = malloc(sizeof(float) * nl), *l1 = malloc(sizeof(float) * nl), *l2 = malloc(sizeof(float) * nl);
+    int ok = bk_model_forward(m, &tb.b, 0, 0.0f, l0, NULL) == BK_OK;
+    const struct {
+        const char *keys;
+        int lot;
+    } cases[] = {{"attn=sinkhorn,sk_iters=3", 0}, {"cross_attn=sinkhorn,sk_iters=3", 0},
+                 {"attn=esp,cross_attn=esp,esp_t=0.1", 0}, {"attn=lot,lot_r=3", 1}, {"attn=diff", 0}};
+    for (int i = 0; ok && i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        bk_model_config t = *bk_model_get_config(m);
+        bk_model *sw = NULL, *back = NULL;
+        int good = bk_model_config_parse(&t, cases[i].keys) == BK_OK && bk_model_swap(m, &t, NULL, 0, 4, &sw) == BK_OK;
+        /* every tensor of the source is in the swapped model, bit for bit */
+        int kept = good, extra = 0;
+        for (int j = 0; good && j < bk_model_param_count(sw); j++) {
+            bk_param_info p, q;
+            bk_model_param(sw, j, &p);
+            int found = 0;
+            for (int k = 0; k < bk_model_param_count(m); k++) {
+                bk_model_param(m, k, &q);
+                if (strcmp(p.name, q.name)) continue;
+                found = 1;
+                kept &= p.count == q.count && !memcmp(p.data, q.data, sizeof(float) * (size_t)p.count);
+            }
+            extra += !found;
+        }
+        good = good && bk_model_forward(sw, &tb.b, 0, 0.0f, l1, NULL) == BK_OK;
+        const int changed = good && memcmp(l0, l1, sizeof(float) * nl) != 0;
+        /* and back */
+        good = good && bk_model_swap(sw, bk_model_get_config(m), NULL, 0, 4, &back) == BK_OK &&
+               bk_model_forward(back, &tb.b, 0, 0.0f, l2, NULL) == BK_OK;
+        const int same = good && !memcmp(l0, l2, sizeof(float) * nl);
+        th_check(good && kept && changed && same && (extra > 0) == (cases[i].lot || strstr(cases[i].keys, "diff")),
+                 "seq2seq swap keeps every weight, changes the logits, and back", "%s: kept %d changed %d back %d new "
+                 "tensors %d %s",
+                 cases[i].keys, kept, changed, same, extra, good ? "" : bk_last_error());
+        bk_model_free(sw);
+        bk_model_free(back);
+    }
+    int blk[1] = {0};
+    bk_model *x = NULL;
+    bk_model_config t = *bk_model_get_config(m);
+    t.attn = BK_ATTN_SINKHORN;
+    th_check(bk_model_swap(m, &t, blk, 1, 4, &x) == BK_ERR_UNSUPPORTED && !x, "seq2seq swap: no block list", "%s",
+             bk_last_error());
+    t = *bk_model_get_config(m);
+    t.cross_attn = BK_ATTN_LOT;
+    th_check(bk_model_swap(m, &t, NULL, 0, 4, &x) == BK_ERR_PARAM && !x, "seq2seq swap: LOT cross-attention refused",
+             "%s", bk_last_error());
+    t = *bk_model_get_config(m);
+    t.dec_depth = 1;
+    th_check(bk_model_swap(m, &t, NULL, 0, 4, &x) == BK_ERR_PARAM && !x, "seq2seq swap: only attention keys", "%s",
+             bk_last_error());
+    free(l0);
+    free(l1);
+    free(l2);
+    batch_free(&tb);
+    bk_model_free(m);
+}
+
 /* the copy task, trained: greedy decoding reproduces held-out sentences */
 static void test_copy_task(void)
 {
@@ -1414,5 +1486,6 @@ void test_seq2seq(void)
     if (TH.filter && !strstr("seq2seq", TH.filter)) return;
     test_fd_seq2seq();
     test_decode_model();
+    test_swap_seq2seq();
     test_copy_task();
 }

@@ -2095,24 +2095,39 @@ static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *l
     return BK_OK;
 }
 
+/* the encoder on B sources (rows of stride `stride`, lengths len, NULL:
+ * max_len): T = the longest, the tokens packed [B, T], embedded, the
+ * blocks and the final norm into m->fin (training forward and decoding) */
+static bk_status encode_src(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B, int train)
+{
+    int S = 1;
+    for (int b = 0; b < B; b++) {
+        m->nb[b] = len ? len[b] : m->c.max_len;
+        S = m->nb[b] > S ? m->nb[b] : S;
+    }
+    m->T = S;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < m->nb[b] ? src[(size_t)b * stride + t] : 0;
+    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
+    return encoder_fwd(m, B, train);
+}
+
 static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
 {
     const bk_model_config *c = &m->c;
     const int B = bt->B, D = c->dim;
     bk_status st;
-    /* the batch's lengths fix the rows: T source and Td target positions */
-    int S = 1, Td = 1;
+    /* the encoder on the sources (T = the longest), then the decoder on
+     * Td = the longest target's positions */
+    if ((st = encode_src(m, bt->tokens, c->max_len, bt->len, B, train))) return st;
+    int Td = 1;
     for (int b = 0; b < B; b++) {
-        m->nb[b] = bt->len ? bt->len[b] : c->max_len;
-        S = m->nb[b] > S ? m->nb[b] : S;
         m->nbt[b] = bt->tgt_len ? bt->tgt_len[b] : c->tgt_max_len;
         Td = m->nbt[b] > Td ? m->nbt[b] : Td;
     }
-    m->T = S;
     m->Td = Td;
     m->ntok = 0;
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < m->nb[b] ? bt->tokens[(size_t)b * c->max_len + t] : 0;
         for (int t = 0; t < Td; t++) {
             const int valid = t < m->nbt[b];
             m->dtok[(size_t)b * Td + t] = !valid ? 0 : t == 0 ? c->bos : bt->tgt[(size_t)b * c->tgt_max_len + t - 1];
@@ -2121,9 +2136,6 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
         m->ntok += m->nbt[b];
     }
     const int Rd = B * Td;
-    /* encoder */
-    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
-    if ((st = encoder_fwd(m, B, train))) return st;
     /* decoder */
     s2s_embed_fwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dx0, train, dec_embed_site(m));
     const float *x = m->dx0;
@@ -2143,18 +2155,9 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
  * `stride`) */
 bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B)
 {
-    int S = 1;
-    for (int b = 0; b < B; b++) {
-        m->nb[b] = len[b];
-        S = len[b] > S ? len[b] : S;
-    }
     m->have_tape = 0;
     m->B = B;
-    m->T = S;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < len[b] ? src[(size_t)b * stride + t] : 0;
-    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, 0, 0);
-    return encoder_fwd(m, B, 0);
+    return encode_src(m, src, stride, len, B, 0);
 }
 
 static bk_status s2s_backward(bk_model *m, float grad_scale)

@@ -318,7 +318,6 @@ typedef struct {
     bk_optim *o;
     char *extra;
     int64_t *order;
-    float *logits;
     bk_layer_diag *diag;
     bk_data_batch buf;
     run_logs logs;
@@ -329,7 +328,6 @@ static void train_free(train_state *s)
     logs_close(&s->logs);
     bk_data_batch_free(&s->buf);
     free(s->order);
-    free(s->logits);
     free(s->diag);
     free(s->extra);
     bk_optim_free(s->o);
@@ -503,12 +501,10 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     if (!logs_open(dir, !resume, &s->logs))
         return bki_fail(BK_ERR_IO, "cannot open the metrics files in %s (%s)", dir, strerror(errno));
     s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
-    s->logits = malloc(sizeof(float) * (size_t)r->model.classes * (size_t)chunk);
     s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
-    /* a seq2seq batch is filled whole (its micro-batches are weighted by
-     * their target tokens, so the batch's count is needed first) */
-    const int cap = tri->seq2seq ? r->batch : chunk;
-    if (!s->order || !s->logits || !s->diag || bk_data_batch_init(&s->buf, s->tr, cap) != BK_OK)
+    /* a batch is filled whole (micro-batches are weighted by their share
+     * of it: an encoder-decoder's target tokens are counted first) */
+    if (!s->order || !s->diag || bk_data_batch_init(&s->buf, s->tr, r->batch) != BK_OK)
         return bki_fail(BK_ERR_NOMEM, "out of memory");
     if (!resume) {
         remove_old_run(dir);
@@ -546,7 +542,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     const int chunk = r->micro > 0 ? r->micro : r->batch;
     const int diag_n = tei->n < 64 ? (int)tei->n : 64;
     const int64_t nb = (tri->n + r->batch - 1) / r->batch;
-    const int C = r->model.classes, depth = r->model.depth;
+    const int depth = r->model.depth;
 
     bk_train_event ev;
     memset(&ev, 0, sizeof ev);
@@ -581,51 +577,29 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             const float lr = bk_optim_lr(bk_optim_get_config(o), bk_optim_step_count(o));
             bk_model_zero_grad(m);
             double bl = 0;
-            int64_t bc = 0, bw = B; /* loss sum, hits, tokens (samples) */
-            if (tri->seq2seq) {
-                bk_batch whole;
-                memcpy(s.buf.idx, s.order + bi * r->batch, sizeof(int64_t) * (size_t)B);
-                if ((st = bk_data_batch_fill(&s.buf, s.tr, B, &whole)) != BK_OK) break;
-                bw = bki_batch_weight(m, &whole);
-                for (int b0 = 0; b0 < B && st == BK_OK; b0 += chunk) {
-                    const int Bc = B - b0 < chunk ? B - b0 : chunk;
-                    const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
-                    const int64_t w = bki_batch_weight(m, &bt);
-                    double loss;
-                    int64_t hit = 0;
-                    if ((st = bk_model_forward(m, &bt, 1, r->ls, NULL, &loss)) != BK_OK ||
-                        (st = bk_model_backward(m, (float)w / (float)bw)) != BK_OK ||
-                        (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK) {
-                        char msg[480];
-                        snprintf(msg, sizeof msg, "%s", bk_last_error());
-                        bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
-                        break;
-                    }
-                    bl += loss * (double)w;
-                    bc += hit;
-                }
-            }
-            for (int b0 = 0; !tri->seq2seq && b0 < B; b0 += chunk) {
+            int64_t bc = 0, bw = 0; /* hits, and what the loss averages over: samples or target tokens */
+            /* the whole batch, then its micro-batches, each weighted by its
+             * share of bw (an encoder-decoder's by its target tokens) */
+            bk_batch whole;
+            memcpy(s.buf.idx, s.order + bi * r->batch, sizeof(int64_t) * (size_t)B);
+            if ((st = bk_data_batch_fill(&s.buf, s.tr, B, &whole)) == BK_OK) bw = bki_batch_weight(m, &whole);
+            for (int b0 = 0; b0 < B && st == BK_OK; b0 += chunk) {
                 const int Bc = B - b0 < chunk ? B - b0 : chunk;
-                memcpy(s.buf.idx, s.order + bi * r->batch + b0, sizeof(int64_t) * (size_t)Bc);
-                bk_batch bt;
+                const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
+                const int64_t w = bki_batch_weight(m, &bt);
                 double loss;
-                if ((st = bk_data_batch_fill(&s.buf, s.tr, Bc, &bt)) != BK_OK ||
-                    (st = bk_model_forward(m, &bt, 1, r->ls, s.logits, &loss)) != BK_OK ||
-                    (st = bk_model_backward(m, (float)Bc / (float)B)) != BK_OK) {
-                    char msg[480];
-                    snprintf(msg, sizeof msg, "%s", bk_last_error());
-                    bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
+                int64_t hit = 0;
+                if ((st = bk_model_forward(m, &bt, 1, r->ls, NULL, &loss)) != BK_OK ||
+                    (st = bk_model_backward(m, (float)w / (float)bw)) != BK_OK ||
+                    (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK)
                     break;
-                }
-                bl += loss * Bc;
-                for (int i = 0; i < Bc; i++) {
-                    const float *z = s.logits + (size_t)i * C;
-                    int p = 0;
-                    for (int j = 1; j < C; j++)
-                        if (z[j] > z[p]) p = j;
-                    bc += p == s.buf.labels[i];
-                }
+                bl += loss * (double)w;
+                bc += hit;
+            }
+            if (st != BK_OK) {
+                char msg[480];
+                snprintf(msg, sizeof msg, "%s", bk_last_error());
+                bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
             }
             double gnorm = 0;
             if (st == BK_OK && (st = bk_optim_step(o, m, &gnorm)) != BK_OK) {

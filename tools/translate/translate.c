@@ -61,7 +61,12 @@ static const char *tmp_dir(void)
 /* a new empty temporary file; its path in buf (1 on success) */
 static int make_temp(char *buf, size_t cap)
 {
-    if ((size_t)snprintf(buf, cap, "%s/bk_translate_XXXXXX", tmp_dir()) >= cap) return 0;
+    /* (XXXXXX: mkstemp's template, replaced by a unique name) */
+    if ((size_t)snprintf(buf, cap, "%s/bk_translate_XXXXXX", tmp_dir()) >= cap) {
+        fprintf(stderr, "birkhoff translate: the temporary directory's path is too long: %s\n", tmp_dir());
+        buf[0] = 0;
+        return 0;
+    }
     int fd = mkstemp(buf);
     if (fd < 0) {
         fprintf(stderr, "birkhoff translate: cannot create a temporary file in %s: %s\n", tmp_dir(), strerror(errno));

@@ -1705,22 +1705,18 @@ static void embed_backward(bk_model *m, int B)
  * The norm's buffers (ln, mu, rs) hold LN(x) (pre) or the residual sum x +
  * drop(f + b) (post); sub_in gives the sublayer's input, sub_y the buffer
  * its last linear writes, sub_out adds the residual (and normalises). */
-typedef struct {
-    int64_t g, b;          /* the norm's parameters                          */
-    float *ln, *mu, *rs;   /* its buffers                                    */
-} sub_norm;
 
-static const float *sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
+const float *bki_sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
 {
     if (m->c.post_ln) return x;
     bki_layernorm_fwd(R, m->c.dim, x, m->w + n->g, m->w + n->b, m->c.ln_eps, n->ln, n->mu, n->rs);
     return n->ln;
 }
-static float *sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
-static void sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
+float *bki_sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
+void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
 {
     const int D = m->c.dim;
-    float *y = sub_y(m, n, out);
+    float *y = bki_sub_y(m, n, out);
     residual_add(R, D, x, y, m->w + bias, p, bki_dropout_key(m->seed, m->cur_count, site));
     if (m->c.post_ln) bki_layernorm_fwd(R, D, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
 }
@@ -1771,11 +1767,11 @@ static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float
     const blk_off *o = &m->bo[l];
     const int D = m->c.dim, M = m->c.mlp_dim;
     const sub_norm n = norm2(m, l);
-    const float *h = sub_in(m, R, x, &n);
+    const float *h = bki_sub_in(m, R, x, &n);
     bki_linear_fwd(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M);
     bki_gelu_fwd((size_t)R * M, a->f1, a->g1);
-    bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, sub_y(m, &n, out), D);
-    sub_out(m, R, x, &n, o->fc2_b, p, site, out);
+    bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, bki_sub_y(m, &n, out), D);
+    bki_sub_out(m, R, x, &n, o->fc2_b, p, site, out);
 }
 static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
 {
@@ -1800,12 +1796,12 @@ static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int tr
     const int D = c->dim, I = m->I, R = B * m->T;
     const float p = train ? c->dropout : 0.0f;
     const sub_norm n1 = norm1(m, l);
-    const float *h = sub_in(m, R, x, &n1);
+    const float *h = bki_sub_in(m, R, x, &n1);
     bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
     bk_status st = attn_forward(m, l, B, train, NULL);
     if (st) return st;
-    bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, sub_y(m, &n1, a->mid), D);
-    sub_out(m, R, x, &n1, o->proj_b, p, 1 + 2 * l, a->mid);
+    bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, a->mid), D);
+    bki_sub_out(m, R, x, &n1, o->proj_b, p, 1 + 2 * l, a->mid);
     if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
     return BK_OK;
 }
@@ -1888,22 +1884,22 @@ static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int tr
     const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
     /* causal softmax self-attention */
     const sub_norm n1 = norm1(m, L);
-    const float *h = sub_in(m, Rd, x, &n1);
+    const float *h = bki_sub_in(m, Rd, x, &n1);
     bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
     bk_status st = site_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
     if (st) return st;
-    bki_linear_fwd(Rd, I, D, a->att, I, m->w + o->proj_w, NULL, sub_y(m, &n1, a->mid), D);
-    sub_out(m, Rd, x, &n1, o->proj_b, p, site, a->mid);
+    bki_linear_fwd(Rd, I, D, a->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, a->mid), D);
+    bki_sub_out(m, Rd, x, &n1, o->proj_b, p, site, a->mid);
     /* cross-attention: queries from the stream, keys and values from the
      * encoder's output */
     const sub_norm nc = normc(m, L);
-    h = sub_in(m, Rd, a->mid, &nc);
+    h = bki_sub_in(m, Rd, a->mid, &nc);
     bki_linear_fwd(Rd, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
     bki_linear_fwd(Re, D, 2 * I, m->fin, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
     st = site_forward(m, (attn_site){L, 1, 0}, &dc, &cq, &ck, &cv, &co, NULL, train ? a->ctape : NULL);
     if (st) return st;
-    bki_linear_fwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, NULL, sub_y(m, &nc, a->cmid), D);
-    sub_out(m, Rd, a->mid, &nc, o->cproj_b, p, site + 1, a->cmid);
+    bki_linear_fwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, a->cmid), D);
+    bki_sub_out(m, Rd, a->mid, &nc, o->cproj_b, p, site + 1, a->cmid);
     if (c->mlp_dim > 0) mlp_fwd(m, L, Rd, a->cmid, a->out, p, site + 2);
     return BK_OK;
 }

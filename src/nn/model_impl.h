@@ -84,4 +84,18 @@ struct bk_model {
                                                  post-LN residual-sum gradient  */
 };
 
+/* A residual sublayer (model.c): pre-LN out = x + drop(f(LN(x)) + b),
+ * post-LN out = LN(x + drop(f(x) + b)). The norm's buffers (ln, mu, rs)
+ * hold LN(x) (pre) or the residual sum (post). bki_sub_in gives f's input,
+ * bki_sub_y the buffer f's last linear writes (pre: out, post: ln),
+ * bki_sub_out adds the residual (dropout p at site) and normalises. Used by
+ * every block of the training forward and by the decoding step. */
+typedef struct {
+    int64_t g, b;          /* the norm's parameters                          */
+    float *ln, *mu, *rs;   /* its buffers                                    */
+} sub_norm;
+const float *bki_sub_in(bk_model *m, int R, const float *x, const sub_norm *n);
+float *bki_sub_y(const bk_model *m, const sub_norm *n, float *out);
+void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out);
+
 #endif

@@ -85,29 +85,17 @@ bk_status bki_s2s_dec_create(bk_model *m, int B, int beam, int max_steps, int ca
     return BK_OK;
 }
 
-/* pre-LN: h = LN(x); post-LN: h = x */
-static const float *step_in(bki_s2s_dec *d, const float *x, int64_t g, int64_t b)
+/* a sublayer's norm over the state's buffers (the model's own residual
+ * sublayers, bki_sub_in / bki_sub_y / bki_sub_out, run on them) */
+static sub_norm step_norm(bki_s2s_dec *d, int64_t g, int64_t b) { return (sub_norm){g, b, d->h, d->mu, d->rs}; }
+/* the stream after a sublayer whose last linear wrote bki_sub_y(.., d->y):
+ * the residual (and norm) into d->y, which becomes the stream */
+static void step_out(bki_s2s_dec *d, const sub_norm *n, int64_t bias)
 {
-    bk_model *m = d->m;
-    if (m->c.post_ln) return x;
-    bki_layernorm_fwd(d->rows, m->c.dim, x, m->w + g, m->w + b, m->c.ln_eps, d->h, d->mu, d->rs);
-    return d->h;
-}
-/* x = x + y + bias (pre-LN) or LN(x + y + bias) (post-LN) */
-static void step_out(bki_s2s_dec *d, float *x, int64_t bias, int64_t g, int64_t b)
-{
-    bk_model *m = d->m;
-    const int D = m->c.dim;
-    const float *bb = m->w + bias;
-    for (int r = 0; r < d->rows; r++) {
-        float *xr = x + (size_t)r * D;
-        const float *yr = d->y + (size_t)r * D;
-        if (m->c.post_ln)
-            for (int k = 0; k < D; k++) d->h[(size_t)r * D + k] = xr[k] + (yr[k] + bb[k]);
-        else
-            for (int k = 0; k < D; k++) xr[k] += yr[k] + bb[k];
-    }
-    if (m->c.post_ln) bki_layernorm_fwd(d->rows, D, d->h, m->w + g, m->w + b, m->c.ln_eps, x, d->mu, d->rs);
+    bki_sub_out(d->m, d->rows, d->x, n, bias, 0.0f, 0, d->y);
+    float *t = d->x;
+    d->x = d->y;
+    d->y = t;
 }
 
 /* out[r] = softmax(scale q_r . K_j, j < n) V over one head (dh), keys and
@@ -158,7 +146,9 @@ static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
         float *kc = d->kc + (size_t)j * R * d->tmax * I, *vc = d->vc + (size_t)j * R * d->tmax * I;
         const float *ckv = d->ckv + (size_t)j * d->B * S * 2 * I;
         /* causal self-attention over positions 0..t */
-        const float *h = step_in(d, d->x, o->ln1_w, o->ln1_b);
+        const sub_norm n1 = step_norm(d, o->ln1_w, o->ln1_b), nc = step_norm(d, o->lnc_w, o->lnc_b),
+                       n2 = step_norm(d, o->ln2_w, o->ln2_b);
+        const float *h = bki_sub_in(m, R, d->x, &n1);
         bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, d->qkv, 3 * I);
 #pragma omp parallel num_threads(nt)
         {
@@ -175,10 +165,10 @@ static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
                            d->att + (size_t)r * I + (size_t)hh * dh);
             }
         }
-        bki_linear_fwd(R, I, D, d->att, I, m->w + o->proj_w, NULL, d->y, D);
-        step_out(d, d->x, o->proj_b, o->ln1_w, o->ln1_b);
+        bki_linear_fwd(R, I, D, d->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, d->y), D);
+        step_out(d, &n1, o->proj_b);
         /* cross-attention over the sentence's encoder output */
-        h = step_in(d, d->x, o->lnc_w, o->lnc_b);
+        h = bki_sub_in(m, R, d->x, &nc);
         bki_linear_fwd(R, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, d->qkv, I);
 #pragma omp parallel num_threads(nt)
         {
@@ -193,14 +183,14 @@ static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
                            2 * I, m->nb[b], dh, scale, p, d->att + (size_t)r * I + (size_t)hh * dh);
             }
         }
-        bki_linear_fwd(R, I, D, d->att, I, m->w + o->cproj_w, NULL, d->y, D);
-        step_out(d, d->x, o->cproj_b, o->lnc_w, o->lnc_b);
+        bki_linear_fwd(R, I, D, d->att, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, d->y), D);
+        step_out(d, &nc, o->cproj_b);
         if (M > 0) {
-            h = step_in(d, d->x, o->ln2_w, o->ln2_b);
+            h = bki_sub_in(m, R, d->x, &n2);
             bki_linear_fwd(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, d->f1, M);
             bki_gelu_fwd((size_t)R * M, d->f1, d->g1);
-            bki_linear_fwd(R, M, D, d->g1, M, m->w + o->fc2_w, NULL, d->y, D);
-            step_out(d, d->x, o->fc2_b, o->ln2_w, o->ln2_b);
+            bki_linear_fwd(R, M, D, d->g1, M, m->w + o->fc2_w, NULL, bki_sub_y(m, &n2, d->y), D);
+            step_out(d, &n2, o->fc2_b);
         }
     }
 }

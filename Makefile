@@ -27,6 +27,32 @@ endif
 # zlib: the library reads gzipped datasets (src/data)
 LDLIBS_ALL = -lopenblas -llapacke -lm -lz -fopenmp $(LDSAN) $(LDLIBS)
 
+# The CUDA backend (docs/CUDA.md): built when nvcc is found (PATH, else
+# /usr/local/cuda/bin), or forced with CUDA=1 / left out with CUDA=0. Kernels
+# for sm_90 plus PTX; the CUDA runtime is linked statically (the driver,
+# libcuda, is loaded at run time: a machine without a GPU runs everything
+# else, and the CUDA tests skip).
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(NVCC),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found (install CUDA or set NVCC=/path/to/nvcc))
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS = -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Iinclude -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra $(NVCC_EXTRA)
+ifeq ($(WERROR),1)
+NVCCFLAGS += -Werror all-warnings -Xcompiler -Werror
+endif
+CFLAGS_ALL += -DBK_HAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lpthread
+CUDA_OBJ = $(BUILD)/obj/src/backend/cuda/backend.o $(BUILD)/obj/src/backend/cuda/kernels.o
+endif
+
 # the CLI's plots (cairo)
 CAIRO_CFLAGS := $(shell pkg-config --cflags cairo 2>/dev/null)
 CLI_LIBS := $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo)
@@ -41,7 +67,7 @@ NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/se
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
-           $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o
+           $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
 HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
@@ -91,6 +117,12 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 $(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(TOOL_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/src/backend/cuda/kernels.o: src/backend/cuda/kernels.cu src/backend/cuda/kernels.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/obj/src/backend/cuda/backend.o: src/backend/cuda/kernels.h
 
 $(BUILD)/obj/src/core/lse_engine_avx2.o: src/core/lse_engine.c $(HDRS)
 	@mkdir -p $(dir $@)

@@ -27,7 +27,10 @@ extern "C" {
 
 typedef enum {
     BK_BACKEND_CPU = 0,   /* always available                                 */
-    BK_BACKEND_CUDA = 1   /* NVIDIA GPUs, in builds with the CUDA backend     */
+    BK_BACKEND_CUDA = 1   /* NVIDIA GPUs, in builds with the CUDA backend:
+                             softmax and Sinkhorn attention on device memory,
+                             asynchronous on the context's stream
+                             (docs/CUDA.md)                                   */
 } bk_backend;
 
 /* Allocation of the workspaces the library allocates itself (calls given
@@ -53,6 +56,9 @@ typedef struct {
 
 typedef struct bk_context bk_context;
 
+/* 1 when this build has the backend (BK_BACKEND_CUDA: built with nvcc; a
+ * device may still be missing: bk_context_create says), else 0. */
+BK_API int bk_backend_built(bk_backend backend);
 /* CPU, device 0, default threads, malloc/free, no stream, no cache */
 BK_API bk_context_config bk_context_config_default(void);
 /* BK_ERR_UNSUPPORTED when the backend is not in this build or has no usable

@@ -42,9 +42,13 @@
  * ----------------------------------------------------------------------------
  * TENSORS AND LAYOUT
  * ----------------------------------------------------------------------------
- * All tensors are float32. An attention operand is a 4-D array indexed
+ * Tensors are float32 (dtype BK_F32, the zero value); the CUDA backend also
+ * takes bfloat16 and float16 operands (BK_BF16, BK_F16: every tensor of one
+ * call in the same dtype, outputs written in it, arithmetic in float32;
+ * docs/CUDA.md). An attention operand is a 4-D array indexed
  * [b][h][n][c] (batch, head, sequence position, channel). The channel index is
- * contiguous; the other three have explicit strides, counted in floats:
+ * contiguous; the other three have explicit strides, counted in elements of
+ * the tensor's dtype (floats for BK_F32):
  *
  *     element(b, h, n, c) = data[b*stride_b + h*stride_h + n*stride_n + c]
  *
@@ -197,13 +201,19 @@ BK_API const char *bk_isa(void);
  * computes (birkhoff/context.h) and refuses it otherwise (BK_ERR_PARAM,
  * naming the tensor and both places): the library never copies between
  * host and device behind the caller's back. */
+/* Element types: of tensors (BK_F32; BK_BF16 and BK_F16 on the CUDA backend
+ * only) and of .npy files (BK_F32, BK_I32). */
+typedef enum { BK_F32 = 0, BK_I32 = 1, BK_BF16 = 2, BK_F16 = 3 } bk_dtype;
+
 #define BK_DEVICE_HOST 0
 #define BK_DEVICE_CUDA(i) (1 + (i))
 
 typedef struct {
-    float  *data;
-    int64_t stride_b, stride_h, stride_n;   /* in floats; channel stride 1 */
+    float  *data;                           /* the first element (of any dtype) */
+    int64_t stride_b, stride_h, stride_n;   /* in elements; channel stride 1 */
     int32_t device;                         /* BK_DEVICE_HOST or BK_DEVICE_CUDA(i) */
+    int32_t dtype;                          /* bk_dtype: BK_F32 (0, the zero value);
+                                               BK_BF16 / BK_F16 on the CUDA backend */
 } bk_tensor;
 
 /* Contiguous [B,H,N,C] view. */
@@ -232,8 +242,6 @@ BK_API void bk_machine_peak(double seconds, double *gflops, double *gexps);
 /* ------------------------------------------------------------------------ */
 /* .npy files (little-endian float32 '<f4' or int32 '<i4', C order)         */
 /* ------------------------------------------------------------------------ */
-typedef enum { BK_F32 = 0, BK_I32 = 1 } bk_dtype;
-
 typedef struct {
     bk_dtype dtype;
     int      ndim;            /* 0..8 */

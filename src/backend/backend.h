@@ -44,13 +44,21 @@ typedef struct bki_backend {
      * driver runs the operator's kernels) */
     bk_status (*op_forward)(bk_context *ctx, struct bki_call *c, void *tape, void *ws, size_t ws_size);
     bk_status (*op_backward)(bk_context *ctx, struct bki_call *c, const void *tape, void *ws, size_t ws_size);
+    /* a device backend's workspace size for a call (bytes of its memory);
+     * NULL on the CPU (the generic driver's lanes) */
+    size_t (*op_workspace_size)(bk_context *ctx, struct bki_call *c);
 } bki_backend;
 
 extern const bki_backend bki_backend_cpu;
+#ifdef BK_HAVE_CUDA
+extern const bki_backend bki_backend_cuda; /* src/backend/cuda/backend.c */
+#endif
 
 /* the calling thread's current context (never NULL) and its backend */
 bk_context *bki_ctx(void);
 const bki_backend *bki_ctx_backend(const bk_context *ctx);
+/* the context's configuration (device ordinal, stream, allocator) */
+const bk_context_config *bki_ctx_config(const bk_context *ctx);
 /* a context on a given backend table (tests of the seam: a backend that
  * lacks operators); free with bk_context_free */
 bk_status bki_context_with_backend(const bki_backend *be, bk_context **out);

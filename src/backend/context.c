@@ -22,10 +22,16 @@ static const bki_backend *backend_of(bk_backend kind)
 {
     switch (kind) {
     case BK_BACKEND_CPU: return &bki_backend_cpu;
+#ifdef BK_HAVE_CUDA
+    case BK_BACKEND_CUDA: return &bki_backend_cuda;
+#else
     case BK_BACKEND_CUDA: return NULL; /* not in this build */
+#endif
     }
     return NULL;
 }
+
+int bk_backend_built(bk_backend backend) { return backend_of(backend) != NULL; }
 
 /* the default context: the library's only process-wide mutable state (its
  * thread count) */
@@ -80,7 +86,7 @@ static void release_cache(bk_context *c)
 {
     if (!c->cache) return;
     if (c->cfg.allocator.free) c->cfg.allocator.free(c->cache, c->cfg.allocator.user);
-    else free(c->cache);
+    else c->be->free(c, c->cache);
     c->cache = NULL;
     c->cache_cap = 0;
 }
@@ -110,6 +116,7 @@ int bki_ctx_device(void)
     return c->be->kind == BK_BACKEND_CPU ? BK_DEVICE_HOST : BK_DEVICE_CUDA(c->cfg.device);
 }
 const bki_backend *bki_ctx_backend(const bk_context *ctx) { return ctx->be; }
+const bk_context_config *bki_ctx_config(const bk_context *ctx) { return &ctx->cfg; }
 bk_backend bk_context_backend(const bk_context *ctx) { return ctx ? ctx->be->kind : BK_BACKEND_CPU; }
 const char *bk_context_backend_name(const bk_context *ctx) { return ctx ? ctx->be->name : "cpu"; }
 
@@ -150,7 +157,7 @@ bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query
     if (c->cfg.cache_workspace) {
         if (c->cache_cap < need) {
             release_cache(c);
-            c->cache = a->alloc ? a->alloc(need, a->user) : malloc(need);
+            c->cache = a->alloc ? a->alloc(need, a->user) : c->be->alloc(c, need);
             if (!c->cache) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
             c->cache_cap = need;
         }
@@ -158,7 +165,7 @@ bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query
         *base = c->cache;
         return BK_OK;
     }
-    void *p = a->alloc ? a->alloc(need, a->user) : malloc(need);
+    void *p = a->alloc ? a->alloc(need, a->user) : c->be->alloc(c, need);
     if (!p) return bki_fail(BK_ERR_NOMEM, "cannot allocate %zu bytes of workspace", need);
     *owned = p;
     *base = p;
@@ -168,7 +175,7 @@ bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query
 void bki_workspace_release(void *owned)
 {
     if (!owned || owned == CACHED) return;
-    const bk_context *c = bki_ctx();
+    bk_context *c = bki_ctx();
     if (c->cfg.allocator.free) c->cfg.allocator.free(owned, c->cfg.allocator.user);
-    else free(owned);
+    else c->be->free(c, owned);
 }

@@ -8,13 +8,13 @@
 
 bk_tensor bk_tensor_bhnd(float *data, int H, int N, int C)
 {
-    bk_tensor t = {data, (int64_t)H * N * C, (int64_t)N * C, C, BK_DEVICE_HOST};
+    bk_tensor t = {data, (int64_t)H * N * C, (int64_t)N * C, C, BK_DEVICE_HOST, BK_F32};
     return t;
 }
 
 bk_tensor bk_tensor_bnhd(float *data, int H, int N, int C)
 {
-    bk_tensor t = {data, (int64_t)N * H * C, C, (int64_t)H * C, BK_DEVICE_HOST};
+    bk_tensor t = {data, (int64_t)N * H * C, C, (int64_t)H * C, BK_DEVICE_HOST, BK_F32};
     return t;
 }
 
@@ -55,6 +55,11 @@ bk_status bki_check_tensor(const char *name, const bk_tensor *t, int B, int H, i
                         "never copies between devices: move the tensor, or run in a context of its device)",
                         name, device_name(t->device, a, sizeof a), device_name(here, b, sizeof b));
     }
+    if (t->dtype != BK_F32 && !(here != BK_DEVICE_HOST && (t->dtype == BK_BF16 || t->dtype == BK_F16)))
+        return bki_fail(BK_ERR_PARAM,
+                        "tensor %s has dtype %d: the %s backend takes float32 (BK_F32)%s", name, (int)t->dtype,
+                        here == BK_DEVICE_HOST ? "CPU" : "CUDA",
+                        here == BK_DEVICE_HOST ? " only" : ", bfloat16 (BK_BF16) or float16 (BK_F16)");
     if (t->stride_b < 0 || t->stride_h < 0 || t->stride_n < 0)
         return bki_fail(BK_ERR_STRIDE, "tensor %s has a negative stride", name);
     /* No self-overlap: sort the non-trivial dims by stride; each stride must
@@ -83,8 +88,9 @@ bk_status bki_check_tensor(const char *name, const bk_tensor *t, int B, int H, i
 void bki_tensor_range(const bk_tensor *t, int B, int H, int N, int C, uintptr_t *lo, uintptr_t *hi)
 {
     int64_t last = t->stride_b * (B - 1) + t->stride_h * (H - 1) + t->stride_n * (N - 1) + C;
+    const int64_t esz = t->dtype == BK_BF16 || t->dtype == BK_F16 ? 2 : 4;
     *lo = (uintptr_t)t->data;
-    *hi = (uintptr_t)(t->data + last);
+    *hi = (uintptr_t)t->data + (uintptr_t)(last * esz);
 }
 
 bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in_shape)[4], int nout,

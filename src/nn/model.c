@@ -1295,10 +1295,10 @@ static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
 static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
 {
     const int64_t T = m->T, I = m->I, dh = m->dh;
-    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST};
+    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
 }
 
 /* ---- attn=diff: the paper's layer around the operator (docs/MODEL.md) ------
@@ -1475,8 +1475,8 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
-        bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
-        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST};
+        bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
+        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST, BK_F32};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         return bk_otk_forward(&od, &op, &x, m->w + m->otk_z, &out, train ? m->otk_tape : NULL, NULL, m->ws, m->ws_cap);
@@ -1605,8 +1605,8 @@ static bk_status attn_backward(bk_model *m, int l, int B)
     bk_tensor q, k, v, o;
     views(m, a->qkv, a->att, &q, &k, &v, &o);
     const int64_t T = m->T, I = m->I, dh = m->dh;
-    bk_tensor dout = {m->dA, T * I, dh, I, BK_DEVICE_HOST}, dq = {m->dq, T * I, dh, I, BK_DEVICE_HOST},
-              dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
+    bk_tensor dout = {m->dA, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32},
+              dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
     const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
     if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &dout);
     bki_lot_grads lg;
@@ -1625,9 +1625,9 @@ static bk_status pool_backward(bk_model *m, int B)
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
-        bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
-        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST};
-        bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST};
+        bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
+        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST, BK_F32};
+        bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, NULL, m->ws, m->ws_cap);
@@ -1858,14 +1858,14 @@ static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k,
                       bk_tensor *cq, bk_tensor *ck, bk_tensor *cv, bk_tensor *co)
 {
     const int64_t Td = m->Td, T = m->T, I = m->I, dh = m->dh;
-    *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST};
-    *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST};
-    *cq = (bk_tensor){a->cq, Td * I, dh, I, BK_DEVICE_HOST};
-    *ck = (bk_tensor){a->ckv, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST};
-    *cv = (bk_tensor){a->ckv + I, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST};
-    *co = (bk_tensor){a->catt, Td * I, dh, I, BK_DEVICE_HOST};
+    *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
+    *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    *cq = (bk_tensor){a->cq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    *ck = (bk_tensor){a->ckv, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
+    *cv = (bk_tensor){a->ckv + I, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
+    *co = (bk_tensor){a->catt, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
 }
 
 /* decoder block j on B samples: x [B*Td, D] -> out, attending to the
@@ -1917,9 +1917,9 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
     dec_views(m, a, &q, &k, &v, &ot, &cq, &ck, &cv, &co);
     const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
     const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
-    const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST},
-                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST},
-                    dck = {m->dk, T * I, dh, I, BK_DEVICE_HOST}, dcv = {m->dv, T * I, dh, I, BK_DEVICE_HOST};
+    const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
+                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
+                    dck = {m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dcv = {m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
     bk_status st;
     if (c->mlp_dim > 0) mlp_bwd(m, L, Rd, a->cmid, site + 2);
     /* cross-attention */
@@ -2279,7 +2279,7 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         return bki_fail(BK_ERR_PARAM, "bk_model_attention: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_attention: no forward has run");
     const int64_t T = m->T;
-    bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST};
+    bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST, BK_F32};
     /* re-running the operator rewrites att with the same values; the tape
      * of a pending backward is left alone (train = 0) */
     return attn_forward(m, layer, m->B, 0, &A);

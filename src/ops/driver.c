@@ -14,7 +14,7 @@ static int desc_sane(const bk_attn_desc *d)
     return d && d->B >= 1 && d->H >= 1 && d->Nq >= 1 && d->Nk >= 1 && d->d >= 1 && d->dv >= 1;
 }
 
-static size_t block_total(const bki_call *c)
+size_t bki_op_block_total(const bki_call *c)
 {
     return sizeof(bki_block_header) + bki_round_up(c->op->block_bytes(c));
 }
@@ -22,7 +22,7 @@ static size_t block_total(const bki_call *c)
 size_t bki_op_tape_size(bki_call *c)
 {
     if (!desc_sane(c->d) || !c->par) return 0;
-    return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * block_total(c);
+    return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * bki_op_block_total(c);
 }
 
 size_t bki_op_tape_size_query(bki_call *c)
@@ -61,7 +61,7 @@ void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const floa
 
 bki_block_header *bki_op_block(const bki_call *c, int p)
 {
-    return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * block_total(c));
+    return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * bki_op_block_total(c));
 }
 
 /* ---- workspace ------------------------------------------------------------
@@ -92,6 +92,10 @@ size_t bki_op_workspace_size(bki_call *c)
         bki_clear_error();
         return 0;
     }
+    /* a device backend sizes its own (device memory) */
+    bk_context *ctx = bki_ctx();
+    const bki_backend *be = bki_ctx_backend(ctx);
+    if (be->op_workspace_size) return be->supports_op(c->op) ? be->op_workspace_size(ctx, c) : 0;
     /* the larger of a forward and a backward that recomputes its tape */
     const size_t f = layout(c, 0, 0).total;
     const size_t b = c->op->backward ? layout(c, 1, 1).total : 0;
@@ -176,7 +180,7 @@ static bk_status problem_error(const bki_call *c)
 #ifdef BK_TAPE_CHECKSUM
 static uint64_t blocks_checksum(const bki_call *c)
 {
-    const size_t n = (size_t)c->d->B * c->d->H * block_total(c);
+    const size_t n = (size_t)c->d->B * c->d->H * bki_op_block_total(c);
     return bki_fnv1a(BKI_FNV_OFFSET, c->tape + sizeof(bki_tape_header), n);
 }
 #endif
@@ -184,17 +188,22 @@ static uint64_t blocks_checksum(const bki_call *c)
 /* ---- forward -------------------------------------------------------------- */
 /* The header is read and written through a local copy: a caller's tape needs
  * only float alignment, the header has 64-bit fields. */
+void bki_op_tape_header(const bki_call *c, bki_tape_header *th)
+{
+    memset(th, 0, sizeof *th);
+    th->magic = BKI_TAPE_MAGIC;
+    th->version = BKI_TAPE_VERSION;
+    th->op = c->op->id;
+    th->B = c->d->B; th->H = c->d->H; th->Nq = c->d->Nq; th->Nk = c->d->Nk; th->d = c->d->d; th->dv = c->d->dv;
+    th->key = c->op->key(c);
+    th->block_bytes = bki_op_block_total(c);
+}
+
 static void write_header(bki_call *c)
 {
     bki_tape_header th;
     memset(c->tape, 0, bki_op_tape_size(c)); /* padding and unused history are zero: tapes are deterministic */
-    memset(&th, 0, sizeof th);
-    th.magic = BKI_TAPE_MAGIC;
-    th.version = BKI_TAPE_VERSION;
-    th.op = c->op->id;
-    th.B = c->d->B; th.H = c->d->H; th.Nq = c->d->Nq; th.Nk = c->d->Nk; th.d = c->d->d; th.dv = c->d->dv;
-    th.key = c->op->key(c);
-    th.block_bytes = block_total(c);
+    bki_op_tape_header(c, &th);
     memcpy(c->tape, &th, sizeof th);
     const int P = c->d->B * c->d->H;
     for (int p = 0; p < P; p++) {
@@ -252,11 +261,8 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
 }
 
 /* ---- backward ------------------------------------------------------------- */
-static bk_status check_tape(bki_call *c, const void *tape)
+bk_status bki_op_check_tape_header(const bki_call *c, const bki_tape_header *th)
 {
-    bki_tape_header hdr;
-    memcpy(&hdr, tape, sizeof hdr);
-    const bki_tape_header *th = &hdr;
     const bk_attn_desc *d = c->d;
     if (th->magic != BKI_TAPE_MAGIC || th->version != BKI_TAPE_VERSION)
         return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a forward?)");
@@ -265,8 +271,19 @@ static bk_status check_tape(bki_call *c, const void *tape)
     if (th->B != d->B || th->H != d->H || th->Nq != d->Nq || th->Nk != d->Nk || th->d != d->d || th->dv != d->dv)
         return bki_fail(BK_ERR_TAPE, "tape was written for another problem (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", th->B,
                         th->H, th->Nq, th->Nk, th->d, th->dv);
-    if (th->key != c->op->key(c) || th->block_bytes != block_total(c))
+    if (th->key != c->op->key(c) || th->block_bytes != bki_op_block_total(c))
         return bki_fail(BK_ERR_TAPE, "tape was written with other %s parameters", c->op->name);
+    return BK_OK;
+}
+
+static bk_status check_tape(bki_call *c, const void *tape)
+{
+    bki_tape_header hdr;
+    memcpy(&hdr, tape, sizeof hdr);
+    const bki_tape_header *th = &hdr;
+    const bk_attn_desc *d = c->d;
+    bk_status s;
+    if ((s = bki_op_check_tape_header(c, th))) return s;
     c->tape = (char *)tape;
 #ifdef BK_TAPE_CHECKSUM
     if (th->checksum != blocks_checksum(c)) return bki_fail(BK_ERR_TAPE, "tape checksum mismatch (corrupt tape)");

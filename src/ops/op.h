@@ -124,6 +124,13 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size);
 bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_size);
 /* problem p's block header and data in the call's tape */
 bki_block_header *bki_op_block(const bki_call *c, int p);
+/* the tape header a forward of this call writes, and the check of a given
+ * one against the call (BK_ERR_TAPE with the reason); shared with device
+ * backends, whose tapes have the same header */
+void bki_op_tape_header(const bki_call *c, bki_tape_header *th);
+bk_status bki_op_check_tape_header(const bki_call *c, const bki_tape_header *th);
+/* bytes of one problem's tape block, its header included */
+size_t bki_op_block_total(const bki_call *c);
 static inline void *bki_op_block_data(const bki_call *c, int p) { return bki_op_block(c, p) + 1; }
 /* the lengths of problem p */
 static inline int bki_op_lq(const bki_call *c, int p) { return bki_len(c->d->q_len, p / c->d->H, c->d->Nq); }

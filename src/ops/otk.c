@@ -112,7 +112,7 @@ static bk_status check_dense(const char *name, const float *a, size_t count)
 
 static bk_tensor dense_view(const float *a, int rows, int cols)
 {
-    bk_tensor t = {(float *)a, (int64_t)rows * cols, (int64_t)rows * cols, cols, BK_DEVICE_HOST};
+    bk_tensor t = {(float *)a, (int64_t)rows * cols, (int64_t)rows * cols, cols, BK_DEVICE_HOST, BK_F32};
     return t;
 }
 
@@ -858,7 +858,7 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_
     if ((s = check_inputs(d, p, x, z))) return s;
     if ((s = bki_check_tensor("out", out, d->B, 1, d->p, d->q * d->k))) return s;
     if (out->stride_n < (int64_t)d->q * d->k) return bki_fail(BK_ERR_STRIDE, "out row stride must be >= q*k");
-    bk_tensor zt = dense_view(z, d->q * d->p, d->k), pt = {0, 0, 0, 0, BK_DEVICE_HOST};
+    bk_tensor zt = dense_view(z, d->q * d->p, d->k), pt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
     const bk_tensor *in[2] = {x, &zt};
     const int ish[2][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}};
     if (ex && ex->plan) pt = dense_view(ex->plan, d->B * d->q, d->n * d->p);
@@ -1069,8 +1069,8 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk
     if ((s = bki_check_finite("dout", dout, d->B, 1, d->p, d->q * d->k, NULL))) return s;
     if (dW && !p->W) return bki_fail(BK_ERR_PARAM, "dW requested but there are no anchors (identity map)");
     if (dx && (s = bki_check_tensor("dx", dx, d->B, 1, d->n, d->d))) return s;
-    bk_tensor zt = dense_view(z, d->q * d->p, d->k), dzt = {dz, 0, 0, 0, BK_DEVICE_HOST}, dWt = {dW, 0, 0, 0, BK_DEVICE_HOST},
-              Wt = {0, 0, 0, 0, BK_DEVICE_HOST};
+    bk_tensor zt = dense_view(z, d->q * d->p, d->k), dzt = {dz, 0, 0, 0, BK_DEVICE_HOST, BK_F32}, dWt = {dW, 0, 0, 0, BK_DEVICE_HOST, BK_F32},
+              Wt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
     if (dz) dzt = dense_view(dz, d->q * d->p, d->k);
     if (dW) dWt = dense_view(dW, d->k, d->d);
     if (p->W) Wt = dense_view(p->W, d->k, d->d);

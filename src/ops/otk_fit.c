@@ -303,7 +303,7 @@ bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_config *p, const bk
     float *F = malloc(sizeof(float) * (size_t)B * n * k);
     if (!F) return bki_fail(BK_ERR_NOMEM, "out of memory (features of %d sets)", B);
     bk_otk_desc fd = *d;
-    bk_tensor ft = {F, (int64_t)n * k, (int64_t)n * k, k, BK_DEVICE_HOST};
+    bk_tensor ft = {F, (int64_t)n * k, (int64_t)n * k, k, BK_DEVICE_HOST, BK_F32};
     if ((s = bk_otk_features(&fd, p, x, &ft))) {
         free(F);
         return s;

@@ -89,9 +89,22 @@ void test_backend(void)
     bk_context *ctx = NULL;
     cfg.backend = BK_BACKEND_CUDA;
     bk_status s = bk_context_create(&cfg, &ctx);
-    th_check(s == BK_ERR_UNSUPPORTED && ctx == NULL && strstr(bk_last_error(), "not in this build"),
-             "a CUDA context in a build without CUDA: BK_ERR_UNSUPPORTED with a message", "%s: %s", bk_status_str(s),
-             bk_last_error());
+    if (!bk_backend_built(BK_BACKEND_CUDA))
+        th_check(s == BK_ERR_UNSUPPORTED && ctx == NULL && strstr(bk_last_error(), "not in this build"),
+                 "a CUDA context in a build without CUDA: BK_ERR_UNSUPPORTED with a message", "%s: %s",
+                 bk_status_str(s), bk_last_error());
+    else if (s != BK_OK) /* built, no usable device here: says why */
+        th_check(s == BK_ERR_UNSUPPORTED && ctx == NULL && strstr(bk_last_error(), "not usable"),
+                 "a CUDA context without a usable device: BK_ERR_UNSUPPORTED with the reason", "%s: %s",
+                 bk_status_str(s), bk_last_error());
+    else
+        th_check(bk_context_backend(ctx) == BK_BACKEND_CUDA && !strcmp(bk_context_backend_name(ctx), "cuda") &&
+                     bk_context_supports(ctx, "sinkhorn") && bk_context_supports(ctx, "softmax") &&
+                     !bk_context_supports(ctx, "lot"),
+                 "a CUDA context: softmax and sinkhorn, nothing else", "%s", bk_context_backend_name(ctx));
+    bk_context_free(ctx);
+    ctx = NULL;
+    th_check(bk_backend_built(BK_BACKEND_CPU) && !bk_backend_built((bk_backend)7), "bk_backend_built", "%s", "");
     cfg = bk_context_config_default();
     cfg.threads = -1;
     th_check(bk_context_create(&cfg, &ctx) == BK_ERR_PARAM && !ctx, "negative threads refused", "%s", bk_last_error());

@@ -1056,7 +1056,7 @@ static void test_bad_input(void)
     } while (0)
     bk_sinkhorn_config p = t.p;
     bk_attn_desc d = t.pb.desc;
-    bk_tensor nul = {NULL, 0, 0, 0, BK_DEVICE_HOST};
+    bk_tensor nul = {NULL, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
     EXPECT(bk_sinkhorn_forward(NULL, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL desc");
     EXPECT(bk_sinkhorn_forward(&d, NULL, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL params");
     EXPECT(bk_sinkhorn_forward(&d, &p, &nul, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NULL, "NULL q data");

@@ -548,7 +548,7 @@ static void dpe_init(dprob *x, const dcase *c, int B, int H, int layout, uint64_
         const int C[4] = {c->d, c->dv, c->d, c->dv};
         for (int i = 0; i < 4; i++) { /* layout 0 [B, H, N, C], 1 [B, N, H, C] */
             bk_tensor tv = {data[i], (int64_t)H * c->Nk * C[i], layout ? C[i] : (int64_t)c->Nk * C[i],
-                            layout ? (int64_t)H * C[i] : C[i], BK_DEVICE_HOST};
+                            layout ? (int64_t)H * C[i] : C[i], BK_DEVICE_HOST, BK_F32};
             *views[i] = tv;
         }
         th_fill_tensor(&pb->tk, B, H, c->Nk, c->d, pb->kl, &r0, 1.0);

@@ -69,7 +69,7 @@ static void ob_init(obuf *t, const ocase *c, uint64_t seed)
     t->dx = th_alloc_fill((size_t)c->B * c->n * c->d, -7.0f);
     t->dz = th_alloc_fill(nz, -7.0f);
     t->plan = th_alloc_fill((size_t)c->B * c->q * c->n * c->p, -7.0f);
-    bk_tensor tx = {t->x, (int64_t)c->n * t->ldx, 0, t->ldx, BK_DEVICE_HOST};
+    bk_tensor tx = {t->x, (int64_t)c->n * t->ldx, 0, t->ldx, BK_DEVICE_HOST, BK_F32};
     t->tx = tx;
     t->to = bk_tensor_bhnd(t->o, 1, c->p, c->q * c->k);
     t->tdo = bk_tensor_bhnd(t->dout, 1, c->p, c->q * c->k);
@@ -469,7 +469,7 @@ static void test_otk_determinism(void)
         for (int b = 0; b < c.B; b++) {
             const int nb = t.len[b];
             bk_otk_desc d1 = {1, nb, c.d, c.q, c.p, c.k, NULL};
-            bk_tensor tx1 = {t.x + (size_t)b * c.n * t.ldx, 0, 0, t.ldx, BK_DEVICE_HOST};
+            bk_tensor tx1 = {t.x + (size_t)b * c.n * t.ldx, 0, 0, t.ldx, BK_DEVICE_HOST, BK_F32};
             float *o1 = malloc(sizeof(float) * (size_t)c.p * c.q * c.k), *dx1 = malloc(sizeof(float) * (size_t)nb * c.d);
             float *dz1 = malloc(sizeof(float) * nz);
             bk_tensor to1 = bk_tensor_bhnd(o1, 1, c.p, c.q * c.k), tdx1 = bk_tensor_bhnd(dx1, 1, nb, c.d);
@@ -822,7 +822,7 @@ static void test_otk_bad_input(void)
     t.z[2] = INFINITY;
     th_check(ofwd(&t, NULL) == BK_ERR_NONFINITE, "OTK Inf in the references refused", "%s", bk_last_error());
     t.z[2] = 0.5f;
-    bk_tensor alias = {t.x, (int64_t)PROP.p * PROP.q * PROP.k, 0, PROP.q * PROP.k, BK_DEVICE_HOST};
+    bk_tensor alias = {t.x, (int64_t)PROP.p * PROP.q * PROP.k, 0, PROP.q * PROP.k, BK_DEVICE_HOST, BK_F32};
     th_check(bk_otk_forward(&t.desc, &t.p, &t.tx, t.z, &alias, NULL, NULL, NULL, 0) == BK_ERR_STRIDE,
              "OTK output overlapping the input refused", "%s", bk_last_error());
     const size_t need = bk_otk_workspace_size(&t.desc, &t.p);

@@ -469,8 +469,8 @@ static int plot_transport(int argc, char **argv)
         v[i] = 0;
     }
     bk_attn_desc d = {1, 1, n, n, 2, 1, NULL, NULL};
-    bk_tensor q = {x, 2 * n, 2 * n, 2, BK_DEVICE_HOST}, k = {y, 2 * n, 2 * n, 2, BK_DEVICE_HOST},
-              vt = {v, n, n, 1, BK_DEVICE_HOST}, ot = {o, n, n, 1, BK_DEVICE_HOST};
+    bk_tensor q = {x, 2 * n, 2 * n, 2, BK_DEVICE_HOST, BK_F32}, k = {y, 2 * n, 2 * n, 2, BK_DEVICE_HOST, BK_F32},
+              vt = {v, n, n, 1, BK_DEVICE_HOST, BK_F32}, ot = {o, n, n, 1, BK_DEVICE_HOST, BK_F32};
     for (int i = 0; i < 3; i++)
         if (!(P[i] = malloc(sizeof(float) * n * n))) goto done;
     /* scores 2 x.y / eps: the row and column terms of -|x - y|^2 / eps are
@@ -491,8 +491,8 @@ static int plot_transport(int argc, char **argv)
     if (w2 > ws) ws = w2;
     if (w3 > ws) ws = w3;
     void *w = malloc(ws ? ws : 1);
-    bk_tensor A0 = {P[0], n * n, n * n, n, BK_DEVICE_HOST}, A1 = {P[1], n * n, n * n, n, BK_DEVICE_HOST},
-              A2 = {P[2], n * n, n * n, n, BK_DEVICE_HOST};
+    bk_tensor A0 = {P[0], n * n, n * n, n, BK_DEVICE_HOST, BK_F32}, A1 = {P[1], n * n, n * n, n, BK_DEVICE_HOST, BK_F32},
+              A2 = {P[2], n * n, n * n, n, BK_DEVICE_HOST, BK_F32};
     bk_sinkhorn_extras kx = {A1, NULL, NULL, NULL};
     bk_esp_extras ex = {A2, NULL, NULL, NULL};
     int ok = w && bk_softmax_forward(&d, &sp, &q, &k, &vt, &ot, NULL, &A0, w, ws) == BK_OK &&

@@ -1,0 +1,426 @@
+/* backend.c -- the CUDA backend's table and operator driver (docs/CUDA.md,
+ * docs/BACKENDS.md). It runs softmax and Sinkhorn attention (forward and the
+ * exact unrolled backward) on tensors in device memory, on the context's
+ * stream, asynchronously: a call validates on the host, queues its kernels
+ * (kernels.cu) and returns. The one synchronisation is a backward given a
+ * tape: its header is read back to check it against the call. */
+#include "../backend.h"
+#include "../../ops/op.h"
+#include "kernels.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cudaStream_t stream_of(const bk_context *ctx) { return (cudaStream_t)bki_ctx_config(ctx)->stream; }
+
+static bk_status cuda_fail(cudaError_t e, const char *what)
+{
+    const bk_status s = e == cudaErrorMemoryAllocation ? BK_ERR_NOMEM : BK_ERR_UNSUPPORTED;
+    return bki_fail(s, "CUDA backend: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* makes the context's device current on the calling thread */
+static bk_status use_device(const bk_context *ctx)
+{
+    const cudaError_t e = cudaSetDevice(bki_ctx_config(ctx)->device);
+    return e == cudaSuccess ? BK_OK : cuda_fail(e, "cudaSetDevice");
+}
+
+static int available(int device, char *err, size_t cap)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(err, cap, "no CUDA device is visible (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        cudaGetLastError(); /* clear the runtime's sticky error */
+        return 0;
+    }
+    if (device >= n) {
+        snprintf(err, cap, "%d CUDA device(s) visible, no ordinal %d", n, device);
+        return 0;
+    }
+    struct cudaDeviceProp pr;
+    if ((e = cudaGetDeviceProperties(&pr, device)) != cudaSuccess) {
+        snprintf(err, cap, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    if (pr.major < 9) {
+        snprintf(err, cap, "%s has compute capability %d.%d; this build's kernels need 9.0 or later (sm_90 + PTX)",
+                 pr.name, pr.major, pr.minor);
+        return 0;
+    }
+    return 1;
+}
+
+static void *alloc(bk_context *ctx, size_t bytes)
+{
+    void *p = NULL;
+    if (use_device(ctx) != BK_OK) return NULL;
+    if (cudaMallocAsync(&p, bytes ? bytes : 1, stream_of(ctx)) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void release(bk_context *ctx, void *p)
+{
+    if (!p) return;
+    if (use_device(ctx) == BK_OK) cudaFreeAsync(p, stream_of(ctx));
+}
+
+static bk_status copy(bk_context *ctx, void *dst, const void *src, size_t bytes, int dir)
+{
+    bk_status s;
+    if ((s = use_device(ctx))) return s;
+    const enum cudaMemcpyKind k = dir == 0 ? cudaMemcpyHostToDevice
+                                           : dir == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, stream_of(ctx));
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
+    return e == cudaSuccess ? BK_OK : cuda_fail(e, "cudaMemcpy");
+}
+
+static bk_status fill(bk_context *ctx, float *dst, float value, size_t n)
+{
+    bk_status s;
+    if ((s = use_device(ctx))) return s;
+    const cudaError_t e = (cudaError_t)bkc_fill(dst, value, n, stream_of(ctx));
+    return e == cudaSuccess ? BK_OK : cuda_fail(e, "fill");
+}
+
+static bk_status no_gemm(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                         ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb, ptrdiff_t sB, float beta,
+                         float *C, ptrdiff_t ldc, ptrdiff_t sC)
+{
+    (void)ctx; (void)batch; (void)ta; (void)tb; (void)M; (void)N; (void)K; (void)alpha; (void)A; (void)lda;
+    (void)sA; (void)B; (void)ldb; (void)sB; (void)beta; (void)C; (void)ldc; (void)sC;
+    return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend has no batched GEMM (its operators run fused kernels)");
+}
+
+static bk_status no_sum(bk_context *ctx, int nb, int n, const float *parts, ptrdiff_t ld, float *out)
+{
+    (void)ctx; (void)nb; (void)n; (void)parts; (void)ld; (void)out;
+    return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend has no block sum (its operators run fused kernels)");
+}
+
+static void no_run(bk_context *ctx, bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *arg)
+{
+    (void)ctx; (void)pl; (void)P; (void)lanes; (void)lane_bytes; (void)fn; (void)arg; /* never reached: op_forward */
+}
+
+static int supports_op(const struct bki_op *op) { return op == &bki_op_softmax || op == &bki_op_sinkhorn; }
+
+/* ---- the call's parameters ---------------------------------------------- */
+typedef struct {
+    float alpha, tol;
+    int S, causal, implicit;
+} cu_par;
+
+static cu_par par_of(const bki_call *c)
+{
+    cu_par k = {0.0f, 0.0f, 1, 0, 0};
+    float scale, eps = 1.0f;
+    if (c->op == &bki_op_softmax) {
+        const bk_softmax_config *p = c->par;
+        scale = p->scale;
+        k.causal = p->causal;
+    } else {
+        const bk_sinkhorn_config *p = c->par;
+        scale = p->scale;
+        eps = p->eps;
+        k.S = p->iters;
+        k.tol = p->tol;
+        k.implicit = p->grad == BK_GRAD_IMPLICIT;
+    }
+    k.alpha = bki_scale(scale, c->d->d) / eps;
+    return k;
+}
+
+/* ---- workspace: [lengths][iters][stopped][errors][history][adjoints][D] --- */
+typedef struct {
+    size_t lens, iters, stopped, err, hist, adj, D, total;
+} cu_ws;
+
+static size_t r256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
+{
+    const bk_attn_desc *d = c->d;
+    const size_t P = (size_t)d->B * d->H, nkb = (size_t)(d->Nk + BKC_TILE - 1) / BKC_TILE;
+    const size_t hl = bki_hist_len(d->Nq, d->Nk, par_of(c).S);
+    cu_ws w;
+    size_t off = 0;
+    w.lens = off; off += r256(2 * (size_t)d->B * sizeof(int32_t));
+    w.iters = off; off += r256(P * sizeof(int32_t));
+    w.stopped = off; off += r256(P * sizeof(int32_t));
+    w.err = off; off += r256(P * nkb * sizeof(float));
+    w.hist = off; off += with_hist ? r256(P * hl * sizeof(float)) : 0;
+    w.adj = off; off += backward ? r256(P * hl * sizeof(float)) : 0;
+    w.D = off; off += backward ? r256(P * (size_t)d->Nq * sizeof(float)) : 0;
+    w.total = off + 256;
+    return w;
+}
+
+static size_t op_workspace_size(bk_context *ctx, bki_call *c)
+{
+    (void)ctx;
+    return ws_layout(c, 1, 1).total; /* a backward that recomputes its tape: the largest */
+}
+
+/* ---- checks ---------------------------------------------------------------- */
+/* the tensor's memory is device memory of the context's device */
+static bk_status on_device(const bk_context *ctx, const char *name, const void *ptr)
+{
+    struct cudaPointerAttributes at;
+    const cudaError_t e = cudaPointerGetAttributes(&at, ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return bki_fail(BK_ERR_PARAM, "%s is not CUDA memory (cudaPointerGetAttributes: %s)", name,
+                        cudaGetErrorString(e));
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+        return bki_fail(BK_ERR_PARAM, "%s points to host memory, not to memory of CUDA device %d (copy it to the device "
+                                      "first: birkhoff never copies behind the caller's back)",
+                        name, bki_ctx_config(ctx)->device);
+    if (at.device != bki_ctx_config(ctx)->device)
+        return bki_fail(BK_ERR_PARAM, "%s lives on CUDA device %d, the context computes on device %d", name, at.device,
+                        bki_ctx_config(ctx)->device);
+    return BK_OK;
+}
+
+static bk_status check_call(bk_context *ctx, bki_call *c, int backward, const void *tape, void *ws)
+{
+    bk_status s;
+    const bk_attn_desc *d = c->d;
+    if ((s = bki_check_desc(d))) return s;
+    if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
+    if ((s = c->op->check(c))) return s;
+    const cu_par k = par_of(c);
+    if (backward && k.implicit)
+        return bki_fail(BK_ERR_UNSUPPORTED, "sinkhorn: the implicit backward (grad=implicit) is not implemented on the "
+                                            "CUDA backend; use grad=unrolled (the exact VJP of the forward run)");
+    if (d->d > BKC_DMAX || d->dv > BKC_DMAX)
+        return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend takes head dims d, dv <= %d (got d=%d dv=%d)", BKC_DMAX,
+                        d->d, d->dv);
+    if (c->op == &bki_op_sinkhorn && c->ex && ((const bk_sinkhorn_extras *)c->ex)->diag)
+        return bki_fail(BK_ERR_UNSUPPORTED, "sinkhorn: extras.diag is not computed on the CUDA backend (attn, f and g "
+                                            "are)");
+    const bk_tensor *ts[9] = {c->q, c->k, c->v, c->out, c->attn && c->attn->data ? c->attn : NULL,
+                              c->dout, c->dq, c->dk, c->dv};
+    const char *tn[9] = {"q", "k", "v", "out", "attn", "dout", "dq", "dk", "dv"};
+    const int rows[9] = {d->Nq, d->Nk, d->Nk, d->Nq, d->Nq, d->Nq, d->Nq, d->Nk, d->Nk};
+    const int cols[9] = {d->d, d->d, d->dv, d->dv, d->Nk, d->dv, d->d, d->d, d->dv};
+    for (int i = 0; i < 9; i++) {
+        const int need = i < 3 || (!backward && i == 3) || (backward && i >= 5);
+        if (!need && !(i == 4 && !backward && ts[4])) continue;
+        if ((s = bki_check_tensor(tn[i], ts[i], d->B, d->H, rows[i], cols[i]))) return s;
+        if (ts[i]->dtype != c->q->dtype)
+            return bki_fail(BK_ERR_PARAM, "tensor %s has dtype %d, q has %d: every tensor of a call has one dtype",
+                            tn[i], (int)ts[i]->dtype, (int)c->q->dtype);
+        if ((s = on_device(ctx, tn[i], ts[i]->data))) return s;
+    }
+    if (!backward) {
+        if ((s = bki_check_fwd_outputs(d, c->q, c->k, c->v, c->out, c->attn))) return s;
+    } else {
+        const bk_tensor *in[4] = {c->q, c->k, c->v, c->dout};
+        const int ish[4][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv},
+                               {d->B, d->H, d->Nq, d->dv}};
+        const bk_tensor *o[3] = {c->dq, c->dk, c->dv};
+        const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
+        const char *on[3] = {"dq", "dk", "dv"};
+        if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
+    }
+    if (tape && (s = on_device(ctx, "the tape", tape))) return s;
+    if (ws && (s = on_device(ctx, "the workspace", ws))) return s;
+    const int dm = d->d > d->dv ? d->d : d->dv;
+    int dev = bki_ctx_config(ctx)->device, optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    const size_t need = bkc_smem_need(c->q->dtype, dm);
+    if (need > (size_t)optin)
+        return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA kernels need %zu bytes of shared memory per block for d=%d dv=%d, "
+                                            "the device allows %d",
+                        need, d->d, d->dv, optin);
+    return BK_OK;
+}
+
+/* ---- the call's kernel arguments -------------------------------------------- */
+static void strides(const bk_tensor *t, int64_t *s)
+{
+    s[0] = t ? t->stride_b : 0;
+    s[1] = t ? t->stride_h : 0;
+    s[2] = t ? t->stride_n : 0;
+}
+
+static bk_status fill_args(bk_context *ctx, const bki_call *c, bkc_args *a, char *base, const cu_ws *w)
+{
+    const bk_attn_desc *d = c->d;
+    const cu_par k = par_of(c);
+    memset(a, 0, sizeof *a);
+    a->dtype = c->q->dtype;
+    a->B = d->B; a->H = d->H; a->Nq = d->Nq; a->Nk = d->Nk; a->d = d->d; a->dv = d->dv;
+    if (d->q_len || d->k_len) {
+        if (d->B <= BKC_INLINE_B) {
+            a->inl = 1;
+            for (int b = 0; b < d->B; b++) {
+                a->lq[b] = bki_len(d->q_len, b, d->Nq);
+                a->lk[b] = bki_len(d->k_len, b, d->Nk);
+            }
+        } else { /* a staged copy (pageable host memory: ordered on the stream) */
+            int32_t *l = malloc(2 * (size_t)d->B * sizeof(int32_t));
+            if (!l) return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory for the lengths");
+            for (int b = 0; b < d->B; b++) {
+                l[b] = bki_len(d->q_len, b, d->Nq);
+                l[d->B + b] = bki_len(d->k_len, b, d->Nk);
+            }
+            int32_t *dl = (int32_t *)(base + w->lens);
+            const cudaError_t e = cudaMemcpyAsync(dl, l, 2 * (size_t)d->B * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                                  stream_of(ctx));
+            free(l);
+            if (e != cudaSuccess) return cuda_fail(e, "copying the lengths");
+            a->qlen = dl;
+            a->klen = dl + d->B;
+        }
+    }
+    a->q = c->q->data; strides(c->q, a->sq);
+    a->k = c->k->data; strides(c->k, a->sk);
+    a->v = c->v->data; strides(c->v, a->sv);
+    a->alpha = k.alpha;
+    a->S = k.S;
+    a->tol = k.tol;
+    a->causal = k.causal;
+    a->hist_len = (int64_t)bki_hist_len(d->Nq, d->Nk, k.S);
+    a->iters = (int32_t *)(base + w->iters);
+    a->stopped = (int32_t *)(base + w->stopped);
+    a->err = (float *)(base + w->err);
+    a->nkb = (d->Nk + BKC_TILE - 1) / BKC_TILE;
+    return BK_OK;
+}
+
+/* the history lives in the tape (blocks after their headers) or the workspace */
+static void place_hist(const bki_call *c, bkc_args *a, char *tape, char *base, const cu_ws *w)
+{
+    if (tape) {
+        const size_t bt = bki_op_block_total(c);
+        a->blk = tape + sizeof(bki_tape_header);
+        a->blk_stride = (int64_t)bt;
+        a->hist = a->blk + sizeof(bki_block_header);
+        a->hist_stride = (int64_t)bt;
+    } else {
+        a->blk = NULL;
+        a->hist = base + w->hist;
+        a->hist_stride = a->hist_len * (int64_t)sizeof(float);
+    }
+}
+
+static bk_status launched(int e, const char *what)
+{
+    return e == 0 ? BK_OK : cuda_fail((cudaError_t)e, what);
+}
+
+/* the forward's launches into a prepared argument block: the tape zeroed and
+ * its header written first when there is one */
+static bk_status run_forward(bk_context *ctx, const bki_call *c, bkc_args *a, char *tape)
+{
+    if (tape) {
+        const size_t n = bki_op_tape_size((bki_call *)c);
+        cudaError_t e = cudaMemsetAsync(tape, 0, n, stream_of(ctx));
+        if (e != cudaSuccess) return cuda_fail(e, "zeroing the tape");
+        bki_tape_header th;
+        bki_op_tape_header(c, &th);
+        bk_status s = launched(bkc_put(tape, &th, sizeof th, stream_of(ctx)), "writing the tape header");
+        if (s) return s;
+    }
+    return launched(bkc_forward(a, stream_of(ctx)), "the forward kernels");
+}
+
+static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size)
+{
+    bk_status s;
+    if ((s = use_device(ctx))) return s;
+    if ((s = check_call(ctx, c, 0, tape, ws))) return s;
+    const cu_ws w = ws_layout(c, tape == NULL, 0);
+    void *owned = NULL;
+    char *base = NULL;
+    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function (with the CUDA context "
+                                                 "current)", &owned, &base)))
+        return s;
+    base = (char *)(((uintptr_t)base + 255) & ~(uintptr_t)255);
+    bkc_args *a = malloc(sizeof *a);
+    if (!a) {
+        bki_workspace_release(owned);
+        return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    if (!(s = fill_args(ctx, c, a, base, &w))) {
+        place_hist(c, a, tape, base, &w);
+        a->out = c->out->data;
+        strides(c->out, a->so);
+        if (c->attn && c->attn->data) {
+            a->attn = c->attn->data;
+            strides(c->attn, a->sa);
+        }
+        if (c->op == &bki_op_sinkhorn && c->ex) {
+            const bk_sinkhorn_extras *ex = c->ex;
+            a->f_out = ex->f;
+            a->g_out = ex->g;
+            if (ex->f && (s = on_device(ctx, "extras.f", ex->f))) goto out;
+            if (ex->g && (s = on_device(ctx, "extras.g", ex->g))) goto out;
+        }
+        s = run_forward(ctx, c, a, tape);
+    }
+out:
+    free(a);
+    bki_workspace_release(owned); /* stream-ordered: freed after the kernels */
+    if (s == BK_OK) bki_clear_error();
+    return s;
+}
+
+static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size)
+{
+    bk_status s;
+    if ((s = use_device(ctx))) return s;
+    if ((s = check_call(ctx, c, 1, tape, ws))) return s;
+    if (tape) { /* the one synchronisation: the tape's header, checked on the host */
+        bki_tape_header th;
+        cudaError_t e = cudaMemcpyAsync(&th, tape, sizeof th, cudaMemcpyDeviceToHost, stream_of(ctx));
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
+        if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
+        if ((s = bki_op_check_tape_header(c, &th))) return s;
+    }
+    const cu_ws w = ws_layout(c, tape == NULL, 1);
+    void *owned = NULL;
+    char *base = NULL;
+    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function (with the CUDA context "
+                                                 "current)", &owned, &base)))
+        return s;
+    base = (char *)(((uintptr_t)base + 255) & ~(uintptr_t)255);
+    bkc_args *a = malloc(sizeof *a);
+    if (!a) {
+        bki_workspace_release(owned);
+        return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
+    }
+    if (!(s = fill_args(ctx, c, a, base, &w))) {
+        place_hist(c, a, (char *)tape, base, &w);
+        if (!tape) /* recompute the forward's potentials (no output) */
+            s = run_forward(ctx, c, a, NULL);
+        if (!s) {
+            a->blk = tape ? a->blk : NULL; /* iters come from the tape's blocks, or stay from the forward */
+            a->dout = c->dout->data; strides(c->dout, a->sdo);
+            a->dq = c->dq->data; strides(c->dq, a->sdq);
+            a->dk = c->dk->data; strides(c->dk, a->sdk);
+            a->dvv = c->dv->data; strides(c->dv, a->sdv);
+            a->adj = (float *)(base + w.adj);
+            a->D = (float *)(base + w.D);
+            s = launched(bkc_backward(a, stream_of(ctx)), "the backward kernels");
+        }
+    }
+    free(a);
+    bki_workspace_release(owned);
+    if (s == BK_OK) bki_clear_error();
+    return s;
+}
+
+const bki_backend bki_backend_cuda = {"cuda",     BK_BACKEND_CUDA, available,  alloc,       release,    copy, fill,
+                                      no_gemm,    no_sum,          no_run,     supports_op, op_forward, op_backward,
+                                      op_workspace_size};

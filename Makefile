@@ -81,7 +81,7 @@ REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/op
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/ops/test_attn.c tests/ops/test_esp.c \
            tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
-           tests/backend/test_backend.c tests/backend/test_ops.c $(REF_SRC)
+           tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so

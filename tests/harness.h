@@ -39,4 +39,5 @@ void test_model(void);
 void test_seq2seq(void);
 void test_backend(void);
 void test_ops_harness(void); /* tests/backend/test_ops.c */
+void test_cuda(void);        /* tests/backend/test_cuda.c */
 #endif

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
     test_seq2seq();
     test_backend();
     test_ops_harness();
+    test_cuda();
     printf("%d passed, %d failed\n", TH.passed, TH.failed);
     return TH.failed ? 1 : 0;
 }

@@ -296,6 +296,7 @@ test-python: all
 	$(PY) tests/python/test_bindings.py
 	$(PY) tests/python/test_parallel.py
 	$(PY) tests/python/test_vit_mnist.py
+	$(PY) tests/python/test_cuda.py
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
 FUZZ_SECONDS ?= 10

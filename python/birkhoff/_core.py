@@ -14,8 +14,21 @@ layout before the heads are moved). Any other strides are passed to C as
 they are (no copy): a q, k or v sliced out of a fused [B, N, 3, H, d]
 projection is used in place. Outputs and gradients are allocated dense in
 the operands' layout.
+
+Devices. An adapter may hand over arrays that live on a CUDA device (the
+torch adapter does): each operand then carries its device and element type
+(bk_tensor.device, .dtype), the outputs, gradients and tape are allocated
+where the operands live, and the C call runs in a CUDA context made current
+on the calling thread for that call only (the adapter's `running`: one
+context per (device, stream), created on first use, freed at exit). Every
+operand of a call must live on one device with one dtype (checked here,
+before any C call). Host arrays are float32 and their calls run in the
+thread's current context exactly as before.
 """
+import atexit
+import contextlib
 import ctypes as C
+import threading
 
 import numpy as np
 
@@ -43,7 +56,8 @@ def choice(table, value, name):
 
 
 class NumpyAdapter:
-    """Arrays are numpy.ndarray of float32 (int32 for lengths)."""
+    """Arrays are numpy.ndarray of float32 (int32 for lengths), in host
+    memory."""
     name = "numpy"
 
     @staticmethod
@@ -68,8 +82,32 @@ class NumpyAdapter:
         return np.ascontiguousarray(a)
 
     @staticmethod
-    def empty(shape):
+    def empty(shape, like=None):
+        """a new float32 array (`like`: an operand whose device and dtype it
+        takes; host float32 here)"""
         return np.empty(shape, dtype=np.float32)
+
+    @staticmethod
+    def place(a):
+        """(bk device, bk dtype) of a prepared array"""
+        return 0, _lib.BK_F32
+
+    @staticmethod
+    def where(a):
+        """(device, dtype) of a prepared array, in words"""
+        return "cpu", "float32"
+
+    @staticmethod
+    def tape(nbytes, like):
+        return tape_buffer(nbytes)
+
+    @staticmethod
+    def zeros32(n, like):
+        return np.zeros(n, np.float32)
+
+    @staticmethod
+    def running(a):
+        return HOST
 
     @staticmethod
     def lengths(x, B, name):
@@ -90,6 +128,66 @@ def fptr(addr):
     return C.cast(C.c_void_p(addr), _lib.f32p)
 
 
+HOST = contextlib.nullcontext()   # host calls run in the thread's current context, untouched
+
+# ---- CUDA contexts: one per (device ordinal, stream), kept for the process ----
+_CONTEXTS = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def cuda_context(device, stream):
+    """The library's CUDA context for device ordinal `device` running on the
+    CUDA stream `stream` (a cudaStream_t as an integer; 0: the default
+    stream), created on first use (BirkhoffError when the library was built
+    without the CUDA backend or the device is not usable) and cached: a
+    context's stream is fixed at its creation."""
+    key = (int(device), int(stream or 0))
+    ctx = _CONTEXTS.get(key)
+    if ctx is not None:
+        return ctx
+    with _CONTEXTS_LOCK:
+        ctx = _CONTEXTS.get(key)
+        if ctx is None:
+            cfg = lib.bk_context_config_default()
+            cfg.backend, cfg.device, cfg.stream = _lib.BK_BACKEND_CUDA, key[0], key[1] or None
+            out = C.c_void_p()
+            check(lib.bk_context_create(C.byref(cfg), C.byref(out)))
+            ctx = _CONTEXTS[key] = out.value
+    return ctx
+
+
+@atexit.register
+def free_contexts():
+    """frees the cached CUDA contexts (at exit; later calls create new ones)"""
+    with _CONTEXTS_LOCK:
+        ctxs = list(_CONTEXTS.values())
+        _CONTEXTS.clear()
+    for ctx in ctxs:
+        lib.bk_context_free(ctx)
+
+
+@contextlib.contextmanager
+def using(ctx):
+    """makes the library context `ctx` current on this thread for a block,
+    then restores the previous one"""
+    prev = lib.bk_context_use(ctx)
+    try:
+        yield
+    finally:
+        lib.bk_context_use(prev)
+
+
+def cuda_status(device=0):
+    """(True, "") when the library can run on CUDA device `device` (a context
+    can be created on its default stream), else (False, the library's
+    reason)"""
+    try:
+        cuda_context(device, 0)
+    except _lib.BirkhoffError as e:
+        return False, str(e)
+    return True, ""
+
+
 def _addr_np(a):
     """address of a numpy array (None -> NULL)"""
     return None if a is None else a.ctypes.data
@@ -105,12 +203,13 @@ def needs_copy(ad, a, shape, strides):
 
 
 class Operand:
-    """A validated operand: the object (kept alive), its address and its
-    [B, H, N, C] sizes and element strides in C's order."""
-    __slots__ = ("obj", "addr", "B", "H", "N", "C", "sb", "sh", "sn")
+    """A validated operand: the object (kept alive), its address, its
+    [B, H, N, C] sizes and element strides in C's order, and where it lives
+    (bk device and dtype)."""
+    __slots__ = ("obj", "addr", "B", "H", "N", "C", "sb", "sh", "sn", "dev", "dt")
 
     def tensor(self):
-        return _lib.Tensor(fptr(self.addr), self.sb, self.sh, self.sn)
+        return _lib.Tensor(fptr(self.addr), self.sb, self.sh, self.sn, self.dev, self.dt)
 
 
 def attn_operand(ad, a, layout, name):
@@ -125,6 +224,7 @@ def attn_operand(ad, a, layout, name):
         addr, shape, strides = ad.info(a)
     o = Operand()
     o.obj, o.addr = a, addr
+    o.dev, o.dt = ad.place(a)
     if layout == "bhnd":
         o.B, o.H, o.N, o.C = shape
         o.sb, o.sh, o.sn = strides[0], strides[1], strides[2]
@@ -138,13 +238,27 @@ def attn_operand(ad, a, layout, name):
     return o
 
 
-def new_operand(ad, B, H, N, Cc, layout):
+def new_operand(ad, B, H, N, Cc, layout, like=None):
     shape = (B, H, N, Cc) if layout == "bhnd" else (B, N, H, Cc)
-    return attn_operand(ad, ad.empty(shape), layout, "output")
+    return attn_operand(ad, ad.empty(shape, like), layout, "output")
+
+
+def same_place(ad, ops, what):
+    """every (name, operand) of `ops` on one device with one dtype, else
+    ValueError (devices) or TypeError (dtypes) naming them"""
+    (n0, o0), rest = ops[0], ops[1:]
+    for n, o in rest:
+        if o.dev != o0.dev:
+            raise ValueError("%s must be on one device: %s is on %s, %s on %s (move them with .to())"
+                             % (what, n0, ad.where(o0.obj)[0], n, ad.where(o.obj)[0]))
+        if o.dt != o0.dt:
+            raise TypeError("%s must have one dtype: %s is %s, %s is %s (cast them, or run under torch.autocast)"
+                            % (what, n0, ad.where(o0.obj)[1], n, ad.where(o.obj)[1]))
 
 
 class Problem:
-    """Validated q, k, v (and lengths) of one attention call."""
+    """Validated q, k, v (and lengths) of one attention call, on one device
+    with one dtype."""
 
     def __init__(self, ad, q, k, v, q_len, k_len, layout, dv_from_v=True):
         if layout not in LAYOUTS:
@@ -154,6 +268,8 @@ class Problem:
         self.k = attn_operand(ad, k, layout, "k")
         self.v = attn_operand(ad, v, layout, "v") if v is not None else None
         Q, K, V = self.q, self.k, self.v
+        same_place(ad, [("q", Q), ("k", K)] + ([("v", V)] if V is not None else []), "q, k and v")
+        self.dev = Q.dev
         if (K.B, K.H) != (Q.B, Q.H) or K.C != Q.C:
             raise ValueError("k: batch, heads and head dim must match q's (q [B=%d, H=%d, N=%d, d=%d], k [B=%d, "
                              "H=%d, N=%d, d=%d])" % (Q.B, Q.H, Q.N, Q.C, K.B, K.H, K.N, K.C))
@@ -174,13 +290,13 @@ class Problem:
 
     def out(self, C_=None):
         d = self.desc
-        return new_operand(self.ad, d.B, d.H, d.Nq, d.dv if C_ is None else C_, self.layout)
+        return new_operand(self.ad, d.B, d.H, d.Nq, d.dv if C_ is None else C_, self.layout, self.q.obj)
 
     def grads(self):
-        d = self.desc
-        return (new_operand(self.ad, d.B, d.H, d.Nq, d.d, self.layout),
-                new_operand(self.ad, d.B, d.H, d.Nk, d.d, self.layout),
-                new_operand(self.ad, d.B, d.H, d.Nk, d.dv, self.layout))
+        d, like = self.desc, self.q.obj
+        return (new_operand(self.ad, d.B, d.H, d.Nq, d.d, self.layout, like),
+                new_operand(self.ad, d.B, d.H, d.Nk, d.d, self.layout, like),
+                new_operand(self.ad, d.B, d.H, d.Nk, d.dv, self.layout, like))
 
     def dout(self, dout):
         o = attn_operand(self.ad, dout, self.layout, "dout")
@@ -188,12 +304,47 @@ class Problem:
         if (o.B, o.H, o.N, o.C) != (d.B, d.H, d.Nq, d.dv):
             raise ValueError("dout: shape of the output expected ([B=%d, H=%d, N=%d, dv=%d] in layout %s), got %s"
                              % (d.B, d.H, d.Nq, d.dv, self.layout, tuple(dout.shape)))
+        same_place(self.ad, [("q", self.q), ("dout", o)], "dout and q")
         return o
 
     def attn(self):
         """a dense [B, H, Nq, Nk] array for the exported attention"""
         d = self.desc
-        return attn_operand(self.ad, self.ad.empty((d.B, d.H, d.Nq, d.Nk)), "bhnd", "attn")
+        return attn_operand(self.ad, self.ad.empty((d.B, d.H, d.Nq, d.Nk), self.q.obj), "bhnd", "attn")
+
+    def host_only(self, name):
+        """ValueError before any C call for an operator that takes host
+        arrays only (ESP, LOT, differential attention: their parameter
+        arrays are host memory, docs/BACKENDS.md)"""
+        if self.dev:
+            raise ValueError("%s runs on the CPU only (on CUDA: softmax and sinkhorn); q is on %s: pass CPU float32 "
+                             "tensors" % (name, self.ad.where(self.q.obj)[0]))
+
+    def running(self):
+        """the context the problem's C calls run in (a with-block): the
+        thread's current one for host arrays, the device's CUDA context on
+        the current stream for device arrays"""
+        return self.ad.running(self.q.obj) if self.dev else HOST
+
+    def tape(self, nbytes):
+        """a buffer of nbytes (at least 1) for the tape, where the operands live"""
+        return self.ad.tape(nbytes, self.q.obj) if self.dev else tape_buffer(nbytes)
+
+    def zeros32(self, n):
+        """n float32 zeros where the operands live (Sinkhorn's potentials)"""
+        return self.ad.zeros32(n, self.q.obj) if self.dev else np.zeros(n, np.float32)
+
+    def tape_ptr(self, tape):
+        """the address of a tape for this problem's backward (None: NULL);
+        a device problem takes a tape on its own device only"""
+        if tape is None:
+            return None
+        if self.dev:
+            if not hasattr(tape, "data_ptr") or self.ad.place(tape)[0] != self.dev:
+                raise ValueError("tape: the forward's tape on %s expected (the operands' device)"
+                                 % self.ad.where(self.q.obj)[0])
+            return C.c_void_p(tape.data_ptr())
+        return tape_ptr(tape)
 
 
 def operator_names():
@@ -232,12 +383,13 @@ class Registered:
         d = pr.desc
         out = pr.out()
         want_tape = want_tape and self.has_backward()
-        tape = tape_buffer(lib.bk_op_tape_size(self.op, C.byref(d), self.par)) if want_tape else None
         attn = pr.attn() if want_attn else None
         tq, tk, tv = pr.tensors()
-        check(lib.bk_op_forward(self.op, C.byref(d), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
-                                C.byref(out.tensor()), tape_ptr(tape), C.byref(attn.tensor()) if attn else None,
-                                None, 0))
+        with pr.running():
+            tape = pr.tape(lib.bk_op_tape_size(self.op, C.byref(d), self.par)) if want_tape else None
+            check(lib.bk_op_forward(self.op, C.byref(d), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
+                                    C.byref(out.tensor()), pr.tape_ptr(tape),
+                                    C.byref(attn.tensor()) if attn else None, None, 0))
         res = {"out": out.obj, "tape": tape}
         if want_attn:
             res["attn"] = attn.obj
@@ -249,9 +401,11 @@ class Registered:
         do = pr.dout(dout)
         dq, dk, dv = pr.grads()
         tq, tk, tv = pr.tensors()
-        check(lib.bk_op_backward(self.op, C.byref(pr.desc), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
-                                 C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
-                                 C.byref(dv.tensor()), None, 0))
+        tp = pr.tape_ptr(tape)
+        with pr.running():
+            check(lib.bk_op_backward(self.op, C.byref(pr.desc), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
+                                     C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
+                                     C.byref(dv.tensor()), None, 0))
         return dq.obj, dk.obj, dv.obj
 
 
@@ -274,6 +428,13 @@ def dense_param(a, shape, name):
 
 def f32_np(a):
     return None if a is None else C.cast(C.c_void_p(a.ctypes.data), _lib.f32p)
+
+
+def f32_ptr(a):
+    """a float32 buffer's address: a numpy array (host) or a device tensor (data_ptr)"""
+    if a is None or isinstance(a, np.ndarray):
+        return f32_np(a)
+    return fptr(a.data_ptr())
 
 
 # --------------------------------------------------------------------------
@@ -318,17 +479,20 @@ def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=Fal
     """Sinkhorn or unbalanced Sinkhorn (p: SinkhornParams or UnbalancedParams)"""
     tape_size, forward, _ = _sk_funcs(p)
     d = pr.desc
+    if want_diag and pr.dev:
+        raise ValueError("Sinkhorn diagnostics (diag) are not available on a device; run on the CPU for them")
     out = pr.out()
-    tape = tape_buffer(tape_size(C.byref(d), C.byref(p))) if want_tape else None
     attn = pr.attn() if want_attn else None
     n_q, n_k = d.B * d.H * d.Nq, d.B * d.H * d.Nk
-    f = np.zeros(n_q, np.float32) if want_potentials else None
-    g = np.zeros(n_k, np.float32) if want_potentials else None
+    f = pr.zeros32(n_q) if want_potentials else None
+    g = pr.zeros32(n_k) if want_potentials else None
     diag = (_lib.SinkhornDiag * (d.B * d.H))() if want_diag else None
-    ex = _lib.SinkhornExtras(attn.tensor() if attn else _lib.Tensor(), f32_np(f), f32_np(g), diag)
+    ex = _lib.SinkhornExtras(attn.tensor() if attn else _lib.Tensor(), f32_ptr(f), f32_ptr(g), diag)
     tq, tk, tv = pr.tensors()
-    check(forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv), C.byref(out.tensor()),
-                  tape_ptr(tape), C.byref(ex), None, 0))
+    with pr.running():
+        tape = pr.tape(tape_size(C.byref(d), C.byref(p))) if want_tape else None
+        check(forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv), C.byref(out.tensor()),
+                      pr.tape_ptr(tape), C.byref(ex), None, 0))
     res = {"out": out.obj, "tape": tape}
     if want_attn:
         res["attn"] = attn.obj
@@ -344,9 +508,11 @@ def sinkhorn_backward(pr, p, dout, tape):
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
     tq, tk, tv = pr.tensors()
-    check(_sk_funcs(p)[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                          C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
-                          C.byref(dv.tensor()), None, 0))
+    tp = pr.tape_ptr(tape)
+    with pr.running():
+        check(_sk_funcs(p)[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                              C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
+                              C.byref(dv.tensor()), None, 0))
     return dq.obj, dk.obj, dv.obj
 
 
@@ -358,12 +524,13 @@ def softmax_forward(pr, p, want_tape=True, want_attn=False):
     """softmax attention (p: SoftmaxParams, softmax_params())"""
     d = pr.desc
     out = pr.out()
-    tape = tape_buffer(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
     attn = pr.attn() if want_attn else None
     tq, tk, tv = pr.tensors()
-    check(lib.bk_softmax_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                 C.byref(out.tensor()), tape_ptr(tape),
-                                 C.byref(attn.tensor()) if attn else None, None, 0))
+    with pr.running():
+        tape = pr.tape(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
+        check(lib.bk_softmax_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                     C.byref(out.tensor()), pr.tape_ptr(tape),
+                                     C.byref(attn.tensor()) if attn else None, None, 0))
     res = {"out": out.obj, "tape": tape}
     if want_attn:
         res["attn"] = attn.obj
@@ -374,9 +541,11 @@ def softmax_backward(pr, p, dout, tape):
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
     tq, tk, tv = pr.tensors()
-    check(lib.bk_softmax_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                  C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()),
-                                  C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
+    tp = pr.tape_ptr(tape)
+    with pr.running():
+        check(lib.bk_softmax_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                      C.byref(do.tensor()), tp, C.byref(dq.tensor()),
+                                      C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
     return dq.obj, dk.obj, dv.obj
 
 
@@ -413,6 +582,7 @@ class EspConfig:
 
 
 def esp_forward(pr, cfg, want_tape=True, want_attn=False, want_weights=False, want_diag=False):
+    pr.host_only("ESP attention")
     d = pr.desc
     L = cfg.num_slices(d.d)
     out = pr.out()
@@ -437,6 +607,7 @@ def esp_forward(pr, cfg, want_tape=True, want_attn=False, want_weights=False, wa
 
 
 def esp_backward(pr, cfg, dout, tape, want_dtheta=False):
+    pr.host_only("ESP attention")
     d = pr.desc
     L = cfg.num_slices(d.d)
     do = pr.dout(dout)
@@ -471,6 +642,7 @@ def lot_params(pr, Z, theta, temp=None, iters=None, eps=None, scale=None, tol=No
 
 
 def lot_forward(pr, p, want_tape=True, want_attn=False, want_diag=False):
+    pr.host_only("LOT attention")
     d = pr.desc
     out = pr.out()
     tape = tape_buffer(lib.bk_lot_tape_size(C.byref(d), C.byref(p))) if want_tape else None
@@ -489,6 +661,7 @@ def lot_forward(pr, p, want_tape=True, want_attn=False, want_diag=False):
 
 
 def lot_backward(pr, p, dout, tape, want_pivots=True):
+    pr.host_only("LOT attention")
     d = pr.desc
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
@@ -516,6 +689,7 @@ def diff_params(pr, lam, scale=None):
 
 
 def diff_forward(pr, p, want_tape=True, want_attn=False):
+    pr.host_only("differential attention")
     d = pr.desc
     out = pr.out()
     tape = tape_buffer(lib.bk_diff_tape_size(C.byref(d), C.byref(p))) if want_tape else None
@@ -532,6 +706,7 @@ def diff_forward(pr, p, want_tape=True, want_attn=False):
 
 def diff_backward(pr, p, dout, tape, want_lambda=True):
     """(dq, dk, dv, dlambda [H] summed over the batch, or None)"""
+    pr.host_only("differential attention")
     d = pr.desc
     do = pr.dout(dout)
     dq, dk, dv = pr.grads()
@@ -559,6 +734,8 @@ class OtkProblem:
 
     def __init__(self, ad, x, q, p, k, lengths):
         x = ad.prepare(x, "x")
+        if ad.place(x)[0]:
+            raise ValueError("x: the OTK embedding runs on the CPU only; x is on %s" % ad.where(x)[0])
         if len(x.shape) != 3:
             raise ValueError("x: [B, n, d] expected, got shape %s" % (tuple(x.shape),))
         addr, shape, strides = ad.info(x)

@@ -30,9 +30,33 @@ class BirkhoffError(RuntimeError):
         self.status = status
 
 
+# bk_dtype (birkhoff/core.h): the element type of a bk_tensor; strides count
+# elements of it. BK_F32 is the zero value (a zeroed tensor is float32).
+BK_F32, BK_I32, BK_BF16, BK_F16 = 0, 1, 2, 3
+# bk_backend (birkhoff/context.h)
+BK_BACKEND_CPU, BK_BACKEND_CUDA = 0, 1
+BK_ERR_UNSUPPORTED = 13
+
+
+def bk_device_cuda(i):
+    """BK_DEVICE_CUDA(i): the device field of a tensor in CUDA device i's memory"""
+    return 1 + i
+
+
 class Tensor(C.Structure):
+    # device: BK_DEVICE_HOST (0) or BK_DEVICE_CUDA(i); dtype: BK_F32 (0), BK_BF16, BK_F16 (CUDA only). The
+    # dtype field sits in what was the struct's tail padding: 40 bytes with or without it.
     _fields_ = [("data", f32p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64),
-                ("device", C.c_int32)]   # BK_DEVICE_HOST (0): the bindings pass host arrays
+                ("device", C.c_int32), ("dtype", C.c_int32)]
+
+
+class Allocator(C.Structure):
+    _fields_ = [("alloc", C.c_void_p), ("free", C.c_void_p), ("user", C.c_void_p)]   # NULL: the library's own
+
+
+class ContextConfig(C.Structure):
+    _fields_ = [("backend", C.c_int), ("device", C.c_int), ("threads", C.c_int), ("allocator", Allocator),
+                ("stream", C.c_void_p), ("cache_workspace", C.c_int)]
 
 
 class AttnDesc(C.Structure):
@@ -169,6 +193,8 @@ _ABI = {
     "bk_asap_kl_config": AsapKlOpts, "bk_asap_fit_report": AsapFitReport, "bk_asap_extras": AsapExtras,
     "bk_attn_fidelity": AttnFidelity,
 }
+# mirrored structs that older libraries do not list in bk_abi_sizeof (0 there: not checked)
+_ABI_OPTIONAL = {"bk_context_config": ContextConfig}
 
 P = C.POINTER
 vp = C.c_void_p
@@ -248,6 +274,12 @@ _PROTOS = {
     "bk_op_tape_size": (sz, [vp, _D, vp]),
     "bk_op_forward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, vp, sz]),
     "bk_op_backward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
+    # execution contexts (birkhoff/context.h): the CUDA backend's calls run in a context made current
+    "bk_context_config_default": (ContextConfig, []),
+    "bk_context_create": (st, [P(ContextConfig), P(vp)]),
+    "bk_context_free": (None, [vp]),
+    "bk_context_use": (vp, [vp]),
+    "bk_context_supports": (C.c_int, [vp, C.c_char_p]),
 }
 
 
@@ -294,6 +326,11 @@ def _load():
     for name, cls in _ABI.items():
         want = lib.bk_abi_sizeof(name.encode())
         if want != C.sizeof(cls):
+            raise ImportError("birkhoff: struct %s is %d bytes in %s, %d in this package's mirror "
+                              "(library and package versions differ)" % (name, want, lib._name, C.sizeof(cls)))
+    for name, cls in _ABI_OPTIONAL.items():
+        want = lib.bk_abi_sizeof(name.encode())
+        if want and want != C.sizeof(cls):
             raise ImportError("birkhoff: struct %s is %d bytes in %s, %d in this package's mirror "
                               "(library and package versions differ)" % (name, want, lib._name, C.sizeof(cls)))
     return lib

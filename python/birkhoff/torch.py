@@ -1,6 +1,7 @@
 """PyTorch API: autograd Functions and drop-in modules over libbirkhoff.
 
-Functions (differentiable, CPU float32 tensors):
+Functions (differentiable; CPU float32 tensors, and CUDA tensors of
+float32, bfloat16 or float16 for softmax and Sinkhorn):
   softmax_attention(q, k, v, ...)      sinkhorn_attention(q, k, v, ...)
   unbalanced_attention(q, k, v, ...)
   esp_attention(q, k, v, ...)          lot_attention(q, k, v, Z, theta, ...)
@@ -23,12 +24,22 @@ Modules:
   OTKPooling(dim, refs, supports, ...)        the OTK embedding as a pooling
       layer with its references (and optional anchors) as parameters.
 
-Wrong dtype (float32 only), device (CPU only), rank or shape raise
-TypeError/ValueError before any C call; C errors raise
+CUDA (libbirkhoff built with its CUDA backend): softmax_attention,
+sinkhorn_attention, attention("softmax" / "sinkhorn", ...) and
+MultiheadAttention(normaliser="softmax" / "sinkhorn") take CUDA tensors of
+float32, bfloat16 or float16 (q, k, v of one dtype; outputs and gradients in
+it, fp32 accumulation inside) and run asynchronously on torch's current
+stream of the tensors' device; the tape stays in device memory. Under
+torch.autocast("cuda") CUDA operands are cast to the autocast dtype first
+(as torch's own attention). The other operators run on the CPU only.
+
+Wrong dtype (CPU: float32 only), device (CPU or CUDA, all operands on one),
+rank or shape raise TypeError/ValueError before any C call; C errors raise
 birkhoff.BirkhoffError with the C library's message. Gradients are exact
-VJPs of the C forward (float32): see docs/PYTHON.md for the tolerances the
-tests hold them to.
+VJPs of the C forward: see docs/PYTHON.md for the tolerances the tests hold
+them to.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -38,7 +49,10 @@ from torch import nn
 from . import _core as K
 
 __all__ = ["attention", "softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "diff_attention", "otk_embedding",
-           "MultiheadAttention", "LOTAttention", "OTKPooling"]
+           "MultiheadAttention", "LOTAttention", "OTKPooling", "cuda_available"]
+
+# element types of CUDA operands (bk_dtype); host operands are float32 only
+_CUDA_DTYPES = {torch.float32: K._lib.BK_F32, torch.bfloat16: K._lib.BK_BF16, torch.float16: K._lib.BK_F16}
 
 
 class TorchAdapter:
@@ -48,11 +62,47 @@ class TorchAdapter:
     def prepare(a, name):
         if not isinstance(a, torch.Tensor):
             raise TypeError("%s: torch.Tensor expected, got %s" % (name, type(a).__name__))
+        if a.device.type == "cuda":
+            if a.dtype not in _CUDA_DTYPES:
+                raise TypeError("%s: CUDA tensors must be torch.float32, torch.bfloat16 or torch.float16, got %s"
+                                % (name, a.dtype))
+            return a.detach()
         if a.dtype != torch.float32:
-            raise TypeError("%s: torch.float32 expected, got %s" % (name, a.dtype))
+            raise TypeError("%s: torch.float32 expected, got %s%s" % (
+                name, a.dtype, " (bfloat16 and float16 run on CUDA only)" if a.dtype in _CUDA_DTYPES else ""))
         if a.device.type != "cpu":
-            raise ValueError("%s: birkhoff runs on the CPU, the tensor is on %s" % (name, a.device))
+            raise ValueError("%s: birkhoff runs on the CPU or on CUDA, the tensor is on %s" % (name, a.device))
         return a.detach()
+
+    @staticmethod
+    def place(a):
+        if a.device.type == "cuda":
+            return K._lib.bk_device_cuda(a.device.index), _CUDA_DTYPES.get(a.dtype, -1)
+        return 0, K._lib.BK_F32
+
+    @staticmethod
+    def where(a):
+        return str(a.device), str(a.dtype).replace("torch.", "")
+
+    @staticmethod
+    def tape(nbytes, like):
+        return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=like.device)
+
+    @staticmethod
+    def zeros32(n, like):
+        return torch.zeros(n, dtype=torch.float32, device=like.device)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def running(a):
+        """the library's CUDA context of a's device on torch's current stream
+        there, current on this thread for the block (with a's device as the
+        CUDA runtime's current device, restored afterwards)"""
+        dev = a.device
+        with torch.cuda.device(dev):
+            ctx = K.cuda_context(dev.index, torch.cuda.current_stream(dev).cuda_stream)
+            with K.using(ctx):
+                yield
 
     @staticmethod
     def info(a):
@@ -67,8 +117,10 @@ class TorchAdapter:
         return a.contiguous()
 
     @staticmethod
-    def empty(shape):
-        return torch.empty(shape, dtype=torch.float32)
+    def empty(shape, like=None):
+        if like is None or like.device.type == "cpu":
+            return torch.empty(shape, dtype=torch.float32)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
 
     @staticmethod
     def lengths(x, B, name):
@@ -89,6 +141,9 @@ def _param_np(t, name):
         return None
     if isinstance(t, torch.Tensor):
         TA.prepare(t, name)
+        if t.device.type != "cpu":
+            raise ValueError("%s: a CPU float32 tensor expected (operators with parameter arrays run on the CPU "
+                             "only), got one on %s" % (name, t.device))
         return t.detach().contiguous().numpy()
     return np.ascontiguousarray(np.asarray(t, dtype=np.float32))
 
@@ -107,9 +162,42 @@ def _t(a):
     return None if a is None else torch.from_numpy(a)
 
 
+def _autocast_dtype():
+    """the dtype of torch.autocast("cuda") in force on this thread, or None"""
+    try:
+        on = torch.is_autocast_enabled("cuda")
+    except TypeError:   # torch < 2.4: no device argument, the CUDA state
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_dtype("cuda") if on else None
+
+
+def _autocast(*ts):
+    """Under torch.autocast("cuda"): the CUDA float32 / float16 / bfloat16
+    operands cast to the autocast dtype (as autocast casts the inputs of
+    torch's own attention; a differentiable cast, so float32 leaves get
+    float32 gradients); everything else as it is. Outside autocast: all as
+    they are (q, k, v of different dtypes are then refused)."""
+    dt = _autocast_dtype()
+    if dt is None:
+        return ts
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_cuda and t.dtype in _CUDA_DTYPES and t.dtype != dt
+                 else t for t in ts)
+
+
+def cuda_available(device=0):
+    """True when CUDA tensors on `device` can go to birkhoff here: torch sees
+    the device and libbirkhoff was built with its CUDA backend and can use
+    it (see birkhoff._core.cuda_status for the library's reason if not)."""
+    if not torch.cuda.is_available() or device >= torch.cuda.device_count():
+        return False
+    return K.cuda_status(device)[0]
+
+
 class _QKV(torch.autograd.Function):
     """softmax and Sinkhorn attention: q, k, v in, their gradients out; `op`
-    is (forward, backward) of _core with their parameters `p`"""
+    is (forward, backward) of _core with their parameters `p`. CPU or CUDA
+    (the tape is then a uint8 tensor on the device, kept for the backward,
+    which autograd runs on the forward's stream)."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_len, k_len, layout, op, p):
@@ -221,22 +309,27 @@ class _Otk(torch.autograd.Function):
 def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", **params):
     """Any registered operator by name (birkhoff.operators()), its scalar
     parameters by key as birkhoff.attention(); differentiable in q, k, v
-    when the operator has a backward."""
-    return _QKV.apply(q, k, v, q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
+    when the operator has a backward. CUDA tensors: the library runs the
+    operators its CUDA backend has (softmax, sinkhorn) and refuses the
+    others (BirkhoffError, status "unsupported")."""
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
 
 
 def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False):
     """softmax(scale q k^T) v (scale None: 1/sqrt(d)); causal=True: query i
-    sees keys j <= i + (Lk - Lq)"""
-    return _QKV.apply(q, k, v, q_len, k_len, layout, _SOFTMAX, K.softmax_params(scale, causal))
+    sees keys j <= i + (Lk - Lq). CPU float32, or CUDA float32 / bfloat16 /
+    float16 (on torch's current stream; under torch.autocast("cuda") the
+    operands are cast to its dtype)."""
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SOFTMAX, K.softmax_params(scale, causal))
 
 
 def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
                        tol=None, grad=None):
     """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
-    temperature eps; grad "unrolled" (exact VJP, default) or "implicit"."""
+    temperature eps; grad "unrolled" (exact VJP, default) or "implicit".
+    Devices and dtypes as softmax_attention."""
     p = K.sinkhorn_params(scale, eps, iters, tol, grad)
-    return _QKV.apply(q, k, v, q_len, k_len, layout, _SINKHORN, p)
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SINKHORN, p)
 
 
 def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
@@ -245,7 +338,7 @@ def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scal
     SinkhornUnbalanced): column half-steps damped by rho / (rho + eps)
     (default rho 10); exact unrolled backward."""
     p = K.unbalanced_params(scale, eps, iters, tol, rho)
-    return _QKV.apply(q, k, v, q_len, k_len, layout, _SINKHORN, p)
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SINKHORN, p)
 
 
 def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,
@@ -325,8 +418,10 @@ class MultiheadAttention(nn.Module):
     from a second, non-differentiable forward that exports them: pass
     need_weights=False in training (the differentiable path never forms an
     N x N matrix). Not supported (ValueError): attn_mask, dropout,
-    add_bias_kv, add_zero_attn, kdim/vdim != embed_dim, non-CPU devices,
-    dtypes other than float32. The fused QKV projection is viewed as
+    add_bias_kv, add_zero_attn, kdim/vdim != embed_dim, devices other than
+    CPU and CUDA, dtypes other than float32 (CPU) or float32 / bfloat16 /
+    float16 (CUDA, normaliser softmax or sinkhorn; under torch.autocast
+    the projections' dtype). The fused QKV projection is viewed as
     [B, N, 3, H, dh] and its q, k, v slices go to C without copies.
 
     options: the normaliser's parameters (Sinkhorn: eps, iters, tol, grad,
@@ -342,10 +437,13 @@ class MultiheadAttention(nn.Module):
             raise ValueError("add_bias_kv and add_zero_attn are not supported")
         if (kdim is not None and kdim != embed_dim) or (vdim is not None and vdim != embed_dim):
             raise ValueError("kdim and vdim other than embed_dim are not supported")
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError("birkhoff runs on the CPU (device %s requested)" % (device,))
-        if dtype is not None and dtype != torch.float32:
-            raise TypeError("birkhoff computes in float32 (dtype %s requested)" % (dtype,))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError("birkhoff runs on the CPU or on CUDA (device %s requested)" % (device,))
+        if dtype is not None and dtype != torch.float32 and (dev.type != "cuda" or dtype not in _CUDA_DTYPES):
+            raise TypeError("birkhoff computes in float32 on the CPU, in float32, bfloat16 or float16 on CUDA "
+                            "(dtype %s requested on %s)" % (dtype, dev))
+        fk = dict(device=device, dtype=dtype)
         if normaliser not in NORMALISERS:
             raise ValueError("normaliser must be one of %s (got %r)" % (", ".join(NORMALISERS), normaliser))
         if embed_dim % num_heads:
@@ -354,14 +452,14 @@ class MultiheadAttention(nn.Module):
             raise ValueError("attention dropout is not supported (dropout must be 0)")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.normaliser, self.batch_first = normaliser, batch_first
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **fk))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim, **fk)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **fk)
         self.options = dict(options)
         if normaliser == "lot":
             r = int(self.options.pop("r", 32))
-            self.Z = nn.Parameter(torch.randn(num_heads, r, self.head_dim) / math.sqrt(self.head_dim))
-            self.theta = nn.Parameter(torch.zeros(num_heads, r))
+            self.Z = nn.Parameter(torch.randn(num_heads, r, self.head_dim, **fk) / math.sqrt(self.head_dim))
+            self.theta = nn.Parameter(torch.zeros(num_heads, r, **fk))
         self._check_options()
         nn.init.xavier_uniform_(self.in_proj_weight)
 
@@ -458,7 +556,8 @@ class MultiheadAttention(nn.Module):
         """the attention matrices [B, H, Nq, Nk] (average: their mean over
         heads, [B, Nq, Nk]) of per-head q, k, v in layout bnhd: a second,
         non-differentiable forward that exports them (the differentiable
-        one never forms them)"""
+        one never forms them); on CUDA in the operands' dtype"""
+        q, k, v = _autocast(q, k, v)
         pr = K.Problem(TA, q, k, v, q_len, k_len, "bnhd")
         fwd, p = self._kernel(pr)
         A = fwd(pr, p, False, True)["attn"]

@@ -66,8 +66,8 @@ if step mem; then
 fi
 if step prof && command -v ncu > /dev/null; then
     log "profile of the forward (N=4096, bf16, S=5)"
-    timeout 150 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
-        --kernel-name regex:pass_kernel --launch-skip 6 --launch-count 6 \
+    timeout 90 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+        --kernel-name regex:pass_kernel --launch-skip 5 --launch-count 5 \
         $PY bench/cuda_profile.py > "$OUT/profile.txt" 2>&1
     grep -E "pass_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers" \
         "$OUT/profile.txt" | head -60

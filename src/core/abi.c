@@ -11,7 +11,7 @@ static const struct {
     const char *name;
     size_t size;
 } abi_table[] = {
-    ROW(bk_tensor),          ROW(bk_attn_desc),        ROW(bk_sinkhorn_config), ROW(bk_sinkhorn_diag),
+    ROW(bk_tensor),          ROW(bk_attn_desc),        ROW(bk_context_config),        ROW(bk_sinkhorn_config), ROW(bk_sinkhorn_diag),
     ROW(bk_sinkhorn_extras), ROW(bk_softmax_config),   ROW(bk_unbalanced_config),   ROW(bk_esp_config),      ROW(bk_esp_diag),
     ROW(bk_esp_extras),      ROW(bk_lot_config),       ROW(bk_lot_diag),        ROW(bk_lot_extras),      ROW(bk_diff_config),      ROW(bk_diff_extras),
     ROW(bk_otk_desc),        ROW(bk_otk_config),       ROW(bk_otk_diag),        ROW(bk_otk_extras),

@@ -23,7 +23,19 @@ Run from anywhere: /usr/bin/python3 tests/python/test_vit_mnist.py
 own dataset reader (birkhoff.data, which verifies the files' checksums) from
 $BK_DATA/mnist, else <repo>/data/mnist; when missing, scripts/data.sh mnist
 fetches them. Prints "N passed, M failed" and exits 1 on any failure.
+
+On a GPU: python3 tests/python/test_vit_mnist.py --device cuda trains the
+same model on cuda:0 through birkhoff's CUDA backend, by default under
+torch.autocast("cuda", bfloat16) (--amp none: float32; --amp fp16: float16
+with a gradient scaler), with the same checks; check (e) then compares
+birkhoff's softmax with torch.nn.MultiheadAttention on the GPU in float32.
+Without a CUDA device (or with a libbirkhoff built without its CUDA backend,
+unless BK_REQUIRE_CUDA=1) it prints "SKIP: ..." and exits 0.
+Options: --steps N (stop after N optimiser steps; the schedule is sized for
+them), --limit N (training images, default 20000), --epochs, --seed.
 """
+import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -123,9 +135,9 @@ def open_mnist():
     return tr, te
 
 
-def to_tensor(x):
+def to_tensor(x, device="cpu"):
     """images in [0, 1] (the library scales the bytes by 1/255), normalised"""
-    return (torch.from_numpy(x) - 0.1307) / 0.3081
+    return ((torch.from_numpy(x) - 0.1307) / 0.3081).to(device)
 
 
 # ---------------------------------------------------------------------------
@@ -143,6 +155,23 @@ def torch_attn(dim, heads):
     return nn.MultiheadAttention(dim, heads, batch_first=True)
 
 
+AMP = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device, amp):
+    """torch.autocast on CUDA for amp "bf16" / "fp16"; nothing otherwise"""
+    if device.type != "cuda" or AMP[amp] is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=AMP[amp])
+
+
+def grad_scaler(enabled):
+    try:
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    except (AttributeError, TypeError):   # torch < 2.3
+        return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
 def lr_at(step, total):
     if step < WARMUP:
         return LR * (step + 1) / WARMUP
@@ -151,9 +180,10 @@ def lr_at(step, total):
 
 
 @torch.no_grad()
-def evaluate(model, x, y, batch=500):
+def evaluate(model, x, y, batch=500, cast=contextlib.nullcontext):
     model.eval()
-    logits = torch.cat([model(x[i:i + batch]) for i in range(0, len(x), batch)])
+    with cast():
+        logits = torch.cat([model(x[i:i + batch]).float() for i in range(0, len(x), batch)])
     model.train()
     return logits, float((logits.argmax(1) == y).float().mean())
 
@@ -161,10 +191,10 @@ def evaluate(model, x, y, batch=500):
 # ---------------------------------------------------------------------------
 # (e) softmax from birkhoff == torch.nn.MultiheadAttention, first step
 # ---------------------------------------------------------------------------
-def check_softmax_dropin(xb, yb):
+def check_softmax_dropin(xb, yb, device):
     torch.manual_seed(SEED)
-    m_bk = ViT(birkhoff_attn("softmax"))
-    m_pt = ViT(torch_attn)
+    m_bk = ViT(birkhoff_attn("softmax")).to(device)
+    m_pt = ViT(torch_attn).to(device)
     keys_bk, keys_pt = set(m_bk.state_dict()), set(m_pt.state_dict())
     if not check(keys_bk == keys_pt, "(e) same parameter names as torch.nn.MultiheadAttention",
                  f"only birkhoff: {sorted(keys_bk - keys_pt)}, only torch: {sorted(keys_pt - keys_bk)}"):
@@ -175,7 +205,7 @@ def check_softmax_dropin(xb, yb):
         m.train()
         loss = nn.functional.cross_entropy(m(xb), yb)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         grads.append({n: p.grad.clone() for n, p in m.named_parameters()})
     d = abs(losses[0] - losses[1])
     check(d <= 1e-5, "(e) first-step loss: birkhoff softmax == torch.nn.MultiheadAttention",
@@ -190,65 +220,127 @@ def check_softmax_dropin(xb, yb):
 
 
 # ---------------------------------------------------------------------------
+def parse_args():
+    ap = argparse.ArgumentParser(description="a small ViT with birkhoff's Sinkhorn attention learns MNIST")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu (default) or cuda (cuda:0, birkhoff's CUDA backend)")
+    ap.add_argument("--amp", default=None, choices=sorted(AMP),
+                    help="autocast dtype on CUDA: bf16 (the CUDA default), fp16 or none (float32)")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many optimiser steps (0: all epochs)")
+    ap.add_argument("--limit", type=int, default=N_TRAIN, help="training images (default %d)" % N_TRAIN)
+    ap.add_argument("--epochs", type=int, default=EPOCHS, help="epochs (default %d)" % EPOCHS)
+    ap.add_argument("--seed", type=int, default=SEED, help="seed of the subsets, the model and the order")
+    a = ap.parse_args()
+    if a.amp is None:
+        a.amp = "bf16" if a.device == "cuda" else "none"
+    if a.device == "cpu" and a.amp != "none":
+        ap.error("--amp is for --device cuda")
+    if a.limit < BATCH or a.limit > 60000 or a.epochs < 1 or a.steps < 0:
+        ap.error("--limit in [%d, 60000], --epochs >= 1, --steps >= 0" % BATCH)
+    return a
+
+
+def cuda_ready():
+    """True when CUDA can be used; else prints why and returns False (a
+    failure under BK_REQUIRE_CUDA=1 when the library is the reason)"""
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (torch.cuda.is_available() is false)", flush=True)
+        return False
+    from birkhoff import _core
+    ok, why = _core.cuda_status(0)
+    if ok:
+        return True
+    if os.environ.get("BK_REQUIRE_CUDA") == "1":
+        check(False, "libbirkhoff runs on CUDA (BK_REQUIRE_CUDA=1)", why)
+        finish()
+    print(f"SKIP: libbirkhoff cannot run on CUDA here ({why}); build it with its CUDA backend", flush=True)
+    return False
+
+
 def main():
-    torch.manual_seed(SEED)
+    args = parse_args()
+    if args.device == "cuda" and not cuda_ready():
+        sys.exit(0)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    seed, n_train, epochs = args.seed, args.limit, args.epochs
+    cast = (lambda: autocast(device, args.amp))
+    torch.manual_seed(seed)
     torch.set_num_threads(THREADS)
     birkhoff.set_num_threads(THREADS)
+    where = "threads torch %d, birkhoff %d" % (torch.get_num_threads(), birkhoff.get_num_threads())
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False   # check (e) compares float32 results
+        torch.backends.cudnn.allow_tf32 = False
+        where = "%s, autocast %s" % (torch.cuda.get_device_name(device), args.amp)
     print(f"birkhoff {birkhoff.version()} ({birkhoff.isa()}) from {birkhoff.LIBRARY_PATH}; torch {torch.__version__}; "
-          f"threads torch {torch.get_num_threads()}, birkhoff {birkhoff.get_num_threads()}", flush=True)
+          f"{where}", flush=True)
     data = open_mnist()
     if data is None:
         finish()
     dtr, dte = data
-    rng = np.random.default_rng(SEED)
-    itr = np.sort(rng.choice(len(dtr), N_TRAIN, replace=False))
+    rng = np.random.default_rng(seed)
+    itr = np.sort(rng.choice(len(dtr), n_train, replace=False))
     ite = np.sort(rng.choice(len(dte), N_TEST, replace=False))
     btr, bte = dtr.batch(itr), dte.batch(ite)
     dtr.close()
     dte.close()
-    Xtr, Ytr = to_tensor(btr.x), torch.from_numpy(btr.labels.astype(np.int64))
-    Xte, Yte = to_tensor(bte.x), torch.from_numpy(bte.labels.astype(np.int64))
-    print(f"data: {N_TRAIN} training images, {N_TEST} test images from {data_dir()}/mnist", flush=True)
+    Xtr, Ytr = to_tensor(btr.x, device), torch.from_numpy(btr.labels.astype(np.int64)).to(device)
+    Xte, Yte = to_tensor(bte.x, device), torch.from_numpy(bte.labels.astype(np.int64)).to(device)
+    print(f"data: {n_train} training images, {N_TEST} test images from {data_dir()}/mnist; device {device}",
+          flush=True)
 
-    check_softmax_dropin(Xtr[:BATCH], Ytr[:BATCH])
+    check_softmax_dropin(Xtr[:BATCH], Ytr[:BATCH], device)
 
-    torch.manual_seed(SEED)
-    model = ViT(birkhoff_attn("sinkhorn", **SINKHORN))
+    torch.manual_seed(seed)
+    model = ViT(birkhoff_attn("sinkhorn", **SINKHORN)).to(device)
     attn0 = model.blocks[0].attn
     print(f"model: {sum(p.numel() for p in model.parameters())} parameters; attention {attn0}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    g = torch.Generator().manual_seed(SEED)
-    steps_per_epoch = N_TRAIN // BATCH     # the last partial batch is dropped
-    total = EPOCHS * steps_per_epoch
+    scaler = grad_scaler(device.type == "cuda" and args.amp == "fp16")
+    g = torch.Generator().manual_seed(seed)
+    steps_per_epoch = n_train // BATCH     # the last partial batch is dropped
+    total = epochs * steps_per_epoch
+    if args.steps:
+        total = min(total, args.steps)
     losses, nonfinite, step = [], 0, 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    for epoch in range(EPOCHS):
-        perm = torch.randperm(N_TRAIN, generator=g)
+    for epoch in range(epochs):
+        if step >= total:
+            break
+        perm = torch.randperm(n_train, generator=g).to(device)
         for s in range(steps_per_epoch):
+            if step >= total:
+                break
             idx = perm[s * BATCH:(s + 1) * BATCH]
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total)
             opt.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(Xtr[idx]), Ytr[idx])
-            loss.backward()
+            with cast():
+                loss = nn.functional.cross_entropy(model(Xtr[idx]).float(), Ytr[idx])
+            scaler.scale(loss).backward()
             if step == 0:
                 for i, blk in enumerate(model.blocks):
                     gw = blk.attn.in_proj_weight.grad
                     gn = 0.0 if gw is None else float(gw.norm())
                     check(gw is not None and np.isfinite(gn) and gn > 0,
                           f"(d) step 1: block {i} in_proj_weight gradient non-zero", f"|grad| = {gn:.3e}")
-            lv = float(loss)
+            lv = float(loss.detach())
             if not np.isfinite(lv):
                 nonfinite += 1
             losses.append(lv)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             step += 1
             if step % 25 == 0 or step == total:
                 el = time.perf_counter() - t0
                 print(f"epoch {epoch + 1} step {step:4d}/{total}  loss {np.mean(losses[-25:]):.4f}  "
                       f"{el:6.1f} s  {step * BATCH / el:7.1f} samples/s", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0
-    logits, acc = evaluate(model, Xte, Yte)
+    logits, acc = evaluate(model, Xte, Yte, cast=cast)
     print(f"trained {total} steps ({total * BATCH} samples) in {train_s:.1f} s: "
           f"{total * BATCH / train_s:.1f} samples/s; test accuracy {100 * acc:.2f}% on {N_TEST} images", flush=True)
     if train_s > 60:

@@ -47,7 +47,7 @@ constexpr int LDS = TILE + 4;  /* float tiles' row stride                 */
 constexpr int LDX = TILE + 8;  /* converted (16-bit) tiles' row stride    */
 
 enum Mode {
-    M_ROW_LSE, M_COL_LSE, M_FLASH, M_OUT,                    /* forward  */
+    M_ROW_LSE, M_COL_LSE, M_OUT,                             /* forward  */
     M_BWD_D, M_BWD_FIRST, M_REV_COL, M_REV_ROW, M_DQ, M_DKDV, M_DK, M_DV /* backward */
 };
 
@@ -60,10 +60,10 @@ __host__ __device__ constexpr bool needs_dp(int m)
 {
     return m == M_BWD_D || m == M_BWD_FIRST || m == M_DQ || m == M_DKDV || m == M_DK;
 }
-__host__ __device__ constexpr bool needs_i2(int m) { return needs_dp(m) || m == M_FLASH || m == M_OUT || m == M_DV; }
+__host__ __device__ constexpr bool needs_i2(int m) { return needs_dp(m) || m == M_OUT || m == M_DV; }
 __host__ __device__ constexpr bool needs_acc(int m)
 {
-    return m == M_FLASH || m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV;
+    return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV;
 }
 
 /* ---- element types -------------------------------------------------------- */
@@ -118,11 +118,25 @@ __device__ __forceinline__ float ex(float x)
 }
 
 /* rows [row0, row0 + 64) x channels [0, DM) of one problem's operand into a
- * shared tile; rows >= L and channels >= C are zero */
+ * shared tile; rows >= L and channels >= C are zero. 16-bit operands whose
+ * rows are 16-byte aligned move 8 channels per load. */
 template <typename T, int DM>
 __device__ void load_tile(T *dst, const T *src, int64_t sn, int row0, int L, int C)
 {
     constexpr int LDT = Tr<T>::tc ? DM + 8 : DM + 1;
+    if constexpr (Tr<T>::tc) {
+        const bool vec = ((uintptr_t)src & 15) == 0 && (sn & 7) == 0 && (C & 7) == 0;
+        if (vec) {
+            constexpr int CH = DM / 8; /* 16-byte chunks per row */
+            for (int idx = threadIdx.x; idx < TILE * CH; idx += NT) {
+                const int rr = idx / CH, c8 = (idx % CH) * 8, n = row0 + rr;
+                uint4 x = make_uint4(0u, 0u, 0u, 0u);
+                if (n < L && c8 < C) x = *(const uint4 *)(src + (int64_t)n * sn + c8);
+                *(uint4 *)(dst + rr * LDT + c8) = x;
+            }
+            return;
+        }
+    }
     for (int idx = threadIdx.x; idx < TILE * DM; idx += NT) {
         const int rr = idx / DM, cc = idx % DM, n = row0 + rr;
         dst[rr * LDT + cc] = (n < L && cc < C) ? src[(int64_t)n * sn + cc] : Tr<T>::from(0.0f);
@@ -181,49 +195,90 @@ __device__ void score_tile(const T *A, const T *Bm, float *S, float alpha)
     }
 }
 
-/* Acc[64][DM] += X[64][64] Y[64][DM]: X a float tile (LDS), Y a T tile whose
- * rows are the streamed index. Called by all threads after a barrier; the
- * caller syncs before Acc, X or Y are touched again. */
-template <typename T, int DM>
-__device__ void acc_product(float *Acc, const float *X, T *Xh, const T *Y)
-{
-    constexpr int LDT = Tr<T>::tc ? DM + 8 : DM + 1;
-    constexpr int LDA = DM + 4;
-    if constexpr (Tr<T>::tc) {
-        for (int idx = threadIdx.x; idx < TILE * TILE; idx += NT) {
-            const int rr = idx / TILE, cc = idx % TILE;
-            Xh[rr * LDX + cc] = Tr<T>::from(X[rr * LDS + cc]);
+/* An accumulator Acc[64][DM] += X[64][64] Y[64][DM] kept in registers over a
+ * pass (X: a float tile, stride LDS; Y: a T tile whose rows are the streamed
+ * index): WMMA fragments (warp w owns rows 16w..16w+15; X is rounded to T
+ * into Xh first) or, for fp32, each thread's half row (row tid/2). add() is
+ * called by all threads after a barrier; the caller syncs before X, Xh or Y
+ * change. store() writes it to a float tile (stride DM + 4). */
+template <typename T, int DM, bool TC = Tr<T>::tc> struct Acc;
+template <typename T, int DM> struct Acc<T, DM, true> {
+    static constexpr int LDT = DM + 8, LDA = DM + 4;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> f[DM / 16];
+    __device__ void zero()
+    {
+#pragma unroll
+        for (int cf = 0; cf < DM / 16; cf++) wmma::fill_fragment(f[cf], 0.0f);
+    }
+    __device__ void add(const float *X, T *Xh, const T *Y)
+    {
+        for (int idx = threadIdx.x; idx < TILE * TILE / 4; idx += NT) {
+            const int rr = idx / (TILE / 4), c4 = (idx % (TILE / 4)) * 4;
+            const float4 x = *(const float4 *)(X + rr * LDS + c4);
+            T *d = Xh + rr * LDX + c4;
+            d[0] = Tr<T>::from(x.x); d[1] = Tr<T>::from(x.y); d[2] = Tr<T>::from(x.z); d[3] = Tr<T>::from(x.w);
         }
         __syncthreads();
         const int w = threadIdx.x >> 5;
 #pragma unroll
-        for (int cf = 0; cf < DM / 16; cf++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, Acc + (16 * w) * LDA + 16 * cf, LDA, wmma::mem_row_major);
+        for (int k = 0; k < TILE; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, Xh + (16 * w) * LDX + k, LDX);
 #pragma unroll
-            for (int k = 0; k < TILE; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            for (int cf = 0; cf < DM / 16; cf++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, Xh + (16 * w) * LDX + k, LDX);
                 wmma::load_matrix_sync(fb, Y + k * LDT + 16 * cf, LDT);
-                wmma::mma_sync(acc, fa, fb, acc);
+                wmma::mma_sync(f[cf], fa, fb, f[cf]);
             }
-            wmma::store_matrix_sync(Acc + (16 * w) * LDA + 16 * cf, acc, LDA, wmma::mem_row_major);
         }
-    } else {
+    }
+    __device__ void store(float *A) const
+    {
+        const int w = threadIdx.x >> 5;
+#pragma unroll
+        for (int cf = 0; cf < DM / 16; cf++)
+            wmma::store_matrix_sync(A + (16 * w) * LDA + 16 * cf, f[cf], LDA, wmma::mem_row_major);
+    }
+};
+template <typename T, int DM> struct Acc<T, DM, false> {
+    static constexpr int LDT = DM + 1, LDA = DM + 4;
+    float v[DM / 2];
+    __device__ void zero()
+    {
+#pragma unroll
+        for (int c = 0; c < DM / 2; c++) v[c] = 0.0f;
+    }
+    __device__ void add(const float *X, T *Xh, const T *Y)
+    {
         (void)Xh;
         const int r = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (DM / 2);
-        float acc[DM / 2];
-#pragma unroll
-        for (int c = 0; c < DM / 2; c++) acc[c] = Acc[r * LDA + c0 + c];
         for (int k = 0; k < TILE; k++) {
             const float x = X[r * LDS + k];
 #pragma unroll
-            for (int c = 0; c < DM / 2; c++) acc[c] = fmaf(x, Y[k * LDT + c0 + c], acc[c]);
+            for (int c = 0; c < DM / 2; c++) v[c] = fmaf(x, Y[k * LDT + c0 + c], v[c]);
         }
-#pragma unroll
-        for (int c = 0; c < DM / 2; c++) Acc[r * LDA + c0 + c] = acc[c];
     }
+    __device__ void store(float *A) const
+    {
+        const int r = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (DM / 2);
+#pragma unroll
+        for (int c = 0; c < DM / 2; c++) A[r * LDA + c0 + c] = v[c];
+    }
+};
+
+/* a thread's 32 entries of a float tile row (16-byte aligned) */
+__device__ inline void get32(const float *p, float *v)
+{
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const float4 x = ((const float4 *)p)[q];
+        v[4 * q] = x.x; v[4 * q + 1] = x.y; v[4 * q + 2] = x.z; v[4 * q + 3] = x.w;
+    }
+}
+__device__ inline void put32(float *p, const float *v)
+{
+#pragma unroll
+    for (int q = 0; q < 8; q++) ((float4 *)p)[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
 }
 
 /* rows [o0, o0 + 64) of Acc (times s) to a problem's output rows < L,
@@ -262,7 +317,6 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
 {
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE);
-    constexpr int LDA = DM + 4;
     const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
     T *O1 = (T *)(sm + pl.o1), *O2 = (T *)(sm + pl.o2), *I1 = (T *)(sm + pl.i1), *I2 = (T *)(sm + pl.i2);
     float *St = (float *)(sm + pl.st), *Pt = (float *)(sm + pl.pt);
@@ -313,16 +367,16 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
     const bool ov = orow < Lo;
     load_tile<T, DM>(O1, Xo1, so1, o0, Lo, co1);
     if (needs_dp(MODE)) load_tile<T, DM>(O2, Xo2, so2, o0, Lo, co2);
-    if (needs_acc(MODE))
-        for (int idx = threadIdx.x; idx < TILE * LDA; idx += NT) {
-            A1[idx] = 0.0f;
-            if (MODE == M_DKDV) A2[idx] = 0.0f;
-        }
+    Acc<T, DM> acc1, acc2;
+    if (needs_acc(MODE)) {
+        acc1.zero();
+        if (MODE == M_DKDV) acc2.zero();
+    }
 
     /* the outer row's constants */
     float rowc = 0.0f;
     const float *bias = nullptr; /* a streamed-side potential */
-    if (MODE == M_ROW_LSE || MODE == M_FLASH) bias = t > 1 ? HV(t - 1) : nullptr;
+    if (MODE == M_ROW_LSE) bias = t > 1 ? HV(t - 1) : nullptr;
     if (MODE == M_COL_LSE) bias = HV(t - 1);
     if (MODE == M_OUT || MODE == M_BWD_D) { rowc = ov ? fF[orow] + lLq : 0.0f; bias = gF; }
     if (MODE == M_BWD_FIRST) { rowc = ov && gF ? gF[orow] + lLq : 0.0f; bias = fF; }
@@ -343,85 +397,74 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
         float *srow = St + r * LDS + hf * 32;
         float *prow = Pt + r * LDS + hf * 32;
         const int cb = i0 + hf * 32;
-        /* live[jj]: a valid entry of the problem's block (not padding, not
-         * masked by causality) */
-#define LIVE(jj)                                                                                                       \
-    (ov && cb + (jj) < Li &&                                                                                           \
-     !(a.causal && (KM ? orow > cb + (jj) + (Lk - Lq) : cb + (jj) > orow + (Lk - Lq))))
-        if (MODE == M_ROW_LSE || MODE == M_COL_LSE) {
+        /* this thread's live entries jlo <= jj < jhi: the problem's valid
+         * block, less what causality masks */
+        int jlo = 0, jhi = ov ? min(32, Li - cb) : 0;
+        if (a.causal) {
+            const int sh = Lk - Lq;
+            if (!KM) jhi = min(jhi, orow + sh - cb + 1);
+            else jlo = max(jlo, orow - sh - cb);
+        }
+#define LIVE(jj) ((jj) >= jlo && (jj) < jhi)
+        float sv[32]; /* indexed by unrolled loops only: registers */
+        if (MODE != M_DQ && MODE != M_DK && MODE != M_DV && MODE != M_DKDV) get32(srow, sv);
+        if (MODE == M_ROW_LSE || MODE == M_COL_LSE) { /* each thread a running (max, sum) over its columns */
             float mt = -INFINITY;
-#pragma unroll 8
-            for (int jj = 0; jj < 32; jj++)
-                if (LIVE(jj)) mt = fmaxf(mt, srow[jj] + (bias ? bias[cb + jj] : 0.0f));
+#pragma unroll
+            for (int jj = 0; jj < 32; jj++) {
+                sv[jj] = LIVE(jj) ? sv[jj] + (bias ? bias[cb + jj] : 0.0f) : -INFINITY;
+                mt = fmaxf(mt, sv[jj]);
+            }
             if (mt > run.m) {
                 run.l = run.m == -INFINITY ? 0.0f : run.l * ex(run.m - mt);
                 run.m = mt;
             }
             if (mt != -INFINITY) {
                 float s = 0.0f;
-#pragma unroll 8
-                for (int jj = 0; jj < 32; jj++)
-                    if (LIVE(jj)) s += ex(srow[jj] + (bias ? bias[cb + jj] : 0.0f) - run.m);
+#pragma unroll
+                for (int jj = 0; jj < 32; jj++) s += ex(sv[jj] - run.m);
                 run.l += s;
             }
-        } else if (MODE == M_FLASH) {
-            float mt = -INFINITY;
-#pragma unroll 8
-            for (int jj = 0; jj < 32; jj++)
-                if (LIVE(jj)) mt = fmaxf(mt, srow[jj] + (bias ? bias[cb + jj] : 0.0f));
-            mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-            const float mn = fmaxf(run.m, mt);
-            const float sc = run.m == -INFINITY ? 0.0f : ex(run.m - mn);
-            float s = 0.0f;
-#pragma unroll 8
-            for (int jj = 0; jj < 32; jj++) {
-                const float e = (LIVE(jj) && mn != -INFINITY) ? ex(srow[jj] + (bias ? bias[cb + jj] : 0.0f) - mn) : 0.0f;
-                srow[jj] = e;
-                s += e;
-            }
-            run.l = run.l * sc + s;
-            run.m = mn;
-            for (int c = hf * (DM / 2); c < (hf + 1) * (DM / 2); c++) A1[r * LDA + c] *= sc;
-            __syncthreads();
-            acc_product<T, DM>(A1, St, Xh, I2);
         } else if (MODE == M_OUT || MODE == M_BWD_D || MODE == M_BWD_FIRST) {
+            float pv[32];
+            if (MODE != M_OUT) get32(prow, pv);
+#pragma unroll
             for (int jj = 0; jj < 32; jj++) {
-                const float A = LIVE(jj) ? ex(srow[jj] + rowc + (bias ? bias[cb + jj] : 0.0f)) : 0.0f;
-                if (MODE == M_OUT) {
-                    srow[jj] = A;
-                    if (a.attn && ov && cb + jj < Li)
-                        ((T *)a.attn)[(int64_t)b * a.sa[0] + (int64_t)h * a.sa[1] + (int64_t)orow * a.sa[2] + cb + jj] =
-                            Tr<T>::from(A);
-                } else if (MODE == M_BWD_D) {
-                    racc += A * prow[jj];
-                } else { /* first: T odd -> mu_{T-1} = sum A (dP - D); T even -> mu_T = sum A dP */
-                    racc += (Tp & 1) ? A * (prow[jj] - (LIVE(jj) ? Dp[cb + jj] : 0.0f)) : A * prow[jj];
-                }
+                const float A = LIVE(jj) ? ex(sv[jj] + rowc + (bias ? bias[cb + jj] : 0.0f)) : 0.0f;
+                if (MODE == M_OUT) sv[jj] = A;
+                else if (MODE == M_BWD_D) racc += A * pv[jj];
+                else /* first: T odd -> mu_{T-1} = sum A (dP - D); T even -> mu_T = sum A dP */
+                    racc += (Tp & 1) ? A * (pv[jj] - (LIVE(jj) ? Dp[cb + jj] : 0.0f)) : A * pv[jj];
             }
             if (MODE == M_OUT) {
+                put32(srow, sv);
+                if (a.attn && ov) {
+                    T *arow = (T *)a.attn + (int64_t)b * a.sa[0] + (int64_t)h * a.sa[1] + (int64_t)orow * a.sa[2];
+                    for (int jj = 0; jj < 32 && cb + jj < Li; jj++) arow[cb + jj] = Tr<T>::from(sv[jj]);
+                }
                 __syncthreads();
-                acc_product<T, DM>(A1, St, Xh, I2);
+                acc1.add(St, Xh, I2); /* O += A V */
             }
         } else if (MODE == M_REV_COL || MODE == M_REV_ROW) {
             const float *w = AV(t); /* mu_t (column step) or lam_t (row step), streamed side */
-#pragma unroll 8
+#pragma unroll
             for (int jj = 0; jj < 32; jj++)
-                if (LIVE(jj)) racc += w[cb + jj] * ex(srow[jj] + rowc + bias[cb + jj]);
-        } else { /* M_DQ, M_DKDV, M_DK, M_DV: the tile of Cbar (and of A) */
+                if (LIVE(jj)) racc += w[cb + jj] * ex(sv[jj] + rowc + bias[cb + jj]);
+        } else { /* M_DQ, M_DKDV, M_DK, M_DV: the tile of Cbar (and of A), in place */
             for (int jj = 0; jj < 32; jj++) {
                 float A = 0.0f, cbar = 0.0f;
                 if (LIVE(jj)) {
                     const int i = KM ? cb + jj : orow, j = KM ? orow : cb + jj;
-                    const float s = srow[jj];
-                    A = ex(s + fF[i] + (gF ? gF[j] : 0.0f) + lLq);
+                    const float sc = srow[jj];
+                    A = ex(sc + fF[i] + (gF ? gF[j] : 0.0f) + lLq);
                     if (MODE != M_DV) {
                         cbar = A * prow[jj];
                         for (int tt = 1; tt <= Tp; tt++) {
                             if (tt & 1) { /* row step: lam_t,i R^t_ij */
                                 const float gp = tt > 1 ? HV(tt - 1)[j] : 0.0f;
-                                cbar -= AV(tt)[i] * ex(s + gp + HV(tt)[i] - la);
+                                cbar -= AV(tt)[i] * ex(sc + gp + HV(tt)[i] - la);
                             } else { /* column step: mu_t,j Q^t_ij */
-                                cbar -= AV(tt)[j] * ex(s + HV(tt - 1)[i] + HV(tt)[j] - lb);
+                                cbar -= AV(tt)[j] * ex(sc + HV(tt - 1)[i] + HV(tt)[j] - lb);
                             }
                         }
                     }
@@ -430,11 +473,12 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
                 if (MODE != M_DV) prow[jj] = cbar;
             }
             __syncthreads();
-            if (MODE == M_DQ) acc_product<T, DM>(A1, Pt, Xh, I1);           /* Cbar K    */
-            if (MODE == M_DK || MODE == M_DKDV) acc_product<T, DM>(A1, Pt, Xh, I1); /* Cbar^T Q  */
-            if (MODE == M_DKDV) __syncthreads();
-            if (MODE == M_DV) acc_product<T, DM>(A1, St, Xh, I2);           /* A^T dO    */
-            if (MODE == M_DKDV) acc_product<T, DM>(A2, St, Xh, I2);
+            if (MODE == M_DQ || MODE == M_DK || MODE == M_DKDV) acc1.add(Pt, Xh, I1); /* Cbar K, Cbar^T Q */
+            if (MODE == M_DKDV) {
+                __syncthreads();
+                acc2.add(St, Xh, I2); /* A^T dO */
+            }
+            if (MODE == M_DV) acc1.add(St, Xh, I2);
         }
 #undef LIVE
     }
@@ -445,12 +489,10 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
         Lse o = {__shfl_xor_sync(0xffffffffu, run.m, 1), __shfl_xor_sync(0xffffffffu, run.l, 1)};
         const Lse tot = hf ? lse_merge(o, run) : lse_merge(run, o); /* the same order in both lanes */
         const float lse = tot.m + logf(tot.l);
-        float val = 0.0f, err = 0.0f;
+        float err = 0.0f;
         if (ov) {
-            if (MODE == M_ROW_LSE) {
-                val = la - lse;
-            } else {
-                val = lb - lse;
+            const float val = (MODE == M_ROW_LSE ? la : lb) - lse;
+            if (MODE == M_COL_LSE) {
                 const float gprev = t > 2 ? HV(t - 2)[orow] : 0.0f;
                 err = fabsf(ex(gprev - val) - 1.0f);
                 if (!(err == err)) err = INFINITY;
@@ -468,17 +510,9 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
                 a.err[(int64_t)p * a.nkb + blockIdx.x] = e;
             }
         }
-    } else if (MODE == M_FLASH) {
-        const float l = hf ? __shfl_xor_sync(0xffffffffu, run.l, 1) + run.l : run.l + __shfl_xor_sync(0xffffffffu, run.l, 1);
-        if (ov && hf == 0) HV(t)[orow] = la - (run.m + logf(l));
-        St[r] = ov ? 1.0f / l : 0.0f; /* St is free: the row's scale */
-        __syncthreads();
-        T *dst = (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1];
-        for (int idx = threadIdx.x; idx < TILE * DM; idx += NT) {
-            const int rr = idx / DM, cc = idx % DM, n = o0 + rr;
-            if (n < Lo && cc < a.dv) dst[(int64_t)n * a.so[2] + cc] = Tr<T>::from(A1[rr * LDA + cc] * St[rr]);
-        }
     } else if (MODE == M_OUT) {
+        acc1.store(A1);
+        __syncthreads();
         if (a.out) store_rows<T, DM>(A1, 1.0f, (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], o0, Lo, a.dv);
     } else if (MODE == M_BWD_D || MODE == M_BWD_FIRST || MODE == M_REV_COL || MODE == M_REV_ROW) {
         const float o = __shfl_xor_sync(0xffffffffu, racc, 1);
@@ -496,12 +530,19 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
             }
         }
     } else if (MODE == M_DQ) {
+        acc1.store(A1);
+        __syncthreads();
         store_rows<T, DM>(A1, a.alpha, (T *)a.dq + (int64_t)b * a.sdq[0] + (int64_t)h * a.sdq[1], a.sdq[2], o0, Lo, a.d);
     } else if (MODE == M_DK || MODE == M_DKDV) {
+        acc1.store(A1);
+        if (MODE == M_DKDV) acc2.store(A2);
+        __syncthreads();
         store_rows<T, DM>(A1, a.alpha, (T *)a.dk + (int64_t)b * a.sdk[0] + (int64_t)h * a.sdk[1], a.sdk[2], o0, Lo, a.d);
         if (MODE == M_DKDV)
             store_rows<T, DM>(A2, 1.0f, (T *)a.dvv + (int64_t)b * a.sdv[0] + (int64_t)h * a.sdv[1], a.sdv[2], o0, Lo, a.dv);
     } else if (MODE == M_DV) {
+        acc1.store(A1);
+        __syncthreads();
         store_rows<T, DM>(A1, 1.0f, (T *)a.dvv + (int64_t)b * a.sdv[0] + (int64_t)h * a.sdv[1], a.sdv[2], o0, Lo, a.dv);
     }
 #undef HV
@@ -659,9 +700,7 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
         zero_attn<T><<<dim3((unsigned)((nn + 255) / 256), (unsigned)P), 256, 0, st>>>(*a);
         TRY(cudaGetLastError());
     }
-    const int fused = (S & 1) && a->tol == 0.0f && !a->attn && a->out;
-    const int last = fused ? S - 1 : S;
-    for (int t = 1; t <= last; t++) {
+    for (int t = 1; t <= S; t++) {
         if (t & 1) {
             TRY((pass<T, DM, M_ROW_LSE>(L, t)));
         } else {
@@ -672,8 +711,7 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
             }
         }
     }
-    if (fused) TRY((pass<T, DM, M_FLASH>(L, S)));
-    else if (a->out || a->attn) TRY((pass<T, DM, M_OUT>(L, 0)));
+    if (a->out || a->attn) TRY((pass<T, DM, M_OUT>(L, 0)));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;
     finish_fwd<T><<<dim3((unsigned)((nmax + 127) / 128), (unsigned)P), 128, 0, st>>>(*a);
     return cudaGetLastError();
@@ -694,7 +732,9 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         else TRY((pass<T, DM, M_REV_COL>(L, t)));
     }
     TRY((pass<T, DM, M_DQ>(L, 0)));
-    if (plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total <= smem_optin()) {
+    /* one pass for dK and dV where its two register accumulators and its
+     * shared memory fit (d, dv <= 64), else two */
+    if (DM == 64 && plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total <= smem_optin()) {
         TRY((pass<T, DM, M_DKDV>(L, 0)));
     } else {
         TRY((pass<T, DM, M_DK>(L, 0)));

@@ -121,18 +121,10 @@ def bench_cases(args):
     comp = ("fwd", "fwdbwd")
     cs = []
     cs.append(case("check_N%d" % Ns[0], "check", "mixed", Ns[0], 1, 4, phases=()))
-    for N in Ns:
-        cs.append(case("sdpa_bf16_N%d" % N, "sdpa", "bf16", N, B, H, phases=full))
-    for N in Ns:
-        cs.append(case("ours_sinkhorn_bf16_N%d" % N, "ours_sinkhorn", "bf16", N, B, H, phases=full))
-    for N in Ns:
-        cs.append(case("ours_softmax_bf16_N%d" % N, "ours_softmax", "bf16", N, B, H, phases=full))
-    for N in Ns:
-        cs.append(case("ours_sinkhorn_fp32_N%d" % N, "ours_sinkhorn", "fp32", N, B, H, phases=full))
-    for N in Ns:
-        cs.append(case("eager_bf16_N%d" % N, "eager", "bf16", N, B, H, phases=full))
-    for N in Ns:
-        cs.append(case("eager_fp32_N%d" % N, "eager", "fp32", N, B, H, phases=full))
+    for impl, dt in (("sdpa", "bf16"), ("ours_sinkhorn", "bf16"), ("ours_softmax", "bf16"), ("ours_sinkhorn", "fp32"),
+                     ("eager", "bf16"), ("eager", "fp32")):  # the priority order
+        for N in Ns:
+            cs.append(case("%s_%s_N%d" % (impl, dt, N), impl, dt, N, B, H, phases=full))
     if not args.quick and not args.no_16k:
         cs.append(case("ours_sinkhorn_bf16_N%d" % Nbig, "ours_sinkhorn", "bf16", Nbig, B, H, phases=full))
         cs.append(case("ours_softmax_bf16_N%d" % Nbig, "ours_softmax", "bf16", Nbig, B, H, phases=full))
@@ -840,20 +832,12 @@ def bench_summarize(cases):
     R = []
     for N in Ns:
         fl = N in main_Ns
-        R.append(ratio(cases, ("eager", "bf16", N, "fwdbwd"), ("ours_sinkhorn", "bf16", N, "fwdbwd"),
-                       "eager/ours bf16 fwd+bwd", (">=", 10) if fl else None))
-        R.append(ratio(cases, ("eager", "bf16", N, "fwd"), ("ours_sinkhorn", "bf16", N, "fwd"),
-                       "eager/ours bf16 fwd"))
-        R.append(ratio(cases, ("eager", "fp32", N, "fwdbwd"), ("ours_sinkhorn", "fp32", N, "fwdbwd"),
-                       "eager/ours fp32 fwd+bwd"))
-        R.append(ratio(cases, ("eager", "fp32", N, "fwd"), ("ours_sinkhorn", "fp32", N, "fwd"),
-                       "eager/ours fp32 fwd"))
-        R.append(ratio(cases, ("compiled", "bf16", N, "fwdbwd"), ("ours_sinkhorn", "bf16", N, "fwdbwd"),
-                       "compiled/ours bf16 fwd+bwd"))
-        R.append(ratio(cases, ("compiled", "bf16", N, "fwd"), ("ours_sinkhorn", "bf16", N, "fwd"),
-                       "compiled/ours bf16 fwd"))
-        R.append(ratio(cases, ("compiled", "fp32", N, "fwdbwd"), ("ours_sinkhorn", "fp32", N, "fwdbwd"),
-                       "compiled/ours fp32 fwd+bwd"))
+        for peer, dt, ph in (("eager", "bf16", "fwdbwd"), ("eager", "bf16", "fwd"), ("eager", "fp32", "fwdbwd"),
+                             ("eager", "fp32", "fwd"), ("compiled", "bf16", "fwdbwd"), ("compiled", "bf16", "fwd"),
+                             ("compiled", "fp32", "fwdbwd")):
+            floor = (">=", 10) if fl and (peer, dt, ph) == ("eager", "bf16", "fwdbwd") else None
+            R.append(ratio(cases, (peer, dt, N, ph), ("ours_sinkhorn", dt, N, ph),
+                           "%s/ours %s %s" % (peer, dt, "fwd+bwd" if ph == "fwdbwd" else "fwd"), floor))
         R.append(ratio(cases, ("ours_sinkhorn", "bf16", N, "fwd"), ("sdpa", "bf16", N, "fwd"),
                        "ours_fwd/sdpa_fwd bf16", ("<=", 6) if N == 4096 else None,
                        3.5 if N == 4096 else None))
@@ -878,6 +862,18 @@ def mib(x):
     return "-" if x is None else "%.0f" % (x / 2 ** 20)
 
 
+
+def status_text(c, P, limit):
+    """a case's status and its phases' errors or skips, cut to limit characters"""
+    stat = c.get("status", "?")
+    errs = [("%s: %s" % (ph, pr.get("error") or pr.get("skipped"))) for ph, pr in P.items()
+            if pr.get("error") or pr.get("skipped")]
+    if c.get("error"):
+        errs.insert(0, c["error"])
+    if errs:
+        stat += " — " + "; ".join(errs)[:limit]
+    return stat
+
 def case_row(c):
     P = c.get("phases_result") or {}
     pk = None
@@ -886,13 +882,7 @@ def case_row(c):
         if pr.get("peak_mem_bytes") is not None:
             pk = pr["peak_mem_bytes"]
             break
-    stat = c.get("status", "?")
-    errs = [("%s: %s" % (ph, pr.get("error") or pr.get("skipped"))) for ph, pr in P.items()
-            if pr.get("error") or pr.get("skipped")]
-    if c.get("error"):
-        errs.insert(0, c["error"])
-    if errs:
-        stat += " — " + "; ".join(errs)[:220]
+    stat = status_text(c, P, 220)
     for ph, pr in P.items():
         if pr.get("reps_cut"):
             stat += " [%s %s]" % (ph, pr["reps_cut"])

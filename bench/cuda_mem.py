@@ -88,13 +88,7 @@ def mem_markdown(doc):
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         P = c.get("phases_result") or {}
-        stat = c.get("status", "?")
-        errs = [("%s: %s" % (ph, pr.get("error") or pr.get("skipped"))) for ph, pr in P.items()
-                if pr.get("error") or pr.get("skipped")]
-        if c.get("error"):
-            errs.insert(0, c["error"])
-        if errs:
-            stat += " — " + "; ".join(errs)[:240]
+        stat = cb.status_text(c, P, 240)
         for ph, pr in P.items():
             if pr.get("reps"):
                 stat += " [%s: %d reps]" % (ph, pr["reps"])

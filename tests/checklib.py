@@ -22,3 +22,15 @@ class Checks:
         """prints "N passed, M failed" and returns the exit status"""
         print("%d passed, %d failed%s" % (self.passed, self.failed, suffix))
         return 1 if self.failed else 0
+
+
+class Spy:
+    """a stand-in for a ctypes library that records which C functions are
+    called (the Python tests check that bad arguments are refused before C)"""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self.real, name)

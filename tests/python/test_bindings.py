@@ -42,7 +42,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "bench", "peers"))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from checklib import Checks  # noqa: E402
+from checklib import Checks, Spy  # noqa: E402
 sys.dont_write_bytecode = True
 
 import numpy as np  # noqa: E402
@@ -926,22 +926,11 @@ def test_mha_equivalence():
 # ===========================================================================
 # 5. errors
 # ===========================================================================
-class _Spy:
-    """a stand-in for the ctypes library that records which C functions are called"""
-
-    def __init__(self, real):
-        self.real, self.calls = real, []
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return getattr(self.real, name)
-
-
 def test_errors():
     section("5. errors")
     q, k, v = randn(1, 2, 4, 3), randn(1, 2, 5, 3), randn(1, 2, 5, 2)
     # TypeError before any C call: spy on the library used by the binding
-    spy = _Spy(_lib.lib)
+    spy = Spy(_lib.lib)
     saved = (_core.lib, bk_ops.lib)
     _core.lib = bk_ops.lib = spy
     try:

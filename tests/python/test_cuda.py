@@ -64,7 +64,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "bench", "peers"))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from checklib import Checks  # noqa: E402
+from checklib import Checks, Spy  # noqa: E402
 sys.dont_write_bytecode = True
 
 import numpy as np  # noqa: E402
@@ -478,22 +478,11 @@ def test_finite_differences():
 # ===========================================================================
 # 6. refusals
 # ===========================================================================
-class _Spy:
-    """a stand-in for the ctypes library that records which C functions are called"""
-
-    def __init__(self, real):
-        self.real, self.calls = real, []
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return getattr(self.real, name)
-
-
 def test_refusals():
     section("6. refusals")
     q, k, v = randn(1, 2, 5, 4), randn(1, 2, 6, 4), randn(1, 2, 6, 4)
     qd, kd, vd = (x.to(DEV) for x in (q, k, v))
-    spy = _Spy(_lib.lib)
+    spy = Spy(_lib.lib)
     saved = (_core.lib, bk_ops.lib)
     _core.lib = bk_ops.lib = spy
     try:

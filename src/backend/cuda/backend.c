@@ -335,25 +335,48 @@ static bk_status run_forward(bk_context *ctx, const bki_call *c, bkc_args *a, ch
     return launched(bkc_forward(a, stream_of(ctx)), "the forward kernels");
 }
 
+/* a call's host side: its workspace (the caller's, or the context's) and its
+ * kernel arguments, with the history placed (in the tape, or the workspace) */
+typedef struct {
+    cu_ws w;
+    void *owned;
+    char *base;
+    bkc_args *a;
+} cu_call;
+
+static bk_status call_begin(bk_context *ctx, const bki_call *c, char *tape, void *ws, size_t ws_size, int backward,
+                            cu_call *k)
+{
+    bk_status s;
+    k->w = ws_layout(c, tape == NULL, backward);
+    k->owned = NULL;
+    k->a = NULL;
+    if ((s = bki_workspace(ws, ws_size, k->w.total, "the operator's workspace_size function (with the CUDA context "
+                                                    "current)", &k->owned, &k->base)))
+        return s;
+    k->base = (char *)(((uintptr_t)k->base + 255) & ~(uintptr_t)255);
+    if (!(k->a = malloc(sizeof *k->a))) return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
+    if ((s = fill_args(ctx, c, k->a, k->base, &k->w))) return s;
+    place_hist(c, k->a, tape, k->base, &k->w);
+    return BK_OK;
+}
+
+static bk_status call_end(cu_call *k, bk_status s)
+{
+    free(k->a);
+    bki_workspace_release(k->owned); /* stream-ordered: freed after the kernels */
+    if (s == BK_OK) bki_clear_error();
+    return s;
+}
+
 static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size)
 {
     bk_status s;
     if ((s = use_device(ctx))) return s;
     if ((s = check_call(ctx, c, 0, tape, ws))) return s;
-    const cu_ws w = ws_layout(c, tape == NULL, 0);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function (with the CUDA context "
-                                                 "current)", &owned, &base)))
-        return s;
-    base = (char *)(((uintptr_t)base + 255) & ~(uintptr_t)255);
-    bkc_args *a = malloc(sizeof *a);
-    if (!a) {
-        bki_workspace_release(owned);
-        return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
-    }
-    if (!(s = fill_args(ctx, c, a, base, &w))) {
-        place_hist(c, a, tape, base, &w);
+    cu_call k;
+    if (!(s = call_begin(ctx, c, tape, ws, ws_size, 0, &k))) {
+        bkc_args *a = k.a;
         a->out = c->out->data;
         strides(c->out, a->so);
         if (c->attn && c->attn->data) {
@@ -364,16 +387,12 @@ static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, 
             const bk_sinkhorn_extras *ex = c->ex;
             a->f_out = ex->f;
             a->g_out = ex->g;
-            if (ex->f && (s = on_device(ctx, "extras.f", ex->f))) goto out;
-            if (ex->g && (s = on_device(ctx, "extras.g", ex->g))) goto out;
+            if (ex->f) s = on_device(ctx, "extras.f", ex->f);
+            if (!s && ex->g) s = on_device(ctx, "extras.g", ex->g);
         }
-        s = run_forward(ctx, c, a, tape);
+        if (!s) s = run_forward(ctx, c, a, tape);
     }
-out:
-    free(a);
-    bki_workspace_release(owned); /* stream-ordered: freed after the kernels */
-    if (s == BK_OK) bki_clear_error();
-    return s;
+    return call_end(&k, s);
 }
 
 static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size)
@@ -388,37 +407,22 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
         if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
         if ((s = bki_op_check_tape_header(c, &th))) return s;
     }
-    const cu_ws w = ws_layout(c, tape == NULL, 1);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(ws, ws_size, w.total, "the operator's workspace_size function (with the CUDA context "
-                                                 "current)", &owned, &base)))
-        return s;
-    base = (char *)(((uintptr_t)base + 255) & ~(uintptr_t)255);
-    bkc_args *a = malloc(sizeof *a);
-    if (!a) {
-        bki_workspace_release(owned);
-        return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
-    }
-    if (!(s = fill_args(ctx, c, a, base, &w))) {
-        place_hist(c, a, (char *)tape, base, &w);
-        if (!tape) /* recompute the forward's potentials (no output) */
+    cu_call k;
+    if (!(s = call_begin(ctx, c, (char *)tape, ws, ws_size, 1, &k))) {
+        bkc_args *a = k.a;
+        if (!tape) /* recompute the forward's potentials (no output); iters stay from it */
             s = run_forward(ctx, c, a, NULL);
         if (!s) {
-            a->blk = tape ? a->blk : NULL; /* iters come from the tape's blocks, or stay from the forward */
             a->dout = c->dout->data; strides(c->dout, a->sdo);
             a->dq = c->dq->data; strides(c->dq, a->sdq);
             a->dk = c->dk->data; strides(c->dk, a->sdk);
             a->dvv = c->dv->data; strides(c->dv, a->sdv);
-            a->adj = (float *)(base + w.adj);
-            a->D = (float *)(base + w.D);
+            a->adj = (float *)(k.base + k.w.adj);
+            a->D = (float *)(k.base + k.w.D);
             s = launched(bkc_backward(a, stream_of(ctx)), "the backward kernels");
         }
     }
-    free(a);
-    bki_workspace_release(owned);
-    if (s == BK_OK) bki_clear_error();
-    return s;
+    return call_end(&k, s);
 }
 
 const bki_backend bki_backend_cuda = {"cuda",     BK_BACKEND_CUDA, available,  alloc,       release,    copy, fill,

@@ -80,7 +80,9 @@ typedef struct {
     float sk_rho;                           /* unbalanced: column KL rho (10)  */
     int esp_soft; float esp_t, esp_tau; int esp_slices;   /* ESP: soft sort
                                                (training) or hard; SoftSort t,
-                                               mixing tau, slices (0: axes)   */
+                                               mixing tau (bk_esp_config's
+                                               units; the paper's: MODEL.md),
+                                               slices (0: axes)               */
     int lot_r, lot_iters; float lot_eps, lot_temp;        /* LOT: pivots (the
                                                pivots and mass logits are
                                                parameters of each layer)      */

@@ -142,9 +142,13 @@ def unbalanced_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, lay
 
 def esp(q, k, v, *, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None, scale=None, cost=None,
         out_scale=None, slices=None, theta=None, seed=None, attn=False, weights=False, diag=False, tape=True):
-    """ESP attention (ESPFormer). sort "hard" (default) or "soft" (SoftSort
-    temperature t); tau: slice-mixing inverse temperature; cost "sq" or
-    "euclid"; out_scale "rows" (rows sum to 1) or "paper"; slices: 0 =
+    """ESP attention (ESPFormer). sort "hard" (default; exactly doubly
+    stochastic) or "soft" (SoftSort temperature t; rows and columns of the
+    attention sum to 1 only approximately, see diag); tau: slice-mixing
+    inverse temperature; t and tau in the C library's units, not the
+    paper's (docs/ALGORITHMS.md section 4.3: the reference's temperature T
+    is tau = T * N with cost "euclid"); cost "sq" or "euclid"; out_scale
+    "rows" (A = n G: rows sum to 1 under hard sort) or "paper"; slices: 0 =
     axis-aligned (L = d), L > 0 random unit directions from seed, or theta
     [L, d] given. Extras: attn; weights: sigma and D [B, H, L]; diag."""
     pr = _problem(q, k, v, q_len, k_len, layout)

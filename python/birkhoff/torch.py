@@ -345,7 +345,8 @@ def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd",
                   scale=None, cost=None, out_scale=None, slices=None, seed=None):
     """ESP attention (ESPFormer). sort "hard" or "soft"; theta [L, d]: slice
     directions (a tensor with requires_grad gets its gradient under soft
-    sort; None: axis-aligned (slices 0) or `slices` random directions)."""
+    sort; None: axis-aligned (slices 0) or `slices` random directions).
+    The other options, their units and the margins: birkhoff.esp."""
     kw = dict(sort=sort, t=t, tau=tau, scale=scale, cost=cost, out_scale=out_scale, slices=slices, seed=seed)
     return _Esp.apply(q, k, v, _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
 
@@ -458,7 +459,8 @@ class MultiheadAttention(nn.Module):
         self.options = dict(options)
         if normaliser == "lot":
             r = int(self.options.pop("r", 32))
-            self.Z = nn.Parameter(torch.randn(num_heads, r, self.head_dim, **fk) / math.sqrt(self.head_dim))
+            # N(0, 1), the C engine's law (docs/MODEL.md, "Parameters, names and initialisation")
+            self.Z = nn.Parameter(torch.randn(num_heads, r, self.head_dim, **fk))
             self.theta = nn.Parameter(torch.zeros(num_heads, r, **fk))
         self._check_options()
         nn.init.xavier_uniform_(self.in_proj_weight)
@@ -566,8 +568,10 @@ class MultiheadAttention(nn.Module):
 
 class LOTAttention(MultiheadAttention):
     """MultiheadAttention(normaliser="lot") with r pivots per head: Z
-    [H, r, dh] ~ N(0, 1/dh) and mass logits theta [H, r] = 0, both
-    parameters."""
+    [H, r, dh] ~ N(0, 1) (the C engine's law; the reference code's DeiT/Swin
+    models draw N(0, 1/dh), its LRA/NMT ones N(0, 0.02^2): re-draw with
+    nn.init.normal_(m.Z, 0, std) for those) and mass logits theta [H, r] =
+    0, both parameters."""
 
     def __init__(self, embed_dim, num_heads, r=32, **kwargs):
         super().__init__(embed_dim, num_heads, normaliser="lot", r=r, **kwargs)

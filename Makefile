@@ -105,6 +105,7 @@ TBLEU   = $(BUILD)/test_bleu
 TDECODE = $(BUILD)/test_decode
 
 PHONY_EXTRA = fuzz
+PHONY_EXTRA += repro-quick
 .PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
@@ -309,6 +310,14 @@ run:
 	BK_NO_ORACLE=1 ./scripts/deps.sh
 	$(MAKE) all
 	./scripts/main.sh
+
+# a reduced run of every reproduction experiment (docs/REPRODUCTION.md; minutes, so the scripts
+# cannot rot; the full runs are the scripts without QUICK, outside CI)
+repro-quick: all
+	./scripts/data.sh mnist spam
+	rm -rf runs/repro-quick
+	QUICK=1 OUT=runs/repro-quick/colsums ./scripts/repro/colsums.sh
+	QUICK=1 OUT=runs/repro-quick/iters ./scripts/repro/iters.sh
 
 demo: deps
 	$(MAKE) all

@@ -313,6 +313,35 @@ static int run_epochs(const char *dir, int *ep, int max)
     return n;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* one line per histogram: its quantiles, the mean |sum - 1| and the share of
+ * columns within [0.5, 1.5] (the numbers behind the figure) */
+static void print_colsum_stats(const char *run, int epoch, const double *v, int64_t n)
+{
+    double *w = malloc(sizeof(double) * (size_t)n);
+    if (!w) return;
+    memcpy(w, v, sizeof(double) * (size_t)n);
+    qsort(w, (size_t)n, sizeof(double), cmp_double);
+    double dev = 0.0;
+    int64_t near = 0;
+    for (int64_t i = 0; i < n; i++) {
+        dev += fabs(w[i] - 1.0);
+        near += w[i] >= 0.5 && w[i] <= 1.5;
+    }
+#define Q(f) w[(int64_t)((f) * (double)(n - 1) + 0.5)]
+    printf("%s epoch %d: columns %lld, q10 %.3f q25 %.3f median %.3f q75 %.3f q90 %.3f max %.3f, mean |sum-1| "
+           "%.4f, in [0.5,1.5] %.1f%%\n",
+           run, epoch, (long long)n, Q(0.10), Q(0.25), Q(0.50), Q(0.75), Q(0.90), w[n - 1], dev / (double)n,
+           100.0 * (double)near / (double)n);
+#undef Q
+    free(w);
+}
+
 static int plot_colsums(int argc, char **argv)
 {
     const char *runs[8], *out = NULL, *eps_s = NULL, *lsx = NULL, *ns = NULL, *dir = NULL;
@@ -402,6 +431,7 @@ static int plot_colsums(int argc, char **argv)
                 for (int64_t i = 0; i < ncol; i++) v[nv++] = cs[(size_t)l * B * c->heads * T + (size_t)i];
             if (ok && !v) fprintf(stderr, "birkhoff plot colsums: out of memory\n");
             if (layer >= c->depth) fprintf(stderr, "birkhoff plot colsums: --layer %d >= depth %d\n", layer, c->depth);
+            if (v && nv > 0) print_colsum_stats(runs[r], pick[k], v, nv);
             snprintf(titles[npan], sizeof titles[npan], "%s, epoch %d%s", bk_attn_kind_name(c->attn), pick[k],
                      layer < 0 ? "" : " (one layer)");
             pan[npan] = (chart_hist){titles[npan], (int)nv, v};

@@ -36,7 +36,7 @@ def main(out):
                 for row in rows:
                     acc.setdefault(int(row[0]), []).append(100 * float(row[5]))
         print("### %s (%d seeds: %s)\n" % (task, len(runs), ", ".join(runs)))
-        print("| epoch | test acc %% | mean abs(col sum - 1) | median col sum | cols in [0.5, 1.5] %% |")
+        print("| epoch | test acc % | mean abs(col sum - 1) | median col sum | cols in [0.5, 1.5] % |")
         print("|---|---|---|---|---|")
         for e in sorted(set(stats) | set(acc)):
             s = stats.get(e, [])

@@ -3,7 +3,8 @@
 # experiment 3): test accuracy of a set Transformer on generated point clouds (12 shape classes,
 # dataset `shapes`) for S = 1 (softmax), 3, 5, 9 Sinkhorn half-steps, SEEDS seeds each. No
 # positions, mean pooling: permutation invariant, as the papers' point-cloud models.
-#   SEEDS="1 2 3" ITERS="1 3 5 9" EPOCHS=8 OUT=runs/repro/iters scripts/repro/iters.sh
+#   SEEDS="1 2 3" ITERS="1 3 5 9" EPOCHS=5 NTRAIN=2000 NTEST=1000 POINTS=32 OUT=runs/repro/iters \
+#       scripts/repro/iters.sh
 #   QUICK=1: one seed, S = 1 and 3, one epoch on 600 clouds (make repro-quick)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,9 +12,10 @@ B=${BIRKHOFF:-build/birkhoff}
 OUT=${OUT:-runs/repro/iters}
 SEEDS=${SEEDS:-"1 2 3"}
 ITERS=${ITERS:-"1 3 5 9"}
-EPOCHS=${EPOCHS:-8}
-NTRAIN=${NTRAIN:-3000}
-NTEST=${NTEST:-1200}
+EPOCHS=${EPOCHS:-5}
+NTRAIN=${NTRAIN:-2000}
+NTEST=${NTEST:-1000}
+POINTS=${POINTS:-32}
 if [ "${QUICK:-0}" = 1 ]; then SEEDS=1; ITERS="1 3"; EPOCHS=1; NTRAIN=600; NTEST=240; fi
 [ -x "$B" ] || make -j"$(nproc)" all
 mkdir -p "$OUT"
@@ -22,7 +24,7 @@ for S in $ITERS; do
     for s in $SEEDS; do
         dir="$OUT/S$S-s$s"
         [ -f "$dir/summary.json" ] && { echo "have $dir"; continue; }
-        "$B" train --data shapes --points 64 --gen_train "$NTRAIN" --gen_test "$NTEST" \
+        "$B" train --data shapes --points "$POINTS" --gen_train "$NTRAIN" --gen_test "$NTEST" \
             --attn sinkhorn --sk_iters "$S" --sk_eps 1 --dim 64 --depth 2 --heads 4 --mlp_dim 128 \
             --pool mean --cls 0 --pos_embed 0 --epochs "$EPOCHS" --batch 32 --lr 1e-3 --warmup 50 \
             --seed "$s" --progress none --out "$dir" --force

@@ -3,7 +3,7 @@
 # experiment 3): test accuracy of a set Transformer on generated point clouds (12 shape classes,
 # dataset `shapes`) for S = 1 (softmax), 3, 5, 9 Sinkhorn half-steps, SEEDS seeds each. No
 # positions, mean pooling: permutation invariant, as the papers' point-cloud models.
-#   SEEDS="1 2 3" ITERS="1 3 5 9" EPOCHS=5 NTRAIN=2000 NTEST=1000 POINTS=32 OUT=runs/repro/iters \
+#   SEEDS="1 2 3" ITERS="1 3 5 9" EPOCHS=20 NTRAIN=10000 NTEST=2000 POINTS=64 OUT=runs/repro/iters \
 #       scripts/repro/iters.sh
 #   QUICK=1: one seed, S = 1 and 3, one epoch on 600 clouds (make repro-quick)
 set -euo pipefail
@@ -12,11 +12,11 @@ B=${BIRKHOFF:-build/birkhoff}
 OUT=${OUT:-runs/repro/iters}
 SEEDS=${SEEDS:-"1 2 3"}
 ITERS=${ITERS:-"1 3 5 9"}
-EPOCHS=${EPOCHS:-5}
-NTRAIN=${NTRAIN:-2000}
-NTEST=${NTEST:-1000}
-POINTS=${POINTS:-32}
-if [ "${QUICK:-0}" = 1 ]; then SEEDS=1; ITERS="1 3"; EPOCHS=1; NTRAIN=600; NTEST=240; fi
+EPOCHS=${EPOCHS:-20}
+NTRAIN=${NTRAIN:-10000}
+NTEST=${NTEST:-2000}
+POINTS=${POINTS:-64}
+if [ "${QUICK:-0}" = 1 ]; then SEEDS=1; ITERS="1 3"; EPOCHS=1; NTRAIN=600; NTEST=240; POINTS=32; fi
 [ -x "$B" ] || make -j"$(nproc)" all
 mkdir -p "$OUT"
 start=$(date +%s)

@@ -318,6 +318,7 @@ repro-quick: all
 	rm -rf runs/repro-quick
 	QUICK=1 OUT=runs/repro-quick/colsums ./scripts/repro/colsums.sh
 	QUICK=1 OUT=runs/repro-quick/iters ./scripts/repro/iters.sh
+	QUICK=1 OUT=runs/repro-quick/asap ./scripts/repro/asap.sh
 
 demo: deps
 	$(MAKE) all

@@ -4,7 +4,7 @@
 # trained with SEEDS seeds, then compiled for every number of slices L in SLICES and both
 # calibrations (LS, then KL); each compiled model's test accuracy, its agreement with its teacher
 # and the compile time go to runs/repro/asap/table.md (scripts/repro/asap_table.py).
-#   SEEDS="1 2 3" EPOCHS=3 SLICES="8 32 128" FITS="ls kl" OUT=runs/repro/asap scripts/repro/asap.sh
+#   SEEDS="1 2 3" EPOCHS=3 SLICES="8 32 128 256" FITS="ls kl" OUT=runs/repro/asap scripts/repro/asap.sh
 #   QUICK=1: one seed, one epoch on 2000 images, L = 8, LS only (make repro-quick)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +12,7 @@ B=${BIRKHOFF:-build/birkhoff}
 OUT=${OUT:-runs/repro/asap}
 SEEDS=${SEEDS:-"1 2 3"}
 EPOCHS=${EPOCHS:-3}
-SLICES=${SLICES:-"8 32 128"}
+SLICES=${SLICES:-"8 32 128 256"}
 FITS=${FITS:-"ls kl"}
 EXTRA=()
 LIMIT=()

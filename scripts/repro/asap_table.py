@@ -4,14 +4,11 @@ the compile time (median [min, max] over seeds)."""
 import json
 import os
 import re
-import statistics
 import sys
 
+from tablelib import fmt
 
-def fmt(vals, f="%.2f"):
-    if not vals:
-        return "-"
-    return (f + " [" + f + ", " + f + "]") % (statistics.median(vals), min(vals), max(vals))
+
 
 
 def main(out):

@@ -4,17 +4,18 @@ the median and range over seeds of the test accuracy and of the column-sum stati
 the mean |column sum - 1|, the median column sum and the share of columns within [0.5, 1.5]."""
 import os
 import re
-import statistics
 import sys
+
+from tablelib import fmt as _fmt
+
+
+def fmt(vals, f="%.3f"):
+    return _fmt(vals, f)
 
 LINE = re.compile(r"epoch (\d+): columns (\d+), q10 ([\d.]+) q25 ([\d.]+) median ([\d.]+) q75 ([\d.]+) "
                   r"q90 ([\d.]+) max ([\d.]+), mean \|sum-1\| ([\d.]+), in \[0.5,1.5\] ([\d.]+)%")
 
 
-def fmt(vals, f="%.3f"):
-    if not vals:
-        return "-"
-    return (f + " [" + f + ", " + f + "]") % (statistics.median(vals), min(vals), max(vals))
 
 
 def main(out):

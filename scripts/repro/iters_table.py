@@ -3,14 +3,11 @@ iteration count S, the final and the best test accuracy over epochs (median and 
 the attention's mean |column sum - 1| at the end and the training time per epoch."""
 import os
 import re
-import statistics
 import sys
 
+from tablelib import fmt
 
-def fmt(vals, f="%.2f"):
-    if not vals:
-        return "-"
-    return (f + " [" + f + ", " + f + "]") % (statistics.median(vals), min(vals), max(vals))
+
 
 
 def main(out):

@@ -319,6 +319,8 @@ repro-quick: all
 	QUICK=1 OUT=runs/repro-quick/colsums ./scripts/repro/colsums.sh
 	QUICK=1 OUT=runs/repro-quick/iters ./scripts/repro/iters.sh
 	QUICK=1 OUT=runs/repro-quick/asap ./scripts/repro/asap.sh
+	./scripts/data.sh fashion-mnist
+	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
 
 demo: deps
 	$(MAKE) all

@@ -2,8 +2,8 @@
 # scripts/repro/lowdata.sh -- ESPFormer's low-data regime at CPU scale (docs/REPRODUCTION.md,
 # experiment 4): the ViT of configs/mnist.conf on Fashion-MNIST trained on the first FRACS percent
 # of the training set with softmax, Sinkhorn (S = 5) and ESP (soft-trained, evaluated with the
-# exact sort), SEEDS seeds; each run sees the same number of training images (STEPS_IMAGES
-# of 60000: STEPS_IMAGES images seen per run whatever the fraction), test on the first TEST test images.
+# exact sort), SEEDS seeds. Every run sees STEPS_IMAGES training images whatever the fraction
+# (1 %: 50 epochs of 600 images; 10 %: 5 epochs of 6000); tested on the first TEST test images.
 #   SEEDS="1 2 3" FRACS="1 10" MODELS="softmax sinkhorn esp" STEPS_IMAGES=30000 TEST=1000 \
 #       OUT=runs/repro/lowdata scripts/repro/lowdata.sh
 #   QUICK=1: one seed, 1 % only, 1200 images seen (make repro-quick)

@@ -1,24 +1,15 @@
 """The table of scripts/repro/iters.sh (docs/REPRODUCTION.md, experiment 3): per Sinkhorn
 iteration count S, the final and the best test accuracy over epochs (median and range over seeds),
 the attention's mean |column sum - 1| at the end and the training time per epoch."""
-import os
-import re
 import sys
 
-from tablelib import fmt
+from tablelib import epoch_rows, fmt
 
 
 
 
 def main(out):
-    runs = {}
-    for d in os.listdir(out):
-        m = re.fullmatch(r"S(\d+)-s(\d+)", d)
-        csv = os.path.join(out, d, "epochs.csv")
-        if m and os.path.exists(csv):
-            rows = [line.strip().split(",") for line in open(csv)][1:]
-            if rows:
-                runs.setdefault(int(m.group(1)), []).append(rows)
+    runs = {int(k): v for k, v in epoch_rows(out, r"S(\d+)-s(\d+)").items()}
     print("| S | seeds | final test acc % | best test acc % | mean abs(col sum - 1) | s / epoch |")
     print("|---|---|---|---|---|---|")
     for S in sorted(runs):

@@ -1,22 +1,13 @@
 """The table of scripts/repro/lowdata.sh (docs/REPRODUCTION.md, experiment 4): per fraction of the
 training set and model, the final and the best test accuracy over epochs (median [min, max] over
 seeds)."""
-import os
-import re
 import sys
 
-from tablelib import fmt
+from tablelib import epoch_rows, fmt
 
 
 def main(out):
-    runs = {}
-    for d in os.listdir(out):
-        m = re.fullmatch(r"f(\d+)-(\w+)-s(\d+)", d)
-        csv = os.path.join(out, d, "epochs.csv")
-        if m and os.path.exists(csv):
-            rows = [line.strip().split(",") for line in open(csv)][1:]
-            if rows:
-                runs.setdefault((int(m.group(1)), m.group(2)), []).append(rows)
+    runs = {(int(f), mdl): v for (f, mdl), v in epoch_rows(out, r"f(\d+)-(\w+)-s(\d+)").items()}
     print("| train data | model | final test acc % | best test acc % | seeds |")
     print("|---|---|---|---|---|")
     order = {"softmax": 0, "sinkhorn": 1, "esp": 2}

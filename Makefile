@@ -69,7 +69,7 @@ TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_co
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
@@ -81,7 +81,7 @@ REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/op
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
 TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/ops/test_attn.c tests/ops/test_esp.c \
            tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
-           tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c $(REF_SRC)
+           tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so

@@ -144,7 +144,8 @@ void bki_tensor_range(const bk_tensor *t, int B, int H, int N, int C, uintptr_t 
 bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in_shape)[4],
                              int nout, const bk_tensor *const *out, const int (*out_shape)[4],
                              const char *const *out_names);
-/* Valid part of [B,H,N,C] (rows below len[b]) must be finite. */
+/* Valid part of [B,H,N,C] (rows below len[b]) must be finite; a tensor in
+ * device memory is not scanned (BK_OK). */
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len);
 bk_status bki_check_desc(const bk_attn_desc *d);

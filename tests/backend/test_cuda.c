@@ -16,6 +16,7 @@
 #include "birkhoff.h"
 #include "../harness.h"
 #include "../tutil.h"
+#include "devbuf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,112 +26,6 @@
 #ifdef BK_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-/* ---- element conversions (round to nearest even) ---- */
-static uint16_t to_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-static uint16_t to_f16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const uint32_t ax = u & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow (>= 65520) */
-    if (ax < 0x38800000u) { /* subnormal half */
-        float f;
-        memcpy(&f, &ax, 4);
-        return (uint16_t)(sign | (uint32_t)lrintf(f * 16777216.0f)); /* units of 2^-24 */
-    }
-    uint32_t m = ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u;
-    return (uint16_t)(sign | (m >> 13));
-}
-static float from_f16(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    float x;
-    if (e == 0) {
-        x = (float)m * 5.9604644775390625e-08f;
-        return sign ? -x : x;
-    }
-    uint32_t u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
-    memcpy(&x, &u, 4);
-    return x;
-}
-static size_t esize(int dt) { return dt == BK_F32 ? 4 : 2; }
-
-/* rounds host floats to the dtype's values (the CPU reference then sees what
- * the device sees) */
-static void round_to(int dt, float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (dt == BK_BF16) x[i] = from_bf16(to_bf16(x[i]));
-        if (dt == BK_F16) x[i] = from_f16(to_f16(x[i]));
-    }
-}
-
-typedef struct {
-    void *dev;
-    size_t n;
-    int dt;
-} dbuf;
-
-static int up(bk_context *ctx, dbuf *b, const float *h, size_t n, int dt)
-{
-    const bki_backend *be = bki_ctx_backend(ctx);
-    b->n = n;
-    b->dt = dt;
-    b->dev = be->alloc(ctx, n * esize(dt));
-    if (!b->dev) return 0;
-    void *tmp = malloc(n * esize(dt));
-    for (size_t i = 0; i < n; i++) {
-        if (dt == BK_F32) ((float *)tmp)[i] = h[i];
-        else ((uint16_t *)tmp)[i] = dt == BK_BF16 ? to_bf16(h[i]) : to_f16(h[i]);
-    }
-    const bk_status s = be->copy(ctx, b->dev, tmp, n * esize(dt), 0);
-    free(tmp);
-    return s == BK_OK;
-}
-
-static int down(bk_context *ctx, float *h, const dbuf *b)
-{
-    const bki_backend *be = bki_ctx_backend(ctx);
-    void *tmp = malloc(b->n * esize(b->dt));
-    const bk_status s = be->copy(ctx, tmp, b->dev, b->n * esize(b->dt), 1);
-    for (size_t i = 0; i < b->n; i++) {
-        if (b->dt == BK_F32) h[i] = ((float *)tmp)[i];
-        else h[i] = b->dt == BK_BF16 ? from_bf16(((uint16_t *)tmp)[i]) : from_f16(((uint16_t *)tmp)[i]);
-    }
-    free(tmp);
-    return s == BK_OK;
-}
-
-static void dfree(bk_context *ctx, dbuf *b)
-{
-    if (b->dev) bki_ctx_backend(ctx)->free(ctx, b->dev);
-    b->dev = NULL;
-}
-
-static bk_tensor on(const bk_tensor *t, const dbuf *b)
-{
-    bk_tensor r = *t;
-    r.data = b->dev;
-    r.device = BK_DEVICE_CUDA(0);
-    r.dtype = b->dt;
-    return r;
-}
 
 /* max |x - y| / max(1, max |y|) over n entries; NaN -> inf */
 static double rel(const float *x, const float *y, size_t n)
@@ -210,10 +105,10 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
     th_prob_init(&pb, gc->B, gc->H, gc->Nq, gc->Nk, gc->d, gc->dv, layout, gc->pad, 0.8, &r);
     const int B = gc->B, H = gc->H;
     const size_t nq = (size_t)B * H * gc->Nq, nk = (size_t)B * H * gc->Nk, P = (size_t)B * H;
-    round_to(dt, pb.q, nq * gc->d);
-    round_to(dt, pb.k, nk * gc->d);
-    round_to(dt, pb.v, nk * gc->dv);
-    round_to(dt, pb.dout, nq * gc->dv);
+    th_round_to(dt, pb.q, nq * gc->d);
+    th_round_to(dt, pb.k, nk * gc->d);
+    th_round_to(dt, pb.v, nk * gc->dv);
+    th_round_to(dt, pb.dout, nq * gc->dv);
     /* the CPU's results */
     float *cf = calloc(P * gc->Nq, 4), *cg = calloc(P * gc->Nk, 4);
     void *ctape = malloc(tape_bytes(gc, &pb.desc) + 64);
@@ -225,26 +120,26 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
     /* the device's */
     bk_context_use(cu);
     const bki_backend *be = bki_ctx_backend(cu);
-    dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dvb = {0};
-    int ok = up(cu, &q, pb.q, nq * gc->d, dt) && up(cu, &k, pb.k, nk * gc->d, dt) && up(cu, &v, pb.v, nk * gc->dv, dt) &&
-             up(cu, &dout, pb.dout, nq * gc->dv, dt);
+    th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dvb = {0};
+    int ok = th_dev_up(cu, &q, pb.q, nq * gc->d, dt) && th_dev_up(cu, &k, pb.k, nk * gc->d, dt) && th_dev_up(cu, &v, pb.v, nk * gc->dv, dt) &&
+             th_dev_up(cu, &dout, pb.dout, nq * gc->dv, dt);
     float *junk = th_alloc_fill(nq * (gc->Nk > gc->d ? gc->Nk : gc->d) + nk * gc->dv, -7.0f);
-    ok = ok && up(cu, &o, junk, nq * gc->dv, dt) && up(cu, &a, junk, nq * gc->Nk, dt) &&
-         up(cu, &dq, junk, nq * gc->d, dt) && up(cu, &dk, junk, nk * gc->d, dt) && up(cu, &dvb, junk, nk * gc->dv, dt);
+    ok = ok && th_dev_up(cu, &o, junk, nq * gc->dv, dt) && th_dev_up(cu, &a, junk, nq * gc->Nk, dt) &&
+         th_dev_up(cu, &dq, junk, nq * gc->d, dt) && th_dev_up(cu, &dk, junk, nk * gc->d, dt) && th_dev_up(cu, &dvb, junk, nk * gc->dv, dt);
     float *df = be->alloc(cu, P * gc->Nq * 4), *dg = be->alloc(cu, P * gc->Nk * 4);
     void *tape = be->alloc(cu, tape_bytes(gc, &pb.desc) + 64);
     th_check(ok && df && dg && tape, name, "device buffers");
-    const bk_tensor tq = on(&pb.tq, &q), tk = on(&pb.tk, &k), tv = on(&pb.tv, &v), to = on(&pb.to, &o),
-                    ta = on(&pb.ta, &a), tdo = on(&pb.tdo, &dout), tdq = on(&pb.tdq, &dq), tdk = on(&pb.tdk, &dk),
-                    tdv = on(&pb.tdv, &dvb);
+    const bk_tensor tq = th_dev_view(&pb.tq, &q), tk = th_dev_view(&pb.tk, &k), tv = th_dev_view(&pb.tv, &v), to = th_dev_view(&pb.to, &o),
+                    ta = th_dev_view(&pb.ta, &a), tdo = th_dev_view(&pb.tdo, &dout), tdq = th_dev_view(&pb.tdq, &dq), tdk = th_dev_view(&pb.tdk, &dk),
+                    tdv = th_dev_view(&pb.tdv, &dvb);
     s = run_case(gc, &pb.desc, &tq, &tk, &tv, &to, &ta, &tdo, &tdq, &tdk, &tdv, tape, df, dg, 1);
     if (th_check(s == BK_OK, name, "device run: %s", bk_last_error())) {
         results gpu;
         gpu.o = malloc(nq * gc->dv * 4); gpu.a = malloc(nq * gc->Nk * 4);
         gpu.dq = malloc(nq * gc->d * 4); gpu.dk = malloc(nk * gc->d * 4); gpu.dv = malloc(nk * gc->dv * 4);
         gpu.f = malloc(P * gc->Nq * 4); gpu.g = malloc(P * gc->Nk * 4);
-        ok = down(cu, gpu.o, &o) && down(cu, gpu.dq, &dq) && down(cu, gpu.dk, &dk) && down(cu, gpu.dv, &dvb);
-        if (gc->extras) ok = ok && down(cu, gpu.a, &a);
+        ok = th_dev_down(cu, gpu.o, &o) && th_dev_down(cu, gpu.dq, &dq) && th_dev_down(cu, gpu.dk, &dk) && th_dev_down(cu, gpu.dv, &dvb);
+        if (gc->extras) ok = ok && th_dev_down(cu, gpu.a, &a);
         ok = ok && be->copy(cu, gpu.f, df, P * gc->Nq * 4, 1) == BK_OK && be->copy(cu, gpu.g, dg, P * gc->Nk * 4, 1) == BK_OK;
         th_check(ok, name, "results back");
         /* tolerances: fp32 within twice the accuracy contract of each side;
@@ -268,22 +163,22 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
         /* the backward that recomputes its tape: bitwise the same gradients */
         float *dq2 = malloc(nq * gc->d * 4), *dk2 = malloc(nk * gc->d * 4), *dv2 = malloc(nk * gc->dv * 4);
         s = run_case(gc, &pb.desc, &tq, &tk, &tv, &to, &ta, &tdo, &tdq, &tdk, &tdv, tape, df, dg, 0);
-        ok = s == BK_OK && down(cu, dq2, &dq) && down(cu, dk2, &dk) && down(cu, dv2, &dvb);
+        ok = s == BK_OK && th_dev_down(cu, dq2, &dq) && th_dev_down(cu, dk2, &dk) && th_dev_down(cu, dv2, &dvb);
         th_check(ok && !memcmp(dq2, gpu.dq, nq * gc->d * 4) && !memcmp(dk2, gpu.dk, nk * gc->d * 4) &&
                      !memcmp(dv2, gpu.dv, nk * gc->dv * 4),
                  name, "no tape (recomputed) == tape, bitwise: %s", s ? bk_last_error() : "differs");
         /* determinism: a second run with the tape, bitwise */
         float *o3 = malloc(nq * gc->dv * 4);
         s = run_case(gc, &pb.desc, &tq, &tk, &tv, &to, &ta, &tdo, &tdq, &tdk, &tdv, tape, df, dg, 1);
-        ok = s == BK_OK && down(cu, o3, &o) && down(cu, dq2, &dq) && down(cu, dk2, &dk) && down(cu, dv2, &dvb);
+        ok = s == BK_OK && th_dev_down(cu, o3, &o) && th_dev_down(cu, dq2, &dq) && th_dev_down(cu, dk2, &dk) && th_dev_down(cu, dv2, &dvb);
         th_check(ok && !memcmp(o3, gpu.o, nq * gc->dv * 4) && !memcmp(dq2, gpu.dq, nq * gc->d * 4) &&
                      !memcmp(dk2, gpu.dk, nk * gc->d * 4) && !memcmp(dv2, gpu.dv, nk * gc->dv * 4),
                  name, "a repeat is bitwise the same: %s", s ? bk_last_error() : "differs");
         free(o3); free(dq2); free(dk2); free(dv2);
         free(gpu.o); free(gpu.a); free(gpu.dq); free(gpu.dk); free(gpu.dv); free(gpu.f); free(gpu.g);
     }
-    dbuf *all[] = {&q, &k, &v, &o, &a, &dout, &dq, &dk, &dvb};
-    for (int i = 0; i < 9; i++) dfree(cu, all[i]);
+    th_dbuf *all[] = {&q, &k, &v, &o, &a, &dout, &dq, &dk, &dvb};
+    for (int i = 0; i < 9; i++) th_dev_free(cu, all[i]);
     be->free(cu, df);
     be->free(cu, dg);
     be->free(cu, tape);
@@ -296,7 +191,7 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
 typedef struct {
     bk_context *cu;
     th_prob *pb;
-    dbuf *q, *k, *v, *o;
+    th_dbuf *q, *k, *v, *o;
     int S;
 } fd_ctx;
 
@@ -306,16 +201,16 @@ static double fd_loss(void *vx)
     th_prob *pb = x->pb;
     const size_t nq = (size_t)pb->desc.B * pb->desc.H * pb->desc.Nq, nk = (size_t)pb->desc.B * pb->desc.H * pb->desc.Nk;
     /* the host copies were perturbed: upload them again */
-    dfree(x->cu, x->q); dfree(x->cu, x->k); dfree(x->cu, x->v);
-    up(x->cu, x->q, pb->q, nq * pb->desc.d, BK_F32);
-    up(x->cu, x->k, pb->k, nk * pb->desc.d, BK_F32);
-    up(x->cu, x->v, pb->v, nk * pb->desc.dv, BK_F32);
-    const bk_tensor tq = on(&pb->tq, x->q), tk = on(&pb->tk, x->k), tv = on(&pb->tv, x->v), to = on(&pb->to, x->o);
+    th_dev_free(x->cu, x->q); th_dev_free(x->cu, x->k); th_dev_free(x->cu, x->v);
+    th_dev_up(x->cu, x->q, pb->q, nq * pb->desc.d, BK_F32);
+    th_dev_up(x->cu, x->k, pb->k, nk * pb->desc.d, BK_F32);
+    th_dev_up(x->cu, x->v, pb->v, nk * pb->desc.dv, BK_F32);
+    const bk_tensor tq = th_dev_view(&pb->tq, x->q), tk = th_dev_view(&pb->tk, x->k), tv = th_dev_view(&pb->tv, x->v), to = th_dev_view(&pb->to, x->o);
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = x->S;
     bk_sinkhorn_forward(&pb->desc, &p, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0);
     float *o = malloc(nq * pb->desc.dv * 4);
-    down(x->cu, o, x->o);
+    th_dev_down(x->cu, o, x->o);
     double L = 0.0;
     bk_tensor th = pb->to; /* the downloaded output, in the host view's layout */
     th.data = o;
@@ -333,19 +228,19 @@ static void fd_test(bk_context *cu)
     th_prob_init(&pb, 2, 2, 70, 90, 16, 12, 1, 0, 0.8, &r); /* full lengths: Lq = 1 has zero dQ */
     const size_t nq = (size_t)2 * 2 * 70, nk = (size_t)2 * 2 * 90;
     bk_context *prev = bk_context_use(cu);
-    dbuf q = {0}, k = {0}, v = {0}, o = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
-    up(cu, &q, pb.q, nq * 16, BK_F32); up(cu, &k, pb.k, nk * 16, BK_F32); up(cu, &v, pb.v, nk * 12, BK_F32);
-    up(cu, &o, pb.o, nq * 12, BK_F32); up(cu, &dout, pb.dout, nq * 12, BK_F32);
-    up(cu, &dq, pb.dq, nq * 16, BK_F32); up(cu, &dk, pb.dk, nk * 16, BK_F32); up(cu, &dv, pb.dv, nk * 12, BK_F32);
-    const bk_tensor tq = on(&pb.tq, &q), tk = on(&pb.tk, &k), tv = on(&pb.tv, &v), tdo = on(&pb.tdo, &dout),
-                    tdq = on(&pb.tdq, &dq), tdk = on(&pb.tdk, &dk), tdv = on(&pb.tdv, &dv);
+    th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
+    th_dev_up(cu, &q, pb.q, nq * 16, BK_F32); th_dev_up(cu, &k, pb.k, nk * 16, BK_F32); th_dev_up(cu, &v, pb.v, nk * 12, BK_F32);
+    th_dev_up(cu, &o, pb.o, nq * 12, BK_F32); th_dev_up(cu, &dout, pb.dout, nq * 12, BK_F32);
+    th_dev_up(cu, &dq, pb.dq, nq * 16, BK_F32); th_dev_up(cu, &dk, pb.dk, nk * 16, BK_F32); th_dev_up(cu, &dv, pb.dv, nk * 12, BK_F32);
+    const bk_tensor tq = th_dev_view(&pb.tq, &q), tk = th_dev_view(&pb.tk, &k), tv = th_dev_view(&pb.tv, &v), tdo = th_dev_view(&pb.tdo, &dout),
+                    tdq = th_dev_view(&pb.tdq, &dq), tdk = th_dev_view(&pb.tdk, &dk), tdv = th_dev_view(&pb.tdv, &dv);
     for (int S = 1; S <= 4; S += 3) {
         bk_sinkhorn_config p = bk_sinkhorn_config_default();
         p.iters = S;
         const bk_status s = bk_sinkhorn_backward(&pb.desc, &p, &tq, &tk, &tv, &tdo, NULL, &tdq, &tdk, &tdv, NULL, 0);
         th_check(s == BK_OK, "cuda FD: backward", "%s", bk_last_error());
         float *gq = malloc(nq * 16 * 4), *gk = malloc(nk * 16 * 4), *gv = malloc(nk * 12 * 4);
-        down(cu, gq, &dq); down(cu, gk, &dk); down(cu, gv, &dv);
+        th_dev_down(cu, gq, &dq); th_dev_down(cu, gk, &dk); th_dev_down(cu, gv, &dv);
         fd_ctx x = {cu, &pb, &q, &k, &v, &o, S};
         char nm[64];
         /* valid rows only: perturb the first problem's valid block (NaN
@@ -359,8 +254,8 @@ static void fd_test(bk_context *cu)
         for (int row = 0; row < lk; row += 23) th_directional_fd(nm, pb.v + (size_t)row * pb.tv.stride_n, gv + (size_t)row * pb.tv.stride_n, 12, 3e-3f, &r, fd_loss, &x);
         free(gq); free(gk); free(gv);
     }
-    dbuf *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
-    for (int i = 0; i < 8; i++) dfree(cu, all[i]);
+    th_dbuf *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
+    for (int i = 0; i < 8; i++) th_dev_free(cu, all[i]);
     bk_context_use(prev);
     th_prob_free(&pb);
 }
@@ -384,22 +279,22 @@ static void batch_shape_test(bk_context *cu)
     for (int w = 0; w < 2; w++) {
         th_prob *pb = ps[w];
         const size_t nq = (size_t)pb->desc.B * 2 * 150, nk = (size_t)pb->desc.B * 2 * 100;
-        dbuf q = {0}, k = {0}, v = {0}, o = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
-        up(cu, &q, pb->q, nq * 32, BK_BF16); up(cu, &k, pb->k, nk * 32, BK_BF16); up(cu, &v, pb->v, nk * 32, BK_BF16);
-        up(cu, &o, pb->o, nq * 32, BK_BF16); up(cu, &dout, pb->dout, nq * 32, BK_BF16);
-        up(cu, &dq, pb->dq, nq * 32, BK_BF16); up(cu, &dk, pb->dk, nk * 32, BK_BF16); up(cu, &dv, pb->dv, nk * 32, BK_BF16);
-        const bk_tensor tq = on(&pb->tq, &q), tk = on(&pb->tk, &k), tv = on(&pb->tv, &v), to = on(&pb->to, &o),
-                        tdo = on(&pb->tdo, &dout), tdq = on(&pb->tdq, &dq), tdk = on(&pb->tdk, &dk), tdv = on(&pb->tdv, &dv);
+        th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
+        th_dev_up(cu, &q, pb->q, nq * 32, BK_BF16); th_dev_up(cu, &k, pb->k, nk * 32, BK_BF16); th_dev_up(cu, &v, pb->v, nk * 32, BK_BF16);
+        th_dev_up(cu, &o, pb->o, nq * 32, BK_BF16); th_dev_up(cu, &dout, pb->dout, nq * 32, BK_BF16);
+        th_dev_up(cu, &dq, pb->dq, nq * 32, BK_BF16); th_dev_up(cu, &dk, pb->dk, nk * 32, BK_BF16); th_dev_up(cu, &dv, pb->dv, nk * 32, BK_BF16);
+        const bk_tensor tq = th_dev_view(&pb->tq, &q), tk = th_dev_view(&pb->tk, &k), tv = th_dev_view(&pb->tv, &v), to = th_dev_view(&pb->to, &o),
+                        tdo = th_dev_view(&pb->tdo, &dout), tdq = th_dev_view(&pb->tdq, &dq), tdk = th_dev_view(&pb->tdk, &dk), tdv = th_dev_view(&pb->tdv, &dv);
         bk_sinkhorn_config p = bk_sinkhorn_config_default();
         bk_status s = bk_sinkhorn_forward(&pb->desc, &p, &tq, &tk, &tv, &to, NULL, NULL, NULL, 0);
         if (!s) s = bk_sinkhorn_backward(&pb->desc, &p, &tq, &tk, &tv, &tdo, NULL, &tdq, &tdk, &tdv, NULL, 0);
         th_check(s == BK_OK, "cuda batch shape: runs", "%s", bk_last_error());
         res[w][0] = malloc(nq * 32 * 4);
         res[w][1] = malloc(nk * 32 * 4);
-        down(cu, res[w][0], &o);
-        down(cu, res[w][1], &dk);
-        dbuf *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
-        for (int i = 0; i < 8; i++) dfree(cu, all[i]);
+        th_dev_down(cu, res[w][0], &o);
+        th_dev_down(cu, res[w][1], &dk);
+        th_dbuf *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
+        for (int i = 0; i < 8; i++) th_dev_free(cu, all[i]);
     }
     th_check(!memcmp(res[0][0] + qs, res[1][0], qs * 4) && !memcmp(res[0][1] + ks, res[1][1], ks * 4),
              "cuda: a problem alone and inside a batch, bitwise (bf16 O and dK)", "%s", "differ");
@@ -426,12 +321,12 @@ static void error_tests(bk_context *cu)
     th_prob_init(&pb, 1, 2, 20, 20, 8, 8, 0, 0, 0.8, &r);
     const size_t n = (size_t)2 * 20 * 8;
     bk_context *prev = bk_context_use(cu);
-    dbuf q = {0}, k = {0}, v = {0}, o = {0}, dq = {0}, dk = {0}, dv = {0}, qh = {0};
-    up(cu, &q, pb.q, n, BK_F32); up(cu, &k, pb.k, n, BK_F32); up(cu, &v, pb.v, n, BK_F32); up(cu, &o, pb.o, n, BK_F32);
-    up(cu, &dq, pb.q, n, BK_F32); up(cu, &dk, pb.q, n, BK_F32); up(cu, &dv, pb.q, n, BK_F32);
-    up(cu, &qh, pb.q, n, BK_BF16);
-    bk_tensor tq = on(&pb.tq, &q), tk = on(&pb.tk, &k), tv = on(&pb.tv, &v), to = on(&pb.to, &o);
-    const bk_tensor tdq = on(&pb.tdq, &dq), tdk = on(&pb.tdk, &dk), tdv = on(&pb.tdv, &dv), tqh = on(&pb.tq, &qh);
+    th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, dq = {0}, dk = {0}, dv = {0}, qh = {0};
+    th_dev_up(cu, &q, pb.q, n, BK_F32); th_dev_up(cu, &k, pb.k, n, BK_F32); th_dev_up(cu, &v, pb.v, n, BK_F32); th_dev_up(cu, &o, pb.o, n, BK_F32);
+    th_dev_up(cu, &dq, pb.q, n, BK_F32); th_dev_up(cu, &dk, pb.q, n, BK_F32); th_dev_up(cu, &dv, pb.q, n, BK_F32);
+    th_dev_up(cu, &qh, pb.q, n, BK_BF16);
+    bk_tensor tq = th_dev_view(&pb.tq, &q), tk = th_dev_view(&pb.tk, &k), tv = th_dev_view(&pb.tv, &v), to = th_dev_view(&pb.to, &o);
+    const bk_tensor tdq = th_dev_view(&pb.tdq, &dq), tdk = th_dev_view(&pb.tdk, &dk), tdv = th_dev_view(&pb.tdv, &dv), tqh = th_dev_view(&pb.tq, &qh);
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
     /* a host pointer marked as device memory */
     bk_tensor bad = tq;
@@ -506,8 +401,8 @@ static void error_tests(bk_context *cu)
     const size_t ws = bk_sinkhorn_workspace_size(&big, &p), tp = bk_sinkhorn_tape_size(&big, &p);
     th_check(ws > 0 && ws < (size_t)64 << 20 && tp < (size_t)32 << 20,
              "cuda workspace and tape at N=65536, B*H=4, S=5: O(S N) bytes", "ws %zu tape %zu", ws, tp);
-    dbuf *all[] = {&q, &k, &v, &o, &dq, &dk, &dv, &qh};
-    for (int i = 0; i < 8; i++) dfree(cu, all[i]);
+    th_dbuf *all[] = {&q, &k, &v, &o, &dq, &dk, &dv, &qh};
+    for (int i = 0; i < 8; i++) th_dev_free(cu, all[i]);
     bk_context_use(prev);
     th_prob_free(&pb);
 }

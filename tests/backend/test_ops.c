@@ -20,6 +20,7 @@
 #include "birkhoff.h"
 #include "../harness.h"
 #include "../tutil.h"
+#include "devbuf.h"
 #include "../ops/ref_asap.h"
 #include "../ops/ref_attn.h"
 #include "../ops/ref_diff.h"
@@ -238,32 +239,6 @@ static const op_row OPS[] = {
 };
 #define NOPS_ROWS ((int)(sizeof OPS / sizeof OPS[0]))
 
-/* ---- one tensor in the backend's memory --------------------------------- */
-typedef struct {
-    float *dev;
-    size_t n;
-} dbuf;
-
-static int up(bk_context *ctx, const bki_backend *be, dbuf *d, const float *host, size_t n)
-{
-    d->n = n;
-    d->dev = be->alloc(ctx, n * sizeof(float));
-    return d->dev && be->copy(ctx, d->dev, host, n * sizeof(float), 0) == BK_OK;
-}
-
-static int down(bk_context *ctx, const bki_backend *be, float *host, const dbuf *d)
-{
-    return be->copy(ctx, host, d->dev, d->n * sizeof(float), 1) == BK_OK;
-}
-
-static bk_tensor on(const bk_tensor *t, const dbuf *d)
-{
-    bk_tensor x = *t;
-    x.data = d->dev;
-    x.device = bki_ctx_device(); /* the tensor says where it lives */
-    return x;
-}
-
 /* every operator on one backend, one layout */
 static void run_backend(bk_context *ctx, int layout)
 {
@@ -293,15 +268,15 @@ static void run_backend(bk_context *ctx, int layout)
             th_check(bk_op_config_set(pub, par, kv, eq + 1) == BK_OK, name, "key %s: %s", kv, bk_last_error());
         }
         const size_t nq = (size_t)B_ * H_ * NQ, nk = (size_t)B_ * H_ * NK;
-        dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
-        int ok = up(ctx, be, &q, pb.q, nq * D_) && up(ctx, be, &k, pb.k, nk * D_) && up(ctx, be, &v, pb.v, nk * DV) &&
-                 up(ctx, be, &o, pb.o, nq * DV) && up(ctx, be, &a, pb.a, nq * NK) &&
-                 up(ctx, be, &dout, pb.dout, nq * DV) && up(ctx, be, &dq, pb.dq, nq * D_) &&
-                 up(ctx, be, &dk, pb.dk, nk * D_) && up(ctx, be, &dv, pb.dv, nk * DV);
+        th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, a = {0}, dout = {0}, dq = {0}, dk = {0}, dv = {0};
+        int ok = th_dev_up(ctx, &q, pb.q, nq * D_, BK_F32) && th_dev_up(ctx, &k, pb.k, nk * D_, BK_F32) && th_dev_up(ctx, &v, pb.v, nk * DV, BK_F32) &&
+                 th_dev_up(ctx, &o, pb.o, nq * DV, BK_F32) && th_dev_up(ctx, &a, pb.a, nq * NK, BK_F32) &&
+                 th_dev_up(ctx, &dout, pb.dout, nq * DV, BK_F32) && th_dev_up(ctx, &dq, pb.dq, nq * D_, BK_F32) &&
+                 th_dev_up(ctx, &dk, pb.dk, nk * D_, BK_F32) && th_dev_up(ctx, &dv, pb.dv, nk * DV, BK_F32);
         th_check(ok, name, "buffers in the backend's memory");
-        const bk_tensor tq = on(&pb.tq, &q), tk = on(&pb.tk, &k), tv = on(&pb.tv, &v), to = on(&pb.to, &o),
-                        ta = on(&pb.ta, &a), tdo = on(&pb.tdo, &dout), tdq = on(&pb.tdq, &dq), tdk = on(&pb.tdk, &dk),
-                        tdv = on(&pb.tdv, &dv);
+        const bk_tensor tq = th_dev_view(&pb.tq, &q), tk = th_dev_view(&pb.tk, &k), tv = th_dev_view(&pb.tv, &v), to = th_dev_view(&pb.to, &o),
+                        ta = th_dev_view(&pb.ta, &a), tdo = th_dev_view(&pb.tdo, &dout), tdq = th_dev_view(&pb.tdq, &dq), tdk = th_dev_view(&pb.tdk, &dk),
+                        tdv = th_dev_view(&pb.tdv, &dv);
         const int bw = op->backward != NULL;
         bki_call c;
         memset(&c, 0, sizeof c);
@@ -335,8 +310,8 @@ static void run_backend(bk_context *ctx, int layout)
         if (!th_check(s1 == BK_OK && s2 == BK_OK, name, "%s / %s: %s", bk_status_str(s1), bk_status_str(s2),
                       bk_last_error()))
             goto done;
-        ok = down(ctx, be, pb.o, &o) && down(ctx, be, pb.a, &a);
-        if (bw) ok = ok && down(ctx, be, pb.dq, &dq) && down(ctx, be, pb.dk, &dk) && down(ctx, be, pb.dv, &dv);
+        ok = th_dev_down(ctx, pb.o, &o) && th_dev_down(ctx, pb.a, &a);
+        if (bw) ok = ok && th_dev_down(ctx, pb.dq, &dq) && th_dev_down(ctx, pb.dk, &dk) && th_dev_down(ctx, pb.dv, &dv);
         th_check(ok, name, "results back from the backend's memory");
         {
             int *ql = th_lens_int(pb.ql, B_), *kl = th_lens_int(pb.kl, B_);
@@ -362,8 +337,8 @@ static void run_backend(bk_context *ctx, int layout)
         }
     done:
         if (tape) be->free(ctx, tape);
-        dbuf *all[] = {&q, &k, &v, &o, &a, &dout, &dq, &dk, &dv};
-        for (int j = 0; j < 9; j++) be->free(ctx, all[j]->dev);
+        th_dbuf *all[] = {&q, &k, &v, &o, &a, &dout, &dq, &dk, &dv};
+        for (int j = 0; j < 9; j++) th_dev_free(ctx, all[j]);
         free(st.ly.omega);
         th_prob_free(&pb);
     }

@@ -207,30 +207,23 @@ static bk_status check_call(bk_context *ctx, bki_call *c, int backward, const vo
     if (c->op == &bki_op_sinkhorn && c->ex && ((const bk_sinkhorn_extras *)c->ex)->diag)
         return bki_fail(BK_ERR_UNSUPPORTED, "sinkhorn: extras.diag is not computed on the CUDA backend (attn, f and g "
                                             "are)");
-    const bk_tensor *ts[9] = {c->q, c->k, c->v, c->out, c->attn && c->attn->data ? c->attn : NULL,
-                              c->dout, c->dq, c->dk, c->dv};
+    /* the shapes, strides and overlaps every backend checks (device memory is
+     * not scanned for non-finite values: bki_check_finite) */
+    if ((s = bki_check_qkv(d, c->q, c->k, c->v))) return s;
+    if (!backward && (s = bki_check_fwd_outputs(d, c->q, c->k, c->v, c->out, c->attn))) return s;
+    if (backward && (s = bki_check_bwd_views(d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
+    /* this backend's own: one dtype per call, memory of the context's device */
+    const bk_tensor *ts[9] = {c->q, c->k, c->v, backward ? NULL : c->out,
+                              !backward && c->attn && c->attn->data ? c->attn : NULL,
+                              backward ? c->dout : NULL, backward ? c->dq : NULL, backward ? c->dk : NULL,
+                              backward ? c->dv : NULL};
     const char *tn[9] = {"q", "k", "v", "out", "attn", "dout", "dq", "dk", "dv"};
-    const int rows[9] = {d->Nq, d->Nk, d->Nk, d->Nq, d->Nq, d->Nq, d->Nq, d->Nk, d->Nk};
-    const int cols[9] = {d->d, d->d, d->dv, d->dv, d->Nk, d->dv, d->d, d->d, d->dv};
     for (int i = 0; i < 9; i++) {
-        const int need = i < 3 || (!backward && i == 3) || (backward && i >= 5);
-        if (!need && !(i == 4 && !backward && ts[4])) continue;
-        if ((s = bki_check_tensor(tn[i], ts[i], d->B, d->H, rows[i], cols[i]))) return s;
+        if (!ts[i]) continue;
         if (ts[i]->dtype != c->q->dtype)
             return bki_fail(BK_ERR_PARAM, "tensor %s has dtype %d, q has %d: every tensor of a call has one dtype",
                             tn[i], (int)ts[i]->dtype, (int)c->q->dtype);
         if ((s = on_device(ctx, tn[i], ts[i]->data))) return s;
-    }
-    if (!backward) {
-        if ((s = bki_check_fwd_outputs(d, c->q, c->k, c->v, c->out, c->attn))) return s;
-    } else {
-        const bk_tensor *in[4] = {c->q, c->k, c->v, c->dout};
-        const int ish[4][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv},
-                               {d->B, d->H, d->Nq, d->dv}};
-        const bk_tensor *o[3] = {c->dq, c->dk, c->dv};
-        const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
-        const char *on[3] = {"dq", "dk", "dv"};
-        if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
     }
     if (tape && (s = on_device(ctx, "the tape", tape))) return s;
     if (ws && (s = on_device(ctx, "the workspace", ws))) return s;
@@ -341,7 +334,7 @@ typedef struct {
     cu_ws w;
     void *owned;
     char *base;
-    bkc_args *a;
+    bkc_args a; /* about 2.3 KB: passed by value to every launch */
 } cu_call;
 
 static bk_status call_begin(bk_context *ctx, const bki_call *c, char *tape, void *ws, size_t ws_size, int backward,
@@ -350,20 +343,17 @@ static bk_status call_begin(bk_context *ctx, const bki_call *c, char *tape, void
     bk_status s;
     k->w = ws_layout(c, tape == NULL, backward);
     k->owned = NULL;
-    k->a = NULL;
     if ((s = bki_workspace(ws, ws_size, k->w.total, "the operator's workspace_size function (with the CUDA context "
                                                     "current)", &k->owned, &k->base)))
         return s;
     k->base = (char *)(((uintptr_t)k->base + 255) & ~(uintptr_t)255);
-    if (!(k->a = malloc(sizeof *k->a))) return bki_fail(BK_ERR_NOMEM, "CUDA backend: out of host memory");
-    if ((s = fill_args(ctx, c, k->a, k->base, &k->w))) return s;
-    place_hist(c, k->a, tape, k->base, &k->w);
+    if ((s = fill_args(ctx, c, &k->a, k->base, &k->w))) return s;
+    place_hist(c, &k->a, tape, k->base, &k->w);
     return BK_OK;
 }
 
 static bk_status call_end(cu_call *k, bk_status s)
 {
-    free(k->a);
     bki_workspace_release(k->owned); /* stream-ordered: freed after the kernels */
     if (s == BK_OK) bki_clear_error();
     return s;
@@ -376,7 +366,7 @@ static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, 
     if ((s = check_call(ctx, c, 0, tape, ws))) return s;
     cu_call k;
     if (!(s = call_begin(ctx, c, tape, ws, ws_size, 0, &k))) {
-        bkc_args *a = k.a;
+        bkc_args *a = &k.a;
         a->out = c->out->data;
         strides(c->out, a->so);
         if (c->attn && c->attn->data) {
@@ -409,7 +399,7 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
     }
     cu_call k;
     if (!(s = call_begin(ctx, c, (char *)tape, ws, ws_size, 1, &k))) {
-        bkc_args *a = k.a;
+        bkc_args *a = &k.a;
         if (!tape) /* recompute the forward's potentials (no output); iters stay from it */
             s = run_forward(ctx, c, a, NULL);
         if (!s) {

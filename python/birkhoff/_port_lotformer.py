@@ -1,5 +1,9 @@
 """PyTorch LOTFormer attention: a reference-faithful port and the birkhoff oracle.
 
+Module birkhoff._port_lotformer (pure PyTorch, no libbirkhoff call; used by
+birkhoff.models); bench/peers/lotformer_torch.py is the same module under its old
+name (and runs the self-check).
+
 Two functions, both on q, k [B, H, N, d], v [B, H, Nk, dv], pivots
 Z [H, r, d] and pivot-mass logits theta [H, r] (per head, shared over the
 batch):
@@ -54,7 +58,7 @@ Run this file directly for a self-check.
 
 import torch
 
-from sinkformer_torch import _lengths  # one helper for the valid lengths of every port
+from ._port_sinkformer import _lengths  # one helper for the valid lengths of every port
 
 
 # ---------------------------------------------------------------------------
@@ -293,10 +297,13 @@ def _self_check():
     return max(worst.values()), ok
 
 
-if __name__ == "__main__":
-    import sys
-    sys.dont_write_bytecode = True
+def main():
+    """The self-check; returns the exit status."""
     m, gc_ok = _self_check()
     good = m < 1e-9 and gc_ok
     print("self-check", "ok" if good else "FAIL")
-    raise SystemExit(0 if good else 1)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,9 @@
 """PyTorch port of the Sinkformer attention of Sander et al. (AISTATS 2022).
 
+Module birkhoff._port_sinkformer (pure PyTorch, no libbirkhoff call; used by
+birkhoff.models); bench/peers/sinkformer_torch.py is the same module under its old
+name (and runs the self-check).
+
 Reference conventions: the authors' repository `michaelsdr/sinkformers`
 (`vit-pytorch/vit_pytorch/sinkhorn.py` and `vit.py`), as digested in
 docs/specs (sinkformers.md section 1-3, anchors.md section 1.1). Written from
@@ -306,7 +310,12 @@ def _self_check():
     return max(worst.values())
 
 
-if __name__ == "__main__":
+def main():
+    """The self-check; returns the exit status."""
     m = _self_check()
     print("self-check", "ok" if m < 1e-12 else "FAIL")
-    raise SystemExit(0 if m < 1e-12 else 1)
+    return 0 if m < 1e-12 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,9 @@
 """PyTorch OTK embedding (Mialon et al., ICLR 2021): a reference port and the birkhoff oracle.
 
+Module birkhoff._port_otk (pure PyTorch, no libbirkhoff call; used by
+birkhoff.models); bench/peers/otk_torch.py is the same module under its old
+name (and runs the self-check).
+
 Two functions, both on sets x [B, n, d] (batch of n elements of dimension d),
 references z [q, p, k] (q references of p supports in R^k) and optional
 Nystrom anchors W [k, d] (W = None: psi is the identity, k = d):
@@ -100,14 +104,11 @@ the distance of the float32 reference port to the float64 semantics.
 """
 
 import math
-import sys
 
-sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from sinkformer_torch import _lengths  # noqa: E402  # one helper for the valid lengths of every port
+from ._port_sinkformer import _lengths  # one helper for the valid lengths of every port
 
 _NORM_EPS = 1e-4  # ckn/utils.py EPS: clamp of the squared patch norm and of the norm
 
@@ -692,7 +693,12 @@ def _self_check():
     return ok
 
 
-if __name__ == "__main__":
+def main():
+    """The self-check; returns the exit status."""
     good = _self_check()
     print("self-check", "ok" if good else "FAIL")
-    raise SystemExit(0 if good else 1)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

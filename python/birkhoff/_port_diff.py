@@ -1,5 +1,9 @@
 """PyTorch differential attention (DiffTransformer): the paper's layer and the birkhoff oracle.
 
+Module birkhoff._port_diff (pure PyTorch, no libbirkhoff call; used by
+birkhoff.models); bench/peers/diff_torch.py is the same module under its old
+name (and runs the self-check).
+
 Differential attention (Ye et al., "Differential Transformer", ICLR 2025)
 subtracts two softmax attention maps:
 
@@ -41,7 +45,7 @@ import math
 
 import torch
 
-from sinkformer_torch import _lengths  # one helper for the valid lengths of every port
+from ._port_sinkformer import _lengths  # one helper for the valid lengths of every port
 
 
 def lambda_init(layer):
@@ -209,10 +213,13 @@ def _self_check():
     return max(worst.values()), ok
 
 
-if __name__ == "__main__":
-    import sys
-    sys.dont_write_bytecode = True
+def main():
+    """The self-check; returns the exit status."""
     m, gc_ok = _self_check()
     good = m < 1e-9 and gc_ok
     print("self-check", "ok" if good else "FAIL")
-    raise SystemExit(0 if good else 1)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

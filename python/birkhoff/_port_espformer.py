@@ -1,5 +1,9 @@
 """PyTorch ESPFormer attention: a reference-faithful port and the birkhoff oracle.
 
+Module birkhoff._port_espformer (pure PyTorch, no libbirkhoff call; used by
+birkhoff.models); bench/peers/espformer_torch.py is the same module under its old
+name (and runs the self-check).
+
 Two functions, both on q, k [B, H, N, d] and v [B, H, N, dv]:
 
 * esp_reference(): the algorithm of the reference module (the anonymous
@@ -59,7 +63,7 @@ import itertools
 
 import torch
 
-from sinkformer_torch import _lengths  # one helper for the valid lengths of every port
+from ._port_sinkformer import _lengths  # one helper for the valid lengths of every port
 
 
 # ---------------------------------------------------------------------------
@@ -452,10 +456,13 @@ def _self_check():
     return max(worst.values()), gc["soft"] and gc["hard"]
 
 
-if __name__ == "__main__":
-    import sys
-    sys.dont_write_bytecode = True
+def main():
+    """The self-check; returns the exit status."""
     m, gc_ok = _self_check()
     ok = m < 1e-9 and gc_ok
     print("self-check", "ok" if ok else "FAIL")
-    raise SystemExit(0 if ok else 1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

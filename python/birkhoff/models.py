@@ -1,11 +1,29 @@
 #!/usr/bin/python3
-"""PyTorch twin of birkhoff's training engine (docs/MODEL.md).
+"""birkhoff.models: the models of birkhoff's training engine as PyTorch modules.
 
 The model, the optimisers, the learning-rate schedules and the checkpoint
-format of `src/nn/` written with PyTorch, so that tests/oracle/test_model.py
-can hold the C engine to the definition (the same checkpoint loaded here in
-float64 must give the same logits, loss, parameter gradients and training
-trajectories), and so that the engine can be benchmarked against PyTorch.
+format of `src/nn/` (docs/MODEL.md) written with PyTorch: the twin that
+tests/oracle/test_model.py holds the C engine to (the same checkpoint loaded
+here in float64 must give the same logits, loss, parameter gradients and
+training trajectories), the PyTorch peer of the training benchmark, and the
+way to move models between the C engine and PyTorch:
+
+    import birkhoff.models as bm
+    model = bm.load("runs/digits-softmax/last.safetensors")   # nn.Module, float32
+    model.config                                              # its configuration dict
+    ...                                                       # torch training, DDP, ...
+    bm.save("tuned.safetensors", model, optimizer)            # `birkhoff train --init` it
+
+Public API (docs/PYTHON.md "birkhoff.models", docs/MODEL.md "PyTorch
+modules"): load, save, build, from_config, parse_config, format_config,
+resolve_config, parse_optim, format_optim, resolve_optim, param_specs (the
+parameter names: C checkpoint name == torch parameter name), optim_config_of,
+make_optimizer, train_step, lr_at, loss_fn, seq2seq_loss, model_loss,
+read_safetensors, write_safetensors, load_checkpoint, save_checkpoint, Model,
+Seq2SeqModel. This module imports torch; `import birkhoff` does not import
+it. It calls no C code: the operators are the pure-PyTorch ports
+birkhoff._port_* (bench/peers/*_torch.py are these files under their old
+names, loaded without the C library).
 
 Contents:
 
@@ -24,7 +42,7 @@ Contents:
   operators as q_len = k_len, and pooling reads valid rows only.
   Two attention numerics:
     - exact (default): the operators' documented semantics as the oracle ports
-      implement them (bench/peers/*_torch.py): Sinkhorn in the input dtype
+      implement them (birkhoff._port_*): Sinkhorn in the input dtype
       (float64 marginals in a float64 model, textbook update, no early stop),
       per-sample valid blocks for every operator. This is the parity twin.
     - reference=True: the benchmark peer: Sinkhorn as the reference port runs
@@ -65,6 +83,7 @@ patch=4,mlp_dim=256,attn=sinkhorn,sk_iters=5" --batch 64 --steps 20 --warmup 3 -
     "step_s_p75", "threads", "torch", "batch", "steps", "params", "attn"}.
 
   /usr/bin/python3 bench/peers/model_torch.py --self-check
+  (also: python3 -m birkhoff.models --self-check | --bench ...)
 
     float64 checks of the twin itself (no C involved): checkpoint round trip
     and corruption detection, configuration round trip, padding invariance,
@@ -192,7 +211,7 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
     header JSON is padded with spaces to a multiple of 8 bytes. metadata: a
     dict of strings. checksum_key: when set, metadata[checksum_key] receives
     the FNV-1a-64 of the data section as 16 hex digits. Written to a temporary
-    file in the same directory and renamed.
+    file in the same directory, synced and renamed over path (atomic).
     """
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     header, chunks, pos = {}, [], 0
@@ -212,12 +231,15 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
     hdr = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode("utf-8")
     hdr += b" " * (-len(hdr) % 8)
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".safetensors", dir=d)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(hdr)))
             f.write(hdr)
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -605,7 +627,7 @@ class _Embed(nn.Module):
 class _Attention(nn.Module):
     """attn.qkv, [attn.lot_z, attn.lot_theta | attn.diff_*], attn.proj around the operator.
 
-    attn=diff is diff_torch.DiffAttentionLayer's computation on the model's
+    attn=diff is _port_diff.DiffAttentionLayer's computation on the model's
     qkv (head_dim dh, halves of dh/2): lambda = exp(lq1 . lk1) - exp(lq2 . lk2)
     + lambda_init(layer + 1) shared by the heads, diff_semantics, per-head
     RMSNorm (no gain, eps = ln_eps), times (1 - lambda_init).
@@ -1177,9 +1199,17 @@ def load_checkpoint(path, dtype=torch.float64, verify=True, **model_kw):
     """
     tensors, meta = read_safetensors(path, verify=verify)
     if meta.get("format") != "birkhoff":
-        raise ValueError(f"{path}: metadata format is {meta.get('format')!r}, not 'birkhoff'")
-    cfg = resolve_config(parse_config(meta.get("config", "")))
-    model = build_model(cfg, **model_kw).to(dtype)
+        raise ValueError(f"{path}: metadata format is {meta.get('format')!r}, not 'birkhoff' "
+                         f"(not a birkhoff checkpoint)")
+    if "config" not in meta:
+        raise ValueError(f"{path}: checkpoint metadata lacks the model config")
+    try:
+        cfg = resolve_config(parse_config(meta["config"]))
+        if _counts_whole_otk_iterations(meta.get("version")):
+            cfg["otk_iters"] *= 2      # written before 0.2.0 (as bk_checkpoint_load)
+        model = build_model(cfg, **model_kw).to(dtype)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     model.load_tensors(tensors)
     return model, tensors, meta
 
@@ -1199,6 +1229,235 @@ def save_checkpoint(path, model, optimizer=None, optim_cfg=None, optim_step=0, s
         for k, a in optimizer_state(optimizer, model, ocfg).items():
             tensors[k] = a.astype(np.float32)
     write_safetensors(path, tensors, meta, checksum_key="checksum")
+
+
+def _counts_whole_otk_iterations(version):
+    """Checkpoints written before 0.2.0 counted OTK's Sinkhorn iterations
+    whole; a version that does not parse as "major.minor" is a current one."""
+    try:
+        major, minor = (int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    return major == 0 and minor < 2
+
+
+# ---------------------------------------------------------------------------
+# Public API: birkhoff.models.build / load / save
+# ---------------------------------------------------------------------------
+def _package_version():
+    """The birkhoff package's version when this module was imported as part
+    of it (the C library's version string), else "1" (a current format)."""
+    pkg = sys.modules.get(__package__ or "")
+    return str(getattr(pkg, "__version__", "1"))
+
+
+def build(config=None, *, dtype=torch.float32, device=None, seed=None, **model_kw):
+    """A new model (Model, or Seq2SeqModel for arch=seq2seq) from a
+    configuration: CONFIG_DEFAULTS overridden by config, a "key=value" text
+    (lines, commas or spaces; a checkpoint's "config" metadata is one) or a
+    dict. Initialised as MODEL.md says, with torch's generator (seed: drawn
+    from torch.manual_seed(seed) in a forked RNG, leaving torch's global
+    state alone; None: from the global generator), so not with the C
+    engine's values (`birkhoff model init` draws those). model_kw:
+    reference / allow_dropout (see Model)."""
+    cfg = resolve_config(config)
+    if seed is None:
+        model = build_model(cfg, **model_kw)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model = build_model(cfg, **model_kw)
+    return model.to(device=device, dtype=dtype)
+
+
+def from_config(text, **kw):
+    """build() from a configuration text (a checkpoint's "config" metadata,
+    `birkhoff model show`'s config lines, a comma list)."""
+    if not isinstance(text, str):
+        raise TypeError("from_config takes a configuration text (build takes a dict)")
+    return build(text, **kw)
+
+
+def load(path, dtype=torch.float32, device=None, *, verify=True, optimizer=False,
+         reference=False):
+    """A birkhoff checkpoint (written by the C engine: `birkhoff train`,
+    `birkhoff model init/train`, ... or by save()) as a torch nn.Module.
+
+    Returns the Model / Seq2SeqModel with the checkpoint's weights in dtype
+    (float32 by default, the checkpoint's own precision; float64 for the
+    oracle's parity runs) on device, in eval mode: .config is its
+    configuration dict, .checkpoint_meta the file's metadata (the optimiser
+    configuration and step, seed, forward_count, the run's "extra" lines),
+    which save() carries over by default. Parameter names are the
+    checkpoint's tensor names (state_dict() keys == param_specs names).
+
+    optimizer=True: returns (model, opt, optim_config, step) with opt the
+    torch.optim optimiser of the checkpoint's optimiser configuration
+    (make_optimizer: AdamW / Adam / SGD, the decay and no-decay groups) with
+    its state (m, v or the momentum buffer) and step count, so that
+    train_step(model, opt, optim_config, step, batch) continues the run as
+    the C engine would; a checkpoint without optimiser state raises
+    ValueError.
+
+    Errors: a missing file raises FileNotFoundError (OSError); a truncated,
+    corrupt (checksum), non-birkhoff or unbuildable checkpoint (attn=asap,
+    unknown configuration keys) raises ValueError naming the file and the
+    problem. verify=False skips the checksum (not the structure checks).
+    """
+    model, tensors, meta = load_checkpoint(os.fspath(path), dtype=dtype, verify=verify,
+                                           reference=reference)
+    model.checkpoint_meta = dict(meta)
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    if not optimizer:
+        return model
+    if "optim" not in meta:
+        raise ValueError(f"{path}: the checkpoint holds no optimiser state (no 'optim' metadata)")
+    try:
+        ocfg = resolve_optim(parse_optim(meta["optim"]))
+        step = int(meta.get("optim_step", "0"))
+        opt = make_optimizer(model, ocfg, tensors, step)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return model, opt, ocfg, step
+
+
+_OPT_KIND = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd"}
+
+
+def optim_config_of(optimizer, model):
+    """The bk_optim_config (a dict, OPTIM_DEFAULTS' keys) that a torch.optim
+    AdamW / Adam / SGD over model's parameters stands for: kind, lr (the
+    groups' initial_lr when a torch LR scheduler set one, else lr), betas,
+    eps, momentum, nesterov, and weight_decay, which the C engine applies to
+    the decay tensors only (Linear weights, token table; MODEL.md): the
+    groups holding decay tensors must agree on it. Schedules, warm-up and
+    clipping are not part of a torch optimiser: pass them to save() as
+    optim_config. Raises ValueError for what the C optimisers do not have
+    (another optimiser class, amsgrad, maximize, SGD dampening, parameters
+    that are not the model's)."""
+    kind = _OPT_KIND.get(type(optimizer))
+    if kind is None:
+        raise ValueError(f"{type(optimizer).__name__}: the C engine has AdamW, Adam and SGD only "
+                         f"(pass optim_config and optimizer=None to save the weights alone)")
+    names = {id(p): n for n, p in model.named_parameters()}
+    flags = model.decay_flags()
+    groups = optimizer.param_groups
+    for g in groups:
+        for p in g["params"]:
+            if id(p) not in names:
+                raise ValueError("the optimiser holds parameters that are not the model's")
+        if g.get("amsgrad") or g.get("maximize") or g.get("dampening", 0.0):
+            raise ValueError("amsgrad, maximize and SGD dampening have no C counterpart")
+    oc = dict(OPTIM_DEFAULTS)
+    g0 = groups[0]
+    lrs = {float(g.get("initial_lr", g["lr"])) for g in groups}
+    if len(lrs) != 1:
+        raise ValueError(f"the parameter groups have different learning rates {sorted(lrs)}: "
+                         f"the C engine has one (pass optim_config)")
+    oc["kind"], oc["lr"] = kind, lrs.pop()
+    wds = {float(g["weight_decay"]) for g in groups
+           if any(flags[names[id(p)]] for p in g["params"])}
+    if len(wds) > 1:
+        raise ValueError(f"the groups holding decay tensors have different weight decays "
+                         f"{sorted(wds)} (pass optim_config)")
+    oc["weight_decay"] = wds.pop() if wds else 0.0
+    if kind == "sgd":
+        oc["momentum"], oc["nesterov"] = float(g0["momentum"]), int(bool(g0["nesterov"]))
+    else:
+        oc["beta1"], oc["beta2"] = (float(b) for b in g0["betas"])
+        oc["eps"] = float(g0["eps"])
+    return oc
+
+
+def _optimizer_step(optimizer, ocfg):
+    """The optimiser's step count: Adam's state "step" (all parameters
+    agree); SGD keeps none (None)."""
+    if ocfg["kind"] == "sgd":
+        return None
+    steps = {int(float(st["step"])) for st in optimizer.state.values() if "step" in st}
+    if len(steps) > 1:
+        raise ValueError(f"the parameters have different Adam step counts {sorted(steps)}: "
+                         f"pass step")
+    return steps.pop() if steps else 0
+
+
+def save(path, model, optimizer=None, *, optim_config=None, step=None, seed=None,
+         forward_count=None, extra=None, config=None):
+    """Write a birkhoff checkpoint (MODEL.md "Checkpoints") that the CLI
+    evaluates and fine-tunes: `birkhoff model grads/train --ckpt`, `birkhoff
+    train --init`, and `birkhoff eval` when the run's metadata is there.
+
+    model: a birkhoff.models Model / Seq2SeqModel (any dtype or device; a
+    DistributedDataParallel or other wrapper with .module is unwrapped), or a
+    state_dict (name -> tensor) together with config= (text or dict). The
+    parameters are written as float32 in the checkpoint's order.
+
+    optimizer: a torch.optim AdamW / Adam / SGD over the model's parameters
+    (None: weights only). Its state goes to "optim.<slot>.<name>" and its
+    configuration (optim_config_of, or optim_config: a text or dict, e.g.
+    with the schedule) to the "optim" metadata, so `birkhoff model train`
+    without --optim continues it. step: the optimiser's step count (default:
+    Adam's own; SGD keeps none: required when momentum buffers exist).
+
+    seed, forward_count, extra: the metadata (the model's RNG seed and
+    forward counter, which only dropout uses, and the caller's "key=value"
+    lines; `birkhoff train` keeps its run there, which `birkhoff eval`
+    needs); default: those of the checkpoint the model was loaded from, else
+    0, 0, "". The file is written to a temporary file in the same directory,
+    synced and renamed over path (atomic: a reader sees the old file or the
+    new one). Returns path.
+    """
+    if isinstance(model, dict) or (hasattr(model, "keys") and not isinstance(model, nn.Module)):
+        if config is None:
+            raise ValueError("save(path, state_dict): pass config= (the model's configuration)")
+        if optimizer is not None:
+            raise ValueError("save(path, state_dict, optimizer): pass the model itself (the "
+                             "optimiser's state is keyed by its parameters)")
+        state = model
+        model = build_model(resolve_config(config))
+        model.load_tensors({n: (t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t))
+                            for n, t in state.items()})
+    else:
+        while not hasattr(model, "ordered_parameters") and hasattr(model, "module"):
+            model = model.module             # DistributedDataParallel, DataParallel
+        if not (hasattr(model, "ordered_parameters") and hasattr(model, "cfg")):
+            raise TypeError(f"save: a birkhoff.models model or a state_dict expected, got "
+                            f"{type(model).__name__}")
+        if config is not None and resolve_config(config) != model.cfg:
+            raise ValueError("save: config= differs from the model's own configuration")
+        have = {n for n, _ in model.named_parameters()}
+        want = {n for n, _, _ in model.specs}
+        if have != want:
+            raise ValueError(f"the model's parameters are not those of its configuration: "
+                             f"unexpected {sorted(have - want)}, missing {sorted(want - have)}")
+    old = getattr(model, "checkpoint_meta", None) or {}
+    if seed is None:
+        seed = int(old.get("seed", "0"))
+    if forward_count is None:
+        forward_count = int(old.get("forward_count", "0"))
+    if extra is None:
+        extra = old.get("extra", "")
+    ocfg = None
+    if optimizer is not None:
+        ocfg = (resolve_optim(optim_config) if optim_config is not None
+                else optim_config_of(optimizer, model))
+        if step is None:
+            step = _optimizer_step(optimizer, ocfg)
+            if step is None:
+                if optimizer.state and ocfg["momentum"]:
+                    raise ValueError("SGD keeps no step count: pass step= (the number of "
+                                     "optimiser steps taken)")
+                step = 0
+    elif optim_config is not None:
+        raise ValueError("optim_config without optimizer: the C engine needs the optimiser "
+                         "state with it (save the weights alone, or pass the optimiser)")
+    path = os.fspath(path)
+    save_checkpoint(path, model, optimizer, ocfg, optim_step=int(step or 0), seed=int(seed),
+                    forward_count=int(forward_count), extra=str(extra),
+                    version=_package_version())
+    return path
 
 
 # ---------------------------------------------------------------------------

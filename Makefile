@@ -53,10 +53,21 @@ LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt -lpthread
 CUDA_OBJ = $(BUILD)/obj/src/backend/cuda/backend.o $(BUILD)/obj/src/backend/cuda/kernels.o
 endif
 
+# Data-parallel training under MPI (docs/TRAINING.md, "Several processes"):
+# the CLI (tools/train/mpi.c) links Open MPI when its pkg-config file is
+# found (Debian: libopenmpi-dev), MPI=1 forces it, MPI=0 leaves it out. The
+# library never depends on MPI (its seam is bk_train_comm).
+MPI_PC ?= ompi-c
+MPI ?= $(shell pkg-config --exists $(MPI_PC) 2>/dev/null && echo 1 || echo 0)
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(shell pkg-config --cflags $(MPI_PC)) -DBK_HAVE_MPI
+MPI_LIBS := $(shell pkg-config --libs $(MPI_PC))
+endif
+
 # the CLI's plots (cairo)
 CAIRO_CFLAGS := $(shell pkg-config --cflags cairo 2>/dev/null)
 CLI_LIBS := $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo)
-TOOL_HDRS = tools/cli.h tools/plot/chart.h
+TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
@@ -65,14 +76,14 @@ OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c 
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
-TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c
+TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
-           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
+           tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
            tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
            tools/bench/bench_train.c tools/demo/demo.c
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
@@ -140,8 +151,10 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libbirkhoff.so.0 -o $@ $^ $(LDLIBS_ALL)
 
+$(BUILD)/obj/tools/train/mpi.o: CFLAGS_ALL += $(MPI_CFLAGS)
+
 $(CLI): $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC)) $(LIB_A)
-	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
+	$(CC) -o $@ $^ $(CLI_LIBS) $(MPI_LIBS) $(LDLIBS_ALL)
 
 $(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)

@@ -256,6 +256,54 @@ typedef struct {
  * last checkpoint written. */
 BK_API bk_status bk_train_run(const bk_run_config *r, const char *dir, bk_train_mode mode, bk_train_callback cb,
                               void *user, const volatile sig_atomic_t *stop, bk_train_result *result);
+/* ---- data-parallel training across processes ----
+ * bk_train_run_comm is bk_train_run over `comm->size` processes (ranks) that
+ * each call it with the same configuration and directory: each global batch
+ * of `batch` samples is cut into chunks of `micro` samples (micro = 0: of
+ * ceil(batch / size)), the chunks are shared out contiguously among the
+ * ranks (rank k gets chunks [C k / size, C (k + 1) / size) of the batch's C),
+ * every rank runs forward and backward on its chunks, and the gradients are
+ * summed across ranks in rank order (a reduce-scatter and an all-gather built
+ * from comm's alltoall and allgather, in pieces of at most 4 Mi floats), so
+ * every rank takes the same optimiser step. Chunk k of a step runs with the
+ * dropout counter of the single-process run's chunk k: a run over N ranks
+ * computes what the one-process run with the same micro computes, dropout
+ * included, up to the order of the gradient sums (float rounding); for a
+ * fixed N it is bitwise reproducible, whatever the thread counts.
+ * Rank 0 alone writes the run directory (metrics, checkpoints, summary) and
+ * evaluates after each epoch; the callback is called on rank 0 only. At the
+ * start rank 0's weights, optimiser state and position are broadcast (a
+ * resumed run needs last.safetensors readable by every rank only for its
+ * configuration: bk_train_resume_config), and each rank's configuration text
+ * is compared with rank 0's: only threads, progress and data_dir may differ
+ * (BK_ERR_PARAM naming the first differing key and rank, on every rank).
+ * After each epoch the ranks compare checksums of their weights (a
+ * divergence, e.g. ranks whose kernels round differently, is
+ * BK_ERR_NUMERIC). The stop flag of any rank stops all of them at the same
+ * step. Every failure is agreed on by all ranks at the next synchronisation
+ * point (each step, each epoch end), so none is left waiting: each returns
+ * the failure (the failing rank its own message, the others
+ * "rank K failed: ..."). comm == NULL or size == 1 is bk_train_run.
+ * The collectives are blocking, called by every rank in the same order; each
+ * returns 0 on success (non-zero: BK_ERR_IO "collective failed"). The
+ * checkpoints record the number of ranks (pos_ranks); a run resumed with
+ * another number continues correctly but not bitwise as the uninterrupted
+ * run would. tools/train/mpi.c is this interface over MPI. */
+typedef struct {
+    int rank, size;   /* this process's rank in [0, size), the number of ranks */
+    void *user;       /* passed to the functions                              */
+    /* rank 0's `bytes` bytes at buf, copied to buf on every rank */
+    int (*bcast)(void *user, void *buf, size_t bytes);
+    /* every rank's `bytes` bytes at send, in rank order, into recv (size *
+     * bytes) on every rank */
+    int (*allgather)(void *user, const void *send, void *recv, size_t bytes);
+    /* send holds size blocks of `bytes`: block j goes to rank j; recv
+     * receives size blocks: block i from rank i */
+    int (*alltoall)(void *user, const void *send, void *recv, size_t bytes);
+} bk_train_comm;
+BK_API bk_status bk_train_run_comm(const bk_run_config *r, const char *dir, bk_train_mode mode,
+                                   const bk_train_comm *comm, bk_train_callback cb, void *user,
+                                   const volatile sig_atomic_t *stop, bk_train_result *result);
 /* The configuration of the run in dir (its last.safetensors; stop_after set
  * to 0: it applies to one process), to pass to bk_train_run with
  * BK_TRAIN_RESUME after changing what may change; epochs_done (nullable)

@@ -2,6 +2,7 @@
  * metrics (JSONL and CSV), a checkpoint per epoch, stopping on a caller's
  * flag and resuming bit for bit (birkhoff/train.h, docs/TRAINING.md). */
 #include "../nn/nn.h"
+#include "dp.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -124,7 +125,8 @@ static char *config_text(const bk_run_config *r)
     return s;
 }
 
-/* the position and running sums stored with a checkpoint */
+/* the position and running sums stored with a checkpoint (broadcast as
+ * bytes from rank 0 in data-parallel training: plain data only) */
 typedef struct {
     int epoch;          /* epochs completed                                */
     int64_t batch;      /* batches done in the current epoch               */
@@ -134,7 +136,7 @@ typedef struct {
     double elapsed;     /* training seconds before this process            */
 } run_pos;
 
-static char *extra_text(const bk_run_config *r, const run_pos *p, const char *trv, const char *tev)
+static char *extra_text(const bk_run_config *r, const run_pos *p, const char *trv, const char *tev, int ranks)
 {
     char *cfg = config_text(r);
     if (!cfg) return NULL;
@@ -143,9 +145,9 @@ static char *extra_text(const bk_run_config *r, const run_pos *p, const char *tr
     if (s)
         snprintf(s, n,
                  "pos_epoch=%d\npos_batch=%lld\npos_step=%lld\npos_loss_sum=%a\npos_correct=%lld\npos_seen=%lld\n"
-                 "pos_elapsed=%a\ndata_train=%s\ndata_test=%s\n%s",
+                 "pos_elapsed=%a\ndata_train=%s\ndata_test=%s\npos_ranks=%d\n%s",
                  p->epoch, (long long)p->batch, (long long)p->step, p->loss_sum, (long long)p->correct,
-                 (long long)p->seen, p->elapsed, trv, tev, cfg);
+                 (long long)p->seen, p->elapsed, trv, tev, ranks, cfg);
     free(cfg);
     return s;
 }
@@ -237,11 +239,11 @@ static const char *changed_key(const bk_run_config *stored, const bk_run_config 
 }
 
 static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_optim *o, const bk_run_config *r,
-                           const run_pos *p, const char *trv, const char *tev)
+                           const run_pos *p, const char *trv, const char *tev, int ranks)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *ex = extra_text(r, p, trv, tev);
+    char *ex = extra_text(r, p, trv, tev, ranks);
     if (!ex) return bki_fail(BK_ERR_NOMEM, "out of memory");
     bk_status st = bk_checkpoint_save(path, m, o, ex);
     free(ex);
@@ -262,6 +264,7 @@ static void logs_close(run_logs *L)
 
 static void logs_flush(run_logs *L)
 {
+    if (!L->jsonl) return; /* a rank other than 0 writes no metrics */
     fflush(L->jsonl);
     fflush(L->steps);
     fflush(L->epochs);
@@ -321,11 +324,13 @@ typedef struct {
     bk_layer_diag *diag;
     bk_data_batch buf;
     run_logs logs;
+    bki_dp dp;              /* the ranks of a data-parallel run               */
 } train_state;
 
 static void train_free(train_state *s)
 {
     logs_close(&s->logs);
+    bki_dp_free(&s->dp);
     bk_data_batch_free(&s->buf);
     free(s->order);
     free(s->diag);
@@ -403,16 +408,20 @@ static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_da
     return st;
 }
 
-/* Steps 1..: data, model, run directory, up to the first step. */
+/* Steps 1..: data, model, run directory, up to the first step. Only root
+ * (rank 0 of a data-parallel run, or the one process) writes the run
+ * directory; the other ranks read what they need (the resumed checkpoint,
+ * init=) and hold no metrics files. */
 static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode, run_pos *pos,
-                             bk_train_result *res)
+                             bk_train_result *res, int rank, int comm_size)
 {
+    const int root = rank == 0;
     bk_run_config *r = &s->r;
     const int resume = mode == BK_TRAIN_RESUME;
     char path[1100];
     snprintf(path, sizeof path, "%s/last.safetensors", dir);
     bk_status st;
-    if (mode == BK_TRAIN_NEW && exists(path)) {
+    if (root && mode == BK_TRAIN_NEW && exists(path)) {
         res->stage = BK_TRAIN_STAGE_CONFIG;
         return bki_fail(BK_ERR_PARAM, "%s already holds a run: resume it (BK_TRAIN_RESUME) or overwrite it "
                                       "(BK_TRAIN_OVERWRITE)", dir);
@@ -473,8 +482,15 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
             return st;
         }
         if ((st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
-        if (!mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
+        if (root && !mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
     }
+    s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
+    s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
+    /* a batch is filled whole (micro-batches are weighted by their share
+     * of it: an encoder-decoder's target tokens are counted first) */
+    if (!s->order || !s->diag || bk_data_batch_init(&s->buf, s->tr, r->batch) != BK_OK)
+        return bki_fail(BK_ERR_NOMEM, "out of memory");
+    if (!root) return BK_OK;
     snprintf(path, sizeof path, "%s/ckpt", dir);
     if (!mkdir_p(path)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", path, strerror(errno));
     {
@@ -500,23 +516,71 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     }
     if (!logs_open(dir, !resume, &s->logs))
         return bki_fail(BK_ERR_IO, "cannot open the metrics files in %s (%s)", dir, strerror(errno));
-    s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
-    s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
-    /* a batch is filled whole (micro-batches are weighted by their share
-     * of it: an encoder-decoder's target tokens are counted first) */
-    if (!s->order || !s->diag || bk_data_batch_init(&s->buf, s->tr, r->batch) != BK_OK)
-        return bki_fail(BK_ERR_NOMEM, "out of memory");
     if (!resume) {
         remove_old_run(dir);
-        if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, tri->version, tei->version)) !=
-            BK_OK)
+        if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, tri->version, tei->version,
+                            comm_size)) != BK_OK)
             return st;
     }
     return BK_OK;
 }
 
+/* Data-parallel setup, after each rank's own: agree that all succeeded, that
+ * the configurations match (but for the keys that are per process), then
+ * take rank 0's weights, optimiser state and position. */
+static bk_status dp_start(train_state *s, bk_train_mode mode, run_pos *pos)
+{
+    bki_dp *d = &s->dp;
+    bk_run_config a = s->r;
+    a.threads = 0;
+    memset(a.progress, 0, sizeof a.progress);
+    memset(a.data_dir, 0, sizeof a.data_dir);
+    char *cfg = config_text(&a);
+    if (!cfg) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    size_t n = strlen(cfg) + 1024;
+    char *txt = malloc(n);
+    if (txt)
+        snprintf(txt, n, "mode=%d\nranks=%d\ndata_train=%s\ndata_test=%s\nmodel_seed=%llu\n%s", (int)mode,
+                 bki_dp_size(d), tri->version, tei->version, (unsigned long long)bki_model_seed(s->m), cfg);
+    free(cfg);
+    bk_status st = txt ? BK_OK : bki_fail(BK_ERR_NOMEM, "out of memory");
+    st = bki_dp_agree(d, st, "configuration");
+    if (st == BK_OK) st = bki_dp_same_text(d, txt, "configuration");
+    free(txt);
+    if (st != BK_OK) return st;
+    int64_t step = bk_optim_step_count(s->o);
+    uint64_t fc = bki_model_fwd_count(s->m);
+    const size_t P = (size_t)bk_model_num_params(s->m);
+    if ((st = bki_dp_bcast(d, pos, sizeof *pos)) || (st = bki_dp_bcast(d, &step, sizeof step)) ||
+        (st = bki_dp_bcast(d, &fc, sizeof fc)) || (st = bki_dp_bcast(d, bk_model_params(s->m), sizeof(float) * P)))
+        return st;
+    for (int k = 0; k < bki_optim_slots(s->o); k++)
+        if ((st = bki_dp_bcast(d, bki_optim_slot(s->o, k), sizeof(float) * P))) return st;
+    bki_optim_set_step(s->o, step);
+    bki_model_set_fwd_count(s->m, fc);
+    return BK_OK;
+}
+
+/* the checksum the ranks compare after each epoch: weights and optimiser
+ * state */
+static uint64_t state_hash(bk_model *m, bk_optim *o)
+{
+    const size_t P = (size_t)bk_model_num_params(m);
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, bk_model_params(m), sizeof(float) * P);
+    for (int k = 0; k < bki_optim_slots(o); k++) h = bki_fnv1a(h, bki_optim_slot(o, k), sizeof(float) * P);
+    return h;
+}
+
 bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode mode, bk_train_callback cb,
                        void *user, const volatile sig_atomic_t *stop, bk_train_result *result)
+{
+    return bk_train_run_comm(r_in, dir, mode, NULL, cb, user, stop, result);
+}
+
+bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train_mode mode,
+                            const bk_train_comm *comm, bk_train_callback cb, void *user,
+                            const volatile sig_atomic_t *stop, bk_train_result *result)
 {
     bki_clear_error();
     bk_train_result res_local, *res = result ? result : &res_local;
@@ -530,16 +594,34 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     memset(&s, 0, sizeof s);
     s.r = *r_in;
     run_pos pos = {0};
-    bk_status st = train_setup(&s, dir, mode, &pos, res);
+    if (comm && comm->size != 1 && (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size))
+        return bki_fail(BK_ERR_PARAM, "bk_train_run_comm: rank %d of size %d", comm->rank, comm->size);
+    const int ranks = comm && comm->size > 1 ? comm->size : 1, rank = ranks > 1 ? comm->rank : 0;
+    const int root = rank == 0;
+    bk_status st = train_setup(&s, dir, mode, &pos, res, rank, ranks);
+    if (ranks > 1) {
+        /* every rank takes part in the collectives from here on, whatever
+         * its own setup gave */
+        const bk_status mine = st;
+        bk_status st2 = bki_dp_init(&s.dp, comm, mine == BK_OK ? bk_model_num_params(s.m) : 0);
+        if (st2 != BK_OK) {
+            /* a malformed comm (checked above) or no memory: cannot take part */
+            train_free(&s);
+            return st2;
+        }
+        st = mine == BK_OK ? dp_start(&s, mode, &pos) : bki_dp_agree(&s.dp, mine, "setup");
+    }
     if (st != BK_OK) {
         train_free(&s);
         return st;
     }
+    if (!root) cb = NULL; /* rank 0 reports */
     const bk_run_config *r = &s.r;
     const bk_dataset_info *tri = bk_data_info(s.tr), *tei = bk_data_info(s.te);
     bk_model *m = s.m;
     bk_optim *o = s.o;
-    const int chunk = r->micro > 0 ? r->micro : r->batch;
+    /* the unit of work: a micro-batch, or a rank's share of the batch */
+    const int chunk = r->micro > 0 ? r->micro : (r->batch + ranks - 1) / ranks;
     const int diag_n = tei->n < 64 ? (int)tei->n : 64;
     const int64_t nb = (tri->n + r->batch - 1) / r->batch;
     const int depth = r->model.depth;
@@ -565,7 +647,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     int stopped = 0;
     res->stage = BK_TRAIN_STAGE_STEP;
     for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
-        if ((st = epoch_attention(m, r, e)) != BK_OK) break;
+        if ((st = bki_dp_agree(&s.dp, epoch_attention(m, r, e), "epoch start")) != BK_OK) break;
         bk_data_epoch_order(s.order, tri->n, r->seed, e);
         /* sentence pairs: batches of similar lengths (windows of 100 batches
          * sorted by length, the batches shuffled; a pure function of the
@@ -583,8 +665,15 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             bk_batch whole;
             memcpy(s.buf.idx, s.order + bi * r->batch, sizeof(int64_t) * (size_t)B);
             if ((st = bk_data_batch_fill(&s.buf, s.tr, B, &whole)) == BK_OK) bw = bki_batch_weight(m, &whole);
-            for (int b0 = 0; b0 < B && st == BK_OK; b0 += chunk) {
-                const int Bc = B - b0 < chunk ? B - b0 : chunk;
+            /* chunk k runs with the dropout counter base + k on whichever
+             * rank holds it (this rank: chunks [k0, k1)), as one process
+             * running every chunk would */
+            const int nchunks = (B + chunk - 1) / chunk;
+            const int k0 = (int)((int64_t)nchunks * rank / ranks), k1 = (int)((int64_t)nchunks * (rank + 1) / ranks);
+            const uint64_t count0 = bki_model_fwd_count(m);
+            for (int k = k0; k < k1 && st == BK_OK; k++) {
+                const int b0 = k * chunk, Bc = B - b0 < chunk ? B - b0 : chunk;
+                bki_model_set_fwd_count(m, count0 + (uint64_t)k);
                 const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
                 const int64_t w = bki_batch_weight(m, &bt);
                 double loss;
@@ -596,10 +685,20 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
                 bl += loss * (double)w;
                 bc += hit;
             }
+            bki_model_set_fwd_count(m, count0 + (uint64_t)nchunks);
             if (st != BK_OK) {
                 char msg[480];
                 snprintf(msg, sizeof msg, "%s", bk_last_error());
                 bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
+            }
+            if (ranks > 1 && (st = bki_dp_agree(&s.dp, st, "training step")) == BK_OK) {
+                /* the batch's loss and hits, then the gradient, summed over
+                 * the ranks */
+                double v[2] = {bl, (double)bc};
+                if ((st = bki_dp_sum(&s.dp, v, 2)) == BK_OK)
+                    st = bki_dp_sum_floats(&s.dp, bk_model_grads(m), bk_model_num_params(m));
+                bl = v[0];
+                bc = (int64_t)v[1];
             }
             double gnorm = 0;
             if (st == BK_OK && (st = bk_optim_step(o, m, &gnorm)) != BK_OK) {
@@ -622,7 +721,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
                 win_samples = 0;
             }
             const double t = pos.elapsed + now - t0;
-            if (pos.step % r->log_every == 0) {
+            if (root && pos.step % r->log_every == 0) {
                 fprintf(s.logs.jsonl,
                         "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"batch\":%lld,\"loss\":%.6g,\"acc\":%.6g,"
                         "\"lr\":%.6g,\"gnorm\":%.6g,\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
@@ -645,13 +744,31 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             ev.train_loss = pos.loss_sum / (double)pos.seen;
             ev.train_acc = (double)pos.correct / (double)pos.seen;
             if (cb) cb(user, &ev);
-            if ((stop && *stop) || (r->stop_after > 0 && pos.step >= r->stop_after)) {
+            /* read after the step and its event; any rank's flag stops all */
+            double stop_now = (stop && *stop) || (r->stop_after > 0 && pos.step >= r->stop_after);
+            if (ranks > 1 && (st = bki_dp_sum(&s.dp, &stop_now, 1)) != BK_OK) break;
+            if (stop_now > 0) {
                 stopped = 1;
                 break;
             }
         }
         if (stopped || st != BK_OK) break;
-        /* end of epoch: evaluate, record, checkpoint */
+        /* end of epoch: evaluate, record, checkpoint (rank 0), then the
+         * ranks agree and compare their states */
+        if (!root) {
+            pos.epoch = e + 1;
+            pos.batch = 0;
+            pos.loss_sum = 0;
+            pos.correct = pos.seen = 0;
+            if ((st = bki_dp_agree(&s.dp, BK_OK, "end of epoch")) != BK_OK ||
+                (st = bki_dp_same_u64(&s.dp, state_hash(m, o), "weights and optimiser state")) != BK_OK)
+                break;
+            double te[2];
+            if ((st = bki_dp_bcast(&s.dp, te, sizeof te)) != BK_OK) break;
+            res->test_loss = te[0];
+            res->test_acc = te[1];
+            continue;
+        }
         bk_eval_result er = {0};
         if ((st = evaluate_epoch(m, r, s.te, diag_n, s.diag, &er)) != BK_OK) {
             char msg[480];
@@ -659,6 +776,7 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
             bki_fail(st, "evaluation: %s", msg);
             bk_eval_result_free(&er);
             res->stage = BK_TRAIN_STAGE_EVAL;
+            bki_dp_agree(&s.dp, st, "end of epoch");
             break;
         }
         double rd = 0, cd = 0, en = 0;
@@ -704,9 +822,16 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
         snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
         run_pos saved = pos;
         saved.elapsed = t;
-        if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version)) != BK_OK ||
-            (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version)) != BK_OK) {
+        if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK ||
+            (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK)
             res->stage = BK_TRAIN_STAGE_SAVE;
+        if (ranks > 1) {
+            double te[2] = {res->test_loss, res->test_acc};
+            if ((st = bki_dp_agree(&s.dp, st, "end of epoch")) != BK_OK ||
+                (st = bki_dp_same_u64(&s.dp, state_hash(m, o), "weights and optimiser state")) != BK_OK ||
+                (st = bki_dp_bcast(&s.dp, te, sizeof te)) != BK_OK)
+                break;
+        } else if (st != BK_OK) {
             break;
         }
     }
@@ -719,20 +844,25 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     res->stopped = stopped;
     if (st == BK_OK) {
         res->stage = BK_TRAIN_STAGE_SAVE;
-        if (stopped) {
+        if (!root) {
+            /* rank 0 writes */
+        } else if (stopped) {
             run_pos saved = pos;
             saved.elapsed = elapsed;
-            st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version);
+            st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks);
         } else if (isfinite(res->test_acc)) {
             char sj[2048], path[1100];
             snprintf(sj, sizeof sj,
                      "{\"data\":\"%s\",\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
-                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d}\n",
+                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d,\"ranks\":%d}\n",
                      r->data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)pos.step,
-                     (long long)bk_model_num_params(m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads());
+                     (long long)bk_model_num_params(m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads(),
+                     ranks);
             snprintf(path, sizeof path, "%s/summary.json", dir);
             st = bk_run_write_text(path, sj);
         }
+        /* the last writes, agreed (a failed loop has agreed already) */
+        st = bki_dp_agree(&s.dp, st, "the final checkpoint");
     }
     train_free(&s);
     return st;

@@ -6,12 +6,15 @@
  * but the timings equal the uninterrupted run's, with a thread change),
  * refusals (an existing run, a changed configuration, a finished run), the
  * evaluation of a checkpoint equal to the run's own, attention diagnostics,
- * and the ASAP compilation of a Sinkhorn model.
+ * the ASAP compilation of a Sinkhorn model, and data-parallel runs
+ * (bk_train_run_comm) over ranks that are threads of this process (the MPI
+ * transport itself: tests/tools/test_mpi.py).
  * Run: build/test_train; prints "N passed, M failed". */
 #include "birkhoff.h"
 #include "../data/tcheck.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -634,6 +637,219 @@ static void test_esp_anneal(void)
           "%s", bk_last_error());
 }
 
+/* ---- data-parallel runs: ranks as threads over shared memory ---- */
+enum { MAX_RANKS = 4 };
+typedef struct {
+    pthread_barrier_t bar;
+    const void *ptr[MAX_RANKS];
+} tcomm_shared;
+typedef struct {
+    tcomm_shared *sh;
+    int rank;
+    bk_train_comm comm;
+    bk_run_config r;
+    const char *dir;
+    bk_train_mode mode;
+    bk_status st;
+    bk_train_result res;
+    char msg[512];
+} rank_job;
+
+static int t_bcast(void *u, void *buf, size_t n)
+{
+    rank_job *j = u;
+    if (j->rank == 0) j->sh->ptr[0] = buf;
+    pthread_barrier_wait(&j->sh->bar);
+    if (j->rank) memcpy(buf, j->sh->ptr[0], n);
+    pthread_barrier_wait(&j->sh->bar);
+    return 0;
+}
+static int t_allgather(void *u, const void *send, void *recv, size_t n)
+{
+    rank_job *j = u;
+    j->sh->ptr[j->rank] = send;
+    pthread_barrier_wait(&j->sh->bar);
+    for (int k = 0; k < j->comm.size; k++) memcpy((char *)recv + k * n, j->sh->ptr[k], n);
+    pthread_barrier_wait(&j->sh->bar);
+    return 0;
+}
+static int t_alltoall(void *u, const void *send, void *recv, size_t n)
+{
+    rank_job *j = u;
+    j->sh->ptr[j->rank] = send;
+    pthread_barrier_wait(&j->sh->bar);
+    for (int k = 0; k < j->comm.size; k++)
+        memcpy((char *)recv + k * n, (const char *)j->sh->ptr[k] + (size_t)j->rank * n, n);
+    pthread_barrier_wait(&j->sh->bar);
+    return 0;
+}
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    j->st = bk_train_run_comm(&j->r, j->dir, j->mode, &j->comm, NULL, NULL, NULL, &j->res);
+    snprintf(j->msg, sizeof j->msg, "%s", j->st ? bk_last_error() : "");
+    return NULL;
+}
+/* R ranks, rank k with configuration r[k] (r[0] for all when r1 is NULL);
+ * the jobs (statuses, messages) land in jobs */
+static void run_ranks(int R, const bk_run_config *r0, const bk_run_config *r1, const char *dir, bk_train_mode mode,
+                      rank_job *jobs)
+{
+    tcomm_shared sh;
+    memset(&sh, 0, sizeof sh);
+    pthread_barrier_init(&sh.bar, NULL, (unsigned)R);
+    pthread_t th[MAX_RANKS];
+    for (int k = 0; k < R; k++) {
+        rank_job *j = &jobs[k];
+        memset(j, 0, sizeof *j);
+        j->sh = &sh;
+        j->rank = k;
+        j->comm = (bk_train_comm){.rank = k, .size = R, .user = j, .bcast = t_bcast, .allgather = t_allgather,
+                                  .alltoall = t_alltoall};
+        j->r = k > 0 && r1 ? *r1 : *r0;
+        j->dir = dir;
+        j->mode = mode;
+        pthread_create(&th[k], NULL, rank_main, j);
+    }
+    for (int k = 0; k < R; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&sh.bar);
+}
+static int all_ok(const rank_job *jobs, int R)
+{
+    for (int k = 0; k < R; k++)
+        if (jobs[k].st != BK_OK) {
+            printf("# rank %d: %s\n", k, jobs[k].msg);
+            return 0;
+        }
+    return 1;
+}
+/* max |a - b| / max |a| over the parameters of two checkpoints */
+static double param_err(const char *a, const char *b)
+{
+    bk_model *x = NULL, *y = NULL;
+    double err = INFINITY;
+    if (bk_checkpoint_load(a, 1, &x, NULL, NULL) == BK_OK && bk_checkpoint_load(b, 1, &y, NULL, NULL) == BK_OK &&
+        bk_model_num_params(x) == bk_model_num_params(y)) {
+        const float *p = bk_model_params(x), *q = bk_model_params(y);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < bk_model_num_params(x); i++) {
+            num = fmax(num, fabs((double)p[i] - q[i]));
+            den = fmax(den, fabs((double)p[i]));
+        }
+        err = num / den;
+    }
+    bk_model_free(x);
+    bk_model_free(y);
+    return err;
+}
+static int same_metrics(const char *a, const char *b, const char *file)
+{
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s", a, file);
+    snprintf(pb, sizeof pb, "%s/%s", b, file);
+    char *x = strip_times(pa), *y = strip_times(pb);
+    const int ok = x && y && !strcmp(x, y);
+    free(x);
+    free(y);
+    return ok;
+}
+
+static void test_data_parallel(void)
+{
+    char one[400], two[400], two_b[400], three[400], one6[400], cut[400], pa[600], pb[600];
+    snprintf(one, sizeof one, "%s/dp-one", g_tmp);
+    snprintf(two, sizeof two, "%s/dp-two", g_tmp);
+    snprintf(two_b, sizeof two_b, "%s/dp-two-b", g_tmp);
+    snprintf(three, sizeof three, "%s/dp-three", g_tmp);
+    snprintf(one6, sizeof one6, "%s/dp-one6", g_tmp);
+    snprintf(cut, sizeof cut, "%s/dp-cut", g_tmp);
+    rank_job jobs[MAX_RANKS];
+    bk_train_result res;
+
+    /* one process, micro 8 (two chunks a batch), dropout 0.1; then two
+     * ranks of one chunk each: the same computation up to the sums' order */
+    bk_run_config r = tiny("sinkhorn", 2);
+    r.threads = 1;
+    bk_status st = bk_train_run(&r, one, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (!CHECK(st == BK_OK, "dp: the one-process run", "%s", bk_last_error())) return;
+    run_ranks(2, &r, NULL, two, BK_TRAIN_NEW, jobs);
+    if (!CHECK(all_ok(jobs, 2), "dp: 2 ranks train", "%s", jobs[0].msg)) return;
+    snprintf(pa, sizeof pa, "%s/last.safetensors", one);
+    snprintf(pb, sizeof pb, "%s/last.safetensors", two);
+    double err = param_err(pa, pb);
+    CHECK(err < 1e-4 && err > 0, "dp: 2 ranks = one process (micro 8, dropout 0.1) up to rounding",
+          "max rel weight error %.3g after %lld steps (tolerance 1e-4; 0 would mean no reduction happened)", err,
+          (long long)jobs[0].res.step);
+    CHECK(jobs[0].res.step == res.step && jobs[1].res.step == res.step && jobs[1].res.test_acc == jobs[0].res.test_acc,
+          "dp: every rank's result (steps, test accuracy from rank 0)", "%lld %lld %g %g", (long long)jobs[0].res.step,
+          (long long)jobs[1].res.step, jobs[0].res.test_acc, jobs[1].res.test_acc);
+    CHECK(fabs(jobs[0].res.test_loss - res.test_loss) < 1e-4 * fabs(res.test_loss),
+          "dp: 2 ranks: test loss = one process's", "%.9g vs %.9g", jobs[0].res.test_loss, res.test_loss);
+
+    /* bitwise reproducible for a fixed number of ranks, whatever the threads */
+    bk_run_config r2 = r;
+    r2.threads = 2;
+    run_ranks(2, &r2, NULL, two_b, BK_TRAIN_NEW, jobs);
+    snprintf(pa, sizeof pa, "%s/last.safetensors", two_b);
+    CHECK(all_ok(jobs, 2) && same_tensors(pa, pb) && same_metrics(two, two_b, "steps.csv") &&
+              same_metrics(two, two_b, "epochs.csv"),
+          "dp: 2 ranks again (2 threads each): bitwise the same weights, state and metrics", "%s", "");
+
+    /* 3 ranks, micro 0: chunks of ceil(16 / 3) = 6 = one process with micro 6 */
+    bk_run_config r3 = r;
+    r3.micro = 0;
+    run_ranks(3, &r3, NULL, three, BK_TRAIN_NEW, jobs);
+    bk_run_config r6 = r;
+    r6.micro = 6;
+    st = bk_train_run(&r6, one6, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    snprintf(pa, sizeof pa, "%s/last.safetensors", three);
+    snprintf(pb, sizeof pb, "%s/last.safetensors", one6);
+    err = param_err(pa, pb);
+    CHECK(all_ok(jobs, 3) && st == BK_OK && err < 1e-4, "dp: 3 ranks (micro 0) = one process with micro 6",
+          "max rel weight error %.3g (tolerance 1e-4)", err);
+
+    /* only rank 0 wrote: the run directory is a normal run's */
+    CHECK(exists(three, "summary.json") && exists(three, "ckpt/epoch-0002.safetensors") && exists(three, "steps.csv"),
+          "dp: rank 0 writes the run directory", "%s", three);
+
+    /* stop after 5 steps, resume on 2 ranks: bitwise the uninterrupted run */
+    bk_run_config rc = r;
+    rc.stop_after = 5;
+    run_ranks(2, &rc, NULL, cut, BK_TRAIN_NEW, jobs);
+    const int stopped = all_ok(jobs, 2) && jobs[0].res.stopped && jobs[1].res.stopped && jobs[0].res.step == 5;
+    bk_run_config rr;
+    st = bk_train_resume_config(cut, &rr, NULL);
+    run_ranks(2, &rr, NULL, cut, BK_TRAIN_RESUME, jobs);
+    snprintf(pa, sizeof pa, "%s/last.safetensors", cut);
+    snprintf(pb, sizeof pb, "%s/last.safetensors", two);
+    CHECK(stopped && st == BK_OK && all_ok(jobs, 2) && same_tensors(pa, pb) && same_metrics(cut, two, "steps.csv") &&
+              same_metrics(cut, two, "epochs.csv"),
+          "dp: stopped at step 5 and resumed on 2 ranks = the uninterrupted run, bitwise", "stopped %d", stopped);
+
+    /* a rank with another configuration: refused on every rank, named */
+    bk_run_config bad = r;
+    bad.optim.lr *= 2;
+    snprintf(pa, sizeof pa, "%s/dp-bad", g_tmp);
+    run_ranks(2, &r, &bad, pa, BK_TRAIN_NEW, jobs);
+    CHECK(jobs[0].st == BK_ERR_PARAM && jobs[1].st == BK_ERR_PARAM && has(jobs[1].msg, "rank 1's configuration") &&
+              has(jobs[1].msg, "lr=") && has(jobs[0].msg, "rank 1"),
+          "dp: a rank's different lr is refused on every rank", "rank 0: %s | rank 1: %s", jobs[0].msg, jobs[1].msg);
+
+    /* a rank failing its own setup: every rank returns (nobody waits) */
+    bad = r;
+    snprintf(bad.init, sizeof bad.init, "%s/missing.safetensors", g_tmp);
+    snprintf(pa, sizeof pa, "%s/dp-bad2", g_tmp);
+    run_ranks(2, &r, &bad, pa, BK_TRAIN_NEW, jobs);
+    CHECK(jobs[0].st != BK_OK && jobs[1].st == BK_ERR_IO && has(jobs[0].msg, "rank 1 failed") &&
+              has(jobs[1].msg, "missing.safetensors"),
+          "dp: a rank's failed setup ends every rank", "rank 0: %s | rank 1: %s", jobs[0].msg, jobs[1].msg);
+
+    /* a malformed comm */
+    bk_train_comm c = {.rank = 2, .size = 2};
+    st = bk_train_run_comm(&r, pa, BK_TRAIN_NEW, &c, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM, "dp: a rank outside [0, size) is refused", "%s", bk_last_error());
+}
+
 static void rm_rf(const char *path)
 {
     char cmd[600];
@@ -649,6 +865,7 @@ int main(void)
     test_compile();
     test_swap();
     test_esp_anneal();
+    test_data_parallel();
     rm_rf(g_tmp);
     return tc_summary();
 }

@@ -4,6 +4,7 @@
  * checkpoint (status 130) that --resume continues bit for bit. */
 #define _GNU_SOURCE
 #include "../cli.h"
+#include "train_mpi.h"
 
 #include <math.h>
 #include <signal.h>
@@ -44,7 +45,11 @@ static void usage_train(FILE *f)
             "--init CKPT starts a new run (fine-tuning) from a checkpoint's weights: the model keys start from the\n"
             "checkpoint's (other attention keys swap its attention, as `birkhoff model swap`); a fresh optimiser.\n"
             "--esp-anneal F trains ESP epoch e with esp_t = t0 F^e (ESPFormer: 0.8); --eval-esp-sort hard evaluates\n"
-            "every epoch with the exact sort.\n");
+            "every epoch with the exact sort.\n"
+            "\n"
+            "Several processes: mpirun -np N birkhoff train ... shares each batch out among N processes (data\n"
+            "parallel: gradients summed across them; rank 0 writes DIR; docs/TRAINING.md). This build: %s.\n",
+            cli_mpi_built() ? "with MPI" : "without MPI (mpirun is refused)");
 }
 
 static int exists(const char *p)
@@ -66,6 +71,7 @@ enum { PR_NONE, PR_PLAIN, PR_BAR };
 /* the display of one run, driven by the loop's events */
 typedef struct {
     const char *dir;
+    int ranks;              /* processes of a data-parallel run (1: one)     */
     int mode, started;
     double last_draw;
     struct sigaction old_int, old_term;
@@ -81,11 +87,14 @@ static void on_event(void *user, const bk_train_event *ev)
         else if (!strcmp(r->progress, "bar") || (!strcmp(r->progress, "auto") && isatty(STDERR_FILENO)))
             p->mode = PR_BAR;
         const bk_dataset_info *tr = bk_data_info(ev->train);
+        char procs[48] = "";
+        if (p->ranks > 1) snprintf(procs, sizeof procs, " x %d processes (MPI)", p->ranks);
         if (p->mode != PR_NONE)
             fprintf(stderr,
-                    "train: %s, %s attention, %lld parameters, %lld samples x %d epochs (batch %d), %d threads -> %s\n",
+                    "train: %s, %s attention, %lld parameters, %lld samples x %d epochs (batch %d), %d threads%s -> "
+                    "%s\n",
                     tr->version, bk_attn_kind_name(r->model.attn), (long long)bk_model_num_params(ev->model),
-                    (long long)tr->n, r->epochs, r->batch, bk_get_num_threads(), p->dir);
+                    (long long)tr->n, r->epochs, r->batch, bk_get_num_threads(), procs, p->dir);
         /* from the first step on, Ctrl-C stops the run with a checkpoint */
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -171,7 +180,7 @@ static int apply_flags(int argc, char **argv, int resume, bk_run_config *r)
     return CLI_OK;
 }
 
-int cmd_train(int argc, char **argv)
+static int train_main(int argc, char **argv, const bk_train_comm *comm)
 {
     bk_run_config r = bk_run_config_default();
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
@@ -262,21 +271,40 @@ int cmd_train(int argc, char **argv)
     progress p;
     memset(&p, 0, sizeof p);
     p.dir = dir;
+    p.ranks = comm->size;
     bk_train_result res;
     const bk_train_mode mode = resume ? BK_TRAIN_RESUME : force ? BK_TRAIN_OVERWRITE : BK_TRAIN_NEW;
-    bk_status st = bk_train_run(&r, dir, mode, on_event, &p, &g_stop, &res);
+    if (comm->rank > 0) {
+        /* rank 0 reports; the others still stop on Ctrl-C with the run */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, &p.old_int);
+        sigaction(SIGTERM, &sa, &p.old_term);
+        p.started = 1;
+    }
+    bk_status st = bk_train_run_comm(&r, dir, mode, comm, on_event, &p, &g_stop, &res);
     if (p.started) {
         sigaction(SIGINT, &p.old_int, NULL);
         sigaction(SIGTERM, &p.old_term, NULL);
     }
     if (st != BK_OK) {
-        /* a failing step or evaluation ends a progress line */
+        /* a failing step or evaluation ends a progress line; a rank other
+         * than 0 reports its own failures only (rank 0 names the others') */
         const int mid = res.stage == BK_TRAIN_STAGE_STEP || res.stage == BK_TRAIN_STAGE_EVAL;
-        fprintf(stderr, "%sbirkhoff train: %s\n", mid ? "\n" : "", bk_last_error());
+        const char *e = bk_last_error();
+        if (comm->rank > 0 && !strncmp(e, "rank ", 5) && atoi(e + 5) != comm->rank)
+            return res.stage == BK_TRAIN_STAGE_CONFIG ? CLI_USAGE : CLI_FAIL;
+        char who[32] = "";
+        if (comm->size > 1) snprintf(who, sizeof who, "[rank %d] ", comm->rank);
+        fprintf(stderr, "%s%sbirkhoff train: %s\n", mid && comm->rank == 0 ? "\n" : "", who, bk_last_error());
         if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
         return res.stage == BK_TRAIN_STAGE_CONFIG ? CLI_USAGE : CLI_FAIL;
     }
     if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
+    if (comm->rank > 0) return res.stopped ? 130 : CLI_OK;
     if (res.stopped) {
         fprintf(stderr, "train: stopped at epoch %d batch %lld (step %lld); checkpoint %s/last.safetensors; continue "
                         "with: birkhoff train --resume %s\n",
@@ -290,4 +318,14 @@ int cmd_train(int argc, char **argv)
                         "last.safetensors)\n",
                 tt, 100.0 * res.test_acc, dir);
     return CLI_OK;
+}
+
+int cmd_train(int argc, char **argv)
+{
+    bk_train_comm comm;
+    int started = 0;
+    int rc = cli_mpi_start(&argc, &argv, &comm, &started);
+    if (rc == CLI_OK) rc = train_main(argc, argv, &comm);
+    cli_mpi_stop(started);
+    return rc;
 }

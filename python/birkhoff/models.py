@@ -672,12 +672,47 @@ class _Attention(nn.Module):
         else:
             self.esp_theta = None
 
+    backend = "torch"    # set_backend("c"): the C operators (birkhoff.torch)
+
+    def c_operator(self, q, k, v, lens, kl):
+        """The same attention through libbirkhoff's operators (birkhoff.torch's
+        autograd Functions): the C engine's own kernels with the parameters
+        src/nn/model.c gives them (the library's defaults for the rest).
+        float32 on the CPU (softmax and Sinkhorn also on CUDA)."""
+        bt = _c_ops()
+        c, kind = self.cfg, self.kind
+        kw = dict(q_len=lens, k_len=kl, scale=c["attn_scale"] if c["attn_scale"] != 0 else None)
+        if self.causal:
+            return bt.softmax_attention(q, k, v, causal=True, **kw)
+        if kind == "softmax":
+            return bt.softmax_attention(q, k, v, **kw)
+        if kind == "sinkhorn":
+            return bt.sinkhorn_attention(q, k, v, eps=c["sk_eps"], iters=c["sk_iters"], **kw)
+        if kind == "unbalanced":
+            return bt.unbalanced_attention(q, k, v, eps=c["sk_eps"], iters=c["sk_iters"],
+                                           rho=c["sk_rho"], **kw)
+        if kind == "esp":
+            return bt.esp_attention(q, k, v, theta=self.esp_theta,
+                                    sort="soft" if c["esp_soft"] else "hard", t=c["esp_t"],
+                                    tau=c["esp_tau"], **kw)
+        if kind == "lot":
+            return bt.lot_attention(q, k, v, self.lot_z, self.lot_theta, temp=c["lot_temp"],
+                                    iters=c["lot_iters"], eps=c["lot_eps"], **kw)
+        if kind == "diff":
+            lam = diff_port.reparam_lambda(self.diff_lq1, self.diff_lk1, self.diff_lq2,
+                                           self.diff_lk2, self.lam_init)
+            o = bt.diff_attention(q, k, v, lam.reshape(1).expand(self.H), **kw)
+            return self.subln(o) * (1.0 - self.lam_init)
+        raise ValueError(f"attention {kind!r} has no C operator here")
+
     def operator(self, q, k, v, lens, k_lens=None):
         """Attention of q [B, H, Nq, dh], k, v [B, H, Nk, dh] with valid lengths
         lens (queries; None: all Nq) and k_lens (keys; None: lens, i.e.
         self-attention)."""
         c, kind, s = self.cfg, self.kind, self.scale
         kl = lens if k_lens is None else k_lens
+        if self.backend == "c":
+            return self.c_operator(q, k, v, lens, kl)
         if self.causal:   # query i sees the keys j <= i of its valid block
             def block(qb, kb):
                 sc = torch.matmul(qb, kb.transpose(-1, -2)) * s
@@ -801,6 +836,27 @@ class _Block(nn.Module):
         return x
 
 
+def _c_ops():
+    """birkhoff.torch (imported on first use: it loads libbirkhoff)."""
+    from . import torch as bt
+    return bt
+
+
+BACKENDS = ("torch", "c")
+
+
+def _set_backend(model, backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {'|'.join(BACKENDS)}")
+    if backend == "c":
+        _c_ops()                       # fail here, not in the first forward
+    for m in model.modules():
+        if isinstance(m, (_Attention, _OTKPool)):
+            m.backend = backend
+    model.backend = backend
+    return model
+
+
 class _OTKPool(nn.Module):
     """pool.otk_z [q, p, D]: the OTK layer over the valid rows."""
 
@@ -809,7 +865,13 @@ class _OTKPool(nn.Module):
         self.cfg = cfg
         self.otk_z = nn.Parameter(torch.empty(cfg["otk_refs"], cfg["otk_supports"], cfg["dim"]))
 
+    backend = "torch"
+
     def forward(self, h, lens):
+        if self.backend == "c":       # libbirkhoff's OTK embedding: [B, p, q*D]
+            out = _c_ops().otk_embedding(h, self.otk_z, lengths=lens, eps=self.cfg["otk_eps"],
+                                         iters=self.cfg["otk_iters"])
+            return out.reshape(h.shape[0], -1)
         out, _ = otk_port.otk_semantics(h, self.otk_z, lengths=lens, W=None,
                                         eps=self.cfg["otk_eps"], iters=self.cfg["otk_iters"],
                                         domain="log", convention="paper", pe=None)
@@ -830,7 +892,7 @@ class Model(nn.Module):
     MODEL.md says (with torch's RNG, so not the C engine's values).
     """
 
-    def __init__(self, cfg, *, reference=False, allow_dropout=False):
+    def __init__(self, cfg, *, reference=False, allow_dropout=False, backend="torch"):
         super().__init__()
         cfg = dict(cfg)
         check_config(cfg)
@@ -853,6 +915,7 @@ class Model(nn.Module):
         want = {n: tuple(s) for n, s, _ in self.specs}
         assert got == want, f"internal: parameters {got} != specs {want}"
         self.reset_parameters()
+        _set_backend(self, backend)
 
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
@@ -873,6 +936,16 @@ class Model(nn.Module):
                     p.normal_(0.0, 0.1)
                 elif name == "pool.otk_z":
                     p.normal_(0.0, self.cfg["dim"] ** -0.5)
+
+    def set_backend(self, backend):
+        """backend "torch" (default): the pure-PyTorch operator ports, any
+        dtype and device (the oracle's float64 twin). "c": the attention
+        operators and the OTK pool run as libbirkhoff's kernels through
+        birkhoff.torch's autograd Functions (float32; CPU, and CUDA for
+        softmax / Sinkhorn), the same kernels and parameters as the C engine;
+        embeddings, LayerNorm, MLP, pooling and the loss stay in torch.
+        Returns the model."""
+        return _set_backend(self, backend)
 
     @property
     def config(self):
@@ -1027,7 +1100,7 @@ class Seq2SeqModel(nn.Module):
     ordered_parameters, decay_flags, load_tensors and tensors as Model's.
     """
 
-    def __init__(self, cfg, *, reference=False, allow_dropout=False):
+    def __init__(self, cfg, *, reference=False, allow_dropout=False, backend="torch"):
         super().__init__()
         cfg = dict(cfg)
         check_config(cfg)
@@ -1060,6 +1133,7 @@ class Seq2SeqModel(nn.Module):
         want = {n: tuple(s) for n, s, _ in self.specs}
         assert got == want, f"internal: parameters {got} != specs {want}"
         self.reset_parameters()
+        _set_backend(self, backend)
 
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
@@ -1080,6 +1154,7 @@ class Seq2SeqModel(nn.Module):
                     p.normal_(0.0, 0.1)
 
     config = Model.config
+    set_backend = Model.set_backend
     ordered_parameters = Model.ordered_parameters
     decay_flags = Model.decay_flags
     load_tensors = Model.load_tensors
@@ -1259,7 +1334,8 @@ def build(config=None, *, dtype=torch.float32, device=None, seed=None, **model_k
     from torch.manual_seed(seed) in a forked RNG, leaving torch's global
     state alone; None: from the global generator), so not with the C
     engine's values (`birkhoff model init` draws those). model_kw:
-    reference / allow_dropout (see Model)."""
+    backend="torch"|"c" (Model.set_backend), reference, allow_dropout (see
+    Model)."""
     cfg = resolve_config(config)
     if seed is None:
         model = build_model(cfg, **model_kw)
@@ -1279,7 +1355,7 @@ def from_config(text, **kw):
 
 
 def load(path, dtype=torch.float32, device=None, *, verify=True, optimizer=False,
-         reference=False):
+         backend="torch", reference=False):
     """A birkhoff checkpoint (written by the C engine: `birkhoff train`,
     `birkhoff model init/train`, ... or by save()) as a torch nn.Module.
 
@@ -1303,9 +1379,11 @@ def load(path, dtype=torch.float32, device=None, *, verify=True, optimizer=False
     corrupt (checksum), non-birkhoff or unbuildable checkpoint (attn=asap,
     unknown configuration keys) raises ValueError naming the file and the
     problem. verify=False skips the checksum (not the structure checks).
+    backend="c": the attention operators and the OTK pool run as
+    libbirkhoff's kernels (Model.set_backend; float32).
     """
     model, tensors, meta = load_checkpoint(os.fspath(path), dtype=dtype, verify=verify,
-                                           reference=reference)
+                                           reference=reference, backend=backend)
     model.checkpoint_meta = dict(meta)
     if device is not None:
         model = model.to(device)

@@ -15,8 +15,11 @@ two always come from one build). Parts (each a few seconds on 2 cores):
    makes a model, `birkhoff model train` moves it 2 AdamW steps off its
    initialisation, `birkhoff model grads` writes its logits and loss on a
    fresh batch; birkhoff.models.load (float32) must give the same logits and
-   loss (max|x - ref| / max|ref| <= TOL = 1e-5), with state_dict names equal
-   to the checkpoint's tensor names (order: ordered_parameters). One case
+   loss (max|x - ref| / max|ref| <= TOL = 1e-5), and the C gradients of
+   every parameter (grads.safetensors; the oracle's measure, floor 1e-3,
+   <= 1e-4), with state_dict names equal to the checkpoint's tensor names
+   (order: ordered_parameters); the same again with backend="c" (the C
+   operators through birkhoff.torch inside the torch model). One case
    also continues the C run in torch (load(optimizer=True) + train_step) and
    compares the losses with `birkhoff model train` continuing it.
 2. torch -> C: models built with birkhoff.models.build are trained a few
@@ -60,6 +63,7 @@ sys.dont_write_bytecode = True
 from checklib import Checks  # noqa: E402
 
 TOL = 1e-5
+GRAD_TOL, GRAD_FLOOR = 1e-4, 1e-3    # tests/oracle/test_model.py's gradient measure
 check = Checks()
 worst = {}
 
@@ -168,6 +172,26 @@ def c_logits_loss(d, tag, ckpt, batch):
     return np.load(os.path.join(out, "logits.npy")), float(np.load(os.path.join(out, "loss.npy"))[0])
 
 
+def grad_error(model, batch, ref):
+    """max over tensors of max|g - ref| / max(max|ref|, GRAD_FLOOR * R), R the
+    largest reference gradient entry (tests/oracle/test_model.py's measure:
+    float32 rounding leaves ~1e-8 R in every entry, whatever the tensor's own
+    size)."""
+    model.zero_grad()
+    was = model.training
+    model.train()
+    bm.model_loss(model, batch)[1].backward()
+    model.train(was)
+    R = max(float(np.abs(a).max()) for a in ref.values())
+    err = 0.0
+    for n, p in model.named_parameters():
+        g = np.zeros(p.shape) if p.grad is None else p.grad.numpy()
+        den = max(float(np.abs(ref[n]).max()), GRAD_FLOOR * R)
+        err = max(err, float(np.abs(g - ref[n]).max()) / den)
+    model.zero_grad()
+    return err
+
+
 def train_batch(model, opt, batch, steps):
     model.train()
     for _ in range(steps):
@@ -210,9 +234,13 @@ def part_c_to_torch(d):
               f"{name}: float32 and eval mode by default")
         check(bm.resolve_config(model.config) == model.config and model.config["attn"] == cfg["attn"],
               f"{name}: .config")
-        logits, loss = torch_logits_loss(model, eb)
-        note(f"{name}: logits", rel(logits, ref_logits))
-        note(f"{name}: loss", rel(loss, ref_loss))
+        ref_grads, _ = bm.read_safetensors(os.path.join(d, name + "_grads", "grads.safetensors"))
+        for backend in ("torch", "c"):
+            m = model if backend == "torch" else bm.load(trained, backend=backend)
+            logits, loss = torch_logits_loss(m, eb)
+            note(f"{name}: logits ({backend})", rel(logits, ref_logits))
+            note(f"{name}: loss ({backend})", rel(loss, ref_loss))
+            note(f"{name}: gradients ({backend})", grad_error(m, eb, ref_grads), GRAD_TOL)
         if name == "sinkhorn-image-mean":
             continue_c_run(d, name, trained, tb)
 
@@ -479,8 +507,10 @@ def main():
     finally:
         if not ARGS.keep:
             shutil.rmtree(d, ignore_errors=True)
-    if worst:
-        print("# worst parity error %.2e (%s)" % max((v, k) for k, v in worst.items()))
+    for kind, pick in (("logits/loss", lambda k: "gradients" not in k), ("gradient", lambda k: "gradients" in k)):
+        errs = [(v, k) for k, v in worst.items() if pick(k)]
+        if errs:
+            print("# worst %s error %.2e (%s)" % ((kind,) + max(errs)))
     return check.summary()
 
 

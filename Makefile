@@ -96,6 +96,14 @@ TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test
 
 LIB_A  = $(BUILD)/libbirkhoff.a
 LIB_SO = $(BUILD)/libbirkhoff.so
+# the one version (BK_VERSION_* in include/birkhoff/core.h): the shared library's file name and
+# soname, birkhoff.pc, the CMake package's version file and the Python package (tools/pybuild)
+bk_version_part = $(shell sed -n 's/^[[:space:]]*.[[:space:]]*define[[:space:]]*BK_VERSION_$(1)[[:space:]]*\([0-9]*\).*/\1/p' include/birkhoff/core.h)
+VERSION_MAJOR := $(call bk_version_part,MAJOR)
+VERSION_MINOR := $(call bk_version_part,MINOR)
+VERSION_PATCH := $(call bk_version_part,PATCH)
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+SOVERSION := $(VERSION_MAJOR)
 CLI    = $(BUILD)/birkhoff
 TESTS  = $(BUILD)/test_birkhoff
 REFST  = $(BUILD)/ref_selftest
@@ -149,7 +157,7 @@ $(LIB_A): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(LIB_SO): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libbirkhoff.so.0 -o $@ $^ $(LDLIBS_ALL)
+	$(CC) -shared -Wl,-soname,libbirkhoff.so.$(SOVERSION) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/obj/tools/train/mpi.o: CFLAGS_ALL += $(MPI_CFLAGS)
 
@@ -279,7 +287,10 @@ PYTHON_SITE ?= $(PREFIX)/lib/python$(PY_VER)/dist-packages
 
 # install into a staging directory and build the example against the
 # installed shared library through pkg-config; import the installed Python
-# package from outside the source tree
+# package from outside the source tree; build the example through the CMake
+# package (shared and static) and check the library's symlink chain, the
+# versions and the CMake version file (tests/packaging/test_install.sh); then
+# `make uninstall` must leave no file behind
 STAGE = $(abspath $(BUILD))/stage
 check-install: all
 	rm -rf $(STAGE)
@@ -291,9 +302,15 @@ check-install: all
 	  $(PY) -c 'import birkhoff, numpy as np; x = np.ones((1, 1, 2, 2), np.float32); \
 	  assert birkhoff.LIBRARY_PATH.startswith("$(STAGE)") and birkhoff.__file__.startswith("$(STAGE)"); \
 	  assert np.allclose(birkhoff.sinkhorn(x, x, x).out, 1); print("python package: installed copy imports and runs")'
+	tests/packaging/test_install.sh $(STAGE)/usr/local $(abspath $(BUILD))/cmake-example $(VERSION)
+	$(MAKE) uninstall DESTDIR=$(STAGE) PREFIX=/usr/local
+	@left=$$(find $(STAGE) ! -type d); if [ -n "$$left" ]; then \
+	  echo "FAIL make uninstall left files behind:"; echo "$$left"; exit 1; fi; \
+	  echo "make uninstall: no file of the installation is left in $(STAGE)"
 
 check: deps
 	$(MAKE) WERROR=1 all test check-install
+	$(MAKE) check-pip
 	$(MAKE) check-asan
 	$(MAKE) WERROR=1 oracle
 	$(PY) tests/tools/test_cli.py $(CLI)
@@ -302,6 +319,14 @@ check: deps
 	$(PY) tests/test_determinism.py $(CLI)
 	$(MAKE) test-python
 	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
+
+# the Python package by the standard route (pyproject.toml, tools/pybuild): pip install,
+# pip wheel, the sdist, python -m birkhoff, an unprivileged user and pip uninstall, in a
+# fresh virtual environment (tests/packaging/test_pip.py); the wheels reuse this build's
+# objects (BIRKHOFF_BUILD_DIR)
+.PHONY: check-pip
+check-pip: all
+	BIRKHOFF_BUILD_DIR=$(abspath $(BUILD)) $(PY) tests/packaging/test_pip.py
 
 # the Python package over the shared library (numpy and PyTorch APIs; needs
 # Debian's python3-torch and python3-numpy): bindings against the references,
@@ -342,25 +367,47 @@ demo: deps
 bench: all
 	$(CLI) bench
 
+# what `make install` writes from templates: birkhoff.pc (pkg-config) and the CMake package
+# (cmake/*.cmake.in -> $(PREFIX)/lib/cmake/birkhoff: targets birkhoff::birkhoff and
+# birkhoff::birkhoff_static). The static library's link dependencies are LDLIBS_ALL without
+# the sanitizers and the caller's LDLIBS; for CMake, -L gives link directories and -fopenmp
+# the OpenMP runtime the objects were compiled for (GCC: libgomp)
+empty :=
+space := $(empty) $(empty)
+DEP_LIBS = $(strip $(filter-out $(LDSAN) $(LDLIBS),$(LDLIBS_ALL)))
+OPENMP_LIB ?= $(if $(findstring clang,$(CC)),omp,gomp)
+CMAKE_DEP_DIRS = $(subst $(space),;,$(strip $(patsubst -L%,%,$(filter -L%,$(DEP_LIBS)))))
+CMAKE_DEP_LIBS = $(subst $(space),;,$(strip $(patsubst -l%,%,$(patsubst -fopenmp,$(OPENMP_LIB),$(filter-out -L%,$(DEP_LIBS))))))
+CMAKE_DIR = $(PREFIX)/lib/cmake/birkhoff
+SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOVERSION@|$(SOVERSION)|g' \
+            -e 's|@VERSION_MAJOR@|$(VERSION_MAJOR)|g' -e 's|@VERSION_MINOR@|$(VERSION_MINOR)|g' \
+            -e 's|@LIBS_PRIVATE@|$(DEP_LIBS)|g' -e 's|@CMAKE_DEP_DIRS@|$(CMAKE_DEP_DIRS)|g' \
+            -e 's|@CMAKE_DEP_LIBS@|$(CMAKE_DEP_LIBS)|g'
+
+# the shared library as libbirkhoff.so -> libbirkhoff.so.MAJOR (its soname) -> libbirkhoff.so.VERSION
 install: $(LIB_A) $(LIB_SO) $(CLI)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/birkhoff $(DESTDIR)$(PREFIX)/bin \
-	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	           $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(CMAKE_DIR)
 	install -m 644 include/birkhoff.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 include/birkhoff/*.h $(DESTDIR)$(PREFIX)/include/birkhoff/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0
-	ln -sf libbirkhoff.so.0 $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.$(VERSION)
+	ln -sf libbirkhoff.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.$(SOVERSION)
+	ln -sf libbirkhoff.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' birkhoff.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
+	$(SUBST) birkhoff.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
+	$(SUBST) cmake/birkhoffConfig.cmake.in > $(DESTDIR)$(CMAKE_DIR)/birkhoffConfig.cmake
+	$(SUBST) cmake/birkhoffConfigVersion.cmake.in > $(DESTDIR)$(CMAKE_DIR)/birkhoffConfigVersion.cmake
 	install -d $(DESTDIR)$(PYTHON_SITE)/birkhoff
 	install -m 644 $(PY_PKG) $(DESTDIR)$(PYTHON_SITE)/birkhoff/
 	printf '"""written by make install"""\nLIBDIR = "%s"\n' '$(PREFIX)/lib' > $(DESTDIR)$(PYTHON_SITE)/birkhoff/_install.py
 
 uninstall:
 	rm -rf $(DESTDIR)$(PYTHON_SITE)/birkhoff
-	rm -rf $(DESTDIR)$(PREFIX)/include/birkhoff
+	rm -rf $(DESTDIR)$(PREFIX)/include/birkhoff $(DESTDIR)$(CMAKE_DIR)
 	rm -f $(DESTDIR)$(PREFIX)/include/birkhoff.h $(DESTDIR)$(PREFIX)/lib/libbirkhoff.a \
-	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.0 \
+	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.$(SOVERSION) \
+	      $(DESTDIR)$(PREFIX)/lib/libbirkhoff.so.$(VERSION) \
 	      $(DESTDIR)$(PREFIX)/bin/birkhoff $(DESTDIR)$(PREFIX)/lib/pkgconfig/birkhoff.pc
 
 clean:

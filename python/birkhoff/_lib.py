@@ -2,9 +2,10 @@
 
 The shared library is found, in this order:
   1. the environment variable BIRKHOFF_LIB (a path to libbirkhoff.so);
-  2. the source tree this package sits in (python/birkhoff -> build/libbirkhoff.so);
-  3. the library directory recorded by `make install` (_install.py);
-  4. the dynamic loader's search path (libbirkhoff.so.0, then libbirkhoff.so).
+  2. the copy bundled in the package by `pip install` (birkhoff/_native/libbirkhoff.so);
+  3. the source tree this package sits in (python/birkhoff -> build/libbirkhoff.so);
+  4. the library directory recorded by `make install` (_install.py);
+  5. the dynamic loader's search path (libbirkhoff.so.0, then libbirkhoff.so).
 Every struct mirrored here is checked against the library's own sizeof
 (bk_abi_sizeof) when the library is loaded, so a header change that the
 mirror misses fails at import, not with corrupted memory.
@@ -288,6 +289,9 @@ def _candidates():
     if env:
         return [env], True
     out = []
+    bundled = os.path.join(_HERE, "_native", "libbirkhoff.so")  # a wheel's (tools/pybuild)
+    if os.path.exists(bundled):
+        out.append(bundled)
     tree = os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libbirkhoff.so"))
     if os.path.exists(os.path.join(_HERE, "..", "..", "include", "birkhoff.h")):
         out.append(tree)
@@ -314,7 +318,8 @@ def _load():
             errors.append("%s: %s" % (c, e))
     else:
         hint = ("BIRKHOFF_LIB=%s cannot be loaded" % cands[0]) if explicit else \
-            "build it (make) in the source tree, install it (make install), or set BIRKHOFF_LIB to its path"
+            "build it (make) in the source tree, install it (make install or pip install .), " \
+            "or set BIRKHOFF_LIB to its path"
         raise ImportError("birkhoff: libbirkhoff not found (%s); tried: %s" % (hint, "; ".join(errors)))
     for name, (res, args) in _PROTOS.items():
         try:

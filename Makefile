@@ -330,12 +330,16 @@ check-pip: all
 
 # the Python package over the shared library (numpy and PyTorch APIs; needs
 # Debian's python3-torch and python3-numpy): bindings against the references,
-# gradcheck, leaks, and a ViT on MNIST with birkhoff's Sinkhorn attention
+# gradcheck, leaks, and a ViT on MNIST with birkhoff's Sinkhorn attention;
+# birkhoff.models (C checkpoints <-> torch modules, against this build's CLI)
+# and DistributedDataParallel (gloo, 2 processes)
 test-python: all
 	$(PY) tests/python/test_bindings.py
 	$(PY) tests/python/test_parallel.py
 	$(PY) tests/python/test_vit_mnist.py
 	$(PY) tests/python/test_cuda.py
+	$(PY) tests/python/test_models.py --birkhoff $(CLI)
+	$(PY) tests/python/test_ddp.py --birkhoff $(CLI)
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
 FUZZ_SECONDS ?= 10

@@ -183,7 +183,7 @@ static void test_lines(tally *t)
     y2[40] = NAN; /* breaks the line */
     chart_series loss[2] = {{"train", N, x, y1}, {"valid", N, x, y2}};
     chart_series acc[2] = {{"train", N, x, y3}, {"valid", N, x, y2}};
-    chart_panel panels[2] = {{"loss", "step", "loss", 1, 2, loss}, {"accuracy", "step", "accuracy", 0, 2, acc}};
+    chart_panel panels[2] = {{"loss", "step", "loss", 1, 2, loss, 0}, {"accuracy", "step", "accuracy", 0, 2, acc, 0}};
     char path[256], err[256] = "";
 
     out_path(t, path, sizeof path, "lines.png");
@@ -199,7 +199,7 @@ static void test_lines(tally *t)
     double r, g, b;
     chart_palette(0, &r, &g, &b);
     check(t, r > 0.7 && g < 0.3 && b < 0.3, "palette colour 0 is red (%.2f %.2f %.2f)", r, g, b);
-    chart_panel one = {"one series", "x", "y", 0, 1, loss};
+    chart_panel one = {"one series", "x", "y", 0, 1, loss, 0};
     out_path(t, path, sizeof path, "red.png");
     rc = chart_lines(path, NULL, 1, &one, err, sizeof err);
     s = check_png(t, rc, err, path, CHART_PANEL_W, CHART_PANEL_H, "one-series lines png");
@@ -218,10 +218,10 @@ static void test_lines(tally *t)
     double big[3] = {1e300, -1e300, 1e-300};
     chart_series odd[6] = {{"nan", 3, x, nan}, {"inf", 3, inf, inf},   {"constant", 3, x, cst},
                            {"point", 1, x, y1}, {"empty", 0, NULL, NULL}, {NULL, 3, big, big}};
-    chart_panel oddp[4] = {{"odd", "x", "y", 0, 6, odd},
-                           {"odd log", "x", "y", 1, 6, odd},
-                           {"negative log", NULL, NULL, 1, 1, (chart_series[]){{"neg", 3, x, neg}}},
-                           {NULL, NULL, NULL, 0, 0, NULL}};
+    chart_panel oddp[4] = {{"odd", "x", "y", 0, 6, odd, 0},
+                           {"odd log", "x", "y", 1, 6, odd, 1},
+                           {"negative log", NULL, NULL, 1, 1, (chart_series[]){{"neg", 3, x, neg}}, 0},
+                           {NULL, NULL, NULL, 0, 0, NULL, 0}};
     const char *names[2] = {"odd.png", "odd.svg"};
     for (int k = 0; k < 2; k++) {
         out_path(t, path, sizeof path, names[k]);
@@ -231,8 +231,60 @@ static void test_lines(tally *t)
     }
     rc = chart_lines(path, NULL, 0, panels, err, sizeof err);
     check(t, rc == 0 && err[0], "lines: no panels -> 0 (%s)", err);
+
+    /* a line along the top and one along the bottom, both across the whole panel: every corner has
+     * data, so the legend must make room above them instead of covering one (each line's row of its
+     * colour runs unbroken between its first and last pixel); 3 epochs on an integer x axis: vertical
+     * grid lines at 1, 2, 3 only (not at 1.5, 2.5), counted along the empty middle row */
+    double ep[3] = {1, 2, 3}, top[3] = {0.9, 0.9, 0.9}, bottom[3] = {0.1, 0.1, 0.1};
+    chart_series tb[2] = {{"along the top", 3, ep, top}, {"along the bottom", 3, ep, bottom}};
+    for (int xint = 0; xint < 2; xint++) {
+        chart_panel tbp = {"legend room", "epoch", "y", 0, 2, tb, xint};
+        out_path(t, path, sizeof path, xint ? "legend-int.png" : "legend.png");
+        rc = chart_lines(path, NULL, 1, &tbp, err, sizeof err);
+        s = check_png(t, rc, err, path, CHART_PANEL_W, CHART_PANEL_H, "top/bottom lines png");
+        if (!s) continue;
+        const int W = cairo_image_surface_get_width(s), H = cairo_image_surface_get_height(s);
+        int ytop = -1, ybot = -1;
+        for (int c = 0; c < 2; c++) {
+            chart_palette(c, &r, &g, &b);
+            int best = -1, bestn = 0, gap = 0;
+            for (int y = 0; y < H; y++) {
+                int n = 0;
+                for (int x0 = 0; x0 < W; x0++) n += near(pixel_at(s, x0, y), rgb255(r), rgb255(g), rgb255(b), 24);
+                if (n > bestn) {
+                    bestn = n;
+                    best = y;
+                }
+            }
+            int first = -1, last = -1;
+            for (int x0 = 0; x0 < W; x0++)
+                if (near(pixel_at(s, x0, best), rgb255(r), rgb255(g), rgb255(b), 24)) {
+                    if (first < 0) first = x0;
+                    last = x0;
+                }
+            for (int x0 = first; x0 >= 0 && x0 <= last; x0++)
+                gap += !near(pixel_at(s, x0, best), rgb255(r), rgb255(g), rgb255(b), 60);
+            check(t, best >= 0 && last - first > W / 2 && gap <= 8,
+                  "legend: series %d's line (row %d, %d px wide) is not covered (%d px not of its colour: the "
+                  "markers' rims, <= 8; a legend over it hides > 100)", c, best, last - first, gap);
+            if (c == 0) ytop = best;
+            else ybot = best;
+        }
+        if (xint && ytop >= 0 && ybot > ytop) {
+            const int ymid = (ytop + ybot) / 2;
+            int lines = 0, prev = 0;
+            for (int x0 = 0; x0 < W; x0++) {
+                const int gr = near(pixel_at(s, x0, ymid), 230, 230, 230, 6);
+                lines += gr && !prev;
+                prev = gr;
+            }
+            check(t, lines == 3, "integer x axis over epochs 1..3: %d vertical grid lines (3: no 1.5, 2.5)", lines);
+        }
+        cairo_surface_destroy(s);
+    }
     chart_series bad = {"bad", 3, NULL, y1};
-    chart_panel badp = {NULL, NULL, NULL, 0, 1, &bad};
+    chart_panel badp = {NULL, NULL, NULL, 0, 1, &bad, 0};
     rc = chart_lines(path, NULL, 1, &badp, err, sizeof err);
     check(t, rc == 0 && err[0], "lines: NULL x with n > 0 -> 0 (%s)", err);
 }
@@ -444,7 +496,7 @@ static void test_errors(tally *t)
 {
     double xs[2] = {0, 1};
     chart_series se = {"s", 2, xs, xs};
-    chart_panel p = {"p", "x", "y", 0, 1, &se};
+    chart_panel p = {"p", "x", "y", 0, 1, &se, 0};
     char path[256], err[256] = "";
 
     out_path(t, path, sizeof path, "x.jpg");

@@ -410,6 +410,7 @@ typedef struct {
 typedef struct {
     double lo, hi;
     int log;
+    int integer; /* ticks at whole numbers only (linear axes) */
 } axis;
 
 enum { MAX_TICKS = 24 };
@@ -466,11 +467,12 @@ static void add_tick(ticks *t, double at, const char *text)
     t->n++;
 }
 
-/* about `target` ticks at multiples of a 1-2-5 step in [lo, hi] */
-static void linear_ticks(double lo, double hi, int target, ticks *t)
+/* about `target` ticks at multiples of a 1-2-5 step in [lo, hi] (of at least 1 when integer) */
+static void linear_ticks(double lo, double hi, int target, int integer, ticks *t)
 {
     t->n = 0;
     double step = nice_step((hi - lo) / (target < 2 ? 2 : target));
+    if (integer && step < 1) step = 1;
     double big = fmax(fabs(lo), fabs(hi));
     double k0 = ceil(lo / step - 1e-9), k1 = floor(hi / step + 1e-9);
     for (double k = k0; k <= k1 && t->n < MAX_TICKS; k += 1) {
@@ -518,7 +520,7 @@ static void log_ticks(double a, double b, int target, ticks *t)
         if (t->n >= 3) return;
     }
     ticks lin;
-    linear_ticks(pow(10, a), pow(10, b), target, &lin);
+    linear_ticks(pow(10, a), pow(10, b), target, 0, &lin);
     t->n = 0;
     for (int i = 0; i < lin.n; i++)
         if (lin.at[i] > 0) add_tick(t, log10(lin.at[i]), lin.text[i]);
@@ -529,7 +531,7 @@ static void make_ticks(const axis *a, int target, ticks *t)
     if (a->log)
         log_ticks(a->lo, a->hi, target, t);
     else
-        linear_ticks(a->lo, a->hi, target, t);
+        linear_ticks(a->lo, a->hi, target, a->integer, t);
 }
 
 /* 1 when neighbouring x tick labels are at least a gap apart */
@@ -737,25 +739,36 @@ static void legend_draw(cairo_t *cr, const key *k, int n, int row, double x, dou
 /* How much of a figure's ink lies in a rectangle (for legend placement). */
 typedef double (*ink_fn)(const void *ctx, rect r);
 
-/* Draws a boxed legend in the corner of area where `ink` finds the least data (ties: top right). */
-static void legend_place(cairo_t *cr, const key *k, int n, rect area, ink_fn ink, const void *ctx)
+/* The corner of area where `ink` finds the least data under a legend of size w x h (ties: top
+ * right): its top left at (*bx, *by); returns that least ink. */
+static double legend_corner(rect area, double w, double h, ink_fn ink, const void *ctx, double *bx, double *by)
 {
-    if (key_count(k, n) == 0) return;
-    double w, h;
-    legend_size(cr, k, n, 0, &w, &h);
     const double m = 8;
     double xs[2] = {area.x1 - m - w, area.x0 + m}, ys[2] = {area.y0 + m, area.y1 - m - h};
-    double best = HUGE_VAL, bx = xs[0], by = ys[0];
+    double best = HUGE_VAL;
+    *bx = xs[0];
+    *by = ys[0];
     for (int iy = 0; iy < 2; iy++)
         for (int ix = 0; ix < 2; ix++) {
             rect r = {xs[ix], ys[iy], xs[ix] + w, ys[iy] + h};
             double c = ink ? ink(ctx, r) : 0;
             if (c < best - 1e-9) {
                 best = c;
-                bx = xs[ix];
-                by = ys[iy];
+                *bx = xs[ix];
+                *by = ys[iy];
             }
         }
+    return best;
+}
+
+/* Draws a boxed legend in the corner of area where `ink` finds the least data (ties: top right). */
+static void legend_place(cairo_t *cr, const key *k, int n, rect area, ink_fn ink, const void *ctx)
+{
+    if (key_count(k, n) == 0) return;
+    double w, h;
+    legend_size(cr, k, n, 0, &w, &h);
+    double bx, by;
+    legend_corner(area, w, h, ink, ctx, &bx, &by);
     legend_draw(cr, k, n, 0, round(bx), round(by));
 }
 
@@ -871,21 +884,32 @@ static void draw_lines_panel(cairo_t *cr, const chart_panel *p, rect box)
     widen_range(&ylo, &yhi, p->logy ? 0.5 : 0);
     double xpad = 0.02 * (xhi - xlo), ypad = 0.05 * (yhi - ylo);
     frame f = {.title = p->title, .xlabel = p->xlabel, .ylabel = p->ylabel};
-    f.x = (axis){xlo - xpad, xhi + xpad, 0};
-    f.y = (axis){ylo - ypad, yhi + ypad, p->logy};
+    f.x = (axis){xlo - xpad, xhi + xpad, 0, p->xint};
+    f.y = (axis){ylo - ypad, yhi + ypad, p->logy, 0};
     frame_layout(cr, &f, box);
+    key keys[64];
+    int nk = 0;
+    for (int s = 0; s < p->nseries && nk < 64; s++) keys[nk++] = (key){p->series[s].name, palette(s), KEY_LINE};
+    lines_ctx ctx = {p, &f};
+    if (!empty && key_count(keys, nk) > 0) {
+        /* every corner has data under the legend: room above the data, the legend's height and
+         * two margins of the plot area, then the layout again (new ticks) */
+        double w, h, bx, by;
+        legend_size(cr, keys, nk, 0, &w, &h);
+        const double H = f.area.y1 - f.area.y0, need = h + 16;
+        for (int tries = 0; tries < 3 && legend_corner(f.area, w, h, lines_ink, &ctx, &bx, &by) > 0 && H > 2 * need;
+             tries++) {
+            const double span = f.y.hi - f.y.lo;
+            f.y.hi = f.y.lo + span * H / (H - need);
+            frame_layout(cr, &f, box);
+        }
+    }
     frame_draw(cr, &f);
     if (empty) {
         draw_no_data(cr, f.area);
         return;
     }
-    key keys[64];
-    int nk = 0;
-    for (int s = 0; s < p->nseries; s++) {
-        draw_series(cr, &f, &p->series[s], p->logy, palette(s));
-        if (nk < 64) keys[nk++] = (key){p->series[s].name, palette(s), KEY_LINE};
-    }
-    lines_ctx ctx = {p, &f};
+    for (int s = 0; s < p->nseries; s++) draw_series(cr, &f, &p->series[s], p->logy, palette(s));
     legend_place(cr, keys, nk, f.area, lines_ink, &ctx);
 }
 
@@ -966,8 +990,8 @@ static void draw_hist_panel(cairo_t *cr, const chart_hist *hp, rect box, int bin
         fmax_ = fmax(fmax_, frac[b]);
     }
     frame f = {.title = hp->title, .xlabel = xlabel, .ylabel = "fraction of values"};
-    f.x = (axis){lo, hi, 0};
-    f.y = (axis){0, fmax_ > 0 ? fmax_ * 1.08 : 1, 0};
+    f.x = (axis){lo, hi, 0, 0};
+    f.y = (axis){0, fmax_ > 0 ? fmax_ * 1.08 : 1, 0, 0};
     frame_layout(cr, &f, box);
     frame_draw(cr, &f);
     const rect a = f.area;
@@ -1232,8 +1256,19 @@ int chart_heatmaps(const char *path, const char *title, int rows, int cols, cons
     for (int r = 0; r < rows; r++) {
         double y0 = band + r * CHART_MAP_H;
         if (row_labels && row_labels[r]) {
-            draw_text_fit(cv.cr, row_labels[r], lw - 6, y0 + MAP_TOP + CHART_MAP_BOX / 2.0, FONT_PANEL, lw - 12, 1,
-                          0.5, INK);
+            /* one line per '\n'-separated part (up to 4), centred on the row */
+            char part[4][256];
+            int nl = 0;
+            for (const char *q = row_labels[r]; nl < 4;) {
+                size_t len = strcspn(q, "\n");
+                snprintf(part[nl++], sizeof part[0], "%.*s", (int)(len < 255 ? len : 255), q);
+                if (!q[len]) break;
+                q += len + 1;
+            }
+            const double lh = text_height(cv.cr, FONT_PANEL) + 5;
+            for (int i = 0; i < nl; i++)
+                draw_text_fit(cv.cr, part[i], lw - 6, y0 + MAP_TOP + CHART_MAP_BOX / 2.0 + (i - 0.5 * (nl - 1)) * lh,
+                              FONT_PANEL, lw - 12, 1, 0.5, INK);
         }
         for (int c = 0; c < cols; c++) {
             rect box = {lw + c * CHART_MAP_W, y0, lw + (c + 1) * CHART_MAP_W, y0 + CHART_MAP_H};

@@ -59,14 +59,18 @@ typedef struct {
 
 /* One panel: its own axes, labels and legend. logy: log10 y axis (points with y <= 0 are skipped).
  * The x range is the data's (plus 2%), the y range the data's (plus 5%); ticks at 1-2-5 steps (decades,
- * with 2 and 5 in between for short log ranges). Lines get point markers when a series has at most
- * 30 points; isolated points (neighbours skipped) always get a marker. */
+ * with 2 and 5 in between for short log ranges); xint: x values are counts (epochs), ticks only at
+ * whole numbers. Lines get point markers when a series has at most 30 points; isolated points
+ * (neighbours skipped) always get a marker. The legend goes in the corner of the plot area with the
+ * least data under it; when every corner has data, the y range grows at the top until the legend fits
+ * above the lines (it never covers them). */
 typedef struct {
     const char *title; /* panel title */
     const char *xlabel, *ylabel;
     int logy;
     int nseries; /* >= 0 */
     const chart_series *series;
+    int xint;
 } chart_panel;
 
 /* Panels side by side (npanels >= 1), e.g. "loss" and "accuracy". */
@@ -104,7 +108,8 @@ typedef struct {
  * fits; colours from a viridis-like sequential map normalised to the panel's own [min, max] (shown on a
  * colour bar at its right), or grey levels for grey panels. Non-finite cells are drawn pink. The map is
  * rendered as an image at its drawn size (embedded as such in SVG), so it stays sharp in every viewer.
- * row_labels: rows strings drawn left of each row (NULL: no label column). */
+ * row_labels: rows strings drawn left of each row (NULL: no label column); a '\n' starts a new line
+ * (up to 4 lines, each fitted to the column's width). */
 int chart_heatmaps(const char *path, const char *title, int rows, int cols, const char *const *row_labels,
                    const chart_map *panels, char *err, size_t errcap);
 

@@ -33,6 +33,29 @@ static const char *base_name(const char *p)
     return s;
 }
 
+/* What names a run in a figure: its directory's name, with its attention when that is not the
+ * name already ("S5-s1 (sinkhorn)", "softmax"); a checkpoint file is named by its directory
+ * (runs/x/last.safetensors -> x; runs/x/ckpt/epoch-0003.safetensors -> x). Two runs of one kind
+ * stay apart in the figure. two_lines: "S5-s1\nsinkhorn" (a heat-map row label). */
+static void run_label(const char *path, const char *attn, int two_lines, char *out, size_t cap)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
+    if (n > 12 && !strcmp(dir + n - 12, ".safetensors")) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+        n = strlen(dir);
+        if (n >= 5 && !strcmp(dir + n - 5, "/ckpt")) dir[n - 5] = 0;
+        else if (!strcmp(dir, "ckpt")) snprintf(dir, sizeof dir, ".");
+    }
+    const char *name = base_name(dir);
+    if (!strcmp(name, ".") || !strcmp(name, attn) || !*name) snprintf(out, cap, "%s", attn);
+    else snprintf(out, cap, two_lines ? "%.60s\n%s" : "%.60s (%s)", name, attn);
+}
+
 /* collects the values of a repeatable option; other options into opts */
 static int collect(int argc, char **argv, const char *rep, const char **vals, int maxv, int *nv, const cli_opt *opts,
                    int nopt)
@@ -175,9 +198,9 @@ static int plot_curves(int argc, char **argv)
     }
     int rc = CLI_FAIL;
     if (ok) {
-        chart_panel p[3] = {{"training loss (moving average)", "step", "loss", 1, nr, s[0]},
-                            {"test accuracy", "epoch", "accuracy (%)", 0, nr, s[1]},
-                            {"attention column sums", "epoch", "mean |col sum - 1|", 1, nr, s[2]}};
+        chart_panel p[3] = {{"training loss (moving average)", "step", "loss", 1, nr, s[0], 1},
+                            {"test accuracy", "epoch", "accuracy (%)", 0, nr, s[1], 1},
+                            {"attention column sums", "epoch", "mean |col sum - 1|", 1, nr, s[2], 1}};
         char err[512];
         rc = chart_lines(out, "training curves", 3, p, err, sizeof err) ? CLI_OK : draw_fail(err);
         if (!rc) printf("wrote %s\n", out);
@@ -256,7 +279,9 @@ static int plot_attention(int argc, char **argv)
                 for (int j = 0; j < ph * pw; j++) bufs[r][(size_t)h * ph * pw + j] = A[(size_t)h * T * T + 1 + j];
         }
         if (!ok) fprintf(stderr, "birkhoff plot attention: %s\n", bk_last_error());
-        snprintf(labels[r], sizeof labels[r], "%s, layer %d", bk_attn_kind_name(c->attn), L);
+        char who[96];
+        run_label(ck[r], bk_attn_kind_name(c->attn), 1, who, sizeof who);
+        snprintf(labels[r], sizeof labels[r], "%.70s, layer %d", who, L);
         lab[r] = labels[r];
         hs[r] = H < 16 ? H : 16;
         gw = pw;
@@ -432,7 +457,9 @@ static int plot_colsums(int argc, char **argv)
             if (ok && !v) fprintf(stderr, "birkhoff plot colsums: out of memory\n");
             if (layer >= c->depth) fprintf(stderr, "birkhoff plot colsums: --layer %d >= depth %d\n", layer, c->depth);
             if (v && nv > 0) print_colsum_stats(runs[r], pick[k], v, nv);
-            snprintf(titles[npan], sizeof titles[npan], "%s, epoch %d%s", bk_attn_kind_name(c->attn), pick[k],
+            char who[96];
+            run_label(runs[r], bk_attn_kind_name(c->attn), 0, who, sizeof who);
+            snprintf(titles[npan], sizeof titles[npan], "%.80s, epoch %d%s", who, pick[k],
                      layer < 0 ? "" : " (one layer)");
             pan[npan] = (chart_hist){titles[npan], (int)nv, v};
             dv[npan] = v;

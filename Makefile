@@ -317,6 +317,7 @@ check: deps
 	$(PY) tests/tools/test_train_cli.py $(CLI)
 	$(PY) tests/tools/test_translate_cli.py $(CLI)
 	$(PY) tests/test_determinism.py $(CLI)
+	BK_REQUIRE_MPI=$(MPI) $(PY) tests/tools/test_mpi.py $(CLI)
 	$(MAKE) test-python
 	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
 

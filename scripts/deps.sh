@@ -5,7 +5,7 @@
 set -euo pipefail
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in gcc make pkg-config cmake libopenblas-dev liblapacke-dev zlib1g-dev libcairo2-dev python3-venv; do have "$p" || need+=("$p"); done
+for p in gcc make pkg-config cmake libopenblas-dev liblapacke-dev zlib1g-dev libcairo2-dev python3-venv openmpi-bin libopenmpi-dev; do have "$p" || need+=("$p"); done
 if [ "${BK_NO_ORACLE:-0}" != 1 ]; then
   for p in python3-torch python3-numpy python3-nltk; do have "$p" || need+=("$p"); done
 fi

@@ -12,8 +12,9 @@ the Python side). Three parts:
   birkhoff.torch  PyTorch API: autograd Functions and nn.Modules (imported
                   on demand: numpy users do not need torch).
 
-The library is found through BIRKHOFF_LIB, the source tree, the directory
-recorded by `make install`, or the dynamic loader (see birkhoff._lib).
+The library is found through BIRKHOFF_LIB, the copy bundled by `pip install`,
+the source tree, the directory recorded by `make install`, or the dynamic
+loader (see birkhoff._lib); `python -m birkhoff` runs the command-line tool.
 Threads: set_num_threads(n) (results do not depend on it); the default is
 BIRKHOFF_NUM_THREADS or the process's CPU affinity, never torch's setting.
 """

@@ -2,8 +2,8 @@
 
 pyproject.toml names it with `backend-path = ["tools/pybuild"]` and `requires = []`, so
 `pip install .` and `pip wheel .` need nothing from a package index, with or without
-build isolation (Debian has no python3-build or hatchling, and setuptools in an isolated
-build environment would have to come from PyPI). What it does:
+build isolation (pip's isolated build environment would have to fetch setuptools or
+hatchling from an index: Debian's packages of them are not visible there). What it does:
 
   build_wheel    runs the Makefile (`make BUILD=<dir> all`: libbirkhoff and the birkhoff
                  CLI) and writes a wheel of python/birkhoff with the shared library and the

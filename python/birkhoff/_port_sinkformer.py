@@ -32,8 +32,6 @@ This module is used as a benchmark peer (bench/peers/torch_peer.py) and as the
 test oracle (tests/oracle/oracle.py); run it directly for a self-check.
 """
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

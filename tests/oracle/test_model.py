@@ -5,9 +5,10 @@ Usage:
   /usr/bin/python3 tests/oracle/test_model.py --birkhoff build/birkhoff [--quick]
       [--only SUBSTRING] [--keep DIR] [--tol-logits T] [--tol-grad T] ...
 
-The twin is bench/peers/model_torch.py (docs/MODEL.md in PyTorch). Every case
-creates a tiny model with the CLI, loads the checkpoint into the twin in
-float64 and compares:
+The twin is birkhoff.models (python/birkhoff/models.py, docs/MODEL.md in
+PyTorch), imported as bench/peers/model_torch.py. Every case creates a tiny
+model with the CLI, loads the checkpoint into the twin in float64 and
+compares:
 
   BIRKHOFF model init --config TEXT --seed S --out init.safetensors [--optim TEXT]
   BIRKHOFF model grads --ckpt CKPT (--x X.npy | --tokens T.npy) [--len L.npy]

@@ -878,6 +878,17 @@ class _OTKPool(nn.Module):
         return out.reshape(h.shape[0], -1)                     # [B, p*q*D], [p, q, D] order
 
 
+def _finish_init(module, cfg, backend):
+    """the end of Model's and Seq2SeqModel's __init__: the parameter table
+    (names and shapes must be MODEL.md's), the initialisation, the backend"""
+    module.specs = param_specs(cfg)
+    got = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    want = {n: tuple(s) for n, s, _ in module.specs}
+    assert got == want, f"internal: parameters {got} != specs {want}"
+    module.reset_parameters()
+    _set_backend(module, backend)
+
+
 class Model(nn.Module):
     """The birkhoff encoder classifier (docs/MODEL.md) in PyTorch.
 
@@ -910,12 +921,7 @@ class Model(nn.Module):
         self.norm = nn.LayerNorm(D, eps=cfg["ln_eps"]) if cfg["final_norm"] else None
         self.pool = _OTKPool(cfg) if cfg["pool"] == "otk" else None
         self.head = nn.Linear(feature_dim(cfg), cfg["classes"])
-        self.specs = param_specs(cfg)
-        got = {n: tuple(p.shape) for n, p in self.named_parameters()}
-        want = {n: tuple(s) for n, s, _ in self.specs}
-        assert got == want, f"internal: parameters {got} != specs {want}"
-        self.reset_parameters()
-        _set_backend(self, backend)
+        _finish_init(self, cfg, backend)
 
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
@@ -1128,12 +1134,7 @@ class Seq2SeqModel(nn.Module):
             self.enc.norm = nn.LayerNorm(D, eps=cfg["ln_eps"])
             self.dec.norm = nn.LayerNorm(D, eps=cfg["ln_eps"])
         self.drop = nn.Dropout(cfg["dropout"])
-        self.specs = param_specs(cfg)
-        got = {n: tuple(p.shape) for n, p in self.named_parameters()}
-        want = {n: tuple(s) for n, s, _ in self.specs}
-        assert got == want, f"internal: parameters {got} != specs {want}"
-        self.reset_parameters()
-        _set_backend(self, backend)
+        _finish_init(self, cfg, backend)
 
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,

@@ -104,6 +104,11 @@ typedef struct {
                                                or esp                          */
     int post_ln;
     int bos, eos;
+    /* attn = asap: the ending of the compiled layers' online operator
+     * (birkhoff/asap.h: auto = the teacher's (odd S: row, even S: column),
+     * zero = ASAP-0, column, row); the fit does not depend on it, so one
+     * compilation serves every ending (bk_model_set_attn_config)        */
+    bk_asap_variant asap_ending;
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
@@ -114,7 +119,8 @@ typedef struct {
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
- * pool=cls|mean|max|otk). Unknown keys or malformed values: BK_ERR_PARAM. */
+ * pool=cls|mean|max|otk, asap_ending=auto|zero|column|row). Unknown keys or
+ * malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */
 BK_API bk_status bk_model_config_parse(bk_model_config *c, const char *text);
@@ -214,7 +220,7 @@ BK_API int bk_model_tokens(const bk_model *m);
  * bk_model_set_attn_config changes, in place, the attention parameters that
  * keep the parameter table: c must equal the model's configuration except
  * for attn_scale, sk_iters, sk_eps, sk_rho, esp_soft, esp_t, esp_tau,
- * lot_iters, lot_eps and lot_temp (any other difference: BK_ERR_PARAM naming
+ * lot_iters, lot_eps, lot_temp and asap_ending (any other difference: BK_ERR_PARAM naming
  * the key). The weights, the optimiser state that refers to them and the
  * dropout counter are untouched; operator tapes are grown when the new
  * parameters need more (BK_ERR_NOMEM leaves the model as it was), and a

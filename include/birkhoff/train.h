@@ -329,6 +329,9 @@ typedef struct {
     float lambda;           /* ridge (1e-3)                                    */
     bk_asap_fit fit;        /* BK_ASAP_FIT_LS (default) or BK_ASAP_FIT_KL      */
     const char *data_dir;   /* NULL: the run's                                 */
+    bk_asap_variant ending; /* the compiled model's asap_ending (BK_ASAP_AUTO:
+                               the teacher's); evaluation may change it
+                               (bk_model_set_attn_config)                     */
 } bk_asap_compile_config;
 BK_API bk_asap_compile_config bk_asap_compile_config_default(void);
 

@@ -275,9 +275,12 @@ CONFIG_DEFAULTS = {
     # the encoder-decoder (arch=seq2seq; docs/MODEL.md "Encoder-decoder")
     "arch": "classifier", "dec_depth": 2, "tgt_max_len": 128, "cross_attn": "softmax",
     "post_ln": 0, "bos": 1, "eos": 2,
+    # attn=asap's ending (no twin: recorded so every checkpoint's configuration parses)
+    "asap_ending": "auto",
 }
+ASAP_ENDINGS = ("auto", "zero", "column", "row")
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
-                 "cross_attn": ATTNS}
+                 "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
 SCHEDS = ("constant", "step", "cosine", "invsqrt")

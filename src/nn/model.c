@@ -17,6 +17,8 @@
 static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
 static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
 static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
+/* bk_asap_variant's values in order */
+static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row", NULL};
 static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
@@ -34,7 +36,7 @@ static const bki_field MODEL_FIELDS[] = {
     F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
     F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   E(arch, ARCH_NAMES),        F(dec_depth, BKI_F_INT),
     F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
-    F(eos, BKI_F_INT),
+    F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES),
 };
 #undef F
 #undef E
@@ -130,6 +132,8 @@ bk_status bk_model_config_check(const bk_model_config *c)
          c->heads, c->dim);
     NEED(c->head_dim >= 0 && c->mlp_dim >= 0, "head_dim and mlp_dim must be >= 0");
     NEED(c->arch == BK_ARCH_CLASSIFIER || c->arch == BK_ARCH_SEQ2SEQ, "unknown arch %d", (int)c->arch);
+    NEED(c->asap_ending >= BK_ASAP_AUTO && c->asap_ending <= BK_ASAP_ROW, "unknown asap_ending %d",
+         (int)c->asap_ending);
     const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     NEED((c->cls | c->pos_embed | c->final_norm | c->qkv_bias | c->esp_soft | c->post_ln) >= 0 && c->cls <= 1 &&
              c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1 && c->post_ln <= 1,
@@ -501,7 +505,7 @@ static void lot_fill(const bk_model *m, attn_site s, attn_par *p) { p->lot = lot
 static void asap_fill(const bk_model *m, attn_site s, attn_par *p)
 {
     p->asap.layer = m->ba[s.l].asap;
-    p->asap.variant = BK_ASAP_AUTO;
+    p->asap.variant = m->c.asap_ending;
 }
 
 /* diff: lambda is the block's [H] array (diff_set_lambda fills it before
@@ -1007,7 +1011,8 @@ static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_
 /* the attention keys that keep the parameter table and the fixed ESP slices:
  * what bk_model_set_attn_config may change in place */
 static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
-                                           "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp", NULL};
+                                           "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp",
+                                           "asap_ending", NULL};
 
 static int key_in(const char *key, size_t n, const char *const *list)
 {
@@ -1045,8 +1050,8 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     char key[64];
     if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau "
-                        "and lot_iters/lot_eps/lot_temp may change (bk_model_swap changes the attention kind)",
+                        "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau, "
+                        "lot_iters/lot_eps/lot_temp and asap_ending may change (bk_model_swap changes the attention kind)",
                         key);
     /* the tapes follow the new parameters (grown, never shrunk); the
      * workspace grows on use (ensure_ws) */

@@ -74,6 +74,7 @@ bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compi
     }
     bk_model_config acfg = *c;
     acfg.attn = BK_ATTN_ASAP;
+    acfg.asap_ending = cc->ending;
     if ((st = bk_model_create(&acfg, 1, 1, &am)) != BK_OK) goto done;
     memcpy(bk_model_params(am), bk_model_params(m), sizeof(float) * (size_t)bk_model_num_params(m));
     bk_asap_compile_event ev = {-1, c->depth, in->n, in->version, NULL};

@@ -156,6 +156,26 @@ if rc == 0:
     a = json.load(open(P("asap.json")))
     check(a["attn"] == "asap" and a["agreement"] > 0.9 and a["accuracy"] > 0.8, "ASAP agrees with its teacher",
           str(a)[:300])
+# the endings: eval --asap-ending changes the compiled model's (the loss differs, zero != row),
+# compile --ending records one; bad values and a non-ASAP model are usage errors
+rc, out = run("eval", "--ckpt", P("asap.safetensors"), "--asap-ending", "zero", "--json", P("asap0.json"))
+rc2, out2 = run("asap", "compile", "--ckpt", P("sk/last.safetensors"), "--out", P("asap0.safetensors"),
+                "--samples", "256", "--ending", "zero")
+rc3, out3 = run("eval", "--ckpt", P("asap0.safetensors"), "--json", P("asap0b.json"))
+if check(rc == 0 and rc2 == 0 and rc3 == 0, "eval --asap-ending zero; asap compile --ending zero", out + out2 + out3):
+    a0, a0b = json.load(open(P("asap0.json"))), json.load(open(P("asap0b.json")))
+    a = json.load(open(P("asap.json")))
+    check(a0["loss"] != a["loss"] and a0["loss"] == a0b["loss"] and a0["accuracy"] == a0b["accuracy"],
+          "ASAP-0 evaluates differently from the row ending; compiled with it = switched to it",
+          "%s %s %s" % (a["loss"], a0["loss"], a0b["loss"]))
+for args, what in ((["--ckpt", P("asap.safetensors"), "--asap-ending", "middle"], "auto|zero|column|row"),
+                   (["--ckpt", P("sk/last.safetensors"), "--asap-ending", "zero"], "compiled ASAP")):
+    rc, out = run("eval", *args)
+    check(rc == 2 and what in out, "eval %s: usage error" % " ".join(args[2:]), out)
+rc, out = run("asap", "compile", "--ckpt", P("sk/last.safetensors"), "--out", P("never.safetensors"),
+              "--ending", "middle")
+check(rc == 2 and "auto|zero|column|row" in out and not os.path.exists(P("never.safetensors")),
+      "asap compile --ending middle: usage error", out)
 rc, out = run("asap", "compile", "--ckpt", P("sm/last.safetensors"), "--out", P("never.safetensors"))
 check(rc == 1 and "compiles Sinkhorn" in out and not os.path.exists(P("never.safetensors")),
       "asap compile refuses a softmax model", out)

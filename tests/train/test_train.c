@@ -410,6 +410,40 @@ static void test_compile(void)
     if (st == BK_OK) st = bk_evaluate(m, te, 0, 8, 0, &er);
     CHECK(st == BK_OK && er.n == 32, "compile: the ASAP model evaluates", "%s", bk_last_error());
     bk_eval_result_free(&er);
+
+    /* the endings (asap_ending, changed in place): auto is the odd-S teacher's row ending
+     * (bitwise), ASAP-0 and the column ending compute something else; a model compiled with
+     * --ending zero is the auto one switched to zero */
+    double loss[4] = {NAN, NAN, NAN, NAN};
+    const char *names[4] = {"auto", "zero", "column", "row"};
+    for (int k = 0; k < 4 && st == BK_OK; k++) {
+        bk_model_config c = *bk_model_get_config(m);
+        bk_eval_result e = {0};
+        if ((st = bk_model_config_set(&c, "asap_ending", names[k])) == BK_OK &&
+            (st = bk_model_set_attn_config(m, &c)) == BK_OK && (st = bk_evaluate(m, te, 0, 8, 0, &e)) == BK_OK)
+            loss[k] = e.loss;
+        bk_eval_result_free(&e);
+    }
+    CHECK(st == BK_OK && loss[0] == loss[3] && loss[1] != loss[3] && loss[2] != loss[3] && loss[1] != loss[2],
+          "compile: asap_ending: auto = row (S = 5) bitwise; zero and column differ", "auto %.9g zero %.9g column "
+          "%.9g row %.9g %s", loss[0], loss[1], loss[2], loss[3], st ? bk_last_error() : "");
+    cc.ending = BK_ASAP_ZERO;
+    snprintf(out, sizeof out, "%s/asap0.safetensors", dir);
+    bk_model *m0 = NULL;
+    bk_eval_result e0 = {0};
+    if ((st = bk_asap_compile(ck, out, &cc, NULL, NULL)) == BK_OK && (st = bk_run_load(out, 8, &m0, &lr, NULL)) == BK_OK)
+        st = bk_evaluate(m0, te, 0, 8, 0, &e0);
+    CHECK(st == BK_OK && bk_model_get_config(m0)->asap_ending == BK_ASAP_ZERO && e0.loss == loss[1],
+          "compile: ending zero is recorded in the model and equals switching to it", "%.9g vs %.9g %s", e0.loss,
+          loss[1], st ? bk_last_error() : "");
+    bk_eval_result_free(&e0);
+    bk_model_free(m0);
+    bk_model_config bad = *bk_model_get_config(m);
+    CHECK(bk_model_config_set(&bad, "asap_ending", "middle") == BK_ERR_PARAM, "compile: asap_ending=middle is refused",
+          "%s", bk_last_error());
+    bad.asap_ending = (bk_asap_variant)7;
+    CHECK(bk_model_config_check(&bad) == BK_ERR_PARAM && has(bk_last_error(), "asap_ending"),
+          "compile: asap_ending 7 is refused", "%s", bk_last_error());
     bk_data_close(te);
     free(extra);
     bk_model_free(m);

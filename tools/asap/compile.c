@@ -10,13 +10,15 @@ static void usage_compile(FILE *f)
 {
     fprintf(f, "usage: birkhoff asap compile --ckpt SINKHORN.safetensors --out ASAP.safetensors [--samples N]\n"
                "                            [--batch B] [--slices L] [--seed S] [--lambda R] [--fit ls|kl]\n"
-               "                            [--data-dir DIR]\n"
+               "                            [--data-dir DIR] [--ending auto|zero|column|row]\n"
                "\n"
                "For every block of a model trained with Sinkhorn attention, streams the Q, K of the first N\n"
                "training inputs (default 512; their labels are not used) through the layer's own Sinkhorn\n"
                "teacher (its S, eps and scale), fits the ASAP coefficients (LS by default; KL refines them), and\n"
                "writes a checkpoint of the same weights with attn=asap and the compiled layers. `birkhoff eval`\n"
-               "on it reports its accuracy and its agreement with the teacher.\n");
+               "on it reports its accuracy and its agreement with the teacher. --ending records the online\n"
+               "operator's ending (asap_ending; auto: the teacher's, row for odd S and column for even S; zero:\n"
+               "ASAP-0); the fit does not depend on it, and `birkhoff eval --asap-ending` changes it.\n");
 }
 
 /* what the report names */
@@ -42,10 +44,11 @@ static void on_compile(void *user, const bk_asap_compile_event *ev)
 int asap_compile(int argc, char **argv)
 {
     const char *ckpt = NULL, *out = NULL, *ns = NULL, *bs = NULL, *ls = NULL, *ss = NULL, *lam = NULL, *fit = "ls",
-               *dir = NULL;
+               *dir = NULL, *ending = "auto";
     const cli_opt opts[] = {{"--ckpt", &ckpt, 0}, {"--out", &out, 0},    {"--samples", &ns, 0},
                             {"--batch", &bs, 0},  {"--slices", &ls, 0},  {"--seed", &ss, 0},
-                            {"--lambda", &lam, 0}, {"--fit", &fit, 0},   {"--data-dir", &dir, 0}};
+                            {"--lambda", &lam, 0}, {"--fit", &fit, 0},   {"--data-dir", &dir, 0},
+                            {"--ending", &ending, 0}};
     int done = 0,
         rc0 = cli_parse_opts("asap compile", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage_compile, &done);
     if (done || rc0) return rc0;
@@ -59,7 +62,13 @@ int asap_compile(int argc, char **argv)
                         "--lambda >= 0, --fit ls|kl\n");
         return CLI_USAGE;
     }
+    bk_model_config ends = bk_model_config_default();
+    if (bk_model_config_set(&ends, "asap_ending", ending) != BK_OK) {
+        fprintf(stderr, "birkhoff asap compile: --ending auto|zero|column|row (got '%s')\n", ending);
+        return CLI_USAGE;
+    }
     bk_asap_compile_config cc = bk_asap_compile_config_default();
+    cc.ending = ends.asap_ending;
     cc.samples = nsamp;
     cc.batch = batch;
     cc.slices = slices;

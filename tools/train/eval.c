@@ -12,7 +12,7 @@ static void usage_eval(FILE *f)
 {
     fprintf(f, "usage: birkhoff eval --ckpt CKPT [--data NAME] [--split test|train|valid] [--limit N] [--data-dir DIR]\n"
                "                     [--batch B] [--diag-samples N] [--teacher CKPT] [--json OUT.json]\n"
-               "                     [--esp-sort model|soft|hard | --esp-hard]\n"
+               "                     [--esp-sort model|soft|hard | --esp-hard] [--asap-ending auto|zero|column|row]\n"
                "\n"
                "Evaluates a checkpoint written by `birkhoff train` (or `birkhoff asap compile`) on a split of its\n"
                "dataset (the data options are the run's; --data picks another dataset of the same shape):\n"
@@ -23,17 +23,21 @@ static void usage_eval(FILE *f)
                "compiled from): the fraction of samples on which their predictions agree.\n"
                "An ESP model is evaluated with the sort its run's eval_esp_sort names (default: the model's own,\n"
                "esp_soft of its configuration); --esp-sort hard (or --esp-hard) evaluates a soft-trained model with\n"
-               "the exact sort (ESPFormer's \"hard\" mode: exactly doubly stochastic attention).\n");
+               "the exact sort (ESPFormer's \"hard\" mode: exactly doubly stochastic attention).\n"
+               "A compiled ASAP model runs with the ending it was compiled with (asap_ending, default auto: the\n"
+               "teacher's); --asap-ending evaluates it with another (zero: ASAP-0; column; row): the fitted\n"
+               "coefficients serve every ending.\n");
 }
 
 int cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = NULL, *split = "test", *limit_s = NULL, *dir = NULL, *batch_s = NULL,
-               *diag_s = NULL, *teacher = NULL, *json = NULL, *esp_sort = NULL, *esp_hard = NULL;
+               *diag_s = NULL, *teacher = NULL, *json = NULL, *esp_sort = NULL, *esp_hard = NULL, *ending = NULL;
     const cli_opt opts[] = {{"--ckpt", &ckpt, 0},         {"--data", &data, 0},   {"--split", &split, 0},
                             {"--limit", &limit_s, 0},     {"--data-dir", &dir, 0}, {"--batch", &batch_s, 0},
                             {"--diag-samples", &diag_s, 0}, {"--teacher", &teacher, 0}, {"--json", &json, 0},
-                            {"--esp-sort", &esp_sort, 0}, {"--esp-hard", &esp_hard, 1}};
+                            {"--esp-sort", &esp_sort, 0}, {"--esp-hard", &esp_hard, 1},
+                            {"--asap-ending", &ending, 0}};
     int done = 0, rc0 = cli_parse_opts("eval", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage_eval, &done);
     if (done || rc0) return rc0;
     int limit = 0, batch = 256, ndiag = 64;
@@ -68,24 +72,34 @@ int cmd_eval(int argc, char **argv)
     int rc = CLI_FAIL;
     /* ESP's sort: the flag, else the run's eval_esp_sort, else the model's own */
     if (!esp_sort && (!strcmp(r.eval_esp_sort, "soft") || !strcmp(r.eval_esp_sort, "hard"))) esp_sort = r.eval_esp_sort;
+    /* the attention's evaluation options: ESP's sort, ASAP's ending */
+    int bad_kind = 0;
+    bk_model_config ec = *bk_model_get_config(m);
     if (esp_sort && strcmp(esp_sort, "model")) {
-        bk_model_config ec = *bk_model_get_config(m);
         if (ec.attn != BK_ATTN_ESP) {
             fprintf(stderr, "birkhoff eval: --esp-sort %s chooses ESP's sort; %s has %s attention\n", esp_sort, ckpt,
                     bk_attn_kind_name(ec.attn));
-            free(extra);
-            bk_model_free(m);
-            bk_data_close(dset);
-            return CLI_USAGE;
+            bad_kind = 1;
         }
         ec.esp_soft = !strcmp(esp_sort, "soft");
-        if (bk_model_set_attn_config(m, &ec) != BK_OK) {
-            fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
-            free(extra);
-            bk_model_free(m);
-            bk_data_close(dset);
-            return CLI_FAIL;
+    }
+    if (ending) {
+        if (ec.attn != BK_ATTN_ASAP) {
+            fprintf(stderr, "birkhoff eval: --asap-ending %s chooses a compiled ASAP model's ending; %s has %s "
+                            "attention\n", ending, ckpt, bk_attn_kind_name(ec.attn));
+            bad_kind = 1;
         }
+        if (!bad_kind && bk_model_config_set(&ec, "asap_ending", ending) != BK_OK) {
+            fprintf(stderr, "birkhoff eval: --asap-ending auto|zero|column|row (got '%s')\n", ending);
+            bad_kind = 1;
+        }
+    }
+    if (bad_kind || bk_model_set_attn_config(m, &ec) != BK_OK) {
+        if (!bad_kind) fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
+        free(extra);
+        bk_model_free(m);
+        bk_data_close(dset);
+        return bad_kind ? CLI_USAGE : CLI_FAIL;
     }
     const bk_model_config *c = bk_model_get_config(m);
     bk_eval_result ev = {0}, tev = {0};

@@ -363,6 +363,7 @@ repro-quick: all
 	QUICK=1 OUT=runs/repro-quick/iters ./scripts/repro/iters.sh
 	QUICK=1 OUT=runs/repro-quick/asap ./scripts/repro/asap.sh
 	QUICK=1 OUT=runs/repro-quick/patches ./scripts/repro/patches.sh
+	QUICK=1 OUT=runs/repro-quick/otk ./scripts/repro/otk.sh
 	./scripts/data.sh fashion-mnist
 	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
 

@@ -33,6 +33,27 @@ def main(out):
         print("| %d | %s | %s | %s | %s | %s |" % (L, fit, fmt([x[0] for x in r]), fmt([x[1] for x in r]),
                                                fmt([x[2] for x in r]), fmt([x[3] for x in r], "%.1f")))
     print("\nmedian [min, max] over seeds")
+    ends = {}
+    for name in os.listdir(out):
+        m = re.fullmatch(r"asap-s(\d+)-L(\d+)-(ls|kl)(?:-(zero|column|row))?\.json", name)
+        if m:
+            key = (int(m.group(2)), m.group(3))
+            d = json.load(open(os.path.join(out, name)))
+            ends.setdefault(key, {}).setdefault(m.group(4) or "auto", []).append(
+                (100 * d["accuracy"], 100 * d.get("agreement", float("nan"))))
+    ends = {k: v for k, v in ends.items() if len(v) > 1}
+    if ends:
+        print("\nEndings of the same compiled models (birkhoff eval --asap-ending; auto = row, the S = 5 "
+              "teacher's):\n")
+        print("| slices L | fit | ending | ASAP test acc % | agreement % | seeds |")
+        print("|---|---|---|---|---|---|")
+        names = {"auto": "row (auto)", "zero": "ASAP-0", "column": "column"}
+        for (L, fit) in sorted(ends):
+            for e in ("zero", "auto", "column"):
+                r = ends[(L, fit)].get(e)
+                if r:
+                    print("| %d | %s | %s | %s | %s | %d |" % (L, fit, names[e], fmt([x[0] for x in r]),
+                                                             fmt([x[1] for x in r]), len(r)))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ def main(out):
     runs = {(int(f), mdl): v for (f, mdl), v in epoch_rows(out, r"f(\d+)-(\w+)-s(\d+)").items()}
     print("| train data | model | final test acc % | best test acc % | seeds |")
     print("|---|---|---|---|---|")
-    order = {"softmax": 0, "sinkhorn": 1, "esp": 2}
+    order = {"softmax": 0, "sinkhorn": 1, "esp": 2, "espa": 3}
     for (f, mdl) in sorted(runs, key=lambda k: (k[0], order.get(k[1], 9))):
         rs = runs[(f, mdl)]
         print("| %d %% | %s | %s | %s | %d |" % (f, mdl, fmt([100 * float(r[-1][5]) for r in rs]),

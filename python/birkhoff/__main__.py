@@ -12,7 +12,7 @@ PATH is not searched: the `birkhoff` found there may be this script itself.
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+from ._layout import candidates
 
 
 def cli_path():
@@ -20,15 +20,7 @@ def cli_path():
     env = os.environ.get("BIRKHOFF_CLI")
     if env:
         return env
-    cands = [os.path.join(_HERE, "_native", "birkhoff")]
-    if os.path.exists(os.path.join(_HERE, "..", "..", "include", "birkhoff.h")):
-        cands.append(os.path.normpath(os.path.join(_HERE, "..", "..", "build", "birkhoff")))
-    try:
-        from . import _install  # written by `make install`
-        cands.append(os.path.join(os.path.dirname(_install.LIBDIR.rstrip("/")), "bin", "birkhoff"))
-    except ImportError:
-        pass
-    for c in cands:
+    for c in candidates("cli"):
         if os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None

@@ -13,7 +13,6 @@ mirror misses fails at import, not with corrupted memory.
 import ctypes as C
 import os
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
 i32p = C.POINTER(C.c_int32)
 f32p = C.POINTER(C.c_float)
@@ -288,20 +287,8 @@ def _candidates():
     env = os.environ.get("BIRKHOFF_LIB")
     if env:
         return [env], True
-    out = []
-    bundled = os.path.join(_HERE, "_native", "libbirkhoff.so")  # a wheel's (tools/pybuild)
-    if os.path.exists(bundled):
-        out.append(bundled)
-    tree = os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libbirkhoff.so"))
-    if os.path.exists(os.path.join(_HERE, "..", "..", "include", "birkhoff.h")):
-        out.append(tree)
-    try:
-        from . import _install  # written by `make install`
-        out.append(os.path.join(_install.LIBDIR, "libbirkhoff.so.0"))
-    except ImportError:
-        pass
-    out += ["libbirkhoff.so.0", "libbirkhoff.so"]
-    return out, False
+    from ._layout import candidates
+    return candidates("lib") + ["libbirkhoff.so.0", "libbirkhoff.so"], False
 
 
 def _load():

@@ -1816,6 +1816,17 @@ def _manual_optim_step(ocfg, p, g, st, t, lr, decay):
                                                  + ocfg["eps"])
 
 
+def _gradcheck_params(model, kw):
+    """torch.autograd.gradcheck of model(**kw) with respect to every parameter
+    (float64 model)"""
+    names = [n for n, _ in model.ordered_parameters()]
+    leaves = [p.detach().clone().requires_grad_(True) for _, p in model.ordered_parameters()]
+
+    def f(*ps):
+        return torch.nn.utils.stateless.functional_call(model, dict(zip(names, ps)), (), kw)
+    return torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
 def _self_check():
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -1868,14 +1879,7 @@ def _self_check():
             note("reference numerics vs exact (logits)",
                  (ref_model(**kw) - model(**kw)).abs().max())
             # 3. gradcheck of the logits w.r.t. every parameter.
-            names = [n for n, _ in model.ordered_parameters()]
-            leaves = [p.detach().clone().requires_grad_(True) for _, p in
-                      model.ordered_parameters()]
-
-            def f(*ps, model=model, names=names, kw=kw):
-                return torch.nn.utils.stateless.functional_call(
-                    model, dict(zip(names, ps)), (), kw)
-            gc = torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+            gc = _gradcheck_params(model, kw)
             print(f"gradcheck {cfg['input']}/{cfg['attn']}/{cfg['pool']}: {gc}")
             ok = ok and gc
         # 4. corruption detection.
@@ -1950,14 +1954,7 @@ def _self_check():
                 d2["tokens"][b, n:] = (d2["tokens"][b, n:] + 1) % cfg["vocab"]
                 d2["tgt"][b, t:] = (d2["tgt"][b, t:] + 1) % cfg["vocab"]
             note("padding invariance (logits)", (model(**kw) - model(**d2)).abs().max())
-            names = [n for n, _ in model.ordered_parameters()]
-            leaves = [p.detach().clone().requires_grad_(True) for _, p in
-                      model.ordered_parameters()]
-
-            def f2(*ps, model=model, names=names, kw=kw):
-                return torch.nn.utils.stateless.functional_call(
-                    model, dict(zip(names, ps)), (), kw)
-            gc = torch.autograd.gradcheck(f2, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+            gc = _gradcheck_params(model, kw)
             print(f"gradcheck seq2seq/{cfg['attn']}/{cfg['cross_attn']}/post_ln={cfg['post_ln']}: "
                   f"{gc}")
             ok = ok and gc

@@ -16,26 +16,42 @@ static bk_status io_fail(const char *what)
     return bki_fail(BK_ERR_IO, "data-parallel training: collective failed (%s)", what);
 }
 
-bk_status bki_dp_init(bki_dp *d, const bk_train_comm *comm, int64_t nparams)
+typedef struct {
+    int32_t status;
+    char msg[DP_MSG];
+} dp_report;
+
+bk_status bki_dp_init(bki_dp *d, const bk_train_comm *comm)
 {
     memset(d, 0, sizeof *d);
     if (!comm || comm->size == 1) return BK_OK;
     if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size || !comm->bcast || !comm->allgather ||
         !comm->alltoall)
-        return bki_fail(BK_ERR_PARAM, "bk_train_comm: rank %d of size %d, or a NULL function", comm->rank,
+        return bki_fail(BK_ERR_PARAM, "bk_train_run_comm: rank %d of size %d, or a NULL function", comm->rank,
                         comm->size);
     d->c = comm;
+    d->reports = malloc(sizeof(dp_report) * (size_t)comm->size);
+    d->sums = malloc(sizeof(double) * BKI_DP_SUMS * (size_t)comm->size);
+    if (!d->reports || !d->sums) {
+        bki_dp_free(d);
+        return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory");
+    }
+    return BK_OK;
+}
+
+bk_status bki_dp_reserve(bki_dp *d, int64_t nparams)
+{
+    if (!d->c) return BK_OK;
+    const int R = d->c->size;
     /* a piece of whole segments, no larger than the gradient needs */
     int64_t piece = nparams < DP_PIECE ? nparams : DP_PIECE;
-    piece = (piece + comm->size - 1) / comm->size * comm->size;
-    if (piece < comm->size) piece = comm->size;
+    piece = (piece + R - 1) / R * R;
+    if (piece < R) piece = R;
     d->piece = piece;
     d->send = malloc(sizeof(float) * (size_t)piece);
     d->recv = malloc(sizeof(float) * (size_t)piece);
-    if (!d->send || !d->recv) {
-        bki_dp_free(d);
+    if (!d->send || !d->recv)
         return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory for the gradient buffers");
-    }
     return BK_OK;
 }
 
@@ -43,43 +59,25 @@ void bki_dp_free(bki_dp *d)
 {
     free(d->send);
     free(d->recv);
+    free(d->reports);
+    free(d->sums);
     memset(d, 0, sizeof *d);
 }
 
-typedef struct {
-    int32_t status;
-    char msg[DP_MSG];
-} dp_report;
-
-bk_status bki_dp_agree(const bki_dp *d, bk_status st, const char *what)
+bk_status bki_dp_agree(bki_dp *d, bk_status st, const char *what)
 {
     if (!d->c) return st;
     const int n = d->c->size;
-    dp_report mine, *all = malloc(sizeof(dp_report) * (size_t)n);
+    dp_report mine, *all = d->reports;
     memset(&mine, 0, sizeof mine);
     mine.status = (int32_t)st;
     if (st != BK_OK) snprintf(mine.msg, sizeof mine.msg, "%s", bk_last_error());
-    if (!all) {
-        /* cannot take part: the others wait; nothing better is possible */
-        return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory");
-    }
-    if (d->c->allgather(d->c->user, &mine, all, sizeof mine)) {
-        free(all);
-        return io_fail(what);
-    }
+    if (d->c->allgather(d->c->user, &mine, all, sizeof mine)) return io_fail(what);
     int k = 0;
     while (k < n && all[k].status == BK_OK) k++;
-    bk_status res = BK_OK;
-    if (k < n) {
-        if (st != BK_OK) {
-            res = st; /* this rank's own failure and message */
-        } else {
-            res = (bk_status)all[k].status;
-            bki_fail(res, "rank %d failed (%s): %.*s", k, what, DP_MSG, all[k].msg);
-        }
-    }
-    free(all);
-    return res;
+    if (k == n) return BK_OK;
+    if (st != BK_OK) return st; /* this rank's own failure and message */
+    return bki_fail((bk_status)all[k].status, "rank %d failed (%s): %.*s", k, what, DP_MSG, all[k].msg);
 }
 
 bk_status bki_dp_bcast(const bki_dp *d, void *buf, size_t bytes)
@@ -88,22 +86,18 @@ bk_status bki_dp_bcast(const bki_dp *d, void *buf, size_t bytes)
     return d->c->bcast(d->c->user, buf, bytes) ? io_fail("broadcast") : BK_OK;
 }
 
-bk_status bki_dp_sum(const bki_dp *d, double *v, int n)
+bk_status bki_dp_sum(bki_dp *d, double *v, int n)
 {
     if (!d->c || n < 1) return BK_OK;
+    if (n > BKI_DP_SUMS) return bki_fail(BK_ERR_PARAM, "internal: bki_dp_sum of %d values", n);
     const int R = d->c->size;
-    double *all = malloc(sizeof(double) * (size_t)R * (size_t)n);
-    if (!all) return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory");
-    if (d->c->allgather(d->c->user, v, all, sizeof(double) * (size_t)n)) {
-        free(all);
-        return io_fail("sum");
-    }
+    const double *all = d->sums;
+    if (d->c->allgather(d->c->user, v, d->sums, sizeof(double) * (size_t)n)) return io_fail("sum");
     for (int i = 0; i < n; i++) {
         double s = all[i];
         for (int k = 1; k < R; k++) s += all[(size_t)k * n + i];
         v[i] = s;
     }
-    free(all);
     return BK_OK;
 }
 
@@ -139,7 +133,7 @@ static void line_at(const char *text, size_t at, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(e - b), text + b);
 }
 
-bk_status bki_dp_same_text(const bki_dp *d, const char *text, const char *what)
+bk_status bki_dp_same_text(bki_dp *d, const char *text, const char *what)
 {
     if (!d->c) return BK_OK;
     uint64_t len = strlen(text);
@@ -167,19 +161,20 @@ bk_status bki_dp_same_text(const bki_dp *d, const char *text, const char *what)
     return bki_dp_agree(d, mine, what);
 }
 
-bk_status bki_dp_same_u64(const bki_dp *d, uint64_t v, const char *what)
+bk_status bki_dp_same_u64(bki_dp *d, uint64_t v, const char *what)
 {
     if (!d->c) return BK_OK;
     const int R = d->c->size;
-    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)R);
-    if (!all) return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory");
-    if (d->c->allgather(d->c->user, &v, all, sizeof v)) {
-        free(all);
-        return io_fail(what);
-    }
+    /* gathered into the sums' buffer (8 bytes a rank) */
+    if (d->c->allgather(d->c->user, &v, d->sums, sizeof v)) return io_fail(what);
+    const char *all = (const char *)d->sums;
+    uint64_t v0, vk;
+    memcpy(&v0, all, sizeof v0);
     int k = 1;
-    while (k < R && all[k] == all[0]) k++;
-    free(all);
+    for (; k < R; k++) {
+        memcpy(&vk, all + (size_t)k * sizeof vk, sizeof vk);
+        if (vk != v0) break;
+    }
     if (k < R)
         return bki_fail(BK_ERR_NUMERIC, "data-parallel training: rank %d's %s differs from rank 0's (the ranks "
                                         "diverged: every rank must run the same build on the same kind of CPU, or "

@@ -594,23 +594,15 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     memset(&s, 0, sizeof s);
     s.r = *r_in;
     run_pos pos = {0};
-    if (comm && comm->size != 1 && (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size))
-        return bki_fail(BK_ERR_PARAM, "bk_train_run_comm: rank %d of size %d", comm->rank, comm->size);
-    const int ranks = comm && comm->size > 1 ? comm->size : 1, rank = ranks > 1 ? comm->rank : 0;
+    /* a malformed comm, or no memory for the collectives: cannot take part */
+    bk_status st = bki_dp_init(&s.dp, comm);
+    if (st != BK_OK) return st;
+    const int ranks = bki_dp_size(&s.dp), rank = bki_dp_rank(&s.dp);
     const int root = rank == 0;
-    bk_status st = train_setup(&s, dir, mode, &pos, res, rank, ranks);
-    if (ranks > 1) {
-        /* every rank takes part in the collectives from here on, whatever
-         * its own setup gave */
-        const bk_status mine = st;
-        bk_status st2 = bki_dp_init(&s.dp, comm, mine == BK_OK ? bk_model_num_params(s.m) : 0);
-        if (st2 != BK_OK) {
-            /* a malformed comm (checked above) or no memory: cannot take part */
-            train_free(&s);
-            return st2;
-        }
-        st = mine == BK_OK ? dp_start(&s, mode, &pos) : bki_dp_agree(&s.dp, mine, "setup");
-    }
+    st = train_setup(&s, dir, mode, &pos, res, rank, ranks);
+    if (st == BK_OK) st = bki_dp_reserve(&s.dp, bk_model_num_params(s.m));
+    if (ranks > 1) /* every rank takes part in the collectives from here on, whatever its own setup gave */
+        st = st == BK_OK ? dp_start(&s, mode, &pos) : bki_dp_agree(&s.dp, st, "setup");
     if (st != BK_OK) {
         train_free(&s);
         return st;
@@ -753,87 +745,80 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
             }
         }
         if (stopped || st != BK_OK) break;
-        /* end of epoch: evaluate, record, checkpoint (rank 0), then the
+        /* end of epoch: rank 0 evaluates, records and checkpoints; then the
          * ranks agree and compare their states */
-        if (!root) {
-            pos.epoch = e + 1;
-            pos.batch = 0;
-            pos.loss_sum = 0;
-            pos.correct = pos.seen = 0;
-            if ((st = bki_dp_agree(&s.dp, BK_OK, "end of epoch")) != BK_OK ||
-                (st = bki_dp_same_u64(&s.dp, state_hash(m, o), "weights and optimiser state")) != BK_OK)
-                break;
-            double te[2];
-            if ((st = bki_dp_bcast(&s.dp, te, sizeof te)) != BK_OK) break;
-            res->test_loss = te[0];
-            res->test_acc = te[1];
-            continue;
-        }
-        bk_eval_result er = {0};
-        if ((st = evaluate_epoch(m, r, s.te, diag_n, s.diag, &er)) != BK_OK) {
-            char msg[480];
-            snprintf(msg, sizeof msg, "%s", bk_last_error());
-            bki_fail(st, "evaluation: %s", msg);
+        run_pos done = pos;
+        done.epoch = e + 1;
+        done.batch = 0;
+        done.loss_sum = 0;
+        done.correct = done.seen = 0;
+        int evaluated = !root;
+        if (root) {
+            bk_eval_result er = {0};
+            if ((st = evaluate_epoch(m, r, s.te, diag_n, s.diag, &er)) != BK_OK) {
+                char msg[480];
+                snprintf(msg, sizeof msg, "%s", bk_last_error());
+                bki_fail(st, "evaluation: %s", msg);
+                res->stage = BK_TRAIN_STAGE_EVAL;
+            } else {
+                evaluated = 1;
+                double rd = 0, cd = 0, en = 0;
+                for (int l = 0; l < depth; l++) {
+                    rd += s.diag[l].row_dev / depth;
+                    cd += s.diag[l].col_dev / depth;
+                    en += s.diag[l].entropy / depth;
+                }
+                const double now = now_s(), t = pos.elapsed + now - t0;
+                char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
+                if (r->model.attn == BK_ATTN_ESP)
+                    snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%.9g", (double)bk_model_get_config(m)->esp_t);
+                fprintf(s.logs.jsonl,
+                        "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
+                        "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
+                        "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
+                        e + 1, (long long)pos.step, pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss,
+                        er.acc, rd, cd, en, esp_t, t);
+                fprintf(s.logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos.step,
+                        pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc, rd, cd, en, t);
+                logs_flush(&s.logs);
+                ev.kind = BK_TRAIN_EVENT_EPOCH;
+                ev.epoch = e + 1;
+                ev.step = pos.step;
+                ev.elapsed_s = now - t0;
+                ev.time_s = t;
+                ev.train_loss = pos.loss_sum / (double)pos.seen;
+                ev.train_acc = (double)pos.correct / (double)pos.seen;
+                ev.test_loss = er.loss;
+                ev.test_acc = er.acc;
+                ev.attn_row_dev = rd;
+                ev.attn_col_dev = cd;
+                ev.attn_entropy = en;
+                if (cb) cb(user, &ev);
+                res->test_acc = er.acc;
+                res->test_loss = er.loss;
+                char name[64];
+                snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
+                run_pos saved = done;
+                saved.elapsed = t;
+                if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK ||
+                    (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks)) !=
+                        BK_OK)
+                    res->stage = BK_TRAIN_STAGE_SAVE;
+            }
             bk_eval_result_free(&er);
-            res->stage = BK_TRAIN_STAGE_EVAL;
-            bki_dp_agree(&s.dp, st, "end of epoch");
-            break;
         }
-        double rd = 0, cd = 0, en = 0;
-        for (int l = 0; l < depth; l++) {
-            rd += s.diag[l].row_dev / depth;
-            cd += s.diag[l].col_dev / depth;
-            en += s.diag[l].entropy / depth;
-        }
-        const double now = now_s(), t = pos.elapsed + now - t0;
-        char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
-        if (r->model.attn == BK_ATTN_ESP)
-            snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%.9g", (double)bk_model_get_config(m)->esp_t);
-        fprintf(s.logs.jsonl,
-                "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
-                "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
-                "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
-                e + 1, (long long)pos.step, pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc,
-                rd, cd, en, esp_t, t);
-        fprintf(s.logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos.step,
-                pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc, rd, cd, en, t);
-        logs_flush(&s.logs);
-        ev.kind = BK_TRAIN_EVENT_EPOCH;
-        ev.epoch = e + 1;
-        ev.step = pos.step;
-        ev.elapsed_s = now - t0;
-        ev.time_s = t;
-        ev.train_loss = pos.loss_sum / (double)pos.seen;
-        ev.train_acc = (double)pos.correct / (double)pos.seen;
-        ev.test_loss = er.loss;
-        ev.test_acc = er.acc;
-        ev.attn_row_dev = rd;
-        ev.attn_col_dev = cd;
-        ev.attn_entropy = en;
-        if (cb) cb(user, &ev);
-        res->test_acc = er.acc;
-        res->test_loss = er.loss;
-        bk_eval_result_free(&er);
-        pos.epoch = e + 1;
-        pos.batch = 0;
-        pos.loss_sum = 0;
-        pos.correct = pos.seen = 0;
-        char name[64];
-        snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
-        run_pos saved = pos;
-        saved.elapsed = t;
-        if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK ||
-            (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK)
-            res->stage = BK_TRAIN_STAGE_SAVE;
+        if (evaluated) pos = done;
         if (ranks > 1) {
+            /* rank 0's status, the states' checksums, rank 0's test figures */
             double te[2] = {res->test_loss, res->test_acc};
             if ((st = bki_dp_agree(&s.dp, st, "end of epoch")) != BK_OK ||
                 (st = bki_dp_same_u64(&s.dp, state_hash(m, o), "weights and optimiser state")) != BK_OK ||
                 (st = bki_dp_bcast(&s.dp, te, sizeof te)) != BK_OK)
                 break;
-        } else if (st != BK_OK) {
-            break;
+            res->test_loss = te[0];
+            res->test_acc = te[1];
         }
+        if (st != BK_OK) break;
     }
     logs_flush(&s.logs);
     const double elapsed = pos.elapsed + now_s() - t0;

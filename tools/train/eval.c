@@ -94,7 +94,8 @@ int cmd_eval(int argc, char **argv)
             bad_kind = 1;
         }
     }
-    if (bad_kind || bk_model_set_attn_config(m, &ec) != BK_OK) {
+    const int change = (esp_sort && strcmp(esp_sort, "model")) || ending;
+    if (bad_kind || (change && bk_model_set_attn_config(m, &ec) != BK_OK)) {
         if (!bad_kind) fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
         free(extra);
         bk_model_free(m);

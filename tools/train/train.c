@@ -77,6 +77,22 @@ typedef struct {
     struct sigaction old_int, old_term;
 } progress;
 
+/* From here on SIGINT/SIGTERM set the stop flag (the loop stops with a
+ * checkpoint; a second signal terminates at once); the old handlers are kept
+ * in p for the end of the run. */
+static void catch_stop(progress *p)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C terminates at once */
+    sigemptyset(&sa.sa_mask);
+    g_stop = 0;
+    sigaction(SIGINT, &sa, &p->old_int);
+    sigaction(SIGTERM, &sa, &p->old_term);
+    p->started = 1;
+}
+
 static void on_event(void *user, const bk_train_event *ev)
 {
     progress *p = user;
@@ -96,15 +112,7 @@ static void on_event(void *user, const bk_train_event *ev)
                     tr->version, bk_attn_kind_name(r->model.attn), (long long)bk_model_num_params(ev->model),
                     (long long)tr->n, r->epochs, r->batch, bk_get_num_threads(), procs, p->dir);
         /* from the first step on, Ctrl-C stops the run with a checkpoint */
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C terminates at once */
-        sigemptyset(&sa.sa_mask);
-        g_stop = 0;
-        sigaction(SIGINT, &sa, &p->old_int);
-        sigaction(SIGTERM, &sa, &p->old_term);
-        p->started = 1;
+        catch_stop(p);
         p->last_draw = -1.0;
         return;
     }
@@ -274,17 +282,7 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
     p.ranks = comm->size;
     bk_train_result res;
     const bk_train_mode mode = resume ? BK_TRAIN_RESUME : force ? BK_TRAIN_OVERWRITE : BK_TRAIN_NEW;
-    if (comm->rank > 0) {
-        /* rank 0 reports; the others still stop on Ctrl-C with the run */
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESETHAND;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, &p.old_int);
-        sigaction(SIGTERM, &sa, &p.old_term);
-        p.started = 1;
-    }
+    if (comm->rank > 0) catch_stop(&p); /* rank 0 reports (its START event catches them); the others still stop */
     bk_status st = bk_train_run_comm(&r, dir, mode, comm, on_event, &p, &g_stop, &res);
     if (p.started) {
         sigaction(SIGINT, &p.old_int, NULL);

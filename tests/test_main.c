@@ -55,6 +55,7 @@ int main(int argc, char **argv)
     test_asap();
     test_model();
     test_seq2seq();
+    test_vit();
     test_backend();
     test_ops_harness();
     test_cuda();

@@ -56,6 +56,15 @@ typedef enum {
  * another value). */
 BK_API const char *bk_attn_kind_name(bk_attn_kind k);
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
+/* How the [CLS] token's attention row is computed (LOTFormer's ViT
+ * ingredients; docs/MODEL.md "The [CLS] row and DWC"). FULL: it is a row of
+ * the model's attention over all tokens (the paper's "full DS"). SOFTMAX:
+ * its own softmax over every valid token, logits attn_scale q_cls . k_j,
+ * while the model's attention runs on the other tokens only ([CLS] is
+ * neither a query nor a key there). POL: the same with the polarised logits
+ * (u_j)^pol_ps + (w_j)^pol_po, u_j = s sum_c max(q_c k_jc, 0) and
+ * w_j = s sum_c max(-q_c k_jc, 0), s = attn_scale (Pol-[CLS]). */
+typedef enum { BK_CLS_FULL = 0, BK_CLS_SOFTMAX = 1, BK_CLS_POL = 2 } bk_cls_attn;
 /* The model's architecture: the encoder classifier above, or an
  * encoder-decoder translation model (docs/MODEL.md, "Encoder-decoder"). */
 typedef enum { BK_ARCH_CLASSIFIER = 0, BK_ARCH_SEQ2SEQ = 1 } bk_arch;
@@ -109,17 +118,31 @@ typedef struct {
      * zero = ASAP-0, column, row); the fit does not depend on it, so one
      * compilation serves every ending (bk_model_set_attn_config)        */
     bk_asap_variant asap_ending;
+    /* ---- the ViT ingredients of LOTFormer (classifier; docs/MODEL.md) ----
+     * cls_attn: the [CLS] row (above; not FULL needs cls = 1 and attn
+     * softmax, sinkhorn, unbalanced, esp or lot); pol_ps, pol_po: the
+     * powers of Pol-[CLS]'s same- and opposite-sign similarities (>= 1;
+     * 2 and 1). dwc = 1 (image input): each attention output gets the
+     * depthwise-convolution branch O = A V + DWConv(V) over the patch grid
+     * ([CLS] excluded), a dwc_kernel x dwc_kernel kernel (odd; 3) and a
+     * bias per head channel, shared by the heads (blocks.l.attn.dwc.weight
+     * [head_dim, k, k], .bias [head_dim])                             */
+    bk_cls_attn cls_attn;
+    float pol_ps, pol_po;
+    int dwc, dwc_kernel;
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
  * mlp 128, CLS, positional embedding, final LN, CLS pooling, 10 classes,
  * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
  * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
- * iterations), eps 0.5. */
+ * iterations), eps 0.5; cls_attn full, pol_ps 2, pol_po 1, no DWC (kernel
+ * 3). */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
- * pool=cls|mean|max|otk, asap_ending=auto|zero|column|row). Unknown keys or
+ * pool=cls|mean|max|otk, asap_ending=auto|zero|column|row,
+ * cls_attn=full|softmax|pol). Unknown keys or
  * malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */

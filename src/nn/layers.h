@@ -35,4 +35,39 @@ void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key);
 /* key of a dropout site: a pure function of (seed, forward counter, site) */
 uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site);
 
+/* ---- LOTFormer's ViT ingredients (vit.c; docs/MODEL.md "The [CLS] row and
+ * DWC") on a block's activations: qkv [B*T, 3I] as the block's projection
+ * writes it (q, k, v at columns 0, I, 2I; head h at h*dh), att, dA, dq, dk,
+ * dv [B*T, I], I = H*dh; nb[b] valid tokens of sample b (with [CLS]). */
+typedef struct {
+    int B, T, H, dh;
+    const int32_t *nb;
+} bki_vit_shape;
+
+/* The [CLS] row (token 0) of each (sample, head): weights alpha [B, H, T]
+ * (zero past nb) = softmax over the valid keys of the logits s q0 . k_j
+ * (BK_CLS_SOFTMAX) or u_j^ps + w_j^po (BK_CLS_POL), and att's row 0 =
+ * sum_j alpha_j v_j (written, not added). The backward SETS row 0 of dq, dk
+ * and dv and ADDS into the other valid rows of dk and dv, from row 0 of dA;
+ * scratch holds 2 B*H*T floats. */
+typedef struct {
+    bk_cls_attn mode;
+    double scale, ps, po;  /* s (the model's attention scale), pol's powers */
+} bki_cls_par;
+void bki_cls_row_fwd(const bki_vit_shape *s, const bki_cls_par *p, const float *qkv, float *alpha, float *att);
+void bki_cls_row_bwd(const bki_vit_shape *s, const bki_cls_par *p, const float *qkv, const float *alpha,
+                     const float *dA, float *scratch, float *dq, float *dk, float *dv);
+
+/* The depthwise-convolution branch over the gh x gw patch grid (tokens cls,
+ * ..., cls + gh*gw - 1 in row-major grid order): att += conv(v) + bias per
+ * head channel (cross-correlation, k x k kernel w [dh, k, k] shared by the
+ * heads, zero padding k/2). The backward ADDS dv, dw and db. */
+typedef struct {
+    int cls, gh, gw, k;
+} bki_dwc_par;
+void bki_dwc_fwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, const float *bias, const float *qkv,
+                 float *att);
+void bki_dwc_bwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, const float *qkv, const float *dA,
+                 float *dv, float *dw, float *db);
+
 #endif

@@ -20,6 +20,8 @@ static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
 /* bk_asap_variant's values in order */
 static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row", NULL};
 static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
+/* bk_cls_attn's values in order */
+static const char *const CLS_ATTN_NAMES[] = {"full", "softmax", "pol", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
 #define E(field, names) {#field, BKI_F_ENUM, offsetof(bk_model_config, field), names, 0}
@@ -36,7 +38,8 @@ static const bki_field MODEL_FIELDS[] = {
     F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
     F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   E(arch, ARCH_NAMES),        F(dec_depth, BKI_F_INT),
     F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
-    F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES),
+    F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
+    F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
 };
 #undef F
 #undef E
@@ -83,6 +86,10 @@ bk_model_config bk_model_config_default(void)
     c.cross_attn = BK_ATTN_SOFTMAX;
     c.bos = 1;
     c.eos = 2;
+    c.cls_attn = BK_CLS_FULL;
+    c.pol_ps = 2.0f;
+    c.pol_po = 1.0f;
+    c.dwc_kernel = 3;
     return c;
 }
 
@@ -198,6 +205,30 @@ bk_status bk_model_config_check(const bk_model_config *c)
              "(set head_dim, or dim and heads, so that it is even)",
              dh);
     }
+    NEED(c->cls_attn >= BK_CLS_FULL && c->cls_attn <= BK_CLS_POL, "unknown cls_attn %d", (int)c->cls_attn);
+    if (c->cls_attn != BK_CLS_FULL) {
+        const char *cn = CLS_ATTN_NAMES[c->cls_attn];
+        NEED(!s2s, "cls_attn=%s is the classifier's [CLS] row (an encoder-decoder has no [CLS] token)", cn);
+        NEED(c->cls, "cls_attn=%s needs the [CLS] token (cls=1)", cn);
+        NEED(c->attn == BK_ATTN_SOFTMAX || c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
+                 c->attn == BK_ATTN_ESP || c->attn == BK_ATTN_LOT,
+             "cls_attn=%s takes attn softmax, sinkhorn, unbalanced, esp or lot (attn=%s: %s)", cn,
+             ATTN_NAMES[c->attn],
+             c->attn == BK_ATTN_DIFF ? "its per-head norm and lambda are defined on whole attention rows"
+                                     : "compiled layers are calibrated on the model's own rows");
+    }
+    if (c->cls_attn == BK_CLS_POL)
+        NEED(c->pol_ps >= 1.0f && c->pol_ps <= 16.0f && c->pol_po >= 1.0f && c->pol_po <= 16.0f,
+             "cls_attn=pol needs pol_ps and pol_po in [1, 16] (got %g, %g; a power below 1 has an unbounded "
+             "derivative at 0)",
+             (double)c->pol_ps, (double)c->pol_po);
+    NEED(c->dwc == 0 || c->dwc == 1, "dwc is a 0/1 switch (got %d; the kernel size is dwc_kernel)", c->dwc);
+    if (c->dwc) {
+        NEED(!s2s && c->input == BK_INPUT_IMAGE,
+             "dwc=1 convolves over the patch grid: it needs input=image and arch=classifier");
+        NEED(c->dwc_kernel >= 1 && c->dwc_kernel <= 63 && c->dwc_kernel % 2 == 1,
+             "dwc_kernel must be odd and in [1, 63] (got %d)", c->dwc_kernel);
+    }
     if (!s2s && c->pool == BK_POOL_OTK)
         NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
                  c->otk_eps > 0.0f,
@@ -252,6 +283,10 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
         P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
         P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
         P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
+    }
+    if (c->dwc && !dec) {
+        P(dwc_w, "attn.dwc.weight", 3, m->dh, c->dwc_kernel, c->dwc_kernel, 1);
+        P(dwc_b, "attn.dwc.bias", 1, m->dh, 0, 0, 0);
     }
     P(proj_w, "attn.proj.weight", 2, D, I, 0, 1);
     P(proj_b, "attn.proj.bias", 1, D, 0, 0, 0);
@@ -377,6 +412,10 @@ static void init_params(bk_model *m)
             for (int64_t j = 0; j < p->count; j++) w[j] = 0.0f;
         } else if (ENDS("diff_lq1") || ENDS("diff_lk1") || ENDS("diff_lq2") || ENDS("diff_lk2")) {
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.1 * gauss(&s)); /* the paper's N(0, 0.1^2) */
+        } else if (ENDS("dwc.weight") || ENDS("dwc.bias")) {
+            /* PyTorch's Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k */
+            const double bound = 1.0 / (double)m->c.dwc_kernel;
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)((2.0 * unif(&s) - 1.0) * bound);
         } else if (strcmp(n, "pool.otk_z") == 0) {
             const double sd = 1.0 / sqrt((double)m->c.dim);
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
@@ -620,6 +659,7 @@ void bk_model_free(bk_model *m)
             free(a->draw);
             free(a->drs);
             free(a->lam);
+            free(a->clsa);
             if (a->cmid != a->out) free(a->cmid);
             free(a->lnc);
             free(a->muc);
@@ -638,7 +678,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
@@ -769,7 +809,8 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    const int per_block = c->attn == BK_ATTN_DIFF ? 16 : 14; /* (diff: four lambda vectors for LOT's two) */
+    const int per_block = (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
+                                                                                LOT's two; DWC's kernel, bias) */
     const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0);
     if (tensors > MAXP) {
         bk_model_free(m);
@@ -861,6 +902,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
                 bk_esp_slices(&ep, m->dh, a->esp_theta);
             }
         }
+        if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)R * (size_t)c->heads, &z);
         if (!dec && c->attn == BK_ATTN_DIFF) {
             a->draw = falloc((size_t)(R * I), &z);
             a->drs = falloc((size_t)R * (size_t)c->heads, &z);
@@ -883,6 +925,10 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->fmu = falloc((size_t)R, &z);
     m->frs = falloc((size_t)R, &z);
     m->nb = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
+    if (c->cls_attn != BK_CLS_FULL) {
+        m->nb1 = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
+        m->dcls = falloc(2 * (size_t)R * (size_t)c->heads, &z);
+    }
     if (!s2s) {
         m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
         m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
@@ -1007,12 +1053,13 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
  * fixes the parameter table of everything but the attention) */
 static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
                                         "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
-                                        "lot_iters", "lot_eps",  "lot_temp", NULL};
+                                        "lot_iters", "lot_eps",  "lot_temp", "cls_attn", "pol_ps",
+                                        "pol_po",   NULL};
 /* the attention keys that keep the parameter table and the fixed ESP slices:
  * what bk_model_set_attn_config may change in place */
 static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
                                            "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp",
-                                           "asap_ending", NULL};
+                                           "asap_ending", "pol_ps", "pol_po", NULL};
 
 static int key_in(const char *key, size_t n, const char *const *list)
 {
@@ -1051,7 +1098,8 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
                         "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau, "
-                        "lot_iters/lot_eps/lot_temp and asap_ending may change (bk_model_swap changes the attention kind)",
+                        "lot_iters/lot_eps/lot_temp, asap_ending and pol_ps/pol_po may change (bk_model_swap changes "
+                        "the attention kind and cls_attn)",
                         key);
     /* the tapes follow the new parameters (grown, never shrunk); the
      * workspace grows on use (ensure_ws) */
@@ -1120,7 +1168,7 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
                         "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, attn_scale, sk_*, esp_*, "
-                        "lot_*)",
+                        "lot_*, cls_attn, pol_*)",
                         key);
     if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)
         return bki_fail(BK_ERR_PARAM, "bk_model_swap: lot_r %d -> %d: a LOT model's pivots are trained weights of "
@@ -1430,20 +1478,69 @@ static bk_status site_backward(bk_model *m, attn_site s, const bk_attn_desc *d, 
     return bki_op_backward(&c, tape, m->ws, m->ws_cap);
 }
 
-/* the self-attention of block l (classifier, encoder) with its kind's hooks */
+/* ---- LOTFormer's ViT ingredients around the operator (vit.c) --------------
+ * cls_attn != full: the operator runs on the tokens after [CLS] (every view
+ * one row down, lengths nb - 1, the problem (T - 1) x (T - 1)) and the [CLS]
+ * row is computed on its own; dwc = 1: the convolution branch is added to
+ * the attention's output. Both are the same for every attention kind. */
+static int cls_split(const bk_model *m) { return m->c.cls_attn != BK_CLS_FULL; }
+static bki_vit_shape vit_shape(const bk_model *m, int B)
+{
+    return (bki_vit_shape){B, m->T, m->c.heads, m->dh, m->nb};
+}
+static bki_cls_par cls_par(const bk_model *m)
+{
+    return (bki_cls_par){m->c.cls_attn, bki_scale(m->c.attn_scale, m->dh), m->c.pol_ps, m->c.pol_po};
+}
+static bki_dwc_par dwc_par(const bk_model *m)
+{
+    return (bki_dwc_par){m->c.cls, m->c.image_h / m->c.patch, m->c.image_w / m->c.patch, m->c.dwc_kernel};
+}
+/* the operator's problem: all tokens, or those after [CLS] (the views of
+ * ts[0..n) moved one token down: row strides ld[i]) */
+static bk_attn_desc op_desc(const bk_model *m, int B, bk_tensor *ts, const int64_t *ld, int n)
+{
+    if (!cls_split(m)) return attn_desc(m, B);
+    for (int i = 0; i < n; i++) ts[i].data += ld[i];
+    bk_attn_desc d = {B, m->c.heads, m->T - 1, m->T - 1, m->dh, m->dh, m->nb1, m->nb1};
+    return d;
+}
+
+/* the self-attention of block l (classifier, encoder) with its kind's hooks;
+ * attn_out (nullable): the attention map [B, H, T, T] */
 static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
 {
     blk_act *a = &m->ba[l];
-    bk_attn_desc d = attn_desc(m, B);
-    bk_tensor q, k, v, o;
-    views(m, a->qkv, a->att, &q, &k, &v, &o);
+    bk_tensor t[5];  /* q, k, v, o, the map */
+    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[3]);
     if (m->c.attn == BK_ATTN_ASAP && !a->asap)
         return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
     const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &o);
-    bk_status st = site_forward(m, self_site(l), &d, &q, &k, &v, &o, attn_out, train ? a->tape : NULL);
+    if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &t[3]);
+    if (attn_out) {
+        t[4] = *attn_out;
+        if (cls_split(m)) /* the operator fills the block of the other tokens */
+            memset(attn_out->data, 0, sizeof(float) * (size_t)B * m->c.heads * m->T * m->T);
+    }
+    const int64_t I = m->I, ld[5] = {3 * I, 3 * I, 3 * I, I, m->T + 1};
+    bk_attn_desc d = op_desc(m, B, t, ld, attn_out ? 5 : 4);
+    bk_status st = site_forward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], attn_out ? &t[4] : NULL,
+                                train ? a->tape : NULL);
     if (st) return st;
     if (hk && hk->fwd_post) hk->fwd_post(m, l, B);
+    const bki_vit_shape vs = vit_shape(m, B);
+    if (cls_split(m)) {
+        const bki_cls_par cp = cls_par(m);
+        bki_cls_row_fwd(&vs, &cp, a->qkv, a->clsa, a->att);
+        if (attn_out) /* row 0 of each (sample, head) map: the [CLS] row's weights */
+            for (int bh = 0; bh < B * m->c.heads; bh++)
+                memcpy(attn_out->data + (size_t)bh * m->T * m->T, a->clsa + (size_t)bh * m->T,
+                       sizeof(float) * (size_t)m->T);
+    }
+    if (m->c.dwc) {
+        const bki_dwc_par dp = dwc_par(m);
+        bki_dwc_fwd(&vs, &dp, m->w + m->bo[l].dwc_w, m->w + m->bo[l].dwc_b, a->qkv, a->att);
+    }
     return BK_OK;
 }
 
@@ -1540,6 +1637,8 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
     }
     const int B = bt->B;
     for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
+    if (m->nb1)
+        for (int b = 0; b < B; b++) m->nb1[b] = m->nb[b] - 1;
     if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
 
     embed_fwd(m, bt, train);
@@ -1606,19 +1705,34 @@ static void lot_bwd_post(bk_model *m, int l)
 static bk_status attn_backward(bk_model *m, int l, int B)
 {
     blk_act *a = &m->ba[l];
-    bk_attn_desc d = attn_desc(m, B);
-    bk_tensor q, k, v, o;
-    views(m, a->qkv, a->att, &q, &k, &v, &o);
     const int64_t T = m->T, I = m->I, dh = m->dh;
-    bk_tensor dout = {m->dA, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32},
-              dk = {m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    bk_tensor t[8]; /* q, k, v, dout, dq, dk, dv (and o, unused) */
+    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[7]);
+    t[3] = (bk_tensor){m->dA, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    t[4] = (bk_tensor){m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    t[5] = (bk_tensor){m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    t[6] = (bk_tensor){m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
     const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &dout);
+    if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &t[3]);
+    const int64_t ld[7] = {3 * I, 3 * I, 3 * I, I, I, I, I};
+    bk_attn_desc d = op_desc(m, B, t, ld, 7);
     bki_lot_grads lg;
     void *pg = hk && hk->pgrads ? hk->pgrads(m, &lg) : NULL;
-    bk_status st = site_backward(m, self_site(l), &d, &q, &k, &v, &dout, &dq, &dk, &dv, pg, a->tape);
+    bk_status st = site_backward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], pg, a->tape);
     if (st) return st;
     if (hk && hk->bwd_post) hk->bwd_post(m, l);
+    /* the ViT ingredients, from d(att) = dA (the [CLS] row first: it sets
+     * row 0 of dq, dk and dv, which the operator left alone) */
+    const bki_vit_shape vs = vit_shape(m, B);
+    if (cls_split(m)) {
+        const bki_cls_par cp = cls_par(m);
+        bki_cls_row_bwd(&vs, &cp, a->qkv, a->clsa, m->dA, m->dcls, m->dq, m->dk, m->dv);
+    }
+    if (m->c.dwc) {
+        const bki_dwc_par dp = dwc_par(m);
+        bki_dwc_bwd(&vs, &dp, m->w + m->bo[l].dwc_w, a->qkv, m->dA, m->dv, m->gw + m->bo[l].dwc_w,
+                    m->gw + m->bo[l].dwc_b);
+    }
     return BK_OK;
 }
 

@@ -14,8 +14,8 @@
  * MLP; decoder blocks add the cross-attention: lnc, cq (queries from the
  * decoder stream), ckv (keys and values from the encoder's output), cproj. */
 typedef struct {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, proj_w, proj_b, ln2_w, ln2_b,
-        fc1_w, fc1_b, fc2_w, fc2_b;
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, dwc_w, dwc_b, proj_w, proj_b,
+        ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     int64_t lnc_w, lnc_b, cq_w, cq_b, ckv_w, ckv_b, cproj_w, cproj_b;
 } blk_off;
 
@@ -32,6 +32,8 @@ typedef struct {
     bk_asap_layer *asap;
     float *draw, *drs, *lam;          /* diff: the operator's output [R, I], its
                                          per-head inverse RMS [R, H], lambda [H] */
+    float *clsa;                      /* cls_attn != full: the [CLS] row's
+                                         weights [B, H, T] (vit.c)           */
     /* decoder blocks: the stream after the cross-attention, its norm, the
      * queries [Rd, I], keys and values [Re, 2I], output [Rd, I] and tape */
     float *cmid, *lnc, *muc, *rsc, *cq, *ckv, *catt, *cesp_theta;
@@ -57,10 +59,14 @@ struct bk_model {
     float *fin, *fmu, *frs;                  /* final norm                        */
     float *pooled, *logits, *probs;
     int32_t *argmax, *nb, *labels, *tokens;
+    int32_t *nb1;                            /* cls_attn != full: nb - 1, the
+                                                tokens after [CLS]             */
     void *otk_tape;
     size_t otk_tape_cap;
     /* backward scratch */
     float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
+    float *dcls;                             /* the [CLS] row's backward scratch
+                                                [2, B, H, T] (cls_attn != full) */
     void *ws;
     size_t ws_cap;
     int B, have_tape;

@@ -5,6 +5,7 @@
  * truncated checkpoints; bad configurations. (PyTorch parity of logits,
  * loss, every gradient and a 10-step trajectory: tests/oracle/test_model.py.) */
 #include "birkhoff.h"
+#include "../../src/nn/layers.h"
 #include "../harness.h"
 #include "../tutil.h"
 
@@ -1458,6 +1459,433 @@ static void test_set_attn(void)
     free(Ah);
     batch_free(&tb);
     bk_model_free(e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* LOTFormer's ViT ingredients: cls_attn (the [CLS] row's own softmax or     */
+/* Pol-[CLS]) and the DWC branch (src/nn/vit.c; docs/MODEL.md)               */
+/* ------------------------------------------------------------------------ */
+/* The [CLS] row and the DWC branch alone (src/nn/vit.c): the loss
+ * sum(G * att) of random weights G, its gradients with respect to q, k, v
+ * (and the kernel and bias) against directional finite differences. Pol's
+ * logits have kinks where a product q_c k_jc changes sign, so its inputs
+ * here keep every |q_c|, |k_jc| >= 0.3: a step of 1e-3 crosses no kink and
+ * the difference quotient is the derivative. (The whole models below run
+ * on random activations, where some product always sits near a kink: for
+ * Pol those checks are the gradients the kink-free parts reach, and the
+ * PyTorch twin, with the same subgradient, holds the rest:
+ * tests/python/test_models.py.) */
+typedef struct {
+    bki_vit_shape vs;
+    bki_cls_par cp;
+    bki_dwc_par dp;
+    int dwc;
+    float *qkv, *att, *alpha, *G, *w, *bias;
+    size_t natt;
+} vit_k;
+
+static double vit_k_loss(void *p)
+{
+    vit_k *c = p;
+    memset(c->att, 0, sizeof(float) * c->natt);
+    if (c->dwc) bki_dwc_fwd(&c->vs, &c->dp, c->w, c->bias, c->qkv, c->att);
+    else bki_cls_row_fwd(&c->vs, &c->cp, c->qkv, c->alpha, c->att);
+    double l = 0;
+    for (size_t i = 0; i < c->natt; i++) l += (double)c->G[i] * c->att[i];
+    return l;
+}
+
+static double vit_kernel_case(int dwc, bk_cls_attn mode, double ps, double po)
+{
+    const int B = 2, T = 10, H = 2, dh = 3, I = H * dh;
+    const int32_t nb[2] = {10, 6};
+    th_rng r = {1234 + (uint64_t)(mode * 10 + dwc)};
+    vit_k c;
+    memset(&c, 0, sizeof c);
+    c.vs = (bki_vit_shape){B, T, H, dh, nb};
+    c.cp = (bki_cls_par){mode, 0.7, ps, po};
+    c.dp = (bki_dwc_par){1, 3, 3, 3};
+    c.dwc = dwc;
+    c.natt = (size_t)B * T * I;
+    c.qkv = malloc(sizeof(float) * 3 * c.natt);
+    c.att = malloc(sizeof(float) * c.natt);
+    c.alpha = malloc(sizeof(float) * (size_t)B * H * T);
+    c.G = calloc(c.natt, sizeof(float));
+    c.w = malloc(sizeof(float) * dh * 9);
+    c.bias = malloc(sizeof(float) * dh);
+    float *dq = calloc(c.natt, sizeof(float)), *dk = calloc(c.natt, sizeof(float)), *dv = calloc(c.natt, sizeof(float));
+    float *dw = calloc((size_t)dh * 9, sizeof(float)), *db = calloc((size_t)dh, sizeof(float));
+    float *scratch = malloc(sizeof(float) * 2 * (size_t)B * H * T);
+    for (size_t i = 0; i < 3 * c.natt; i++) {
+        const double a = 0.3 + 1.2 * th_unif(&r);
+        c.qkv[i] = (float)((th_next(&r) & 1) ? a : -a);
+    }
+    for (int i = 0; i < dh * 9; i++) c.w[i] = (float)th_normal(&r);
+    for (int i = 0; i < dh; i++) c.bias[i] = (float)th_normal(&r);
+    /* the [CLS] row's loss reads row 0 only (the DWC's, the grid rows) */
+    for (int b = 0; b < B; b++)
+        for (int t = dwc ? 1 : 0; t < (dwc ? T : 1); t++)
+            for (int j = 0; j < I; j++) c.G[((size_t)b * T + t) * I + j] = (float)th_normal(&r);
+    vit_k_loss(&c);
+    if (dwc) bki_dwc_bwd(&c.vs, &c.dp, c.w, c.qkv, c.G, dv, dw, db);
+    else bki_cls_row_bwd(&c.vs, &c.cp, c.qkv, c.alpha, c.G, scratch, dq, dk, dv);
+    /* gradients as qkv-shaped [B*T, 3I] for the directional checks */
+    float *gq = calloc(3 * c.natt, sizeof(float));
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        for (int j = 0; j < I; j++) {
+            gq[row * 3 * I + j] = dq[row * I + j];
+            gq[row * 3 * I + I + j] = dk[row * I + j];
+            gq[row * 3 * I + 2 * I + j] = dv[row * I + j];
+        }
+    char name[128];
+    snprintf(name, sizeof name, "vit kernel FD: %s d(q, k, v)", dwc ? "DWC" : mode == BK_CLS_POL ? "Pol-[CLS]" : "[CLS]-softmax");
+    th_directional_fd(name, c.qkv, gq, (int)(3 * c.natt), 1e-3f, &r, vit_k_loss, &c);
+    /* every entry on its own too (the padded keys of sample 1 must get 0) */
+    double worst = 0;
+    for (size_t i = 0; i < 3 * c.natt; i++) {
+        const float x0 = c.qkv[i];
+        c.qkv[i] = x0 + 1e-3f;
+        const double lp = vit_k_loss(&c);
+        c.qkv[i] = x0 - 1e-3f;
+        const double lm = vit_k_loss(&c);
+        c.qkv[i] = x0;
+        const double fd = (lp - lm) / ((double)(x0 + 1e-3f) - (double)(x0 - 1e-3f));
+        worst = fmax(worst, fabs(fd - gq[i]));
+    }
+    double gmax = 1e-2;
+    for (size_t i = 0; i < 3 * c.natt; i++) gmax = fmax(gmax, fabs(gq[i]));
+    snprintf(name, sizeof name, "vit kernel FD: %s, every entry", dwc ? "DWC" : mode == BK_CLS_POL ? "Pol-[CLS]" : "[CLS]-softmax");
+    th_check(worst <= 1e-2 * gmax, name, "max |FD - analytic| %.3g of max |g| %.3g", worst, gmax);
+    if (dwc) {
+        th_directional_fd("vit kernel FD: DWC d(kernel)", c.w, dw, dh * 9, 1e-3f, &r, vit_k_loss, &c);
+        th_directional_fd("vit kernel FD: DWC d(bias)", c.bias, db, dh, 1e-3f, &r, vit_k_loss, &c);
+    }
+    free(gq);
+    free(c.qkv);
+    free(c.att);
+    free(c.alpha);
+    free(c.G);
+    free(c.w);
+    free(c.bias);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(dw);
+    free(db);
+    free(scratch);
+    return worst / gmax;
+}
+
+static void test_vit_kernels(void)
+{
+    double e = 0;
+    e = fmax(e, vit_kernel_case(0, BK_CLS_SOFTMAX, 1, 1));
+    e = fmax(e, vit_kernel_case(0, BK_CLS_POL, 2, 1));
+    e = fmax(e, vit_kernel_case(0, BK_CLS_POL, 3, 1.5));
+    e = fmax(e, vit_kernel_case(0, BK_CLS_POL, 1, 1));
+    e = fmax(e, vit_kernel_case(1, BK_CLS_FULL, 1, 1));
+    if (TH.verbose) printf("# vit kernels: max entrywise |FD - analytic| / max |g| = %.3g\n", e);
+}
+
+/* every gradient against finite differences, for each [CLS] treatment and
+ * the DWC branch, on LOT and on other kinds (the mechanism is the same for
+ * every kind), images (a 4 x 4 grid) and padded tokens */
+static void test_vit_fd(void)
+{
+    const char *base = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,classes=5";
+    const char *cases[] = {
+        "attn=lot,lot_r=3,lot_iters=5,cls_attn=softmax",
+        "attn=lot,lot_r=3,lot_iters=5,cls_attn=pol",
+        "attn=lot,lot_r=3,lot_iters=4,cls_attn=pol,pol_ps=3,pol_po=1.5,attn_scale=0.6,pool=mean",
+        "attn=lot,lot_r=3,lot_iters=5,dwc=1",
+        "attn=lot,lot_r=3,lot_iters=5,cls_attn=pol,dwc=1,qkv_bias=1",
+        "attn=lot,lot_r=2,cls_attn=softmax,dwc=1,dwc_kernel=5,image_h=12,patch=4,heads=1,head_dim=6",
+        "attn=sinkhorn,sk_iters=3,cls_attn=softmax,dwc=1,pool=mean",
+        "attn=esp,esp_soft=1,esp_t=0.2,cls_attn=pol",
+        "attn=softmax,cls=0,pos_embed=0,pool=mean,dwc=1,dwc_kernel=1",
+        "attn=diff,dwc=1",
+        "input=tokens,vocab=11,max_len=6,attn=lot,lot_r=2,cls_attn=pol,pool=mean",
+        "input=tokens,vocab=11,max_len=6,attn=unbalanced,sk_iters=4,sk_rho=2,cls_attn=softmax",
+    };
+    char t[512];
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        snprintf(t, sizeof t, "%s,%s", base, cases[i]);
+        /* (Pol's kinks: see test_vit_kernels; its models are checked here
+         * at the head, the rest by the kernel check and the PyTorch twin) */
+        fd_case(t, 3, strstr(cases[i], "input=tokens") != NULL, i % 4 == 1 ? 0.1f : 0.0f, 1e-3f,
+                strstr(cases[i], "cls_attn=pol") != NULL);
+    }
+}
+
+/* the model's tensors of a in b by name, bitwise (a's DWC tensors left) */
+static void copy_shared(const bk_model *a, bk_model *b)
+{
+    for (int i = 0; i < bk_model_param_count(b); i++) {
+        bk_param_info pi;
+        bk_model_param(b, i, &pi);
+        int64_t n = 0;
+        const float *w = param_named(a, pi.name, &n);
+        if (w && n == pi.count) memcpy(pi.data, w, sizeof(float) * (size_t)n);
+    }
+}
+
+static int logits_of(bk_model *m, const bk_batch *b, float *lg, double *loss)
+{
+    return bk_model_forward(m, b, 0, 0.0f, lg, loss) == BK_OK;
+}
+
+static void test_vit_semantics(void)
+{
+    const char *img = "dim=16,depth=2,heads=2,mlp_dim=24,image_h=8,image_w=8,patch=2,classes=5,attn=lot,lot_r=3";
+    char t[512];
+    th_rng r = {31};
+    /* the parameter table: the DWC's kernel and bias per block, PyTorch's
+     * Conv2d initialisation, weight decay on the kernel only */
+    snprintf(t, sizeof t, "%s,dwc=1,dwc_kernel=5,heads=4,head_dim=3", img);
+    bk_model *m = model_from(t, 4, 3);
+    if (!m) return;
+    int seen = 0, ok = 1;
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        if (!strstr(pi.name, ".dwc.")) continue;
+        const int w = strstr(pi.name, "weight") != NULL;
+        float mx = 0;
+        for (int64_t j = 0; j < pi.count; j++) mx = fmaxf(mx, fabsf(pi.data[j]));
+        ok &= (w ? pi.ndim == 3 && pi.shape[0] == 3 && pi.shape[1] == 5 && pi.shape[2] == 5
+                 : pi.ndim == 1 && pi.shape[0] == 3) && pi.decay == w && mx <= 0.2f && mx > 0.1f;
+        seen++;
+    }
+    th_check(ok && seen == 4, "vit: dwc.weight [dh, k, k] (decay) and dwc.bias [dh] per block, U(+-1/k)", "%d seen", seen);
+    bk_model_free(m);
+
+    /* the DWC branch is additive: a zero kernel and bias give the model
+     * without it, bitwise */
+    snprintf(t, sizeof t, "%s,cls_attn=pol", img);
+    bk_model *a = model_from(t, 5, 3);
+    snprintf(t, sizeof t, "%s,cls_attn=pol,dwc=1", img);
+    bk_model *b = model_from(t, 6, 3);
+    if (!a || !b) goto out;
+    copy_shared(a, b);
+    for (int i = 0; i < bk_model_param_count(b); i++) {
+        bk_param_info pi;
+        bk_model_param(b, i, &pi);
+        if (strstr(pi.name, ".dwc.")) memset(pi.data, 0, sizeof(float) * (size_t)pi.count);
+    }
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 3, 0, &r);
+    float la[15], lb[15];
+    double loa, lob;
+    ok = logits_of(a, &tb.b, la, &loa) && logits_of(b, &tb.b, lb, &lob);
+    th_check(ok && !memcmp(la, lb, sizeof la), "vit: a zero DWC kernel and bias change nothing (bitwise)", "%s",
+             ok ? "" : bk_last_error());
+
+    /* the attention map: row 0 is the [CLS] row's softmax over all tokens,
+     * the other rows LOT's on the patches alone (column 0 zero; rows sum to
+     * 1: T = 5 is odd) */
+    const int T = bk_model_tokens(a), H = 2;
+    float *A = malloc(sizeof(float) * 3 * H * (size_t)T * T);
+    ok = bk_model_attention(a, 1, A) == BK_OK;
+    double row0 = 0, rows = 0, col0 = 0;
+    for (int bh = 0; bh < 3 * H && ok; bh++) {
+        const float *Ab = A + (size_t)bh * T * T;
+        double s0 = 0;
+        for (int j = 0; j < T; j++) s0 += Ab[j];
+        row0 = fmax(row0, fabs(s0 - 1));
+        for (int i = 1; i < T; i++) {
+            double si = 0;
+            col0 = fmax(col0, fabs(Ab[(size_t)i * T]));
+            for (int j = 1; j < T; j++) si += Ab[(size_t)i * T + j];
+            rows = fmax(rows, fabs(si - 1));
+        }
+    }
+    th_check(ok && row0 < 1e-5 && rows < 1e-4 && col0 == 0, "vit: bk_model_attention with cls_attn (row 0, LOT block)",
+             "row 0 %.3g, rows %.3g, column 0 %.3g %s", row0, rows, col0, ok ? "" : bk_last_error());
+    free(A);
+
+    /* swaps: cls_attn is an attention key (a swap to softmax with the full
+     * row and back is bitwise), the DWC is not (refused); pol_ps changes in
+     * place, cls_attn does not */
+    {
+        bk_model_config sc = *bk_model_get_config(b), back = sc;
+        bk_model_config_parse(&sc, "attn=softmax,cls_attn=full");
+        bk_model *s1 = NULL, *s2 = NULL;
+        float l1[15], l2[15];
+        ok = bk_model_swap(b, &sc, NULL, 0, 3, &s1) == BK_OK && logits_of(s1, &tb.b, l1, &loa) &&
+             bk_model_swap(s1, &back, NULL, 0, 3, &s2) == BK_OK;
+        /* (the LOT pivots come back re-initialised: copy them) */
+        if (ok) copy_shared(b, s2);
+        ok = ok && logits_of(s2, &tb.b, l2, &lob);
+        th_check(ok && memcmp(l1, lb, sizeof l1) && !memcmp(l2, lb, sizeof l2),
+                 "vit: swap lot+pol+dwc -> softmax (full row, dwc kept) -> back", "%s", ok ? "" : bk_last_error());
+        bk_model_config nd = back;
+        nd.dwc = 0;
+        bk_model *s3 = NULL;
+        th_check(bk_model_swap(b, &nd, NULL, 0, 3, &s3) == BK_ERR_PARAM && !s3 && strstr(bk_last_error(), "dwc"),
+                 "vit: a swap does not add or drop the DWC branch", "%s", bk_last_error());
+        bk_model_config ip = back;
+        ip.pol_ps = 3.0f;
+        ok = bk_model_set_attn_config(b, &ip) == BK_OK && logits_of(b, &tb.b, l1, &loa);
+        th_check(ok && memcmp(l1, lb, sizeof l1), "vit: pol_ps changes in place", "%s", ok ? "" : bk_last_error());
+        ip.cls_attn = BK_CLS_SOFTMAX;
+        th_check(bk_model_set_attn_config(b, &ip) == BK_ERR_PARAM && strstr(bk_last_error(), "cls_attn"),
+                 "vit: cls_attn does not change in place", "%s", bk_last_error());
+        bk_model_free(s1);
+        bk_model_free(s2);
+    }
+    batch_free(&tb);
+out:
+    bk_model_free(a);
+    bk_model_free(b);
+}
+
+/* training with the ingredients: bitwise over thread counts, a resumed run
+ * equals the uninterrupted one (the checkpoint carries the keys and the DWC
+ * tensors), padded values change nothing */
+static void test_vit_runs(void)
+{
+    const char *cfgs[] = {"dim=24,depth=2,heads=3,mlp_dim=32,image_h=12,image_w=12,patch=3,attn=lot,lot_r=4,"
+                          "cls_attn=pol,pol_ps=2.5,dwc=1,dwc_kernel=3,dropout=0.1",
+                          "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=3,cls_attn=softmax,pool=mean"};
+    for (int c = 0; c < 2; c++) {
+        float *ref = NULL;
+        int64_t P = 0;
+        int same = 1;
+        for (int nt = 1; nt <= 3; nt++) {
+            bk_set_num_threads(nt);
+            th_rng r = {77};
+            bk_model *m = model_from(cfgs[c], 3, 8);
+            if (!m) break;
+            tbatch tb;
+            batch_make(&tb, bk_model_get_config(m), 8, 1, &r);
+            bk_optim_config oc = bk_optim_config_default();
+            bk_optim *o = NULL;
+            bk_optim_create(&oc, m, &o);
+            double loss;
+            int ok = bk_train_step(m, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK &&
+                     bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK;
+            bk_model_zero_grad(m);
+            ok = ok && bk_model_backward(m, 1.0f) == BK_OK;
+            th_check(ok, "vit: thread run", "%s: %s", cfgs[c], bk_last_error());
+            P = bk_model_num_params(m);
+            if (!ref) {
+                ref = malloc(sizeof(float) * (size_t)P * 2);
+                memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
+                memcpy(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
+            } else {
+                same &= !memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) &&
+                        !memcmp(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
+            }
+            bk_optim_free(o);
+            batch_free(&tb);
+            bk_model_free(m);
+        }
+        bk_set_num_threads(0);
+        th_check(same, "vit: bitwise identical weights and gradients (1, 2, 3 threads)", "%s", cfgs[c]);
+        free(ref);
+    }
+    /* resume: 3 steps, save, load, 3 more == 6 uninterrupted */
+    char path[256];
+    tmp_path(path, sizeof path, "vit");
+    for (int c = 0; c < 2; c++) {
+        th_rng r = {12};
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim_config_parse(&oc, "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1");
+        bk_model *a = model_from(cfgs[c], 21, 6), *b = model_from(cfgs[c], 21, 6);
+        if (!a || !b) {
+            bk_model_free(a);
+            bk_model_free(b);
+            return;
+        }
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(a), 6, 1, &r);
+        bk_optim *oa = NULL, *ob = NULL;
+        bk_optim_create(&oc, a, &oa);
+        bk_optim_create(&oc, b, &ob);
+        double la[6], lb[6];
+        int ok = 1;
+        for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 4 : 0, 0.0f, &la[s], NULL) == BK_OK;
+        for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+        ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
+        bk_model_free(b);
+        bk_optim_free(ob);
+        b = NULL;
+        ob = NULL;
+        bk_model_config got;
+        ok &= bk_checkpoint_config(path, &got) == BK_OK && bk_checkpoint_load(path, 6, &b, &ob, NULL) == BK_OK;
+        const bk_model_config *want = bk_model_get_config(a);
+        th_check(ok && got.cls_attn == want->cls_attn && got.pol_ps == want->pol_ps && got.pol_po == want->pol_po &&
+                     got.dwc == want->dwc && got.dwc_kernel == want->dwc_kernel,
+                 "vit: the checkpoint's configuration keeps cls_attn, pol_*, dwc, dwc_kernel", "%s",
+                 ok ? "" : bk_last_error());
+        for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+        const int64_t P = bk_model_num_params(a);
+        th_check(ok && !memcmp(la, lb, sizeof la) &&
+                     !memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P),
+                 "vit: resume equals the uninterrupted run bit for bit", "%s: %s", cfgs[c], ok ? "" : bk_last_error());
+        th_check(la[5] < la[0], "vit: training lowers the loss", "%s: %.4f -> %.4f", cfgs[c], la[0], la[5]);
+        bk_model_free(a);
+        bk_model_free(b);
+        bk_optim_free(oa);
+        bk_optim_free(ob);
+        batch_free(&tb);
+    }
+    remove(path);
+    /* padded values change nothing (tokens after each sample's length,
+     * whose keys the [CLS] row must not see) */
+    {
+        th_rng r = {5};
+        bk_model *m = model_from(cfgs[1], 1, 4);
+        if (!m) return;
+        const bk_model_config *mc = bk_model_get_config(m);
+        tbatch tb;
+        batch_make(&tb, mc, 4, 1, &r);
+        const int64_t P = bk_model_num_params(m);
+        float lg1[40], lg2[40];
+        float *g1 = malloc(sizeof(float) * (size_t)P);
+        double l1, l2;
+        bk_model_zero_grad(m);
+        int ok = !bk_model_forward(m, &tb.b, 1, 0.0f, lg1, &l1) && !bk_model_backward(m, 1.0f);
+        memcpy(g1, bk_model_grads(m), sizeof(float) * (size_t)P);
+        for (int b = 0; b < 4; b++)
+            for (int i = tb.len[b]; i < mc->max_len; i++) tb.tok[b * mc->max_len + i] = (int32_t)((i * 7 + b) % mc->vocab);
+        bk_model_zero_grad(m);
+        ok = ok && !bk_model_forward(m, &tb.b, 1, 0.0f, lg2, &l2) && !bk_model_backward(m, 1.0f);
+        th_check(ok && !memcmp(lg1, lg2, sizeof(float) * 4 * (size_t)mc->classes) && l1 == l2 &&
+                     !memcmp(g1, bk_model_grads(m), sizeof(float) * (size_t)P),
+                 "vit: padded tokens change nothing (bitwise)", "%s", ok ? "" : bk_last_error());
+        free(g1);
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+}
+
+static void test_vit_bad(void)
+{
+    expect_cfg_error("cls_attn=middle", "unknown cls_attn");
+    expect_cfg_error("cls_attn=softmax,cls=0,pool=mean", "needs the [CLS] token (cls=1)");
+    expect_cfg_error("cls_attn=pol,attn=diff", "takes attn softmax, sinkhorn, unbalanced, esp or lot");
+    expect_cfg_error("cls_attn=pol,pol_ps=0.5", "pol_ps and pol_po in [1, 16]");
+    expect_cfg_error("cls_attn=pol,pol_po=inf", "not a finite number");
+    expect_cfg_error("arch=seq2seq,input=tokens,cls_attn=softmax", "has no [CLS] token");
+    expect_cfg_error("dwc=2", "dwc is a 0/1 switch");
+    expect_cfg_error("dwc=1,dwc_kernel=4", "dwc_kernel must be odd");
+    expect_cfg_error("dwc=1,dwc_kernel=0", "dwc_kernel must be odd");
+    expect_cfg_error("dwc=1,input=tokens", "needs input=image");
+    bk_model_config c = bk_model_config_default();
+    c.cls_attn = (bk_cls_attn)5;
+    th_check(bk_model_config_check(&c) == BK_ERR_PARAM && strstr(bk_last_error(), "unknown cls_attn"),
+             "vit: cls_attn 5 refused", "%s", bk_last_error());
+}
+
+void test_vit(void)
+{
+    if (TH.filter && !strstr("vit", TH.filter)) return;
+    test_vit_bad();
+    test_vit_kernels();
+    test_vit_fd();
+    test_vit_semantics();
+    test_vit_runs();
 }
 
 void test_model(void)

@@ -61,13 +61,14 @@ void bki_cls_row_bwd(const bki_vit_shape *s, const bki_cls_par *p, const float *
 /* The depthwise-convolution branch over the gh x gw patch grid (tokens cls,
  * ..., cls + gh*gw - 1 in row-major grid order): att += conv(v) + bias per
  * head channel (cross-correlation, k x k kernel w [dh, k, k] shared by the
- * heads, zero padding k/2). The backward ADDS dv, dw and db. */
+ * heads, zero padding k/2). The backward ADDS dv, dw and db; scratch holds
+ * (k*k + 1) dh doubles. */
 typedef struct {
     int cls, gh, gw, k;
 } bki_dwc_par;
 void bki_dwc_fwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, const float *bias, const float *qkv,
                  float *att);
 void bki_dwc_bwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, const float *qkv, const float *dA,
-                 float *dv, float *dw, float *db);
+                 double *scratch, float *dv, float *dw, float *db);
 
 #endif

@@ -678,7 +678,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
@@ -929,6 +929,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->nb1 = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
         m->dcls = falloc(2 * (size_t)R * (size_t)c->heads, &z);
     }
+    if (c->dwc) m->ddwc = zalloc(&z, (size_t)(c->dwc_kernel * c->dwc_kernel + 1) * (size_t)m->dh, sizeof(double));
     if (!s2s) {
         m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
         m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
@@ -1730,7 +1731,7 @@ static bk_status attn_backward(bk_model *m, int l, int B)
     }
     if (m->c.dwc) {
         const bki_dwc_par dp = dwc_par(m);
-        bki_dwc_bwd(&vs, &dp, m->w + m->bo[l].dwc_w, a->qkv, m->dA, m->dv, m->gw + m->bo[l].dwc_w,
+        bki_dwc_bwd(&vs, &dp, m->w + m->bo[l].dwc_w, a->qkv, m->dA, m->ddwc, m->dv, m->gw + m->bo[l].dwc_w,
                     m->gw + m->bo[l].dwc_b);
     }
     return BK_OK;

@@ -67,6 +67,7 @@ struct bk_model {
     float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
     float *dcls;                             /* the [CLS] row's backward scratch
                                                 [2, B, H, T] (cls_attn != full) */
+    double *ddwc;                            /* the DWC's: [k*k + 1, dh] (dwc)  */
     void *ws;
     size_t ws_cap;
     int B, have_tape;

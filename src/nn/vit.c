@@ -5,14 +5,20 @@
  *
  * Determinism: the row and the branch run over the B*H (sample, head) pairs
  * in a static partition, each pair writing only its own rows' head columns;
- * the DWC's parameter gradients run over head channels, each channel summing
- * its terms in one fixed order (samples, heads, grid rows, grid columns) in
- * double. Nothing is summed across threads: results do not depend on the
- * thread count. */
+ * the DWC's parameter gradients run over the kernel's taps (and the bias),
+ * each tap summing its terms in one fixed order (samples, heads, grid rows,
+ * grid columns) in double per head channel. Nothing is summed across
+ * threads: results do not depend on the thread count. */
 #include "layers.h"
 
 #include <math.h>
 #include <string.h>
+
+/* x^p for x >= 0 (the common powers exactly, without pow) */
+static double powp(double x, double p)
+{
+    return p == 1.0 ? x : p == 2.0 ? x * x : p == 0.0 ? 1.0 : pow(x, p);
+}
 
 /* the [CLS] row's logit for key j of pair (b, h): q is [CLS]'s query, k the
  * key (dh floats each); pol: (u)^ps + (w)^po with u = s sum max(q k, 0),
@@ -32,7 +38,7 @@ static double cls_logit(const bki_cls_par *p, int dh, const float *q, const floa
     }
     *u = p->scale * su;
     *w = p->scale * sw;
-    return pow(*u, p->ps) + pow(*w, p->po);
+    return powp(*u, p->ps) + powp(*w, p->po);
 }
 
 void bki_cls_row_fwd(const bki_vit_shape *s, const bki_cls_par *p, const float *qkv, float *alpha, float *att)
@@ -48,12 +54,13 @@ void bki_cls_row_fwd(const bki_vit_shape *s, const bki_cls_par *p, const float *
             const float *q = qkv + (size_t)b * T * ld + (size_t)h * dh, *k = q + I, *v = q + 2 * I;
             float *a = alpha + (size_t)bh * T;
             double u, w, mx = -INFINITY, sum = 0.0;
-            for (int j = 0; j < n; j++) {
+            for (int j = 0; j < n; j++) { /* the logits, kept in a */
                 const double lg = cls_logit(p, dh, q, k + (size_t)j * ld, &u, &w);
+                a[j] = (float)lg;
                 mx = lg > mx ? lg : mx;
             }
             for (int j = 0; j < n; j++) {
-                const double e = exp(cls_logit(p, dh, q, k + (size_t)j * ld, &u, &w) - mx);
+                const double e = exp((double)a[j] - mx);
                 a[j] = (float)e;
                 sum += e;
             }
@@ -106,8 +113,8 @@ void bki_cls_row_bwd(const bki_vit_shape *s, const bki_cls_par *p, const float *
                 if (pol) {
                     double u, w;
                     cls_logit(p, dh, q, k + (size_t)j * ld, &u, &w);
-                    du[j] = (float)(dl * p->ps * pow(u, p->ps - 1.0));
-                    dw[j] = (float)(dl * p->po * pow(w, p->po - 1.0));
+                    du[j] = (float)(dl * p->ps * powp(u, p->ps - 1.0));
+                    dw[j] = (float)(dl * p->po * powp(w, p->po - 1.0));
                 } else {
                     du[j] = (float)dl;
                 }
@@ -155,20 +162,18 @@ void bki_dwc_fwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, c
             const float *v = qkv + 2 * (size_t)I + (size_t)h * dh;
             for (int y = 0; y < p->gh; y++)
                 for (int x = 0; x < p->gw; x++) {
+                    /* o += bias + sum over the taps in (i, j) order */
                     float *o = att + grid_row(s, p, b, y, x) * I + (size_t)h * dh;
-                    for (int c = 0; c < dh; c++) {
-                        const float *wc = w + (size_t)c * K * K;
-                        double acc = bias[c];
-                        for (int i = 0; i < K; i++) {
-                            const int yy = y + i - r;
-                            if (yy < 0 || yy >= p->gh) continue;
-                            for (int j = 0; j < K; j++) {
-                                const int xx = x + j - r;
-                                if (xx < 0 || xx >= p->gw) continue;
-                                acc += (double)wc[i * K + j] * v[grid_row(s, p, b, yy, xx) * ld + c];
-                            }
+                    for (int c = 0; c < dh; c++) o[c] += bias[c];
+                    for (int i = 0; i < K; i++) {
+                        const int yy = y + i - r;
+                        if (yy < 0 || yy >= p->gh) continue;
+                        for (int j = 0; j < K; j++) {
+                            const int xx = x + j - r;
+                            if (xx < 0 || xx >= p->gw) continue;
+                            const float *vr = v + grid_row(s, p, b, yy, xx) * ld, *wt = w + i * K + j;
+                            for (int c = 0; c < dh; c++) o[c] += wt[(size_t)c * K * K] * vr[c];
                         }
-                        o[c] += (float)acc;
                     }
                 }
         }
@@ -176,7 +181,7 @@ void bki_dwc_fwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, c
 }
 
 void bki_dwc_bwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, const float *qkv, const float *dA,
-                 float *dv, float *dw, float *db)
+                 double *scratch, float *dv, float *dw, float *db)
 {
     const int B = s->B, H = s->H, dh = s->dh, I = H * dh, K = p->k, r = K / 2, nt = bki_threads();
     const size_t ld = 3 * (size_t)I;
@@ -191,51 +196,49 @@ void bki_dwc_bwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, c
             for (int y = 0; y < p->gh; y++)
                 for (int x = 0; x < p->gw; x++) {
                     float *o = dv + grid_row(s, p, b, y, x) * I + col;
-                    for (int c = 0; c < dh; c++) {
-                        const float *wc = w + (size_t)c * K * K;
-                        double acc = 0.0;
-                        for (int i = 0; i < K; i++) {
-                            const int yy = y - i + r;
-                            if (yy < 0 || yy >= p->gh) continue;
-                            for (int j = 0; j < K; j++) {
-                                const int xx = x - j + r;
-                                if (xx < 0 || xx >= p->gw) continue;
-                                acc += (double)wc[i * K + j] * dA[grid_row(s, p, b, yy, xx) * I + col + c];
-                            }
+                    for (int i = 0; i < K; i++) {
+                        const int yy = y - i + r;
+                        if (yy < 0 || yy >= p->gh) continue;
+                        for (int j = 0; j < K; j++) {
+                            const int xx = x - j + r;
+                            if (xx < 0 || xx >= p->gw) continue;
+                            const float *g = dA + grid_row(s, p, b, yy, xx) * I + col, *wt = w + i * K + j;
+                            for (int c = 0; c < dh; c++) o[c] += wt[(size_t)c * K * K] * g[c];
                         }
-                        o[c] += (float)acc;
                     }
                 }
         }
-        /* (the implicit barrier of the loop above ends the reads of dv) the
-         * kernel's and the bias's gradients, one head channel per task */
+        /* the kernel's gradient, one tap (i, j) per task, and the bias's
+         * (task K*K): sums over samples, heads and grid cells in that order,
+         * in double, per head channel */
 #pragma omp for schedule(static)
-        for (int c = 0; c < dh; c++) {
-            double gb = 0.0;
-            for (int i = 0; i < K; i++)
-                for (int j = 0; j < K; j++) {
-                    double acc = 0.0;
-                    for (int b = 0; b < B; b++)
-                        for (int h = 0; h < H; h++) {
-                            const size_t cc = (size_t)h * dh + (size_t)c;
-                            for (int y = 0; y < p->gh; y++) {
-                                const int yy = y + i - r;
-                                if (yy < 0 || yy >= p->gh) continue;
-                                for (int x = 0; x < p->gw; x++) {
-                                    const int xx = x + j - r;
-                                    if (xx < 0 || xx >= p->gw) continue;
-                                    acc += (double)dA[grid_row(s, p, b, y, x) * I + cc] *
-                                           qkv[grid_row(s, p, b, yy, xx) * ld + 2 * (size_t)I + cc];
-                                }
-                            }
-                        }
-                    dw[(size_t)c * K * K + (size_t)i * K + j] += (float)acc;
-                }
+        for (int t = 0; t <= K * K; t++) {
+            const int i = t / K, j = t % K;
+            double *acc = scratch + (size_t)t * dh;
+            for (int c = 0; c < dh; c++) acc[c] = 0.0;
             for (int b = 0; b < B; b++)
-                for (int h = 0; h < H; h++)
-                    for (int y = 0; y < p->gh; y++)
-                        for (int x = 0; x < p->gw; x++) gb += dA[grid_row(s, p, b, y, x) * I + (size_t)h * dh + c];
-            db[c] += (float)gb;
+                for (int h = 0; h < H; h++) {
+                    const size_t col = (size_t)h * dh;
+                    for (int y = 0; y < p->gh; y++) {
+                        const int yy = y + i - r;
+                        if (t < K * K && (yy < 0 || yy >= p->gh)) continue;
+                        for (int x = 0; x < p->gw; x++) {
+                            const float *g = dA + grid_row(s, p, b, y, x) * I + col;
+                            if (t == K * K) {
+                                for (int c = 0; c < dh; c++) acc[c] += g[c];
+                                continue;
+                            }
+                            const int xx = x + j - r;
+                            if (xx < 0 || xx >= p->gw) continue;
+                            const float *vr = qkv + grid_row(s, p, b, yy, xx) * ld + 2 * (size_t)I + col;
+                            for (int c = 0; c < dh; c++) acc[c] += (double)g[c] * vr[c];
+                        }
+                    }
+                }
+            if (t == K * K)
+                for (int c = 0; c < dh; c++) db[c] += (float)acc[c];
+            else
+                for (int c = 0; c < dh; c++) dw[(size_t)c * K * K + (size_t)t] += (float)acc[c];
         }
     }
 }

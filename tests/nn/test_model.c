@@ -1527,7 +1527,8 @@ static double vit_kernel_case(int dwc, bk_cls_attn mode, double ps, double po)
         for (int t = dwc ? 1 : 0; t < (dwc ? T : 1); t++)
             for (int j = 0; j < I; j++) c.G[((size_t)b * T + t) * I + j] = (float)th_normal(&r);
     vit_k_loss(&c);
-    if (dwc) bki_dwc_bwd(&c.vs, &c.dp, c.w, c.qkv, c.G, dv, dw, db);
+    double dscr[10 * 3];
+    if (dwc) bki_dwc_bwd(&c.vs, &c.dp, c.w, c.qkv, c.G, dscr, dv, dw, db);
     else bki_cls_row_bwd(&c.vs, &c.cp, c.qkv, c.alpha, c.G, scratch, dq, dk, dv);
     /* gradients as qkv-shaped [B*T, 3I] for the directional checks */
     float *gq = calloc(3 * c.natt, sizeof(float));

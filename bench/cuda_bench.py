@@ -13,6 +13,8 @@ Shapes: B=4, H=8 (B*H = 32), d=64, S=5 half-steps (iters=5), eps=1, scale
 d^-1/2, N in {1024, 4096} (and 16384 for ours and SDPA only). Cases:
   ours_sinkhorn  birkhoff.torch.sinkhorn_attention(q, k, v, iters=5, eps=1.0), bf16 and fp32
   ours_softmax   birkhoff.torch.softmax_attention(q, k, v), bf16 (the 'softmax path')
+  ours_*_wmma    the same with BK_CUDA_KERNELS=wmma: the first (WMMA) kernels, the baseline
+                 of the mma.sync passes, measured in the same run
   eager          bench/peers/sinkformer_torch.attention(q, k, v, 5, eps=1.0)[0] (reference
                  port, materialises N x N per half step); fp32 with its float32 marginals,
                  bf16 with marginal_dtype=None (all-bf16: the reference's float32 marginals
@@ -78,7 +80,7 @@ TIMING_NOTE = (
     "torch.autograd.grad(out, (q, k, v), g) (the backward of sum(out * g)). Peak = "
     "torch.cuda.max_memory_allocated, reset before each phase, inputs included.")
 PHASE_CAP_S = 6.0     # timed reps of one phase stop growing past this (min_reps still run)
-SINKHORN_IMPLS = ("ours_sinkhorn", "eager", "compiled")
+SINKHORN_IMPLS = ("ours_sinkhorn", "ours_sinkhorn_wmma", "eager", "compiled")
 EXIT_SKIP = 5        # worker: no CUDA device
 EXIT_POISONED = 3    # worker: CUDA context unusable after a case
 
@@ -122,7 +124,8 @@ def bench_cases(args):
     cs = []
     cs.append(case("check_N%d" % Ns[0], "check", "mixed", Ns[0], 1, 4, phases=()))
     for impl, dt in (("sdpa", "bf16"), ("ours_sinkhorn", "bf16"), ("ours_softmax", "bf16"), ("ours_sinkhorn", "fp32"),
-                     ("eager", "bf16"), ("eager", "fp32")):  # the priority order
+                     ("eager", "bf16"), ("ours_sinkhorn_wmma", "bf16"), ("ours_softmax_wmma", "bf16"),
+                     ("eager", "fp32")):  # the priority order
         for N in Ns:
             cs.append(case("%s_%s_N%d" % (impl, dt, N), impl, dt, N, B, H, phases=full))
     if not args.quick and not args.no_16k:
@@ -270,6 +273,12 @@ class Worker:
         """returns f(q, k, v) -> out"""
         torch = self.torch
         impl, S = c["impl"], c["S"]
+        # the C library reads BK_CUDA_KERNELS at every call
+        os.environ.pop("BK_CUDA_KERNELS", None)
+        if impl.endswith("_wmma"):
+            os.environ["BK_CUDA_KERNELS"] = "wmma"
+            note["kernels"] = "wmma"
+            impl = impl[:-len("_wmma")]
         if impl == "ours_sinkhorn":
             bt = self.bt()
             return lambda q, k, v: bt.sinkhorn_attention(q, k, v, iters=S, eps=1.0)
@@ -845,6 +854,11 @@ def bench_summarize(cases):
                        "ours_fwd/sdpa_fwd bf16, no grad"))
         R.append(ratio(cases, ("ours_sinkhorn", "bf16", N, "fwdbwd"), ("sdpa", "bf16", N, "fwdbwd"),
                        "ours_fwdbwd/sdpa_fwdbwd bf16"))
+        for ph in ("fwd", "fwdbwd"):
+            R.append(ratio(cases, ("ours_sinkhorn_wmma", "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
+                           "wmma kernels / mma.sync kernels, Sinkhorn %s bf16" % ph))
+            R.append(ratio(cases, ("ours_softmax_wmma", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),
+                           "wmma kernels / mma.sync kernels, softmax %s bf16" % ph))
         R.append(ratio(cases, ("ours_softmax", "bf16", N, "fwd"), ("sdpa", "bf16", N, "fwd"),
                        "ours_softmax_fwd/sdpa_fwd bf16", ("<=", 1.5) if N == 4096 else None))
         R.append(ratio(cases, ("ours_softmax", "bf16", N, "fwdbwd"), ("sdpa", "bf16", N, "fwdbwd"),

@@ -65,12 +65,13 @@ if step mem; then
     cat "$OUT/mem.md" 2>/dev/null || tail -20 "$OUT/mem.log"
 fi
 if step prof && command -v ncu > /dev/null; then
-    log "profile of the forward (N=4096, bf16, S=5)"
-    timeout 90 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
-        --kernel-name regex:pass_kernel --launch-skip 5 --launch-count 5 \
+    log "profile of the forward and the backward (N=4096, bf16, S=5)"
+    timeout 150 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        --kernel-name regex:"pass_kernel|tc_kernel" --launch-skip 5 --launch-count 17 \
         $PY bench/cuda_profile.py > "$OUT/profile.txt" 2>&1
-    grep -E "pass_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers" \
-        "$OUT/profile.txt" | head -60
+    grep -E "pass_kernel|tc_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers" \
+        "$OUT/profile.txt" | head -130
 fi
 log "done rc=$rc"
 exit $rc

@@ -138,9 +138,10 @@ static cu_par par_of(const bki_call *c)
     return k;
 }
 
-/* ---- workspace: [lengths][iters][stopped][errors][history][adjoints][D] --- */
+/* ---- workspace: [lengths][iters][stopped][errors][history][adjoints][D]
+ * [factors][factor flags] (docs/CUDA.md, "Workspace") -------------------- */
 typedef struct {
-    size_t lens, iters, stopped, err, hist, adj, D, total;
+    size_t lens, iters, stopped, err, hist, adj, D, fac, fact, total;
 } cu_ws;
 
 static size_t r256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -159,6 +160,10 @@ static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
     w.hist = off; off += with_hist ? r256(P * hl * sizeof(float)) : 0;
     w.adj = off; off += backward ? r256(P * hl * sizeof(float)) : 0;
     w.D = off; off += backward ? r256(P * (size_t)d->Nq * sizeof(float)) : 0;
+    /* the backward's rank-one factors: S (Nq + Nk) floats a problem (used by
+     * the 16-bit passes; the size query knows no dtype) */
+    w.fac = off; off += backward ? r256(P * (size_t)par_of(c).S * ((size_t)d->Nq + d->Nk) * sizeof(float)) : 0;
+    w.fact = off; off += backward ? r256(P * sizeof(int32_t)) : 0;
     w.total = off + 256;
     return w;
 }
@@ -409,6 +414,10 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
             a->dvv = c->dv->data; strides(c->dv, a->sdv);
             a->adj = (float *)(k.base + k.w.adj);
             a->D = (float *)(k.base + k.w.D);
+            if (c->q->dtype != BK_F32) {
+                a->fac = (float *)(k.base + k.w.fac);
+                a->fact = (int32_t *)(k.base + k.w.fact);
+            }
             s = launched(bkc_backward(a, stream_of(ctx)), "the backward kernels");
         }
     }

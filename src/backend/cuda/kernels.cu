@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <mma.h>
+#include <stdlib.h>
 #include <string.h>
 
 using namespace nvcuda;
@@ -48,7 +49,8 @@ constexpr int LDX = TILE + 8;  /* converted (16-bit) tiles' row stride    */
 
 enum Mode {
     M_ROW_LSE, M_COL_LSE, M_OUT,                             /* forward  */
-    M_BWD_D, M_BWD_FIRST, M_REV_COL, M_REV_ROW, M_DQ, M_DKDV, M_DK, M_DV /* backward */
+    M_BWD_D, M_BWD_FIRST, M_REV_COL, M_REV_ROW, M_DQ, M_DKDV, M_DK, M_DV, /* backward */
+    M_ROW_OUT /* the last row step with the output (tensor-core passes only) */
 };
 
 __host__ __device__ constexpr bool kmajor(int m)
@@ -60,10 +62,10 @@ __host__ __device__ constexpr bool needs_dp(int m)
 {
     return m == M_BWD_D || m == M_BWD_FIRST || m == M_DQ || m == M_DKDV || m == M_DK;
 }
-__host__ __device__ constexpr bool needs_i2(int m) { return needs_dp(m) || m == M_OUT || m == M_DV; }
+__host__ __device__ constexpr bool needs_i2(int m) { return needs_dp(m) || m == M_OUT || m == M_DV || m == M_ROW_OUT; }
 __host__ __device__ constexpr bool needs_acc(int m)
 {
-    return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV;
+    return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV || m == M_ROW_OUT;
 }
 
 /* ---- element types -------------------------------------------------------- */
@@ -549,6 +551,675 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
 #undef AV
 }
 
+/* ---- tensor-core passes (bf16 / fp16): warp-level mma.sync --------------
+ *
+ * The same passes as pass_kernel, with every tile kept in registers: a warp
+ * owns 16 outer rows, computes its 16 x 64 score tile with m16n8k16 MMAs
+ * whose accumulator fragments it exponentiates and reduces in place, and
+ * feeds those fragments (rounded to T) straight back to the tensor cores as
+ * the A operand of the products P V, Cbar K, Cbar^T Q and A^T dO. Streamed
+ * tiles arrive by cp.async, double buffered. Entry (r, c) of a fragment
+ * f[nt][e] is row g + 8 (e >> 1), column 8 nt + 2 q + (e & 1), with
+ * g = lane / 4, q = lane % 4. Exponentials are taken in base 2 (scores and
+ * potentials pre-multiplied by log2 e); a masked entry's scaled score is -inf,
+ * so that every exponential of it is exactly 0. Row reductions: each thread
+ * sums its own columns in a fixed order, the four threads of a row combine by
+ * xor shuffles (commutative: every lane holds the same bits). With an odd
+ * S and no tolerance the last row step is always M_ROW_OUT, writing the
+ * output or not (with_out), so that the potentials of a forward and of a
+ * backward recomputing its tape come from the same code, bitwise. */
+namespace tc {
+
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldsm4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+template <typename T> __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* two floats as one register of T (lo in the low half) */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+__device__ __forceinline__ void cpa16(void *dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr(dst)), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* rows [row0, row0 + 64) of an operand into a shared tile (row stride
+ * DM + 8; zero past L rows and C channels): by cp.async where the rows are
+ * 16-byte aligned (the caller commits and waits), else by plain loads */
+template <typename T, int DM>
+__device__ void fetch(T *dst, const T *src, int64_t sn, int row0, int L, int C, bool vec)
+{
+    constexpr int LDT = DM + 8, CH = DM / 8;
+    if (vec) {
+        for (int idx = threadIdx.x; idx < TILE * CH; idx += NT) {
+            const int rr = idx / CH, c8 = (idx % CH) * 8, n = row0 + rr;
+            const bool ok = n < L && c8 < C;
+            cpa16(dst + rr * LDT + c8, ok ? (const void *)(src + (int64_t)n * sn + c8) : (const void *)src, ok);
+        }
+    } else {
+        load_tile<T, DM>(dst, src, sn, row0, L, C);
+    }
+}
+__host__ __device__ inline bool vec_ok(const void *p, int64_t sn, int C)
+{
+    return ((uintptr_t)p & 15) == 0 && (sn & 7) == 0 && (C & 7) == 0;
+}
+
+/* shared memory: outer tiles (1, 2 with dP), streamed tiles double buffered */
+struct TPlan {
+    int tile, o1, o2, i1, i2, cv, total;
+};
+constexpr int NCV = 2; /* streamed-side vectors staged per tile */
+__host__ __device__ inline TPlan tplan(int mode, int DM)
+{
+    TPlan p;
+    p.tile = rnd128(TILE * (DM + 8) * 2);
+    int off = 0;
+    p.o1 = off; off += p.tile;
+    p.o2 = off; off += needs_dp(mode) ? p.tile : 0;
+    p.i1 = off; off += 2 * p.tile;
+    p.i2 = off; off += needs_i2(mode) ? 2 * p.tile : 0;
+    p.cv = off; off += 2 * NCV * TILE * 4; /* [buffer][vector][64] floats */
+    p.total = off;
+    return p;
+}
+
+/* a warp's A fragments of its 16 rows of an outer tile, k-chunk kk */
+template <int DM> __device__ __forceinline__ void outer_frag(uint32_t f[4], const void *tile, int w, int kk)
+{
+    const int lane = threadIdx.x & 31;
+    const char *p = (const char *)tile + 2 * ((16 * w + (lane & 7) + ((lane >> 3) & 1) * 8) * (DM + 8) + kk * 16 +
+                                              ((lane >> 4) & 1) * 8);
+    ldsm4(f, saddr(p));
+}
+
+/* s[8][4] = X Y^T for the warp's 16 rows against a 64-row streamed tile:
+ * X from registers (xf, DM <= 64) or from the outer tile */
+template <typename T, int DM, bool KEEP>
+__device__ __forceinline__ void scores(float s[8][4], const uint32_t (*xf)[4], const T *X, const T *Y, int w)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DM / 16; kk++) {
+        uint32_t xa[4];
+        if constexpr (KEEP) {
+            xa[0] = xf[kk][0]; xa[1] = xf[kk][1]; xa[2] = xf[kk][2]; xa[3] = xf[kk][3];
+        } else {
+            outer_frag<DM>(xa, X, w, kk);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            uint32_t b[4];
+            ldsm4(b, saddr(Y + (np * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * (DM + 8) + kk * 16 + ((lane >> 3) & 1) * 8));
+            mma<T>(s[2 * np], xa, b[0], b[1]);
+            mma<T>(s[2 * np + 1], xa, b[2], b[3]);
+        }
+    }
+}
+
+/* acc[DM/8][4] += P Y: P the warp's 16 x 64 fragments (rounded to T), Y a
+ * streamed tile whose rows are P's columns */
+template <typename T, int DM>
+__device__ __forceinline__ void accumulate(float (*acc)[4], const float p[8][4], const T *Y)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+        uint32_t pa[4];
+        pa[0] = pack2<T>(p[2 * kc][0], p[2 * kc][1]);
+        pa[1] = pack2<T>(p[2 * kc][2], p[2 * kc][3]);
+        pa[2] = pack2<T>(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+        pa[3] = pack2<T>(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+#pragma unroll
+        for (int nc = 0; nc < DM / 16; nc++) {
+            uint32_t b[4];
+            ldsm4t(b, saddr(Y + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (DM + 8) + nc * 16 + ((lane >> 4) & 1) * 8));
+            mma<T>(acc[2 * nc], pa, b[0], b[1]);
+            mma<T>(acc[2 * nc + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+/* an accumulator's rows (r0 and r0 + 8 of this thread) times s into a
+ * problem's rows < L, channels < C */
+template <typename T, int DM>
+__device__ void store_acc(const float (*acc)[4], float s0, float s1, T *dst, int64_t sn, int r0, int L, int C)
+{
+    const int q = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < DM / 8; nt++) {
+        const int c = nt * 8 + 2 * q;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = r0 + (e >> 1) * 8, cc = c + (e & 1);
+            if (n < L && cc < C) dst[(int64_t)n * sn + cc] = Tr<T>::from((e >> 1 ? s1 : s0) * acc[nt][e]);
+        }
+    }
+}
+
+/* a potential as an additive constant: +inf (a row or column with no live
+ * entry) becomes 0, so that a masked entry (-inf) never meets +inf */
+__device__ __forceinline__ float fin(float x) { return x == INFINITY ? 0.0f : x; }
+
+template <typename T, int DM, int MODE>
+__global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
+{
+    extern __shared__ __align__(128) unsigned char sm[];
+    constexpr bool KM = kmajor(MODE), DP = needs_dp(MODE), I2 = needs_i2(MODE);
+    constexpr bool KEEP = DM <= 64;            /* outer fragments in registers */
+    constexpr bool LSE = MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_ROW_OUT;
+    constexpr bool RED = MODE == M_BWD_D || MODE == M_BWD_FIRST || MODE == M_REV_COL || MODE == M_REV_ROW;
+    constexpr bool GRAD = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
+    constexpr bool ACC2 = MODE == M_DKDV;
+    const TPlan pl = tplan(MODE, DM);
+    T *O1 = (T *)(sm + pl.o1), *O2 = (T *)(sm + pl.o2);
+
+    const int p = blockIdx.y, b = p / a.H, h = p % a.H;
+    const int Lq = len_q(a, b), Lk = len_k(a, b);
+    if (Lq == 0 || Lk == 0) return;
+    const int Lo = KM ? Lk : Lq, Li = KM ? Lq : Lk;
+    const int o0 = blockIdx.x * TILE;
+    if (o0 >= Lo) return;
+    int Tp = a.iters[p];
+    Tp = Tp < 1 ? 1 : (Tp > a.S ? a.S : Tp);
+    if ((MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_ROW_OUT) && a.stopped[p]) return;
+    if (MODE == M_BWD_FIRST && Tp == 1) return;
+    if (MODE == M_REV_COL && t > Tp) return;
+    if (MODE == M_REV_ROW && t >= Tp) return;
+
+    float *hist = (float *)(a.hist + (int64_t)p * a.hist_stride);
+    float *adj = a.adj ? a.adj + (int64_t)p * a.hist_len : nullptr;
+#define HV(tt) (hist + bkc_hist_off(a.Nq, a.Nk, (tt)))
+#define AV(tt) (adj + bkc_hist_off(a.Nq, a.Nk, (tt)))
+    const float la = -logf((float)Lq), lb = -logf((float)Lk), lLq = logf((float)Lq);
+    const float alpha2 = a.alpha * LOG2E;
+    const int trow = (Tp & 1) ? Tp : Tp - 1;
+    const int tcol = (Tp & 1) ? Tp - 1 : Tp;
+    const float *fF = HV(trow);
+    const float *gF = tcol >= 2 ? HV(tcol) : nullptr;
+    const float *Dp = a.D ? a.D + (int64_t)p * a.Nq : nullptr;
+    /* the gradient passes' half-step terms by rank-one factors (fac_kernel) */
+    const bool fast = GRAD && a.fac && a.fact[p];
+
+    const T *Xo1, *Xo2 = nullptr, *Xi1, *Xi2 = nullptr;
+    int64_t so1, so2 = 0, si1, si2 = 0;
+    int co1, co2 = 0, ci1, ci2 = 0;
+    if (!KM) {
+        Xo1 = prob_base<T>(a.q, a.sq, b, h); so1 = a.sq[2]; co1 = a.d;
+        Xi1 = prob_base<T>(a.k, a.sk, b, h); si1 = a.sk[2]; ci1 = a.d;
+        if (DP) { Xo2 = prob_base<T>(a.dout, a.sdo, b, h); so2 = a.sdo[2]; co2 = a.dv; }
+        if (I2) { Xi2 = prob_base<T>(a.v, a.sv, b, h); si2 = a.sv[2]; ci2 = a.dv; }
+    } else {
+        Xo1 = prob_base<T>(a.k, a.sk, b, h); so1 = a.sk[2]; co1 = a.d;
+        Xi1 = prob_base<T>(a.q, a.sq, b, h); si1 = a.sq[2]; ci1 = a.d;
+        if (DP) { Xo2 = prob_base<T>(a.v, a.sv, b, h); so2 = a.sv[2]; co2 = a.dv; }
+        if (I2) { Xi2 = prob_base<T>(a.dout, a.sdo, b, h); si2 = a.sdo[2]; ci2 = a.dv; }
+    }
+    const bool vo1 = vec_ok(Xo1, so1, co1), vo2 = DP && vec_ok(Xo2, so2, co2);
+    const bool vi1 = vec_ok(Xi1, si1, ci1), vi2 = I2 && vec_ok(Xi2, si2, ci2);
+    const bool i2 = I2 && (MODE != M_ROW_OUT || with_out); /* V is needed */
+
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int rw[2] = {o0 + 16 * w + g, o0 + 16 * w + g + 8}; /* this thread's outer rows */
+    const bool rv[2] = {rw[0] < Lo, rw[1] < Lo};
+
+    /* the streamed range: causal masking skips whole tiles */
+    const int sh = Lk - Lq;
+    int ib = 0, ie = Li;
+    if (a.causal) {
+        if (!KM) ie = max(0, min(Li, o0 + TILE + sh));
+        else ib = (max(0, o0 - sh) / TILE) * TILE;
+    }
+
+    fetch<T, DM>(O1, Xo1, so1, o0, Lo, co1, vo1);
+    if (DP) fetch<T, DM>(O2, Xo2, so2, o0, Lo, co2, vo2);
+    auto B1 = [&](int s) { return (T *)(sm + pl.i1 + s * pl.tile); };
+    auto B2 = [&](int s) { return (T *)(sm + pl.i2 + s * pl.tile); };
+    auto CV = [&](int s, int v) { return (float *)(sm + pl.cv) + (s * NCV + v) * TILE; };
+    if (ib < ie) {
+        fetch<T, DM>(B1(0), Xi1, si1, ib, Li, ci1, vi1);
+        if (i2) fetch<T, DM>(B2(0), Xi2, si2, ib, Li, ci2, vi2);
+    }
+    cpa_commit();
+    uint32_t xf1[KEEP ? DM / 16 : 1][4], xf2[KEEP && DP ? DM / 16 : 1][4];
+    if (KEEP) {
+        cpa_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < DM / 16; kk++) {
+            outer_frag<DM>(xf1[kk], O1, w, kk);
+            if (DP) outer_frag<DM>(xf2[KEEP && DP ? kk : 0], O2, w, kk);
+        }
+    }
+
+    /* the outer rows' constants (natural units): rowc, and the streamed-side
+     * potential added to every entry (bias) */
+    float rowc[2] = {0.0f, 0.0f};
+    const float *bias = nullptr;
+    if (MODE == M_ROW_LSE || MODE == M_ROW_OUT) bias = t > 1 ? HV(t - 1) : nullptr;
+    if (MODE == M_COL_LSE) bias = HV(t - 1);
+    for (int k = 0; k < 2; k++) {
+        const int o = rw[k];
+        if (!rv[k]) continue;
+        if (MODE == M_OUT || MODE == M_BWD_D) rowc[k] = fin(fF[o]) + lLq;
+        if (MODE == M_BWD_FIRST) rowc[k] = (gF ? fin(gF[o]) : 0.0f) + lLq;
+        if (MODE == M_REV_COL) rowc[k] = fin(HV(t - 1)[o]) - lb;
+        if (MODE == M_REV_ROW) rowc[k] = fin(HV(t - 1)[o]) - la;
+        if (GRAD) rowc[k] = fin(KM ? (gF ? gF[o] : 0.0f) : fF[o]) + lLq;
+    }
+    if (MODE == M_BWD_D || MODE == M_OUT) bias = gF;
+    if (MODE == M_BWD_FIRST) bias = fF;
+    if (MODE == M_REV_COL || MODE == M_REV_ROW) bias = HV(t);
+    if (GRAD) bias = KM ? fF : gF;
+    const float rc2[2] = {rowc[0] * LOG2E, rowc[1] * LOG2E};
+
+    /* the streamed side's vectors, staged in shared memory with each tile:
+     * the potential added to every entry (log2 units, 0 past Li) and the
+     * reduced weight (D, first pass with T odd; the streamed adjoint, reverse
+     * passes) */
+    const float *wvec = (MODE == M_REV_COL || MODE == M_REV_ROW) ? AV(t)
+                        : (MODE == M_BWD_FIRST && (Tp & 1)) ? Dp : nullptr;
+    auto stage = [&](int s, int j0) {
+        if (threadIdx.x < TILE) {
+            const int j = j0 + threadIdx.x;
+            const bool ok = j < Li;
+            CV(s, 0)[threadIdx.x] = bias && ok ? fin(bias[j]) * LOG2E : 0.0f;
+            CV(s, 1)[threadIdx.x] = wvec && ok ? wvec[j] : 0.0f;
+        }
+    };
+    if (ib < ie) stage(0, ib);
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* LSE: log2 units */
+    float racc[2] = {0.0f, 0.0f};
+    float acc[(MODE == M_ROW_OUT || MODE == M_OUT || GRAD) ? DM / 8 : 1][4];
+    float acc2[ACC2 ? DM / 8 : 1][4];
+#pragma unroll
+    for (int nt = 0; nt < (int)(sizeof acc / sizeof acc[0]); nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < (int)(sizeof acc2 / sizeof acc2[0]); nt++)
+        acc2[nt][0] = acc2[nt][1] = acc2[nt][2] = acc2[nt][3] = 0.0f;
+
+    for (int i0 = ib, it = 0; i0 < ie; i0 += TILE, it++) {
+        const int cur = it & 1;
+        if (i0 + TILE < ie) {
+            fetch<T, DM>(B1(cur ^ 1), Xi1, si1, i0 + TILE, Li, ci1, vi1);
+            if (i2) fetch<T, DM>(B2(cur ^ 1), Xi2, si2, i0 + TILE, Li, ci2, vi2);
+            cpa_commit();
+            stage(cur ^ 1, i0 + TILE);
+            cpa_wait<1>();
+        } else {
+            cpa_wait<0>();
+        }
+        __syncthreads();
+        const T *Y1 = B1(cur), *Y2 = B2(cur);
+
+        float s[8][4], dp[DP ? 8 : 1][4];
+        scores<T, DM, KEEP>(s, xf1, O1, Y1, w);
+        if constexpr (DP) scores<T, DM, KEEP>(dp, xf2, O2, Y2, w);
+
+        /* scale; mask what lies past the streamed length or across the
+         * causal diagonal */
+        const bool edge = i0 + TILE > Li || (a.causal && (KM ? i0 < o0 + TILE - 1 - sh : i0 + TILE - 1 > o0 + sh));
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[nt][e] * alpha2;
+                if (edge) {
+                    const int j = i0 + nt * 8 + 2 * q + (e & 1), o = rw[e >> 1];
+                    bool live = j < Li;
+                    if (a.causal) live = live && (KM ? j >= o - sh : j <= o + sh);
+                    if (!live) x = -INFINITY;
+                }
+                s[nt][e] = x;
+            }
+        /* the streamed side's potential, log2 units (0 past Li) */
+        float cb[8][2];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            const float2 v = *(const float2 *)(CV(cur, 0) + nt * 8 + 2 * q);
+            cb[nt][0] = v.x;
+            cb[nt][1] = v.y;
+        }
+
+        if constexpr (LSE) {
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = __fadd_rn(s[nt][e], cb[nt][e & 1]);
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                }
+            float ref[2], scl[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
+                mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
+                const float mn = fmaxf(m[k], mx[k]);
+                ref[k] = mn == -INFINITY ? 0.0f : mn;
+                scl[k] = ex2(__fsub_rn(m[k], ref[k]));
+                m[k] = mn;
+            }
+            float ts[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = ex2(__fsub_rn(s[nt][e], ref[e >> 1]));
+                    ts[e >> 1] = __fadd_rn(ts[e >> 1], s[nt][e]);
+                }
+            l[0] = __fmaf_rn(l[0], scl[0], ts[0]);
+            l[1] = __fmaf_rn(l[1], scl[1], ts[1]);
+            if (MODE == M_ROW_OUT && with_out) {
+#pragma unroll
+                for (int nt = 0; nt < DM / 8; nt++) {
+                    acc[nt][0] *= scl[0]; acc[nt][1] *= scl[0];
+                    acc[nt][2] *= scl[1]; acc[nt][3] *= scl[1];
+                }
+                accumulate<T, DM>(acc, s, Y2);
+            }
+        } else if constexpr (MODE == M_OUT) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+            if (a.attn) {
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int j = i0 + nt * 8 + 2 * q + (e & 1), o = rw[e >> 1];
+                        if (o < Lo && j < Li)
+                            ((T *)a.attn)[(int64_t)b * a.sa[0] + (int64_t)h * a.sa[1] + (int64_t)o * a.sa[2] + j] =
+                                Tr<T>::from(s[nt][e]);
+                    }
+            }
+            accumulate<T, DM>(acc, s, Y2);
+        } else if constexpr (RED) {
+            /* the reduced weight: dP (D, first) or the streamed adjoint */
+            const bool sub = MODE == M_BWD_FIRST && (Tp & 1);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const float cw = CV(cur, 1)[nt * 8 + 2 * q + e2];
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const int e = 2 * k + e2;
+                        const float A = ex2(s[nt][e] + (cb[nt][e2] + rc2[k]));
+                        if (MODE == M_BWD_D) racc[k] += A * dp[DP ? nt : 0][e];
+                        else if (MODE == M_BWD_FIRST) racc[k] += sub ? A * (dp[DP ? nt : 0][e] - cw) : A * dp[DP ? nt : 0][e];
+                        else racc[k] += cw * A;
+                    }
+                }
+        } else if (fast) { /* GRAD, factorised: one exponential per entry */
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+            if constexpr (DP) {
+                /* Cbar = A .* (dP - sum_t U_t V_t^T) */
+                const float *F = a.fac + (int64_t)p * a.S * (a.Nq + a.Nk);
+                for (int tt = 1; tt <= Tp; tt++) {
+                    const float *U = F + (int64_t)(tt - 1) * (a.Nq + a.Nk), *V = U + a.Nq;
+                    const float *ov = KM ? V : U, *cv = KM ? U : V;
+                    const float o0v = rv[0] ? ov[rw[0]] : 0.0f, o1v = rv[1] ? ov[rw[1]] : 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            const int j = i0 + nt * 8 + 2 * q + e2;
+                            const float c = j < Li ? cv[j] : 0.0f;
+                            dp[DP ? nt : 0][e2] = fmaf(-o0v, c, dp[DP ? nt : 0][e2]);
+                            dp[DP ? nt : 0][2 + e2] = fmaf(-o1v, c, dp[DP ? nt : 0][2 + e2]);
+                        }
+                }
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dp[DP ? nt : 0][e] *= s[nt][e];
+            }
+            if constexpr (MODE == M_DQ || MODE == M_DK || MODE == M_DKDV) accumulate<T, DM>(acc, dp, Y1);
+            if constexpr (MODE == M_DKDV) accumulate<T, DM>(acc2, s, Y2);
+            if constexpr (MODE == M_DV) accumulate<T, DM>(acc, s, Y2);
+        } else { /* GRAD, exact: Cbar (in dp), then A (in s) where dV needs it */
+            if constexpr (DP) {
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dp[DP ? nt : 0][e] *= ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+                /* less every half-step's term w * exp(C + outer + streamed):
+                 * T + 1 exponentials per entry, each of its own exponent */
+                for (int tt = 1; tt <= Tp; tt++) {
+                    const bool rs = tt & 1;
+                    const float *iv = rs ? HV(tt) : HV(tt - 1), ioff = rs ? -la : 0.0f;
+                    const float *jv = rs ? (tt > 1 ? HV(tt - 1) : nullptr) : HV(tt), joff = rs ? 0.0f : -lb;
+                    const float *ov = KM ? jv : iv, *cv = KM ? iv : jv;
+                    const float ooff = KM ? joff : ioff, coff = KM ? ioff : joff;
+                    const bool wout = KM ? !rs : rs; /* the weight lives on the outer side */
+                    const float *wv = AV(tt);
+                    float oa[2], ow[2];
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        oa[k] = ((rv[k] && ov ? fin(ov[rw[k]]) : 0.0f) + ooff) * LOG2E;
+                        ow[k] = wout ? (rv[k] ? wv[rw[k]] : 0.0f) : 1.0f;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            const int j = i0 + nt * 8 + 2 * q + e2;
+                            const bool jl = j < Li;
+                            const float ca = ((jl && cv ? fin(cv[j]) : 0.0f) + coff) * LOG2E;
+                            const float cw = wout ? 1.0f : (jl ? wv[j] : 0.0f);
+#pragma unroll
+                            for (int k = 0; k < 2; k++) {
+                                const int e = 2 * k + e2;
+                                dp[DP ? nt : 0][e] -= ow[k] * cw * ex2(s[nt][e] + (ca + oa[k]));
+                            }
+                        }
+                }
+            }
+            if constexpr (MODE == M_DKDV || MODE == M_DV) {
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+            }
+            if constexpr (MODE == M_DQ || MODE == M_DK || MODE == M_DKDV) accumulate<T, DM>(acc, dp, Y1);
+            if constexpr (MODE == M_DKDV) accumulate<T, DM>(acc2, s, Y2);
+            if constexpr (MODE == M_DV) accumulate<T, DM>(acc, s, Y2);
+        }
+        __syncthreads(); /* the buffer is refilled two tiles later */
+    }
+
+    /* ---- results ---- */
+    if constexpr (LSE) {
+        float lse[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float lt = l[k] + __shfl_xor_sync(0xffffffffu, l[k], 1);
+            lt = lt + __shfl_xor_sync(0xffffffffu, lt, 2);
+            l[k] = lt;
+            lse[k] = m[k] * LN2 + logf(lt);
+        }
+        float err = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            if (!rv[k]) continue;
+            const float val = (MODE == M_COL_LSE ? lb : la) - lse[k];
+            if (MODE == M_COL_LSE) {
+                const float gprev = t > 2 ? HV(t - 2)[rw[k]] : 0.0f;
+                float e = fabsf(ex(gprev - val) - 1.0f);
+                if (!(e == e)) e = INFINITY;
+                err = fmaxf(err, e);
+            }
+            if (q == 0) HV(t)[rw[k]] = val;
+        }
+        if (MODE == M_COL_LSE && a.tol > 0.0f) {
+            __shared__ float red[NT / 32];
+            for (int off = 16; off > 0; off >>= 1) err = fmaxf(err, __shfl_xor_sync(0xffffffffu, err, off));
+            if (lane == 0) red[w] = err;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float e = red[0];
+                for (int k = 1; k < NT / 32; k++) e = fmaxf(e, red[k]);
+                a.err[(int64_t)p * a.nkb + blockIdx.x] = e;
+            }
+        }
+        if constexpr (MODE == M_ROW_OUT) {
+            if (with_out)
+                store_acc<T, DM>(acc, l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f,
+                                 (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo, a.dv);
+        }
+    } else if constexpr (MODE == M_OUT) {
+        if (a.out)
+            store_acc<T, DM>(acc, 1.0f, 1.0f, (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo,
+                             a.dv);
+    } else if constexpr (RED) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float tot = racc[k] + __shfl_xor_sync(0xffffffffu, racc[k], 1);
+            tot = tot + __shfl_xor_sync(0xffffffffu, tot, 2);
+            const int o = rw[k];
+            if (!rv[k] || q != 0) continue;
+            if (MODE == M_BWD_D) {
+                a.D[(int64_t)p * a.Nq + o] = tot;
+                if (Tp & 1) AV(Tp)[o] = tot;
+            } else if (MODE == M_BWD_FIRST) {
+                AV((Tp & 1) ? Tp - 1 : Tp)[o] = tot;
+            } else if (MODE == M_REV_COL) {
+                AV(t - 1)[o] = (t == Tp ? Dp[o] : 0.0f) - tot;
+            } else {
+                AV(t - 1)[o] = -tot;
+            }
+        }
+    } else {
+        if constexpr (MODE == M_DQ)
+            store_acc<T, DM>(acc, a.alpha, a.alpha, (T *)a.dq + (int64_t)b * a.sdq[0] + (int64_t)h * a.sdq[1], a.sdq[2],
+                             rw[0], Lo, a.d);
+        if constexpr (MODE == M_DK || MODE == M_DKDV)
+            store_acc<T, DM>(acc, a.alpha, a.alpha, (T *)a.dk + (int64_t)b * a.sdk[0] + (int64_t)h * a.sdk[1], a.sdk[2],
+                             rw[0], Lo, a.d);
+        if constexpr (MODE == M_DKDV)
+            store_acc<T, DM>(acc2, 1.0f, 1.0f, (T *)a.dvv + (int64_t)b * a.sdv[0] + (int64_t)h * a.sdv[1], a.sdv[2],
+                             rw[0], Lo, a.dv);
+        if constexpr (MODE == M_DV)
+            store_acc<T, DM>(acc, 1.0f, 1.0f, (T *)a.dvv + (int64_t)b * a.sdv[0] + (int64_t)h * a.sdv[1], a.sdv[2],
+                             rw[0], Lo, a.dv);
+    }
+#undef HV
+#undef AV
+}
+
+/* The gradient passes' factors. Every half-step term of Cbar is A times a
+ * rank-one matrix: with A_ij = Lq exp(C_ij + f_i + g_j) (the final
+ * potentials f, g),
+ *   row step t:    lam_t,i R^t_ij = A_ij [lam_t,i e^(f_t,i - f_i)] [e^(g_{t-1},j - g_j)]
+ *   column step t: mu_t,j Q^t_ij  = A_ij [e^(f_{t-1},i - f_i - log Lq)] [mu_t,j e^(g_t,j - log b - g_j)]
+ * so Cbar = A .* (dP - sum_t U_t V_t^T) costs one exponential per entry
+ * instead of T + 1. U_t (Nq) and V_t (Nk) of every step go to a.fac. A
+ * factor's exponent beyond +-FAC_BOUND could lose the product to overflow
+ * or underflow (A below float range where the exact term is not): such a
+ * problem keeps the exact per-entry terms (a.fact[p] = 0). Rows and columns
+ * with an infinite final potential (no live entry) get factor 0. */
+constexpr float FAC_BOUND = 40.0f;
+__global__ void fac_kernel(const bkc_args a)
+{
+    const int p = blockIdx.x, b = p / a.H;
+    const int Lq = len_q(a, b), Lk = len_k(a, b);
+    __shared__ float red[8];
+    float big = 0.0f;
+    if (Lq > 0 && Lk > 0) {
+        int Tp = a.iters[p];
+        Tp = Tp < 1 ? 1 : (Tp > a.S ? a.S : Tp);
+        const float *hist = (const float *)(a.hist + (int64_t)p * a.hist_stride);
+        const float *adj = a.adj + (int64_t)p * a.hist_len;
+        const float lb = -logf((float)Lk), lLq = logf((float)Lq);
+        const int trow = (Tp & 1) ? Tp : Tp - 1, tcol = (Tp & 1) ? Tp - 1 : Tp;
+        const float *fF = hist + bkc_hist_off(a.Nq, a.Nk, trow);
+        const float *gF = tcol >= 2 ? hist + bkc_hist_off(a.Nq, a.Nk, tcol) : nullptr;
+        float *F = a.fac + (int64_t)p * a.S * (a.Nq + a.Nk);
+        for (int tt = 1; tt <= Tp; tt++) {
+            const bool rs = tt & 1;
+            float *U = F + (int64_t)(tt - 1) * (a.Nq + a.Nk), *V = U + a.Nq;
+            const float *fi = hist + bkc_hist_off(a.Nq, a.Nk, rs ? tt : tt - 1);
+            const float *gj = rs ? (tt > 1 ? hist + bkc_hist_off(a.Nq, a.Nk, tt - 1) : nullptr)
+                                 : hist + bkc_hist_off(a.Nq, a.Nk, tt);
+            const float *wv = adj + bkc_hist_off(a.Nq, a.Nk, tt);
+            for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
+                if (fF[i] == INFINITY) { U[i] = 0.0f; continue; }
+                const float x = fi[i] - fF[i] - (rs ? 0.0f : lLq);
+                big = (x == x) ? fmaxf(big, fabsf(x)) : INFINITY;
+                U[i] = (rs ? wv[i] : 1.0f) * expf(x);
+            }
+            for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+                const float g = gF ? gF[j] : 0.0f;
+                if (g == INFINITY) { V[j] = 0.0f; continue; }
+                const float x = (gj ? gj[j] : 0.0f) - (rs ? 0.0f : lb) - g;
+                big = (x == x) ? fmaxf(big, fabsf(x)) : INFINITY;
+                V[j] = (rs ? 1.0f : wv[j]) * expf(x);
+            }
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = big;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
+        a.fact[p] = Lq > 0 && Lk > 0 && m <= FAC_BOUND;
+    }
+}
+
+} /* namespace tc */
+
 /* ---- small kernels -------------------------------------------------------- */
 __global__ void init_kernel(const bkc_args a)
 {
@@ -661,18 +1332,44 @@ struct Launch {
     const bkc_args *a;
     cudaStream_t st;
     int P;
+    bool tcp; /* the tensor-core (mma.sync) passes: bf16 / fp16 */
 };
 
-template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t)
+/* one pass: the tensor-core kernel for 16-bit operands (unless the WMMA
+ * kernels were asked for), else pass_kernel */
+template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t, int with_out = 0)
 {
-    const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
-    auto k = pass_kernel<T, DM, MODE>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.total);
-    if (e != cudaSuccess) return e;
     const int outer = kmajor(MODE) ? L.a->Nk : L.a->Nq;
     const dim3 grid((unsigned)((outer + TILE - 1) / TILE), (unsigned)L.P);
-    k<<<grid, NT, pl.total, L.st>>>(*L.a, t);
-    return cudaGetLastError();
+    if constexpr (Tr<T>::tc) {
+        if (L.tcp) {
+            const tc::TPlan tp = tc::tplan(MODE, DM);
+            auto kt = tc::tc_kernel<T, DM, MODE>;
+            cudaError_t e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
+            if (e != cudaSuccess) return e;
+            kt<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);
+            return cudaGetLastError();
+        }
+    }
+    if constexpr (MODE == M_ROW_OUT) {
+        return cudaErrorInvalidValue; /* tensor-core passes only */
+    } else {
+        const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
+        auto k = pass_kernel<T, DM, MODE>;
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.total);
+        if (e != cudaSuccess) return e;
+        k<<<grid, NT, pl.total, L.st>>>(*L.a, t);
+        return cudaGetLastError();
+    }
+}
+
+/* BK_CUDA_KERNELS=wmma: the first (WMMA) kernels for 16-bit operands too,
+ * kept as the benchmarks' baseline */
+bool want_tc(int dtype)
+{
+    if (dtype == BKC_F32) return false;
+    const char *s = getenv("BK_CUDA_KERNELS");
+    return !(s && strcmp(s, "wmma") == 0);
 }
 
 int smem_optin(void)
@@ -691,8 +1388,15 @@ int smem_optin(void)
 
 template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H};
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype)};
     const int P = L.P, S = a->S;
+    /* odd S without a tolerance: the last row step is always the pass that
+     * can also write the output (online softmax), so that its potentials are
+     * bitwise the same whether the output is asked for (a forward) or not (a
+     * backward recomputing its tape); it writes the output unless an
+     * attention matrix is asked for (then the output pass does both) */
+    const bool last = L.tcp && (S & 1) && a->tol == 0.0f;
+    const bool fuse = last && !a->attn && a->out;
     init_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a);
     TRY(cudaGetLastError());
     if (a->attn) {
@@ -701,7 +1405,9 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
         TRY(cudaGetLastError());
     }
     for (int t = 1; t <= S; t++) {
-        if (t & 1) {
+        if (last && t == S) {
+            TRY((pass<T, DM, M_ROW_OUT>(L, t, fuse)));
+        } else if (t & 1) {
             TRY((pass<T, DM, M_ROW_LSE>(L, t)));
         } else {
             TRY((pass<T, DM, M_COL_LSE>(L, t)));
@@ -711,7 +1417,7 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
             }
         }
     }
-    if (a->out || a->attn) TRY((pass<T, DM, M_OUT>(L, 0)));
+    if ((a->out || a->attn) && !fuse) TRY((pass<T, DM, M_OUT>(L, 0)));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;
     finish_fwd<T><<<dim3((unsigned)((nmax + 127) / 128), (unsigned)P), 128, 0, st>>>(*a);
     return cudaGetLastError();
@@ -719,7 +1425,7 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
 
 template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H};
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype)};
     const int P = L.P;
     if (a->blk) {
         iters_from_tape<<<(P + 127) / 128, 128, 0, st>>>(*a);
@@ -731,10 +1437,15 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         if (t & 1) TRY((pass<T, DM, M_REV_ROW>(L, t)));
         else TRY((pass<T, DM, M_REV_COL>(L, t)));
     }
+    if (L.tcp && a->fac) {
+        tc::fac_kernel<<<P, 256, 0, st>>>(*a);
+        TRY(cudaGetLastError());
+    }
     TRY((pass<T, DM, M_DQ>(L, 0)));
     /* one pass for dK and dV where its two register accumulators and its
      * shared memory fit (d, dv <= 64), else two */
-    if (DM == 64 && plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total <= smem_optin()) {
+    const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
+    if (DM == 64 && dkdv_smem <= smem_optin()) {
         TRY((pass<T, DM, M_DKDV>(L, 0)));
     } else {
         TRY((pass<T, DM, M_DK>(L, 0)));
@@ -801,12 +1512,14 @@ extern "C" size_t bkc_smem_need(int dtype, int dmax)
     const int DM = dmax <= 64 ? 64 : 128;
     const int esz = dtype == BKC_F32 ? 4 : 2;
     const bool tc = dtype != BKC_F32;
-    int need = 0;
+    int need = tc ? tc::tplan(M_ROW_OUT, DM).total : 0;
     /* every pass but the fused dK/dV one, which splits when it does not fit */
     for (int m = M_ROW_LSE; m <= M_DV; m++) {
         if (m == M_DKDV) continue;
         const int x = plan_of(m, esz, tc, DM).total;
         need = x > need ? x : need;
+        const int y = tc ? tc::tplan(m, DM).total : 0;
+        need = y > need ? y : need;
     }
     return (size_t)need;
 }

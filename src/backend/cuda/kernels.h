@@ -42,6 +42,9 @@ typedef struct {
     float *adj;                     /* backward: P x hist_len adjoints         */
     int64_t hist_len;               /* floats of one history                   */
     float *D;                       /* backward: P x Nq (rowsum of dA * A)     */
+    float *fac;                     /* backward: P x S x (Nq + Nk) factors of the
+                                       half-step terms (16-bit passes)         */
+    int32_t *fact;                  /* P: the factors may be used              */
     int32_t *iters, *stopped;       /* P each: half-steps run, stop flag       */
     float *err; int nkb;            /* P x nkb column-error block maxima       */
     float *f_out, *g_out;           /* extras: final potentials (NULL: none)   */

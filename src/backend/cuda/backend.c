@@ -162,7 +162,10 @@ static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
     w.D = off; off += backward ? r256(P * (size_t)d->Nq * sizeof(float)) : 0;
     /* the backward's rank-one factors: S (Nq + Nk) floats a problem (used by
      * the 16-bit passes; the size query knows no dtype) */
-    w.fac = off; off += backward ? r256(P * (size_t)par_of(c).S * ((size_t)d->Nq + d->Nk) * sizeof(float)) : 0;
+    w.fac = off;
+    off += backward ? r256(P * (size_t)par_of(c).S * (((size_t)d->Nq + 3) / 4 * 4 + ((size_t)d->Nk + 3) / 4 * 4) *
+                           sizeof(float))
+                    : 0;
     w.fact = off; off += backward ? r256(P * sizeof(int32_t)) : 0;
     w.total = off + 256;
     return w;

@@ -632,12 +632,16 @@ template <int N> __device__ __forceinline__ void cpa_wait() { asm volatile("cp.a
 template <typename T, int DM>
 __device__ void fetch(T *dst, const T *src, int64_t sn, int row0, int L, int C, bool vec)
 {
-    constexpr int LDT = DM + 8, CH = DM / 8;
+    constexpr int LDT = DM + 8, CH = DM / 8, RPI = NT / CH; /* rows per round */
     if (vec) {
-        for (int idx = threadIdx.x; idx < TILE * CH; idx += NT) {
-            const int rr = idx / CH, c8 = (idx % CH) * 8, n = row0 + rr;
-            const bool ok = n < L && c8 < C;
-            cpa16(dst + rr * LDT + c8, ok ? (const void *)(src + (int64_t)n * sn + c8) : (const void *)src, ok);
+        const int rr = threadIdx.x / CH, c8 = (threadIdx.x % CH) * 8;
+        const bool cok = c8 < C;
+        const T *s = src + (int64_t)(row0 + rr) * sn + c8;
+        T *d = dst + rr * LDT + c8;
+#pragma unroll
+        for (int k = 0; k < TILE / RPI; k++) {
+            const bool ok = cok && row0 + rr + k * RPI < L;
+            cpa16(d + k * RPI * LDT, ok ? (const void *)(s + (int64_t)k * RPI * sn) : (const void *)src, ok);
         }
     } else {
         load_tile<T, DM>(dst, src, sn, row0, L, C);
@@ -650,9 +654,11 @@ __host__ __device__ inline bool vec_ok(const void *p, int64_t sn, int C)
 
 /* shared memory: outer tiles (1, 2 with dP), streamed tiles double buffered */
 struct TPlan {
-    int tile, o1, o2, i1, i2, cv, total;
+    int tile, o1, o2, i1, i2, cv, fc, total;
 };
-constexpr int NCV = 2; /* streamed-side vectors staged per tile */
+constexpr int NCV = 2;   /* streamed-side vectors staged per tile            */
+constexpr int FCAP = 16; /* gradient passes: the factors of up to FCAP steps
+                            staged in shared memory (beyond: global loads)  */
 __host__ __device__ inline TPlan tplan(int mode, int DM)
 {
     TPlan p;
@@ -663,6 +669,8 @@ __host__ __device__ inline TPlan tplan(int mode, int DM)
     p.i1 = off; off += 2 * p.tile;
     p.i2 = off; off += needs_i2(mode) ? 2 * p.tile : 0;
     p.cv = off; off += 2 * NCV * TILE * 4; /* [buffer][vector][64] floats */
+    const bool grad = mode == M_DQ || mode == M_DK || mode == M_DV || mode == M_DKDV;
+    p.fc = off; off += grad ? 3 * FCAP * TILE * 4 : 0; /* [outer | buffer 0 | buffer 1][step][64] */
     p.total = off;
     return p;
 }
@@ -742,19 +750,26 @@ __device__ void store_acc(const float (*acc)[4], float s0, float s1, T *dst, int
     }
 }
 
+/* the gradient passes' factor vectors (fac_kernel) are padded to a multiple
+ * of 4 floats, for float2 loads */
+__host__ __device__ inline int fac_pad(int n) { return (n + 3) & ~3; }
+
 /* a potential as an additive constant: +inf (a row or column with no live
  * entry) becomes 0, so that a masked entry (-inf) never meets +inf */
 __device__ __forceinline__ float fin(float x) { return x == INFINITY ? 0.0f : x; }
 
-template <typename T, int DM, int MODE>
+template <typename T, int DM, int MODE, bool FAST>
 __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
 {
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE), DP = needs_dp(MODE), I2 = needs_i2(MODE);
-    constexpr bool KEEP = DM <= 64;            /* outer fragments in registers */
     constexpr bool LSE = MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_ROW_OUT;
     constexpr bool RED = MODE == M_BWD_D || MODE == M_BWD_FIRST || MODE == M_REV_COL || MODE == M_REV_ROW;
     constexpr bool GRAD = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
+    /* outer fragments in registers (else reloaded from shared memory per
+     * tile): d <= 64 outside the gradient passes, whose accumulators need
+     * the registers */
+    constexpr bool KEEP = DM <= 64 && !GRAD;
     constexpr bool ACC2 = MODE == M_DKDV;
     const TPlan pl = tplan(MODE, DM);
     T *O1 = (T *)(sm + pl.o1), *O2 = (T *)(sm + pl.o2);
@@ -784,7 +799,11 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
     const float *gF = tcol >= 2 ? HV(tcol) : nullptr;
     const float *Dp = a.D ? a.D + (int64_t)p * a.Nq : nullptr;
     /* the gradient passes' half-step terms by rank-one factors (fac_kernel) */
-    const bool fast = GRAD && a.fac && a.fact[p];
+    /* a gradient pass runs as two kernels, one for the problems whose terms
+     * factorise (fac_kernel) and one for the others: each leaves the other's */
+    if (GRAD && (FAST != (a.fac && a.fact[p]))) return;
+    constexpr bool fast = GRAD && FAST;
+    constexpr bool EXACT = GRAD && !FAST; /* keeps the scaled score apart */
 
     const T *Xo1, *Xo2 = nullptr, *Xi1, *Xi2 = nullptr;
     int64_t so1, so2 = 0, si1, si2 = 0;
@@ -864,6 +883,23 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
      * passes) */
     const float *wvec = (MODE == M_REV_COL || MODE == M_REV_ROW) ? AV(t)
                         : (MODE == M_BWD_FIRST && (Tp & 1)) ? Dp : nullptr;
+    /* the factorised gradient's vectors (fac_kernel): step tt's outer-side
+     * and streamed-side factors; staged in shared memory for Tp <= FCAP (the
+     * outer side once, the streamed side with each tile) */
+    const int nqp = fac_pad(a.Nq), nkp = fac_pad(a.Nk);
+    const float *F = fast ? a.fac + (int64_t)p * a.S * (nqp + nkp) : nullptr;
+    auto fac_side = [&](int tt, bool outer) {
+        const float *U = F + (int64_t)(tt - 1) * (nqp + nkp);
+        return (outer != KM) ? U : U + nqp; /* U: the query side, V: the key side */
+    };
+    const bool fstaged = fast && Tp <= FCAP;
+    auto FO = [&](int tt) { return (float *)(sm + pl.fc) + (tt - 1) * TILE; };
+    auto FC = [&](int s, int tt) { return (float *)(sm + pl.fc) + ((1 + s) * FCAP + tt - 1) * TILE; };
+    if (fstaged)
+        for (int idx = threadIdx.x; idx < Tp * TILE; idx += NT) {
+            const int tt = 1 + idx / TILE, r = idx % TILE;
+            FO(tt)[r] = o0 + r < Lo ? fac_side(tt, true)[o0 + r] : 0.0f;
+        }
     auto stage = [&](int s, int j0) {
         if (threadIdx.x < TILE) {
             const int j = j0 + threadIdx.x;
@@ -871,6 +907,11 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
             CV(s, 0)[threadIdx.x] = bias && ok ? fin(bias[j]) * LOG2E : 0.0f;
             CV(s, 1)[threadIdx.x] = wvec && ok ? wvec[j] : 0.0f;
         }
+        if (fstaged)
+            for (int idx = threadIdx.x; idx < Tp * TILE; idx += NT) {
+                const int tt = 1 + idx / TILE, jj = idx % TILE;
+                FC(s, tt)[jj] = j0 + jj < Li ? fac_side(tt, false)[j0 + jj] : 0.0f;
+            }
     };
     if (ib < ie) stage(0, ib);
 
@@ -902,22 +943,6 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
         scores<T, DM, KEEP>(s, xf1, O1, Y1, w);
         if constexpr (DP) scores<T, DM, KEEP>(dp, xf2, O2, Y2, w);
 
-        /* scale; mask what lies past the streamed length or across the
-         * causal diagonal */
-        const bool edge = i0 + TILE > Li || (a.causal && (KM ? i0 < o0 + TILE - 1 - sh : i0 + TILE - 1 > o0 + sh));
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[nt][e] * alpha2;
-                if (edge) {
-                    const int j = i0 + nt * 8 + 2 * q + (e & 1), o = rw[e >> 1];
-                    bool live = j < Li;
-                    if (a.causal) live = live && (KM ? j >= o - sh : j <= o + sh);
-                    if (!live) x = -INFINITY;
-                }
-                s[nt][e] = x;
-            }
         /* the streamed side's potential, log2 units (0 past Li) */
         float cb[8][2];
 #pragma unroll
@@ -926,16 +951,37 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
             cb[nt][0] = v.x;
             cb[nt][1] = v.y;
         }
+        /* every entry's exponent (log2 units) in one FMA: the scaled score
+         * plus the potentials (the row's too, except in a log-sum-exp pass);
+         * the exact gradient pass keeps the scaled score alone */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if constexpr (EXACT) s[nt][e] *= alpha2;
+                else if constexpr (LSE) s[nt][e] = fmaf(s[nt][e], alpha2, cb[nt][e & 1]);
+                else s[nt][e] = fmaf(s[nt][e], alpha2, cb[nt][e & 1] + rc2[e >> 1]);
+            }
+        /* mask what lies past the streamed length or across the causal
+         * diagonal (edge tiles only) */
+        if (i0 + TILE > Li || (a.causal && (KM ? i0 < o0 + TILE - 1 - sh : i0 + TILE - 1 > o0 + sh))) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = i0 + nt * 8 + 2 * q + (e & 1), o = rw[e >> 1];
+                    bool live = j < Li;
+                    if (a.causal) live = live && (KM ? j >= o - sh : j <= o + sh);
+                    if (!live) s[nt][e] = -INFINITY;
+                }
+        }
 
         if constexpr (LSE) {
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = __fadd_rn(s[nt][e], cb[nt][e & 1]);
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                }
+                for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
             float ref[2], scl[2];
 #pragma unroll
             for (int k = 0; k < 2; k++) {
@@ -968,7 +1014,7 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e]);
             if (a.attn) {
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++)
@@ -992,33 +1038,39 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
 #pragma unroll
                     for (int k = 0; k < 2; k++) {
                         const int e = 2 * k + e2;
-                        const float A = ex2(s[nt][e] + (cb[nt][e2] + rc2[k]));
+                        const float A = ex2(s[nt][e]);
                         if (MODE == M_BWD_D) racc[k] += A * dp[DP ? nt : 0][e];
                         else if (MODE == M_BWD_FIRST) racc[k] += sub ? A * (dp[DP ? nt : 0][e] - cw) : A * dp[DP ? nt : 0][e];
                         else racc[k] += cw * A;
                     }
                 }
-        } else if (fast) { /* GRAD, factorised: one exponential per entry */
+        } else if constexpr (fast) { /* GRAD, factorised: one exponential per entry */
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e] + (cb[nt][e & 1] + rc2[e >> 1]));
+                for (int e = 0; e < 4; e++) s[nt][e] = ex2(s[nt][e]);
             if constexpr (DP) {
                 /* Cbar = A .* (dP - sum_t U_t V_t^T) */
-                const float *F = a.fac + (int64_t)p * a.S * (a.Nq + a.Nk);
                 for (int tt = 1; tt <= Tp; tt++) {
-                    const float *U = F + (int64_t)(tt - 1) * (a.Nq + a.Nk), *V = U + a.Nq;
-                    const float *ov = KM ? V : U, *cv = KM ? U : V;
-                    const float o0v = rv[0] ? ov[rw[0]] : 0.0f, o1v = rv[1] ? ov[rw[1]] : 0.0f;
+                    const float *ov = fac_side(tt, true), *cv = fac_side(tt, false);
+                    float o0v, o1v;
+                    if (fstaged) {
+                        o0v = FO(tt)[16 * w + g];
+                        o1v = FO(tt)[16 * w + g + 8];
+                    } else {
+                        o0v = rv[0] ? ov[rw[0]] : 0.0f;
+                        o1v = rv[1] ? ov[rw[1]] : 0.0f;
+                    }
 #pragma unroll
-                    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                        for (int e2 = 0; e2 < 2; e2++) {
-                            const int j = i0 + nt * 8 + 2 * q + e2;
-                            const float c = j < Li ? cv[j] : 0.0f;
-                            dp[DP ? nt : 0][e2] = fmaf(-o0v, c, dp[DP ? nt : 0][e2]);
-                            dp[DP ? nt : 0][2 + e2] = fmaf(-o1v, c, dp[DP ? nt : 0][2 + e2]);
-                        }
+                    for (int nt = 0; nt < 8; nt++) {
+                        const int j = i0 + nt * 8 + 2 * q; /* even: 8-byte aligned, zero past Li */
+                        const float2 c = fstaged ? *(const float2 *)(FC(cur, tt) + nt * 8 + 2 * q)
+                                         : j < Li ? *(const float2 *)(cv + j) : make_float2(0.0f, 0.0f);
+                        dp[DP ? nt : 0][0] = fmaf(-o0v, c.x, dp[DP ? nt : 0][0]);
+                        dp[DP ? nt : 0][1] = fmaf(-o0v, c.y, dp[DP ? nt : 0][1]);
+                        dp[DP ? nt : 0][2] = fmaf(-o1v, c.x, dp[DP ? nt : 0][2]);
+                        dp[DP ? nt : 0][3] = fmaf(-o1v, c.y, dp[DP ? nt : 0][3]);
+                    }
                 }
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++)
@@ -1185,10 +1237,13 @@ __global__ void fac_kernel(const bkc_args a)
         const int trow = (Tp & 1) ? Tp : Tp - 1, tcol = (Tp & 1) ? Tp - 1 : Tp;
         const float *fF = hist + bkc_hist_off(a.Nq, a.Nk, trow);
         const float *gF = tcol >= 2 ? hist + bkc_hist_off(a.Nq, a.Nk, tcol) : nullptr;
-        float *F = a.fac + (int64_t)p * a.S * (a.Nq + a.Nk);
+        const int nqp = fac_pad(a.Nq), nkp = fac_pad(a.Nk);
+        float *F = a.fac + (int64_t)p * a.S * (nqp + nkp);
         for (int tt = 1; tt <= Tp; tt++) {
             const bool rs = tt & 1;
-            float *U = F + (int64_t)(tt - 1) * (a.Nq + a.Nk), *V = U + a.Nq;
+            float *U = F + (int64_t)(tt - 1) * (nqp + nkp), *V = U + nqp;
+            for (int i = Lq + threadIdx.x; i < nqp; i += blockDim.x) U[i] = 0.0f;
+            for (int j = Lk + threadIdx.x; j < nkp; j += blockDim.x) V[j] = 0.0f;
             const float *fi = hist + bkc_hist_off(a.Nq, a.Nk, rs ? tt : tt - 1);
             const float *gj = rs ? (tt > 1 ? hist + bkc_hist_off(a.Nq, a.Nk, tt - 1) : nullptr)
                                  : hist + bkc_hist_off(a.Nq, a.Nk, tt);
@@ -1344,10 +1399,17 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
     if constexpr (Tr<T>::tc) {
         if (L.tcp) {
             const tc::TPlan tp = tc::tplan(MODE, DM);
-            auto kt = tc::tc_kernel<T, DM, MODE>;
+            constexpr bool GR = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
+            auto kt = tc::tc_kernel<T, DM, MODE, false>;
             cudaError_t e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
             if (e != cudaSuccess) return e;
             kt<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);
+            if (GR && L.a->fac) { /* the problems whose terms factorise */
+                auto kf = tc::tc_kernel<T, DM, MODE, GR>;
+                e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
+                if (e != cudaSuccess) return e;
+                kf<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);
+            }
             return cudaGetLastError();
         }
     }

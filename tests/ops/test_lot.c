@@ -328,7 +328,9 @@ static void test_lot_fd(void)
     for (int w = 0; w < 5; w++) {
         char name[48];
         snprintf(name, sizeof name, "LOT directional FD %s", nm[w]);
-        th_directional_fd(name, in[w], an[w], cnt[w], 1e-3f, &r, lot_loss, &t);
+        /* step 4e-3: with 1e-3 the float32 forward's rounding (which moves
+         * with the CPU's BLAS kernels) reached the tolerance on a 16-core host */
+        th_directional_fd(name, in[w], an[w], cnt[w], 4e-3f, &r, lot_loss, &t);
     }
     lb_free(&t);
 }

@@ -14,6 +14,12 @@
  *   spam           spam/{easy-ham-1,easy-ham-2,hard-ham-1,spam-1,spam-2}/
  *                  *.txt (SpamAssassin messages; the body after the header
  *                  block, as bytes: vocabulary 256)
+ *   spam-spm       spam/spm/{train,test}.ids: the spam splits (order,
+ *                  labels, version check) with each message as SentencePiece
+ *                  ids of a unigram vocabulary of 8000 trained on the
+ *                  training bodies (scripts/data.sh spam-spm); max_len ids
+ *                  kept per message (0: 256); an empty line is a message of
+ *                  no ids; the ids file's FNV-1a is part of the version
  *   bible          bible/{train,valid,test}.{es,en}.ids (Spanish -> English
  *                  sentence pairs as SentencePiece ids of one joint
  *                  vocabulary of 8000; scripts/data.sh bible-spm): a
@@ -54,6 +60,7 @@ typedef struct {
     const char *dir;     /* data directory; NULL or "": $BK_DATA, else "data"  */
     int64_t limit;       /* > 0: only the first `limit` samples of the split   */
     int max_len;         /* spam: bytes kept per message (0: 1024, at most
+                            65536); spam-spm: ids kept (0: 256, at most
                             65536); listops: longest sequence (0: 2000);
                             seq2seq: longest source, EOS counted (0: the
                             split's longest); longer pairs are dropped        */
@@ -72,7 +79,7 @@ typedef struct {
 /* The defaults above. */
 BK_API bk_data_config bk_data_config_default(void);
 /* 1 if name is a dataset of this library ("mnist", "fashion-mnist",
- * "digits", "spam", "listops", "shapes", "bible"), else 0. */
+ * "digits", "spam", "spam-spm", "listops", "shapes", "bible"), else 0. */
 BK_API int bk_data_known(const char *name);
 
 typedef struct bk_dataset bk_dataset;

@@ -17,7 +17,8 @@ struct bk_dataset {
     bk_dataset_info info;
     float scale;        /* image pixel value = byte * scale                  */
     uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
-    int32_t *lens;      /* spam [n]                                          */
+    int32_t *lens;      /* spam, spam-spm [n]                                */
+    int32_t *toks;      /* spam-spm [n, max_len]                             */
     int32_t *labels;    /* stored sets [n]                                   */
     uint64_t gen_seed;  /* generated sets: the split's stream seed           */
     bk_listops_config listops; /* resolved and checked at open              */
@@ -261,7 +262,7 @@ bk_data_config bk_data_config_default(void)
 
 int bk_data_known(const char *name)
 {
-    static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "listops", "shapes", "bible"};
+    static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "spam-spm", "listops", "shapes", "bible"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (name && strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -560,6 +561,7 @@ static bk_status open_shapes(const bk_data_config *o, int split, bk_dataset *ds)
 /* ---- sentence pairs as ids (seq2seq datasets) ---- */
 #define IDS_MAX_FILE ((size_t)1 << 30)
 #define IDS_MAX_VOCAB (1 << 24)
+#define SPAM_SPM_VOCAB 8000
 
 static const char *split_name(int split)
 {
@@ -567,9 +569,10 @@ static const char *split_name(int split)
 }
 
 /* One id file: counts its lines and ids (*lines, *nids: EOS included) and,
- * when ids and off are not NULL, writes them (off[lines + 1]). */
-static bk_status parse_ids(const char *name, const uint8_t *b, size_t n, int vocab, int64_t *lines, int64_t *nids,
-                           int32_t *ids, int64_t *off)
+ * when ids and off are not NULL, writes them (off[lines + 1]). Empty lines
+ * are refused unless empty_ok (a message whose text encodes to nothing). */
+static bk_status parse_ids(const char *name, const uint8_t *b, size_t n, int vocab, int empty_ok, int64_t *lines,
+                           int64_t *nids, int32_t *ids, int64_t *off)
 {
     if (n == 0) return bki_fail(BK_ERR_FORMAT, "%s: empty file (no lines)", name);
     int64_t line = 0, pos = 0;
@@ -577,7 +580,7 @@ static bk_status parse_ids(const char *name, const uint8_t *b, size_t n, int voc
     while (i < n) {
         if (off) off[line] = pos;
         line++;
-        for (int tok = 1;; tok++) {
+        for (int tok = 1; !(empty_ok && tok == 1 && b[i] == '\n'); tok++) {
             size_t s = i;
             int64_t v = 0;
             while (i < n && b[i] >= '0' && b[i] <= '9' && i - s < 12) v = v * 10 + (b[i++] - '0');
@@ -616,6 +619,78 @@ static bk_status parse_ids(const char *name, const uint8_t *b, size_t n, int voc
     return BK_OK;
 }
 
+/* spam-spm: the spam split (its order, labels and version check) with each
+ * message's text as SentencePiece ids, spam/spm/{train,test}.ids (one line
+ * a message, in the split's order; scripts/data.sh spam-spm writes them from
+ * `birkhoff data export spam`); the first max_len ids of each message. */
+static bk_status open_spam_spm(const char *dir, int split, int max_len, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    bk_status st = open_spam(dir, split, 1, ds); /* labels and order; one byte kept */
+    if (st != BK_OK) return st;
+    char ver[sizeof in->version];
+    snprintf(ver, sizeof ver, "%s", in->version);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/spam/spm/%s.ids", dir, split_name(split));
+    FILE *f = fopen(path, "rb");
+    if (!f) return bki_fail(BK_ERR_IO, "spam-spm: %s: cannot open (%s); run scripts/data.sh spam-spm", path, strerror(errno));
+    uint8_t *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : (size_t)1 << 20;
+            uint8_t *nb = cap <= IDS_MAX_FILE ? realloc(buf, cap) : NULL;
+            if (!nb) {
+                fclose(f);
+                free(buf);
+                return bki_fail(cap > IDS_MAX_FILE ? BK_ERR_FORMAT : BK_ERR_NOMEM, "spam-spm: %s: %s", path,
+                                cap > IDS_MAX_FILE ? "larger than 1 GiB" : "out of memory");
+            }
+            buf = nb;
+        }
+        const size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    int64_t lines = 0, nids = 0;
+    if (bad) st = bki_fail(BK_ERR_IO, "spam-spm: %s: read error", path);
+    if (st == BK_OK) st = parse_ids(path, buf, n, SPAM_SPM_VOCAB, 1, &lines, &nids, NULL, NULL);
+    if (st == BK_OK && lines != in->n)
+        st = bki_fail(BK_ERR_FORMAT, "spam-spm: %s has %lld lines, the spam %s split %lld messages; run scripts/data.sh spam-spm",
+                      path, (long long)lines, split_name(split), (long long)in->n);
+    int32_t *ids = NULL;
+    int64_t *off = NULL;
+    if (st == BK_OK) {
+        ids = malloc(sizeof(int32_t) * (size_t)nids);
+        off = malloc(sizeof(int64_t) * (size_t)(lines + 1));
+        ds->toks = malloc(sizeof(int32_t) * (size_t)in->n * (size_t)max_len);
+        if (!ids || !off || !ds->toks) st = bki_fail(BK_ERR_NOMEM, "out of memory");
+    }
+    if (st == BK_OK) st = parse_ids(path, buf, n, SPAM_SPM_VOCAB, 1, &lines, &nids, ids, off);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; st == BK_OK && i < in->n; i++) {
+        const int64_t L = off[i + 1] - off[i] - 1; /* EOS appended by parse_ids */
+        const int keep = L < max_len ? (int)L : max_len;
+        int32_t *t = ds->toks + (size_t)i * (size_t)max_len;
+        for (int j = 0; j < max_len; j++) t[j] = j < keep ? ids[off[i] + j] : 0;
+        ds->lens[i] = keep;
+        for (int64_t j = off[i]; j < off[i + 1]; j++) h = (h ^ (uint64_t)(uint32_t)ids[j]) * 0x100000001b3ull;
+    }
+    free(buf);
+    free(ids);
+    free(off);
+    free(ds->bytes);
+    ds->bytes = NULL;
+    if (st != BK_OK) return st;
+    in->vocab = SPAM_SPM_VOCAB;
+    in->max_len = max_len;
+    snprintf(in->version, sizeof in->version, "spm unigram %d ids fnv1a:%016llx of %.140s", SPAM_SPM_VOCAB,
+             (unsigned long long)h, ver);
+    return BK_OK;
+}
+
 /* Reads, checks (k[s] not NULL) and parses both files of a pair split, and
  * applies the caps and the limit. fix: the scripts/data.sh target of a
  * stored set, NULL for the caller's files. */
@@ -635,13 +710,13 @@ static bk_status open_pairs(const char *path[2], const known_file *k[2], const c
         int64_t nids = 0;
         bk_status st = read_path(path[s], fix, k[s], k[s] ? (size_t)k[s]->bytes : IDS_MAX_FILE, &buf, &n, &h[s]);
         if (st != BK_OK) return st;
-        st = parse_ids(path[s], buf, n, vocab, &lines[s], &nids, NULL, NULL);
+        st = parse_ids(path[s], buf, n, vocab, 0, &lines[s], &nids, NULL, NULL);
         if (st == BK_OK) {
             ds->ids[s] = malloc(sizeof(int32_t) * (size_t)nids);
             ds->off[s] = malloc(sizeof(int64_t) * (size_t)(lines[s] + 1));
             if (!ds->ids[s] || !ds->off[s]) st = bki_fail(BK_ERR_NOMEM, "out of memory");
         }
-        if (st == BK_OK) st = parse_ids(path[s], buf, n, vocab, &lines[s], &nids, ds->ids[s], ds->off[s]);
+        if (st == BK_OK) st = parse_ids(path[s], buf, n, vocab, 0, &lines[s], &nids, ds->ids[s], ds->off[s]);
         free(buf);
         if (st != BK_OK) return st;
         for (int64_t l = 0; l < lines[s]; l++) {
@@ -709,7 +784,7 @@ bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o
                         (int)split);
     if (!bk_data_known(name))
         return bki_fail(BK_ERR_PARAM,
-                        "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, listops, shapes, bible)",
+                        "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible)",
                         name ? name : "");
     if (split == BK_SPLIT_VALID && strcmp(name, "bible") != 0)
         return bki_fail(BK_ERR_PARAM, "dataset %s has no validation split (only train and test)", name);
@@ -733,6 +808,10 @@ bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o
         int L = o->max_len > 0 ? o->max_len : 1024;
         in->kind = BK_INPUT_TOKENS;
         st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam: max_len %d above 65536", L) : open_spam(dir, split, L, ds);
+    } else if (strcmp(name, "spam-spm") == 0) {
+        int L = o->max_len > 0 ? o->max_len : 256;
+        in->kind = BK_INPUT_TOKENS;
+        st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam-spm: max_len %d above 65536", L) : open_spam_spm(dir, split, L, ds);
     } else if (strcmp(name, "listops") == 0) {
         st = open_listops(o, split, ds);
     } else if (strcmp(name, "bible") == 0) {
@@ -755,6 +834,7 @@ void bk_data_close(bk_dataset *ds)
     if (!ds) return;
     free(ds->bytes);
     free(ds->lens);
+    free(ds->toks);
     free(ds->labels);
     for (int s = 0; s < 2; s++) {
         free(ds->ids[s]);
@@ -963,7 +1043,11 @@ bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x
             if (lab) lab[b] = ds->labels[i];
         } else if (in->kind == BK_INPUT_TOKENS) {
             int32_t *t = tok + (size_t)b * (size_t)in->max_len;
-            if (ds->bytes) {
+            if (ds->toks) {
+                memcpy(t, ds->toks + (size_t)i * (size_t)in->max_len, sizeof(int32_t) * (size_t)in->max_len);
+                len[b] = ds->lens[i];
+                if (lab) lab[b] = ds->labels[i];
+            } else if (ds->bytes) {
                 const uint8_t *p = ds->bytes + (size_t)i * (size_t)in->max_len;
                 for (int j = 0; j < in->max_len; j++) t[j] = j < ds->lens[i] ? p[j] : 0;
                 len[b] = ds->lens[i];

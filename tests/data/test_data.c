@@ -392,6 +392,108 @@ static void test_digits(void)
     bk_data_close(te);
 }
 
+/* spam-spm over the real spam corpus, when fetched (scripts/data.sh
+ * spam-spm): the spam split's order and labels, ids in [0, 8000) cut at
+ * max_len; then crafted id files beside links to the real message folders */
+static void test_spam_spm(void)
+{
+    const char *dir = getenv("BK_TEST_DATA");
+    if (!dir || !*dir) dir = getenv("BK_DATA");
+    if (!dir || !*dir) dir = "data";
+    char p[1100], q[1100];
+    snprintf(p, sizeof p, "%s/spam/spm/test.ids", dir);
+    if (access(p, R_OK) != 0) {
+        printf("# skip: %s not found (scripts/data.sh spam-spm; BK_TEST_DATA or BK_DATA)\n", p);
+        return;
+    }
+    bk_data_config c = bk_data_config_default();
+    c.dir = dir;
+    c.max_len = 64;
+    bk_dataset *sp = NULL, *by = NULL;
+    bk_status st = bk_data_open("spam-spm", BK_SPLIT_TEST, &c, &sp);
+    if (st == BK_OK) st = bk_data_open("spam", BK_SPLIT_TEST, &c, &by);
+    if (!CHECK(st == BK_OK, "spam-spm: the test split opens", "%s", bk_last_error())) {
+        bk_data_close(sp);
+        return;
+    }
+    const bk_dataset_info *a = bk_data_info(sp), *b = bk_data_info(by);
+    CHECK(a->n == b->n && a->n == 1209 && a->vocab == 8000 && a->max_len == 64 && a->classes == 2 &&
+              a->kind == BK_INPUT_TOKENS && has(a->version, "spm unigram 8000") && has(a->version, "spam:test"),
+          "spam-spm: 1209 messages, vocabulary 8000, max_len 64, the spam version recorded", "%lld %d %s",
+          (long long)a->n, a->vocab, a->version);
+    enum { B = 1209 };
+    static int64_t idx[B];
+    static int32_t t1[B * 64], t2[B * 64], l1[B], l2[B], y1[B], y2[B];
+    for (int i = 0; i < B; i++) idx[i] = i;
+    st = bk_data_fill(sp, idx, B, NULL, t1, l1, y1);
+    if (st == BK_OK) st = bk_data_fill(by, idx, B, NULL, t2, l2, y2);
+    int ok = st == BK_OK, full = 0;
+    for (int i = 0; ok && i < B; i++) {
+        ok = y1[i] == y2[i] && l1[i] >= 0 && l1[i] <= 64;
+        full += l1[i] == 64;
+        for (int j = 0; ok && j < 64; j++) ok = j < l1[i] ? t1[i * 64 + j] >= 0 && t1[i * 64 + j] < 8000 : t1[i * 64 + j] == 0;
+    }
+    CHECK(ok && full > B / 2, "spam-spm: the spam labels in the spam order, ids in range, zero past the length",
+          "%s (%d full)", bk_last_error(), full);
+    bk_data_close(sp);
+    bk_data_close(by);
+    /* crafted id files next to the real folders */
+    static const char *const groups[] = {"easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"};
+    char real[512], cwd[400];
+    if (dir[0] == '/') snprintf(real, sizeof real, "%.500s", dir);
+    else if (getcwd(cwd, sizeof cwd)) snprintf(real, sizeof real, "%.399s/%.100s", cwd, dir);
+    else return;
+    snprintf(p, sizeof p, "%s/spam", g_tmp);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/spam/spm", g_tmp);
+    mkdir(p, 0777);
+    for (int g = 0; g < 5; g++) {
+        snprintf(p, sizeof p, "%s/spam/%s", real, groups[g]);
+        snprintf(q, sizeof q, "%s/spam/%s", g_tmp, groups[g]);
+        if (symlink(p, q) != 0) return;
+    }
+    c.dir = g_tmp;
+    st = bk_data_open("spam-spm", BK_SPLIT_TEST, &c, &sp);
+    CHECK(st == BK_ERR_IO && has(bk_last_error(), "test.ids: cannot open") && has(bk_last_error(), "scripts/data.sh spam-spm"),
+          "spam-spm: a missing id file names the command that makes it", "%s", bk_last_error());
+    static char txt[B * 8 + 16];
+    const char *cases[][2] = {{"short", "lines"}, {"big", "outside [0, 8000)"}, {"space", "ends with a space"},
+                              {"empty", NULL}};
+    for (int k = 0; k < 4; k++) {
+        size_t n = 0;
+        const int lines = k == 0 ? B - 1 : B;
+        for (int i = 0; i < lines; i++) {
+            if (k == 1 && i == 7) n += (size_t)sprintf(txt + n, "8000\n");
+            else if (k == 2 && i == 7) n += (size_t)sprintf(txt + n, "5 6 \n");
+            else if (k == 3 && i == 7) n += (size_t)sprintf(txt + n, "\n");
+            else n += (size_t)sprintf(txt + n, "%d 12\n", i % 8000);
+        }
+        write_file("spam/spm/test.ids", txt, n, 0);
+        st = bk_data_open("spam-spm", BK_SPLIT_TEST, &c, &sp);
+        if (cases[k][1])
+            CHECK(st == BK_ERR_FORMAT && has(bk_last_error(), cases[k][1]), "spam-spm: a bad id file is refused",
+                  "%s: %s", cases[k][0], bk_last_error());
+        else {
+            int32_t tk[2 * 64], ln[2];
+            const int64_t ii[2] = {7, 8};
+            bk_status s2 = st == BK_OK ? bk_data_fill(sp, ii, 2, NULL, tk, ln, NULL) : st;
+            CHECK(s2 == BK_OK && ln[0] == 0 && ln[1] == 2 && tk[0] == 0 && tk[64] == 8 && tk[65] == 12,
+                  "spam-spm: an empty line is a message of no tokens", "%s", bk_last_error());
+            bk_data_close(sp);
+        }
+    }
+    snprintf(p, sizeof p, "%s/spam/spm/test.ids", g_tmp);
+    remove(p);
+    snprintf(p, sizeof p, "%s/spam/spm", g_tmp);
+    rmdir(p);
+    for (int g = 0; g < 5; g++) {
+        snprintf(q, sizeof q, "%s/spam/%s", g_tmp, groups[g]);
+        remove(q);
+    }
+    snprintf(p, sizeof p, "%s/spam", g_tmp);
+    rmdir(p);
+}
+
 int main(void)
 {
     if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-data")) return 1;
@@ -403,6 +505,7 @@ int main(void)
     test_listops();
     test_shapes();
     test_digits();
+    test_spam_spm();
     rmdir(g_tmp);
     return tc_summary();
 }

@@ -89,7 +89,7 @@ static bk_status set_run_key(bk_run_config *r, const run_key *k, const char *v)
         if (strlen(v) >= k->cap) return bki_fail(BK_ERR_PARAM, "%s: value too long", k->name);
         if (!strcmp(k->name, "data") && !bk_data_known(v))
             return bki_fail(BK_ERR_PARAM,
-                            "data=%s: unknown dataset (mnist, fashion-mnist, digits, spam, listops, shapes)", v);
+                            "data=%s: unknown dataset (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible)", v);
         if (!strcmp(k->name, "progress") && strcmp(v, "auto") && strcmp(v, "bar") && strcmp(v, "plain") &&
             strcmp(v, "none"))
             return bki_fail(BK_ERR_PARAM, "progress=%s: expected auto, bar, plain or none", v);

@@ -28,7 +28,7 @@ for m in $MODELS; do
     for s in $SEEDS; do
         dir="$OUT/$m-s$s"
         [ -f "$dir/summary.json" ] && continue
-        lim=(); [ "$LIMIT" -gt 0 ] && lim=(--train_limit "$LIMIT" --test_limit 300)
+        lim=(); [ "$LIMIT" -gt 0 ] && lim=(--train_limit "$LIMIT" --test_limit 300 --warmup 5)
         "$B" train --config configs/spam.conf --data spam-spm --seq_len "$SEQ" --epochs "$EPOCHS" --seed "$s" \
             --progress none --out "$dir" --force "${lim[@]}" "${extra[@]}"
     done

@@ -314,6 +314,73 @@ template <typename T> __device__ inline const T *prob_base(const void *p, const 
     return (const T *)p + (int64_t)b * s[0] + (int64_t)h * s[1];
 }
 
+/* What a block of a pass works on: its problem, the lengths, the half-steps
+ * the problem ran and its potentials (shared by both kernel families). */
+struct Prob {
+    int p, b, h, Lq, Lk, Lo, Li, o0, Tp, trow, tcol;
+    float *hist, *adj;
+    float la, lb, lLq;
+    const float *fF, *gF, *Dp;
+};
+/* false: the block has nothing to do in this pass (an empty problem, rows
+ * past the length, a stopped problem, a step the problem did not run) */
+template <int MODE> __device__ __forceinline__ bool prob_of(const bkc_args &a, int t, Prob &P)
+{
+    constexpr bool KM = kmajor(MODE);
+    P.p = blockIdx.y;
+    P.b = P.p / a.H;
+    P.h = P.p % a.H;
+    P.Lq = len_q(a, P.b);
+    P.Lk = len_k(a, P.b);
+    if (P.Lq == 0 || P.Lk == 0) return false;
+    P.Lo = KM ? P.Lk : P.Lq;
+    P.Li = KM ? P.Lq : P.Lk;
+    P.o0 = blockIdx.x * TILE;
+    if (P.o0 >= P.Lo) return false;
+    const int it = a.iters[P.p];
+    P.Tp = it < 1 ? 1 : (it > a.S ? a.S : it);
+    if ((MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_ROW_OUT) && a.stopped[P.p]) return false;
+    if (MODE == M_BWD_FIRST && P.Tp == 1) return false;
+    if (MODE == M_REV_COL && t > P.Tp) return false;
+    if (MODE == M_REV_ROW && t >= P.Tp) return false;
+    P.hist = (float *)(a.hist + (int64_t)P.p * a.hist_stride);
+    P.adj = a.adj ? a.adj + (int64_t)P.p * a.hist_len : nullptr;
+    P.la = -logf((float)P.Lq);
+    P.lb = -logf((float)P.Lk);
+    P.lLq = logf((float)P.Lq);
+    P.trow = (P.Tp & 1) ? P.Tp : P.Tp - 1; /* the last row step              */
+    P.tcol = (P.Tp & 1) ? P.Tp - 1 : P.Tp; /* the last column step (0: none) */
+    P.fF = P.hist + bkc_hist_off(a.Nq, a.Nk, P.trow);
+    P.gF = P.tcol >= 2 ? P.hist + bkc_hist_off(a.Nq, a.Nk, P.tcol) : nullptr;
+    P.Dp = a.D ? a.D + (int64_t)P.p * a.Nq : nullptr;
+    return true;
+}
+
+/* A pass's operands: the outer rows (Q or K, and dO or V where dP is
+ * needed) and the streamed rows (K or Q, and V or dO), with their row
+ * strides and channel counts. */
+template <typename T> struct Ops {
+    const T *o1, *o2, *i1, *i2;
+    int64_t so1, so2, si1, si2;
+    int co1, co2, ci1, ci2;
+};
+template <typename T, int MODE> __device__ __forceinline__ Ops<T> ops_of(const bkc_args &a, int b, int h)
+{
+    Ops<T> X = {nullptr, nullptr, nullptr, nullptr, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (!kmajor(MODE)) {
+        X.o1 = prob_base<T>(a.q, a.sq, b, h); X.so1 = a.sq[2]; X.co1 = a.d;
+        X.i1 = prob_base<T>(a.k, a.sk, b, h); X.si1 = a.sk[2]; X.ci1 = a.d;
+        if (needs_dp(MODE)) { X.o2 = prob_base<T>(a.dout, a.sdo, b, h); X.so2 = a.sdo[2]; X.co2 = a.dv; }
+        if (needs_i2(MODE)) { X.i2 = prob_base<T>(a.v, a.sv, b, h); X.si2 = a.sv[2]; X.ci2 = a.dv; }
+    } else {
+        X.o1 = prob_base<T>(a.k, a.sk, b, h); X.so1 = a.sk[2]; X.co1 = a.d;
+        X.i1 = prob_base<T>(a.q, a.sq, b, h); X.si1 = a.sq[2]; X.ci1 = a.d;
+        if (needs_dp(MODE)) { X.o2 = prob_base<T>(a.v, a.sv, b, h); X.so2 = a.sv[2]; X.co2 = a.dv; }
+        if (needs_i2(MODE)) { X.i2 = prob_base<T>(a.dout, a.sdo, b, h); X.si2 = a.sdo[2]; X.ci2 = a.dv; }
+    }
+    return X;
+}
+
 template <typename T, int DM, int MODE>
 __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
 {
@@ -325,45 +392,20 @@ __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
     T *Xh = (T *)(sm + pl.xh);
     float *A1 = (float *)(sm + pl.a1), *A2 = (float *)(sm + pl.a2);
 
-    const int p = blockIdx.y, b = p / a.H, h = p % a.H;
-    const int Lq = len_q(a, b), Lk = len_k(a, b);
-    if (Lq == 0 || Lk == 0) return;
-    const int Lo = KM ? Lk : Lq, Li = KM ? Lq : Lk;
-    const int o0 = blockIdx.x * TILE;
-    if (o0 >= Lo) return;
-    int Tp = a.iters[p];
-    Tp = Tp < 1 ? 1 : (Tp > a.S ? a.S : Tp);
-    if ((MODE == M_ROW_LSE || MODE == M_COL_LSE) && a.stopped[p]) return;
-    if (MODE == M_BWD_FIRST && Tp == 1) return;
-    if (MODE == M_REV_COL && t > Tp) return;
-    if (MODE == M_REV_ROW && t >= Tp) return;
-
-    float *hist = (float *)(a.hist + (int64_t)p * a.hist_stride);
-    float *adj = a.adj ? a.adj + (int64_t)p * a.hist_len : nullptr;
+    Prob P;
+    if (!prob_of<MODE>(a, t, P)) return;
+    const int p = P.p, b = P.b, h = P.h, Lq = P.Lq, Lk = P.Lk, Lo = P.Lo, Li = P.Li, o0 = P.o0, Tp = P.Tp;
+    float *hist = P.hist, *adj = P.adj;
 #define HV(tt) (hist + bkc_hist_off(a.Nq, a.Nk, (tt)))
 #define AV(tt) (adj + bkc_hist_off(a.Nq, a.Nk, (tt)))
-    const float la = -logf((float)Lq), lb = -logf((float)Lk), lLq = logf((float)Lq);
-    const int trow = (Tp & 1) ? Tp : Tp - 1; /* the last row step       */
-    const int tcol = (Tp & 1) ? Tp - 1 : Tp; /* the last column step (0: none) */
-    const float *fF = HV(trow);
-    const float *gF = tcol >= 2 ? HV(tcol) : nullptr;
-    const float *Dp = a.D ? a.D + (int64_t)p * a.Nq : nullptr;
+    const float la = P.la, lb = P.lb, lLq = P.lLq;
+    const float *fF = P.fF, *gF = P.gF, *Dp = P.Dp;
 
     /* the operands: outer rows and streamed rows */
-    const T *Xo1, *Xo2 = nullptr, *Xi1, *Xi2 = nullptr;
-    int64_t so1, so2 = 0, si1, si2 = 0;
-    int co1, co2 = 0, ci1, ci2 = 0;
-    if (!KM) {
-        Xo1 = prob_base<T>(a.q, a.sq, b, h); so1 = a.sq[2]; co1 = a.d;
-        Xi1 = prob_base<T>(a.k, a.sk, b, h); si1 = a.sk[2]; ci1 = a.d;
-        if (needs_dp(MODE)) { Xo2 = prob_base<T>(a.dout, a.sdo, b, h); so2 = a.sdo[2]; co2 = a.dv; }
-        if (needs_i2(MODE)) { Xi2 = prob_base<T>(a.v, a.sv, b, h); si2 = a.sv[2]; ci2 = a.dv; }
-    } else {
-        Xo1 = prob_base<T>(a.k, a.sk, b, h); so1 = a.sk[2]; co1 = a.d;
-        Xi1 = prob_base<T>(a.q, a.sq, b, h); si1 = a.sq[2]; ci1 = a.d;
-        if (needs_dp(MODE)) { Xo2 = prob_base<T>(a.v, a.sv, b, h); so2 = a.sv[2]; co2 = a.dv; }
-        if (needs_i2(MODE)) { Xi2 = prob_base<T>(a.dout, a.sdo, b, h); si2 = a.sdo[2]; ci2 = a.dv; }
-    }
+    const Ops<T> X = ops_of<T, MODE>(a, b, h);
+    const T *Xo1 = X.o1, *Xo2 = X.o2, *Xi1 = X.i1, *Xi2 = X.i2;
+    const int64_t so1 = X.so1, so2 = X.so2, si1 = X.si1, si2 = X.si2;
+    const int co1 = X.co1, co2 = X.co2, ci1 = X.ci1, ci2 = X.ci2;
 
     const int r = threadIdx.x >> 1, hf = threadIdx.x & 1, orow = o0 + r;
     const bool ov = orow < Lo;
@@ -774,30 +816,15 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
     const TPlan pl = tplan(MODE, DM);
     T *O1 = (T *)(sm + pl.o1), *O2 = (T *)(sm + pl.o2);
 
-    const int p = blockIdx.y, b = p / a.H, h = p % a.H;
-    const int Lq = len_q(a, b), Lk = len_k(a, b);
-    if (Lq == 0 || Lk == 0) return;
-    const int Lo = KM ? Lk : Lq, Li = KM ? Lq : Lk;
-    const int o0 = blockIdx.x * TILE;
-    if (o0 >= Lo) return;
-    int Tp = a.iters[p];
-    Tp = Tp < 1 ? 1 : (Tp > a.S ? a.S : Tp);
-    if ((MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_ROW_OUT) && a.stopped[p]) return;
-    if (MODE == M_BWD_FIRST && Tp == 1) return;
-    if (MODE == M_REV_COL && t > Tp) return;
-    if (MODE == M_REV_ROW && t >= Tp) return;
-
-    float *hist = (float *)(a.hist + (int64_t)p * a.hist_stride);
-    float *adj = a.adj ? a.adj + (int64_t)p * a.hist_len : nullptr;
+    Prob P;
+    if (!prob_of<MODE>(a, t, P)) return;
+    const int p = P.p, b = P.b, h = P.h, Lq = P.Lq, Lk = P.Lk, Lo = P.Lo, Li = P.Li, o0 = P.o0, Tp = P.Tp;
+    float *hist = P.hist, *adj = P.adj;
 #define HV(tt) (hist + bkc_hist_off(a.Nq, a.Nk, (tt)))
 #define AV(tt) (adj + bkc_hist_off(a.Nq, a.Nk, (tt)))
-    const float la = -logf((float)Lq), lb = -logf((float)Lk), lLq = logf((float)Lq);
+    const float la = P.la, lb = P.lb, lLq = P.lLq;
     const float alpha2 = a.alpha * LOG2E;
-    const int trow = (Tp & 1) ? Tp : Tp - 1;
-    const int tcol = (Tp & 1) ? Tp - 1 : Tp;
-    const float *fF = HV(trow);
-    const float *gF = tcol >= 2 ? HV(tcol) : nullptr;
-    const float *Dp = a.D ? a.D + (int64_t)p * a.Nq : nullptr;
+    const float *fF = P.fF, *gF = P.gF, *Dp = P.Dp;
     /* the gradient passes' half-step terms by rank-one factors (fac_kernel) */
     /* a gradient pass runs as two kernels, one for the problems whose terms
      * factorise (fac_kernel) and one for the others: each leaves the other's */
@@ -805,20 +832,10 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
     constexpr bool fast = GRAD && FAST;
     constexpr bool EXACT = GRAD && !FAST; /* keeps the scaled score apart */
 
-    const T *Xo1, *Xo2 = nullptr, *Xi1, *Xi2 = nullptr;
-    int64_t so1, so2 = 0, si1, si2 = 0;
-    int co1, co2 = 0, ci1, ci2 = 0;
-    if (!KM) {
-        Xo1 = prob_base<T>(a.q, a.sq, b, h); so1 = a.sq[2]; co1 = a.d;
-        Xi1 = prob_base<T>(a.k, a.sk, b, h); si1 = a.sk[2]; ci1 = a.d;
-        if (DP) { Xo2 = prob_base<T>(a.dout, a.sdo, b, h); so2 = a.sdo[2]; co2 = a.dv; }
-        if (I2) { Xi2 = prob_base<T>(a.v, a.sv, b, h); si2 = a.sv[2]; ci2 = a.dv; }
-    } else {
-        Xo1 = prob_base<T>(a.k, a.sk, b, h); so1 = a.sk[2]; co1 = a.d;
-        Xi1 = prob_base<T>(a.q, a.sq, b, h); si1 = a.sq[2]; ci1 = a.d;
-        if (DP) { Xo2 = prob_base<T>(a.v, a.sv, b, h); so2 = a.sv[2]; co2 = a.dv; }
-        if (I2) { Xi2 = prob_base<T>(a.dout, a.sdo, b, h); si2 = a.sdo[2]; ci2 = a.dv; }
-    }
+    const Ops<T> X = ops_of<T, MODE>(a, b, h);
+    const T *Xo1 = X.o1, *Xo2 = X.o2, *Xi1 = X.i1, *Xi2 = X.i2;
+    const int64_t so1 = X.so1, so2 = X.so2, si1 = X.si1, si2 = X.si2;
+    const int co1 = X.co1, co2 = X.co2, ci1 = X.ci1, ci2 = X.ci2;
     const bool vo1 = vec_ok(Xo1, so1, co1), vo2 = DP && vec_ok(Xo2, so2, co2);
     const bool vi1 = vec_ok(Xi1, si1, ci1), vi2 = I2 && vec_ok(Xi2, si2, ci2);
     const bool i2 = I2 && (MODE != M_ROW_OUT || with_out); /* V is needed */

@@ -147,24 +147,33 @@ need_spm() {
   used="sentencepiece=$(dpkg-query -W -f='${Version}' sentencepiece 2>/dev/null || echo unknown)"
   [ "$used" = "$SPM_PKG" ] || echo "data: $1: building with $used; its checksums were recorded with $SPM_PKG" >&2
 }
+# spm_fit DIR INPUTS [FLAG...]: a unigram model of 8000 pieces, DIR/spm.model (INPUTS
+# relative to DIR or absolute; the model records them)
+spm_fit() {
+  local w="$1" in="$2"
+  shift 2
+  (cd "$w" && spm_train --input="$in" --model_prefix=spm --vocab_size=8000 --model_type=unigram \
+     --character_coverage=1.0 --byte_fallback=true --normalization_rule_name=identity --num_threads=1 --input_sentence_size=0 \
+     --shuffle_input_sentence=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=3 --minloglevel=2 "$@") >"$w/train.log" 2>&1 ||
+    { cat "$w/train.log" >&2; return 1; }
+}
+# spm_ids MODEL TEXT IDS WHAT: TEXT encoded to IDS, which must decode back to TEXT
+spm_ids() {
+  spm_encode --model="$1" --output_format=id <"$2" >"$3"
+  if ! spm_decode --model="$1" --input_format=id <"$3" | cmp -s - "$2"; then
+    echo "data: $4: decoding $2 does not give the text back" >&2
+    return 1
+  fi
+}
 build_bible_spm() {
   local used
   need_spm bible-spm
   local b="$dir/bible" w="$tmp/spm"
   mkdir -p "$w"
-  (cd "$w" && spm_train --input="$b/train.es,$b/train.en" --model_prefix=spm --vocab_size=8000 --model_type=unigram \
-     --character_coverage=1.0 --byte_fallback=true --normalization_rule_name=identity --num_threads=1 --input_sentence_size=0 \
-     --shuffle_input_sentence=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=3 --minloglevel=2) >"$w/train.log" 2>&1 ||
-    { cat "$w/train.log" >&2; return 1; }
+  spm_fit "$w" "$b/train.es,$b/train.en" || return 1
   local s e
   for s in train valid test; do
-    for e in es en; do
-      spm_encode --model="$w/spm.model" --output_format=id <"$b/$s.$e" >"$w/$s.$e.ids"
-      if ! spm_decode --model="$w/spm.model" --input_format=id <"$w/$s.$e.ids" | cmp -s - "$b/$s.$e"; then
-        echo "data: bible-spm: decoding $s.$e does not give the text back" >&2
-        return 1
-      fi
-    done
+    for e in es en; do spm_ids "$w/spm.model" "$b/$s.$e" "$w/$s.$e.ids" bible-spm || return 1; done
   done
   for f in spm.model spm.vocab train.es.ids train.en.ids valid.es.ids valid.en.ids test.es.ids test.en.ids; do
     mv "$w/$f" "$b/.$f.tmp" && mv "$b/.$f.tmp" "$b/$f"
@@ -182,18 +191,8 @@ build_spam_spm() {
   [ -x "$B" ] || make -C "$here/.." -j"$(nproc)" build/birkhoff >/dev/null
   mkdir -p "$w"
   for s in train test; do "$B" data export spam --split "$s" --data-dir "$dir" --out "$w/$s.txt"; done
-  (cd "$w" && spm_train --input="$w/train.txt" --model_prefix=spm --vocab_size=8000 --model_type=unigram \
-     --character_coverage=1.0 --byte_fallback=true --normalization_rule_name=identity --remove_extra_whitespaces=false \
-     --max_sentence_length=65536 --num_threads=1 --input_sentence_size=0 --shuffle_input_sentence=false \
-     --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=3 --minloglevel=2) >"$w/train.log" 2>&1 ||
-    { cat "$w/train.log" >&2; return 1; }
-  for s in train test; do
-    spm_encode --model="$w/spm.model" --output_format=id <"$w/$s.txt" >"$w/$s.ids"
-    if ! spm_decode --model="$w/spm.model" --input_format=id <"$w/$s.ids" | cmp -s - "$w/$s.txt"; then
-      echo "data: spam-spm: decoding $s does not give the text back" >&2
-      return 1
-    fi
-  done
+  spm_fit "$w" train.txt --remove_extra_whitespaces=false --max_sentence_length=65536 || return 1 # relative: the model records it
+  for s in train test; do spm_ids "$w/spm.model" "$w/$s.txt" "$w/$s.ids" spam-spm || return 1; done
   mkdir -p "$dir/spam/spm"
   for s in spm.model spm.vocab train.ids test.ids; do
     mv "$w/$s" "$dir/spam/spm/.$s.tmp" && mv "$dir/spam/spm/.$s.tmp" "$dir/spam/spm/$s"

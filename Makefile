@@ -366,6 +366,7 @@ repro-quick: all
 	QUICK=1 OUT=runs/repro-quick/otk ./scripts/repro/otk.sh
 	./scripts/data.sh fashion-mnist
 	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
+	QUICK=1 OUT=runs/repro-quick/lot_vit ./scripts/repro/lot_vit.sh
 
 demo: deps
 	$(MAKE) all

@@ -243,7 +243,7 @@ BK_API int bk_model_tokens(const bk_model *m);
  * bk_model_set_attn_config changes, in place, the attention parameters that
  * keep the parameter table: c must equal the model's configuration except
  * for attn_scale, sk_iters, sk_eps, sk_rho, esp_soft, esp_t, esp_tau,
- * lot_iters, lot_eps, lot_temp and asap_ending (any other difference: BK_ERR_PARAM naming
+ * lot_iters, lot_eps, lot_temp, asap_ending, pol_ps and pol_po (any other difference: BK_ERR_PARAM naming
  * the key). The weights, the optimiser state that refers to them and the
  * dropout counter are untouched; operator tapes are grown when the new
  * parameters need more (BK_ERR_NOMEM leaves the model as it was), and a
@@ -254,7 +254,7 @@ BK_API int bk_model_tokens(const bk_model *m);
  * bk_model_swap creates a new model (max_batch as bk_model_create) whose
  * configuration is target, with every weight of src: target must equal src's
  * configuration except for the attention keys (attn, attn_scale, sk_*, esp_*,
- * lot_*; another key: BK_ERR_PARAM naming it). Every tensor the two
+ * lot_*, cls_attn, pol_*; another key: BK_ERR_PARAM naming it). Every tensor the two
  * parameter tables share (embedding, blocks, norms, pooling, head) is copied
  * bit for bit; a tensor only the target has (LOT's blocks.l.attn.lot_z and
  * lot_theta, swapping to lot; diff's blocks.l.attn.diff_lq1 ... diff_lk2,

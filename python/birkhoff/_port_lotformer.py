@@ -202,6 +202,59 @@ def lot_semantics(q, k, v, Z, theta, *, temp, iters, eps, scale=None,
 
 
 # ---------------------------------------------------------------------------
+# The ViT ingredients of LOTFormer's section 4.2 (birkhoff's semantics:
+# docs/MODEL.md "The [CLS] row and DWC"; the engine's src/nn/vit.c)
+# ---------------------------------------------------------------------------
+def cls_row_semantics(q0, k, v, *, mode, scale, ps=2.0, po=1.0, k_len=None):
+    """The [CLS] token's own attention row.
+
+    q0: [B, H, d] ([CLS]'s queries), k: [B, H, N, d], v: [B, H, N, dv] (every
+    token, [CLS] first); k_len: valid keys per sample (None: all N). Over the
+    valid keys j, the logits are s q0 . k_j (mode "softmax": the paper's
+    [CLS]-softmax, beta = s) or (mode "pol": Pol-[CLS])
+
+        u_j^ps + w_j^po,  u_j = s (q0+ . k_j+ + q0- . k_j-),
+                          w_j = s (q0+ . k_j- + q0- . k_j+),   x+- = relu(+-x)
+
+    and alpha = softmax_j(logits). Returns (o0 [B, H, dv] = sum_j alpha_j v_j,
+    alpha [B, H, N], zero on padded keys)."""
+    B, H, N, _ = k.shape
+    lk = _lengths(k_len, B, N, "k_len")
+    outs, alphas = [], []
+    for bi in range(B):
+        m = lk[bi]
+        qb, kb, vb = q0[bi], k[bi, :, :m], v[bi, :, :m]              # [H, d], [H, m, d]
+        if mode == "softmax":
+            lg = scale * torch.einsum("hd,hjd->hj", qb, kb)
+        elif mode == "pol":
+            qp, qn = torch.relu(qb), torch.relu(-qb)
+            kp, kn = torch.relu(kb), torch.relu(-kb)
+            u = scale * (torch.einsum("hd,hjd->hj", qp, kp) + torch.einsum("hd,hjd->hj", qn, kn))
+            w = scale * (torch.einsum("hd,hjd->hj", qp, kn) + torch.einsum("hd,hjd->hj", qn, kp))
+            lg = u ** ps + w ** po
+        else:
+            raise ValueError(f"mode={mode!r}: softmax or pol")
+        a = torch.softmax(lg, dim=-1)                                # [H, m]
+        outs.append(torch.einsum("hj,hjc->hc", a, vb))
+        alphas.append(torch.nn.functional.pad(a, (0, N - m)))
+    return torch.stack(outs), torch.stack(alphas)
+
+
+def dwc_semantics(v, weight, bias, gh, gw):
+    """The depthwise-convolution branch over the patch grid: v [B, H, gh*gw,
+    dv] (the patch tokens in row-major grid order, no [CLS]), weight [dv, k,
+    k] and bias [dv] shared by the heads; returns DWConv_k(v) [B, H, gh*gw,
+    dv]: per head channel c, cross-correlation with weight[c] (zero padding
+    k // 2) plus bias[c] (torch's Conv2d(dv, dv, k, padding=k // 2,
+    groups=dv) with weight[:, None])."""
+    B, H, n, dv = v.shape
+    k = weight.shape[-1]
+    x = v.permute(0, 1, 3, 2).reshape(B * H, dv, gh, gw)
+    y = torch.nn.functional.conv2d(x, weight.unsqueeze(1), bias, padding=k // 2, groups=dv)
+    return y.reshape(B, H, dv, n).permute(0, 1, 3, 2)
+
+
+# ---------------------------------------------------------------------------
 # Self-check: python3 bench/peers/lotformer_torch.py
 # ---------------------------------------------------------------------------
 def _self_check():

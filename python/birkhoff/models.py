@@ -52,6 +52,12 @@ Contents:
       marginals) when nothing is padded and attn_scale is 0. ESP and the OTK
       pool use the semantics functions in both modes (per-sample loops: slow
       peers, not the reference codes' speed).
+  LOTFormer's ViT ingredients (cls_attn: the [CLS] row's own softmax or
+  Pol-[CLS] logits, the operator on the other tokens; dwc: the
+  depthwise-convolution branch over the patch grid) are
+  _Attention.self_attention around the operator, with
+  _port_lotformer.cls_row_semantics and dwc_semantics (MODEL.md "The [CLS]
+  row and DWC").
   Dropout cannot be reproduced (the C engine draws it from a counter-based
   hash): a model with dropout > 0 is refused unless allow_dropout=True (the
   benchmark), where nn.Dropout is used.
@@ -277,10 +283,15 @@ CONFIG_DEFAULTS = {
     "post_ln": 0, "bos": 1, "eos": 2,
     # attn=asap's ending (no twin: recorded so every checkpoint's configuration parses)
     "asap_ending": "auto",
+    # LOTFormer's ViT ingredients (docs/MODEL.md "The [CLS] row and DWC")
+    "cls_attn": "full", "pol_ps": 2.0, "pol_po": 1.0, "dwc": 0, "dwc_kernel": 3,
 }
 ASAP_ENDINGS = ("auto", "zero", "column", "row")
+CLS_ATTNS = ("full", "softmax", "pol")
+# the attention kinds whose [CLS] row cls_attn may take out (bk_model_config_check)
+CLS_SPLIT_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
-                 "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS}
+                 "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS, "cls_attn": CLS_ATTNS}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
 SCHEDS = ("constant", "step", "cosine", "invsqrt")
@@ -465,6 +476,28 @@ def check_config(cfg):
         raise ValueError("attn=asap (compiled inference-only layers) has no PyTorch twin")
     if cfg["attn"] == "diff" and head_dim(cfg) % 2:
         raise ValueError(f"attn=diff needs an even head dimension, got {head_dim(cfg)}")
+    _check_vit(cfg)
+
+
+def _check_vit(cfg):
+    """cls_attn, pol_*, dwc, dwc_kernel (bk_model_config_check)."""
+    s2s = cfg["arch"] == "seq2seq"
+    if cfg["cls_attn"] != "full":
+        if s2s or not cfg["cls"]:
+            raise ValueError(f"cls_attn={cfg['cls_attn']} needs the classifier's [CLS] token (cls=1)")
+        if cfg["attn"] not in CLS_SPLIT_ATTNS:
+            raise ValueError(f"cls_attn={cfg['cls_attn']} takes attn {', '.join(CLS_SPLIT_ATTNS)} "
+                             f"(got {cfg['attn']})")
+    if cfg["cls_attn"] == "pol" and not (1 <= cfg["pol_ps"] <= 16 and 1 <= cfg["pol_po"] <= 16):
+        raise ValueError("cls_attn=pol needs pol_ps and pol_po in [1, 16]")
+    if cfg["dwc"] not in (0, 1):
+        raise ValueError("dwc is a 0/1 switch (the kernel size is dwc_kernel)")
+    if cfg["dwc"]:
+        if s2s or cfg["input"] != "image":
+            raise ValueError("dwc=1 convolves over the patch grid: it needs input=image and "
+                             "arch=classifier")
+        if not (1 <= cfg["dwc_kernel"] <= 63 and cfg["dwc_kernel"] % 2 == 1):
+            raise ValueError(f"dwc_kernel must be odd and in [1, 63] (got {cfg['dwc_kernel']})")
 
 
 def _check_seq2seq(cfg):
@@ -512,6 +545,10 @@ def param_specs(cfg):
         if kind == "diff":
             for v in _DIFF_VECTORS:
                 specs.append((p + "attn." + v, (dh // 2,), 0))
+        if cfg["dwc"] and not dec:
+            k = cfg["dwc_kernel"]
+            specs.append((p + "attn.dwc.weight", (dh, k, k), 1))
+            specs.append((p + "attn.dwc.bias", (dh,), 0))
         linear(p + "attn.proj", inner, D)
         if dec:
             norm(p + "lnc")
@@ -627,8 +664,35 @@ class _Embed(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+class _DWC(nn.Module):
+    """attn.dwc: the depthwise-convolution branch's kernel [dh, k, k] and bias
+    [dh], shared by the heads (lot_port.dwc_semantics; torch's Conv2d weight
+    is weight[:, None])."""
+
+    def __init__(self, dh, k, gh, gw):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dh, k, k))
+        self.bias = nn.Parameter(torch.empty(dh))
+        self.gh, self.gw = gh, gw
+
+    def reset_parameters(self):
+        """Conv2d's: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k."""
+        bound = 1.0 / self.weight.shape[-1]
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            self.bias.uniform_(-bound, bound)
+
+    def forward(self, v):
+        return lot_port.dwc_semantics(v, self.weight, self.bias, self.gh, self.gw)
+
+
 class _Attention(nn.Module):
-    """attn.qkv, [attn.lot_z, attn.lot_theta | attn.diff_*], attn.proj around the operator.
+    """attn.qkv, [attn.lot_z, attn.lot_theta | attn.diff_*], [attn.dwc], attn.proj around the operator.
+
+    cls_attn softmax / pol (self-attention of the classifier): the operator
+    runs on the tokens after [CLS] (lengths - 1) and the [CLS] row is
+    lot_port.cls_row_semantics over every valid token; dwc: the output of
+    the grid's tokens gets lot_port.dwc_semantics of their values.
 
     attn=diff is _port_diff.DiffAttentionLayer's computation on the model's
     qkv (head_dim dh, halves of dh/2): lambda = exp(lq1 . lk1) - exp(lq2 . lk2)
@@ -667,6 +731,13 @@ class _Attention(nn.Module):
             self.lam_init = diff_port.lambda_init(layer + 1)
             self.subln = diff_port.RMSNorm(eps=cfg["ln_eps"])
         self.proj = nn.Linear(H * dh, D)
+        # LOTFormer's ViT ingredients: self-attention of the classifier only
+        own = not causal and not cross and cfg["arch"] == "classifier"
+        self.cls_mode = cfg["cls_attn"] if own else "full"
+        self.dwc = None
+        if own and cfg["dwc"]:
+            self.dwc = _DWC(dh, cfg["dwc_kernel"], cfg["image_h"] // cfg["patch"],
+                            cfg["image_w"] // cfg["patch"])
         if kind == "esp" and cfg["esp_slices"] > 0:
             # Fixed (not trained) slices: not part of the state_dict.
             th = torch.from_numpy(unit_directions((2000 if cross else 1000) + layer,
@@ -780,8 +851,26 @@ class _Attention(nn.Module):
         else:
             # q, k, v = columns [0, I), [I, 2I), [2I, 3I); head h at h*dh + c.
             qkv = self.qkv(x).view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
-            o = self.operator(qkv[0], qkv[1], qkv[2], lens)      # [B, H, T, dh]
+            o = self.self_attention(qkv[0], qkv[1], qkv[2], lens)   # [B, H, T, dh]
         return self.proj(o.transpose(1, 2).reshape(B, T, H * dh))
+
+    def self_attention(self, q, k, v, lens):
+        """The operator on every token, or ([CLS] row treated apart) on the
+        tokens after [CLS] next to the [CLS] row; plus the DWC branch."""
+        if self.cls_mode == "full":
+            o = self.operator(q, k, v, lens)
+        else:
+            c = self.cfg
+            rest = self.operator(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:],
+                                 None if lens is None else [n - 1 for n in lens])
+            o0, _ = lot_port.cls_row_semantics(q[:, :, 0], k, v, mode=self.cls_mode,
+                                               scale=self.scale, ps=c["pol_ps"], po=c["pol_po"],
+                                               k_len=lens)
+            o = torch.cat([o0.unsqueeze(2), rest], dim=2)
+        if self.dwc is not None:
+            n0 = self.cfg["cls"]
+            o = torch.cat([o[:, :, :n0], o[:, :, n0:] + self.dwc(v[:, :, n0:])], dim=2)
+        return o
 
 
 class _MLP(nn.Module):
@@ -931,7 +1020,7 @@ class Model(nn.Module):
         CLS, positions, token table N(0, 0.02^2), LOT pivots N(0, 1), masses 0,
         OTK references N(0, 1/D), diff lambda vectors N(0, 0.1^2)."""
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.LayerNorm)):
+            if isinstance(m, (nn.Linear, nn.LayerNorm, _DWC)):
                 m.reset_parameters()
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -1785,6 +1874,12 @@ _SELF_CASES = [
      "attn=esp,esp_soft=0,esp_tau=3,pool=cls", False),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=2,heads=2,mlp_dim=8,classes=3,"
      "attn=diff,pool=mean", True),
+    # LOTFormer's ViT ingredients: Pol-[CLS] and the DWC branch on a 2 x 3 grid, the
+    # [CLS]-softmax row with padded tokens
+    ("input=image,image_h=4,image_w=6,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
+     "attn=lot,lot_r=2,cls_attn=pol,dwc=1,pool=cls", False),
+    ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
+     "attn=sinkhorn,sk_iters=3,cls_attn=softmax,pool=mean", True),
 ]
 
 

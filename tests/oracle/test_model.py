@@ -171,6 +171,13 @@ GRAD_CASES = [
     ("diff-image-cls", f"{IMG8P4},attn=diff,pool=cls,qkv_bias=1", 3, False, 0.0, True),
     ("diff-tokens-mean-depth3", f"{TOK},attn=diff,pool=mean,depth=3,head_dim=6,attn_scale=0.4", 4,
      True, 0.1, True),
+    # LOTFormer's ViT ingredients: the [CLS] row (softmax, Pol-[CLS]) and the DWC branch
+    ("lot-vit-pol-dwc-image", f"{IMG8P2},attn=lot,lot_r=3,lot_iters=5,cls_attn=pol,dwc=1,pool=cls",
+     3, False, 0.0, True),
+    ("lot-vit-clssoftmax-dwc5-image", f"{IMG8P2},attn=lot,lot_r=3,lot_iters=4,cls_attn=softmax,dwc=1,"
+     "dwc_kernel=5,pool=mean", 3, False, 0.1, True),
+    ("lot-vit-pol3-tokens", f"{TOK},attn=lot,lot_r=2,cls_attn=pol,pol_ps=3,pol_po=1.5,pool=mean", 4,
+     True, 0.0, True),
 ]
 
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
@@ -200,6 +207,8 @@ TRAIN_CASES = [
      False, COSINE, 10, 0, 0.0, 4, True),
     ("sgd-momentum-diff-tokens-padded", f"{TOK},attn=diff,pool=mean", 4, True,
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
+    ("sgd-momentum-lot-vit-pol-dwc-image", f"{IMG8P2},attn=lot,lot_r=3,cls_attn=pol,dwc=1,pool=cls",
+     4, False, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
 ]
 
 # The encoder-decoder (arch=seq2seq): joint vocabulary of 13 ids (bos 1, eos
@@ -487,7 +496,7 @@ def init_problems(mt, text, seed, tensors, meta):
             if not np.all(a == 0):
                 probs.append(f"{n}: LOT mass logits not all 0")
         elif leaf in ("weight", "bias"):
-            fan_in = shapes[parent + ".weight"][1]
+            fan_in = int(np.prod(shapes[parent + ".weight"][1:]))   # (a DWC kernel: k * k)
             bound = fan_in ** -0.5
             amax = float(np.abs(a).max())
             if amax > bound * (1 + 1e-6):

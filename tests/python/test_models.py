@@ -95,6 +95,18 @@ CASES = [
      "pos_embed=2,final_norm=0,qkv_bias=1", True),
     ("seq2seq-lot-esp", "arch=seq2seq,input=tokens,vocab=11,max_len=6,tgt_max_len=5,dim=16,depth=1,"
      "dec_depth=1,heads=2,mlp_dim=16,attn=lot,lot_r=2,cross_attn=esp,esp_t=0.1,esp_slices=2", True),
+    # LOTFormer's ViT ingredients (cls_attn, pol_*, dwc): a non-square 6 x 4 grid, kernels 3 and 5
+    ("lot-vit-clssoftmax-dwc", "input=image,image_h=12,image_w=8,patch=2,dim=16,depth=2,heads=2,"
+     "mlp_dim=32,classes=4,attn=lot,lot_r=3,lot_iters=5,cls_attn=softmax,dwc=1", False),
+    ("lot-vit-pol-dwc5-mean", "input=image,image_h=8,image_w=12,patch=2,channels=2,dim=16,depth=2,"
+     "heads=2,head_dim=6,mlp_dim=16,classes=3,attn=lot,lot_r=4,lot_iters=4,lot_eps=0.5,cls_attn=pol,"
+     "dwc=1,dwc_kernel=5,qkv_bias=1,pool=mean", False),
+    ("lot-vit-pol3-tokens-padded", "input=tokens,vocab=11,max_len=8,dim=16,depth=2,heads=2,mlp_dim=16,"
+     "classes=3,attn=lot,lot_r=3,cls_attn=pol,pol_ps=3,pol_po=1.5,attn_scale=0.5", True),
+    ("sinkhorn-vit-pol-dwc", "input=image,image_h=8,image_w=8,patch=2,dim=16,depth=1,heads=2,mlp_dim=16,"
+     "classes=3,attn=sinkhorn,sk_iters=3,cls_attn=pol,dwc=1", False),
+    ("esp-vit-clssoftmax", "input=image,image_h=8,image_w=8,patch=2,dim=16,depth=1,heads=2,mlp_dim=16,"
+     "classes=3,attn=esp,esp_t=0.2,cls_attn=softmax", False),
 ]
 B = 4
 
@@ -104,6 +116,7 @@ def parse_args():
     ap.add_argument("--birkhoff", default=os.environ.get("BIRKHOFF_CLI")
                     or os.path.join(REPO, "build", "birkhoff"), help="the CLI")
     ap.add_argument("--keep", help="keep the files in this directory")
+    ap.add_argument("--only", help="parts 1 and 2: only the cases whose name contains this")
     return ap.parse_args()
 
 
@@ -207,6 +220,8 @@ def train_batch(model, opt, batch, steps):
 def part_c_to_torch(d):
     print("1. C checkpoints loaded as torch modules (float32)")
     for i, (name, text, padded) in enumerate(CASES):
+        if ARGS.only and ARGS.only not in name:
+            continue
         cfg = bm.resolve_config(text)
         rng = np.random.default_rng(100 + i)
         init, trained = os.path.join(d, name + "_init.safetensors"), os.path.join(d, name + ".safetensors")
@@ -266,8 +281,11 @@ def continue_c_run(d, name, trained, tb):
 def part_torch_to_c(d):
     print("2. torch models saved for the CLI")
     setups = [("sinkhorn-image-mean", "adamw"), ("softmax-tokens-padded-max", "groups"),
-              ("lot-points-padded-otk", "adam"), ("seq2seq-softmax-padded", "adamw")]
+              ("lot-points-padded-otk", "adam"), ("seq2seq-softmax-padded", "adamw"),
+              ("lot-vit-pol-dwc5-mean", "groups")]
     for j, (name, how) in enumerate(setups):
+        if ARGS.only and ARGS.only not in name:
+            continue
         text, padded = next((t, p) for n, t, p in CASES if n == name)
         tag = "torch-" + name
         cfg = bm.resolve_config(text)
@@ -442,6 +460,19 @@ def part_bad(d):
         raises(ValueError, lambda: bm.load(p), label, want)
     raises(ValueError, lambda: bm.load(good, optimizer=True), "load(optimizer=True) without optimiser state",
            "optimiser")
+    # LOTFormer's ViT keys: bad values refused by the twin (and by the CLI, naming the key)
+    vit = "input=image,image_h=8,image_w=8,patch=2,dim=8,depth=1,heads=2,classes=3,attn=lot"
+    for extra, want in (("cls_attn=middle", "cls_attn"), ("cls_attn=pol,pol_ps=0.5", "pol_ps"),
+                        ("cls_attn=softmax,cls=0,pool=mean", "cls=1"),
+                        ("cls_attn=pol,attn=diff", "takes attn"), ("dwc=2", "0/1 switch"),
+                        ("dwc=1,dwc_kernel=4", "odd"),
+                        ("dwc=1,input=tokens,pool=mean", "input=image")):
+        raises(ValueError, lambda: bm.build(f"{vit},{extra}"), f"twin refuses {extra}", want)
+        rc, out = run("model", "init", "--config", f"{vit},{extra}", "--seed", 1, "--out",
+                      os.path.join(d, "vit-bad.safetensors"))
+        check(rc != 0 and want.split("=")[0] in out and
+              not os.path.exists(os.path.join(d, "vit-bad.safetensors")), f"CLI refuses {extra}, naming it",
+              out[-300:])
     # save's refusals; a failed write leaves the old file whole
     raises(FileNotFoundError, lambda: bm.save(os.path.join(d, "no", "dir.safetensors"), model),
            "save into a missing directory")

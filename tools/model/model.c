@@ -39,12 +39,12 @@ static void usage_model(FILE *f)
                "their samples, seq2seq by their target tokens); --losses gets the loss before each step.\n"
                "swap replaces the attention normaliser of a trained model (softmax, sinkhorn, unbalanced, esp, lot,\n"
                "asap) and keeps every weight: KEYs are the new normaliser's (attn_scale, sk_iters, sk_eps, sk_rho,\n"
-               "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp); a swap to lot creates the\n"
-               "pivots (the model's own LOT initialisation), away from lot drops them; asap compiles the Sinkhorn\n"
-               "layers of a Sinkhorn run (--samples calibration inputs, default 512). The blocks of a classifier share\n"
-               "one attention kind: --blocks must name all of them. An encoder-decoder swaps its encoder's\n"
-               "self-attention (--blocks enc, the default), its cross-attention (cross) or both; its decoder's causal\n"
-               "self-attention stays softmax. The run of a `birkhoff train` checkpoint is carried:\n"
+               "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp, cls_attn, pol_ps, pol_po);\n"
+               "a swap to lot creates the pivots (the model's own LOT initialisation), away from lot drops them;\n"
+               "asap compiles the Sinkhorn layers of a Sinkhorn run (--samples calibration inputs, default 512).\n"
+               "The blocks of a classifier share one attention kind: --blocks must name all of them. An\n"
+               "encoder-decoder swaps its encoder's self-attention (--blocks enc, the default), its cross-attention\n"
+               "(cross) or both; its decoder's causal self-attention stays softmax. The run of a `birkhoff train` checkpoint is carried:\n"
                "the result evaluates with `birkhoff eval` and fine-tunes with `birkhoff train --init CKPT2`\n"
                "(docs/MODEL.md, Plug-and-play swaps).\n");
 }

@@ -367,6 +367,7 @@ repro-quick: all
 	./scripts/data.sh fashion-mnist
 	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
 	QUICK=1 OUT=runs/repro-quick/lot_vit ./scripts/repro/lot_vit.sh
+	QUICK=1 OUT=runs/repro-quick/text ./scripts/repro/text.sh
 
 demo: deps
 	$(MAKE) all

@@ -632,31 +632,12 @@ static bk_status open_spam_spm(const char *dir, int split, int max_len, bk_datas
     snprintf(ver, sizeof ver, "%s", in->version);
     char path[4200];
     snprintf(path, sizeof path, "%s/spam/spm/%s.ids", dir, split_name(split));
-    FILE *f = fopen(path, "rb");
-    if (!f) return bki_fail(BK_ERR_IO, "spam-spm: %s: cannot open (%s); run scripts/data.sh spam-spm", path, strerror(errno));
     uint8_t *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : (size_t)1 << 20;
-            uint8_t *nb = cap <= IDS_MAX_FILE ? realloc(buf, cap) : NULL;
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return bki_fail(cap > IDS_MAX_FILE ? BK_ERR_FORMAT : BK_ERR_NOMEM, "spam-spm: %s: %s", path,
-                                cap > IDS_MAX_FILE ? "larger than 1 GiB" : "out of memory");
-            }
-            buf = nb;
-        }
-        const size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    const int bad = ferror(f);
-    fclose(f);
+    size_t n = 0;
+    uint64_t h = 0; /* the ids file's FNV-1a: part of the version */
+    if ((st = read_path(path, "spam-spm", NULL, IDS_MAX_FILE, &buf, &n, &h)) != BK_OK) return st;
     int64_t lines = 0, nids = 0;
-    if (bad) st = bki_fail(BK_ERR_IO, "spam-spm: %s: read error", path);
-    if (st == BK_OK) st = parse_ids(path, buf, n, SPAM_SPM_VOCAB, 1, &lines, &nids, NULL, NULL);
+    st = parse_ids(path, buf, n, SPAM_SPM_VOCAB, 1, &lines, &nids, NULL, NULL);
     if (st == BK_OK && lines != in->n)
         st = bki_fail(BK_ERR_FORMAT, "spam-spm: %s has %lld lines, the spam %s split %lld messages; run scripts/data.sh spam-spm",
                       path, (long long)lines, split_name(split), (long long)in->n);
@@ -669,14 +650,12 @@ static bk_status open_spam_spm(const char *dir, int split, int max_len, bk_datas
         if (!ids || !off || !ds->toks) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     }
     if (st == BK_OK) st = parse_ids(path, buf, n, SPAM_SPM_VOCAB, 1, &lines, &nids, ids, off);
-    uint64_t h = 0xcbf29ce484222325ull;
     for (int64_t i = 0; st == BK_OK && i < in->n; i++) {
         const int64_t L = off[i + 1] - off[i] - 1; /* EOS appended by parse_ids */
         const int keep = L < max_len ? (int)L : max_len;
         int32_t *t = ds->toks + (size_t)i * (size_t)max_len;
         for (int j = 0; j < max_len; j++) t[j] = j < keep ? ids[off[i] + j] : 0;
         ds->lens[i] = keep;
-        for (int64_t j = off[i]; j < off[i + 1]; j++) h = (h ^ (uint64_t)(uint32_t)ids[j]) * 0x100000001b3ull;
     }
     free(buf);
     free(ids);

@@ -335,19 +335,26 @@ static void test_shapes(void)
           bk_last_error());
 }
 
-/* the real digits, when fetched */
-static void test_digits(void)
+/* where the real datasets are: $BK_TEST_DATA, else $BK_DATA, else "data" */
+static const char *real_data_dir(void)
 {
     const char *dir = getenv("BK_TEST_DATA");
     if (!dir || !*dir) dir = getenv("BK_DATA");
+    return dir && *dir ? dir : "data";
+}
+
+/* the real digits, when fetched */
+static void test_digits(void)
+{
+    const char *dir = real_data_dir();
     char p[512];
-    snprintf(p, sizeof p, "%s/digits/digits.csv.gz", dir ? dir : "data");
+    snprintf(p, sizeof p, "%s/digits/digits.csv.gz", dir);
     if (access(p, R_OK) != 0) {
         printf("# skip: %s not found (scripts/data.sh digits; BK_TEST_DATA or BK_DATA)\n", p);
         return;
     }
     bk_data_config c = bk_data_config_default();
-    c.dir = dir ? dir : "data";
+    c.dir = dir;
     bk_dataset *tr = NULL, *te = NULL;
     bk_status st = bk_data_open("digits", BK_SPLIT_TRAIN, &c, &tr);
     if (st == BK_OK) st = bk_data_open("digits", BK_SPLIT_TEST, &c, &te);
@@ -397,9 +404,7 @@ static void test_digits(void)
  * max_len; then crafted id files beside links to the real message folders */
 static void test_spam_spm(void)
 {
-    const char *dir = getenv("BK_TEST_DATA");
-    if (!dir || !*dir) dir = getenv("BK_DATA");
-    if (!dir || !*dir) dir = "data";
+    const char *dir = real_data_dir();
     char p[1100], q[1100];
     snprintf(p, sizeof p, "%s/spam/spm/test.ids", dir);
     if (access(p, R_OK) != 0) {

@@ -462,6 +462,48 @@ static void test_copy_task(void)
     bk_model_free(m);
 }
 
+/* One training step of the model of cfg (batch seed `seed`), then a forward
+ * and backward, at 1, 2 and 3 threads: 1 when the weights and gradients are
+ * bitwise the same each time (a failed run is checked under run_name). */
+static int step_same_over_threads(const char *cfg, uint64_t seed, const char *run_name)
+{
+    float *ref = NULL;
+    int64_t P = 0;
+    int same = 1;
+    for (int nt = 1; nt <= 3; nt++) {
+        bk_set_num_threads(nt);
+        th_rng r = {seed};
+        bk_model *m = model_from(cfg, 3, 8);
+        if (!m) break;
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(m), 8, 1, &r);
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim *o = NULL;
+        bk_optim_create(&oc, m, &o);
+        double loss;
+        int ok = bk_train_step(m, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK;
+        ok = ok && bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK;
+        bk_model_zero_grad(m);
+        ok = ok && bk_model_backward(m, 1.0f) == BK_OK;
+        th_check(ok, run_name, "%s: %s", cfg, bk_last_error());
+        P = bk_model_num_params(m);
+        if (!ref) {
+            ref = malloc(sizeof(float) * (size_t)P * 2);
+            memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
+            memcpy(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
+        } else {
+            same &= memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) == 0 &&
+                    memcmp(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P) == 0;
+        }
+        bk_optim_free(o);
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+    bk_set_num_threads(0);
+    free(ref);
+    return same;
+}
+
 /* one training step's gradients and the updated weights at 1, 2, 3 threads */
 static void test_threads(void)
 {
@@ -473,43 +515,9 @@ static void test_threads(void)
                           "attn=sinkhorn,cross_attn=esp,esp_t=0.1,dropout=0.1,post_ln=1,pos_embed=2",
                           "arch=seq2seq,input=tokens,vocab=40,max_len=12,tgt_max_len=10,dim=24,heads=2,dec_depth=1,"
                           "attn=lot,lot_r=3,dropout=0.1"};
-    for (int c = 0; c < (int)(sizeof cfgs / sizeof cfgs[0]); c++) {
-        float *ref = NULL;
-        int64_t P = 0;
-        int same = 1;
-        for (int nt = 1; nt <= 3; nt++) {
-            bk_set_num_threads(nt);
-            th_rng r = {99};
-            bk_model *m = model_from(cfgs[c], 3, 8);
-            if (!m) break;
-            tbatch tb;
-            batch_make(&tb, bk_model_get_config(m), 8, 1, &r);
-            bk_optim_config oc = bk_optim_config_default();
-            bk_optim *o = NULL;
-            bk_optim_create(&oc, m, &o);
-            double loss;
-            int ok = bk_train_step(m, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK;
-            ok = ok && bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK;
-            bk_model_zero_grad(m);
-            ok = ok && bk_model_backward(m, 1.0f) == BK_OK;
-            th_check(ok, "thread run", "%s: %s", cfgs[c], bk_last_error());
-            P = bk_model_num_params(m);
-            if (!ref) {
-                ref = malloc(sizeof(float) * (size_t)P * 2);
-                memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
-                memcpy(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
-            } else {
-                same &= memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) == 0 &&
-                        memcmp(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P) == 0;
-            }
-            bk_optim_free(o);
-            batch_free(&tb);
-            bk_model_free(m);
-        }
-        bk_set_num_threads(0);
-        th_check(same, "threads: bitwise identical weights and gradients (1, 2, 3)", "%s", cfgs[c]);
-        free(ref);
-    }
+    for (int c = 0; c < (int)(sizeof cfgs / sizeof cfgs[0]); c++)
+        th_check(step_same_over_threads(cfgs[c], 99, "thread run"),
+                 "threads: bitwise identical weights and gradients (1, 2, 3)", "%s", cfgs[c]);
 }
 
 /* values stored in padded positions never matter */
@@ -1748,43 +1756,9 @@ static void test_vit_runs(void)
     const char *cfgs[] = {"dim=24,depth=2,heads=3,mlp_dim=32,image_h=12,image_w=12,patch=3,attn=lot,lot_r=4,"
                           "cls_attn=pol,pol_ps=2.5,dwc=1,dwc_kernel=3,dropout=0.1",
                           "input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=3,cls_attn=softmax,pool=mean"};
-    for (int c = 0; c < 2; c++) {
-        float *ref = NULL;
-        int64_t P = 0;
-        int same = 1;
-        for (int nt = 1; nt <= 3; nt++) {
-            bk_set_num_threads(nt);
-            th_rng r = {77};
-            bk_model *m = model_from(cfgs[c], 3, 8);
-            if (!m) break;
-            tbatch tb;
-            batch_make(&tb, bk_model_get_config(m), 8, 1, &r);
-            bk_optim_config oc = bk_optim_config_default();
-            bk_optim *o = NULL;
-            bk_optim_create(&oc, m, &o);
-            double loss;
-            int ok = bk_train_step(m, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK &&
-                     bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK;
-            bk_model_zero_grad(m);
-            ok = ok && bk_model_backward(m, 1.0f) == BK_OK;
-            th_check(ok, "vit: thread run", "%s: %s", cfgs[c], bk_last_error());
-            P = bk_model_num_params(m);
-            if (!ref) {
-                ref = malloc(sizeof(float) * (size_t)P * 2);
-                memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
-                memcpy(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
-            } else {
-                same &= !memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) &&
-                        !memcmp(ref + P, bk_model_grads(m), sizeof(float) * (size_t)P);
-            }
-            bk_optim_free(o);
-            batch_free(&tb);
-            bk_model_free(m);
-        }
-        bk_set_num_threads(0);
-        th_check(same, "vit: bitwise identical weights and gradients (1, 2, 3 threads)", "%s", cfgs[c]);
-        free(ref);
-    }
+    for (int c = 0; c < 2; c++)
+        th_check(step_same_over_threads(cfgs[c], 77, "vit: thread run"),
+                 "vit: bitwise identical weights and gradients (1, 2, 3 threads)", "%s", cfgs[c]);
     /* resume: 3 steps, save, load, 3 more == 6 uninterrupted */
     char path[256];
     tmp_path(path, sizeof path, "vit");

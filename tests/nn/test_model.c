@@ -520,43 +520,49 @@ static void test_threads(void)
                  "threads: bitwise identical weights and gradients (1, 2, 3)", "%s", cfgs[c]);
 }
 
+/* values stored in the padded positions of a batch (tokens past each
+ * sample's length; NaN coordinates for points) change neither the logits,
+ * the loss nor any gradient, bitwise: checked under name */
+static void check_padding(const char *cfg, const char *name)
+{
+    th_rng r = {5};
+    bk_model *m = model_from(cfg, 1, 4);
+    if (!m) return;
+    const bk_model_config *mc = bk_model_get_config(m);
+    tbatch tb;
+    batch_make(&tb, mc, 4, 1, &r);
+    const int64_t P = bk_model_num_params(m);
+    float lg1[40], lg2[40];
+    float *g1 = malloc(sizeof(float) * (size_t)P);
+    double l1, l2;
+    bk_model_zero_grad(m);
+    int ok = !bk_model_forward(m, &tb.b, 1, 0.0f, lg1, &l1) && !bk_model_backward(m, 1.0f);
+    memcpy(g1, bk_model_grads(m), sizeof(float) * (size_t)P);
+    /* scribble over the padded part (NaN for points: never read) */
+    for (int b = 0; b < 4; b++) {
+        int N = mc->input == BK_INPUT_TOKENS ? mc->max_len : mc->max_points;
+        for (int i = tb.len[b]; i < N; i++) {
+            if (tb.tok) tb.tok[b * N + i] = (int32_t)((i * 7 + b) % mc->vocab);
+            if (tb.x)
+                for (int k = 0; k < mc->point_dim; k++) tb.x[((size_t)b * N + i) * mc->point_dim + k] = NAN;
+        }
+    }
+    bk_model_zero_grad(m);
+    ok = ok && !bk_model_forward(m, &tb.b, 1, 0.0f, lg2, &l2) && !bk_model_backward(m, 1.0f);
+    th_check(ok && memcmp(lg1, lg2, sizeof(float) * 4 * (size_t)mc->classes) == 0 && l1 == l2 &&
+                 memcmp(g1, bk_model_grads(m), sizeof(float) * (size_t)P) == 0,
+             name, "%s %s", cfg, ok ? "" : bk_last_error());
+    free(g1);
+    batch_free(&tb);
+    bk_model_free(m);
+}
+
 /* values stored in padded positions never matter */
 static void test_padding(void)
 {
     const char *cfgs[] = {"input=tokens,vocab=13,max_len=9,dim=16,heads=2,attn=sinkhorn,pool=mean",
                           "input=points,max_points=9,dim=16,heads=2,attn=lot,lot_r=3,pool=otk"};
-    for (int c = 0; c < 2; c++) {
-        th_rng r = {5};
-        bk_model *m = model_from(cfgs[c], 1, 4);
-        if (!m) continue;
-        const bk_model_config *mc = bk_model_get_config(m);
-        tbatch tb;
-        batch_make(&tb, mc, 4, 1, &r);
-        const int64_t P = bk_model_num_params(m);
-        float lg1[40], lg2[40];
-        float *g1 = malloc(sizeof(float) * (size_t)P);
-        double l1, l2;
-        bk_model_zero_grad(m);
-        int ok = !bk_model_forward(m, &tb.b, 1, 0.0f, lg1, &l1) && !bk_model_backward(m, 1.0f);
-        memcpy(g1, bk_model_grads(m), sizeof(float) * (size_t)P);
-        /* scribble over the padded part (NaN for points: never read) */
-        for (int b = 0; b < 4; b++) {
-            int N = mc->input == BK_INPUT_TOKENS ? mc->max_len : mc->max_points;
-            for (int i = tb.len[b]; i < N; i++) {
-                if (tb.tok) tb.tok[b * N + i] = (int32_t)((i * 7 + b) % mc->vocab);
-                if (tb.x)
-                    for (int k = 0; k < mc->point_dim; k++) tb.x[((size_t)b * N + i) * mc->point_dim + k] = NAN;
-            }
-        }
-        bk_model_zero_grad(m);
-        ok = ok && !bk_model_forward(m, &tb.b, 1, 0.0f, lg2, &l2) && !bk_model_backward(m, 1.0f);
-        th_check(ok && memcmp(lg1, lg2, sizeof(float) * 4 * (size_t)mc->classes) == 0 && l1 == l2 &&
-                     memcmp(g1, bk_model_grads(m), sizeof(float) * (size_t)P) == 0,
-                 "padding: padded values change nothing (bitwise)", "%s %s", cfgs[c], ok ? "" : bk_last_error());
-        free(g1);
-        batch_free(&tb);
-        bk_model_free(m);
-    }
+    for (int c = 0; c < 2; c++) check_padding(cfgs[c], "padding: padded values change nothing (bitwise)");
 }
 
 static void tmp_path(char *buf, size_t n, const char *tag)
@@ -1808,31 +1814,7 @@ static void test_vit_runs(void)
     remove(path);
     /* padded values change nothing (tokens after each sample's length,
      * whose keys the [CLS] row must not see) */
-    {
-        th_rng r = {5};
-        bk_model *m = model_from(cfgs[1], 1, 4);
-        if (!m) return;
-        const bk_model_config *mc = bk_model_get_config(m);
-        tbatch tb;
-        batch_make(&tb, mc, 4, 1, &r);
-        const int64_t P = bk_model_num_params(m);
-        float lg1[40], lg2[40];
-        float *g1 = malloc(sizeof(float) * (size_t)P);
-        double l1, l2;
-        bk_model_zero_grad(m);
-        int ok = !bk_model_forward(m, &tb.b, 1, 0.0f, lg1, &l1) && !bk_model_backward(m, 1.0f);
-        memcpy(g1, bk_model_grads(m), sizeof(float) * (size_t)P);
-        for (int b = 0; b < 4; b++)
-            for (int i = tb.len[b]; i < mc->max_len; i++) tb.tok[b * mc->max_len + i] = (int32_t)((i * 7 + b) % mc->vocab);
-        bk_model_zero_grad(m);
-        ok = ok && !bk_model_forward(m, &tb.b, 1, 0.0f, lg2, &l2) && !bk_model_backward(m, 1.0f);
-        th_check(ok && !memcmp(lg1, lg2, sizeof(float) * 4 * (size_t)mc->classes) && l1 == l2 &&
-                     !memcmp(g1, bk_model_grads(m), sizeof(float) * (size_t)P),
-                 "vit: padded tokens change nothing (bitwise)", "%s", ok ? "" : bk_last_error());
-        free(g1);
-        batch_free(&tb);
-        bk_model_free(m);
-    }
+    check_padding(cfgs[1], "vit: padded tokens change nothing (bitwise)");
 }
 
 static void test_vit_bad(void)

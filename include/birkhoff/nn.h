@@ -65,6 +65,8 @@ typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK =
  * (u_j)^pol_ps + (w_j)^pol_po, u_j = s sum_c max(q_c k_jc, 0) and
  * w_j = s sum_c max(-q_c k_jc, 0), s = attn_scale (Pol-[CLS]). */
 typedef enum { BK_CLS_FULL = 0, BK_CLS_SOFTMAX = 1, BK_CLS_POL = 2 } bk_cls_attn;
+/* which part of each LOT layer's pivot measure is trained (lot_learn) */
+typedef enum { BK_LOT_LEARN_BOTH = 0, BK_LOT_LEARN_Z = 1, BK_LOT_LEARN_NONE = 2 } bk_lot_learn;
 /* The model's architecture: the encoder classifier above, or an
  * encoder-decoder translation model (docs/MODEL.md, "Encoder-decoder"). */
 typedef enum { BK_ARCH_CLASSIFIER = 0, BK_ARCH_SEQ2SEQ = 1 } bk_arch;
@@ -130,6 +132,15 @@ typedef struct {
     bk_cls_attn cls_attn;
     float pol_ps, pol_po;
     int dwc, dwc_kernel;
+    /* lot_learn (attn = lot): what of the pivot measure is trained: both
+     * (the pivots Z and the mass logits theta; default), z (Z only: the
+     * masses stay uniform, theta = 0, LOTFormer Table 6's "learnable
+     * pivot"), none (Z stays at its initialisation and the masses uniform:
+     * Table 6's "fixed pivot"). A tensor that is not trained keeps its
+     * place in the parameter table and in checkpoints; its gradient is zero
+     * (never accumulated), so no optimiser moves it (no weight decay
+     * applies to LOT tensors) and the gradient norm leaves it out.      */
+    bk_lot_learn lot_learn;
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
@@ -137,12 +148,12 @@ typedef struct {
  * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
  * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
  * iterations), eps 0.5; cls_attn full, pol_ps 2, pol_po 1, no DWC (kernel
- * 3). */
+ * 3); lot_learn both. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
  * pool=cls|mean|max|otk, asap_ending=auto|zero|column|row,
- * cls_attn=full|softmax|pol). Unknown keys or
+ * cls_attn=full|softmax|pol, lot_learn=both|z|none). Unknown keys or
  * malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */

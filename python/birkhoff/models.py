@@ -285,13 +285,17 @@ CONFIG_DEFAULTS = {
     "asap_ending": "auto",
     # LOTFormer's ViT ingredients (docs/MODEL.md "The [CLS] row and DWC")
     "cls_attn": "full", "pol_ps": 2.0, "pol_po": 1.0, "dwc": 0, "dwc_kernel": 3,
+    # what of the LOT pivot measure is trained (docs/MODEL.md "LOT pivots")
+    "lot_learn": "both",
 }
 ASAP_ENDINGS = ("auto", "zero", "column", "row")
 CLS_ATTNS = ("full", "softmax", "pol")
+LOT_LEARNS = ("both", "z", "none")
 # the attention kinds whose [CLS] row cls_attn may take out (bk_model_config_check)
 CLS_SPLIT_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
-                 "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS, "cls_attn": CLS_ATTNS}
+                 "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS, "cls_attn": CLS_ATTNS,
+                 "lot_learn": LOT_LEARNS}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
 SCHEDS = ("constant", "step", "cosine", "invsqrt")
@@ -748,6 +752,15 @@ class _Attention(nn.Module):
 
     backend = "torch"    # set_backend("c"): the C operators (birkhoff.torch)
 
+    def lot_pivots(self):
+        """(Z, theta) as the LOT operator sees them: lot_learn = z or none
+        detaches what is not trained, so it gets no gradient (the C engine
+        never accumulates it; bk_model_config's lot_learn)."""
+        learn = self.cfg["lot_learn"]
+        z = self.lot_z if learn != "none" else self.lot_z.detach()
+        theta = self.lot_theta if learn == "both" else self.lot_theta.detach()
+        return z, theta
+
     def c_operator(self, q, k, v, lens, kl):
         """The same attention through libbirkhoff's operators (birkhoff.torch's
         autograd Functions): the C engine's own kernels with the parameters
@@ -770,7 +783,8 @@ class _Attention(nn.Module):
                                     sort="soft" if c["esp_soft"] else "hard", t=c["esp_t"],
                                     tau=c["esp_tau"], **kw)
         if kind == "lot":
-            return bt.lot_attention(q, k, v, self.lot_z, self.lot_theta, temp=c["lot_temp"],
+            z, theta = self.lot_pivots()
+            return bt.lot_attention(q, k, v, z, theta, temp=c["lot_temp"],
                                     iters=c["lot_iters"], eps=c["lot_eps"], **kw)
         if kind == "diff":
             lam = diff_port.reparam_lambda(self.diff_lq1, self.diff_lk1, self.diff_lq2,
@@ -823,10 +837,12 @@ class _Attention(nn.Module):
         if kind == "lot":
             if self.reference and lens is None and c["attn_scale"] == 0:
                 # the reference DeiT/Swin port: batched, float32 marginals
-                return lot_port.lot_reference(q, k, v, self.lot_z, self.lot_theta,
+                z, theta = self.lot_pivots()
+                return lot_port.lot_reference(q, k, v, z, theta,
                                               temp=c["lot_temp"], n_iter=c["lot_iters"],
                                               eps=c["lot_eps"])
-            return lot_port.lot_semantics(q, k, v, self.lot_z, self.lot_theta,
+            z, theta = self.lot_pivots()
+            return lot_port.lot_semantics(q, k, v, z, theta,
                                           temp=c["lot_temp"], iters=c["lot_iters"],
                                           eps=c["lot_eps"], scale=s, q_len=lens, k_len=kl)[0]
         if kind == "diff":   # the operator's default scale is (dh/2)^-1/2

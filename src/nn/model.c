@@ -22,6 +22,8 @@ static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row",
 static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
 /* bk_cls_attn's values in order */
 static const char *const CLS_ATTN_NAMES[] = {"full", "softmax", "pol", NULL};
+/* bk_lot_learn's values in order */
+static const char *const LOT_LEARN_NAMES[] = {"both", "z", "none", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
 #define E(field, names) {#field, BKI_F_ENUM, offsetof(bk_model_config, field), names, 0}
@@ -40,6 +42,7 @@ static const bki_field MODEL_FIELDS[] = {
     F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
     F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
     F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
+    E(lot_learn, LOT_LEARN_NAMES),
 };
 #undef F
 #undef E
@@ -206,6 +209,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
              dh);
     }
     NEED(c->cls_attn >= BK_CLS_FULL && c->cls_attn <= BK_CLS_POL, "unknown cls_attn %d", (int)c->cls_attn);
+    NEED(c->lot_learn >= BK_LOT_LEARN_BOTH && c->lot_learn <= BK_LOT_LEARN_NONE, "unknown lot_learn %d", (int)c->lot_learn);
     if (c->cls_attn != BK_CLS_FULL) {
         const char *cn = CLS_ATTN_NAMES[c->cls_attn];
         NEED(!s2s, "cls_attn=%s is the classifier's [CLS] row (an encoder-decoder has no [CLS] token)", cn);
@@ -1055,12 +1059,12 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
                                         "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
                                         "lot_iters", "lot_eps",  "lot_temp", "cls_attn", "pol_ps",
-                                        "pol_po",   NULL};
+                                        "pol_po",   "lot_learn", NULL};
 /* the attention keys that keep the parameter table and the fixed ESP slices:
  * what bk_model_set_attn_config may change in place */
 static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
                                            "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp",
-                                           "asap_ending", "pol_ps", "pol_po", NULL};
+                                           "asap_ending", "pol_ps", "pol_po", "lot_learn", NULL};
 
 static int key_in(const char *key, size_t n, const char *const *list)
 {
@@ -1099,7 +1103,7 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
                         "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau, "
-                        "lot_iters/lot_eps/lot_temp, asap_ending and pol_ps/pol_po may change (bk_model_swap changes "
+                        "lot_iters/lot_eps/lot_temp/lot_learn, asap_ending and pol_ps/pol_po may change (bk_model_swap changes "
                         "the attention kind and cls_attn)",
                         key);
     /* the tapes follow the new parameters (grown, never shrunk); the
@@ -1697,10 +1701,13 @@ static void *lot_pgrads(bk_model *m, bki_lot_grads *lg)
     *lg = (bki_lot_grads){m->dZtmp, m->dthtmp};
     return lg;
 }
+/* lot_learn: a tensor that is not trained never receives its gradient */
 static void lot_bwd_post(bk_model *m, int l)
 {
-    add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * m->dh);
-    add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
+    if (m->c.lot_learn != BK_LOT_LEARN_NONE)
+        add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * m->dh);
+    if (m->c.lot_learn == BK_LOT_LEARN_BOTH)
+        add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
 }
 
 static bk_status attn_backward(bk_model *m, int l, int B)

@@ -1817,6 +1817,78 @@ static void test_vit_runs(void)
     check_padding(cfgs[1], "vit: padded tokens change nothing (bitwise)");
 }
 
+/* lot_learn: what of the pivot measure trains. Three AdamW steps (weight
+ * decay and clipping on) from one initialisation: a tensor that does not
+ * train keeps its bits and its gradient is exactly zero, the others move;
+ * the first loss does not depend on lot_learn; the checkpoint keeps it and
+ * bk_model_set_attn_config changes it in place. */
+static void test_lot_learn(void)
+{
+    const char *base = "input=tokens,vocab=13,max_len=10,dim=16,depth=2,heads=2,attn=lot,lot_r=3,pool=mean,cls=0";
+    const char *learn[] = {"both", "z", "none"};
+    static const char *const names[] = {"blocks.0.attn.lot_z", "blocks.1.attn.lot_theta", "blocks.1.attn.qkv.weight"};
+    double first[3] = {0};
+    char path[256];
+    tmp_path(path, sizeof path, "lotlearn");
+    for (int c = 0; c < 3; c++) {
+        char cfg[256];
+        snprintf(cfg, sizeof cfg, "%s,lot_learn=%s", base, learn[c]);
+        th_rng r = {5};
+        bk_model *m = model_from(cfg, 9, 4);
+        if (!m) return;
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(m), 4, 1, &r);
+        bk_optim_config oc = bk_optim_config_default();
+        bk_optim_config_parse(&oc, "kind=adamw,lr=1e-2,weight_decay=0.1,clip=0.5");
+        bk_optim *o = NULL;
+        int ok = bk_optim_create(&oc, m, &o) == BK_OK;
+        float *before[3];
+        int64_t cnt[3];
+        for (int t = 0; t < 3; t++) {
+            const float *w = param_named(m, names[t], &cnt[t]);
+            before[t] = w ? malloc(sizeof(float) * (size_t)cnt[t]) : NULL;
+            if (before[t]) memcpy(before[t], w, sizeof(float) * (size_t)cnt[t]);
+            ok &= before[t] != NULL;
+        }
+        for (int s = 0; s < 3 && ok; s++) ok &= bk_train_step(m, o, &tb.b, 0, 0.0f, s ? NULL : &first[c], NULL) == BK_OK;
+        /* the gradients of the last step are still in the buffer */
+        int moved[3] = {0}, zero_grad[3] = {0};
+        for (int t = 0; t < 3 && ok; t++) {
+            bk_param_info pi = {0};
+            for (int i = 0; i < bk_model_param_count(m); i++) {
+                bk_model_param(m, i, &pi);
+                if (!strcmp(pi.name, names[t])) break;
+            }
+            moved[t] = memcmp(pi.data, before[t], sizeof(float) * (size_t)cnt[t]) != 0;
+            zero_grad[t] = 1;
+            for (int64_t j = 0; j < pi.count; j++) zero_grad[t] &= pi.grad[j] == 0.0f;
+        }
+        const int want_z = c != 2, want_t = c == 0;
+        th_check(ok && moved[0] == want_z && zero_grad[0] == !want_z && moved[1] == want_t &&
+                     zero_grad[1] == !want_t && moved[2] && !zero_grad[2],
+                 "lot_learn: untrained pivot tensors keep their bits and get zero gradients, the rest train",
+                 "lot_learn=%s: z moved %d (grad 0: %d), theta moved %d (grad 0: %d), qkv moved %d: %s", learn[c],
+                 moved[0], zero_grad[0], moved[1], zero_grad[1], moved[2], ok ? "" : bk_last_error());
+        bk_model_config got;
+        ok = bk_checkpoint_save(path, m, o, NULL) == BK_OK && bk_checkpoint_config(path, &got) == BK_OK;
+        th_check(ok && got.lot_learn == (bk_lot_learn)c, "lot_learn: the checkpoint keeps it", "%s: %s", learn[c],
+                 ok ? "" : bk_last_error());
+        bk_model_config in = *bk_model_get_config(m);
+        in.lot_learn = (bk_lot_learn)((c + 1) % 3);
+        ok = bk_model_set_attn_config(m, &in) == BK_OK && bk_model_get_config(m)->lot_learn == in.lot_learn;
+        th_check(ok, "lot_learn: changed in place by bk_model_set_attn_config", "%s: %s", learn[c],
+                 ok ? "" : bk_last_error());
+        for (int t = 0; t < 3; t++) free(before[t]);
+        bk_optim_free(o);
+        bk_model_free(m);
+        batch_free(&tb);
+    }
+    remove(path);
+    th_check(first[0] == first[1] && first[1] == first[2], "lot_learn: the forward does not depend on it",
+             "%.17g %.17g %.17g", first[0], first[1], first[2]);
+    expect_cfg_error("attn=lot,lot_learn=all", "lot_learn");
+}
+
 static void test_vit_bad(void)
 {
     expect_cfg_error("cls_attn=middle", "unknown cls_attn");
@@ -1843,6 +1915,7 @@ void test_vit(void)
     test_vit_fd();
     test_vit_semantics();
     test_vit_runs();
+    test_lot_learn();
 }
 
 void test_model(void)

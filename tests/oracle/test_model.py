@@ -178,6 +178,11 @@ GRAD_CASES = [
      "dwc_kernel=5,pool=mean", 3, False, 0.1, True),
     ("lot-vit-pol3-tokens", f"{TOK},attn=lot,lot_r=2,cls_attn=pol,pol_ps=3,pol_po=1.5,pool=mean", 4,
      True, 0.0, True),
+    # lot_learn: the pivots alone (uniform masses), or neither (LOTFormer Table 6's fixed pivots)
+    ("lot-learn-z-tokens", f"{TOK},attn=lot,lot_r=3,lot_iters=5,lot_learn=z,pool=mean", 4, True,
+     0.0, True),
+    ("lot-learn-none-image", f"{IMG8P4},attn=lot,lot_r=3,lot_iters=4,lot_learn=none,pool=cls", 3,
+     False, 0.0, False),
 ]
 
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
@@ -209,6 +214,10 @@ TRAIN_CASES = [
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
     ("sgd-momentum-lot-vit-pol-dwc-image", f"{IMG8P2},attn=lot,lot_r=3,cls_attn=pol,dwc=1,pool=cls",
      4, False, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, None, True),
+    # (SGD as the LOT case above: Adam's 1/sqrt(v) magnifies the float32 rounding of LOT's
+    # near-zero gradients past the weights' tolerance, with or without lot_learn)
+    ("sgd-clip-lot-learn-none-tokens", f"{TOK},attn=lot,lot_r=3,lot_learn=none,pool=mean", 4,
+     True, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3,clip=1", 10, 0, 0.0, None, True),
 ]
 
 # The encoder-decoder (arch=seq2seq): joint vocabulary of 13 ids (bos 1, eos

@@ -368,6 +368,7 @@ repro-quick: all
 	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
 	QUICK=1 OUT=runs/repro-quick/lot_vit ./scripts/repro/lot_vit.sh
 	QUICK=1 OUT=runs/repro-quick/text ./scripts/repro/text.sh
+	QUICK=1 OUT=runs/repro-quick/listops ./scripts/repro/listops.sh
 
 demo: deps
 	$(MAKE) all

@@ -3,6 +3,7 @@
  * partition; each row's result is computed by the same code whatever the
  * thread count. */
 #include "layers.h"
+#include "../core/vexp.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -161,29 +162,68 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
     }
 }
 
+/* The exact (erf) GELU without libm calls, so that the loops vectorise.
+ * For u = |z|: Phi(-u) = exp(-u^2 / 2) R(u), where R(u) = Phi(-u) exp(u^2/2)
+ * is smooth and decreasing (0.5 at 0, ~1 / (u sqrt(2 pi)) for large u); R is
+ * a degree-10 polynomial in t = 1 / (1 + 0.3 u), fitted here to relative
+ * error 2.8e-9 on [0, 13.5] (iteratively reweighted least squares in double).
+ * u^2 is split exactly by an FMA (u^2 = p + e) so that exp(-u^2/2) keeps its
+ * relative accuracy for large u: exp(-p/2) (1 - e/2). Beyond u = 13.5
+ * Phi(-u) < 1e-41 is flushed to 0. Phi(z) = 1 - Phi(-z) for z >= 0.
+ * Accuracy against double-precision libm (tests/nn/test_layers.c "gelu"):
+ * gelu within 8 ulp of its value (6 measured), gelu' within 8 ulp of max(Phi(z),
+ * |z| phi(z)) (its two terms cancel near z = -0.75), or either within 1e-36
+ * absolutely (z < -12.9: the tail nears float's subnormal range, which a
+ * flush-to-zero mode or exp's underflow at -87.3 sends to 0). */
+static inline float gelu_lower_tail(float u, float *pdf)
+{
+    const float uc = u < 13.5f ? u : 13.5f;
+    const float t = 1.0f / __builtin_fmaf(0.3f, uc, 1.0f);
+    float r = -1.9634403495e-02f;
+    r = __builtin_fmaf(r, t, 1.0660060394e-01f);
+    r = __builtin_fmaf(r, t, -2.1311503048e-01f);
+    r = __builtin_fmaf(r, t, 1.6926162440e-01f);
+    r = __builtin_fmaf(r, t, -5.8016095996e-02f);
+    r = __builtin_fmaf(r, t, 8.2637306872e-02f);
+    r = __builtin_fmaf(r, t, 8.4123769543e-02f);
+    r = __builtin_fmaf(r, t, 1.0862550830e-01f);
+    r = __builtin_fmaf(r, t, 1.1985772406e-01f);
+    r = __builtin_fmaf(r, t, 1.1965772060e-01f);
+    r = __builtin_fmaf(r, t, 1.2708965606e-06f);
+    const float p = uc * uc, e = __builtin_fmaf(uc, uc, -p);
+    const float g = bki_expf(-0.5f * p) * __builtin_fmaf(-0.5f, e, 1.0f); /* exp(-u^2/2) */
+    *pdf = u < 13.5f ? 0.39894228040143268f * g : 0.0f;
+    return u < 13.5f ? g * r : 0.0f;
+}
+
 void bki_gelu_fwd(size_t n, const float *z, float *y)
 {
     const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (n > 16384)
     {
         BKI_REGION;
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) y[i] = 0.5f * z[i] * (1.0f + erff(z[i] * 0.70710678118654752f));
+        for (size_t i = 0; i < n; i++) {
+            const float x = z[i];
+            float pdf;
+            const float q = gelu_lower_tail(fabsf(x), &pdf);
+            y[i] = x * (x >= 0.0f ? 1.0f - q : q);
+        }
     }
 }
 
 void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
 {
     const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (n > 16384)
     {
         BKI_REGION;
 #pragma omp for schedule(static)
         for (size_t i = 0; i < n; i++) {
             const float x = z[i];
-            const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-            const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
-            dz[i] = dy[i] * (cdf + x * pdf);
+            float pdf;
+            const float q = gelu_lower_tail(fabsf(x), &pdf);
+            dz[i] = dy[i] * __builtin_fmaf(x, pdf, x >= 0.0f ? 1.0f - q : q);
         }
     }
 }

@@ -1918,9 +1918,64 @@ void test_vit(void)
     test_lot_learn();
 }
 
+/* GELU (src/nn/layers.c) against double-precision libm: gelu within 8 ulp of
+ * its value, gelu' within 8 ulp of max(Phi, |z| phi), or either within 1e-36
+ * absolutely (z < -12.9, where the tail nears float's subnormal range), on a dense grid of [-14, 14], on every binade from 1e-30
+ * to 1e30 of both signs, and at the edges; NaN propagates. */
+static double ulp_of(double v)
+{
+    v = fabs(v);
+    if (v < 1.17549435e-38) return 1.40129846e-45;
+    int e;
+    frexp(v, &e);
+    return ldexp(1.0, e - 24);
+}
+static void test_gelu(void)
+{
+    enum { N = 400000 };
+    float *z = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *d = malloc(sizeof(float) * N),
+          *one = malloc(sizeof(float) * N);
+    if (!z || !y || !d || !one) {
+        free(z), free(y), free(d), free(one);
+        th_check(0, "gelu: allocation", "%s", "");
+        return;
+    }
+    int n = 0;
+    for (int i = 0; i <= 280000; i++) z[n++] = -14.0f + 1e-4f * (float)i;
+    for (int e = -100; e <= 100; e++)
+        for (int k = 0; k < 200 && n < N - 16; k++) {
+            const float v = ldexpf(1.0f + (float)k / 200.0f, e);
+            z[n++] = k % 2 ? v : -v;
+        }
+    const float edge[] = {0.0f, -0.0f, 13.49f, -13.49f, 13.5f, -13.5f, 13.51f, -13.51f, -0.7517915f, 1e-38f, -1e-38f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) z[n++] = edge[i];
+    for (int i = 0; i < n; i++) one[i] = 1.0f;
+    bki_gelu_fwd((size_t)n, z, y);
+    bki_gelu_bwd((size_t)n, z, one, d);
+    double wy = 0, wd = 0;
+    float zy = 0, zd = 0;
+    for (int i = 0; i < n; i++) {
+        const double x = z[i], cdf = 0.5 * erfc(-x / sqrt(2.0)), pdf = exp(-0.5 * x * x) * 0.39894228040143267794;
+        const double gy = x * cdf, gd = cdf + x * pdf;
+        const double ey = fabs(y[i] - gy) <= 1e-36 ? 0.0 : fabs(y[i] - gy) / ulp_of(gy);
+        const double ed = fabs(d[i] - gd) <= 1e-36 ? 0.0 : fabs(d[i] - gd) / ulp_of(fmax(cdf, fabs(x) * pdf));
+        if (!(ey <= wy)) wy = ey, zy = z[i];
+        if (!(ed <= wd)) wd = ed, zd = z[i];
+    }
+    th_check(wy <= 8.0, "gelu: within 8 ulp of double-precision libm", "worst %.2f ulp at z = %.9g", wy, zy);
+    th_check(wd <= 8.0, "gelu': within 8 ulp of max(Phi, |z| phi)", "worst %.2f ulp at z = %.9g", wd, zd);
+    if (TH.verbose) printf("# gelu: worst %.2f ulp (z = %.9g), gelu' %.2f ulp (z = %.9g), %d points\n", wy, zy, wd, zd, n);
+    z[0] = NAN;
+    bki_gelu_fwd(1, z, y);
+    bki_gelu_bwd(1, z, one, d);
+    th_check(isnan(y[0]) && isnan(d[0]), "gelu: NaN propagates", "%g %g", y[0], d[0]);
+    free(z), free(y), free(d), free(one);
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
+    test_gelu();
     test_bad_input();
     test_memory();
     test_optim_formulas();

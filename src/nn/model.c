@@ -1051,10 +1051,10 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    const int per_block = is_isab(c) ? 35 /* inducing points, two MABs of 17 */
+    const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
                           : (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
                                                                                 LOT's two; DWC's kernel, bias) */
-    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 22 : 0);
+    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
     if (tensors > MAXP) {
         bk_model_free(m);
         return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",

@@ -52,6 +52,9 @@ Contents:
       marginals) when nothing is padded and attn_scale is 0. ESP and the OTK
       pool use the semantics functions in both modes (per-sample loops: slow
       peers, not the reference codes' speed).
+  Set Transformer blocks (set_block=isab: _ISAB, two _MAB on the decoder's
+  cross-attention module; pool=pma: _PMA, seeds, rFF and a _MAB of attention
+  pma_attn; MODEL.md "Set Transformer blocks").
   LOTFormer's ViT ingredients (cls_attn: the [CLS] row's own softmax or
   Pol-[CLS] logits, the operator on the other tokens; dwc: the
   depthwise-convolution branch over the patch grid) are

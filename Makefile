@@ -361,6 +361,7 @@ repro-quick: all
 	rm -rf runs/repro-quick
 	QUICK=1 OUT=runs/repro-quick/colsums ./scripts/repro/colsums.sh
 	QUICK=1 OUT=runs/repro-quick/iters ./scripts/repro/iters.sh
+	QUICK=1 OUT=runs/repro-quick/sets ./scripts/repro/sets.sh
 	QUICK=1 OUT=runs/repro-quick/asap ./scripts/repro/asap.sh
 	QUICK=1 OUT=runs/repro-quick/patches ./scripts/repro/patches.sh
 	QUICK=1 OUT=runs/repro-quick/otk ./scripts/repro/otk.sh

@@ -25,8 +25,9 @@ extern "C" {
  *           [+ CLS token prepended] [+ learned positional embedding] [dropout]
  *   block:  x += proj(Attn(LN1(x) Wqkv^T [+ bqkv]))  [dropout]
  *           x += fc2(GELU(fc1(LN2(x))))               [dropout]  (mlp_dim > 0)
- *   head:   [LN] -> pool (CLS | MEAN | MAX over valid tokens | OTK layer)
- *           -> Linear(features, classes)
+ *           (set_block = isab: Set Transformer's ISAB instead, below)
+ *   head:   [LN] -> pool (CLS | MEAN | MAX over valid tokens | OTK layer |
+ *           PMA) -> Linear(features, classes)
  *   loss:   cross-entropy with label smoothing ls (PyTorch's definition),
  *           averaged over the batch.
  *
@@ -55,7 +56,18 @@ typedef enum {
  * ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff"; "?" for
  * another value). */
 BK_API const char *bk_attn_kind_name(bk_attn_kind k);
-typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3 } bk_pool_kind;
+/* PMA: Set Transformer's pooling by multihead attention (docs/MODEL.md
+ * "Set Transformer blocks"): pma_seeds learned seeds attend to the set. */
+typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3, BK_POOL_PMA = 4 } bk_pool_kind;
+/* The classifier's blocks (Set Transformer, Lee et al. 2019; docs/MODEL.md
+ * "Set Transformer blocks"). SAB: the encoder block above (self-attention
+ * and MLP over the set: Set Transformer's SAB, pre-LN). ISAB: m =
+ * set_inducing learned inducing points I attend to the set, H = MAB(I, X),
+ * then the set attends to them, MAB(X, H): O(N m) attention instead of
+ * O(N^2). MAB(X, Y) = Z + MLP(LN2(Z)), Z = X + proj(Attn(LNc(X) Wq,
+ * LNk(Y) Wkv)): the encoder-decoder's cross-attention sublayer on a
+ * normalised memory, then the MLP (mlp_dim > 0). */
+typedef enum { BK_SET_SAB = 0, BK_SET_ISAB = 1 } bk_set_block;
 /* How the [CLS] token's attention row is computed (LOTFormer's ViT
  * ingredients; docs/MODEL.md "The [CLS] row and DWC"). FULL: it is a row of
  * the model's attention over all tokens (the paper's "full DS"). SOFTMAX:
@@ -141,6 +153,20 @@ typedef struct {
      * (never accumulated), so no optimiser moves it (no weight decay
      * applies to LOT tensors) and the gradient norm leaves it out.      */
     bk_lot_learn lot_learn;
+    /* ---- Set Transformer blocks (classifier; docs/MODEL.md) ----
+     * set_block: sab (the encoder block) or isab (set_inducing inducing
+     * points, >= 1; 16): the attentions of an ISAB block are of kind attn
+     * (softmax, sinkhorn, unbalanced or esp: rectangular problems with
+     * uniform marginals 1/Nq, 1/Nk), and it takes cls_attn = full, dwc = 0.
+     * pool = pma: pma_seeds learned seeds (>= 1; 1) attend to rFF(x)
+     * (rFF = Linear-GELU-Linear of width mlp_dim; none when mlp_dim = 0)
+     * through a MAB whose attention is pma_attn (softmax, sinkhorn,
+     * unbalanced or esp; softmax: with one seed a doubly-stochastic PMA is
+     * exactly mean pooling), features [B, pma_seeds * dim].           */
+    bk_set_block set_block;
+    int set_inducing;
+    int pma_seeds;
+    bk_attn_kind pma_attn;
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
@@ -148,13 +174,14 @@ typedef struct {
  * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
  * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
  * iterations), eps 0.5; cls_attn full, pol_ps 2, pol_po 1, no DWC (kernel
- * 3); lot_learn both. */
+ * 3); lot_learn both; set_block sab, 16 inducing points, 1 PMA seed, pma_attn
+ * softmax. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
- * pool=cls|mean|max|otk, asap_ending=auto|zero|column|row,
- * cls_attn=full|softmax|pol, lot_learn=both|z|none). Unknown keys or
- * malformed values: BK_ERR_PARAM. */
+ * pool=cls|mean|max|otk|pma, asap_ending=auto|zero|column|row,
+ * cls_attn=full|softmax|pol, lot_learn=both|z|none, set_block=sab|isab,
+ * pma_attn as attn). Unknown keys or malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
 /* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */
 BK_API bk_status bk_model_config_parse(bk_model_config *c, const char *text);
@@ -235,7 +262,9 @@ BK_API void bk_model_zero_grad(bk_model *m);
 BK_API bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap);
 /* The attention of block `layer` in the last forward: [B, H, N, N] (N =
  * tokens incl. CLS; padded rows/columns zero). Recomputed from the stored
- * activations; attn must hold B*H*N*N floats. */
+ * activations; attn must hold B*H*N*N floats. An ISAB block's map is its
+ * first attention, the m = set_inducing inducing points over the set:
+ * [B, H, m, N] (B*H*m*N floats; padded columns zero). */
 BK_API bk_status bk_model_attention(bk_model *m, int layer, float *attn);
 /* Compiling a trained Sinkhorn model into ASAP (birkhoff asap compile):
  * bk_model_asap_config gives the ASAP configuration whose teacher is this

@@ -147,7 +147,11 @@ BK_API void bk_eval_result_free(bk_eval_result *ev);
  * receives, per layer, the column sums of every (sample, head, valid column):
  * layer l's values start at colsums + l * B * heads * tokens (room for
  * depth * B * heads * tokens floats) and *ncol (nullable) receives the count
- * per layer. per_layer has room for the model's depth. */
+ * per layer. per_layer has room for the model's depth. An ISAB model's
+ * layer is its blocks' first map, the m = set_inducing inducing points over
+ * the set (bk_model_attention): rows sum over the valid tokens, and column
+ * sums are divided by their doubly-stochastic value m / n_b (1 for a square
+ * map), so col_dev and colsums measure the same thing for both. */
 typedef struct {
     double row_dev, col_dev, entropy, uniform_entropy;
 } bk_layer_diag;

@@ -52,6 +52,9 @@ Contents:
       marginals) when nothing is padded and attn_scale is 0. ESP and the OTK
       pool use the semantics functions in both modes (per-sample loops: slow
       peers, not the reference codes' speed).
+  Set Transformer blocks (set_block=isab: _ISAB, two _MAB on the decoder's
+  cross-attention module; pool=pma: _PMA, seeds, rFF and a _MAB of attention
+  pma_attn; MODEL.md "Set Transformer blocks").
   LOTFormer's ViT ingredients (cls_attn: the [CLS] row's own softmax or
   Pol-[CLS] logits, the operator on the other tokens; dwc: the
   depthwise-convolution branch over the patch grid) are
@@ -258,7 +261,9 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
 # ---------------------------------------------------------------------------
 INPUTS = ("image", "tokens", "points")
 ATTNS = ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff")
-POOLS = ("cls", "mean", "max", "otk")
+POOLS = ("cls", "mean", "max", "otk", "pma")
+# Set Transformer blocks (docs/MODEL.md "Set Transformer blocks")
+SET_BLOCKS = ("sab", "isab")
 ARCHS = ("classifier", "seq2seq")
 # the attention kinds a seq2seq model's cross-attention takes (bk_model_config_check)
 CROSS_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp")
@@ -287,6 +292,8 @@ CONFIG_DEFAULTS = {
     "cls_attn": "full", "pol_ps": 2.0, "pol_po": 1.0, "dwc": 0, "dwc_kernel": 3,
     # what of the LOT pivot measure is trained (docs/MODEL.md "LOT pivots")
     "lot_learn": "both",
+    # Set Transformer blocks (docs/MODEL.md "Set Transformer blocks")
+    "set_block": "sab", "set_inducing": 16, "pma_seeds": 1, "pma_attn": "softmax",
 }
 ASAP_ENDINGS = ("auto", "zero", "column", "row")
 CLS_ATTNS = ("full", "softmax", "pol")
@@ -295,7 +302,7 @@ LOT_LEARNS = ("both", "z", "none")
 CLS_SPLIT_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
                  "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS, "cls_attn": CLS_ATTNS,
-                 "lot_learn": LOT_LEARNS}
+                 "lot_learn": LOT_LEARNS, "set_block": SET_BLOCKS, "pma_attn": ATTNS}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
 SCHEDS = ("constant", "step", "cosine", "invsqrt")
@@ -366,8 +373,9 @@ def parse_config(text):
 
     Known keys get their type (int, float, or the enum name as a string:
     input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
-    pool=cls|mean|max|otk); unknown keys are kept as strings (Model refuses
-    them). Only the keys present in the text are returned.
+    pool=cls|mean|max|otk|pma, set_block=sab|isab, pma_attn as attn); unknown
+    keys are kept as strings (Model refuses them). Only the keys present in
+    the text are returned.
     """
     return _parse(text, CONFIG_DEFAULTS, _CONFIG_ENUMS)
 
@@ -443,6 +451,8 @@ def feature_dim(cfg):
     """Width of the pooled features fed to the head."""
     if cfg["pool"] == "otk":
         return cfg["otk_supports"] * cfg["otk_refs"] * cfg["dim"]
+    if cfg["pool"] == "pma":
+        return cfg["pma_seeds"] * cfg["dim"]
     return cfg["dim"]
 
 
@@ -481,6 +491,26 @@ def check_config(cfg):
     if cfg["attn"] == "diff" and head_dim(cfg) % 2:
         raise ValueError(f"attn=diff needs an even head dimension, got {head_dim(cfg)}")
     _check_vit(cfg)
+    _check_set(cfg)
+
+
+def _check_set(cfg):
+    """set_block, set_inducing, pool=pma, pma_seeds, pma_attn (bk_model_config_check)."""
+    s2s = cfg["arch"] == "seq2seq"
+    if cfg["set_block"] == "isab":
+        if s2s:
+            raise ValueError("set_block=isab is a block of the classifier")
+        if cfg["set_inducing"] < 1:
+            raise ValueError("set_block=isab needs set_inducing >= 1")
+        if cfg["attn"] not in CROSS_ATTNS:
+            raise ValueError(f"set_block=isab takes attn {', '.join(CROSS_ATTNS)} (got {cfg['attn']})")
+        if cfg["cls_attn"] != "full" or cfg["dwc"]:
+            raise ValueError("set_block=isab takes cls_attn=full and dwc=0")
+    if not s2s and cfg["pool"] == "pma":
+        if cfg["pma_seeds"] < 1:
+            raise ValueError("pool=pma needs pma_seeds >= 1")
+        if cfg["pma_attn"] not in CROSS_ATTNS:
+            raise ValueError(f"pma_attn takes {', '.join(CROSS_ATTNS)} (got {cfg['pma_attn']})")
 
 
 def _check_vit(cfg):
@@ -564,6 +594,18 @@ def param_specs(cfg):
             linear(p + "mlp.fc1", D, M)
             linear(p + "mlp.fc2", M, D)
 
+    def mab(p):
+        """add_mab: lnc, lnk, cross.q, cross.kv, cross.proj, [ln2, mlp.*]"""
+        norm(p + "lnc")
+        norm(p + "lnk")
+        linear(p + "cross.q", D, inner, bias=bool(cfg["qkv_bias"]))
+        linear(p + "cross.kv", D, 2 * inner, bias=bool(cfg["qkv_bias"]))
+        linear(p + "cross.proj", inner, D)
+        if M > 0:
+            norm(p + "ln2")
+            linear(p + "mlp.fc1", D, M)
+            linear(p + "mlp.fc2", M, D)
+
     if cfg["arch"] == "seq2seq":
         # embed.table, [enc.pos, dec.pos], enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm]
         specs.append(("embed.table", (cfg["vocab"], D), 1))
@@ -592,11 +634,22 @@ def param_specs(cfg):
     if cfg["pos_embed"]:
         specs.append(("pos", (num_tokens(cfg), D), 0))
     for l in range(cfg["depth"]):
-        block(f"blocks.{l}.", cfg["attn"], False)
+        if cfg["set_block"] == "isab":   # add_isab: inducing points, mab0, mab1
+            specs.append((f"blocks.{l}.inducing", (cfg["set_inducing"], D), 0))
+            mab(f"blocks.{l}.mab0.")
+            mab(f"blocks.{l}.mab1.")
+        else:
+            block(f"blocks.{l}.", cfg["attn"], False)
     if cfg["final_norm"]:
         norm("norm")
     if cfg["pool"] == "otk":
         specs.append(("pool.otk_z", (cfg["otk_refs"], cfg["otk_supports"], D), 0))
+    if cfg["pool"] == "pma":   # add_pma: seeds, [rFF], the MAB
+        specs.append(("pool.seeds", (cfg["pma_seeds"], D), 0))
+        if M > 0:
+            linear("pool.rff.fc1", D, M)
+            linear("pool.rff.fc2", M, D)
+        mab("pool.mab.")
     linear("head", feature_dim(cfg), cfg["classes"])
     return specs
 
@@ -986,6 +1039,75 @@ class _OTKPool(nn.Module):
         return out.reshape(h.shape[0], -1)                     # [B, p*q*D], [p, q, D] order
 
 
+class _MAB(nn.Module):
+    """A Set Transformer MAB (src/nn/model.c's MAB unit; docs/MODEL.md "Set
+    Transformer blocks"): MAB(X, Y) = Z + drop(mlp(ln2(Z))), Z = X +
+    drop(cross(lnc(X), lnk(Y))) with cross the decoder's cross-attention
+    module (_Attention(cross=True): cross.q on the queries, cross.kv on the
+    keys' set, cross.proj) of kind `kind`, pre-LN. unit: the C unit index
+    (ESP's seeded slices: 2000 + unit)."""
+
+    def __init__(self, cfg, unit, reference, kind):
+        super().__init__()
+        D = cfg["dim"]
+        self.lnc = nn.LayerNorm(D, eps=cfg["ln_eps"])
+        self.lnk = nn.LayerNorm(D, eps=cfg["ln_eps"])
+        self.cross = _Attention(cfg, unit, reference, kind=kind, cross=True)
+        if cfg["mlp_dim"] > 0:
+            self.ln2 = nn.LayerNorm(D, eps=cfg["ln_eps"])
+            self.mlp = _MLP(D, cfg["mlp_dim"])
+        else:
+            self.ln2 = self.mlp = None
+        self.drop = nn.Dropout(cfg["dropout"])
+
+    def forward(self, x, y, x_lens, y_lens):
+        """x [B, Nq, D] the queries' set (valid lengths x_lens, None: all),
+        y [B, Nk, D] the keys' (y_lens) -> [B, Nq, D]."""
+        yn = self.lnk(y)
+        B, Nq, Nk = x.shape[0], x.shape[1], y.shape[1]
+        if x_lens is not None or y_lens is not None:   # explicit on both sides
+            x_lens = [Nq] * B if x_lens is None else x_lens
+            y_lens = [Nk] * B if y_lens is None else y_lens
+        x = _sublayer(x, lambda h: self.cross(h, x_lens, yn, y_lens), self.lnc, self.drop, False)
+        if self.mlp is not None:
+            x = _sublayer(x, self.mlp, self.ln2, self.drop, False)
+        return x
+
+
+class _ISAB(nn.Module):
+    """ISAB block l: blocks.l.inducing [m, D]; H = mab0(I, X), out = mab1(X, H)
+    (the C units depth + l and l), both of attention cfg["attn"]."""
+
+    def __init__(self, cfg, l, reference):
+        super().__init__()
+        self.inducing = nn.Parameter(torch.empty(cfg["set_inducing"], cfg["dim"]))
+        self.mab0 = _MAB(cfg, cfg["depth"] + l, reference, cfg["attn"])
+        self.mab1 = _MAB(cfg, l, reference, cfg["attn"])
+
+    def forward(self, x, lens):
+        B = x.shape[0]
+        h = self.mab0(self.inducing.expand(B, -1, -1), x, None, lens)
+        return self.mab1(x, h, lens, None)
+
+
+class _PMA(nn.Module):
+    """pool = pma: pool.seeds [k, D], pool.rff (Linear-GELU-Linear of width
+    mlp_dim; none when 0), pool.mab (attention cfg["pma_attn"], the C unit
+    depth (2 depth with ISAB blocks)); features [B, k D]."""
+
+    def __init__(self, cfg, reference):
+        super().__init__()
+        self.seeds = nn.Parameter(torch.empty(cfg["pma_seeds"], cfg["dim"]))
+        self.rff = _MLP(cfg["dim"], cfg["mlp_dim"]) if cfg["mlp_dim"] > 0 else None
+        unit = cfg["depth"] * (2 if cfg["set_block"] == "isab" else 1)
+        self.mab = _MAB(cfg, unit, reference, cfg["pma_attn"])
+
+    def forward(self, h, lens):
+        B = h.shape[0]
+        z = self.rff(h) if self.rff is not None else h
+        return self.mab(self.seeds.expand(B, -1, -1), z, None, lens).reshape(B, -1)
+
+
 def _finish_init(module, cfg, backend):
     """the end of Model's and Seq2SeqModel's __init__: the parameter table
     (names and shapes must be MODEL.md's), the initialisation, the backend"""
@@ -1025,16 +1147,19 @@ class Model(nn.Module):
         self.cls = nn.Parameter(torch.empty(D)) if cfg["cls"] else None
         self.pos = nn.Parameter(torch.empty(num_tokens(cfg), D)) if cfg["pos_embed"] else None
         self.drop = nn.Dropout(cfg["dropout"])
-        self.blocks = nn.ModuleList(_Block(cfg, l, reference) for l in range(cfg["depth"]))
+        blk = _ISAB if cfg["set_block"] == "isab" else _Block
+        self.blocks = nn.ModuleList(blk(cfg, l, reference) for l in range(cfg["depth"]))
         self.norm = nn.LayerNorm(D, eps=cfg["ln_eps"]) if cfg["final_norm"] else None
-        self.pool = _OTKPool(cfg) if cfg["pool"] == "otk" else None
+        self.pool = (_OTKPool(cfg) if cfg["pool"] == "otk" else _PMA(cfg, reference)
+                     if cfg["pool"] == "pma" else None)
         self.head = nn.Linear(feature_dim(cfg), cfg["classes"])
         _finish_init(self, cfg, backend)
 
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
         CLS, positions, token table N(0, 0.02^2), LOT pivots N(0, 1), masses 0,
-        OTK references N(0, 1/D), diff lambda vectors N(0, 0.1^2)."""
+        OTK references, ISAB inducing points and PMA seeds N(0, 1/D), diff
+        lambda vectors N(0, 0.1^2)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.LayerNorm, _DWC)):
                 m.reset_parameters()
@@ -1048,7 +1173,7 @@ class Model(nn.Module):
                     p.zero_()
                 elif name.rsplit(".", 1)[-1] in _DIFF_VECTORS:
                     p.normal_(0.0, 0.1)
-                elif name == "pool.otk_z":
+                elif name in ("pool.otk_z", "pool.seeds") or name.endswith(".inducing"):
                     p.normal_(0.0, self.cfg["dim"] ** -0.5)
 
     def set_backend(self, backend):
@@ -1149,7 +1274,7 @@ class Model(nn.Module):
         pool = c["pool"]
         if pool == "cls":
             return h[:, 0]
-        if pool == "otk":
+        if pool in ("otk", "pma"):
             return self.pool(h, lens)
         rows = [h[b] if lens is None else h[b, :lens[b]] for b in range(B)]
         if pool == "mean":
@@ -1896,6 +2021,12 @@ _SELF_CASES = [
      "attn=lot,lot_r=2,cls_attn=pol,dwc=1,pool=cls", False),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
      "attn=sinkhorn,sk_iters=3,cls_attn=softmax,pool=mean", True),
+    # Set Transformer: ISAB blocks + PMA (2 seeds), SAB + PMA without rFF
+    ("input=points,point_dim=3,max_points=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,cls=0,"
+     "pos_embed=0,set_block=isab,set_inducing=2,attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2",
+     True),
+    ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=0,classes=3,attn=softmax,"
+     "pool=pma,pma_attn=esp,esp_t=0.3", True),
 ]
 
 

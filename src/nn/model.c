@@ -16,7 +16,9 @@
 /* ------------------------------------------------------------------------ */
 static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
 static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
-static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", NULL};
+static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", "pma", NULL};
+/* bk_set_block's values in order */
+static const char *const SET_BLOCK_NAMES[] = {"sab", "isab", NULL};
 /* bk_asap_variant's values in order */
 static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row", NULL};
 static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
@@ -43,6 +45,7 @@ static const bki_field MODEL_FIELDS[] = {
     F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
     F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
     E(lot_learn, LOT_LEARN_NAMES),
+    E(set_block, SET_BLOCK_NAMES), F(set_inducing, BKI_F_INT), F(pma_seeds, BKI_F_INT),   E(pma_attn, ATTN_NAMES),
 };
 #undef F
 #undef E
@@ -93,6 +96,10 @@ bk_model_config bk_model_config_default(void)
     c.pol_ps = 2.0f;
     c.pol_po = 1.0f;
     c.dwc_kernel = 3;
+    c.set_block = BK_SET_SAB;
+    c.set_inducing = 16;
+    c.pma_seeds = 1;
+    c.pma_attn = BK_ATTN_SOFTMAX;
     return c;
 }
 
@@ -119,12 +126,49 @@ size_t bk_model_config_format(const bk_model_config *c, char *buf, size_t cap)
         if (!(cond)) return bki_fail(BK_ERR_PARAM, "model config: " __VA_ARGS__);                                  \
     } while (0)
 
+/* the attention kinds a cross-attention site takes (rectangular problems;
+ * LOT's pivots and diff's lambda are self-attention parameters) */
+static int cross_kind_ok(bk_attn_kind k)
+{
+    return k == BK_ATTN_SOFTMAX || k == BK_ATTN_SINKHORN || k == BK_ATTN_UNBALANCED || k == BK_ATTN_ESP;
+}
+static const char *attn_name(bk_attn_kind k) { return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?"; }
+
+/* the Set Transformer keys (set_block, set_inducing, pool = pma, pma_seeds,
+ * pma_attn) */
+static bk_status set_check(const bk_model_config *c)
+{
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    if (c->set_block == BK_SET_ISAB) {
+        NEED(!s2s, "set_block=isab is a block of the classifier (arch=seq2seq has encoder blocks)");
+        NEED(c->set_inducing >= 1, "set_block=isab needs set_inducing >= 1 inducing points (got %d)", c->set_inducing);
+        NEED(cross_kind_ok(c->attn),
+             "set_block=isab: attn=%s; an ISAB block's attentions are rectangular cross-attentions (inducing points "
+             "x set, set x inducing points), which take softmax, sinkhorn, unbalanced or esp (%s)",
+             attn_name(c->attn),
+             c->attn == BK_ATTN_ASAP ? "compiled layers are fitted to square self-attention"
+                                     : "LOT's pivots and diff's lambda are self-attention parameters");
+        NEED(c->cls_attn == BK_CLS_FULL && !c->dwc,
+             "set_block=isab takes cls_attn=full and dwc=0 (the [CLS] row and the DWC branch are self-attention "
+             "ingredients)");
+    }
+    if (!s2s && c->pool == BK_POOL_PMA) {
+        NEED(c->pma_seeds >= 1, "pool=pma needs pma_seeds >= 1 (got %d)", c->pma_seeds);
+        NEED(cross_kind_ok(c->pma_attn),
+             "pma_attn=%s: the PMA's attention (seeds x set) takes softmax, sinkhorn, unbalanced or esp",
+             attn_name(c->pma_attn));
+    }
+    return BK_OK;
+}
+
 bk_status bk_model_config_check(const bk_model_config *c)
 {
     if (!c) return bki_fail(BK_ERR_NULL, "model config: NULL");
     NEED(c->input >= BK_INPUT_IMAGE && c->input <= BK_INPUT_POINTS, "unknown input kind %d", (int)c->input);
     NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_DIFF, "unknown attention type %d", (int)c->attn);
-    NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_OTK, "unknown pooling %d", (int)c->pool);
+    NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_PMA, "unknown pooling %d", (int)c->pool);
+    NEED(c->set_block == BK_SET_SAB || c->set_block == BK_SET_ISAB, "unknown set_block %d", (int)c->set_block);
+    NEED(c->pma_attn >= BK_ATTN_SOFTMAX && c->pma_attn <= BK_ATTN_DIFF, "unknown pma_attn %d", (int)c->pma_attn);
     if (c->input == BK_INPUT_IMAGE) {
         NEED(c->channels >= 1 && c->image_h >= 1 && c->image_w >= 1, "image sizes must be >= 1 (channels=%d, %dx%d)",
              c->channels, c->image_h, c->image_w);
@@ -178,20 +222,25 @@ bk_status bk_model_config_check(const bk_model_config *c)
         const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
         NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
                  feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->lot_r <= L && c->esp_slices <= L,
+                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
+                 c->set_inducing <= L && (int64_t)c->pma_seeds * c->dim <= L,
              "model sizes too large (each size and product of sizes must stay below 2^24)");
     }
     NEED(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
     NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
     NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
     NEED(s2s || c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
+    const int pma = !s2s && c->pool == BK_POOL_PMA;
     const int uses_sk = c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
-                        (s2s && (c->cross_attn == BK_ATTN_SINKHORN || c->cross_attn == BK_ATTN_UNBALANCED));
-    const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP);
+                        (s2s && (c->cross_attn == BK_ATTN_SINKHORN || c->cross_attn == BK_ATTN_UNBALANCED)) ||
+                        (pma && (c->pma_attn == BK_ATTN_SINKHORN || c->pma_attn == BK_ATTN_UNBALANCED));
+    const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP) ||
+                         (pma && c->pma_attn == BK_ATTN_ESP);
     if (uses_sk)
         NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
              "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
-    if (c->attn == BK_ATTN_UNBALANCED || (s2s && c->cross_attn == BK_ATTN_UNBALANCED))
+    if (c->attn == BK_ATTN_UNBALANCED || (s2s && c->cross_attn == BK_ATTN_UNBALANCED) ||
+        (pma && c->pma_attn == BK_ATTN_UNBALANCED))
         NEED(c->sk_rho > 0.0f, "unbalanced Sinkhorn needs sk_rho > 0 (got %g)", (double)c->sk_rho);
     NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
              c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
@@ -238,7 +287,7 @@ bk_status bk_model_config_check(const bk_model_config *c)
                  c->otk_eps > 0.0f,
              "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
              "iterations) and otk_eps > 0");
-    return BK_OK;
+    return set_check(c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -315,6 +364,99 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
 #undef P
 }
 
+/* ---- Set Transformer units (docs/MODEL.md "Set Transformer blocks") ----
+ * The classifier's bo/ba entries: [0, depth) its blocks (encoder blocks, or
+ * with set_block = isab each ISAB's second MAB, mab1: the set attends to H),
+ * [depth, 2 depth) the ISABs' first MABs (mab0: the inducing points attend
+ * to the set), then the PMA (pool = pma). */
+static int is_isab(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->set_block == BK_SET_ISAB; }
+static int has_pma(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->pool == BK_POOL_PMA; }
+static int pma_unit(const bk_model_config *c) { return c->depth * (is_isab(c) ? 2 : 1); }
+/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
+ * or the classifier's set units */
+static int block_count(const bk_model_config *c)
+{
+    return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0) + (is_isab(c) ? c->depth : 0) + has_pma(c);
+}
+/* what an entry of bo/ba is */
+typedef enum { U_ENC = 0, U_DEC = 1, U_MAB = 2 } unit_kind;
+static unit_kind unit_of(const bk_model_config *c, int l)
+{
+    if (c->arch == BK_ARCH_SEQ2SEQ) return l >= c->depth ? U_DEC : U_ENC;
+    return is_isab(c) || l >= c->depth ? U_MAB : U_ENC;
+}
+
+/* a tensor named prefix + suffix */
+static int64_t add_named(bk_model *m, const char *prefix, const char *suffix, int nd, int64_t s0, int64_t s1,
+                         int decay)
+{
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s%s", prefix, suffix);
+    return add_param(m, nm, nd, s0, s1, 0, decay);
+}
+
+/* the tensors of MAB unit u under prefix ("blocks.0.mab0.", "pool.mab."):
+ * lnc (the queries' norm), lnk (the keys' norm), cross.q, cross.kv,
+ * cross.proj (the decoder's cross-attention names), ln2, mlp.fc1, mlp.fc2 */
+static void add_mab(bk_model *m, int u, const char *prefix)
+{
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, M = c->mlp_dim;
+    blk_off *o = &m->bo[u];
+    o->lnc_w = add_named(m, prefix, "lnc.weight", 1, D, 0, 0);
+    o->lnc_b = add_named(m, prefix, "lnc.bias", 1, D, 0, 0);
+    o->lnk_w = add_named(m, prefix, "lnk.weight", 1, D, 0, 0);
+    o->lnk_b = add_named(m, prefix, "lnk.bias", 1, D, 0, 0);
+    o->cq_w = add_named(m, prefix, "cross.q.weight", 2, I, D, 1);
+    if (c->qkv_bias) o->cq_b = add_named(m, prefix, "cross.q.bias", 1, I, 0, 0);
+    o->ckv_w = add_named(m, prefix, "cross.kv.weight", 2, 2 * I, D, 1);
+    if (c->qkv_bias) o->ckv_b = add_named(m, prefix, "cross.kv.bias", 1, 2 * I, 0, 0);
+    o->cproj_w = add_named(m, prefix, "cross.proj.weight", 2, D, I, 1);
+    o->cproj_b = add_named(m, prefix, "cross.proj.bias", 1, D, 0, 0);
+    if (M > 0) {
+        o->ln2_w = add_named(m, prefix, "ln2.weight", 1, D, 0, 0);
+        o->ln2_b = add_named(m, prefix, "ln2.bias", 1, D, 0, 0);
+        o->fc1_w = add_named(m, prefix, "mlp.fc1.weight", 2, M, D, 1);
+        o->fc1_b = add_named(m, prefix, "mlp.fc1.bias", 1, M, 0, 0);
+        o->fc2_w = add_named(m, prefix, "mlp.fc2.weight", 2, D, M, 1);
+        o->fc2_b = add_named(m, prefix, "mlp.fc2.bias", 1, D, 0, 0);
+    }
+}
+
+/* ISAB block l: blocks.l.inducing [m, D], blocks.l.mab0.* (H = MAB(I, X)),
+ * blocks.l.mab1.* (MAB(X, H)) */
+static void add_isab(bk_model *m, int l)
+{
+    const bk_model_config *c = &m->c;
+    char pre[48];
+    const int u0 = c->depth + l;
+    memset(&m->bo[l], 0xff, sizeof m->bo[l]); /* all -1 */
+    memset(&m->bo[u0], 0xff, sizeof m->bo[u0]);
+    snprintf(pre, sizeof pre, "blocks.%d.", l);
+    m->bo[u0].qset = add_named(m, pre, "inducing", 2, c->set_inducing, c->dim, 0);
+    snprintf(pre, sizeof pre, "blocks.%d.mab0.", l);
+    add_mab(m, u0, pre);
+    snprintf(pre, sizeof pre, "blocks.%d.mab1.", l);
+    add_mab(m, l, pre);
+}
+
+/* the PMA: pool.seeds [k, D], pool.rff.fc1, fc2 (mlp_dim > 0), pool.mab.* */
+static void add_pma(bk_model *m)
+{
+    const bk_model_config *c = &m->c;
+    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim;
+    blk_off *o = &m->bo[u];
+    memset(o, 0xff, sizeof *o);
+    o->qset = add_param(m, "pool.seeds", 2, c->pma_seeds, D, 0, 0);
+    if (M > 0) {
+        o->rf1_w = add_param(m, "pool.rff.fc1.weight", 2, M, D, 0, 1);
+        o->rf1_b = add_param(m, "pool.rff.fc1.bias", 1, M, 0, 0, 0);
+        o->rf2_w = add_param(m, "pool.rff.fc2.weight", 2, D, M, 0, 1);
+        o->rf2_b = add_param(m, "pool.rff.fc2.bias", 1, D, 0, 0, 0);
+    }
+    add_mab(m, u, "pool.mab.");
+}
+
 /* the encoder-decoder's table (docs/MODEL.md): embed.table (shared by the
  * source, the target and the output projection), [enc.pos, dec.pos],
  * enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm] */
@@ -371,6 +513,10 @@ static void build_table(bk_model *m)
     if (c->cls) m->cls_o = add_param(m, "cls", 1, D, 0, 0, 0);
     if (c->pos_embed) m->pos_o = add_param(m, "pos", 2, m->T, D, 0, 0);
     for (int l = 0; l < c->depth; l++) {
+        if (is_isab(c)) {
+            add_isab(m, l);
+            continue;
+        }
         snprintf(pre, sizeof pre, "blocks.%d.", l);
         add_block(m, l, pre, c->attn, 0);
     }
@@ -379,6 +525,7 @@ static void build_table(bk_model *m)
         m->nrm_b = add_param(m, "norm.bias", 1, D, 0, 0, 0);
     }
     if (c->pool == BK_POOL_OTK) m->otk_z = add_param(m, "pool.otk_z", 3, c->otk_refs, c->otk_supports, D, 0);
+    if (has_pma(c)) add_pma(m);
     m->head_w = add_param(m, "head.weight", 2, c->classes, m->F, 0, 1);
     m->head_b = add_param(m, "head.bias", 1, c->classes, 0, 0, 0);
 }
@@ -401,7 +548,8 @@ static void init_params(bk_model *m)
         const char *n = p->name;
         size_t ln = strlen(n);
 #define ENDS(suf) (ln >= strlen(suf) && strcmp(n + ln - strlen(suf), suf) == 0)
-        if (strstr(n, ".ln1.") || strstr(n, ".ln2.") || strstr(n, ".lnc.") || strncmp(n, "norm.", 5) == 0 ||
+        if (strstr(n, ".ln1.") || strstr(n, ".ln2.") || strstr(n, ".lnc.") || strstr(n, ".lnk.") ||
+            strncmp(n, "norm.", 5) == 0 ||
             ENDS("norm.weight") || ENDS("norm.bias")) {
             for (int64_t j = 0; j < p->count; j++) w[j] = ENDS(".weight") ? 1.0f : 0.0f;
         } else if (m->c.arch == BK_ARCH_SEQ2SEQ && (strcmp(n, "embed.table") == 0 || ENDS(".pos"))) {
@@ -420,7 +568,8 @@ static void init_params(bk_model *m)
             /* PyTorch's Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k */
             const double bound = 1.0 / (double)m->c.dwc_kernel;
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)((2.0 * unif(&s) - 1.0) * bound);
-        } else if (strcmp(n, "pool.otk_z") == 0) {
+        } else if (strcmp(n, "pool.otk_z") == 0 || ENDS(".inducing") || strcmp(n, "pool.seeds") == 0) {
+            /* OTK references, ISAB inducing points, PMA seeds: N(0, 1/dim) */
             const double sd = 1.0 / sqrt((double)m->c.dim);
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
         } else {
@@ -599,12 +748,43 @@ static const attn_kind ATTN_KINDS[] = {
 };
 
 /* the attention kind at a site: the model's attn (self-attention of the
- * classifier and the encoder), softmax (the decoder's causal self-
- * attention), cross_attn */
+ * classifier and the encoder, the ISAB blocks' attentions), softmax (the
+ * decoder's causal self-attention), cross_attn (the decoder's cross-
+ * attention), pma_attn (the PMA) */
 static bk_attn_kind site_kind(const bk_model *m, attn_site s)
 {
-    return s.cross ? m->c.cross_attn : s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
+    if (!s.cross) return s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
+    if (m->c.arch == BK_ARCH_SEQ2SEQ) return m->c.cross_attn;
+    return has_pma(&m->c) && s.l == pma_unit(&m->c) ? m->c.pma_attn : m->c.attn;
 }
+
+/* The cross-attention of unit L (a decoder block, a MAB unit): Nq queries
+ * with lengths nq, Nk keys with lengths nk per sample (NULL: all) */
+typedef struct {
+    int Nq, Nk;
+    const int32_t *nq, *nk;
+} cross_shape;
+/* a MAB unit's (the lengths are the current batch's) */
+static cross_shape mab_shape(const bk_model *m, int u)
+{
+    const bk_model_config *c = &m->c;
+    if (has_pma(c) && u == pma_unit(c)) return (cross_shape){c->pma_seeds, m->T, NULL, m->nb};
+    if (u >= c->depth) return (cross_shape){c->set_inducing, m->T, NULL, m->nb}; /* mab0: I over X */
+    return (cross_shape){m->T, c->set_inducing, m->nb, NULL};                     /* mab1: X over H */
+}
+/* the problem of unit l's cross-attention for max_batch (tapes, workspace) */
+static bk_attn_desc cross_desc_max(const bk_model *m, int l)
+{
+    if (unit_of(&m->c, l) == U_DEC)
+        return (bk_attn_desc){m->max_batch, m->c.heads, m->Td, m->Tmax, m->dh, m->dh, NULL, NULL};
+    const cross_shape cs = mab_shape(m, l);
+    return (bk_attn_desc){m->max_batch, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, NULL, NULL};
+}
+/* the Set Transformer's forward and backward (after the decoder's) */
+static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train);
+static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin);
+static bk_status pma_fwd(bk_model *m, int B, int train);
+static bk_status pma_bwd(bk_model *m, int B);
 static attn_site self_site(int l) { return (attn_site){l, 0, 0}; }
 
 /* a generic call of the operator at a site (par: its storage) */
@@ -635,8 +815,6 @@ static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, attn_site s)
     return c.op->backward ? bki_op_tape_size_query(&c) : 0;
 }
 
-/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's */
-static int block_count(const bk_model_config *c) { return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0); }
 
 void bk_model_free(bk_model *m)
 {
@@ -673,6 +851,13 @@ void bk_model_free(bk_model *m)
             free(a->catt);
             free(a->cesp_theta);
             free(a->ctape);
+            free(a->lnk);
+            free(a->muk);
+            free(a->rsk);
+            free(a->xq);
+            free(a->rf1);
+            free(a->rg1);
+            free(a->rfo);
             if (a->asap) {
                 bk_asap_layer_free(a->asap);
                 free(a->asap);
@@ -683,7 +868,8 @@ void bk_model_free(bk_model *m)
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
                     m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
-                    m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss};
+                    m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss,
+                    m->dY, m->dXs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -715,6 +901,56 @@ static size_t phys_memory(void)
     if (pages > 0 && size > 0) return (size_t)pages * (size_t)size;
 #endif
     return 0;
+}
+
+/* the activations, tape and ESP slices of MAB unit u for max_batch; wsz
+ * receives the larger of itself and the unit's workspace */
+static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
+{
+    const bk_model_config *c = &m->c;
+    blk_act *a = &m->ba[u];
+    const cross_shape cs = mab_shape(m, u);
+    const size_t D = (size_t)c->dim, I = (size_t)m->I, M = (size_t)c->mlp_dim, Rq = (size_t)m->max_batch * cs.Nq,
+                 Rk = (size_t)m->max_batch * cs.Nk;
+    a->lnk = falloc(Rk * D, z);
+    a->muk = falloc(Rk, z);
+    a->rsk = falloc(Rk, z);
+    if (m->bo[u].qset >= 0) a->xq = falloc(Rq * D, z);
+    a->out = falloc(Rq * D, z);
+    a->cmid = M > 0 ? falloc(Rq * D, z) : a->out; /* (without an MLP the output is the cross-attention's) */
+    a->lnc = falloc(Rq * D, z);
+    a->muc = falloc(Rq, z);
+    a->rsc = falloc(Rq, z);
+    a->cq = falloc(Rq * I, z);
+    a->ckv = falloc(Rk * 2 * I, z);
+    a->catt = falloc(Rq * I, z);
+    if (M > 0) {
+        a->ln2 = falloc(Rq * D, z);
+        a->mu2 = falloc(Rq, z);
+        a->rs2 = falloc(Rq, z);
+        a->f1 = falloc(Rq * M, z);
+        a->g1 = falloc(Rq * M, z);
+        if (m->bo[u].rf1_w >= 0) { /* the PMA's rFF on the set's rows */
+            a->rf1 = falloc(Rk * M, z);
+            a->rg1 = falloc(Rk * M, z);
+            a->rfo = falloc(Rk * D, z);
+        }
+    }
+    const attn_site site = {u, 1, 0};
+    if (site_kind(m, site) == BK_ATTN_ESP && c->esp_slices > 0) {
+        a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, z);
+        if (!z->bad && !z->measure) {
+            bk_esp_config ep = esp_params(m, u, 1);
+            ep.theta = NULL;
+            bk_esp_slices(&ep, m->dh, a->cesp_theta);
+        }
+    }
+    if (z->bad) return;
+    const bk_attn_desc d = cross_desc_max(m, u);
+    a->ctape_cap = attn_tape(m, &d, site);
+    if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
+    const size_t w1 = attn_ws(m, &d, site);
+    if (w1 > *wsz) *wsz = w1;
 }
 
 /* bk_model_create, or (measure) only the count of the bytes it allocates */
@@ -799,8 +1035,14 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->T = m->np + (s2s ? 0 : c->cls);
     m->Tmax = m->T;
     m->Td = s2s ? c->tgt_max_len : 0;
-    m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim : c->dim;
-    const int NB = block_count(c), Nmax = m->T > m->Td ? m->T : m->Td;
+    m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim
+           : has_pma(c)                   ? c->pma_seeds * c->dim
+                                          : c->dim;
+    const int sets = is_isab(c) || has_pma(c);
+    int Nmax = m->T > m->Td ? m->T : m->Td;
+    if (is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
+    if (has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
+    const int NB = block_count(c);
     /* R: the rows of the encoder (classifier) stream, Rd the decoder's, Rx
      * the larger (the shared backward scratch) */
     const int64_t R = (int64_t)max_batch * m->T, Rd = (int64_t)max_batch * m->Td, Rx = (int64_t)max_batch * Nmax,
@@ -813,9 +1055,10 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    const int per_block = (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
+    const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
+                          : (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
                                                                                 LOT's two; DWC's kernel, bias) */
-    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0);
+    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
     if (tensors > MAXP) {
         bk_model_free(m);
         return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",
@@ -858,12 +1101,22 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->dMem = falloc((size_t)(R * D), &z);
         if (c->post_ln) m->dS = falloc((size_t)(Rx * D), &z);
     }
+    if (sets) {
+        m->dMem = falloc((size_t)(Rx * D), &z);
+        m->dY = falloc((size_t)(Rx * D), &z);
+        m->dXs = falloc((size_t)(Rx * D), &z);
+    }
     bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
     bk_attn_desc dd = {max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
     bk_attn_desc cd = {max_batch, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
     size_t wsz = 0;
     for (int l = 0; l < NB; l++) {
         blk_act *a = &m->ba[l];
+        if (unit_of(c, l) == U_MAB) {
+            alloc_mab(m, l, &z, &wsz);
+            if (z.bad) break;
+            continue;
+        }
         const int dec = l >= c->depth;
         const int64_t Rl = dec ? Rd : R;
         a->mid = falloc((size_t)(Rl * D), &z);
@@ -1059,7 +1312,7 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
                                         "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
                                         "lot_iters", "lot_eps",  "lot_temp", "cls_attn", "pol_ps",
-                                        "pol_po",   "lot_learn", NULL};
+                                        "pol_po",   "lot_learn", "pma_attn", NULL};
 /* the attention keys that keep the parameter table and the fixed ESP slices:
  * what bk_model_set_attn_config may change in place */
 static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
@@ -1112,13 +1365,16 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     m->c = *c;
     bk_attn_desc ad = {m->max_batch, c->heads, m->Tmax, m->Tmax, m->dh, m->dh, NULL, NULL};
     bk_attn_desc dd = {m->max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc cd = {m->max_batch, c->heads, m->Td, m->Tmax, m->dh, m->dh, NULL, NULL};
     for (int l = 0; l < block_count(c); l++) {
         blk_act *a = &m->ba[l];
-        const int dec = l >= c->depth;
-        for (int cross = 0; cross <= dec; cross++) {
+        const unit_kind uk = unit_of(c, l);
+        const int dec = uk == U_DEC;
+        /* encoder blocks: self-attention; decoder blocks: both; MAB units:
+         * their cross-attention */
+        for (int cross = uk == U_MAB; cross <= (uk != U_ENC); cross++) {
             void **tape = cross ? &a->ctape : &a->tape;
             size_t *cap = cross ? &a->ctape_cap : &a->tape_cap;
+            const bk_attn_desc cd = cross_desc_max(m, l);
             const size_t need = attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
             if (need <= *cap) continue;
             void *t = calloc(1, need);
@@ -1173,7 +1429,7 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
                         "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, attn_scale, sk_*, esp_*, "
-                        "lot_*, cls_attn, pol_*)",
+                        "lot_*, cls_attn, pol_*, pma_attn)",
                         key);
     if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)
         return bki_fail(BK_ERR_PARAM, "bk_model_swap: lot_r %d -> %d: a LOT model's pivots are trained weights of "
@@ -1579,6 +1835,7 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     const bk_model_config *c = &m->c;
     const int T = m->T, D = c->dim;
     const float *h = m->fin;
+    if (c->pool == BK_POOL_PMA) return pma_fwd(m, B, train);
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
@@ -1749,6 +2006,7 @@ static bk_status pool_backward(bk_model *m, int B)
     const bk_model_config *c = &m->c;
     const int T = m->T, D = c->dim;
     memset(m->dN, 0, sizeof(float) * (size_t)B * T * D);
+    if (c->pool == BK_POOL_PMA) return pma_bwd(m, B);
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
@@ -1941,7 +2199,7 @@ static bk_status encoder_fwd(bk_model *m, int B, int train)
     const int R = B * m->T, D = c->dim;
     const float *x = m->x0;
     for (int l = 0; l < c->depth; l++) {
-        bk_status st = enc_block_fwd(m, l, B, x, train);
+        bk_status st = is_isab(c) ? isab_fwd(m, l, B, x, train) : enc_block_fwd(m, l, B, x, train);
         if (st) return st;
         x = m->ba[l].out;
     }
@@ -1981,18 +2239,83 @@ static int dec_index(const bk_model *m, int j) { return m->c.depth + j; }
 static int dec_site(const bk_model *m, int j) { return 1 + 2 * m->c.depth + 3 * j; }
 static int dec_embed_site(const bk_model *m) { return 1 + 2 * m->c.depth + 3 * m->c.dec_depth; }
 
-static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o,
-                      bk_tensor *cq, bk_tensor *ck, bk_tensor *cv, bk_tensor *co)
+static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
 {
-    const int64_t Td = m->Td, T = m->T, I = m->I, dh = m->dh;
+    const int64_t Td = m->Td, I = m->I, dh = m->dh;
     *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
     *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
     *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
     *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    *cq = (bk_tensor){a->cq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    *ck = (bk_tensor){a->ckv, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *cv = (bk_tensor){a->ckv + I, T * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *co = (bk_tensor){a->catt, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
+}
+
+/* ---- the cross-attention sublayer of unit L --------------------------------
+ * One mechanism for the decoder's cross-attention and the Set Transformer's
+ * MABs: queries from the stream x [B*Nq, D] through the sublayer's norm
+ * (lnc), keys and values from mem [B*Nk, D] (the encoder's output, a MAB's
+ * normalised key set) as they are:
+ *   out = x + drop(proj(Attn(LNc(x) Wq [+ bq], mem Wkv [+ bkv])) + bproj)
+ * (post-LN as the other sublayers), attention kind site_kind(cross site). */
+static void cross_views(const bk_model *m, blk_act *a, const cross_shape *cs, bk_tensor *q, bk_tensor *k,
+                        bk_tensor *v, bk_tensor *o)
+{
+    const int64_t Nq = cs->Nq, Nk = cs->Nk, I = m->I, dh = m->dh;
+    *q = (bk_tensor){a->cq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    *k = (bk_tensor){a->ckv, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
+    *v = (bk_tensor){a->ckv + I, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
+    *o = (bk_tensor){a->catt, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
+}
+
+static bk_status cross_fwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
+                           float *out, int train, int site)
+{
+    blk_act *a = &m->ba[L];
+    const blk_off *o = &m->bo[L];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
+    const float p = train ? c->dropout : 0.0f;
+    bk_tensor q, k, v, ot;
+    cross_views(m, a, cs, &q, &k, &v, &ot);
+    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
+    const sub_norm nc = normc(m, L);
+    const float *h = bki_sub_in(m, Rq, x, &nc);
+    bki_linear_fwd(Rq, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
+    bki_linear_fwd(Rk, D, 2 * I, mem, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
+    bk_status st = site_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
+    if (st) return st;
+    bki_linear_fwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, out), D);
+    bki_sub_out(m, Rq, x, &nc, o->cproj_b, p, site, out);
+    return BK_OK;
+}
+
+/* dX = d(out) -> d(x); ADDS d(mem) into dmem (x, mem: the forward's) */
+static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
+                           float *dmem, int site)
+{
+    blk_act *a = &m->ba[L];
+    const blk_off *o = &m->bo[L];
+    const bk_model_config *c = &m->c;
+    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
+    const int64_t Nq = cs->Nq, Nk = cs->Nk, dh = m->dh;
+    bk_tensor q, k, v, ot;
+    cross_views(m, a, cs, &q, &k, &v, &ot);
+    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
+    const bk_tensor dA = {m->dA, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32},
+                    dk = {m->dk, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32};
+    const sub_norm nc = normc(m, L);
+    sub_bwd_in(m, Rq, &nc, site);
+    bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, m->dT, D, m->dA, 0.0f, m->gw + o->cproj_w,
+                   m->gw + o->cproj_b);
+    bk_status st = site_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
+    if (st) return st;
+    bki_linear_bwd(Rq, D, I, sub_h(m, &nc, x), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
+                   c->qkv_bias ? m->gw + o->cq_b : NULL);
+    /* kv = mem Wkv^T: the K rows of W, then the V rows */
+    float *dkv[2] = {m->dk, m->dv};
+    for (int i = 0; i < 2; i++)
+        bki_linear_bwd(Rk, D, I, mem, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, dmem, 1.0f,
+                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL);
+    sub_bwd_out(m, Rq, x, &nc);
+    return BK_OK;
 }
 
 /* decoder block j on B samples: x [B*Td, D] -> out, attending to the
@@ -2003,12 +2326,11 @@ static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int tr
     blk_act *a = &m->ba[L];
     const blk_off *o = &m->bo[L];
     const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td, Re = B * m->T;
+    const int D = c->dim, I = m->I, Rd = B * m->Td;
     const float p = train ? c->dropout : 0.0f;
-    bk_tensor q, k, v, ot, cq, ck, cv, co;
-    dec_views(m, a, &q, &k, &v, &ot, &cq, &ck, &cv, &co);
+    bk_tensor q, k, v, ot;
+    dec_views(m, a, &q, &k, &v, &ot);
     const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
     /* causal softmax self-attention */
     const sub_norm n1 = norm1(m, L);
     const float *h = bki_sub_in(m, Rd, x, &n1);
@@ -2019,14 +2341,8 @@ static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int tr
     bki_sub_out(m, Rd, x, &n1, o->proj_b, p, site, a->mid);
     /* cross-attention: queries from the stream, keys and values from the
      * encoder's output */
-    const sub_norm nc = normc(m, L);
-    h = bki_sub_in(m, Rd, a->mid, &nc);
-    bki_linear_fwd(Rd, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
-    bki_linear_fwd(Re, D, 2 * I, m->fin, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
-    st = site_forward(m, (attn_site){L, 1, 0}, &dc, &cq, &ck, &cv, &co, NULL, train ? a->ctape : NULL);
-    if (st) return st;
-    bki_linear_fwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, a->cmid), D);
-    bki_sub_out(m, Rd, a->mid, &nc, o->cproj_b, p, site + 1, a->cmid);
+    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
+    if ((st = cross_fwd(m, L, B, &cs, a->mid, m->fin, a->cmid, train, site + 1))) return st;
     if (c->mlp_dim > 0) mlp_fwd(m, L, Rd, a->cmid, a->out, p, site + 2);
     return BK_OK;
 }
@@ -2038,32 +2354,18 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
     blk_act *a = &m->ba[L];
     const blk_off *o = &m->bo[L];
     const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td, Re = B * m->T;
-    const int64_t Td = m->Td, T = m->T, dh = m->dh;
-    bk_tensor q, k, v, ot, cq, ck, cv, co;
-    dec_views(m, a, &q, &k, &v, &ot, &cq, &ck, &cv, &co);
+    const int D = c->dim, I = m->I, Rd = B * m->Td;
+    const int64_t Td = m->Td, dh = m->dh;
+    bk_tensor q, k, v, ot;
+    dec_views(m, a, &q, &k, &v, &ot);
     const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    const bk_attn_desc dc = {B, c->heads, m->Td, m->T, m->dh, m->dh, m->nbt, m->nb};
     const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dck = {m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32}, dcv = {m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
+                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
     bk_status st;
     if (c->mlp_dim > 0) mlp_bwd(m, L, Rd, a->cmid, site + 2);
     /* cross-attention */
-    const sub_norm nc = normc(m, L);
-    sub_bwd_in(m, Rd, &nc, site + 1);
-    bki_linear_bwd(Rd, I, D, a->catt, I, m->w + o->cproj_w, m->dT, D, m->dA, 0.0f, m->gw + o->cproj_w,
-                   m->gw + o->cproj_b);
-    if ((st = site_backward(m, (attn_site){L, 1, 0}, &dc, &cq, &ck, &cv, &dA, &dq, &dck, &dcv, NULL, a->ctape)))
-        return st;
-    bki_linear_bwd(Rd, D, I, sub_h(m, &nc, a->mid), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
-                   c->qkv_bias ? m->gw + o->cq_b : NULL);
-    /* kv = mem Wkv^T: the K rows of W, then the V rows */
-    float *dkv[2] = {m->dk, m->dv};
-    for (int i = 0; i < 2; i++)
-        bki_linear_bwd(Re, D, I, m->fin, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, m->dMem, 1.0f,
-                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL);
-    sub_bwd_out(m, Rd, a->mid, &nc);
+    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
+    if ((st = cross_bwd(m, L, B, &cs, a->mid, m->fin, m->dMem, site + 1))) return st;
     /* causal self-attention */
     const sub_norm n1 = norm1(m, L);
     sub_bwd_in(m, Rd, &n1, site);
@@ -2075,6 +2377,118 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
         bki_linear_bwd(Rd, D, I, h, D, m->w + o->qkv_w + (size_t)i * I * D, dsrc[i], I, m->dT, i ? 1.0f : 0.0f,
                        m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL);
     sub_bwd_out(m, Rd, xin, &n1);
+    return BK_OK;
+}
+
+/* ---- Set Transformer blocks (Lee et al. 2019; docs/MODEL.md) ------------
+ * MAB unit u: MAB(X, Y) = Z + drop(MLP(LN2(Z))), Z = the cross-attention
+ * sublayer of X over LNk(Y). X: the stream, or (qset) the unit's learned
+ * queries broadcast over the batch; dropout sites 1 + 2u and 2 + 2u (the
+ * encoder blocks' numbering: an ISAB's mab1 takes its block's). */
+static int mab_site(int u) { return 1 + 2 * u; }
+
+/* x [B*Nq, D] (NULL: the unit's learned queries), y [B*Nk, D] -> ba[u].out */
+static bk_status mab_fwd(bk_model *m, int u, int B, const float *x, const float *y, int train)
+{
+    blk_act *a = &m->ba[u];
+    const blk_off *o = &m->bo[u];
+    const bk_model_config *c = &m->c;
+    const cross_shape cs = mab_shape(m, u);
+    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
+    if (!x) {
+        for (int b = 0; b < B; b++)
+            memcpy(a->xq + (size_t)b * cs.Nq * D, m->w + o->qset, sizeof(float) * (size_t)cs.Nq * D);
+        x = a->xq;
+    }
+    bki_layernorm_fwd(Rk, D, y, m->w + o->lnk_w, m->w + o->lnk_b, c->ln_eps, a->lnk, a->muk, a->rsk);
+    bk_status st = cross_fwd(m, u, B, &cs, x, a->lnk, a->cmid, train, mab_site(u));
+    if (st) return st;
+    if (c->mlp_dim > 0) mlp_fwd(m, u, Rq, a->cmid, a->out, train ? c->dropout : 0.0f, mab_site(u) + 1);
+    return BK_OK;
+}
+
+/* dX = d(ba[u].out) -> d(x) (the learned queries' gradient is accumulated
+ * into the parameters); ADDS d(y) into dy. Scratch: dMem. */
+static bk_status mab_bwd(bk_model *m, int u, int B, const float *x, const float *y, float *dy)
+{
+    blk_act *a = &m->ba[u];
+    const blk_off *o = &m->bo[u];
+    const bk_model_config *c = &m->c;
+    const cross_shape cs = mab_shape(m, u);
+    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
+    if (!x) x = a->xq;
+    if (c->mlp_dim > 0) mlp_bwd(m, u, Rq, a->cmid, mab_site(u) + 1);
+    memset(m->dMem, 0, sizeof(float) * (size_t)Rk * D);
+    bk_status st = cross_bwd(m, u, B, &cs, x, a->lnk, m->dMem, mab_site(u));
+    if (st) return st;
+    bki_layernorm_bwd(Rk, D, y, a->muk, a->rsk, m->w + o->lnk_w, m->dMem, dy, m->gw + o->lnk_w, m->gw + o->lnk_b);
+    if (o->qset >= 0) bki_colsum_add(m->dX, B, cs.Nq * D, cs.Nq * D, m->gw + o->qset);
+    return BK_OK;
+}
+
+/* ISAB block l: H = MAB(I, X) (unit depth + l), out = MAB(X, H) (unit l) */
+static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train)
+{
+    const int u0 = m->c.depth + l;
+    bk_status st = mab_fwd(m, u0, B, NULL, x, train);
+    return st ? st : mab_fwd(m, l, B, x, m->ba[u0].out, train);
+}
+
+/* dX = d(block output) -> d(block input) */
+static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin)
+{
+    const int u0 = m->c.depth + l, D = m->c.dim;
+    const size_t nx = (size_t)B * m->T * D, nh = (size_t)B * m->c.set_inducing * D;
+    memset(m->dY, 0, sizeof(float) * nh);
+    bk_status st = mab_bwd(m, l, B, xin, m->ba[u0].out, m->dY); /* dX: d(X) as mab1's queries */
+    if (st) return st;
+    memcpy(m->dXs, m->dX, sizeof(float) * nx);
+    memcpy(m->dX, m->dY, sizeof(float) * nh); /* d(H) */
+    if ((st = mab_bwd(m, u0, B, NULL, xin, m->dXs))) return st; /* + d(X) as mab0's keys and values */
+    memcpy(m->dX, m->dXs, sizeof(float) * nx);
+    return BK_OK;
+}
+
+/* pool = pma: pooled [B, k D] = MAB(S, rFF(fin)) (unit pma_unit) */
+static bk_status pma_fwd(bk_model *m, int B, int train)
+{
+    const bk_model_config *c = &m->c;
+    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
+    blk_act *a = &m->ba[u];
+    const blk_off *o = &m->bo[u];
+    const float *z = m->fin;
+    if (M > 0) {
+        bki_linear_fwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->w + o->rf1_b, a->rf1, M);
+        bki_gelu_fwd((size_t)R * M, a->rf1, a->rg1);
+        bki_linear_fwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->w + o->rf2_b, a->rfo, D);
+        z = a->rfo;
+    }
+    bk_status st = mab_fwd(m, u, B, NULL, z, train);
+    if (st) return st;
+    memcpy(m->pooled, a->out, sizeof(float) * (size_t)B * c->pma_seeds * D);
+    return BK_OK;
+}
+
+/* d(pooled) = dpool -> dN = d(fin) */
+static bk_status pma_bwd(bk_model *m, int B)
+{
+    const bk_model_config *c = &m->c;
+    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
+    blk_act *a = &m->ba[u];
+    const blk_off *o = &m->bo[u];
+    memcpy(m->dX, m->dpool, sizeof(float) * (size_t)B * c->pma_seeds * D);
+    memset(m->dY, 0, sizeof(float) * (size_t)R * D);
+    bk_status st = mab_bwd(m, u, B, NULL, M > 0 ? a->rfo : m->fin, m->dY);
+    if (st) return st;
+    if (M > 0) {
+        bki_linear_bwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->dY, D, m->dM, 0.0f, m->gw + o->rf2_w,
+                       m->gw + o->rf2_b);
+        bki_gelu_bwd((size_t)R * M, a->rf1, m->dM, m->dM);
+        bki_linear_bwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->dM, M, m->dN, 0.0f, m->gw + o->rf1_w,
+                       m->gw + o->rf1_b);
+    } else {
+        memcpy(m->dN, m->dY, sizeof(float) * (size_t)R * D);
+    }
     return BK_OK;
 }
 
@@ -2359,8 +2773,10 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     } else {
         memcpy(m->dX, m->dN, sizeof(float) * (size_t)R * D);
     }
-    for (int l = c->depth - 1; l >= 0; l--)
-        if ((st = enc_block_bwd(m, l, B, l > 0 ? m->ba[l - 1].out : m->x0))) return st;
+    for (int l = c->depth - 1; l >= 0; l--) {
+        const float *xin = l > 0 ? m->ba[l - 1].out : m->x0;
+        if ((st = is_isab(c) ? isab_bwd(m, l, B, xin) : enc_block_bwd(m, l, B, xin))) return st;
+    }
     embed_backward(m, B);
     m->have_tape = 0;
     return BK_OK;
@@ -2391,6 +2807,9 @@ bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib)
     if (layer < 0 || layer >= m->c.depth)
         return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: no forward has run");
+    if (is_isab(&m->c))
+        return bki_fail(BK_ERR_UNSUPPORTED, "bk_model_calib_add: an ISAB block's attentions are rectangular "
+                                            "cross-attentions; ASAP compiles square self-attention layers");
     bk_attn_desc d = attn_desc(m, m->B);
     bk_tensor q, k, v, o;
     views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
@@ -2406,6 +2825,15 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         return bki_fail(BK_ERR_PARAM, "bk_model_attention: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_attention: no forward has run");
     const int64_t T = m->T;
+    if (is_isab(&m->c)) { /* the block's first map: the inducing points over the set */
+        const int u0 = m->c.depth + layer;
+        const cross_shape cs = mab_shape(m, u0);
+        const int64_t Nq = cs.Nq, Nk = cs.Nk;
+        bk_tensor q, k, v, o, A = {attn, m->c.heads * Nq * Nk, Nq * Nk, Nk, BK_DEVICE_HOST, BK_F32};
+        cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
+        const bk_attn_desc d = {m->B, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, cs.nq, cs.nk};
+        return site_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
+    }
     bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST, BK_F32};
     /* re-running the operator rewrites att with the same values; the tape
      * of a pending backward is left alone (train = 0) */

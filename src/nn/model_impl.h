@@ -12,11 +12,16 @@
 /* parameter offsets of one block (-1 when absent). Encoder (and classifier)
  * blocks use ln1, qkv, the attention kind's own tensors, proj, ln2 and the
  * MLP; decoder blocks add the cross-attention: lnc, cq (queries from the
- * decoder stream), ckv (keys and values from the encoder's output), cproj. */
+ * decoder stream), ckv (keys and values from the encoder's output), cproj.
+ * A MAB unit (Set Transformer: half of an ISAB block, or the PMA) has the
+ * cross-attention and the MLP, lnk (the norm of its keys' set), qset (its
+ * queries when they are learned: inducing points, seeds) and, for the PMA,
+ * the rFF before it (rf1, rf2). */
 typedef struct {
     int64_t ln1_w, ln1_b, qkv_w, qkv_b, lot_z, lot_t, dl_q1, dl_k1, dl_q2, dl_k2, dwc_w, dwc_b, proj_w, proj_b,
         ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     int64_t lnc_w, lnc_b, cq_w, cq_b, ckv_w, ckv_b, cproj_w, cproj_b;
+    int64_t lnk_w, lnk_b, qset, rf1_w, rf1_b, rf2_w, rf2_b;
 } blk_off;
 
 /* A block's activations. Pre-LN: ln1/lnc/ln2 hold the normalised inputs of
@@ -39,6 +44,10 @@ typedef struct {
     float *cmid, *lnc, *muc, *rsc, *cq, *ckv, *catt, *cesp_theta;
     void *ctape;
     size_t ctape_cap;
+    /* MAB units: LNk of the keys' set [Rk, D] with its statistics, the
+     * learned queries broadcast over the batch [Rq, D]; the PMA's rFF
+     * (pre-activation, GELU [Rk, M], output [Rk, D]) */
+    float *lnk, *muk, *rsk, *xq, *rf1, *rg1, *rfo;
 } blk_act;
 
 struct bk_model {
@@ -51,7 +60,10 @@ struct bk_model {
     float *w, *gw;
     /* parameter offsets (-1 when absent) */
     int64_t e_w, e_b, e_w2, e_b2, cls_o, pos_o, nrm_w, nrm_b, otk_z, head_w, head_b;
-    blk_off *bo;   /* seq2seq: [0, depth) encoder, [depth, depth + dec_depth) decoder */
+    blk_off *bo;   /* seq2seq: [0, depth) encoder, [depth, depth + dec_depth) decoder;
+                      classifier: [0, depth) the blocks (set_block = isab: each
+                      ISAB's second MAB, mab1), [depth, 2 depth) the ISABs'
+                      first MABs (mab0), then the PMA unit (pool = pma) */
     /* activations */
     float *emb_in, *emb_h, *emb_g, *emb_o;  /* [B*np, in_feat], points hidden, gelu, embed out */
     float *x0;                               /* [R, D] stream entering block 0   */
@@ -88,7 +100,10 @@ struct bk_model {
                                                  gradient                       */
     double *rloss;                            /* [Rd, 2]: per-row loss and hit */
     float *dMem, *dS;                         /* backward: d(encoder output),
-                                                 post-LN residual-sum gradient  */
+                                                 post-LN residual-sum gradient;
+                                                 set units: dMem d(LNk(keys))  */
+    float *dY, *dXs;                          /* set units' backward: d(keys'
+                                                 set), the saved d(stream)     */
 };
 
 /* A residual sublayer (model.c): pre-LN out = x + drop(f(LN(x)) + b),

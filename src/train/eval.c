@@ -111,7 +111,10 @@ bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_d
     /* the tokens per sample of this forward (a seq2seq model runs its
      * batch's longest source) */
     const int T = bk_model_tokens(m);
-    float *A = st == BK_OK ? malloc(sizeof(float) * (size_t)B * H * T * T) : NULL;
+    /* an ISAB block's map is [Nq = set_inducing, T]: its inducing points
+     * over the set (rows sum to 1, a column's target is Nq / L) */
+    const int isab = c->arch == BK_ARCH_CLASSIFIER && c->set_block == BK_SET_ISAB, Nq = isab ? c->set_inducing : T;
+    float *A = st == BK_OK ? malloc(sizeof(float) * (size_t)B * H * Nq * T) : NULL;
     if (st == BK_OK && !A) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     int64_t nc = 0;
     for (int l = 0; st == BK_OK && l < c->depth; l++) {
@@ -120,10 +123,11 @@ bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_d
         int64_t nr = 0, ncl = 0;
         nc = 0;
         for (int s = 0; s < B; s++) {
-            const int L = c->input == BK_INPUT_IMAGE ? T : bt.len[s] + cls;
+            const int L = c->input == BK_INPUT_IMAGE ? T : bt.len[s] + cls, Lq = isab ? Nq : L;
+            const double target = (double)Lq / L; /* a column's sum when doubly stochastic */
             for (int h = 0; h < H; h++) {
-                const float *P = A + ((size_t)s * H + h) * T * T;
-                for (int i = 0; i < L; i++) {
+                const float *P = A + ((size_t)s * H + h) * Nq * T;
+                for (int i = 0; i < Lq; i++) {
                     double rs = 0, e = 0;
                     for (int j = 0; j < L; j++) {
                         const double a = P[(size_t)i * T + j];
@@ -137,7 +141,8 @@ bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_layer_d
                 }
                 for (int j = 0; j < L; j++) {
                     double cs = 0;
-                    for (int i = 0; i < L; i++) cs += P[(size_t)i * T + j];
+                    for (int i = 0; i < Lq; i++) cs += P[(size_t)i * T + j];
+                    cs /= target;
                     cd += fabs(cs - 1.0);
                     if (colsums) colsums[(size_t)l * B * H * T + (size_t)nc] = (float)cs;
                     nc++;

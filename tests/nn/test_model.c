@@ -1907,6 +1907,360 @@ static void test_vit_bad(void)
              "vit: cls_attn 5 refused", "%s", bk_last_error());
 }
 
+/* ------------------------------------------------------------------------ */
+/* Set Transformer blocks: ISAB (inducing points), PMA pooling (group "set")  */
+/* ------------------------------------------------------------------------ */
+#define SET_PTS "input=points,point_dim=3,max_points=7,dim=16,depth=2,heads=2,mlp_dim=24,classes=5,cls=0,pos_embed=0"
+
+/* every tensor's gradient (the inducing points, the seeds, both MABs, the
+ * rFF) against finite differences, for each normaliser of the ISAB
+ * attentions and of the PMA, padded batches, SAB + PMA, an image ISAB model
+ * with [CLS] pooling */
+static void test_set_fd(void)
+{
+    struct {
+        const char *cfg;
+        int pad;
+        float ls;
+    } cases[] = {
+        {SET_PTS ",set_block=isab,set_inducing=3,pool=pma", 1, 0.0f},
+        {SET_PTS ",set_block=isab,set_inducing=4,attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2,pma_attn=sinkhorn", 1,
+         0.1f},
+        {SET_PTS ",set_block=isab,set_inducing=2,attn=esp,esp_t=0.2,esp_slices=3,pool=pma,pma_seeds=2,pma_attn=esp", 1,
+         0.0f},
+        {SET_PTS ",set_block=isab,set_inducing=3,attn=unbalanced,sk_iters=4,sk_rho=2,pool=mean,qkv_bias=1", 1, 0.0f},
+        {"input=tokens,vocab=11,max_len=6,dim=16,depth=1,heads=2,mlp_dim=0,classes=5,pool=pma,pma_seeds=3,"
+         "pma_attn=sinkhorn,sk_iters=4",
+         1, 0.0f},
+        {"dim=16,depth=1,heads=2,head_dim=6,mlp_dim=24,image_h=8,image_w=8,patch=4,classes=5,set_block=isab,"
+         "set_inducing=5,attn=sinkhorn,sk_iters=5,pool=cls",
+         0, 0.0f},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        if (TH.quick && i % 2) continue;
+        fd_case(cases[i].cfg, 3, cases[i].pad, cases[i].ls, 1e-3f, 0);
+    }
+}
+
+/* the parameter table: names, shapes, weight decay (docs/MODEL.md) */
+static void test_set_table(void)
+{
+    bk_model *m = model_from(SET_PTS ",set_block=isab,set_inducing=3,pool=pma,pma_seeds=2", 1, 2);
+    if (!m) return;
+    struct {
+        const char *name;
+        int64_t s0, s1;
+        int decay;
+    } want[] = {{"blocks.1.inducing", 3, 16, 0},         {"blocks.0.mab0.lnc.weight", 16, 0, 0},
+                {"blocks.0.mab0.lnk.bias", 16, 0, 0},    {"blocks.1.mab1.cross.q.weight", 16, 16, 1},
+                {"blocks.0.mab1.cross.kv.weight", 32, 16, 1}, {"blocks.1.mab0.cross.proj.bias", 16, 0, 0},
+                {"blocks.0.mab1.mlp.fc1.weight", 24, 16, 1}, {"pool.seeds", 2, 16, 0},
+                {"pool.rff.fc1.weight", 24, 16, 1},      {"pool.rff.fc2.bias", 16, 0, 0},
+                {"pool.mab.ln2.weight", 16, 0, 0},       {"head.weight", 5, 32, 1}};
+    int found = 0;
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        for (int i = 0; i < bk_model_param_count(m); i++) {
+            bk_param_info pi;
+            bk_model_param(m, i, &pi);
+            if (strcmp(pi.name, want[k].name)) continue;
+            found += pi.shape[0] == want[k].s0 && (pi.ndim == 1 || pi.shape[1] == want[k].s1) &&
+                     pi.decay == want[k].decay;
+        }
+    /* embed 4, per ISAB block 1 + 2 x 14 (a MAB without biases on q, kv), norm 2, seeds 1, rFF 4, MAB 14,
+     * head 2 */
+    th_check(found == (int)(sizeof want / sizeof want[0]) && bk_model_param_count(m) == 4 + 2 * 29 + 2 + 1 + 4 + 14 + 2,
+             "set: parameter names, shapes and decay flags", "%d of %d found, %d tensors", found,
+             (int)(sizeof want / sizeof want[0]), bk_model_param_count(m));
+    /* LayerNorms 1 / 0, inducing points and seeds N(0, 1/dim) (pooled sd) */
+    double ss = 0;
+    int64_t n = 0, nz = 0;
+    int ones = 1;
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        if (strstr(pi.name, ".lnk.weight") || strstr(pi.name, ".lnc.weight"))
+            for (int64_t j = 0; j < pi.count; j++) ones &= pi.data[j] == 1.0f;
+        if (strstr(pi.name, "inducing") || !strcmp(pi.name, "pool.seeds"))
+            for (int64_t j = 0; j < pi.count; j++, n++) {
+                ss += (double)pi.data[j] * pi.data[j];
+                nz += pi.data[j] != 0.0f;
+            }
+    }
+    const double sd = n ? sqrt(ss / (double)n) : 0;
+    th_check(ones && n == 2 * 3 * 16 + 2 * 16 && nz == n && fabs(sd * 4.0 - 1.0) < 0.3,
+             "set: initialisation (norms 1, inducing points and seeds N(0, 1/dim))", "sd %.3f (1/sqrt(16) = 0.25)", sd);
+    bk_model_free(m);
+}
+
+/* padded = truncated: a set of 4 points in a model of 7 (3 padded, NaN)
+ * gives the logits of the same set in a model of 4 (the parameter table
+ * does not depend on max_points without positions): the masks reach the
+ * inducing points' keys, the set's queries and the PMA's keys */
+static void test_set_truncated(void)
+{
+    const char *kinds[] = {"attn=softmax,pma_attn=softmax", "attn=sinkhorn,sk_iters=5,pma_attn=sinkhorn,pma_seeds=2",
+                           "attn=esp,esp_t=0.2,pma_attn=esp,pma_seeds=2"};
+    for (int k = 0; k < 3; k++) {
+        char c7[512], c4[600];
+        snprintf(c7, sizeof c7, "%s,set_block=isab,set_inducing=3,pool=pma,%s", SET_PTS, kinds[k]);
+        snprintf(c4, sizeof c4, "%s,max_points=4", c7);
+        bk_model *a = model_from(c7, 5, 1), *b = model_from(c4, 5, 1);
+        if (!a || !b) {
+            bk_model_free(a);
+            bk_model_free(b);
+            return;
+        }
+        th_rng r = {23};
+        float x7[21], x4[12], la[5], lb[5];
+        for (int i = 0; i < 21; i++) x7[i] = i < 12 ? (float)th_normal(&r) : NAN;
+        memcpy(x4, x7, sizeof x4);
+        const int32_t len = 4, lab = 2;
+        bk_batch ba = {.B = 1, .x = x7, .len = &len, .labels = &lab}, bb = {.B = 1, .x = x4, .labels = &lab};
+        double l1 = 0, l2 = 0;
+        int ok = bk_model_forward(a, &ba, 0, 0.0f, la, &l1) == BK_OK && bk_model_forward(b, &bb, 0, 0.0f, lb, &l2) == BK_OK;
+        double e = 0, mx = 0;
+        for (int j = 0; j < 5; j++) {
+            e = fmax(e, fabs((double)la[j] - lb[j]));
+            mx = fmax(mx, fabs((double)lb[j]));
+        }
+        th_check(ok && e <= 1e-5 * mx && fabs(l1 - l2) <= 1e-5 * fabs(l2), "set: a padded set == the truncated set",
+                 "%s: logits %.2e of %.2e %s", kinds[k], e, mx, ok ? "" : bk_last_error());
+        bk_model_free(a);
+        bk_model_free(b);
+    }
+}
+
+/* A one-seed PMA with a doubly-stochastic attention is mean pooling: a plan
+ * with one row and uniform column marginals is uniform, whatever the seed's
+ * query (Sinkhorn, S >= 2: after the first column step; hard ESP: the 1 x n
+ * north-west-corner plan). So the query weights get no gradient (float32
+ * noise) and changing them leaves the logits unchanged; with softmax they
+ * matter. */
+static void test_set_pma_uniform(void)
+{
+    const char *kinds[] = {"pma_attn=sinkhorn,sk_iters=2", "pma_attn=sinkhorn,sk_iters=5", "pma_attn=esp,esp_soft=0",
+                           "pma_attn=softmax"};
+    for (int k = 0; k < 4; k++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "%s,pool=pma,%s", SET_PTS, kinds[k]);
+        bk_model *m = model_from(cfg, 3, 4);
+        if (!m) return;
+        th_rng r = {29};
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(m), 4, 1, &r);
+        double loss;
+        float l0[20], l1[20];
+        bk_model_zero_grad(m);
+        int ok = bk_model_forward(m, &tb.b, 1, 0.0f, l0, &loss) == BK_OK && bk_model_backward(m, 1.0f) == BK_OK;
+        const int64_t P = bk_model_num_params(m);
+        double gmax = 0, gq = 0, dl = 0;
+        for (int64_t i = 0; i < P; i++) gmax = fmax(gmax, fabs(bk_model_grads(m)[i]));
+        bk_param_info pi = {0};
+        for (int i = 0; i < bk_model_param_count(m); i++) {
+            bk_model_param(m, i, &pi);
+            if (!strcmp(pi.name, "pool.mab.cross.q.weight")) break;
+        }
+        for (int64_t j = 0; j < pi.count; j++) {
+            gq = fmax(gq, fabs(pi.grad[j]));
+            pi.data[j] += 0.5f * (float)th_normal(&r);
+        }
+        ok = ok && bk_model_forward(m, &tb.b, 0, 0.0f, l1, &loss) == BK_OK;
+        for (int j = 0; j < 20; j++) dl = fmax(dl, fabs((double)l1[j] - l0[j]));
+        if (k < 3)
+            th_check(ok && gq <= 1e-5 * gmax && dl <= 1e-5, "set: a one-seed doubly-stochastic PMA is uniform",
+                     "%s: |d query weights| %.2e of %.2e, logits moved %.2e", kinds[k], gq, gmax, dl);
+        else
+            th_check(ok && gq >= 1e-3 * gmax && dl > 1e-3, "set: a one-seed softmax PMA depends on its query",
+                     "%s: |d query weights| %.2e of %.2e, logits moved %.2e", kinds[k], gq, gmax, dl);
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+}
+
+/* bk_model_attention of an ISAB block: the inducing points over the set,
+ * [B, H, m, T]: rows sum to 1 over the valid points, padded columns zero;
+ * a long Sinkhorn also brings each valid column to m / n_b */
+static void test_set_attention(void)
+{
+    for (int k = 0; k < 2; k++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "%s,set_block=isab,set_inducing=3,pool=mean,%s", SET_PTS,
+                 k ? "attn=sinkhorn,sk_iters=301" : "attn=softmax");
+        bk_model *m = model_from(cfg, 3, 4);
+        if (!m) return;
+        th_rng r = {31};
+        tbatch tb;
+        batch_make(&tb, bk_model_get_config(m), 4, 1, &r);
+        const int H = 2, Nq = 3, T = 7;
+        float A[4 * 2 * 3 * 7];
+        double loss;
+        int ok = bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &loss) == BK_OK && bk_model_attention(m, 1, A) == BK_OK;
+        double er = 0, ec = 0, pad = 0;
+        for (int b = 0; ok && b < 4; b++)
+            for (int h = 0; h < H; h++) {
+                const float *P = A + ((size_t)b * H + h) * Nq * T;
+                const int n = tb.len[b];
+                for (int i = 0; i < Nq; i++) {
+                    double rs = 0;
+                    for (int j = 0; j < T; j++) {
+                        if (j < n) rs += P[i * T + j];
+                        else pad = fmax(pad, fabs(P[i * T + j]));
+                    }
+                    er = fmax(er, fabs(rs - 1.0));
+                }
+                for (int j = 0; j < n; j++) {
+                    double cs = 0;
+                    for (int i = 0; i < Nq; i++) cs += P[i * T + j];
+                    ec = fmax(ec, fabs(cs * n / Nq - 1.0));
+                }
+            }
+        th_check(ok && er < 1e-5 && pad == 0.0 && (k == 0 ? ec > 1e-2 : ec < 1e-3),
+                 "set: bk_model_attention of an ISAB block (inducing points x set)",
+                 "%s: rows %.2e, columns / (m / n) %.2e, padded %.2e %s", k ? "sinkhorn S=301" : "softmax", er, ec, pad,
+                 ok ? "" : bk_last_error());
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+}
+
+/* save, load, resume: bitwise the uninterrupted run (dropout on, AdamW) */
+static void test_set_resume(void)
+{
+    const char *cfg = SET_PTS ",set_block=isab,set_inducing=3,attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2,"
+                              "pma_attn=esp,esp_t=0.2,dropout=0.2";
+    char path[256];
+    tmp_path(path, sizeof path, "set_resume");
+    th_rng r = {37};
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim_config_parse(&oc, "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1,sched=cosine,warmup=2,total_steps=8");
+    bk_model *a = model_from(cfg, 41, 6), *b = model_from(cfg, 41, 6);
+    if (!a || !b) {
+        bk_model_free(a);
+        bk_model_free(b);
+        return;
+    }
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 6, 1, &r);
+    bk_optim *oa = NULL, *ob = NULL;
+    bk_optim_create(&oc, a, &oa);
+    bk_optim_create(&oc, b, &ob);
+    double la[6], lb[6];
+    int ok = 1;
+    for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 4 : 0, 0.0f, &la[s], NULL) == BK_OK;
+    for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
+    bk_model_free(b);
+    bk_optim_free(ob);
+    b = NULL;
+    ob = NULL;
+    ok &= bk_checkpoint_load(path, 6, &b, &ob, NULL) == BK_OK && ob;
+    for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    const int64_t P = bk_model_num_params(a);
+    th_check(ok && memcmp(la, lb, sizeof la) == 0 &&
+                 memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P) == 0 &&
+                 bk_model_get_config(b)->set_block == BK_SET_ISAB && bk_model_get_config(b)->pma_seeds == 2 &&
+                 bk_model_get_config(b)->pma_attn == BK_ATTN_ESP,
+             "set: checkpoint, load and resume == the uninterrupted run, bit for bit", "%s", ok ? "" : bk_last_error());
+    th_check(la[5] < la[0], "set: training lowers the loss", "%.4f -> %.4f", la[0], la[5]);
+    bk_model_free(a);
+    bk_model_free(b);
+    bk_optim_free(oa);
+    bk_optim_free(ob);
+    batch_free(&tb);
+    remove(path);
+}
+
+/* swaps of the ISAB attention and of the PMA's keep every weight and come
+ * back bitwise; LOT cannot run an ISAB block */
+static void test_set_swap(void)
+{
+    bk_model *src = model_from(SET_PTS ",set_block=isab,set_inducing=3,pool=pma,pma_seeds=2", 7, 4);
+    if (!src) return;
+    th_rng r = {43};
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(src), 4, 1, &r);
+    float l0[20], l1[20], l2[20];
+    double loss;
+    int ok = bk_model_forward(src, &tb.b, 0, 0.0f, l0, &loss) == BK_OK;
+    const char *to[] = {"attn=sinkhorn,sk_iters=3", "pma_attn=esp,esp_t=0.1", "attn=unbalanced,pma_attn=sinkhorn"};
+    for (int i = 0; i < 3; i++) {
+        bk_model_config tc = *bk_model_get_config(src);
+        bk_model *sw = NULL, *back = NULL;
+        int only = 0;
+        bk_status st = bk_model_config_parse(&tc, to[i]);
+        if (!st) st = bk_model_swap(src, &tc, NULL, 0, 4, &sw);
+        if (!st) st = bk_model_swap(sw, bk_model_get_config(src), NULL, 0, 4, &back);
+        int fine = ok && st == BK_OK && shared_same(src, sw, &only) && only == 0 &&
+                   bk_model_forward(sw, &tb.b, 0, 0.0f, l1, &loss) == BK_OK &&
+                   bk_model_forward(back, &tb.b, 0, 0.0f, l2, &loss) == BK_OK;
+        th_check(fine && memcmp(l1, l0, sizeof l0) != 0 && memcmp(l2, l0, sizeof l0) == 0,
+                 "set: swap keeps every weight, changes the logits, and back is bitwise", "%s: %s", to[i],
+                 fine ? "" : bk_last_error());
+        bk_model_free(sw);
+        bk_model_free(back);
+    }
+    bk_model_config tc = *bk_model_get_config(src);
+    bk_model *sw = NULL;
+    bk_model_config_parse(&tc, "attn=lot");
+    th_check(bk_model_swap(src, &tc, NULL, 0, 4, &sw) == BK_ERR_PARAM && !sw && strstr(bk_last_error(), "isab"),
+             "set: swapping an ISAB model to lot is refused", "%s", bk_last_error());
+    batch_free(&tb);
+    bk_model_free(src);
+}
+
+static void test_set_bad(void)
+{
+    expect_cfg_error("set_block=isab,attn=lot", "set_block=isab: attn=lot");
+    expect_cfg_error("set_block=isab,attn=diff", "self-attention parameters");
+    expect_cfg_error("set_block=isab,attn=asap", "compiled layers");
+    expect_cfg_error("set_block=isab,set_inducing=0", "set_inducing >= 1");
+    expect_cfg_error("set_block=isab,cls_attn=softmax", "cls_attn=full");
+    expect_cfg_error("set_block=isab,dwc=1", "dwc=0");
+    expect_cfg_error("set_block=mab", "set_block");
+    expect_cfg_error("arch=seq2seq,input=tokens,set_block=isab", "block of the classifier");
+    expect_cfg_error("pool=pma,pma_seeds=0", "pma_seeds >= 1");
+    expect_cfg_error("pool=pma,pma_attn=lot", "pma_attn=lot");
+    expect_cfg_error("pool=pma,pma_attn=sinkhorn,sk_iters=0", "Sinkhorn");
+    expect_cfg_error("pool=pma,pma_attn=unbalanced,sk_rho=0", "sk_rho > 0");
+    expect_cfg_error("pool=pma,pma_attn=esp,esp_t=0", "ESP needs");
+    /* ASAP compiles square self-attention: an ISAB model's blocks are not */
+    bk_model *m = model_from(SET_PTS ",set_block=isab,attn=sinkhorn,pool=mean", 1, 2);
+    if (!m) return;
+    th_rng r = {47};
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(m), 2, 0, &r);
+    double l;
+    bk_asap_config ac = bk_model_asap_config(m);
+    bk_asap_calib *cal = NULL;
+    bk_status st = bk_model_forward(m, &tb.b, 0, 0.0f, NULL, &l);
+    if (!st) st = bk_asap_calib_create(&ac, 0, &cal);
+    if (!st) st = bk_model_calib_add(m, 0, cal);
+    th_check(st == BK_ERR_UNSUPPORTED && strstr(bk_last_error(), "ISAB"), "set: ASAP calibration of an ISAB model refused",
+             "%s", bk_last_error());
+    bk_asap_calib_free(cal);
+    batch_free(&tb);
+    bk_model_free(m);
+}
+
+void test_set(void)
+{
+    if (TH.filter && !strstr("set", TH.filter)) return;
+    test_set_bad();
+    test_set_table();
+    test_set_fd();
+    test_set_truncated();
+    test_set_pma_uniform();
+    test_set_attention();
+    check_padding(SET_PTS ",set_block=isab,set_inducing=3,attn=sinkhorn,pool=pma,pma_seeds=2,pma_attn=esp,esp_t=0.2",
+                  "set: padded values change nothing (bitwise)");
+    th_check(step_same_over_threads(SET_PTS ",set_block=isab,set_inducing=4,attn=esp,esp_t=0.1,pool=pma,pma_seeds=2,"
+                                            "pma_attn=sinkhorn,dropout=0.1",
+                                    99, "set: thread run"),
+             "set: threads, bitwise identical weights and gradients (1, 2, 3)", "ISAB + PMA");
+    test_set_resume();
+    test_set_swap();
+}
+
 void test_vit(void)
 {
     if (TH.filter && !strstr("vit", TH.filter)) return;

@@ -134,6 +134,7 @@ IMG8P4 = "input=image,channels=1,image_h=8,image_w=8,patch=4"      # 4 patches
 IMG8P2 = "input=image,channels=2,image_h=8,image_w=8,patch=2"      # 16 patches, 2 channels
 TOK = "input=tokens,vocab=11,max_len=6"
 PTS = "input=points,point_dim=3,max_points=7"
+SET_PTS = f"{PTS},cls=0,pos_embed=0"     # a permutation-invariant set model
 
 # name, config overrides, batch, padded, label smoothing, quick
 GRAD_CASES = [
@@ -183,6 +184,23 @@ GRAD_CASES = [
      0.0, True),
     ("lot-learn-none-image", f"{IMG8P4},attn=lot,lot_r=3,lot_iters=4,lot_learn=none,pool=cls", 3,
      False, 0.0, False),
+    # Set Transformer blocks: ISAB (inducing points), PMA pooling (seeds, rFF), SAB + PMA
+    ("set-isab-pma-softmax-points", f"{SET_PTS},set_block=isab,set_inducing=3,pool=pma", 4, True,
+     0.0, True),
+    ("set-isab-sinkhorn-pma2-sinkhorn-points", f"{SET_PTS},set_block=isab,set_inducing=4,"
+     "attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2,pma_attn=sinkhorn", 4, True, 0.0, True),
+    ("set-isab-esp-slices-pma-esp-points", f"{SET_PTS},set_block=isab,set_inducing=3,attn=esp,"
+     "esp_t=0.2,esp_slices=3,pool=pma,pma_seeds=2,pma_attn=esp", 4, True, 0.0, True),
+    ("set-isab-unbalanced-tokens-mean-bias-ls", f"{TOK},set_block=isab,set_inducing=2,"
+     "attn=unbalanced,sk_iters=4,sk_rho=2,pool=mean,qkv_bias=1", 4, True, 0.1, True),
+    ("set-sab-pma3-nomlp-image", f"{IMG8P4},attn=softmax,cls=0,pool=pma,pma_seeds=3,mlp_dim=0",
+     3, False, 0.0, True),
+    # (3 seeds: with one, a Sinkhorn PMA's plan is uniform whatever its queries, whose gradient is
+    # then exactly 0 in float64 and float32 noise in the engine: test_birkhoff set checks that)
+    ("set-sab-sinkhorn-pma3-sinkhorn-points-headdim", f"{SET_PTS},attn=sinkhorn,sk_iters=4,"
+     "head_dim=6,pool=pma,pma_seeds=3,pma_attn=sinkhorn", 4, True, 0.0, False),
+    ("set-isab-depth1-nomlp-esp-hard-cls", f"{PTS},set_block=isab,set_inducing=5,depth=1,mlp_dim=0,"
+     "attn=esp,esp_soft=0,esp_tau=2,pool=cls", 3, True, 0.0, False),
 ]
 
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
@@ -218,6 +236,14 @@ TRAIN_CASES = [
     # near-zero gradients past the weights' tolerance, with or without lot_learn)
     ("sgd-clip-lot-learn-none-tokens", f"{TOK},attn=lot,lot_r=3,lot_learn=none,pool=mean", 4,
      True, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3,clip=1", 10, 0, 0.0, None, True),
+    # Set Transformer: ISAB + PMA (a one-seed doubly-stochastic PMA is mean pooling: its query
+    # weights get ~0 gradient, which Adam would turn into noise-driven steps, so the AdamW run
+    # keeps a softmax PMA and the Sinkhorn PMA trains with SGD), resumed 5 + 5 from a checkpoint
+    ("adamw-set-isab-sinkhorn-pma-points-padded", f"{SET_PTS},set_block=isab,set_inducing=3,"
+     "attn=sinkhorn,sk_iters=3,pool=pma", 4, True, ADAMW, 10, 0, 0.0, None, True),
+    ("sgd-set-isab-esp-pma-sinkhorn-resume-5+5", f"{SET_PTS},set_block=isab,set_inducing=3,attn=esp,"
+     "esp_t=0.2,pool=pma,pma_attn=sinkhorn,sk_iters=3", 4, True,
+     "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, 5, True),
 ]
 
 # The encoder-decoder (arch=seq2seq): joint vocabulary of 13 ids (bos 1, eos
@@ -494,8 +520,8 @@ def init_problems(mt, text, seed, tensors, meta):
         a = tensors[n].astype(np.float64)
         leaf = n.rsplit(".", 1)[-1]
         parent = n.rsplit(".", 1)[0] if "." in n else ""
-        is_norm = parent.endswith(("ln1", "ln2", "lnc")) or parent in ("norm", "enc.norm",
-                                                                        "dec.norm")
+        is_norm = parent.endswith(("ln1", "ln2", "lnc", "lnk")) or parent in ("norm", "enc.norm",
+                                                                               "dec.norm")
         s2s = cfg["arch"] == "seq2seq"
         if is_norm:
             want = 1.0 if leaf == "weight" else 0.0
@@ -516,7 +542,8 @@ def init_problems(mt, text, seed, tensors, meta):
             std = (cfg["dim"] ** -0.5 if s2s and n in S2S_INIT_STD
                    else 0.02 if not s2s and n in INIT_STD else 1.0 if n.endswith("lot_z")
                    else 0.1 if leaf.startswith("diff_l")
-                   else cfg["dim"] ** -0.5 if n == "pool.otk_z" else None)
+                   else cfg["dim"] ** -0.5 if n in ("pool.otk_z", "pool.seeds")
+                   or leaf == "inducing" else None)
             if std is None:
                 probs.append(f"{n}: no initialisation law known to the test")
                 continue

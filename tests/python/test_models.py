@@ -107,6 +107,10 @@ CASES = [
      "classes=3,attn=sinkhorn,sk_iters=3,cls_attn=pol,dwc=1", False),
     ("esp-vit-clssoftmax", "input=image,image_h=8,image_w=8,patch=2,dim=16,depth=1,heads=2,mlp_dim=16,"
      "classes=3,attn=esp,esp_t=0.2,cls_attn=softmax", False),
+    # Set Transformer: ISAB blocks (rectangular Sinkhorn problems) and a PMA of 2 seeds
+    ("set-isab-sinkhorn-pma-points-padded", "input=points,point_dim=3,max_points=8,dim=16,depth=2,heads=2,"
+     "mlp_dim=16,classes=3,cls=0,pos_embed=0,set_block=isab,set_inducing=3,attn=sinkhorn,sk_iters=3,"
+     "pool=pma,pma_seeds=2,pma_attn=esp,esp_t=0.2", True),
 ]
 B = 4
 

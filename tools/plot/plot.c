@@ -238,8 +238,9 @@ static int plot_attention(int argc, char **argv)
         }
         const bk_model_config *c = bk_model_get_config(m);
         bk_dataset *dset;
-        if (c->input != BK_INPUT_IMAGE || !c->cls) {
-            fprintf(stderr, "birkhoff plot attention: %s is not an image model with a [CLS] token\n", ck[r]);
+        if (c->input != BK_INPUT_IMAGE || !c->cls || c->set_block != BK_SET_SAB) {
+            fprintf(stderr, "birkhoff plot attention: %s is not an image model with a [CLS] token and encoder "
+                            "blocks\n", ck[r]);
             bk_model_free(m);
             goto done;
         }

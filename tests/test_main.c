@@ -56,6 +56,7 @@ int main(int argc, char **argv)
     test_model();
     test_seq2seq();
     test_vit();
+    test_otk_pool();
     test_backend();
     test_ops_harness();
     test_cuda();

@@ -1956,6 +1956,9 @@ _SELF_CASES = [
      "attn=lot,lot_r=2,cls_attn=pol,dwc=1,pool=cls", False),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=8,classes=3,"
      "attn=sinkhorn,sk_iters=3,cls_attn=softmax,pool=mean", True),
+    # the supervised OTK layer: Nystrom anchors, 2-D PE on a 2 x 2 patch grid, no blocks
+    ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=0,cls=0,classes=3,pool=otk,"
+     "otk_anchors=3,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.5", False),
 ]
 
 

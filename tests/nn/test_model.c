@@ -2132,11 +2132,25 @@ static void test_otk_pool_fit(void)
     bk_model_free(b);
 }
 
+/* the determinism and padding contracts hold with anchors and PE */
+static void test_otk_pool_threads_padding(void)
+{
+    const char *cfgs[] = {"input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=4,pool=otk,otk_anchors=7,"
+                          "otk_supports=3,otk_pe=1d,otk_sigma_pos=0.3",
+                          "dim=24,depth=1,heads=2,image_h=16,image_w=16,patch=4,cls=0,pool=otk,otk_anchors=8,"
+                          "otk_refs=2,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.4"};
+    for (int c = 0; c < 2; c++)
+        th_check(step_same_over_threads(cfgs[c], 99, "thread run"),
+                 "otk anchors + PE: bitwise identical weights and gradients over threads", "%s", cfgs[c]);
+    check_padding(cfgs[0], "otk anchors + 1-D PE: padded values change nothing (bitwise)");
+}
+
 void test_otk_pool(void)
 {
     if (TH.filter && !strstr("otk_pool", TH.filter)) return;
     test_otk_pool_config();
     test_otk_pool_fd();
+    test_otk_pool_threads_padding();
     test_otk_pool_renorm();
     test_otk_pool_resume();
     test_otk_pool_fit();

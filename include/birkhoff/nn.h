@@ -98,7 +98,7 @@ typedef struct {
     int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling:
                                                otk_iters half-steps (even)    */
     /* OTK pooling's feature map and positional encoding (docs/MODEL.md,
-     * "Head and loss"; specs/otk.md sections 2.4, 2.5):
+     * "The OTK layer"; specs/otk.md sections 2.4, 2.5):
      * otk_anchors K = 0: identity map, references pool.otk_z [q, p, D];
      *   K > 0: the Nystrom map of the homogeneous Gaussian kernel (bandwidth
      *   otk_sigma, inverse square root regulariser otk_eta; birkhoff/otk.h)

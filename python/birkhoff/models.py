@@ -278,7 +278,7 @@ CONFIG_DEFAULTS = {
     "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
     "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
     "otk_refs": 1, "otk_supports": 4, "otk_iters": 20, "otk_eps": 0.5,
-    # OTK pooling's Nystrom map and positional encoding (docs/MODEL.md "Head and loss")
+    # OTK pooling's Nystrom map and positional encoding (docs/MODEL.md "The OTK layer")
     "otk_anchors": 0, "otk_sigma": 0.5, "otk_eta": 1e-2, "otk_pe": "none", "otk_sigma_pos": 0.1,
     # the encoder-decoder (arch=seq2seq; docs/MODEL.md "Encoder-decoder")
     "arch": "classifier", "dec_depth": 2, "tgt_max_len": 128, "cross_attn": "softmax",

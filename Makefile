@@ -365,6 +365,7 @@ repro-quick: all
 	QUICK=1 OUT=runs/repro-quick/asap ./scripts/repro/asap.sh
 	QUICK=1 OUT=runs/repro-quick/patches ./scripts/repro/patches.sh
 	QUICK=1 OUT=runs/repro-quick/otk ./scripts/repro/otk.sh
+	QUICK=1 OUT=runs/repro-quick/otk_sup ./scripts/repro/otk_sup.sh
 	./scripts/data.sh fashion-mnist
 	QUICK=1 OUT=runs/repro-quick/lowdata ./scripts/repro/lowdata.sh
 	QUICK=1 OUT=runs/repro-quick/lot_vit ./scripts/repro/lot_vit.sh

@@ -39,6 +39,7 @@ void test_model(void);
 void test_seq2seq(void);
 void test_vit(void); /* tests/nn/test_model.c: LOTFormer's ViT ingredients */
 void test_set(void); /* tests/nn/test_model.c: Set Transformer blocks (ISAB, PMA) */
+void test_otk_pool(void); /* tests/nn/test_model.c: the supervised OTK layer */
 void test_backend(void);
 void test_ops_harness(void); /* tests/backend/test_ops.c */
 void test_cuda(void);        /* tests/backend/test_cuda.c */

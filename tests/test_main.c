@@ -57,6 +57,7 @@ int main(int argc, char **argv)
     test_seq2seq();
     test_vit();
     test_set();
+    test_otk_pool();
     test_backend();
     test_ops_harness();
     test_cuda();

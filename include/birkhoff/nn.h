@@ -111,6 +111,26 @@ typedef struct {
                                                parameters of each layer)      */
     int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling:
                                                otk_iters half-steps (even)    */
+    /* OTK pooling's feature map and positional encoding (docs/MODEL.md,
+     * "The OTK layer"; specs/otk.md sections 2.4, 2.5):
+     * otk_anchors K = 0: identity map, references pool.otk_z [q, p, D];
+     *   K > 0: the Nystrom map of the homogeneous Gaussian kernel (bandwidth
+     *   otk_sigma, inverse square root regulariser otk_eta; birkhoff/otk.h)
+     *   on K trainable anchors pool.otk_w [K, D], references pool.otk_z
+     *   [q, p, K] in R^K, features p * q * K. The anchors are kept unit
+     *   rows: drawn on the sphere, and renormalised after every optimiser
+     *   update (bk_optim_step); K <= 4096.
+     * otk_pe = none | 1d | 2d (bk_otk_pe), bandwidth otk_sigma_pos: the
+     *   paper's Gaussian positional weights on the plan (paper convention,
+     *   not applied to the scores). 1d: positions i / n_b of the valid rows
+     *   ([CLS], when there is one, is the first) against j / p. 2d: the
+     *   image's patch grid (image_h / patch x image_w / patch) against a
+     *   sqrt(p) x sqrt(p) support grid; needs input = image, cls = 0 and a
+     *   square otk_supports.                                                */
+    int otk_anchors;
+    float otk_sigma, otk_eta;
+    bk_otk_pe otk_pe;
+    float otk_sigma_pos;
     /* ---- encoder-decoder (arch = seq2seq; docs/MODEL.md) ----
      * input = tokens, one joint vocabulary (vocab) whose table embeds the
      * source, the target and is the output projection (tied); max_len
@@ -173,13 +193,14 @@ typedef struct {
  * mlp 128, CLS, positional embedding, final LN, CLS pooling, 10 classes,
  * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
  * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
- * iterations), eps 0.5; cls_attn full, pol_ps 2, pol_po 1, no DWC (kernel
- * 3); lot_learn both; set_block sab, 16 inducing points, 1 PMA seed, pma_attn
- * softmax. */
+ * iterations), eps 0.5, identity map (otk_anchors 0; sigma 0.5, eta 1e-2),
+ * no PE (otk_sigma_pos 0.1); cls_attn full, pol_ps 2, pol_po 1, no DWC
+ * (kernel 3); lot_learn both; set_block sab, 16 inducing points, 1 PMA seed,
+ * pma_attn softmax. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
  * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
- * pool=cls|mean|max|otk|pma, asap_ending=auto|zero|column|row,
+ * pool=cls|mean|max|otk|pma, otk_pe=none|1d|2d, asap_ending=auto|zero|column|row,
  * cls_attn=full|softmax|pol, lot_learn=both|z|none, set_block=sab|isab,
  * pma_attn as attn). Unknown keys or malformed values: BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
@@ -216,7 +237,10 @@ typedef struct {
 /* Creates a model with parameters initialised from seed (Linear weights and
  * biases U(-1/sqrt(in), 1/sqrt(in)) as PyTorch; LN 1/0; CLS, positions and
  * token table N(0, 0.02^2); LOT pivots N(0,1), mass logits 0; diff's lambda
- * vectors N(0, 0.1^2); OTK references N(0, 1/dim)) and its activations planned for batches of up to max_batch.
+ * vectors N(0, 0.1^2); OTK references N(0, 1/k), k = otk_anchors or dim;
+ * OTK anchors uniform on the unit sphere (N(0, 1) rows normalised); the
+ * paper's unsupervised start of the OTK layer is bk_model_otk_fit) and its
+ * activations planned for batches of up to max_batch.
  * Everything is allocated here, once (bk_model_memory says how much); a model
  * needing more than the machine's physical memory is refused (BK_ERR_NOMEM,
  * with both figures) rather than left to the kernel's OOM killer. */
@@ -240,7 +264,7 @@ typedef struct {
     int decay;             /* 1: weight decay applies (Linear weights, token
                               table); 0: biases, norms, CLS, positions, LOT
                               pivots/masses, diff lambda vectors, OTK
-                              references                                      */
+                              anchors and references                          */
     float *data, *grad;
 } bk_param_info;
 BK_API bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info);
@@ -276,6 +300,22 @@ BK_API bk_status bk_model_attention(bk_model *m, int layer, float *attn);
  * bk_model_set_asap on every block; checkpoints carry its layers. */
 BK_API bk_asap_config bk_model_asap_config(const bk_model *m);
 BK_API bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib);
+/* The unsupervised start of an OTK pool (OTK section 3.4: the paper's
+ * supervised models are initialised with the unsupervised procedure): the
+ * model's own pooled sets for the b->B samples of b (inference forwards of
+ * everything before the pool, max_batch samples at a time; labels are not
+ * read) give the anchors pool.otk_w by spherical K-means (bk_otk_fit_anchors;
+ * otk_anchors > 0), then the references pool.otk_z on the features psi of
+ * those anchors (bk_otk_fit_refs, no barycentre steps: K-means of all rows
+ * for q = 1, Wasserstein K-means over the sets with otk_eps and otk_iters
+ * for q > 1; positions play no part). kp: iterations, tolerance, seed,
+ * max_samples (NULL: bk_kmeans_config_default()); rep (nullable) receives
+ * the references' fit. Every other parameter is untouched; on an error
+ * nothing is (a pending backward is dropped either way). Errors: a model
+ * without an OTK pool (BK_ERR_PARAM), the batch's (as bk_model_forward),
+ * the fits' (fewer distinct rows than anchors or supports: BK_ERR_PARAM). */
+BK_API bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_config *kp,
+                                  bk_kmeans_report *rep);
 /* Tokens per sample (incl. CLS), and heads. */
 BK_API int bk_model_tokens(const bk_model *m);
 
@@ -390,8 +430,11 @@ BK_API void bk_optim_free(bk_optim *o);
 BK_API int64_t bk_optim_step_count(const bk_optim *o);
 BK_API const bk_optim_config *bk_optim_get_config(const bk_optim *o);
 /* Clips (if asked), applies one update from the model's gradients and
- * advances the step. gnorm (nullable) receives the pre-clip global norm.
- * A non-finite gradient norm refuses the update (BK_ERR_NONFINITE). */
+ * advances the step, then restores the model's constraints on its
+ * parameters: an OTK pool's anchors pool.otk_w are renormalised to unit rows
+ * (each row divided by its L2 norm, as the reference code does after every
+ * step). gnorm (nullable) receives the pre-clip global norm. A non-finite
+ * gradient norm refuses the update (BK_ERR_NONFINITE). */
 BK_API bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm);
 
 /* One training step on an effective batch: zero grads, forward/backward over

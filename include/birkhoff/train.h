@@ -67,6 +67,13 @@ typedef struct {
                                diagnostics (hard: the model trained soft,
                                evaluated with the exact sort, esp_soft = 0);
                                birkhoff eval reads it as its default           */
+    int64_t otk_init;       /* > 0 (pool = otk, a new run without init=): before
+                               the first step the OTK pool starts from the
+                               paper's unsupervised procedure, its anchors and
+                               references fitted by K-means to the model's own
+                               pooled sets of the first otk_init training
+                               samples (bk_model_otk_fit, K-means seeded by
+                               seed); 0 = the random initialisation          */
     bk_model_config model;
     bk_optim_config optim;
 } bk_run_config;

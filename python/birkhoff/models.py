@@ -283,6 +283,8 @@ CONFIG_DEFAULTS = {
     "esp_soft": 1, "esp_t": 1e-3, "esp_tau": 1.0, "esp_slices": 0,
     "lot_r": 8, "lot_iters": 5, "lot_eps": 1.0, "lot_temp": 1.0,
     "otk_refs": 1, "otk_supports": 4, "otk_iters": 20, "otk_eps": 0.5,
+    # OTK pooling's Nystrom map and positional encoding (docs/MODEL.md "The OTK layer")
+    "otk_anchors": 0, "otk_sigma": 0.5, "otk_eta": 1e-2, "otk_pe": "none", "otk_sigma_pos": 0.1,
     # the encoder-decoder (arch=seq2seq; docs/MODEL.md "Encoder-decoder")
     "arch": "classifier", "dec_depth": 2, "tgt_max_len": 128, "cross_attn": "softmax",
     "post_ln": 0, "bos": 1, "eos": 2,
@@ -296,13 +298,15 @@ CONFIG_DEFAULTS = {
     "set_block": "sab", "set_inducing": 16, "pma_seeds": 1, "pma_attn": "softmax",
 }
 ASAP_ENDINGS = ("auto", "zero", "column", "row")
+OTK_PES = ("none", "1d", "2d")
 CLS_ATTNS = ("full", "softmax", "pol")
 LOT_LEARNS = ("both", "z", "none")
 # the attention kinds whose [CLS] row cls_attn may take out (bk_model_config_check)
 CLS_SPLIT_ATTNS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 _CONFIG_ENUMS = {"input": INPUTS, "attn": ATTNS, "pool": POOLS, "arch": ARCHS,
                  "cross_attn": ATTNS, "asap_ending": ASAP_ENDINGS, "cls_attn": CLS_ATTNS,
-                 "lot_learn": LOT_LEARNS, "set_block": SET_BLOCKS, "pma_attn": ATTNS}
+                 "lot_learn": LOT_LEARNS, "set_block": SET_BLOCKS, "pma_attn": ATTNS,
+                 "otk_pe": OTK_PES}
 
 OPT_KINDS = ("adamw", "adam", "sgd")
 SCHEDS = ("constant", "step", "cosine", "invsqrt")
@@ -447,10 +451,21 @@ def num_tokens(cfg):
     return seq_len(cfg) + cfg["cls"]
 
 
+def otk_dim(cfg):
+    """k: the OTK pool's feature dimension (otk_anchors, or dim for the
+    identity map)."""
+    return cfg["otk_anchors"] or cfg["dim"]
+
+
+def otk_grid(cfg):
+    """The 2-D positional encoding's grid: the image's patch grid (gh, gw)."""
+    return (cfg["image_h"] // cfg["patch"], cfg["image_w"] // cfg["patch"])
+
+
 def feature_dim(cfg):
     """Width of the pooled features fed to the head."""
     if cfg["pool"] == "otk":
-        return cfg["otk_supports"] * cfg["otk_refs"] * cfg["dim"]
+        return cfg["otk_supports"] * cfg["otk_refs"] * otk_dim(cfg)
     if cfg["pool"] == "pma":
         return cfg["pma_seeds"] * cfg["dim"]
     return cfg["dim"]
@@ -469,8 +484,8 @@ def check_config(cfg):
     s2s = cfg["arch"] == "seq2seq"
     if s2s:
         _check_seq2seq(cfg)
-    elif min(D, H, cfg["depth"]) < 1 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
-        raise ValueError("dim, heads, depth must be >= 1; head_dim, mlp_dim >= 0")
+    elif min(D, H) < 1 or cfg["depth"] < 0 or cfg["head_dim"] < 0 or cfg["mlp_dim"] < 0:
+        raise ValueError("dim, heads must be >= 1; depth, head_dim, mlp_dim >= 0")
     elif cfg["pos_embed"] not in (0, 1) or cfg["post_ln"]:
         raise ValueError("the classifier takes pos_embed 0/1 and post_ln=0 (sinusoidal positions "
                          "and post-LN are for arch=seq2seq)")
@@ -492,6 +507,7 @@ def check_config(cfg):
         raise ValueError(f"attn=diff needs an even head dimension, got {head_dim(cfg)}")
     _check_vit(cfg)
     _check_set(cfg)
+    _check_otk(cfg)
 
 
 def _check_set(cfg):
@@ -511,6 +527,31 @@ def _check_set(cfg):
             raise ValueError("pool=pma needs pma_seeds >= 1")
         if cfg["pma_attn"] not in CROSS_ATTNS:
             raise ValueError(f"pma_attn takes {', '.join(CROSS_ATTNS)} (got {cfg['pma_attn']})")
+
+
+def _check_otk(cfg):
+    """The OTK pool's keys (bk_model_config_check)."""
+    if not 0 <= cfg["otk_anchors"] <= 4096:
+        raise ValueError("otk_anchors must be in [0, 4096] (0: identity feature map)")
+    if cfg["arch"] == "seq2seq" or cfg["pool"] != "otk":
+        if cfg["otk_anchors"] or cfg["otk_pe"] != "none":
+            raise ValueError("otk_anchors and otk_pe configure pool=otk")
+        return
+    if (min(cfg["otk_refs"], cfg["otk_supports"]) < 1 or cfg["otk_iters"] < 2
+            or cfg["otk_iters"] % 2 or not cfg["otk_eps"] > 0):
+        raise ValueError("OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 "
+                         "and otk_eps > 0")
+    if cfg["otk_anchors"] and not (cfg["otk_sigma"] > 0 and cfg["otk_eta"] >= 0):
+        raise ValueError("otk_anchors > 0 (Nystrom map) needs otk_sigma > 0 and otk_eta >= 0")
+    if cfg["otk_pe"] != "none" and not cfg["otk_sigma_pos"] > 0:
+        raise ValueError(f"otk_pe={cfg['otk_pe']} needs otk_sigma_pos > 0")
+    if cfg["otk_pe"] == "2d":
+        if cfg["input"] != "image":
+            raise ValueError("otk_pe=2d weighs the image's patch grid: it needs input=image")
+        if cfg["cls"]:
+            raise ValueError("otk_pe=2d pools the patch grid only: set cls=0")
+        if math.isqrt(cfg["otk_supports"]) ** 2 != cfg["otk_supports"]:
+            raise ValueError("otk_pe=2d needs a square otk_supports")
 
 
 def _check_vit(cfg):
@@ -643,7 +684,9 @@ def param_specs(cfg):
     if cfg["final_norm"]:
         norm("norm")
     if cfg["pool"] == "otk":
-        specs.append(("pool.otk_z", (cfg["otk_refs"], cfg["otk_supports"], D), 0))
+        if cfg["otk_anchors"]:
+            specs.append(("pool.otk_w", (cfg["otk_anchors"], D), 0))
+        specs.append(("pool.otk_z", (cfg["otk_refs"], cfg["otk_supports"], otk_dim(cfg)), 0))
     if cfg["pool"] == "pma":   # add_pma: seeds, [rFF], the MAB
         specs.append(("pool.seeds", (cfg["pma_seeds"], D), 0))
         if M > 0:
@@ -1019,24 +1062,43 @@ def _set_backend(model, backend):
 
 
 class _OTKPool(nn.Module):
-    """pool.otk_z [q, p, D]: the OTK layer over the valid rows."""
+    """The OTK layer over the valid rows: references pool.otk_z [q, p, k] and,
+    with otk_anchors = k > 0, the Nystrom anchors pool.otk_w [k, D] (kept unit
+    rows by post_update); log domain, paper convention, the positional
+    encoding otk_pe on the plan only."""
 
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.otk_z = nn.Parameter(torch.empty(cfg["otk_refs"], cfg["otk_supports"], cfg["dim"]))
+        K = cfg["otk_anchors"]
+        self.otk_w = nn.Parameter(torch.empty(K, cfg["dim"])) if K else None
+        self.otk_z = nn.Parameter(torch.empty(cfg["otk_refs"], cfg["otk_supports"], otk_dim(cfg)))
 
     backend = "torch"
 
+    def options(self):
+        """The operator's keyword arguments (birkhoff.otk's names)."""
+        c = self.cfg
+        kw = {"eps": c["otk_eps"], "iters": c["otk_iters"], "domain": "log", "convention": "paper",
+              "sigma": c["otk_sigma"], "eta": c["otk_eta"],
+              "pe": None if c["otk_pe"] == "none" else c["otk_pe"], "sigma_pos": c["otk_sigma_pos"]}
+        if c["otk_pe"] == "2d":
+            kw["grid"] = otk_grid(c)
+        return kw
+
+    @torch.no_grad()
+    def post_update(self):
+        """The anchors back to unit rows (bk_optim_step's last act)."""
+        if self.otk_w is not None:
+            self.otk_w.div_(self.otk_w.norm(dim=1, keepdim=True).clamp_min(1e-300))
+
     def forward(self, h, lens):
-        if self.backend == "c":       # libbirkhoff's OTK embedding: [B, p, q*D]
-            out = _c_ops().otk_embedding(h, self.otk_z, lengths=lens, eps=self.cfg["otk_eps"],
-                                         iters=self.cfg["otk_iters"])
+        kw = self.options()
+        if self.backend == "c":       # libbirkhoff's OTK embedding: [B, p, q*k]
+            out = _c_ops().otk_embedding(h, self.otk_z, self.otk_w, lengths=lens, **kw)
             return out.reshape(h.shape[0], -1)
-        out, _ = otk_port.otk_semantics(h, self.otk_z, lengths=lens, W=None,
-                                        eps=self.cfg["otk_eps"], iters=self.cfg["otk_iters"],
-                                        domain="log", convention="paper", pe=None)
-        return out.reshape(h.shape[0], -1)                     # [B, p*q*D], [p, q, D] order
+        out, _ = otk_port.otk_semantics(h, self.otk_z, lengths=lens, W=self.otk_w, **kw)
+        return out.reshape(h.shape[0], -1)                     # [B, p*q*k], [p, q, k] order
 
 
 class _MAB(nn.Module):
@@ -1158,7 +1220,8 @@ class Model(nn.Module):
     def reset_parameters(self):
         """MODEL.md initialisation (torch's RNG): Linear U(+-1/sqrt(in)), LN 1/0,
         CLS, positions, token table N(0, 0.02^2), LOT pivots N(0, 1), masses 0,
-        OTK references, ISAB inducing points and PMA seeds N(0, 1/D), diff
+        OTK references N(0, 1/k) (k = otk_anchors or D), OTK anchors uniform on
+        the unit sphere, ISAB inducing points and PMA seeds N(0, 1/D), diff
         lambda vectors N(0, 0.1^2)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.LayerNorm, _DWC)):
@@ -1173,8 +1236,19 @@ class Model(nn.Module):
                     p.zero_()
                 elif name.rsplit(".", 1)[-1] in _DIFF_VECTORS:
                     p.normal_(0.0, 0.1)
-                elif name in ("pool.otk_z", "pool.seeds") or name.endswith(".inducing"):
+                elif name == "pool.seeds" or name.endswith(".inducing"):
                     p.normal_(0.0, self.cfg["dim"] ** -0.5)
+                elif name == "pool.otk_z":
+                    p.normal_(0.0, otk_dim(self.cfg) ** -0.5)
+                elif name == "pool.otk_w":
+                    p.normal_(0.0, 1.0)
+            self.post_update()
+
+    def post_update(self):
+        """The constraints the engine restores after every optimiser update
+        (bk_optim_step): the OTK anchors pool.otk_w back to unit rows."""
+        if self.pool is not None:
+            self.pool.post_update()
 
     def set_backend(self, backend):
         """backend "torch" (default): the pure-PyTorch operator ports, any
@@ -1868,8 +1942,10 @@ def train_step(model, opt, ocfg, step, batch, ls=0.0, micro=0):
     accumulated over micro-batches of at most `micro` samples (0: one pass)
     with weight B_micro / B (seq2seq: the micro-batch's target tokens over the
     batch's: the loss is the token-weighted mean), clipped (global L2 norm,
-    clip > 0), the group learning rates set to lr_at(step), and the optimiser
-    stepped. Returns (mean loss of the batch, pre-clip gradient norm).
+    clip > 0), the group learning rates set to lr_at(step), the optimiser
+    stepped, and the model's constraints restored (model.post_update: the OTK
+    anchors' unit rows, as bk_optim_step). Returns (mean loss of the batch,
+    pre-clip gradient norm).
     """
     params = [p for _, p in model.ordered_parameters()]
     for p in params:
@@ -1897,6 +1973,8 @@ def train_step(model, opt, ocfg, step, batch, ls=0.0, micro=0):
     for g in opt.param_groups:
         g["lr"] = lr_at(ocfg, step)
     opt.step()
+    if hasattr(model, "post_update"):   # the constraints bk_optim_step restores
+        model.post_update()
     return total, gnorm
 
 
@@ -2027,6 +2105,9 @@ _SELF_CASES = [
      True),
     ("input=tokens,vocab=9,max_len=5,dim=8,depth=1,heads=2,mlp_dim=0,classes=3,attn=softmax,"
      "pool=pma,pma_attn=esp,esp_t=0.3", True),
+    # the supervised OTK layer: Nystrom anchors, 2-D PE on a 2 x 2 patch grid, no blocks
+    ("input=image,image_h=4,image_w=4,patch=2,dim=8,depth=0,cls=0,classes=3,pool=otk,"
+     "otk_anchors=3,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.5", False),
 ]
 
 

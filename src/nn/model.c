@@ -26,6 +26,8 @@ static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
 static const char *const CLS_ATTN_NAMES[] = {"full", "softmax", "pol", NULL};
 /* bk_lot_learn's values in order */
 static const char *const LOT_LEARN_NAMES[] = {"both", "z", "none", NULL};
+/* bk_otk_pe's values in order */
+static const char *const OTK_PE_NAMES[] = {"none", "1d", "2d", NULL};
 
 #define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
 #define E(field, names) {#field, BKI_F_ENUM, offsetof(bk_model_config, field), names, 0}
@@ -40,7 +42,9 @@ static const bki_field MODEL_FIELDS[] = {
     F(esp_t, BKI_F_FLOAT),
     F(esp_tau, BKI_F_FLOAT),      F(esp_slices, BKI_F_INT),  F(lot_r, BKI_F_INT),        F(lot_iters, BKI_F_INT),
     F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
-    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   E(arch, ARCH_NAMES),        F(dec_depth, BKI_F_INT),
+    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   F(otk_anchors, BKI_F_INT),  F(otk_sigma, BKI_F_FLOAT),
+    F(otk_eta, BKI_F_FLOAT),      E(otk_pe, OTK_PE_NAMES),   F(otk_sigma_pos, BKI_F_FLOAT),
+    E(arch, ARCH_NAMES),          F(dec_depth, BKI_F_INT),
     F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
     F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
     F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
@@ -86,6 +90,10 @@ bk_model_config bk_model_config_default(void)
     c.otk_supports = 4;
     c.otk_iters = 20; /* half-steps: 10 iterations */
     c.otk_eps = 0.5f;
+    c.otk_sigma = 0.5f;      /* the paper's bandwidth (SCOP, SST-2)          */
+    c.otk_eta = 1e-2f;       /* the reference code's regulariser             */
+    c.otk_pe = BK_OTK_PE_NONE;
+    c.otk_sigma_pos = 0.1f;  /* bk_otk_config_default's                      */
     c.arch = BK_ARCH_CLASSIFIER;
     c.dec_depth = 2;
     c.tgt_max_len = 128;
@@ -222,7 +230,9 @@ bk_status bk_model_config_check(const bk_model_config *c)
         const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
         NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
                  feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
+                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L &&
+                 (int64_t)c->otk_refs * c->otk_supports * c->otk_anchors <= L &&
+                 (int64_t)c->otk_anchors * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
                  c->set_inducing <= L && (int64_t)c->pma_seeds * c->dim <= L,
              "model sizes too large (each size and product of sizes must stay below 2^24)");
     }
@@ -282,11 +292,36 @@ bk_status bk_model_config_check(const bk_model_config *c)
         NEED(c->dwc_kernel >= 1 && c->dwc_kernel <= 63 && c->dwc_kernel % 2 == 1,
              "dwc_kernel must be odd and in [1, 63] (got %d)", c->dwc_kernel);
     }
-    if (!s2s && c->pool == BK_POOL_OTK)
+    NEED(c->otk_pe >= BK_OTK_PE_NONE && c->otk_pe <= BK_OTK_PE_2D, "unknown otk_pe %d", (int)c->otk_pe);
+    NEED(c->otk_anchors >= 0 && c->otk_anchors <= 4096,
+         "otk_anchors must be in [0, 4096] (0: identity feature map; got %d)", c->otk_anchors);
+    if (!s2s && c->pool == BK_POOL_OTK) {
         NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
-                 c->otk_eps > 0.0f,
+                 c->otk_eps > 0.0f && isfinite(c->otk_eps),
              "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
              "iterations) and otk_eps > 0");
+        if (c->otk_anchors > 0)
+            NEED(c->otk_sigma > 0.0f && isfinite(c->otk_sigma) && c->otk_eta >= 0.0f && isfinite(c->otk_eta),
+                 "otk_anchors=%d (Nystrom map) needs otk_sigma > 0 and otk_eta >= 0 (got %g, %g)", c->otk_anchors,
+                 (double)c->otk_sigma, (double)c->otk_eta);
+        if (c->otk_pe != BK_OTK_PE_NONE)
+            NEED(c->otk_sigma_pos > 0.0f && isfinite(c->otk_sigma_pos),
+                 "otk_pe=%s needs otk_sigma_pos > 0 (got %g)", OTK_PE_NAMES[c->otk_pe], (double)c->otk_sigma_pos);
+        if (c->otk_pe == BK_OTK_PE_2D) {
+            const int s = (int)lround(sqrt((double)c->otk_supports));
+            NEED(c->input == BK_INPUT_IMAGE,
+                 "otk_pe=2d weighs the image's patch grid: it needs input=image (otk_pe=1d orders a sequence)");
+            NEED(!c->cls,
+                 "otk_pe=2d pools the patch grid only: set cls=0 (the [CLS] token has no place on the grid)");
+            NEED(s * s == c->otk_supports,
+                 "otk_pe=2d puts the supports on a square grid: otk_supports must be a square (got %d)",
+                 c->otk_supports);
+        }
+    } else {
+        NEED(c->otk_anchors == 0 && c->otk_pe == BK_OTK_PE_NONE,
+             "otk_anchors and otk_pe configure pool=otk (this model has %s)",
+             s2s ? "arch=seq2seq" : POOL_NAMES[c->pool]);
+    }
     return set_check(c);
 }
 
@@ -493,7 +528,7 @@ static void build_table(bk_model *m)
     const bk_model_config *c = &m->c;
     const int D = c->dim;
     char pre[32];
-    m->e_w = m->e_b = m->e_w2 = m->e_b2 = m->cls_o = m->pos_o = m->nrm_w = m->nrm_b = m->otk_z = -1;
+    m->e_w = m->e_b = m->e_w2 = m->e_b2 = m->cls_o = m->pos_o = m->nrm_w = m->nrm_b = m->otk_w = m->otk_z = -1;
     m->head_w = m->head_b = m->dpos_o = m->dnrm_w = m->dnrm_b = -1;
     if (c->arch == BK_ARCH_SEQ2SEQ) {
         build_table_s2s(m);
@@ -524,10 +559,31 @@ static void build_table(bk_model *m)
         m->nrm_w = add_param(m, "norm.weight", 1, D, 0, 0, 0);
         m->nrm_b = add_param(m, "norm.bias", 1, D, 0, 0, 0);
     }
-    if (c->pool == BK_POOL_OTK) m->otk_z = add_param(m, "pool.otk_z", 3, c->otk_refs, c->otk_supports, D, 0);
+    if (c->pool == BK_POOL_OTK && c->otk_anchors > 0)
+        m->otk_w = add_param(m, "pool.otk_w", 2, c->otk_anchors, D, 0, 0);
+    if (c->pool == BK_POOL_OTK) m->otk_z = add_param(m, "pool.otk_z", 3, c->otk_refs, c->otk_supports, m->otk_k, 0);
     if (has_pma(c)) add_pma(m);
     m->head_w = add_param(m, "head.weight", 2, c->classes, m->F, 0, 1);
     m->head_b = add_param(m, "head.bias", 1, c->classes, 0, 0, 0);
+}
+
+/* rows of a [rows, cols] matrix scaled to unit L2 norm (the norm
+ * accumulated in double; a zero row is left as it is) */
+static void unit_rows(float *w, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = w + r * cols;
+        double ss = 0.0;
+        for (int64_t j = 0; j < cols; j++) ss += (double)x[j] * x[j];
+        if (!(ss > 0.0)) continue;
+        const double inv = 1.0 / sqrt(ss);
+        for (int64_t j = 0; j < cols; j++) x[j] = (float)(x[j] * inv);
+    }
+}
+
+void bki_model_post_update(bk_model *m)
+{
+    if (m && m->otk_w >= 0) unit_rows(m->w + m->otk_w, m->c.otk_anchors, m->c.dim);
 }
 
 /* seeded initialisation: one splitmix64 stream per tensor */
@@ -568,10 +624,18 @@ static void init_params(bk_model *m)
             /* PyTorch's Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k */
             const double bound = 1.0 / (double)m->c.dwc_kernel;
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)((2.0 * unif(&s) - 1.0) * bound);
-        } else if (strcmp(n, "pool.otk_z") == 0 || ENDS(".inducing") || strcmp(n, "pool.seeds") == 0) {
-            /* OTK references, ISAB inducing points, PMA seeds: N(0, 1/dim) */
+        } else if (ENDS(".inducing") || strcmp(n, "pool.seeds") == 0) {
+            /* ISAB inducing points, PMA seeds: N(0, 1/dim) */
             const double sd = 1.0 / sqrt((double)m->c.dim);
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
+        } else if (strcmp(n, "pool.otk_z") == 0) {
+            /* N(0, 1/k): rows of norm ~1 in R^k, k = otk_anchors or D */
+            const double sd = 1.0 / sqrt((double)m->otk_k);
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
+        } else if (strcmp(n, "pool.otk_w") == 0) {
+            /* anchors uniform on the unit sphere: N(0, 1) rows, normalised */
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)gauss(&s);
+            unit_rows(w, p->shape[0], p->shape[1]);
         } else {
             /* Linear weight [out, in] or bias [out]: U(-1/sqrt(in), 1/sqrt(in)) with in from the weight */
             int64_t fan_in = p->ndim == 2 ? p->shape[1] : (i > 0 ? m->tab[i - 1].shape[1] : 1);
@@ -602,7 +666,7 @@ static bk_attn_desc attn_desc(const bk_model *m, int B)
 
 static bk_otk_desc otk_desc(const bk_model *m, int B)
 {
-    bk_otk_desc d = {B, m->T, m->c.dim, m->c.otk_refs, m->c.otk_supports, m->c.dim, m->nb};
+    bk_otk_desc d = {B, m->T, m->c.dim, m->c.otk_refs, m->c.otk_supports, m->otk_k, m->nb};
     return d;
 }
 
@@ -642,11 +706,24 @@ static bk_lot_config lot_params(const bk_model *m, int l)
     return p;
 }
 
+/* the OTK pool's operator parameters: log domain, the paper's convention
+ * (scaling and PE on the plan only), the anchors of the parameter buffer
+ * (W = NULL: the identity map) */
 static bk_otk_config otk_params(const bk_model *m)
 {
+    const bk_model_config *c = &m->c;
     bk_otk_config p = bk_otk_config_default();
-    p.eps = m->c.otk_eps;
-    p.iters = m->c.otk_iters;
+    p.eps = c->otk_eps;
+    p.iters = c->otk_iters;
+    p.W = m->otk_w >= 0 && m->w ? m->w + m->otk_w : NULL;
+    p.sigma = c->otk_sigma;
+    p.eta = c->otk_eta;
+    p.pe = c->otk_pe;
+    p.sigma_pos = c->otk_sigma_pos;
+    if (c->otk_pe == BK_OTK_PE_2D) {
+        p.grid_h = c->image_h / c->patch;
+        p.grid_w = c->image_w / c->patch;
+    }
     return p;
 }
 
@@ -867,7 +944,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss,
                     m->dY, m->dXs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -1035,7 +1112,8 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->T = m->np + (s2s ? 0 : c->cls);
     m->Tmax = m->T;
     m->Td = s2s ? c->tgt_max_len : 0;
-    m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * c->dim
+    m->otk_k = c->otk_anchors > 0 ? c->otk_anchors : c->dim;
+    m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * m->otk_k
            : has_pma(c)                   ? c->pma_seeds * c->dim
                                           : c->dim;
     const int sets = is_isab(c) || has_pma(c);
@@ -1058,7 +1136,9 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
                           : (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
                                                                                 LOT's two; DWC's kernel, bias) */
-    const int tensors = 8 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
+    /* (outside the blocks at most 12: embed.fc1/fc2 weights and biases, cls,
+     * pos, norm weight and bias, pool.otk_w, pool.otk_z, head weight and bias) */
+    const int tensors = 12 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
     if (tensors > MAXP) {
         bk_model_free(m);
         return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",
@@ -1197,8 +1277,12 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
     }
     if (!s2s && c->pool == BK_POOL_OTK) {
-        bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, c->dim, NULL};
+        bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, m->otk_k, NULL};
         bk_otk_config op = otk_params(m);
+        /* (the sizes depend on whether there are anchors, not on their
+         * values: measuring, there is no parameter buffer yet) */
+        const float no_anchors_yet = 0.0f;
+        if (c->otk_anchors > 0 && !op.W) op.W = &no_anchors_yet;
         m->otk_tape_cap = bk_otk_tape_size(&od, &op);
         m->otk_tape = zalloc(&z, m->otk_tape_cap, 1);
         size_t w1 = bk_otk_workspace_size(&od, &op);
@@ -1213,8 +1297,9 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->dv = falloc((size_t)(Rx * I), &z);
     m->dM = falloc((size_t)(Rx * (M > D ? M : D)), &z);
     const size_t ztmp = (size_t)c->heads * (size_t)c->lot_r * (size_t)m->dh;
-    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)D;
+    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
     m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
+    if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, &z);
     m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
     if (c->attn == BK_ATTN_DIFF) {
         m->dO = falloc((size_t)(R * I), &z);
@@ -1840,7 +1925,7 @@ static bk_status pool_forward(bk_model *m, int B, int train)
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
         bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST, BK_F32};
+        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         return bk_otk_forward(&od, &op, &x, m->w + m->otk_z, &out, train ? m->otk_tape : NULL, NULL, m->ws, m->ws_cap);
@@ -1876,6 +1961,20 @@ static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float l
 static bk_status s2s_backward(bk_model *m, float grad_scale);
 static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale);
 
+/* the classifier's trunk on a checked batch: valid lengths, embedding,
+ * blocks and final norm into m->fin, the rows the pool reads */
+static bk_status trunk_fwd(bk_model *m, const bk_batch *bt, int train)
+{
+    const bk_model_config *c = &m->c;
+    const int B = bt->B;
+    for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
+    if (m->nb1)
+        for (int b = 0; b < B; b++) m->nb1[b] = m->nb[b] - 1;
+    if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
+    embed_fwd(m, bt, train);
+    return encoder_fwd(m, B, train);
+}
+
 bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
 {
     if (!m) return bki_fail(BK_ERR_NULL, "bk_model_forward: NULL model");
@@ -1898,13 +1997,7 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
         return BK_OK;
     }
     const int B = bt->B;
-    for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
-    if (m->nb1)
-        for (int b = 0; b < B; b++) m->nb1[b] = m->nb[b] - 1;
-    if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
-
-    embed_fwd(m, bt, train);
-    if ((st = encoder_fwd(m, B, train))) return st;
+    if ((st = trunk_fwd(m, bt, train))) return st;
     if ((st = pool_forward(m, B, train))) return st;
     bki_linear_fwd(B, m->F, c->classes, m->pooled, m->F, m->w + m->head_w, m->w + m->head_b, m->logits, c->classes);
 
@@ -1943,6 +2036,64 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
         m->fwd_count++;
     }
     return BK_OK;
+}
+
+bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_config *kp, bk_kmeans_report *rep)
+{
+    if (!m || !b) return bki_fail(BK_ERR_NULL, "bk_model_otk_fit: NULL argument");
+    const bk_model_config *c = &m->c;
+    if (c->arch != BK_ARCH_CLASSIFIER || c->pool != BK_POOL_OTK)
+        return bki_fail(BK_ERR_PARAM, "bk_model_otk_fit: the model has no OTK pool (%s)",
+                        c->arch != BK_ARCH_CLASSIFIER ? "arch=seq2seq" : "pool is not otk");
+    if (b->B < 1) return bki_fail(BK_ERR_SHAPE, "bk_model_otk_fit: empty batch");
+    const int B = b->B, T = m->T, D = c->dim, K = c->otk_anchors;
+    const size_t rows = (size_t)B * (size_t)T;
+    float *feat = malloc(sizeof(float) * rows * (size_t)D);
+    int32_t *len = malloc(sizeof(int32_t) * (size_t)B);
+    float *W = K > 0 ? malloc(sizeof(float) * (size_t)K * (size_t)D) : NULL;
+    const size_t zn = (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
+    float *z = malloc(sizeof(float) * zn);
+    bk_status st = BK_OK;
+    if (!feat || !len || !z || (K > 0 && !W)) st = bki_fail(BK_ERR_NOMEM, "out of memory for %zu pooled rows", rows);
+    /* the pooled sets: inference forwards of the trunk, max_batch samples at
+     * a time (labels are not read) */
+    for (int s0 = 0; s0 < B && st == BK_OK; s0 += m->max_batch) {
+        const int n = B - s0 < m->max_batch ? B - s0 : m->max_batch;
+        bk_batch part = bki_batch_slice(m, b, s0, n);
+        part.labels = NULL;
+        if ((st = check_batch(m, &part, 0))) break;
+        m->have_tape = 0; /* (the activations a pending backward needs are overwritten) */
+        m->B = n;
+        if ((st = trunk_fwd(m, &part, 0))) break;
+        memcpy(feat + (size_t)s0 * T * D, m->fin, sizeof(float) * (size_t)n * T * D);
+        memcpy(len + s0, m->nb, sizeof(int32_t) * (size_t)n);
+    }
+    const bk_kmeans_config kc = kp ? *kp : bk_kmeans_config_default();
+    const bk_tensor x = {feat, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
+    bk_otk_desc d = {B, T, D, c->otk_refs, c->otk_supports, m->otk_k, len};
+    if (st == BK_OK && K > 0) {
+        d.k = K;
+        st = bk_otk_fit_anchors(&d, &x, &kc, W, NULL);
+    }
+    /* references on the features of those anchors; the K-means knows no
+     * positions (otk_pe is left out of the fit) */
+    bk_otk_config op = otk_params(m);
+    op.W = W;
+    op.pe = BK_OTK_PE_NONE;
+    if (st == BK_OK) st = bk_otk_fit_refs(&d, &op, &x, &kc, 0, z, rep);
+    if (st == BK_OK) {
+        if (K > 0) memcpy(m->w + m->otk_w, W, sizeof(float) * (size_t)K * (size_t)D);
+        memcpy(m->w + m->otk_z, z, sizeof(float) * zn);
+    } else {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "bk_model_otk_fit: %s (the model is unchanged)", msg);
+    }
+    free(feat);
+    free(len);
+    free(W);
+    free(z);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2011,13 +2162,15 @@ static bk_status pool_backward(bk_model *m, int B)
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
         bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * D, BK_DEVICE_HOST, BK_F32};
+        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
         bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
         bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
-        st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, NULL, m->ws, m->ws_cap);
+        st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, m->dWtmp, m->ws,
+                             m->ws_cap);
         if (st) return st;
-        add_into(m->gw + m->otk_z, m->dZtmp, (size_t)c->otk_refs * c->otk_supports * D);
+        add_into(m->gw + m->otk_z, m->dZtmp, (size_t)c->otk_refs * c->otk_supports * m->otk_k);
+        if (m->otk_w >= 0) add_into(m->gw + m->otk_w, m->dWtmp, (size_t)c->otk_anchors * D);
         return BK_OK;
     }
     for (int b = 0; b < B; b++) {

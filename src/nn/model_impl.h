@@ -59,7 +59,8 @@ struct bk_model {
     int64_t P;
     float *w, *gw;
     /* parameter offsets (-1 when absent) */
-    int64_t e_w, e_b, e_w2, e_b2, cls_o, pos_o, nrm_w, nrm_b, otk_z, head_w, head_b;
+    int64_t e_w, e_b, e_w2, e_b2, cls_o, pos_o, nrm_w, nrm_b, otk_w, otk_z, head_w, head_b;
+    int otk_k;     /* the OTK pool's feature dimension: otk_anchors, or D     */
     blk_off *bo;   /* seq2seq: [0, depth) encoder, [depth, depth + dec_depth) decoder;
                       classifier: [0, depth) the blocks (set_block = isab: each
                       ISAB's second MAB, mab1), [depth, 2 depth) the ISABs'
@@ -77,6 +78,7 @@ struct bk_model {
     size_t otk_tape_cap;
     /* backward scratch */
     float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
+    float *dWtmp;                            /* OTK anchors' gradient [K, D]    */
     float *dcls;                             /* the [CLS] row's backward scratch
                                                 [2, B, H, T] (cls_attn != full) */
     double *ddwc;                            /* the DWC's: [k*k + 1, dh] (dwc)  */

@@ -27,6 +27,11 @@ uint64_t bki_model_fwd_count(const bk_model *m);
 void bki_model_set_fwd_count(bk_model *m, uint64_t c);
 /* the compiled ASAP layer of block l (NULL when none is attached) */
 const bk_asap_layer *bki_model_asap(const bk_model *m, int layer);
+/* The model's constraints on its parameters, restored after every
+ * optimiser update (bk_optim_step calls it last): an OTK pool's Nystrom
+ * anchors pool.otk_w back to unit rows. The one post-update mechanism of
+ * the engine; a no-op for a model without constrained parameters. */
+void bki_model_post_update(bk_model *m);
 
 /* ---- the encoder-decoder's incremental decoding (model.c, seq2seq_step.c) ----
  * bki_s2s_encode runs the encoder on B <= max_batch sentences (checked by

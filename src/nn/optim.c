@@ -221,6 +221,7 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
         }
     }
     o->step++;
+    bki_model_post_update(m);
     return BK_OK;
 }
 

@@ -49,6 +49,7 @@ static const run_key KEYS[] = {
     RS("init", init),
     RK("esp_anneal", K_FLOAT, esp_anneal, 0, 1),
     RS("eval_esp_sort", eval_esp_sort),
+    RK("otk_init", K_I64, otk_init, 0, 1e9),
 };
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -267,6 +268,12 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
     if (r->model.attn != BK_ATTN_ESP && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
         return bki_fail(BK_ERR_PARAM, "eval_esp_sort=%s chooses ESP's sort; this run has attn=%s", r->eval_esp_sort,
                         bk_attn_kind_name(r->model.attn));
+    if (r->otk_init > 0 && (r->model.arch != BK_ARCH_CLASSIFIER || r->model.pool != BK_POOL_OTK))
+        return bki_fail(BK_ERR_PARAM, "otk_init=%lld fits an OTK pool; this run's model has %s", (long long)r->otk_init,
+                        r->model.arch != BK_ARCH_CLASSIFIER ? "arch=seq2seq" : "no pool=otk");
+    if (r->otk_init > 0 && r->init[0])
+        return bki_fail(BK_ERR_PARAM, "otk_init=%lld fits a new model's OTK pool; init=%s starts from trained weights "
+                                      "(set one of them)", (long long)r->otk_init, r->init);
     if (r->micro > r->batch) r->micro = 0;
     const int64_t per_epoch = (bk_data_info(train)->n + r->batch - 1) / r->batch;
     if (r->optim.sched == BK_SCHED_COSINE && r->optim.total_steps == 0)

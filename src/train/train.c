@@ -366,6 +366,31 @@ static bk_status init_model(const bk_run_config *r, int maxb, bk_model **out)
     return st;
 }
 
+/* otk_init: the new model's OTK pool fitted to its own pooled sets of the
+ * first otk_init training samples (all of them when fewer) */
+static bk_status otk_init_model(bk_model *m, const bk_dataset *tr, const bk_run_config *r)
+{
+    const int64_t n64 = r->otk_init < bk_data_info(tr)->n ? r->otk_init : bk_data_info(tr)->n;
+    const int n = n64 < (1 << 30) ? (int)n64 : 1 << 30;
+    bk_data_batch buf;
+    bk_status st = bk_data_batch_init(&buf, tr, n > 0 ? n : 1);
+    if (st != BK_OK) return st;
+    bk_batch b;
+    for (int i = 0; i < n; i++) buf.idx[i] = i;
+    if ((st = bk_data_batch_fill(&buf, tr, n, &b)) == BK_OK) {
+        bk_kmeans_config kc = bk_kmeans_config_default();
+        kc.seed = r->seed;
+        st = bk_model_otk_fit(m, &b, &kc, NULL);
+    }
+    bk_data_batch_free(&buf);
+    if (st != BK_OK) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "otk_init=%lld: %s", (long long)r->otk_init, msg);
+    }
+    return st;
+}
+
 /* The attention of epoch e (0-based): ESP's annealed SoftSort temperature
  * t0 factor^e, t0 the run's esp_t (a pure function of the epoch, so a resumed
  * run continues with the same t). */
@@ -481,6 +506,7 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
         } else if ((st = bk_model_create(&r->model, r->seed, maxb, &s->m)) != BK_OK) {
             return st;
         }
+        if (r->otk_init > 0 && (st = otk_init_model(s->m, s->tr, r)) != BK_OK) return st;
         if ((st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
         if (root && !mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
     }

@@ -1921,24 +1921,27 @@ static void test_set_fd(void)
     struct {
         const char *cfg;
         int pad;
-        float ls;
+        float ls, h;
     } cases[] = {
-        {SET_PTS ",set_block=isab,set_inducing=3,pool=pma", 1, 0.0f},
+        /* (h: the step; 3e-3 for the image ISAB, whose near-zero LayerNorm
+         * directions put the float32 forward's rounding at 1e-3, ~1e-4 in a
+         * directional derivative, at the check's absolute floor) */
+        {SET_PTS ",set_block=isab,set_inducing=3,pool=pma", 1, 0.0f, 1e-3f},
         {SET_PTS ",set_block=isab,set_inducing=4,attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2,pma_attn=sinkhorn", 1,
-         0.1f},
+         0.1f, 1e-3f},
         {SET_PTS ",set_block=isab,set_inducing=2,attn=esp,esp_t=0.2,esp_slices=3,pool=pma,pma_seeds=2,pma_attn=esp", 1,
-         0.0f},
-        {SET_PTS ",set_block=isab,set_inducing=3,attn=unbalanced,sk_iters=4,sk_rho=2,pool=mean,qkv_bias=1", 1, 0.0f},
+         0.0f, 1e-3f},
+        {SET_PTS ",set_block=isab,set_inducing=3,attn=unbalanced,sk_iters=4,sk_rho=2,pool=mean,qkv_bias=1", 1, 0.0f, 1e-3f},
         {"input=tokens,vocab=11,max_len=6,dim=16,depth=1,heads=2,mlp_dim=0,classes=5,pool=pma,pma_seeds=3,"
          "pma_attn=sinkhorn,sk_iters=4",
-         1, 0.0f},
+         1, 0.0f, 1e-3f},
         {"dim=16,depth=1,heads=2,head_dim=6,mlp_dim=24,image_h=8,image_w=8,patch=4,classes=5,set_block=isab,"
          "set_inducing=5,attn=sinkhorn,sk_iters=5,pool=cls",
-         0, 0.0f},
+         0, 0.0f, 3e-3f},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         if (TH.quick && i % 2) continue;
-        fd_case(cases[i].cfg, 3, cases[i].pad, cases[i].ls, 1e-3f, 0);
+        fd_case(cases[i].cfg, 3, cases[i].pad, cases[i].ls, cases[i].h, 0);
     }
 }
 
@@ -2260,6 +2263,328 @@ void test_set(void)
     test_set_resume();
     test_set_swap();
 }
+
+/* ---- the supervised OTK layer (pool=otk with otk_anchors, otk_pe) ---- */
+
+/* the largest |norm - 1| over the rows of pool.otk_w (-1 without anchors) */
+static double anchor_row_dev(const bk_model *m)
+{
+    for (int i = 0; i < bk_model_param_count(m); i++) {
+        bk_param_info pi;
+        bk_model_param(m, i, &pi);
+        if (strcmp(pi.name, "pool.otk_w") != 0) continue;
+        double dev = 0;
+        for (int64_t r = 0; r < pi.shape[0]; r++) {
+            double ss = 0;
+            for (int64_t j = 0; j < pi.shape[1]; j++) ss += (double)pi.data[r * pi.shape[1] + j] * pi.data[r * pi.shape[1] + j];
+            dev = fmax(dev, fabs(sqrt(ss) - 1.0));
+        }
+        return dev;
+    }
+    return -1;
+}
+
+/* the tensor's whole description (param_named gives its data) */
+static int param_info_named(const bk_model *m, const char *name, bk_param_info *out)
+{
+    for (int i = 0; i < bk_model_param_count(m); i++)
+        if (bk_model_param(m, i, out) == BK_OK && strcmp(out->name, name) == 0) return 1;
+    return 0;
+}
+
+/* every gradient (anchors through the Nystrom map and its inverse square
+ * root, references, the trunk) against finite differences */
+static void test_otk_pool_fd(void)
+{
+    const char *cases[] = {
+        /* the paper's layer alone: no blocks, 2-D encoding on the 4 x 4 patch grid */
+        "dim=16,depth=0,image_h=8,image_w=8,patch=2,classes=5,cls=0,pool=otk,otk_anchors=6,otk_supports=4,"
+        "otk_pe=2d,otk_sigma_pos=0.3,otk_sigma=0.6",
+        /* padded sequences, 1-D encoding ([CLS] first), two references, eta = 0 */
+        "input=tokens,vocab=11,max_len=6,dim=16,depth=1,heads=2,mlp_dim=24,classes=5,attn=sinkhorn,sk_iters=4,"
+        "pool=otk,otk_anchors=5,otk_refs=2,otk_supports=3,otk_iters=10,otk_pe=1d,otk_sigma_pos=0.5,otk_eta=0",
+        /* points, the Nystrom map without PE */
+        "input=points,point_dim=3,max_points=7,dim=16,depth=1,heads=2,mlp_dim=24,classes=5,pool=otk,"
+        "otk_anchors=4,otk_supports=2,otk_eps=1",
+    };
+    for (int i = 0; i < 3; i++) {
+        if (TH.quick && i == 2) continue;
+        fd_case(cases[i], 3, i > 0, i == 1 ? 0.1f : 0.0f, 1e-3f, 0);
+    }
+}
+
+/* the configuration: parameter table, initialisation, refusals */
+static void test_otk_pool_config(void)
+{
+    bk_model *m = model_from("dim=16,depth=1,heads=2,image_h=8,image_w=8,patch=2,cls=0,pool=otk,otk_anchors=6,"
+                             "otk_refs=2,otk_supports=9,otk_pe=2d",
+                             3, 2);
+    if (!m) return;
+    bk_param_info w, z, h;
+    const int ok = param_info_named(m, "pool.otk_w", &w) && param_info_named(m, "pool.otk_z", &z) &&
+                   param_info_named(m, "head.weight", &h);
+    th_check(ok && w.ndim == 2 && w.shape[0] == 6 && w.shape[1] == 16 && z.shape[0] == 2 && z.shape[1] == 9 &&
+                 z.shape[2] == 6 && h.shape[1] == 9 * 2 * 6 && !w.decay && !z.decay && w.offset + w.count == z.offset,
+             "otk_anchors: pool.otk_w [K, D] before pool.otk_z [q, p, K], head over p q K features", "%s",
+             ok ? "" : "tensors missing");
+    /* anchors uniform on the sphere: unit rows; references N(0, 1/K) */
+    double zs = 0;
+    for (int64_t j = 0; ok && j < z.count; j++) zs += (double)z.data[j] * z.data[j];
+    const double zsd = ok ? sqrt(zs / (double)z.count) : 0;
+    th_check(ok && anchor_row_dev(m) < 1e-6 && zsd > 0.6 / sqrt(6.0) && zsd < 1.4 / sqrt(6.0),
+             "otk_anchors: unit-row anchors, references N(0, 1/K)", "row dev %.2e, z sd %.3f", anchor_row_dev(m), zsd);
+    char txt[4096];
+    bk_model_config back = bk_model_config_default();
+    bk_model_config_format(bk_model_get_config(m), txt, sizeof txt);
+    th_check(bk_model_config_parse(&back, txt) == BK_OK && back.otk_anchors == 6 && back.otk_pe == BK_OTK_PE_2D &&
+                 strstr(txt, "otk_pe=2d\n") && strstr(txt, "otk_sigma_pos=") && strstr(txt, "otk_eta="),
+             "otk keys: text round trip", "%s", bk_last_error());
+    bk_model_free(m);
+
+    expect_cfg_error("pool=otk,otk_pe=2d,otk_supports=4", "cls=0");
+    expect_cfg_error("pool=otk,otk_pe=2d,cls=0,otk_supports=5", "must be a square");
+    expect_cfg_error("input=tokens,vocab=5,max_len=4,pool=otk,otk_pe=2d,cls=0,otk_supports=4", "input=image");
+    expect_cfg_error("pool=otk,otk_pe=3d", "otk_pe");
+    expect_cfg_error("pool=otk,otk_pe=1d,otk_sigma_pos=0", "otk_sigma_pos > 0");
+    expect_cfg_error("pool=otk,otk_anchors=-1", "otk_anchors must be in [0, 4096]");
+    expect_cfg_error("pool=otk,otk_anchors=5000", "otk_anchors must be in [0, 4096]");
+    expect_cfg_error("pool=otk,otk_anchors=8,otk_sigma=0", "otk_sigma > 0");
+    expect_cfg_error("pool=otk,otk_anchors=8,otk_eta=-1", "otk_eta >= 0");
+    expect_cfg_error("pool=mean,otk_anchors=8", "configure pool=otk");
+    expect_cfg_error("pool=cls,otk_pe=1d", "configure pool=otk");
+}
+
+/* every optimiser update leaves unit-row anchors (bk_optim_step), and only
+ * the anchors are touched by the renormalisation */
+static void test_otk_pool_renorm(void)
+{
+    const char *cfg = "dim=16,depth=1,heads=2,mlp_dim=0,image_h=8,image_w=8,patch=2,cls=0,classes=4,pool=otk,"
+                      "otk_anchors=6,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.3";
+    th_rng r = {31};
+    bk_model *a = model_from(cfg, 5, 4);
+    if (!a) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 4, 0, &r);
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim_config_parse(&oc, "kind=sgd,lr=2,weight_decay=0");
+    bk_optim *o = NULL;
+    bk_optim_create(&oc, a, &o);
+    bk_param_info w;
+    param_info_named(a, "pool.otk_w", &w);
+    const int64_t P = bk_model_num_params(a);
+    float *before = malloc(sizeof(float) * (size_t)P);
+    memcpy(before, bk_model_params(a), sizeof(float) * (size_t)P);
+    double loss;
+    int ok = bk_model_forward(a, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK && bk_model_backward(a, 1.0f) == BK_OK;
+    /* the update by hand: SGD, then the anchors' rows divided by their norms */
+    float *want = malloc(sizeof(float) * (size_t)P);
+    for (int64_t i = 0; i < P; i++) want[i] = before[i] - 2.0f * bk_model_grads(a)[i];
+    double moved = 0;
+    for (int64_t rw = 0; rw < w.shape[0]; rw++) {
+        float *x = want + w.offset + rw * w.shape[1];
+        double ss = 0;
+        for (int64_t j = 0; j < w.shape[1]; j++) ss += (double)x[j] * x[j];
+        moved = fmax(moved, fabs(sqrt(ss) - 1.0));
+        for (int64_t j = 0; j < w.shape[1]; j++) x[j] = (float)(x[j] / sqrt(ss));
+    }
+    ok = ok && bk_optim_step(o, a, NULL) == BK_OK;
+    double err = 0;
+    for (int64_t i = 0; i < P; i++) err = fmax(err, fabs(bk_model_params(a)[i] - want[i]));
+    th_check(ok && moved > 1e-3 && anchor_row_dev(a) < 1e-6 && err < 1e-6,
+             "bk_optim_step: the update, then the anchors renormalised to unit rows",
+             "the plain update moved the norms by %.2e; rows after %.2e; err vs by hand %.2e %s", moved,
+             anchor_row_dev(a), err, ok ? "" : bk_last_error());
+    /* and through bk_train_step, Adam */
+    bk_optim_free(o);
+    o = NULL;
+    bk_optim_config_parse(&oc, "kind=adam,lr=0.1");
+    bk_optim_create(&oc, a, &o);
+    double dev = 0;
+    for (int s = 0; s < 3; s++) {
+        ok = ok && bk_train_step(a, o, &tb.b, 0, 0.0f, &loss, NULL) == BK_OK;
+        dev = fmax(dev, anchor_row_dev(a));
+    }
+    th_check(ok && dev < 1e-6, "bk_train_step (Adam): unit-row anchors after every step", "%.2e %s", dev,
+             ok ? "" : bk_last_error());
+    free(before);
+    free(want);
+    bk_optim_free(o);
+    batch_free(&tb);
+    bk_model_free(a);
+}
+
+/* checkpoints: save, load, resume bit for bit (the anchors and their
+ * optimiser state), and a model with anchors is refused a file without */
+static void test_otk_pool_resume(void)
+{
+    const char *cfg = "input=tokens,vocab=13,max_len=7,dim=16,depth=1,heads=2,mlp_dim=24,classes=4,attn=softmax,"
+                      "pool=otk,otk_anchors=5,otk_supports=3,otk_pe=1d,otk_sigma_pos=0.4";
+    char path[256];
+    tmp_path(path, sizeof path, "otkresume");
+    th_rng r = {41};
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim_config_parse(&oc, "kind=adamw,lr=1e-2,weight_decay=0.05,clip=1");
+    bk_model *a = model_from(cfg, 9, 5), *b = model_from(cfg, 9, 5);
+    if (!a || !b) return;
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), 5, 1, &r);
+    bk_optim *oa = NULL, *ob = NULL;
+    bk_optim_create(&oc, a, &oa);
+    bk_optim_create(&oc, b, &ob);
+    double la[6], lb[6];
+    int ok = 1;
+    for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 2 : 0, 0.0f, &la[s], NULL) == BK_OK;
+    for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 2 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
+    bk_model_free(b);
+    bk_optim_free(ob);
+    b = NULL;
+    ob = NULL;
+    ok &= bk_checkpoint_load(path, 5, &b, &ob, NULL) == BK_OK && ob;
+    bk_model_config lc = b ? *bk_model_get_config(b) : bk_model_config_default();
+    for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 2 : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    const int64_t P = bk_model_num_params(a);
+    th_check(ok && lc.otk_anchors == 5 && lc.otk_pe == BK_OTK_PE_1D && memcmp(la, lb, sizeof la) == 0 &&
+                 memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P) == 0 && la[5] < la[0],
+             "otk anchors + 1-D PE: resume equals the uninterrupted run bit for bit", "%s %.4f -> %.4f",
+             ok ? "" : bk_last_error(), la[0], la[5]);
+    /* the same file read as a model without anchors: its tensors do not match */
+    bk_model_free(b);
+    bk_optim_free(ob);
+    b = NULL;
+    {
+        bk_model *c = model_from("input=tokens,vocab=13,max_len=7,dim=16,depth=1,heads=2,mlp_dim=24,classes=4,"
+                                 "pool=otk,otk_supports=3",
+                                 9, 5);
+        char p2[300];
+        snprintf(p2, sizeof p2, "%s.noanchors", path);
+        int saved = c && bk_checkpoint_save(p2, c, NULL, NULL) == BK_OK;
+        bk_model_config cc;
+        th_check(saved && bk_checkpoint_config(p2, &cc) == BK_OK && cc.otk_anchors == 0 && cc.otk_pe == BK_OTK_PE_NONE,
+                 "a checkpoint without anchors reads back otk_anchors=0, otk_pe=none", "%s", bk_last_error());
+        remove(p2);
+        bk_model_free(c);
+    }
+    bk_optim_free(oa);
+    batch_free(&tb);
+    bk_model_free(a);
+    remove(path);
+}
+
+/* bk_model_otk_fit: with an identity patch embedding (no blocks, no norm,
+ * no positions) the pooled sets are the image patches themselves, so the
+ * fit must equal bk_otk_fit_anchors / bk_otk_fit_refs on those patches;
+ * chunks of max_batch change nothing; other tensors are untouched */
+static void test_otk_pool_fit(void)
+{
+    const char *cfg = "dim=4,heads=1,depth=0,image_h=4,image_w=4,patch=2,cls=0,pos_embed=0,final_norm=0,classes=3,"
+                      "pool=otk,otk_anchors=3,otk_supports=2,otk_sigma=0.7";
+    const int B = 7, np = 4, D = 4;
+    th_rng r = {53};
+    bk_model *a = model_from(cfg, 2, 8), *b = model_from(cfg, 2, 3);
+    if (!a || !b) return;
+    bk_param_info ew, eb;
+    param_info_named(a, "embed.proj.weight", &ew);
+    param_info_named(a, "embed.proj.bias", &eb);
+    for (bk_model *m = a; m; m = m == a ? b : NULL) {
+        bk_param_info w1, b1;
+        param_info_named(m, "embed.proj.weight", &w1);
+        param_info_named(m, "embed.proj.bias", &b1);
+        for (int i = 0; i < D * D; i++) w1.data[i] = i % (D + 1) == 0 ? 1.0f : 0.0f;
+        memset(b1.data, 0, sizeof(float) * D);
+    }
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), B, 0, &r);
+    /* the patches: [B, 4 patches, 4 pixels], (p1 p2) order within a patch */
+    float *sets = malloc(sizeof(float) * B * np * D);
+    for (int s = 0; s < B; s++)
+        for (int gy = 0; gy < 2; gy++)
+            for (int gx = 0; gx < 2; gx++)
+                for (int py = 0; py < 2; py++)
+                    for (int px = 0; px < 2; px++)
+                        sets[((s * np) + gy * 2 + gx) * D + py * 2 + px] = tb.x[s * 16 + (gy * 2 + py) * 4 + gx * 2 + px];
+    bk_kmeans_config kc = bk_kmeans_config_default();
+    kc.seed = 77;
+    float W[3 * 4], Z[2 * 3];
+    bk_otk_desc d = {B, np, D, 1, 2, 3, NULL};
+    bk_tensor x = {sets, (int64_t)np * D, 0, D, BK_DEVICE_HOST, BK_F32};
+    bk_otk_config op = bk_otk_config_default();
+    op.sigma = 0.7f;
+    op.W = W;
+    int ok = bk_otk_fit_anchors(&d, &x, &kc, W, NULL) == BK_OK && bk_otk_fit_refs(&d, &op, &x, &kc, 0, Z, NULL) == BK_OK;
+    const int64_t P = bk_model_num_params(a);
+    float *before = malloc(sizeof(float) * (size_t)P);
+    memcpy(before, bk_model_params(a), sizeof(float) * (size_t)P);
+    bk_kmeans_report rep;
+    ok = ok && bk_model_otk_fit(a, &tb.b, &kc, &rep) == BK_OK && bk_model_otk_fit(b, &tb.b, &kc, NULL) == BK_OK;
+    bk_param_info w, z;
+    param_info_named(a, "pool.otk_w", &w);
+    param_info_named(a, "pool.otk_z", &z);
+    int others = 1;
+    for (int64_t i = 0; i < P; i++)
+        if ((i < w.offset || i >= z.offset + z.count) && bk_model_params(a)[i] != before[i]) others = 0;
+    th_check(ok && !memcmp(w.data, W, sizeof W) && !memcmp(z.data, Z, sizeof Z) && others && rep.iters >= 1,
+             "bk_model_otk_fit: the K-means of the model's own pooled sets (here the patches), nothing else touched",
+             "%s", ok ? "" : bk_last_error());
+    th_check(ok && !memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P),
+             "bk_model_otk_fit: max_batch 3 (chunks) == max_batch 8", "%s", "");
+    double loss;
+    th_check(bk_model_forward(a, &tb.b, 0, 0.0f, NULL, &loss) == BK_OK && isfinite(loss) && anchor_row_dev(a) < 1e-6,
+             "bk_model_otk_fit: unit anchors, the model evaluates", "%s", bk_last_error());
+    /* refusals: more anchors than distinct rows leaves the model as it was;
+     * a model without an OTK pool */
+    bk_model *c = model_from("dim=4,heads=1,depth=0,image_h=4,image_w=4,patch=2,cls=0,classes=3,pool=otk,"
+                             "otk_anchors=40,otk_supports=2",
+                             4, 8);
+    if (c) {
+        const size_t Pc = (size_t)bk_model_num_params(c);
+        float *keep = malloc(sizeof(float) * Pc);
+        memcpy(keep, bk_model_params(c), sizeof(float) * Pc);
+        tb.b.B = 2;
+        bk_status st = bk_model_otk_fit(c, &tb.b, &kc, NULL);
+        th_check(st == BK_ERR_PARAM && strstr(bk_last_error(), "unchanged") &&
+                     !memcmp(keep, bk_model_params(c), sizeof(float) * Pc),
+                 "bk_model_otk_fit: 40 anchors from 8 rows refused, the model unchanged", "%s", bk_last_error());
+        free(keep);
+        bk_model_free(c);
+    }
+    c = model_from("dim=4,heads=1,depth=0,image_h=4,image_w=4,patch=2,classes=3,pool=mean", 4, 8);
+    if (c) {
+        th_check(bk_model_otk_fit(c, &tb.b, &kc, NULL) == BK_ERR_PARAM && strstr(bk_last_error(), "no OTK pool"),
+                 "bk_model_otk_fit: a model without an OTK pool is refused", "%s", bk_last_error());
+        bk_model_free(c);
+    }
+    free(sets);
+    free(before);
+    batch_free(&tb);
+    bk_model_free(a);
+    bk_model_free(b);
+}
+
+/* the determinism and padding contracts hold with anchors and PE */
+static void test_otk_pool_threads_padding(void)
+{
+    const char *cfgs[] = {"input=tokens,vocab=20,max_len=12,dim=24,heads=2,attn=lot,lot_r=4,pool=otk,otk_anchors=7,"
+                          "otk_supports=3,otk_pe=1d,otk_sigma_pos=0.3",
+                          "dim=24,depth=1,heads=2,image_h=16,image_w=16,patch=4,cls=0,pool=otk,otk_anchors=8,"
+                          "otk_refs=2,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.4"};
+    for (int c = 0; c < 2; c++)
+        th_check(step_same_over_threads(cfgs[c], 99, "thread run"),
+                 "otk anchors + PE: bitwise identical weights and gradients over threads", "%s", cfgs[c]);
+    check_padding(cfgs[0], "otk anchors + 1-D PE: padded values change nothing (bitwise)");
+}
+
+void test_otk_pool(void)
+{
+    if (TH.filter && !strstr("otk_pool", TH.filter)) return;
+    test_otk_pool_config();
+    test_otk_pool_fd();
+    test_otk_pool_threads_padding();
+    test_otk_pool_renorm();
+    test_otk_pool_resume();
+    test_otk_pool_fit();
+}
+
 
 void test_vit(void)
 {

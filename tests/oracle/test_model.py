@@ -34,7 +34,9 @@ Checks (one output line each, with the measured error and its tolerance):
   bytes, another seed other values.
 * grads (softmax; Sinkhorn S = 5 and 4, eps = 1 and 0.5; ESP soft (t = 0.1,
   0.2) and hard, axis slices and seeded slices; LOT r = 3, T = 5; pools cls,
-  mean, max, otk; image, tokens and points inputs, padded batches with a
+  mean, max, otk (identity map; Nystrom anchors with the 2-D encoding on the
+  patch grid in a model without blocks, with the 1-D encoding over padded
+  sequences and eta = 0); image, tokens and points inputs, padded batches with a
   length-1 sample; qkv bias, head_dim != dim/heads, no MLP, no CLS / positions
   / final norm, attn_scale, label smoothing): logits, loss and the gradient of
   EVERY parameter against the float64 twin. Entries whose reference gradient
@@ -50,7 +52,10 @@ Checks (one output line each, with the measured error and its tolerance):
   warm-up, label smoothing, micro-batches (gradient accumulation), and a run
   resumed from an intermediate checkpoint (4 + 6 steps, the second call
   without --optim, so the optimiser state and step count come from the
-  checkpoint). Compared: the losses step by step, the final weights and the
+  checkpoint), the OTK layer with Nystrom anchors (AdamW with the 2-D
+  encoding and no blocks; SGD with the 1-D encoding resumed 4 + 6): the
+  anchors' renormalisation after every update is part of both sides' step
+  (model.post_update in the twin). Compared: the losses step by step, the final weights and the
   optimiser state (m, v or the momentum buffer), tensor by tensor; optim_step
   and the optimiser configuration in the output.
 * seq2seq (S2S_GRAD_CASES, S2S_TRAIN_CASES; most run in --quick, ~3 s):
@@ -71,9 +76,10 @@ Checks (one output line each, with the measured error and its tolerance):
   truncated by 64 bytes and one cut inside its header; a checkpoint
   re-serialised by model_torch.write_safetensors (another valid safetensors
   layout of the same content) gives bitwise the same logits and gradients;
-  a checkpoint written by the twin itself (its own initialisation, AdamW with
-  a cosine schedule, optimiser state after 2 steps) is continued by `model
-  train` without --optim for 5 steps exactly as the twin continues it
+  checkpoints written by the twin itself (its own initialisation, AdamW with
+  a cosine schedule, optimiser state after 2 steps; a Sinkhorn model and an
+  OTK model with the twin's own unit-row anchors) are continued by `model
+  train` without --optim for 5 steps exactly as the twin continues them
   (losses, weights, state, optim_step 7).
 
 Error measures. Logits: max|x - ref| / max|ref|; losses: |x - ref| / |ref|.
@@ -201,6 +207,16 @@ GRAD_CASES = [
      "head_dim=6,pool=pma,pma_seeds=3,pma_attn=sinkhorn", 4, True, 0.0, False),
     ("set-isab-depth1-nomlp-esp-hard-cls", f"{PTS},set_block=isab,set_inducing=5,depth=1,mlp_dim=0,"
      "attn=esp,esp_soft=0,esp_tau=2,pool=cls", 3, True, 0.0, False),
+    # the supervised OTK layer: Nystrom anchors (dW through the map and its inverse square
+    # root), the 2-D encoding on the 4 x 4 patch grid with no blocks at all (the paper's
+    # "OTK layer + linear classifier"), the 1-D encoding over padded sequences, eta = 0
+    ("otk-nystrom-pe2d-image-depth0", f"{IMG8P2},depth=0,cls=0,pool=otk,otk_anchors=6,"
+     "otk_supports=4,otk_pe=2d,otk_sigma_pos=0.3,otk_sigma=0.6", 3, False, 0.0, True),
+    ("otk-nystrom-pe1d-sinkhorn-tokens", f"{TOK},attn=sinkhorn,sk_iters=4,pool=otk,otk_anchors=5,"
+     "otk_refs=2,otk_supports=3,otk_iters=10,otk_pe=1d,otk_sigma_pos=0.5,otk_eta=0", 4, True, 0.0,
+     True),
+    ("otk-nystrom-points-ls", f"{PTS},attn=softmax,pool=otk,otk_anchors=4,otk_supports=2,"
+     "otk_eps=1,otk_sigma=0.4", 4, True, 0.1, False),
 ]
 
 # name, config overrides, batch, padded, optimiser, steps, micro, ls, resume split, quick
@@ -244,6 +260,13 @@ TRAIN_CASES = [
     ("sgd-set-isab-esp-pma-sinkhorn-resume-5+5", f"{SET_PTS},set_block=isab,set_inducing=3,attn=esp,"
      "esp_t=0.2,pool=pma,pma_attn=sinkhorn,sk_iters=3", 4, True,
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, 5, True),
+    # the supervised OTK layer: every step renormalises the anchors (bk_optim_step)
+    ("adamw-otk-nystrom-pe2d-image-depth0", f"{IMG8P2},depth=0,cls=0,pool=otk,otk_anchors=6,"
+     "otk_supports=4,otk_pe=2d,otk_sigma_pos=0.3", 4, False, f"{ADAMW},lr=1e-2", 10, 0, 0.0, None,
+     True),
+    ("sgd-otk-nystrom-pe1d-tokens-resume-4+6", f"{TOK},attn=softmax,pool=otk,otk_anchors=5,"
+     "otk_supports=3,otk_pe=1d,otk_sigma_pos=0.5", 4, True,
+     "kind=sgd,lr=0.1,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, 4, True),
 ]
 
 # The encoder-decoder (arch=seq2seq): joint vocabulary of 13 ids (bos 1, eos
@@ -530,6 +553,13 @@ def init_problems(mt, text, seed, tensors, meta):
         elif n.endswith("lot_theta"):
             if not np.all(a == 0):
                 probs.append(f"{n}: LOT mass logits not all 0")
+        elif n == "pool.otk_w":
+            # unit rows, distinct (drawn uniformly on the sphere)
+            dev = float(np.abs(np.sqrt((a ** 2).sum(1)) - 1).max())
+            if dev > 1e-6:
+                probs.append(f"{n}: anchors not unit rows (|norm - 1| up to {dev:.2e})")
+            if len(np.unique(a, axis=0)) != len(a):
+                probs.append(f"{n}: repeated anchors")
         elif leaf in ("weight", "bias"):
             fan_in = int(np.prod(shapes[parent + ".weight"][1:]))   # (a DWC kernel: k * k)
             bound = fan_in ** -0.5
@@ -544,6 +574,7 @@ def init_problems(mt, text, seed, tensors, meta):
                    else 0.1 if leaf.startswith("diff_l")
                    else cfg["dim"] ** -0.5 if n in ("pool.otk_z", "pool.seeds")
                    or leaf == "inducing" else None)
+                   else mt.otk_dim(cfg) ** -0.5 if n == "pool.otk_z" else None)
             if std is None:
                 probs.append(f"{n}: no initialisation law known to the test")
                 continue
@@ -739,19 +770,29 @@ def compare_trajectory(rn, mt, name, tols, ocfg, losses, ref_losses, t2, model, 
              + (f"; unexpected tensors {extra}" if extra else ""))
 
 
-def run_twin_checkpoint_check(rn, mt, tols, tmp, seed):
+# name, config overrides, padded: checkpoints written by the twin, continued by the CLI
+TWIN_CASES = [
+    ("twin-written-sinkhorn-tokens-cosine", f"{TOK},attn=sinkhorn,sk_iters=4,pool=cls,qkv_bias=0",
+     True),
+    # the twin's own anchors (torch's draw, renormalised) and 2 renormalising steps
+    ("twin-written-otk-nystrom-pe2d-cosine", f"{IMG8P2},depth=1,cls=0,pool=otk,otk_anchors=6,"
+     "otk_supports=4,otk_pe=2d,otk_sigma_pos=0.3", False),
+]
+
+
+def run_twin_checkpoint_check(rn, mt, tols, tmp, seed, case):
     """A checkpoint written by the twin (its own initialisation and 2 AdamW
     steps of optimiser state) is continued by `model train` (no --optim) as
     the twin continues it."""
     import numpy as np
     import torch
-    name = "twin-written-sinkhorn-tokens-cosine"
-    cfg = mt.resolve_config(f"{BASE},{TOK},attn=sinkhorn,sk_iters=4,pool=cls,qkv_bias=0")
+    name, over, padded = case
+    cfg = mt.resolve_config(f"{BASE},{over}")
     ocfg = mt.resolve_optim(COSINE)
     torch.manual_seed(seed)
     model = mt.Model(cfg).double()
     opt = mt.make_optimizer(model, ocfg)
-    batch, data_args = write_batch(mt, cfg, 4, True, seed, tmp)
+    batch, data_args = write_batch(mt, cfg, 4, padded, seed, tmp)
     for i in range(2):
         mt.train_step(model, opt, ocfg, i, batch)
     ckpt = os.path.join(tmp, "twin.safetensors")
@@ -897,10 +938,14 @@ def main():
             d = os.path.join(base_tmp, "train-" + case[0])
             os.makedirs(d, exist_ok=True)
             run_train_case(rn, mt, case, tols, d, case_seed(args.seed, case[0]))
-        if args.only is None or args.only in "twin-written":
-            d = os.path.join(base_tmp, "twin-written")
-            os.makedirs(d, exist_ok=True)
-            run_twin_checkpoint_check(rn, mt, tols, d, case_seed(args.seed, "twin-written"))
+        for i, case in enumerate(TWIN_CASES):
+            if args.only is None or args.only in case[0]:
+                d = os.path.join(base_tmp, case[0])
+                os.makedirs(d, exist_ok=True)
+                # (the first case's seed is the one it had alone)
+                run_twin_checkpoint_check(rn, mt, tols, d,
+                                          case_seed(args.seed, "twin-written" if i == 0 else case[0]),
+                                          case)
         if first is not None:
             d, ckpt, data_args, ref, ls = first
             run_file_checks(rn, mt, d, ckpt, data_args, ref, ls)

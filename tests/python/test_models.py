@@ -10,7 +10,8 @@ two always come from one build). Parts (each a few seconds on 2 cores):
 1. C -> torch: for each configuration of CASES (softmax, Sinkhorn,
    unbalanced, ESP soft with seeded slices and hard, LOT, diff; image,
    tokens and points inputs, padded batches with a length-1 sample; pools
-   cls, mean, max, otk; the encoder-decoder with pre-/post-LN, learned and
+   cls, mean, max, otk (also with Nystrom anchors and the 2-D encoding in a
+   model without blocks); the encoder-decoder with pre-/post-LN, learned and
    sinusoidal positions, Sinkhorn/ESP cross-attention) `birkhoff model init`
    makes a model, `birkhoff model train` moves it 2 AdamW steps off its
    initialisation, `birkhoff model grads` writes its logits and loss on a
@@ -111,6 +112,9 @@ CASES = [
     ("set-isab-sinkhorn-pma-points-padded", "input=points,point_dim=3,max_points=8,dim=16,depth=2,heads=2,"
      "mlp_dim=16,classes=3,cls=0,pos_embed=0,set_block=isab,set_inducing=3,attn=sinkhorn,sk_iters=3,"
      "pool=pma,pma_seeds=2,pma_attn=esp,esp_t=0.2", True),
+    # the supervised OTK layer: Nystrom anchors, the 2-D encoding on the patch grid, no blocks
+    ("otk-nystrom-pe2d-depth0", "input=image,image_h=8,image_w=8,patch=2,dim=16,depth=0,cls=0,classes=3,"
+     "pool=otk,otk_anchors=6,otk_supports=4,otk_pe=2d,otk_sigma_pos=0.3", False),
 ]
 B = 4
 
@@ -470,7 +474,13 @@ def part_bad(d):
                         ("cls_attn=softmax,cls=0,pool=mean", "cls=1"),
                         ("cls_attn=pol,attn=diff", "takes attn"), ("dwc=2", "0/1 switch"),
                         ("dwc=1,dwc_kernel=4", "odd"),
-                        ("dwc=1,input=tokens,pool=mean", "input=image")):
+                        ("dwc=1,input=tokens,pool=mean", "input=image"),
+                        # the OTK layer's keys
+                        ("pool=otk,otk_pe=2d,otk_supports=4", "cls=0"),
+                        ("pool=otk,cls=0,otk_pe=2d,otk_supports=5", "square"),
+                        ("pool=otk,otk_anchors=8,otk_sigma=0", "otk_sigma"),
+                        ("pool=mean,otk_anchors=8", "pool=otk"),
+                        ("pool=otk,otk_pe=3d", "otk_pe")):
         raises(ValueError, lambda: bm.build(f"{vit},{extra}"), f"twin refuses {extra}", want)
         rc, out = run("model", "init", "--config", f"{vit},{extra}", "--seed", 1, "--out",
                       os.path.join(d, "vit-bad.safetensors"))

@@ -6,7 +6,8 @@
  * but the timings equal the uninterrupted run's, with a thread change),
  * refusals (an existing run, a changed configuration, a finished run), the
  * evaluation of a checkpoint equal to the run's own, attention diagnostics,
- * the ASAP compilation of a Sinkhorn model, and data-parallel runs
+ * the ASAP compilation of a Sinkhorn model, the OTK pool's unsupervised
+ * start (otk_init), and data-parallel runs
  * (bk_train_run_comm) over ranks that are threads of this process (the MPI
  * transport itself: tests/tools/test_mpi.py).
  * Run: build/test_train; prints "N passed, M failed". */
@@ -671,6 +672,82 @@ static void test_esp_anneal(void)
           "%s", bk_last_error());
 }
 
+/* otk_init: a new run's OTK pool starts from the K-means of the model's own
+ * pooled sets of the first otk_init training samples (bk_model_otk_fit,
+ * seeded by the run's seed): epoch-0000 holds exactly that model; a resumed
+ * run does not fit again (bitwise the uninterrupted run); refusals */
+static void test_otk_init(void)
+{
+    char full[400], cut[400], p1[600], p2[600];
+    snprintf(full, sizeof full, "%s/otk-full", g_tmp);
+    snprintf(cut, sizeof cut, "%s/otk-cut", g_tmp);
+    bk_run_config r = tiny("softmax", 2);
+    const char *kv[][2] = {{"pool", "otk"}, {"otk_anchors", "6"}, {"otk_supports", "3"}, {"otk_init", "40"},
+                           {"dropout", "0"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        if (bk_run_config_set(&r, kv[i][0], kv[i][1]) != BK_OK) printf("# config: %s\n", bk_last_error());
+    CHECK(bk_run_config_set(&r, "otk_init", "-1") == BK_ERR_PARAM, "otk_init: negative refused", "%s", bk_last_error());
+    bk_train_result res;
+    bk_status st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (!CHECK(st == BK_OK && res.epoch == 2, "otk_init: a run with anchors fitted before the first step", "%s",
+               bk_last_error()))
+        return;
+    /* the same fit by hand */
+    bk_model *m0 = NULL, *m1 = NULL;
+    bk_run_config lr;
+    bk_dataset *tr = NULL;
+    bk_data_batch buf = {0};
+    snprintf(p1, sizeof p1, "%s/ckpt/epoch-0000.safetensors", full);
+    st = bk_run_load(p1, 64, &m0, &lr, NULL);
+    if (st == BK_OK) st = bk_run_open_data(&lr, NULL, NULL, BK_SPLIT_TRAIN, 0, bk_model_get_config(m0), &tr);
+    if (st == BK_OK) st = bk_model_create(bk_model_get_config(m0), lr.seed, 16, &m1);
+    bk_batch b;
+    if (st == BK_OK) st = bk_data_batch_init(&buf, tr, 40);
+    for (int i = 0; st == BK_OK && i < 40; i++) buf.idx[i] = i;
+    if (st == BK_OK) st = bk_data_batch_fill(&buf, tr, 40, &b);
+    bk_kmeans_config kc = bk_kmeans_config_default();
+    kc.seed = lr.seed;
+    int differs = 0;
+    if (st == BK_OK) {
+        const int64_t P = bk_model_num_params(m1);
+        float *fresh = malloc(sizeof(float) * (size_t)P);
+        memcpy(fresh, bk_model_params(m1), sizeof(float) * (size_t)P);
+        st = bk_model_otk_fit(m1, &b, &kc, NULL);
+        differs = memcmp(fresh, bk_model_params(m1), sizeof(float) * (size_t)P) != 0;
+        free(fresh);
+    }
+    CHECK(st == BK_OK && lr.otk_init == 40 && differs &&
+              !memcmp(bk_model_params(m0), bk_model_params(m1), sizeof(float) * (size_t)bk_model_num_params(m0)),
+          "otk_init: epoch-0000 is the model's own K-means start (bk_model_otk_fit on the first 40 samples), bitwise",
+          "%s", bk_last_error());
+    bk_data_batch_free(&buf);
+    bk_data_close(tr);
+    bk_model_free(m0);
+    bk_model_free(m1);
+    /* resumed mid-run: no second fit, the same run bit for bit */
+    bk_run_config rc = r;
+    rc.stop_after = 8;
+    st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    bk_run_config rr;
+    if (st == BK_OK) st = bk_train_resume_config(cut, &rr, NULL);
+    if (st == BK_OK) st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
+    CHECK(st == BK_OK && !res.stopped && same_tensors(p1, p2), "otk_init: resumed == uninterrupted, bitwise", "%s",
+          bk_last_error());
+    /* refusals */
+    bk_run_config bad = tiny("softmax", 1);
+    bad.otk_init = 10;
+    snprintf(p1, sizeof p1, "%s/never", g_tmp);
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "otk_init=10 fits an OTK pool"),
+          "otk_init without pool=otk is refused", "%s", bk_last_error());
+    bad = r;
+    snprintf(bad.init, sizeof bad.init, "%s/ckpt/epoch-0000.safetensors", full);
+    st = bk_train_run(&bad, p1, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "init="), "otk_init with init= is refused", "%s", bk_last_error());
+}
+
 /* ---- data-parallel runs: ranks as threads over shared memory ---- */
 enum { MAX_RANKS = 4 };
 typedef struct {
@@ -949,6 +1026,7 @@ int main(void)
     test_compile();
     test_swap();
     test_esp_anneal();
+    test_otk_init();
     test_data_parallel();
     test_set_run();
     rm_rf(g_tmp);

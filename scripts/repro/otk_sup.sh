@@ -12,7 +12,7 @@
 # the K-means and the sample order. Training on the first TRAIN training images, testing on the
 # first TEST test images (0: all 10000).
 #   SEEDS="1 2 3" MODELS="mean otk nys nyspe" TRAIN=10000 TEST=0 EPOCHS=20 OTK_INIT=1000 \
-#       OUT=runs/repro/otk_sup scripts/repro/otk_sup.sh
+#       THREADS=0 OUT=runs/repro/otk_sup scripts/repro/otk_sup.sh
 #   QUICK=1: one seed, 2000 training images, 2 epochs, 1000 test images (make repro-quick)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +24,7 @@ TRAIN=${TRAIN:-10000}
 TEST=${TEST:-0}
 EPOCHS=${EPOCHS:-20}
 OTK_INIT=${OTK_INIT:-1000}
+THREADS=${THREADS:-0}   # 0: every core (results do not depend on it; on a busy machine 1 can be faster)
 if [ "${QUICK:-0}" = 1 ]; then SEEDS=1; TRAIN=2000; TEST=1000; EPOCHS=2; OTK_INIT=500; fi
 [ -x "$B" ] || make -j"$(nproc)" all
 mkdir -p "$OUT"
@@ -43,7 +44,7 @@ for m in $MODELS; do
         dir="$OUT/$m-s$s"
         [ -f "$dir/summary.json" ] && continue
         "$B" train "${MODEL[@]}" "${OPT[@]}" "${extra[@]}" --epochs "$EPOCHS" --train_limit "$TRAIN" \
-            --test_limit "$TEST" --seed "$s" --progress none --out "$dir" --force
+            --test_limit "$TEST" --seed "$s" --threads "$THREADS" --progress none --out "$dir" --force
     done
 done
 echo "wall: $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"

@@ -1449,7 +1449,9 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     const bk_model_config old = m->c;
     m->c = *c;
     bk_attn_desc ad = {m->max_batch, c->heads, m->Tmax, m->Tmax, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc dd = {m->max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
+    /* (the decoder's at its largest: m->Td is the last batch's target length) */
+    const int tdmax = c->arch == BK_ARCH_SEQ2SEQ ? c->tgt_max_len : 0;
+    bk_attn_desc dd = {m->max_batch, c->heads, tdmax, tdmax, m->dh, m->dh, NULL, NULL};
     for (int l = 0; l < block_count(c); l++) {
         blk_act *a = &m->ba[l];
         const unit_kind uk = unit_of(c, l);

@@ -570,6 +570,53 @@ static void tmp_path(char *buf, size_t n, const char *tag)
     snprintf(buf, n, "/tmp/bk_test_%ld_%s.safetensors", (long)getpid(), tag);
 }
 
+/* The resume check: 6 training steps of a model (micro-batches of `micro`
+ * on odd steps, one padded batch of B from data_seed) against 3 steps, a
+ * checkpoint, a load and 3 more. Returns 1 when every call succeeded and the
+ * losses and weights are bitwise those of the uninterrupted run; *loaded
+ * receives the configuration the checkpoint holds, l[0] and l[5] the first
+ * and last loss. */
+static int resume_same(const char *cfg, uint64_t seed, uint64_t data_seed, int B, int micro, const char *optim,
+                       const char *name, bk_model_config *loaded, double l[6])
+{
+    char path[256];
+    tmp_path(path, sizeof path, name);
+    th_rng r = {data_seed};
+    bk_optim_config oc = bk_optim_config_default();
+    bk_optim_config_parse(&oc, optim);
+    bk_model *a = model_from(cfg, seed, B), *b = model_from(cfg, seed, B);
+    if (!a || !b) {
+        bk_model_free(a);
+        bk_model_free(b);
+        return 0;
+    }
+    tbatch tb;
+    batch_make(&tb, bk_model_get_config(a), B, 1, &r);
+    bk_optim *oa = NULL, *ob = NULL;
+    int ok = bk_optim_create(&oc, a, &oa) == BK_OK && bk_optim_create(&oc, b, &ob) == BK_OK;
+    double lb[6] = {0};
+    for (int s = 0; s < 6 && ok; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? micro : 0, 0.0f, &l[s], NULL) == BK_OK;
+    for (int s = 0; s < 3 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? micro : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    ok = ok && bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
+    bk_model_free(b);
+    bk_optim_free(ob);
+    b = NULL;
+    ob = NULL;
+    ok = ok && bk_checkpoint_config(path, loaded) == BK_OK && bk_checkpoint_load(path, B, &b, &ob, NULL) == BK_OK && ob;
+    for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? micro : 0, 0.0f, &lb[s], NULL) == BK_OK;
+    const int64_t P = bk_model_num_params(a);
+    const int same = ok && !memcmp(l, lb, sizeof lb) &&
+                     !memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P);
+    if (!ok) th_check(0, "resume run", "%s: %s", cfg, bk_last_error());
+    bk_model_free(a);
+    bk_model_free(b);
+    bk_optim_free(oa);
+    bk_optim_free(ob);
+    batch_free(&tb);
+    remove(path);
+    return same;
+}
+
 /* resume from a checkpoint continues bit for bit */
 static void test_resume(void)
 {
@@ -1766,52 +1813,18 @@ static void test_vit_runs(void)
         th_check(step_same_over_threads(cfgs[c], 77, "vit: thread run"),
                  "vit: bitwise identical weights and gradients (1, 2, 3 threads)", "%s", cfgs[c]);
     /* resume: 3 steps, save, load, 3 more == 6 uninterrupted */
-    char path[256];
-    tmp_path(path, sizeof path, "vit");
     for (int c = 0; c < 2; c++) {
-        th_rng r = {12};
-        bk_optim_config oc = bk_optim_config_default();
-        bk_optim_config_parse(&oc, "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1");
-        bk_model *a = model_from(cfgs[c], 21, 6), *b = model_from(cfgs[c], 21, 6);
-        if (!a || !b) {
-            bk_model_free(a);
-            bk_model_free(b);
-            return;
-        }
-        tbatch tb;
-        batch_make(&tb, bk_model_get_config(a), 6, 1, &r);
-        bk_optim *oa = NULL, *ob = NULL;
-        bk_optim_create(&oc, a, &oa);
-        bk_optim_create(&oc, b, &ob);
-        double la[6], lb[6];
-        int ok = 1;
-        for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 4 : 0, 0.0f, &la[s], NULL) == BK_OK;
-        for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-        ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
-        bk_model_free(b);
-        bk_optim_free(ob);
-        b = NULL;
-        ob = NULL;
         bk_model_config got;
-        ok &= bk_checkpoint_config(path, &got) == BK_OK && bk_checkpoint_load(path, 6, &b, &ob, NULL) == BK_OK;
-        const bk_model_config *want = bk_model_get_config(a);
-        th_check(ok && got.cls_attn == want->cls_attn && got.pol_ps == want->pol_ps && got.pol_po == want->pol_po &&
-                     got.dwc == want->dwc && got.dwc_kernel == want->dwc_kernel,
-                 "vit: the checkpoint's configuration keeps cls_attn, pol_*, dwc, dwc_kernel", "%s",
-                 ok ? "" : bk_last_error());
-        for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-        const int64_t P = bk_model_num_params(a);
-        th_check(ok && !memcmp(la, lb, sizeof la) &&
-                     !memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P),
-                 "vit: resume equals the uninterrupted run bit for bit", "%s: %s", cfgs[c], ok ? "" : bk_last_error());
-        th_check(la[5] < la[0], "vit: training lowers the loss", "%s: %.4f -> %.4f", cfgs[c], la[0], la[5]);
-        bk_model_free(a);
-        bk_model_free(b);
-        bk_optim_free(oa);
-        bk_optim_free(ob);
-        batch_free(&tb);
+        double l[6];
+        const int same = resume_same(cfgs[c], 21, 12, 6, 4, "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1", "vit", &got, l);
+        bk_model_config want = bk_model_config_default();
+        bk_model_config_parse(&want, cfgs[c]);
+        th_check(got.cls_attn == want.cls_attn && got.pol_ps == want.pol_ps && got.pol_po == want.pol_po &&
+                     got.dwc == want.dwc && got.dwc_kernel == want.dwc_kernel,
+                 "vit: the checkpoint's configuration keeps cls_attn, pol_*, dwc, dwc_kernel", "%s", cfgs[c]);
+        th_check(same, "vit: resume equals the uninterrupted run bit for bit", "%s", cfgs[c]);
+        th_check(l[5] < l[0], "vit: training lowers the loss", "%s: %.4f -> %.4f", cfgs[c], l[0], l[5]);
     }
-    remove(path);
     /* padded values change nothing (tokens after each sample's length,
      * whose keys the [CLS] row must not see) */
     check_padding(cfgs[1], "vit: padded tokens change nothing (bitwise)");
@@ -2131,46 +2144,14 @@ static void test_set_resume(void)
 {
     const char *cfg = SET_PTS ",set_block=isab,set_inducing=3,attn=sinkhorn,sk_iters=3,pool=pma,pma_seeds=2,"
                               "pma_attn=esp,esp_t=0.2,dropout=0.2";
-    char path[256];
-    tmp_path(path, sizeof path, "set_resume");
-    th_rng r = {37};
-    bk_optim_config oc = bk_optim_config_default();
-    bk_optim_config_parse(&oc, "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1,sched=cosine,warmup=2,total_steps=8");
-    bk_model *a = model_from(cfg, 41, 6), *b = model_from(cfg, 41, 6);
-    if (!a || !b) {
-        bk_model_free(a);
-        bk_model_free(b);
-        return;
-    }
-    tbatch tb;
-    batch_make(&tb, bk_model_get_config(a), 6, 1, &r);
-    bk_optim *oa = NULL, *ob = NULL;
-    bk_optim_create(&oc, a, &oa);
-    bk_optim_create(&oc, b, &ob);
-    double la[6], lb[6];
-    int ok = 1;
-    for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 4 : 0, 0.0f, &la[s], NULL) == BK_OK;
-    for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-    ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
-    bk_model_free(b);
-    bk_optim_free(ob);
-    b = NULL;
-    ob = NULL;
-    ok &= bk_checkpoint_load(path, 6, &b, &ob, NULL) == BK_OK && ob;
-    for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 4 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-    const int64_t P = bk_model_num_params(a);
-    th_check(ok && memcmp(la, lb, sizeof la) == 0 &&
-                 memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P) == 0 &&
-                 bk_model_get_config(b)->set_block == BK_SET_ISAB && bk_model_get_config(b)->pma_seeds == 2 &&
-                 bk_model_get_config(b)->pma_attn == BK_ATTN_ESP,
-             "set: checkpoint, load and resume == the uninterrupted run, bit for bit", "%s", ok ? "" : bk_last_error());
-    th_check(la[5] < la[0], "set: training lowers the loss", "%.4f -> %.4f", la[0], la[5]);
-    bk_model_free(a);
-    bk_model_free(b);
-    bk_optim_free(oa);
-    bk_optim_free(ob);
-    batch_free(&tb);
-    remove(path);
+    bk_model_config got;
+    double l[6];
+    const int same = resume_same(cfg, 41, 37, 6, 4,
+                                 "kind=adamw,lr=3e-3,weight_decay=0.05,clip=1,sched=cosine,warmup=2,total_steps=8",
+                                 "set_resume", &got, l);
+    th_check(same && got.set_block == BK_SET_ISAB && got.pma_seeds == 2 && got.pma_attn == BK_ATTN_ESP,
+             "set: checkpoint, load and resume == the uninterrupted run, bit for bit", "%s", cfg);
+    th_check(l[5] < l[0], "set: training lowers the loss", "%.4f -> %.4f", l[0], l[5]);
 }
 
 /* swaps of the ISAB attention and of the PMA's keep every weight and come
@@ -2419,39 +2400,15 @@ static void test_otk_pool_resume(void)
 {
     const char *cfg = "input=tokens,vocab=13,max_len=7,dim=16,depth=1,heads=2,mlp_dim=24,classes=4,attn=softmax,"
                       "pool=otk,otk_anchors=5,otk_supports=3,otk_pe=1d,otk_sigma_pos=0.4";
+    bk_model_config lc;
+    double l[6];
+    const int same =
+        resume_same(cfg, 9, 41, 5, 2, "kind=adamw,lr=1e-2,weight_decay=0.05,clip=1", "otkresume", &lc, l);
+    th_check(same && lc.otk_anchors == 5 && lc.otk_pe == BK_OTK_PE_1D && l[5] < l[0],
+             "otk anchors + 1-D PE: resume equals the uninterrupted run bit for bit", "%.4f -> %.4f", l[0], l[5]);
     char path[256];
     tmp_path(path, sizeof path, "otkresume");
-    th_rng r = {41};
-    bk_optim_config oc = bk_optim_config_default();
-    bk_optim_config_parse(&oc, "kind=adamw,lr=1e-2,weight_decay=0.05,clip=1");
-    bk_model *a = model_from(cfg, 9, 5), *b = model_from(cfg, 9, 5);
-    if (!a || !b) return;
-    tbatch tb;
-    batch_make(&tb, bk_model_get_config(a), 5, 1, &r);
-    bk_optim *oa = NULL, *ob = NULL;
-    bk_optim_create(&oc, a, &oa);
-    bk_optim_create(&oc, b, &ob);
-    double la[6], lb[6];
-    int ok = 1;
-    for (int s = 0; s < 6; s++) ok &= bk_train_step(a, oa, &tb.b, s % 2 ? 2 : 0, 0.0f, &la[s], NULL) == BK_OK;
-    for (int s = 0; s < 3; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 2 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-    ok &= bk_checkpoint_save(path, b, ob, NULL) == BK_OK;
-    bk_model_free(b);
-    bk_optim_free(ob);
-    b = NULL;
-    ob = NULL;
-    ok &= bk_checkpoint_load(path, 5, &b, &ob, NULL) == BK_OK && ob;
-    bk_model_config lc = b ? *bk_model_get_config(b) : bk_model_config_default();
-    for (int s = 3; s < 6 && ok; s++) ok &= bk_train_step(b, ob, &tb.b, s % 2 ? 2 : 0, 0.0f, &lb[s], NULL) == BK_OK;
-    const int64_t P = bk_model_num_params(a);
-    th_check(ok && lc.otk_anchors == 5 && lc.otk_pe == BK_OTK_PE_1D && memcmp(la, lb, sizeof la) == 0 &&
-                 memcmp(bk_model_params(a), bk_model_params(b), sizeof(float) * (size_t)P) == 0 && la[5] < la[0],
-             "otk anchors + 1-D PE: resume equals the uninterrupted run bit for bit", "%s %.4f -> %.4f",
-             ok ? "" : bk_last_error(), la[0], la[5]);
-    /* the same file read as a model without anchors: its tensors do not match */
-    bk_model_free(b);
-    bk_optim_free(ob);
-    b = NULL;
+    /* a checkpoint of a model without anchors reads back the defaults */
     {
         bk_model *c = model_from("input=tokens,vocab=13,max_len=7,dim=16,depth=1,heads=2,mlp_dim=24,classes=4,"
                                  "pool=otk,otk_supports=3",
@@ -2465,10 +2422,6 @@ static void test_otk_pool_resume(void)
         remove(p2);
         bk_model_free(c);
     }
-    bk_optim_free(oa);
-    batch_free(&tb);
-    bk_model_free(a);
-    remove(path);
 }
 
 /* bk_model_otk_fit: with an identity patch embedding (no blocks, no norm,

@@ -626,10 +626,19 @@ def param_specs(cfg):
             specs.append((p + "attn.dwc.bias", (dh,), 0))
         linear(p + "attn.proj", inner, D)
         if dec:
-            norm(p + "lnc")
-            linear(p + "cross.q", D, inner, bias=bool(cfg["qkv_bias"]))
-            linear(p + "cross.kv", D, 2 * inner, bias=bool(cfg["qkv_bias"]))
-            linear(p + "cross.proj", inner, D)
+            cross(p, False)
+        mlp(p)
+
+    def cross(p, key_norm):
+        """the cross-attention sublayer: lnc, [lnk], cross.q, cross.kv, cross.proj"""
+        norm(p + "lnc")
+        if key_norm:
+            norm(p + "lnk")
+        linear(p + "cross.q", D, inner, bias=bool(cfg["qkv_bias"]))
+        linear(p + "cross.kv", D, 2 * inner, bias=bool(cfg["qkv_bias"]))
+        linear(p + "cross.proj", inner, D)
+
+    def mlp(p):
         if M > 0:
             norm(p + "ln2")
             linear(p + "mlp.fc1", D, M)
@@ -637,15 +646,8 @@ def param_specs(cfg):
 
     def mab(p):
         """add_mab: lnc, lnk, cross.q, cross.kv, cross.proj, [ln2, mlp.*]"""
-        norm(p + "lnc")
-        norm(p + "lnk")
-        linear(p + "cross.q", D, inner, bias=bool(cfg["qkv_bias"]))
-        linear(p + "cross.kv", D, 2 * inner, bias=bool(cfg["qkv_bias"]))
-        linear(p + "cross.proj", inner, D)
-        if M > 0:
-            norm(p + "ln2")
-            linear(p + "mlp.fc1", D, M)
-            linear(p + "mlp.fc2", M, D)
+        cross(p, True)
+        mlp(p)
 
     if cfg["arch"] == "seq2seq":
         # embed.table, [enc.pos, dec.pos], enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm]
@@ -1247,7 +1249,7 @@ class Model(nn.Module):
     def post_update(self):
         """The constraints the engine restores after every optimiser update
         (bk_optim_step): the OTK anchors pool.otk_w back to unit rows."""
-        if self.pool is not None:
+        if isinstance(self.pool, _OTKPool):
             self.pool.post_update()
 
     def set_backend(self, backend):

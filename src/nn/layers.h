@@ -25,7 +25,7 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
                        const float *dy, float *dx, float *dg, float *db);
 
 /* exact-erf GELU: y = gelu(z); backward dz = dy * gelu'(z) (in place allowed);
- * vectorised, within 8 ulp of libm in double (layers.c) */
+ * vectorised, within 6 ulp of libm in double (layers.c) */
 void bki_gelu_fwd(size_t n, const float *z, float *y);
 void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz);
 

@@ -1194,18 +1194,21 @@ static void test_asap_model(void)
     bk_model_free(stud);
 }
 
-/* a model's tensor by name (NULL when it has none) */
+/* a model's tensor by name: its whole description (0 when it has none) */
+static int param_info_named(const bk_model *m, const char *name, bk_param_info *out)
+{
+    for (int i = 0; i < bk_model_param_count(m); i++)
+        if (bk_model_param(m, i, out) == BK_OK && strcmp(out->name, name) == 0) return 1;
+    return 0;
+}
+
+/* ... and its data (NULL when it has none) */
 static const float *param_named(const bk_model *m, const char *name, int64_t *count)
 {
-    for (int i = 0; i < bk_model_param_count(m); i++) {
-        bk_param_info pi;
-        bk_model_param(m, i, &pi);
-        if (!strcmp(pi.name, name)) {
-            if (count) *count = pi.count;
-            return pi.data;
-        }
-    }
-    return NULL;
+    bk_param_info pi;
+    if (!param_info_named(m, name, &pi)) return NULL;
+    if (count) *count = pi.count;
+    return pi.data;
 }
 
 /* every tensor of a also in b, bitwise; and how many b has that a lacks */
@@ -1868,10 +1871,7 @@ static void test_lot_learn(void)
         int moved[3] = {0}, zero_grad[3] = {0};
         for (int t = 0; t < 3 && ok; t++) {
             bk_param_info pi = {0};
-            for (int i = 0; i < bk_model_param_count(m); i++) {
-                bk_model_param(m, i, &pi);
-                if (!strcmp(pi.name, names[t])) break;
-            }
+            param_info_named(m, names[t], &pi);
             moved[t] = memcmp(pi.data, before[t], sizeof(float) * (size_t)cnt[t]) != 0;
             zero_grad[t] = 1;
             for (int64_t j = 0; j < pi.count; j++) zero_grad[t] &= pi.grad[j] == 0.0f;
@@ -2072,10 +2072,7 @@ static void test_set_pma_uniform(void)
         double gmax = 0, gq = 0, dl = 0;
         for (int64_t i = 0; i < P; i++) gmax = fmax(gmax, fabs(bk_model_grads(m)[i]));
         bk_param_info pi = {0};
-        for (int i = 0; i < bk_model_param_count(m); i++) {
-            bk_model_param(m, i, &pi);
-            if (!strcmp(pi.name, "pool.mab.cross.q.weight")) break;
-        }
+        param_info_named(m, "pool.mab.cross.q.weight", &pi);
         for (int64_t j = 0; j < pi.count; j++) {
             gq = fmax(gq, fabs(pi.grad[j]));
             pi.data[j] += 0.5f * (float)th_normal(&r);
@@ -2263,14 +2260,6 @@ static double anchor_row_dev(const bk_model *m)
         return dev;
     }
     return -1;
-}
-
-/* the tensor's whole description (param_named gives its data) */
-static int param_info_named(const bk_model *m, const char *name, bk_param_info *out)
-{
-    for (int i = 0; i < bk_model_param_count(m); i++)
-        if (bk_model_param(m, i, out) == BK_OK && strcmp(out->name, name) == 0) return 1;
-    return 0;
 }
 
 /* every gradient (anchors through the Nystrom map and its inverse square
@@ -2550,8 +2539,8 @@ void test_vit(void)
     test_lot_learn();
 }
 
-/* GELU (src/nn/layers.c) against double-precision libm: gelu within 8 ulp of
- * its value, gelu' within 8 ulp of max(Phi, |z| phi), or either within 1e-36
+/* GELU (src/nn/layers.c) against double-precision libm: gelu within 6 ulp of
+ * its value, gelu' within 6 ulp of max(Phi, |z| phi), or either within 1e-36
  * absolutely (z < -12.9, where the tail nears float's subnormal range), on a dense grid of [-14, 14], on every binade from 1e-30
  * to 1e30 of both signs, and at the edges; NaN propagates. */
 static double ulp_of(double v)
@@ -2594,8 +2583,8 @@ static void test_gelu(void)
         if (!(ey <= wy)) wy = ey, zy = z[i];
         if (!(ed <= wd)) wd = ed, zd = z[i];
     }
-    th_check(wy <= 8.0, "gelu: within 8 ulp of double-precision libm", "worst %.2f ulp at z = %.9g", wy, zy);
-    th_check(wd <= 8.0, "gelu': within 8 ulp of max(Phi, |z| phi)", "worst %.2f ulp at z = %.9g", wd, zd);
+    th_check(wy <= 6.0, "gelu: within 6 ulp of double-precision libm", "worst %.2f ulp at z = %.9g", wy, zy);
+    th_check(wd <= 6.0, "gelu': within 6 ulp of max(Phi, |z| phi)", "worst %.2f ulp at z = %.9g", wd, zd);
     if (TH.verbose) printf("# gelu: worst %.2f ulp (z = %.9g), gelu' %.2f ulp (z = %.9g), %d points\n", wy, zy, wd, zd, n);
     z[0] = NAN;
     bki_gelu_fwd(1, z, y);

@@ -572,9 +572,8 @@ def init_problems(mt, text, seed, tensors, meta):
             std = (cfg["dim"] ** -0.5 if s2s and n in S2S_INIT_STD
                    else 0.02 if not s2s and n in INIT_STD else 1.0 if n.endswith("lot_z")
                    else 0.1 if leaf.startswith("diff_l")
-                   else cfg["dim"] ** -0.5 if n in ("pool.otk_z", "pool.seeds")
-                   or leaf == "inducing" else None)
-                   else mt.otk_dim(cfg) ** -0.5 if n == "pool.otk_z" else None)
+                   else mt.otk_dim(cfg) ** -0.5 if n == "pool.otk_z"
+                   else cfg["dim"] ** -0.5 if n == "pool.seeds" or leaf == "inducing" else None)
             if std is None:
                 probs.append(f"{n}: no initialisation law known to the test")
                 continue

@@ -3,13 +3,14 @@
 # 6): the LRA ListOps model of LOTFormer's code (2 pre-LN blocks, dim 64, 2 heads of 32, MLP 128,
 # learned positions, mean pooling) on the generated ListOps (LRA's rules and depth 10, sequences
 # of SEQ/4..SEQ tokens) with softmax attention and with LOT (r = 32, T = 5, eps = 1, mass
-# temperature 8), and LOT's ablations: r = 4, T = 1 and lot_learn = none (fixed pivots, uniform
-# masses); SEEDS seeds each. Then the time and memory of one LOT attention call
+# temperature 8), and LOT's ablations: r in {4, 8}, T in {1, 10}, lot_learn z (uniform masses) and
+# none (fixed pivots, uniform masses); SEEDS seeds each. Then the time and memory of one LOT attention call
 # (forward and forward + backward, 2 heads of 32, r = 32, T = 5) against N, next to softmax and
 # Sinkhorn (S = 5), from `birkhoff bench` (BENCH=0 skips it).
 #   SEEDS="1 2 3" SEQ=256 NTRAIN=10000 NTEST=2000 EPOCHS=2 OUT=runs/repro/listops \
 #       scripts/repro/listops.sh
-#   (RUNS="name:keys ..." picks runs, BENCH=0 skips the bench, THREADS=1 suits a shared machine)
+#   (RUNS="name:keys ..." picks runs, BENCH=0 skips the bench, THREADS=1 suits a shared machine,
+#   BENCH_THREADS the bench's threads)
 #   QUICK=1: one seed, softmax and LOT, one epoch of 600 sequences of <= 64 tokens, a short bench
 #   (make repro-quick)
 set -euo pipefail
@@ -24,12 +25,13 @@ EPOCHS=${EPOCHS:-2}
 BENCH=${BENCH:-1}
 THREADS=${THREADS:-0}   # training threads (0: all; the results do not depend on it)
 # name:extra keys (the LOT runs share LOT below)
-# (the table also knows r8:lot_r=8 T10:lot_iters=10 learnz:lot_learn=z, for RUNS=...)
-RUNS=${RUNS:-"softmax:attn=softmax lot:. r4:lot_r=4 T1:lot_iters=1 fixed:lot_learn=none"}
+RUNS=${RUNS:-"softmax:attn=softmax lot:. r4:lot_r=4 r8:lot_r=8 T1:lot_iters=1 T10:lot_iters=10 \
+learnz:lot_learn=z fixed:lot_learn=none"}
 LOT="attn=lot lot_r=32 lot_iters=5 lot_eps=1 lot_temp=8"
-BENCH_N=${BENCH_N:-"512 2048 8192 32768 131072 524288"}
+BENCH_N=${BENCH_N:-"512 2048 8192 16384 65536 262144 1048576"}
 BENCH_NQ=${BENCH_NQ:-16384}   # the quadratic operators run up to this N
 BENCH_REPS=${BENCH_REPS:-5}
+BENCH_THREADS=${BENCH_THREADS:-2}
 if [ "${QUICK:-0}" = 1 ]; then
     SEEDS=1; SEQ=64; NTRAIN=600; NTEST=200; EPOCHS=1; RUNS="softmax:attn=softmax lot:."
     BENCH_N="512 2048"; BENCH_NQ=2048; BENCH_REPS=3
@@ -61,7 +63,8 @@ if [ "$BENCH" = 1 ]; then
         ops="lot"
         [ "$n" -le "$BENCH_NQ" ] && ops="lot softmax sinkhorn"
         for op in $ops; do
-            "$B" bench --op "$op" --cases "2:$n:32:5" --reps "$BENCH_REPS" --warmup 1 --json --no-peer \
+            "$B" bench --op "$op" --cases "2:$n:32:5" --reps "$BENCH_REPS" --warmup 1 --threads "$BENCH_THREADS" \
+                --json --no-peer \
                 | grep '^{' >> "$OUT/bench.jsonl.tmp"
         done
     done

@@ -1005,6 +1005,14 @@ def _sublayer(x, f, norm, drop, post_ln):
     return x + drop(f(norm(x)))
 
 
+def _mlp_sublayer(cfg):
+    """(ln2, mlp) of a block or a MAB: the MLP sub-block and its norm, (None, None) when
+    mlp_dim = 0"""
+    if cfg["mlp_dim"] <= 0:
+        return None, None
+    return nn.LayerNorm(cfg["dim"], eps=cfg["ln_eps"]), _MLP(cfg["dim"], cfg["mlp_dim"])
+
+
 class _Block(nn.Module):
     """Encoder block: x = sub(attn, ln1); x = sub(mlp, ln2) (mlp_dim > 0), the
     sublayers pre-LN (the classifier; seq2seq post_ln=0) or post-LN.
@@ -1025,11 +1033,7 @@ class _Block(nn.Module):
         else:
             self.attn = _Attention(cfg, layer, reference)
             self.lnc = self.cross = None
-        if cfg["mlp_dim"] > 0:
-            self.ln2 = nn.LayerNorm(D, eps=cfg["ln_eps"])
-            self.mlp = _MLP(D, cfg["mlp_dim"])
-        else:
-            self.ln2 = self.mlp = None
+        self.ln2, self.mlp = _mlp_sublayer(cfg)
         self.drop = nn.Dropout(cfg["dropout"])
 
     def forward(self, x, lens, mem=None, mem_lens=None):
@@ -1117,11 +1121,7 @@ class _MAB(nn.Module):
         self.lnc = nn.LayerNorm(D, eps=cfg["ln_eps"])
         self.lnk = nn.LayerNorm(D, eps=cfg["ln_eps"])
         self.cross = _Attention(cfg, unit, reference, kind=kind, cross=True)
-        if cfg["mlp_dim"] > 0:
-            self.ln2 = nn.LayerNorm(D, eps=cfg["ln_eps"])
-            self.mlp = _MLP(D, cfg["mlp_dim"])
-        else:
-            self.ln2 = self.mlp = None
+        self.ln2, self.mlp = _mlp_sublayer(cfg)
         self.drop = nn.Dropout(cfg["dropout"])
 
     def forward(self, x, y, x_lens, y_lens):

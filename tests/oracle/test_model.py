@@ -252,11 +252,18 @@ TRAIN_CASES = [
     # near-zero gradients past the weights' tolerance, with or without lot_learn)
     ("sgd-clip-lot-learn-none-tokens", f"{TOK},attn=lot,lot_r=3,lot_learn=none,pool=mean", 4,
      True, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3,clip=1", 10, 0, 0.0, None, True),
-    # Set Transformer: ISAB + PMA (a one-seed doubly-stochastic PMA is mean pooling: its query
-    # weights get ~0 gradient, which Adam would turn into noise-driven steps, so the AdamW run
-    # keeps a softmax PMA and the Sinkhorn PMA trains with SGD), resumed 5 + 5 from a checkpoint
-    ("adamw-set-isab-sinkhorn-pma-points-padded", f"{SET_PTS},set_block=isab,set_inducing=3,"
-     "attn=sinkhorn,sk_iters=3,pool=pma", 4, True, ADAMW, 10, 0, 0.0, None, True),
+    # Set Transformer: ISAB + PMA. Doubly-stochastic attention has gauge directions whose
+    # gradient is ~0: a one-seed Sinkhorn PMA is mean pooling (its query weights), and a Sinkhorn
+    # ISAB's first MAB nearly absorbs a shift shared by its inducing-point queries (their
+    # LayerNorm bias: a per-key score shift, which the column steps cancel). Adam turns the
+    # float32 noise of such gradients into full steps (1.6e-4 on the AVX2 path against 1e-6
+    # elsewhere), so the AdamW run takes softmax ISAB and PMA, and the Sinkhorn ones train with SGD
+    # (one resumed 5 + 5 from a checkpoint)
+    ("adamw-set-isab-softmax-pma-points-padded", f"{SET_PTS},set_block=isab,set_inducing=3,"
+     "attn=softmax,pool=pma", 4, True, ADAMW, 10, 0, 0.0, None, True),
+    ("sgd-set-isab-sinkhorn-pma-points-padded", f"{SET_PTS},set_block=isab,set_inducing=3,"
+     "attn=sinkhorn,sk_iters=3,pool=pma", 4, True, "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3",
+     10, 0, 0.0, None, True),
     ("sgd-set-isab-esp-pma-sinkhorn-resume-5+5", f"{SET_PTS},set_block=isab,set_inducing=3,attn=esp,"
      "esp_t=0.2,pool=pma,pma_attn=sinkhorn,sk_iters=3", 4, True,
      "kind=sgd,lr=0.05,momentum=0.9,weight_decay=1e-3", 10, 0, 0.0, 5, True),

@@ -5,6 +5,7 @@
 #define BK_INTERNAL_H
 
 #include "birkhoff.h"
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -291,6 +292,18 @@ static inline float bki_dotf(int m, const float *a, const float *b)
         for (int l = 0; l < 8; l++) acc[l] = __builtin_fmaf(a[j + l], b[j + l], acc[l]);
     for (; j < m; j++) acc[0] = __builtin_fmaf(a[j], b[j], acc[0]);
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* r <- r / |r| (the norm accumulated in double); returns 0, r untouched, for
+ * a zero row: spherical K-means and the OTK anchors' unit rows */
+static inline int bki_unit_row(float *r, int dim)
+{
+    double s = 0.0;
+    for (int c = 0; c < dim; c++) s += (double)r[c] * r[c];
+    if (!(s > 0.0)) return 0;
+    const float inv = (float)(1.0 / sqrt(s));
+    for (int c = 0; c < dim; c++) r[c] *= inv;
+    return 1;
 }
 
 /* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ---- */

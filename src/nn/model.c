@@ -567,18 +567,11 @@ static void build_table(bk_model *m)
     m->head_b = add_param(m, "head.bias", 1, c->classes, 0, 0, 0);
 }
 
-/* rows of a [rows, cols] matrix scaled to unit L2 norm (the norm
- * accumulated in double; a zero row is left as it is) */
+/* rows of a [rows, cols] matrix scaled to unit L2 norm (a zero row is left
+ * as it is) */
 static void unit_rows(float *w, int64_t rows, int64_t cols)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        float *x = w + r * cols;
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; j++) ss += (double)x[j] * x[j];
-        if (!(ss > 0.0)) continue;
-        const double inv = 1.0 / sqrt(ss);
-        for (int64_t j = 0; j < cols; j++) x[j] = (float)(x[j] * inv);
-    }
+    for (int64_t r = 0; r < rows; r++) bki_unit_row(w + r * cols, (int)cols);
 }
 
 void bki_model_post_update(bk_model *m)

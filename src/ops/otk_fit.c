@@ -29,17 +29,6 @@ static bk_status check_kp(const bk_kmeans_config *kp)
     return BK_OK;
 }
 
-/* r <- r / |r|; returns 0 (r untouched) for a zero row */
-static int unit_row(float *r, int dim)
-{
-    double s = 0.0;
-    for (int c = 0; c < dim; c++) s += (double)r[c] * r[c];
-    if (!(s > 0.0)) return 0;
-    const float inv = (float)(1.0 / sqrt(s));
-    for (int c = 0; c < dim; c++) r[c] *= inv;
-    return 1;
-}
-
 /* normalise rows in place; returns the number of rows kept (zero rows are
  * dropped, the others compacted in order) */
 static int64_t normalise_rows(float *x, int64_t N, int dim)
@@ -47,7 +36,7 @@ static int64_t normalise_rows(float *x, int64_t N, int dim)
     int64_t m = 0;
     for (int64_t i = 0; i < N; i++) {
         float *r = x + (size_t)i * dim;
-        if (!unit_row(r, dim)) continue;
+        if (!bki_unit_row(r, dim)) continue;
         if (m != i) memcpy(x + (size_t)m * dim, r, sizeof(float) * dim);
         m++;
     }
@@ -281,7 +270,7 @@ static bk_status barycenter(const bk_otk_desc *d, const bk_otk_config *p, const 
                 float *zj = z + (size_t)h * pk + (size_t)j * d->k;
                 const float *bj = bs + (size_t)h * pk + (size_t)j * d->k;
                 for (int c = 0; c < d->k; c++) zj[c] = 0.5f * zj[c] + 0.5f * bj[c] / (float)cnt[h];
-                unit_row(zj, d->k);
+                bki_unit_row(zj, d->k);
             }
         }
     }
@@ -310,7 +299,7 @@ bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_config *p, const bk
     }
     for (int b = 0; b < B; b++) {
         const int nb = bki_len(d->len, b, n);
-        for (int i = 0; i < nb; i++) unit_row(F + ((size_t)b * n + i) * k, k);
+        for (int i = 0; i < nb; i++) bki_unit_row(F + ((size_t)b * n + i) * k, k);
     }
     int *ref = calloc((size_t)B, sizeof(int));
     double *sim = malloc(sizeof(double) * (size_t)B * q);

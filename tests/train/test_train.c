@@ -71,6 +71,22 @@ static int same_tensors(const char *a, const char *b)
     return ok;
 }
 
+/* a run stopped after `stop` steps in cut, then resumed to its end (on
+ * `threads` threads; 0: the default); rr receives the resumed run's
+ * configuration, res the last run's result */
+static bk_status stop_and_resume(const bk_run_config *r, const char *cut, int64_t stop, int threads, bk_run_config *rr,
+                                 bk_train_result *res)
+{
+    bk_run_config rc = *r;
+    rc.stop_after = stop;
+    bk_status st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, res);
+    if (st == BK_OK) st = bk_train_resume_config(cut, rr, NULL);
+    if (st == BK_OK && threads > 0) rr->threads = threads;
+    if (st == BK_OK) st = bk_train_run(rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, res);
+    bk_set_num_threads(0);
+    return st;
+}
+
 /* a metrics file without its timings: JSON records cut before
  * "samples_per_s" (steps) or "time_s" (epochs), CSV rows to 7 or 9 columns */
 static char *strip_times(const char *path)
@@ -619,14 +635,8 @@ static void test_esp_anneal(void)
     CHECK(hard == 3, "eval_esp_sort=hard: every epoch's attention is exactly doubly stochastic", "%d of 3", hard);
     free(mtext);
     /* resumed mid-epoch 2, on one thread: the same t and the same run bit for bit */
-    bk_run_config rc = r;
-    rc.stop_after = 8;
-    st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
     bk_run_config rr;
-    if (st == BK_OK) st = bk_train_resume_config(cut, &rr, NULL);
-    rr.threads = 1;
-    if (st == BK_OK) st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
-    bk_set_num_threads(0);
+    st = stop_and_resume(&r, cut, 8, 1, &rr, &res);
     snprintf(p1, sizeof p1, "%s/last.safetensors", full);
     snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
     bk_model_config c1, c2;
@@ -725,12 +735,8 @@ static void test_otk_init(void)
     bk_model_free(m0);
     bk_model_free(m1);
     /* resumed mid-run: no second fit, the same run bit for bit */
-    bk_run_config rc = r;
-    rc.stop_after = 8;
-    st = bk_train_run(&rc, cut, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
     bk_run_config rr;
-    if (st == BK_OK) st = bk_train_resume_config(cut, &rr, NULL);
-    if (st == BK_OK) st = bk_train_run(&rr, cut, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    st = stop_and_resume(&r, cut, 8, 0, &rr, &res);
     snprintf(p1, sizeof p1, "%s/last.safetensors", full);
     snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
     CHECK(st == BK_OK && !res.stopped && same_tensors(p1, p2), "otk_init: resumed == uninterrupted, bitwise", "%s",

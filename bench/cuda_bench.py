@@ -15,6 +15,9 @@ d^-1/2, N in {1024, 4096} (and 16384 for ours and SDPA only). Cases:
   ours_softmax   birkhoff.torch.softmax_attention(q, k, v), bf16 (the 'softmax path')
   ours_*_wmma    the same with BK_CUDA_KERNELS=wmma: the first (WMMA) kernels, the baseline
                  of the mma.sync passes, measured in the same run
+  ours_*_dpass   the same with BK_CUDA_TAPE_OUTPUT=0: the tape keeps no output, so the backward
+                 computes D = rowsum(A .* dP) by a pass over the scores (the baseline of
+                 bk_context_config.tape_output, which birkhoff.torch turns on)
   eager          bench/peers/sinkformer_torch.attention(q, k, v, 5, eps=1.0)[0] (reference
                  port, materialises N x N per half step); fp32 with its float32 marginals,
                  bf16 with marginal_dtype=None (all-bf16: the reference's float32 marginals
@@ -80,7 +83,7 @@ TIMING_NOTE = (
     "torch.autograd.grad(out, (q, k, v), g) (the backward of sum(out * g)). Peak = "
     "torch.cuda.max_memory_allocated, reset before each phase, inputs included.")
 PHASE_CAP_S = 6.0     # timed reps of one phase stop growing past this (min_reps still run)
-SINKHORN_IMPLS = ("ours_sinkhorn", "ours_sinkhorn_wmma", "eager", "compiled")
+SINKHORN_IMPLS = ("ours_sinkhorn", "ours_sinkhorn_wmma", "ours_sinkhorn_dpass", "eager", "compiled")
 EXIT_SKIP = 5        # worker: no CUDA device
 EXIT_POISONED = 3    # worker: CUDA context unusable after a case
 
@@ -124,8 +127,9 @@ def bench_cases(args):
     cs = []
     cs.append(case("check_N%d" % Ns[0], "check", "mixed", Ns[0], 1, 4, phases=()))
     for impl, dt in (("sdpa", "bf16"), ("ours_sinkhorn", "bf16"), ("ours_softmax", "bf16"), ("ours_sinkhorn", "fp32"),
-                     ("eager", "bf16"), ("ours_sinkhorn_wmma", "bf16"), ("ours_softmax_wmma", "bf16"),
-                     ("eager", "fp32")):  # the priority order
+                     ("eager", "bf16"), ("ours_sinkhorn_dpass", "bf16"), ("ours_softmax_dpass", "bf16"),
+                     ("eager", "fp32"), ("ours_sinkhorn_wmma", "bf16"), ("ours_softmax_wmma", "bf16")):
+        # the priority order
         for N in Ns:
             cs.append(case("%s_%s_N%d" % (impl, dt, N), impl, dt, N, B, H, phases=full))
     if not args.quick and not args.no_16k:
@@ -275,6 +279,11 @@ class Worker:
         impl, S = c["impl"], c["S"]
         # the C library reads BK_CUDA_KERNELS at every call
         os.environ.pop("BK_CUDA_KERNELS", None)
+        os.environ.pop("BK_CUDA_TAPE_OUTPUT", None)
+        if impl.endswith("_dpass"):
+            os.environ["BK_CUDA_TAPE_OUTPUT"] = "0"
+            note["tape_output"] = 0
+            impl = impl[:-len("_dpass")]
         if impl.endswith("_wmma"):
             os.environ["BK_CUDA_KERNELS"] = "wmma"
             note["kernels"] = "wmma"
@@ -855,6 +864,10 @@ def bench_summarize(cases):
         R.append(ratio(cases, ("ours_sinkhorn", "bf16", N, "fwdbwd"), ("sdpa", "bf16", N, "fwdbwd"),
                        "ours_fwdbwd/sdpa_fwdbwd bf16"))
         for ph in ("fwd", "fwdbwd"):
+            R.append(ratio(cases, ("ours_sinkhorn_dpass", "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
+                           "D by a pass / D from the tape's output, Sinkhorn %s bf16" % ph))
+            R.append(ratio(cases, ("ours_softmax_dpass", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),
+                           "D by a pass / D from the tape's output, softmax %s bf16" % ph))
             R.append(ratio(cases, ("ours_sinkhorn_wmma", "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
                            "wmma kernels / mma.sync kernels, Sinkhorn %s bf16" % ph))
             R.append(ratio(cases, ("ours_softmax_wmma", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),

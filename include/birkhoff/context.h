@@ -52,6 +52,14 @@ typedef struct {
                                 the default stream                            */
     int cache_workspace;     /* 1: keep the largest workspace allocated for a
                                 call and reuse it (freed by bk_context_free) */
+    int tape_output;         /* CUDA, 1: a 16-bit softmax / Sinkhorn forward
+                                keeps its output in the tape (Nq x dv floats a
+                                problem more), so that the backward takes the
+                                row sums D = rowsum(dO .* O) instead of a pass
+                                over the score matrix. The tape size queries
+                                then include those bytes when this context is
+                                current: query them with it current. 0: off
+                                (tape sizes as on the CPU)                    */
 } bk_context_config;
 
 typedef struct bk_context bk_context;
@@ -59,7 +67,8 @@ typedef struct bk_context bk_context;
 /* 1 when this build has the backend (BK_BACKEND_CUDA: built with nvcc; a
  * device may still be missing: bk_context_create says), else 0. */
 BK_API int bk_backend_built(bk_backend backend);
-/* CPU, device 0, default threads, malloc/free, no stream, no cache */
+/* CPU, device 0, default threads, malloc/free, no stream, no cache, no
+ * tape output */
 BK_API bk_context_config bk_context_config_default(void);
 /* BK_ERR_UNSUPPORTED when the backend is not in this build or has no usable
  * device (the message says which); BK_ERR_PARAM for a bad field. */

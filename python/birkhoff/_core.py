@@ -150,6 +150,9 @@ def cuda_context(device, stream):
         if ctx is None:
             cfg = lib.bk_context_config_default()
             cfg.backend, cfg.device, cfg.stream = _lib.BK_BACKEND_CUDA, key[0], key[1] or None
+            # the 16-bit forward keeps its output in the tape: the backward
+            # takes D = rowsum(dO .* O) from it instead of a pass (docs/CUDA.md)
+            cfg.tape_output = 1
             out = C.c_void_p()
             check(lib.bk_context_create(C.byref(cfg), C.byref(out)))
             ctx = _CONTEXTS[key] = out.value
@@ -330,6 +333,18 @@ class Problem:
         """a buffer of nbytes (at least 1) for the tape, where the operands live"""
         return self.ad.tape(nbytes, self.q.obj) if self.dev else tape_buffer(nbytes)
 
+    def workspace(self, size_fn, *args):
+        """(buffer, address, bytes) of a call's workspace: on a device from
+        the framework's allocator (stream-ordered, reused, counted in its
+        memory statistics; the size queried with the call's context current,
+        so call it inside running()); (None, None, 0) on the host, where the
+        library allocates its own"""
+        if not self.dev:
+            return None, None, 0
+        n = int(size_fn(*args))
+        buf = self.ad.tape(n, self.q.obj)
+        return buf, C.c_void_p(buf.data_ptr()), n
+
     def zeros32(self, n):
         """n float32 zeros where the operands live (Sinkhorn's potentials)"""
         return self.ad.zeros32(n, self.q.obj) if self.dev else np.zeros(n, np.float32)
@@ -469,15 +484,17 @@ def unbalanced_params(scale=None, eps=None, iters=None, tol=None, rho=None):
 
 
 def _sk_funcs(p):
-    """the C entry points of balanced or unbalanced Sinkhorn, by parameter type"""
+    """the C entry points of balanced or unbalanced Sinkhorn, by parameter type:
+    tape size, forward, backward, workspace size"""
     if isinstance(p, _lib.UnbalancedParams):
-        return lib.bk_unbalanced_tape_size, lib.bk_unbalanced_forward, lib.bk_unbalanced_backward
-    return lib.bk_sinkhorn_tape_size, lib.bk_sinkhorn_forward, lib.bk_sinkhorn_backward
+        return (lib.bk_unbalanced_tape_size, lib.bk_unbalanced_forward, lib.bk_unbalanced_backward,
+                lib.bk_unbalanced_workspace_size)
+    return lib.bk_sinkhorn_tape_size, lib.bk_sinkhorn_forward, lib.bk_sinkhorn_backward, lib.bk_sinkhorn_workspace_size
 
 
 def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=False, want_diag=False):
     """Sinkhorn or unbalanced Sinkhorn (p: SinkhornParams or UnbalancedParams)"""
-    tape_size, forward, _ = _sk_funcs(p)
+    tape_size, forward, _, ws_size = _sk_funcs(p)
     d = pr.desc
     if want_diag and pr.dev:
         raise ValueError("Sinkhorn diagnostics (diag) are not available on a device; run on the CPU for them")
@@ -491,8 +508,9 @@ def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=Fal
     tq, tk, tv = pr.tensors()
     with pr.running():
         tape = pr.tape(tape_size(C.byref(d), C.byref(p))) if want_tape else None
+        _ws, wp, wn = pr.workspace(ws_size, C.byref(d), C.byref(p))
         check(forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv), C.byref(out.tensor()),
-                      pr.tape_ptr(tape), C.byref(ex), None, 0))
+                      pr.tape_ptr(tape), C.byref(ex), wp, wn))
     res = {"out": out.obj, "tape": tape}
     if want_attn:
         res["attn"] = attn.obj
@@ -509,10 +527,12 @@ def sinkhorn_backward(pr, p, dout, tape):
     dq, dk, dv = pr.grads()
     tq, tk, tv = pr.tensors()
     tp = pr.tape_ptr(tape)
+    fn = _sk_funcs(p)
     with pr.running():
-        check(_sk_funcs(p)[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                              C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
-                              C.byref(dv.tensor()), None, 0))
+        _ws, wp, wn = pr.workspace(fn[3], C.byref(pr.desc), C.byref(p))
+        check(fn[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                    C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
+                    C.byref(dv.tensor()), wp, wn))
     return dq.obj, dk.obj, dv.obj
 
 
@@ -528,9 +548,10 @@ def softmax_forward(pr, p, want_tape=True, want_attn=False):
     tq, tk, tv = pr.tensors()
     with pr.running():
         tape = pr.tape(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
+        _ws, wp, wn = pr.workspace(lib.bk_softmax_workspace_size, C.byref(d))
         check(lib.bk_softmax_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
                                      C.byref(out.tensor()), pr.tape_ptr(tape),
-                                     C.byref(attn.tensor()) if attn else None, None, 0))
+                                     C.byref(attn.tensor()) if attn else None, wp, wn))
     res = {"out": out.obj, "tape": tape}
     if want_attn:
         res["attn"] = attn.obj
@@ -543,9 +564,10 @@ def softmax_backward(pr, p, dout, tape):
     tq, tk, tv = pr.tensors()
     tp = pr.tape_ptr(tape)
     with pr.running():
+        _ws, wp, wn = pr.workspace(lib.bk_softmax_workspace_size, C.byref(pr.desc))
         check(lib.bk_softmax_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
                                       C.byref(do.tensor()), tp, C.byref(dq.tensor()),
-                                      C.byref(dk.tensor()), C.byref(dv.tensor()), None, 0))
+                                      C.byref(dk.tensor()), C.byref(dv.tensor()), wp, wn))
     return dq.obj, dk.obj, dv.obj
 
 

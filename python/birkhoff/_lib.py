@@ -56,7 +56,8 @@ class Allocator(C.Structure):
 
 class ContextConfig(C.Structure):
     _fields_ = [("backend", C.c_int), ("device", C.c_int), ("threads", C.c_int), ("allocator", Allocator),
-                ("stream", C.c_void_p), ("cache_workspace", C.c_int)]
+                ("stream", C.c_void_p), ("cache_workspace", C.c_int),
+                ("tape_output", C.c_int)]
 
 
 class AttnDesc(C.Structure):
@@ -214,13 +215,16 @@ _PROTOS = {
     "bk_isa": (C.c_char_p, []),
     "bk_sinkhorn_config_default": (SinkhornParams, []),
     "bk_sinkhorn_tape_size": (sz, [_D, P(SinkhornParams)]),
+    "bk_sinkhorn_workspace_size": (sz, [_D, P(SinkhornParams)]),
     "bk_sinkhorn_forward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, P(SinkhornExtras), vp, sz]),
     "bk_sinkhorn_backward": (st, [_D, P(SinkhornParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
     "bk_unbalanced_config_default": (UnbalancedParams, []),
     "bk_unbalanced_tape_size": (sz, [_D, P(UnbalancedParams)]),
+    "bk_unbalanced_workspace_size": (sz, [_D, P(UnbalancedParams)]),
     "bk_unbalanced_forward": (st, [_D, P(UnbalancedParams), _T, _T, _T, _T, vp, P(SinkhornExtras), vp, sz]),
     "bk_unbalanced_backward": (st, [_D, P(UnbalancedParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
     "bk_softmax_tape_size": (sz, [_D]),
+    "bk_softmax_workspace_size": (sz, [_D]),
     "bk_softmax_forward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, vp, sz]),
     "bk_softmax_backward": (st, [_D, P(SoftmaxParams), _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
     "bk_esp_config_default": (EspParams, []),

@@ -10,12 +10,12 @@
 # binaries and the shared libraries they need, since the GPU machine may
 # have neither OpenBLAS nor a package registry. Without a pack it uses
 # build/ as it is.
-#   STEPS="ctest pytest vit bench mem prof"  (default: all)
+#   STEPS="ctest pytest vit bench timeline mem prof"  (default: all)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"ctest pytest vit bench mem prof"}
+STEPS=${STEPS:-"ctest pytest vit bench timeline mem prof"}
 if [ -f .devpack/pack.tar.xz ]; then
     mkdir -p build .devlibs
     tar -C .devpack -xJf .devpack/pack.tar.xz
@@ -56,8 +56,13 @@ if step vit; then
 fi
 if step bench; then
     log "benchmarks"
-    timeout 200 $PY bench/cuda_bench.py --out "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+    timeout ${BENCH_TIMEOUT:-200} $PY bench/cuda_bench.py --out "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
     cat "$OUT/bench.md" 2>/dev/null || tail -30 "$OUT/bench.log"
+fi
+if step timeline; then
+    log "timeline of forward + backward (torch.profiler, full clocks)"
+    timeout 90 $PY bench/cuda_timeline.py --out "$OUT/timeline.json" > "$OUT/timeline.txt" 2>&1
+    cat "$OUT/timeline.txt" | head -80
 fi
 if step mem; then
     log "memory"

@@ -47,6 +47,9 @@ typedef struct bki_backend {
     /* a device backend's workspace size for a call (bytes of its memory);
      * NULL on the CPU (the generic driver's lanes) */
     size_t (*op_workspace_size)(bk_context *ctx, struct bki_call *c);
+    /* bytes a device backend's forward adds after the operator's tape (NULL
+     * or 0: none); the tape size queries add them with the context current */
+    size_t (*op_tape_extra)(bk_context *ctx, struct bki_call *c);
 } bki_backend;
 
 extern const bki_backend bki_backend_cpu;
@@ -62,4 +65,13 @@ const bk_context_config *bki_ctx_config(const bk_context *ctx);
 /* a context on a given backend table (tests of the seam: a backend that
  * lacks operators); free with bk_context_free */
 bk_status bki_context_with_backend(const bki_backend *be, bk_context **out);
+/* The tapes a context's forwards wrote: a forward notes the header it wrote
+ * at `tape` (n <= BKI_TAPE_NOTE_MAX bytes); a backward asks for the header
+ * noted at `tape` (1: found, copied to hdr; 0: not among the last
+ * BKI_TAPE_NOTES), so that a device backend checks a tape of its own forward
+ * without reading device memory (no synchronisation). Thread-safe. */
+#define BKI_TAPE_NOTES 64
+#define BKI_TAPE_NOTE_MAX 64
+void bki_ctx_tape_note(bk_context *ctx, const void *tape, const void *hdr, size_t n);
+int bki_ctx_tape_known(bk_context *ctx, const void *tape, void *hdr, size_t n);
 #endif

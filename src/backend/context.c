@@ -3,6 +3,7 @@
  * workspaces the library allocates for a call (allocator and cache). */
 #include "backend.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,15 @@ struct bk_context {
     void *cache;           /* the cached workspace (cfg.cache_workspace)          */
     size_t cache_cap;
     int is_default;
+    /* the headers of the last tapes this context's forwards wrote (a device
+     * backend's backward checks a tape against them without reading device
+     * memory); a ring, newest at tape_next - 1, under tape_lock */
+    struct {
+        const void *tape;
+        unsigned char hdr[BKI_TAPE_NOTE_MAX];
+    } tapes[BKI_TAPE_NOTES];
+    unsigned tape_next, tape_count;
+    _Atomic int tape_lock;
 };
 
 /* THE list of backends a context may name (index: bk_backend). A build with
@@ -35,12 +45,14 @@ int bk_backend_built(bk_backend backend) { return backend_of(backend) != NULL; }
 
 /* the default context: the library's only process-wide mutable state (its
  * thread count) */
-static bk_context g_default = {{BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0}, &bki_backend_cpu, 0, NULL, 0, 1};
+static bk_context g_default = {.cfg = {BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0, 0},
+                               .be = &bki_backend_cpu,
+                               .is_default = 1};
 static _Thread_local bk_context *tl_current;
 
 bk_context_config bk_context_config_default(void)
 {
-    bk_context_config c = {BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0};
+    bk_context_config c = {BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0, 0};
     return c;
 }
 
@@ -137,6 +149,43 @@ int bki_op_supported(const bk_context *ctx, const char *name); /* registry.c */
 int bk_context_supports(const bk_context *ctx, const char *op_name)
 {
     return bki_op_supported(ctx ? ctx : bki_ctx(), op_name);
+}
+
+/* ---- the tapes a context wrote ---- */
+static void tape_lock(bk_context *c)
+{
+    int expect = 0;
+    while (!atomic_compare_exchange_weak(&c->tape_lock, &expect, 1)) expect = 0;
+}
+static void tape_unlock(bk_context *c) { atomic_store(&c->tape_lock, 0); }
+
+void bki_ctx_tape_note(bk_context *ctx, const void *tape, const void *hdr, size_t n)
+{
+    if (!tape || n > BKI_TAPE_NOTE_MAX) return;
+    tape_lock(ctx);
+    const unsigned i = ctx->tape_next % BKI_TAPE_NOTES;
+    ctx->tapes[i].tape = tape;
+    memset(ctx->tapes[i].hdr, 0, sizeof ctx->tapes[i].hdr);
+    memcpy(ctx->tapes[i].hdr, hdr, n);
+    ctx->tape_next = (i + 1) % BKI_TAPE_NOTES;
+    if (ctx->tape_count < BKI_TAPE_NOTES) ctx->tape_count++;
+    tape_unlock(ctx);
+}
+
+int bki_ctx_tape_known(bk_context *ctx, const void *tape, void *hdr, size_t n)
+{
+    int found = 0;
+    if (!tape || n > BKI_TAPE_NOTE_MAX) return 0;
+    tape_lock(ctx);
+    for (unsigned k = 1; k <= ctx->tape_count && !found; k++) { /* newest first */
+        const unsigned i = (ctx->tape_next + BKI_TAPE_NOTES - k) % BKI_TAPE_NOTES;
+        if (ctx->tapes[i].tape == tape) {
+            memcpy(hdr, ctx->tapes[i].hdr, n);
+            found = 1;
+        }
+    }
+    tape_unlock(ctx);
+    return found;
 }
 
 /* ---- workspaces the library allocates for a call ---- */

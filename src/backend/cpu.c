@@ -91,4 +91,4 @@ static int supports_op(const struct bki_op *op)
 
 const bki_backend bki_backend_cpu = {"cpu",      BK_BACKEND_CPU, available,    alloc,      release, copy, fill,
                                      gemm_batched, sum_blocks,   run_problems, supports_op, NULL,    NULL,
-                                     NULL};
+                                     NULL, NULL};

@@ -37,7 +37,11 @@ size_t bki_op_tape_size_query(bki_call *c)
         bki_clear_error();
         return 0;
     }
-    return bki_op_tape_size(c);
+    /* a device backend may keep more after the blocks (its extra, with the
+     * context that runs the forward current) */
+    bk_context *ctx = bki_ctx();
+    const bki_backend *be = bki_ctx_backend(ctx);
+    return bki_op_tape_size(c) + (be->op_tape_extra ? be->op_tape_extra(ctx, c) : 0);
 }
 
 void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const float *A, int lda, int Lq, int Lk)

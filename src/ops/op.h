@@ -38,8 +38,12 @@ typedef struct {
     uint32_t key;          /* hash of the parameters (op->key)              */
     uint64_t block_bytes;  /* per problem, header included                  */
     uint64_t checksum;     /* FNV-1a of the blocks (BK_TAPE_CHECKSUM), or 0  */
-    uint32_t reserved[2];
+    uint32_t flags;        /* a device backend's (BKI_TAPE_OUT)              */
+    uint32_t reserved;
 } bki_tape_header;
+/* flags: the forward's output follows the blocks (the CUDA backend with
+ * bk_context_config.tape_output; docs/CUDA.md) */
+#define BKI_TAPE_OUT 1u
 typedef struct {
     int32_t Lq, Lk;
     int32_t steps[4];      /* the operator's (e.g. half-steps run)           */

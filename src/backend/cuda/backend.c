@@ -2,8 +2,9 @@
  * docs/BACKENDS.md). It runs softmax and Sinkhorn attention (forward and the
  * exact unrolled backward) on tensors in device memory, on the context's
  * stream, asynchronously: a call validates on the host, queues its kernels
- * (kernels.cu) and returns. The one synchronisation is a backward given a
- * tape: its header is read back to check it against the call. */
+ * (kernels.cu) and returns. A backward given a tape checks its header on
+ * the host as this context's forward noted it (bki_ctx_tape_note); a tape
+ * the context did not write is read back, the one synchronisation. */
 #include "../backend.h"
 #include "../../ops/op.h"
 #include "kernels.h"
@@ -177,6 +178,31 @@ static size_t op_workspace_size(bk_context *ctx, bki_call *c)
     return ws_layout(c, 1, 1).total; /* a backward that recomputes its tape: the largest */
 }
 
+/* ---- the output kept in the tape (bk_context_config.tape_output): P x Nq x
+ * dv floats after the operator's blocks, at the next 256-byte address ---- */
+static int tape_output(const bk_context *ctx)
+{
+    /* BK_CUDA_TAPE_OUTPUT=0 turns it off (the benchmarks' baseline; read at
+     * every call, like BK_CUDA_KERNELS: keep it fixed between a size query
+     * and its forward) */
+    const char *e = getenv("BK_CUDA_TAPE_OUTPUT");
+    return bki_ctx_config(ctx)->tape_output && !(e && strcmp(e, "0") == 0);
+}
+
+static size_t op_tape_extra(bk_context *ctx, bki_call *c)
+{
+    if (!tape_output(ctx) || !supports_op(c->op)) return 0;
+    return 256 + (size_t)c->d->B * c->d->H * c->d->Nq * c->d->dv * sizeof(float);
+}
+
+_Static_assert(sizeof(bki_tape_header) <= BKI_TAPE_NOTE_MAX, "a tape header fits a context's note");
+
+static float *tape_out(const bki_call *c, const void *tape)
+{
+    const uintptr_t at = (uintptr_t)tape + bki_op_tape_size((bki_call *)c);
+    return (float *)((at + 255) & ~(uintptr_t)255);
+}
+
 /* ---- checks ---------------------------------------------------------------- */
 /* the tensor's memory is device memory of the context's device */
 static bk_status on_device(const bk_context *ctx, const char *name, const void *ptr)
@@ -321,19 +347,28 @@ static bk_status launched(int e, const char *what)
 }
 
 /* the forward's launches into a prepared argument block: the tape zeroed and
- * its header written first when there is one */
+ * its header written first when there is one (the output kept after its
+ * blocks where the context asks for it and the tensor-core passes run), the
+ * header noted in the context (the backward's check without a read-back) */
 static bk_status run_forward(bk_context *ctx, const bki_call *c, bkc_args *a, char *tape)
 {
+    bki_tape_header th;
     if (tape) {
-        const size_t n = bki_op_tape_size((bki_call *)c);
+        bki_op_tape_header(c, &th);
+        size_t n = bki_op_tape_size((bki_call *)c);
+        if (op_tape_extra(ctx, (bki_call *)c) && bkc_tc_path(a->dtype)) {
+            a->ot = tape_out(c, tape);
+            n = (size_t)((char *)a->ot - tape) + (size_t)a->B * a->H * a->Nq * a->dv * sizeof(float);
+            th.flags |= BKI_TAPE_OUT;
+        }
         cudaError_t e = cudaMemsetAsync(tape, 0, n, stream_of(ctx));
         if (e != cudaSuccess) return cuda_fail(e, "zeroing the tape");
-        bki_tape_header th;
-        bki_op_tape_header(c, &th);
         bk_status s = launched(bkc_put(tape, &th, sizeof th, stream_of(ctx)), "writing the tape header");
         if (s) return s;
     }
-    return launched(bkc_forward(a, stream_of(ctx)), "the forward kernels");
+    const bk_status s = launched(bkc_forward(a, stream_of(ctx)), "the forward kernels");
+    if (!s && tape) bki_ctx_tape_note(ctx, tape, &th, sizeof th);
+    return s;
 }
 
 /* a call's host side: its workspace (the caller's, or the context's) and its
@@ -398,11 +433,17 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
     bk_status s;
     if ((s = use_device(ctx))) return s;
     if ((s = check_call(ctx, c, 1, tape, ws))) return s;
-    if (tape) { /* the one synchronisation: the tape's header, checked on the host */
-        bki_tape_header th;
-        cudaError_t e = cudaMemcpyAsync(&th, tape, sizeof th, cudaMemcpyDeviceToHost, stream_of(ctx));
-        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
-        if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
+    bki_tape_header th;
+    memset(&th, 0, sizeof th);
+    if (tape) { /* the tape's header, checked on the host: as this context's
+                   forward noted it, else (not noted, or a note of another
+                   call: the memory may have been reused) read back, a
+                   synchronisation */
+        if (!bki_ctx_tape_known(ctx, tape, &th, sizeof th) || bki_op_check_tape_header(c, &th) != BK_OK) {
+            cudaError_t e = cudaMemcpyAsync(&th, tape, sizeof th, cudaMemcpyDeviceToHost, stream_of(ctx));
+            if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
+            if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
+        }
         if ((s = bki_op_check_tape_header(c, &th))) return s;
     }
     cu_call k;
@@ -421,6 +462,7 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
                 a->fac = (float *)(k.base + k.w.fac);
                 a->fact = (int32_t *)(k.base + k.w.fact);
             }
+            if (tape && (th.flags & BKI_TAPE_OUT) && bkc_tc_path(a->dtype)) a->ot = tape_out(c, tape);
             s = launched(bkc_backward(a, stream_of(ctx)), "the backward kernels");
         }
     }
@@ -429,4 +471,4 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
 
 const bki_backend bki_backend_cuda = {"cuda",     BK_BACKEND_CUDA, available,  alloc,       release,    copy, fill,
                                       no_gemm,    no_sum,          no_run,     supports_op, op_forward, op_backward,
-                                      op_workspace_size};
+                                      op_workspace_size, op_tape_extra};

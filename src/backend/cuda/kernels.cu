@@ -1183,14 +1183,18 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
             }
         }
         if constexpr (MODE == M_ROW_OUT) {
-            if (with_out)
-                store_acc<T, DM>(acc, l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f,
-                                 (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo, a.dv);
+            if (with_out) {
+                const float r0 = l[0] > 0.0f ? 1.0f / l[0] : 0.0f, r1 = l[1] > 0.0f ? 1.0f / l[1] : 0.0f;
+                store_acc<T, DM>(acc, r0, r1, (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo,
+                                 a.dv);
+                if (a.ot) store_acc<float, DM>(acc, r0, r1, a.ot + (int64_t)p * a.Nq * a.dv, a.dv, rw[0], Lo, a.dv);
+            }
         }
     } else if constexpr (MODE == M_OUT) {
         if (a.out)
             store_acc<T, DM>(acc, 1.0f, 1.0f, (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo,
                              a.dv);
+        if (a.ot) store_acc<float, DM>(acc, 1.0f, 1.0f, a.ot + (int64_t)p * a.Nq * a.dv, a.dv, rw[0], Lo, a.dv);
     } else if constexpr (RED) {
 #pragma unroll
         for (int k = 0; k < 2; k++) {
@@ -1317,6 +1321,27 @@ __global__ void decide_kernel(const bkc_args a, int t)
         a.stopped[p] = 1;
         a.iters[p] = t - 1;
     }
+}
+
+/* D = rowsum(dO .* O) from the output kept in the tape (a.ot): the row sums
+ * of A .* dP without a pass over the scores (sum_j A_ij dO_i . V_j = dO_i .
+ * O_i); also lam_T when the last step is a row step, as M_BWD_D writes. One
+ * warp a row, a fixed order (lanes by channel, then an xor tree). */
+template <typename T> __global__ void d_kernel(const bkc_args a)
+{
+    const int p = blockIdx.y, b = p / a.H, h = p % a.H;
+    const int Lq = len_q(a, b), Lk = len_k(a, b);
+    const int lane = threadIdx.x & 31, o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (Lq == 0 || Lk == 0 || o >= Lq) return;
+    const T *dO = (const T *)a.dout + (int64_t)b * a.sdo[0] + (int64_t)h * a.sdo[1] + (int64_t)o * a.sdo[2];
+    const float *O = a.ot + ((int64_t)p * a.Nq + o) * a.dv;
+    float s = 0.0f;
+    for (int c = lane; c < a.dv; c += 32) s = fmaf(Tr<T>::to(dO[c]), O[c], s);
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane != 0) return;
+    a.D[(int64_t)p * a.Nq + o] = s;
+    const int it = a.iters[p], Tp = it < 1 ? 1 : (it > a.S ? a.S : it);
+    if (Tp & 1) a.adj[(int64_t)p * a.hist_len + bkc_hist_off(a.Nq, a.Nk, Tp) + o] = s;
 }
 
 __global__ void iters_from_tape(const bkc_args a)
@@ -1510,7 +1535,12 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         iters_from_tape<<<(P + 127) / 128, 128, 0, st>>>(*a);
         TRY(cudaGetLastError());
     }
-    TRY((pass<T, DM, M_BWD_D>(L, 0)));
+    if (L.tcp && a->ot) { /* D from the output kept in the tape */
+        d_kernel<T><<<dim3((unsigned)((a->Nq + 7) / 8), (unsigned)P), 256, 0, st>>>(*a);
+        TRY(cudaGetLastError());
+    } else {
+        TRY((pass<T, DM, M_BWD_D>(L, 0)));
+    }
     TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
     for (int t = a->S; t >= 2; t--) {
         if (t & 1) TRY((pass<T, DM, M_REV_ROW>(L, t)));
@@ -1569,6 +1599,8 @@ extern "C" int bkc_backward(const bkc_args *a, void *stream)
     }
     return (int)cudaErrorInvalidValue;
 }
+
+extern "C" int bkc_tc_path(int dtype) { return want_tc(dtype) ? 1 : 0; }
 
 extern "C" int bkc_put(void *dst, const void *src, size_t n, void *stream)
 {

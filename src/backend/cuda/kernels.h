@@ -48,6 +48,10 @@ typedef struct {
     int32_t *iters, *stopped;       /* P each: half-steps run, stop flag       */
     float *err; int nkb;            /* P x nkb column-error block maxima       */
     float *f_out, *g_out;           /* extras: final potentials (NULL: none)   */
+    float *ot;                      /* the output kept in the tape, [P][Nq][dv]
+                                       fp32 (tensor-core passes; NULL: none):
+                                       the forward writes it, the backward
+                                       takes D = rowsum(dO .* O) from it       */
 } bkc_args;
 
 #ifdef __CUDACC__
@@ -65,6 +69,9 @@ static inline BKC_HD int64_t bkc_hist_off(int Nq, int Nk, int t)
  * stream (asynchronous). Return a cudaError_t (0: launched). */
 int bkc_forward(const bkc_args *a, void *stream);
 int bkc_backward(const bkc_args *a, void *stream);
+/* 1 when calls of this dtype run the tensor-core passes (16-bit operands,
+ * unless BK_CUDA_KERNELS=wmma): the passes that keep the output in the tape */
+int bkc_tc_path(int dtype);
 /* copies n <= 256 host bytes to device memory inside a launch (stream
  * ordered, no synchronisation) */
 int bkc_put(void *dst, const void *src, size_t n, void *stream);

@@ -151,7 +151,11 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
          * 16-bit types: the rounding of the outputs and of the tiles fed to
          * the tensor cores (P, Cbar) */
         const double tf = dt == BK_F32 ? 2e-5 : dt == BK_BF16 ? 2e-2 : 4e-3;
-        const double tb = dt == BK_F32 ? 2e-4 : dt == BK_BF16 ? 5e-2 : 1e-2;
+        /* fp32 gradients: scores of size alpha |q||k| (alpha = scale / eps)
+         * rounded on each side, so the contract widens as 1 / eps below 0.1
+         * (measured on an H100 at eps = 0.02: 7.1e-4) */
+        const double cond = gc->eps > 0.0f && gc->eps < 0.1f ? 0.1 / gc->eps : 1.0;
+        const double tb = dt == BK_F32 ? 2e-4 * cond : dt == BK_BF16 ? 5e-2 : 1e-2;
         const double eo = rel(gpu.o, cpu.o, nq * gc->dv), eq = rel(gpu.dq, cpu.dq, nq * gc->d),
                      ek = rel(gpu.dk, cpu.dk, nk * gc->d), ev = rel(gpu.dv, cpu.dv, nk * gc->dv);
         double ea = 0.0, ef = 0.0, eg = 0.0;
@@ -477,6 +481,7 @@ static void tape_output_test(bk_context *cu)
     th_round_to(BK_BF16, pb.dout, nq * 48);
     th_dbuf q = {0}, k = {0}, v = {0}, o = {0}, dout = {0}, dq = {0}, dk = {0}, dvb = {0};
     float *zero = calloc(nq * 48 + nk * 48, 4);
+    bk_context_use(co); /* device views of the current context's device */
     int ok = th_dev_up(co, &q, pb.q, nq * 32, BK_BF16) && th_dev_up(co, &k, pb.k, nk * 32, BK_BF16) &&
              th_dev_up(co, &v, pb.v, nk * 48, BK_BF16) && th_dev_up(co, &dout, pb.dout, nq * 48, BK_BF16) &&
              th_dev_up(co, &o, zero, nq * 48, BK_BF16) && th_dev_up(co, &dq, zero, nq * 32, BK_BF16) &&

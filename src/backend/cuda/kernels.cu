@@ -1243,9 +1243,12 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
  * problem keeps the exact per-entry terms (a.fact[p] = 0). Rows and columns
  * with an infinite final potential (no live entry) get factor 0. */
 constexpr float FAC_BOUND = 40.0f;
+/* grid (chunks, P): block x writes the factors of rows and columns in its
+ * chunk of [0, padded length) for every step, and the largest |exponent| it
+ * met to a.err[p * a.nkb + x] (free in the backward; chunks <= a.nkb) */
 __global__ void fac_kernel(const bkc_args a)
 {
-    const int p = blockIdx.x, b = p / a.H;
+    const int p = blockIdx.y, b = p / a.H, x = blockIdx.x, nch = gridDim.x;
     const int Lq = len_q(a, b), Lk = len_k(a, b);
     __shared__ float red[8];
     float big = 0.0f;
@@ -1259,28 +1262,28 @@ __global__ void fac_kernel(const bkc_args a)
         const float *fF = hist + bkc_hist_off(a.Nq, a.Nk, trow);
         const float *gF = tcol >= 2 ? hist + bkc_hist_off(a.Nq, a.Nk, tcol) : nullptr;
         const int nqp = fac_pad(a.Nq), nkp = fac_pad(a.Nk);
+        const int cq = (nqp + nch - 1) / nch, ck = (nkp + nch - 1) / nch;
+        const int i0 = x * cq, i1 = min(nqp, i0 + cq), j0 = x * ck, j1 = min(nkp, j0 + ck);
         float *F = a.fac + (int64_t)p * a.S * (nqp + nkp);
         for (int tt = 1; tt <= Tp; tt++) {
             const bool rs = tt & 1;
             float *U = F + (int64_t)(tt - 1) * (nqp + nkp), *V = U + nqp;
-            for (int i = Lq + threadIdx.x; i < nqp; i += blockDim.x) U[i] = 0.0f;
-            for (int j = Lk + threadIdx.x; j < nkp; j += blockDim.x) V[j] = 0.0f;
             const float *fi = hist + bkc_hist_off(a.Nq, a.Nk, rs ? tt : tt - 1);
             const float *gj = rs ? (tt > 1 ? hist + bkc_hist_off(a.Nq, a.Nk, tt - 1) : nullptr)
                                  : hist + bkc_hist_off(a.Nq, a.Nk, tt);
             const float *wv = adj + bkc_hist_off(a.Nq, a.Nk, tt);
-            for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
-                if (fF[i] == INFINITY) { U[i] = 0.0f; continue; }
-                const float x = fi[i] - fF[i] - (rs ? 0.0f : lLq);
-                big = (x == x) ? fmaxf(big, fabsf(x)) : INFINITY;
-                U[i] = (rs ? wv[i] : 1.0f) * expf(x);
+            for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+                if (i >= Lq || fF[i] == INFINITY) { U[i] = 0.0f; continue; }
+                const float e = fi[i] - fF[i] - (rs ? 0.0f : lLq);
+                big = (e == e) ? fmaxf(big, fabsf(e)) : INFINITY;
+                U[i] = (rs ? wv[i] : 1.0f) * expf(e);
             }
-            for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
-                const float g = gF ? gF[j] : 0.0f;
-                if (g == INFINITY) { V[j] = 0.0f; continue; }
-                const float x = (gj ? gj[j] : 0.0f) - (rs ? 0.0f : lb) - g;
-                big = (x == x) ? fmaxf(big, fabsf(x)) : INFINITY;
-                V[j] = (rs ? 1.0f : wv[j]) * expf(x);
+            for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+                const float g = gF && j < Lk ? gF[j] : 0.0f;
+                if (j >= Lk || g == INFINITY) { V[j] = 0.0f; continue; }
+                const float e = (gj ? gj[j] : 0.0f) - (rs ? 0.0f : lb) - g;
+                big = (e == e) ? fmaxf(big, fabsf(e)) : INFINITY;
+                V[j] = (rs ? 1.0f : wv[j]) * expf(e);
             }
         }
     }
@@ -1290,8 +1293,18 @@ __global__ void fac_kernel(const bkc_args a)
     if (threadIdx.x == 0) {
         float m = 0.0f;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
-        a.fact[p] = Lq > 0 && Lk > 0 && m <= FAC_BOUND;
+        a.err[(int64_t)p * a.nkb + x] = m;
     }
+}
+/* a.fact[p]: every chunk's exponents within the bound (max: order-free) */
+__global__ void fac_flag_kernel(const bkc_args a, int nch)
+{
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= a.B * a.H) return;
+    const int b = p / a.H;
+    float m = 0.0f;
+    for (int x = 0; x < nch; x++) m = fmaxf(m, a.err[(int64_t)p * a.nkb + x]);
+    a.fact[p] = len_q(a, b) > 0 && len_k(a, b) > 0 && m <= FAC_BOUND;
 }
 
 } /* namespace tc */
@@ -1484,6 +1497,48 @@ int smem_optin(void)
     return v;
 }
 
+/* a second stream for a pass that may run beside the main stream's: opened
+ * after an event on the main stream (tensor-core calls, not while the main
+ * stream is captured), joined by an event back; released when it goes out of
+ * scope (CUDA frees a stream's resources once its work is done) */
+struct Fork {
+    cudaStream_t aux = nullptr, st = nullptr;
+    cudaEvent_t ev = nullptr;
+    bool open(const Launch &L)
+    {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (!L.tcp || cudaStreamIsCapturing(L.st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+            cudaGetLastError();
+            return false;
+        }
+        st = L.st;
+        if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&aux, cudaStreamNonBlocking) != cudaSuccess || cudaEventRecord(ev, st) != cudaSuccess ||
+            cudaStreamWaitEvent(aux, ev, 0) != cudaSuccess) {
+            cudaGetLastError();
+            release();
+            return false;
+        }
+        return true;
+    }
+    /* the main stream waits for the second one's work */
+    cudaError_t join(cudaStream_t main)
+    {
+        if (!aux) return cudaSuccess;
+        cudaError_t e = cudaEventRecord(ev, aux);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(main, ev, 0);
+        return e;
+    }
+    void release()
+    {
+        if (aux) cudaStreamDestroy(aux);
+        if (ev) cudaEventDestroy(ev);
+        aux = nullptr;
+        ev = nullptr;
+    }
+    ~Fork() { release(); }
+};
+
 #define TRY(x)                                                                                                         \
     do {                                                                                                               \
         cudaError_t e_ = (x);                                                                                          \
@@ -1542,24 +1597,40 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         TRY((pass<T, DM, M_BWD_D>(L, 0)));
     }
     TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
+    /* the reverse steps; a row step t = S has nothing to pass back (every
+     * problem ran at most S half-steps: prob_of skips t >= Tp) */
     for (int t = a->S; t >= 2; t--) {
-        if (t & 1) TRY((pass<T, DM, M_REV_ROW>(L, t)));
-        else TRY((pass<T, DM, M_REV_COL>(L, t)));
+        if (t & 1) {
+            if (t < a->S) TRY((pass<T, DM, M_REV_ROW>(L, t)));
+        } else {
+            TRY((pass<T, DM, M_REV_COL>(L, t)));
+        }
     }
     if (L.tcp && a->fac) {
-        tc::fac_kernel<<<P, 256, 0, st>>>(*a);
+        const int nch = a->nkb < 16 ? a->nkb : 16;
+        tc::fac_kernel<<<dim3((unsigned)nch, (unsigned)P), 256, 0, st>>>(*a);
+        TRY(cudaGetLastError());
+        tc::fac_flag_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a, nch);
         TRY(cudaGetLastError());
     }
-    TRY((pass<T, DM, M_DQ>(L, 0)));
-    /* one pass for dK and dV where its two register accumulators and its
-     * shared memory fit (d, dv <= 64), else two */
+    /* dQ, and dK and dV: independent passes. The tensor-core ones run side
+     * by side, dQ on a second stream (forked and joined by events; not while
+     * the stream is being captured into a graph), so that each fills the
+     * other's last partial wave of blocks. One pass for dK and dV where its
+     * two register accumulators and its shared memory fit (d, dv <= 64),
+     * else two. */
     const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
-    if (DM == 64 && dkdv_smem <= smem_optin()) {
+    const bool one_kv = DM == 64 && dkdv_smem <= smem_optin();
+    Fork fk;
+    const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp} : L;
+    TRY((pass<T, DM, M_DQ>(Ldq, 0)));
+    if (one_kv) {
         TRY((pass<T, DM, M_DKDV>(L, 0)));
     } else {
         TRY((pass<T, DM, M_DK>(L, 0)));
         TRY((pass<T, DM, M_DV>(L, 0)));
     }
+    TRY(fk.join(st));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;
     finish_bwd<T><<<dim3((unsigned)((nmax + 127) / 128), (unsigned)P), 128, 0, st>>>(*a);
     return cudaGetLastError();

@@ -2,7 +2,9 @@
 """Where the time of one forward + backward goes, at full clocks (unlike
 Nsight Compute, which locks them): torch.profiler's CUDA activity over 5
 forward + backward calls of Sinkhorn attention (S = 5) and softmax through
-birkhoff.torch, B*H = 32, d = 64, bf16, N = 1024 and 4096, after 3 warm-ups.
+birkhoff.torch, B*H = 32, d = 64, bf16, N = 1024 and 4096, after 3 warm-ups
+(Sinkhorn also with BK_CUDA_FORK=0: the backward's dQ and dK passes one after
+the other on one stream instead of side by side).
 Prints, per case, every kernel's name with its calls and mean time per
 call, the GPU busy time per iteration and the wall time per iteration
 (CUDA events around the 5 calls queued behind a GPU sleep, as
@@ -74,12 +76,15 @@ def main():
         return 0
     import birkhoff.torch as bt
     res = []
-    for name in ("sinkhorn", "softmax"):
+    for name, fork in (("sinkhorn", "1"), ("sinkhorn", "0"), ("softmax", "1")):
+        os.environ["BK_CUDA_FORK"] = fork
         for N in (1024, 4096):
             r = one(bt, name, N)
+            r["fork"] = fork == "1"
             res.append(r)
-            print("== %s bf16 N=%d: fwd+bwd wall %.3f ms/iter, GPU busy %.3f ms/iter" %
-                  (name, N, r["wall_ms_per_iter"], r["gpu_busy_ms_per_iter"]))
+            print("== %s bf16 N=%d%s: fwd+bwd wall %.3f ms/iter, GPU busy %.3f ms/iter" %
+                  (name, N, "" if fork == "1" else " (BK_CUDA_FORK=0: dQ after dK on one stream)",
+                   r["wall_ms_per_iter"], r["gpu_busy_ms_per_iter"]))
             for kr in r["kernels"][:14]:
                 print("   %7.3f ms  %4.1f x %8.1f us  %s" % (kr["ms_per_iter"], kr["calls_per_iter"],
                                                           kr["us_per_call"], kr["name"]))

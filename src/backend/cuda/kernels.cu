@@ -50,22 +50,27 @@ constexpr int LDX = TILE + 8;  /* converted (16-bit) tiles' row stride    */
 enum Mode {
     M_ROW_LSE, M_COL_LSE, M_OUT,                             /* forward  */
     M_BWD_D, M_BWD_FIRST, M_REV_COL, M_REV_ROW, M_DQ, M_DKDV, M_DK, M_DV, /* backward */
-    M_ROW_OUT /* the last row step with the output (tensor-core passes only) */
+    M_ROW_OUT, /* the last row step with the output (tensor-core passes only) */
+    M_DV_FIRST /* dV and the first reverse weights in one k-major pass (tensor-core passes only) */
 };
 
 __host__ __device__ constexpr bool kmajor(int m)
 {
-    return m == M_COL_LSE || m == M_BWD_FIRST || m == M_REV_ROW || m == M_DKDV || m == M_DK || m == M_DV;
+    return m == M_COL_LSE || m == M_BWD_FIRST || m == M_REV_ROW || m == M_DKDV || m == M_DK || m == M_DV ||
+           m == M_DV_FIRST;
 }
 /* the pass needs dP = dO V^T (outer and inner second operands) */
 __host__ __device__ constexpr bool needs_dp(int m)
 {
     return m == M_BWD_D || m == M_BWD_FIRST || m == M_DQ || m == M_DKDV || m == M_DK;
 }
-__host__ __device__ constexpr bool needs_i2(int m) { return needs_dp(m) || m == M_OUT || m == M_DV || m == M_ROW_OUT; }
+__host__ __device__ constexpr bool needs_i2(int m)
+{
+    return needs_dp(m) || m == M_OUT || m == M_DV || m == M_ROW_OUT || m == M_DV_FIRST;
+}
 __host__ __device__ constexpr bool needs_acc(int m)
 {
-    return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV || m == M_ROW_OUT;
+    return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV || m == M_ROW_OUT || m == M_DV_FIRST;
 }
 
 /* ---- element types -------------------------------------------------------- */
@@ -883,13 +888,13 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
         const int o = rw[k];
         if (!rv[k]) continue;
         if (MODE == M_OUT || MODE == M_BWD_D) rowc[k] = fin(fF[o]) + lLq;
-        if (MODE == M_BWD_FIRST) rowc[k] = (gF ? fin(gF[o]) : 0.0f) + lLq;
+        if (MODE == M_BWD_FIRST || MODE == M_DV_FIRST) rowc[k] = (gF ? fin(gF[o]) : 0.0f) + lLq;
         if (MODE == M_REV_COL) rowc[k] = fin(HV(t - 1)[o]) - lb;
         if (MODE == M_REV_ROW) rowc[k] = fin(HV(t - 1)[o]) - la;
         if (GRAD) rowc[k] = fin(KM ? (gF ? gF[o] : 0.0f) : fF[o]) + lLq;
     }
     if (MODE == M_BWD_D || MODE == M_OUT) bias = gF;
-    if (MODE == M_BWD_FIRST) bias = fF;
+    if (MODE == M_BWD_FIRST || MODE == M_DV_FIRST) bias = fF;
     if (MODE == M_REV_COL || MODE == M_REV_ROW) bias = HV(t);
     if (GRAD) bias = KM ? fF : gF;
     const float rc2[2] = {rowc[0] * LOG2E, rowc[1] * LOG2E};
@@ -899,7 +904,7 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
      * reduced weight (D, first pass with T odd; the streamed adjoint, reverse
      * passes) */
     const float *wvec = (MODE == M_REV_COL || MODE == M_REV_ROW) ? AV(t)
-                        : (MODE == M_BWD_FIRST && (Tp & 1)) ? Dp : nullptr;
+                        : ((MODE == M_BWD_FIRST || MODE == M_DV_FIRST) && (Tp & 1)) ? Dp : nullptr;
     /* the factorised gradient's vectors (fac_kernel): step tt's outer-side
      * and streamed-side factors; staged in shared memory for Tp <= FCAP (the
      * outer side once, the streamed side with each tile) */
@@ -934,7 +939,7 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* LSE: log2 units */
     float racc[2] = {0.0f, 0.0f};
-    float acc[(MODE == M_ROW_OUT || MODE == M_OUT || GRAD) ? DM / 8 : 1][4];
+    float acc[(MODE == M_ROW_OUT || MODE == M_OUT || MODE == M_DV_FIRST || GRAD) ? DM / 8 : 1][4];
     float acc2[ACC2 ? DM / 8 : 1][4];
 #pragma unroll
     for (int nt = 0; nt < (int)(sizeof acc / sizeof acc[0]); nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -1043,6 +1048,21 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
                                 Tr<T>::from(s[nt][e]);
                     }
             }
+            accumulate<T, DM>(acc, s, Y2);
+        } else if constexpr (MODE == M_DV_FIRST) {
+            /* A, its weighted sum against D (T odd) and dV += A^T dO */
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const float cw = CV(cur, 1)[nt * 8 + 2 * q + e2];
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const int e = 2 * k + e2;
+                        s[nt][e] = ex2(s[nt][e]);
+                        racc[k] = fmaf(cw, s[nt][e], racc[k]);
+                    }
+                }
             accumulate<T, DM>(acc, s, Y2);
         } else if constexpr (RED) {
             /* the reduced weight: dP (D, first) or the streamed adjoint */
@@ -1195,6 +1215,32 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
             store_acc<T, DM>(acc, 1.0f, 1.0f, (T *)a.out + (int64_t)b * a.so[0] + (int64_t)h * a.so[1], a.so[2], rw[0], Lo,
                              a.dv);
         if (a.ot) store_acc<float, DM>(acc, 1.0f, 1.0f, a.ot + (int64_t)p * a.Nq * a.dv, a.dv, rw[0], Lo, a.dv);
+    } else if constexpr (MODE == M_DV_FIRST) {
+        /* dV, and the first reverse weight of key j from it: sum_i A_ij
+         * dP_ij = V_j . dV_j (fp32 accumulator), less sum_i A_ij D_i when
+         * the last step is a row step (as M_BWD_FIRST writes) */
+        store_acc<T, DM>(acc, 1.0f, 1.0f, (T *)a.dvv + (int64_t)b * a.sdv[0] + (int64_t)h * a.sdv[1], a.sdv[2], rw[0], Lo,
+                         a.dv);
+        const T *Vp = prob_base<T>(a.v, a.sv, b, h);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float vd = 0.0f;
+            if (rv[k]) {
+                const T *vr = Vp + (int64_t)rw[k] * a.sv[2];
+#pragma unroll
+                for (int nt = 0; nt < DM / 8; nt++)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int c = nt * 8 + 2 * q + e2;
+                        if (c < a.dv) vd = fmaf(Tr<T>::to(vr[c]), acc[nt][2 * k + e2], vd);
+                    }
+            }
+            vd = vd + __shfl_xor_sync(0xffffffffu, vd, 1);
+            vd = vd + __shfl_xor_sync(0xffffffffu, vd, 2);
+            float ad = racc[k] + __shfl_xor_sync(0xffffffffu, racc[k], 1);
+            ad = ad + __shfl_xor_sync(0xffffffffu, ad, 2);
+            if (rv[k] && q == 0 && Tp > 1) AV((Tp & 1) ? Tp - 1 : Tp)[rw[k]] = vd - ad;
+        }
     } else if constexpr (RED) {
 #pragma unroll
         for (int k = 0; k < 2; k++) {
@@ -1468,7 +1514,7 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
             return cudaGetLastError();
         }
     }
-    if constexpr (MODE == M_ROW_OUT) {
+    if constexpr (MODE == M_ROW_OUT || MODE == M_DV_FIRST) {
         return cudaErrorInvalidValue; /* tensor-core passes only */
     } else {
         const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
@@ -1507,7 +1553,8 @@ struct Fork {
     bool open(const Launch &L)
     {
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        if (!L.tcp || cudaStreamIsCapturing(L.st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        const char *env = getenv("BK_CUDA_FORK");
+        if (!L.tcp || (env && strcmp(env, "0") == 0) || cudaStreamIsCapturing(L.st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
             cudaGetLastError();
             return false;
         }
@@ -1596,7 +1643,11 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
     } else {
         TRY((pass<T, DM, M_BWD_D>(L, 0)));
     }
-    TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
+    /* the first reverse weights: with dV in the same pass on the tensor-core
+     * path (sum_i A_ij dP_ij = V_j . dV_j), which then leaves dK alone to the
+     * last pass */
+    if (L.tcp) TRY((pass<T, DM, M_DV_FIRST>(L, 0)));
+    else TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
     /* the reverse steps; a row step t = S has nothing to pass back (every
      * problem ran at most S half-steps: prob_of skips t >= Tp) */
     for (int t = a->S; t >= 2; t--) {
@@ -1613,22 +1664,26 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         tc::fac_flag_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a, nch);
         TRY(cudaGetLastError());
     }
-    /* dQ, and dK and dV: independent passes. The tensor-core ones run side
-     * by side, dQ on a second stream (forked and joined by events; not while
-     * the stream is being captured into a graph), so that each fills the
-     * other's last partial wave of blocks. One pass for dK and dV where its
-     * two register accumulators and its shared memory fit (d, dv <= 64),
-     * else two. */
-    const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
-    const bool one_kv = DM == 64 && dkdv_smem <= smem_optin();
+    /* dQ and dK (tensor-core path: dV is done), or dQ and dK and dV:
+     * independent passes. The tensor-core ones run side by side, dQ on a
+     * second stream (forked and joined by events; not while the stream is
+     * captured into a graph; BK_CUDA_FORK=0: one stream), so that each fills
+     * the other's last partial wave of blocks. The other path: one pass for
+     * dK and dV where its two accumulators and its shared memory fit (d, dv
+     * <= 64), else two. */
     Fork fk;
     const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp} : L;
     TRY((pass<T, DM, M_DQ>(Ldq, 0)));
-    if (one_kv) {
-        TRY((pass<T, DM, M_DKDV>(L, 0)));
-    } else {
+    if (L.tcp) {
         TRY((pass<T, DM, M_DK>(L, 0)));
-        TRY((pass<T, DM, M_DV>(L, 0)));
+    } else {
+        const int dkdv_smem = plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
+        if (DM == 64 && dkdv_smem <= smem_optin()) {
+            TRY((pass<T, DM, M_DKDV>(L, 0)));
+        } else {
+            TRY((pass<T, DM, M_DK>(L, 0)));
+            TRY((pass<T, DM, M_DV>(L, 0)));
+        }
     }
     TRY(fk.join(st));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;

@@ -806,7 +806,7 @@ __host__ __device__ inline int fac_pad(int n) { return (n + 3) & ~3; }
 __device__ __forceinline__ float fin(float x) { return x == INFINITY ? 0.0f : x; }
 
 template <typename T, int DM, int MODE, bool FAST>
-__global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
+__global__ void __launch_bounds__(NT, MODE == M_DV_FIRST ? 3 : 1) tc_kernel(const bkc_args a, const int t, const int with_out)
 {
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE), DP = needs_dp(MODE), I2 = needs_i2(MODE);
@@ -1050,7 +1050,11 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
             }
             accumulate<T, DM>(acc, s, Y2);
         } else if constexpr (MODE == M_DV_FIRST) {
-            /* A, its weighted sum against D (T odd) and dV += A^T dO */
+            /* A, its weighted sum against D (T odd) and dV += A^T dO, with A
+             * fed to the tensor cores as two T parts (A = hi + lo to ~2^-18
+             * for bf16): the weights below take V_j . dV_j, a difference
+             * that cancels where A is sharp (small eps), so dV must hold A's
+             * products beyond T's rounding */
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -1063,6 +1067,11 @@ __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, c
                         racc[k] = fmaf(cw, s[nt][e], racc[k]);
                     }
                 }
+            accumulate<T, DM>(acc, s, Y2);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] -= Tr<T>::to(Tr<T>::from(s[nt][e]));
             accumulate<T, DM>(acc, s, Y2);
         } else if constexpr (RED) {
             /* the reduced weight: dP (D, first) or the streamed adjoint */

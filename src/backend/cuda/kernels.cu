@@ -806,7 +806,7 @@ __host__ __device__ inline int fac_pad(int n) { return (n + 3) & ~3; }
 __device__ __forceinline__ float fin(float x) { return x == INFINITY ? 0.0f : x; }
 
 template <typename T, int DM, int MODE, bool FAST>
-__global__ void __launch_bounds__(NT, MODE == M_DV_FIRST ? 3 : 1) tc_kernel(const bkc_args a, const int t, const int with_out)
+__device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const int with_out)
 {
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE), DP = needs_dp(MODE), I2 = needs_i2(MODE);
@@ -1286,6 +1286,21 @@ __global__ void __launch_bounds__(NT, MODE == M_DV_FIRST ? 3 : 1) tc_kernel(cons
 #undef AV
 }
 
+/* the passes' kernels: one per mode and operand type; the dV pass is held to
+ * 3 blocks an SM by its launch bounds (alone it would take 234 registers and
+ * 2), the others keep the compiler's default (an explicit minimum of 1 block
+ * lets it take far more registers) */
+template <typename T, int DM, int MODE, bool FAST>
+__global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
+{
+    tc_body<T, DM, MODE, FAST>(a, t, with_out);
+}
+template <typename T, int DM>
+__global__ void __launch_bounds__(NT, 3) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
+{
+    tc_body<T, DM, M_DV_FIRST, false>(a, t, with_out);
+}
+
 /* The gradient passes' factors. Every half-step term of Cbar is A times a
  * rank-one matrix: with A_ij = Lq exp(C_ij + f_i + g_j) (the final
  * potentials f, g),
@@ -1510,7 +1525,9 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
         if (L.tcp) {
             const tc::TPlan tp = tc::tplan(MODE, DM);
             constexpr bool GR = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
-            auto kt = tc::tc_kernel<T, DM, MODE, false>;
+            void (*kt)(bkc_args, int, int);
+            if constexpr (MODE == M_DV_FIRST) kt = tc::tc_dv_kernel<T, DM>;
+            else kt = tc::tc_kernel<T, DM, MODE, false>;
             cudaError_t e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
             if (e != cudaSuccess) return e;
             kt<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);

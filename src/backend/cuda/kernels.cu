@@ -1669,11 +1669,14 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
     } else {
         TRY((pass<T, DM, M_BWD_D>(L, 0)));
     }
-    /* the first reverse weights: with dV in the same pass on the tensor-core
-     * path (sum_i A_ij dP_ij = V_j . dV_j), which then leaves dK alone to the
-     * last pass */
-    if (L.tcp) TRY((pass<T, DM, M_DV_FIRST>(L, 0)));
-    else TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
+    /* the first reverse weights (none when S = 1: softmax): with dV in the
+     * same pass on the tensor-core path (sum_i A_ij dP_ij = V_j . dV_j),
+     * which then leaves dK alone to the last pass. Softmax keeps dK and dV
+     * in one last pass: a pass of its own for dV would add one over the
+     * scores (measured on an H100: 3.73 against 3.35 ms at N = 4096). */
+    const bool dvf = L.tcp && a->S > 1;
+    if (dvf) TRY((pass<T, DM, M_DV_FIRST>(L, 0)));
+    else if (a->S > 1) TRY((pass<T, DM, M_BWD_FIRST>(L, 0)));
     /* the reverse steps; a row step t = S has nothing to pass back (every
      * problem ran at most S half-steps: prob_of skips t >= Tp) */
     for (int t = a->S; t >= 2; t--) {
@@ -1690,20 +1693,19 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
         tc::fac_flag_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a, nch);
         TRY(cudaGetLastError());
     }
-    /* dQ and dK (tensor-core path: dV is done), or dQ and dK and dV:
+    /* dQ and dK (dV done with the first weights), or dQ and dK and dV:
      * independent passes. The tensor-core ones run side by side, dQ on a
      * second stream (forked and joined by events; not while the stream is
      * captured into a graph; BK_CUDA_FORK=0: one stream), so that each fills
-     * the other's last partial wave of blocks. The other path: one pass for
-     * dK and dV where its two accumulators and its shared memory fit (d, dv
-     * <= 64), else two. */
+     * the other's last partial wave of blocks. dK and dV: one pass where its
+     * two accumulators and its shared memory fit (d, dv <= 64), else two. */
     Fork fk;
     const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp} : L;
     TRY((pass<T, DM, M_DQ>(Ldq, 0)));
-    if (L.tcp) {
+    if (dvf) {
         TRY((pass<T, DM, M_DK>(L, 0)));
     } else {
-        const int dkdv_smem = plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
+        const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
         if (DM == 64 && dkdv_smem <= smem_optin()) {
             TRY((pass<T, DM, M_DKDV>(L, 0)));
         } else {

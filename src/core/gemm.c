@@ -23,6 +23,13 @@ void bki_gemm_tiles(int M, int N, int *rb, int *cb)
 void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
               ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc)
 {
+    bki_gemm_ep(tm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
+}
+
+void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                 ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
+                 void *arg)
+{
     if (M < 1 || N < 1) return;
     int rb, cb;
     bki_gemm_tiles(M, N, &rb, &cb);
@@ -42,5 +49,6 @@ void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alp
         const float *Bt = tb ? B + (ptrdiff_t)j0 * ldb : B + j0;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,
                     alpha, At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);
+        if (ep) ep(arg, i0, j0, mi, nj, Ct, ldc); /* while the tile is in cache */
     }
 }

@@ -109,6 +109,13 @@ static inline int bki_nblocks(int n, int rb) { return (n + rb - 1) / rb; }
  * dimension K; the tiles are shared over the team. No sync (gemm.c). */
 void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
               ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc);
+/* the same, with an epilogue: ep(arg, i0, j0, mi, nj, Ct, ldc) on each tile
+ * (rows [i0, i0 + mi), columns [j0, j0 + nj) of C at Ct) right after its
+ * call, by the member that computed it (ep nullable: bki_gemm) */
+typedef void (*bki_tile_fn)(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc);
+void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                 ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
+                 void *arg);
 void bki_gemm_tiles(int M, int N, int *rb, int *cb);
 
 /* ---- aligned scratch ---------------------------------------------------- */
@@ -152,6 +159,9 @@ bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, i
 bk_status bki_check_desc(const bk_attn_desc *d);
 /* q [B,H,Nq,d], k [B,H,Nk,d], v [B,H,Nk,dv]: views valid, valid rows finite */
 bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v);
+/* the shapes and strides part of it alone (calls on the library's own
+ * activations: bki_call.trusted) */
+bk_status bki_check_qkv_shape(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v);
 /* out [B,H,Nq,dv] and optional attn [B,H,Nq,Nk] (data may be NULL): valid
  * views not overlapping q, k, v or each other */
 bk_status bki_check_fwd_outputs(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,

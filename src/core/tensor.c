@@ -145,12 +145,18 @@ bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, i
     return BK_OK;
 }
 
-bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)
+bk_status bki_check_qkv_shape(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)
 {
     bk_status s;
     if ((s = bki_check_tensor("q", q, d->B, d->H, d->Nq, d->d))) return s;
     if ((s = bki_check_tensor("k", k, d->B, d->H, d->Nk, d->d))) return s;
-    if ((s = bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv))) return s;
+    return bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv);
+}
+
+bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)
+{
+    bk_status s;
+    if ((s = bki_check_qkv_shape(d, q, k, v))) return s;
     if ((s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
     if ((s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
     return bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len);

@@ -5,39 +5,10 @@
 #include "layers.h"
 #include "../core/vexp.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #define COLBLK 32
-
-/* GEMMs run single-threaded BLAS inside our own parallel loop over fixed
- * blocks (rows of the result for y and dx, blocks of W for dW): no thread
- * pool fights another (OpenBLAS's and OpenMP's spinning threads would share
- * the cores), and each block is the same call whatever the thread count. */
-#define ROWBLK 64
-#define WBLK_O 32
-#define WBLK_I 128
-
-void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
-                    int ldy)
-{
-    const int nt = bki_threads(), nblk = (R + ROWBLK - 1) / ROWBLK;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
-            const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
-            float *yb = y + (size_t)r0 * ldy;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, out, in, 1.0f, x + (size_t)r0 * ldx, ldx, W, in, 0.0f,
-                        yb, ldy);
-            if (b)
-                for (int r = 0; r < rn; r++)
-                    for (int c = 0; c < out; c++) yb[(size_t)r * ldy + c] += b[c];
-        }
-    }
-}
 
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 {
@@ -59,40 +30,6 @@ void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
     }
 }
 
-void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
-                    float *dx, float beta_dx, float *dW, float *db)
-{
-    const int nt = bki_threads();
-    if (dx) {
-        const int nblk = (R + ROWBLK - 1) / ROWBLK;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int blk = 0; blk < nblk; blk++) {
-                const int r0 = blk * ROWBLK, rn = R - r0 < ROWBLK ? R - r0 : ROWBLK;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, in, out, 1.0f, dy + (size_t)r0 * ldy, ldy, W, in,
-                            beta_dx, dx + (size_t)r0 * in, in);
-            }
-    }
-    }
-    if (dW) {
-        const int bo = (out + WBLK_O - 1) / WBLK_O, bi = (in + WBLK_I - 1) / WBLK_I;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int blk = 0; blk < bo * bi; blk++) {
-                const int o0 = (blk / bi) * WBLK_O, i0 = (blk % bi) * WBLK_I;
-                const int on = out - o0 < WBLK_O ? out - o0 : WBLK_O, inn = in - i0 < WBLK_I ? in - i0 : WBLK_I;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, on, inn, R, 1.0f, dy + o0, ldy, x + i0, ldx, 1.0f,
-                            dW + (size_t)o0 * in + i0, in);
-            }
-    }
-    }
-    if (db) bki_colsum_add(dy, R, out, ldy, db);
-}
-
 void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float *b, float eps, float *y, float *mu,
                        float *rs)
 {
@@ -104,9 +41,13 @@ void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float
         for (int r = 0; r < R; r++) {
             const float *xr = x + (size_t)r * C;
             float *yr = y + (size_t)r * C;
+            /* sums in double, in vector lanes (the build's width: the order
+             * is fixed by the code, not by the thread count) */
             double s = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s)
             for (int c = 0; c < C; c++) s += xr[c];
             const double m = s / C;
+#pragma omp simd reduction(+ : s2)
             for (int c = 0; c < C; c++) {
                 const double t = xr[c] - m;
                 s2 += t * t;
@@ -133,8 +74,9 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
             double ag[COLBLK] = {0}, ab[COLBLK] = {0};
             for (int r = 0; r < R; r++) {
                 const float *xr = x + (size_t)r * C + c0, *dr = dy + (size_t)r * C + c0;
+                const float mr = mu[r], rr = rs[r];
                 for (int c = 0; c < cn; c++) {
-                    ag[c] += (double)dr[c] * ((xr[c] - mu[r]) * rs[r]);
+                    ag[c] += (double)dr[c] * ((xr[c] - mr) * rr);
                     ab[c] += dr[c];
                 }
             }
@@ -148,15 +90,17 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
             const float *xr = x + (size_t)r * C, *dr = dy + (size_t)r * C;
             float *dxr = dx + (size_t)r * C;
             double s1 = 0.0, s2 = 0.0;
+            const float mr = mu[r], rr = rs[r];
+#pragma omp simd reduction(+ : s1, s2)
             for (int c = 0; c < C; c++) {
                 const double dxh = (double)dr[c] * g[c];
                 s1 += dxh;
-                s2 += dxh * ((xr[c] - mu[r]) * rs[r]);
+                s2 += dxh * ((xr[c] - mr) * rr);
             }
             const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
             for (int c = 0; c < C; c++) {
-                const float xh = (xr[c] - mu[r]) * rs[r];
-                dxr[c] += rs[r] * (dr[c] * g[c] - m1 - xh * m2);
+                const float xh = (xr[c] - mr) * rr;
+                dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
             }
         }
     }
@@ -238,6 +182,102 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
             dz[i] = dy[i] * __builtin_fmaf(x, pdf, cdf);
         }
     }
+}
+
+/* ---- Linear, with its epilogues fused into the GEMM tiles ---------------- */
+/* GEMMs run single-threaded BLAS inside our own parallel region, in the
+ * fixed tiles of bki_gemm (a function of the shape only: at most 8 row tiles,
+ * about 16 in all), shared over a team of the region's threads: no thread
+ * pool fights another (OpenBLAS's and OpenMP's spinning threads would share
+ * the cores), each tile is the same call whatever the thread count, and few
+ * large tiles keep OpenBLAS from packing the same weight panel again for
+ * every 64 rows (it packs both operands of every call). The bias and the
+ * GELU (forward), gelu' (backward, on dx) run on each tile right after its
+ * call, while it is in cache, instead of as passes of their own. */
+static bki_team region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
+
+/* the forward's epilogue: + b (nullable), then g = gelu(y) where asked */
+typedef struct {
+    const float *b;
+    float *g;
+    ptrdiff_t ldg;
+} fwd_ep;
+static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
+{
+    const fwd_ep *e = arg;
+    for (int i = 0; i < mi; i++) {
+        float *y = Ct + (ptrdiff_t)i * ldc;
+        if (e->b)
+            for (int j = 0; j < nj; j++) y[j] += e->b[j0 + j];
+        if (e->g) {
+            float *g = e->g + (ptrdiff_t)(i0 + i) * e->ldg + j0;
+            for (int j = 0; j < nj; j++) {
+                float pdf;
+                g[j] = y[j] * gelu_cdf(y[j], &pdf);
+            }
+        }
+    }
+}
+
+void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
+                         int ldy, float *g)
+{
+    const int nt = bki_threads();
+    fwd_ep e = {b, g, ldy};
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+        const bki_team tm = region_team();
+        bki_gemm_ep(&tm, 0, 1, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy, b || g ? fwd_tile : NULL, &e);
+    }
+}
+
+void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
+                    int ldy)
+{
+    bki_linear_fwd_gelu(R, in, out, x, ldx, W, b, y, ldy, NULL);
+}
+
+/* the backward's epilogue on dx: dx *= gelu'(z), z the GELU's input */
+typedef struct {
+    const float *z;
+    int ldz;
+} bwd_ep;
+static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
+{
+    const bwd_ep *e = arg;
+    for (int i = 0; i < mi; i++) {
+        float *d = Ct + (ptrdiff_t)i * ldc;
+        const float *z = e->z + (ptrdiff_t)(i0 + i) * e->ldz + j0;
+        for (int j = 0; j < nj; j++) {
+            float pdf;
+            const float cdf = gelu_cdf(z[j], &pdf);
+            d[j] *= __builtin_fmaf(z[j], pdf, cdf);
+        }
+    }
+}
+
+void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
+                         float *dx, float beta_dx, float *dW, float *db, const float *z)
+{
+    const int nt = bki_threads();
+    bwd_ep e = {z, in};
+    if (dx || dW) {
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+        const bki_team tm = region_team();
+        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, z ? gelu_grad_tile : NULL, &e);
+        if (dW) bki_gemm(&tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+    }
+    }
+    if (db) bki_colsum_add(dy, R, out, ldy, db);
+}
+
+void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
+                    float *dx, float beta_dx, float *dW, float *db)
+{
+    bki_linear_bwd_gelu(R, in, out, x, ldx, W, dy, ldy, dx, beta_dx, dW, db, NULL);
 }
 
 uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site)

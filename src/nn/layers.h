@@ -14,6 +14,17 @@ void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float
 /* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable) */
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                     float *dx, float beta_dx, float *dW, float *db);
+/* Linear then GELU: y = x W^T + b (the GELU's input, kept for the backward)
+ * and g = gelu(y) [R,out] (row stride ldy; g nullable: bki_linear_fwd), the
+ * bias and the GELU fused into the GEMM's tiles; bits as the two calls */
+void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
+                         int ldy, float *g);
+/* the backward of a Linear whose input x = gelu(z): as bki_linear_bwd, then
+ * dx *= gelu'(z) (z [R,in], row stride in; z nullable: bki_linear_bwd),
+ * fused into dx's GEMM tiles; bits as bki_linear_bwd then bki_gelu_bwd.
+ * beta_dx must be 0 where z is given (dx is a fresh gradient) */
+void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
+                         float *dx, float beta_dx, float *dW, float *db, const float *z);
 /* out[c] += sum_r a[r, c] in row order (double accumulation) */
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out);
 

@@ -1804,6 +1804,7 @@ static bk_status site_forward(bk_model *m, attn_site s, const bk_attn_desc *d, c
     attn_par par;
     bki_call c = attn_call_at(m, d, s, &par);
     c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn_out;
+    c.trusted = 1; /* the model's activations: its logits are checked */
     return bki_op_forward(&c, tape, m->ws, m->ws_cap);
 }
 
@@ -1816,6 +1817,7 @@ static bk_status site_backward(bk_model *m, attn_site s, const bk_attn_desc *d, 
     attn_par par;
     bki_call c = attn_call_at(m, d, s, &par);
     c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
+    c.trusted = 1;
     return bki_op_backward(&c, tape, m->ws, m->ws_cap);
 }
 
@@ -2301,8 +2303,7 @@ static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float
     const int D = m->c.dim, M = m->c.mlp_dim;
     const sub_norm n = norm2(m, l);
     const float *h = bki_sub_in(m, R, x, &n);
-    bki_linear_fwd(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M);
-    bki_gelu_fwd((size_t)R * M, a->f1, a->g1);
+    bki_linear_fwd_gelu(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M, a->g1);
     bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, bki_sub_y(m, &n, out), D);
     bki_sub_out(m, R, x, &n, o->fc2_b, p, site, out);
 }
@@ -2313,8 +2314,8 @@ static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
     const int D = m->c.dim, M = m->c.mlp_dim;
     const sub_norm n = norm2(m, l);
     sub_bwd_in(m, R, &n, site);
-    bki_linear_bwd(R, M, D, a->g1, M, m->w + o->fc2_w, m->dT, D, m->dM, 0.0f, m->gw + o->fc2_w, m->gw + o->fc2_b);
-    bki_gelu_bwd((size_t)R * M, a->f1, m->dM, m->dM);
+    bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, m->dT, D, m->dM, 0.0f, m->gw + o->fc2_w,
+                        m->gw + o->fc2_b, a->f1);
     bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
                    m->gw + o->fc1_b);
     sub_bwd_out(m, R, x, &n);

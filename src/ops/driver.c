@@ -242,7 +242,7 @@ static bk_status check_common(bki_call *c)
     if ((s = bki_check_desc(c->d))) return s;
     if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
     if ((s = c->op->check(c))) return s;
-    return bki_check_qkv(c->d, c->q, c->k, c->v);
+    return c->trusted ? bki_check_qkv_shape(c->d, c->q, c->k, c->v) : bki_check_qkv(c->d, c->q, c->k, c->v);
 }
 
 bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)

@@ -74,6 +74,12 @@ struct bki_call {
     bk_status team_s;                /* a team's serial step, set by member 0  */
     int ws_mode;                     /* 1: a workspace-size query (check needs
                                         the scalar parameters only)            */
+    int trusted;                     /* 1: q, k, v are the library's own
+                                        activations (the model's): their
+                                        shapes are checked, their values not
+                                        scanned (a non-finite activation
+                                        reaches the logits, which the model
+                                        checks)                                */
 };
 
 /* ---- an operator --------------------------------------------------------- */

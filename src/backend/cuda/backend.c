@@ -355,10 +355,12 @@ static bk_status run_forward(bk_context *ctx, const bki_call *c, bkc_args *a, ch
     bki_tape_header th;
     if (tape) {
         bki_op_tape_header(c, &th);
-        size_t n = bki_op_tape_size((bki_call *)c);
-        if (op_tape_extra(ctx, (bki_call *)c) && bkc_tc_path(a->dtype)) {
+        /* the whole tape is zeroed (its unused bytes too: tapes are
+         * deterministic), the extra bytes included where the size had them */
+        const size_t extra = op_tape_extra(ctx, (bki_call *)c);
+        const size_t n = bki_op_tape_size((bki_call *)c) + extra;
+        if (extra && bkc_tc_path(a->dtype)) {
             a->ot = tape_out(c, tape);
-            n = (size_t)((char *)a->ot - tape) + (size_t)a->B * a->H * a->Nq * a->dv * sizeof(float);
             th.flags |= BKI_TAPE_OUT;
         }
         cudaError_t e = cudaMemsetAsync(tape, 0, n, stream_of(ctx));

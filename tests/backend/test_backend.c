@@ -69,6 +69,66 @@ static int sinkhorn_family(const struct bki_op *op)
     return op == &bki_op_softmax || op == &bki_op_sinkhorn || op == &bki_op_unbalanced;
 }
 
+/* a backend that keeps 777 bytes after every operator's tape */
+static size_t extra_777(bk_context *ctx, struct bki_call *c)
+{
+    (void)ctx;
+    (void)c;
+    return 777;
+}
+
+/* the notes of the tapes a context's forwards wrote (a device backward's
+ * check without a read-back), and a backend's bytes after the tape */
+static void tape_notes_test(void)
+{
+    bk_context *ctx = NULL;
+    if (!th_check(bki_context_with_backend(&bki_backend_cpu, &ctx) == BK_OK, "a context for the tape notes", "%s",
+                  bk_last_error()))
+        return;
+    static char slot[70];
+    bki_tape_header h, g;
+    for (int i = 0; i < 70; i++) {
+        memset(&h, 0, sizeof h);
+        h.B = i;
+        bki_ctx_tape_note(ctx, slot + i, &h, sizeof h);
+    }
+    int ok = 1, first_bad = -1;
+    for (int i = 0; i < 70; i++) {
+        memset(&g, 0xff, sizeof g);
+        const int found = bki_ctx_tape_known(ctx, slot + i, &g, sizeof g);
+        const int good = i < 70 - BKI_TAPE_NOTES ? !found : found && g.B == i && g.H == 0;
+        if (!good && first_bad < 0) first_bad = i;
+        ok &= good;
+    }
+    th_check(ok, "tape notes: the last BKI_TAPE_NOTES tapes with their headers, the older forgotten",
+             "first wrong: tape %d", first_bad);
+    memset(&h, 0, sizeof h);
+    h.B = 1000;
+    bki_ctx_tape_note(ctx, slot + 69, &h, sizeof h);
+    th_check(bki_ctx_tape_known(ctx, slot + 69, &g, sizeof g) && g.B == 1000, "a tape noted again: its newest header",
+             "B = %d", g.B);
+    th_check(!bki_ctx_tape_known(ctx, NULL, &g, sizeof g) && !bki_ctx_tape_known(ctx, slot + 3, &g, sizeof g),
+             "NULL and a forgotten tape are not known", "%s", "");
+    bk_context_free(ctx);
+
+    /* the tape size queries add a backend's extra with its context current */
+    bki_backend ext = bki_backend_cpu;
+    ext.name = "extra";
+    ext.op_tape_extra = extra_777;
+    bk_attn_desc d = {.B = 1, .H = 2, .Nq = 8, .Nk = 6, .d = 4, .dv = 4};
+    bk_sinkhorn_config p = bk_sinkhorn_config_default();
+    const size_t base = bk_sinkhorn_tape_size(&d, &p), sbase = bk_softmax_tape_size(&d);
+    if (th_check(bki_context_with_backend(&ext, &ctx) == BK_OK, "a context with a tape extra", "%s", bk_last_error())) {
+        bk_context *prev = bk_context_use(ctx);
+        const size_t with = bk_sinkhorn_tape_size(&d, &p), swith = bk_softmax_tape_size(&d);
+        bk_context_use(prev);
+        th_check(base > 0 && with == base + 777 && swith == sbase + 777 && bk_sinkhorn_tape_size(&d, &p) == base,
+                 "tape sizes: the current context's backend extra added, none elsewhere",
+                 "base %zu with %zu, softmax %zu / %zu", base, with, sbase, swith);
+        bk_context_free(ctx);
+    }
+}
+
 void test_backend(void)
 {
     /* the default context */
@@ -214,4 +274,5 @@ void test_backend(void)
         bk_context_free(ctx);
     }
     th_prob_free(&ref.pb);
+    tape_notes_test();
 }

@@ -225,6 +225,12 @@ def attn_operand(ad, a, layout, name):
     if needs_copy(ad, a, shape, strides):
         a = ad.dense(a)
         addr, shape, strides = ad.info(a)
+    if min(shape) < 1:
+        raise ValueError("%s: every size must be >= 1, got shape %s" % (name, tuple(shape)))
+    return _operand(ad, a, addr, shape, strides, layout)
+
+
+def _operand(ad, a, addr, shape, strides, layout):
     o = Operand()
     o.obj, o.addr = a, addr
     o.dev, o.dt = ad.place(a)
@@ -236,14 +242,16 @@ def attn_operand(ad, a, layout, name):
         o.sb, o.sn, o.sh = strides[0], strides[1], strides[2]
     else:
         raise ValueError("layout must be 'bhnd' or 'bnhd' (got %r)" % (layout,))
-    if min(shape) < 1:
-        raise ValueError("%s: every size must be >= 1, got shape %s" % (name, tuple(shape)))
     return o
 
 
 def new_operand(ad, B, H, N, Cc, layout, like=None):
+    """a fresh dense output (sizes from a validated problem: nothing to check
+    or copy)"""
     shape = (B, H, N, Cc) if layout == "bhnd" else (B, N, H, Cc)
-    return attn_operand(ad, ad.empty(shape, like), layout, "output")
+    a = ad.empty(shape, like)
+    addr, shape, strides = ad.info(a)
+    return _operand(ad, a, addr, shape, strides, layout)
 
 
 def same_place(ad, ops, what):

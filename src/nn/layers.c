@@ -154,6 +154,20 @@ static inline float gelu_cdf(float x, float *pdf)
     return x > -0.75f && x < 2.0f ? central : x >= 0.0f ? 1.0f - q : q;
 }
 
+/* gelu(x) = x Phi(x) and its slope Phi(x) + x phi(x): the one formula of
+ * the GELU passes and of the Linear epilogues */
+static inline float gelu_of(float x)
+{
+    float pdf;
+    return x * gelu_cdf(x, &pdf);
+}
+static inline float gelu_slope(float x)
+{
+    float pdf;
+    const float cdf = gelu_cdf(x, &pdf);
+    return __builtin_fmaf(x, pdf, cdf);
+}
+
 void bki_gelu_fwd(size_t n, const float *z, float *y)
 {
     const int nt = bki_threads();
@@ -161,10 +175,7 @@ void bki_gelu_fwd(size_t n, const float *z, float *y)
     {
         BKI_REGION;
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            float pdf;
-            y[i] = z[i] * gelu_cdf(z[i], &pdf);
-        }
+        for (size_t i = 0; i < n; i++) y[i] = gelu_of(z[i]);
     }
 }
 
@@ -175,12 +186,7 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
     {
         BKI_REGION;
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            const float x = z[i];
-            float pdf;
-            const float cdf = gelu_cdf(x, &pdf);
-            dz[i] = dy[i] * __builtin_fmaf(x, pdf, cdf);
-        }
+        for (size_t i = 0; i < n; i++) dz[i] = dy[i] * gelu_slope(z[i]);
     }
 }
 
@@ -196,11 +202,11 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
  * call, while it is in cache, instead of as passes of their own. */
 static bki_team region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
 
-/* the forward's epilogue: + b (nullable), then g = gelu(y) where asked */
+/* the forward's epilogue: + b (nullable), then g = gelu(y) where asked (g
+ * has y's row stride) */
 typedef struct {
     const float *b;
     float *g;
-    ptrdiff_t ldg;
 } fwd_ep;
 static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
@@ -210,11 +216,8 @@ static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdi
         if (e->b)
             for (int j = 0; j < nj; j++) y[j] += e->b[j0 + j];
         if (e->g) {
-            float *g = e->g + (ptrdiff_t)(i0 + i) * e->ldg + j0;
-            for (int j = 0; j < nj; j++) {
-                float pdf;
-                g[j] = y[j] * gelu_cdf(y[j], &pdf);
-            }
+            float *g = e->g + (ptrdiff_t)(i0 + i) * ldc + j0;
+            for (int j = 0; j < nj; j++) g[j] = gelu_of(y[j]);
         }
     }
 }
@@ -223,7 +226,7 @@ void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const 
                          int ldy, float *g)
 {
     const int nt = bki_threads();
-    fwd_ep e = {b, g, ldy};
+    fwd_ep e = {b, g};
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
@@ -238,22 +241,15 @@ void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float
     bki_linear_fwd_gelu(R, in, out, x, ldx, W, b, y, ldy, NULL);
 }
 
-/* the backward's epilogue on dx: dx *= gelu'(z), z the GELU's input */
-typedef struct {
-    const float *z;
-    int ldz;
-} bwd_ep;
+/* the backward's epilogue on dx: dx *= gelu'(z), z the GELU's input (arg:
+ * the address of z's pointer; z has dx's row stride) */
 static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
-    const bwd_ep *e = arg;
+    const float *z0 = *(const float *const *)arg;
     for (int i = 0; i < mi; i++) {
         float *d = Ct + (ptrdiff_t)i * ldc;
-        const float *z = e->z + (ptrdiff_t)(i0 + i) * e->ldz + j0;
-        for (int j = 0; j < nj; j++) {
-            float pdf;
-            const float cdf = gelu_cdf(z[j], &pdf);
-            d[j] *= __builtin_fmaf(z[j], pdf, cdf);
-        }
+        const float *z = z0 + (ptrdiff_t)(i0 + i) * ldc + j0;
+        for (int j = 0; j < nj; j++) d[j] *= gelu_slope(z[j]);
     }
 }
 
@@ -261,13 +257,12 @@ void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const 
                          float *dx, float beta_dx, float *dW, float *db, const float *z)
 {
     const int nt = bki_threads();
-    bwd_ep e = {z, in};
     if (dx || dW) {
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
         const bki_team tm = region_team();
-        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, z ? gelu_grad_tile : NULL, &e);
+        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, z ? gelu_grad_tile : NULL, &z);
         if (dW) bki_gemm(&tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
     }
     }

@@ -445,8 +445,8 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
             cudaError_t e = cudaMemcpyAsync(&th, tape, sizeof th, cudaMemcpyDeviceToHost, stream_of(ctx));
             if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
             if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
+            if ((s = bki_op_check_tape_header(c, &th))) return s;
         }
-        if ((s = bki_op_check_tape_header(c, &th))) return s;
     }
     cu_call k;
     if (!(s = call_begin(ctx, c, (char *)tape, ws, ws_size, 1, &k))) {

@@ -78,7 +78,8 @@ NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/model.c src/nn/optim.c src/nn/ckp
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
-           $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o $(CUDA_OBJ)
+           $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o \
+           $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
 HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
@@ -90,7 +91,7 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/ops/test_attn.c tests/ops/test_esp.c \
+TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/core/test_gemm.c tests/ops/test_attn.c tests/ops/test_esp.c \
            tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
@@ -149,6 +150,14 @@ $(BUILD)/obj/src/core/lse_engine_avx2.o: src/core/lse_engine.c $(HDRS)
 	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
 
 $(BUILD)/obj/src/core/lse_engine_avx512.o: src/core/lse_engine.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -DBK_ISA=avx512 -c $< -o $@
+
+$(BUILD)/obj/src/core/gemm_kern_avx2.o: src/core/gemm_kern.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
+
+$(BUILD)/obj/src/core/gemm_kern_avx512.o: src/core/gemm_kern.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -DBK_ISA=avx512 -c $< -o $@
 

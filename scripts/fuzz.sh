@@ -113,7 +113,7 @@ mkvar() { make --no-print-directory -s -f Makefile -f "$B/print.mk" "fuzz-print-
 LIB_SRC="$(mkvar CORE_SRC) $(mkvar BACKEND_SRC) $(mkvar OPS_SRC) $(mkvar NN_SRC) $(mkvar DATA_SRC) $(mkvar TRAIN_SRC)"
 AVX512_FLAGS=$(mkvar AVX512_FLAGS)
 if [ -z "${LIB_SRC// /}" ]; then # no make, or the Makefile changed shape: every source
-  LIB_SRC=$(ls src/core/*.c src/backend/*.c src/ops/*.c src/nn/*.c src/data/*.c src/train/*.c | grep -v lse_engine.c | tr '\n' ' ')
+  LIB_SRC=$(ls src/core/*.c src/backend/*.c src/ops/*.c src/nn/*.c src/data/*.c src/train/*.c | grep -v -e lse_engine.c -e gemm_kern.c | tr '\n' ' ')
 fi
 [ -n "$AVX512_FLAGS" ] || AVX512_FLAGS="-mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512"
 BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-pthread}
@@ -142,6 +142,8 @@ for s in $LIB_SRC; do
 done
 jobs_list+=("src/core/lse_engine.c|$OBJ/src_core_lse_engine_avx2.o|-fsanitize=fuzzer-no-link -DBK_ISA=avx2")
 jobs_list+=("src/core/lse_engine.c|$OBJ/src_core_lse_engine_avx512.o|-fsanitize=fuzzer-no-link $AVX512_FLAGS -DBK_ISA=avx512")
+jobs_list+=("src/core/gemm_kern.c|$OBJ/src_core_gemm_kern_avx2.o|-fsanitize=fuzzer-no-link -DBK_ISA=avx2")
+jobs_list+=("src/core/gemm_kern.c|$OBJ/src_core_gemm_kern_avx512.o|-fsanitize=fuzzer-no-link $AVX512_FLAGS -DBK_ISA=avx512")
 for t in "${TARGETS[@]}"; do
   jobs_list+=("tests/fuzz/fuzz_$t.c|$OBJ/fuzz_$t.o|-fsanitize=fuzzer")
 done

@@ -30,6 +30,7 @@ double th_normal(th_rng *r); /* N(0, 1) */
 void test_attn(void);
 void test_npy(void);
 void test_compat(void); /* tests/core/test_compat.c */
+void test_gemm(void);   /* tests/core/test_gemm.c */
 void test_esp(void);
 void test_lot(void);
 void test_diff(void); /* tests/ops/test_diff.c */

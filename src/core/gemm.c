@@ -26,11 +26,39 @@ void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alp
     bki_gemm_ep(tm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 }
 
+/* The thin path (gemm_kern.c) takes a product whose short output side is at
+ * most THIN_SIDE, with an inner dimension of at most THIN_K, when its short
+ * operand fits in cache: packed, THIN_PACK floats (a buffer on the stack);
+ * read in place (a row-major op(B) or a transposed op(A)), THIN_CACHE floats.
+ * The long operand then streams through once, unpacked, and C is written
+ * once, without BLAS's copies of both operands and its zeroing pass. Returns
+ * the orientation (0: rows of op(A) streamed; 1: columns of op(B)) or -1 for
+ * BLAS. A function of the shape and transposes only, so every tile of a
+ * product takes the same path. Measured per tile shape in docs/PERFORMANCE.md
+ * ("Thin GEMMs"): wider outputs (N = 192, 256) were slower than BLAS. */
+#define THIN_SIDE 128
+#define THIN_K 512
+#define THIN_PACK 16384
+#define THIN_CACHE 65536
+static int thin_fits(const bki_gemm_kernels *gk, int side, int K, int packed)
+{
+    return side <= THIN_SIDE && (packed ? gk->pack_floats(K, side) <= THIN_PACK : (size_t)K * side <= THIN_CACHE);
+}
+static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K)
+{
+    if (K > THIN_K) return -1;
+    const int rows_ok = thin_fits(gk, N, K, tb), cols_ok = thin_fits(gk, M, K, !ta);
+    if (rows_ok && (!cols_ok || M >= N)) return 0;
+    return cols_ok ? 1 : -1;
+}
+
 void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
                  void *arg)
 {
     if (M < 1 || N < 1) return;
+    const bki_gemm_kernels *gk = bki_kern()->gemm;
+    const int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K);
     int rb, cb;
     bki_gemm_tiles(M, N, &rb, &cb);
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
@@ -40,15 +68,18 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
         const int i0 = (t / nc) * rb, j0 = (t % nc) * cb;
         const int mi = M - i0 < rb ? M - i0 : rb, nj = N - j0 < cb ? N - j0 : cb;
         float *Ct = C + (ptrdiff_t)i0 * ldc + j0;
+        const float *At = ta ? A + i0 : A + (ptrdiff_t)i0 * lda;
+        const float *Bt = tb ? B + (ptrdiff_t)j0 * ldb : B + j0;
         if (K < 1) { /* C = beta C (BLAS would do the same; some refuse K = 0) */
             for (int i = 0; i < mi; i++)
                 for (int j = 0; j < nj; j++) Ct[(ptrdiff_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * Ct[(ptrdiff_t)i * ldc + j];
-            continue;
+        } else if (thin >= 0) {
+            float pk[THIN_PACK];
+            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk);
+        } else {
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,
+                        alpha, At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);
         }
-        const float *At = ta ? A + i0 : A + (ptrdiff_t)i0 * lda;
-        const float *Bt = tb ? B + (ptrdiff_t)j0 * ldb : B + j0;
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,
-                    alpha, At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);
         if (ep) ep(arg, i0, j0, mi, nj, Ct, ldc); /* while the tile is in cache */
     }
 }

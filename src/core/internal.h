@@ -235,8 +235,26 @@ size_t bki_hist_off(int n, int m, int t);
  * the scratch are shared by the team; results (hist, A, G, dla, dlb) are
  * complete on return in every member; the scratch may be reused after a
  * bki_team_sync. */
+/* The thin-product GEMM kernel (gemm_kern.c), compiled per instruction set:
+ * thin(trans, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pk) is
+ * C = alpha op(A) op(B) + beta C on one thread (beta == 0: C not read), each
+ * element one fused multiply-add chain over k in order, then alpha * sum
+ * (+ beta * C). trans == 0 streams the rows of op(A) against op(B) (packed
+ * into pk when tb); trans == 1 streams the columns of op(B) against op(A)^T
+ * (packed into pk unless ta). pk holds pack_floats(K, N) floats (trans 0) or
+ * pack_floats(K, M) (trans 1). */
+typedef struct {
+    int mr, nr; /* micro-tile rows and columns */
+    size_t (*pack_floats)(int rows, int cols);
+    void (*thin)(int trans, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                 const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk);
+} bki_gemm_kernels;
+extern const bki_gemm_kernels bki_gemm_kernels_avx2;
+extern const bki_gemm_kernels bki_gemm_kernels_avx512;
+
 typedef struct {
     const char *name;
+    const bki_gemm_kernels *gemm;
     /* floats of scratch an engine call needs for an n x m problem run by a
      * team of nt members (nt = 1 for a solo caller) */
     size_t (*sk_scratch)(int n, int m, int nt);

@@ -655,6 +655,7 @@ static void ISA(vexp)(float *x, size_t n)
 
 const bki_kernels ISA(bki_kernels) = {
     .name = BK_STR(BK_ISA),
+    .gemm = &ISA(bki_gemm_kernels),
     .sk_forward = ISA(sk_forward),
     .sk_scratch = ISA(sk_scratch),
     .sk_attention = ISA(sk_attention),

@@ -1,0 +1,244 @@
+/* gemm_kern.c -- the library's own GEMM kernel for thin products: one side of
+ * the output (or the inner dimension and one side) small enough that the
+ * small operand, packed, stays in cache while the long operand streams
+ * through once, unpacked.
+ *
+ * Why not OpenBLAS for these: its blocking copies ("packs") both operands of
+ * every call and zeroes C first when beta = 0; for a product whose long side
+ * is n and whose other sides are r, d <= 128 (LOT's and OTK's problems, the
+ * per-tile calls of bki_gemm), the copies and the zeroing pass move as many
+ * bytes as the product itself and cost more than its arithmetic
+ * (docs/PERFORMANCE.md, "Thin GEMMs").
+ *
+ * Compiled once per instruction set like lse_engine.c (BK_ISA); bki_kern()
+ * picks the table at run time. One call is single-threaded (gemm.c shares its
+ * tiles over a team). Arithmetic: every output element is one fused
+ * multiply-add chain over k = 0..K-1 in order, then alpha * sum (+ beta * C):
+ * a function of the element only, so neither the tiling nor the row/column
+ * remainder paths change a bit. */
+#include "internal.h"
+
+#include <string.h>
+
+#ifndef BK_ISA
+#error "BK_ISA must be defined (avx2 or avx512)"
+#endif
+#define BK_CAT2(a, b) a##_##b
+#define BK_CAT(a, b) BK_CAT2(a, b)
+#define ISA(name) BK_CAT(name, BK_ISA)
+
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+#define VL 16 /* floats per vector */
+#define MR 8  /* rows per micro-tile: 2 MR accumulators + 2 B vectors + 1 broadcast of 32 registers */
+typedef __m512 vf;
+typedef __mmask16 vmask;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_MUL(a, b) _mm512_mul_ps(a, b)
+#define V_MASK(n) ((vmask)((1u << (n)) - 1u))
+#define V_LOADM(p, m) _mm512_maskz_loadu_ps(m, p)
+#define V_STOREM(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#else
+#define VL 8
+#define MR 6 /* 2 MR accumulators + 2 B vectors + 1 broadcast of 16 registers */
+typedef __m256 vf;
+typedef __m256i vmask;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_MUL(a, b) _mm256_mul_ps(a, b)
+static inline vmask V_MASK(int n)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+#define V_LOADM(p, m) _mm256_maskload_ps(p, m)
+#define V_STOREM(p, m, v) _mm256_maskstore_ps(p, m, v)
+#endif
+#define NR (2 * VL) /* columns per micro-tile */
+
+/* The streamed operand: element (row i, k) at a[i * rs + k * ks]. The packed
+ * (or row-major) operand: element (k, column j) at b[k * bs + j], rows padded
+ * to a multiple of NR columns when packed. The output: element (i, j) at
+ * c[i * crs + j * ccs]; ccs == 1 stores vectors, otherwise (a transposed
+ * product) the tile goes through a buffer. */
+typedef struct {
+    const float *a;
+    ptrdiff_t rs, ks;
+    const float *b;
+    ptrdiff_t bs;
+    float *c;
+    ptrdiff_t crs, ccs;
+    int K;
+    float alpha, beta;
+} gk_args;
+
+/* R rows (a compile-time constant after inlining) x one NR-column block at
+ * column j0 with nc <= NR valid columns */
+static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc)
+{
+    vf acc0[MR], acc1[MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = V_ZERO();
+    const float *a = g->a + (ptrdiff_t)i0 * g->rs, *b = g->b + j0;
+    const ptrdiff_t rs = g->rs, ks = g->ks, bs = g->bs;
+    if (nc == NR) {
+        for (int k = 0; k < g->K; k++) {
+            const vf b0 = V_LOAD(b + (ptrdiff_t)k * bs), b1 = V_LOAD(b + (ptrdiff_t)k * bs + VL);
+            const float *ak = a + (ptrdiff_t)k * ks;
+            for (int r = 0; r < R; r++) {
+                const vf x = V_SET1(ak[r * rs]);
+                acc0[r] = V_FMA(x, b0, acc0[r]);
+                acc1[r] = V_FMA(x, b1, acc1[r]);
+            }
+        }
+    } else { /* the last, partial column block: masked loads (never past the operand) */
+        const vmask m0 = V_MASK(nc < VL ? nc : VL), m1 = V_MASK(nc > VL ? nc - VL : 0);
+        for (int k = 0; k < g->K; k++) {
+            const vf b0 = V_LOADM(b + (ptrdiff_t)k * bs, m0), b1 = V_LOADM(b + (ptrdiff_t)k * bs + VL, m1);
+            const float *ak = a + (ptrdiff_t)k * ks;
+            for (int r = 0; r < R; r++) {
+                const vf x = V_SET1(ak[r * rs]);
+                acc0[r] = V_FMA(x, b0, acc0[r]);
+                acc1[r] = V_FMA(x, b1, acc1[r]);
+            }
+        }
+    }
+    const vf al = V_SET1(g->alpha), be = V_SET1(g->beta);
+    if (g->ccs == 1) {
+        const vmask m0 = V_MASK(nc < VL ? nc : VL), m1 = V_MASK(nc > VL ? nc - VL : 0);
+        for (int r = 0; r < R; r++) {
+            float *c = g->c + (ptrdiff_t)(i0 + r) * g->crs + j0;
+            vf y0 = V_MUL(al, acc0[r]), y1 = V_MUL(al, acc1[r]);
+            if (nc == NR) {
+                if (g->beta != 0.0f) {
+                    y0 = V_FMA(be, V_LOAD(c), y0);
+                    y1 = V_FMA(be, V_LOAD(c + VL), y1);
+                }
+                V_STORE(c, y0);
+                V_STORE(c + VL, y1);
+            } else {
+                if (g->beta != 0.0f) {
+                    y0 = V_FMA(be, V_LOADM(c, m0), y0);
+                    y1 = V_FMA(be, V_LOADM(c + VL, m1), y1);
+                }
+                V_STOREM(c, m0, y0);
+                V_STOREM(c + VL, m1, y1);
+            }
+        }
+    } else {
+        float t[MR][NR];
+        for (int r = 0; r < R; r++) {
+            V_STORE(t[r], V_MUL(al, acc0[r]));
+            V_STORE(t[r] + VL, V_MUL(al, acc1[r]));
+        }
+        /* column by column: each column of the tile is a run of R contiguous
+         * outputs when the product is transposed (crs == 1) */
+        for (int j = 0; j < nc; j++) {
+            float *c = g->c + (ptrdiff_t)(j0 + j) * g->ccs + (ptrdiff_t)i0 * g->crs;
+            for (int r = 0; r < R; r++) {
+                float y = t[r][j];
+                if (g->beta != 0.0f) y = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(g->beta), _mm_set_ss(c[r * g->crs]), _mm_set_ss(y)));
+                c[r * g->crs] = y;
+            }
+        }
+    }
+}
+
+static void run(const gk_args *g, int M, int N)
+{
+    for (int i = 0; i < M; i += MR) {
+        const int R = M - i < MR ? M - i : MR;
+        for (int j = 0; j < N; j += NR) {
+            const int nc = N - j < NR ? N - j : NR;
+            switch (R) { /* one specialised body per row count */
+            case MR: micro(g, MR, i, j, nc); break;
+            case 1: micro(g, 1, i, j, nc); break;
+            case 2: micro(g, 2, i, j, nc); break;
+            case 3: micro(g, 3, i, j, nc); break;
+            case 4: micro(g, 4, i, j, nc); break;
+            case 5: micro(g, 5, i, j, nc); break;
+#if MR > 6
+            case 6: micro(g, 6, i, j, nc); break;
+            case 7: micro(g, 7, i, j, nc); break;
+#endif
+            default: break;
+            }
+        }
+    }
+}
+
+static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)((cols + NR - 1) / NR * NR); }
+
+/* dst[k][j] = src(k, j) = src[j * sj + k * sk] for j < cols, zero to the
+ * padded width (rows x padded cols, row stride padded cols) */
+static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sk, ptrdiff_t sj, float *dst)
+{
+    const ptrdiff_t w = (cols + NR - 1) / NR * NR;
+    for (int k = 0; k < rows; k++) {
+        float *d = dst + (ptrdiff_t)k * w;
+        for (int j = 0; j < cols; j++) d[j] = src[(ptrdiff_t)j * sj + (ptrdiff_t)k * sk];
+        for (int j = cols; j < w; j++) d[j] = 0.0f;
+    }
+    return w;
+}
+
+/* C (M x N, row-major, ldc) = alpha op(A) op(B) + beta C, with op(A)(i, k) =
+ * ta ? A[k lda + i] : A[i lda + k] and op(B)(k, j) = tb ? B[j ldb + k] :
+ * B[k ldb + j]; beta == 0 does not read C. trans == 0 streams the rows of
+ * op(A) against op(B) (packed into pk when tb; used as it is otherwise);
+ * trans == 1 computes C^T = op(B)^T op(A)^T: streams the columns of op(B)
+ * against op(A)^T (packed into pk unless ta). pk: gemm_pack_floats(K, N)
+ * floats (trans 0) or (K, M) (trans 1). */
+static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                           const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk)
+{
+    gk_args g = {0};
+    g.K = K;
+    g.alpha = alpha;
+    g.beta = beta;
+    if (!trans) {
+        g.a = A;
+        g.rs = ta ? 1 : lda;
+        g.ks = ta ? lda : 1;
+        if (tb) {
+            g.bs = pack(K, N, B, 1, ldb, pk);
+            g.b = pk;
+        } else {
+            g.b = B;
+            g.bs = ldb;
+        }
+        g.c = C;
+        g.crs = ldc;
+        g.ccs = 1;
+        run(&g, M, N);
+    } else {
+        g.a = B; /* rows j of op(B)^T: element (j, k) = op(B)(k, j) */
+        g.rs = tb ? ldb : 1;
+        g.ks = tb ? 1 : ldb;
+        if (ta) { /* op(A)^T (k, i) = A[k lda + i]: row-major already */
+            g.b = A;
+            g.bs = lda;
+        } else {
+            g.bs = pack(K, M, A, 1, lda, pk);
+            g.b = pk;
+        }
+        g.c = C;
+        g.crs = 1;
+        g.ccs = ldc;
+        run(&g, N, M);
+    }
+}
+
+const bki_gemm_kernels ISA(bki_gemm_kernels) = {
+    .mr = MR,
+    .nr = NR,
+    .pack_floats = ISA(gemm_pack_floats),
+    .thin = ISA(gemm_thin),
+};

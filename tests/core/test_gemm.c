@@ -1,0 +1,161 @@
+/* test_gemm.c -- the library's GEMM (src/core/gemm.c) and its thin-product
+ * kernel (src/core/gemm_kern.c) on every instruction set this CPU runs:
+ * against a double-precision reference for every transpose pair, both
+ * orientations, row and column remainders of the micro-tile, alpha and beta
+ * (beta == 0 must not read C); bitwise agreement of the two orientations
+ * (each element is one multiply-add chain over k either way); no write
+ * outside the output (guard columns and rows); and bki_gemm's team tiles
+ * giving the same bits for one member and for a team of two. */
+#include "../../src/core/internal.h"
+#include "../harness.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 3.25f
+
+typedef struct {
+    int ta, tb, M, N, K;
+    float alpha, beta;
+} gcase;
+
+static void fill(th_rng *r, float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)th_normal(r);
+}
+
+static double opa(const gcase *c, const float *A, int lda, int i, int k)
+{
+    return c->ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+}
+static double opb(const gcase *c, const float *B, int ldb, int k, int j)
+{
+    return c->tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+}
+
+/* max |C - ref| / (|alpha| sum_k |a b| + |beta C0| + tiny) over the output,
+ * and whether every guard cell kept GUARD */
+static double rel_err(const gcase *c, const float *A, int lda, const float *B, int ldb, const float *C0,
+                      const float *C, int ldc, int rows_alloc, int *guard_ok)
+{
+    double worst = 0.0;
+    *guard_ok = 1;
+    for (int i = 0; i < rows_alloc; i++)
+        for (int j = 0; j < ldc; j++) {
+            const float got = C[(size_t)i * ldc + j];
+            if (i >= c->M || j >= c->N) {
+                *guard_ok &= got == GUARD;
+                continue;
+            }
+            double s = 0.0, a = 0.0;
+            for (int k = 0; k < c->K; k++) {
+                const double p = opa(c, A, lda, i, k) * opb(c, B, ldb, k, j);
+                s += p;
+                a += fabs(p);
+            }
+            const double c0 = c->beta != 0.0f ? C0[(size_t)i * ldc + j] : 0.0;
+            const double ref = c->alpha * s + c->beta * c0;
+            const double scale = fabs(c->alpha) * a + fabs(c->beta * c0) + 1e-30;
+            const double e = isfinite(got) ? fabs(got - ref) / scale : INFINITY;
+            worst = e > worst ? e : worst;
+        }
+    return worst;
+}
+
+static void one_case(const bki_gemm_kernels *gk, const char *isa, const gcase *c, th_rng *r)
+{
+    const int lda = (c->ta ? c->M : c->K) + 1, ldb = (c->tb ? c->K : c->N) + 2, ldc = c->N + 3, rows = c->M + 2;
+    const size_t na = (size_t)(c->ta ? c->K : c->M) * lda, nb = (size_t)(c->tb ? c->N : c->K) * ldb;
+    const size_t nc = (size_t)rows * ldc;
+    float *A = malloc(na * sizeof(float)), *B = malloc(nb * sizeof(float)), *C0 = malloc(nc * sizeof(float));
+    float *C[2] = {malloc(nc * sizeof(float)), malloc(nc * sizeof(float))};
+    const size_t pkn = gk->pack_floats(c->K, c->M > c->N ? c->M : c->N);
+    float *pk = malloc((pkn ? pkn : 1) * sizeof(float));
+    fill(r, A, na);
+    fill(r, B, nb);
+    fill(r, C0, nc);
+    for (size_t e = 0; e < nc; e++)
+        if ((int)(e / ldc) >= c->M || (int)(e % ldc) >= c->N) C0[e] = GUARD;
+    char name[160];
+    snprintf(name, sizeof name, "gemm thin %s: ta %d tb %d %dx%dx%d alpha %g beta %g", isa, c->ta, c->tb, c->M, c->N,
+             c->K, (double)c->alpha, (double)c->beta);
+    double err[2];
+    int guard_ok[2];
+    for (int o = 0; o < 2; o++) {
+        for (size_t e = 0; e < nc; e++) /* beta == 0: C is not read, so NaN there must not reach the output */
+            C[o][e] = c->beta == 0.0f && (int)(e / ldc) < c->M && (int)(e % ldc) < c->N ? NAN : C0[e];
+        gk->thin(o, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C[o], ldc, pk);
+        err[o] = rel_err(c, A, lda, B, ldb, C0, C[o], ldc, rows, &guard_ok[o]);
+    }
+    /* float32 chain of K fused multiply-adds, then two roundings */
+    const double tol = 4e-7 * (c->K + 4);
+    const int same = !memcmp(C[0], C[1], nc * sizeof(float));
+    th_check(err[0] <= tol && err[1] <= tol && guard_ok[0] && guard_ok[1] && same, name,
+             "relative error %.3g / %.3g (rows / columns streamed; tol %.3g), guards %s, orientations %s", err[0],
+             err[1], tol, guard_ok[0] && guard_ok[1] ? "kept" : "OVERWRITTEN", same ? "bitwise equal" : "DIFFER");
+    free(A), free(B), free(C0), free(C[0]), free(C[1]), free(pk);
+}
+
+static void kernel_cases(const bki_gemm_kernels *gk, const char *isa)
+{
+    th_rng r = {0x6e3a11};
+    const int mr = gk->mr, nr = gk->nr;
+    /* remainders of both micro-tile sides around the tile sizes, K of 1 and odd */
+    const int Ms[] = {1, mr - 1, mr, mr + 1, 3 * mr + 2};
+    const int Ns[] = {1, nr / 2 - 1, nr / 2 + 1, nr, nr + 5, 2 * nr + 3};
+    const int Ks[] = {1, 7, 64};
+    int done = 0;
+    for (int t = 0; t < 4; t++)
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                for (size_t k = 0; k < sizeof Ks / sizeof *Ks; k++) {
+                    if (TH.quick && (a + b + k) % 3) continue;
+                    const float beta = (a + b + k + t) % 2 ? 0.0f : -0.75f;
+                    const gcase c = {t & 1, t >> 1, Ms[a], Ns[b], Ks[k], (k % 2) ? 1.0f : 0.5f, beta};
+                    one_case(gk, isa, &c, &r);
+                    done++;
+                }
+    /* LOT's and OTK's shapes: long side, r or d short */
+    const gcase big[] = {{0, 1, 1000, 32, 64, 0.125f, 0.0f}, {1, 0, 517, 64, 32, 1.0f, 0.0f},
+                         {0, 0, 301, 128, 128, 1.0f, 1.0f}, {0, 1, 32, 777, 64, 2.0f, 0.0f}};
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) one_case(gk, isa, &big[i], &r);
+    th_check(done > 0, "gemm thin: cases ran", "%d small cases on %s", done, isa);
+}
+
+/* bki_gemm over team tiles (thin or BLAS by shape): one member and two give
+ * the same bits, and both match the reference */
+static void team_case(int ta, int tb, int M, int N, int K)
+{
+    th_rng r = {0x5151u + (unsigned)(M * 7 + N * 3 + K)};
+    const int lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N);
+    float *C1 = malloc(sizeof(float) * (size_t)M * N), *C2 = malloc(sizeof(float) * (size_t)M * N);
+    fill(&r, A, (size_t)M * K);
+    fill(&r, B, (size_t)K * N);
+    bki_gemm(&BKI_SOLO, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C1, ldc);
+#pragma omp parallel num_threads(2)
+    {
+        const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
+        bki_gemm(&tm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, ldc);
+    }
+    const gcase c = {ta, tb, M, N, K, 1.0f, 0.0f};
+    int guard_ok;
+    const double err = rel_err(&c, A, lda, B, ldb, NULL, C1, ldc, M, &guard_ok);
+    th_check(err <= 4e-7 * (K + 4) && !memcmp(C1, C2, sizeof(float) * (size_t)M * N), "gemm team tiles",
+             "ta %d tb %d %dx%dx%d: relative error %.3g, one member and two %s", ta, tb, M, N, K, err,
+             memcmp(C1, C2, sizeof(float) * (size_t)M * N) ? "DIFFER" : "bitwise equal");
+    free(A), free(B), free(C1), free(C2);
+}
+
+void test_gemm(void)
+{
+    if (TH.filter && !strstr("gemm", TH.filter)) return;
+    kernel_cases(&bki_gemm_kernels_avx2, "avx2");
+    if (!strcmp(bk_isa(), "avx512")) kernel_cases(&bki_gemm_kernels_avx512, "avx512");
+    else printf("SKIP gemm thin avx512: this CPU (or BK_ISA) runs the avx2 kernels only\n");
+    team_case(0, 1, 4099, 32, 64);   /* thin, rows streamed */
+    team_case(1, 0, 40, 3001, 48);   /* thin, columns streamed */
+    team_case(0, 0, 700, 300, 700);  /* BLAS: K too long */
+}

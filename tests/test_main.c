@@ -48,6 +48,7 @@ int main(int argc, char **argv)
     test_npy();
     test_compat();
     test_gemm();
+    test_vmath();
     test_attn();
     test_esp();
     test_lot();

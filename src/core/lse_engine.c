@@ -44,9 +44,7 @@
 #define BK_CAT(a, b) BK_CAT2(a, b)
 #define ISA(name) BK_CAT(name, BK_ISA)
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include <immintrin.h> /* built with -mavx2 or -mavx512f (Makefile) */
 
 /* Below this column mass the fused column update falls back to an exact,
  * max-shifted column LSE. Far above the float32 subnormal range, so the
@@ -56,6 +54,115 @@
 /* ------------------------------------------------------------------------ */
 /* small vector kernels                                                      */
 /* ------------------------------------------------------------------------ */
+
+/* Sums with a fixed lane order, written with intrinsics: GCC ends an
+ * `omp simd reduction(+)` by storing the vector and adding its lanes one at a
+ * time (a chain of 16 dependent adds on AVX-512), which cost more than the
+ * exps of a 32-entry row. vsum adds whole vectors (two accumulators, a masked
+ * tail) and then reduces the lanes as a tree; the order is a function of m
+ * only. */
+#if defined(__AVX512F__)
+#define RVL 16
+static inline float vsum(const float *x, int m)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 32 <= m; j += 32) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + j));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + j + 16));
+    }
+    if (j + 16 <= m) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + j));
+        j += 16;
+    }
+    if (j < m) a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps((__mmask16)((1u << (m - j)) - 1u), x + j));
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+#else
+#define RVL 8
+static inline __m256i tail_mask(int r)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline float hadd8(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+static inline float vsum(const float *x, int m)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= m; j += 16) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + j + 8));
+    }
+    if (j + 8 <= m) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
+        j += 8;
+    }
+    if (j < m) a1 = _mm256_add_ps(a1, _mm256_maskload_ps(x + j, tail_mask(m - j)));
+    return hadd8(_mm256_add_ps(a0, a1));
+}
+#endif
+
+/* One vector of RVL lanes: v, its masked-off tail lanes (tail_load) and
+ * stores of the first r lanes (tail_store); used by the fused row loops below
+ * so that a row's last partial vector runs in lanes too. */
+#if defined(__AVX512F__)
+typedef __m512 rvec;
+#define RV_ZERO() _mm512_setzero_ps()
+#define RV_LOAD(p) _mm512_loadu_ps(p)
+#define RV_ADD(a, b) _mm512_add_ps(a, b)
+#define RV_HSUM(a) _mm512_reduce_add_ps(a)
+static inline rvec tail_load(const float *p, int r, float fill)
+{
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << r) - 1u), p);
+}
+static inline void tail_store(float *p, int r, rvec v) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << r) - 1u), v); }
+#else
+typedef __m256 rvec;
+#define RV_ZERO() _mm256_setzero_ps()
+#define RV_LOAD(p) _mm256_loadu_ps(p)
+#define RV_ADD(a, b) _mm256_add_ps(a, b)
+#define RV_HSUM(a) hadd8(a)
+static inline rvec tail_load(const float *p, int r, float fill)
+{
+    const __m256i k = tail_mask(r);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, k), _mm256_castsi256_ps(k));
+}
+static inline void tail_store(float *p, int r, rvec v) { _mm256_maskstore_ps(p, tail_mask(r), v); }
+#endif
+
+/* e = exp(e - M) in place; returns sum(e), summed in vector lanes as the
+ * exps are made (a separate summing pass costs a chain of dependent vector
+ * adds per row). A partial last vector runs in a padded buffer (-inf pads
+ * give exp = 0). */
+static inline float vexp_sum(float *e, int m, float M)
+{
+    rvec acc = RV_ZERO();
+    int j = 0;
+    for (; j + RVL <= m; j += RVL) {
+#pragma omp simd
+        for (int l = 0; l < RVL; l++) e[j + l] = bki_expf(e[j + l] - M);
+        acc = RV_ADD(acc, RV_LOAD(e + j));
+    }
+    if (j < m) {
+        float t[RVL];
+        _Static_assert(sizeof(rvec) == sizeof t, "one vector");
+        const rvec in = tail_load(e + j, m - j, -INFINITY);
+        memcpy(t, &in, sizeof t);
+#pragma omp simd
+        for (int l = 0; l < RVL; l++) t[l] = bki_expf(t[l] - M);
+        rvec v;
+        memcpy(&v, t, sizeof v);
+        tail_store(e + j, m - j, v);
+        acc = RV_ADD(acc, v);
+    }
+    return RV_HSUM(acc);
+}
 
 /* e = exp(c + bias - max); returns sum(e); *mx = max(c + bias). */
 static float row_softmax(int m, const float *restrict c, const float *restrict bias,
@@ -75,14 +182,8 @@ static float row_softmax(int m, const float *restrict c, const float *restrict b
             M = e[j] > M ? e[j] : M;
         }
     }
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < m; j++) {
-        e[j] = bki_expf(e[j] - M);
-        s += e[j];
-    }
     *mx = M;
-    return s;
+    return vexp_sum(e, m, M);
 }
 
 static inline float la_at(const bki_sk_problem *pb, int i, float la_u)
@@ -137,6 +238,7 @@ typedef struct {
     float *rerr;        /* nb row errors                                   */
     float *rl, *lamr;   /* n each                                          */
     float *e;           /* this member's row buffer (max(n, m))            */
+    float *sv, *uv;     /* this member's per-row values of one row block   */
 } eng_ws;
 
 /* Sized for any problem of at most n rows: callers size the scratch from the
@@ -149,11 +251,18 @@ static size_t shared_floats(int n, int m)
     return (size_t)(nb + 8) * vec_floats(m) + vec_floats(nb) + 2 * vec_floats(n);
 }
 
+/* one member's buffers: a row (max(n, m)) and two values per row of a block
+ * (rows per block grow with n, so this too bounds any problem of <= n rows) */
+static size_t member_floats(int n, int m)
+{
+    return vec_floats(m > n ? m : n) + 2 * vec_floats(bki_row_block(n));
+}
+
 /* floats of scratch for a problem run by a team of nt: the shared part, then
- * one row buffer per member */
+ * one set of buffers per member */
 static size_t ISA(sk_scratch)(int n, int m, int nt)
 {
-    return shared_floats(n, m) + (size_t)(nt < 1 ? 1 : nt) * vec_floats(m > n ? m : n);
+    return shared_floats(n, m) + (size_t)(nt < 1 ? 1 : nt) * member_floats(n, m);
 }
 
 static eng_ws carve(const bki_team *tm, int n, int m, float *scr)
@@ -176,7 +285,9 @@ static eng_ws carve(const bki_team *tm, int n, int m, float *scr)
     w.rerr = p; p += vec_floats(w.nb);
     w.rl = p; p += w.nr;
     w.lamr = p; p += w.nr;
-    w.e = scr + shared_floats(n, m) + (size_t)tm->tid * vec_floats(m > n ? m : n);
+    w.e = scr + shared_floats(n, m) + (size_t)tm->tid * member_floats(n, m);
+    w.sv = w.e + vec_floats(m > n ? m : n);
+    w.uv = w.sv + vec_floats(w.rb);
     return w;
 }
 
@@ -213,36 +324,38 @@ static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws 
                      int colsums, float *A, ptrdiff_t lda)
 {
     const int n = pb->n, m = pb->m;
-    const float la_u = -logf((float)n);
+    const float la_u = -logf((float)n), a_u = expf(la_u);
     int b0, b1;
     bki_team_share(tm, w->nb, &b0, &b1);
     for (int b = b0; b < b1; b++) {
-        float *colP = w->part + (size_t)b * w->mr, *e = w->e;
+        float *colP = w->part + (size_t)b * w->mr, *e = w->e, *sv = w->sv;
         if (colsums) memset(colP, 0, sizeof(float) * (size_t)m);
         float worst = 0.0f;
-        const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
-        for (int i = b * w->rb; i < i1; i++) {
+        const int i0 = b * w->rb, i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
+        for (int i = i0; i < i1; i++) {
             float M;
             float s = row_softmax(m, pb->C + (ptrdiff_t)i * pb->ldc, g, e, &M);
             float lai = la_at(pb, i, la_u);
-            f[i] = lai - M - logf(s);
+            f[i] = lai - M; /* - log s, for the whole block below */
+            sv[i - i0] = s;
             float inv = 1.0f / s;
             if (colsums) {
-                float wt = expf(lai) * inv;
+                float wt = (pb->la ? expf(lai) : a_u) * inv;
 #pragma omp simd
                 for (int j = 0; j < m; j++) colP[j] += wt * e[j];
             }
             if (A) {
-                float *Ai = A + (ptrdiff_t)i * lda, rs = 0.0f;
-#pragma omp simd reduction(+ : rs)
-                for (int j = 0; j < m; j++) {
-                    Ai[j] = e[j] * inv;
-                    rs += Ai[j];
-                }
-                float err = fabsf(rs - 1.0f);
+                float *Ai = A + (ptrdiff_t)i * lda;
+#pragma omp simd
+                for (int j = 0; j < m; j++) Ai[j] = e[j] * inv;
+                float err = fabsf(vsum(Ai, m) - 1.0f);
                 worst = err > worst ? err : worst;
             }
         }
+        /* the block's logs in vector lanes: a libm call per row cost as much
+         * as the exps of a 32-entry row */
+#pragma omp simd
+        for (int i = i0; i < i1; i++) f[i] -= bki_logf(sv[i - i0]);
         w->rerr[b] = worst;
     }
     bki_team_sync(tm);
@@ -285,7 +398,7 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
                           const float *gold, const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr)
 {
     const int n = pb->n, m = pb->m;
-    const float la_u = -logf((float)n), lb_u = -logf((float)m);
+    const float la_u = -logf((float)n), lb_u = -logf((float)m), a_u = expf(la_u);
     int j0, j1, nfb = 0;
     bki_team_share(tm, m, &j0, &j1);
     if (kappa_of(pb) == 1.0f)
@@ -306,7 +419,7 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
         const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
         for (int i = b * w->rb; i < i1; i++) {
             float *Ai = A + (ptrdiff_t)i * lda;
-            float lai = la_at(pb, i, la_u), ai = expf(lai), rs = 0.0f;
+            float lai = la_at(pb, i, la_u), ai = pb->la ? expf(lai) : a_u;
             if (nfb) {
                 for (int j = 0; j < m; j++)
                     if (w->fb[j]) Ai[j] = bki_expf(pb->C[(ptrdiff_t)i * pb->ldc + j] + f[i] + g[j] - lai);
@@ -315,12 +428,9 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
 #pragma omp simd
                 for (int j = 0; j < m; j++) Ai[j] *= factor[j];
             }
-#pragma omp simd reduction(+ : rs)
-            for (int j = 0; j < m; j++) {
-                rs += Ai[j];
-                colsum[j] += ai * Ai[j];
-            }
-            float err = fabsf(rs - 1.0f);
+#pragma omp simd
+            for (int j = 0; j < m; j++) colsum[j] += ai * Ai[j];
+            float err = fabsf(vsum(Ai, m) - 1.0f);
             worst = err > worst ? err : worst;
         }
         w->rerr[b] = worst;
@@ -428,12 +538,9 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
             rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
             float *Gi = G + (ptrdiff_t)i * ldg;
             const float *Ai = A + (ptrdiff_t)i * lda;
-            float r = 0.0f;
-#pragma omp simd reduction(+ : r)
-            for (int j = 0; j < m; j++) {
-                Gi[j] *= Ai[j];
-                r += Gi[j];
-            }
+#pragma omp simd
+            for (int j = 0; j < m; j++) Gi[j] *= Ai[j];
+            const float r = vsum(Gi, m);
             if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
 #pragma omp simd
                 for (int j = 0; j < m; j++) {
@@ -487,20 +594,39 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
         for (int b = b0; b < b1; b++) {
             float *part = w.part + (size_t)b * w.mr;
             if (more) memset(part, 0, sizeof(float) * (size_t)m);
-            const int i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
-            for (int i = b * w.rb; i < i1; i++) {
+            const int i0 = b * w.rb, i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
+            float *sv = w.sv, *uv = w.uv;
+            if (!logwb) /* the block's row factors in vector lanes */
+#pragma omp simd
+                for (int i = i0; i < i1; i++) uv[i - i0] = bki_expf(rl[i] + ht1[i]);
+            for (int i = i0; i < i1; i++) {
                 float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
                 const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
                 /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */
                 float acc = 0.0f;
-                if (!logwb) {
-                    float u = expf(rl[i] + ht1[i]);
-#pragma omp simd reduction(+ : acc)
-                    for (int j = 0; j < m; j++) {
-                        float q = Ri[j] * u * wb[j];
-                        Gi[j] -= lamc[j] * q;
-                        acc += q * lamc[j];
+                if (!logwb) { /* acc summed in vector lanes (vexp_sum says why) */
+                    const float u = uv[i - i0];
+                    rvec va = RV_ZERO();
+                    int j = 0;
+                    for (; j + RVL <= m; j += RVL) {
+#pragma omp simd
+                        for (int l = j; l < j + RVL; l++) {
+                            float q = Ri[l] * u * wb[l];
+                            Gi[l] -= lamc[l] * q;
+                            e[l] = q * lamc[l];
+                        }
+                        va = RV_ADD(va, RV_LOAD(e + j));
                     }
+                    if (j < m) {
+#pragma omp simd
+                        for (int l = j; l < m; l++) {
+                            float q = Ri[l] * u * wb[l];
+                            Gi[l] -= lamc[l] * q;
+                            e[l] = q * lamc[l];
+                        }
+                        va = RV_ADD(va, tail_load(e + j, m - j, 0.0f));
+                    }
+                    acc = RV_HSUM(va);
                 } else { /* tiny column masses: stay in the log domain */
                     float base = rl[i] + ht1[i];
                     for (int j = 0; j < m; j++) {
@@ -516,7 +642,8 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
                 float M;
                 float s = row_softmax(m, Ci, ht2, e, &M);
                 float inv = 1.0f / s;
-                rl[i] = M + logf(s);
+                rl[i] = M; /* + log s, for the whole block below */
+                sv[i - i0] = s;
                 if (more) {
 #pragma omp simd
                     for (int j = 0; j < m; j++) {
@@ -535,6 +662,8 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
                 }
                 lamr[i] = 0.0f;
             }
+#pragma omp simd
+            for (int i = i0; i < i1; i++) rl[i] += bki_logf(sv[i - i0]);
         }
         bki_team_sync(tm);
         if (more) {

@@ -1100,7 +1100,30 @@ static void test_bad_input(void)
     float keep = t.pb.k[5];
     t.pb.k[5] = INFINITY;
     EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "Inf in K");
+    th_check(strstr(bk_last_error(), "tensor k has a non-finite value at [0,0,1,:]") != NULL, "Inf in K: its row named",
+             "%s", bk_last_error());
     t.pb.k[5] = keep;
+    { /* every position of a row of 21 (two vectors, a masked tail), in a strided layout, named exactly */
+        enum { H2 = 2, N2 = 3, D2 = 21 };
+        float *q2 = calloc((size_t)H2 * N2 * D2, sizeof(float)), *o2 = calloc((size_t)H2 * N2 * D2, sizeof(float));
+        bk_attn_desc d2 = {1, H2, N2, N2, D2, D2, NULL, NULL};
+        bk_tensor tq2 = bk_tensor_bnhd(q2, H2, N2, D2), to2 = bk_tensor_bnhd(o2, H2, N2, D2);
+        int named = 0, total = 0;
+        for (int h = 0; h < H2; h++)
+            for (int n = 0; n < N2; n++)
+                for (int col = 0; col < D2; col++, total++) {
+                    float *at = q2 + ((size_t)n * H2 + h) * D2 + col;
+                    *at = col % 2 ? NAN : -INFINITY;
+                    char want[64];
+                    snprintf(want, sizeof want, "non-finite value at [0,%d,%d,:]", h, n);
+                    named += bk_sinkhorn_forward(&d2, &p, &tq2, &tq2, &tq2, &to2, NULL, NULL, NULL, 0) == BK_ERR_NONFINITE &&
+                             strstr(bk_last_error(), want) != NULL;
+                    *at = 0.0f;
+                }
+        th_check(named == total, "a non-finite input is found and named at every position of a 21-wide row", "%d of %d",
+                 named, total);
+        free(q2), free(o2);
+    }
     keep = t.pb.v[0];
     t.pb.v[0] = NAN;
     EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "NaN in V");

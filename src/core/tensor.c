@@ -146,24 +146,55 @@ static int rows_finite(const float *base, int64_t sn, int L, int C)
     return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(a0, a1), zero, _CMP_NEQ_UQ)) == 0;
 }
 
+/* Below this many floats a scan runs on the calling thread alone. */
+#define FINITE_PAR_MIN (1 << 18)
+
+/* index of the first head (b * H + h) with a non-finite value in its valid
+ * rows, or B * H; heads shared over threads when there are enough of them,
+ * else each head's rows in chunks. Either way the answer is the first bad
+ * head, whatever the thread count. */
+static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len)
+{
+    const int P = B * H, nt = bki_threads();
+    const double total = (double)P * N * C;
+    int bad = P;
+    if (nt < 2 || total < FINITE_PAR_MIN) {
+        for (int p = 0; p < P && bad == P; p++)
+            if (!rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p;
+    } else if (P >= nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
+        for (int p = 0; p < P; p++)
+            if (!rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p < bad ? p : bad;
+    } else {
+        for (int p = 0; p < P && bad == P; p++) {
+            const int L = bki_len(len, p / H, N), ch = (L + nt - 1) / nt;
+            const float *base = bki_at(t, p / H, p % H);
+            int any = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : any)
+            for (int c = 0; c < nt; c++) {
+                const int r0 = c * ch, r1 = r0 + ch < L ? r0 + ch : L;
+                if (r0 < r1 && !rows_finite(base + (int64_t)r0 * t->stride_n, t->stride_n, r1 - r0, C)) any = 1;
+            }
+            if (any) bad = p;
+        }
+    }
+    return bad;
+}
+
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len)
 {
     /* device memory cannot be read here without a synchronisation: a device
      * backend's inputs are not scanned (docs/CUDA.md, "Limits") */
-    if (t->device != BK_DEVICE_HOST) return BK_OK;
-    for (int b = 0; b < B; b++) {
-        int L = bki_len(len, b, N);
-        for (int h = 0; h < H; h++) {
-            const float *base = bki_at(t, b, h);
-            if (rows_finite(base, t->stride_n, L, C)) continue;
-            for (int n = 0; n < L; n++) /* name the first bad row */
-                if (!rows_finite(base + (int64_t)n * t->stride_n, t->stride_n, 1, C))
-                    return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value at [%d,%d,%d,:]",
-                                    name, b, h, n);
-        }
-    }
-    return BK_OK;
+    if (t->device != BK_DEVICE_HOST || B < 1 || H < 1) return BK_OK;
+    const int p = first_bad_head(t, B, H, N, C, len);
+    if (p == B * H) return BK_OK;
+    const int b = p / H, h = p % H, L = bki_len(len, b, N);
+    const float *base = bki_at(t, b, h);
+    for (int n = 0; n < L; n++) /* name the first bad row */
+        if (!rows_finite(base + (int64_t)n * t->stride_n, t->stride_n, 1, C))
+            return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value at [%d,%d,%d,:]", name, b, h, n);
+    return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value in [%d,%d,:,:]", name, b, h);
 }
 
 bk_status bki_check_qkv_shape(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)

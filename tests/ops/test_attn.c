@@ -1124,6 +1124,33 @@ static void test_bad_input(void)
                  named, total);
         free(q2), free(o2);
     }
+    { /* large inputs are scanned by the threads (by heads, or by row chunks of one head): the first bad row is
+         named whatever the thread count, with later bad values present */
+        const int shapes[2][2] = {{1, 16384}, {6, 1024}}; /* H, N; d = 64 */
+        for (int sh = 0; sh < 2; sh++) {
+            const int H2 = shapes[sh][0], N2 = shapes[sh][1], D2 = 64;
+            const size_t nel = (size_t)H2 * N2 * D2;
+            float *q2 = calloc(nel, sizeof(float)), *o2 = calloc(nel, sizeof(float));
+            bk_attn_desc d2 = {1, H2, N2, N2, D2, D2, NULL, NULL};
+            bk_tensor tq2 = bk_tensor_bhnd(q2, H2, N2, D2), to2 = bk_tensor_bhnd(o2, H2, N2, D2);
+            const int h0 = H2 - 2 < 0 ? 0 : H2 - 2, n0 = N2 - 3;
+            q2[((size_t)h0 * N2 + n0) * D2 + 17] = INFINITY;
+            q2[((size_t)h0 * N2 + n0 + 1) * D2] = NAN;
+            q2[nel - 1] = NAN;
+            char want[64];
+            snprintf(want, sizeof want, "non-finite value at [0,%d,%d,:]", h0, n0);
+            int ok = 1;
+            for (int nt = 1; nt <= 3; nt++) {
+                bk_set_num_threads(nt);
+                ok &= bk_sinkhorn_forward(&d2, &p, &tq2, &tq2, &tq2, &to2, NULL, NULL, NULL, 0) == BK_ERR_NONFINITE &&
+                      strstr(bk_last_error(), want) != NULL;
+            }
+            bk_set_num_threads(0);
+            th_check(ok, "a large input's first non-finite row is named on 1, 2 and 3 threads", "H %d N %d: %s", H2, N2,
+                     bk_last_error());
+            free(q2), free(o2);
+        }
+    }
     keep = t.pb.v[0];
     t.pb.v[0] = NAN;
     EXPECT(bk_sinkhorn_forward(&d, &p, &t.pb.tq, &t.pb.tk, &t.pb.tv, &t.pb.to, NULL, NULL, NULL, 0), BK_ERR_NONFINITE, "NaN in V");

@@ -64,8 +64,14 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
     int lo, hi;
     bki_team_share(tm, nr * nc, &lo, &hi);
+    /* thin products number their tiles along the long side first, so that a
+     * member's consecutive tiles share the packed short operand */
+    const int along_rows = thin == 0, packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
+    float pk[THIN_PACK];
+    int packed_at = -1; /* the short-side tile whose operand pk holds */
     for (int t = lo; t < hi; t++) {
-        const int i0 = (t / nc) * rb, j0 = (t % nc) * cb;
+        const int ti = along_rows ? t % nr : t / nc, tj = along_rows ? t / nr : t % nc;
+        const int i0 = ti * rb, j0 = tj * cb;
         const int mi = M - i0 < rb ? M - i0 : rb, nj = N - j0 < cb ? N - j0 : cb;
         float *Ct = C + (ptrdiff_t)i0 * ldc + j0;
         const float *At = ta ? A + i0 : A + (ptrdiff_t)i0 * lda;
@@ -74,8 +80,9 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
             for (int i = 0; i < mi; i++)
                 for (int j = 0; j < nj; j++) Ct[(ptrdiff_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * Ct[(ptrdiff_t)i * ldc + j];
         } else if (thin >= 0) {
-            float pk[THIN_PACK];
-            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk);
+            const int side = thin == 0 ? tj : ti;
+            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk, packs && side == packed_at);
+            packed_at = side;
         } else {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,
                         alpha, At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);

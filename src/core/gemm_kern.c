@@ -176,16 +176,20 @@ static void run(const gk_args *g, int M, int N)
 
 static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)((cols + NR - 1) / NR * NR); }
 
-/* dst[k][j] = src(k, j) = src[j * sj + k * sk] for j < cols, zero to the
- * padded width (rows x padded cols, row stride padded cols) */
-static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sk, ptrdiff_t sj, float *dst)
+/* dst[k][j] = src[j * sj + k] for j < cols, zero to the padded width (rows x
+ * padded cols, row stride padded cols): the transpose of a row-major panel,
+ * read along its rows (dst is small and stays in L1). With done, dst holds
+ * it already (the caller's previous tile had the same panel). */
+static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float *dst, int done)
 {
     const ptrdiff_t w = (cols + NR - 1) / NR * NR;
-    for (int k = 0; k < rows; k++) {
-        float *d = dst + (ptrdiff_t)k * w;
-        for (int j = 0; j < cols; j++) d[j] = src[(ptrdiff_t)j * sj + (ptrdiff_t)k * sk];
-        for (int j = cols; j < w; j++) d[j] = 0.0f;
+    if (done) return w;
+    for (int j = 0; j < cols; j++) {
+        const float *s = src + (ptrdiff_t)j * sj;
+        for (int k = 0; k < rows; k++) dst[(ptrdiff_t)k * w + j] = s[k];
     }
+    for (int k = 0; k < rows; k++)
+        for (int j = cols; j < w; j++) dst[(ptrdiff_t)k * w + j] = 0.0f;
     return w;
 }
 
@@ -195,9 +199,10 @@ static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sk, ptrdif
  * op(A) against op(B) (packed into pk when tb; used as it is otherwise);
  * trans == 1 computes C^T = op(B)^T op(A)^T: streams the columns of op(B)
  * against op(A)^T (packed into pk unless ta). pk: gemm_pack_floats(K, N)
- * floats (trans 0) or (K, M) (trans 1). */
+ * floats (trans 0) or (K, M) (trans 1); packed: pk holds that operand already
+ * (packed by a call with the same operand, K and short side). */
 static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
-                           const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk)
+                           const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk, int packed)
 {
     gk_args g = {0};
     g.K = K;
@@ -208,7 +213,7 @@ static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float
         g.rs = ta ? 1 : lda;
         g.ks = ta ? lda : 1;
         if (tb) {
-            g.bs = pack(K, N, B, 1, ldb, pk);
+            g.bs = pack(K, N, B, ldb, pk, packed);
             g.b = pk;
         } else {
             g.b = B;
@@ -226,7 +231,7 @@ static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float
             g.b = A;
             g.bs = lda;
         } else {
-            g.bs = pack(K, M, A, 1, lda, pk);
+            g.bs = pack(K, M, A, lda, pk, packed);
             g.b = pk;
         }
         g.c = C;

@@ -86,7 +86,7 @@ static void one_case(const bki_gemm_kernels *gk, const char *isa, const gcase *c
     for (int o = 0; o < 2; o++) {
         for (size_t e = 0; e < nc; e++) /* beta == 0: C is not read, so NaN there must not reach the output */
             C[o][e] = c->beta == 0.0f && (int)(e / ldc) < c->M && (int)(e % ldc) < c->N ? NAN : C0[e];
-        gk->thin(o, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C[o], ldc, pk);
+        gk->thin(o, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C[o], ldc, pk, 0);
         err[o] = rel_err(c, A, lda, B, ldb, C0, C[o], ldc, rows, &guard_ok[o]);
     }
     /* float32 chain of K fused multiply-adds, then two roundings */
@@ -157,5 +157,7 @@ void test_gemm(void)
     else printf("SKIP gemm thin avx512: this CPU (or BK_ISA) runs the avx2 kernels only\n");
     team_case(0, 1, 4099, 32, 64);   /* thin, rows streamed */
     team_case(1, 0, 40, 3001, 48);   /* thin, columns streamed */
+    team_case(0, 1, 3000, 100, 64);  /* thin, rows streamed, two column tiles: a packed panel per column tile, reused */
+    team_case(0, 0, 60, 5000, 40);   /* thin, columns streamed, op(A) packed and reused along the columns */
     team_case(0, 0, 700, 300, 700);  /* BLAS: K too long */
 }

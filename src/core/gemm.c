@@ -27,26 +27,25 @@ void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alp
 }
 
 /* The thin path (gemm_kern.c) takes a product whose short output side is at
- * most THIN_SIDE, with an inner dimension of at most THIN_K, when its short
- * operand fits in cache: packed, THIN_PACK floats (a buffer on the stack);
- * read in place (a row-major op(B) or a transposed op(A)), THIN_CACHE floats.
- * The long operand then streams through once, unpacked, and C is written
- * once, without BLAS's copies of both operands and its zeroing pass. Returns
- * the orientation (0: rows of op(A) streamed; 1: columns of op(B)) or -1 for
- * BLAS. A function of the shape and transposes only, so every tile of a
- * product takes the same path. Measured per tile shape in docs/PERFORMANCE.md
- * ("Thin GEMMs"): wider outputs (N = 192, 256) were slower than BLAS. */
+ * most THIN_SIDE when its short operand fits in cache: packed, THIN_PACK
+ * floats (a buffer on the stack); read in place (a row-major op(B) or a
+ * transposed op(A)), THIN_CACHE floats (1 MiB: it is read again for every
+ * micro-tile row of the long side, from L2). The long operand then streams
+ * through once, unpacked, and C is written once, without BLAS's copies of
+ * both operands and its zeroing pass. Returns the orientation (0: rows of
+ * op(A) streamed; 1: columns of op(B)) or -1 for BLAS. A function of the
+ * shape and transposes only, so every tile of a product takes the same path.
+ * Measured per tile shape in docs/PERFORMANCE.md ("Thin GEMMs"): wider
+ * outputs (N = 192, 256) and a 4 MiB in-place operand were slower than BLAS. */
 #define THIN_SIDE 128
-#define THIN_K 512
 #define THIN_PACK 16384
-#define THIN_CACHE 65536
+#define THIN_CACHE 262144
 static int thin_fits(const bki_gemm_kernels *gk, int side, int K, int packed)
 {
-    return side <= THIN_SIDE && (packed ? gk->pack_floats(K, side) <= THIN_PACK : (size_t)K * side <= THIN_CACHE);
+    return side <= THIN_SIDE && (packed ? gk->pack_floats(K, side) <= THIN_PACK : (double)K * side <= THIN_CACHE);
 }
 static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K)
 {
-    if (K > THIN_K) return -1;
     const int rows_ok = thin_fits(gk, N, K, tb), cols_ok = thin_fits(gk, M, K, !ta);
     if (rows_ok && (!cols_ok || M >= N)) return 0;
     return cols_ok ? 1 : -1;

@@ -81,18 +81,20 @@ static void pivot_masses(int r, const float *theta, float temp, float *logp, flo
 
 static size_t fl(size_t n) { return bki_round_up(n * sizeof(float)); }
 
-/* Chunks of a long inner dimension K of a thin product (few GEMM tiles): at
- * most 16 of at least 256 (a function of K only). */
+/* Chunks of a long inner dimension K of a thin product (few GEMM tiles):
+ * 16 of at least 256 and at most 4096 (a function of K only). The cap keeps a
+ * chunk's operand panels in L2 (bki_gemm's thin path; r x 4096 and 4096 x d
+ * floats at d, r <= 64). */
 static int kchunk(int K)
 {
     int c = (K + 15) / 16;
     c = (c + 15) & ~15;
-    return c < 256 ? 256 : c;
+    return c < 256 ? 256 : c > 4096 ? 4096 : c;
 }
 
 /* floats of the partial products of a thin M x N output over inner
  * dimensions up to K1 and K2 (gemm_ksum; a shorter K never has more chunks:
- * ceil(K / 256) up to 4096, then 16) */
+ * ceil(K / 256) up to 4096, then 16, then ceil(K / 4096) from 65536) */
 static size_t ksum_floats(int M, int N, int K1, int K2)
 {
     return (size_t)(bki_nblocks(K1, kchunk(K1)) + bki_nblocks(K2, kchunk(K2))) * M * N;

@@ -20,42 +20,25 @@ static inline uint32_t key_of(float x)
 size_t bki_argsort_scratch(int n) { return 2 * (size_t)n * sizeof(uint32_t) * 2; }
 
 /* Stable ascending argsort: idx[r] = index of the r-th smallest key (ties by
- * index). Up to 64 keys: packed with their index into 64-bit words (key << 32
- * | i, all distinct, so any sort of the words is stable), insertion-sorted
- * runs of 16 and a bottom-up merge; above that an LSD radix sort, 4 passes of
- * 8 bits (measured faster from 128 keys on: the merges' branches mispredict).
- * scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
+ * index). Up to 80 keys by rank: each key's rank counted against all keys in
+ * vector lanes (n^2 compares, no branch). Merges of insertion-sorted runs,
+ * used here before, spent most of their time in mispredicted branches: ASAP
+ * at N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks;
+ * from about 96 keys the n^2 compares cost more (docs/PERFORMANCE.md). Above
+ * 80 keys an LSD radix sort, 4 passes of 8 bits. Both give the one stable
+ * order. scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch)
 {
-    if (n <= 64) {
-        uint64_t *w = scratch, *t = w + n;
-        for (int i = 0; i < n; i++) w[i] = ((uint64_t)key_of(x[(ptrdiff_t)i * stride]) << 32) | (uint32_t)i;
-        const int run = 16; /* insertion-sorted runs, then merges */
-        for (int lo = 0; lo < n; lo += run) {
-            int hi = lo + run < n ? lo + run : n;
-            for (int i = lo + 1; i < hi; i++) {
-                uint64_t v = w[i];
-                int j = i;
-                while (j > lo && w[j - 1] > v) {
-                    w[j] = w[j - 1];
-                    j--;
-                }
-                w[j] = v;
-            }
+    if (n <= 80) {
+        uint32_t *k = scratch;
+        for (int i = 0; i < n; i++) k[i] = key_of(x[(ptrdiff_t)i * stride]);
+        for (int i = 0; i < n; i++) {
+            const uint32_t ki = k[i];
+            int r = 0;
+#pragma omp simd reduction(+ : r)
+            for (int j = 0; j < n; j++) r += (k[j] < ki) | ((k[j] == ki) & (j < i));
+            idx[r] = i;
         }
-        for (int width = run; width < n; width *= 2) {
-            for (int lo = 0; lo < n; lo += 2 * width) {
-                int mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
-                int a = lo, b = mid, o = lo;
-                while (a < mid && b < hi) t[o++] = w[a] < w[b] ? w[a++] : w[b++];
-                while (a < mid) t[o++] = w[a++];
-                while (b < hi) t[o++] = w[b++];
-            }
-            uint64_t *sw = w;
-            w = t;
-            t = sw;
-        }
-        for (int i = 0; i < n; i++) idx[i] = (int32_t)(uint32_t)w[i];
         return;
     }
     uint32_t *k0 = scratch, *k1 = k0 + n;

@@ -687,6 +687,40 @@ static int dpe_same_problem(const dprob *x, const dprob *y, int b, int h)
     return ok && dpe_ok(x) && dpe_ok(y);
 }
 
+/* bki_argsort (sort1d.c: ranks, merges or radix by size) gives the stable
+ * ascending order of an independent insertion sort, for every size across
+ * its path switches, with ties, both zeros and a wide range, strided */
+static void test_argsort_ref(void)
+{
+    th_rng r = {777};
+    int bad = 0, count = 0;
+    for (int n = 1; n <= 300; n += n < 140 ? 1 : 53, count++) {
+        float *x = malloc(sizeof(float) * 3 * (size_t)n);
+        int32_t *ref = malloc(sizeof(int32_t) * (size_t)n), *got = malloc(sizeof(int32_t) * (size_t)n);
+        void *scr = malloc(bki_argsort_scratch(n));
+        for (int i = 0; i < 3 * n; i++) {
+            const uint64_t u = th_next(&r) % 5;
+            x[i] = u == 0 ? 0.0f : u == 1 ? -0.0f : u == 2 ? (float)(th_next(&r) % 4) : (float)th_normal(&r) * 1e3f;
+        }
+        for (int i = 0; i < n; i++) { /* stable insertion sort of indices by x[3 i] */
+            int j = i;
+            while (j > 0 && x[3 * ref[j - 1]] > x[3 * i]) {
+                ref[j] = ref[j - 1];
+                j--;
+            }
+            ref[j] = i;
+        }
+        bki_argsort(n, x, 3, got, scr);
+        if (memcmp(ref, got, sizeof(int32_t) * (size_t)n)) {
+            if (!bad) printf("argsort differs from the reference at n = %d\n", n);
+            bad++;
+        }
+        free(x); free(ref); free(got); free(scr);
+    }
+    th_check(!bad, "bki_argsort == a stable insertion sort (n = 1..140, then to 300; ties, +-0, stride 3)", "%d of %d sizes differ",
+             bad, count);
+}
+
 /* the team-parallel argsort (sort1d.c) equals the serial one for any team */
 
 static void test_esp_team_sort(void)
@@ -877,6 +911,7 @@ void test_esp(void)
     test_esp_permutation();
     test_esp_soft_to_hard();
     test_esp_padding_determinism();
+    test_argsort_ref();
     test_esp_team_sort();
     test_esp_parallel_determinism();
     test_esp_fd();

@@ -176,18 +176,49 @@ static void run(const gk_args *g, int M, int N)
 
 static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)((cols + NR - 1) / NR * NR); }
 
+/* 8 x 8 transpose: dst[r][c] = src[c][r] (row strides ss, ds) */
+static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
+{
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
+           r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
+           r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    r0 = _mm256_shuffle_ps(t0, t2, 0x44);
+    r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    r2 = _mm256_shuffle_ps(t1, t3, 0x44);
+    r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    r4 = _mm256_shuffle_ps(t4, t6, 0x44);
+    r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    r6 = _mm256_shuffle_ps(t5, t7, 0x44);
+    r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
+    _mm256_storeu_ps(dst + ds, _mm256_permute2f128_ps(r1, r5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(r2, r6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(r3, r7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(r0, r4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(r1, r5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(r2, r6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+
 /* dst[k][j] = src[j * sj + k] for j < cols, zero to the padded width (rows x
  * padded cols, row stride padded cols): the transpose of a row-major panel,
- * read along its rows (dst is small and stays in L1). With done, dst holds
- * it already (the caller's previous tile had the same panel). */
+ * in 8 x 8 blocks, the edges element by element. With done, dst holds it
+ * already (the caller's previous tile had the same panel). */
 static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float *dst, int done)
 {
     const ptrdiff_t w = (cols + NR - 1) / NR * NR;
     if (done) return w;
-    for (int j = 0; j < cols; j++) {
-        const float *s = src + (ptrdiff_t)j * sj;
-        for (int k = 0; k < rows; k++) dst[(ptrdiff_t)k * w + j] = s[k];
+    const int c8 = cols & ~7, r8 = rows & ~7;
+    for (int j = 0; j < c8; j += 8) {
+        for (int k = 0; k < r8; k += 8) tr8(src + (ptrdiff_t)j * sj + k, sj, dst + (ptrdiff_t)k * w + j, w);
+        for (int jj = j; jj < j + 8; jj++)
+            for (int k = r8; k < rows; k++) dst[(ptrdiff_t)k * w + jj] = src[(ptrdiff_t)jj * sj + k];
     }
+    for (int j = c8; j < cols; j++)
+        for (int k = 0; k < rows; k++) dst[(ptrdiff_t)k * w + j] = src[(ptrdiff_t)j * sj + k];
     for (int k = 0; k < rows; k++)
         for (int j = cols; j < w; j++) dst[(ptrdiff_t)k * w + j] = 0.0f;
     return w;

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ---- errors (status.c) -------------------------------------------------- */
 /* Records a formatted message for bk_last_error() and returns s. */
@@ -253,6 +254,18 @@ typedef struct {
 extern const bki_gemm_kernels bki_gemm_kernels_avx2;
 extern const bki_gemm_kernels bki_gemm_kernels_avx512;
 
+/* Order-preserving map float -> uint32 (-0 and +0 map to the same key): the
+ * sort keys of sort1d.c and of the kernels' small sort. */
+static inline uint32_t bki_sort_key(float x)
+{
+    x += 0.0f; /* -0 -> +0 */
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+/* the most keys bki_argsort sorts by rank (small_argsort) */
+#define BKI_SMALL_SORT 80
+
 typedef struct {
     const char *name;
     const bki_gemm_kernels *gemm;
@@ -279,6 +292,8 @@ typedef struct {
     void (*softsort_row)(int n, const float *a, float s, float inv_t, float *p);
     float (*softsort_row_bwd)(int n, const float *a, float s, float inv_t, const float *p,
                               const float *dp, float *da);
+    /* bki_argsort's order for n <= BKI_SMALL_SORT keys (no scratch) */
+    void (*small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx);
 } bki_kernels;
 
 const bki_kernels *bki_kern(void);

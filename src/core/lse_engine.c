@@ -724,6 +724,32 @@ static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, floa
 }
 
 /* ------------------------------------------------------------------------ */
+/* small stable argsort by rank (sort1d.c's bki_argsort up to BKI_SMALL_SORT) */
+/* ------------------------------------------------------------------------ */
+/* rank_i = #{j : k_j < k_i, or k_j == k_i and j < i}, for 16 keys i at once
+ * in vector lanes against every key j: no horizontal sums and no branches,
+ * so n^2 compares in n^2 / 16 lane operations; idx[rank_i] = i. Lanes past n
+ * hold the largest key and are not scattered. */
+#define SORT_LANES 16
+static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx)
+{
+    uint32_t k[(BKI_SMALL_SORT + SORT_LANES - 1) / SORT_LANES * SORT_LANES];
+    const int np = (n + SORT_LANES - 1) / SORT_LANES * SORT_LANES;
+    for (int i = 0; i < n; i++) k[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);
+    for (int i = n; i < np; i++) k[i] = 0xffffffffu;
+    for (int i0 = 0; i0 < n; i0 += SORT_LANES) {
+        int32_t cnt[SORT_LANES] = {0};
+        for (int j = 0; j < n; j++) {
+            const uint32_t kj = k[j];
+#pragma omp simd
+            for (int l = 0; l < SORT_LANES; l++) cnt[l] += (kj < k[i0 + l]) | ((kj == k[i0 + l]) & (j < i0 + l));
+        }
+        const int e = n - i0 < SORT_LANES ? n - i0 : SORT_LANES;
+        for (int l = 0; l < e; l++) idx[cnt[l]] = i0 + l;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
 /* ------------------------------------------------------------------------ */
 #if defined(__AVX512F__)
@@ -794,4 +820,5 @@ const bki_kernels ISA(bki_kernels) = {
     .vexp = ISA(vexp),
     .softsort_row = ISA(softsort_row),
     .softsort_row_bwd = ISA(softsort_row_bwd),
+    .small_argsort = ISA(small_argsort),
 };

@@ -8,43 +8,26 @@
 #include <math.h>
 #include <string.h>
 
-/* Order-preserving map float -> uint32 (-0 and +0 map to the same key). */
-static inline uint32_t key_of(float x)
-{
-    x += 0.0f; /* -0 -> +0 */
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 size_t bki_argsort_scratch(int n) { return 2 * (size_t)n * sizeof(uint32_t) * 2; }
 
 /* Stable ascending argsort: idx[r] = index of the r-th smallest key (ties by
- * index). Up to 80 keys by rank: each key's rank counted against all keys in
- * vector lanes (n^2 compares, no branch). Merges of insertion-sorted runs,
- * used here before, spent most of their time in mispredicted branches: ASAP
- * at N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks;
- * from about 96 keys the n^2 compares cost more (docs/PERFORMANCE.md). Above
- * 80 keys an LSD radix sort, 4 passes of 8 bits. Both give the one stable
- * order. scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
+ * index). Up to BKI_SMALL_SORT keys by rank, in the instruction set's vector
+ * lanes (bki_kernels.small_argsort). Merges of insertion-sorted runs, used
+ * here before, spent most of their time in mispredicted branches: ASAP at
+ * N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks; from
+ * about 96 keys the n^2 compares cost more (docs/PERFORMANCE.md). Above that
+ * an LSD radix sort, 4 passes of 8 bits. Both give the one stable order.
+ * scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch)
 {
-    if (n <= 80) {
-        uint32_t *k = scratch;
-        for (int i = 0; i < n; i++) k[i] = key_of(x[(ptrdiff_t)i * stride]);
-        for (int i = 0; i < n; i++) {
-            const uint32_t ki = k[i];
-            int r = 0;
-#pragma omp simd reduction(+ : r)
-            for (int j = 0; j < n; j++) r += (k[j] < ki) | ((k[j] == ki) & (j < i));
-            idx[r] = i;
-        }
+    if (n <= BKI_SMALL_SORT) {
+        bki_kern()->small_argsort(n, x, stride, idx);
         return;
     }
     uint32_t *k0 = scratch, *k1 = k0 + n;
     uint32_t *i0 = k1 + n, *i1 = i0 + n;
     for (int i = 0; i < n; i++) {
-        k0[i] = key_of(x[(ptrdiff_t)i * stride]);
+        k0[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);
         i0[i] = (uint32_t)i;
     }
     for (int shift = 0; shift < 32; shift += 8) {
@@ -98,7 +81,7 @@ void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t strid
 #define TS_BEGIN(b) ((int)((int64_t)n * (b) / nb))
     for (int b = lo; b < hi; b++)
         for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) {
-            k0[i] = key_of(x[(ptrdiff_t)i * stride]);
+            k0[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);
             i0[i] = (uint32_t)i;
         }
     bki_team_sync(tm);

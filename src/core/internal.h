@@ -264,7 +264,7 @@ static inline uint32_t bki_sort_key(float x)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 /* the most keys bki_argsort sorts by rank (small_argsort) */
-#define BKI_SMALL_SORT 80
+#define BKI_SMALL_SORT 96
 
 typedef struct {
     const char *name;

@@ -14,9 +14,10 @@ size_t bki_argsort_scratch(int n) { return 2 * (size_t)n * sizeof(uint32_t) * 2;
  * index). Up to BKI_SMALL_SORT keys by rank, in the instruction set's vector
  * lanes (bki_kernels.small_argsort). Merges of insertion-sorted runs, used
  * here before, spent most of their time in mispredicted branches: ASAP at
- * N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks; from
- * about 96 keys the n^2 compares cost more (docs/PERFORMANCE.md). Above that
- * an LSD radix sort, 4 passes of 8 bits. Both give the one stable order.
+ * N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks and
+ * 1.2x at N = 96; at 128 keys the n^2 compares cost as much as the radix
+ * sort (docs/PERFORMANCE.md). Above that an LSD radix sort, 4 passes of 8
+ * bits. Both give the one stable order.
  * scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch)
 {

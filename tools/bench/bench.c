@@ -29,6 +29,7 @@ typedef struct {
     double peer_fwd, peer_fb, peer_saved, peer_rss;
     int have_peer;
     double flops_f, flops_b, exps_f, exps_b; /* work per head; 0 = not counted */
+    double bytes_f, bytes_b;                 /* memory traffic per head (model); 0 = none */
 } bresult;
 
 static void bench_usage(FILE *f)
@@ -141,11 +142,50 @@ static void work_counts(const bcase *c, bresult *r)
         double R = LOT_R;
         r->flops_f = 4 * N * R * (d + d); r->exps_f = 2 * 3 * N * R;
         r->flops_b = 2 * N * R * (6 * d + 5 * d); r->exps_b = 2 * 3 * N * R;
+        /* floats each pass reads and writes (docs/PERFORMANCE.md, "Memory traffic"):
+         * forward 7 N d (inputs scanned, read by the GEMMs, O written) + 12 N r (the
+         * logits written, 3 row passes and a plan write per inner problem, the plans
+         * read by the products); backward 15 N d + 41 N r */
+        r->bytes_f = 4 * (7 * N * d + 12 * N * R);
+        r->bytes_b = 4 * (15 * N * d + 41 * N * R);
         break;
     }
-    default: /* hard sort: sorting and gathers, not flops */
+    case OP_ESP_HARD: /* sorting and row gathers, not flops (d = dv, L = d slices) */
+        r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
+        /* forward: one gathered partner row per slice and query in each of the cost and
+         * output passes, 2 L radix sorts of ~23 N words, 4 N words of orders per slice,
+         * 9 N d of input scans and projections; backward: 3 gather passes (dO, K, Q
+         * rows), 6 N words of orders per slice, 12 N d of streams */
+        r->bytes_f = 4 * (L * N * (2 * d + 2) + 2 * L * 23 * N + 4 * L * N + 9 * N * d);
+        r->bytes_b = 4 * (L * N * (3 * d + 3) + 6 * L * N + 12 * N * d);
+        break;
+    default:
         r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
     }
+}
+
+/* Memory bandwidth of nt threads: the best of several passes of a[i] = b[i] +
+ * s c[i] over three 64 MiB arrays (well beyond the caches), counted as STREAM
+ * counts it (12 bytes per element). Bytes/s. */
+static double mem_bandwidth(int nt)
+{
+    const size_t n = (size_t)16 << 20;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
+    double best = 0.0;
+    if (a && b && c) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (size_t i = 0; i < n; i++) a[i] = b[i] = c[i] = (float)(i & 255);
+        for (int rep = 0; rep < 6; rep++) {
+            const float sc = 1.0f + 1e-3f * (float)rep;
+            const double t0 = cli_now();
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (size_t i = 0; i < n; i++) a[i] = b[i] + sc * c[i];
+            const double t = cli_now() - t0, bw = 12.0 * (double)n / t;
+            best = bw > best ? bw : best;
+        }
+    }
+    free(a), free(b), free(c);
+    return best;
 }
 
 static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
@@ -349,9 +389,11 @@ int cmd_bench(int argc, char **argv)
     bk_set_num_threads(nt);
     double gf, ge;
     bk_machine_peak(0.5, &gf, &ge);
+    const double bw = mem_bandwidth(nt);
     if (!json)
-        printf("machine: kernels %s, %d threads; measured per core: FMA %.1f GFLOP/s, exp %.2f G/s\n", bk_isa(), nt, gf,
-               ge);
+        printf("machine: kernels %s, %d threads; measured per core: FMA %.1f GFLOP/s, exp %.2f G/s; memory %.1f GB/s "
+               "(%d threads)\n",
+               bk_isa(), nt, gf, ge, bw * 1e-9, nt);
     bresult *res = calloc((size_t)n, sizeof *res);
     for (int i = 0; i < n; i++) {
         /* large problems: fewer repetitions (the quartiles say how noisy) */
@@ -372,9 +414,9 @@ int cmd_bench(int argc, char **argv)
         run_peer(py, script, cs, n, "esp", peer_max_n, nt, 1, 0, res);
     }
     if (!json)
-        printf("%-9s %4s %6s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s%s\n", "op", "BH", "N", "d", "S",
-               "fwd ms", "peer ms", "ratio", "f+b ms", "peer ms", "ratio", "ours MiB", "peer MiB", "%peak", "%peak",
-               " (fwd, f+b)");
+        printf("%-9s %4s %6s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s | %5s %5s%s\n", "op", "BH", "N",
+               "d", "S", "fwd ms", "peer ms", "ratio", "f+b ms", "peer ms", "ratio", "ours MiB", "peer MiB", "%peak",
+               "%peak", "%bw", "%bw", " (fwd, f+b)");
     for (int i = 0; i < n; i++) {
         const bcase *c = &cs[i];
         const bresult *r = &res[i];
@@ -382,6 +424,8 @@ int cmd_bench(int argc, char **argv)
         double ideal_f = c->BH * (r->flops_f / peakF + r->exps_f / peakE);
         double ideal_fb = c->BH * ((r->flops_f + r->flops_b) / peakF + (r->exps_f + r->exps_b) / peakE);
         double frac_f = ideal_f / r->fwd[0], frac_fb = ideal_fb / r->fb[0];
+        /* the fwd column times a forward without a tape; f+b, a forward with one and the backward */
+        double bw_f = c->BH * r->bytes_f / bw / r->fwd[0], bw_fb = c->BH * (r->bytes_f + r->bytes_b) / bw / r->fb[0];
         double ours_mem = (double)(r->ws_bytes + r->tape_bytes) / (1 << 20);
         double peer_mem = r->have_peer ? r->peer_rss / (1 << 20) : NAN;
         double rf = r->have_peer ? r->fwd[0] / r->peer_fwd : NAN, rfb = r->have_peer ? r->fb[0] / r->peer_fb : NAN;
@@ -394,6 +438,10 @@ int cmd_bench(int argc, char **argv)
                    op_names[c->op], c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0], r->fwd[1],
                    r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss);
             if (r->flops_f > 0) printf(", \"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f", frac_f, frac_fb);
+            if (r->bytes_f > 0)
+                printf(", \"mem_bandwidth_bytes_s\": %.4g, \"bytes_fwd\": %.4g, \"bytes_bwd\": %.4g, \"frac_bw_fwd\": %.4f, "
+                       "\"frac_bw_fwdbwd\": %.4f",
+                       bw, c->BH * r->bytes_f, c->BH * r->bytes_b, bw_f, bw_fb);
             if (c->op == OP_SOFTMAX)
                 printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
             if (r->have_peer)
@@ -404,6 +452,11 @@ int cmd_bench(int argc, char **argv)
             printf("}\n");
         } else {
             char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-", ff[16] = "-", fb[16] = "-";
+            char mf[16] = "-", mb[16] = "-";
+            if (r->bytes_f > 0) {
+                snprintf(mf, sizeof mf, "%.0f%%", 100 * bw_f);
+                snprintf(mb, sizeof mb, "%.0f%%", 100 * bw_fb);
+            }
             if (r->have_peer) {
                 snprintf(pf, sizeof pf, "%.3f", r->peer_fwd * 1e3);
                 snprintf(pr, sizeof pr, "%.4f", rf);
@@ -415,8 +468,9 @@ int cmd_bench(int argc, char **argv)
                 snprintf(ff, sizeof ff, "%.1f%%", 100 * frac_f);
                 snprintf(fb, sizeof fb, "%.1f%%", 100 * frac_fb);
             }
-            printf("%-9s %4d %6d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %6s %6s\n", op_names[c->op],
-                   c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb, prb, ours_mem, pm, ff, fb);
+            printf("%-9s %4d %6d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %6s %6s | %5s %5s\n",
+                   op_names[c->op], c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb, prb, ours_mem,
+                   pm, ff, fb, mf, mb);
             printf("%-9s %29s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3,
                    r->fwd[2] * 1e3, r->fb[1] * 1e3, r->fb[2] * 1e3);
             if (c->op == OP_SOFTMAX)
@@ -429,6 +483,8 @@ int cmd_bench(int argc, char **argv)
         printf("ratio = ours / peer (lower is better); the esp ops' peer is the reference soft-sort ESP.\n"
                "ours MiB = workspace + tape; peer MiB = peak RSS growth of the peer's forward+backward.\n"
                "%%peak = (GEMM flops / FMA peak + exps / exp peak) / time, with the work our kernels do.\n"
+               "%%bw = modelled memory traffic / time / the measured memory bandwidth (LOT, ESP hard: the\n"
+               "arrays each pass reads and writes, counted from the code; docs/PERFORMANCE.md).\n"
                "peak RSS: ours %.1f MiB (whole bench process)\n",
                our_rss / 1048576.0);
     free(res);

@@ -165,11 +165,12 @@ static void work_counts(const bcase *c, bresult *r)
 }
 
 /* Memory bandwidth of nt threads: the best of several passes of a[i] = b[i] +
- * s c[i] over three 64 MiB arrays (well beyond the caches), counted as STREAM
- * counts it (12 bytes per element). Bytes/s. */
+ * s c[i] over three 256 MiB arrays (beyond the last-level caches: the VMs here
+ * report up to 480 MiB of L3), counted as STREAM counts it (12 bytes per
+ * element). Bytes/s. */
 static double mem_bandwidth(int nt)
 {
-    const size_t n = (size_t)16 << 20;
+    const size_t n = (size_t)64 << 20;
     float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
     double best = 0.0;
     if (a && b && c) {

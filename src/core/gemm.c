@@ -40,13 +40,20 @@ void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alp
 #define THIN_SIDE 128
 #define THIN_PACK 16384
 #define THIN_CACHE 262144
+#define THIN_STRIDED 65536
 static int thin_fits(const bki_gemm_kernels *gk, int side, int K, int packed)
 {
     return side <= THIN_SIDE && (packed ? gk->pack_floats(K, side) <= THIN_PACK : (double)K * side <= THIN_CACHE);
 }
-static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K)
+/* rb x cb: the product's tiles. A streamed operand read across its rows (a
+ * transposed op(A), a row-major op(B) streamed by columns) gets half a cache
+ * line per k at a stride the prefetchers do not follow; it is taken only
+ * while a tile's share of it (its long side x K) stays within THIN_STRIDED
+ * floats (a 1024-token attention's dK = dS^T Q ran 10 % slower thin). */
+static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K, int rb, int cb)
 {
-    const int rows_ok = thin_fits(gk, N, K, tb), cols_ok = thin_fits(gk, M, K, !ta);
+    const int rows_ok = thin_fits(gk, N, K, tb) && (!ta || (double)rb * K <= THIN_STRIDED);
+    const int cols_ok = thin_fits(gk, M, K, !ta) && (tb || (double)cb * K <= THIN_STRIDED);
     if (rows_ok && (!cols_ok || M >= N)) return 0;
     return cols_ok ? 1 : -1;
 }
@@ -57,9 +64,9 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
 {
     if (M < 1 || N < 1) return;
     const bki_gemm_kernels *gk = bki_kern()->gemm;
-    const int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K);
     int rb, cb;
     bki_gemm_tiles(M, N, &rb, &cb);
+    const int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K, rb, cb);
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
     int lo, hi;
     bki_team_share(tm, nr * nc, &lo, &hi);

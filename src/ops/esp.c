@@ -347,10 +347,12 @@ static float scaled_row(int d, float s, const float *x, float *out)
     return acc;
 }
 
-/* scaled contiguous copies Qt, Kt of Q and K, their squared norms, and the
- * projections Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m). Ends synced. */
+/* scaled contiguous copies Qt, Kt of Q and K, their squared norms, and, with
+ * slices, the projections Ap = Theta Qt^T (L x n), Bp = Theta Kt^T (L x m)
+ * (a hard-sort backward takes its orders from the tape and needs none). Ends
+ * synced. */
 static void project(const bki_team *tm, const esp_cfg *c, int n, int m, const float *Q, int64_t ldq,
-                    const float *K, int64_t ldk, esp_slab *w)
+                    const float *K, int64_t ldk, esp_slab *w, int slices)
 {
     const int d = c->d;
     int lo, hi;
@@ -360,6 +362,7 @@ static void project(const bki_team *tm, const esp_cfg *c, int n, int m, const fl
         else w->kn[r - n] = scaled_row(d, c->s, K + (int64_t)(r - n) * ldk, w->Kt + (size_t)(r - n) * d);
     }
     bki_team_sync(tm);
+    if (!slices) return;
     bki_gemm(tm, 0, 1, c->L, n, d, 1.0f, c->theta, d, w->Qt, d, 0.0f, w->Ap, n);
     bki_gemm(tm, 0, 1, c->L, m, d, 1.0f, c->theta, d, w->Kt, d, 0.0f, w->Bp, m);
     bki_team_sync(tm);
@@ -1223,7 +1226,7 @@ static void forward(const bki_team *tm, bki_call *c, int pi, char *lane)
     }
     bk_esp_diag dg = {0.0f, 0.0f};
     if (live) {
-        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w);
+        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w, 1);
         /* a forward run only for its tape (by a backward) computes no O */
         if (k.soft)
             soft_forward(tm, bki_kern(), &k, n, m, bki_at(c->v, b, h), c->v->stride_n, Ob, Ob ? c->out->stride_n : 0,
@@ -1261,7 +1264,7 @@ static void backward(const bki_team *tm, bki_call *c, int pi, char *lane)
     float *dth = c->pg && k.soft ? pgrad_of(c, pi) : NULL;
     if (dth && !live && tm->tid == 0) memset(dth, 0, sizeof(float) * (size_t)L * d->d);
     if (live) {
-        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w);
+        project(tm, &k, n, m, bki_at(c->q, b, h), c->q->stride_n, bki_at(c->k, b, h), c->k->stride_n, &w, k.soft);
         if (k.soft)
             soft_backward(tm, bki_kern(), &k, n, m, bki_at(c->v, b, h), c->v->stride_n, bki_at(c->dout, b, h),
                           c->dout->stride_n, blk.alpha, blk.beta, blk.sig, dQb, c->dq->stride_n, dKb, c->dk->stride_n,

@@ -145,19 +145,12 @@ $(BUILD)/obj/src/backend/cuda/kernels.o: src/backend/cuda/kernels.cu src/backend
 
 $(BUILD)/obj/src/backend/cuda/backend.o: src/backend/cuda/kernels.h
 
-$(BUILD)/obj/src/core/lse_engine_avx2.o: src/core/lse_engine.c $(HDRS)
+# the files compiled once per instruction set (lse_engine.c, gemm_kern.c): f_avx2.o, f_avx512.o
+$(BUILD)/obj/src/core/%_avx2.o: src/core/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
 
-$(BUILD)/obj/src/core/lse_engine_avx512.o: src/core/lse_engine.c $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -DBK_ISA=avx512 -c $< -o $@
-
-$(BUILD)/obj/src/core/gemm_kern_avx2.o: src/core/gemm_kern.c $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DBK_ISA=avx2 -c $< -o $@
-
-$(BUILD)/obj/src/core/gemm_kern_avx512.o: src/core/gemm_kern.c $(HDRS)
+$(BUILD)/obj/src/core/%_avx512.o: src/core/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -DBK_ISA=avx512 -c $< -o $@
 

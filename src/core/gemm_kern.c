@@ -23,9 +23,6 @@
 #ifndef BK_ISA
 #error "BK_ISA must be defined (avx2 or avx512)"
 #endif
-#define BK_CAT2(a, b) a##_##b
-#define BK_CAT(a, b) BK_CAT2(a, b)
-#define ISA(name) BK_CAT(name, BK_ISA)
 
 #include <immintrin.h>
 

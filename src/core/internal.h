@@ -398,4 +398,13 @@ size_t bki_cfg_format(const void *obj, const bki_field *tab, int n, char *buf, s
 #define BK_STR2(x) #x
 #define BK_STR(x) BK_STR2(x)
 
+/* Files compiled once per instruction set (lse_engine.c, gemm_kern.c: the
+ * Makefile defines BK_ISA as avx2 or avx512) name their functions ISA(f) ->
+ * f_avx2 / f_avx512. */
+#ifdef BK_ISA
+#define BK_CAT2(a, b) a##_##b
+#define BK_CAT(a, b) BK_CAT2(a, b)
+#define ISA(name) BK_CAT(name, BK_ISA)
+#endif
+
 #endif

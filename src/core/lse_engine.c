@@ -40,9 +40,6 @@
 #ifndef BK_ISA
 #error "BK_ISA must be defined (avx2 or avx512)"
 #endif
-#define BK_CAT2(a, b) a##_##b
-#define BK_CAT(a, b) BK_CAT2(a, b)
-#define ISA(name) BK_CAT(name, BK_ISA)
 
 #include <immintrin.h> /* built with -mavx2 or -mavx512f (Makefile) */
 
@@ -55,63 +52,12 @@
 /* small vector kernels                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Sums with a fixed lane order, written with intrinsics: GCC ends an
- * `omp simd reduction(+)` by storing the vector and adding its lanes one at a
- * time (a chain of 16 dependent adds on AVX-512), which cost more than the
- * exps of a 32-entry row. vsum adds whole vectors (two accumulators, a masked
- * tail) and then reduces the lanes as a tree; the order is a function of m
- * only. */
+/* One vector of RVL lanes (rvec): zero, load, add, its lanes' sum, a load of
+ * the first r lanes with the others set to fill (tail_load) and a store of
+ * the first r lanes (tail_store); the row loops below use them so that a
+ * row's last partial vector runs in lanes too. */
 #if defined(__AVX512F__)
 #define RVL 16
-static inline float vsum(const float *x, int m)
-{
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 32 <= m; j += 32) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + j));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + j + 16));
-    }
-    if (j + 16 <= m) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + j));
-        j += 16;
-    }
-    if (j < m) a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps((__mmask16)((1u << (m - j)) - 1u), x + j));
-    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-}
-#else
-#define RVL 8
-static inline __m256i tail_mask(int r)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-static inline float hadd8(__m256 v)
-{
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
-}
-static inline float vsum(const float *x, int m)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= m; j += 16) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + j + 8));
-    }
-    if (j + 8 <= m) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
-        j += 8;
-    }
-    if (j < m) a1 = _mm256_add_ps(a1, _mm256_maskload_ps(x + j, tail_mask(m - j)));
-    return hadd8(_mm256_add_ps(a0, a1));
-}
-#endif
-
-/* One vector of RVL lanes: v, its masked-off tail lanes (tail_load) and
- * stores of the first r lanes (tail_store); used by the fused row loops below
- * so that a row's last partial vector runs in lanes too. */
-#if defined(__AVX512F__)
 typedef __m512 rvec;
 #define RV_ZERO() _mm512_setzero_ps()
 #define RV_LOAD(p) _mm512_loadu_ps(p)
@@ -123,11 +69,22 @@ static inline rvec tail_load(const float *p, int r, float fill)
 }
 static inline void tail_store(float *p, int r, rvec v) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << r) - 1u), v); }
 #else
+#define RVL 8
 typedef __m256 rvec;
 #define RV_ZERO() _mm256_setzero_ps()
 #define RV_LOAD(p) _mm256_loadu_ps(p)
 #define RV_ADD(a, b) _mm256_add_ps(a, b)
-#define RV_HSUM(a) hadd8(a)
+static inline float RV_HSUM(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+static inline __m256i tail_mask(int r)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 static inline rvec tail_load(const float *p, int r, float fill)
 {
     const __m256i k = tail_mask(r);
@@ -135,6 +92,28 @@ static inline rvec tail_load(const float *p, int r, float fill)
 }
 static inline void tail_store(float *p, int r, rvec v) { _mm256_maskstore_ps(p, tail_mask(r), v); }
 #endif
+
+/* Sums with a fixed lane order, written with intrinsics: GCC ends an
+ * `omp simd reduction(+)` by storing the vector and adding its lanes one at a
+ * time (a chain of 16 dependent adds on AVX-512), which cost more than the
+ * exps of a 32-entry row. vsum adds whole vectors (two accumulators, a masked
+ * tail) and then reduces the lanes as a tree; the order is a function of m
+ * only. */
+static inline float vsum(const float *x, int m)
+{
+    rvec a0 = RV_ZERO(), a1 = RV_ZERO();
+    int j = 0;
+    for (; j + 2 * RVL <= m; j += 2 * RVL) {
+        a0 = RV_ADD(a0, RV_LOAD(x + j));
+        a1 = RV_ADD(a1, RV_LOAD(x + j + RVL));
+    }
+    if (j + RVL <= m) {
+        a0 = RV_ADD(a0, RV_LOAD(x + j));
+        j += RVL;
+    }
+    if (j < m) a1 = RV_ADD(a1, tail_load(x + j, m - j, 0.0f));
+    return RV_HSUM(RV_ADD(a0, a1));
+}
 
 /* e = exp(e - M) in place; returns sum(e), summed in vector lanes as the
  * exps are made (a separate summing pass costs a chain of dependent vector

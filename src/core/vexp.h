@@ -47,8 +47,9 @@ static inline float bki_expf(float x)
  * u = (y - 1) / (y + 1), |u| <= 0.1716, by its odd series to u^9 (the first
  * omitted term is below 1e-9 relative), plus k ln 2 with ln 2 split in two
  * parts. Max error 2 ulp, tested against libm's log in double
- * (tests/core/test_vmath.c). Zero, negative, subnormal, infinite or NaN x
- * give unspecified values. */
+ * (tests/core/test_vmath.c). NaN and +inf are returned as they are (a
+ * non-finite row sum stays visible); zero, negative or subnormal x give
+ * unspecified values. */
 static inline float bki_logf(float x)
 {
     int32_t bi;
@@ -65,7 +66,8 @@ static inline float bki_logf(float x)
     p = __builtin_fmaf(p, u2, 2.0f / 3.0f);
     const float ly = __builtin_fmaf(u * u2, p, 2.0f * u);
     const float kf = (float)k;
-    return __builtin_fmaf(kf, 0.693359375f, __builtin_fmaf(kf, -2.12194440e-4f, ly));
+    const float r = __builtin_fmaf(kf, 0.693359375f, __builtin_fmaf(kf, -2.12194440e-4f, ly));
+    return (bi & 0x7f800000) == 0x7f800000 ? x : r;
 }
 
 #endif

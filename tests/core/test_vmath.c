@@ -44,6 +44,8 @@ void test_vmath(void)
     }
     th_check(worst <= 2.0, "vmath: bki_logf on positive normal floats", "max %.3f ulp at %.9g over %ld floats", worst,
              (double)at, n);
+    th_check(isnan(bki_logf(NAN)) && bki_logf(INFINITY) == INFINITY, "vmath: bki_logf keeps NaN and +inf",
+             "log(NaN) = %g, log(inf) = %g", (double)bki_logf(NAN), (double)bki_logf(INFINITY));
     worst = 0.0, n = 0;
     for (float x = -87.3f; x <= 88.0f; x = nextafterf(x, INFINITY) + (TH.quick ? 3e-4f : 3e-5f), n++) {
         const double e = ulps(bki_expf(x), exp((double)x));

@@ -34,8 +34,9 @@ typedef enum {
 } bk_backend;
 
 /* Allocation of the workspaces the library allocates itself (calls given
- * ws = NULL). NULL functions: malloc and free. alloc may return NULL (the
- * call then fails with BK_ERR_NOMEM). */
+ * ws = NULL). NULL functions: the backend's own (CPU: bk_alloc and bk_free,
+ * huge pages for large blocks). alloc may return NULL (the call then fails
+ * with BK_ERR_NOMEM). */
 typedef struct {
     void *(*alloc)(size_t bytes, void *user);
     void (*free)(void *ptr, void *user);
@@ -47,7 +48,7 @@ typedef struct {
     int device;              /* device ordinal (device backends), 0           */
     int threads;             /* CPU threads; 0: BIRKHOFF_NUM_THREADS, else the
                                 CPUs of the process's affinity mask           */
-    bk_allocator allocator;  /* {NULL, NULL, NULL}: malloc/free               */
+    bk_allocator allocator;  /* {NULL, NULL, NULL}: bk_alloc/bk_free (CPU)    */
     void *stream;            /* device stream (CUDA: a cudaStream_t), NULL:
                                 the default stream                            */
     int cache_workspace;     /* 1: keep the largest workspace allocated for a
@@ -67,8 +68,8 @@ typedef struct bk_context bk_context;
 /* 1 when this build has the backend (BK_BACKEND_CUDA: built with nvcc; a
  * device may still be missing: bk_context_create says), else 0. */
 BK_API int bk_backend_built(bk_backend backend);
-/* CPU, device 0, default threads, malloc/free, no stream, no cache, no
- * tape output */
+/* CPU, device 0, default threads, bk_alloc/bk_free, no stream, no cache,
+ * no tape output */
 BK_API bk_context_config bk_context_config_default(void);
 /* BK_ERR_UNSUPPORTED when the backend is not in this build or has no usable
  * device (the message says which); BK_ERR_PARAM for a bad field. */

@@ -158,6 +158,8 @@ typedef struct {
     int32_t *inv;         /* L x n: each query's rank, or its partner key (n == m) */
     int32_t *invk;        /* L x m: each key's rank, or its partner query (n == m) */
     double *part;         /* per-block partial sums over slices: blocks x L      */
+    float *Gt;            /* the rows gathered by partner, copied contiguous into
+                             the workspace (V forward, dO backward): max(n, m) x dv */
     /* soft */
     float *P, *dP, *R, *dR, *X, *WTPQ, *Y, *WTZ, *WX, *PQ, *dQt, *WY, *Z, *Ol, *Oacc, *dKt;
     float *csP, *csR, *rs, *cs, *Da, *Db;
@@ -196,6 +198,7 @@ static esp_slab carve(const bki_call *c, int members, char *base, size_t *used)
         TAKEB(w.inv, sizeof(int32_t) * (size_t)L * n);
         TAKEB(w.invk, sizeof(int32_t) * (size_t)L * m);
         TAKEB(w.part, sizeof(double) * (size_t)nb * L);
+        TAKE(w.Gt, nn * dv);
     } else {
         TAKE(w.P, (size_t)n * n); TAKE(w.dP, (size_t)n * n); TAKE(w.R, (size_t)m * m); TAKE(w.dR, (size_t)m * m);
         TAKE(w.X, (size_t)m * d); TAKE(w.WTPQ, (size_t)m * d); TAKE(w.Y, (size_t)m * dv); TAKE(w.WTZ, (size_t)m * dv);
@@ -544,6 +547,19 @@ static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, cons
     bki_team_sync(tm);
 }
 
+/* G (rows x dv, contiguous) = the rows of X (row stride ldx), shared over
+ * the team, then a sync. The gather passes read partner rows at random, L
+ * times each: from the workspace (which the library allocates on huge pages,
+ * bk_alloc) and contiguous, instead of the caller's tensor (any stride, any
+ * pages); at N = 65536 this took a quarter off ESP hard (docs/PERFORMANCE.md). */
+static void gather_copy(const bki_team *tm, int rows, int dv, const float *X, int64_t ldx, float *G)
+{
+    int lo, hi;
+    bki_team_share(tm, rows, &lo, &hi);
+    for (int r = lo; r < hi; r++) memcpy(G + (size_t)r * dv, X + (int64_t)r * ldx, sizeof(float) * (size_t)dv);
+    bki_team_sync(tm);
+}
+
 /* Prefetches the row of the partner of row i a few places ahead in the same
  * slice (n == m: rows are gathered at random, so the hardware prefetcher
  * cannot guess them). part: L x cnt partners. */
@@ -641,6 +657,7 @@ static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, con
     }
     bki_team_sync(tm);
     if (!O) return; /* a backward's recomputation needs only orders and weights */
+    gather_copy(tm, m, dv, V, ldv, w->Gt);
     /* O_i = sum_l sigma_l sum_{pairs at i} (c * mass) V_j; rows scale: c * mass = cells / m */
     const double cw = c->paper ? inv_nm : 1.0 / m;
     for (int t = lo; t < hi; t++) {
@@ -650,10 +667,10 @@ static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, con
             for (int l = 0; l < L; l++)
                 for (int i = i0; i < r1 && i < i0 + HB; i++) {
                     float *oi = O + (int64_t)i * ldo;
-                    if (n == m) hard_prefetch(w->inv, i, l, n, V, ldv);
+                    if (n == m) hard_prefetch(w->inv, i, l, n, w->Gt, dv);
                     HARD_PAIRS(i, l, {
                         const float wt = (float)(w->sig[l] * cells * cw);
-                        const float *vj = V + (int64_t)j * ldv;
+                        const float *vj = w->Gt + (size_t)j * dv;
                         for (int x = 0; x < dv; x++) oi[x] += wt * vj[x];
                         if (attn_b) attn_b->data[(int64_t)i * attn_b->stride_n + j] += wt;
                     });
@@ -686,6 +703,7 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
     const int L = c->L, dv = c->dv, d = c->d;
     const int rbq = rblk(n), nbq = nblk(n), rbk = rblk(m), nbk = nblk(m);
     hard_layout(tm, c, n, m, alpha, beta, 1, w);
+    gather_copy(tm, n, dv, dO, ldo, w->Gt);
     const double inv_nm = 1.0 / ((double)n * m), cw = c->paper ? inv_nm : 1.0 / m;
     /* dV_j += sigma_l (c mass) dO_i; dsigma_l = sum (c mass) <dO_i, V_j>:
      * per key block partials, summed in block order */
@@ -701,10 +719,10 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
                 for (int j = j0; j < j1 && j < j0 + HB; j++) {
                     const float *vj = V + (int64_t)j * ldv;
                     float *gj = dV + (int64_t)j * lddv;
-                    if (n == m) hard_prefetch(w->invk, j, l, m, dO, ldo);
+                    if (n == m) hard_prefetch(w->invk, j, l, m, w->Gt, dv);
                     HARD_KEY_PAIRS(j, l, {
                         const float wt = (float)(cells * cw), ws = wt * sig[l];
-                        Sp[l] += (double)wt * dot_axpy(dv, dO + (int64_t)i * ldo, vj, gj, ws);
+                        Sp[l] += (double)wt * dot_axpy(dv, w->Gt + (size_t)i * dv, vj, gj, ws);
                     });
                 }
     }

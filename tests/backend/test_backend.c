@@ -10,6 +10,7 @@
 #include "../tutil.h"
 
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
@@ -143,6 +144,24 @@ void test_backend(void)
     int all = 1;
     for (int i = 0; i < bk_op_count(); i++) all &= bk_context_supports(def, bk_op_name(bk_op_at(i)));
     th_check(all && !bk_context_supports(def, "nope"), "the CPU backend runs every registered operator", "%s", "");
+
+    /* host memory: 64-byte aligned, 2 MiB aligned from 2 MiB on, every byte writable; bk_free(NULL) */
+    {
+        const size_t sizes[] = {0, 1, 100, (size_t)2 << 20, ((size_t)3 << 20) + 5};
+        int ok = 1;
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            unsigned char *p = bk_alloc(sizes[i]);
+            const uintptr_t a = (uintptr_t)p;
+            ok &= p != NULL && a % 64 == 0 && (sizes[i] < ((size_t)2 << 20) || a % ((size_t)2 << 20) == 0);
+            if (p && sizes[i]) {
+                memset(p, 0x5a, sizes[i]);
+                ok &= p[0] == 0x5a && p[sizes[i] - 1] == 0x5a;
+            }
+            bk_free(p);
+        }
+        bk_free(NULL);
+        th_check(ok, "bk_alloc: aligned (2 MiB from 2 MiB on), writable, freed by bk_free", "%s", "");
+    }
 
     /* configurations refused */
     bk_context_config cfg = bk_context_config_default();

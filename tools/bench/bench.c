@@ -154,10 +154,11 @@ static void work_counts(const bcase *c, bresult *r)
         r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
         /* forward: one gathered partner row per slice and query in each of the cost and
          * output passes, 2 L radix sorts of ~23 N words, 4 N words of orders per slice,
-         * 9 N d of input scans and projections; backward: 3 gather passes (dO, K, Q
-         * rows), 6 N words of orders per slice, 12 N d of streams */
-        r->bytes_f = 4 * (L * N * (2 * d + 2) + 2 * L * 23 * N + 4 * L * N + 9 * N * d);
-        r->bytes_b = 4 * (L * N * (3 * d + 3) + 6 * L * N + 12 * N * d);
+         * 11 N d of input scans, projections and the copy of V gathered from; backward:
+         * 3 gather passes (dO, K, Q rows), 6 N words of orders per slice, 14 N d of
+         * streams (the copy of dO included) */
+        r->bytes_f = 4 * (L * N * (2 * d + 2) + 2 * L * 23 * N + 4 * L * N + 11 * N * d);
+        r->bytes_b = 4 * (L * N * (3 * d + 3) + 6 * L * N + 14 * N * d);
         break;
     default:
         r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
@@ -222,7 +223,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
                     : lot ? bk_lot_tape_size(&desc, &lp)
                     : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     work_counts(c, r);
-    void *ws = malloc(r->ws_bytes), *tape = malloc(r->tape_bytes);
+    void *ws = bk_alloc(r->ws_bytes), *tape = bk_alloc(r->tape_bytes); /* as docs/PERFORMANCE.md recommends */
     float *C = c->op == OP_SOFTMAX ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
     bk_tensor tq = bk_tensor_bhnd(q, BH, N, d), tk = bk_tensor_bhnd(k, BH, N, d), tv = bk_tensor_bhnd(v, BH, N, d);
     bk_tensor to = bk_tensor_bhnd(o, BH, N, d), tdo = bk_tensor_bhnd(dout, BH, N, d);
@@ -275,7 +276,7 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     } else {
         fprintf(stderr, "bench: out of memory\n");
     }
-    free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); free(ws); free(tape); free(C);
+    free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); bk_free(ws); bk_free(tape); free(C);
     free(tf); free(tb); free(tbase); free(Z); free(th);
     return ok && s == BK_OK;
 }

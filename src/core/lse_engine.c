@@ -710,8 +710,87 @@ static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, floa
  * so n^2 compares in n^2 / 16 lane operations; idx[rank_i] = i. Lanes past n
  * hold the largest key and are not scattered. */
 #define SORT_LANES 16
+#if defined(__AVX512F__)
+/* 17 to 64 keys on AVX-512: a bitonic sorting network on the words
+ * key << 32 | index (all distinct, so the order is the stable one), in up to
+ * 8 registers of 8 words; pads of all ones sort last. log2(N) (log2(N) + 1) / 2
+ * stages of compare-exchanges (unsigned 64-bit min / max), within a register
+ * through a lane permutation, else between registers: no branch on the data.
+ * bitonic_net runs the network on nv registers (a compile-time constant after
+ * inlining, so that the stages unroll and their masks fold). */
+static inline __attribute__((always_inline)) void bitonic_net(__m512i *a, const int nv)
+{
+    const int N = 8 * nv;
+    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    for (int k = 2; k <= N; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            if (j >= 8) { /* partners in another register, same lane */
+                const int vj = j >> 3;
+                for (int v = 0; v < nv; v++) {
+                    const int pv = v ^ vj;
+                    if (pv < v) continue;
+                    const __m512i lo = _mm512_min_epu64(a[v], a[pv]), hi = _mm512_max_epu64(a[v], a[pv]);
+                    const int asc = ((8 * v) & k) == 0;
+                    a[v] = asc ? lo : hi;
+                    a[pv] = asc ? hi : lo;
+                }
+            } else { /* partners in the same register: lane ^ j */
+                const __m512i perm = _mm512_xor_si512(lane, _mm512_set1_epi64(j));
+                const unsigned low = j == 1 ? 0x55u : j == 2 ? 0x33u : 0x0Fu; /* lanes with (lane & j) == 0 */
+                for (int v = 0; v < nv; v++) {
+                    /* lanes sorted ascending in this merge: ((8 v + lane) & k) == 0 */
+                    const unsigned asc = k == 2 ? 0x33u : k == 4 ? 0x0Fu : ((8 * v) & k) ? 0x00u : 0xFFu;
+                    const __m512i b = _mm512_permutexvar_epi64(perm, a[v]);
+                    const __m512i mn = _mm512_min_epu64(a[v], b), mx = _mm512_max_epu64(a[v], b);
+                    a[v] = _mm512_mask_blend_epi64((__mmask8)(~(low ^ asc) & 0xFFu), mx, mn); /* 1: the minimum */
+                }
+            }
+        }
+}
+
+static void bitonic_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx)
+{
+    const int nv = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8, N = 8 * nv;
+    __m512i a[8];
+    if (stride == 1) { /* the words in lanes: bki_sort_key's map, widened, or-ed with the index */
+        const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+        for (int v = 0; v < nv; v++) {
+            const int r = n - 8 * v < 0 ? 0 : n - 8 * v > 8 ? 8 : n - 8 * v;
+            const __mmask8 live = (__mmask8)((1u << r) - 1u);
+            const __m256 xf = _mm256_add_ps(_mm256_maskz_loadu_ps(live, x + 8 * v), _mm256_setzero_ps()); /* -0 -> +0 */
+            const __m256i u = _mm256_castps_si256(xf);
+            const __m256i key = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), sign));
+            const __m512i word = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(key), 32),
+                                                 _mm512_add_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi64(8 * v)));
+            a[v] = _mm512_mask_blend_epi64(live, _mm512_set1_epi64(-1), word);
+        }
+    } else {
+        uint64_t w[64];
+        for (int i = 0; i < n; i++) w[i] = ((uint64_t)bki_sort_key(x[(ptrdiff_t)i * stride]) << 32) | (uint32_t)i;
+        for (int i = n; i < N; i++) w[i] = ~(uint64_t)0;
+        for (int v = 0; v < nv; v++) a[v] = _mm512_loadu_si512(w + 8 * v);
+    }
+    switch (nv) {
+    case 1: bitonic_net(a, 1); break;
+    case 2: bitonic_net(a, 2); break;
+    case 4: bitonic_net(a, 4); break;
+    default: bitonic_net(a, 8); break;
+    }
+    for (int v = 0; v < nv; v++) { /* the low halves: the indices, in order */
+        const int r = n - 8 * v < 0 ? 0 : n - 8 * v > 8 ? 8 : n - 8 * v;
+        _mm256_mask_storeu_epi32(idx + 8 * v, (__mmask8)((1u << r) - 1u), _mm512_cvtepi64_epi32(a[v]));
+    }
+}
+#endif
+
 static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx)
 {
+#if defined(__AVX512F__)
+    if (n > 16 && n <= 64) { /* 64 keys: 160 ns against 280 by rank; at 16 and below the ranks are faster */
+        bitonic_argsort(n, x, stride, idx);
+        return;
+    }
+#endif
     uint32_t k[(BKI_SMALL_SORT + SORT_LANES - 1) / SORT_LANES * SORT_LANES];
     const int np = (n + SORT_LANES - 1) / SORT_LANES * SORT_LANES;
     for (int i = 0; i < n; i++) k[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);

@@ -698,9 +698,11 @@ static void test_argsort_ref(void)
         float *x = malloc(sizeof(float) * 3 * (size_t)n);
         int32_t *ref = malloc(sizeof(int32_t) * (size_t)n), *got = malloc(sizeof(int32_t) * (size_t)n);
         void *scr = malloc(bki_argsort_scratch(n));
-        for (int i = 0; i < 3 * n; i++) {
-            const uint64_t u = th_next(&r) % 5;
-            x[i] = u == 0 ? 0.0f : u == 1 ? -0.0f : u == 2 ? (float)(th_next(&r) % 4) : (float)th_normal(&r) * 1e3f;
+        for (int i = 0; i < 3 * n; i++) { /* ties, both zeros, neighbouring floats of both signs, a wide range */
+            const uint64_t u = th_next(&r) % 7;
+            const float t = (float)((int)(th_next(&r) % 7) - 3) * 0.25f;
+            x[i] = u == 0 ? 0.0f : u == 1 ? -0.0f : u == 2 ? (float)(th_next(&r) % 4) : u == 3 ? t
+                 : u == 4 ? nextafterf(t, t < 0.0f ? -INFINITY : INFINITY) : (float)th_normal(&r) * (u == 5 ? 1e3f : 1e-3f);
         }
         for (int i = 0; i < n; i++) { /* stable insertion sort of indices by x[3 i] */
             int j = i;

@@ -263,8 +263,9 @@ static inline uint32_t bki_sort_key(float x)
     memcpy(&u, &x, sizeof u);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-/* the most keys bki_argsort sorts by rank (small_argsort) */
-#define BKI_SMALL_SORT 96
+/* the most keys any instruction set's small_argsort takes (its table's
+ * small_sort_max says how many it does take) */
+#define BKI_SMALL_SORT 128
 
 typedef struct {
     const char *name;
@@ -292,7 +293,9 @@ typedef struct {
     void (*softsort_row)(int n, const float *a, float s, float inv_t, float *p);
     float (*softsort_row_bwd)(int n, const float *a, float s, float inv_t, const float *p,
                               const float *dp, float *da);
-    /* bki_argsort's order for n <= BKI_SMALL_SORT keys (no scratch) */
+    /* bki_argsort's order for n <= small_sort_max keys (no scratch): AVX-512
+     * 128, a sorting network from 17 keys, ranks below; AVX2 96, by rank */
+    int small_sort_max;
     void (*small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx);
 } bki_kernels;
 

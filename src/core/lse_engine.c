@@ -711,9 +711,9 @@ static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, floa
  * hold the largest key and are not scattered. */
 #define SORT_LANES 16
 #if defined(__AVX512F__)
-/* 17 to 64 keys on AVX-512: a bitonic sorting network on the words
+/* 17 to 128 keys on AVX-512: a bitonic sorting network on the words
  * key << 32 | index (all distinct, so the order is the stable one), in up to
- * 8 registers of 8 words; pads of all ones sort last. log2(N) (log2(N) + 1) / 2
+ * 16 registers of 8 words; pads of all ones sort last. log2(N) (log2(N) + 1) / 2
  * stages of compare-exchanges (unsigned 64-bit min / max), within a register
  * through a lane permutation, else between registers: no branch on the data.
  * bitonic_net runs the network on nv registers (a compile-time constant after
@@ -750,8 +750,8 @@ static inline __attribute__((always_inline)) void bitonic_net(__m512i *a, const 
 
 static void bitonic_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx)
 {
-    const int nv = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8, N = 8 * nv;
-    __m512i a[8];
+    const int nv = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : n <= 64 ? 8 : 16, N = 8 * nv;
+    __m512i a[16];
     if (stride == 1) { /* the words in lanes: bki_sort_key's map, widened, or-ed with the index */
         const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
         for (int v = 0; v < nv; v++) {
@@ -765,7 +765,7 @@ static void bitonic_argsort(int n, const float *x, ptrdiff_t stride, int32_t *id
             a[v] = _mm512_mask_blend_epi64(live, _mm512_set1_epi64(-1), word);
         }
     } else {
-        uint64_t w[64];
+        uint64_t w[128];
         for (int i = 0; i < n; i++) w[i] = ((uint64_t)bki_sort_key(x[(ptrdiff_t)i * stride]) << 32) | (uint32_t)i;
         for (int i = n; i < N; i++) w[i] = ~(uint64_t)0;
         for (int v = 0; v < nv; v++) a[v] = _mm512_loadu_si512(w + 8 * v);
@@ -774,7 +774,8 @@ static void bitonic_argsort(int n, const float *x, ptrdiff_t stride, int32_t *id
     case 1: bitonic_net(a, 1); break;
     case 2: bitonic_net(a, 2); break;
     case 4: bitonic_net(a, 4); break;
-    default: bitonic_net(a, 8); break;
+    case 8: bitonic_net(a, 8); break;
+    default: bitonic_net(a, 16); break;
     }
     for (int v = 0; v < nv; v++) { /* the low halves: the indices, in order */
         const int r = n - 8 * v < 0 ? 0 : n - 8 * v > 8 ? 8 : n - 8 * v;
@@ -786,7 +787,7 @@ static void bitonic_argsort(int n, const float *x, ptrdiff_t stride, int32_t *id
 static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx)
 {
 #if defined(__AVX512F__)
-    if (n > 16 && n <= 64) { /* 64 keys: 160 ns against 280 by rank; at 16 and below the ranks are faster */
+    if (n > 16) { /* 64 keys: 160 ns against 280 by rank; at 16 and below the ranks are faster */
         bitonic_argsort(n, x, stride, idx);
         return;
     }
@@ -878,5 +879,10 @@ const bki_kernels ISA(bki_kernels) = {
     .vexp = ISA(vexp),
     .softsort_row = ISA(softsort_row),
     .softsort_row_bwd = ISA(softsort_row_bwd),
+#if defined(__AVX512F__)
+    .small_sort_max = 128,
+#else
+    .small_sort_max = 96,
+#endif
     .small_argsort = ISA(small_argsort),
 };

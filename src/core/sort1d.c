@@ -21,7 +21,7 @@ size_t bki_argsort_scratch(int n) { return 2 * (size_t)n * sizeof(uint32_t) * 2;
  * scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch)
 {
-    if (n <= BKI_SMALL_SORT) {
+    if (n <= bki_kern()->small_sort_max) {
         bki_kern()->small_argsort(n, x, stride, idx);
         return;
     }

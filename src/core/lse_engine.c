@@ -703,7 +703,7 @@ static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, floa
 }
 
 /* ------------------------------------------------------------------------ */
-/* small stable argsort by rank (sort1d.c's bki_argsort up to BKI_SMALL_SORT) */
+/* small stable argsort (sort1d.c's bki_argsort up to small_sort_max keys)  */
 /* ------------------------------------------------------------------------ */
 /* rank_i = #{j : k_j < k_i, or k_j == k_i and j < i}, for 16 keys i at once
  * in vector lanes against every key j: no horizontal sums and no branches,

@@ -11,13 +11,13 @@
 size_t bki_argsort_scratch(int n) { return 2 * (size_t)n * sizeof(uint32_t) * 2; }
 
 /* Stable ascending argsort: idx[r] = index of the r-th smallest key (ties by
- * index). Up to BKI_SMALL_SORT keys by rank, in the instruction set's vector
- * lanes (bki_kernels.small_argsort). Merges of insertion-sorted runs, used
- * here before, spent most of their time in mispredicted branches: ASAP at
- * N = 32, 48, 64 (two sorts per slice) ran 1.6-1.7x faster with ranks and
- * 1.2x at N = 96; at 128 keys the n^2 compares cost as much as the radix
- * sort (docs/PERFORMANCE.md). Above that an LSD radix sort, 4 passes of 8
- * bits. Both give the one stable order.
+ * index). Up to the instruction set's small_sort_max keys (AVX-512 128, AVX2
+ * 96) without branches on the data (bki_kernels.small_argsort: ranks in
+ * vector lanes, a bitonic network in registers on AVX-512). Merges of
+ * insertion-sorted runs, used here before, spent most of their time in
+ * mispredicted branches: ASAP at N = 32-128 (two sorts per slice) ran
+ * 1.3-2.9x faster (docs/PERFORMANCE.md). Above that an LSD radix sort, 4
+ * passes of 8 bits. All give the one stable order.
  * scratch: bki_argsort_scratch(n) bytes. Keys must not be NaN. */
 void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch)
 {

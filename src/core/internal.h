@@ -263,9 +263,6 @@ static inline uint32_t bki_sort_key(float x)
     memcpy(&u, &x, sizeof u);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-/* the most keys any instruction set's small_argsort takes (its table's
- * small_sort_max says how many it does take) */
-#define BKI_SMALL_SORT 128
 
 typedef struct {
     const char *name;

@@ -52,7 +52,8 @@
 /* small vector kernels                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* One vector of RVL lanes (rvec): zero, load, add, its lanes' sum, a load of
+/* One vector of RVL lanes (rvec): zero, load, add, its lanes' sum, set1, fma,
+ * store, a load of
  * the first r lanes with the others set to fill (tail_load) and a store of
  * the first r lanes (tail_store); the row loops below use them so that a
  * row's last partial vector runs in lanes too. */
@@ -63,6 +64,9 @@ typedef __m512 rvec;
 #define RV_LOAD(p) _mm512_loadu_ps(p)
 #define RV_ADD(a, b) _mm512_add_ps(a, b)
 #define RV_HSUM(a) _mm512_reduce_add_ps(a)
+#define RV_SET1(x) _mm512_set1_ps(x)
+#define RV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define RV_STORE(p, v) _mm512_storeu_ps(p, v)
 static inline rvec tail_load(const float *p, int r, float fill)
 {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << r) - 1u), p);
@@ -74,6 +78,9 @@ typedef __m256 rvec;
 #define RV_ZERO() _mm256_setzero_ps()
 #define RV_LOAD(p) _mm256_loadu_ps(p)
 #define RV_ADD(a, b) _mm256_add_ps(a, b)
+#define RV_SET1(x) _mm256_set1_ps(x)
+#define RV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define RV_STORE(p, v) _mm256_storeu_ps(p, v)
 static inline float RV_HSUM(__m256 v)
 {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -710,6 +717,12 @@ static float ISA(softsort_row_bwd)(int n, const float *restrict a, float s, floa
  * so n^2 compares in n^2 / 16 lane operations; idx[rank_i] = i. Lanes past n
  * hold the largest key and are not scattered. */
 #define SORT_LANES 16
+/* the most keys this instruction set's small sort takes (bki_kernels.small_sort_max) */
+#if defined(__AVX512F__)
+#define SMALL_SORT_MAX 128
+#else
+#define SMALL_SORT_MAX 96
+#endif
 #if defined(__AVX512F__)
 /* 17 to 128 keys on AVX-512: a bitonic sorting network on the words
  * key << 32 | index (all distinct, so the order is the stable one), in up to
@@ -792,7 +805,7 @@ static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t 
         return;
     }
 #endif
-    uint32_t k[(BKI_SMALL_SORT + SORT_LANES - 1) / SORT_LANES * SORT_LANES];
+    uint32_t k[(SMALL_SORT_MAX + SORT_LANES - 1) / SORT_LANES * SORT_LANES];
     const int np = (n + SORT_LANES - 1) / SORT_LANES * SORT_LANES;
     for (int i = 0; i < n; i++) k[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);
     for (int i = n; i < np; i++) k[i] = 0xffffffffu;
@@ -811,42 +824,27 @@ static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t 
 /* ------------------------------------------------------------------------ */
 /* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
 /* ------------------------------------------------------------------------ */
-#if defined(__AVX512F__)
-typedef __m512 vfl;
-#define VW 16
-#define VSET _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VADD _mm512_add_ps
-#define VSTORE _mm512_storeu_ps
-#else
-typedef __m256 vfl;
-#define VW 8
-#define VSET _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VADD _mm256_add_ps
-#define VSTORE _mm256_storeu_ps
-#endif
 
 static double ISA(fma_probe)(long iters)
 {
     /* 12 independent chains (enough to cover FMA latency on two ports);
      * distinct starting values, since identical chains would be merged */
-    vfl a0 = VSET(1.00f), a1 = VSET(1.01f), a2 = VSET(1.02f), a3 = VSET(1.03f), a4 = VSET(1.04f),
-        a5 = VSET(1.05f), a6 = VSET(1.06f), a7 = VSET(1.07f), a8 = VSET(1.08f), a9 = VSET(1.09f),
-        a10 = VSET(1.10f), a11 = VSET(1.11f);
-    const vfl x = VSET(0.999999f), y = VSET(1e-7f);
+    rvec a0 = RV_SET1(1.00f), a1 = RV_SET1(1.01f), a2 = RV_SET1(1.02f), a3 = RV_SET1(1.03f), a4 = RV_SET1(1.04f),
+        a5 = RV_SET1(1.05f), a6 = RV_SET1(1.06f), a7 = RV_SET1(1.07f), a8 = RV_SET1(1.08f), a9 = RV_SET1(1.09f),
+        a10 = RV_SET1(1.10f), a11 = RV_SET1(1.11f);
+    const rvec x = RV_SET1(0.999999f), y = RV_SET1(1e-7f);
     for (long k = 0; k < iters; k++) {
-        a0 = VFMA(a0, x, y); a1 = VFMA(a1, x, y); a2 = VFMA(a2, x, y); a3 = VFMA(a3, x, y);
-        a4 = VFMA(a4, x, y); a5 = VFMA(a5, x, y); a6 = VFMA(a6, x, y); a7 = VFMA(a7, x, y);
-        a8 = VFMA(a8, x, y); a9 = VFMA(a9, x, y); a10 = VFMA(a10, x, y); a11 = VFMA(a11, x, y);
+        a0 = RV_FMA(a0, x, y); a1 = RV_FMA(a1, x, y); a2 = RV_FMA(a2, x, y); a3 = RV_FMA(a3, x, y);
+        a4 = RV_FMA(a4, x, y); a5 = RV_FMA(a5, x, y); a6 = RV_FMA(a6, x, y); a7 = RV_FMA(a7, x, y);
+        a8 = RV_FMA(a8, x, y); a9 = RV_FMA(a9, x, y); a10 = RV_FMA(a10, x, y); a11 = RV_FMA(a11, x, y);
     }
-    vfl s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
-    s = VADD(s, VADD(VADD(a8, a9), VADD(a10, a11)));
-    float out[VW];
-    VSTORE(out, s);
+    rvec s = RV_ADD(RV_ADD(RV_ADD(a0, a1), RV_ADD(a2, a3)), RV_ADD(RV_ADD(a4, a5), RV_ADD(a6, a7)));
+    s = RV_ADD(s, RV_ADD(RV_ADD(a8, a9), RV_ADD(a10, a11)));
+    float out[RVL];
+    RV_STORE(out, s);
     volatile float sink = out[0];
     (void)sink;
-    return (double)iters * 12 * VW * 2;
+    return (double)iters * 12 * RVL * 2;
 }
 
 /* exp throughput of the engine's own exp on an L1-resident buffer of 4096
@@ -879,10 +877,6 @@ const bki_kernels ISA(bki_kernels) = {
     .vexp = ISA(vexp),
     .softsort_row = ISA(softsort_row),
     .softsort_row_bwd = ISA(softsort_row_bwd),
-#if defined(__AVX512F__)
-    .small_sort_max = 128,
-#else
-    .small_sort_max = 96,
-#endif
+    .small_sort_max = SMALL_SORT_MAX,
     .small_argsort = ISA(small_argsort),
 };

@@ -15,6 +15,9 @@ d^-1/2, N in {1024, 4096} (and 16384 for ours and SDPA only). Cases:
   ours_softmax   birkhoff.torch.softmax_attention(q, k, v), bf16 (the 'softmax path')
   ours_*_wmma    the same with BK_CUDA_KERNELS=wmma: the first (WMMA) kernels, the baseline
                  of the mma.sync passes, measured in the same run
+  ours_*_nopdl   the same with BK_CUDA_PDL=0: ordinary kernel launches instead of programmatic
+                 dependent ones; ours_*_dv3 with BK_CUDA_DV_BLOCKS=3 (the dV pass at 3 blocks an
+                 SM); ours_*_prev with both (the kernels as of 2026-11-26)
   ours_*_dpass   the same with BK_CUDA_TAPE_OUTPUT=0: the tape keeps no output, so the backward
                  computes D = rowsum(A .* dP) by a pass over the scores (the baseline of
                  bk_context_config.tape_output, which birkhoff.torch turns on)
@@ -83,7 +86,15 @@ TIMING_NOTE = (
     "torch.autograd.grad(out, (q, k, v), g) (the backward of sum(out * g)). Peak = "
     "torch.cuda.max_memory_allocated, reset before each phase, inputs included.")
 PHASE_CAP_S = 6.0     # timed reps of one phase stop growing past this (min_reps still run)
-SINKHORN_IMPLS = ("ours_sinkhorn", "ours_sinkhorn_wmma", "ours_sinkhorn_dpass", "eager", "compiled")
+# an implementation's suffix: the C library's switches it runs under (a baseline measured in the same run)
+VARIANTS = {
+    "_dpass": {"BK_CUDA_TAPE_OUTPUT": "0"},                       # D by a pass over the scores
+    "_wmma": {"BK_CUDA_KERNELS": "wmma"},                         # the first (WMMA) kernels
+    "_nopdl": {"BK_CUDA_PDL": "0"},                               # ordinary launches
+    "_dv3": {"BK_CUDA_DV_BLOCKS": "3"},                           # the dV pass at 3 blocks an SM
+    "_prev": {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3"},      # both: the kernels of 2026-11-26
+}
+SINKHORN_IMPLS = ("ours_sinkhorn", "eager", "compiled") + tuple("ours_sinkhorn" + v for v in VARIANTS)
 EXIT_SKIP = 5        # worker: no CUDA device
 EXIT_POISONED = 3    # worker: CUDA context unusable after a case
 
@@ -127,7 +138,9 @@ def bench_cases(args):
     cs = []
     cs.append(case("check_N%d" % Ns[0], "check", "mixed", Ns[0], 1, 4, phases=()))
     for impl, dt in (("sdpa", "bf16"), ("ours_sinkhorn", "bf16"), ("ours_softmax", "bf16"), ("ours_sinkhorn", "fp32"),
-                     ("eager", "bf16"), ("ours_sinkhorn_dpass", "bf16"), ("ours_softmax_dpass", "bf16"),
+                     ("eager", "bf16"), ("ours_sinkhorn_prev", "bf16"), ("ours_sinkhorn_nopdl", "bf16"),
+                     ("ours_sinkhorn_dv3", "bf16"), ("ours_softmax_nopdl", "bf16"),
+                     ("ours_sinkhorn_dpass", "bf16"), ("ours_softmax_dpass", "bf16"),
                      ("eager", "fp32"), ("ours_sinkhorn_wmma", "bf16"), ("ours_softmax_wmma", "bf16")):
         # the priority order
         for N in Ns:
@@ -277,17 +290,16 @@ class Worker:
         """returns f(q, k, v) -> out"""
         torch = self.torch
         impl, S = c["impl"], c["S"]
-        # the C library reads BK_CUDA_KERNELS at every call
-        os.environ.pop("BK_CUDA_KERNELS", None)
-        os.environ.pop("BK_CUDA_TAPE_OUTPUT", None)
-        if impl.endswith("_dpass"):
-            os.environ["BK_CUDA_TAPE_OUTPUT"] = "0"
-            note["tape_output"] = 0
-            impl = impl[:-len("_dpass")]
-        if impl.endswith("_wmma"):
-            os.environ["BK_CUDA_KERNELS"] = "wmma"
-            note["kernels"] = "wmma"
-            impl = impl[:-len("_wmma")]
+        # the C library reads its BK_CUDA_* switches at every call
+        for env in VARIANTS.values():
+            for key in env:
+                os.environ.pop(key, None)
+        for suffix, env in VARIANTS.items():
+            if impl.endswith(suffix):
+                os.environ.update(env)
+                note["env"] = dict(env)
+                impl = impl[:-len(suffix)]
+                break
         if impl == "ours_sinkhorn":
             bt = self.bt()
             return lambda q, k, v: bt.sinkhorn_attention(q, k, v, iters=S, eps=1.0)
@@ -868,6 +880,12 @@ def bench_summarize(cases):
                            "D by a pass / D from the tape's output, Sinkhorn %s bf16" % ph))
             R.append(ratio(cases, ("ours_softmax_dpass", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),
                            "D by a pass / D from the tape's output, softmax %s bf16" % ph))
+            for v, what in (("_prev", "ordinary launches and dV at 3 blocks"), ("_nopdl", "ordinary launches"),
+                            ("_dv3", "dV at 3 blocks")):
+                R.append(ratio(cases, ("ours_sinkhorn" + v, "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
+                               "%s / now, Sinkhorn %s bf16" % (what, ph)))
+            R.append(ratio(cases, ("ours_softmax_nopdl", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),
+                           "ordinary launches / now, softmax %s bf16" % ph))
             R.append(ratio(cases, ("ours_sinkhorn_wmma", "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
                            "wmma kernels / mma.sync kernels, Sinkhorn %s bf16" % ph))
             R.append(ratio(cases, ("ours_softmax_wmma", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),

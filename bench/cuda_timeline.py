@@ -3,8 +3,8 @@
 Nsight Compute, which locks them): torch.profiler's CUDA activity over 5
 forward + backward calls of Sinkhorn attention (S = 5) and softmax through
 birkhoff.torch, B*H = 32, d = 64, bf16, N = 1024 and 4096, after 3 warm-ups
-(Sinkhorn also with BK_CUDA_FORK=0: the backward's dQ and dK passes one after
-the other on one stream instead of side by side).
+(Sinkhorn also with BK_CUDA_PDL=0 BK_CUDA_DV_BLOCKS=3: ordinary launches and
+the dV pass at 3 blocks an SM, the kernels as of 2026-11-26).
 Prints, per case, every kernel's name with its calls and mean time per
 call, the GPU busy time per iteration and the wall time per iteration
 (CUDA events around the 5 calls queued behind a GPU sleep, as
@@ -76,15 +76,20 @@ def main():
         return 0
     import birkhoff.torch as bt
     res = []
-    for name, fork in (("sinkhorn", "1"), ("sinkhorn", "0"), ("softmax", "1")):
-        os.environ["BK_CUDA_FORK"] = fork
+    keys = ("BK_CUDA_FORK", "BK_CUDA_PDL", "BK_CUDA_DV_BLOCKS")
+    for name, env, label in (("sinkhorn", {}, ""),
+                             ("sinkhorn", {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3"},
+                              " (BK_CUDA_PDL=0 BK_CUDA_DV_BLOCKS=3: ordinary launches, dV at 3 blocks an SM)"),
+                             ("softmax", {}, "")):
+        for key in keys:
+            os.environ.pop(key, None)
+        os.environ.update(env)
         for N in (1024, 4096):
             r = one(bt, name, N)
-            r["fork"] = fork == "1"
+            r["env"] = env
             res.append(r)
             print("== %s bf16 N=%d%s: fwd+bwd wall %.3f ms/iter, GPU busy %.3f ms/iter" %
-                  (name, N, "" if fork == "1" else " (BK_CUDA_FORK=0: dQ after dK on one stream)",
-                   r["wall_ms_per_iter"], r["gpu_busy_ms_per_iter"]))
+                  (name, N, label, r["wall_ms_per_iter"], r["gpu_busy_ms_per_iter"]))
             for kr in r["kernels"][:14]:
                 print("   %7.3f ms  %4.1f x %8.1f us  %s" % (kr["ms_per_iter"], kr["calls_per_iter"],
                                                           kr["us_per_call"], kr["name"]))

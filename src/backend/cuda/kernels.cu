@@ -73,6 +73,24 @@ __host__ __device__ constexpr bool needs_acc(int m)
     return m == M_OUT || m == M_DQ || m == M_DKDV || m == M_DK || m == M_DV || m == M_ROW_OUT || m == M_DV_FIRST;
 }
 
+/* ---- programmatic dependent launch (Hopper and later) ---------------------
+ * Every kernel of a forward or backward begins with pdl_gate(): it waits
+ * until the kernels before it in the stream have finished and their writes
+ * are visible (griddepcontrol.wait: at once when the kernel was launched the
+ * ordinary way), then lets the next kernel be launched. Launched with
+ * programmatic stream serialisation (launch() below), the next kernel's
+ * blocks are placed on the SMs while this one's last blocks still run, and
+ * wait there: the launch latency between two passes is hidden, and nothing
+ * is read or written before the predecessor is complete, so the results are
+ * the same bits as with ordinary launches. */
+__device__ __forceinline__ void pdl_gate()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* ---- element types -------------------------------------------------------- */
 template <typename T> struct Tr;
 template <> struct Tr<float> {
@@ -389,6 +407,7 @@ template <typename T, int MODE> __device__ __forceinline__ Ops<T> ops_of(const b
 template <typename T, int DM, int MODE>
 __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
 {
+    pdl_gate();
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE);
     const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
@@ -832,7 +851,10 @@ __device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const in
     const float *fF = P.fF, *gF = P.gF, *Dp = P.Dp;
     /* the gradient passes' half-step terms by rank-one factors (fac_kernel) */
     /* a gradient pass runs as two kernels, one for the problems whose terms
-     * factorise (fac_kernel) and one for the others: each leaves the other's */
+     * factorise (fac_kernel) and one for the others: each leaves the other's
+     * (one kernel holding both bodies would take 168 registers and spill in
+     * the dQ pass, where the factorised body alone takes 164 and the exact
+     * one 138) */
     if (GRAD && (FAST != (a.fac && a.fact[p]))) return;
     constexpr bool fast = GRAD && FAST;
     constexpr bool EXACT = GRAD && !FAST; /* keeps the scaled score apart */
@@ -1288,16 +1310,23 @@ __device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const in
 
 /* the passes' kernels: one per mode and operand type; the dV pass is held to
  * 3 blocks an SM by its launch bounds (alone it would take 234 registers and
- * 2), the others keep the compiler's default (an explicit minimum of 1 block
- * lets it take far more registers) */
+ * 2), and at d <= 64 to 4 (128 registers, 4 bytes of spill; its shared
+ * memory, 46 KiB, lets 4 blocks share an SM): at B*H = 32, N = 1024 its 512
+ * blocks then run in one wave of 528 on an H100 instead of two of 396
+ * (BK_CUDA_DV_BLOCKS=3 keeps 3, the baseline of the benchmarks). The others
+ * keep the compiler's default (an explicit minimum of 1 block lets it take
+ * far more registers; the gradient passes' 67 KiB of shared memory hold
+ * them to 3 blocks whatever their registers) */
 template <typename T, int DM, int MODE, bool FAST>
 __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
 {
+    pdl_gate();
     tc_body<T, DM, MODE, FAST>(a, t, with_out);
 }
-template <typename T, int DM>
-__global__ void __launch_bounds__(NT, 3) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
+template <typename T, int DM, int MINB>
+__global__ void __launch_bounds__(NT, MINB) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
 {
+    pdl_gate();
     tc_body<T, DM, M_DV_FIRST, false>(a, t, with_out);
 }
 
@@ -1318,6 +1347,7 @@ constexpr float FAC_BOUND = 40.0f;
  * met to a.err[p * a.nkb + x] (free in the backward; chunks <= a.nkb) */
 __global__ void fac_kernel(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.y, b = p / a.H, x = blockIdx.x, nch = gridDim.x;
     const int Lq = len_q(a, b), Lk = len_k(a, b);
     __shared__ float red[8];
@@ -1369,6 +1399,7 @@ __global__ void fac_kernel(const bkc_args a)
 /* a.fact[p]: every chunk's exponents within the bound (max: order-free) */
 __global__ void fac_flag_kernel(const bkc_args a, int nch)
 {
+    pdl_gate();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int b = p / a.H;
@@ -1382,6 +1413,7 @@ __global__ void fac_flag_kernel(const bkc_args a, int nch)
 /* ---- small kernels -------------------------------------------------------- */
 __global__ void init_kernel(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int b = p / a.H;
@@ -1394,6 +1426,7 @@ __global__ void init_kernel(const bkc_args a)
  * there */
 __global__ void decide_kernel(const bkc_args a, int t)
 {
+    pdl_gate();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H || a.stopped[p]) return;
     const int Lk = len_k(a, p / a.H);
@@ -1412,6 +1445,7 @@ __global__ void decide_kernel(const bkc_args a, int t)
  * warp a row, a fixed order (lanes by channel, then an xor tree). */
 template <typename T> __global__ void d_kernel(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b);
     const int lane = threadIdx.x & 31, o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -1429,6 +1463,7 @@ template <typename T> __global__ void d_kernel(const bkc_args a)
 
 __global__ void iters_from_tape(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int32_t *h = (const int32_t *)(a.blk + (int64_t)p * a.blk_stride);
@@ -1439,6 +1474,7 @@ __global__ void iters_from_tape(const bkc_args a)
  * problem's), the extras f and g, the tape's block headers */
 template <typename T> __global__ void finish_fwd(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b), live = Lq > 0 && Lk > 0;
     const int Tp = live ? a.iters[p] : 0;
@@ -1467,6 +1503,7 @@ template <typename T> __global__ void finish_fwd(const bkc_args a)
 /* the attention output: zero everywhere (the output pass writes the block) */
 template <typename T> __global__ void zero_attn(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= (int64_t)a.Nq * a.Nk) return;
@@ -1478,6 +1515,7 @@ template <typename T> __global__ void zero_attn(const bkc_args a)
  * empty problem) */
 template <typename T> __global__ void finish_bwd(const bkc_args a)
 {
+    pdl_gate();
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b), live = Lq > 0 && Lk > 0;
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1513,7 +1551,52 @@ struct Launch {
     cudaStream_t st;
     int P;
     bool tcp; /* the tensor-core (mma.sync) passes: bf16 / fp16 */
+    bool pdl; /* programmatic dependent launches (pdl_gate) */
 };
+
+/* every kernel of a forward or backward is launched here: with programmatic
+ * stream serialisation where L.pdl (the kernel starts with pdl_gate, which
+ * keeps the stream's order of completion) */
+template <typename... KA, typename... A>
+cudaError_t launch(const Launch &L, void (*k)(KA...), dim3 grid, dim3 block, size_t smem, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = L.st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = L.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+/* programmatic dependent launches: on devices of compute capability 9.0 and
+ * later, not while the stream is captured into a graph, not under
+ * BK_CUDA_PDL=0 (the benchmarks' baseline) */
+bool want_pdl(cudaStream_t st)
+{
+    const char *env = getenv("BK_CUDA_PDL");
+    if (env && strcmp(env, "0") == 0) return false;
+    int dev = 0, major = 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9 && cs == cudaStreamCaptureStatusNone;
+}
+
+/* the dV pass's blocks an SM (tc_dv_kernel): 4 at d <= 64 unless
+ * BK_CUDA_DV_BLOCKS=3 */
+bool dv_four(void)
+{
+    const char *env = getenv("BK_CUDA_DV_BLOCKS");
+    return !(env && strcmp(env, "3") == 0);
+}
 
 /* one pass: the tensor-core kernel for 16-bit operands (unless the WMMA
  * kernels were asked for), else pass_kernel */
@@ -1526,18 +1609,22 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
             const tc::TPlan tp = tc::tplan(MODE, DM);
             constexpr bool GR = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
             void (*kt)(bkc_args, int, int);
-            if constexpr (MODE == M_DV_FIRST) kt = tc::tc_dv_kernel<T, DM>;
-            else kt = tc::tc_kernel<T, DM, MODE, false>;
+            if constexpr (MODE != M_DV_FIRST) kt = tc::tc_kernel<T, DM, MODE, false>;
+            else if constexpr (DM == 64) kt = dv_four() ? tc::tc_dv_kernel<T, DM, 4> : tc::tc_dv_kernel<T, DM, 3>;
+            else kt = tc::tc_dv_kernel<T, DM, 3>;
             cudaError_t e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
             if (e != cudaSuccess) return e;
-            kt<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);
-            if (GR && L.a->fac) { /* the problems whose terms factorise */
-                auto kf = tc::tc_kernel<T, DM, MODE, GR>;
-                e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
-                if (e != cudaSuccess) return e;
-                kf<<<grid, NT, tp.total, L.st>>>(*L.a, t, with_out);
+            e = launch(L, kt, grid, dim3(NT), tp.total, *L.a, t, with_out);
+            if (e != cudaSuccess) return e;
+            if constexpr (GR) {
+                if (L.a->fac) { /* the problems whose terms factorise */
+                    auto kf = tc::tc_kernel<T, DM, MODE, true>;
+                    e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
+                    if (e != cudaSuccess) return e;
+                    e = launch(L, kf, grid, dim3(NT), tp.total, *L.a, t, with_out);
+                }
             }
-            return cudaGetLastError();
+            return e;
         }
     }
     if constexpr (MODE == M_ROW_OUT || MODE == M_DV_FIRST) {
@@ -1547,8 +1634,7 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
         auto k = pass_kernel<T, DM, MODE>;
         cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.total);
         if (e != cudaSuccess) return e;
-        k<<<grid, NT, pl.total, L.st>>>(*L.a, t);
-        return cudaGetLastError();
+        return launch(L, k, grid, dim3(NT), pl.total, *L.a, t);
     }
 }
 
@@ -1620,7 +1706,7 @@ struct Fork {
 
 template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype)};
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), want_pdl(st)};
     const int P = L.P, S = a->S;
     /* odd S without a tolerance: the last row step is always the pass that
      * can also write the output (online softmax), so that its potentials are
@@ -1629,12 +1715,10 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
      * attention matrix is asked for (then the output pass does both) */
     const bool last = L.tcp && (S & 1) && a->tol == 0.0f;
     const bool fuse = last && !a->attn && a->out;
-    init_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a);
-    TRY(cudaGetLastError());
+    TRY(launch(L, init_kernel, dim3((P + 127) / 128), dim3(128), 0, *a));
     if (a->attn) {
         const int64_t nn = (int64_t)a->Nq * a->Nk;
-        zero_attn<T><<<dim3((unsigned)((nn + 255) / 256), (unsigned)P), 256, 0, st>>>(*a);
-        TRY(cudaGetLastError());
+        TRY(launch(L, zero_attn<T>, dim3((unsigned)((nn + 255) / 256), (unsigned)P), dim3(256), 0, *a));
     }
     for (int t = 1; t <= S; t++) {
         if (last && t == S) {
@@ -1644,28 +1728,24 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
         } else {
             TRY((pass<T, DM, M_COL_LSE>(L, t)));
             if (a->tol > 0.0f) {
-                decide_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a, t);
-                TRY(cudaGetLastError());
+                TRY(launch(L, decide_kernel, dim3((P + 127) / 128), dim3(128), 0, *a, t));
             }
         }
     }
     if ((a->out || a->attn) && !fuse) TRY((pass<T, DM, M_OUT>(L, 0)));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;
-    finish_fwd<T><<<dim3((unsigned)((nmax + 127) / 128), (unsigned)P), 128, 0, st>>>(*a);
-    return cudaGetLastError();
+    return launch(L, finish_fwd<T>, dim3((unsigned)((nmax + 127) / 128), (unsigned)P), dim3(128), 0, *a);
 }
 
 template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype)};
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), want_pdl(st)};
     const int P = L.P;
     if (a->blk) {
-        iters_from_tape<<<(P + 127) / 128, 128, 0, st>>>(*a);
-        TRY(cudaGetLastError());
+        TRY(launch(L, iters_from_tape, dim3((P + 127) / 128), dim3(128), 0, *a));
     }
     if (L.tcp && a->ot) { /* D from the output kept in the tape */
-        d_kernel<T><<<dim3((unsigned)((a->Nq + 7) / 8), (unsigned)P), 256, 0, st>>>(*a);
-        TRY(cudaGetLastError());
+        TRY(launch(L, d_kernel<T>, dim3((unsigned)((a->Nq + 7) / 8), (unsigned)P), dim3(256), 0, *a));
     } else {
         TRY((pass<T, DM, M_BWD_D>(L, 0)));
     }
@@ -1688,10 +1768,8 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
     }
     if (L.tcp && a->fac) {
         const int nch = a->nkb < 16 ? a->nkb : 16;
-        tc::fac_kernel<<<dim3((unsigned)nch, (unsigned)P), 256, 0, st>>>(*a);
-        TRY(cudaGetLastError());
-        tc::fac_flag_kernel<<<(P + 127) / 128, 128, 0, st>>>(*a, nch);
-        TRY(cudaGetLastError());
+        TRY(launch(L, tc::fac_kernel, dim3((unsigned)nch, (unsigned)P), dim3(256), 0, *a));
+        TRY(launch(L, tc::fac_flag_kernel, dim3((P + 127) / 128), dim3(128), 0, *a, nch));
     }
     /* dQ and dK (dV done with the first weights), or dQ and dK and dV:
      * independent passes. The tensor-core ones run side by side, dQ on a
@@ -1700,7 +1778,7 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
      * the other's last partial wave of blocks. dK and dV: one pass where its
      * two accumulators and its shared memory fit (d, dv <= 64), else two. */
     Fork fk;
-    const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp} : L;
+    const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp, L.pdl} : L;
     TRY((pass<T, DM, M_DQ>(Ldq, 0)));
     if (dvf) {
         TRY((pass<T, DM, M_DK>(L, 0)));
@@ -1715,8 +1793,7 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
     }
     TRY(fk.join(st));
     const int nmax = a->Nq > a->Nk ? a->Nq : a->Nk;
-    finish_bwd<T><<<dim3((unsigned)((nmax + 127) / 128), (unsigned)P), 128, 0, st>>>(*a);
-    return cudaGetLastError();
+    return launch(L, finish_bwd<T>, dim3((unsigned)((nmax + 127) / 128), (unsigned)P), dim3(128), 0, *a);
 }
 
 template <typename T> cudaError_t forward_dm(const bkc_args *a, cudaStream_t st)

@@ -77,17 +77,23 @@ __host__ __device__ constexpr bool needs_acc(int m)
  * Every kernel of a forward or backward begins with pdl_gate(): it waits
  * until the kernels before it in the stream have finished and their writes
  * are visible (griddepcontrol.wait: at once when the kernel was launched the
- * ordinary way), then lets the next kernel be launched. Launched with
- * programmatic stream serialisation (launch() below), the next kernel's
- * blocks are placed on the SMs while this one's last blocks still run, and
- * wait there: the launch latency between two passes is hidden, and nothing
- * is read or written before the predecessor is complete, so the results are
- * the same bits as with ordinary launches. */
-__device__ __forceinline__ void pdl_gate()
+ * ordinary way). Launched with programmatic stream serialisation (launch()
+ * below), a kernel is set up while its predecessor's last blocks finish
+ * (each block lets it launch as it exits), and nothing is read or written
+ * before the predecessor is complete, so the results are the same bits as
+ * with ordinary launches. With a.pdl_early every block lets the next kernel
+ * launch as soon as it starts: that kernel's blocks then wait on the SMs the
+ * predecessor's last wave leaves free, packed onto the first SMs to free up
+ * (measured on an H100: the forward at B*H = 32, N = 1024 takes 15 % longer,
+ * since its passes are less than one wave and their blocks end up unevenly
+ * spread; BK_CUDA_PDL=2 keeps it for the benchmarks). */
+__device__ __forceinline__ void pdl_gate(const bkc_args &a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (a.pdl_early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    (void)a;
 #endif
 }
 
@@ -407,7 +413,7 @@ template <typename T, int MODE> __device__ __forceinline__ Ops<T> ops_of(const b
 template <typename T, int DM, int MODE>
 __global__ void __launch_bounds__(NT) pass_kernel(const bkc_args a, const int t)
 {
-    pdl_gate();
+    pdl_gate(a);
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr bool KM = kmajor(MODE);
     const Plan pl = plan_of(MODE, (int)sizeof(T), Tr<T>::tc, DM);
@@ -692,25 +698,38 @@ __device__ __forceinline__ void cpa16(void *dst, const void *src, bool ok)
 __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/* rows [row0, row0 + 64) of an operand into a shared tile (row stride
- * DM + 8; zero past L rows and C channels): by cp.async where the rows are
- * 16-byte aligned (the caller commits and waits), else by plain loads */
+/* a 16-bit shared tile's element (r, c): rows of DM elements, unpadded, whose
+ * 16-byte chunks are permuted by the row (chunk c / 8 goes to (c / 8) ^ (r &
+ * 7)), so that the 8 rows an ldmatrix phase reads at one column fall in 8
+ * different bank groups. (A padded row of DM + 8 elements does the same at
+ * 1 KiB more per tile: the gradient passes' six tiles would then not fit 4
+ * blocks in an SM.) */
+template <int DM> __device__ __forceinline__ int swz(int r, int c)
+{
+    return r * DM + (((c >> 3) ^ (r & 7)) << 3) + (c & 7);
+}
+
+/* rows [row0, row0 + 64) of an operand into a shared tile (swz; zero past L
+ * rows and C channels): by cp.async where the rows are 16-byte aligned (the
+ * caller commits and waits), else by plain loads */
 template <typename T, int DM>
 __device__ void fetch(T *dst, const T *src, int64_t sn, int row0, int L, int C, bool vec)
 {
-    constexpr int LDT = DM + 8, CH = DM / 8, RPI = NT / CH; /* rows per round */
+    constexpr int CH = DM / 8, RPI = NT / CH; /* rows per round */
     if (vec) {
         const int rr = threadIdx.x / CH, c8 = (threadIdx.x % CH) * 8;
         const bool cok = c8 < C;
         const T *s = src + (int64_t)(row0 + rr) * sn + c8;
-        T *d = dst + rr * LDT + c8;
 #pragma unroll
         for (int k = 0; k < TILE / RPI; k++) {
             const bool ok = cok && row0 + rr + k * RPI < L;
-            cpa16(d + k * RPI * LDT, ok ? (const void *)(s + (int64_t)k * RPI * sn) : (const void *)src, ok);
+            cpa16(dst + swz<DM>(rr + k * RPI, c8), ok ? (const void *)(s + (int64_t)k * RPI * sn) : (const void *)src, ok);
         }
     } else {
-        load_tile<T, DM>(dst, src, sn, row0, L, C);
+        for (int idx = threadIdx.x; idx < TILE * DM; idx += NT) {
+            const int rr = idx / DM, cc = idx % DM, n = row0 + rr;
+            dst[swz<DM>(rr, cc)] = (n < L && cc < C) ? src[(int64_t)n * sn + cc] : Tr<T>::from(0.0f);
+        }
     }
 }
 __host__ __device__ inline bool vec_ok(const void *p, int64_t sn, int C)
@@ -725,10 +744,12 @@ struct TPlan {
 constexpr int NCV = 2;   /* streamed-side vectors staged per tile            */
 constexpr int FCAP = 16; /* gradient passes: the factors of up to FCAP steps
                             staged in shared memory (beyond: global loads)  */
-__host__ __device__ inline TPlan tplan(int mode, int DM)
+/* the steps whose factors a gradient pass stages (S between 1 and FCAP) */
+__host__ __device__ inline int fac_steps(int S) { return S < 1 ? 1 : S > FCAP ? FCAP : S; }
+__host__ __device__ inline TPlan tplan(int mode, int DM, int S)
 {
     TPlan p;
-    p.tile = rnd128(TILE * (DM + 8) * 2);
+    p.tile = rnd128(TILE * DM * 2);
     int off = 0;
     p.o1 = off; off += p.tile;
     p.o2 = off; off += needs_dp(mode) ? p.tile : 0;
@@ -736,7 +757,7 @@ __host__ __device__ inline TPlan tplan(int mode, int DM)
     p.i2 = off; off += needs_i2(mode) ? 2 * p.tile : 0;
     p.cv = off; off += 2 * NCV * TILE * 4; /* [buffer][vector][64] floats */
     const bool grad = mode == M_DQ || mode == M_DK || mode == M_DV || mode == M_DKDV;
-    p.fc = off; off += grad ? 3 * FCAP * TILE * 4 : 0; /* [outer | buffer 0 | buffer 1][step][64] */
+    p.fc = off; off += grad ? 3 * fac_steps(S) * TILE * 4 : 0; /* [outer | buffer 0 | buffer 1][step][64] */
     p.total = off;
     return p;
 }
@@ -745,8 +766,7 @@ __host__ __device__ inline TPlan tplan(int mode, int DM)
 template <int DM> __device__ __forceinline__ void outer_frag(uint32_t f[4], const void *tile, int w, int kk)
 {
     const int lane = threadIdx.x & 31;
-    const char *p = (const char *)tile + 2 * ((16 * w + (lane & 7) + ((lane >> 3) & 1) * 8) * (DM + 8) + kk * 16 +
-                                              ((lane >> 4) & 1) * 8);
+    const char *p = (const char *)tile + 2 * swz<DM>(16 * w + (lane & 7) + ((lane >> 3) & 1) * 8, kk * 16 + ((lane >> 4) & 1) * 8);
     ldsm4(f, saddr(p));
 }
 
@@ -769,7 +789,7 @@ __device__ __forceinline__ void scores(float s[8][4], const uint32_t (*xf)[4], c
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             uint32_t b[4];
-            ldsm4(b, saddr(Y + (np * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * (DM + 8) + kk * 16 + ((lane >> 3) & 1) * 8));
+            ldsm4(b, saddr(Y + swz<DM>(np * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, kk * 16 + ((lane >> 3) & 1) * 8)));
             mma<T>(s[2 * np], xa, b[0], b[1]);
             mma<T>(s[2 * np + 1], xa, b[2], b[3]);
         }
@@ -792,7 +812,7 @@ __device__ __forceinline__ void accumulate(float (*acc)[4], const float p[8][4],
 #pragma unroll
         for (int nc = 0; nc < DM / 16; nc++) {
             uint32_t b[4];
-            ldsm4t(b, saddr(Y + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (DM + 8) + nc * 16 + ((lane >> 4) & 1) * 8));
+            ldsm4t(b, saddr(Y + swz<DM>(kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nc * 16 + ((lane >> 4) & 1) * 8)));
             mma<T>(acc[2 * nc], pa, b[0], b[1]);
             mma<T>(acc[2 * nc + 1], pa, b[2], b[3]);
         }
@@ -837,7 +857,7 @@ __device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const in
      * the registers */
     constexpr bool KEEP = DM <= 64 && !GRAD;
     constexpr bool ACC2 = MODE == M_DKDV;
-    const TPlan pl = tplan(MODE, DM);
+    const TPlan pl = tplan(MODE, DM, a.S);
     T *O1 = (T *)(sm + pl.o1), *O2 = (T *)(sm + pl.o2);
 
     Prob P;
@@ -938,7 +958,8 @@ __device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const in
     };
     const bool fstaged = fast && Tp <= FCAP;
     auto FO = [&](int tt) { return (float *)(sm + pl.fc) + (tt - 1) * TILE; };
-    auto FC = [&](int s, int tt) { return (float *)(sm + pl.fc) + ((1 + s) * FCAP + tt - 1) * TILE; };
+    const int fs = fac_steps(a.S);
+    auto FC = [&](int s, int tt) { return (float *)(sm + pl.fc) + ((1 + s) * fs + tt - 1) * TILE; };
     if (fstaged)
         for (int idx = threadIdx.x; idx < Tp * TILE; idx += NT) {
             const int tt = 1 + idx / TILE, r = idx % TILE;
@@ -1320,13 +1341,25 @@ __device__ __forceinline__ void tc_body(const bkc_args &a, const int t, const in
 template <typename T, int DM, int MODE, bool FAST>
 __global__ void __launch_bounds__(NT) tc_kernel(const bkc_args a, const int t, const int with_out)
 {
-    pdl_gate();
+    pdl_gate(a);
     tc_body<T, DM, MODE, FAST>(a, t, with_out);
+}
+/* the factorised dQ and dK passes at d <= 64 held to 4 blocks an SM (128
+ * registers, 8-12 bytes of spill, where they would take 164): with their
+ * shared memory (six unpadded tiles and the factors of S <= 9 steps, under
+ * 56 KiB) 4 blocks fit an SM, so at B*H = 32, N = 1024 the two passes' 1024
+ * blocks run in two waves of 528 on an H100 instead of three of 396
+ * (BK_CUDA_GRAD_BLOCKS=3 keeps 3, the baseline of the benchmarks) */
+template <typename T, int DM, int MODE>
+__global__ void __launch_bounds__(NT, 4) tc_grad4_kernel(const bkc_args a, const int t, const int with_out)
+{
+    pdl_gate(a);
+    tc_body<T, DM, MODE, true>(a, t, with_out);
 }
 template <typename T, int DM, int MINB>
 __global__ void __launch_bounds__(NT, MINB) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
 {
-    pdl_gate();
+    pdl_gate(a);
     tc_body<T, DM, M_DV_FIRST, false>(a, t, with_out);
 }
 
@@ -1347,7 +1380,7 @@ constexpr float FAC_BOUND = 40.0f;
  * met to a.err[p * a.nkb + x] (free in the backward; chunks <= a.nkb) */
 __global__ void fac_kernel(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.y, b = p / a.H, x = blockIdx.x, nch = gridDim.x;
     const int Lq = len_q(a, b), Lk = len_k(a, b);
     __shared__ float red[8];
@@ -1399,7 +1432,7 @@ __global__ void fac_kernel(const bkc_args a)
 /* a.fact[p]: every chunk's exponents within the bound (max: order-free) */
 __global__ void fac_flag_kernel(const bkc_args a, int nch)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int b = p / a.H;
@@ -1413,7 +1446,7 @@ __global__ void fac_flag_kernel(const bkc_args a, int nch)
 /* ---- small kernels -------------------------------------------------------- */
 __global__ void init_kernel(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int b = p / a.H;
@@ -1426,7 +1459,7 @@ __global__ void init_kernel(const bkc_args a)
  * there */
 __global__ void decide_kernel(const bkc_args a, int t)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H || a.stopped[p]) return;
     const int Lk = len_k(a, p / a.H);
@@ -1445,7 +1478,7 @@ __global__ void decide_kernel(const bkc_args a, int t)
  * warp a row, a fixed order (lanes by channel, then an xor tree). */
 template <typename T> __global__ void d_kernel(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b);
     const int lane = threadIdx.x & 31, o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -1463,7 +1496,7 @@ template <typename T> __global__ void d_kernel(const bkc_args a)
 
 __global__ void iters_from_tape(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= a.B * a.H) return;
     const int32_t *h = (const int32_t *)(a.blk + (int64_t)p * a.blk_stride);
@@ -1474,7 +1507,7 @@ __global__ void iters_from_tape(const bkc_args a)
  * problem's), the extras f and g, the tape's block headers */
 template <typename T> __global__ void finish_fwd(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b), live = Lq > 0 && Lk > 0;
     const int Tp = live ? a.iters[p] : 0;
@@ -1503,7 +1536,7 @@ template <typename T> __global__ void finish_fwd(const bkc_args a)
 /* the attention output: zero everywhere (the output pass writes the block) */
 template <typename T> __global__ void zero_attn(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= (int64_t)a.Nq * a.Nk) return;
@@ -1515,7 +1548,7 @@ template <typename T> __global__ void zero_attn(const bkc_args a)
  * empty problem) */
 template <typename T> __global__ void finish_bwd(const bkc_args a)
 {
-    pdl_gate();
+    pdl_gate(a);
     const int p = blockIdx.y, b = p / a.H, h = p % a.H;
     const int Lq = len_q(a, b), Lk = len_k(a, b), live = Lq > 0 && Lk > 0;
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1551,7 +1584,7 @@ struct Launch {
     cudaStream_t st;
     int P;
     bool tcp; /* the tensor-core (mma.sync) passes: bf16 / fp16 */
-    bool pdl; /* programmatic dependent launches (pdl_gate) */
+    bool pdl; /* programmatic dependent launches (pdl_gate; a->pdl_early) */
 };
 
 /* every kernel of a forward or backward is launched here: with programmatic
@@ -1573,21 +1606,23 @@ cudaError_t launch(const Launch &L, void (*k)(KA...), dim3 grid, dim3 block, siz
     return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
-/* programmatic dependent launches: on devices of compute capability 9.0 and
- * later, not while the stream is captured into a graph, not under
- * BK_CUDA_PDL=0 (the benchmarks' baseline) */
-bool want_pdl(cudaStream_t st)
+/* programmatic dependent launches (pdl_gate): 0 none (BK_CUDA_PDL=0, the
+ * benchmarks' baseline), 1 each kernel launched as its predecessor's blocks
+ * exit (the default), 2 as they start (BK_CUDA_PDL=2); on devices of compute
+ * capability 9.0 and later, not while the stream is captured into a graph */
+int want_pdl(cudaStream_t st)
 {
     const char *env = getenv("BK_CUDA_PDL");
-    if (env && strcmp(env, "0") == 0) return false;
+    if (env && strcmp(env, "0") == 0) return 0;
     int dev = 0, major = 0;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
         cudaGetLastError();
-        return false;
+        return 0;
     }
-    return major >= 9 && cs == cudaStreamCaptureStatusNone;
+    if (major < 9 || cs != cudaStreamCaptureStatusNone) return 0;
+    return env && strcmp(env, "2") == 0 ? 2 : 1;
 }
 
 /* the dV pass's blocks an SM (tc_dv_kernel): 4 at d <= 64 unless
@@ -1598,6 +1633,22 @@ bool dv_four(void)
     return !(env && strcmp(env, "3") == 0);
 }
 
+/* the factorised dQ and dK passes at 4 blocks an SM (tc_grad4_kernel): where
+ * 4 blocks' shared memory (smem bytes each, and the device's reservation per
+ * block) fit an SM, unless BK_CUDA_GRAD_BLOCKS=3 */
+bool grad_four(int smem)
+{
+    const char *env = getenv("BK_CUDA_GRAD_BLOCKS");
+    if (env && strcmp(env, "3") == 0) return false;
+    int dev = 0, per_sm = 0, rsv = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return 4 * (smem + rsv) <= per_sm;
+}
+
 /* one pass: the tensor-core kernel for 16-bit operands (unless the WMMA
  * kernels were asked for), else pass_kernel */
 template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t, int with_out = 0)
@@ -1606,7 +1657,7 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
     const dim3 grid((unsigned)((outer + TILE - 1) / TILE), (unsigned)L.P);
     if constexpr (Tr<T>::tc) {
         if (L.tcp) {
-            const tc::TPlan tp = tc::tplan(MODE, DM);
+            const tc::TPlan tp = tc::tplan(MODE, DM, L.a->S);
             constexpr bool GR = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
             void (*kt)(bkc_args, int, int);
             if constexpr (MODE != M_DV_FIRST) kt = tc::tc_kernel<T, DM, MODE, false>;
@@ -1618,7 +1669,14 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
             if (e != cudaSuccess) return e;
             if constexpr (GR) {
                 if (L.a->fac) { /* the problems whose terms factorise */
-                    auto kf = tc::tc_kernel<T, DM, MODE, true>;
+                    void (*kf)(bkc_args, int, int) = tc::tc_kernel<T, DM, MODE, true>;
+                    if constexpr (DM == 64 && (MODE == M_DQ || MODE == M_DK)) {
+                        if (grad_four(tp.total)) {
+                            kf = tc::tc_grad4_kernel<T, DM, MODE>;
+                            e = cudaFuncSetAttribute(kf, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+                            if (e != cudaSuccess) return e;
+                        }
+                    }
                     e = cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
                     if (e != cudaSuccess) return e;
                     e = launch(L, kf, grid, dim3(NT), tp.total, *L.a, t, with_out);
@@ -1704,9 +1762,13 @@ struct Fork {
         if (e_ != cudaSuccess) return e_;                                                                              \
     } while (0)
 
-template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStream_t st)
+template <typename T, int DM> cudaError_t forward_t(const bkc_args *args, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), want_pdl(st)};
+    const int pdl = want_pdl(st);
+    bkc_args ac = *args;
+    ac.pdl_early = pdl == 2;
+    const bkc_args *a = &ac;
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), pdl > 0};
     const int P = L.P, S = a->S;
     /* odd S without a tolerance: the last row step is always the pass that
      * can also write the output (online softmax), so that its potentials are
@@ -1737,9 +1799,13 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *a, cudaStrea
     return launch(L, finish_fwd<T>, dim3((unsigned)((nmax + 127) / 128), (unsigned)P), dim3(128), 0, *a);
 }
 
-template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStream_t st)
+template <typename T, int DM> cudaError_t backward_t(const bkc_args *args, cudaStream_t st)
 {
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), want_pdl(st)};
+    const int pdl = want_pdl(st);
+    bkc_args ac = *args;
+    ac.pdl_early = pdl == 2;
+    const bkc_args *a = &ac;
+    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), pdl > 0};
     const int P = L.P;
     if (a->blk) {
         TRY(launch(L, iters_from_tape, dim3((P + 127) / 128), dim3(128), 0, *a));
@@ -1783,7 +1849,7 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *a, cudaStre
     if (dvf) {
         TRY((pass<T, DM, M_DK>(L, 0)));
     } else {
-        const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
+        const int dkdv_smem = L.tcp ? tc::tplan(M_DKDV, DM, a->S).total : plan_of(M_DKDV, (int)sizeof(T), Tr<T>::tc, DM).total;
         if (DM == 64 && dkdv_smem <= smem_optin()) {
             TRY((pass<T, DM, M_DKDV>(L, 0)));
         } else {
@@ -1854,13 +1920,13 @@ extern "C" size_t bkc_smem_need(int dtype, int dmax)
     const int DM = dmax <= 64 ? 64 : 128;
     const int esz = dtype == BKC_F32 ? 4 : 2;
     const bool tc = dtype != BKC_F32;
-    int need = tc ? tc::tplan(M_ROW_OUT, DM).total : 0;
+    int need = tc ? tc::tplan(M_ROW_OUT, DM, tc::FCAP).total : 0;
     /* every pass but the fused dK/dV one, which splits when it does not fit */
     for (int m = M_ROW_LSE; m <= M_DV; m++) {
         if (m == M_DKDV) continue;
         const int x = plan_of(m, esz, tc, DM).total;
         need = x > need ? x : need;
-        const int y = tc ? tc::tplan(m, DM).total : 0;
+        const int y = tc ? tc::tplan(m, DM, tc::FCAP).total : 0;
         need = y > need ? y : need;
     }
     return (size_t)need;

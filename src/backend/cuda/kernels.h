@@ -52,6 +52,9 @@ typedef struct {
                                        fp32 (tensor-core passes; NULL: none):
                                        the forward writes it, the backward
                                        takes D = rowsum(dO .* O) from it       */
+    int pdl_early;                  /* set by bkc_forward/bkc_backward: each
+                                       block lets the next kernel launch as it
+                                       starts (BK_CUDA_PDL=2)                  */
 } bkc_args;
 
 #ifdef __CUDACC__

@@ -77,11 +77,11 @@ def main():
         return 0
     import birkhoff.torch as bt
     res = []
-    keys = ("BK_CUDA_FORK", "BK_CUDA_PDL", "BK_CUDA_DV_BLOCKS", "BK_CUDA_GRAD_BLOCKS")
-    prev = {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3"}
+    keys = ("BK_CUDA_FORK", "BK_CUDA_PDL", "BK_CUDA_DV_BLOCKS", "BK_CUDA_GRAD_BLOCKS", "BK_CUDA_LSE_BLOCKS")
+    prev = {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3", "BK_CUDA_LSE_BLOCKS": "0"}
     for name, env, label in (("sinkhorn", {}, ""),
                              ("sinkhorn", {"BK_CUDA_PDL": "0"}, " (BK_CUDA_PDL=0: ordinary launches)"),
-                             ("sinkhorn", prev, " (BK_CUDA_PDL=0, dV, dQ and dK at 3 blocks an SM)"),
+                             ("sinkhorn", prev, " (BK_CUDA_PDL=0, blocks an SM as before)"),
                              ("softmax", {}, "")):
         for key in keys:
             os.environ.pop(key, None)

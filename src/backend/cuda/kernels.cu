@@ -1356,6 +1356,18 @@ __global__ void __launch_bounds__(NT, 4) tc_grad4_kernel(const bkc_args a, const
     pdl_gate(a);
     tc_body<T, DM, MODE, true>(a, t, with_out);
 }
+/* the log-sum-exp and reverse passes at d <= 64 held to 8 blocks an SM (64
+ * registers; the row pass spills nothing, the column and reverse passes
+ * 20-60 bytes), where they would take 70-80 and 6-7 blocks: their three
+ * tiles (25 KiB) let 8 share an SM, and a block's tile loop is bound by
+ * latency more than by the SM's issue rate (BK_CUDA_LSE_BLOCKS=0 keeps the
+ * compiler's choice, the baseline of the benchmarks) */
+template <typename T, int DM, int MODE>
+__global__ void __launch_bounds__(NT, 8) tc_lse8_kernel(const bkc_args a, const int t, const int with_out)
+{
+    pdl_gate(a);
+    tc_body<T, DM, MODE, false>(a, t, with_out);
+}
 template <typename T, int DM, int MINB>
 __global__ void __launch_bounds__(NT, MINB) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
 {
@@ -1625,28 +1637,22 @@ int want_pdl(cudaStream_t st)
     return env && strcmp(env, "2") == 0 ? 2 : 1;
 }
 
-/* the dV pass's blocks an SM (tc_dv_kernel): 4 at d <= 64 unless
- * BK_CUDA_DV_BLOCKS=3 */
-bool dv_four(void)
+/* a pass compiled for more blocks an SM (tc_dv_kernel<.., 4>: the dV pass at
+ * 4; tc_grad4_kernel: the factorised dQ and dK passes at 4; tc_lse8_kernel:
+ * the log-sum-exp and reverse passes at 8): where that many blocks' shared memory (smem bytes each, and the
+ * device's reservation per block) fit an SM, unless the environment variable
+ * env names another number (the benchmarks' baselines) */
+bool blocks_fit(const char *env, int blocks, int smem)
 {
-    const char *env = getenv("BK_CUDA_DV_BLOCKS");
-    return !(env && strcmp(env, "3") == 0);
-}
-
-/* the factorised dQ and dK passes at 4 blocks an SM (tc_grad4_kernel): where
- * 4 blocks' shared memory (smem bytes each, and the device's reservation per
- * block) fit an SM, unless BK_CUDA_GRAD_BLOCKS=3 */
-bool grad_four(int smem)
-{
-    const char *env = getenv("BK_CUDA_GRAD_BLOCKS");
-    if (env && strcmp(env, "3") == 0) return false;
+    const char *v = getenv(env);
+    if (v && atoi(v) != blocks) return false;
     int dev = 0, per_sm = 0, rsv = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
-    return 4 * (smem + rsv) <= per_sm;
+    return blocks * (smem + rsv) <= per_sm;
 }
 
 /* one pass: the tensor-core kernel for 16-bit operands (unless the WMMA
@@ -1660,10 +1666,18 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
             const tc::TPlan tp = tc::tplan(MODE, DM, L.a->S);
             constexpr bool GR = MODE == M_DQ || MODE == M_DK || MODE == M_DV || MODE == M_DKDV;
             void (*kt)(bkc_args, int, int);
+            cudaError_t e = cudaSuccess;
             if constexpr (MODE != M_DV_FIRST) kt = tc::tc_kernel<T, DM, MODE, false>;
-            else if constexpr (DM == 64) kt = dv_four() ? tc::tc_dv_kernel<T, DM, 4> : tc::tc_dv_kernel<T, DM, 3>;
+            else if constexpr (DM == 64) kt = blocks_fit("BK_CUDA_DV_BLOCKS", 4, tp.total) ? tc::tc_dv_kernel<T, DM, 4> : tc::tc_dv_kernel<T, DM, 3>;
             else kt = tc::tc_dv_kernel<T, DM, 3>;
-            cudaError_t e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
+            if constexpr (DM == 64 && (MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_REV_COL || MODE == M_REV_ROW)) {
+                if (blocks_fit("BK_CUDA_LSE_BLOCKS", 8, tp.total)) {
+                    kt = tc::tc_lse8_kernel<T, DM, MODE>;
+                    e = cudaFuncSetAttribute(kt, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+                    if (e != cudaSuccess) return e;
+                }
+            }
+            e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
             if (e != cudaSuccess) return e;
             e = launch(L, kt, grid, dim3(NT), tp.total, *L.a, t, with_out);
             if (e != cudaSuccess) return e;
@@ -1671,7 +1685,7 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
                 if (L.a->fac) { /* the problems whose terms factorise */
                     void (*kf)(bkc_args, int, int) = tc::tc_kernel<T, DM, MODE, true>;
                     if constexpr (DM == 64 && (MODE == M_DQ || MODE == M_DK)) {
-                        if (grad_four(tp.total)) {
+                        if (blocks_fit("BK_CUDA_GRAD_BLOCKS", 4, tp.total)) {
                             kf = tc::tc_grad4_kernel<T, DM, MODE>;
                             e = cudaFuncSetAttribute(kf, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
                             if (e != cudaSuccess) return e;

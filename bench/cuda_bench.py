@@ -18,9 +18,8 @@ d^-1/2, N in {1024, 4096} (and 16384 for ours and SDPA only). Cases:
   ours_*_nopdl   the same with BK_CUDA_PDL=0: ordinary kernel launches instead of programmatic
                  dependent ones (_pdl2: BK_CUDA_PDL=2, launched at the predecessor's start);
                  ours_*_dv3 with BK_CUDA_DV_BLOCKS=3 (the dV pass at 3 blocks an SM), _grad3
-                 with BK_CUDA_GRAD_BLOCKS=3 (dQ and dK at 3), _lse0 with BK_CUDA_LSE_BLOCKS=0
-                 (log-sum-exp and reverse passes at the compiler's 6-7); ours_*_prev with all
-                 of them and PDL=0 (the kernels as of 2026-11-26, but for the unpadded tiles)
+                 with BK_CUDA_GRAD_BLOCKS=3 (dQ and dK at 3); ours_*_prev with all of them
+                 and PDL=0 (the kernels as of 2026-11-26, but for the unpadded shared tiles)
   ours_*_dpass   the same with BK_CUDA_TAPE_OUTPUT=0: the tape keeps no output, so the backward
                  computes D = rowsum(A .* dP) by a pass over the scores (the baseline of
                  bk_context_config.tape_output, which birkhoff.torch turns on)
@@ -97,9 +96,7 @@ VARIANTS = {
     "_pdl2": {"BK_CUDA_PDL": "2"},                                # launches at the predecessor's start
     "_dv3": {"BK_CUDA_DV_BLOCKS": "3"},                           # the dV pass at 3 blocks an SM
     "_grad3": {"BK_CUDA_GRAD_BLOCKS": "3"},                       # the dQ and dK passes at 3 blocks an SM
-    "_lse0": {"BK_CUDA_LSE_BLOCKS": "0"},                         # log-sum-exp/reverse passes: compiler's blocks
-    "_prev": {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3",
-              "BK_CUDA_LSE_BLOCKS": "0"},                         # all four: as of 2026-11-26
+    "_prev": {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3"},  # all three: as of 2026-11-26
 }
 SINKHORN_IMPLS = ("ours_sinkhorn", "eager", "compiled") + tuple("ours_sinkhorn" + v for v in VARIANTS)
 EXIT_SKIP = 5        # worker: no CUDA device
@@ -147,7 +144,7 @@ def bench_cases(args):
     for impl, dt in (("sdpa", "bf16"), ("ours_sinkhorn", "bf16"), ("ours_softmax", "bf16"), ("ours_sinkhorn", "fp32"),
                      ("eager", "bf16"), ("ours_sinkhorn_prev", "bf16"), ("ours_sinkhorn_nopdl", "bf16"),
                      ("ours_sinkhorn_pdl2", "bf16"), ("ours_sinkhorn_dv3", "bf16"), ("ours_sinkhorn_grad3", "bf16"),
-                     ("ours_sinkhorn_lse0", "bf16"), ("ours_softmax_nopdl", "bf16"),
+                     ("ours_softmax_nopdl", "bf16"),
                      ("ours_sinkhorn_dpass", "bf16"), ("ours_softmax_dpass", "bf16"),
                      ("eager", "fp32"), ("ours_sinkhorn_wmma", "bf16"), ("ours_softmax_wmma", "bf16")):
         # the priority order
@@ -890,7 +887,7 @@ def bench_summarize(cases):
                            "D by a pass / D from the tape's output, softmax %s bf16" % ph))
             for v, what in (("_prev", "ordinary launches, blocks an SM as before"), ("_nopdl", "ordinary launches"),
                             ("_pdl2", "launches at the predecessor's start"), ("_dv3", "dV at 3 blocks"),
-                            ("_grad3", "dQ and dK at 3 blocks"), ("_lse0", "log-sum-exp passes at 6-7 blocks")):
+                            ("_grad3", "dQ and dK at 3 blocks")):
                 R.append(ratio(cases, ("ours_sinkhorn" + v, "bf16", N, ph), ("ours_sinkhorn", "bf16", N, ph),
                                "%s / now, Sinkhorn %s bf16" % (what, ph)))
             R.append(ratio(cases, ("ours_softmax_nopdl", "bf16", N, ph), ("ours_softmax", "bf16", N, ph),

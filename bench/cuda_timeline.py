@@ -3,9 +3,9 @@
 Nsight Compute, which locks them): torch.profiler's CUDA activity over 5
 forward + backward calls of Sinkhorn attention (S = 5) and softmax through
 birkhoff.torch, B*H = 32, d = 64, bf16, N = 1024 and 4096, after 3 warm-ups
-(Sinkhorn also with BK_CUDA_PDL=0: ordinary launches; and with that and
-BK_CUDA_DV_BLOCKS=3 BK_CUDA_GRAD_BLOCKS=3: the dV, dQ and dK passes at 3 blocks
-an SM, the kernels as of 2026-11-26).
+(Sinkhorn also with BK_CUDA_FORK=0: dQ after dK on one stream; and with
+BK_CUDA_PDL=0 BK_CUDA_DV_BLOCKS=3 BK_CUDA_GRAD_BLOCKS=3: ordinary launches and
+the dV, dQ and dK passes at 3 blocks an SM, the kernels as of 2026-11-26).
 Prints, per case, every kernel's name with its calls and mean time per
 call, the GPU busy time per iteration and the wall time per iteration
 (CUDA events around the 5 calls queued behind a GPU sleep, as
@@ -77,10 +77,10 @@ def main():
         return 0
     import birkhoff.torch as bt
     res = []
-    keys = ("BK_CUDA_FORK", "BK_CUDA_PDL", "BK_CUDA_DV_BLOCKS", "BK_CUDA_GRAD_BLOCKS", "BK_CUDA_LSE_BLOCKS")
-    prev = {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3", "BK_CUDA_LSE_BLOCKS": "0"}
+    keys = ("BK_CUDA_FORK", "BK_CUDA_PDL", "BK_CUDA_DV_BLOCKS", "BK_CUDA_GRAD_BLOCKS")
+    prev = {"BK_CUDA_PDL": "0", "BK_CUDA_DV_BLOCKS": "3", "BK_CUDA_GRAD_BLOCKS": "3"}
     for name, env, label in (("sinkhorn", {}, ""),
-                             ("sinkhorn", {"BK_CUDA_PDL": "0"}, " (BK_CUDA_PDL=0: ordinary launches)"),
+                             ("sinkhorn", {"BK_CUDA_FORK": "0"}, " (BK_CUDA_FORK=0: dQ after dK on one stream)"),
                              ("sinkhorn", prev, " (BK_CUDA_PDL=0, blocks an SM as before)"),
                              ("softmax", {}, "")):
         for key in keys:

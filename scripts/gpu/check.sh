@@ -73,9 +73,9 @@ if step prof && command -v ncu > /dev/null; then
     log "profile of the forward and the backward (N=4096, bf16, S=5)"
     timeout 150 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section InstructionStats \
-        --kernel-name regex:"pass_kernel|tc_kernel" --launch-skip 5 --launch-count 20 \
+        --kernel-name regex:"pass_kernel|tc_kernel|tc_dv_kernel|tc_grad4_kernel" --launch-skip 5 --launch-count 20 \
         $PY bench/cuda_profile.py > "$OUT/profile.txt" 2>&1
-    grep -E "pass_kernel|tc_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers" \
+    grep -E "pass_kernel|tc_kernel|tc_dv_kernel|tc_grad4_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers" \
         "$OUT/profile.txt" | head -130
 fi
 log "done rc=$rc"

@@ -194,19 +194,15 @@ static void grid_case(bk_context *cu, const gcase *gc, int layout, int dt, uint6
                      !memcmp(dk2, gpu.dk, nk * gc->d * 4) && !memcmp(dv2, gpu.dv, nk * gc->dv * 4),
                  name, "a repeat is bitwise the same: %s", s ? bk_last_error() : "differs");
         /* ordinary launches (even seeds) or launches at the predecessor's
-         * start (odd) instead of at its blocks' exit, the dV, dQ and dK
-         * passes compiled for 3 blocks an SM instead of 4 and the log-sum-exp
-         * and reverse passes for the compiler's choice instead of 8: the
-         * same bits */
+         * start (odd) instead of at its blocks' exit, and the dV, dQ and dK
+         * passes compiled for 3 blocks an SM instead of 4: the same bits */
         setenv("BK_CUDA_PDL", seed & 1 ? "2" : "0", 1);
         setenv("BK_CUDA_DV_BLOCKS", "3", 1);
         setenv("BK_CUDA_GRAD_BLOCKS", "3", 1);
-        setenv("BK_CUDA_LSE_BLOCKS", "0", 1);
         s = run_case(gc, &pb.desc, &tq, &tk, &tv, &to, &ta, &tdo, &tdq, &tdk, &tdv, tape, df, dg, 1);
         unsetenv("BK_CUDA_PDL");
         unsetenv("BK_CUDA_DV_BLOCKS");
         unsetenv("BK_CUDA_GRAD_BLOCKS");
-        unsetenv("BK_CUDA_LSE_BLOCKS");
         ok = s == BK_OK && th_dev_down(cu, o3, &o) && th_dev_down(cu, dq2, &dq) && th_dev_down(cu, dk2, &dk) && th_dev_down(cu, dv2, &dvb);
         th_check(ok && !memcmp(o3, gpu.o, nq * gc->dv * 4) && !memcmp(dq2, gpu.dq, nq * gc->d * 4) &&
                      !memcmp(dk2, gpu.dk, nk * gc->d * 4) && !memcmp(dv2, gpu.dv, nk * gc->dv * 4),

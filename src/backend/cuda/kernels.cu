@@ -1356,18 +1356,7 @@ __global__ void __launch_bounds__(NT, 4) tc_grad4_kernel(const bkc_args a, const
     pdl_gate(a);
     tc_body<T, DM, MODE, true>(a, t, with_out);
 }
-/* the log-sum-exp and reverse passes at d <= 64 held to 8 blocks an SM (64
- * registers; the row pass spills nothing, the column and reverse passes
- * 20-60 bytes), where they would take 70-80 and 6-7 blocks: their three
- * tiles (25 KiB) let 8 share an SM, and a block's tile loop is bound by
- * latency more than by the SM's issue rate (BK_CUDA_LSE_BLOCKS=0 keeps the
- * compiler's choice, the baseline of the benchmarks) */
-template <typename T, int DM, int MODE>
-__global__ void __launch_bounds__(NT, 8) tc_lse8_kernel(const bkc_args a, const int t, const int with_out)
-{
-    pdl_gate(a);
-    tc_body<T, DM, MODE, false>(a, t, with_out);
-}
+
 template <typename T, int DM, int MINB>
 __global__ void __launch_bounds__(NT, MINB) tc_dv_kernel(const bkc_args a, const int t, const int with_out)
 {
@@ -1638,8 +1627,7 @@ int want_pdl(cudaStream_t st)
 }
 
 /* a pass compiled for more blocks an SM (tc_dv_kernel<.., 4>: the dV pass at
- * 4; tc_grad4_kernel: the factorised dQ and dK passes at 4; tc_lse8_kernel:
- * the log-sum-exp and reverse passes at 8): where that many blocks' shared memory (smem bytes each, and the
+ * 4; tc_grad4_kernel: the factorised dQ and dK passes at 4): where that many blocks' shared memory (smem bytes each, and the
  * device's reservation per block) fit an SM, unless the environment variable
  * env names another number (the benchmarks' baselines) */
 bool blocks_fit(const char *env, int blocks, int smem)
@@ -1670,13 +1658,6 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
             if constexpr (MODE != M_DV_FIRST) kt = tc::tc_kernel<T, DM, MODE, false>;
             else if constexpr (DM == 64) kt = blocks_fit("BK_CUDA_DV_BLOCKS", 4, tp.total) ? tc::tc_dv_kernel<T, DM, 4> : tc::tc_dv_kernel<T, DM, 3>;
             else kt = tc::tc_dv_kernel<T, DM, 3>;
-            if constexpr (DM == 64 && (MODE == M_ROW_LSE || MODE == M_COL_LSE || MODE == M_REV_COL || MODE == M_REV_ROW)) {
-                if (blocks_fit("BK_CUDA_LSE_BLOCKS", 8, tp.total)) {
-                    kt = tc::tc_lse8_kernel<T, DM, MODE>;
-                    e = cudaFuncSetAttribute(kt, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-                    if (e != cudaSuccess) return e;
-                }
-            }
             e = cudaFuncSetAttribute(kt, cudaFuncAttributeMaxDynamicSharedMemorySize, tp.total);
             if (e != cudaSuccess) return e;
             e = launch(L, kt, grid, dim3(NT), tp.total, *L.a, t, with_out);

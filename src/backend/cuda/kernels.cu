@@ -1757,13 +1757,21 @@ struct Fork {
         if (e_ != cudaSuccess) return e_;                                                                              \
     } while (0)
 
-template <typename T, int DM> cudaError_t forward_t(const bkc_args *args, cudaStream_t st)
+/* a call's launch settings; ac: the arguments its kernels get (args, with
+ * pdl_early as the launches ask) */
+Launch setup(bkc_args &ac, const bkc_args *args, cudaStream_t st)
 {
     const int pdl = want_pdl(st);
-    bkc_args ac = *args;
+    ac = *args;
     ac.pdl_early = pdl == 2;
+    return Launch{&ac, st, ac.B * ac.H, want_tc(ac.dtype), pdl > 0};
+}
+
+template <typename T, int DM> cudaError_t forward_t(const bkc_args *args, cudaStream_t st)
+{
+    bkc_args ac;
+    const Launch L = setup(ac, args, st);
     const bkc_args *a = &ac;
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), pdl > 0};
     const int P = L.P, S = a->S;
     /* odd S without a tolerance: the last row step is always the pass that
      * can also write the output (online softmax), so that its potentials are
@@ -1796,11 +1804,9 @@ template <typename T, int DM> cudaError_t forward_t(const bkc_args *args, cudaSt
 
 template <typename T, int DM> cudaError_t backward_t(const bkc_args *args, cudaStream_t st)
 {
-    const int pdl = want_pdl(st);
-    bkc_args ac = *args;
-    ac.pdl_early = pdl == 2;
+    bkc_args ac;
+    const Launch L = setup(ac, args, st);
     const bkc_args *a = &ac;
-    const Launch L = {a, st, a->B * a->H, want_tc(a->dtype), pdl > 0};
     const int P = L.P;
     if (a->blk) {
         TRY(launch(L, iters_from_tape, dim3((P + 127) / 128), dim3(128), 0, *a));

@@ -294,7 +294,22 @@ typedef struct {
      * 128, a sorting network from 17 keys, ranks below; AVX2 96, by rank */
     int small_sort_max;
     void (*small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t *idx);
+    /* BKI_LANES independent sorts at once, one in each lane: key[r *
+     * BKI_LANES + l] is the r-th key of sort l; the network's ncmp
+     * comparators (bki_sort_net) leave every lane ascending. idx (same
+     * layout, or NULL) moves with its key. Ties leave no defined order among
+     * their indices. Keys must not be NaN. */
+    void (*lanes_sort)(int ncmp, const uint16_t *pairs, float *key, int32_t *idx);
+    /* bki_potential1d for BKI_LANES problems in lanes, from the lanes'
+     * sorted values: sa (n x BKI_LANES) with the query indices ia, sb (m x
+     * BKI_LANES); lane l's potential goes to f[l * fs + ia[r]] (l < lanes),
+     * its mean to mean[l]. Bitwise bki_potential1d's (the same double
+     * operations in the same order). */
+    void (*potential1d_lanes)(int n, int m, const float *sa, const int32_t *ia, const float *sb, int lanes,
+                              double *f, size_t fs, double *mean);
 } bki_kernels;
+/* the lanes of bki_kernels.lanes_sort and potential1d_lanes */
+#define BKI_LANES 16
 
 const bki_kernels *bki_kern(void);
 extern const bki_kernels bki_kernels_avx2;
@@ -316,6 +331,12 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
 size_t bki_argsort_team_counts(int n); /* bytes */
 void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t stride, int32_t *idx, void *scratch,
                       void *counts);
+/* Batcher's odd-even merge sorting network on n keys (n <= 65536): its
+ * comparators (i < j: the smaller key to i) in order into pairs (2 per
+ * comparator), pruned at n; returns their count, at most
+ * bki_sort_net_bound(n) */
+int bki_sort_net_bound(int n);
+int bki_sort_net(int n, uint16_t *pairs);
 /* north-west-corner pairs between uniform n and m sorted atoms, mass =
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);

@@ -821,6 +821,62 @@ static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t 
     }
 }
 
+/* BKI_LANES sorts in lanes (bki_kernels.lanes_sort): every comparator is
+ * one compare and blends over the lanes, no permutes and no branches */
+static void ISA(lanes_sort)(int ncmp, const uint16_t *pairs, float *key, int32_t *idx)
+{
+    for (int c = 0; c < ncmp; c++) {
+        float *restrict x = key + (size_t)pairs[2 * c] * BKI_LANES, *restrict y = key + (size_t)pairs[2 * c + 1] * BKI_LANES;
+        if (idx) {
+            int32_t *restrict xi = idx + (size_t)pairs[2 * c] * BKI_LANES, *restrict yi = idx + (size_t)pairs[2 * c + 1] * BKI_LANES;
+#pragma omp simd
+            for (int l = 0; l < BKI_LANES; l++) {
+                const float a = x[l], b = y[l];
+                const int32_t ia = xi[l], ib = yi[l];
+                const int sw = b < a;
+                x[l] = sw ? b : a;
+                y[l] = sw ? a : b;
+                xi[l] = sw ? ib : ia;
+                yi[l] = sw ? ia : ib;
+            }
+        } else {
+#pragma omp simd
+            for (int l = 0; l < BKI_LANES; l++) {
+                const float a = x[l], b = y[l];
+                x[l] = b < a ? b : a;
+                y[l] = b < a ? a : b;
+            }
+        }
+    }
+}
+
+/* bki_potential1d in lanes (bki_kernels.potential1d_lanes): per lane the
+ * same double operations in the same order */
+static void ISA(potential1d_lanes)(int n, int m, const float *sa, const int32_t *ia, const float *sb, int lanes,
+                                   double *f, size_t fs, double *mean)
+{
+    double phi[BKI_LANES], prev[BKI_LANES], sum[BKI_LANES], v[BKI_LANES];
+    for (int l = 0; l < BKI_LANES; l++) phi[l] = prev[l] = sum[l] = 0.0;
+    for (int r = 0; r < n; r++) {
+        const float *ar = sa + (size_t)r * BKI_LANES;
+        if (r > 0) {
+            const float *bt = sb + (size_t)(((int64_t)r * m - 1) / n) * BKI_LANES; /* sigma(r - 1) */
+#pragma omp simd
+            for (int l = 0; l < BKI_LANES; l++) phi[l] += (double)bt[l] * ((double)ar[l] - prev[l]);
+        }
+#pragma omp simd
+        for (int l = 0; l < BKI_LANES; l++) {
+            const double a = (double)ar[l];
+            v[l] = 0.5 * a * a - phi[l];
+            sum[l] += v[l];
+            prev[l] = a;
+        }
+        const int32_t *ir = ia + (size_t)r * BKI_LANES;
+        for (int l = 0; l < lanes; l++) f[(size_t)l * fs + ir[l]] = v[l];
+    }
+    for (int l = 0; l < lanes; l++) mean[l] = sum[l] / n;
+}
+
 /* ------------------------------------------------------------------------ */
 /* machine-peak probes (for the benchmark's fraction-of-peak figures)       */
 /* ------------------------------------------------------------------------ */
@@ -879,4 +935,6 @@ const bki_kernels ISA(bki_kernels) = {
     .softsort_row_bwd = ISA(softsort_row_bwd),
     .small_sort_max = SMALL_SORT_MAX,
     .small_argsort = ISA(small_argsort),
+    .lanes_sort = ISA(lanes_sort),
+    .potential1d_lanes = ISA(potential1d_lanes),
 };

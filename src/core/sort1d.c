@@ -124,6 +124,34 @@ void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t strid
     bki_team_sync(tm);
 }
 
+/* Batcher's odd-even merge sort, iteratively: merges of runs of p, each
+ * by comparators k apart (k = p, p/2, .., 1) between elements of the same
+ * 2p-run. Positions past n would hold keys no smaller than any other, and
+ * a comparator (i, j), i < j, never moves such a key from j, so those with
+ * j >= n are dropped: the network sorts n keys. The count for the next power
+ * of two 2^q, (q^2 - q + 4) 2^(q-2) - 1, bounds it. */
+int bki_sort_net_bound(int n)
+{
+    int q = 0;
+    while ((1 << q) < n) q++;
+    return q < 2 ? 1 : (q * q - q + 4) * (1 << (q - 2)) - 1;
+}
+
+int bki_sort_net(int n, uint16_t *pairs)
+{
+    int c = 0;
+    for (int p = 1; p < n; p <<= 1)
+        for (int k = p; k >= 1; k >>= 1)
+            for (int j = k % p; j + k < n; j += 2 * k)
+                for (int i = 0; i < k && i + j + k < n; i++)
+                    if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+                        pairs[2 * c] = (uint16_t)(i + j);
+                        pairs[2 * c + 1] = (uint16_t)(i + j + k);
+                        c++;
+                    }
+    return c;
+}
+
 /* The 1-D OT plan between uniform measures on n and m sorted atoms: pairs
  * (r, s) of ranks with mass |[r/n, (r+1)/n) ∩ [s/m, (s+1)/m)|, walked in
  * order (at most n + m - 1 pairs; (r, r) when n == m). The mass is returned

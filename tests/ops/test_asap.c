@@ -9,6 +9,7 @@
 #include "ref_asap.h"
 #include "../tutil.h"
 #include "../../src/ops/ops.h" /* bki_asap_plan: the parallel model's plan, asserted below */
+#include "../../src/core/internal.h" /* the sliced features' lanes kernels */
 
 #include <math.h>
 #include <stddef.h>
@@ -937,9 +938,82 @@ static void test_asap_registry(void)
     th_prob_free(&y);
 }
 
+/* the sliced features' lanes path (bki_kernels.lanes_sort, potential1d_lanes,
+ * bki_sort_net) against the per-slice path (bki_argsort, bki_potential1d):
+ * every lane sorted and a permutation, the indices on their keys, the
+ * potentials and means bitwise; sizes 1..140 and up to 256, n != m, full and
+ * partial groups of lanes; keys with ties, both zeros and a wide range */
+static void test_asap_lanes_sort(void)
+{
+    const bki_kernels *kn = bki_kern();
+    th_rng r = {9090};
+    int bad_sort = 0, bad_pot = 0, bad_net = 0, count = 0;
+    for (int n = 1; n <= 256; n += n < 140 ? 1 : 29, count++) {
+        const int m = n % 3 == 0 ? n : n % 3 == 1 ? (n + 7) / 2 : n + 5 > 256 ? 256 : n + 5;
+        const int lanes = n % 2 ? BKI_LANES : 5;
+        float *xa = malloc(sizeof(float) * BKI_LANES * (size_t)n), *xb = malloc(sizeof(float) * BKI_LANES * (size_t)m);
+        float *ka = malloc(sizeof(float) * BKI_LANES * (size_t)n), *kb = malloc(sizeof(float) * BKI_LANES * (size_t)m);
+        int32_t *ix = malloc(sizeof(int32_t) * BKI_LANES * (size_t)n);
+        uint16_t *nq = malloc(4 * (size_t)bki_sort_net_bound(n)), *nk = malloc(4 * (size_t)bki_sort_net_bound(m));
+        double *f = malloc(sizeof(double) * BKI_LANES * (size_t)n), *fr = malloc(sizeof(double) * (size_t)n), mean[BKI_LANES];
+        float *ca = malloc(sizeof(float) * (size_t)n), *cb = malloc(sizeof(float) * (size_t)m);
+        int32_t *ia = malloc(sizeof(int32_t) * (size_t)n), *ib = malloc(sizeof(int32_t) * (size_t)m);
+        void *scr = malloc(bki_argsort_scratch(n > m ? n : m));
+        for (size_t i = 0; i < (size_t)BKI_LANES * n + (size_t)BKI_LANES * m; i++) {
+            const uint64_t u = th_next(&r) % 6;
+            const float v = u == 0 ? 0.0f : u == 1 ? -0.0f : u == 2 ? (float)(th_next(&r) % 4) - 1.5f
+                          : (float)th_normal(&r) * (u == 3 ? 1e3f : u == 4 ? 1e-3f : 1.0f);
+            if (i < (size_t)BKI_LANES * n) xa[i] = v;
+            else xb[i - (size_t)BKI_LANES * n] = v;
+        }
+        const int cq = bki_sort_net(n, nq), ck = bki_sort_net(m, nk);
+        bad_net += cq > bki_sort_net_bound(n) || ck > bki_sort_net_bound(m);
+        memcpy(ka, xa, sizeof(float) * BKI_LANES * (size_t)n);
+        memcpy(kb, xb, sizeof(float) * BKI_LANES * (size_t)m);
+        for (int i = 0; i < n; i++)
+            for (int l = 0; l < BKI_LANES; l++) ix[i * BKI_LANES + l] = i;
+        kn->lanes_sort(cq, nq, ka, ix);
+        kn->lanes_sort(ck, nk, kb, NULL);
+        kn->potential1d_lanes(n, m, ka, ix, kb, lanes, f, (size_t)n, mean);
+        int sorted = 1, pot = 1;
+        for (int l = 0; l < BKI_LANES; l++) {
+            for (int i = 0; i < n; i++) ca[i] = xa[i * BKI_LANES + l];
+            for (int j = 0; j < m; j++) cb[j] = xb[j * BKI_LANES + l];
+            bki_argsort(n, ca, 1, ia, scr);
+            bki_argsort(m, cb, 1, ib, scr);
+            int seen[256] = {0};
+            for (int i = 0; i < n; i++) {
+                const int32_t k = ix[i * BKI_LANES + l];
+                sorted &= k >= 0 && k < n && !seen[k] && ca[k] == ka[i * BKI_LANES + l] && ca[ia[i]] == ka[i * BKI_LANES + l];
+                if (k >= 0 && k < n) seen[k] = 1;
+            }
+            for (int j = 0; j < m; j++) sorted &= cb[ib[j]] == kb[j * BKI_LANES + l];
+            if (l < lanes) { /* the per-slice potential from the lane's own query order: bitwise */
+                int32_t *il = malloc(sizeof(int32_t) * (size_t)n);
+                for (int i = 0; i < n; i++) il[i] = ix[i * BKI_LANES + l];
+                const double mr = bki_potential1d(n, m, ca, 1, il, cb, 1, ib, fr);
+                pot &= !memcmp(fr, f + (size_t)l * n, sizeof(double) * (size_t)n) && !memcmp(&mr, &mean[l], sizeof mr);
+                free(il);
+            }
+        }
+        bad_sort += !sorted;
+        bad_pot += !pot;
+        if (!sorted && bad_sort == 1) printf("lanes sort differs at n = %d\n", n);
+        if (!pot && bad_pot == 1) printf("lanes potential differs at n = %d, m = %d\n", n, m);
+        free(xa); free(xb); free(ka); free(kb); free(ix); free(nq); free(nk); free(f); free(fr);
+        free(ca); free(cb); free(ia); free(ib); free(scr);
+    }
+    th_check(!bad_net, "bki_sort_net: comparators within bki_sort_net_bound", "%d sizes over", bad_net);
+    th_check(!bad_sort, "lanes sort (Batcher network, 16 lanes) == bki_argsort's values, indices a permutation on their keys",
+             "%d of %d sizes differ", bad_sort, count);
+    th_check(!bad_pot, "lanes 1-D potentials == bki_potential1d, bitwise (n != m too, partial lane groups)",
+             "%d of %d sizes differ", bad_pot, count);
+}
+
 void test_asap(void)
 {
     if (TH.filter && !strstr("asap", TH.filter)) return;
+    test_asap_lanes_sort();
     test_asap_grid();
     test_asap_properties();
     test_asap_calibration();

@@ -140,15 +140,17 @@ int bki_sort_net_bound(int n)
 int bki_sort_net(int n, uint16_t *pairs)
 {
     int c = 0;
-    for (int p = 1; p < n; p <<= 1)
+    for (int lp = 0; (1 << lp) < n; lp++) { /* p = 2^lp: runs of p merged into runs of 2p */
+        const int p = 1 << lp;
         for (int k = p; k >= 1; k >>= 1)
-            for (int j = k % p; j + k < n; j += 2 * k)
+            for (int j = k & (p - 1); j + k < n; j += 2 * k)
                 for (int i = 0; i < k && i + j + k < n; i++)
-                    if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+                    if (((i + j) >> (lp + 1)) == ((i + j + k) >> (lp + 1))) { /* the same 2p-run */
                         pairs[2 * c] = (uint16_t)(i + j);
                         pairs[2 * c + 1] = (uint16_t)(i + j + k);
                         c++;
                     }
+    }
     return c;
 }
 

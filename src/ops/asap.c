@@ -230,19 +230,25 @@ static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int L
         int g0, g1;
         bki_team_share(tm, (L + BKI_LANES - 1) / BKI_LANES, &g0, &g1);
         if (g0 < g1) {
-            const int nq = bki_sort_net(Lq, w->netq), nk = bki_sort_net(Lk, w->netk);
+            const int nq = bki_sort_net(Lq, w->netq), nk = Lk == Lq ? nq : bki_sort_net(Lk, w->netk);
+            const uint16_t *netk = Lk == Lq ? w->netq : w->netk;
             for (int g = g0; g < g1; g++) {
                 const int l0 = g * BKI_LANES, nl = L - l0 < BKI_LANES ? L - l0 : BKI_LANES;
-                for (int i = 0; i < Lq; i++)
-                    for (int l = 0; l < BKI_LANES; l++) {
-                        w->ka[(size_t)i * BKI_LANES + l] = l < nl ? w->pa[(size_t)i * L + l0 + l] : 0.0f;
-                        w->ix[(size_t)i * BKI_LANES + l] = i;
-                    }
-                for (int j = 0; j < Lk; j++)
-                    for (int l = 0; l < BKI_LANES; l++)
-                        w->kb[(size_t)j * BKI_LANES + l] = l < nl ? w->pb[(size_t)j * L + l0 + l] : 0.0f;
+                /* the group's keys, lanes past L zero (sorted, never read) */
+                for (int i = 0; i < Lq; i++) {
+                    float *kr = w->ka + (size_t)i * BKI_LANES;
+                    int32_t *ir = w->ix + (size_t)i * BKI_LANES;
+                    memcpy(kr, w->pa + (size_t)i * L + l0, sizeof(float) * (size_t)nl);
+                    for (int l = nl; l < BKI_LANES; l++) kr[l] = 0.0f;
+                    for (int l = 0; l < BKI_LANES; l++) ir[l] = i;
+                }
+                for (int j = 0; j < Lk; j++) {
+                    float *kr = w->kb + (size_t)j * BKI_LANES;
+                    memcpy(kr, w->pb + (size_t)j * L + l0, sizeof(float) * (size_t)nl);
+                    for (int l = nl; l < BKI_LANES; l++) kr[l] = 0.0f;
+                }
                 kn->lanes_sort(nq, w->netq, w->ka, w->ix);
-                kn->lanes_sort(nk, w->netk, w->kb, NULL);
+                kn->lanes_sort(nk, netk, w->kb, NULL);
                 double mean[BKI_LANES];
                 double *x = XT + (size_t)l0 * Lq;
                 kn->potential1d_lanes(Lq, Lk, w->ka, w->ix, w->kb, nl, x, (size_t)Lq, mean);

@@ -64,6 +64,8 @@ typedef __m512 rvec;
 #define RV_LOAD(p) _mm512_loadu_ps(p)
 #define RV_ADD(a, b) _mm512_add_ps(a, b)
 #define RV_HSUM(a) _mm512_reduce_add_ps(a)
+#define RV_MAX(a, b) _mm512_max_ps(a, b)
+#define RV_HMAX(a) _mm512_reduce_max_ps(a)
 #define RV_SET1(x) _mm512_set1_ps(x)
 #define RV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define RV_STORE(p, v) _mm512_storeu_ps(p, v)
@@ -81,6 +83,14 @@ typedef __m256 rvec;
 #define RV_SET1(x) _mm256_set1_ps(x)
 #define RV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define RV_STORE(p, v) _mm256_storeu_ps(p, v)
+#define RV_MAX(a, b) _mm256_max_ps(a, b)
+static inline float RV_HMAX(__m256 v)
+{
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
 static inline float RV_HSUM(__m256 v)
 {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -150,24 +160,29 @@ static inline float vexp_sum(float *e, int m, float M)
     return RV_HSUM(acc);
 }
 
-/* e = exp(c + bias - max); returns sum(e); *mx = max(c + bias). */
+/* e = exp(c + bias - max); returns sum(e); *mx = max(c + bias). The maximum
+ * in vector lanes and a tree (an `omp simd reduction(max)` ends in a chain
+ * of dependent lane maxima, as the sums do); NaN entries are passed over, as
+ * a scalar `x > M ? x : M` would (the max instruction returns its second
+ * operand when either is NaN). */
 static float row_softmax(int m, const float *restrict c, const float *restrict bias,
                          float *restrict e, float *mx)
 {
-    float M = -INFINITY;
-    if (bias) {
-#pragma omp simd reduction(max : M)
-        for (int j = 0; j < m; j++) {
-            e[j] = c[j] + bias[j];
-            M = e[j] > M ? e[j] : M;
-        }
-    } else {
-#pragma omp simd reduction(max : M)
-        for (int j = 0; j < m; j++) {
-            e[j] = c[j];
-            M = e[j] > M ? e[j] : M;
-        }
+    rvec vm = RV_SET1(-INFINITY);
+    int j = 0;
+    for (; j + RVL <= m; j += RVL) {
+        rvec x = RV_LOAD(c + j);
+        if (bias) x = RV_ADD(x, RV_LOAD(bias + j));
+        RV_STORE(e + j, x);
+        vm = RV_MAX(x, vm);
     }
+    if (j < m) {
+        rvec x = tail_load(c + j, m - j, -INFINITY);
+        if (bias) x = RV_ADD(x, tail_load(bias + j, m - j, 0.0f));
+        tail_store(e + j, m - j, x);
+        vm = RV_MAX(x, vm);
+    }
+    const float M = RV_HMAX(vm);
     *mx = M;
     return vexp_sum(e, m, M);
 }

@@ -154,10 +154,10 @@ typedef struct {
 /* The sliced features sort BKI_LANES slices at once in vector lanes by a
  * sorting network where both sides have at most this many tokens, else each
  * slice alone (bki_argsort). The network's comparators grow as n log^2 n
- * against the radix sort's n: measured (2 threads, 8 heads), 512 rather
- * than 256 took ASAP at N = 512 from 4.5 to 4.2 ms; 1024 gained nothing at
- * N = 1024. */
-#define LANE_SORT_MAX 512
+ * against the radix sort's n: measured (2 threads), the lanes took ASAP at
+ * N = 512 (8 heads) from 4.5 to 4.2 ms and at N = 1024 (2 heads) from
+ * 4.0-4.2 to 3.8-4.0 ms; at N = 2048 they gained nothing. */
+#define LANE_SORT_MAX 1024
 
 static int lanes_path(int Nq, int Nk) { return Nq <= LANE_SORT_MAX && Nk <= LANE_SORT_MAX; }
 

@@ -941,15 +941,15 @@ static void test_asap_registry(void)
 /* the sliced features' lanes path (bki_kernels.lanes_sort, potential1d_lanes,
  * bki_sort_net) against the per-slice path (bki_argsort, bki_potential1d):
  * every lane sorted and a permutation, the indices on their keys, the
- * potentials and means bitwise; sizes 1..140 and up to 512, n != m, full and
+ * potentials and means bitwise; sizes 1..140 and up to 1024, n != m, full and
  * partial groups of lanes; keys with ties, both zeros and a wide range */
 static void test_asap_lanes_sort(void)
 {
     const bki_kernels *kn = bki_kern();
     th_rng r = {9090};
     int bad_sort = 0, bad_pot = 0, bad_net = 0, count = 0;
-    for (int n = 1; n <= 512; n += n < 140 ? 1 : 61, count++) {
-        const int m = n % 3 == 0 ? n : n % 3 == 1 ? (n + 7) / 2 : n + 5 > 512 ? 512 : n + 5;
+    for (int n = 1; n <= 1024; n += n < 140 ? 1 : 127, count++) {
+        const int m = n % 3 == 0 ? n : n % 3 == 1 ? (n + 7) / 2 : n + 5 > 1024 ? 1024 : n + 5;
         const int lanes = n % 2 ? BKI_LANES : 5;
         float *xa = malloc(sizeof(float) * BKI_LANES * (size_t)n), *xb = malloc(sizeof(float) * BKI_LANES * (size_t)m);
         float *ka = malloc(sizeof(float) * BKI_LANES * (size_t)n), *kb = malloc(sizeof(float) * BKI_LANES * (size_t)m);
@@ -981,7 +981,7 @@ static void test_asap_lanes_sort(void)
             for (int j = 0; j < m; j++) cb[j] = xb[j * BKI_LANES + l];
             bki_argsort(n, ca, 1, ia, scr);
             bki_argsort(m, cb, 1, ib, scr);
-            int seen[512] = {0};
+            int seen[1024] = {0};
             for (int i = 0; i < n; i++) {
                 const int32_t k = ix[i * BKI_LANES + l];
                 sorted &= k >= 0 && k < n && !seen[k] && ca[k] == ka[i * BKI_LANES + l] && ca[ia[i]] == ka[i * BKI_LANES + l];

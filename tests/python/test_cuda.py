@@ -450,6 +450,52 @@ def test_determinism():
     check(ok, "20 asynchronous calls in a row == the same calls one by one")
 
 
+def test_graphs():
+    """CUDA graphs: a forward, and a forward + backward, captured by torch.cuda.graph
+    (the library then launches without programmatic dependencies and without its second
+    stream) replay bitwise as the eager calls, and again after the inputs change in place"""
+    section("4b. CUDA graph capture")
+    torch.manual_seed(11)
+    for dtype in (torch.float32,) + LOW:
+        dn = str(dtype).replace("torch.", "")
+        for name, fn in (("softmax", lambda q, k, v: bt.softmax_attention(q, k, v)),
+                         ("sinkhorn S=5", lambda q, k, v: bt.sinkhorn_attention(q, k, v, iters=5))):
+            q, k, v = (torch.randn(2, 4, 256, 64, device=DEV, dtype=dtype) for _ in range(3))
+            s = torch.cuda.Stream(device=DEV)
+            s.wait_stream(torch.cuda.current_stream(DEV))
+            with torch.cuda.stream(s):  # warm-up on the capture stream: its context exists before capture
+                for _ in range(2):
+                    ref = fn(q, k, v)
+            torch.cuda.current_stream(DEV).wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(g, stream=s):
+                out = fn(q, k, v)
+            g.replay()
+            torch.cuda.synchronize()
+            ok = torch.equal(out, ref)
+            q.mul_(1.5)
+            g.replay()
+            ref2 = fn(q, k, v)
+            torch.cuda.synchronize()
+            check(ok and torch.equal(out, ref2), "%s %s: a captured forward replays bitwise as the eager one, "
+                  "also after the inputs change in place" % (dn, name))
+            ql, kl, vl = (x.clone().requires_grad_(True) for x in (q, k, v))
+            go = torch.randn_like(ref)
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    o = fn(ql, kl, vl)
+                    gr = torch.autograd.grad(o, (ql, kl, vl), go)
+            torch.cuda.current_stream(DEV).wait_stream(s)
+            g2 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g2, stream=s):
+                o2 = fn(ql, kl, vl)
+                gr2 = torch.autograd.grad(o2, (ql, kl, vl), go)
+            g2.replay()
+            torch.cuda.synchronize()
+            check(torch.equal(o2, o) and all(torch.equal(a, b) for a, b in zip(gr2, gr)),
+                  "%s %s: a captured forward + backward replays bitwise as the eager one" % (dn, name))
+
+
 # ===========================================================================
 # 5. finite differences
 # ===========================================================================
@@ -661,7 +707,7 @@ def test_mha():
 
 
 SECTIONS = {"f32": test_f32_vs_cpu, "low": test_low_precision, "port": test_port, "determinism": test_determinism,
-            "fd": test_finite_differences, "refusals": test_refusals, "autocast": test_autocast, "mha": test_mha}
+            "graphs": test_graphs, "fd": test_finite_differences, "refusals": test_refusals, "autocast": test_autocast, "mha": test_mha}
 
 
 def main():

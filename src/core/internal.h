@@ -297,8 +297,9 @@ typedef struct {
     /* BKI_LANES independent sorts at once, one in each lane: key[r *
      * BKI_LANES + l] is the r-th key of sort l; the network's ncmp
      * comparators (bki_sort_net) leave every lane ascending. idx (same
-     * layout, or NULL) moves with its key. Ties leave no defined order among
-     * their indices. Keys must not be NaN. */
+     * layout, or NULL) moves with its key, pairs ordered by (key, index):
+     * indices 0..n-1 on entry give bki_argsort's stable order (-0 and +0
+     * tie, as there). Keys must not be NaN. */
     void (*lanes_sort)(int ncmp, const uint16_t *pairs, float *key, int32_t *idx);
     /* bki_potential1d for BKI_LANES problems in lanes, from the lanes'
      * sorted values: sa (n x BKI_LANES) with the query indices ia, sb (m x

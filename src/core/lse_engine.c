@@ -837,7 +837,9 @@ static void ISA(small_argsort)(int n, const float *x, ptrdiff_t stride, int32_t 
 }
 
 /* BKI_LANES sorts in lanes (bki_kernels.lanes_sort): every comparator is
- * one compare and blends over the lanes, no permutes and no branches */
+ * compares and blends over the lanes, no permutes and no branches; with
+ * indices, pairs are ordered by (key, index), so that indices that start in
+ * ascending order end in bki_argsort's stable order */
 static void ISA(lanes_sort)(int ncmp, const uint16_t *pairs, float *key, int32_t *idx)
 {
     for (int c = 0; c < ncmp; c++) {
@@ -848,7 +850,7 @@ static void ISA(lanes_sort)(int ncmp, const uint16_t *pairs, float *key, int32_t
             for (int l = 0; l < BKI_LANES; l++) {
                 const float a = x[l], b = y[l];
                 const int32_t ia = xi[l], ib = yi[l];
-                const int sw = b < a;
+                const int sw = b < a || (b == a && ib < ia); /* (key, index) order: the stable one */
                 x[l] = sw ? b : a;
                 y[l] = sw ? a : b;
                 xi[l] = sw ? ib : ia;

@@ -141,6 +141,23 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
 static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 * L < nt && (n > 8192 || m > 8192); }
 
+/* Up to this many keys a side, the slices are sorted BKI_LANES at a time,
+ * one in each vector lane, by a sorting network (bki_kernels.lanes_sort, the
+ * same stable order as bki_argsort), as ASAP's sliced features are */
+#define ESP_LANE_MAX 1024
+static inline int lanes_sorts(int n, int m) { return n <= ESP_LANE_MAX && m <= ESP_LANE_MAX; }
+/* a member's sort scratch: bki_argsort's, then (lanes) the keys and indices
+ * of one group of slices and the networks of n and m keys */
+static size_t sort_bytes(int n, int m)
+{
+    const int nn = n > m ? n : m;
+    size_t b = bki_round_up(bki_argsort_scratch(nn));
+    if (lanes_sorts(n, m))
+        b += 2 * bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn) + bki_round_up(4 * (size_t)bki_sort_net_bound(n)) +
+             bki_round_up(4 * (size_t)bki_sort_net_bound(m));
+    return b;
+}
+
 /* One lane: the scratch of one problem in flight (run by one thread or by a
  * team of `members`: each member has its own sort scratch). */
 typedef struct {
@@ -182,7 +199,7 @@ static esp_slab carve(const bki_call *c, int members, char *base, size_t *used)
     const size_t nn = (size_t)(n > m ? n : m);
     TAKE(w.Qt, (size_t)n * d); TAKE(w.Kt, (size_t)m * d); TAKE(w.qn, n); TAKE(w.kn, m);
     TAKE(w.Ap, (size_t)L * n); TAKE(w.Bp, (size_t)L * m); TAKE(w.sa, n); TAKE(w.sb, m);
-    w.sortbytes = bki_round_up(bki_argsort_scratch((int)nn));
+    w.sortbytes = bki_round_up(sort_bytes(n, m));
     TAKEB(w.sortscr, w.sortbytes * (size_t)members);
     if (team_sorts(members, L, n, m)) TAKEB(w.sortcnt, bki_argsort_team_counts((int)nn));
     TAKEB(w.pr, sizeof(int32_t) * (size_t)(n + m));
@@ -385,8 +402,33 @@ static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, cons
         }
         return;
     }
+    char *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
+    if (lanes_sorts(n, m)) { /* groups of BKI_LANES slices, each side one unit */
+        const int nn = n > m ? n : m, G = (c->L + BKI_LANES - 1) / BKI_LANES;
+        float *key = (float *)(scr + bki_round_up(bki_argsort_scratch(nn)));
+        int32_t *ix = (int32_t *)((char *)key + bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn));
+        uint16_t *netn = (uint16_t *)((char *)ix + bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn));
+        uint16_t *netm = (uint16_t *)((char *)netn + bki_round_up(4 * (size_t)bki_sort_net_bound(n)));
+        int cn = -1, cm = -1; /* the networks, made when first needed */
+        bki_team_share(tm, 2 * G, &lo, &hi);
+        for (int t = lo; t < hi; t++) {
+            const int side = t % 2, l0 = (t / 2) * BKI_LANES, nl = c->L - l0 < BKI_LANES ? c->L - l0 : BKI_LANES;
+            const int len = side ? m : n;
+            const float *src = (side ? w->Bp : w->Ap) + (size_t)l0 * len;
+            int32_t *dst = (side ? beta : alpha) + (size_t)l0 * len;
+            if (side && cm < 0) cm = bki_sort_net(m, netm);
+            if (!side && cn < 0) cn = bki_sort_net(n, netn);
+            for (int l = 0; l < BKI_LANES; l++)
+                for (int r = 0; r < len; r++) key[(size_t)r * BKI_LANES + l] = l < nl ? src[(size_t)l * len + r] : 0.0f;
+            for (int r = 0; r < len; r++)
+                for (int l = 0; l < BKI_LANES; l++) ix[(size_t)r * BKI_LANES + l] = r;
+            bki_kern()->lanes_sort(side ? cm : cn, side ? netm : netn, key, ix);
+            for (int l = 0; l < nl; l++)
+                for (int r = 0; r < len; r++) dst[(size_t)l * len + r] = ix[(size_t)r * BKI_LANES + l];
+        }
+        return;
+    }
     bki_team_share(tm, 2 * c->L, &lo, &hi);
-    void *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
     for (int t = lo; t < hi; t++) {
         const int l = t / 2;
         if (t % 2 == 0) bki_argsort(n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, scr);

@@ -212,7 +212,7 @@ class Operand:
     __slots__ = ("obj", "addr", "B", "H", "N", "C", "sb", "sh", "sn", "dev", "dt")
 
     def tensor(self):
-        return _lib.Tensor(fptr(self.addr), self.sb, self.sh, self.sn, self.dev, self.dt)
+        return _lib.Tensor(self.addr, self.sb, self.sh, self.sn, self.dev, self.dt)
 
 
 def attn_operand(ad, a, layout, name):
@@ -776,7 +776,7 @@ class OtkProblem:
             raise ValueError("x: every size must be >= 1, got shape %s" % (tuple(shape),))
         self.ad, self.x = ad, x
         self.B, self.n, self.d = shape
-        self.tx = _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+        self.tx = _lib.Tensor(addr, strides[0], 0, strides[1])
         self.len = None if lengths is None else ad.lengths(lengths, self.B, "lengths")
         self.desc = _lib.OtkDesc(self.B, self.n, self.d, int(q), int(p), int(k), Problem._lp(self.len))
 
@@ -784,7 +784,7 @@ class OtkProblem:
         a = self.ad.empty(shape)
         addr, _, strides = self.ad.info(a)
         if len(shape) == 3:
-            return a, _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+            return a, _lib.Tensor(addr, strides[0], 0, strides[1])
         return a, None
 
 
@@ -853,7 +853,7 @@ def otk_backward(op, p, z, dout, tape, want_dx=True, want_dz=True, want_dW=False
     if needs_copy(op.ad, do, shape, strides):
         do = op.ad.dense(do)
         addr, _, strides = op.ad.info(do)
-    tdo = _lib.Tensor(fptr(addr), strides[0], 0, strides[1])
+    tdo = _lib.Tensor(addr, strides[0], 0, strides[1])
     dx, tdx = op.new((d.B, d.n, d.d)) if want_dx else (None, None)
     dz = np.zeros((d.q, d.p, d.k), np.float32) if want_dz else None
     dW = np.zeros((d.k, d.d), np.float32) if want_dW else None

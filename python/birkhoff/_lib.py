@@ -46,7 +46,8 @@ def bk_device_cuda(i):
 class Tensor(C.Structure):
     # device: BK_DEVICE_HOST (0) or BK_DEVICE_CUDA(i); dtype: BK_F32 (0), BK_BF16, BK_F16 (CUDA only). The
     # dtype field sits in what was the struct's tail padding: 40 bytes with or without it.
-    _fields_ = [("data", f32p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64),
+    # data: an address (an integer, or None for NULL), set without a ctypes cast per call
+    _fields_ = [("data", C.c_void_p), ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_n", C.c_int64),
                 ("device", C.c_int32), ("dtype", C.c_int32)]
 
 

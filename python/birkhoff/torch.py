@@ -62,7 +62,7 @@ class TorchAdapter:
     def prepare(a, name):
         if not isinstance(a, torch.Tensor):
             raise TypeError("%s: torch.Tensor expected, got %s" % (name, type(a).__name__))
-        if a.device.type == "cuda":
+        if a.is_cuda:  # (is_cuda is cheaper than a.device, which builds a device object per call)
             if a.dtype not in _CUDA_DTYPES:
                 raise TypeError("%s: CUDA tensors must be torch.float32, torch.bfloat16 or torch.float16, got %s"
                                 % (name, a.dtype))
@@ -76,7 +76,7 @@ class TorchAdapter:
 
     @staticmethod
     def place(a):
-        if a.device.type == "cuda":
+        if a.is_cuda:
             return K._lib.bk_device_cuda(a.device.index), _CUDA_DTYPES.get(a.dtype, -1)
         return 0, K._lib.BK_F32
 

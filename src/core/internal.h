@@ -311,6 +311,13 @@ typedef struct {
 } bki_kernels;
 /* the lanes of bki_kernels.lanes_sort and potential1d_lanes */
 #define BKI_LANES 16
+/* ASAP's and ESP's slices are sorted BKI_LANES at a time by the network up
+ * to this many keys a side, each slice alone above. The network's
+ * comparators grow as n log^2 n against the radix sort's n: measured (2
+ * threads), the lanes took ASAP at N = 512 (8 heads) from 4.5 to 4.2 ms and
+ * at N = 1024 (2 heads) from 4.0-4.2 to 3.8-4.0 ms; at N = 2048 they gained
+ * nothing. */
+#define BKI_LANES_SORT_MAX 1024
 
 const bki_kernels *bki_kern(void);
 extern const bki_kernels bki_kernels_avx2;

@@ -144,7 +144,7 @@ typedef struct {
                              [Nk x L] on the lanes path)                     */
     int32_t *ia, *ib;     /* this member's sort orders                    */
     void *sort_scr;       /* this member's sort scratch                   */
-    /* the lanes path (both sides <= LANE_SORT_MAX): a group of BKI_LANES
+    /* the lanes path (both sides <= BKI_LANES_SORT_MAX): a group of BKI_LANES
      * slices sorted at once, one slice in each lane (bki_kernels.lanes_sort) */
     float *ka, *kb;       /* keys [Nq x BKI_LANES], [Nk x BKI_LANES]       */
     int32_t *ix;          /* query indices [Nq x BKI_LANES]                */
@@ -152,14 +152,9 @@ typedef struct {
 } feat_scr;
 
 /* The sliced features sort BKI_LANES slices at once in vector lanes by a
- * sorting network where both sides have at most this many tokens, else each
- * slice alone (bki_argsort). The network's comparators grow as n log^2 n
- * against the radix sort's n: measured (2 threads), the lanes took ASAP at
- * N = 512 (8 heads) from 4.5 to 4.2 ms and at N = 1024 (2 heads) from
- * 4.0-4.2 to 3.8-4.0 ms; at N = 2048 they gained nothing. */
-#define LANE_SORT_MAX 1024
-
-static int lanes_path(int Nq, int Nk) { return Nq <= LANE_SORT_MAX && Nk <= LANE_SORT_MAX; }
+ * sorting network where both sides have at most BKI_LANES_SORT_MAX tokens,
+ * else each slice alone (bki_argsort) */
+static int lanes_path(int Nq, int Nk) { return Nq <= BKI_LANES_SORT_MAX && Nk <= BKI_LANES_SORT_MAX; }
 
 static size_t lanes_sort_bytes(int Nq, int Nk)
 {

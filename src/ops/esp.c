@@ -141,11 +141,10 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
 static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 * L < nt && (n > 8192 || m > 8192); }
 
-/* Up to this many keys a side, the slices are sorted BKI_LANES at a time,
- * one in each vector lane, by a sorting network (bki_kernels.lanes_sort, the
- * same stable order as bki_argsort), as ASAP's sliced features are */
-#define ESP_LANE_MAX 1024
-static inline int lanes_sorts(int n, int m) { return n <= ESP_LANE_MAX && m <= ESP_LANE_MAX; }
+/* Up to BKI_LANES_SORT_MAX keys a side, the slices are sorted BKI_LANES at a
+ * time, one in each vector lane, by a sorting network (bki_kernels.lanes_sort,
+ * the same stable order as bki_argsort), as ASAP's sliced features are */
+static inline int lanes_sorts(int n, int m) { return n <= BKI_LANES_SORT_MAX && m <= BKI_LANES_SORT_MAX; }
 /* a member's sort scratch: bki_argsort's, then (lanes) the keys and indices
  * of one group of slices and the networks of n and m keys */
 static size_t sort_bytes(int n, int m)

@@ -78,6 +78,12 @@ class NumpyAdapter:
         return all(s % a.itemsize == 0 for s in a.strides)
 
     @staticmethod
+    def contiguous(a):
+        """a cheap sufficient test that needs_copy is false (numpy: none; its
+        C-contiguous flag does not constrain the strides of size-1 axes)"""
+        return False
+
+    @staticmethod
     def dense(a):
         return np.ascontiguousarray(a)
 
@@ -222,7 +228,7 @@ def attn_operand(ad, a, layout, name):
     if len(a.shape) != 4:
         raise ValueError("%s: 4-D [%s] expected, got shape %s" % (name, ", ".join(layout.upper()), tuple(a.shape)))
     addr, shape, strides = ad.info(a)
-    if needs_copy(ad, a, shape, strides):
+    if not ad.contiguous(a) and needs_copy(ad, a, shape, strides):
         a = ad.dense(a)
         addr, shape, strides = ad.info(a)
     if min(shape) < 1:

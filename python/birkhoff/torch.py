@@ -113,6 +113,12 @@ class TorchAdapter:
         return True
 
     @staticmethod
+    def contiguous(a):
+        """a cheap sufficient test that needs_copy is false: a contiguous
+        tensor (torch has no negative strides)"""
+        return a.is_contiguous()
+
+    @staticmethod
     def dense(a):
         return a.contiguous()
 

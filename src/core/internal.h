@@ -345,6 +345,24 @@ void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t strid
  * bki_sort_net_bound(n) */
 int bki_sort_net_bound(int n);
 int bki_sort_net(int n, uint16_t *pairs);
+/* A member's scratch for sorting groups of BKI_LANES slices in lanes (ASAP's
+ * and ESP's): keys ka with their indices ix for up to max(n, m) keys a lane,
+ * keys kb for up to m, and the networks of n and m keys (net_m == net_n when
+ * m == n). bki_lanes_bytes(n, m) bytes; bki_lanes_init carves them from scr
+ * and makes the networks (n, m at most those it was sized for). */
+typedef struct {
+    float *ka, *kb;
+    int32_t *ix;
+    const uint16_t *net_n, *net_m;
+    int cmp_n, cmp_m; /* the networks' comparator counts */
+} bki_lanes;
+size_t bki_lanes_bytes(int n, int m);
+bki_lanes bki_lanes_init(void *scr, int n, int m);
+/* a group's keys in lanes: key[r][l] = x[r * ldr + l * ldl] for r < len,
+ * l < nl (lanes past nl: 0, sorted along and never read): a slice-major
+ * source has ldr = 1, a token-major one ldl = 1 (rows copied whole); with
+ * idx, idx[r][l] = r (the start of a stable sort) */
+void bki_lanes_load(int len, int nl, const float *x, size_t ldr, size_t ldl, float *key, int32_t *idx);
 /* north-west-corner pairs between uniform n and m sorted atoms, mass =
  * cells / (n m); arrays of n + m - 1 entries; returns the count */
 int bki_nw_pairs(int n, int m, int32_t *pr, int32_t *ps, double *cells);

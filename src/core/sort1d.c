@@ -154,6 +154,55 @@ int bki_sort_net(int n, uint16_t *pairs)
     return c;
 }
 
+size_t bki_lanes_bytes(int n, int m)
+{
+    const size_t nn = (size_t)(n > m ? n : m), lane = sizeof(float) * BKI_LANES;
+    return 2 * bki_round_up(lane * nn) + bki_round_up(lane * (size_t)m) + bki_round_up(4 * (size_t)bki_sort_net_bound(n)) +
+           bki_round_up(4 * (size_t)bki_sort_net_bound(m));
+}
+
+bki_lanes bki_lanes_init(void *scr, int n, int m)
+{
+    const size_t nn = (size_t)(n > m ? n : m), lane = sizeof(float) * BKI_LANES;
+    char *p = scr;
+    bki_lanes z;
+    z.ka = (float *)p;
+    p += bki_round_up(lane * nn);
+    z.ix = (int32_t *)p;
+    p += bki_round_up(lane * nn);
+    z.kb = (float *)p;
+    p += bki_round_up(lane * (size_t)m);
+    uint16_t *net = (uint16_t *)p;
+    z.cmp_n = bki_sort_net(n, net);
+    z.net_n = net;
+    if (m == n) {
+        z.net_m = net;
+        z.cmp_m = z.cmp_n;
+    } else {
+        net = (uint16_t *)(p + bki_round_up(4 * (size_t)bki_sort_net_bound(n)));
+        z.cmp_m = bki_sort_net(m, net);
+        z.net_m = net;
+    }
+    return z;
+}
+
+void bki_lanes_load(int len, int nl, const float *x, size_t ldr, size_t ldl, float *key, int32_t *idx)
+{
+    if (ldl == 1) {
+        for (int r = 0; r < len; r++) {
+            float *kr = key + (size_t)r * BKI_LANES;
+            memcpy(kr, x + (size_t)r * ldr, sizeof(float) * (size_t)nl);
+            for (int l = nl; l < BKI_LANES; l++) kr[l] = 0.0f;
+        }
+    } else {
+        for (int l = 0; l < BKI_LANES; l++)
+            for (int r = 0; r < len; r++) key[(size_t)r * BKI_LANES + l] = l < nl ? x[(size_t)r * ldr + (size_t)l * ldl] : 0.0f;
+    }
+    if (idx)
+        for (int r = 0; r < len; r++)
+            for (int l = 0; l < BKI_LANES; l++) idx[(size_t)r * BKI_LANES + l] = r;
+}
+
 /* The 1-D OT plan between uniform measures on n and m sorted atoms: pairs
  * (r, s) of ranks with mass |[r/n, (r+1)/n) ∩ [s/m, (s+1)/m)|, walked in
  * order (at most n + m - 1 pairs; (r, r) when n == m). The mass is returned

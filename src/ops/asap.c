@@ -144,11 +144,9 @@ typedef struct {
                              [Nk x L] on the lanes path)                     */
     int32_t *ia, *ib;     /* this member's sort orders                    */
     void *sort_scr;       /* this member's sort scratch                   */
-    /* the lanes path (both sides <= BKI_LANES_SORT_MAX): a group of BKI_LANES
-     * slices sorted at once, one slice in each lane (bki_kernels.lanes_sort) */
-    float *ka, *kb;       /* keys [Nq x BKI_LANES], [Nk x BKI_LANES]       */
-    int32_t *ix;          /* query indices [Nq x BKI_LANES]                */
-    uint16_t *netq, *netk;/* the sorting networks of Lq and Lk keys        */
+    void *lanes;          /* this member's bki_lanes scratch (both sides <=
+                             BKI_LANES_SORT_MAX: groups of BKI_LANES slices
+                             sorted at once, one in each lane), else NULL  */
 } feat_scr;
 
 /* The sliced features sort BKI_LANES slices at once in vector lanes by a
@@ -156,18 +154,11 @@ typedef struct {
  * else each slice alone (bki_argsort) */
 static int lanes_path(int Nq, int Nk) { return Nq <= BKI_LANES_SORT_MAX && Nk <= BKI_LANES_SORT_MAX; }
 
-static size_t lanes_sort_bytes(int Nq, int Nk)
-{
-    if (!lanes_path(Nq, Nk)) return 0;
-    return bki_round_up(sizeof(float) * BKI_LANES * (size_t)Nq) * 2 + bki_round_up(sizeof(float) * BKI_LANES * (size_t)Nk) +
-           bki_round_up(4 * (size_t)bki_sort_net_bound(Nq)) + bki_round_up(4 * (size_t)bki_sort_net_bound(Nk));
-}
-
 static size_t feat_member_bytes(int Nq, int Nk)
 {
     int nn = Nq > Nk ? Nq : Nk;
     return bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk) +
-           bki_round_up(bki_argsort_scratch(nn)) + lanes_sort_bytes(Nq, Nk);
+           bki_round_up(bki_argsort_scratch(nn)) + (lanes_path(Nq, Nk) ? bki_lanes_bytes(Nq, Nk) : 0);
 }
 
 static size_t feat_bytes(int Nq, int Nk, int L, int members)
@@ -191,21 +182,7 @@ static feat_scr feat_take(bki_arena *ar, const bki_team *tm, int members, int Nq
     f.ia = (int32_t *)mb;
     f.ib = (int32_t *)(mb + bki_round_up(sizeof(int32_t) * (size_t)Nq));
     f.sort_scr = mb + bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk);
-    f.ka = f.kb = NULL;
-    f.ix = NULL;
-    f.netq = f.netk = NULL;
-    if (lanes_path(Nq, Nk)) {
-        char *q = (char *)f.sort_scr + bki_round_up(bki_argsort_scratch(Nq > Nk ? Nq : Nk));
-        f.ka = (float *)q;
-        q += bki_round_up(sizeof(float) * BKI_LANES * (size_t)Nq);
-        f.ix = (int32_t *)q;
-        q += bki_round_up(sizeof(float) * BKI_LANES * (size_t)Nq);
-        f.kb = (float *)q;
-        q += bki_round_up(sizeof(float) * BKI_LANES * (size_t)Nk);
-        f.netq = (uint16_t *)q;
-        q += bki_round_up(4 * (size_t)bki_sort_net_bound(Nq));
-        f.netk = (uint16_t *)q;
-    }
+    f.lanes = lanes_path(Nq, Nk) ? (char *)f.sort_scr + bki_round_up(bki_argsort_scratch(Nq > Nk ? Nq : Nk)) : NULL;
     return f;
 }
 
@@ -217,36 +194,26 @@ static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int L
                             float s, const float *Q, int64_t sq, const float *K, int64_t sk, double *XT)
 {
     const float rs = sqrtf(s);
-    if (w->ka) { /* the lanes path: projections token-major (Lq x L, Lk x L) */
-        const bki_kernels *kn = bki_kern();
+    if (w->lanes) { /* groups of BKI_LANES slices, one in each vector lane */
+        /* projections token-major (Lq x L, Lk x L): a group's keys are rows
+         * of BKI_LANES contiguous floats */
         bki_gemm(tm, 0, 1, Lq, L, d, rs, Q, sq, theta, d, 0.0f, w->pa, L);
         bki_gemm(tm, 0, 1, Lk, L, d, rs, K, sk, theta, d, 0.0f, w->pb, L);
         bki_team_sync(tm);
+        const bki_kernels *kn = bki_kern();
         int g0, g1;
         bki_team_share(tm, (L + BKI_LANES - 1) / BKI_LANES, &g0, &g1);
         if (g0 < g1) {
-            const int nq = bki_sort_net(Lq, w->netq), nk = Lk == Lq ? nq : bki_sort_net(Lk, w->netk);
-            const uint16_t *netk = Lk == Lq ? w->netq : w->netk;
+            const bki_lanes z = bki_lanes_init(w->lanes, Lq, Lk);
             for (int g = g0; g < g1; g++) {
                 const int l0 = g * BKI_LANES, nl = L - l0 < BKI_LANES ? L - l0 : BKI_LANES;
-                /* the group's keys, lanes past L zero (sorted, never read) */
-                for (int i = 0; i < Lq; i++) {
-                    float *kr = w->ka + (size_t)i * BKI_LANES;
-                    int32_t *ir = w->ix + (size_t)i * BKI_LANES;
-                    memcpy(kr, w->pa + (size_t)i * L + l0, sizeof(float) * (size_t)nl);
-                    for (int l = nl; l < BKI_LANES; l++) kr[l] = 0.0f;
-                    for (int l = 0; l < BKI_LANES; l++) ir[l] = i;
-                }
-                for (int j = 0; j < Lk; j++) {
-                    float *kr = w->kb + (size_t)j * BKI_LANES;
-                    memcpy(kr, w->pb + (size_t)j * L + l0, sizeof(float) * (size_t)nl);
-                    for (int l = nl; l < BKI_LANES; l++) kr[l] = 0.0f;
-                }
-                kn->lanes_sort(nq, w->netq, w->ka, w->ix);
-                kn->lanes_sort(nk, netk, w->kb, NULL);
+                bki_lanes_load(Lq, nl, w->pa + l0, (size_t)L, 1, z.ka, z.ix);
+                bki_lanes_load(Lk, nl, w->pb + l0, (size_t)L, 1, z.kb, NULL);
+                kn->lanes_sort(z.cmp_n, z.net_n, z.ka, z.ix);
+                kn->lanes_sort(z.cmp_m, z.net_m, z.kb, NULL);
                 double mean[BKI_LANES];
                 double *x = XT + (size_t)l0 * Lq;
-                kn->potential1d_lanes(Lq, Lk, w->ka, w->ix, w->kb, nl, x, (size_t)Lq, mean);
+                kn->potential1d_lanes(Lq, Lk, z.ka, z.ix, z.kb, nl, x, (size_t)Lq, mean);
                 for (int l = 0; l < nl; l++)
                     for (int i = 0; i < Lq; i++) x[(size_t)l * Lq + i] -= mean[l];
             }

@@ -145,16 +145,10 @@ static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 *
  * time, one in each vector lane, by a sorting network (bki_kernels.lanes_sort,
  * the same stable order as bki_argsort), as ASAP's sliced features are */
 static inline int lanes_sorts(int n, int m) { return n <= BKI_LANES_SORT_MAX && m <= BKI_LANES_SORT_MAX; }
-/* a member's sort scratch: bki_argsort's, then (lanes) the keys and indices
- * of one group of slices and the networks of n and m keys */
+/* a member's sort scratch: bki_argsort's, then (lanes) bki_lanes' */
 static size_t sort_bytes(int n, int m)
 {
-    const int nn = n > m ? n : m;
-    size_t b = bki_round_up(bki_argsort_scratch(nn));
-    if (lanes_sorts(n, m))
-        b += 2 * bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn) + bki_round_up(4 * (size_t)bki_sort_net_bound(n)) +
-             bki_round_up(4 * (size_t)bki_sort_net_bound(m));
-    return b;
+    return bki_round_up(bki_argsort_scratch(n > m ? n : m)) + (lanes_sorts(n, m) ? bki_lanes_bytes(n, m) : 0);
 }
 
 /* One lane: the scratch of one problem in flight (run by one thread or by a
@@ -403,27 +397,17 @@ static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, cons
     }
     char *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
     if (lanes_sorts(n, m)) { /* groups of BKI_LANES slices, each side one unit */
-        const int nn = n > m ? n : m, G = (c->L + BKI_LANES - 1) / BKI_LANES;
-        float *key = (float *)(scr + bki_round_up(bki_argsort_scratch(nn)));
-        int32_t *ix = (int32_t *)((char *)key + bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn));
-        uint16_t *netn = (uint16_t *)((char *)ix + bki_round_up(sizeof(float) * BKI_LANES * (size_t)nn));
-        uint16_t *netm = (uint16_t *)((char *)netn + bki_round_up(4 * (size_t)bki_sort_net_bound(n)));
-        int cn = -1, cm = -1; /* the networks, made when first needed */
-        bki_team_share(tm, 2 * G, &lo, &hi);
+        bki_team_share(tm, 2 * ((c->L + BKI_LANES - 1) / BKI_LANES), &lo, &hi);
+        if (lo >= hi) return;
+        const bki_lanes z = bki_lanes_init(scr + bki_round_up(bki_argsort_scratch(n > m ? n : m)), n, m);
         for (int t = lo; t < hi; t++) {
             const int side = t % 2, l0 = (t / 2) * BKI_LANES, nl = c->L - l0 < BKI_LANES ? c->L - l0 : BKI_LANES;
             const int len = side ? m : n;
-            const float *src = (side ? w->Bp : w->Ap) + (size_t)l0 * len;
             int32_t *dst = (side ? beta : alpha) + (size_t)l0 * len;
-            if (side && cm < 0) cm = bki_sort_net(m, netm);
-            if (!side && cn < 0) cn = bki_sort_net(n, netn);
-            for (int l = 0; l < BKI_LANES; l++)
-                for (int r = 0; r < len; r++) key[(size_t)r * BKI_LANES + l] = l < nl ? src[(size_t)l * len + r] : 0.0f;
-            for (int r = 0; r < len; r++)
-                for (int l = 0; l < BKI_LANES; l++) ix[(size_t)r * BKI_LANES + l] = r;
-            bki_kern()->lanes_sort(side ? cm : cn, side ? netm : netn, key, ix);
+            bki_lanes_load(len, nl, (side ? w->Bp : w->Ap) + (size_t)l0 * len, 1, (size_t)len, z.ka, z.ix);
+            bki_kern()->lanes_sort(side ? z.cmp_m : z.cmp_n, side ? z.net_m : z.net_n, z.ka, z.ix);
             for (int l = 0; l < nl; l++)
-                for (int r = 0; r < len; r++) dst[(size_t)l * len + r] = ix[(size_t)r * BKI_LANES + l];
+                for (int r = 0; r < len; r++) dst[(size_t)l * len + r] = z.ix[(size_t)r * BKI_LANES + l];
         }
         return;
     }

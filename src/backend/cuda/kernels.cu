@@ -1586,7 +1586,27 @@ struct Launch {
     int P;
     bool tcp; /* the tensor-core (mma.sync) passes: bf16 / fp16 */
     bool pdl; /* programmatic dependent launches (pdl_gate; a->pdl_early) */
+    bool capt; /* the stream is being captured into a graph (no second stream, no PDL) */
 };
+
+/* an environment switch set to this value (read at every call) */
+bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
+}
+
+/* whether st is being captured into a graph (an error counts as captured:
+ * the caller then takes the plain path) */
+bool capturing(cudaStream_t st)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return true;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
 
 /* every kernel of a forward or backward is launched here: with programmatic
  * stream serialisation where L.pdl (the kernel starts with pdl_gate, which
@@ -1610,20 +1630,17 @@ cudaError_t launch(const Launch &L, void (*k)(KA...), dim3 grid, dim3 block, siz
 /* programmatic dependent launches (pdl_gate): 0 none (BK_CUDA_PDL=0, the
  * benchmarks' baseline), 1 each kernel launched as its predecessor's blocks
  * exit (the default), 2 as they start (BK_CUDA_PDL=2); on devices of compute
- * capability 9.0 and later, not while the stream is captured into a graph */
-int want_pdl(cudaStream_t st)
+ * capability 9.0 and later, not while the stream is captured (capt) */
+int want_pdl(bool capt)
 {
-    const char *env = getenv("BK_CUDA_PDL");
-    if (env && strcmp(env, "0") == 0) return 0;
+    if (capt || env_is("BK_CUDA_PDL", "0")) return 0;
     int dev = 0, major = 0;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    if (major < 9 || cs != cudaStreamCaptureStatusNone) return 0;
-    return env && strcmp(env, "2") == 0 ? 2 : 1;
+    if (major < 9) return 0;
+    return env_is("BK_CUDA_PDL", "2") ? 2 : 1;
 }
 
 /* a pass compiled for more blocks an SM (tc_dv_kernel<.., 4>: the dV pass at
@@ -1693,12 +1710,7 @@ template <typename T, int DM, int MODE> cudaError_t pass(const Launch &L, int t,
 
 /* BK_CUDA_KERNELS=wmma: the first (WMMA) kernels for 16-bit operands too,
  * kept as the benchmarks' baseline */
-bool want_tc(int dtype)
-{
-    if (dtype == BKC_F32) return false;
-    const char *s = getenv("BK_CUDA_KERNELS");
-    return !(s && strcmp(s, "wmma") == 0);
-}
+bool want_tc(int dtype) { return dtype != BKC_F32 && !env_is("BK_CUDA_KERNELS", "wmma"); }
 
 int smem_optin(void)
 {
@@ -1717,12 +1729,7 @@ struct Fork {
     cudaEvent_t ev = nullptr;
     bool open(const Launch &L)
     {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        const char *env = getenv("BK_CUDA_FORK");
-        if (!L.tcp || (env && strcmp(env, "0") == 0) || cudaStreamIsCapturing(L.st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-            cudaGetLastError();
-            return false;
-        }
+        if (!L.tcp || L.capt || env_is("BK_CUDA_FORK", "0")) return false;
         st = L.st;
         if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
             cudaStreamCreateWithFlags(&aux, cudaStreamNonBlocking) != cudaSuccess || cudaEventRecord(ev, st) != cudaSuccess ||
@@ -1761,10 +1768,11 @@ struct Fork {
  * pdl_early as the launches ask) */
 Launch setup(bkc_args &ac, const bkc_args *args, cudaStream_t st)
 {
-    const int pdl = want_pdl(st);
+    const bool capt = capturing(st);
+    const int pdl = want_pdl(capt);
     ac = *args;
     ac.pdl_early = pdl == 2;
-    return Launch{&ac, st, ac.B * ac.H, want_tc(ac.dtype), pdl > 0};
+    return Launch{&ac, st, ac.B * ac.H, want_tc(ac.dtype), pdl > 0, capt};
 }
 
 template <typename T, int DM> cudaError_t forward_t(const bkc_args *args, cudaStream_t st)
@@ -1845,7 +1853,7 @@ template <typename T, int DM> cudaError_t backward_t(const bkc_args *args, cudaS
      * the other's last partial wave of blocks. dK and dV: one pass where its
      * two accumulators and its shared memory fit (d, dv <= 64), else two. */
     Fork fk;
-    const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp, L.pdl} : L;
+    const Launch Ldq = fk.open(L) ? Launch{a, fk.aux, P, L.tcp, L.pdl, L.capt} : L;
     TRY((pass<T, DM, M_DQ>(Ldq, 0)));
     if (dvf) {
         TRY((pass<T, DM, M_DK>(L, 0)));

@@ -26,34 +26,31 @@ void bki_gemm(const bki_team *tm, int ta, int tb, int M, int N, int K, float alp
     bki_gemm_ep(tm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 }
 
-/* The thin path (gemm_kern.c) takes a product whose short output side is at
- * most THIN_SIDE when its short operand fits in cache: packed, THIN_PACK
- * floats (a buffer on the stack); read in place (a row-major op(B) or a
- * transposed op(A)), THIN_CACHE floats (1 MiB: it is read again for every
- * micro-tile row of the long side, from L2). The long operand then streams
- * through once, unpacked, and C is written once, without BLAS's copies of
- * both operands and its zeroing pass. Returns the orientation (0: rows of
- * op(A) streamed; 1: columns of op(B)) or -1 for BLAS. A function of the
- * shape and transposes only, so every tile of a product takes the same path.
- * Measured per tile shape in docs/PERFORMANCE.md ("Thin GEMMs"): wider
- * outputs (N = 192, 256) and a 4 MiB in-place operand were slower than BLAS. */
+/* The thin path (gemm_kern.c) takes a product with a short side of at most
+ * THIN_SIDE (its tiles' columns when the rows of op(A) stream, the whole of M
+ * when the columns of op(B) do): the long operand streams through
+ * unpacked, against the short one read in place or packed (THIN_PACK floats,
+ * a buffer on the stack), in K chunks whose share of the short operand stays
+ * in L1; C is written once, without BLAS's copies of both operands and its
+ * zeroing pass. Returns the orientation (0: rows of op(A) streamed; 1:
+ * columns of op(B)) or -1 for BLAS. A function of the shape and transposes
+ * only, so every tile of a product takes the same path. Measured per tile
+ * shape in docs/PERFORMANCE.md ("Thin GEMMs", "K in chunks"): with the K
+ * chunks every tile shape with a short side up to 128 ran faster than BLAS
+ * (the long-K weight gradients and dK = dS^T Q included); a 192-column tile
+ * ran even, wider ones slower. */
 #define THIN_SIDE 128
 #define THIN_PACK 16384
-#define THIN_CACHE 262144
-#define THIN_STRIDED 65536
 static int thin_fits(const bki_gemm_kernels *gk, int side, int K, int packed)
 {
-    return side <= THIN_SIDE && (packed ? gk->pack_floats(K, side) <= THIN_PACK : (double)K * side <= THIN_CACHE);
+    return side <= THIN_SIDE && (!packed || gk->pack_floats(K, side) <= THIN_PACK);
 }
-/* rb x cb: the product's tiles. A streamed operand read across its rows (a
- * transposed op(A), a row-major op(B) streamed by columns) gets half a cache
- * line per k at a stride the prefetchers do not follow; it is taken only
- * while a tile's share of it (its long side x K) stays within THIN_STRIDED
- * floats (a 1024-token attention's dK = dS^T Q ran 10 % slower thin). */
-static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K, int rb, int cb)
+/* cb: the product's tile columns. The columns of op(B) stream only when the
+ * whole of M is short: its transposed stores cost more than BLAS on a square
+ * product's 128-row tiles (QK^T at N = 1024: +15 % on the softmax forward) */
+static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K, int cb)
 {
-    const int rows_ok = thin_fits(gk, N, K, tb) && (!ta || (double)rb * K <= THIN_STRIDED);
-    const int cols_ok = thin_fits(gk, M, K, !ta) && (tb || (double)cb * K <= THIN_STRIDED);
+    const int rows_ok = thin_fits(gk, cb, K, tb), cols_ok = thin_fits(gk, M, K, !ta);
     if (rows_ok && (!cols_ok || M >= N)) return 0;
     return cols_ok ? 1 : -1;
 }
@@ -66,17 +63,20 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     const bki_gemm_kernels *gk = bki_kern()->gemm;
     int rb, cb;
     bki_gemm_tiles(M, N, &rb, &cb);
-    const int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K, rb, cb);
+    const int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K, cb);
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
     int lo, hi;
     bki_team_share(tm, nr * nc, &lo, &hi);
-    /* thin products number their tiles along the long side first, so that a
-     * member's consecutive tiles share the packed short operand */
-    const int along_rows = thin == 0, packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
+    /* tiles in row-major order: a member's consecutive tiles share a row
+     * tile of the streamed operand, read again from L2. (Numbered along the
+     * rows, so that they shared the packed short operand instead, each of two
+     * members streamed the whole long operand from L3: the training step was
+     * 4 % slower on 2 threads, docs/PERFORMANCE.md "K in chunks".) */
+    const int packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
     float pk[THIN_PACK];
     int packed_at = -1; /* the short-side tile whose operand pk holds */
     for (int t = lo; t < hi; t++) {
-        const int ti = along_rows ? t % nr : t / nc, tj = along_rows ? t / nr : t % nc;
+        const int ti = t / nc, tj = t % nc;
         const int i0 = ti * rb, j0 = tj * cb;
         const int mi = M - i0 < rb ? M - i0 : rb, nj = N - j0 < cb ? N - j0 : cb;
         float *Ct = C + (ptrdiff_t)i0 * ldc + j0;

@@ -118,8 +118,14 @@ static void kernel_cases(const bki_gemm_kernels *gk, const char *isa)
                     done++;
                 }
     /* LOT's and OTK's shapes: long side, r or d short */
+    /* long K, cut into chunks whose raw sums wait in a buffer (the other
+     * orientation, wider than the buffer, runs one chain: the bits must
+     * agree), K, M and the columns not multiples of the chunk, the row group
+     * or the micro-tile; beta != 0 across chunks; the prefetching rows */
     const gcase big[] = {{0, 1, 1000, 32, 64, 0.125f, 0.0f}, {1, 0, 517, 64, 32, 1.0f, 0.0f},
-                         {0, 0, 301, 128, 128, 1.0f, 1.0f}, {0, 1, 32, 777, 64, 2.0f, 0.0f}};
+                         {0, 0, 301, 128, 128, 1.0f, 1.0f}, {0, 1, 32, 777, 64, 2.0f, 0.0f},
+                         {1, 0, 130, 50, 777, 0.5f, -0.75f}, {0, 1, 67, 96, 1000, 1.0f, 0.0f},
+                         {0, 0, 200, 17, 3001, 1.0f, 1.0f}, {1, 1, 150, 128, 401, 1.0f, 0.0f}};
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) one_case(gk, isa, &big[i], &r);
     th_check(done > 0, "gemm thin: cases ran", "%d small cases on %s", done, isa);
 }
@@ -159,5 +165,7 @@ void test_gemm(void)
     team_case(1, 0, 40, 3001, 48);   /* thin, columns streamed */
     team_case(0, 1, 3000, 100, 64);  /* thin, rows streamed, two column tiles: a packed panel per column tile, reused */
     team_case(0, 0, 60, 5000, 40);   /* thin, columns streamed, op(A) packed and reused along the columns */
-    team_case(0, 0, 700, 300, 700);  /* BLAS: K too long */
+    team_case(0, 0, 700, 300, 700);  /* thin, 112-column tiles, K in chunks */
+    team_case(1, 0, 130, 70, 1500);  /* a weight gradient's shape: op(A) transposed, K in chunks */
+    team_case(0, 1, 700, 600, 100);  /* BLAS: 200-column tiles */
 }

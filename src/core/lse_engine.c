@@ -597,6 +597,65 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
 
 /* ------------------------------------------------------------------------ */
 /* backward (unrolled VJP, replayed)                                         */
+/* The backward's column step t on one row (balanced masses): Q_j = R_j u
+ * wb_j, G_j -= lamc_j Q_j; returns sum_j lamc_j Q_j, summed in vector lanes
+ * (vexp_sum says why). e: a row of scratch. */
+static inline __attribute__((always_inline)) float bwd_col_row(int m, const float *restrict Ri, float *restrict Gi,
+                                                               float u, const float *restrict wb,
+                                                               const float *restrict lamc, float *restrict e)
+{
+    rvec va = RV_ZERO();
+    int j = 0;
+    for (; j + RVL <= m; j += RVL) {
+#pragma omp simd
+        for (int l = j; l < j + RVL; l++) {
+            float q = Ri[l] * u * wb[l];
+            Gi[l] -= lamc[l] * q;
+            e[l] = q * lamc[l];
+        }
+        va = RV_ADD(va, RV_LOAD(e + j));
+    }
+    if (j < m) {
+#pragma omp simd
+        for (int l = j; l < m; l++) {
+            float q = Ri[l] * u * wb[l];
+            Gi[l] -= lamc[l] * q;
+            e[l] = q * lamc[l];
+        }
+        va = RV_ADD(va, tail_load(e + j, m - j, 0.0f));
+    }
+    return RV_HSUM(va);
+}
+
+/* The backward's row step t-1 on one row, from e = exp(C_i + h - M) and s =
+ * sum(e): R = e / s replaces A's row, G -= lr R, and (more) part -= lr R;
+ * rl = M (its log s is added for the whole block), sv = s. */
+static inline __attribute__((always_inline)) void bwd_row_update(int m, const float *restrict e, float M, float s,
+                                                                 float lr, int more, float *restrict Ri,
+                                                                 float *restrict Gi, float *restrict part,
+                                                                 float *rl, float *sv)
+{
+    const float inv = 1.0f / s;
+    *rl = M;
+    *sv = s;
+    if (more) {
+#pragma omp simd
+        for (int j = 0; j < m; j++) {
+            float r = e[j] * inv;
+            Ri[j] = r;
+            Gi[j] -= lr * r;
+            part[j] -= lr * r;
+        }
+    } else {
+#pragma omp simd
+        for (int j = 0; j < m; j++) {
+            float r = e[j] * inv;
+            Ri[j] = r;
+            Gi[j] -= lr * r;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S, const float *hist, float *A,
                              ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb)
@@ -687,34 +746,33 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
             if (!logwb) /* the block's row factors in vector lanes */
 #pragma omp simd
                 for (int i = i0; i < i1; i++) uv[i - i0] = bki_expf(rl[i] + ht1[i]);
-            for (int i = i0; i < i1; i++) {
+            int i = i0;
+            if (!logwb && m <= PAIR_MAX) /* two rows at once (row_softmax2 says why) */
+                for (; i + 1 < i1; i += 2) {
+                    _Alignas(64) float e1[PAIR_MAX];
+                    const float lr0 = lamr[i] - bwd_col_row(m, A + (ptrdiff_t)i * lda, G + (ptrdiff_t)i * ldg,
+                                                            uv[i - i0], wb, lamc, e),
+                                lr1 = lamr[i + 1] - bwd_col_row(m, A + (ptrdiff_t)(i + 1) * lda,
+                                                                G + (ptrdiff_t)(i + 1) * ldg, uv[i + 1 - i0], wb, lamc, e1);
+                    if (dla) {
+                        dla[i] += lr0;
+                        dla[i + 1] += lr1;
+                    }
+                    float M0, M1, s0, s1;
+                    row_softmax2(m, pb->C + (ptrdiff_t)i * pb->ldc, pb->C + (ptrdiff_t)(i + 1) * pb->ldc, ht2, e, e1,
+                                 &M0, &M1, &s0, &s1);
+                    bwd_row_update(m, e, M0, s0, lr0, more, A + (ptrdiff_t)i * lda, G + (ptrdiff_t)i * ldg, part,
+                                   &rl[i], &sv[i - i0]);
+                    bwd_row_update(m, e1, M1, s1, lr1, more, A + (ptrdiff_t)(i + 1) * lda,
+                                   G + (ptrdiff_t)(i + 1) * ldg, part, &rl[i + 1], &sv[i + 1 - i0]);
+                    lamr[i] = lamr[i + 1] = 0.0f;
+                }
+            for (; i < i1; i++) {
                 float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
-                const float *Ci = pb->C + (ptrdiff_t)i * pb->ldc;
                 /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */
                 float acc = 0.0f;
-                if (!logwb) { /* acc summed in vector lanes (vexp_sum says why) */
-                    const float u = uv[i - i0];
-                    rvec va = RV_ZERO();
-                    int j = 0;
-                    for (; j + RVL <= m; j += RVL) {
-#pragma omp simd
-                        for (int l = j; l < j + RVL; l++) {
-                            float q = Ri[l] * u * wb[l];
-                            Gi[l] -= lamc[l] * q;
-                            e[l] = q * lamc[l];
-                        }
-                        va = RV_ADD(va, RV_LOAD(e + j));
-                    }
-                    if (j < m) {
-#pragma omp simd
-                        for (int l = j; l < m; l++) {
-                            float q = Ri[l] * u * wb[l];
-                            Gi[l] -= lamc[l] * q;
-                            e[l] = q * lamc[l];
-                        }
-                        va = RV_ADD(va, tail_load(e + j, m - j, 0.0f));
-                    }
-                    acc = RV_HSUM(va);
+                if (!logwb) {
+                    acc = bwd_col_row(m, Ri, Gi, uv[i - i0], wb, lamc, e);
                 } else { /* tiny column masses: stay in the log domain */
                     float base = rl[i] + ht1[i];
                     for (int j = 0; j < m; j++) {
@@ -728,30 +786,12 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
                 if (dla) dla[i] += lr;    /* row step t-1 */
                 /* row step t-1 on row i: R = softmax_j(C_ij + h_{t-2,j}) */
                 float M;
-                float s = row_softmax(m, Ci, ht2, e, &M);
-                float inv = 1.0f / s;
-                rl[i] = M; /* + log s, for the whole block below */
-                sv[i - i0] = s;
-                if (more) {
-#pragma omp simd
-                    for (int j = 0; j < m; j++) {
-                        float r = e[j] * inv;
-                        Ri[j] = r;
-                        Gi[j] -= lr * r;
-                        part[j] -= lr * r;
-                    }
-                } else {
-#pragma omp simd
-                    for (int j = 0; j < m; j++) {
-                        float r = e[j] * inv;
-                        Ri[j] = r;
-                        Gi[j] -= lr * r;
-                    }
-                }
+                const float s = row_softmax(m, pb->C + (ptrdiff_t)i * pb->ldc, ht2, e, &M);
+                bwd_row_update(m, e, M, s, lr, more, Ri, Gi, part, &rl[i], &sv[i - i0]);
                 lamr[i] = 0.0f;
             }
 #pragma omp simd
-            for (int i = i0; i < i1; i++) rl[i] += bki_logf(sv[i - i0]);
+            for (int r = i0; r < i1; r++) rl[r] += bki_logf(sv[r - i0]);
         }
         bki_team_sync(tm);
         if (more) {

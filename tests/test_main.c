@@ -49,6 +49,7 @@ int main(int argc, char **argv)
     test_compat();
     test_gemm();
     test_vmath();
+    test_engine();
     test_attn();
     test_esp();
     test_lot();

@@ -187,78 +187,72 @@ static float row_softmax(int m, const float *restrict c, const float *restrict b
     return vexp_sum(e, m, M);
 }
 
-/* row_softmax of two rows at once, each row's arithmetic exactly as
- * row_softmax's (the same bits), interleaved so that one row's horizontal
- * maximum and sum, latency chains, overlap the other's loads and exps: the
- * engine's forward 12-20 % faster on thin rows (m = 16-128), 4-9 % at
- * m = 256-1024 (docs/PERFORMANCE.md, "Two rows at once"). Rows of at most
- * PAIR_MAX entries (the second row's buffer is on the stack). */
-#define PAIR_MAX 1024
-static inline __attribute__((always_inline)) void row_softmax2(int m, const float *restrict c0,
-                                                                const float *restrict c1, const float *restrict bias,
-                                                                float *restrict e0, float *restrict e1, float *mx0,
-                                                                float *mx1, float *s0, float *s1)
+/* row_softmax of G rows at once (G = 2 or 4, a constant after inlining),
+ * each row's arithmetic exactly as row_softmax's (the same bits),
+ * interleaved so that one row's horizontal maximum and sum, latency chains,
+ * overlap the other rows' loads and exps: the engine's forward 12-20 %
+ * faster on thin rows with pairs, 8-10 % more with 4 rows at m <= 64; 4-9 %
+ * at m = 256-1024 (docs/PERFORMANCE.md, "Two rows at once"). Row r of the
+ * group: logits c + r ldc, buffer e + r es. Rows of at most GROUP_MAX
+ * entries (the group's buffer is on the stack); groups of 4 up to QUAD_MAX. */
+#define GROUP_MAX 1024
+#define QUAD_MAX 64
+/* a group's rows in one stack buffer, a vector apart more than their length:
+ * rows 4 KiB apart (m = 1024) made loads wait on the other row's stores
+ * (4K aliasing), 8 % slower */
+static inline ptrdiff_t group_stride(int m) { return (ptrdiff_t)((m + 15) & ~15) + 16; }
+static inline __attribute__((always_inline)) void row_softmax_g(int G, int m, const float *restrict c, ptrdiff_t ldc,
+                                                                 const float *restrict bias, float *restrict e,
+                                                                 ptrdiff_t es, float *mx, float *sum)
 {
-    rvec vm0 = RV_SET1(-INFINITY), vm1 = RV_SET1(-INFINITY);
+    rvec vm[4], acc[4];
+    for (int r = 0; r < G; r++) vm[r] = RV_SET1(-INFINITY);
     int j = 0;
     for (; j + RVL <= m; j += RVL) {
-        rvec x0 = RV_LOAD(c0 + j), x1 = RV_LOAD(c1 + j);
-        if (bias) {
-            const rvec b = RV_LOAD(bias + j);
-            x0 = RV_ADD(x0, b);
-            x1 = RV_ADD(x1, b);
+        const rvec b = bias ? RV_LOAD(bias + j) : RV_ZERO();
+        for (int r = 0; r < G; r++) {
+            rvec x = RV_LOAD(c + r * ldc + j);
+            if (bias) x = RV_ADD(x, b);
+            RV_STORE(e + r * es + j, x);
+            vm[r] = RV_MAX(x, vm[r]);
         }
-        RV_STORE(e0 + j, x0);
-        RV_STORE(e1 + j, x1);
-        vm0 = RV_MAX(x0, vm0);
-        vm1 = RV_MAX(x1, vm1);
     }
     if (j < m) {
-        rvec x0 = tail_load(c0 + j, m - j, -INFINITY), x1 = tail_load(c1 + j, m - j, -INFINITY);
-        if (bias) {
-            const rvec b = tail_load(bias + j, m - j, 0.0f);
-            x0 = RV_ADD(x0, b);
-            x1 = RV_ADD(x1, b);
+        const rvec b = bias ? tail_load(bias + j, m - j, 0.0f) : RV_ZERO();
+        for (int r = 0; r < G; r++) {
+            rvec x = tail_load(c + r * ldc + j, m - j, -INFINITY);
+            if (bias) x = RV_ADD(x, b);
+            tail_store(e + r * es + j, m - j, x);
+            vm[r] = RV_MAX(x, vm[r]);
         }
-        tail_store(e0 + j, m - j, x0);
-        tail_store(e1 + j, m - j, x1);
-        vm0 = RV_MAX(x0, vm0);
-        vm1 = RV_MAX(x1, vm1);
     }
-    const float M0 = RV_HMAX(vm0), M1 = RV_HMAX(vm1);
-    *mx0 = M0;
-    *mx1 = M1;
-    rvec a0 = RV_ZERO(), a1 = RV_ZERO();
+    for (int r = 0; r < G; r++) {
+        mx[r] = RV_HMAX(vm[r]);
+        acc[r] = RV_ZERO();
+    }
     j = 0;
-    for (; j + RVL <= m; j += RVL) {
+    for (; j + RVL <= m; j += RVL)
+        for (int r = 0; r < G; r++) {
+            float *er = e + r * es;
+            const float M = mx[r];
 #pragma omp simd
-        for (int l = 0; l < RVL; l++) {
-            e0[j + l] = bki_expf(e0[j + l] - M0);
-            e1[j + l] = bki_expf(e1[j + l] - M1);
+            for (int l = 0; l < RVL; l++) er[j + l] = bki_expf(er[j + l] - M);
+            acc[r] = RV_ADD(acc[r], RV_LOAD(er + j));
         }
-        a0 = RV_ADD(a0, RV_LOAD(e0 + j));
-        a1 = RV_ADD(a1, RV_LOAD(e1 + j));
-    }
-    if (j < m) {
-        float t0[RVL], t1[RVL];
-        const rvec in0 = tail_load(e0 + j, m - j, -INFINITY), in1 = tail_load(e1 + j, m - j, -INFINITY);
-        memcpy(t0, &in0, sizeof t0);
-        memcpy(t1, &in1, sizeof t1);
+    if (j < m)
+        for (int r = 0; r < G; r++) {
+            float t[RVL];
+            const rvec in = tail_load(e + r * es + j, m - j, -INFINITY);
+            memcpy(t, &in, sizeof t);
+            const float M = mx[r];
 #pragma omp simd
-        for (int l = 0; l < RVL; l++) {
-            t0[l] = bki_expf(t0[l] - M0);
-            t1[l] = bki_expf(t1[l] - M1);
+            for (int l = 0; l < RVL; l++) t[l] = bki_expf(t[l] - M);
+            rvec v;
+            memcpy(&v, t, sizeof v);
+            tail_store(e + r * es + j, m - j, v);
+            acc[r] = RV_ADD(acc[r], v);
         }
-        rvec v0, v1;
-        memcpy(&v0, t0, sizeof v0);
-        memcpy(&v1, t1, sizeof v1);
-        tail_store(e0 + j, m - j, v0);
-        tail_store(e1 + j, m - j, v1);
-        a0 = RV_ADD(a0, v0);
-        a1 = RV_ADD(a1, v1);
-    }
-    *s0 = RV_HSUM(a0);
-    *s1 = RV_HSUM(a1);
+    for (int r = 0; r < G; r++) sum[r] = RV_HSUM(acc[r]);
 }
 
 static inline float la_at(const bki_sk_problem *pb, int i, float la_u)
@@ -425,14 +419,21 @@ static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws 
         }                                                                                                           \
     } while (0)
         int i = i0;
-        if (m <= PAIR_MAX) /* two rows at once: row_softmax2 says why */
+        /* rows in groups of 4 (m <= QUAD_MAX) or 2 (row_softmax_g says why),
+         * their buffers on the stack; a block's last odd row alone */
+        _Alignas(64) float eg[2 * (GROUP_MAX + 16)];
+        const ptrdiff_t es = group_stride(m);
+        if (m <= QUAD_MAX)
+            for (; i + 3 < i1; i += 4) {
+                float M[4], sm[4];
+                row_softmax_g(4, m, pb->C + (ptrdiff_t)i * pb->ldc, pb->ldc, g, eg, es, M, sm);
+                for (int r = 0; r < 4; r++) ROW_DONE(i + r, eg + r * es, M[r], sm[r]);
+            }
+        if (m <= GROUP_MAX)
             for (; i + 1 < i1; i += 2) {
-                _Alignas(64) float e1[PAIR_MAX];
-                float M0, M1, s0, s1;
-                row_softmax2(m, pb->C + (ptrdiff_t)i * pb->ldc, pb->C + (ptrdiff_t)(i + 1) * pb->ldc, g, e, e1, &M0,
-                             &M1, &s0, &s1);
-                ROW_DONE(i, e, M0, s0);
-                ROW_DONE(i + 1, e1, M1, s1);
+                float M[2], sm[2];
+                row_softmax_g(2, m, pb->C + (ptrdiff_t)i * pb->ldc, pb->ldc, g, eg, es, M, sm);
+                for (int r = 0; r < 2; r++) ROW_DONE(i + r, eg + r * es, M[r], sm[r]);
             }
         for (; i < i1; i++) {
             float M;
@@ -663,6 +664,8 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
     const int n = pb->n, m = pb->m;
     const eng_ws w = carve(tm, n, m, scratch);
     float *e = w.e, *lamc = w.lamc, *lamc2 = w.lamc2, *wb = w.wb, *lamr = w.lamr, *rl = w.rl;
+    _Alignas(64) float eg[2 * (GROUP_MAX + 16)]; /* the row groups' buffers */
+    const ptrdiff_t es = group_stride(m);
     const float la_u = -logf((float)n), lb_u = -logf((float)m);
     const float *hS = hist + bki_hist_off(n, m, S);
     const float *hS1 = S > 1 ? hist + bki_hist_off(n, m, S - 1) : NULL;
@@ -747,26 +750,27 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
 #pragma omp simd
                 for (int i = i0; i < i1; i++) uv[i - i0] = bki_expf(rl[i] + ht1[i]);
             int i = i0;
-            if (!logwb && m <= PAIR_MAX) /* two rows at once (row_softmax2 says why) */
-                for (; i + 1 < i1; i += 2) {
-                    _Alignas(64) float e1[PAIR_MAX];
-                    const float lr0 = lamr[i] - bwd_col_row(m, A + (ptrdiff_t)i * lda, G + (ptrdiff_t)i * ldg,
-                                                            uv[i - i0], wb, lamc, e),
-                                lr1 = lamr[i + 1] - bwd_col_row(m, A + (ptrdiff_t)(i + 1) * lda,
-                                                                G + (ptrdiff_t)(i + 1) * ldg, uv[i + 1 - i0], wb, lamc, e1);
-                    if (dla) {
-                        dla[i] += lr0;
-                        dla[i + 1] += lr1;
-                    }
-                    float M0, M1, s0, s1;
-                    row_softmax2(m, pb->C + (ptrdiff_t)i * pb->ldc, pb->C + (ptrdiff_t)(i + 1) * pb->ldc, ht2, e, e1,
-                                 &M0, &M1, &s0, &s1);
-                    bwd_row_update(m, e, M0, s0, lr0, more, A + (ptrdiff_t)i * lda, G + (ptrdiff_t)i * ldg, part,
-                                   &rl[i], &sv[i - i0]);
-                    bwd_row_update(m, e1, M1, s1, lr1, more, A + (ptrdiff_t)(i + 1) * lda,
-                                   G + (ptrdiff_t)(i + 1) * ldg, part, &rl[i + 1], &sv[i + 1 - i0]);
-                    lamr[i] = lamr[i + 1] = 0.0f;
-                }
+            /* rows in groups of 4 (m <= QUAD_MAX) or 2 (row_softmax_g says
+             * why): the group's column steps, its row softmaxes, then its
+             * row updates in row order */
+#define BWD_GROUP(GSZ)                                                                                              \
+    for (; i + (GSZ)-1 < i1; i += (GSZ)) {                                                                          \
+        float lr[GSZ], M[GSZ], sm[GSZ];                                                                             \
+        for (int r = 0; r < (GSZ); r++) {                                                                           \
+            lr[r] = lamr[i + r] - bwd_col_row(m, A + (ptrdiff_t)(i + r) * lda, G + (ptrdiff_t)(i + r) * ldg,         \
+                                              uv[i + r - i0], wb, lamc, eg + r * es);                               \
+            if (dla) dla[i + r] += lr[r];                                                                           \
+        }                                                                                                           \
+        row_softmax_g(GSZ, m, pb->C + (ptrdiff_t)i * pb->ldc, pb->ldc, ht2, eg, es, M, sm);                         \
+        for (int r = 0; r < (GSZ); r++) {                                                                           \
+            bwd_row_update(m, eg + r * es, M[r], sm[r], lr[r], more, A + (ptrdiff_t)(i + r) * lda,                  \
+                           G + (ptrdiff_t)(i + r) * ldg, part, &rl[i + r], &sv[i + r - i0]);                         \
+            lamr[i + r] = 0.0f;                                                                                     \
+        }                                                                                                           \
+    }
+            if (!logwb && m <= QUAD_MAX) BWD_GROUP(4)
+            if (!logwb && m <= GROUP_MAX) BWD_GROUP(2)
+#undef BWD_GROUP
             for (; i < i1; i++) {
                 float *Gi = G + (ptrdiff_t)i * ldg, *Ri = A + (ptrdiff_t)i * lda;
                 /* column step t on row i: Q_ij = R_ij exp(rl_i + h_{t-1,i} - lb_j) */

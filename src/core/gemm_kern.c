@@ -83,6 +83,17 @@ typedef struct {
     int wi, first, last;
 } gk_args;
 
+/* one k of a micro-tile: acc(r) += op(A)(row r, k) (b0 | b1), rows at ak[r rs] */
+static inline __attribute__((always_inline)) void kstep(int R, const float *ak, ptrdiff_t rs, vf b0, vf b1, vf *acc0,
+                                                        vf *acc1)
+{
+    for (int r = 0; r < R; r++) {
+        const vf x = V_SET1(ak[r * rs]);
+        acc0[r] = V_FMA(x, b0, acc0[r]);
+        acc1[r] = V_FMA(x, b1, acc1[r]);
+    }
+}
+
 /* R rows (a compile-time constant after inlining) x one NR-column block at
  * column j0 with nc <= NR valid columns */
 static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc, const float *pf)
@@ -98,53 +109,27 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
         }
     const float *a = g->a + (ptrdiff_t)i0 * g->rs, *b = g->b + j0;
     const ptrdiff_t rs = g->rs, ks = g->ks, bs = g->bs;
+    int k = 0;
     if (nc == NR && pf) { /* and fetch the next rows' stretch of the streamed operand meanwhile */
         /* rows of 8 k (rs > 1) or 8 rows of k (rs == 1: the next rows share
          * each k's line) */
         const ptrdiff_t ps = rs == 1 ? ks : rs;
-        int k = 0;
         for (; k + 8 <= g->K; k += 8) {
             for (int r = 0; r < MR; r++) _mm_prefetch((const char *)(pf + r * ps + (ptrdiff_t)k * ks), _MM_HINT_T0);
-            for (int kk = k; kk < k + 8; kk++) {
-                const vf b0 = V_LOAD(b + (ptrdiff_t)kk * bs), b1 = V_LOAD(b + (ptrdiff_t)kk * bs + VL);
-                const float *ak = a + (ptrdiff_t)kk * ks;
-                for (int r = 0; r < R; r++) {
-                    const vf x = V_SET1(ak[r * rs]);
-                    acc0[r] = V_FMA(x, b0, acc0[r]);
-                    acc1[r] = V_FMA(x, b1, acc1[r]);
-                }
-            }
+            for (int kk = k; kk < k + 8; kk++)
+                kstep(R, a + (ptrdiff_t)kk * ks, rs, V_LOAD(b + (ptrdiff_t)kk * bs), V_LOAD(b + (ptrdiff_t)kk * bs + VL),
+                      acc0, acc1);
         }
-        for (; k < g->K; k++) {
-            const vf b0 = V_LOAD(b + (ptrdiff_t)k * bs), b1 = V_LOAD(b + (ptrdiff_t)k * bs + VL);
-            const float *ak = a + (ptrdiff_t)k * ks;
-            for (int r = 0; r < R; r++) {
-                const vf x = V_SET1(ak[r * rs]);
-                acc0[r] = V_FMA(x, b0, acc0[r]);
-                acc1[r] = V_FMA(x, b1, acc1[r]);
-            }
-        }
-    } else if (nc == NR) {
-        for (int k = 0; k < g->K; k++) {
-            const vf b0 = V_LOAD(b + (ptrdiff_t)k * bs), b1 = V_LOAD(b + (ptrdiff_t)k * bs + VL);
-            const float *ak = a + (ptrdiff_t)k * ks;
-            for (int r = 0; r < R; r++) {
-                const vf x = V_SET1(ak[r * rs]);
-                acc0[r] = V_FMA(x, b0, acc0[r]);
-                acc1[r] = V_FMA(x, b1, acc1[r]);
-            }
-        }
-    } else { /* the last, partial column block: masked loads (never past the operand) */
+    }
+    if (nc == NR)
+        for (; k < g->K; k++)
+            kstep(R, a + (ptrdiff_t)k * ks, rs, V_LOAD(b + (ptrdiff_t)k * bs), V_LOAD(b + (ptrdiff_t)k * bs + VL), acc0,
+                  acc1);
+    else { /* the last, partial column block: masked loads (never past the operand) */
         const vmask m0 = V_MASK(nc < VL ? nc : VL), m1 = V_MASK(nc > VL ? nc - VL : 0);
-        for (int k = 0; k < g->K; k++) {
-            const vf b0 = V_LOADM(b + (ptrdiff_t)k * bs, m0), b1 = V_LOADM(b + (ptrdiff_t)k * bs + VL, m1);
-            const float *ak = a + (ptrdiff_t)k * ks;
-            for (int r = 0; r < R; r++) {
-                const vf x = V_SET1(ak[r * rs]);
-                acc0[r] = V_FMA(x, b0, acc0[r]);
-                acc1[r] = V_FMA(x, b1, acc1[r]);
-            }
-        }
+        for (; k < g->K; k++)
+            kstep(R, a + (ptrdiff_t)k * ks, rs, V_LOADM(b + (ptrdiff_t)k * bs, m0),
+                  V_LOADM(b + (ptrdiff_t)k * bs + VL, m1), acc0, acc1);
     }
     if (!g->last) { /* a later chunk goes on from these sums: the same chain */
         for (int r = 0; r < R; r++) {

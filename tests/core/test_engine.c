@@ -1,11 +1,12 @@
-/* test_engine.c -- the LSE engine's two-rows-at-once passes (src/core/
- * lse_engine.c: row_softmax2 in the forward's row passes, bwd_col_row and
- * bwd_row_update in the backward) against its one-row path, bitwise.
+/* test_engine.c -- the LSE engine's row groups (src/core/lse_engine.c:
+ * pairs, and 4 rows at a time up to 64 entries; row_softmax_g in the
+ * forward's row passes, bwd_col_row and bwd_row_update in the backward)
+ * against its one-row path, bitwise.
  *
  * The rows come in triples of equal rows (equal logits, equal log marginals,
- * equal incoming gradients), so within a triple one row is taken as the first
- * of a pair, one as the second, and (the last triple of an odd row count, or
- * at a block's odd end) one by the one-row path; every row's potentials,
+ * equal incoming gradients), so the rows of a triple fall on different places
+ * of a group (and, at a block's end or an odd row count, on the one-row
+ * path); every row's potentials,
  * plan row, gradient row and marginal gradient must then be the same floats.
  * The operators' tests (reference, oracle, finite differences) bound the
  * arithmetic itself; this test catches a pair path that drifts within those

@@ -285,6 +285,10 @@ typedef struct {
     double (*fma_probe)(long iters);
     double (*exp_probe)(long reps, float *buf4096);
     void (*vexp)(float *x, size_t n);
+    /* the exact GELU (src/core/vgelu.h): y = gelu(z); dz = dy gelu'(z) (dz
+     * may be dy); the same bits on every instruction set */
+    void (*gelu)(size_t n, const float *z, float *y);
+    void (*gelu_grad)(size_t n, const float *z, const float *dy, float *dz);
     /* ESP's SoftSort: one row p = softmax_i(-(a_i - s)^2 / t) (entries below
      * 1e-30 flushed to 0), and its backward (adds to da, returns sum g). */
     void (*softsort_row)(int n, const float *a, float s, float inv_t, float *p);

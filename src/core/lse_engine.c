@@ -33,6 +33,7 @@
  */
 #include "internal.h"
 #include "vexp.h"
+#include "vgelu.h"
 
 #include <math.h>
 #include <string.h>
@@ -1063,6 +1064,19 @@ static double ISA(exp_probe)(long reps, float *buf)
     return (double)reps * 4096;
 }
 
+static void ISA(gelu)(size_t n, const float *restrict z, float *restrict y)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) y[i] = gelu_of(z[i]);
+}
+
+/* dz may be dy (the Linear epilogue scales its tile in place) */
+static void ISA(gelu_grad)(size_t n, const float *restrict z, const float *dy, float *dz)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) dz[i] = dy[i] * gelu_slope(z[i]);
+}
+
 static void ISA(vexp)(float *x, size_t n)
 {
 #pragma omp simd
@@ -1079,6 +1093,8 @@ const bki_kernels ISA(bki_kernels) = {
     .fma_probe = ISA(fma_probe),
     .exp_probe = ISA(exp_probe),
     .vexp = ISA(vexp),
+    .gelu = ISA(gelu),
+    .gelu_grad = ISA(gelu_grad),
     .softsort_row = ISA(softsort_row),
     .softsort_row_bwd = ISA(softsort_row_bwd),
     .small_sort_max = SMALL_SORT_MAX,

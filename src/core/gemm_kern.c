@@ -60,6 +60,8 @@ static inline vmask V_MASK(int n)
 #define V_STOREM(p, m, v) _mm256_maskstore_ps(p, m, v)
 #endif
 #define NR (2 * VL) /* columns per micro-tile */
+/* n columns padded to whole micro-tiles (a packed operand's rows, K chunks' buffer rows) */
+static inline int padded(int n) { return (n + NR - 1) / NR * NR; }
 
 /* The streamed operand: element (row i, k) at a[i * rs + k * ks]. The packed
  * (or row-major) operand: element (k, column j) at b[k * bs + j], rows padded
@@ -221,7 +223,7 @@ static void run_rows(const gk_args *g, int i0, int i1, int N)
 #define KC_FLOATS 8192
 static int chunk_k(int K, int N)
 {
-    const int w = (N + NR - 1) / NR * NR;
+    const int w = padded(N);
     if (w > WS_COLS) return K;
     int kc = KC_FLOATS / w;
     kc = kc < 64 ? 64 : kc & ~7;
@@ -239,7 +241,7 @@ static void run(const gk_args *g0, int M, int N)
     }
     _Alignas(64) float ws[MC * WS_COLS];
     g.ws = ws;
-    g.wrs = (N + NR - 1) / NR * NR;
+    g.wrs = padded(N);
     for (int i0 = 0; i0 < M; i0 += MC) {
         g.wi = i0;
         for (int k0 = 0; k0 < g0->K; k0 += kc) {
@@ -253,7 +255,7 @@ static void run(const gk_args *g0, int M, int N)
     }
 }
 
-static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)((cols + NR - 1) / NR * NR); }
+static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)padded(cols); }
 
 /* 8 x 8 transpose: dst[r][c] = src[c][r] (row strides ss, ds) */
 static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
@@ -288,7 +290,7 @@ static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
  * already (the caller's previous tile had the same panel). */
 static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float *dst, int done)
 {
-    const ptrdiff_t w = (cols + NR - 1) / NR * NR;
+    const ptrdiff_t w = padded(cols);
     if (done) return w;
     const int c8 = cols & ~7, r8 = rows & ~7;
     for (int j = 0; j < c8; j += 8) {

@@ -322,6 +322,8 @@ typedef struct {
  * at N = 1024 (2 heads) from 4.0-4.2 to 3.8-4.0 ms; at N = 2048 they gained
  * nothing. */
 #define BKI_LANES_SORT_MAX 1024
+/* whether two sides of n and m keys take the lanes sort */
+static inline int bki_lanes_fit(int n, int m) { return n <= BKI_LANES_SORT_MAX && m <= BKI_LANES_SORT_MAX; }
 
 const bki_kernels *bki_kern(void);
 extern const bki_kernels bki_kernels_avx2;

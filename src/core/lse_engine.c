@@ -133,69 +133,22 @@ static inline float vsum(const float *x, int m)
     return RV_HSUM(RV_ADD(a0, a1));
 }
 
-/* e = exp(e - M) in place; returns sum(e), summed in vector lanes as the
- * exps are made (a separate summing pass costs a chain of dependent vector
- * adds per row). A partial last vector runs in a padded buffer (-inf pads
- * give exp = 0). */
-static inline float vexp_sum(float *e, int m, float M)
-{
-    rvec acc = RV_ZERO();
-    int j = 0;
-    for (; j + RVL <= m; j += RVL) {
-#pragma omp simd
-        for (int l = 0; l < RVL; l++) e[j + l] = bki_expf(e[j + l] - M);
-        acc = RV_ADD(acc, RV_LOAD(e + j));
-    }
-    if (j < m) {
-        float t[RVL];
-        _Static_assert(sizeof(rvec) == sizeof t, "one vector");
-        const rvec in = tail_load(e + j, m - j, -INFINITY);
-        memcpy(t, &in, sizeof t);
-#pragma omp simd
-        for (int l = 0; l < RVL; l++) t[l] = bki_expf(t[l] - M);
-        rvec v;
-        memcpy(&v, t, sizeof v);
-        tail_store(e + j, m - j, v);
-        acc = RV_ADD(acc, v);
-    }
-    return RV_HSUM(acc);
-}
-
-/* e = exp(c + bias - max); returns sum(e); *mx = max(c + bias). The maximum
- * in vector lanes and a tree (an `omp simd reduction(max)` ends in a chain
- * of dependent lane maxima, as the sums do); NaN entries are passed over, as
- * a scalar `x > M ? x : M` would (the max instruction returns its second
- * operand when either is NaN). */
-static float row_softmax(int m, const float *restrict c, const float *restrict bias,
-                         float *restrict e, float *mx)
-{
-    rvec vm = RV_SET1(-INFINITY);
-    int j = 0;
-    for (; j + RVL <= m; j += RVL) {
-        rvec x = RV_LOAD(c + j);
-        if (bias) x = RV_ADD(x, RV_LOAD(bias + j));
-        RV_STORE(e + j, x);
-        vm = RV_MAX(x, vm);
-    }
-    if (j < m) {
-        rvec x = tail_load(c + j, m - j, -INFINITY);
-        if (bias) x = RV_ADD(x, tail_load(bias + j, m - j, 0.0f));
-        tail_store(e + j, m - j, x);
-        vm = RV_MAX(x, vm);
-    }
-    const float M = RV_HMAX(vm);
-    *mx = M;
-    return vexp_sum(e, m, M);
-}
-
-/* row_softmax of G rows at once (G = 2 or 4, a constant after inlining),
- * each row's arithmetic exactly as row_softmax's (the same bits),
- * interleaved so that one row's horizontal maximum and sum, latency chains,
- * overlap the other rows' loads and exps: the engine's forward 12-20 %
- * faster on thin rows with pairs, 8-10 % more with 4 rows at m <= 64; 4-9 %
- * at m = 256-1024 (docs/PERFORMANCE.md, "Two rows at once"). Row r of the
- * group: logits c + r ldc, buffer e + r es. Rows of at most GROUP_MAX
- * entries (the group's buffer is on the stack); groups of 4 up to QUAD_MAX. */
+/* e = exp(c + bias - max) for G rows at once (G = 1, 2 or 4, a constant
+ * after inlining; row r: logits c + r ldc, buffer e + r es); mx[r] = the
+ * row's max(c + bias), sum[r] = sum(e). The maximum in vector lanes and a
+ * tree (an `omp simd reduction(max)` ends in a chain of dependent lane
+ * maxima, as the sums do); NaN entries are passed over, as a scalar
+ * `x > M ? x : M` would (the max instruction returns its second operand when
+ * either is NaN). The sum in vector lanes as the exps are made (a separate
+ * summing pass costs a chain of dependent vector adds per row); a partial
+ * last vector runs in a padded buffer (-inf pads give exp = 0). Each row's
+ * arithmetic is the same whatever G, so the rows of a group get the bits of
+ * one row alone; a group interleaves its rows so that one row's horizontal
+ * maximum and sum, latency chains, overlap the other rows' loads and exps:
+ * the engine's forward 12-20 % faster on thin rows with pairs, 8-10 % more
+ * with 4 rows at m <= 64; 4-9 % at m = 256-1024 (docs/PERFORMANCE.md, "Two
+ * rows at once"). Groups take rows of at most GROUP_MAX entries (their
+ * buffer is on the stack), groups of 4 up to QUAD_MAX. */
 #define GROUP_MAX 1024
 #define QUAD_MAX 64
 /* a group's rows in one stack buffer, a vector apart more than their length:
@@ -243,6 +196,7 @@ static inline __attribute__((always_inline)) void row_softmax_g(int G, int m, co
     if (j < m)
         for (int r = 0; r < G; r++) {
             float t[RVL];
+            _Static_assert(sizeof(rvec) == sizeof t, "one vector");
             const rvec in = tail_load(e + r * es + j, m - j, -INFINITY);
             memcpy(t, &in, sizeof t);
             const float M = mx[r];
@@ -254,6 +208,14 @@ static inline __attribute__((always_inline)) void row_softmax_g(int G, int m, co
             acc[r] = RV_ADD(acc[r], v);
         }
     for (int r = 0; r < G; r++) sum[r] = RV_HSUM(acc[r]);
+}
+
+/* row_softmax_g for one row: returns sum(e), *mx = max(c + bias) */
+static float row_softmax(int m, const float *restrict c, const float *restrict bias, float *restrict e, float *mx)
+{
+    float s;
+    row_softmax_g(1, m, c, 0, bias, e, 0, mx, &s);
+    return s;
 }
 
 static inline float la_at(const bki_sk_problem *pb, int i, float la_u)
@@ -601,7 +563,7 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
 /* backward (unrolled VJP, replayed)                                         */
 /* The backward's column step t on one row (balanced masses): Q_j = R_j u
  * wb_j, G_j -= lamc_j Q_j; returns sum_j lamc_j Q_j, summed in vector lanes
- * (vexp_sum says why). e: a row of scratch. */
+ * (row_softmax_g says why). e: a row of scratch. */
 static inline __attribute__((always_inline)) float bwd_col_row(int m, const float *restrict Ri, float *restrict Gi,
                                                                float u, const float *restrict wb,
                                                                const float *restrict lamc, float *restrict e)

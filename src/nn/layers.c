@@ -110,7 +110,8 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
  * the same bits either way) on fixed chunks of GELU_CHUNK elements shared
  * statically over the threads. */
 #define GELU_CHUNK 4096
-void bki_gelu_fwd(size_t n, const float *z, float *y)
+/* out = gelu(z) (dy NULL) or dy gelu'(z) */
+static void gelu_pass(size_t n, const float *z, const float *dy, float *out)
 {
     const int nt = bki_threads();
     const bki_kernels *K = bki_kern();
@@ -121,26 +122,15 @@ void bki_gelu_fwd(size_t n, const float *z, float *y)
 #pragma omp for schedule(static)
         for (size_t c = 0; c < nc; c++) {
             const size_t i = c * GELU_CHUNK, len = n - i < GELU_CHUNK ? n - i : GELU_CHUNK;
-            K->gelu(len, z + i, y + i);
+            if (dy) K->gelu_grad(len, z + i, dy + i, out + i);
+            else K->gelu(len, z + i, out + i);
         }
     }
 }
 
-void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz)
-{
-    const int nt = bki_threads();
-    const bki_kernels *K = bki_kern();
-    const size_t nc = (n + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel num_threads(nt) if (n > 16384)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (size_t c = 0; c < nc; c++) {
-            const size_t i = c * GELU_CHUNK, len = n - i < GELU_CHUNK ? n - i : GELU_CHUNK;
-            K->gelu_grad(len, z + i, dy + i, dz + i);
-        }
-    }
-}
+void bki_gelu_fwd(size_t n, const float *z, float *y) { gelu_pass(n, z, NULL, y); }
+
+void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz) { gelu_pass(n, z, dy, dz); }
 
 /* ---- Linear, with its epilogues fused into the GEMM tiles ---------------- */
 /* GEMMs run single-threaded BLAS inside our own parallel region, in the
@@ -163,11 +153,12 @@ typedef struct {
 static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
     const fwd_ep *e = arg;
+    const bki_kernels *K = bki_kern();
     for (int i = 0; i < mi; i++) {
         float *y = Ct + (ptrdiff_t)i * ldc;
         if (e->b)
             for (int j = 0; j < nj; j++) y[j] += e->b[j0 + j];
-        if (e->g) bki_kern()->gelu((size_t)nj, y, e->g + (ptrdiff_t)(i0 + i) * ldc + j0);
+        if (e->g) K->gelu((size_t)nj, y, e->g + (ptrdiff_t)(i0 + i) * ldc + j0);
     }
 }
 

@@ -149,16 +149,11 @@ typedef struct {
                              sorted at once, one in each lane), else NULL  */
 } feat_scr;
 
-/* The sliced features sort BKI_LANES slices at once in vector lanes by a
- * sorting network where both sides have at most BKI_LANES_SORT_MAX tokens,
- * else each slice alone (bki_argsort) */
-static int lanes_path(int Nq, int Nk) { return Nq <= BKI_LANES_SORT_MAX && Nk <= BKI_LANES_SORT_MAX; }
-
 static size_t feat_member_bytes(int Nq, int Nk)
 {
     int nn = Nq > Nk ? Nq : Nk;
     return bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk) +
-           bki_round_up(bki_argsort_scratch(nn)) + (lanes_path(Nq, Nk) ? bki_lanes_bytes(Nq, Nk) : 0);
+           bki_round_up(bki_argsort_scratch(nn)) + (bki_lanes_fit(Nq, Nk) ? bki_lanes_bytes(Nq, Nk) : 0);
 }
 
 static size_t feat_bytes(int Nq, int Nk, int L, int members)
@@ -182,7 +177,7 @@ static feat_scr feat_take(bki_arena *ar, const bki_team *tm, int members, int Nq
     f.ia = (int32_t *)mb;
     f.ib = (int32_t *)(mb + bki_round_up(sizeof(int32_t) * (size_t)Nq));
     f.sort_scr = mb + bki_round_up(sizeof(int32_t) * (size_t)Nq) + bki_round_up(sizeof(int32_t) * (size_t)Nk);
-    f.lanes = lanes_path(Nq, Nk) ? (char *)f.sort_scr + bki_round_up(bki_argsort_scratch(Nq > Nk ? Nq : Nk)) : NULL;
+    f.lanes = bki_lanes_fit(Nq, Nk) ? (char *)f.sort_scr + bki_round_up(bki_argsort_scratch(Nq > Nk ? Nq : Nk)) : NULL;
     return f;
 }
 

@@ -141,14 +141,13 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
 static inline int team_sorts(int nt, int L, int n, int m) { return nt > 1 && 2 * L < nt && (n > 8192 || m > 8192); }
 
-/* Up to BKI_LANES_SORT_MAX keys a side, the slices are sorted BKI_LANES at a
- * time, one in each vector lane, by a sorting network (bki_kernels.lanes_sort,
- * the same stable order as bki_argsort), as ASAP's sliced features are */
-static inline int lanes_sorts(int n, int m) { return n <= BKI_LANES_SORT_MAX && m <= BKI_LANES_SORT_MAX; }
-/* a member's sort scratch: bki_argsort's, then (lanes) bki_lanes' */
+/* a member's sort scratch: bki_argsort's, then (bki_lanes_fit: up to
+ * BKI_LANES_SORT_MAX keys a side, the slices sorted BKI_LANES at a time, one
+ * in each vector lane, by a sorting network with bki_argsort's stable order,
+ * as ASAP's sliced features are) bki_lanes' */
 static size_t sort_bytes(int n, int m)
 {
-    return bki_round_up(bki_argsort_scratch(n > m ? n : m)) + (lanes_sorts(n, m) ? bki_lanes_bytes(n, m) : 0);
+    return bki_round_up(bki_argsort_scratch(n > m ? n : m)) + (bki_lanes_fit(n, m) ? bki_lanes_bytes(n, m) : 0);
 }
 
 /* One lane: the scratch of one problem in flight (run by one thread or by a
@@ -396,7 +395,7 @@ static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, cons
         return;
     }
     char *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
-    if (lanes_sorts(n, m)) { /* groups of BKI_LANES slices, each side one unit */
+    if (bki_lanes_fit(n, m)) { /* groups of BKI_LANES slices, each side one unit */
         bki_team_share(tm, 2 * ((c->L + BKI_LANES - 1) / BKI_LANES), &lo, &hi);
         if (lo >= hi) return;
         const bki_lanes z = bki_lanes_init(scr + bki_round_up(bki_argsort_scratch(n > m ? n : m)), n, m);

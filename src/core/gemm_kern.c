@@ -186,13 +186,17 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
  * than 1 on the training step's products with operands in L3; none, 13 %
  * slower: the streamed rows' misses are latency-bound, not bandwidth-bound) */
 #define PF_AHEAD 2
-static void run_rows(const gk_args *g, int i0, int i1, int N)
+static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, int nxt_rows)
 {
     for (int i = i0; i < i1; i += MR) {
         const int R = i1 - i < MR ? i1 - i : MR;
         /* the first column block prefetches rows PF_AHEAD blocks on (later
-         * blocks find this block's rows in L1) */
-        const float *pf = i + (PF_AHEAD + 1) * MR <= i1 ? g->a + (ptrdiff_t)(i + PF_AHEAD * MR) * g->rs : NULL;
+         * blocks find this block's rows in L1); past this call's rows, the
+         * next call's first rows (nxt: the next K chunk or row group) */
+        const int t = i + PF_AHEAD * MR;
+        const float *pf = t + MR <= i1                               ? g->a + (ptrdiff_t)t * g->rs
+                          : nxt && t >= i1 && t - i1 + MR <= nxt_rows ? nxt + (ptrdiff_t)(t - i1) * g->rs
+                                                                      : NULL;
         for (int j = 0; j < N; j += NR) {
             const int nc = N - j < NR ? N - j : NR;
             const float *p = j ? NULL : pf;
@@ -236,7 +240,7 @@ static void run(const gk_args *g0, int M, int N)
     gk_args g = *g0;
     g.first = g.last = 1;
     if (kc >= g0->K) {
-        run_rows(&g, 0, M, N);
+        run_rows(&g, 0, M, N, NULL, 0);
         return;
     }
     _Alignas(64) float ws[MC * WS_COLS];
@@ -250,7 +254,10 @@ static void run(const gk_args *g0, int M, int N)
             g.b = g0->b + (ptrdiff_t)k0 * g0->bs;
             g.first = k0 == 0;
             g.last = k0 + kc >= g0->K;
-            run_rows(&g, i0, M - i0 < MC ? M : i0 + MC, N);
+            /* the call after this one: the next chunk of these rows, or the next group's first chunk */
+            const int ni = g.last ? i0 + MC : i0, nk = g.last ? 0 : k0 + kc;
+            const float *nxt = ni < M ? g0->a + (ptrdiff_t)ni * g0->rs + (ptrdiff_t)nk * g0->ks : NULL;
+            run_rows(&g, i0, M - i0 < MC ? M : i0 + MC, N, nxt, M - ni < MC ? M - ni : MC);
         }
     }
 }

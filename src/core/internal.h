@@ -158,6 +158,12 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len);
 bk_status bki_check_desc(const bk_attn_desc *d);
+/* 1 if the L rows (C floats each, row stride sn) are all finite */
+int bki_rows_finite(const float *base, int64_t sn, int L, int C);
+/* the valid rows of each non-NULL one of q, k, v, dout are finite (in that
+ * order; the error names the tensor and its first bad row) */
+bk_status bki_check_values(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                           const bk_tensor *dout);
 /* q [B,H,Nq,d], k [B,H,Nk,d], v [B,H,Nk,dv]: views valid, valid rows finite */
 bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v);
 /* the shapes and strides part of it alone (calls on the library's own
@@ -167,7 +173,8 @@ bk_status bki_check_qkv_shape(const bk_attn_desc *d, const bk_tensor *q, const b
  * views not overlapping q, k, v or each other */
 bk_status bki_check_fwd_outputs(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                 const bk_tensor *out, const bk_tensor *attn);
-/* dout, dq, dk, dv: valid views, outputs not overlapping inputs, dout finite */
+/* dout, dq, dk, dv: valid views, outputs not overlapping inputs (dout's
+ * values: bki_check_values) */
 bk_status bki_check_bwd_views(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                               const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv);
 /* zero rows [from, N) of a [N, C] slice with row stride sn */

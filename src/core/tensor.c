@@ -125,7 +125,7 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
  * lanes over all the rows and tested once at the end (a per-row horizontal
  * sum cost more than reading the row). The build's baseline is x86-64-v3, so
  * AVX2 is always there. */
-static int rows_finite(const float *base, int64_t sn, int L, int C)
+int bki_rows_finite(const float *base, int64_t sn, int L, int C)
 {
     const __m256 zero = _mm256_setzero_ps();
     const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(C % 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -160,11 +160,11 @@ static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const 
     int bad = P;
     if (nt < 2 || total < FINITE_PAR_MIN) {
         for (int p = 0; p < P && bad == P; p++)
-            if (!rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p;
+            if (!bki_rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p;
     } else if (P >= nt) {
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
         for (int p = 0; p < P; p++)
-            if (!rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p < bad ? p : bad;
+            if (!bki_rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p < bad ? p : bad;
     } else {
         for (int p = 0; p < P && bad == P; p++) {
             const int L = bki_len(len, p / H, N), ch = (L + nt - 1) / nt;
@@ -173,7 +173,7 @@ static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const 
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(| : any)
             for (int c = 0; c < nt; c++) {
                 const int r0 = c * ch, r1 = r0 + ch < L ? r0 + ch : L;
-                if (r0 < r1 && !rows_finite(base + (int64_t)r0 * t->stride_n, t->stride_n, r1 - r0, C)) any = 1;
+                if (r0 < r1 && !bki_rows_finite(base + (int64_t)r0 * t->stride_n, t->stride_n, r1 - r0, C)) any = 1;
             }
             if (any) bad = p;
         }
@@ -192,7 +192,7 @@ bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, i
     const int b = p / H, h = p % H, L = bki_len(len, b, N);
     const float *base = bki_at(t, b, h);
     for (int n = 0; n < L; n++) /* name the first bad row */
-        if (!rows_finite(base + (int64_t)n * t->stride_n, t->stride_n, 1, C))
+        if (!bki_rows_finite(base + (int64_t)n * t->stride_n, t->stride_n, 1, C))
             return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value at [%d,%d,%d,:]", name, b, h, n);
     return bki_fail(BK_ERR_NONFINITE, "tensor %s has a non-finite value in [%d,%d,:,:]", name, b, h);
 }
@@ -205,13 +205,21 @@ bk_status bki_check_qkv_shape(const bk_attn_desc *d, const bk_tensor *q, const b
     return bki_check_tensor("v", v, d->B, d->H, d->Nk, d->dv);
 }
 
+bk_status bki_check_values(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                           const bk_tensor *dout)
+{
+    bk_status s;
+    if (q && (s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
+    if (k && (s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
+    if (v && (s = bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len))) return s;
+    return dout ? bki_check_finite("dout", dout, d->B, d->H, d->Nq, d->dv, d->q_len) : BK_OK;
+}
+
 bk_status bki_check_qkv(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v)
 {
     bk_status s;
     if ((s = bki_check_qkv_shape(d, q, k, v))) return s;
-    if ((s = bki_check_finite("q", q, d->B, d->H, d->Nq, d->d, d->q_len))) return s;
-    if ((s = bki_check_finite("k", k, d->B, d->H, d->Nk, d->d, d->k_len))) return s;
-    return bki_check_finite("v", v, d->B, d->H, d->Nk, d->dv, d->k_len);
+    return bki_check_values(d, q, k, v, NULL);
 }
 
 void bki_zero_rows(float *base, int64_t sn, int from, int N, int C)
@@ -247,6 +255,5 @@ bk_status bki_check_bwd_views(const bk_attn_desc *d, const bk_tensor *q, const b
     const bk_tensor *o[3] = {dq, dk, dv};
     const int osh[3][4] = {{d->B, d->H, d->Nq, d->d}, {d->B, d->H, d->Nk, d->d}, {d->B, d->H, d->Nk, d->dv}};
     const char *on[3] = {"dq", "dk", "dv"};
-    if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
-    return bki_check_finite("dout", dout, d->B, d->H, d->Nq, d->dv, d->q_len);
+    return bki_check_aliasing(4, in, ish, 3, o, osh, on);
 }

@@ -169,6 +169,20 @@ void bki_op_fail(bki_call *c, int p, bk_status s)
     }
 }
 
+void bki_op_suspect(bki_call *c)
+{
+#pragma omp atomic write
+    c->suspect = 1;
+}
+
+/* the values of the inputs a call reads: q, k, v (unless they are the
+ * library's own activations) and, in a backward, dout */
+static bk_status scan_inputs(const bki_call *c, int backward)
+{
+    const int t = c->trusted;
+    return bki_check_values(c->d, t ? NULL : c->q, t ? NULL : c->k, t ? NULL : c->v, backward ? c->dout : NULL);
+}
+
 static bk_status problem_error(const bki_call *c)
 {
     const int b = c->bad / c->d->H, h = c->bad % c->d->H;
@@ -179,6 +193,15 @@ static bk_status problem_error(const bki_call *c)
                                   "(is the forward converged?)", c->bad, b, h);
     return bki_fail(c->bad_s, "%s: problem %d (b=%d, h=%d) failed: %s", c->op->name, c->bad, b, h,
                     bk_status_str(c->bad_s));
+}
+
+/* after a region: the scan an operator's own passes replaced (when they saw
+ * a non-finite value), then the lowest failing problem */
+static bk_status region_status(const bki_call *c, int backward)
+{
+    bk_status s;
+    if (c->suspect && (s = scan_inputs(c, backward))) return s;
+    return c->bad < c->d->B * c->d->H ? problem_error(c) : BK_OK;
 }
 
 #ifdef BK_TAPE_CHECKSUM
@@ -225,8 +248,9 @@ static bk_status forward_region(bki_call *c)
     if (c->op->prepare && (s = c->op->prepare(c))) return s;
     if (c->tape) write_header(c);
     c->bad = c->d->B * c->d->H;
+    c->suspect = 0;
     run(c, 0);
-    if (c->bad < c->d->B * c->d->H) return problem_error(c);
+    if ((s = region_status(c, 0))) return s;
 #ifdef BK_TAPE_CHECKSUM
     if (c->tape) {
         const uint64_t sum = blocks_checksum(c);
@@ -242,7 +266,8 @@ static bk_status check_common(bki_call *c)
     if ((s = bki_check_desc(c->d))) return s;
     if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
     if ((s = c->op->check(c))) return s;
-    return c->trusted ? bki_check_qkv_shape(c->d, c->q, c->k, c->v) : bki_check_qkv(c->d, c->q, c->k, c->v);
+    if ((s = bki_check_qkv_shape(c->d, c->q, c->k, c->v))) return s;
+    return c->op->finds_nonfinite ? BK_OK : scan_inputs(c, 0);
 }
 
 bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
@@ -311,6 +336,7 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     if ((s = on_backend(c, 1, tape, ws, ws_size, &done)) || done) return s;
     if ((s = check_common(c))) return s;
     if ((s = bki_check_bwd_views(c->d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
+    if (!c->op->finds_nonfinite && (s = bki_check_values(c->d, NULL, NULL, NULL, c->dout))) return s;
     if (tape && (s = check_tape(c, tape))) return s;
     const ws_layout w = layout(c, 1, tape == NULL);
     void *owned = NULL;
@@ -334,9 +360,9 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
         return s;
     }
     c->bad = c->d->B * c->d->H;
+    c->suspect = 0;
     run(c, 1);
-    if (c->bad < c->d->B * c->d->H) {
-        s = problem_error(c);
+    if ((s = region_status(c, 1))) {
         bki_workspace_release(owned);
         return s;
     }

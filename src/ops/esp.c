@@ -1343,7 +1343,7 @@ static const bki_field fields[] = {
 
 const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
                            sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok};
+                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0};
 
 /* a call of the operator (every other field zero) */
 #define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}

@@ -254,18 +254,44 @@ static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm
     bki_team_sync(tm);
 }
 
-/* The inner problems of problem pi: pivot masses, logits L1 = (s/eps) Q Z^T
- * (n x r) and L2 = (s/eps) Z K^T (r x m); ends in sync. */
-static void inner_setup(const bki_team *tm, const bk_attn_desc *d, const bk_lot_config *p, int n, int m,
-                        const float *Q, int64_t ldq, const float *Kb, int64_t ldk, int h, const lot_lane *w,
-                        bki_sk_problem *pb1, bki_sk_problem *pb2)
+/* Non-finite inputs (bki_op.finds_nonfinite): a NaN or Inf in a valid row
+ * of Q, K, V or dO makes a whole row or column of a product LOT computes
+ * from it non-finite: L1 = Q Z^T (row i), L2 = Z K^T (column j), Y = A2 V
+ * and X = A1^T dO (column c), since every term of those sums multiplies it
+ * by a finite factor (Z, A1, A2; a zero one gives NaN) and NaN and Inf
+ * survive every finite add. (The products run in bki_gemm's own kernel or
+ * in OpenBLAS: neither skips a zero factor.) So LOT checks those products,
+ * half the size of Q and K (r <= d) or tiny (Y, X), L1 and L2 tile by tile
+ * while in cache, instead of the driver reading every input once more. */
+static void check_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
+    (void)i0;
+    (void)j0;
+    if (!bki_rows_finite(Ct, ldc, mi, nj)) *(int *)arg = 1;
+}
+/* after a gemm_ksum into C (r x cols, in sync): member 0 checks it */
+static void check_small(const bki_team *tm, bki_call *x, const float *C, int r, int cols)
+{
+    if (tm->tid == 0 && !bki_rows_finite(C, cols, r, cols)) bki_op_suspect(x);
+}
+
+/* The inner problems of problem pi: pivot masses, logits L1 = (s/eps) Q Z^T
+ * (n x r) and L2 = (s/eps) Z K^T (r x m), checked for non-finite values
+ * unless q and k are trusted; ends in sync. */
+static void inner_setup(const bki_team *tm, bki_call *x, const bk_lot_config *p, int n, int m, const float *Q,
+                        int64_t ldq, const float *Kb, int64_t ldk, int h, const lot_lane *w, bki_sk_problem *pb1,
+                        bki_sk_problem *pb2)
+{
+    const bk_attn_desc *d = x->d;
     const int r = p->r;
     const float al = alpha_of(d, p);
     const float *Zh = p->Z + (size_t)h * r * d->d;
     if (tm->tid == 0) pivot_masses(r, p->theta + (size_t)h * r, p->temp, w->logp, w->p0);
-    bki_gemm(tm, 0, 1, n, r, d->d, al, Q, ldq, Zh, d->d, 0.0f, w->L1, r);
-    bki_gemm(tm, 0, 1, r, m, d->d, al, Zh, d->d, Kb, ldk, 0.0f, w->L2, m);
+    int bad = 0; /* this member's tiles */
+    const bki_tile_fn ck = x->trusted ? NULL : check_tile;
+    bki_gemm_ep(tm, 0, 1, n, r, d->d, al, Q, ldq, Zh, d->d, 0.0f, w->L1, r, ck, &bad);
+    bki_gemm_ep(tm, 0, 1, r, m, d->d, al, Zh, d->d, Kb, ldk, 0.0f, w->L2, m, ck, &bad);
+    if (bad) bki_op_suspect(x);
     bki_team_sync(tm);
     const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL, 1.0f};
     const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL, 1.0f};
@@ -335,7 +361,7 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
     bk_lot_diag dg = {0, 0, 0.0f, 0.0f};
     if (live) {
         bki_sk_problem pb1, pb2;
-        inner_setup(tm, d, p, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, h, w,
+        inner_setup(tm, x, p, n, m, bki_at(x->q, b, h), x->q->stride_n, bki_at(x->k, b, h), x->k->stride_n, h, w,
                     &pb1, &pb2);
         bki_sk_result r1 = {h1, w->A1, r, NULL, NULL, 0, 0.0f, 0.0f}, r2 = {h2, w->A2, m, NULL, NULL, 0, 0.0f, 0.0f};
         K->sk_forward(tm, &pb1, &r1, w->scr1);
@@ -345,6 +371,7 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
         if (Ob) { /* O = A1 (A2 V) */
             const kterm y = {0, m, w->A2, bki_at(x->v, b, h), m, x->v->stride_n};
             gemm_ksum(tm, r, d->dv, 1.0f, &y, 1, w->Y, d->dv, w->kpart);
+            if (!x->trusted) check_small(tm, x, w->Y, r, d->dv);
             bki_gemm(tm, 0, 0, n, d->dv, r, 1.0f, w->A1, r, w->Y, d->dv, 0.0f, Ob, out->stride_n);
         }
         if (ex && ex->diag) glue_diag(tm, n, m, r, w, &dg);
@@ -387,13 +414,15 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
         const float *Zh = p->Z + (size_t)h * r * d->d;
         const float al = alpha_of(d, p);
         bki_sk_problem pb1, pb2;
-        inner_setup(tm, d, p, n, m, Qb, q->stride_n, Kb, k->stride_n, h, w, &pb1, &pb2);
+        inner_setup(tm, x, p, n, m, Qb, q->stride_n, Kb, k->stride_n, h, w, &pb1, &pb2);
         K->sk_attention(tm, &pb1, steps1, h1, w->A1, r, w->scr1);
         K->sk_attention(tm, &pb2, steps2, h2, w->A2, m, w->scr2);
         /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
         const kterm y = {0, m, w->A2, Vb, m, v->stride_n}, xt = {1, n, w->A1, dOb, r, dout->stride_n};
         gemm_ksum(tm, r, dvd, 1.0f, &y, 1, w->Y, dvd, w->kpart);
+        if (!x->trusted) check_small(tm, x, w->Y, r, dvd);
         gemm_ksum(tm, r, dvd, 1.0f, &xt, 1, w->X, dvd, w->kpart);
+        check_small(tm, x, w->X, r, dvd); /* dout: scanned for trusted calls too */
         bki_gemm(tm, 1, 0, m, dvd, r, 1.0f, w->A2, m, w->X, dvd, 0.0f, dVb, x->dv->stride_n);
         bki_gemm(tm, 0, 1, n, r, dvd, 1.0f, dOb, dout->stride_n, w->Y, dvd, 0.0f, w->G1, r);
         bki_gemm(tm, 0, 1, r, m, dvd, 1.0f, w->X, dvd, Vb, v->stride_n, 0.0f, w->G2, m);
@@ -422,7 +451,7 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
 
 const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
                            sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
-                           pgrad_bytes, reduce, forward, backward, steps_ok};
+                           pgrad_bytes, reduce, forward, backward, steps_ok, 1};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)

@@ -417,6 +417,76 @@ static void test_lot_bad_input(void)
     lb_free(&t);
 }
 
+/* Non-finite inputs: LOT finds them in its own products (L1 = Q Z^T, L2 =
+ * Z K^T, Y = A2 V, X = A1^T dO) instead of a scan before the call, then
+ * names them by that scan. Every valid position of q, k, v and dout, NaN and
+ * +-Inf, in a padded [B,N,H,d] batch, with a column of Z zero (0 * NaN must
+ * still be seen), forward and backward (taped and recomputing): the status
+ * and the row named are the scan's; values in padded rows are never read. */
+static void test_lot_nonfinite(void)
+{
+    lcase c = {2, 2, 6, 5, 3, 2, 1, 1, 2, 3, 1.0f, 1.0f};
+    lbuf t;
+    lb_init(&t, &c, 933);
+    for (int tt = 0; tt < c.r; tt++) t.Z[((size_t)1 * c.r + tt) * c.d + 2] = 0.0f; /* head 1: Z[:, 2] = 0 */
+    const bk_attn_desc *d = &t.pb.desc;
+    char *tape = malloc(bk_lot_tape_size(d, &t.p));
+    int ok_clean = lfwd(&t, tape) == BK_OK;
+    struct {
+        const char *name;
+        const bk_tensor *tv;
+        int N, C;
+        const int32_t *len;
+    } in[4] = {{"q", &t.pb.tq, c.Nq, c.d, t.pb.ql}, {"k", &t.pb.tk, c.Nk, c.d, t.pb.kl},
+               {"v", &t.pb.tv, c.Nk, c.dv, t.pb.kl}, {"dout", &t.pb.tdo, c.Nq, c.dv, t.pb.ql}};
+    int total = 0, named = 0, padded = 0, padded_ok = 0;
+    char why[256] = "";
+    for (int x = 0; x < 4; x++)
+        for (int b = 0; b < c.B; b++)
+            for (int h = 0; h < c.H; h++)
+                for (int n = 0; n < in[x].N; n++)
+                    for (int col = 0; col < in[x].C; col++) {
+                        float *at = in[x].tv->data + b * in[x].tv->stride_b + h * in[x].tv->stride_h + (int64_t)n * in[x].tv->stride_n + col;
+                        const float keep = *at;
+                        *at = (n + col) % 3 == 0 ? NAN : (n + col) % 3 == 1 ? INFINITY : -INFINITY;
+                        const int valid = n < in[x].len[b];
+                        char want[96];
+                        snprintf(want, sizeof want, "tensor %s has a non-finite value at [%d,%d,%d,:]", in[x].name, b,
+                                 h, n);
+                        bk_status s[3] = {BK_OK, BK_OK, BK_OK};
+                        const char *msg[3] = {"", "", ""};
+                        char m0[256] = "", m1[256] = "", m2[256] = "";
+                        if (x < 3) {
+                            s[0] = lfwd(&t, NULL);
+                            snprintf(m0, sizeof m0, "%s", bk_last_error());
+                        }
+                        s[1] = lbwd(&t, tape);
+                        snprintf(m1, sizeof m1, "%s", bk_last_error());
+                        s[2] = lbwd(&t, NULL);
+                        snprintf(m2, sizeof m2, "%s", bk_last_error());
+                        msg[0] = m0, msg[1] = m1, msg[2] = m2;
+                        *at = keep;
+                        if (!valid) {
+                            padded++;
+                            padded_ok += s[0] == BK_OK && s[1] == BK_OK && s[2] == BK_OK;
+                            continue;
+                        }
+                        for (int k = x < 3 ? 0 : 1; k < 3; k++) {
+                            total++;
+                            if (s[k] == BK_ERR_NONFINITE && strstr(msg[k], want)) named++;
+                            else if (!why[0])
+                                snprintf(why, sizeof why, "%s [%d,%d,%d,%d] call %d: %s (%s)", in[x].name, b, h, n,
+                                         col, k, bk_status_str(s[k]), msg[k]);
+                        }
+                    }
+    th_check(ok_clean && total > 0 && named == total, "lot: a non-finite q, k, v or dout is found and named, forward "
+             "and backward", "%d of %d; first miss %s", named, total, why);
+    th_check(padded > 0 && padded_ok == padded, "lot: non-finite values in padded rows are not read", "%d of %d",
+             padded_ok, padded);
+    free(tape);
+    lb_free(&t);
+}
+
 /* ---- the determinism contract (docs/ARCHITECTURE.md): thread counts and
  * batch shapes. Every output of a forward (with A and diagnostics) and of a
  * backward from its tape must be bitwise the same at 1, 2, 3, 5 and 8
@@ -580,5 +650,6 @@ void test_lot(void)
     test_lot_fd();
     test_lot_early_stop();
     test_lot_bad_input();
+    test_lot_nonfinite();
     test_lot_determinism();
 }

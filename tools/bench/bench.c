@@ -143,11 +143,12 @@ static void work_counts(const bcase *c, bresult *r)
         r->flops_f = 4 * N * R * (d + d); r->exps_f = 2 * 3 * N * R;
         r->flops_b = 2 * N * R * (6 * d + 5 * d); r->exps_b = 2 * 3 * N * R;
         /* floats each pass reads and writes (docs/PERFORMANCE.md, "Memory traffic"):
-         * forward 7 N d (inputs scanned, read by the GEMMs, O written) + 12 N r (the
-         * logits written, 3 row passes and a plan write per inner problem, the plans
-         * read by the products); backward 15 N d + 41 N r */
-        r->bytes_f = 4 * (7 * N * d + 12 * N * R);
-        r->bytes_b = 4 * (15 * N * d + 41 * N * R);
+         * forward 4 N d (q, k, v read by the GEMMs, O written; LOT checks their
+         * values in its products, not by a scan) + 12 N r (the logits written, 3 row
+         * passes and a plan write per inner problem, the plans read by the products);
+         * backward 11 N d + 41 N r */
+        r->bytes_f = 4 * (4 * N * d + 12 * N * R);
+        r->bytes_b = 4 * (11 * N * d + 41 * N * R);
         break;
     }
     case OP_ESP_HARD: /* sorting and row gathers, not flops (d = dv, L = d slices) */

@@ -246,6 +246,7 @@ static bk_status check_call(bk_context *ctx, bki_call *c, int backward, const vo
     if ((s = bki_check_qkv(d, c->q, c->k, c->v))) return s;
     if (!backward && (s = bki_check_fwd_outputs(d, c->q, c->k, c->v, c->out, c->attn))) return s;
     if (backward && (s = bki_check_bwd_views(d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
+    if (backward && (s = bki_check_values(d, NULL, NULL, NULL, c->dout))) return s;
     /* this backend's own: one dtype per call, memory of the context's device */
     const bk_tensor *ts[9] = {c->q, c->k, c->v, backward ? NULL : c->out,
                               !backward && c->attn && c->attn->data ? c->attn : NULL,

@@ -55,6 +55,15 @@ static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, i
     return cols_ok ? 1 : -1;
 }
 
+/* An output of at least STREAM_FLOATS floats (16 MiB) is written with
+ * non-temporal stores where the thin kernel writes whole aligned lines
+ * (beta == 0 and no epilogue, which would read the tile back): it will not
+ * be in cache when it is read, so reading each line before writing it (what
+ * an ordinary store does) is wasted. LOT's 64 MiB outputs at N = 262144: the
+ * products 25-45 % faster, LOT f+b 6 % faster; no change below 16 MiB
+ * (docs/PERFORMANCE.md, "Streaming stores"). */
+#define STREAM_FLOATS (4.0 * 1024 * 1024)
+
 void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
                  void *arg)
@@ -73,6 +82,7 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
      * members streamed the whole long operand from L3: the training step was
      * 4 % slower on 2 threads, docs/PERFORMANCE.md "K in chunks".) */
     const int packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
+    const int stream = !ep && beta == 0.0f && (double)M * N >= STREAM_FLOATS;
     float pk[THIN_PACK];
     int packed_at = -1; /* the short-side tile whose operand pk holds */
     for (int t = lo; t < hi; t++) {
@@ -87,7 +97,8 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
                 for (int j = 0; j < nj; j++) Ct[(ptrdiff_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * Ct[(ptrdiff_t)i * ldc + j];
         } else if (thin >= 0) {
             const int side = thin == 0 ? tj : ti;
-            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk, packs && side == packed_at);
+            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk, packs && side == packed_at,
+                     stream);
             packed_at = side;
         } else {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,

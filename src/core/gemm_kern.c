@@ -18,6 +18,7 @@
  * remainder paths change a bit. */
 #include "internal.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #ifndef BK_ISA
@@ -40,6 +41,7 @@ typedef __mmask16 vmask;
 #define V_MASK(n) ((vmask)((1u << (n)) - 1u))
 #define V_LOADM(p, m) _mm512_maskz_loadu_ps(m, p)
 #define V_STOREM(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define V_STREAM(p, v) _mm512_stream_ps(p, v)
 #else
 #define VL 8
 #define MR 6 /* 2 MR accumulators + 2 B vectors + 1 broadcast of 16 registers */
@@ -58,6 +60,7 @@ static inline vmask V_MASK(int n)
 }
 #define V_LOADM(p, m) _mm256_maskload_ps(p, m)
 #define V_STOREM(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define V_STREAM(p, v) _mm256_stream_ps(p, v)
 #endif
 #define NR (2 * VL) /* columns per micro-tile */
 /* n columns padded to whole micro-tiles (a packed operand's rows, K chunks' buffer rows) */
@@ -83,6 +86,7 @@ typedef struct {
     float *ws;
     ptrdiff_t wrs;
     int wi, first, last;
+    int stream; /* non-temporal stores of C's 64-byte-aligned micro-tile rows (beta == 0, ccs == 1) */
 } gk_args;
 
 /* one k of a micro-tile: acc(r) += op(A)(row r, k) (b0 | b1), rows at ak[r rs] */
@@ -147,7 +151,10 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
         for (int r = 0; r < R; r++) {
             float *c = g->c + (ptrdiff_t)(i0 + r) * g->crs + j0;
             vf y0 = V_MUL(al, acc0[r]), y1 = V_MUL(al, acc1[r]);
-            if (nc == NR) {
+            if (nc == NR && g->stream && !((uintptr_t)c & 63)) { /* whole lines (NR floats: 1 or 2) */
+                V_STREAM(c, y0);
+                V_STREAM(c + VL, y1);
+            } else if (nc == NR) {
                 if (g->beta != 0.0f) {
                     y0 = V_FMA(be, V_LOAD(c), y0);
                     y1 = V_FMA(be, V_LOAD(c + VL), y1);
@@ -321,12 +328,14 @@ static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float 
  * floats (trans 0) or (K, M) (trans 1); packed: pk holds that operand already
  * (packed by a call with the same operand, K and short side). */
 static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
-                           const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk, int packed)
+                           const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk, int packed,
+                           int stream)
 {
     gk_args g = {0};
     g.K = K;
     g.alpha = alpha;
     g.beta = beta;
+    g.stream = stream && !trans && beta == 0.0f;
     if (!trans) {
         g.a = A;
         g.rs = ta ? 1 : lda;
@@ -342,6 +351,7 @@ static void ISA(gemm_thin)(int trans, int ta, int tb, int M, int N, int K, float
         g.crs = ldc;
         g.ccs = 1;
         run(&g, M, N);
+        if (g.stream) _mm_sfence(); /* the non-temporal stores before whatever follows (a team's sync) */
     } else {
         g.a = B; /* rows j of op(B)^T: element (j, k) = op(B)(k, j) */
         g.rs = tb ? ldb : 1;

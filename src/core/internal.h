@@ -251,12 +251,17 @@ size_t bki_hist_off(int n, int m, int t);
  * into pk when tb); trans == 1 streams the columns of op(B) against op(A)^T
  * (packed into pk unless ta). pk holds pack_floats(K, N) floats (trans 0) or
  * pack_floats(K, M) (trans 1); with packed, pk holds the packed operand
- * already (a previous call's, with the same operand, K and short side). */
+ * already (a previous call's, with the same operand, K and short side).
+ * stream: store C's whole cache lines with non-temporal stores (trans 0,
+ * beta == 0; lines of C 64-byte aligned, the others stored as usual), for
+ * an output too large to stay in cache: no read of each line before it is
+ * written; the same values, ordered by an sfence before the call returns. */
 typedef struct {
     int mr, nr; /* micro-tile rows and columns */
     size_t (*pack_floats)(int rows, int cols);
     void (*thin)(int trans, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
-                 const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk, int packed);
+                 const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, float *pk, int packed,
+                 int stream);
 } bki_gemm_kernels;
 extern const bki_gemm_kernels bki_gemm_kernels_avx2;
 extern const bki_gemm_kernels bki_gemm_kernels_avx512;

@@ -86,7 +86,7 @@ static void one_case(const bki_gemm_kernels *gk, const char *isa, const gcase *c
     for (int o = 0; o < 2; o++) {
         for (size_t e = 0; e < nc; e++) /* beta == 0: C is not read, so NaN there must not reach the output */
             C[o][e] = c->beta == 0.0f && (int)(e / ldc) < c->M && (int)(e % ldc) < c->N ? NAN : C0[e];
-        gk->thin(o, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C[o], ldc, pk, 0);
+        gk->thin(o, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C[o], ldc, pk, 0, 0);
         err[o] = rel_err(c, A, lda, B, ldb, C0, C[o], ldc, rows, &guard_ok[o]);
     }
     /* float32 chain of K fused multiply-adds, then two roundings */
@@ -161,6 +161,59 @@ static void team_case(int ta, int tb, int M, int N, int K)
     free(A), free(B), free(C1), free(C2);
 }
 
+/* Non-temporal stores (the thin kernel's stream flag, bki_gemm's outputs of
+ * 4M floats and more): the same bits as ordinary stores, nothing written
+ * outside the output. Row strides that keep every row's lines aligned (80)
+ * and that misalign every other row (70: those rows take ordinary stores). */
+static void stream_case(const bki_gemm_kernels *gk, const char *isa)
+{
+    th_rng r = {0x57e4u};
+    const int M = 37, N = 70, K = 19;
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+    float *pk = malloc(sizeof(float) * gk->pack_floats(K, N));
+    fill(&r, A, (size_t)M * K);
+    fill(&r, B, (size_t)K * N);
+    for (int ldc = 70; ldc <= 80; ldc += 10)
+        for (int tb = 0; tb < 2; tb++) {
+            const size_t nc = (size_t)M * ldc;
+            float *C0 = aligned_alloc(64, sizeof(float) * (nc + 16)), *C1 = aligned_alloc(64, sizeof(float) * (nc + 16));
+            for (size_t i = 0; i < nc + 16; i++) C0[i] = C1[i] = GUARD;
+            const int ldb = tb ? K : N;
+            gk->thin(0, 0, tb, M, N, K, 0.75f, A, K, B, ldb, 0.0f, C0, ldc, pk, 0, 0);
+            gk->thin(0, 0, tb, M, N, K, 0.75f, A, K, B, ldb, 0.0f, C1, ldc, pk, 0, 1);
+            int guard = 1;
+            for (int i = 0; i < M; i++)
+                for (int j = N; j < ldc; j++) guard &= C1[(size_t)i * ldc + j] == GUARD;
+            for (size_t i = nc; i < nc + 16; i++) guard &= C1[i] == GUARD;
+            const int same = !memcmp(C0, C1, sizeof(float) * (nc + 16));
+            th_check(same && guard, "gemm thin: streaming stores give the same bits", "%s ldc %d tb %d: %s, guard %s",
+                     isa, ldc, tb, same ? "equal" : "DIFFER", guard ? "intact" : "WRITTEN");
+            free(C0), free(C1);
+        }
+    free(A), free(B), free(pk);
+}
+
+/* bki_gemm with an output large enough to stream, in bk_alloc'd (aligned)
+ * memory, on a team of two: the same bits as the kernel's ordinary stores */
+static void stream_product(void)
+{
+    th_rng r = {0x57e5u};
+    const int M = 65536 + 5, N = 64, K = 24;
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * K * N);
+    float *C0 = malloc(sizeof(float) * (size_t)M * N), *C1 = bk_alloc(sizeof(float) * (size_t)M * N);
+    fill(&r, A, (size_t)M * K);
+    fill(&r, B, (size_t)K * N);
+    bki_kern()->gemm->thin(0, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C0, N, NULL, 0, 0);
+#pragma omp parallel num_threads(2)
+    {
+        const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
+        bki_gemm(&tm, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C1, N);
+    }
+    th_check(!memcmp(C0, C1, sizeof(float) * (size_t)M * N), "gemm: a streamed 4M-float output",
+             "%dx%dx%d on %s: same bits as ordinary stores", M, N, K, bk_isa());
+    free(A), free(B), free(C0), bk_free(C1);
+}
+
 void test_gemm(void)
 {
     if (TH.filter && !strstr("gemm", TH.filter)) return;
@@ -174,4 +227,7 @@ void test_gemm(void)
     team_case(0, 0, 700, 300, 700);  /* thin, 112-column tiles, K in chunks */
     team_case(1, 0, 130, 70, 1500);  /* a weight gradient's shape: op(A) transposed, K in chunks */
     team_case(0, 1, 700, 600, 100);  /* BLAS: 200-column tiles */
+    stream_case(&bki_gemm_kernels_avx2, "avx2");
+    if (!strcmp(bk_isa(), "avx512")) stream_case(&bki_gemm_kernels_avx512, "avx512");
+    stream_product();
 }

@@ -195,8 +195,11 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
 {
     const int BH = c->BH, N = c->N, d = c->d;
     const size_t n = (size_t)BH * N * d;
-    float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *o = malloc(n * 4), *dout = malloc(n * 4);
-    float *dq = malloc(n * 4), *dk = malloc(n * 4), *dv = malloc(n * 4);
+    /* the tensors as docs/PERFORMANCE.md recommends too (bk_alloc: 64-byte
+     * aligned, huge pages advised for large ones) */
+    float *q = bk_alloc(n * 4), *k = bk_alloc(n * 4), *v = bk_alloc(n * 4), *o = bk_alloc(n * 4),
+          *dout = bk_alloc(n * 4);
+    float *dq = bk_alloc(n * 4), *dk = bk_alloc(n * 4), *dv = bk_alloc(n * 4);
     fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
     bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
@@ -277,7 +280,8 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     } else {
         fprintf(stderr, "bench: out of memory\n");
     }
-    free(q); free(k); free(v); free(o); free(dout); free(dq); free(dk); free(dv); bk_free(ws); bk_free(tape); free(C);
+    bk_free(q); bk_free(k); bk_free(v); bk_free(o); bk_free(dout); bk_free(dq); bk_free(dk); bk_free(dv);
+    bk_free(ws); bk_free(tape); free(C);
     free(tf); free(tb); free(tbase); free(Z); free(th);
     return ok && s == BK_OK;
 }

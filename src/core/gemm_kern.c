@@ -102,7 +102,8 @@ static inline __attribute__((always_inline)) void kstep(int R, const float *ak, 
 
 /* R rows (a compile-time constant after inlining) x one NR-column block at
  * column j0 with nc <= NR valid columns */
-static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc, const float *pf)
+static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc, const float *pf,
+                                                        const int ST)
 {
     vf acc0[MR], acc1[MR];
     if (g->first)
@@ -151,7 +152,7 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
         for (int r = 0; r < R; r++) {
             float *c = g->c + (ptrdiff_t)(i0 + r) * g->crs + j0;
             vf y0 = V_MUL(al, acc0[r]), y1 = V_MUL(al, acc1[r]);
-            if (nc == NR && g->stream && !((uintptr_t)c & 63)) { /* whole lines (NR floats: 1 or 2) */
+            if (ST && nc == NR && !((uintptr_t)c & 63)) { /* whole lines (NR floats: 1 or 2) */
                 V_STREAM(c, y0);
                 V_STREAM(c + VL, y1);
             } else if (nc == NR) {
@@ -193,7 +194,10 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
  * than 1 on the training step's products with operands in L3; none, 13 %
  * slower: the streamed rows' misses are latency-bound, not bandwidth-bound) */
 #define PF_AHEAD 2
-static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, int nxt_rows)
+/* ST: the stores stream (a compile-time constant: the ordinary path's code is
+ * that of a kernel without streaming) */
+static inline __attribute__((always_inline)) void rows_body(const gk_args *g, int i0, int i1, int N, const float *nxt,
+                                                            int nxt_rows, const int ST)
 {
     for (int i = i0; i < i1; i += MR) {
         const int R = i1 - i < MR ? i1 - i : MR;
@@ -208,20 +212,26 @@ static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, 
             const int nc = N - j < NR ? N - j : NR;
             const float *p = j ? NULL : pf;
             switch (R) { /* one specialised body per row count */
-            case MR: micro(g, MR, i, j, nc, p); break;
-            case 1: micro(g, 1, i, j, nc, NULL); break;
-            case 2: micro(g, 2, i, j, nc, NULL); break;
-            case 3: micro(g, 3, i, j, nc, NULL); break;
-            case 4: micro(g, 4, i, j, nc, NULL); break;
-            case 5: micro(g, 5, i, j, nc, NULL); break;
+            case MR: micro(g, MR, i, j, nc, p, ST); break;
+            case 1: micro(g, 1, i, j, nc, NULL, ST); break;
+            case 2: micro(g, 2, i, j, nc, NULL, ST); break;
+            case 3: micro(g, 3, i, j, nc, NULL, ST); break;
+            case 4: micro(g, 4, i, j, nc, NULL, ST); break;
+            case 5: micro(g, 5, i, j, nc, NULL, ST); break;
 #if MR > 6
-            case 6: micro(g, 6, i, j, nc, NULL); break;
-            case 7: micro(g, 7, i, j, nc, NULL); break;
+            case 6: micro(g, 6, i, j, nc, NULL, ST); break;
+            case 7: micro(g, 7, i, j, nc, NULL, ST); break;
 #endif
             default: break;
             }
         }
     }
+}
+
+static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, int nxt_rows)
+{
+    if (g->stream) rows_body(g, i0, i1, N, nxt, nxt_rows, 1);
+    else rows_body(g, i0, i1, N, nxt, nxt_rows, 0);
 }
 
 /* K in chunks: the reused operand's chunk (KC_FLOATS floats of its padded

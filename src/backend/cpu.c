@@ -4,6 +4,7 @@
 #define _DEFAULT_SOURCE /* madvise's MADV_HUGEPAGE (Linux) */
 #include "backend.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,6 +26,14 @@ void *bk_alloc(size_t bytes)
 }
 
 void bk_free(void *p) { free(p); }
+
+void *bki_calloc(size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size) return NULL;
+    void *p = bk_alloc(n * size);
+    if (p) memset(p, 0, n * size);
+    return p;
+}
 
 static int available(int device, char *err, size_t cap)
 {

@@ -644,8 +644,9 @@ static void init_params(bk_model *m)
 static bk_status ensure_ws(bk_model *m, size_t need)
 {
     if (need <= m->ws_cap) return BK_OK;
-    void *p = realloc(m->ws, need);
+    void *p = bk_alloc(need); /* (the old contents are not needed) */
     if (!p) return bki_fail(BK_ERR_NOMEM, "model: workspace of %zu bytes", need);
+    free(m->ws);
     m->ws = p;
     m->ws_cap = need;
     return BK_OK;
@@ -957,7 +958,7 @@ static void *zalloc(sizer *z, size_t n, size_t size)
     const size_t b = n * size; /* (n and size are bounded by the checks of model_build) */
     z->bytes = b > SIZE_MAX - z->bytes ? SIZE_MAX : z->bytes + b;
     if (z->measure) return NULL;
-    void *p = calloc(n ? n : 1, size);
+    void *p = bki_calloc(n ? n : 1, size);
     if (!p) z->bad = 1;
     return p;
 }

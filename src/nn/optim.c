@@ -135,8 +135,8 @@ bk_status bk_optim_create(const bk_optim_config *c, const bk_model *m, bk_optim 
     o->c = *c;
     o->P = bk_model_num_params(m);
     const int slots = bki_optim_slots(o);
-    if (slots >= 1) o->s0 = calloc((size_t)o->P, sizeof(float));
-    if (slots >= 2) o->s1 = calloc((size_t)o->P, sizeof(float));
+    if (slots >= 1) o->s0 = bki_calloc((size_t)o->P, sizeof(float));
+    if (slots >= 2) o->s1 = bki_calloc((size_t)o->P, sizeof(float));
     if ((slots >= 1 && !o->s0) || (slots >= 2 && !o->s1)) {
         bk_optim_free(o);
         return bki_fail(BK_ERR_NOMEM, "bk_optim_create: out of memory for the state");

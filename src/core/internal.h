@@ -306,6 +306,9 @@ typedef struct {
      * may be dy); the same bits on every instruction set */
     void (*gelu)(size_t n, const float *z, float *y);
     void (*gelu_grad)(size_t n, const float *z, const float *dy, float *dz);
+    /* g = gelu(z) and z := gelu'(z), from one evaluation (the same bits as
+     * gelu, and as gelu_grad with dy = 1) */
+    void (*gelu_keep_slope)(size_t n, float *z, float *g);
     /* ESP's SoftSort: one row p = softmax_i(-(a_i - s)^2 / t) (entries below
      * 1e-30 flushed to 0), and its backward (adds to da, returns sum g). */
     void (*softsort_row)(int n, const float *a, float s, float inv_t, float *p);

@@ -1039,6 +1039,18 @@ static void ISA(gelu_grad)(size_t n, const float *restrict z, const float *dy, f
     for (size_t i = 0; i < n; i++) dz[i] = dy[i] * gelu_slope(z[i]);
 }
 
+/* g = gelu(z), and z overwritten by gelu'(z): the Linear forward's
+ * epilogue, which keeps the slope for the backward instead of z */
+static void ISA(gelu_keep_slope)(size_t n, float *restrict z, float *restrict g)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float sl;
+        g[i] = gelu_and_slope(z[i], &sl);
+        z[i] = sl;
+    }
+}
+
 static void ISA(vexp)(float *x, size_t n)
 {
 #pragma omp simd
@@ -1057,6 +1069,7 @@ const bki_kernels ISA(bki_kernels) = {
     .vexp = ISA(vexp),
     .gelu = ISA(gelu),
     .gelu_grad = ISA(gelu_grad),
+    .gelu_keep_slope = ISA(gelu_keep_slope),
     .softsort_row = ISA(softsort_row),
     .softsort_row_bwd = ISA(softsort_row_bwd),
     .small_sort_max = SMALL_SORT_MAX,

@@ -69,5 +69,13 @@ static inline float gelu_slope(float x)
     const float cdf = gelu_cdf(x, &pdf);
     return __builtin_fmaf(x, pdf, cdf);
 }
+/* both from one Phi and phi: the same bits as gelu_of and gelu_slope */
+static inline float gelu_and_slope(float x, float *slope)
+{
+    float pdf;
+    const float cdf = gelu_cdf(x, &pdf);
+    *slope = __builtin_fmaf(x, pdf, cdf);
+    return x * cdf;
+}
 
 #endif

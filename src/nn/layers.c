@@ -144,8 +144,8 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz) { gelu_p
  * call, while it is in cache, instead of as passes of their own. */
 static bki_team region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
 
-/* the forward's epilogue: + b (nullable), then g = gelu(y) where asked (g
- * has y's row stride) */
+/* the forward's epilogue: + b (nullable), then where asked g = gelu(y) and
+ * y := gelu'(y), the slope the backward needs (g has y's row stride) */
 typedef struct {
     const float *b;
     float *g;
@@ -158,7 +158,7 @@ static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdi
         float *y = Ct + (ptrdiff_t)i * ldc;
         if (e->b)
             for (int j = 0; j < nj; j++) y[j] += e->b[j0 + j];
-        if (e->g) K->gelu((size_t)nj, y, e->g + (ptrdiff_t)(i0 + i) * ldc + j0);
+        if (e->g) K->gelu_keep_slope((size_t)nj, y, e->g + (ptrdiff_t)(i0 + i) * ldc + j0);
     }
 }
 
@@ -181,20 +181,20 @@ void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float
     bki_linear_fwd_gelu(R, in, out, x, ldx, W, b, y, ldy, NULL);
 }
 
-/* the backward's epilogue on dx: dx *= gelu'(z), z the GELU's input (arg:
- * the address of z's pointer; z has dx's row stride) */
+/* the backward's epilogue on dx: dx *= s, s = gelu'(z) as the forward kept
+ * it (arg: the address of s's pointer; s has dx's row stride) */
 static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
-    const float *z0 = *(const float *const *)arg;
-    const bki_kernels *K = bki_kern();
+    const float *s0 = *(const float *const *)arg;
     for (int i = 0; i < mi; i++) {
         float *d = Ct + (ptrdiff_t)i * ldc;
-        K->gelu_grad((size_t)nj, z0 + (ptrdiff_t)(i0 + i) * ldc + j0, d, d);
+        const float *s = s0 + (ptrdiff_t)(i0 + i) * ldc + j0;
+        for (int j = 0; j < nj; j++) d[j] *= s[j];
     }
 }
 
 void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
-                         float *dx, float beta_dx, float *dW, float *db, const float *z)
+                         float *dx, float beta_dx, float *dW, float *db, const float *s)
 {
     const int nt = bki_threads();
     if (dx || dW) {
@@ -202,7 +202,7 @@ void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const 
     {
         BKI_REGION;
         const bki_team tm = region_team();
-        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, z ? gelu_grad_tile : NULL, &z);
+        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, s ? gelu_grad_tile : NULL, &s);
         if (dW) bki_gemm(&tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
     }
     }

@@ -14,17 +14,20 @@ void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float
 /* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable) */
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                     float *dx, float beta_dx, float *dW, float *db);
-/* Linear then GELU: y = x W^T + b (the GELU's input, kept for the backward)
- * and g = gelu(y) [R,out] (row stride ldy; g nullable: bki_linear_fwd), the
- * bias and the GELU fused into the GEMM's tiles; bits as the two calls */
+/* Linear then GELU: z = x W^T + b, g = gelu(z) [R,out] (row stride ldy),
+ * and y receives gelu'(z), the slope the backward needs (bki_linear_bwd_gelu;
+ * without g, bki_linear_fwd: y = z). The bias and the GELU run in the GEMM's
+ * tiles, gelu and gelu' from one evaluation of Phi and phi; g has the bits
+ * of bki_linear_fwd then bki_gelu_fwd */
 void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                          int ldy, float *g);
 /* the backward of a Linear whose input x = gelu(z): as bki_linear_bwd, then
- * dx *= gelu'(z) (z [R,in], row stride in; z nullable: bki_linear_bwd),
- * fused into dx's GEMM tiles; bits as bki_linear_bwd then bki_gelu_bwd.
- * beta_dx must be 0 where z is given (dx is a fresh gradient) */
+ * dx *= s, s = gelu'(z) as bki_linear_fwd_gelu left it in y ([R,in], row
+ * stride in; s nullable: bki_linear_bwd), fused into dx's GEMM tiles; bits
+ * as bki_linear_bwd then bki_gelu_bwd on z. beta_dx must be 0 where s is
+ * given (dx is a fresh gradient) */
 void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
-                         float *dx, float beta_dx, float *dW, float *db, const float *z);
+                         float *dx, float beta_dx, float *dW, float *db, const float *s);
 /* out[c] += sum_r a[r, c] in row order (double accumulation) */
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out);
 

@@ -30,7 +30,7 @@ typedef struct {
 typedef struct {
     float *mid, *out;                 /* residual stream after attention / block */
     float *ln1, *mu1, *rs1, *qkv, *att;
-    float *ln2, *mu2, *rs2, *f1, *g1;
+    float *ln2, *mu2, *rs2, *f1, *g1; /* MLP: f1 = gelu' at fc1's output, g1 = gelu of it */
     void *tape;
     size_t tape_cap;
     float *esp_theta;

@@ -2586,6 +2586,28 @@ static void test_gelu(void)
     th_check(wy <= 6.0, "gelu: within 6 ulp of double-precision libm", "worst %.2f ulp at z = %.9g", wy, zy);
     th_check(wd <= 6.0, "gelu': within 6 ulp of max(Phi, |z| phi)", "worst %.2f ulp at z = %.9g", wd, zd);
     if (TH.verbose) printf("# gelu: worst %.2f ulp (z = %.9g), gelu' %.2f ulp (z = %.9g), %d points\n", wy, zy, wd, zd, n);
+    /* the Linear forward's epilogue kernel: gelu and gelu' from one
+     * evaluation, the same bits as the two passes (every point, both ISAs
+     * the CPU runs) */
+    float *zs = malloc(sizeof(float) * N), *g2 = malloc(sizeof(float) * N);
+    const bki_kernels *ks[2] = {&bki_kernels_avx2, &bki_kernels_avx512};
+    for (int v = 0; v < 2 && zs && g2; v++) {
+        if (v == 1 && strcmp(bk_isa(), "avx512")) break;
+        float *y1 = malloc(sizeof(float) * N), *d1 = malloc(sizeof(float) * N);
+        if (!y1 || !d1) {
+            free(y1), free(d1);
+            break;
+        }
+        memcpy(zs, z, sizeof(float) * (size_t)n);
+        ks[v]->gelu_keep_slope((size_t)n, zs, g2);
+        ks[v]->gelu((size_t)n, z, y1);
+        ks[v]->gelu_grad((size_t)n, z, one, d1);
+        th_check(!memcmp(g2, y1, sizeof(float) * (size_t)n) && !memcmp(zs, d1, sizeof(float) * (size_t)n),
+                 "gelu: gelu and gelu' in one pass give the two passes' bits", "%s, %d points", v ? "avx512" : "avx2",
+                 n);
+        free(y1), free(d1);
+    }
+    free(zs), free(g2);
     z[0] = NAN;
     bki_gelu_fwd(1, z, y);
     bki_gelu_bwd(1, z, one, d);
@@ -2593,10 +2615,56 @@ static void test_gelu(void)
     free(z), free(y), free(d), free(one);
 }
 
+/* The MLP's fused Linear + GELU layers against the separate calls, bitwise:
+ * forward g = gelu(x W^T + b) (and y left holding gelu'), backward dx =
+ * (dy W2) * gelu' with dW, db; several GEMM tiles, on 1 and 2 threads */
+static void test_linear_gelu(void)
+{
+    enum { R = 403, IN = 19, OUT = 45, O2 = 7 };
+    th_rng r = {0x6e1u};
+    float *x = malloc(sizeof(float) * R * IN), *W = malloc(sizeof(float) * OUT * IN), *b = malloc(sizeof(float) * OUT);
+    float *W2 = malloc(sizeof(float) * O2 * OUT), *dy = malloc(sizeof(float) * R * O2);
+    float *y[2], *g[2], *dx[2], *dW2[2], *db2[2];
+    for (int v = 0; v < 2; v++) {
+        y[v] = malloc(sizeof(float) * R * OUT), g[v] = malloc(sizeof(float) * R * OUT);
+        dx[v] = malloc(sizeof(float) * R * OUT), dW2[v] = calloc(O2 * OUT, sizeof(float));
+        db2[v] = calloc(O2, sizeof(float));
+    }
+    for (int i = 0; i < R * IN; i++) x[i] = (float)th_normal(&r);
+    for (int i = 0; i < OUT * IN; i++) W[i] = (float)(0.5 * th_normal(&r));
+    for (int i = 0; i < OUT; i++) b[i] = (float)(0.3 * th_normal(&r));
+    for (int i = 0; i < O2 * OUT; i++) W2[i] = (float)(0.5 * th_normal(&r));
+    for (int i = 0; i < R * O2; i++) dy[i] = (float)th_normal(&r);
+    int same = 1;
+    for (int nt = 1; nt <= 2; nt++) {
+        bk_set_num_threads(nt);
+        for (int v = 0; v < 2; v++) {
+            memset(dW2[v], 0, sizeof(float) * O2 * OUT);
+            memset(db2[v], 0, sizeof(float) * O2);
+        }
+        /* separate: z, gelu(z); dx = (dy W2) gelu'(z) */
+        bki_linear_fwd(R, IN, OUT, x, IN, W, b, y[0], OUT);
+        bki_gelu_fwd((size_t)R * OUT, y[0], g[0]);
+        bki_linear_bwd(R, OUT, O2, g[0], OUT, W2, dy, O2, dx[0], 0.0f, dW2[0], db2[0]);
+        bki_gelu_bwd((size_t)R * OUT, y[0], dx[0], dx[0]);
+        /* fused */
+        bki_linear_fwd_gelu(R, IN, OUT, x, IN, W, b, y[1], OUT, g[1]);
+        bki_linear_bwd_gelu(R, OUT, O2, g[1], OUT, W2, dy, O2, dx[1], 0.0f, dW2[1], db2[1], y[1]);
+        same &= !memcmp(g[0], g[1], sizeof(float) * R * OUT) && !memcmp(dx[0], dx[1], sizeof(float) * R * OUT) &&
+                !memcmp(dW2[0], dW2[1], sizeof(float) * O2 * OUT) && !memcmp(db2[0], db2[1], sizeof(float) * O2);
+    }
+    bk_set_num_threads(0);
+    th_check(same, "linear + gelu fused in the GEMM tiles: the separate calls' bits (forward, backward; 1, 2 threads)",
+             "%s", same ? "equal" : "DIFFER");
+    free(x), free(W), free(b), free(W2), free(dy);
+    for (int v = 0; v < 2; v++) free(y[v]), free(g[v]), free(dx[v]), free(dW2[v]), free(db2[v]);
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
     test_gelu();
+    test_linear_gelu();
     test_bad_input();
     test_memory();
     test_optim_formulas();

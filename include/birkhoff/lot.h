@@ -26,7 +26,12 @@ extern "C" {
  * the attention is exported). Padding: padded queries and keys get zero mass
  * (the problem runs on the valid prefix), padded rows are zero. r may exceed
  * n. The paper omits the factor n (digest 1.5); the reference LRA variant's
- * 1/r^2 glue and +1e6 key masks are bugs and are not reproduced. */
+ * 1/r^2 glue and +1e6 key masks are bugs and are not reproduced.
+ * Non-finite inputs: a NaN or Inf in a valid row of q, k, v (or the
+ * backward's dout) fails with BK_ERR_NONFINITE naming the tensor and its
+ * first bad row, as for every operator, but it is found in LOT's own
+ * products from that input (no separate read of the inputs first), so on
+ * that error the outputs have been written (with meaningless values). */
 typedef struct {
     int r;               /* pivots, >= 1                                    */
     const float *Z;      /* [H, r, d] pivot locations (shared over batch)   */

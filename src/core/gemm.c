@@ -61,7 +61,7 @@ static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, i
  * be in cache when it is read, so reading each line before writing it (what
  * an ordinary store does) is wasted. LOT's 64 MiB outputs at N = 262144: the
  * products 25-45 % faster, LOT f+b 6 % faster; no change below 16 MiB
- * (docs/PERFORMANCE.md, "Streaming stores"). */
+ * (docs/PERFORMANCE.md, "LOT from memory, the training step from huge pages"). */
 #define STREAM_FLOATS (4.0 * 1024 * 1024)
 
 void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,

@@ -161,7 +161,8 @@ bk_status bki_check_desc(const bk_attn_desc *d);
 /* calloc's contract through bk_alloc (64-byte aligned; from 2 MiB, 2 MiB
  * aligned with huge pages advised); released by free() or bk_free. The
  * training engine's activations and optimiser state: a ViT step 6 % faster
- * than with calloc's 4 KiB pages (docs/PERFORMANCE.md, "Huge pages"). */
+ * than with calloc's 4 KiB pages (docs/PERFORMANCE.md, "LOT from memory,
+ * the training step from huge pages"). */
 void *bki_calloc(size_t n, size_t size);
 /* 1 if the L rows (C floats each, row stride sn) are all finite */
 int bki_rows_finite(const float *base, int64_t sn, int L, int C);

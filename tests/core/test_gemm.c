@@ -176,7 +176,7 @@ static void stream_case(const bki_gemm_kernels *gk, const char *isa)
     for (int ldc = 70; ldc <= 80; ldc += 10)
         for (int tb = 0; tb < 2; tb++) {
             const size_t nc = (size_t)M * ldc;
-            float *C0 = aligned_alloc(64, sizeof(float) * (nc + 16)), *C1 = aligned_alloc(64, sizeof(float) * (nc + 16));
+            float *C0 = bk_alloc(sizeof(float) * (nc + 16)), *C1 = bk_alloc(sizeof(float) * (nc + 16)); /* 64-byte aligned */
             for (size_t i = 0; i < nc + 16; i++) C0[i] = C1[i] = GUARD;
             const int ldb = tb ? K : N;
             gk->thin(0, 0, tb, M, N, K, 0.75f, A, K, B, ldb, 0.0f, C0, ldc, pk, 0, 0);
@@ -188,7 +188,7 @@ static void stream_case(const bki_gemm_kernels *gk, const char *isa)
             const int same = !memcmp(C0, C1, sizeof(float) * (nc + 16));
             th_check(same && guard, "gemm thin: streaming stores give the same bits", "%s ldc %d tb %d: %s, guard %s",
                      isa, ldc, tb, same ? "equal" : "DIFFER", guard ? "intact" : "WRITTEN");
-            free(C0), free(C1);
+            bk_free(C0), bk_free(C1);
         }
     free(A), free(B), free(pk);
 }

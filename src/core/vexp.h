@@ -33,7 +33,9 @@ static inline float bki_expf(float x)
     p = __builtin_fmaf(p, r * r, r + 1.0f);
     int32_t bi;
     memcpy(&bi, &big, sizeof bi);
-    int32_t ei = (bi - 0x4B400000 + 127) << 23;
+    /* in unsigned arithmetic: a NaN's bits would overflow a signed shift
+     * (the same bits for every other input) */
+    const uint32_t ei = ((uint32_t)bi - 0x4B400000u + 127u) << 23;
     float scale;
     memcpy(&scale, &ei, sizeof scale);
     float y = p * scale;

@@ -100,6 +100,33 @@ static inline __attribute__((always_inline)) void kstep(int R, const float *ak, 
     }
 }
 
+/* 8 x 8 transpose: dst[r][c] = src[c][r] (row strides ss, ds) */
+static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
+{
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
+           r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
+           r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    r0 = _mm256_shuffle_ps(t0, t2, 0x44);
+    r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    r2 = _mm256_shuffle_ps(t1, t3, 0x44);
+    r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    r4 = _mm256_shuffle_ps(t4, t6, 0x44);
+    r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    r6 = _mm256_shuffle_ps(t5, t7, 0x44);
+    r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
+    _mm256_storeu_ps(dst + ds, _mm256_permute2f128_ps(r1, r5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(r2, r6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(r3, r7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(r0, r4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(r1, r5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(r2, r6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+
 /* R rows (a compile-time constant after inlining) x one NR-column block at
  * column j0 with nc <= NR valid columns */
 static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc, const float *pf,
@@ -177,6 +204,13 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
             V_STORE(t[r], V_MUL(al, acc0[r]));
             V_STORE(t[r] + VL, V_MUL(al, acc1[r]));
         }
+#if MR == 8
+        if (R == MR && nc == NR && g->beta == 0.0f) { /* 8 x 8 blocks transposed in registers, rows of 8 stored whole */
+            for (int q = 0; q < NR; q += 8)
+                tr8(&t[0][q], NR, g->c + (ptrdiff_t)(j0 + q) * g->ccs + (ptrdiff_t)i0 * g->crs, g->ccs);
+            return;
+        }
+#endif
         /* column by column: each column of the tile is a run of R contiguous
          * outputs when the product is transposed (crs == 1) */
         for (int j = 0; j < nc; j++) {
@@ -281,32 +315,6 @@ static void run(const gk_args *g0, int M, int N)
 
 static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)padded(cols); }
 
-/* 8 x 8 transpose: dst[r][c] = src[c][r] (row strides ss, ds) */
-static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
-{
-    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss), r2 = _mm256_loadu_ps(src + 2 * ss),
-           r3 = _mm256_loadu_ps(src + 3 * ss), r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss),
-           r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
-    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
-                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-    r0 = _mm256_shuffle_ps(t0, t2, 0x44);
-    r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    r2 = _mm256_shuffle_ps(t1, t3, 0x44);
-    r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    r4 = _mm256_shuffle_ps(t4, t6, 0x44);
-    r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    r6 = _mm256_shuffle_ps(t5, t7, 0x44);
-    r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
-    _mm256_storeu_ps(dst + ds, _mm256_permute2f128_ps(r1, r5, 0x20));
-    _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(r2, r6, 0x20));
-    _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(r3, r7, 0x20));
-    _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(r0, r4, 0x31));
-    _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(r1, r5, 0x31));
-    _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(r2, r6, 0x31));
-    _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(r3, r7, 0x31));
-}
 
 /* dst[k][j] = src[j * sj + k] for j < cols, zero to the padded width (rows x
  * padded cols, row stride padded cols): the transpose of a row-major panel,

@@ -1,7 +1,8 @@
 /* vgelu.h -- the exact (erf) GELU and its slope, inline and without libm
  * calls, so that compilers vectorise them inside loops. Compiled per
- * instruction set by lse_engine.c (bki_kern()->gelu, ->gelu_grad), which the
- * training engine's GELU passes and Linear epilogues call. */
+ * instruction set by lse_engine.c (bki_kern()->gelu, ->gelu_grad,
+ * ->gelu_keep_slope), which the training engine's GELU passes and Linear
+ * epilogues call. */
 #ifndef BK_VGELU_H
 #define BK_VGELU_H
 #include "vexp.h"
@@ -56,26 +57,26 @@ static inline float gelu_cdf(float x, float *pdf)
     return x > -0.75f && x < 2.0f ? central : x >= 0.0f ? 1.0f - q : q;
 }
 
-/* gelu(x) = x Phi(x) and its slope Phi(x) + x phi(x): the one formula of
- * the GELU passes and of the Linear epilogues */
-static inline float gelu_of(float x)
-{
-    float pdf;
-    return x * gelu_cdf(x, &pdf);
-}
-static inline float gelu_slope(float x)
-{
-    float pdf;
-    const float cdf = gelu_cdf(x, &pdf);
-    return __builtin_fmaf(x, pdf, cdf);
-}
-/* both from one Phi and phi: the same bits as gelu_of and gelu_slope */
+/* gelu(x) = x Phi(x) and its slope Phi(x) + x phi(x), from one Phi and phi:
+ * the one formula of the GELU passes and of the Linear epilogues (gelu_of
+ * and gelu_slope take one of the two; the other is not computed) */
 static inline float gelu_and_slope(float x, float *slope)
 {
     float pdf;
     const float cdf = gelu_cdf(x, &pdf);
     *slope = __builtin_fmaf(x, pdf, cdf);
     return x * cdf;
+}
+static inline float gelu_of(float x)
+{
+    float slope;
+    return gelu_and_slope(x, &slope);
+}
+static inline float gelu_slope(float x)
+{
+    float slope;
+    (void)gelu_and_slope(x, &slope);
+    return slope;
 }
 
 #endif

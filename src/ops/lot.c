@@ -275,6 +275,16 @@ static void check_small(const bki_team *tm, bki_call *x, const float *C, int r, 
     if (tm->tid == 0 && !bki_rows_finite(C, cols, r, cols)) bki_op_suspect(x);
 }
 
+/* Y = A2 V (r x dv, the forward's and the backward's), checked for
+ * non-finite values unless v is trusted; ends in sync */
+static void y_of(const bki_team *tm, bki_call *x, const lot_lane *w, int r, int m, const float *Vb)
+{
+    const int dv = x->d->dv;
+    const kterm y = {0, m, w->A2, Vb, m, x->v->stride_n};
+    gemm_ksum(tm, r, dv, 1.0f, &y, 1, w->Y, dv, w->kpart);
+    if (!x->trusted) check_small(tm, x, w->Y, r, dv);
+}
+
 /* The inner problems of problem pi: pivot masses, logits L1 = (s/eps) Q Z^T
  * (n x r) and L2 = (s/eps) Z K^T (r x m), checked for non-finite values
  * unless q and k are trusted; ends in sync. */
@@ -369,9 +379,7 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
         dg.iters1 = r1.iters;
         dg.iters2 = r2.iters;
         if (Ob) { /* O = A1 (A2 V) */
-            const kterm y = {0, m, w->A2, bki_at(x->v, b, h), m, x->v->stride_n};
-            gemm_ksum(tm, r, d->dv, 1.0f, &y, 1, w->Y, d->dv, w->kpart);
-            if (!x->trusted) check_small(tm, x, w->Y, r, d->dv);
+            y_of(tm, x, w, r, m, bki_at(x->v, b, h));
             bki_gemm(tm, 0, 0, n, d->dv, r, 1.0f, w->A1, r, w->Y, d->dv, 0.0f, Ob, out->stride_n);
         }
         if (ex && ex->diag) glue_diag(tm, n, m, r, w, &dg);
@@ -418,9 +426,8 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
         K->sk_attention(tm, &pb1, steps1, h1, w->A1, r, w->scr1);
         K->sk_attention(tm, &pb2, steps2, h2, w->A2, m, w->scr2);
         /* Y = A2 V, X = A1^T dO; dV = A2^T X; dA1 = dO Y^T; dA2 = X V^T */
-        const kterm y = {0, m, w->A2, Vb, m, v->stride_n}, xt = {1, n, w->A1, dOb, r, dout->stride_n};
-        gemm_ksum(tm, r, dvd, 1.0f, &y, 1, w->Y, dvd, w->kpart);
-        if (!x->trusted) check_small(tm, x, w->Y, r, dvd);
+        const kterm xt = {1, n, w->A1, dOb, r, dout->stride_n};
+        y_of(tm, x, w, r, m, Vb);
         gemm_ksum(tm, r, dvd, 1.0f, &xt, 1, w->X, dvd, w->kpart);
         check_small(tm, x, w->X, r, dvd); /* dout: scanned for trusted calls too */
         bki_gemm(tm, 1, 0, m, dvd, r, 1.0f, w->A2, m, w->X, dvd, 0.0f, dVb, x->dv->stride_n);

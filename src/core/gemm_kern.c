@@ -80,7 +80,7 @@ typedef struct {
     ptrdiff_t crs, ccs;
     int K;
     float alpha, beta;
-    /* K chunks (run): the raw sums of rows [wi, wi + MC) between chunks, at
+    /* K chunks (run): the raw sums of a group of rows from wi on between chunks, at
      * ws[(i - wi) * wrs + j]; first: start from zero, not from ws; last: the
      * epilogue, not ws */
     float *ws;
@@ -269,11 +269,17 @@ static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, 
 }
 
 /* K in chunks: the reused operand's chunk (KC_FLOATS floats of its padded
- * rows) stays in L1 while MC rows of the streamed operand go past it, their
- * raw sums kept in ws between chunks (stored and reloaded as the same floats,
- * so the bits are those of one chain). Chunked only while the padded width
- * fits ws. Measured in docs/PERFORMANCE.md ("K in chunks"). */
-#define MC 64
+ * rows) stays in L1 while a group of rows of the streamed operand goes past
+ * it, their raw sums kept in ws between chunks (stored and reloaded as the
+ * same floats, so the bits are those of one chain). Chunked only while the
+ * padded width fits ws. A group is as many rows as ws holds at the padded
+ * width (64 at 128 columns, 128 at 64, 256 at 32): when the reused operand
+ * streams too (a weight gradient, dW = dY^T X, K = the batch's rows), each
+ * group reads all of it again, so fewer groups read it fewer times
+ * (128-row groups at 64 columns: the training step's weight gradients
+ * 10-13 % faster than 64-row groups). Measured in docs/PERFORMANCE.md ("K in
+ * chunks", "Thin column tiles"). */
+#define WS_FLOATS 8192
 #define WS_COLS 128
 #define KC_FLOATS 8192
 static int chunk_k(int K, int N)
@@ -294,10 +300,11 @@ static void run(const gk_args *g0, int M, int N)
         run_rows(&g, 0, M, N, NULL, 0);
         return;
     }
-    _Alignas(64) float ws[MC * WS_COLS];
+    _Alignas(64) float ws[WS_FLOATS];
     g.ws = ws;
     g.wrs = padded(N);
-    for (int i0 = 0; i0 < M; i0 += MC) {
+    const int mc = WS_FLOATS / padded(N); /* rows a group (padded(N) <= WS_COLS: at least 64) */
+    for (int i0 = 0; i0 < M; i0 += mc) {
         g.wi = i0;
         for (int k0 = 0; k0 < g0->K; k0 += kc) {
             g.K = g0->K - k0 < kc ? g0->K - k0 : kc;
@@ -306,9 +313,9 @@ static void run(const gk_args *g0, int M, int N)
             g.first = k0 == 0;
             g.last = k0 + kc >= g0->K;
             /* the call after this one: the next chunk of these rows, or the next group's first chunk */
-            const int ni = g.last ? i0 + MC : i0, nk = g.last ? 0 : k0 + kc;
+            const int ni = g.last ? i0 + mc : i0, nk = g.last ? 0 : k0 + kc;
             const float *nxt = ni < M ? g0->a + (ptrdiff_t)ni * g0->rs + (ptrdiff_t)nk * g0->ks : NULL;
-            run_rows(&g, i0, M - i0 < MC ? M : i0 + MC, N, nxt, M - ni < MC ? M - ni : MC);
+            run_rows(&g, i0, M - i0 < mc ? M : i0 + mc, N, nxt, M - ni < mc ? M - ni : mc);
         }
     }
 }

@@ -125,7 +125,10 @@ static void kernel_cases(const bki_gemm_kernels *gk, const char *isa)
     const gcase big[] = {{0, 1, 1000, 32, 64, 0.125f, 0.0f}, {1, 0, 517, 64, 32, 1.0f, 0.0f},
                          {0, 0, 301, 128, 128, 1.0f, 1.0f}, {0, 1, 32, 777, 64, 2.0f, 0.0f},
                          {1, 0, 130, 50, 777, 0.5f, -0.75f}, {0, 1, 67, 96, 1000, 1.0f, 0.0f},
-                         {0, 0, 200, 17, 3001, 1.0f, 1.0f}, {1, 1, 150, 128, 401, 1.0f, 0.0f}};
+                         {0, 0, 200, 17, 3001, 1.0f, 1.0f}, {1, 1, 150, 128, 401, 1.0f, 0.0f},
+                         /* several row groups (as many rows as the buffer holds at the padded
+                          * width: 85 at 96 columns, 256 at 24) and a partial last one */
+                         {1, 0, 600, 96, 700, 1.0f, 0.5f}, {1, 0, 700, 24, 900, 1.0f, 0.0f}};
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) one_case(gk, isa, &big[i], &r);
     th_check(done > 0, "gemm thin: cases ran", "%d small cases on %s", done, isa);
 }
@@ -226,7 +229,8 @@ void test_gemm(void)
     team_case(0, 0, 60, 5000, 40);   /* thin, columns streamed, op(A) packed and reused along the columns */
     team_case(0, 0, 700, 300, 700);  /* thin, 112-column tiles, K in chunks */
     team_case(1, 0, 130, 70, 1500);  /* a weight gradient's shape: op(A) transposed, K in chunks */
-    team_case(0, 1, 700, 600, 100);  /* BLAS: 200-column tiles */
+    team_case(0, 1, 700, 600, 100);  /* thin: 120-column tiles where the shape's tiles were 200 wide */
+    team_case(0, 1, 700, 600, 200);  /* BLAS: 200-column tiles (a packed 128-column panel of K = 200 is too large) */
     stream_case(&bki_gemm_kernels_avx2, "avx2");
     if (!strcmp(bk_isa(), "avx512")) stream_case(&bki_gemm_kernels_avx512, "avx512");
     stream_product();

@@ -81,49 +81,70 @@ void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float
     }
 }
 
+/* LayerNorm backward in one pass over x and dy: the rows go in fixed blocks
+ * (LN_BLOCK_FLOATS floats of x a block, a function of C only); a block's
+ * member computes dx row by row and, in the same sweep, the block's partial
+ * column sums of dy xhat and dy (double, rows in order), then adds them into
+ * the shared sums in block order (an ordered loop): every column's dg and db
+ * are the same chain of block partials whatever the thread count. Columns go
+ * LN_COLS at a time; past the first stretch a row's later stretches read it
+ * again (rows wider than LN_COLS only). The separate column sweep this
+ * replaces read x and dy twice: docs/PERFORMANCE.md, "Thin column tiles".
+ */
+#define LN_BLOCK_FLOATS 8192
+#define LN_COLS 512
 void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
                        const float *dy, float *dx, float *dg, float *db)
 {
     const int nt = bki_threads();
+    const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
+    const int nblk = (R + rb - 1) / rb;
+    double sg[LN_COLS], sb[LN_COLS]; /* the shared sums of the current stretch */
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
-        int lo, hi; /* dg and db: column sums (above) */
-        my_columns(C, &lo, &hi);
-        for (int c0 = lo; c0 < hi; c0 += SWEEP) {
-            const int cn = hi - c0 < SWEEP ? hi - c0 : SWEEP;
-            double ag[SWEEP], ab[SWEEP];
-            for (int c = 0; c < cn; c++) ag[c] = ab[c] = 0.0;
-            for (int r = 0; r < R; r++) {
-                const float *xr = x + (size_t)r * C + c0, *dr = dy + (size_t)r * C + c0;
-                const float mr = mu[r], rr = rs[r];
+        for (int c0 = 0; c0 < C; c0 += LN_COLS) {
+            const int cn = C - c0 < LN_COLS ? C - c0 : LN_COLS;
+#pragma omp for schedule(static)
+            for (int c = 0; c < cn; c++) sg[c] = sb[c] = 0.0;
+#pragma omp for ordered schedule(static, 1)
+            for (int blk = 0; blk < nblk; blk++) {
+                double pg[LN_COLS], pb[LN_COLS];
+                for (int c = 0; c < cn; c++) pg[c] = pb[c] = 0.0;
+                const int r1 = (blk + 1) * rb < R ? (blk + 1) * rb : R;
+                for (int r = blk * rb; r < r1; r++) {
+                    const float *xr = x + (size_t)r * C, *dr = dy + (size_t)r * C;
+                    const float mr = mu[r], rr = rs[r];
+                    if (c0 == 0) { /* dx, once a row */
+                        float *dxr = dx + (size_t)r * C;
+                        double s1 = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s1, s2)
+                        for (int c = 0; c < C; c++) {
+                            const double dxh = (double)dr[c] * g[c];
+                            s1 += dxh;
+                            s2 += dxh * ((xr[c] - mr) * rr);
+                        }
+                        const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
+                        for (int c = 0; c < C; c++) {
+                            const float xh = (xr[c] - mr) * rr;
+                            dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
+                        }
+                    }
+                    for (int c = 0; c < cn; c++) {
+                        pg[c] += (double)dr[c0 + c] * ((xr[c0 + c] - mr) * rr);
+                        pb[c] += dr[c0 + c];
+                    }
+                }
+#pragma omp ordered
                 for (int c = 0; c < cn; c++) {
-                    ag[c] += (double)dr[c] * ((xr[c] - mr) * rr);
-                    ab[c] += dr[c];
+                    sg[c] += pg[c];
+                    sb[c] += pb[c];
                 }
             }
-            for (int c = 0; c < cn; c++) {
-                dg[c0 + c] += (float)ag[c];
-                db[c0 + c] += (float)ab[c];
-            }
-        }
-        /* (no barrier: the row pass below writes dx only) */
 #pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            const float *xr = x + (size_t)r * C, *dr = dy + (size_t)r * C;
-            float *dxr = dx + (size_t)r * C;
-            double s1 = 0.0, s2 = 0.0;
-            const float mr = mu[r], rr = rs[r];
-#pragma omp simd reduction(+ : s1, s2)
-            for (int c = 0; c < C; c++) {
-                const double dxh = (double)dr[c] * g[c];
-                s1 += dxh;
-                s2 += dxh * ((xr[c] - mr) * rr);
-            }
-            const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
-            for (int c = 0; c < C; c++) {
-                const float xh = (xr[c] - mr) * rr;
-                dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
+            for (int c = 0; c < cn; c++) {
+                dg[c0 + c] += (float)sg[c];
+                db[c0 + c] += (float)sb[c];
             }
         }
     }

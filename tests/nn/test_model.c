@@ -2660,10 +2660,84 @@ static void test_linear_gelu(void)
     for (int v = 0; v < 2; v++) free(y[v]), free(g[v]), free(dx[v]), free(dW2[v]), free(db2[v]);
 }
 
+/* LayerNorm forward and backward against double precision: y, dx, dg and db
+ * (dg, db accumulated into, as the model does); the backward's column sums
+ * go in row blocks added in block order: the same bits on 1, 2 and 3
+ * threads. Shapes: one column stretch (many blocks), two stretches (the
+ * second reads the rows again), rows of one block each (C >= 8192) */
+static void test_layernorm(void)
+{
+    const int shapes[][2] = {{1000, 128}, {37, 700}, {5, 9000}, {1, 3}};
+    int same = 1;
+    double worst_y = 0.0, worst_dx = 0.0, worst_dg = 0.0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int R = shapes[s][0], C = shapes[s][1];
+        const size_t n = (size_t)R * C;
+        th_rng r = {0x1a7e5u + (unsigned)s};
+        float *x = malloc(sizeof(float) * n), *dy = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+        float *g = malloc(sizeof(float) * C), *b = malloc(sizeof(float) * C), *mu = malloc(sizeof(float) * R);
+        float *rs = malloc(sizeof(float) * R), *dx[3], *dg[3], *db[3];
+        for (int v = 0; v < 3; v++)
+            dx[v] = malloc(sizeof(float) * n), dg[v] = malloc(sizeof(float) * C), db[v] = malloc(sizeof(float) * C);
+        for (size_t i = 0; i < n; i++) x[i] = (float)(2.0 * th_normal(&r) + 0.5), dy[i] = (float)th_normal(&r);
+        for (int c = 0; c < C; c++) g[c] = (float)(1.0 + 0.3 * th_normal(&r)), b[c] = (float)(0.2 * th_normal(&r));
+        for (int v = 0; v < 3; v++) {
+            bk_set_num_threads(v + 1);
+            bki_layernorm_fwd(R, C, x, g, b, 1e-5f, y, mu, rs);
+            for (size_t i = 0; i < n; i++) dx[v][i] = 0.25f;
+            for (int c = 0; c < C; c++) dg[v][c] = 1.0f, db[v][c] = -1.0f;
+            bki_layernorm_bwd(R, C, x, mu, rs, g, dy, dx[v], dg[v], db[v]);
+            if (v)
+                same &= !memcmp(dx[0], dx[v], sizeof(float) * n) && !memcmp(dg[0], dg[v], sizeof(float) * C) &&
+                        !memcmp(db[0], db[v], sizeof(float) * C);
+        }
+        bk_set_num_threads(0);
+        double *sg = calloc((size_t)C, sizeof(double)), *sb = calloc((size_t)C, sizeof(double));
+        double *xh = malloc(sizeof(double) * C);
+        for (int i = 0; i < R; i++) {
+            const float *xr = x + (size_t)i * C, *dr = dy + (size_t)i * C;
+            double m = 0.0, v = 0.0, s1 = 0.0, s2 = 0.0;
+            for (int c = 0; c < C; c++) m += xr[c];
+            m /= C;
+            for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+            const double inv = 1.0 / sqrt(v / C + 1e-5);
+            for (int c = 0; c < C; c++) {
+                xh[c] = (xr[c] - m) * inv;
+                const double ye = xh[c] * g[c] + b[c];
+                const double e = fabs(y[(size_t)i * C + c] - ye) / (1.0 + fabs(ye));
+                if (e > worst_y) worst_y = e;
+                s1 += (double)dr[c] * g[c];
+                s2 += (double)dr[c] * g[c] * xh[c];
+                sg[c] += (double)dr[c] * xh[c];
+                sb[c] += dr[c];
+            }
+            for (int c = 0; c < C; c++) {
+                const double d = 0.25 + inv * ((double)dr[c] * g[c] - s1 / C - xh[c] * s2 / C);
+                const double e = fabs(dx[0][(size_t)i * C + c] - d) / (1.0 + fabs(d));
+                if (e > worst_dx) worst_dx = e;
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const double e1 = fabs(dg[0][c] - (1.0 + sg[c])) / (1.0 + fabs(sg[c]) + sqrt((double)R));
+            const double e2 = fabs(db[0][c] - (-1.0 + sb[c])) / (1.0 + fabs(sb[c]) + sqrt((double)R));
+            if (e1 > worst_dg) worst_dg = e1;
+            if (e2 > worst_dg) worst_dg = e2;
+        }
+        free(sg), free(sb), free(xh);
+        free(x), free(dy), free(y), free(g), free(b), free(mu), free(rs);
+        for (int v = 0; v < 3; v++) free(dx[v]), free(dg[v]), free(db[v]);
+    }
+    th_check(same, "layernorm backward: the same bits on 1, 2 and 3 threads (dx, dg, db)", "%s",
+             same ? "equal" : "DIFFER");
+    th_check(worst_y < 2e-6 && worst_dx < 2e-5 && worst_dg < 1e-6, "layernorm: forward and backward against double",
+             "worst relative error y %.3g, dx %.3g, dg/db %.3g", worst_y, worst_dx, worst_dg);
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
     test_gelu();
+    test_layernorm();
     test_linear_gelu();
     test_bad_input();
     test_memory();

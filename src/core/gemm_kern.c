@@ -323,10 +323,13 @@ static void run(const gk_args *g0, int M, int N)
 static size_t ISA(gemm_pack_floats)(int rows, int cols) { return (size_t)rows * (size_t)padded(cols); }
 
 
-/* dst[k][j] = src[j * sj + k] for j < cols, zero to the padded width (rows x
- * padded cols, row stride padded cols): the transpose of a row-major panel,
- * in 8 x 8 blocks, the edges element by element. With done, dst holds it
- * already (the caller's previous tile had the same panel). */
+/* dst[k][j] = src[j * sj + k] for j < cols (rows x padded cols, row stride
+ * padded cols): the transpose of a row-major panel, in 8 x 8 blocks, the
+ * edges element by element. The padding columns are left as they are: the
+ * last, partial column block reads its valid columns only (masked loads).
+ * (Zeroing them was a third of the packing of attention's 50-column
+ * panels.) With done, dst holds it already (the caller's previous tile had
+ * the same panel). */
 static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float *dst, int done)
 {
     const ptrdiff_t w = padded(cols);
@@ -339,8 +342,6 @@ static ptrdiff_t pack(int rows, int cols, const float *src, ptrdiff_t sj, float 
     }
     for (int j = c8; j < cols; j++)
         for (int k = 0; k < rows; k++) dst[(ptrdiff_t)k * w + j] = src[(ptrdiff_t)j * sj + k];
-    for (int k = 0; k < rows; k++)
-        for (int j = cols; j < w; j++) dst[(ptrdiff_t)k * w + j] = 0.0f;
     return w;
 }
 

@@ -227,6 +227,11 @@ typedef struct {
                                   LSE_i(C + f)), kappa = rho / (rho + eps)
                                   (semi-unbalanced OT, a KL penalty rho on
                                   the column marginal); 0 or 1: balanced    */
+    int quiet;                 /* 1: the caller reads neither row_err nor
+                                  col_err: the checks that only feed them
+                                  (each row's sum of A, the column sums
+                                  after an odd final step) are skipped; the
+                                  same A, f and g. 0: computed            */
 } bki_sk_problem;
 
 typedef struct {

@@ -351,9 +351,10 @@ static float max_of(int n, const float *x)
 /* Row step from column potential g (NULL = 0) over this member's blocks:
  * writes f; if colsums, the block's partial column sums of the
  * row-normalised plan P = a_i e / s; if A != NULL writes A = P / a_i = e / s
- * and the block's max row-sum error of A. Ends with a sync. */
+ * and, if check, the block's max row-sum error of A (else 0). Ends with a
+ * sync. */
 static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *g, float *f,
-                     int colsums, float *A, ptrdiff_t lda)
+                     int colsums, float *A, ptrdiff_t lda, int check)
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), a_u = expf(la_u);
@@ -377,8 +378,10 @@ static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws 
         if (A) {                                                                                                    \
             float *Ai = A + (ptrdiff_t)(i) * lda;                                                                   \
             _Pragma("omp simd") for (int j = 0; j < m; j++) Ai[j] = (e)[j] * inv;                                   \
-            const float err = fabsf(vsum(Ai, m) - 1.0f);                                                            \
-            worst = err > worst ? err : worst;                                                                      \
+            if (check) {                                                                                            \
+                const float err = fabsf(vsum(Ai, m) - 1.0f);                                                        \
+                worst = err > worst ? err : worst;                                                                  \
+            }                                                                                                       \
         }                                                                                                           \
     } while (0)
         int i = i0;
@@ -445,9 +448,11 @@ static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_w
 /* After an even final step: A (= P^{t}/a_i from the last row pass, under
  * column potential gold) gets the column factor exp(g_j - gold_j), which is
  * b_j / colP_j for a balanced step; exact recomputation for fallback columns
- * (fb). Returns row and column errors of the final A. Ends with a sync. */
+ * (fb). If check, returns row and column errors of the final A (else 0).
+ * Ends with a sync. */
 static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *f,
-                          const float *gold, const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr)
+                          const float *gold, const float *g, float *A, ptrdiff_t lda, float *rerr, float *cerr,
+                          int check)
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), lb_u = -logf((float)m), a_u = expf(la_u);
@@ -466,7 +471,7 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
     bki_team_share(tm, w->nb, &b0, &b1);
     for (int b = b0; b < b1; b++) {
         float *colsum = w->part + (size_t)b * w->mr;
-        memset(colsum, 0, sizeof(float) * (size_t)m);
+        if (check) memset(colsum, 0, sizeof(float) * (size_t)m);
         float worst = 0.0f;
         const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
         for (int i = b * w->rb; i < i1; i++) {
@@ -480,6 +485,7 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
 #pragma omp simd
                 for (int j = 0; j < m; j++) Ai[j] *= factor[j];
             }
+            if (!check) continue;
 #pragma omp simd
             for (int j = 0; j < m; j++) colsum[j] += ai * Ai[j];
             float err = fabsf(vsum(Ai, m) - 1.0f);
@@ -488,6 +494,10 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
         w->rerr[b] = worst;
     }
     bki_team_sync(tm);
+    if (!check) {
+        *rerr = *cerr = 0.0f;
+        return;
+    }
     reduce_cols(tm, w, m, w->colP);
     for (int j = j0; j < j1; j++) w->cerr[j] = fabsf(w->colP[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
     bki_team_sync(tm);
@@ -506,13 +516,16 @@ static void ISA(sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk
     for (int t = 1; t <= S; t += 2) {
         float *f = res->hist + bki_hist_off(n, m, t);
         int writeA = (t >= S - 1) || pb->tol > 0.0f;
-        row_pass(tm, pb, &w, g, f, 1, writeA ? res->A : NULL, res->lda);
+        /* (quiet: the final odd step's column sums only feed col_err) */
+        row_pass(tm, pb, &w, g, f, !(pb->quiet && t == S), writeA ? res->A : NULL, res->lda, !pb->quiet);
         rerr = max_of(w.nb, w.rerr);
         res->f = f;
         res->iters = t;
         if (t == S) { /* odd final step: rows exact; column error from colP */
-            col_update(tm, pb, &w, f, g, NULL);
-            cerr = max_of(m, w.cerr);
+            if (!pb->quiet) {
+                col_update(tm, pb, &w, f, g, NULL);
+                cerr = max_of(m, w.cerr);
+            }
             break;
         }
         float *gn = res->hist + bki_hist_off(n, m, t + 1);
@@ -526,7 +539,7 @@ static void ISA(sk_forward)(const bki_team *tm, const bki_sk_problem *pb, bki_sk
         g = res->g = gn;
         res->iters = t + 1;
         if (t + 1 == S) /* even final step: columns exact */
-            scale_columns(tm, pb, &w, f, g_prev, gn, res->A, res->lda, &rerr, &cerr);
+            scale_columns(tm, pb, &w, f, g_prev, gn, res->A, res->lda, &rerr, &cerr, !pb->quiet);
     }
     res->row_err = rerr;
     res->col_err = cerr;
@@ -542,12 +555,12 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
     float *fdum = w.rl; /* f is recomputed into a throw-away buffer: the tape has it already */
     if (iters % 2 == 1) {
         const float *g = iters > 1 ? hist + bki_hist_off(n, m, iters - 1) : pb->g0;
-        row_pass(tm, pb, &w, g, fdum, 0, A, lda);
+        row_pass(tm, pb, &w, g, fdum, 0, A, lda, 0);
     } else {
         const float *gold = iters > 2 ? hist + bki_hist_off(n, m, iters - 2) : pb->g0;
         const float *f = hist + bki_hist_off(n, m, iters - 1);
         const float *g = hist + bki_hist_off(n, m, iters);
-        row_pass(tm, pb, &w, gold, fdum, 1, A, lda);
+        row_pass(tm, pb, &w, gold, fdum, 1, A, lda, 0);
         /* the same column sums and fallback flags as the forward */
         reduce_cols(tm, &w, m, w.colP);
         int j0, j1;
@@ -555,7 +568,7 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
         for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
         bki_team_sync(tm);
         float rerr, cerr;
-        scale_columns(tm, pb, &w, f, gold, g, A, lda, &rerr, &cerr);
+        scale_columns(tm, pb, &w, f, gold, g, A, lda, &rerr, &cerr, 0);
     }
 }
 

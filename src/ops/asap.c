@@ -261,7 +261,7 @@ static void rho_rows(const bki_team *tm, int Lq, int d, float s, const float *Q,
 static void transposed_steps(const bki_team *tm, int Lq, int Lk, const float *Ct, const float *u, int steps,
                              float *At, float *hist, float *scr, bki_sk_result *res)
 {
-    bki_sk_problem pb = {Lk, Lq, Ct, Lq, NULL, NULL, steps, 0.0f, u, 1.0f};
+    bki_sk_problem pb = {Lk, Lq, Ct, Lq, NULL, NULL, steps, 0.0f, u, 1.0f, 0};
     bki_sk_result r = {hist, At, Lq, NULL, NULL, 0, 0.0f, 0.0f};
     bki_kern()->sk_forward(tm, &pb, &r, scr);
     *res = r;
@@ -274,7 +274,7 @@ static void transposed_steps(const bki_team *tm, int Lq, int Lk, const float *Ct
 static void teacher_target(const bki_team *tm, int Lq, int Lk, const float *C, int S, float eps, const double *rho,
                            float *A, float *hist, float *scr, double *y)
 {
-    bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, S, 0.0f, NULL, 1.0f};
+    bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, S, 0.0f, NULL, 1.0f, 0};
     bki_sk_result r = {hist, A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
     bki_kern()->sk_forward(tm, &pb, &r, scr);
     const int t = (S % 2 == 0) ? S - 1 : S - 2; /* the row step the teacher's closure acts on */

@@ -148,8 +148,8 @@ static void logits(const bki_team *tm, const bki_call *c, int b, int h, int n, i
     bki_gemm(tm, 0, 1, n, m, dh, al, Qb, c->q->stride_n, Kb, c->k->stride_n, 0.0f, ln->C1, m);
     bki_gemm(tm, 0, 1, n, m, dh, al, Qb + dh, c->q->stride_n, Kb + dh, c->k->stride_n, 0.0f, ln->C2, m);
     bki_team_sync(tm);
-    const bki_sk_problem a = {n, m, ln->C1, m, NULL, NULL, 1, 0.0f, NULL, 1.0f};
-    const bki_sk_problem z = {n, m, ln->C2, m, NULL, NULL, 1, 0.0f, NULL, 1.0f};
+    const bki_sk_problem a = {n, m, ln->C1, m, NULL, NULL, 1, 0.0f, NULL, 1.0f, 1};
+    const bki_sk_problem z = {n, m, ln->C2, m, NULL, NULL, 1, 0.0f, NULL, 1.0f, 1};
     *pb1 = a;
     *pb2 = z;
 }

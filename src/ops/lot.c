@@ -303,8 +303,8 @@ static void inner_setup(const bki_team *tm, bki_call *x, const bk_lot_config *p,
     bki_gemm_ep(tm, 0, 1, r, m, d->d, al, Zh, d->d, Kb, ldk, 0.0f, w->L2, m, ck, &bad);
     if (bad) bki_op_suspect(x);
     bki_team_sync(tm);
-    const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL, 1.0f};
-    const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL, 1.0f};
+    const bki_sk_problem a = {n, r, w->L1, r, NULL, w->logp, p->iters, p->tol, NULL, 1.0f, 0};
+    const bki_sk_problem b = {r, m, w->L2, m, w->logp, NULL, p->iters, p->tol, NULL, 1.0f, 0};
     *pb1 = a;
     *pb2 = b;
 }

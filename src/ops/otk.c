@@ -706,7 +706,7 @@ static int plan_forward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_c
 {
     const int P = d->p;
     if (p->domain == BK_OTK_SCALING) return scaling_forward(tm, nb, P, full_iters(p), w->Lg, w->A, hist, w);
-    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, p->iters, 0.0f, NULL, 1.0f};
+    bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, p->iters, 0.0f, NULL, 1.0f, 1};
     bki_sk_result res = {hist, w->A, P, NULL, NULL, 0, 0.0f, 0.0f};
     bki_kern()->sk_forward(tm, &pb, &res, w->scr);
     return 1;
@@ -1025,7 +1025,7 @@ static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
         const float *zh = x->z + (size_t)h * P * k, *hist = tape_block(x->tape, d, p, b, h);
         const float *Gh = bki_at(x->dout, b, 0) + (size_t)h * k;
         const int64_t ldg = x->dout->stride_n;
-        bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * L, 0.0f, NULL, 1.0f};
+        bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * L, 0.0f, NULL, 1.0f, 1};
         plan_logits(tm, d, p, nb, w->psi, zh, w);
         if (p->domain == BK_OTK_SCALING) scaling_attention(tm, nb, P, L, w->Lg, hist, w->A);
         else bki_kern()->sk_attention(tm, &pb, 2 * L, hist, w->A, P, w->scr);

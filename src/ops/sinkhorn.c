@@ -158,7 +158,8 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *base)
                  c->k->stride_n, 0.0f, ln.C, Lk);
         bki_team_sync(tm);
         mask_causal(tm, &k, Lq, Lk, ln.C);
-        bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
+        /* the errors are reported through the extras' diag only */
+        bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa, !(ex && ex->diag)};
         bki_kern()->sk_forward(tm, &pb, &res, ln.scr);
         if (c->out)
             bki_gemm(tm, 0, 0, Lq, d->dv, Lk, 1.0f, ln.A, Lk, bki_at(c->v, b, h), c->v->stride_n, 0.0f,
@@ -213,7 +214,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
     bki_gemm(tm, 0, 1, Lq, Lk, d->d, alpha, Qb, c->q->stride_n, Kb, c->k->stride_n, 0.0f, ln.C, Lk);
     bki_team_sync(tm);
     mask_causal(tm, &k, Lq, Lk, ln.C);
-    bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa};
+    bki_sk_problem pb = {Lq, Lk, ln.C, Lk, NULL, NULL, k.S, k.tol, NULL, k.kappa, 1};
     K->sk_attention(tm, &pb, iters, hist, ln.A, Lk, ln.scr);
     /* dV = A^T dO ; Abar = dO V^T */
     bki_gemm(tm, 1, 0, Lk, d->dv, Lq, 1.0f, ln.A, Lk, dOb, c->dout->stride_n, 0.0f, dVb, c->dv->stride_n);

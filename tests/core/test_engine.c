@@ -33,7 +33,7 @@ static void run_engine(const bki_kernels *K, const ecase *c, const float *C, con
 {
     const int n = c->n, m = c->m;
     float *scr = malloc(sizeof(float) * K->sk_scratch(n, m, c->nt));
-    bki_sk_problem pb = {n, m, C, m, la, lb, c->S, 0.0f, g0, c->kappa};
+    bki_sk_problem pb = {n, m, C, m, la, lb, c->S, 0.0f, g0, c->kappa, 0};
     memcpy(G, G0, sizeof(float) * (size_t)n * m);
 #pragma omp parallel num_threads(c->nt)
     {

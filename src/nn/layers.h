@@ -34,7 +34,11 @@ void bki_colsum_add(const float *a, int R, int C, int lda, float *out);
 /* y = (x - mu) rs g + b per row; mu, rs [R] saved for the backward */
 void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float *b, float eps, float *y, float *mu,
                        float *rs);
-/* dx += LN backward of dy; dg += colsum(dy xhat), db += colsum(dy) */
+/* dx += LN backward of dy; dg += colsum(dy xhat), db += colsum(dy), in one
+ * pass over x and dy: each fixed block of rows (8192 / C rows, at most 64)
+ * sums its rows in order in double, the blocks' sums are added in block
+ * order (the same bits on any thread count); rows wider than 512 columns
+ * are read again for each further 512 columns of dg, db */
 void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
                        const float *dy, float *dx, float *dg, float *db);
 

@@ -30,24 +30,30 @@ static void my_columns(int C, int *lo, int *hi)
     *hi = b1 * COLBLK < C ? b1 * COLBLK : C;
 }
 
+/* this member's share of bki_colsum_add (inside a region) */
+static void colsum_member(const float *a, int R, int C, int lda, float *out)
+{
+    int lo, hi;
+    my_columns(C, &lo, &hi);
+    for (int c0 = lo; c0 < hi; c0 += SWEEP) {
+        const int cn = hi - c0 < SWEEP ? hi - c0 : SWEEP;
+        double acc[SWEEP];
+        for (int c = 0; c < cn; c++) acc[c] = 0.0;
+        for (int r = 0; r < R; r++) {
+            const float *ar = a + (size_t)r * lda + c0;
+            for (int c = 0; c < cn; c++) acc[c] += ar[c];
+        }
+        for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
+    }
+}
+
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 {
     const int nt = bki_threads();
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
-        int lo, hi;
-        my_columns(C, &lo, &hi);
-        for (int c0 = lo; c0 < hi; c0 += SWEEP) {
-            const int cn = hi - c0 < SWEEP ? hi - c0 : SWEEP;
-            double acc[SWEEP];
-            for (int c = 0; c < cn; c++) acc[c] = 0.0;
-            for (int r = 0; r < R; r++) {
-                const float *ar = a + (size_t)r * lda + c0;
-                for (int c = 0; c < cn; c++) acc[c] += ar[c];
-            }
-            for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
-        }
+        colsum_member(a, R, C, lda, out);
     }
 }
 
@@ -241,16 +247,17 @@ void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const 
                          float *dx, float beta_dx, float *dW, float *db, const float *s)
 {
     const int nt = bki_threads();
-    if (dx || dW) {
+    if (!dx && !dW && !db) return;
+    /* one region: dx's tiles, dW's, then this member's columns of db (all
+     * read dy only and write apart: no barrier between) */
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
         const bki_team tm = region_team();
         if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, s ? gelu_grad_tile : NULL, &s);
         if (dW) bki_gemm(&tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+        if (db) colsum_member(dy, R, out, ldy, db);
     }
-    }
-    if (db) bki_colsum_add(dy, R, out, ldy, db);
 }
 
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,

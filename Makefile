@@ -126,7 +126,7 @@ TDECODE = $(BUILD)/test_decode
 
 PHONY_EXTRA = fuzz
 PHONY_EXTRA += repro-quick
-.PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench install uninstall clean deps
+.PHONY: $(PHONY_EXTRA) all lib test test-python check check-asan check-valgrind check-install oracle run demo bench bench-gemm install uninstall clean deps
 
 all: $(LIB_A) $(LIB_SO) $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -380,6 +380,13 @@ demo: deps
 
 bench: all
 	$(CLI) bench
+
+# the training step's Linear products and LayerNorm backward alone (a development benchmark on
+# the library's internal entry points; docs/PERFORMANCE.md)
+GEMMB = $(BUILD)/gemm_products
+$(GEMMB): $(BUILD)/obj/bench/gemm_products.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+bench-gemm: $(GEMMB)
 
 # what `make install` writes from templates: birkhoff.pc (pkg-config) and the CMake package
 # (cmake/*.cmake.in -> $(PREFIX)/lib/cmake/birkhoff: targets birkhoff::birkhoff and

@@ -1,0 +1,112 @@
+/* gemm_products.c -- the training step's Linear products and LayerNorm
+ * backward, timed alone on one thread (docs/PERFORMANCE.md, "Thin column
+ * tiles, row groups, one-pass LayerNorm, quiet engine").
+ *
+ *   make bench-gemm && build/gemm_products [rows]
+ *
+ * For each Linear of the benchmark's ViT (dim 128, MLP 256, QKV 384; rows =
+ * batch 64 x 50 tokens = 3200 by default): the forward y = x W^T, the input
+ * gradient dx = dy W and the weight gradient dW += dy^T x, each one
+ * bki_gemm over a one-member team inside a one-thread region (the
+ * library's own tiles and kernels, BLAS on the calling thread),
+ * then LayerNorm's backward over rows x 128 on the library's threads. The
+ * operands (1.6-4.9 MB) come from L3, as in the step. Best of 40 runs,
+ * GFLOP/s against the FMA peak measured in the same run. A development
+ * benchmark: it calls the library's internal entry points (src/core), so it
+ * links the static library. */
+#include "../src/core/internal.h"
+#include "../src/nn/layers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static float *filled(size_t n, unsigned seed)
+{
+    float *p = bk_alloc(n * sizeof(float));
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++) p[i] = (float)(((i + seed) * 2654435761u) % 1000u) / 1000.0f - 0.5f;
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    const int R = argc > 1 ? atoi(argv[1]) : 3200;
+    if (R < 1 || R > (1 << 22)) {
+        fprintf(stderr, "gemm_products: rows must be in [1, 4194304] (got %s)\n", argv[1]);
+        return 2;
+    }
+    double gflops, gexps;
+    bk_machine_peak(1.0, &gflops, &gexps); /* this core */
+    const double peak = gflops * 1e9;
+    printf("# %d rows, one thread, kernels %s, FMA peak %.1f GFLOP/s a core\n", R, bk_isa(), gflops);
+    printf("# Linear (in -> out)     fwd GF/s     dx GF/s     dW GF/s\n");
+    const int shapes[][2] = {{128, 384}, {128, 128}, {128, 256}, {256, 128}};
+    const char *names[] = {"QKV", "proj", "fc1", "fc2"};
+    const bki_team one = {0, 1};
+    int rc = 0;
+    for (int s = 0; s < 4 && !rc; s++) {
+        const int in = shapes[s][0], out = shapes[s][1];
+        float *x = filled((size_t)R * in, 1), *W = filled((size_t)out * in, 2), *y = filled((size_t)R * out, 3);
+        float *dy = filled((size_t)R * out, 4), *dx = filled((size_t)R * in, 5), *dW = filled((size_t)out * in, 6);
+        if (!x || !W || !y || !dy || !dx || !dW) {
+            fprintf(stderr, "gemm_products: out of memory\n");
+            rc = 1;
+        } else {
+            double best[3] = {1e30, 1e30, 1e30};
+            /* inside a one-thread region, as the library calls its GEMMs
+             * (FTZ/DAZ set, BLAS kept on the calling thread) */
+#pragma omp parallel num_threads(1)
+            {
+            BKI_REGION;
+            for (int rep = 0; rep < 40; rep++) {
+                double t0 = now_s();
+                bki_gemm(&one, 0, 1, R, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+                double t1 = now_s();
+                bki_gemm(&one, 0, 0, R, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
+                double t2 = now_s();
+                bki_gemm(&one, 1, 0, out, in, R, 1.0f, dy, out, x, in, 1.0f, dW, in);
+                double t3 = now_s();
+                const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
+                for (int k = 0; k < 3; k++)
+                    if (t[k] < best[k]) best[k] = t[k];
+            }
+            }
+            const double f = 2.0 * R * in * out;
+            printf("%-5s %3d -> %3d        %6.1f      %6.1f      %6.1f   (%.0f / %.0f / %.0f %% of peak)\n", names[s],
+                   in, out, f / best[0] * 1e-9, f / best[1] * 1e-9, f / best[2] * 1e-9, 100.0 * f / best[0] / peak,
+                   100.0 * f / best[1] / peak, 100.0 * f / best[2] / peak);
+        }
+        bk_free(x), bk_free(W), bk_free(y), bk_free(dy), bk_free(dx), bk_free(dW);
+    }
+    if (!rc) { /* LayerNorm backward, rows x 128, the library's threads */
+        const int C = 128;
+        float *x = filled((size_t)R * C, 7), *dy = filled((size_t)R * C, 8), *dx = filled((size_t)R * C, 9);
+        float *g = filled(C, 10), *b = filled(C, 11), *y = filled((size_t)R * C, 12);
+        float *mu = filled((size_t)R, 13), *rs = filled((size_t)R, 14), *dg = filled(C, 15), *db = filled(C, 16);
+        if (!x || !dy || !dx || !g || !b || !y || !mu || !rs || !dg || !db) {
+            fprintf(stderr, "gemm_products: out of memory\n");
+            rc = 1;
+        } else {
+            bki_layernorm_fwd(R, C, x, g, b, 1e-5f, y, mu, rs);
+            double best = 1e30;
+            for (int rep = 0; rep < 40; rep++) {
+                const double t0 = now_s();
+                bki_layernorm_bwd(R, C, x, mu, rs, g, dy, dx, dg, db);
+                const double t = now_s() - t0;
+                if (t < best) best = t;
+            }
+            printf("LayerNorm backward %d x %d, %d threads: %.3f ms\n", R, C, bk_get_num_threads(), best * 1e3);
+        }
+        bk_free(x), bk_free(dy), bk_free(dx), bk_free(g), bk_free(b), bk_free(y), bk_free(mu), bk_free(rs);
+        bk_free(dg), bk_free(db);
+    }
+    return rc;
+}

@@ -3,6 +3,7 @@
  * tiles, row groups, one-pass LayerNorm, quiet engine").
  *
  *   make bench-gemm && build/gemm_products [rows]
+ *   build/gemm_products --wide
  *
  * For each Linear of the benchmark's ViT (dim 128, MLP 256, QKV 384; rows =
  * batch 64 x 50 tokens = 3200 by default): the forward y = x W^T, the input
@@ -11,7 +12,10 @@
  * library's own tiles and kernels, BLAS on the calling thread),
  * then LayerNorm's backward over rows x 128 on the library's threads. The
  * operands (1.6-4.9 MB) come from L3, as in the step. Best of 40 runs,
- * GFLOP/s against the FMA peak measured in the same run. A development
+ * GFLOP/s against the FMA peak measured in the same run. --wide: products
+ * with wide outputs (M x N x K, no transposes) on the library's threads,
+ * where K decides between the thin kernel's 128-column tiles and OpenBLAS
+ * (src/core/gemm.c). A development
  * benchmark: it calls the library's internal entry points (src/core), so it
  * links the static library. */
 #include "../src/core/internal.h"
@@ -19,6 +23,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now_s(void)
@@ -36,8 +41,42 @@ static float *filled(size_t n, unsigned seed)
     return p;
 }
 
+/* M x N x K products on the library's threads (bki_gemm over a team of the
+ * region), best of 8 */
+static int wide(void)
+{
+    const int shapes[][3] = {{3200, 2048, 512}, {1024, 1024, 1024}, {3200, 512, 2048},
+                             {3200, 2048, 128}, {3200, 1024, 64},   {3200, 1536, 96}};
+    printf("# wide products, %d threads, kernels %s (GFLOP/s)\n", bk_get_num_threads(), bk_isa());
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = filled((size_t)M * K, 1), *B = filled((size_t)K * N, 2), *C = filled((size_t)M * N, 3);
+        if (!A || !B || !C) {
+            bk_free(A), bk_free(B), bk_free(C);
+            fprintf(stderr, "gemm_products: out of memory\n");
+            return 1;
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < 8; rep++) {
+            const double t0 = now_s();
+#pragma omp parallel num_threads(bk_get_num_threads())
+            {
+                BKI_REGION;
+                const bki_team tm = {bki_thread_id(), bki_region_size()};
+                bki_gemm(&tm, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+            }
+            const double t = now_s() - t0;
+            if (t < best) best = t;
+        }
+        printf("%5d x %5d x %5d   %6.1f\n", M, N, K, 2.0 * M * N * K / best * 1e-9);
+        bk_free(A), bk_free(B), bk_free(C);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--wide")) return wide();
     const int R = argc > 1 ? atoi(argv[1]) : 3200;
     if (R < 1 || R > (1 << 22)) {
         fprintf(stderr, "gemm_products: rows must be in [1, 4194304] (got %s)\n", argv[1]);

@@ -73,14 +73,16 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     int rb, cb;
     bki_gemm_tiles(M, N, &rb, &cb);
     int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K, cb);
-    if (thin < 0 && K >= 1 && cb > THIN_SIDE) {
-        /* columns too wide for the thin kernel: cut them to at most
-         * THIN_SIDE (as even as multiples of 16 allow) where that makes the
-         * rows stream. The QKV projection's 192-column BLAS tiles (M =
-         * 3200, N = 384): the training step 2 % faster; QK^T at N = 1024
-         * (512-column tiles): softmax forward 9 %, Sinkhorn f+b 7 % faster
-         * (docs/PERFORMANCE.md, "Thin column tiles"). Still a function of
-         * the shape and transposes only. */
+    if (thin < 0 && K >= 1 && K <= THIN_SIDE && cb > THIN_SIDE) {
+        /* columns too wide for the thin kernel, with a short inner
+         * dimension: cut them to at most THIN_SIDE (as even as multiples of
+         * 16 allow) where that makes the rows stream. The QKV projection's
+         * 192-column BLAS tiles (M = 3200, N = 384, K = 128): the training
+         * step 2 % faster; QK^T at N = 1024 (512-column tiles, K = 64):
+         * softmax forward 9 %, Sinkhorn f+b 7 % faster. With K >= 512
+         * OpenBLAS's blocking wins (3200 x 2048 x 512: 17-26 % slower
+         * thin), so a longer K keeps BLAS (docs/PERFORMANCE.md, "Thin column
+         * tiles"). Still a function of the shape and transposes only. */
         const int nc = (N + THIN_SIDE - 1) / THIN_SIDE, c = ((N + nc - 1) / nc + 15) & ~15;
         if (thin_orientation(gk, ta, tb, M, N, K, c) == 0) {
             cb = c;

@@ -234,6 +234,7 @@ void test_gemm(void)
     team_case(1, 0, 130, 70, 1500);  /* a weight gradient's shape: op(A) transposed, K in chunks */
     team_case(0, 1, 700, 600, 100);  /* thin: 120-column tiles where the shape's tiles were 200 wide */
     team_case(0, 1, 700, 600, 200);  /* BLAS: 200-column tiles (a packed 128-column panel of K = 200 is too large) */
+    team_case(0, 0, 700, 600, 300);  /* BLAS: 200-column tiles (K = 300 > 128: too long to cut the columns) */
     stream_case(&bki_gemm_kernels_avx2, "avx2");
     if (!strcmp(bk_isa(), "avx512")) stream_case(&bki_gemm_kernels_avx512, "avx512");
     stream_product();

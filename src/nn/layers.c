@@ -102,6 +102,7 @@ void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float
 void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
                        const float *dy, float *dx, float *dg, float *db)
 {
+    if (R < 1 || C < 1) return;
     const int nt = bki_threads();
     const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
     const int nblk = (R + rb - 1) / rb;

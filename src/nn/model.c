@@ -2257,10 +2257,12 @@ void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t 
     if (m->c.post_ln) bki_layernorm_fwd(R, D, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
 }
 
-/* backward: dX holds d(out). sub_bwd_in leaves dT = d(f's output) (the
- * dropout applied) and, post-LN, dX = d(residual sum); sub_bwd_out takes
+/* backward: dX holds d(out). sub_bwd_in returns d(f's output) and, post-LN,
+ * leaves dX = d(residual sum): with dropout, dT = dX with the dropout
+ * applied; without, dX itself (no copy: f's backward reads it and writes
+ * elsewhere, and dX is not changed before sub_bwd_out). sub_bwd_out takes
  * dT = d(f's input) into dX = d(x). */
-static void sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
+static const float *sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
 {
     const int D = m->c.dim;
     const size_t RD = (size_t)R * D;
@@ -2269,8 +2271,10 @@ static void sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
         bki_layernorm_bwd(R, D, n->ln, n->mu, n->rs, m->w + n->g, m->dX, m->dS, m->gw + n->g, m->gw + n->b);
         memcpy(m->dX, m->dS, sizeof(float) * RD);
     }
+    if (m->c.dropout <= 0.0f) return m->dX;
     memcpy(m->dT, m->dX, sizeof(float) * RD);
-    if (m->c.dropout > 0.0f) bki_dropout(m->dT, R, D, D, m->c.dropout, bki_dropout_key(m->seed, m->cur_count, site));
+    bki_dropout(m->dT, R, D, D, m->c.dropout, bki_dropout_key(m->seed, m->cur_count, site));
+    return m->dT;
 }
 static void sub_bwd_out(bk_model *m, int R, const float *x, const sub_norm *n)
 {
@@ -2314,8 +2318,8 @@ static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
     const blk_off *o = &m->bo[l];
     const int D = m->c.dim, M = m->c.mlp_dim;
     const sub_norm n = norm2(m, l);
-    sub_bwd_in(m, R, &n, site);
-    bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, m->dT, D, m->dM, 0.0f, m->gw + o->fc2_w,
+    const float *dy = sub_bwd_in(m, R, &n, site);
+    bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, dy, D, m->dM, 0.0f, m->gw + o->fc2_w,
                         m->gw + o->fc2_b, a->f1);
     bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
                    m->gw + o->fc1_b);
@@ -2369,8 +2373,8 @@ static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
     const int D = c->dim, I = m->I, R = B * m->T;
     if (c->mlp_dim > 0) mlp_bwd(m, l, R, a->mid, 2 + 2 * l);
     const sub_norm n1 = norm1(m, l);
-    sub_bwd_in(m, R, &n1, 1 + 2 * l);
-    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, m->dT, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    const float *dy = sub_bwd_in(m, R, &n1, 1 + 2 * l);
+    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
     bk_status st = attn_backward(m, l, B);
     if (st) return st;
     /* qkv = h Wqkv^T: three blocks of rows of W, one per q / k / v */
@@ -2452,8 +2456,8 @@ static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, con
     const bk_tensor dA = {m->dA, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32},
                     dk = {m->dk, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32};
     const sub_norm nc = normc(m, L);
-    sub_bwd_in(m, Rq, &nc, site);
-    bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, m->dT, D, m->dA, 0.0f, m->gw + o->cproj_w,
+    const float *dy = sub_bwd_in(m, Rq, &nc, site);
+    bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, dy, D, m->dA, 0.0f, m->gw + o->cproj_w,
                    m->gw + o->cproj_b);
     bk_status st = site_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
     if (st) return st;
@@ -2518,8 +2522,8 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
     if ((st = cross_bwd(m, L, B, &cs, a->mid, m->fin, m->dMem, site + 1))) return st;
     /* causal self-attention */
     const sub_norm n1 = norm1(m, L);
-    sub_bwd_in(m, Rd, &n1, site);
-    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, m->dT, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    const float *dy = sub_bwd_in(m, Rd, &n1, site);
+    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
     if ((st = site_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
     float *dsrc[3] = {m->dq, m->dk, m->dv};
     const float *h = sub_h(m, &n1, xin);

@@ -195,10 +195,12 @@ void bki_gelu_bwd(size_t n, const float *z, const float *dy, float *dz) { gelu_p
  * GELU (forward), gelu' (backward, on dx) run on each tile right after its
  * call, while it is in cache, instead of as passes of their own. */
 
-/* the forward's epilogue: + b (nullable), then where asked g = gelu(y) and
- * y := gelu'(y), the slope the backward needs (g has y's row stride) */
+/* the forward's epilogue: + b (nullable), then + the residual res (nullable,
+ * row stride ldr), then where asked g = gelu(y) and y := gelu'(y), the slope
+ * the backward needs (g has y's row stride) */
 typedef struct {
-    const float *b;
+    const float *b, *res;
+    ptrdiff_t ldr;
     float *g;
 } fwd_ep;
 static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
@@ -209,21 +211,39 @@ static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdi
         float *y = Ct + (ptrdiff_t)i * ldc;
         if (e->b)
             for (int j = 0; j < nj; j++) y[j] += e->b[j0 + j];
+        if (e->res) {
+            const float *r = e->res + (ptrdiff_t)(i0 + i) * e->ldr + j0;
+            for (int j = 0; j < nj; j++) y[j] += r[j];
+        }
         if (e->g) K->gelu_keep_slope((size_t)nj, y, e->g + (ptrdiff_t)(i0 + i) * ldc + j0);
+    }
+}
+
+static void linear_fwd_ep(int R, int in, int out, const float *x, int ldx, const float *W, float *y, int ldy,
+                          fwd_ep *e)
+{
+    const int nt = bki_threads();
+    const int any = e->b || e->res || e->g;
+#pragma omp parallel num_threads(nt)
+    {
+        BKI_REGION;
+        const bki_team tm = region_team();
+        bki_gemm_ep(&tm, 0, 1, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy, any ? fwd_tile : NULL, e);
     }
 }
 
 void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                          int ldy, float *g)
 {
-    const int nt = bki_threads();
-    fwd_ep e = {b, g};
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        const bki_team tm = region_team();
-        bki_gemm_ep(&tm, 0, 1, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy, b || g ? fwd_tile : NULL, &e);
-    }
+    fwd_ep e = {b, NULL, 0, g};
+    linear_fwd_ep(R, in, out, x, ldx, W, y, ldy, &e);
+}
+
+void bki_linear_fwd_res(int R, int in, int out, const float *x, int ldx, const float *W, const float *b,
+                        const float *res, int ldr, float *y, int ldy)
+{
+    fwd_ep e = {b, res, ldr, NULL};
+    linear_fwd_ep(R, in, out, x, ldx, W, y, ldy, &e);
 }
 
 void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,

@@ -21,6 +21,12 @@ void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float
  * of bki_linear_fwd then bki_gelu_fwd */
 void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                          int ldy, float *g);
+/* y = x W^T + b + res ([R,out], res's row stride ldr; b nullable): a
+ * residual sublayer's last Linear with the bias and the residual added in
+ * the GEMM tiles, bits as bki_linear_fwd then y += b, then y += res. res
+ * must not alias y */
+void bki_linear_fwd_res(int R, int in, int out, const float *x, int ldx, const float *W, const float *b,
+                        const float *res, int ldr, float *y, int ldy);
 /* the backward of a Linear whose input x = gelu(z): as bki_linear_bwd, then
  * dx *= s, s = gelu'(z) as bki_linear_fwd_gelu left it in y ([R,in], row
  * stride in; s nullable: bki_linear_bwd), fused into dx's GEMM tiles; bits

@@ -2249,12 +2249,34 @@ const float *bki_sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
     return n->ln;
 }
 float *bki_sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
+/* post-LN: out = LN(y), y the residual sum */
+static void sub_norm_out(bk_model *m, int R, const sub_norm *n, const float *y, float *out)
+{
+    if (m->c.post_ln) bki_layernorm_fwd(R, m->c.dim, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
+}
 void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
 {
     const int D = m->c.dim;
     float *y = bki_sub_y(m, n, out);
     residual_add(R, D, x, y, m->w + bias, p, bki_dropout_key(m->seed, m->cur_count, site));
-    if (m->c.post_ln) bki_layernorm_fwd(R, D, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
+    sub_norm_out(m, R, n, y, out);
+}
+/* f's last Linear (a [R, in] through the weights at w, bias at offset
+ * bias) and the sublayer's end (bki_sub_out). Without dropout the bias and
+ * the residual x are added in the Linear's GEMM tiles instead of two passes
+ * of their own: the same bits, (y + b) + x */
+static void sub_last(bk_model *m, int R, int in, const float *a, int64_t w, int64_t bias, float p, int site,
+                     const float *x, const sub_norm *n, float *out)
+{
+    const int D = m->c.dim;
+    float *y = bki_sub_y(m, n, out);
+    if (p > 0.0f) {
+        bki_linear_fwd(R, in, D, a, in, m->w + w, NULL, y, D);
+        bki_sub_out(m, R, x, n, bias, p, site, out);
+        return;
+    }
+    bki_linear_fwd_res(R, in, D, a, in, m->w + w, m->w + bias, x, D, y, D);
+    sub_norm_out(m, R, n, y, out);
 }
 
 /* backward: dX holds d(out). sub_bwd_in returns d(f's output) and, post-LN,
@@ -2309,8 +2331,7 @@ static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float
     const sub_norm n = norm2(m, l);
     const float *h = bki_sub_in(m, R, x, &n);
     bki_linear_fwd_gelu(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M, a->g1);
-    bki_linear_fwd(R, M, D, a->g1, M, m->w + o->fc2_w, NULL, bki_sub_y(m, &n, out), D);
-    bki_sub_out(m, R, x, &n, o->fc2_b, p, site, out);
+    sub_last(m, R, M, a->g1, o->fc2_w, o->fc2_b, p, site, x, &n, out);
 }
 static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
 {
@@ -2339,8 +2360,7 @@ static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int tr
     bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
     bk_status st = attn_forward(m, l, B, train, NULL);
     if (st) return st;
-    bki_linear_fwd(R, I, D, a->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, a->mid), D);
-    bki_sub_out(m, R, x, &n1, o->proj_b, p, 1 + 2 * l, a->mid);
+    sub_last(m, R, I, a->att, o->proj_w, o->proj_b, p, 1 + 2 * l, x, &n1, a->mid);
     if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
     return BK_OK;
 }
@@ -2436,8 +2456,7 @@ static bk_status cross_fwd(bk_model *m, int L, int B, const cross_shape *cs, con
     bki_linear_fwd(Rk, D, 2 * I, mem, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
     bk_status st = site_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
     if (st) return st;
-    bki_linear_fwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, out), D);
-    bki_sub_out(m, Rq, x, &nc, o->cproj_b, p, site, out);
+    sub_last(m, Rq, I, a->catt, o->cproj_w, o->cproj_b, p, site, x, &nc, out);
     return BK_OK;
 }
 
@@ -2491,8 +2510,7 @@ static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int tr
     bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
     bk_status st = site_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
     if (st) return st;
-    bki_linear_fwd(Rd, I, D, a->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, a->mid), D);
-    bki_sub_out(m, Rd, x, &n1, o->proj_b, p, site, a->mid);
+    sub_last(m, Rd, I, a->att, o->proj_w, o->proj_b, p, site, x, &n1, a->mid);
     /* cross-attention: queries from the stream, keys and values from the
      * encoder's output */
     const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};

@@ -7,15 +7,16 @@
 
 #include <cblas.h>
 
+/* the width of N columns cut in `parts` tiles as even as multiples of 16 allow */
+static int even_cols(int N, int parts) { return ((N + parts - 1) / parts + 15) & ~15; }
+
 void bki_gemm_tiles(int M, int N, int *rb, int *cb)
 {
     *rb = bki_gemm_block(M);
     const int nr = bki_nblocks(M, *rb);
     /* at most 8 row tiles: cut the columns too, to about 16 tiles in all
      * (team sharing; columns of at least 64) */
-    const int nc = (16 + nr - 1) / nr;
-    int c = (N + nc - 1) / nc;
-    c = (c + 15) & ~15;
+    const int c = even_cols(N, (16 + nr - 1) / nr);
     *cb = c < 64 ? 64 : c;
     if (*cb > N) *cb = N;
 }
@@ -55,6 +56,27 @@ static int thin_orientation(const bki_gemm_kernels *gk, int ta, int tb, int M, i
     return cols_ok ? 1 : -1;
 }
 
+/* A product's tiles (bki_gemm_tiles) and its route: the thin orientation,
+ * or -1 for BLAS. Columns too wide for the thin kernel, with a short inner
+ * dimension, are cut to at most THIN_SIDE where that makes the rows stream:
+ * the QKV projection's 192-column BLAS tiles (M = 3200, N = 384, K = 128):
+ * the training step 2 % faster; QK^T at N = 1024 (512-column tiles, K =
+ * 64): softmax forward 9 %, Sinkhorn f+b 7 % faster. With K >= 512
+ * OpenBLAS's blocking wins (3200 x 2048 x 512: 17-26 % slower thin), so a
+ * longer K keeps BLAS (docs/PERFORMANCE.md, "Thin column tiles"). A function
+ * of the shape and transposes only. */
+static int route(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K, int *rb, int *cb)
+{
+    bki_gemm_tiles(M, N, rb, cb);
+    if (K < 1) return -1;
+    const int thin = thin_orientation(gk, ta, tb, M, N, K, *cb);
+    if (thin >= 0 || K > THIN_SIDE || *cb <= THIN_SIDE) return thin;
+    const int c = even_cols(N, (N + THIN_SIDE - 1) / THIN_SIDE);
+    if (thin_orientation(gk, ta, tb, M, N, K, c) != 0) return -1;
+    *cb = c;
+    return 0;
+}
+
 /* An output of at least STREAM_FLOATS floats (16 MiB) is written with
  * non-temporal stores where the thin kernel writes whole aligned lines
  * (beta == 0 and no epilogue, which would read the tile back): it will not
@@ -71,24 +93,7 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     if (M < 1 || N < 1) return;
     const bki_gemm_kernels *gk = bki_kern()->gemm;
     int rb, cb;
-    bki_gemm_tiles(M, N, &rb, &cb);
-    int thin = K < 1 ? -1 : thin_orientation(gk, ta, tb, M, N, K, cb);
-    if (thin < 0 && K >= 1 && K <= THIN_SIDE && cb > THIN_SIDE) {
-        /* columns too wide for the thin kernel, with a short inner
-         * dimension: cut them to at most THIN_SIDE (as even as multiples of
-         * 16 allow) where that makes the rows stream. The QKV projection's
-         * 192-column BLAS tiles (M = 3200, N = 384, K = 128): the training
-         * step 2 % faster; QK^T at N = 1024 (512-column tiles, K = 64):
-         * softmax forward 9 %, Sinkhorn f+b 7 % faster. With K >= 512
-         * OpenBLAS's blocking wins (3200 x 2048 x 512: 17-26 % slower
-         * thin), so a longer K keeps BLAS (docs/PERFORMANCE.md, "Thin column
-         * tiles"). Still a function of the shape and transposes only. */
-        const int nc = (N + THIN_SIDE - 1) / THIN_SIDE, c = ((N + nc - 1) / nc + 15) & ~15;
-        if (thin_orientation(gk, ta, tb, M, N, K, c) == 0) {
-            cb = c;
-            thin = 0;
-        }
-    }
+    const int thin = route(gk, ta, tb, M, N, K, &rb, &cb);
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
     int lo, hi;
     bki_team_share(tm, nr * nc, &lo, &hi);

@@ -132,14 +132,20 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
                             s2 += dxh * ((xr[c] - mr) * rr);
                         }
                         const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
+                        /* and the first stretch's partial sums from the same xhat */
                         for (int c = 0; c < C; c++) {
                             const float xh = (xr[c] - mr) * rr;
                             dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
+                            if (c < cn) {
+                                pg[c] += (double)dr[c] * xh;
+                                pb[c] += dr[c];
+                            }
                         }
-                    }
-                    for (int c = 0; c < cn; c++) {
-                        pg[c] += (double)dr[c0 + c] * ((xr[c0 + c] - mr) * rr);
-                        pb[c] += dr[c0 + c];
+                    } else {
+                        for (int c = 0; c < cn; c++) {
+                            pg[c] += (double)dr[c0 + c] * ((xr[c0 + c] - mr) * rr);
+                            pb[c] += dr[c0 + c];
+                        }
                     }
                 }
 #pragma omp ordered

@@ -128,9 +128,15 @@ static inline void tr8(const float *src, ptrdiff_t ss, float *dst, ptrdiff_t ds)
 }
 
 /* R rows (a compile-time constant after inlining) x one NR-column block at
- * column j0 with nc <= NR valid columns */
+ * column j0 with nc <= NR valid columns. U: the streamed rows are adjacent
+ * floats (rs == 1: a transposed op(A), as in a weight gradient dY^T X, or
+ * the columns of op(B)), a compile-time constant, so that the R broadcasts
+ * of a k take immediate offsets instead of R - 1 index registers (with rs
+ * in a register GCC kept the offsets in spilled registers and reloaded the
+ * loop bound from the stack in the k loop: the weight gradients' products
+ * with operands in L2 ran at 69 % of the FMA peak, 84 % with U) */
 static inline __attribute__((always_inline)) void micro(const gk_args *g, int R, int i0, int j0, int nc, const float *pf,
-                                                        const int ST)
+                                                        const int ST, const int U)
 {
     vf acc0[MR], acc1[MR];
     if (g->first)
@@ -142,7 +148,7 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
             acc1[r] = V_LOAD(w + VL);
         }
     const float *a = g->a + (ptrdiff_t)i0 * g->rs, *b = g->b + j0;
-    const ptrdiff_t rs = g->rs, ks = g->ks, bs = g->bs;
+    const ptrdiff_t rs = U ? 1 : g->rs, ks = g->ks, bs = g->bs;
     int k = 0;
     if (nc == NR && pf) { /* and fetch the next rows' stretch of the streamed operand meanwhile */
         /* rows of 8 k (rs > 1) or 8 rows of k (rs == 1: the next rows share
@@ -231,7 +237,7 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
 /* ST: the stores stream (a compile-time constant: the ordinary path's code is
  * that of a kernel without streaming) */
 static inline __attribute__((always_inline)) void rows_body(const gk_args *g, int i0, int i1, int N, const float *nxt,
-                                                            int nxt_rows, const int ST)
+                                                            int nxt_rows, const int ST, const int U)
 {
     for (int i = i0; i < i1; i += MR) {
         const int R = i1 - i < MR ? i1 - i : MR;
@@ -246,15 +252,15 @@ static inline __attribute__((always_inline)) void rows_body(const gk_args *g, in
             const int nc = N - j < NR ? N - j : NR;
             const float *p = j ? NULL : pf;
             switch (R) { /* one specialised body per row count */
-            case MR: micro(g, MR, i, j, nc, p, ST); break;
-            case 1: micro(g, 1, i, j, nc, NULL, ST); break;
-            case 2: micro(g, 2, i, j, nc, NULL, ST); break;
-            case 3: micro(g, 3, i, j, nc, NULL, ST); break;
-            case 4: micro(g, 4, i, j, nc, NULL, ST); break;
-            case 5: micro(g, 5, i, j, nc, NULL, ST); break;
+            case MR: micro(g, MR, i, j, nc, p, ST, U); break;
+            case 1: micro(g, 1, i, j, nc, NULL, ST, U); break;
+            case 2: micro(g, 2, i, j, nc, NULL, ST, U); break;
+            case 3: micro(g, 3, i, j, nc, NULL, ST, U); break;
+            case 4: micro(g, 4, i, j, nc, NULL, ST, U); break;
+            case 5: micro(g, 5, i, j, nc, NULL, ST, U); break;
 #if MR > 6
-            case 6: micro(g, 6, i, j, nc, NULL, ST); break;
-            case 7: micro(g, 7, i, j, nc, NULL, ST); break;
+            case 6: micro(g, 6, i, j, nc, NULL, ST, U); break;
+            case 7: micro(g, 7, i, j, nc, NULL, ST, U); break;
 #endif
             default: break;
             }
@@ -264,8 +270,9 @@ static inline __attribute__((always_inline)) void rows_body(const gk_args *g, in
 
 static void run_rows(const gk_args *g, int i0, int i1, int N, const float *nxt, int nxt_rows)
 {
-    if (g->stream) rows_body(g, i0, i1, N, nxt, nxt_rows, 1);
-    else rows_body(g, i0, i1, N, nxt, nxt_rows, 0);
+    if (g->stream) rows_body(g, i0, i1, N, nxt, nxt_rows, 1, 0);
+    else if (g->rs == 1) rows_body(g, i0, i1, N, nxt, nxt_rows, 0, 1);
+    else rows_body(g, i0, i1, N, nxt, nxt_rows, 0, 0);
 }
 
 /* K in chunks: the reused operand's chunk (KC_FLOATS floats of its padded

@@ -220,6 +220,56 @@ static void stream_product(void)
     free(A), free(B), free(C0), bk_free(C1);
 }
 
+/* bki_gemm_ep's epilogue: on the thin kernel's rows-streamed route it runs
+ * on each block of micro-tile rows as the kernel stores them (K chunks
+ * included), on the other routes on each tile. Either way every output
+ * element must pass through it exactly once, with its own coordinates,
+ * after its whole product: the result is bitwise that of bki_gemm followed
+ * by the same function, on teams of one to three. */
+typedef struct {
+    unsigned char *seen;
+    int N;
+} ep_probe;
+static void ep_mark(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
+{
+    ep_probe *p = arg;
+    for (int i = 0; i < mi; i++)
+        for (int j = 0; j < nj; j++) {
+            Ct[(ptrdiff_t)i * ldc + j] = Ct[(ptrdiff_t)i * ldc + j] * 0.5f + (float)((i0 + i) * 3 + (j0 + j));
+            p->seen[(size_t)(i0 + i) * p->N + (j0 + j)]++;
+        }
+}
+static void ep_case(int ta, int tb, int M, int N, int K)
+{
+    th_rng r = {0xe9u + (unsigned)(M + N + K)};
+    const int lda = ta ? M : K, ldb = tb ? K : N;
+    const size_t mn = (size_t)M * N;
+    float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N);
+    float *C0 = malloc(sizeof(float) * mn), *C1 = malloc(sizeof(float) * mn);
+    unsigned char *seen = malloc(mn);
+    fill(&r, A, (size_t)M * K);
+    fill(&r, B, (size_t)K * N);
+    bki_gemm(&BKI_SOLO, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C0, N);
+    ep_probe p0 = {seen, N};
+    ep_mark(&p0, 0, 0, M, N, C0, N); /* the reference: the same function once over the whole output */
+    for (int nt = 1; nt <= 3; nt++) {
+        memset(seen, 0, mn);
+        ep_probe p = {seen, N};
+#pragma omp parallel num_threads(nt)
+        {
+            const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
+            bki_gemm_ep(&tm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C1, N, ep_mark, &p);
+        }
+        int once = 1;
+        for (size_t e = 0; e < mn; e++) once &= seen[e] == 1;
+        const int same = !memcmp(C0, C1, sizeof(float) * mn);
+        th_check(once && same, "gemm epilogue: every element once, after its product",
+                 "ta %d tb %d %dx%dx%d, %d member(s): %s, %s", ta, tb, M, N, K, nt,
+                 once ? "each element once" : "NOT ONCE", same ? "bitwise equal" : "DIFFER");
+    }
+    free(A), free(B), free(C0), free(C1), free(seen);
+}
+
 void test_gemm(void)
 {
     if (TH.filter && !strstr("gemm", TH.filter)) return;
@@ -238,4 +288,8 @@ void test_gemm(void)
     stream_case(&bki_gemm_kernels_avx2, "avx2");
     if (!strcmp(bk_isa(), "avx512")) stream_case(&bki_gemm_kernels_avx512, "avx512");
     stream_product();
+    ep_case(0, 1, 3200, 256, 128); /* rows streamed, 128-column tiles, K in chunks (the MLP's first Linear) */
+    ep_case(0, 0, 1003, 100, 37);  /* rows streamed, a row remainder of the micro-tile, one chunk */
+    ep_case(1, 0, 40, 3001, 48);   /* columns streamed: the epilogue on each tile */
+    ep_case(0, 1, 700, 600, 200);  /* BLAS tiles */
 }

@@ -435,7 +435,8 @@ static void set_features(const bki_team *tm, const bk_otk_desc *d, const bk_otk_
     const float alpha = 1.0f / (p->sigma * p->sigma);
     for (int i = i0; i < i1; i++) {
         const float *xi = x + i * ldx;
-        double s2 = 0.0;
+        double s2 = 0.0; /* in vector lanes: a serial chain of d double adds cost 7 % of the forward */
+#pragma omp simd reduction(+ : s2)
         for (int c = 0; c < dd; c++) s2 += (double)xi[c] * xi[c];
         const float r = sqrtf(fmaxf((float)s2, OTK_NORM2_MIN));
         w->r[i] = (float)s2 >= OTK_NORM2_MIN ? r : -r; /* sign marks a clamped norm */
@@ -973,10 +974,11 @@ static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, cons
         float cx = 0.0f;
         float *gi = g + (size_t)i * k;
         const float *bi = w->Bm + (size_t)i * k, *ei = w->Ex + (size_t)i * k;
-        for (int l = 0; l < k; l++) {
-            gi[l] *= bi[l] * ir;
-            cx = fmaf(gi[l], c1 - ei[l], cx);
-        }
+        for (int l = 0; l < k; l++) gi[l] *= bi[l] * ir;
+        /* in vector lanes (a serial chain of k fused multiply-adds per row
+         * cost 4 % of the backward) */
+#pragma omp simd reduction(+ : cx)
+        for (int l = 0; l < k; l++) cx += gi[l] * (c1 - ei[l]);
         w->dpsi[(size_t)i * k] = w->r[i] > 0.0f ? cx : 0.0f; /* reuse: per-row coefficient */
     }
     bki_team_sync(tm);

@@ -153,6 +153,66 @@ void bk_optim_free(bk_optim *o)
     free(o);
 }
 
+/* the sum of squares of the gradient, in double: fixed blocks of
+ * NORM_BLOCK floats (a function of P only), each summed in vector lanes,
+ * the block sums added in block order (an ordered loop): the same bits on
+ * any thread count. (A serial chain of P dependent adds ran on one thread
+ * while the others waited: 0.6 ms of a 60 ms training step.) */
+#define NORM_BLOCK 16384
+static double grad_sumsq(const float *g, int64_t P, int nt)
+{
+    const int64_t nb = (P + NORM_BLOCK - 1) / NORM_BLOCK;
+    double ss = 0.0;
+#pragma omp parallel num_threads(nt) if (P > 65536)
+    {
+        BKI_REGION;
+#pragma omp for ordered schedule(static, 1)
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const int64_t i0 = blk * NORM_BLOCK, i1 = i0 + NORM_BLOCK < P ? i0 + NORM_BLOCK : P;
+            double s = 0.0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; i++) s += (double)g[i] * g[i];
+#pragma omp ordered
+            ss += s;
+        }
+    }
+    return ss;
+}
+
+/* the updates of elements [a, b) of the flat arrays (s0, s1: the state,
+ * NULL where the kind keeps none) */
+static void sgd_range(const bk_optim_config *c, int first, float lr, float wd, float gs, float *pw, const float *pg,
+                      float *m0, int64_t a, int64_t b)
+{
+    const float mu = c->momentum;
+    for (int64_t i = a; i < b; i++) {
+        float gi = pg[i] * gs;
+        if (wd > 0.0f) gi += wd * pw[i];
+        if (mu > 0.0f) {
+            m0[i] = first ? gi : mu * m0[i] + gi;
+            gi = c->nesterov ? gi + mu * m0[i] : m0[i];
+        }
+        pw[i] -= lr * gi;
+    }
+}
+
+static void adam_range(const bk_optim_config *c, int adamw, float lr, float wd, float gs, float step_size, float bc2s,
+                       float *pw, const float *pg, float *m0, float *m1, int64_t a, int64_t b)
+{
+    const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+    for (int64_t i = a; i < b; i++) {
+        float gi = pg[i] * gs;
+        if (adamw)
+            pw[i] *= 1.0f - lr * wd;
+        else if (wd > 0.0f)
+            gi += wd * pw[i];
+        m0[i] = b1 * m0[i] + (1.0f - b1) * gi;
+        m1[i] = b2 * m1[i] + (1.0f - b2) * gi * gi;
+        const float denom = sqrtf(m1[i]) / bc2s + eps;
+        pw[i] -= step_size * (m0[i] / denom);
+    }
+}
+
 bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
 {
     if (!o || !m) return bki_fail(BK_ERR_NULL, "bk_optim_step: NULL argument");
@@ -162,10 +222,8 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
     float *w = bk_model_params(m), *g = bk_model_grads(m);
     int np;
     const bki_param *tab = bki_model_table(m, &np);
-    /* global norm in parameter order (double): independent of threads */
-    double ss = 0.0;
-    for (int64_t i = 0; i < o->P; i++) ss += (double)g[i] * g[i];
-    const double norm = sqrt(ss);
+    const int nt = bki_threads();
+    const double norm = sqrt(grad_sumsq(g, o->P, nt));
     if (gnorm) *gnorm = norm;
     if (!isfinite(norm)) return bki_fail(BK_ERR_NONFINITE, "bk_optim_step: non-finite gradient norm; update refused");
     const bk_optim_config *c = &o->c;
@@ -175,49 +233,25 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
     const int64_t t = o->step + 1;
     const float bc1 = 1.0f - powf(c->beta1, (float)t), bc2 = 1.0f - powf(c->beta2, (float)t);
     const float bc2s = sqrtf(bc2), step_size = lr / bc1;
-    const int nt = bki_threads();
-    for (int pi = 0; pi < np; pi++) {
-        const bki_param *p = &tab[pi];
-        const float wd = p->decay ? c->weight_decay : 0.0f;
-        float *pw = w + p->off, *pg = g + p->off;
-        float *m0 = o->s0 ? o->s0 + p->off : NULL, *m1 = o->s1 ? o->s1 + p->off : NULL;
-        const int64_t n = p->count;
-        if (c->kind == BK_OPT_SGD) {
-            const float mu = c->momentum;
-            const int first = o->step == 0;
-#pragma omp parallel num_threads(nt) if (n > 65536)
+    /* one region over the flat parameter array, cut evenly among the
+     * threads (each element's update is the same arithmetic wherever it
+     * runs); a member walks the tensors its range overlaps. (One region a
+     * tensor, each below 65536 floats serial, left the other threads idle
+     * for the whole update.) */
+#pragma omp parallel num_threads(nt) if (o->P > 65536)
     {
         BKI_REGION;
-#pragma omp for schedule(static)
-                for (int64_t i = 0; i < n; i++) {
-                    float gi = pg[i] * gs;
-                    if (wd > 0.0f) gi += wd * pw[i];
-                    if (mu > 0.0f) {
-                        m0[i] = first ? gi : mu * m0[i] + gi;
-                        gi = c->nesterov ? gi + mu * m0[i] : m0[i];
-                    }
-                    pw[i] -= lr * gi;
-                }
-    }
-        } else {
-            const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
-            const int adamw = c->kind == BK_OPT_ADAMW;
-#pragma omp parallel num_threads(nt) if (n > 65536)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-                for (int64_t i = 0; i < n; i++) {
-                    float gi = pg[i] * gs;
-                    if (adamw)
-                        pw[i] *= 1.0f - lr * wd;
-                    else if (wd > 0.0f)
-                        gi += wd * pw[i];
-                    m0[i] = b1 * m0[i] + (1.0f - b1) * gi;
-                    m1[i] = b2 * m1[i] + (1.0f - b2) * gi * gi;
-                    const float denom = sqrtf(m1[i]) / bc2s + eps;
-                    pw[i] -= step_size * (m0[i] / denom);
-                }
-    }
+        const int64_t nth = bki_region_size(), tid = bki_thread_id(), per = ((o->P + nth - 1) / nth + 15) / 16 * 16;
+        const int64_t lo = tid * per < o->P ? tid * per : o->P, hi = lo + per < o->P ? lo + per : o->P;
+        for (int pi = 0; pi < np && lo < hi; pi++) {
+            const bki_param *p = &tab[pi];
+            const int64_t a = p->off > lo ? p->off : lo, b = p->off + p->count < hi ? p->off + p->count : hi;
+            if (a >= b) continue;
+            const float wd = p->decay ? c->weight_decay : 0.0f;
+            if (c->kind == BK_OPT_SGD)
+                sgd_range(c, o->step == 0, lr, wd, gs, w, g, o->s0, a, b);
+            else
+                adam_range(c, c->kind == BK_OPT_ADAMW, lr, wd, gs, step_size, bc2s, w, g, o->s0, o->s1, a, b);
         }
     }
     o->step++;

@@ -724,23 +724,30 @@ static void test_optim_formulas(void)
     /* AdamW, SGD and clipping on a tiny model against the formulas in double */
     const char *kinds[] = {"kind=adamw,lr=0.01,weight_decay=0.1,clip=0.5", "kind=adam,lr=0.01,weight_decay=0.1",
                            "kind=sgd,lr=0.1,momentum=0.9,weight_decay=0.1"};
-    for (int k = 0; k < 3; k++) {
-        bk_model *m = model_from("dim=8,depth=1,heads=2,mlp_dim=0,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
+    /* a tiny model, and one of more than 65536 parameters (the update and
+     * the gradient norm then run on the library's threads, the norm in
+     * several blocks) */
+    const char *sizes[] = {"dim=8,depth=1,heads=2,mlp_dim=0,image_h=4,image_w=4,patch=2,classes=3",
+                           "dim=64,depth=2,heads=2,mlp_dim=192,image_h=8,image_w=8,patch=2,classes=5"};
+    for (int k = 0; k < 6; k++) {
+        bk_model *m = model_from(sizes[k / 3], 1, 2);
         if (!m) return;
         bk_optim_config oc = bk_optim_config_default();
-        bk_optim_config_parse(&oc, kinds[k]);
+        bk_optim_config_parse(&oc, kinds[k % 3]);
         bk_optim *o = NULL;
         bk_optim_create(&oc, m, &o);
         const int64_t P = bk_model_num_params(m);
+        if (k / 3) th_check(P > 3 * 16384, "optimiser: the larger model has several norm blocks", "P = %lld", (long long)P);
         double *w = malloc(sizeof(double) * (size_t)P), *m1 = calloc((size_t)P, sizeof(double)),
                *m2 = calloc((size_t)P, sizeof(double));
         for (int64_t i = 0; i < P; i++) w[i] = bk_model_params(m)[i];
         th_rng r = {3};
-        double err = 0;
+        double err = 0, nerr = 0;
         for (int t = 1; t <= 3; t++) {
             for (int64_t i = 0; i < P; i++) bk_model_grads(m)[i] = (float)th_normal(&r);
             double ss = 0;
             for (int64_t i = 0; i < P; i++) ss += (double)bk_model_grads(m)[i] * bk_model_grads(m)[i];
+            double gn = 0;
             double gs = oc.clip > 0 && sqrt(ss) > oc.clip ? oc.clip / (sqrt(ss) + 1e-6) : 1.0;
             for (int pi = 0; pi < bk_model_param_count(m); pi++) {
                 bk_param_info in;
@@ -761,15 +768,53 @@ static void test_optim_formulas(void)
                     }
                 }
             }
-            bk_optim_step(o, m, NULL);
+            bk_optim_step(o, m, &gn);
+            nerr = fmax(nerr, fabs(gn - sqrt(ss)) / sqrt(ss));
         }
         for (int64_t i = 0; i < P; i++) err = fmax(err, fabs(bk_model_params(m)[i] - w[i]));
-        th_check(err < 2e-6, "optimiser update matches its formula (3 steps)", "%s: err %.2e", kinds[k], err);
+        th_check(err < 2e-6 && nerr < 1e-13, "optimiser update matches its formula (3 steps)",
+                 "%s, %lld parameters: err %.2e, gradient norm relative err %.2e", kinds[k % 3], (long long)P, err, nerr);
         free(w);
         free(m1);
         free(m2);
         bk_optim_free(o);
         bk_model_free(m);
+    }
+    /* the larger model's update and norm: bitwise the same on 1, 2 and 3
+     * threads (the update's ranges and the norm's blocks do not depend on
+     * the thread count) */
+    for (int k = 0; k < 3; k++) {
+        float *ref = NULL;
+        double gref = 0;
+        int same = 1;
+        for (int nt = 1; nt <= 3; nt++) {
+            bk_set_num_threads(nt);
+            bk_model *m = model_from(sizes[1], 1, 2);
+            if (!m) break;
+            bk_optim_config oc = bk_optim_config_default();
+            bk_optim_config_parse(&oc, kinds[k]);
+            bk_optim *o = NULL;
+            bk_optim_create(&oc, m, &o);
+            const int64_t P = bk_model_num_params(m);
+            th_rng r = {17};
+            double gn = 0;
+            for (int t = 0; t < 3; t++) {
+                for (int64_t i = 0; i < P; i++) bk_model_grads(m)[i] = (float)th_normal(&r);
+                bk_optim_step(o, m, &gn);
+            }
+            if (!ref) {
+                ref = malloc(sizeof(float) * (size_t)P);
+                memcpy(ref, bk_model_params(m), sizeof(float) * (size_t)P);
+                gref = gn;
+            } else {
+                same &= !memcmp(ref, bk_model_params(m), sizeof(float) * (size_t)P) && gn == gref;
+            }
+            bk_optim_free(o);
+            bk_model_free(m);
+        }
+        bk_set_num_threads(0);
+        th_check(same, "optimiser: bitwise the same update and norm on 1, 2, 3 threads", "%s", kinds[k]);
+        free(ref);
     }
 }
 

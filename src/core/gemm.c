@@ -104,7 +104,7 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
      * 4 % slower on 2 threads, docs/PERFORMANCE.md "K in chunks".) */
     const int packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
     const int stream = !ep && beta == 0.0f && (double)M * N >= STREAM_FLOATS;
-    float pk[THIN_PACK];
+    _Alignas(64) float pk[THIN_PACK]; /* whole lines: the packed rows are NR floats apart, so every vector load of the panel is aligned */
     int packed_at = -1; /* the short-side tile whose operand pk holds */
     for (int t = lo; t < hi; t++) {
         const int ti = t / nc, tj = t % nc;

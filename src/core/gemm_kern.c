@@ -205,7 +205,7 @@ static inline __attribute__((always_inline)) void micro(const gk_args *g, int R,
             }
         }
     } else {
-        float t[MR][NR];
+        _Alignas(64) float t[MR][NR];
         for (int r = 0; r < R; r++) {
             V_STORE(t[r], V_MUL(al, acc0[r]));
             V_STORE(t[r] + VL, V_MUL(al, acc1[r]));

@@ -118,7 +118,11 @@ BK_API size_t bk_otk_tape_size(const bk_otk_desc *desc, const bk_otk_config *p);
 BK_API bk_status bk_otk_features(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
                                  const bk_tensor *psi);
 /* x [B,1,n,d] view, z [q,p,k] dense, out [B,1,p,q*k] view (row stride
- * stride_n >= q*k). tape (nullable) receives what the backward needs. */
+ * stride_n >= q*k). tape (nullable, bk_otk_tape_size bytes) receives what the
+ * backward needs: the potentials of every half-step and, with anchors, the
+ * anchor Gram matrix's eigendecomposition and M with a checksum of W (a
+ * backward given other anchors than the forward's decomposes their Gram
+ * matrix itself instead of taking it from the tape). */
 BK_API bk_status bk_otk_forward(const bk_otk_desc *desc, const bk_otk_config *p, const bk_tensor *x,
                                 const float *z, const bk_tensor *out, void *tape, const bk_otk_extras *extras,
                                 void *ws, size_t ws_size);

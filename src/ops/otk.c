@@ -28,7 +28,7 @@
 #include <string.h>
 
 #define OTK_MAGIC 0x4b544f42u /* "BOTK" */
-#define OTK_VERSION 1u
+#define OTK_VERSION 2u /* 2: the Nystrom section after the potentials */
 #define OTK_NORM2_MIN 1e-4f    /* the reference's clamp of |x|^2 */
 
 bk_otk_config bk_otk_config_default(void)
@@ -341,10 +341,60 @@ typedef struct {
 
 static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_config *p) { return bki_round_up(hist_len(d, p) * sizeof(float)) / sizeof(float); }
 
+/* With anchors, the tape ends with the Nystrom section: the forward's
+ * anchor Gram matrix G, its eigenvectors V and eigenvalues e (double), M
+ * (float) and a checksum of the W they came from. The backward takes them
+ * from there instead of decomposing G again (a LAPACK call on one thread
+ * while the others wait: 2 % of an OTK forward + backward at k = 128), unless
+ * its W differs from the forward's (then it decomposes its own). */
+static size_t tape_nys_bytes(const bk_otk_desc *d, const bk_otk_config *p)
+{
+    if (!p->W) return 0;
+    const size_t kk = (size_t)d->k * d->k;
+    return 2 * bki_round_up(kk * sizeof(double)) + bki_round_up((size_t)d->k * sizeof(double)) +
+           bki_round_up(kk * sizeof(float)) + bki_round_up(sizeof(uint64_t));
+}
+
+static size_t tape_nys_offset(const bk_otk_desc *d, const bk_otk_config *p)
+{
+    return bki_round_up(sizeof(otk_tape_header)) + (size_t)d->B * d->q * tape_block_floats(d, p) * sizeof(float);
+}
+
 size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_config *p)
 {
-    if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || p->iters < 2 || p->iters % 2) return 0;
-    return bki_round_up(sizeof(otk_tape_header)) + (size_t)d->B * d->q * tape_block_floats(d, p) * sizeof(float);
+    if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || d->k < 1 || p->iters < 2 || p->iters % 2)
+        return 0;
+    return tape_nys_offset(d, p) + tape_nys_bytes(d, p);
+}
+
+/* the Nystrom section's parts (dir 1: ws -> tape; 0: tape -> ws) and the
+ * checksum of W */
+static uint64_t anchors_sum(const bk_otk_desc *d, const bk_otk_config *p)
+{
+    return bki_fnv1a(BKI_FNV_OFFSET, p->W, sizeof(float) * (size_t)d->k * d->d);
+}
+static void tape_nys_copy(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, nys_global *g, int dir)
+{
+    const size_t kk = (size_t)d->k * d->k;
+    char *t = (char *)tape + tape_nys_offset(d, p);
+    void *part[4] = {g->G, g->V, g->e, g->M};
+    const size_t len[4] = {kk * sizeof(double), kk * sizeof(double), (size_t)d->k * sizeof(double), kk * sizeof(float)};
+    for (int i = 0; i < 4; i++) {
+        if (dir) memcpy(t, part[i], len[i]);
+        else memcpy(part[i], t, len[i]);
+        t += bki_round_up(len[i]);
+    }
+    uint64_t sum = anchors_sum(d, p);
+    if (dir) memcpy(t, &sum, sizeof sum);
+}
+static int tape_nys_matches(const void *tape, const bk_otk_desc *d, const bk_otk_config *p)
+{
+    const size_t kk = (size_t)d->k * d->k;
+    const char *t = (const char *)tape + tape_nys_offset(d, p) + 2 * bki_round_up(kk * sizeof(double)) +
+                    bki_round_up((size_t)d->k * sizeof(double)) + bki_round_up(kk * sizeof(float));
+    uint64_t sum;
+    memcpy(&sum, t, sizeof sum);
+    return sum == anchors_sum(d, p);
 }
 
 static float *tape_block(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, int b, int h)
@@ -873,7 +923,10 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_
     if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
     otk_ws ws = ws_layout(d, p, pl, 0, 0, base);
     if ((s = nys_prepare(d, p, &ws))) goto done;
-    if (tape) tape_header_fill(tape, d, p);
+    if (tape) {
+        tape_header_fill(tape, d, p);
+        if (p->W) tape_nys_copy(tape, d, p, &ws.nys, 1);
+    }
     int bad = forward_core(d, p, x, z, out, tape, ex, &ws, pl);
     if (bad >= 0) {
         if (tape) ((otk_tape_header *)tape)->magic = 0;
@@ -1090,7 +1143,8 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk
     if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 1, tape_in == NULL), "bk_otk_workspace_size", &owned, &base)))
         return s;
     otk_ws ws = ws_layout(d, p, pl, 1, tape_in == NULL, base);
-    if ((s = nys_prepare(d, p, &ws))) goto done;
+    if (tape_in && p->W && tape_nys_matches(tape_in, d, p)) tape_nys_copy(tape_in, d, p, &ws.nys, 0);
+    else if ((s = nys_prepare(d, p, &ws))) goto done;
     const void *tape = tape_in;
     if (!tape) {
         tape_header_fill(ws.own_tape, d, p);

@@ -482,6 +482,36 @@ static void test_otk_determinism(void)
             free(o1); free(dx1); free(dz1);
         }
         th_check(eq, dom ? "OTK padding == truncation, bitwise (scaling)" : "OTK padding == truncation, bitwise (log)", "%s", "");
+        /* the tape's Nystrom section (G's eigendecomposition and M) is taken
+         * only for the W it was made from: with other anchors the backward
+         * decomposes their G itself, so a stale tape section changes nothing
+         * (bitwise the backward from a copy whose section is wiped) */
+        const size_t tb = bk_otk_tape_size(&t.desc, &t.p), kd = (size_t)c.k * c.d;
+        ofwd(&t, tape);
+        for (size_t i = 0; i < kd; i++) t.W[i] *= 0.875f; /* other anchors (not renormalised: any W is allowed) */
+        void *wiped = malloc(tb);
+        memcpy(wiped, tape, tb);
+        const size_t hdr_and_hist = tb - (2 * ((size_t)c.k * c.k * 8 + 63) / 64 * 64 + ((size_t)c.k * 8 + 63) / 64 * 64 +
+                                          ((size_t)c.k * c.k * 4 + 63) / 64 * 64 + 64);
+        memset((char *)wiped + hdr_and_hist, 0, tb - hdr_and_hist);
+        obwd(&t, tape);
+        memcpy(x0, t.dx, sizeof(float) * nx); memcpy(z0, t.dz, sizeof(float) * nz); memcpy(w0, t.dW, sizeof(float) * kd);
+        obwd(&t, wiped);
+        const int stale_ok = !memcmp(x0, t.dx, sizeof(float) * nx) && !memcmp(z0, t.dz, sizeof(float) * nz) &&
+                             !memcmp(w0, t.dW, sizeof(float) * kd);
+        /* and with the forward's own W the section is what it recomputes */
+        for (size_t i = 0; i < kd; i++) t.W[i] /= 0.875f;
+        ofwd(&t, tape);
+        obwd(&t, tape);
+        memcpy(x0, t.dx, sizeof(float) * nx); memcpy(w0, t.dW, sizeof(float) * kd);
+        memcpy(wiped, tape, tb);
+        memset((char *)wiped + hdr_and_hist, 0, tb - hdr_and_hist);
+        obwd(&t, wiped);
+        const int own_ok = !memcmp(x0, t.dx, sizeof(float) * nx) && !memcmp(w0, t.dW, sizeof(float) * kd);
+        th_check(stale_ok && own_ok, "OTK tape: the Nystrom section is used only for its own anchors",
+                 "other W: %s; same W: %s", stale_ok ? "recomputed" : "STALE SECTION USED",
+                 own_ok ? "same bits as recomputing" : "DIFFERENT");
+        free(wiped);
         free(o0); free(x0); free(z0); free(w0); free(tape);
         ob_free(&t);
     }

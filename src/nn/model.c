@@ -1349,7 +1349,16 @@ bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info)
 
 void bk_model_zero_grad(bk_model *m)
 {
-    if (m) memset(m->gw, 0, sizeof(float) * (size_t)m->P);
+    if (!m) return;
+    /* on the library's threads, each a contiguous share of whole lines */
+    const int64_t P = m->P;
+#pragma omp parallel num_threads(bki_threads()) if (P > 65536)
+    {
+        BKI_REGION;
+        const int64_t nth = bki_region_size(), per = ((P + nth - 1) / nth + 15) / 16 * 16;
+        const int64_t lo = bki_thread_id() * per < P ? bki_thread_id() * per : P, hi = lo + per < P ? lo + per : P;
+        if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (size_t)(hi - lo));
+    }
 }
 
 bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)

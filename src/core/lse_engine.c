@@ -195,7 +195,7 @@ static inline __attribute__((always_inline)) void row_softmax_g(int G, int m, co
         }
     if (j < m)
         for (int r = 0; r < G; r++) {
-            float t[RVL];
+            _Alignas(64) float t[RVL];
             _Static_assert(sizeof(rvec) == sizeof t, "one vector");
             const rvec in = tail_load(e + r * es + j, m - j, -INFINITY);
             memcpy(t, &in, sizeof t);
@@ -1020,7 +1020,7 @@ static double ISA(fma_probe)(long iters)
     }
     rvec s = RV_ADD(RV_ADD(RV_ADD(a0, a1), RV_ADD(a2, a3)), RV_ADD(RV_ADD(a4, a5), RV_ADD(a6, a7)));
     s = RV_ADD(s, RV_ADD(RV_ADD(a8, a9), RV_ADD(a10, a11)));
-    float out[RVL];
+    _Alignas(64) float out[RVL];
     RV_STORE(out, s);
     volatile float sink = out[0];
     (void)sink;

@@ -37,7 +37,7 @@ static void colsum_member(const float *a, int R, int C, int lda, float *out)
     my_columns(C, &lo, &hi);
     for (int c0 = lo; c0 < hi; c0 += SWEEP) {
         const int cn = hi - c0 < SWEEP ? hi - c0 : SWEEP;
-        double acc[SWEEP];
+        _Alignas(64) double acc[SWEEP];
         for (int c = 0; c < cn; c++) acc[c] = 0.0;
         for (int r = 0; r < R; r++) {
             const float *ar = a + (size_t)r * lda + c0;
@@ -106,7 +106,7 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
     const int nt = bki_threads();
     const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
     const int nblk = (R + rb - 1) / rb;
-    double sg[LN_COLS], sb[LN_COLS]; /* the shared sums of the current stretch */
+    _Alignas(64) double sg[LN_COLS], sb[LN_COLS]; /* the shared sums of the current stretch */
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
@@ -116,7 +116,7 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
             for (int c = 0; c < cn; c++) sg[c] = sb[c] = 0.0;
 #pragma omp for ordered schedule(static, 1)
             for (int blk = 0; blk < nblk; blk++) {
-                double pg[LN_COLS], pb[LN_COLS];
+                _Alignas(64) double pg[LN_COLS], pb[LN_COLS];
                 for (int c = 0; c < cn; c++) pg[c] = pb[c] = 0.0;
                 const int r1 = (blk + 1) * rb < R ? (blk + 1) * rb : R;
                 for (int r = blk * rb; r < r1; r++) {

@@ -11,9 +11,13 @@
 /* y[R,out] = x[R,in] W^T (+ b), W [out, in] (PyTorch layout); ldx/ldy row strides */
 void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                     int ldy);
-/* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable) */
+/* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable).
+ * kbuf: out x in floats of scratch (nullable): from 1024 rows on, dW's
+ * product then runs in two fixed halves of the rows, each half of the team
+ * on the rows its own threads wrote, dW = (dW + P0) + P1 (a function of R
+ * only: the same bits on any thread count, not those of kbuf NULL) */
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
-                    float *dx, float beta_dx, float *dW, float *db);
+                    float *dx, float beta_dx, float *dW, float *db, float *kbuf);
 /* Linear then GELU: z = x W^T + b, g = gelu(z) [R,out] (row stride ldy),
  * and y receives gelu'(z), the slope the backward needs (bki_linear_bwd_gelu;
  * without g, bki_linear_fwd: y = z). The bias and the GELU run in the GEMM's
@@ -33,7 +37,7 @@ void bki_linear_fwd_res(int R, int in, int out, const float *x, int ldx, const f
  * as bki_linear_bwd then bki_gelu_bwd on z. beta_dx must be 0 where s is
  * given (dx is a fresh gradient) */
 void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
-                         float *dx, float beta_dx, float *dW, float *db, const float *s);
+                         float *dx, float beta_dx, float *dW, float *db, const float *s, float *kbuf);
 /* out[c] += sum_r a[r, c] in row order (double accumulation) */
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out);
 

@@ -938,7 +938,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->kbuf, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss,
                     m->dY, m->dXs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -964,6 +964,11 @@ static void *zalloc(sizer *z, size_t n, size_t size)
 }
 
 static float *falloc(size_t n, sizer *z) { return zalloc(z, n, sizeof(float)); }
+
+/* the scratch of bki_linear_bwd's K split for an out x in weight gradient
+ * (NULL where it does not fit: the product then runs unsplit) */
+#define KBUF_MAX ((size_t)1 << 18)
+static float *kb(const bk_model *m, int out, int in) { return (size_t)out * in <= m->kbuf_n ? m->kbuf : NULL; }
 
 static size_t phys_memory(void)
 {
@@ -1295,6 +1300,12 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
     if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, &z);
     m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
+    { /* the Linear weight gradients' K split: the largest out x in of the
+       * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
+        const size_t wmax = (size_t)(D > I ? D : I) > (size_t)M ? (size_t)(D > I ? D : I) : (size_t)M;
+        m->kbuf_n = wmax * wmax <= KBUF_MAX ? wmax * wmax : 0;
+        m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
+    }
     if (c->attn == BK_ATTN_DIFF) {
         m->dO = falloc((size_t)(R * I), &z);
         m->dlam = falloc((size_t)c->heads, &z);
@@ -2232,15 +2243,15 @@ static void embed_backward(bk_model *m, int B)
     }
     if (c->input == BK_INPUT_IMAGE) {
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
-                       m->gw + m->e_b);
+                       m->gw + m->e_b, kb(m, D, m->in_feat));
     } else if (c->input == BK_INPUT_TOKENS) {
         table_scatter(m->gw + m->e_w, D, m->tokens, Bn, dE, 1.0f);
     } else {
         const int pd = m->in_feat;
         float *dG = m->dM;
-        bki_linear_bwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, dE, D, dG, 0.0f, m->gw + m->e_w2, m->gw + m->e_b2);
+        bki_linear_bwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, dE, D, dG, 0.0f, m->gw + m->e_w2, m->gw + m->e_b2, kb(m, D, D));
         bki_gelu_bwd(Bn * (size_t)D, m->emb_h, dG, dG);
-        bki_linear_bwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, dG, D, NULL, 0.0f, m->gw + m->e_w, m->gw + m->e_b);
+        bki_linear_bwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, dG, D, NULL, 0.0f, m->gw + m->e_w, m->gw + m->e_b, kb(m, D, pd));
     }
 }
 
@@ -2350,9 +2361,9 @@ static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
     const sub_norm n = norm2(m, l);
     const float *dy = sub_bwd_in(m, R, &n, site);
     bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, dy, D, m->dM, 0.0f, m->gw + o->fc2_w,
-                        m->gw + o->fc2_b, a->f1);
+                        m->gw + o->fc2_b, a->f1, kb(m, D, M));
     bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
-                   m->gw + o->fc1_b);
+                   m->gw + o->fc1_b, kb(m, M, D));
     sub_bwd_out(m, R, x, &n);
 }
 
@@ -2403,7 +2414,7 @@ static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
     if (c->mlp_dim > 0) mlp_bwd(m, l, R, a->mid, 2 + 2 * l);
     const sub_norm n1 = norm1(m, l);
     const float *dy = sub_bwd_in(m, R, &n1, 1 + 2 * l);
-    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
     bk_status st = attn_backward(m, l, B);
     if (st) return st;
     /* qkv = h Wqkv^T: three blocks of rows of W, one per q / k / v */
@@ -2411,7 +2422,7 @@ static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
     const float *h = sub_h(m, &n1, xin);
     for (int j = 0; j < 3; j++)
         bki_linear_bwd(R, D, I, h, D, m->w + o->qkv_w + (size_t)j * I * D, dsrc[j], I, m->dT, j ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL);
+                       m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL, kb(m, I, D));
     sub_bwd_out(m, R, xin, &n1);
     return BK_OK;
 }
@@ -2486,16 +2497,16 @@ static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, con
     const sub_norm nc = normc(m, L);
     const float *dy = sub_bwd_in(m, Rq, &nc, site);
     bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, dy, D, m->dA, 0.0f, m->gw + o->cproj_w,
-                   m->gw + o->cproj_b);
+                   m->gw + o->cproj_b, kb(m, D, I));
     bk_status st = site_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
     if (st) return st;
     bki_linear_bwd(Rq, D, I, sub_h(m, &nc, x), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
-                   c->qkv_bias ? m->gw + o->cq_b : NULL);
+                   c->qkv_bias ? m->gw + o->cq_b : NULL, kb(m, I, D));
     /* kv = mem Wkv^T: the K rows of W, then the V rows */
     float *dkv[2] = {m->dk, m->dv};
     for (int i = 0; i < 2; i++)
         bki_linear_bwd(Rk, D, I, mem, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, dmem, 1.0f,
-                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL);
+                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL, kb(m, I, D));
     sub_bwd_out(m, Rq, x, &nc);
     return BK_OK;
 }
@@ -2550,13 +2561,13 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
     /* causal self-attention */
     const sub_norm n1 = norm1(m, L);
     const float *dy = sub_bwd_in(m, Rd, &n1, site);
-    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b);
+    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
     if ((st = site_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
     float *dsrc[3] = {m->dq, m->dk, m->dv};
     const float *h = sub_h(m, &n1, xin);
     for (int i = 0; i < 3; i++)
         bki_linear_bwd(Rd, D, I, h, D, m->w + o->qkv_w + (size_t)i * I * D, dsrc[i], I, m->dT, i ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL);
+                       m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL, kb(m, I, D));
     sub_bwd_out(m, Rd, xin, &n1);
     return BK_OK;
 }
@@ -2663,10 +2674,10 @@ static bk_status pma_bwd(bk_model *m, int B)
     if (st) return st;
     if (M > 0) {
         bki_linear_bwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->dY, D, m->dM, 0.0f, m->gw + o->rf2_w,
-                       m->gw + o->rf2_b);
+                       m->gw + o->rf2_b, kb(m, D, M));
         bki_gelu_bwd((size_t)R * M, a->rf1, m->dM, m->dM);
         bki_linear_bwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->dM, M, m->dN, 0.0f, m->gw + o->rf1_w,
-                       m->gw + o->rf1_b);
+                       m->gw + o->rf1_b, kb(m, M, D));
     } else {
         memcpy(m->dN, m->dY, sizeof(float) * (size_t)R * D);
     }
@@ -2896,7 +2907,7 @@ static bk_status s2s_backward(bk_model *m, float grad_scale)
             p[m->tgt[r]] -= k * (1.0f - ls);
         }
     }
-    bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL);
+    bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL, kb(m, V, D));
     const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
     if (c->final_norm) {
         memset(m->dX, 0, sizeof(float) * (size_t)Rd * D);
@@ -2945,7 +2956,7 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
             m->dlog[(size_t)b * C + j] = grad_scale / (float)B * (m->probs[(size_t)b * C + j] - tgt);
         }
     bki_linear_bwd(B, m->F, C, m->pooled, m->F, m->w + m->head_w, m->dlog, C, m->dpool, 0.0f, m->gw + m->head_w,
-                   m->gw + m->head_b);
+                   m->gw + m->head_b, kb(m, C, m->F));
     if ((st = pool_backward(m, B))) return st;
     const float *xlast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
     if (c->final_norm) {

@@ -79,6 +79,10 @@ struct bk_model {
     /* backward scratch */
     float *dX, *dT, *dA, *dq, *dk, *dv, *dM, *dN, *dpool, *dlog, *dZtmp, *dthtmp, *dO, *dlam;
     float *dWtmp;                            /* OTK anchors' gradient [K, D]    */
+    float *kbuf;                             /* a weight gradient's second half
+                                                of the rows (bki_linear_bwd),
+                                                kbuf_n floats                  */
+    size_t kbuf_n;
     float *dcls;                             /* the [CLS] row's backward scratch
                                                 [2, B, H, T] (cls_attn != full) */
     double *ddwc;                            /* the DWC's: [k*k + 1, dh] (dwc)  */

@@ -2690,11 +2690,11 @@ static void test_linear_gelu(void)
         /* separate: z, gelu(z); dx = (dy W2) gelu'(z) */
         bki_linear_fwd(R, IN, OUT, x, IN, W, b, y[0], OUT);
         bki_gelu_fwd((size_t)R * OUT, y[0], g[0]);
-        bki_linear_bwd(R, OUT, O2, g[0], OUT, W2, dy, O2, dx[0], 0.0f, dW2[0], db2[0]);
+        bki_linear_bwd(R, OUT, O2, g[0], OUT, W2, dy, O2, dx[0], 0.0f, dW2[0], db2[0], NULL);
         bki_gelu_bwd((size_t)R * OUT, y[0], dx[0], dx[0]);
         /* fused */
         bki_linear_fwd_gelu(R, IN, OUT, x, IN, W, b, y[1], OUT, g[1]);
-        bki_linear_bwd_gelu(R, OUT, O2, g[1], OUT, W2, dy, O2, dx[1], 0.0f, dW2[1], db2[1], y[1]);
+        bki_linear_bwd_gelu(R, OUT, O2, g[1], OUT, W2, dy, O2, dx[1], 0.0f, dW2[1], db2[1], y[1], NULL);
         same &= !memcmp(g[0], g[1], sizeof(float) * R * OUT) && !memcmp(dx[0], dx[1], sizeof(float) * R * OUT) &&
                 !memcmp(dW2[0], dW2[1], sizeof(float) * O2 * OUT) && !memcmp(db2[0], db2[1], sizeof(float) * O2);
     }
@@ -2703,6 +2703,56 @@ static void test_linear_gelu(void)
              "%s", same ? "equal" : "DIFFER");
     free(x), free(W), free(b), free(W2), free(dy);
     for (int v = 0; v < 2; v++) free(y[v]), free(g[v]), free(dx[v]), free(dW2[v]), free(db2[v]);
+}
+
+/* A Linear backward's weight gradient over two fixed halves of the rows
+ * (scratch given, R >= 1024): against double precision, bitwise the same on
+ * 1, 2 and 3 threads, dx and db bitwise those of the unsplit call; rows
+ * below the threshold run unsplit (bitwise the unsplit call) */
+static void test_linear_ksplit(void)
+{
+    const int shapes[][3] = {{3001, 37, 45}, {1024, 128, 128}, {1023, 20, 30}};
+    int same = 1, unsplit_same = 1;
+    double worst = 0.0;
+    for (int sh = 0; sh < 3; sh++) {
+        const int R = shapes[sh][0], IN = shapes[sh][1], OUT = shapes[sh][2];
+        th_rng r = {0x75u + (unsigned)sh};
+        float *x = malloc(sizeof(float) * R * IN), *W = malloc(sizeof(float) * OUT * IN), *dy = malloc(sizeof(float) * R * OUT);
+        float *dW0 = malloc(sizeof(float) * OUT * IN), *kbuf = malloc(sizeof(float) * OUT * IN);
+        float *dx[4], *dW[4], *db[4];
+        for (int v = 0; v < 4; v++)
+            dx[v] = malloc(sizeof(float) * R * IN), dW[v] = malloc(sizeof(float) * OUT * IN), db[v] = calloc(OUT, sizeof(float));
+        for (int i = 0; i < R * IN; i++) x[i] = (float)th_normal(&r);
+        for (int i = 0; i < OUT * IN; i++) W[i] = (float)th_normal(&r), dW0[i] = (float)th_normal(&r);
+        for (int i = 0; i < R * OUT; i++) dy[i] = (float)th_normal(&r);
+        /* v = 0: unsplit (no scratch), v = 1..3: split on v threads */
+        for (int v = 0; v < 4; v++) {
+            bk_set_num_threads(v ? v : 2);
+            memcpy(dW[v], dW0, sizeof(float) * OUT * IN);
+            bki_linear_bwd(R, IN, OUT, x, IN, W, dy, OUT, dx[v], 0.0f, dW[v], db[v], v ? kbuf : NULL);
+        }
+        bk_set_num_threads(0);
+        for (int v = 2; v < 4; v++) same &= !memcmp(dW[1], dW[v], sizeof(float) * OUT * IN);
+        for (int v = 1; v < 4; v++)
+            same &= !memcmp(dx[0], dx[v], sizeof(float) * R * IN) && !memcmp(db[0], db[v], sizeof(float) * OUT);
+        if (R < 1024) unsplit_same &= !memcmp(dW[0], dW[1], sizeof(float) * OUT * IN);
+        for (int o = 0; o < OUT; o++)
+            for (int i = 0; i < IN; i++) {
+                double ref = dW0[(size_t)o * IN + i], mag = fabs(ref);
+                for (int k = 0; k < R; k++) {
+                    const double t = (double)dy[(size_t)k * OUT + o] * x[(size_t)k * IN + i];
+                    ref += t;
+                    mag += fabs(t);
+                }
+                const double e = fabs(dW[1][(size_t)o * IN + i] - ref) / mag;
+                worst = e > worst ? e : worst;
+            }
+        free(x), free(W), free(dy), free(dW0), free(kbuf);
+        for (int v = 0; v < 4; v++) free(dx[v]), free(dW[v]), free(db[v]);
+    }
+    th_check(same && unsplit_same && worst < 1e-6, "linear backward: weight gradient in two fixed halves of the rows",
+             "1-3 threads %s, dx/db %s, below 1024 rows %s; worst relative error %.2e", same ? "bitwise equal" : "DIFFER",
+             same ? "as unsplit" : "?", unsplit_same ? "unsplit" : "SPLIT", worst);
 }
 
 /* LayerNorm forward and backward against double precision: y, dx, dg and db
@@ -2784,6 +2834,7 @@ void test_model(void)
     test_gelu();
     test_layernorm();
     test_linear_gelu();
+    test_linear_ksplit();
     test_bad_input();
     test_memory();
     test_optim_formulas();

@@ -270,40 +270,66 @@ static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct,
     }
 }
 
-/* dW += dy^T x, this member's share. With kbuf (out x in floats) and at
- * least KSPLIT_MIN rows, the rows go in two fixed halves (a function of R
- * only): the first half of the team adds the first half's product straight
- * into dW, the second half computes the second half's into kbuf, and after a
- * team sync every member adds its share of kbuf into dW, so dW = (dW + P0)
- * + P1 on any thread count (one member: both halves, in that order). Each
- * half of the team then reads the rows its own threads wrote (the previous
- * operations share rows statically), where column tiles made every member
- * stream all of dy and half of x: a 128 x 128 weight gradient over 3200
- * rows 0.49 -> 0.34 ms on 2 threads. */
+/* this member's (a team's) column sums of rows [0, R): sum[c] = the rows in
+ * order, in double, for its share of the columns (blocks of COLBLK) */
+static void colsum_rows(const bki_team *tm, const float *a, int R, int C, int lda, double *sum)
+{
+    int b0, b1;
+    bki_team_share(tm, (C + COLBLK - 1) / COLBLK, &b0, &b1);
+    const int lo = b0 * COLBLK, hi = b1 * COLBLK < C ? b1 * COLBLK : C;
+    for (int c = lo; c < hi; c++) sum[c] = 0.0;
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda;
+        for (int c = lo; c < hi; c++) sum[c] += ar[c];
+    }
+}
+
+/* dW += dy^T x and db += colsum(dy), this member's share. With kbuf
+ * (bki_linear_kbuf_floats(out, in) floats) and at least KSPLIT_MIN rows,
+ * the rows go in two fixed halves (a function of R only): the first half of
+ * the team adds the first half's product straight into dW and sums the
+ * first half's rows of dy, the second half computes the second half's
+ * product and sums into kbuf, and after a team sync every member adds its
+ * share: dW = (dW + P0) + P1, db += (float)(s0 + s1) on any thread count
+ * (one member: both halves, in that order). Each half of the team then reads
+ * the rows its own threads wrote (the operations before share rows
+ * statically), where column tiles (and column shares of db) made every
+ * member stream all of dy: a 128 x 128 weight gradient over 3200 rows 0.49
+ * -> 0.34 ms on 2 threads. */
 #define KSPLIT_MIN 1024
-static void dw_member(const bki_team *tm, int R, int in, int out, const float *x, int ldx, const float *dy, int ldy,
-                      float *dW, float *kbuf)
+size_t bki_linear_kbuf_floats(int out, int in) { return (size_t)out * in + 16 + 4 * (size_t)out; }
+static void grads_member(const bki_team *tm, int R, int in, int out, const float *x, int ldx, const float *dy,
+                         int ldy, float *dW, float *db, float *kbuf)
 {
     if (!kbuf || R < KSPLIT_MIN) {
-        bki_gemm(tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+        if (dW) bki_gemm(tm, 1, 0, out, in, R, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+        if (db) colsum_member(dy, R, out, ldy, db);
         return;
     }
     const int R0 = (R / 2 + 7) & ~7, h = (tm->nt + 1) / 2;
     const float *dy1 = dy + (size_t)R0 * ldy, *x1 = x + (size_t)R0 * ldx;
-    if (tm->nt == 1) {
-        bki_gemm(tm, 1, 0, out, in, R0, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
-        bki_gemm(tm, 1, 0, out, in, R - R0, 1.0f, dy1, ldy, x1, ldx, 0.0f, kbuf, in);
-    } else if (tm->tid < h) {
-        const bki_team t0 = {tm->tid, h};
-        bki_gemm(&t0, 1, 0, out, in, R0, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
-    } else {
-        const bki_team t1 = {tm->tid - h, tm->nt - h};
-        bki_gemm(&t1, 1, 0, out, in, R - R0, 1.0f, dy1, ldy, x1, ldx, 0.0f, kbuf, in);
+    double *s0 = (double *)(void *)(kbuf + (((size_t)out * in + 15) & ~(size_t)15)), *s1 = s0 + out;
+    if (tm->nt == 1 || tm->tid < h) {
+        const bki_team t0 = {tm->tid, tm->nt == 1 ? 1 : h};
+        if (dW) bki_gemm(&t0, 1, 0, out, in, R0, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
+        if (db) colsum_rows(&t0, dy, R0, out, ldy, s0);
+    }
+    if (tm->nt == 1 || tm->tid >= h) {
+        const bki_team t1 = {tm->nt == 1 ? 0 : tm->tid - h, tm->nt == 1 ? 1 : tm->nt - h};
+        if (dW) bki_gemm(&t1, 1, 0, out, in, R - R0, 1.0f, dy1, ldy, x1, ldx, 0.0f, kbuf, in);
+        if (db) colsum_rows(&t1, dy1, R - R0, out, ldy, s1);
     }
     bki_team_sync(tm);
-    const size_t n = (size_t)out * in, per = ((n + (size_t)tm->nt - 1) / (size_t)tm->nt + 15) / 16 * 16;
-    const size_t lo = (size_t)tm->tid * per < n ? (size_t)tm->tid * per : n, hi = lo + per < n ? lo + per : n;
-    for (size_t e = lo; e < hi; e++) dW[e] += kbuf[e];
+    if (dW) {
+        const size_t n = (size_t)out * in, per = ((n + (size_t)tm->nt - 1) / (size_t)tm->nt + 15) / 16 * 16;
+        const size_t lo = (size_t)tm->tid * per < n ? (size_t)tm->tid * per : n, hi = lo + per < n ? lo + per : n;
+        for (size_t e = lo; e < hi; e++) dW[e] += kbuf[e];
+    }
+    if (db) {
+        int c0, c1;
+        bki_team_share(tm, out, &c0, &c1);
+        for (int c = c0; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
+    }
 }
 
 void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
@@ -319,8 +345,7 @@ void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const 
         BKI_REGION;
         const bki_team tm = region_team();
         if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, s ? gelu_grad_tile : NULL, &s);
-        if (dW) dw_member(&tm, R, in, out, x, ldx, dy, ldy, dW, kbuf);
-        if (db) colsum_member(dy, R, out, ldy, db);
+        if (dW || db) grads_member(&tm, R, in, out, x, ldx, dy, ldy, dW, db, kbuf);
     }
 }
 

@@ -12,12 +12,14 @@
 void bki_linear_fwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
                     int ldy);
 /* dx[R,in] = dy W (+ beta_dx * dx; dx nullable); dW += dy^T x; db += colsum(dy) (nullable).
- * kbuf: out x in floats of scratch (nullable): from 1024 rows on, dW's
- * product then runs in two fixed halves of the rows, each half of the team
- * on the rows its own threads wrote, dW = (dW + P0) + P1 (a function of R
- * only: the same bits on any thread count, not those of kbuf NULL) */
+ * kbuf: bki_linear_kbuf_floats(out, in) floats of scratch (nullable): from
+ * 1024 rows on, dW's product and db's sums then run in two fixed halves of
+ * the rows, each half of the team on the rows its own threads wrote, dW =
+ * (dW + P0) + P1, db += (float)(s0 + s1) (a function of R only: the same
+ * bits on any thread count, not those of kbuf NULL) */
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                     float *dx, float beta_dx, float *dW, float *db, float *kbuf);
+size_t bki_linear_kbuf_floats(int out, int in);
 /* Linear then GELU: z = x W^T + b, g = gelu(z) [R,out] (row stride ldy),
  * and y receives gelu'(z), the slope the backward needs (bki_linear_bwd_gelu;
  * without g, bki_linear_fwd: y = z). The bias and the GELU run in the GEMM's

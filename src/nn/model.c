@@ -968,7 +968,7 @@ static float *falloc(size_t n, sizer *z) { return zalloc(z, n, sizeof(float)); }
 /* the scratch of bki_linear_bwd's K split for an out x in weight gradient
  * (NULL where it does not fit: the product then runs unsplit) */
 #define KBUF_MAX ((size_t)1 << 18)
-static float *kb(const bk_model *m, int out, int in) { return (size_t)out * in <= m->kbuf_n ? m->kbuf : NULL; }
+static float *kb(const bk_model *m, int out, int in) { return bki_linear_kbuf_floats(out, in) <= m->kbuf_n ? m->kbuf : NULL; }
 
 static size_t phys_memory(void)
 {
@@ -1303,7 +1303,8 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     { /* the Linear weight gradients' K split: the largest out x in of the
        * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
         const size_t wmax = (size_t)(D > I ? D : I) > (size_t)M ? (size_t)(D > I ? D : I) : (size_t)M;
-        m->kbuf_n = wmax * wmax <= KBUF_MAX ? wmax * wmax : 0;
+        const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
+        m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
         m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
     }
     if (c->attn == BK_ATTN_DIFF) {

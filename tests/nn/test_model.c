@@ -2705,9 +2705,9 @@ static void test_linear_gelu(void)
     for (int v = 0; v < 2; v++) free(y[v]), free(g[v]), free(dx[v]), free(dW2[v]), free(db2[v]);
 }
 
-/* A Linear backward's weight gradient over two fixed halves of the rows
- * (scratch given, R >= 1024): against double precision, bitwise the same on
- * 1, 2 and 3 threads, dx and db bitwise those of the unsplit call; rows
+/* A Linear backward's weight and bias gradients over two fixed halves of
+ * the rows (scratch given, R >= 1024): against double precision, bitwise the
+ * same on 1, 2 and 3 threads, dx bitwise that of the unsplit call; rows
  * below the threshold run unsplit (bitwise the unsplit call) */
 static void test_linear_ksplit(void)
 {
@@ -2718,7 +2718,7 @@ static void test_linear_ksplit(void)
         const int R = shapes[sh][0], IN = shapes[sh][1], OUT = shapes[sh][2];
         th_rng r = {0x75u + (unsigned)sh};
         float *x = malloc(sizeof(float) * R * IN), *W = malloc(sizeof(float) * OUT * IN), *dy = malloc(sizeof(float) * R * OUT);
-        float *dW0 = malloc(sizeof(float) * OUT * IN), *kbuf = malloc(sizeof(float) * OUT * IN);
+        float *dW0 = malloc(sizeof(float) * OUT * IN), *kbuf = malloc(sizeof(float) * bki_linear_kbuf_floats(OUT, IN));
         float *dx[4], *dW[4], *db[4];
         for (int v = 0; v < 4; v++)
             dx[v] = malloc(sizeof(float) * R * IN), dW[v] = malloc(sizeof(float) * OUT * IN), db[v] = calloc(OUT, sizeof(float));
@@ -2732,10 +2732,17 @@ static void test_linear_ksplit(void)
             bki_linear_bwd(R, IN, OUT, x, IN, W, dy, OUT, dx[v], 0.0f, dW[v], db[v], v ? kbuf : NULL);
         }
         bk_set_num_threads(0);
-        for (int v = 2; v < 4; v++) same &= !memcmp(dW[1], dW[v], sizeof(float) * OUT * IN);
-        for (int v = 1; v < 4; v++)
-            same &= !memcmp(dx[0], dx[v], sizeof(float) * R * IN) && !memcmp(db[0], db[v], sizeof(float) * OUT);
-        if (R < 1024) unsplit_same &= !memcmp(dW[0], dW[1], sizeof(float) * OUT * IN);
+        for (int v = 2; v < 4; v++)
+            same &= !memcmp(dW[1], dW[v], sizeof(float) * OUT * IN) && !memcmp(db[1], db[v], sizeof(float) * OUT);
+        for (int v = 1; v < 4; v++) same &= !memcmp(dx[0], dx[v], sizeof(float) * R * IN);
+        if (R < 1024)
+            unsplit_same &= !memcmp(dW[0], dW[1], sizeof(float) * OUT * IN) && !memcmp(db[0], db[1], sizeof(float) * OUT);
+        for (int o = 0; o < OUT; o++) {
+            double ref = 0.0, mag = 0.0;
+            for (int k = 0; k < R; k++) ref += dy[(size_t)k * OUT + o], mag += fabs(dy[(size_t)k * OUT + o]);
+            const double e = fabs(db[1][o] - ref) / mag;
+            worst = e > worst ? e : worst;
+        }
         for (int o = 0; o < OUT; o++)
             for (int i = 0; i < IN; i++) {
                 double ref = dW0[(size_t)o * IN + i], mag = fabs(ref);
@@ -2750,9 +2757,9 @@ static void test_linear_ksplit(void)
         free(x), free(W), free(dy), free(dW0), free(kbuf);
         for (int v = 0; v < 4; v++) free(dx[v]), free(dW[v]), free(db[v]);
     }
-    th_check(same && unsplit_same && worst < 1e-6, "linear backward: weight gradient in two fixed halves of the rows",
-             "1-3 threads %s, dx/db %s, below 1024 rows %s; worst relative error %.2e", same ? "bitwise equal" : "DIFFER",
-             same ? "as unsplit" : "?", unsplit_same ? "unsplit" : "SPLIT", worst);
+    th_check(same && unsplit_same && worst < 1e-6, "linear backward: dW and db in two fixed halves of the rows",
+             "1-3 threads %s, dx %s, below 1024 rows %s; worst relative error (dW, db) %.2e",
+             same ? "bitwise equal" : "DIFFER", same ? "as unsplit" : "?", unsplit_same ? "unsplit" : "SPLIT", worst);
 }
 
 /* LayerNorm forward and backward against double precision: y, dx, dg and db

@@ -295,7 +295,11 @@ static void colsum_rows(const bki_team *tm, const float *a, int R, int C, int ld
  * the rows its own threads wrote (the operations before share rows
  * statically), where column tiles (and column shares of db) made every
  * member stream all of dy: a 128 x 128 weight gradient over 3200 rows 0.49
- * -> 0.34 ms on 2 threads. */
+ * -> 0.34 ms on 2 threads. (LOT's gemm_ksum, src/ops/lot.c, is the same idea
+ * for its r x d outputs over K up to N: many fixed chunks, each on one
+ * thread into its own partial. Here two halves on sub-teams, the first
+ * straight into dW, keep the scratch to one out x in and every member busy
+ * on any team size.) */
 #define KSPLIT_MIN 1024
 size_t bki_linear_kbuf_floats(int out, int in) { return (size_t)out * in + 16 + 4 * (size_t)out; }
 static void grads_member(const bki_team *tm, int R, int in, int out, const float *x, int ldx, const float *dy,

@@ -221,7 +221,8 @@ typedef struct {
  * one single-threaded product into its own partial (part), the chunks shared
  * over the team; then the partials are summed in chunk order, the output's
  * rows shared. A function of the shapes only, like every partition here.
- * Ends with the team in sync. */
+ * Ends with the team in sync. (The training engine's weight gradients use
+ * a two-half variant on sub-teams: src/nn/layers.c, grads_member.) */
 static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm *t, int nterms, float *C,
                       ptrdiff_t ldc, float *part)
 {

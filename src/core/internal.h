@@ -56,6 +56,14 @@ static inline void bki_team_share(const bki_team *tm, int n, int *lo, int *hi)
     *lo = (int)((int64_t)n * tm->tid / tm->nt);
     *hi = (int)((int64_t)n * (tm->tid + 1) / tm->nt);
 }
+/* the static share [*lo, *hi) of n floats for this member, in whole 64-byte
+ * lines of 16 floats (contiguous, so no two members write one line) */
+static inline void bki_team_share_floats(const bki_team *tm, size_t n, size_t *lo, size_t *hi)
+{
+    const size_t per = ((n + (size_t)tm->nt - 1) / (size_t)tm->nt + 15) / 16 * 16;
+    *lo = (size_t)tm->tid * per < n ? (size_t)tm->tid * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
 static inline void bki_team_sync(const bki_team *tm)
 {
     if (tm->nt > 1) {

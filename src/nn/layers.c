@@ -325,8 +325,8 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
     }
     bki_team_sync(tm);
     if (dW) {
-        const size_t n = (size_t)out * in, per = ((n + (size_t)tm->nt - 1) / (size_t)tm->nt + 15) / 16 * 16;
-        const size_t lo = (size_t)tm->tid * per < n ? (size_t)tm->tid * per : n, hi = lo + per < n ? lo + per : n;
+        size_t lo, hi;
+        bki_team_share_floats(tm, (size_t)out * in, &lo, &hi);
         for (size_t e = lo; e < hi; e++) dW[e] += kbuf[e];
     }
     if (db) {

@@ -1367,9 +1367,10 @@ void bk_model_zero_grad(bk_model *m)
 #pragma omp parallel num_threads(bki_threads()) if (P > 65536)
     {
         BKI_REGION;
-        const int64_t nth = bki_region_size(), per = ((P + nth - 1) / nth + 15) / 16 * 16;
-        const int64_t lo = bki_thread_id() * per < P ? bki_thread_id() * per : P, hi = lo + per < P ? lo + per : P;
-        if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (size_t)(hi - lo));
+        const bki_team tm = {bki_thread_id(), bki_region_size()};
+        size_t lo, hi;
+        bki_team_share_floats(&tm, (size_t)P, &lo, &hi);
+        if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
     }
 }
 

@@ -241,8 +241,10 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
 #pragma omp parallel num_threads(nt) if (o->P > 65536)
     {
         BKI_REGION;
-        const int64_t nth = bki_region_size(), tid = bki_thread_id(), per = ((o->P + nth - 1) / nth + 15) / 16 * 16;
-        const int64_t lo = tid * per < o->P ? tid * per : o->P, hi = lo + per < o->P ? lo + per : o->P;
+        const bki_team tm = {bki_thread_id(), bki_region_size()};
+        size_t ulo, uhi;
+        bki_team_share_floats(&tm, (size_t)o->P, &ulo, &uhi);
+        const int64_t lo = (int64_t)ulo, hi = (int64_t)uhi;
         for (int pi = 0; pi < np && lo < hi; pi++) {
             const bki_param *p = &tab[pi];
             const int64_t a = p->off > lo ? p->off : lo, b = p->off + p->count < hi ? p->off + p->count : hi;

@@ -64,6 +64,8 @@ static inline void bki_team_share_floats(const bki_team *tm, size_t n, size_t *l
     *lo = (size_t)tm->tid * per < n ? (size_t)tm->tid * per : n;
     *hi = *lo + per < n ? *lo + per : n;
 }
+/* the members of the enclosing parallel region as one team */
+static inline bki_team bki_region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
 static inline void bki_team_sync(const bki_team *tm)
 {
     if (tm->nt > 1) {

@@ -17,33 +17,38 @@
 #define COLBLK 32
 #define SWEEP 256
 
-/* the members of the enclosing parallel region as a team */
-static bki_team region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
-
-/* this member's columns [*lo, *hi) of C */
-static void my_columns(int C, int *lo, int *hi)
+/* this member's columns [*lo, *hi) of C: its static share of blocks of COLBLK */
+static void team_columns(const bki_team *tm, int C, int *lo, int *hi)
 {
-    const bki_team tm = region_team();
     int b0, b1;
-    bki_team_share(&tm, (C + COLBLK - 1) / COLBLK, &b0, &b1);
+    bki_team_share(tm, (C + COLBLK - 1) / COLBLK, &b0, &b1);
     *lo = b0 * COLBLK;
     *hi = b1 * COLBLK < C ? b1 * COLBLK : C;
 }
 
-/* this member's share of bki_colsum_add (inside a region) */
+/* sum[c - lo] = the column sum of rows [0, R) for c in [lo, hi): each
+ * column's rows in order, in double, each row's stretch read contiguously */
+static void colsum_cols(const float *a, int R, int lda, int lo, int hi, double *sum)
+{
+    for (int c = lo; c < hi; c++) sum[c - lo] = 0.0;
+    for (int r = 0; r < R; r++) {
+        const float *ar = a + (size_t)r * lda;
+        for (int c = lo; c < hi; c++) sum[c - lo] += ar[c];
+    }
+}
+
+/* this member's share of bki_colsum_add (inside a region): its columns,
+ * SWEEP at a time */
 static void colsum_member(const float *a, int R, int C, int lda, float *out)
 {
+    const bki_team tm = bki_region_team();
     int lo, hi;
-    my_columns(C, &lo, &hi);
+    team_columns(&tm, C, &lo, &hi);
     for (int c0 = lo; c0 < hi; c0 += SWEEP) {
-        const int cn = hi - c0 < SWEEP ? hi - c0 : SWEEP;
+        const int c1 = hi - c0 < SWEEP ? hi : c0 + SWEEP;
         _Alignas(64) double acc[SWEEP];
-        for (int c = 0; c < cn; c++) acc[c] = 0.0;
-        for (int r = 0; r < R; r++) {
-            const float *ar = a + (size_t)r * lda + c0;
-            for (int c = 0; c < cn; c++) acc[c] += ar[c];
-        }
-        for (int c = 0; c < cn; c++) out[c0 + c] += (float)acc[c];
+        colsum_cols(a, R, lda, c0, c1, acc);
+        for (int c = c0; c < c1; c++) out[c] += (float)acc[c - c0];
     }
 }
 
@@ -233,7 +238,7 @@ static void linear_fwd_ep(int R, int in, int out, const float *x, int ldx, const
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
-        const bki_team tm = region_team();
+        const bki_team tm = bki_region_team();
         bki_gemm_ep(&tm, 0, 1, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy, any ? fwd_tile : NULL, e);
     }
 }
@@ -270,18 +275,13 @@ static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct,
     }
 }
 
-/* this member's (a team's) column sums of rows [0, R): sum[c] = the rows in
- * order, in double, for its share of the columns (blocks of COLBLK) */
+/* this member's (a team's) column sums of rows [0, R): sum[c] for its share
+ * of the columns */
 static void colsum_rows(const bki_team *tm, const float *a, int R, int C, int lda, double *sum)
 {
-    int b0, b1;
-    bki_team_share(tm, (C + COLBLK - 1) / COLBLK, &b0, &b1);
-    const int lo = b0 * COLBLK, hi = b1 * COLBLK < C ? b1 * COLBLK : C;
-    for (int c = lo; c < hi; c++) sum[c] = 0.0;
-    for (int r = 0; r < R; r++) {
-        const float *ar = a + (size_t)r * lda;
-        for (int c = lo; c < hi; c++) sum[c] += ar[c];
-    }
+    int lo, hi;
+    team_columns(tm, C, &lo, &hi);
+    colsum_cols(a, R, lda, lo, hi, sum + lo);
 }
 
 /* dW += dy^T x and db += colsum(dy), this member's share. With kbuf
@@ -310,16 +310,16 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
         if (db) colsum_member(dy, R, out, ldy, db);
         return;
     }
-    const int R0 = (R / 2 + 7) & ~7, h = (tm->nt + 1) / 2;
+    const int R0 = (R / 2 + 7) & ~7, h = (tm->nt + 1) / 2; /* h: the first half-team's size */
     const float *dy1 = dy + (size_t)R0 * ldy, *x1 = x + (size_t)R0 * ldx;
     double *s0 = (double *)(void *)(kbuf + (((size_t)out * in + 15) & ~(size_t)15)), *s1 = s0 + out;
-    if (tm->nt == 1 || tm->tid < h) {
-        const bki_team t0 = {tm->tid, tm->nt == 1 ? 1 : h};
+    /* one member alone is both half-teams */
+    const bki_team t0 = {tm->tid, h}, t1 = tm->nt == 1 ? BKI_SOLO : (bki_team){tm->tid - h, tm->nt - h};
+    if (tm->tid < h) {
         if (dW) bki_gemm(&t0, 1, 0, out, in, R0, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
         if (db) colsum_rows(&t0, dy, R0, out, ldy, s0);
     }
     if (tm->nt == 1 || tm->tid >= h) {
-        const bki_team t1 = {tm->nt == 1 ? 0 : tm->tid - h, tm->nt == 1 ? 1 : tm->nt - h};
         if (dW) bki_gemm(&t1, 1, 0, out, in, R - R0, 1.0f, dy1, ldy, x1, ldx, 0.0f, kbuf, in);
         if (db) colsum_rows(&t1, dy1, R - R0, out, ldy, s1);
     }
@@ -347,7 +347,7 @@ void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const 
 #pragma omp parallel num_threads(nt)
     {
         BKI_REGION;
-        const bki_team tm = region_team();
+        const bki_team tm = bki_region_team();
         if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, s ? gelu_grad_tile : NULL, &s);
         if (dW || db) grads_member(&tm, R, in, out, x, ldx, dy, ldy, dW, db, kbuf);
     }

@@ -1302,7 +1302,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
     { /* the Linear weight gradients' K split: the largest out x in of the
        * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
-        const size_t wmax = (size_t)(D > I ? D : I) > (size_t)M ? (size_t)(D > I ? D : I) : (size_t)M;
+        const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
         const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
         m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
         m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
@@ -1367,7 +1367,7 @@ void bk_model_zero_grad(bk_model *m)
 #pragma omp parallel num_threads(bki_threads()) if (P > 65536)
     {
         BKI_REGION;
-        const bki_team tm = {bki_thread_id(), bki_region_size()};
+        const bki_team tm = bki_region_team();
         size_t lo, hi;
         bki_team_share_floats(&tm, (size_t)P, &lo, &hi);
         if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (hi - lo));

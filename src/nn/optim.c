@@ -241,7 +241,7 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
 #pragma omp parallel num_threads(nt) if (o->P > 65536)
     {
         BKI_REGION;
-        const bki_team tm = {bki_thread_id(), bki_region_size()};
+        const bki_team tm = bki_region_team();
         size_t ulo, uhi;
         bki_team_share_floats(&tm, (size_t)o->P, &ulo, &uhi);
         const int64_t lo = (int64_t)ulo, hi = (int64_t)uhi;

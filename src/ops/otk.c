@@ -318,7 +318,7 @@ static void run_sets(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, 
     {
         BKI_REGION;
         if (pl.team) {
-            const bki_team tm = {bki_thread_id(), bki_region_size()};
+            const bki_team tm = bki_region_team();
             const otk_slab w = slab_at(d, p, pl, slabs, 0);
             for (int b = b0; b < b1; b++) {
                 fn(&tm, b, &w, ctx);
@@ -347,12 +347,18 @@ static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_config *p) { 
  * from there instead of decomposing G again (a LAPACK call on one thread
  * while the others wait: 2 % of an OTK forward + backward at k = 128), unless
  * its W differs from the forward's (then it decomposes its own). */
-static size_t tape_nys_bytes(const bk_otk_desc *d, const bk_otk_config *p)
+/* the section's parts: 0 G, 1 V (k x k double), 2 e (k double), 3 M (k x k
+ * float), 4 the checksum of W, each on a 64-byte boundary: part i's byte
+ * offset from the section's start (i = 5: the section's size) and length */
+static size_t tape_nys_at(const bk_otk_desc *d, int i, size_t *len)
 {
-    if (!p->W) return 0;
     const size_t kk = (size_t)d->k * d->k;
-    return 2 * bki_round_up(kk * sizeof(double)) + bki_round_up((size_t)d->k * sizeof(double)) +
-           bki_round_up(kk * sizeof(float)) + bki_round_up(sizeof(uint64_t));
+    const size_t l[6] = {kk * sizeof(double), kk * sizeof(double), (size_t)d->k * sizeof(double), kk * sizeof(float),
+                         sizeof(uint64_t), 0};
+    size_t at = 0;
+    for (int j = 0; j < i; j++) at += bki_round_up(l[j]);
+    if (len) *len = l[i];
+    return at;
 }
 
 static size_t tape_nys_offset(const bk_otk_desc *d, const bk_otk_config *p)
@@ -364,36 +370,34 @@ size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_config *p)
 {
     if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || d->k < 1 || p->iters < 2 || p->iters % 2)
         return 0;
-    return tape_nys_offset(d, p) + tape_nys_bytes(d, p);
+    return tape_nys_offset(d, p) + (p->W ? tape_nys_at(d, 5, NULL) : 0);
 }
 
-/* the Nystrom section's parts (dir 1: ws -> tape; 0: tape -> ws) and the
- * checksum of W */
+/* the Nystrom section's parts (dir 1: ws -> tape, with the checksum of W;
+ * 0: tape -> ws) */
 static uint64_t anchors_sum(const bk_otk_desc *d, const bk_otk_config *p)
 {
     return bki_fnv1a(BKI_FNV_OFFSET, p->W, sizeof(float) * (size_t)d->k * d->d);
 }
 static void tape_nys_copy(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, nys_global *g, int dir)
 {
-    const size_t kk = (size_t)d->k * d->k;
     char *t = (char *)tape + tape_nys_offset(d, p);
     void *part[4] = {g->G, g->V, g->e, g->M};
-    const size_t len[4] = {kk * sizeof(double), kk * sizeof(double), (size_t)d->k * sizeof(double), kk * sizeof(float)};
     for (int i = 0; i < 4; i++) {
-        if (dir) memcpy(t, part[i], len[i]);
-        else memcpy(part[i], t, len[i]);
-        t += bki_round_up(len[i]);
+        size_t len;
+        const size_t at = tape_nys_at(d, i, &len);
+        if (dir) memcpy(t + at, part[i], len);
+        else memcpy(part[i], t + at, len);
     }
-    uint64_t sum = anchors_sum(d, p);
-    if (dir) memcpy(t, &sum, sizeof sum);
+    if (dir) {
+        const uint64_t sum = anchors_sum(d, p);
+        memcpy(t + tape_nys_at(d, 4, NULL), &sum, sizeof sum);
+    }
 }
 static int tape_nys_matches(const void *tape, const bk_otk_desc *d, const bk_otk_config *p)
 {
-    const size_t kk = (size_t)d->k * d->k;
-    const char *t = (const char *)tape + tape_nys_offset(d, p) + 2 * bki_round_up(kk * sizeof(double)) +
-                    bki_round_up((size_t)d->k * sizeof(double)) + bki_round_up(kk * sizeof(float));
     uint64_t sum;
-    memcpy(&sum, t, sizeof sum);
+    memcpy(&sum, (const char *)tape + tape_nys_offset(d, p) + tape_nys_at(d, 4, NULL), sizeof sum);
     return sum == anchors_sum(d, p);
 }
 
@@ -1113,7 +1117,19 @@ static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
     if (dxb && tm->tid == 0) bki_zero_rows(dxb, x->dx->stride_n, nb, d->n, d->d);
 }
 
+/* out[e] = the sum over sets b in order of grads[b gbf + off + e], for e in
+ * [e0, min(e0 + SUM_CHUNK, n)) */
 #define SUM_CHUNK 4096
+static void set_sum_f(const float *grads, size_t gbf, int B, size_t off, size_t e0, size_t n, float *out)
+{
+    const size_t e1 = e0 + SUM_CHUNK < n ? e0 + SUM_CHUNK : n;
+    for (size_t e = e0; e < e1; e++) out[e] = 0.0f;
+    for (int b = 0; b < B; b++) {
+        const float *g = grads + (size_t)b * gbf + off;
+        for (size_t e = e0; e < e1; e++) out[e] += g[e];
+    }
+}
+
 bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                           const bk_tensor *dout, const void *tape_in, const bk_tensor *dx, float *dz, float *dW,
                           void *wsp, size_t ws_size)
@@ -1159,34 +1175,32 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk
     const size_t gbf = grad_block_floats(d, p);
     bwd_ctx c = {d, p, x, dout, dx, z, tape, &ws};
     run_sets(d, p, pl, ws.slabs, 0, d->B, bwd_set, &c);
-    /* batch sums in set order, element by element: the elements in fixed
-     * chunks shared over the threads (each element's sum is the same chain
-     * whoever adds it; on one thread the sums were 1 % of the backward) */
-    const size_t nz = (size_t)d->q * P * k, nm = dW ? (size_t)k * k : 0, nw = dW ? (size_t)k * d->d : 0;
-    double *dM = dW ? ws.dtmp[0] : NULL;
-    const int64_t nchunk = (int64_t)((nz + nm + nw + SUM_CHUNK - 1) / SUM_CHUNK);
-#pragma omp parallel num_threads(bki_threads()) if (d->B * (nz + nm + nw) > 65536)
+    /* batch sums in set order, element by element (dz and dW in float, dM in
+     * double): each output's elements in fixed chunks shared over the
+     * threads (an element's sum is the same chain whoever adds it; on one
+     * thread the sums were 1 % of the backward) */
+    const size_t nz = (size_t)d->q * P * k, nm = (size_t)k * k, nw = (size_t)k * d->d;
+    const size_t om = nz, ow = nz + nm; /* dM's and dW's places in a set's gradient block */
+    double *dM = ws.dtmp[0];
+#pragma omp parallel num_threads(bki_threads()) if ((size_t)d->B * (nz + nm + nw) > 65536)
     {
         BKI_REGION;
-#pragma omp for schedule(static)
-        for (int64_t ch = 0; ch < nchunk; ch++) {
-            const size_t e0 = (size_t)ch * SUM_CHUNK, e1 = e0 + SUM_CHUNK < nz + nm + nw ? e0 + SUM_CHUNK : nz + nm + nw;
-            /* the chunk's stretches of dz, dM, dW (a set's gradient block
-             * holds them in that order) */
-            const size_t zb = e0 < nz ? e0 : nz, ze = e1 < nz ? e1 : nz;
-            const size_t mb = e0 > nz ? (e0 < nz + nm ? e0 : nz + nm) : nz, me = e1 < nz + nm ? (e1 > nz ? e1 : nz) : nz + nm;
-            const size_t wb = e0 > nz + nm ? e0 : nz + nm, we = e1 > nz + nm ? e1 : nz + nm;
-            if (dz)
-                for (size_t e = zb; e < ze; e++) dz[e] = 0.0f;
-            for (size_t e = mb; e < me; e++) dM[e - nz] = 0.0;
-            for (size_t e = wb; e < we; e++) dW[e - nz - nm] = 0.0f;
-            for (int b = 0; b < d->B; b++) {
-                const float *g = ws.grads + (size_t)b * gbf;
-                if (dz)
-                    for (size_t e = zb; e < ze; e++) dz[e] += g[e];
-                for (size_t e = mb; e < me; e++) dM[e - nz] += g[e];
-                for (size_t e = wb; e < we; e++) dW[e - nz - nm] += g[e];
+        if (dz) {
+#pragma omp for schedule(static) nowait
+            for (size_t e0 = 0; e0 < nz; e0 += SUM_CHUNK) set_sum_f(ws.grads, gbf, d->B, 0, e0, nz, dz);
+        }
+        if (dW) {
+#pragma omp for schedule(static) nowait
+            for (size_t e0 = 0; e0 < nm; e0 += SUM_CHUNK) {
+                const size_t e1 = e0 + SUM_CHUNK < nm ? e0 + SUM_CHUNK : nm;
+                for (size_t e = e0; e < e1; e++) dM[e] = 0.0;
+                for (int b = 0; b < d->B; b++) {
+                    const float *g = ws.grads + (size_t)b * gbf + om;
+                    for (size_t e = e0; e < e1; e++) dM[e] += g[e];
+                }
             }
+#pragma omp for schedule(static) nowait
+            for (size_t e0 = 0; e0 < nw; e0 += SUM_CHUNK) set_sum_f(ws.grads, gbf, d->B, ow, e0, nw, dW);
         }
     }
     if (dW) {

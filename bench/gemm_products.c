@@ -4,6 +4,7 @@
  *
  *   make bench-gemm && build/gemm_products [rows]
  *   build/gemm_products --wide
+ *   build/gemm_products --cold [rows]
  *
  * For each Linear of the benchmark's ViT (dim 128, MLP 256, QKV 384; rows =
  * batch 64 x 50 tokens = 3200 by default): the forward y = x W^T, the input
@@ -15,7 +16,9 @@
  * GFLOP/s against the FMA peak measured in the same run. --wide: products
  * with wide outputs (M x N x K, no transposes) on the library's threads,
  * where K decides between the thin kernel's 128-column tiles and OpenBLAS
- * (src/core/gemm.c). A development
+ * (src/core/gemm.c). --cold: 64 MiB written between products, so that
+ * every operand comes from memory, as a saved activation does in the step's
+ * backward (best of 12). A development
  * benchmark: it calls the library's internal entry points (src/core), so it
  * links the static library. */
 #include "../src/core/internal.h"
@@ -74,9 +77,18 @@ static int wide(void)
     return 0;
 }
 
+/* writes n floats: the caches hold none of the operands afterwards */
+static void evict(float *buf, size_t n)
+{
+    if (!buf) return;
+    for (size_t i = 0; i < n; i += 16) buf[i] += 1.0f;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--wide")) return wide();
+    const int cold = argc > 1 && !strcmp(argv[1], "--cold");
+    if (cold) argc--, argv++;
     const int R = argc > 1 ? atoi(argv[1]) : 3200;
     if (R < 1 || R > (1 << 22)) {
         fprintf(stderr, "gemm_products: rows must be in [1, 4194304] (got %s)\n", argv[1]);
@@ -85,7 +97,15 @@ int main(int argc, char **argv)
     double gflops, gexps;
     bk_machine_peak(1.0, &gflops, &gexps); /* this core */
     const double peak = gflops * 1e9;
-    printf("# %d rows, one thread, kernels %s, FMA peak %.1f GFLOP/s a core\n", R, bk_isa(), gflops);
+    const size_t nev = cold ? (size_t)16 << 20 : 0;
+    float *ev = cold ? filled(nev, 99) : NULL;
+    if (cold && !ev) {
+        fprintf(stderr, "gemm_products: out of memory\n");
+        return 1;
+    }
+    const int reps = cold ? 12 : 40;
+    printf("# %d rows, one thread, kernels %s, FMA peak %.1f GFLOP/s a core%s\n", R, bk_isa(), gflops,
+           cold ? ", operands from memory (--cold)" : "");
     printf("# Linear (in -> out)     fwd GF/s     dx GF/s     dW GF/s\n");
     const int shapes[][2] = {{128, 384}, {128, 128}, {128, 256}, {256, 128}};
     const char *names[] = {"QKV", "proj", "fc1", "fc2"};
@@ -105,15 +125,16 @@ int main(int argc, char **argv)
 #pragma omp parallel num_threads(1)
             {
             BKI_REGION;
-            for (int rep = 0; rep < 40; rep++) {
-                double t0 = now_s();
-                bki_gemm(&one, 0, 1, R, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
-                double t1 = now_s();
-                bki_gemm(&one, 0, 0, R, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
-                double t2 = now_s();
-                bki_gemm(&one, 1, 0, out, in, R, 1.0f, dy, out, x, in, 1.0f, dW, in);
-                double t3 = now_s();
-                const double t[3] = {t1 - t0, t2 - t1, t3 - t2};
+            for (int rep = 0; rep < reps; rep++) {
+                double t[3];
+                for (int k = 0; k < 3; k++) {
+                    evict(ev, nev);
+                    const double t0 = now_s();
+                    if (k == 0) bki_gemm(&one, 0, 1, R, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+                    else if (k == 1) bki_gemm(&one, 0, 0, R, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
+                    else bki_gemm(&one, 1, 0, out, in, R, 1.0f, dy, out, x, in, 1.0f, dW, in);
+                    t[k] = now_s() - t0;
+                }
                 for (int k = 0; k < 3; k++)
                     if (t[k] < best[k]) best[k] = t[k];
             }
@@ -147,5 +168,6 @@ int main(int argc, char **argv)
         bk_free(x), bk_free(dy), bk_free(dx), bk_free(g), bk_free(b), bk_free(y), bk_free(mu), bk_free(rs);
         bk_free(dg), bk_free(db);
     }
+    bk_free(ev);
     return rc;
 }

@@ -77,7 +77,8 @@ static int wide(void)
     return 0;
 }
 
-/* writes n floats: the caches hold none of the operands afterwards */
+/* writes one float in every line of n (64 MiB: more than every cache), so
+ * that the caches hold none of the operands afterwards */
 static void evict(float *buf, size_t n)
 {
     if (!buf) return;

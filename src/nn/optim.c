@@ -179,7 +179,7 @@ static double grad_sumsq(const float *g, int64_t P, int nt)
     return ss;
 }
 
-/* the updates of elements [a, b) of the flat arrays (s0, s1: the state,
+/* the updates of elements [a, b) of the flat arrays (m0, m1: the state,
  * NULL where the kind keeps none) */
 static void sgd_range(const bk_optim_config *c, int first, float lr, float wd, float gs, float *pw, const float *pg,
                       float *m0, int64_t a, int64_t b)

@@ -176,6 +176,13 @@ static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_config *p, nys_glo
     return BK_OK;
 }
 
+/* half h (0 or 1) of k rows: [*a0, *a1), the first (k + 1) / 2 rows, then the rest */
+static void half_rows(int k, int h, int *a0, int *a1)
+{
+    *a0 = h ? (k + 1) / 2 : 0;
+    *a1 = h ? k : (k + 1) / 2;
+}
+
 /* dW += (D + D^T) W with D = dG (x) alpha G, dG the gradient through h,
  * by a team: every stage in two fixed halves of the k rows (a function of k
  * only, so the bits do not depend on the thread count), a member per half
@@ -185,22 +192,24 @@ static bk_status nys_setup(const bk_otk_desc *d, const bk_otk_config *p, nys_glo
 static void nys_backward_global(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, const nys_global *g,
                                 double *dM, double *tmp, double *tmp2, float *dW)
 {
-    const int k = d->k, dd = d->d, k2 = (k + 1) / 2;
+    const int k = d->k, dd = d->d;
     const double alpha = 1.0 / ((double)p->sigma * p->sigma), eta = p->eta;
     const double *V = g->V;
     int h0, h1;
     bki_team_share(tm, 2, &h0, &h1);
     /* rows [a0, a1) of tmp = (V^T dM V) (x) F */
     for (int h = h0; h < h1; h++) {
-        const int a0 = h * k2, m = (h ? k : k2) - a0;
+        int a0, a1;
+        half_rows(k, h, &a0, &a1);
+        const int m = a1 - a0;
         if (m < 1) continue;
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, k, 1.0, V + a0, k, dM, k, 0.0, tmp2 + (size_t)a0 * k, k);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, k, 1.0, tmp2 + (size_t)a0 * k, k, V, k, 0.0,
                     tmp + (size_t)a0 * k, k);
-        for (int a = a0; a < a0 + m; a++)
+        for (int a = a0; a < a1; a++) {
+            const double ea = g->e[a], sa = sqrt(ea > 0 ? ea : 0), ta = sa + eta;
             for (int b = 0; b < k; b++) {
-                const double ea = g->e[a], eb = g->e[b];
-                const double sa = sqrt(ea > 0 ? ea : 0), sb = sqrt(eb > 0 ? eb : 0), ta = sa + eta, tb = sb + eta;
+                const double eb = g->e[b], sb = sqrt(eb > 0 ? eb : 0), tb = sb + eta;
                 double F;
                 if (p->isqrt_grad == BK_OTK_ISQRT_REFERENCE) F = -1.0 / ((ta + tb) * ta * tb);
                 else if (ea > 0 && eb > 0) F = -1.0 / (ta * tb * (sa + sb));
@@ -208,23 +217,28 @@ static void nys_backward_global(const bki_team *tm, const bk_otk_desc *d, const 
                 else F = (1.0 / ta - 1.0 / tb) / (ea - eb);
                 tmp[(size_t)a * k + b] *= F;
             }
+        }
     }
     bki_team_sync(tm);
     /* rows of dG = V tmp V^T (into dM's place), then D = dG (x) alpha G */
     for (int h = h0; h < h1; h++) {
-        const int a0 = h * k2, m = (h ? k : k2) - a0;
+        int a0, a1;
+        half_rows(k, h, &a0, &a1);
+        const int m = a1 - a0;
         if (m < 1) continue;
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, k, 1.0, V + (size_t)a0 * k, k, tmp, k, 0.0,
                     tmp2 + (size_t)a0 * k, k);
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, k, k, 1.0, tmp2 + (size_t)a0 * k, k, V, k, 0.0,
                     dM + (size_t)a0 * k, k);
-        for (size_t e = (size_t)a0 * k; e < (size_t)(a0 + m) * k; e++) dM[e] *= alpha * g->G[e];
+        for (size_t e = (size_t)a0 * k; e < (size_t)a1 * k; e++) dM[e] *= alpha * g->G[e];
     }
     bki_team_sync(tm);
     /* row a of (D + D^T) W, the terms added in b order for every column */
     for (int h = h0; h < h1; h++) {
         double *acc = g->acc + (size_t)h * dd;
-        for (int a = h * k2; a < (h ? k : k2); a++) {
+        int a0, a1;
+        half_rows(k, h, &a0, &a1);
+        for (int a = a0; a < a1; a++) {
             memset(acc, 0, sizeof(double) * (size_t)dd);
             for (int b = 0; b < k; b++) {
                 const double D = dM[(size_t)a * k + b] + dM[(size_t)b * k + a];

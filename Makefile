@@ -42,7 +42,11 @@ ifeq ($(CUDA),1)
 ifeq ($(NVCC),)
 $(error CUDA=1 but nvcc was not found (install CUDA or set NVCC=/path/to/nvcc))
 endif
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# the toolkit's root as nvcc itself reports it (nvcc on PATH may be a wrapper
+# script elsewhere), else the directory above nvcc's bin/
+ifeq ($(origin CUDA_HOME),undefined)
+CUDA_HOME := $(firstword $(patsubst %/bin/..,%,$(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p')) $(patsubst %/bin/nvcc,%,$(NVCC)))
+endif
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS = -std=c++17 -O3 -lineinfo $(CUDA_ARCH) -Iinclude -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra $(NVCC_EXTRA)
 ifeq ($(WERROR),1)

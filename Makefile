@@ -25,7 +25,7 @@ CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 LDSAN = -fsanitize=address,undefined
 endif
 # zlib: the library reads gzipped datasets (src/data)
-LDLIBS_ALL = -lopenblas -llapacke -lm -lz -fopenmp $(LDSAN) $(LDLIBS)
+LDLIBS_ALL = -lopenblas -llapacke -lm -lz -fopenmp -pthread $(LDSAN) $(LDLIBS)
 
 # The CUDA backend (docs/CUDA.md): built when nvcc is found (PATH, else
 # /usr/local/cuda/bin), or forced with CUDA=1 / left out with CUDA=0. Kernels
@@ -75,7 +75,7 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
-CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
+CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
@@ -90,7 +90,7 @@ HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h sr
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
            tools/plot/chart.c tools/bench/bench.c tools/bench/bench_otk.c tools/bench/bench_asap.c \
-           tools/bench/bench_train.c tools/demo/demo.c
+           tools/bench/bench_train.c tools/bench/load.c tools/demo/demo.c
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \

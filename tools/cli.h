@@ -101,5 +101,13 @@ int cmd_bench(int argc, char **argv);     /* bench/bench.c */
 int bench_otk(int argc, char **argv);     /* bench/bench_otk.c: bench --op otk */
 int bench_asap(int argc, char **argv);    /* bench/bench_asap.c: bench --op asap */
 int bench_train(int argc, char **argv);   /* bench/bench_train.c: bench --op train */
+/* bench/load.c: competing processes for `bench --load N --load-job N` */
+typedef struct {
+    int n, busy, jobs;
+    int *pid;
+} bench_load;
+int bench_load_args(int *argc, char **argv, int *busy, int *jobs); /* removes them; -1: bad */
+int bench_load_start(bench_load *ld, int busy, int jobs);           /* -1: failed, nothing left */
+void bench_load_stop(bench_load *ld);                               /* kills and reaps them */
 int cmd_demo(int argc, char **argv);      /* demo/demo.c   */
 #endif

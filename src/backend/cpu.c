@@ -71,29 +71,29 @@ static bk_status fill(bk_context *ctx, float *dst, float value, size_t n)
     return BK_OK;
 }
 
+typedef struct {
+    int ta, tb, M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    ptrdiff_t lda, sA, ldb, sB, ldc, sC;
+} gemm_args;
+
+static void gemm_one(const bki_team *tm, int b, char *lane, void *arg)
+{
+    const gemm_args *g = arg;
+    (void)lane;
+    bki_gemm(tm, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A + b * g->sA, g->lda, g->B + b * g->sB, g->ldb,
+             g->beta, g->C + b * g->sC, g->ldc);
+}
+
 static bk_status gemm_batched(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha,
                               const float *A, ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb, ptrdiff_t sB,
                               float beta, float *C, ptrdiff_t ldc, ptrdiff_t sC)
 {
     (void)ctx;
-    const bki_plan pl = bki_plan_problems(batch, (double)M * N);
-    const int nt = pl.team ? pl.nt : 1;
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        const bki_team tm = {pl.team ? bki_thread_id() : 0, pl.team ? bki_region_size() : 1};
-        (void)nt;
-        if (pl.team) {
-            for (int b = 0; b < batch; b++) {
-                bki_gemm(&tm, ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
-                bki_team_sync(&tm);
-            }
-        } else {
-#pragma omp for schedule(static)
-            for (int b = 0; b < batch; b++)
-                bki_gemm(&BKI_SOLO, ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC, ldc);
-        }
-    }
+    gemm_args g = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, sA, ldb, sB, ldc, sC};
+    bki_run_problems(bki_plan_problems(batch, (double)M * N), batch, NULL, 0, gemm_one, &g);
     return BK_OK;
 }
 

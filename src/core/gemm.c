@@ -95,9 +95,9 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     int rb, cb;
     const int thin = route(gk, ta, tb, M, N, K, &rb, &cb);
     const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
-    int lo, hi;
-    bki_team_share(tm, nr * nc, &lo, &hi);
-    /* tiles in row-major order: a member's consecutive tiles share a row
+    bki_claims cl = bki_claims_open(tm, (int64_t)nr * nc);
+    /* tiles in row-major order, claimed at run time (each member's static
+     * share first): a member's consecutive tiles share a row
      * tile of the streamed operand, read again from L2. (Numbered along the
      * rows, so that they shared the packed short operand instead, each of two
      * members streamed the whole long operand from L3: the training step was
@@ -106,8 +106,8 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
     const int stream = !ep && beta == 0.0f && (double)M * N >= STREAM_FLOATS;
     _Alignas(64) float pk[THIN_PACK]; /* whole lines: the packed rows are NR floats apart, so every vector load of the panel is aligned */
     int packed_at = -1; /* the short-side tile whose operand pk holds */
-    for (int t = lo; t < hi; t++) {
-        const int ti = t / nc, tj = t % nc;
+    for (int64_t tk; bki_claims_next(&cl, &tk);) {
+        const int t = (int)tk, ti = t / nc, tj = t % nc;
         const int i0 = ti * rb, j0 = tj * cb;
         const int mi = M - i0 < rb ? M - i0 : rb, nj = N - j0 < cb ? N - j0 : cb;
         float *Ct = C + (ptrdiff_t)i0 * ldc + j0;

@@ -66,29 +66,86 @@ static inline void bki_team_share_floats(const bki_team *tm, size_t n, size_t *l
 }
 /* the members of the enclosing parallel region as one team */
 static inline bki_team bki_region_team(void) { return (bki_team){bki_thread_id(), bki_region_size()}; }
+/* Every member of tm waits here until all have arrived (a no-op for a team
+ * of one). The region's barrier (pool.c): members spin a few microseconds,
+ * then sleep in the kernel, so a member never burns a core that another
+ * process or a descheduled member could use. A part of a region's members
+ * (a half-team) syncs the whole region: every member of the region calls it. */
+void bki_region_barrier(void);
 static inline void bki_team_sync(const bki_team *tm)
 {
-    if (tm->nt > 1) {
-#pragma omp barrier
-    }
+    if (tm->nt > 1) bki_region_barrier();
 }
 
-/* Every parallel region of the library starts with BKI_REGION: the calling
- * thread's floating-point state is saved, flush-to-zero and
- * denormals-are-zero are set for the region (subnormals cost ~100 cycles per
- * operation on x86 and are far below float32 rounding here), BLAS is kept on
- * one thread, and the caller's state is restored when the region ends (torch
- * and numpy share the OpenMP pool and must not inherit our mode). */
+/* ---- the library's threads (pool.c; docs/ARCHITECTURE.md "Threads") ------
+ * A parallel region: fn(arg) run by nt members at once, the caller being
+ * member 0; it returns when every member has returned. Inside, bki_thread_id()
+ * is the member's index and bki_region_size() nt. The runner sets each
+ * member's floating-point mode (FTZ/DAZ) and BLAS threads for the region and
+ * restores the caller's afterwards (bki_region_enter/leave). A region opened
+ * inside a region runs on the calling thread alone (nt = 1), as OpenMP's
+ * nested regions did; regions opened by different threads of the caller at
+ * once each get threads of their own (a process-wide set of pools, the
+ * library's only process-wide state beside the default thread count). */
+typedef void (*bki_region_fn)(void *arg);
+void bki_parallel(int nt, bki_region_fn fn, void *arg);
+
+/* Blocks claimed at run time. Every member of a team calls bki_claims_open
+ * with the same n (every member runs the same sequence of loops), then takes
+ * block indices from bki_claims_next until it returns 0. Over a whole
+ * region's team each member first takes the blocks of its static share, in
+ * order (the locality of a static schedule), then takes the blocks that
+ * other members have not started, so a member that the kernel descheduled
+ * holds no work but the block it is in, and a member that arrives late
+ * finds the loop done and goes on. What a block
+ * computes must not depend on which member computes it (no accumulation
+ * across blocks in member-private memory): the partition stays a function of
+ * the problem, so results stay bitwise the same. A team of one takes every
+ * block in order; a part of a region (a half-team) its static share. No sync
+ * at the end: bki_team_sync where results are read by others. */
+typedef struct {
+    int64_t base, n, lo, hi; /* tickets before this loop, blocks, own range */
+    int64_t chunk, total;    /* BKI_FOR: iterations a block, iterations    */
+    int shared, tid, nt, v;  /* shared: claimed at run time; v: the member
+                                whose share is being taken                 */
+} bki_claims;
+bki_claims bki_claims_open(const bki_team *tm, int64_t n);
+int bki_claims_next(bki_claims *cl, int64_t *blk);
+/* An ordered section inside a claimed loop (opened with
+ * bki_claims_open_ordered): bki_ordered_begin(cl, k) waits until every block
+ * before k has passed its section, bki_ordered_end(cl, k) lets block k + 1
+ * in. Every block of the loop must pass its section exactly once. */
+bki_claims bki_claims_open_ordered(const bki_team *tm, int64_t n);
+void bki_ordered_begin(const bki_claims *cl, int64_t k);
+void bki_ordered_end(const bki_claims *cl, int64_t k);
+
+/* The loop of a region's members over i in [0, n), in chunks claimed at run
+ * time (OpenMP's `omp for`, without its barrier: bki_team_sync after it
+ * where other members read its results). Every member of the region runs it;
+ * an iteration must not depend on which member runs it. `continue` skips an
+ * iteration; `break` leaves only the current chunk. */
+bki_claims bki_for_open(int64_t n);
+int bki_for_next(bki_claims *cl, int64_t *i0, int64_t *i1);
+#define BKI_FOR(i, n)                                                                                     \
+    for (bki_claims bki_cl_ = bki_for_open(n); bki_cl_.total >= 0; bki_cl_.total = -1)                    \
+        for (int64_t bki_i0_, bki_i1_; bki_for_next(&bki_cl_, &bki_i0_, &bki_i1_);)                        \
+            for (int64_t i = bki_i0_; i < bki_i1_; i++)
+
+/* Every parallel region of the library goes through bki_parallel, which
+ * brackets each member with these: the calling thread's floating-point state
+ * is saved, flush-to-zero and denormals-are-zero are set for the region
+ * (subnormals cost ~100 cycles per operation on x86 and are far below
+ * float32 rounding here), BLAS is kept on one thread, and the caller's state
+ * is restored when the region ends (torch and numpy must not inherit our
+ * mode). */
 unsigned bki_region_enter(void);
 void bki_region_leave(const unsigned *saved);
-#define BKI_REGION                                                                                       \
-    const unsigned bki_region_saved_ __attribute__((cleanup(bki_region_leave), unused)) = bki_region_enter()
 
 /* The one problem runner: fn(tm, p, lane, ctx) for p = 0..P-1 as the plan
  * says: a team of all the region's threads on one problem after another
  * (lane 0; the team syncs after each problem), or one problem per thread
- * (static partition; thread t uses lane t). Lanes are lane_bytes apart from
- * an aligned base. Opens the region (BKI_REGION). */
+ * (problems claimed at run time; member t uses lane t). Lanes are
+ * lane_bytes apart from an aligned base. Opens the region (bki_parallel). */
 typedef void (*bki_problem_fn)(const bki_team *tm, int p, char *lane, void *ctx);
 void bki_run_problems(bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *ctx);
 

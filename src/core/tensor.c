@@ -1,6 +1,7 @@
 /* tensor.c -- views and the validation every operator shares. */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -149,6 +150,37 @@ int bki_rows_finite(const float *base, int64_t sn, int L, int C)
 /* Below this many floats a scan runs on the calling thread alone. */
 #define FINITE_PAR_MIN (1 << 18)
 
+typedef struct {
+    const bk_tensor *t;
+    int H, N, C, P, chunk; /* chunk: rows a block of head `head` (P = 0)  */
+    int head;
+    const int32_t *len;
+    _Atomic int bad; /* the lowest bad head found, or a bad chunk's flag  */
+} scan_args;
+
+static void scan_member(void *arg)
+{
+    scan_args *r = arg;
+    const bk_tensor *t = r->t;
+    if (r->P) { /* heads claimed at run time; the lowest bad one wins */
+        BKI_FOR(i, r->P) {
+            const int p = (int)i;
+            if (p < atomic_load(&r->bad) && !bki_rows_finite(bki_at(t, p / r->H, p % r->H), t->stride_n,
+                                                              bki_len(r->len, p / r->H, r->N), r->C)) {
+                int cur = atomic_load(&r->bad);
+                while (p < cur && !atomic_compare_exchange_weak(&r->bad, &cur, p)) {}
+            }
+        }
+    } else { /* one head's rows in chunks */
+        const int L = bki_len(r->len, r->head / r->H, r->N);
+        const float *base = bki_at(t, r->head / r->H, r->head % r->H);
+        BKI_FOR(c, (L + r->chunk - 1) / r->chunk) {
+            const int r0 = (int)c * r->chunk, r1 = r0 + r->chunk < L ? r0 + r->chunk : L;
+            if (!bki_rows_finite(base + (int64_t)r0 * t->stride_n, t->stride_n, r1 - r0, r->C)) atomic_store(&r->bad, 1);
+        }
+    }
+}
+
 /* index of the first head (b * H + h) with a non-finite value in its valid
  * rows, or B * H; heads shared over threads when there are enough of them,
  * else each head's rows in chunks. Either way the answer is the first bad
@@ -162,20 +194,15 @@ static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const 
         for (int p = 0; p < P && bad == P; p++)
             if (!bki_rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p;
     } else if (P >= nt) {
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
-        for (int p = 0; p < P; p++)
-            if (!bki_rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p < bad ? p : bad;
+        scan_args r = {t, H, N, C, P, 0, 0, len, P};
+        bki_parallel(nt, scan_member, &r);
+        bad = atomic_load(&r.bad);
     } else {
         for (int p = 0; p < P && bad == P; p++) {
-            const int L = bki_len(len, p / H, N), ch = (L + nt - 1) / nt;
-            const float *base = bki_at(t, p / H, p % H);
-            int any = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : any)
-            for (int c = 0; c < nt; c++) {
-                const int r0 = c * ch, r1 = r0 + ch < L ? r0 + ch : L;
-                if (r0 < r1 && !bki_rows_finite(base + (int64_t)r0 * t->stride_n, t->stride_n, r1 - r0, C)) any = 1;
-            }
-            if (any) bad = p;
+            const int L = bki_len(len, p / H, N);
+            scan_args r = {t, H, N, C, 0, (L + nt - 1) / nt, p, len, 0};
+            if (L > 0) bki_parallel(nt, scan_member, &r);
+            if (atomic_load(&r.bad)) bad = p;
         }
     }
     return bad;

@@ -107,25 +107,38 @@ unsigned bki_region_enter(void)
 
 void bki_region_leave(const unsigned *saved) { _mm_setcsr(*saved); }
 
+typedef struct {
+    bki_plan pl;
+    int P;
+    char *lanes;
+    size_t lane_bytes;
+    bki_problem_fn fn;
+    void *ctx;
+} problems;
+
+/* a team on one problem after another, or problems claimed one at a time
+ * by members working alone (each in its own lane: a problem's result does
+ * not depend on the lane it ran in) */
+static void problems_member(void *arg)
+{
+    const problems *r = arg;
+    if (r->pl.team) {
+        const bki_team tm = bki_region_team();
+        for (int p = 0; p < r->P; p++) {
+            r->fn(&tm, p, r->lanes, r->ctx);
+            bki_team_sync(&tm);
+        }
+    } else {
+        char *lane = r->lanes ? r->lanes + (size_t)bki_thread_id() * r->lane_bytes : NULL;
+        bki_claims cl = bki_claims_open(&(bki_team){bki_thread_id(), bki_region_size()}, r->P);
+        for (int64_t p; bki_claims_next(&cl, &p);) r->fn(&BKI_SOLO, (int)p, lane, r->ctx);
+    }
+}
+
 void bki_run_problems(bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *ctx)
 {
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        const int tid = bki_thread_id();
-        if (pl.team) {
-            const bki_team tm = {tid, bki_region_size()};
-            for (int p = 0; p < P; p++) {
-                fn(&tm, p, lanes, ctx);
-                bki_team_sync(&tm);
-            }
-        } else {
-            const bki_team tm = BKI_SOLO;
-            char *lane = lanes + (size_t)tid * lane_bytes;
-#pragma omp for schedule(static)
-            for (int p = 0; p < P; p++) fn(&tm, p, lane, ctx);
-        }
-    }
+    problems r = {pl, P, lanes, lane_bytes, fn, ctx};
+    bki_parallel(pl.nt, problems_member, &r);
 }
 
 /* The kernel table is a pure function of the CPU (and BK_ISA), computed on
@@ -192,22 +205,4 @@ void bk_machine_peak(double seconds, double *gflops, double *gexps)
     }
     if (gflops) *gflops = best_f * 1e-9;
     if (gexps) *gexps = best_e * 1e-9;
-}
-
-int bki_thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-int bki_region_size(void)
-{
-#ifdef _OPENMP
-    return omp_get_num_threads();
-#else
-    return 1;
-#endif
 }

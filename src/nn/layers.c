@@ -1,7 +1,7 @@
 /* layers.c -- Linear, LayerNorm, GELU, dropout and column sums for the
- * training engine (see layers.h). Row loops split rows in a fixed static
- * partition; each row's result is computed by the same code whatever the
- * thread count. */
+ * training engine (see layers.h). Row loops take their rows in chunks
+ * claimed at run time (BKI_FOR); each row's result is computed by the same
+ * code whatever the member or the thread count. */
 #include "layers.h"
 
 #include <math.h>
@@ -52,143 +52,189 @@ static void colsum_member(const float *a, int R, int C, int lda, float *out)
     }
 }
 
+typedef struct {
+    const float *a;
+    int R, C, lda;
+    float *out;
+} colsum_args;
+static void colsum_add_member(void *arg)
+{
+    const colsum_args *r = arg;
+    colsum_member(r->a, r->R, r->C, r->lda, r->out);
+}
+
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 {
-    const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        colsum_member(a, R, C, lda, out);
+    colsum_args r = {a, R, C, lda, out};
+    bki_parallel(bki_threads(), colsum_add_member, &r);
+}
+
+typedef struct {
+    int R, C;
+    const float *x, *g, *b;
+    float eps;
+    float *y, *mu, *rs;
+} ln_fwd_args;
+static void ln_fwd_member(void *arg)
+{
+    const ln_fwd_args *a = arg;
+    const int C = a->C;
+    const float *x = a->x, *g = a->g, *b = a->b;
+    BKI_FOR(i, a->R) {
+        const int r = (int)i;
+        const float *xr = x + (size_t)r * C;
+        float *yr = a->y + (size_t)r * C;
+        /* sums in double, in vector lanes (the build's width: the order
+         * is fixed by the code, not by the thread count) */
+        double s = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += xr[c];
+        const double m = s / C;
+#pragma omp simd reduction(+ : s2)
+        for (int c = 0; c < C; c++) {
+            const double t = xr[c] - m;
+            s2 += t * t;
+        }
+        const float mf = (float)m, rf = (float)(1.0 / sqrt(s2 / C + (double)a->eps));
+        a->mu[r] = mf;
+        a->rs[r] = rf;
+        for (int c = 0; c < C; c++) yr[c] = (xr[c] - mf) * rf * g[c] + b[c];
     }
 }
 
 void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float *b, float eps, float *y, float *mu,
                        float *rs)
 {
-    const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            const float *xr = x + (size_t)r * C;
-            float *yr = y + (size_t)r * C;
-            /* sums in double, in vector lanes (the build's width: the order
-             * is fixed by the code, not by the thread count) */
-            double s = 0.0, s2 = 0.0;
-#pragma omp simd reduction(+ : s)
-            for (int c = 0; c < C; c++) s += xr[c];
-            const double m = s / C;
-#pragma omp simd reduction(+ : s2)
-            for (int c = 0; c < C; c++) {
-                const double t = xr[c] - m;
-                s2 += t * t;
-            }
-            const float mf = (float)m, rf = (float)(1.0 / sqrt(s2 / C + (double)eps));
-            mu[r] = mf;
-            rs[r] = rf;
-            for (int c = 0; c < C; c++) yr[c] = (xr[c] - mf) * rf * g[c] + b[c];
-        }
-    }
+    ln_fwd_args r = {R, C, x, g, b, eps, y, mu, rs};
+    bki_parallel(bki_threads(), ln_fwd_member, &r);
 }
 
 /* LayerNorm backward in one pass over x and dy: the rows go in fixed blocks
  * (LN_BLOCK_FLOATS floats of x a block, a function of C only); a block's
  * member computes dx row by row and, in the same sweep, the block's partial
  * column sums of dy xhat and dy (double, rows in order), then adds them into
- * the shared sums in block order (an ordered loop): every column's dg and db
- * are the same chain of block partials whatever the thread count. Columns go
- * LN_COLS at a time; past the first stretch a row's later stretches read it
- * again (rows wider than LN_COLS only). The separate column sweep this
- * replaces read x and dy twice: docs/PERFORMANCE.md, "Thin column tiles".
- */
+ * the shared sums in block order (an ordered section; block 0 first zeroes
+ * them, the last block then adds them into dg and db): every column's dg and
+ * db are the same chain of block partials whatever the thread count. The
+ * ordered sections of one stretch all pass before those of the next, so the
+ * shared sums need no barrier. Columns go LN_COLS at a time; past the first
+ * stretch a row's later stretches read it again (rows wider than LN_COLS
+ * only). The separate column sweep this replaces read x and dy twice:
+ * docs/PERFORMANCE.md, "Thin column tiles". */
 #define LN_BLOCK_FLOATS 8192
 #define LN_COLS 512
-void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
-                       const float *dy, float *dx, float *dg, float *db)
+typedef struct {
+    int R, C, rb, nblk;
+    const float *x, *mu, *rs, *g, *dy;
+    float *dx, *dg, *db;
+    double *sg, *sb; /* the shared sums of the current stretch (LN_COLS each) */
+} ln_bwd_args;
+
+/* block blk's partial sums pg, pb of columns [c0, c0 + cn) (and its rows'
+ * dx in the first stretch) */
+static void ln_bwd_block(const ln_bwd_args *a, int blk, int c0, int cn, double *pg, double *pb)
 {
-    if (R < 1 || C < 1) return;
-    const int nt = bki_threads();
-    const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
-    const int nblk = (R + rb - 1) / rb;
-    _Alignas(64) double sg[LN_COLS], sb[LN_COLS]; /* the shared sums of the current stretch */
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        for (int c0 = 0; c0 < C; c0 += LN_COLS) {
-            const int cn = C - c0 < LN_COLS ? C - c0 : LN_COLS;
-#pragma omp for schedule(static)
-            for (int c = 0; c < cn; c++) sg[c] = sb[c] = 0.0;
-#pragma omp for ordered schedule(static, 1)
-            for (int blk = 0; blk < nblk; blk++) {
-                _Alignas(64) double pg[LN_COLS], pb[LN_COLS];
-                for (int c = 0; c < cn; c++) pg[c] = pb[c] = 0.0;
-                const int r1 = (blk + 1) * rb < R ? (blk + 1) * rb : R;
-                for (int r = blk * rb; r < r1; r++) {
-                    const float *xr = x + (size_t)r * C, *dr = dy + (size_t)r * C;
-                    const float mr = mu[r], rr = rs[r];
-                    if (c0 == 0) { /* dx, once a row */
-                        float *dxr = dx + (size_t)r * C;
-                        double s1 = 0.0, s2 = 0.0;
+    const int R = a->R, C = a->C, rb = a->rb;
+    const float *g = a->g;
+    for (int c = 0; c < cn; c++) pg[c] = pb[c] = 0.0;
+    const int r1 = (blk + 1) * rb < R ? (blk + 1) * rb : R;
+    for (int r = blk * rb; r < r1; r++) {
+        const float *xr = a->x + (size_t)r * C, *dr = a->dy + (size_t)r * C;
+        const float mr = a->mu[r], rr = a->rs[r];
+        if (c0 == 0) { /* dx, once a row */
+            float *dxr = a->dx + (size_t)r * C;
+            double s1 = 0.0, s2 = 0.0;
 #pragma omp simd reduction(+ : s1, s2)
-                        for (int c = 0; c < C; c++) {
-                            const double dxh = (double)dr[c] * g[c];
-                            s1 += dxh;
-                            s2 += dxh * ((xr[c] - mr) * rr);
-                        }
-                        const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
-                        /* and the first stretch's partial sums from the same xhat */
-                        for (int c = 0; c < C; c++) {
-                            const float xh = (xr[c] - mr) * rr;
-                            dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
-                            if (c < cn) {
-                                pg[c] += (double)dr[c] * xh;
-                                pb[c] += dr[c];
-                            }
-                        }
-                    } else {
-                        for (int c = 0; c < cn; c++) {
-                            pg[c] += (double)dr[c0 + c] * ((xr[c0 + c] - mr) * rr);
-                            pb[c] += dr[c0 + c];
-                        }
-                    }
-                }
-#pragma omp ordered
-                for (int c = 0; c < cn; c++) {
-                    sg[c] += pg[c];
-                    sb[c] += pb[c];
+            for (int c = 0; c < C; c++) {
+                const double dxh = (double)dr[c] * g[c];
+                s1 += dxh;
+                s2 += dxh * ((xr[c] - mr) * rr);
+            }
+            const float m1 = (float)(s1 / C), m2 = (float)(s2 / C);
+            /* and the first stretch's partial sums from the same xhat */
+            for (int c = 0; c < C; c++) {
+                const float xh = (xr[c] - mr) * rr;
+                dxr[c] += rr * (dr[c] * g[c] - m1 - xh * m2);
+                if (c < cn) {
+                    pg[c] += (double)dr[c] * xh;
+                    pb[c] += dr[c];
                 }
             }
-#pragma omp for schedule(static)
+        } else {
             for (int c = 0; c < cn; c++) {
-                dg[c0 + c] += (float)sg[c];
-                db[c0 + c] += (float)sb[c];
+                pg[c] += (double)dr[c0 + c] * ((xr[c0 + c] - mr) * rr);
+                pb[c] += dr[c0 + c];
             }
         }
     }
 }
 
+static void ln_bwd_member(void *arg)
+{
+    const ln_bwd_args *a = arg;
+    const bki_team tm = bki_region_team();
+    double *sg = a->sg, *sb = a->sb;
+    for (int c0 = 0; c0 < a->C; c0 += LN_COLS) {
+        const int cn = a->C - c0 < LN_COLS ? a->C - c0 : LN_COLS;
+        bki_claims cl = bki_claims_open_ordered(&tm, a->nblk);
+        for (int64_t k; bki_claims_next(&cl, &k);) {
+            const int blk = (int)k;
+            _Alignas(64) double pg[LN_COLS], pb[LN_COLS];
+            ln_bwd_block(a, blk, c0, cn, pg, pb);
+            bki_ordered_begin(&cl, k);
+            if (blk == 0)
+                for (int c = 0; c < cn; c++) sg[c] = sb[c] = 0.0;
+            for (int c = 0; c < cn; c++) {
+                sg[c] += pg[c];
+                sb[c] += pb[c];
+            }
+            if (blk == a->nblk - 1)
+                for (int c = 0; c < cn; c++) {
+                    a->dg[c0 + c] += (float)sg[c];
+                    a->db[c0 + c] += (float)sb[c];
+                }
+            bki_ordered_end(&cl, k);
+        }
+    }
+}
+
+void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const float *rs, const float *g,
+                       const float *dy, float *dx, float *dg, float *db)
+{
+    if (R < 1 || C < 1) return;
+    const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
+    _Alignas(64) double sg[LN_COLS], sb[LN_COLS];
+    ln_bwd_args r = {R, C, rb, (R + rb - 1) / rb, x, mu, rs, g, dy, dx, dg, db, sg, sb};
+    bki_parallel(bki_threads(), ln_bwd_member, &r);
+}
+
 /* The GELU passes run the per-instruction-set kernels (src/core/vgelu.h,
  * bki_kern()->gelu and ->gelu_grad: AVX-512 vectors where the CPU has them;
- * the same bits either way) on fixed chunks of GELU_CHUNK elements shared
- * statically over the threads. */
+ * the same bits either way) on fixed chunks of GELU_CHUNK elements claimed
+ * at run time by the members. */
 #define GELU_CHUNK 4096
+typedef struct {
+    size_t n;
+    const float *z, *dy;
+    float *out;
+    const bki_kernels *K;
+} gelu_args;
+static void gelu_member(void *arg)
+{
+    const gelu_args *a = arg;
+    const size_t n = a->n;
+    BKI_FOR(c, (int64_t)((n + GELU_CHUNK - 1) / GELU_CHUNK)) {
+        const size_t i = (size_t)c * GELU_CHUNK, len = n - i < GELU_CHUNK ? n - i : GELU_CHUNK;
+        if (a->dy) a->K->gelu_grad(len, a->z + i, a->dy + i, a->out + i);
+        else a->K->gelu(len, a->z + i, a->out + i);
+    }
+}
+
 /* out = gelu(z) (dy NULL) or dy gelu'(z) */
 static void gelu_pass(size_t n, const float *z, const float *dy, float *out)
 {
-    const int nt = bki_threads();
-    const bki_kernels *K = bki_kern();
-    const size_t nc = (n + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel num_threads(nt) if (n > 16384)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (size_t c = 0; c < nc; c++) {
-            const size_t i = c * GELU_CHUNK, len = n - i < GELU_CHUNK ? n - i : GELU_CHUNK;
-            if (dy) K->gelu_grad(len, z + i, dy + i, out + i);
-            else K->gelu(len, z + i, out + i);
-        }
-    }
+    gelu_args a = {n, z, dy, out, bki_kern()};
+    bki_parallel(n > 16384 ? bki_threads() : 1, gelu_member, &a);
 }
 
 void bki_gelu_fwd(size_t n, const float *z, float *y) { gelu_pass(n, z, NULL, y); }
@@ -230,17 +276,30 @@ static void fwd_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdi
     }
 }
 
+typedef struct {
+    int R, in, out;
+    const float *x;
+    int ldx;
+    const float *W;
+    float *y;
+    int ldy;
+    fwd_ep *e;
+} linear_fwd_args;
+static void linear_fwd_member(void *arg)
+{
+    const linear_fwd_args *a = arg;
+    const fwd_ep *e = a->e;
+    const int any = e->b || e->res || e->g;
+    const bki_team tm = bki_region_team();
+    bki_gemm_ep(&tm, 0, 1, a->R, a->out, a->in, 1.0f, a->x, a->ldx, a->W, a->in, 0.0f, a->y, a->ldy,
+                any ? fwd_tile : NULL, a->e);
+}
+
 static void linear_fwd_ep(int R, int in, int out, const float *x, int ldx, const float *W, float *y, int ldy,
                           fwd_ep *e)
 {
-    const int nt = bki_threads();
-    const int any = e->b || e->res || e->g;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        const bki_team tm = bki_region_team();
-        bki_gemm_ep(&tm, 0, 1, R, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy, any ? fwd_tile : NULL, e);
-    }
+    linear_fwd_args a = {R, in, out, x, ldx, W, y, ldy, e};
+    bki_parallel(bki_threads(), linear_fwd_member, &a);
 }
 
 void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
@@ -336,21 +395,37 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
     }
 }
 
+typedef struct {
+    int R, in, out;
+    const float *x;
+    int ldx;
+    const float *W, *dy;
+    int ldy;
+    float *dx;
+    float beta_dx;
+    float *dW, *db;
+    const float *s;
+    float *kbuf;
+} linear_bwd_args;
+static void linear_bwd_member(void *arg)
+{
+    linear_bwd_args *a = arg; /* not const: &a->s is gelu_grad_tile's argument */
+    const bki_team tm = bki_region_team();
+    if (a->dx)
+        bki_gemm_ep(&tm, 0, 0, a->R, a->in, a->out, 1.0f, a->dy, a->ldy, a->W, a->in, a->beta_dx, a->dx, a->in,
+                    a->s ? gelu_grad_tile : NULL, &a->s);
+    if (a->dW || a->db) grads_member(&tm, a->R, a->in, a->out, a->x, a->ldx, a->dy, a->ldy, a->dW, a->db, a->kbuf);
+}
+
 void bki_linear_bwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
                          float *dx, float beta_dx, float *dW, float *db, const float *s, float *kbuf)
 {
-    const int nt = bki_threads();
     if (!dx && !dW && !db) return;
     /* one region: dx's tiles, dW's, then this member's columns of db (all
      * read dy only and write apart: no barrier between, except the K
      * split's) */
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-        const bki_team tm = bki_region_team();
-        if (dx) bki_gemm_ep(&tm, 0, 0, R, in, out, 1.0f, dy, ldy, W, in, beta_dx, dx, in, s ? gelu_grad_tile : NULL, &s);
-        if (dW || db) grads_member(&tm, R, in, out, x, ldx, dy, ldy, dW, db, kbuf);
-    }
+    linear_bwd_args a = {R, in, out, x, ldx, W, dy, ldy, dx, beta_dx, dW, db, s, kbuf};
+    bki_parallel(bki_threads(), linear_bwd_member, &a);
 }
 
 void bki_linear_bwd(int R, int in, int out, const float *x, int ldx, const float *W, const float *dy, int ldy,
@@ -364,20 +439,31 @@ uint64_t bki_dropout_key(uint64_t seed, uint64_t count, int site)
     return bki_mix64_fin(bki_mix64_fin(seed ^ 0x5DEECE66Dull) ^ bki_mix64_fin(count + BKI_GOLDEN) ^ ((uint64_t)site << 40));
 }
 
+typedef struct {
+    float *a;
+    int R, C, ld;
+    float keep;
+    uint64_t thr, key;
+} dropout_args;
+static void dropout_member(void *arg)
+{
+    const dropout_args *d = arg;
+    const int C = d->C;
+    const float keep = d->keep;
+    const uint64_t thr = d->thr;
+    BKI_FOR(i, d->R) {
+        const int r = (int)i;
+        float *ar = d->a + (size_t)r * d->ld;
+        const uint64_t rk = bki_mix64_fin(d->key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+        for (int c = 0; c < C; c++) ar[c] = bki_mix64_fin(rk + (uint64_t)c * BKI_GOLDEN) >= thr ? ar[c] * keep : 0.0f;
+    }
+}
+
 void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
 {
     if (p <= 0.0f) return;
     const float keep = 1.0f / (1.0f - p);
     const uint64_t thr = (uint64_t)ldexp((double)p, 64); /* p < 1 (a float): below 2^64 - 2^40 */
-    const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *ar = a + (size_t)r * ld;
-            const uint64_t rk = bki_mix64_fin(key ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
-            for (int c = 0; c < C; c++) ar[c] = bki_mix64_fin(rk + (uint64_t)c * BKI_GOLDEN) >= thr ? ar[c] * keep : 0.0f;
-        }
-    }
+    dropout_args r = {a, R, C, ld, keep, thr, key};
+    bki_parallel(bki_threads(), dropout_member, &r);
 }

@@ -6,6 +6,7 @@
 #include "../core/vexp.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1359,19 +1360,21 @@ bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info)
     return BK_OK;
 }
 
+/* each member a contiguous share of whole lines of the gradient */
+static void zero_grad_member(void *arg)
+{
+    const bk_model *m = arg;
+    const bki_team tm = bki_region_team();
+    size_t lo, hi;
+    bki_team_share_floats(&tm, (size_t)m->P, &lo, &hi);
+    if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
+}
+
 void bk_model_zero_grad(bk_model *m)
 {
     if (!m) return;
-    /* on the library's threads, each a contiguous share of whole lines */
-    const int64_t P = m->P;
-#pragma omp parallel num_threads(bki_threads()) if (P > 65536)
-    {
-        BKI_REGION;
-        const bki_team tm = bki_region_team();
-        size_t lo, hi;
-        bki_team_share_floats(&tm, (size_t)P, &lo, &hi);
-        if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
-    }
+    /* on the library's threads */
+    bki_parallel(m->P > 65536 ? bki_threads() : 1, zero_grad_member, m);
 }
 
 bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
@@ -1637,73 +1640,102 @@ static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labe
     return BK_OK;
 }
 
+/* embed_fwd's regions: the model and the batch, one row of B*np (the
+ * input's rows) or of B*T (x0) an iteration */
+typedef struct {
+    bk_model *m;
+    const bk_batch *bt;
+} embed_args;
+
+/* image patches into emb_in rows */
+static void embed_patches_member(void *arg)
+{
+    const embed_args *ea = arg;
+    bk_model *m = ea->m;
+    const bk_batch *bt = ea->bt;
+    const bk_model_config *c = &m->c;
+    const int np = m->np;
+    const int P = c->patch, gw = c->image_w / P, C = c->channels, Hh = c->image_h, Ww = c->image_w;
+    BKI_FOR(r, (int64_t)bt->B * np) {
+        const int b = (int)(r / np), pi = (int)(r % np), py = pi / gw, px = pi % gw;
+        float *o = m->emb_in + (size_t)r * (size_t)m->in_feat;
+        const float *img = bt->x + (size_t)b * C * Hh * Ww;
+        for (int p1 = 0; p1 < P; p1++)
+            for (int p2 = 0; p2 < P; p2++)
+                for (int ch = 0; ch < C; ch++)
+                    *o++ = img[((size_t)ch * Hh + (size_t)(py * P + p1)) * Ww + (size_t)(px * P + p2)];
+    }
+}
+
+/* the tokens' table rows into emb_o */
+static void embed_tokens_member(void *arg)
+{
+    const embed_args *ea = arg;
+    bk_model *m = ea->m;
+    const bk_batch *bt = ea->bt;
+    const int D = m->c.dim;
+    BKI_FOR(r, (int64_t)bt->B * m->np)
+        memcpy(m->emb_o + (size_t)r * D, m->w + m->e_w + (size_t)bt->tokens[r] * D, sizeof(float) * (size_t)D);
+}
+
+/* the points into emb_in rows, padded rows zero */
+static void embed_points_member(void *arg)
+{
+    const embed_args *ea = arg;
+    bk_model *m = ea->m;
+    const bk_batch *bt = ea->bt;
+    const int np = m->np, pd = m->in_feat;
+    BKI_FOR(r, (int64_t)bt->B * np) {
+        const int b = (int)(r / np), i = (int)(r % np);
+        const int valid = bt->len ? bt->len[b] : np;
+        if (i < valid)
+            memcpy(m->emb_in + (size_t)r * pd, bt->x + (size_t)r * pd, sizeof(float) * (size_t)pd);
+        else
+            memset(m->emb_in + (size_t)r * pd, 0, sizeof(float) * (size_t)pd);
+    }
+}
+
+/* x0 rows: [cls;] emb_o [+ pos] */
+static void embed_rows_member(void *arg)
+{
+    const embed_args *ea = arg;
+    bk_model *m = ea->m;
+    const bk_model_config *c = &m->c;
+    const int np = m->np, T = m->T, D = c->dim;
+    const float *cls = c->cls ? m->w + m->cls_o : NULL, *pos = c->pos_embed ? m->w + m->pos_o : NULL;
+    BKI_FOR(r, (int64_t)ea->bt->B * T) {
+        const int b = (int)(r / T), t = (int)(r % T);
+        float *x = m->x0 + (size_t)r * D;
+        if (c->cls && t == 0)
+            memcpy(x, cls, sizeof(float) * (size_t)D);
+        else
+            memcpy(x, m->emb_o + ((size_t)b * np + (size_t)(t - c->cls)) * D, sizeof(float) * (size_t)D);
+        if (pos)
+            for (int k = 0; k < D; k++) x[k] += pos[(size_t)t * D + k];
+    }
+}
+
 /* x0 = [cls;] embed(input) [+ pos], dropout, padded rows zero */
 static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
 {
     const bk_model_config *c = &m->c;
     const int B = bt->B, np = m->np, T = m->T, D = c->dim, nt = bki_threads();
     const size_t Bn = (size_t)B * (size_t)np;
+    embed_args ea = {m, bt};
     if (c->input == BK_INPUT_IMAGE) {
-        const int P = c->patch, gw = c->image_w / P, C = c->channels, Hh = c->image_h, Ww = c->image_w;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < (int64_t)Bn; r++) {
-                const int b = (int)(r / np), pi = (int)(r % np), py = pi / gw, px = pi % gw;
-                float *o = m->emb_in + (size_t)r * (size_t)m->in_feat;
-                const float *img = bt->x + (size_t)b * C * Hh * Ww;
-                for (int p1 = 0; p1 < P; p1++)
-                    for (int p2 = 0; p2 < P; p2++)
-                        for (int ch = 0; ch < C; ch++)
-                            *o++ = img[((size_t)ch * Hh + (size_t)(py * P + p1)) * Ww + (size_t)(px * P + p2)];
-            }
-    }
+        bki_parallel(nt, embed_patches_member, &ea);
         bki_linear_fwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, m->w + m->e_b, m->emb_o, D);
     } else if (c->input == BK_INPUT_TOKENS) {
         memcpy(m->tokens, bt->tokens, sizeof(int32_t) * Bn);
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < (int64_t)Bn; r++)
-                memcpy(m->emb_o + (size_t)r * D, m->w + m->e_w + (size_t)bt->tokens[r] * D, sizeof(float) * (size_t)D);
-    }
+        bki_parallel(nt, embed_tokens_member, &ea);
     } else {
         const int pd = m->in_feat;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < (int64_t)Bn; r++) {
-                const int b = (int)(r / np), i = (int)(r % np);
-                const int valid = bt->len ? bt->len[b] : np;
-                if (i < valid)
-                    memcpy(m->emb_in + (size_t)r * pd, bt->x + (size_t)r * pd, sizeof(float) * (size_t)pd);
-                else
-                    memset(m->emb_in + (size_t)r * pd, 0, sizeof(float) * (size_t)pd);
-            }
-    }
+        bki_parallel(nt, embed_points_member, &ea);
         bki_linear_fwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, m->w + m->e_b, m->emb_h, D);
         bki_gelu_fwd(Bn * (size_t)D, m->emb_h, m->emb_g);
         bki_linear_fwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, m->w + m->e_b2, m->emb_o, D);
     }
-    const float *cls = c->cls ? m->w + m->cls_o : NULL, *pos = c->pos_embed ? m->w + m->pos_o : NULL;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < (int64_t)B * T; r++) {
-            const int b = (int)(r / T), t = (int)(r % T);
-            float *x = m->x0 + (size_t)r * D;
-            if (c->cls && t == 0)
-                memcpy(x, cls, sizeof(float) * (size_t)D);
-            else
-                memcpy(x, m->emb_o + ((size_t)b * np + (size_t)(t - c->cls)) * D, sizeof(float) * (size_t)D);
-            if (pos)
-                for (int k = 0; k < D; k++) x[k] += pos[(size_t)t * D + k];
-        }
-    }
+    bki_parallel(nt, embed_rows_member, &ea);
     if (train && c->dropout > 0.0f) bki_dropout(m->x0, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     for (int b = 0; b < B; b++)
         if (m->nb[b] < T) memset(m->x0 + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
@@ -1750,36 +1782,46 @@ static void diff_set_lambda(bk_model *m, int l)
 /* forward (bwd = 0): att = (1 - lambda_init) RMSNorm_h(draw) per (row, head),
  * drs keeping 1/RMS; backward (bwd = 1): dO = (1 - lambda_init) rs (dy - x
  * rs^2 <dy, x> / dh) from dy = dA */
+typedef struct {
+    bk_model *m;
+    blk_act *a;
+    int64_t R;
+    float g;
+    int bwd;
+} diff_norm_args;
+
+static void diff_norm_member(void *arg)
+{
+    const diff_norm_args *dn = arg;
+    bk_model *m = dn->m;
+    blk_act *a = dn->a;
+    const int H = m->c.heads, dh = m->dh, I = m->I, bwd = dn->bwd;
+    const double eps = m->c.ln_eps;
+    const float g = dn->g;
+    BKI_FOR(r, dn->R)
+        for (int h = 0; h < H; h++) {
+            const size_t at = (size_t)r * I + (size_t)h * dh;
+            const float *x = a->draw + at;
+            float *rs = a->drs + (size_t)r * H + h;
+            if (!bwd) {
+                double ss = 0.0;
+                for (int k = 0; k < dh; k++) ss += (double)x[k] * x[k];
+                *rs = (float)(1.0 / sqrt(ss / dh + eps));
+                for (int k = 0; k < dh; k++) a->att[at + k] = x[k] * *rs * g;
+            } else {
+                const float *dy = m->dA + at;
+                double dot = 0.0;
+                for (int k = 0; k < dh; k++) dot += (double)dy[k] * x[k];
+                const float c = (float)((double)*rs * *rs * dot / dh);
+                for (int k = 0; k < dh; k++) m->dO[at + k] = g * *rs * (dy[k] - x[k] * c);
+            }
+        }
+}
+
 static void diff_norm(bk_model *m, int l, int B, int bwd)
 {
-    blk_act *a = &m->ba[l];
-    const int H = m->c.heads, dh = m->dh, I = m->I, nt = bki_threads();
-    const int64_t R = (int64_t)B * m->T;
-    const double eps = m->c.ln_eps;
-    const float g = (float)(1.0 - diff_lambda_init(l));
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; r++)
-            for (int h = 0; h < H; h++) {
-                const size_t at = (size_t)r * I + (size_t)h * dh;
-                const float *x = a->draw + at;
-                float *rs = a->drs + (size_t)r * H + h;
-                if (!bwd) {
-                    double ss = 0.0;
-                    for (int k = 0; k < dh; k++) ss += (double)x[k] * x[k];
-                    *rs = (float)(1.0 / sqrt(ss / dh + eps));
-                    for (int k = 0; k < dh; k++) a->att[at + k] = x[k] * *rs * g;
-                } else {
-                    const float *dy = m->dA + at;
-                    double dot = 0.0;
-                    for (int k = 0; k < dh; k++) dot += (double)dy[k] * x[k];
-                    const float c = (float)((double)*rs * *rs * dot / dh);
-                    for (int k = 0; k < dh; k++) m->dO[at + k] = g * *rs * (dy[k] - x[k] * c);
-                }
-            }
-    }
+    diff_norm_args dn = {m, &m->ba[l], (int64_t)B * m->T, (float)(1.0 - diff_lambda_init(l)), bwd};
+    bki_parallel(bki_threads(), diff_norm_member, &dn);
 }
 
 /* dlambda (summed over the heads, in head order) into the four vectors */
@@ -1910,29 +1952,44 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     return BK_OK;
 }
 
+typedef struct {
+    int R, D;
+    const float *x;
+    float *out;
+    const float *b;
+} residual_args;
+
+/* out rows += b */
+static void residual_bias_member(void *arg)
+{
+    const residual_args *ra = arg;
+    const int D = ra->D;
+    const float *b = ra->b;
+    BKI_FOR(r, ra->R) {
+        float *o = ra->out + (size_t)r * D;
+        for (int c = 0; c < D; c++) o[c] += b[c];
+    }
+}
+
+/* out rows += x rows */
+static void residual_x_member(void *arg)
+{
+    const residual_args *ra = arg;
+    const int D = ra->D;
+    BKI_FOR(r, ra->R) {
+        float *o = ra->out + (size_t)r * D;
+        const float *xr = ra->x + (size_t)r * D;
+        for (int c = 0; c < D; c++) o[c] += xr[c];
+    }
+}
+
 static void residual_add(int R, int D, const float *x, float *out, const float *b, float p, uint64_t key)
 {
     const int nt = bki_threads();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *o = out + (size_t)r * D;
-            for (int c = 0; c < D; c++) o[c] += b[c];
-        }
-    }
+    residual_args ra = {R, D, x, out, b};
+    bki_parallel(nt, residual_bias_member, &ra);
     if (p > 0.0f) bki_dropout(out, R, D, D, p, key);
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *o = out + (size_t)r * D;
-            const float *xr = x + (size_t)r * D;
-            for (int c = 0; c < D; c++) o[c] += xr[c];
-        }
-    }
+    bki_parallel(nt, residual_x_member, &ra);
 }
 
 static bk_status pool_forward(bk_model *m, int B, int train)
@@ -2209,6 +2266,42 @@ static bk_status pool_backward(bk_model *m, int B)
     return BK_OK;
 }
 
+/* the learned positions' gradient: g[t] += dx[b, t] over b in order, one
+ * position t of T an iteration (dx [B, T, D]) */
+typedef struct {
+    float *g;
+    const float *dx;
+    int T, B, D;
+} pos_grad_args;
+
+static void pos_grad_member(void *arg)
+{
+    const pos_grad_args *pg = arg;
+    const int T = pg->T, B = pg->B, D = pg->D;
+    BKI_FOR(i, T) {
+        const int t = (int)i;
+        for (int b = 0; b < B; b++) add_into(pg->g + (size_t)t * D, pg->dx + ((size_t)b * T + t) * D, (size_t)D);
+    }
+}
+
+/* the token rows' gradient gathered from dX [B*T, D] into dE [B*np, D] */
+typedef struct {
+    float *dE;
+    const float *dX;
+    int64_t Bn;
+    int np, T, D, cls;
+} gather_args;
+
+static void gather_member(void *arg)
+{
+    const gather_args *ga = arg;
+    const int np = ga->np, T = ga->T, D = ga->D;
+    BKI_FOR(r, ga->Bn) {
+        const int b = (int)(r / np), i = (int)(r % np);
+        memcpy(ga->dE + (size_t)r * D, ga->dX + ((size_t)b * T + (size_t)(i + ga->cls)) * D, sizeof(float) * (size_t)D);
+    }
+}
+
 static void embed_backward(bk_model *m, int B)
 {
     const bk_model_config *c = &m->c;
@@ -2219,14 +2312,8 @@ static void embed_backward(bk_model *m, int B)
         if (m->nb[b] < T) memset(dX + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
     if (c->dropout > 0.0f) bki_dropout(dX, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     if (c->pos_embed) {
-        float *g = m->gw + m->pos_o;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int t = 0; t < T; t++)
-                for (int b = 0; b < B; b++) add_into(g + (size_t)t * D, dX + ((size_t)b * T + t) * D, (size_t)D);
-    }
+        pos_grad_args pg = {m->gw + m->pos_o, dX, T, B, D};
+        bki_parallel(nt, pos_grad_member, &pg);
     }
     if (c->cls) {
         float *g = m->gw + m->cls_o;
@@ -2234,15 +2321,8 @@ static void embed_backward(bk_model *m, int B)
     }
     /* gather the token rows' gradient into [B*np, D] */
     float *dE = m->dT;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < (int64_t)Bn; r++) {
-            const int b = (int)(r / np), i = (int)(r % np);
-            memcpy(dE + (size_t)r * D, dX + ((size_t)b * T + (size_t)(i + c->cls)) * D, sizeof(float) * (size_t)D);
-        }
-    }
+    gather_args ga = {dE, dX, (int64_t)Bn, np, T, D, c->cls};
+    bki_parallel(nt, gather_member, &ga);
     if (c->input == BK_INPUT_IMAGE) {
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
                        m->gw + m->e_b, kb(m, D, m->in_feat));
@@ -2688,6 +2768,32 @@ static bk_status pma_bwd(bk_model *m, int B)
 
 /* x[b, t] = sqrt(dim) table[tok[b, t]] + pos[t] over [B, N] (tok row stride
  * N), dropout, rows t >= len[b] zero */
+typedef struct {
+    const int32_t *tok, *len;
+    int N, D;
+    float sc;
+    const float *E, *pos;
+    float *x;
+    int64_t n;
+} s2s_embed_args;
+
+static void s2s_embed_member(void *arg)
+{
+    const s2s_embed_args *se = arg;
+    const int N = se->N, D = se->D;
+    const float sc = se->sc, *E = se->E, *pos = se->pos;
+    BKI_FOR(r, se->n) {
+        const int b = (int)(r / N), t = (int)(r % N);
+        float *xr = se->x + (size_t)r * D;
+        if (t >= se->len[b]) {
+            memset(xr, 0, sizeof(float) * (size_t)D);
+            continue;
+        }
+        const float *e = E + (size_t)se->tok[r] * D;
+        for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
+    }
+}
+
 static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *x,
                           int train, int site)
 {
@@ -2696,43 +2802,44 @@ static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, i
     const float sc = sqrtf((float)D);
     const float *E = m->w + m->e_w;
     const float *pos = c->pos_embed == 1 ? m->w + pos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < (int64_t)B * N; r++) {
-            const int b = (int)(r / N), t = (int)(r % N);
-            float *xr = x + (size_t)r * D;
-            if (t >= len[b]) {
-                memset(xr, 0, sizeof(float) * (size_t)D);
-                continue;
-            }
-            const float *e = E + (size_t)tok[r] * D;
-            for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
-        }
-    }
+    s2s_embed_args se = {tok, len, N, D, sc, E, pos, x, (int64_t)B * N};
+    bki_parallel(nt, s2s_embed_member, &se);
     if (train && c->dropout > 0.0f) bki_dropout(x, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
 }
 
 /* the table's gradient: g[tok[r]] += scale dE[r] over n rows (rows with
  * tok < 0 skipped), parallel over column blocks, rows in order */
-static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
+typedef struct {
+    float *g;
+    int D;
+    const int32_t *tok;
+    size_t n;
+    const float *dE;
+    float scale;
+} table_scatter_args;
+
+static void table_scatter_member(void *arg)
 {
-    const int nblk = (D + 31) / 32, nt = bki_threads();
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int blk = 0; blk < nblk; blk++) {
-            const int c0 = blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
-            for (size_t r = 0; r < n; r++) {
-                if (tok[r] < 0) continue;
-                float *gr = g + (size_t)tok[r] * D + c0;
-                const float *er = dE + r * D + c0;
-                for (int k = 0; k < cn; k++) gr[k] += scale * er[k];
-            }
+    const table_scatter_args *ts = arg;
+    const int D = ts->D;
+    const int32_t *tok = ts->tok;
+    const size_t n = ts->n;
+    const float scale = ts->scale;
+    BKI_FOR(blk, (D + 31) / 32) {
+        const int c0 = (int)blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
+        for (size_t r = 0; r < n; r++) {
+            if (tok[r] < 0) continue;
+            float *gr = ts->g + (size_t)tok[r] * D + c0;
+            const float *er = ts->dE + r * D + c0;
+            for (int k = 0; k < cn; k++) gr[k] += scale * er[k];
         }
     }
+}
+
+static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
+{
+    table_scatter_args ts = {g, D, tok, n, dE, scale};
+    bki_parallel(bki_threads(), table_scatter_member, &ts);
 }
 
 /* backward of s2s_embed_fwd from dx (modified: dropout applied, padded rows
@@ -2750,16 +2857,60 @@ static void s2s_embed_bwd(bk_model *m, int32_t *tok, const int32_t *len, int B, 
         }
     if (c->dropout > 0.0f) bki_dropout(dx, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
     if (c->pos_embed == 1) {
-        float *g = m->gw + pos_o;
-#pragma omp parallel num_threads(nt)
-        {
-            BKI_REGION;
-#pragma omp for schedule(static)
-            for (int t = 0; t < N; t++)
-                for (int b = 0; b < B; b++) add_into(g + (size_t)t * D, dx + ((size_t)b * N + t) * D, (size_t)D);
-        }
+        pos_grad_args pg = {m->gw + pos_o, dx, N, B, D};
+        bki_parallel(nt, pos_grad_member, &pg);
     }
     table_scatter(m->gw + m->e_w, D, tok, (size_t)B * N, dx, sqrtf((float)D));
+}
+
+/* one row of the target logits an iteration: its probabilities in place,
+ * loss and hit into rl; finite cleared by any row with a non-finite lse */
+typedef struct {
+    bk_model *m;
+    int V, Td, Rd;
+    float ls;
+    double *rl;
+    _Atomic int finite;
+} s2s_loss_args;
+
+static void s2s_loss_member(void *arg)
+{
+    s2s_loss_args *sl = arg;
+    bk_model *m = sl->m;
+    const int V = sl->V, Td = sl->Td;
+    const float ls = sl->ls;
+    double *rl = sl->rl;
+    BKI_FOR(i, sl->Rd) {
+        const int r = (int)i;
+        const int b = r / Td, t = r % Td;
+        float *z = m->plog + (size_t)r * V;
+        if (t >= m->nbt[b]) {
+            memset(z, 0, sizeof(float) * (size_t)V);
+            rl[2 * r] = rl[2 * r + 1] = 0.0;
+            continue;
+        }
+        const int y = m->tgt[r];
+        int best = 0;
+        float mx = z[0];
+        double sz = 0.0;
+        for (int j = 1; j < V; j++)
+            if (z[j] > mx) mx = z[j], best = j;
+        for (int j = 0; j < V; j++) sz += z[j];
+        const double zy = z[y];
+        /* exp(z - max) in place (the vectorised exp, 2 ulp), then the
+         * probabilities */
+        double s = 0.0;
+        for (int j = 0; j < V; j++) {
+            z[j] = bki_expf(z[j] - mx);
+            s += z[j];
+        }
+        const double lse = mx + log(s);
+        if (!isfinite(lse)) atomic_store(&sl->finite, 0);
+        rl[2 * r] = (1.0 - ls) * (lse - zy) + ls * (lse - sz / V);
+        rl[2 * r + 1] = best == y;
+        const float is = (float)(1.0 / s);
+        for (int j = 0; j < V; j++) z[j] *= is;
+    }
 }
 
 /* logits = h table^T over the valid target rows, label-smoothed
@@ -2778,43 +2929,9 @@ static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *l
                        sizeof(float) * (size_t)V);
     }
     double *rl = m->rloss; /* per row: loss, hit */
-    int finite = 1;
-#pragma omp parallel num_threads(nt) reduction(&& : finite)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < Rd; r++) {
-            const int b = r / Td, t = r % Td;
-            float *z = m->plog + (size_t)r * V;
-            if (t >= m->nbt[b]) {
-                memset(z, 0, sizeof(float) * (size_t)V);
-                rl[2 * r] = rl[2 * r + 1] = 0.0;
-                continue;
-            }
-            const int y = m->tgt[r];
-            int best = 0;
-            float mx = z[0];
-            double sz = 0.0;
-            for (int j = 1; j < V; j++)
-                if (z[j] > mx) mx = z[j], best = j;
-            for (int j = 0; j < V; j++) sz += z[j];
-            const double zy = z[y];
-            /* exp(z - max) in place (the vectorised exp, 2 ulp), then the
-             * probabilities */
-            double s = 0.0;
-            for (int j = 0; j < V; j++) {
-                z[j] = bki_expf(z[j] - mx);
-                s += z[j];
-            }
-            const double lse = mx + log(s);
-            if (!isfinite(lse)) finite = 0;
-            rl[2 * r] = (1.0 - ls) * (lse - zy) + ls * (lse - sz / V);
-            rl[2 * r + 1] = best == y;
-            const float is = (float)(1.0 / s);
-            for (int j = 0; j < V; j++) z[j] *= is;
-        }
-    }
-    if (!finite) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
+    s2s_loss_args sl = {m, V, Td, Rd, ls, rl, 1};
+    bki_parallel(nt, s2s_loss_member, &sl);
+    if (!atomic_load(&sl.finite)) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
     double total = 0.0;
     int64_t hits = 0;
     for (int r = 0; r < Rd; r++) {
@@ -2891,6 +3008,28 @@ bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int3
     return encode_src(m, src, stride, len, B, 0);
 }
 
+typedef struct {
+    bk_model *m;
+    int V, Td, Rd;
+    float ls, k;
+} s2s_dlogits_args;
+
+/* dlogits = k (p - target) on the valid rows, one row an iteration */
+static void s2s_dlogits_member(void *arg)
+{
+    const s2s_dlogits_args *sd = arg;
+    bk_model *m = sd->m;
+    const int V = sd->V, Td = sd->Td;
+    const float ls = sd->ls, k = sd->k;
+    BKI_FOR(i, sd->Rd) {
+        const int r = (int)i;
+        if (r % Td >= m->nbt[r / Td]) continue;
+        float *p = m->plog + (size_t)r * V;
+        for (int j = 0; j < V; j++) p[j] = k * (p[j] - ls / (float)V);
+        p[m->tgt[r]] -= k * (1.0f - ls);
+    }
+}
+
 static bk_status s2s_backward(bk_model *m, float grad_scale)
 {
     const bk_model_config *c = &m->c;
@@ -2898,17 +3037,8 @@ static bk_status s2s_backward(bk_model *m, float grad_scale)
     const float ls = m->ls, k = grad_scale / (float)m->ntok;
     bk_status st;
     /* dlogits = k (p - target) on the valid rows (padded rows are zero) */
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < Rd; r++) {
-            if (r % Td >= m->nbt[r / Td]) continue;
-            float *p = m->plog + (size_t)r * V;
-            for (int j = 0; j < V; j++) p[j] = k * (p[j] - ls / (float)V);
-            p[m->tgt[r]] -= k * (1.0f - ls);
-        }
-    }
+    s2s_dlogits_args sd = {m, V, Td, Rd, ls, k};
+    bki_parallel(nt, s2s_dlogits_member, &sd);
     bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL, kb(m, V, D));
     const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
     if (c->final_norm) {

@@ -159,24 +159,35 @@ void bk_optim_free(bk_optim *o)
  * any thread count. (A serial chain of P dependent adds ran on one thread
  * while the others waited: 0.6 ms of a 60 ms training step.) */
 #define NORM_BLOCK 16384
+typedef struct {
+    const float *g;
+    int64_t P;
+    double ss;
+} grad_sumsq_args;
+
+static void grad_sumsq_member(void *arg)
+{
+    grad_sumsq_args *a = arg;
+    const float *g = a->g;
+    const int64_t P = a->P;
+    const bki_team tm = bki_region_team();
+    bki_claims cl = bki_claims_open_ordered(&tm, (P + NORM_BLOCK - 1) / NORM_BLOCK);
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int64_t i0 = blk * NORM_BLOCK, i1 = i0 + NORM_BLOCK < P ? i0 + NORM_BLOCK : P;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = i0; i < i1; i++) s += (double)g[i] * g[i];
+        bki_ordered_begin(&cl, blk);
+        a->ss += s;
+        bki_ordered_end(&cl, blk);
+    }
+}
+
 static double grad_sumsq(const float *g, int64_t P, int nt)
 {
-    const int64_t nb = (P + NORM_BLOCK - 1) / NORM_BLOCK;
-    double ss = 0.0;
-#pragma omp parallel num_threads(nt) if (P > 65536)
-    {
-        BKI_REGION;
-#pragma omp for ordered schedule(static, 1)
-        for (int64_t blk = 0; blk < nb; blk++) {
-            const int64_t i0 = blk * NORM_BLOCK, i1 = i0 + NORM_BLOCK < P ? i0 + NORM_BLOCK : P;
-            double s = 0.0;
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = i0; i < i1; i++) s += (double)g[i] * g[i];
-#pragma omp ordered
-            ss += s;
-        }
-    }
-    return ss;
+    grad_sumsq_args a = {g, P, 0.0};
+    bki_parallel(P > 65536 ? nt : 1, grad_sumsq_member, &a);
+    return a.ss;
 }
 
 /* the updates of elements [a, b) of the flat arrays (m0, m1: the state,
@@ -213,6 +224,49 @@ static void adam_range(const bk_optim_config *c, int adamw, float lr, float wd, 
     }
 }
 
+/* The update over the flat parameter array in blocks of whole 64-byte
+ * lines taken at run time (about 8 a member; each element's update is the
+ * same arithmetic wherever it runs); a block walks the tensors it
+ * overlaps. (One region a tensor, each below 65536 floats serial, left the
+ * other threads idle for the whole update.) */
+typedef struct {
+    const bk_optim *o;
+    const bki_param *tab;
+    int np;
+    float *w;
+    const float *g;
+    float gs, lr, step_size, bc2s;
+} update_args;
+
+static void update_member(void *arg)
+{
+    const update_args *u = arg;
+    const bk_optim *o = u->o;
+    const bk_optim_config *c = &o->c;
+    const bki_team tm = bki_region_team();
+    const int64_t P = o->P, want = 8 * (int64_t)tm.nt;
+    int64_t chunk = P > 0 ? P : 1;
+    if (tm.nt > 1) {
+        chunk = ((P + want - 1) / want + 15) / 16 * 16;
+        if (chunk < 4096) chunk = 4096;
+    }
+    bki_claims cl = bki_claims_open(&tm, (P + chunk - 1) / chunk);
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int64_t lo = blk * chunk, hi = lo + chunk < P ? lo + chunk : P;
+        for (int pi = 0; pi < u->np; pi++) {
+            const bki_param *p = &u->tab[pi];
+            const int64_t a = p->off > lo ? p->off : lo, b = p->off + p->count < hi ? p->off + p->count : hi;
+            if (a >= b) continue;
+            const float wd = p->decay ? c->weight_decay : 0.0f;
+            if (c->kind == BK_OPT_SGD)
+                sgd_range(c, o->step == 0, u->lr, wd, u->gs, u->w, u->g, o->s0, a, b);
+            else
+                adam_range(c, c->kind == BK_OPT_ADAMW, u->lr, wd, u->gs, u->step_size, u->bc2s, u->w, u->g, o->s0,
+                           o->s1, a, b);
+        }
+    }
+}
+
 bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
 {
     if (!o || !m) return bki_fail(BK_ERR_NULL, "bk_optim_step: NULL argument");
@@ -233,29 +287,8 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
     const int64_t t = o->step + 1;
     const float bc1 = 1.0f - powf(c->beta1, (float)t), bc2 = 1.0f - powf(c->beta2, (float)t);
     const float bc2s = sqrtf(bc2), step_size = lr / bc1;
-    /* one region over the flat parameter array, cut evenly among the
-     * threads (each element's update is the same arithmetic wherever it
-     * runs); a member walks the tensors its range overlaps. (One region a
-     * tensor, each below 65536 floats serial, left the other threads idle
-     * for the whole update.) */
-#pragma omp parallel num_threads(nt) if (o->P > 65536)
-    {
-        BKI_REGION;
-        const bki_team tm = bki_region_team();
-        size_t ulo, uhi;
-        bki_team_share_floats(&tm, (size_t)o->P, &ulo, &uhi);
-        const int64_t lo = (int64_t)ulo, hi = (int64_t)uhi;
-        for (int pi = 0; pi < np && lo < hi; pi++) {
-            const bki_param *p = &tab[pi];
-            const int64_t a = p->off > lo ? p->off : lo, b = p->off + p->count < hi ? p->off + p->count : hi;
-            if (a >= b) continue;
-            const float wd = p->decay ? c->weight_decay : 0.0f;
-            if (c->kind == BK_OPT_SGD)
-                sgd_range(c, o->step == 0, lr, wd, gs, w, g, o->s0, a, b);
-            else
-                adam_range(c, c->kind == BK_OPT_ADAMW, lr, wd, gs, step_size, bc2s, w, g, o->s0, o->s1, a, b);
-        }
-    }
+    update_args u = {o, tab, np, w, g, gs, lr, step_size, bc2s};
+    bki_parallel(o->P > 65536 ? nt : 1, update_member, &u);
     o->step++;
     bki_model_post_update(m);
     return BK_OK;

@@ -13,6 +13,7 @@
 #include "../core/vexp.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,6 +126,63 @@ static void attend(const float *q, const float *K, const float *V, int64_t ld, i
     }
 }
 
+/* the self-attention of one layer at position t: every row's keys and
+ * values join the cache, then the row attends over positions 0..t */
+typedef struct {
+    const bki_s2s_dec *d;
+    float *kc, *vc;
+    int t, I, H, dh;
+    float scale;
+} self_att_args;
+
+static void self_att_member(void *arg)
+{
+    const self_att_args *a = arg;
+    const bki_s2s_dec *d = a->d;
+    float *kc = a->kc, *vc = a->vc;
+    const int t = a->t, I = a->I, H = a->H, dh = a->dh;
+    const float scale = a->scale;
+    BKI_FOR(ri, d->rows) {
+        const int r = (int)ri;
+        const float *qr = d->qkv + (size_t)r * 3 * I;
+        memcpy(kc + ((size_t)r * d->tmax + t) * I, qr + I, sizeof(float) * (size_t)I);
+        memcpy(vc + ((size_t)r * d->tmax + t) * I, qr + 2 * I, sizeof(float) * (size_t)I);
+        float *p = d->p + (size_t)r * d->pst;
+        for (int hh = 0; hh < H; hh++)
+            attend(qr + (size_t)hh * dh, kc + (size_t)r * d->tmax * I + (size_t)hh * dh,
+                   vc + (size_t)r * d->tmax * I + (size_t)hh * dh, I, t + 1, dh, scale, p,
+                   d->att + (size_t)r * I + (size_t)hh * dh);
+    }
+}
+
+/* the cross-attention of one layer: every row over its sentence's encoder
+ * keys and values ckv */
+typedef struct {
+    const bki_s2s_dec *d;
+    const float *ckv;
+    int I, H, dh;
+    float scale;
+} cross_att_args;
+
+static void cross_att_member(void *arg)
+{
+    const cross_att_args *a = arg;
+    const bki_s2s_dec *d = a->d;
+    const bk_model *m = d->m;
+    const float *ckv = a->ckv;
+    const int I = a->I, H = a->H, dh = a->dh, S = d->S;
+    const float scale = a->scale;
+    BKI_FOR(ri, d->rows) {
+        const int r = (int)ri;
+        const int b = r / d->beam;
+        const float *kv = ckv + (size_t)b * S * 2 * I;
+        float *p = d->p + (size_t)r * d->pst;
+        for (int hh = 0; hh < H; hh++)
+            attend(d->qkv + (size_t)r * I + (size_t)hh * dh, kv + (size_t)hh * dh, kv + I + (size_t)hh * dh, 2 * I,
+                   m->nb[b], dh, scale, p, d->att + (size_t)r * I + (size_t)hh * dh);
+    }
+}
+
 /* one position t for every row: tok -> x through the decoder layers; the
  * layers' keys and values of position t join the cache */
 static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
@@ -150,39 +208,15 @@ static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
                        n2 = step_norm(d, o->ln2_w, o->ln2_b);
         const float *h = bki_sub_in(m, R, d->x, &n1);
         bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, d->qkv, 3 * I);
-#pragma omp parallel num_threads(nt)
-        {
-            BKI_REGION;
-#pragma omp for schedule(static)
-            for (int r = 0; r < R; r++) {
-                const float *qr = d->qkv + (size_t)r * 3 * I;
-                memcpy(kc + ((size_t)r * d->tmax + t) * I, qr + I, sizeof(float) * (size_t)I);
-                memcpy(vc + ((size_t)r * d->tmax + t) * I, qr + 2 * I, sizeof(float) * (size_t)I);
-                float *p = d->p + (size_t)r * d->pst;
-                for (int hh = 0; hh < H; hh++)
-                    attend(qr + (size_t)hh * dh, kc + (size_t)r * d->tmax * I + (size_t)hh * dh,
-                           vc + (size_t)r * d->tmax * I + (size_t)hh * dh, I, t + 1, dh, scale, p,
-                           d->att + (size_t)r * I + (size_t)hh * dh);
-            }
-        }
+        self_att_args sa = {d, kc, vc, t, I, H, dh, scale};
+        bki_parallel(nt, self_att_member, &sa);
         bki_linear_fwd(R, I, D, d->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, d->y), D);
         step_out(d, &n1, o->proj_b);
         /* cross-attention over the sentence's encoder output */
         h = bki_sub_in(m, R, d->x, &nc);
         bki_linear_fwd(R, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, d->qkv, I);
-#pragma omp parallel num_threads(nt)
-        {
-            BKI_REGION;
-#pragma omp for schedule(static)
-            for (int r = 0; r < R; r++) {
-                const int b = r / d->beam;
-                const float *kv = ckv + (size_t)b * S * 2 * I;
-                float *p = d->p + (size_t)r * d->pst;
-                for (int hh = 0; hh < H; hh++)
-                    attend(d->qkv + (size_t)r * I + (size_t)hh * dh, kv + (size_t)hh * dh, kv + I + (size_t)hh * dh,
-                           2 * I, m->nb[b], dh, scale, p, d->att + (size_t)r * I + (size_t)hh * dh);
-            }
-        }
+        cross_att_args ca = {d, ckv, I, H, dh, scale};
+        bki_parallel(nt, cross_att_member, &ca);
         bki_linear_fwd(R, I, D, d->att, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, d->y), D);
         step_out(d, &nc, o->cproj_b);
         if (M > 0) {
@@ -202,6 +236,30 @@ static void reorder(float *a, float *scratch, const int32_t *parent, int R, int 
     const size_t row = (size_t)tmax * n, used = (size_t)len * n;
     for (int r = 0; r < R; r++) memcpy(scratch + (size_t)r * row, a + (size_t)parent[r] * row, sizeof(float) * used);
     for (int r = 0; r < R; r++) memcpy(a + (size_t)r * row, scratch + (size_t)r * row, sizeof(float) * used);
+}
+
+/* each row of logp [R, V] minus its log-sum-exp; finite is cleared where
+ * a row's is not finite */
+typedef struct {
+    float *logp;
+    int R, V;
+    _Atomic int finite;
+} log_softmax_args;
+
+static void log_softmax_member(void *arg)
+{
+    log_softmax_args *a = arg;
+    const int V = a->V;
+    BKI_FOR(r, a->R) {
+        float *z = a->logp + (size_t)r * V;
+        float mx = z[0];
+        for (int j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+        double s = 0.0;
+        for (int j = 0; j < V; j++) s += bki_expf(z[j] - mx);
+        const double lse = mx + log(s);
+        if (!isfinite(lse)) atomic_store(&a->finite, 0);
+        for (int j = 0; j < V; j++) z[j] = (float)((double)z[j] - lse);
+    }
 }
 
 bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, const int32_t *tok, float *logp)
@@ -246,22 +304,8 @@ bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, c
         h = d->h;
     }
     bki_linear_fwd(R, D, V, h, D, m->w + m->e_w, NULL, logp, V);
-    int finite = 1;
-#pragma omp parallel num_threads(nt) reduction(&& : finite)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *z = logp + (size_t)r * V;
-            float mx = z[0];
-            for (int j = 1; j < V; j++) mx = z[j] > mx ? z[j] : mx;
-            double s = 0.0;
-            for (int j = 0; j < V; j++) s += bki_expf(z[j] - mx);
-            const double lse = mx + log(s);
-            if (!isfinite(lse)) finite = 0;
-            for (int j = 0; j < V; j++) z[j] = (float)((double)z[j] - lse);
-        }
-    }
-    if (!finite) return bki_fail(BK_ERR_NONFINITE, "decoding: non-finite logits at step %d", t);
+    log_softmax_args ls = {logp, R, V, 1};
+    bki_parallel(nt, log_softmax_member, &ls);
+    if (!atomic_load(&ls.finite)) return bki_fail(BK_ERR_NONFINITE, "decoding: non-finite logits at step %d", t);
     return BK_OK;
 }

@@ -5,6 +5,7 @@
 #include "op.h"
 #include "../backend/backend.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,20 +161,20 @@ static bk_status on_backend(bki_call *c, int backward, const void *tape, void *w
     return BK_OK;
 }
 
+/* failures are rare: one lock for all calls keeps (bad, bad_s) a pair */
+static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
+
 void bki_op_fail(bki_call *c, int p, bk_status s)
 {
-#pragma omp critical(bki_op_fail)
+    pthread_mutex_lock(&fail_mu);
     if (p < c->bad) {
         c->bad = p;
         c->bad_s = s;
     }
+    pthread_mutex_unlock(&fail_mu);
 }
 
-void bki_op_suspect(bki_call *c)
-{
-#pragma omp atomic write
-    c->suspect = 1;
-}
+void bki_op_suspect(bki_call *c) { __atomic_store_n(&c->suspect, 1, __ATOMIC_RELAXED); }
 
 /* the values of the inputs a call reads: q, k, v (unless they are the
  * library's own activations) and, in a backward, dout */

@@ -24,6 +24,7 @@
 #include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -347,25 +348,39 @@ static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_config *p, bki_plan
  * set ends with its team in sync. */
 typedef void (*otk_set_fn)(const bki_team *tm, int b, const otk_slab *w, void *ctx);
 
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_config *p;
+    bki_plan pl;
+    char *slabs;
+    int b0, b1;
+    otk_set_fn fn;
+    void *ctx;
+} run_sets_args;
+
+/* a set's results do not depend on the slab (lane) it ran in: in the
+ * one-set-per-thread mode sets go to whichever member claims them */
+static void run_sets_member(void *arg)
+{
+    const run_sets_args *r = arg;
+    if (r->pl.team) {
+        const bki_team tm = bki_region_team();
+        const otk_slab w = slab_at(r->d, r->p, r->pl, r->slabs, 0);
+        for (int b = r->b0; b < r->b1; b++) {
+            r->fn(&tm, b, &w, r->ctx);
+            bki_team_sync(&tm);
+        }
+    } else {
+        const otk_slab w = slab_at(r->d, r->p, r->pl, r->slabs, bki_thread_id());
+        BKI_FOR(i, r->b1 - r->b0) r->fn(&BKI_SOLO, r->b0 + (int)i, &w, r->ctx);
+    }
+}
+
 static void run_sets(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, char *slabs, int b0, int b1,
                      otk_set_fn fn, void *ctx)
 {
-#pragma omp parallel num_threads(pl.nt)
-    {
-        BKI_REGION;
-        if (pl.team) {
-            const bki_team tm = bki_region_team();
-            const otk_slab w = slab_at(d, p, pl, slabs, 0);
-            for (int b = b0; b < b1; b++) {
-                fn(&tm, b, &w, ctx);
-                bki_team_sync(&tm);
-            }
-        } else {
-            const otk_slab w = slab_at(d, p, pl, slabs, bki_thread_id());
-#pragma omp for schedule(static)
-            for (int b = b0; b < b1; b++) fn(&BKI_SOLO, b, &w, ctx);
-        }
-    }
+    run_sets_args r = {d, p, pl, slabs, b0, b1, fn, ctx};
+    bki_parallel(pl.nt, run_sets_member, &r);
 }
 
 /* ---- tape ------------------------------------------------------------------- */
@@ -877,7 +892,7 @@ typedef struct {
     void *tape;
     const bk_otk_extras *ex;
     const otk_ws *ws;
-    int bad;
+    _Atomic int bad; /* the least set whose scaling iteration failed, or -1 */
 } fwd_ctx;
 
 static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
@@ -895,8 +910,8 @@ static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
         plan_logits(tm, d, p, nb, w->psi, zh, w);
         if (!plan_forward(tm, d, p, nb, hist, w)) {
             if (tm->tid == 0) {
-#pragma omp critical(bk_otk_bad)
-                if (x->bad < 0 || b < x->bad) x->bad = b;
+                int cur = atomic_load(&x->bad);
+                while ((cur < 0 || b < cur) && !atomic_compare_exchange_weak(&x->bad, &cur, b)) {}
             }
             continue;
         }
@@ -924,7 +939,20 @@ static int forward_core(const bk_otk_desc *d, const bk_otk_config *p, const bk_t
 {
     fwd_ctx c = {d, p, x, out, z, tape, ex, ws, -1};
     run_sets(d, p, pl, ws->slabs, 0, d->B, fwd_set, &c);
-    return c.bad;
+    return atomic_load(&c.bad);
+}
+
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_config *p;
+    otk_ws *w;
+    bk_status s;
+} nys_prepare_args;
+
+static void nys_prepare_member(void *arg)
+{
+    nys_prepare_args *r = arg;
+    r->s = nys_setup(r->d, r->p, &r->w->nys, r->w->dtmp[1], r->w->dtmp[2]);
 }
 
 /* The Nystrom matrix, once per call, serially: in a one-thread region, so
@@ -932,14 +960,10 @@ static int forward_core(const bk_otk_desc *d, const bk_otk_config *p, const bk_t
  * like every other part of the call. */
 static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_config *p, otk_ws *w)
 {
-    bk_status s = BK_OK;
-    if (!p->W) return s;
-#pragma omp parallel num_threads(1)
-    {
-        BKI_REGION;
-        s = nys_setup(d, p, &w->nys, w->dtmp[1], w->dtmp[2]);
-    }
-    return s;
+    if (!p->W) return BK_OK;
+    nys_prepare_args r = {d, p, w, BK_OK};
+    bki_parallel(1, nys_prepare_member, &r);
+    return r.s;
 }
 
 bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
@@ -1166,6 +1190,47 @@ static void set_sum_f(const float *grads, size_t gbf, int B, size_t off, size_t 
     }
 }
 
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_config *p;
+    const otk_ws *ws;
+    size_t gbf, nz, nm, nw, om, ow; /* om, ow: dM's and dW's places in a set's gradient block */
+    float *dz, *dW;
+} grad_sums_args;
+
+/* batch sums in set order, element by element (dz and dW in float, dM in
+ * double): each output's elements in fixed chunks claimed by the members
+ * (an element's sum is the same chain whoever adds it; on one thread the
+ * sums were 1 % of the backward); then the global Nystrom backward (dW) */
+static void grad_sums_member(void *arg)
+{
+    const grad_sums_args *r = arg;
+    const bk_otk_desc *d = r->d;
+    const otk_ws *ws = r->ws;
+    const size_t gbf = r->gbf, nz = r->nz, nm = r->nm, nw = r->nw, om = r->om, ow = r->ow;
+    double *dM = ws->dtmp[0];
+    const int64_t cz = (int64_t)((nz + SUM_CHUNK - 1) / SUM_CHUNK), cm = (int64_t)((nm + SUM_CHUNK - 1) / SUM_CHUNK),
+                  cw = (int64_t)((nw + SUM_CHUNK - 1) / SUM_CHUNK);
+    if (r->dz) {
+        BKI_FOR(c, cz) set_sum_f(ws->grads, gbf, d->B, 0, (size_t)c * SUM_CHUNK, nz, r->dz);
+    }
+    if (r->dW) {
+        BKI_FOR(c, cm)
+        {
+            const size_t e0 = (size_t)c * SUM_CHUNK, e1 = e0 + SUM_CHUNK < nm ? e0 + SUM_CHUNK : nm;
+            for (size_t e = e0; e < e1; e++) dM[e] = 0.0;
+            for (int b = 0; b < d->B; b++) {
+                const float *g = ws->grads + (size_t)b * gbf + om;
+                for (size_t e = e0; e < e1; e++) dM[e] += g[e];
+            }
+        }
+        BKI_FOR(c, cw) set_sum_f(ws->grads, gbf, d->B, ow, (size_t)c * SUM_CHUNK, nw, r->dW);
+        const bki_team tm = bki_region_team();
+        bki_team_sync(&tm); /* nys_backward_global reads all of dM and dW */
+        nys_backward_global(&tm, d, r->p, &ws->nys, dM, ws->dtmp[1], ws->dtmp[2], r->dW);
+    }
+}
+
 bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                           const bk_tensor *dout, const void *tape_in, const bk_tensor *dx, float *dz, float *dW,
                           void *wsp, size_t ws_size)
@@ -1211,37 +1276,10 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk
     const size_t gbf = grad_block_floats(d, p);
     bwd_ctx c = {d, p, x, dout, dx, z, tape, &ws};
     run_sets(d, p, pl, ws.slabs, 0, d->B, bwd_set, &c);
-    /* batch sums in set order, element by element (dz and dW in float, dM in
-     * double): each output's elements in fixed chunks shared over the
-     * threads (an element's sum is the same chain whoever adds it; on one
-     * thread the sums were 1 % of the backward) */
     const size_t nz = (size_t)d->q * P * k, nm = (size_t)k * k, nw = (size_t)k * d->d;
     const size_t om = nz, ow = nz + nm; /* dM's and dW's places in a set's gradient block */
-    double *dM = ws.dtmp[0];
-#pragma omp parallel num_threads(bki_threads()) if ((size_t)d->B * (nz + nm + nw) > 65536)
-    {
-        BKI_REGION;
-        if (dz) {
-#pragma omp for schedule(static) nowait
-            for (size_t e0 = 0; e0 < nz; e0 += SUM_CHUNK) set_sum_f(ws.grads, gbf, d->B, 0, e0, nz, dz);
-        }
-        if (dW) {
-#pragma omp for schedule(static) nowait
-            for (size_t e0 = 0; e0 < nm; e0 += SUM_CHUNK) {
-                const size_t e1 = e0 + SUM_CHUNK < nm ? e0 + SUM_CHUNK : nm;
-                for (size_t e = e0; e < e1; e++) dM[e] = 0.0;
-                for (int b = 0; b < d->B; b++) {
-                    const float *g = ws.grads + (size_t)b * gbf + om;
-                    for (size_t e = e0; e < e1; e++) dM[e] += g[e];
-                }
-            }
-#pragma omp for schedule(static) nowait
-            for (size_t e0 = 0; e0 < nw; e0 += SUM_CHUNK) set_sum_f(ws.grads, gbf, d->B, ow, e0, nw, dW);
-#pragma omp barrier
-            const bki_team tm = bki_region_team();
-            nys_backward_global(&tm, d, p, &ws.nys, dM, ws.dtmp[1], ws.dtmp[2], dW);
-        }
-    }
+    grad_sums_args r = {d, p, &ws, gbf, nz, nm, nw, om, ow, dz, dW};
+    bki_parallel((size_t)d->B * (nz + nm + nw) > 65536 ? bki_threads() : 1, grad_sums_member, &r);
     bki_clear_error();
 done:
     bki_workspace_release(owned);

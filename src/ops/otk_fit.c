@@ -43,6 +43,90 @@ static int64_t normalise_rows(float *x, int64_t N, int dim)
     return m;
 }
 
+/* k-means++: sim[i] = min(sim[i], 1 - cos(x_i, c)) (sim[i] = the distance
+ * itself for the first centre, j == 0) */
+typedef struct {
+    const float *xn;
+    int64_t N;
+    int dim;
+    const float *c;
+    int j;
+    float *sim;
+} km_nearest_args;
+
+static void km_nearest_member(void *arg)
+{
+    const km_nearest_args *r = arg;
+    float *sim = r->sim;
+    BKI_FOR(i, r->N)
+    {
+        const float ip = bki_dotf(r->dim, r->xn + (size_t)i * r->dim, r->c);
+        const float dist = fmaxf(1.0f - ip, 0.0f);
+        if (r->j == 0 || dist < sim[i]) sim[i] = dist;
+    }
+}
+
+/* each point's nearest centre and its similarity, in fixed blocks of
+ * KM_BLOCK rows (blk: a KM_BLOCK x K scratch per member) */
+typedef struct {
+    const float *xn;
+    int64_t N;
+    int dim, K;
+    const float *C;
+    float *blk;
+    int64_t nblk;
+    int32_t *assign;
+    float *sim;
+} km_assign_args;
+
+static void km_assign_member(void *arg)
+{
+    const km_assign_args *r = arg;
+    const int64_t N = r->N;
+    const int K = r->K, dim = r->dim;
+    float *S = r->blk + (size_t)bki_thread_id() * KM_BLOCK * K;
+    BKI_FOR(bI, r->nblk)
+    {
+        const int64_t i0 = bI * KM_BLOCK;
+        const int m = (int)(N - i0 < KM_BLOCK ? N - i0 : KM_BLOCK);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, K, dim, 1.0f, r->xn + (size_t)i0 * dim, dim, r->C, dim,
+                    0.0f, S, K);
+        for (int i = 0; i < m; i++) {
+            int best = 0;
+            float bv = S[(size_t)i * K];
+            for (int j = 1; j < K; j++)
+                if (S[(size_t)i * K + j] > bv) { bv = S[(size_t)i * K + j]; best = j; }
+            r->assign[i0 + i] = best;
+            r->sim[i0 + i] = bv;
+        }
+    }
+}
+
+/* centre sums acc [K][dim]: blocks of 16 columns claimed by the members,
+ * rows added in order */
+typedef struct {
+    const float *xn;
+    int64_t N;
+    int dim, ncb;
+    const int32_t *assign;
+    double *acc;
+} km_sums_args;
+
+static void km_sums_member(void *arg)
+{
+    const km_sums_args *r = arg;
+    const int dim = r->dim;
+    BKI_FOR(cb, r->ncb)
+    {
+        const int c0 = (int)cb * 16, c1 = c0 + 16 < dim ? c0 + 16 : dim;
+        for (int64_t i = 0; i < r->N; i++) {
+            double *a = r->acc + (size_t)r->assign[i] * dim;
+            const float *x = r->xn + (size_t)i * dim;
+            for (int c = c0; c < c1; c++) a[c] += x[c];
+        }
+    }
+}
+
 /* spherical K-means on unit rows xn [N][dim] (N >= K); centres [K][dim] */
 static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const bk_kmeans_config *kp, float *C,
                              bk_kmeans_report *rep)
@@ -75,16 +159,8 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
             memcpy(C + (size_t)j * dim, xn + (size_t)t * dim, sizeof(float) * dim);
             const float *c = C + (size_t)j * dim;
             double tot = 0.0;
-#pragma omp parallel num_threads(nt)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-                for (int64_t i = 0; i < N; i++) {
-                    const float ip = bki_dotf(dim, xn + (size_t)i * dim, c);
-                    const float dist = fmaxf(1.0f - ip, 0.0f);
-                    if (j == 0 || dist < sim[i]) sim[i] = dist;
-                }
-    }
+            km_nearest_args na = {xn, N, dim, c, j, sim};
+            bki_parallel(nt, km_nearest_member, &na);
             for (int64_t i = 0; i < N; i++) tot += sim[i];
             if (j + 1 == K) break;
             if (!(tot > 0.0)) { /* every point is a centre already: any point */
@@ -104,45 +180,16 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
     double prev = INFINITY, obj = 0.0;
     int it = 0, conv = 0;
     for (it = 1; it <= kp->iters; it++) {
-#pragma omp parallel num_threads(nt)
-        {
-            BKI_REGION;
-            float *S = blk + (size_t)bki_thread_id() * KM_BLOCK * K;
-#pragma omp for schedule(static)
-            for (int64_t bI = 0; bI < nblk; bI++) {
-                const int64_t i0 = bI * KM_BLOCK;
-                const int m = (int)(N - i0 < KM_BLOCK ? N - i0 : KM_BLOCK);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, K, dim, 1.0f, xn + (size_t)i0 * dim, dim, C, dim,
-                            0.0f, S, K);
-                for (int i = 0; i < m; i++) {
-                    int best = 0;
-                    float bv = S[(size_t)i * K];
-                    for (int j = 1; j < K; j++)
-                        if (S[(size_t)i * K + j] > bv) { bv = S[(size_t)i * K + j]; best = j; }
-                    assign[i0 + i] = best;
-                    sim[i0 + i] = bv;
-                }
-            }
-        }
+        km_assign_args aa = {xn, N, dim, K, C, blk, nblk, assign, sim};
+        bki_parallel(nt, km_assign_member, &aa);
         double s = 0.0;
         for (int64_t i = 0; i < N; i++) s += sim[i];
         obj = s / (double)N;
         /* centre sums: columns split over threads, rows in order */
         memset(acc, 0, sizeof(double) * (size_t)K * dim);
         const int ncb = (dim + 15) / 16;
-#pragma omp parallel num_threads(nt < ncb ? nt : ncb)
-    {
-        BKI_REGION;
-#pragma omp for schedule(static)
-            for (int cb = 0; cb < ncb; cb++) {
-                const int c0 = cb * 16, c1 = c0 + 16 < dim ? c0 + 16 : dim;
-                for (int64_t i = 0; i < N; i++) {
-                    double *a = acc + (size_t)assign[i] * dim;
-                    const float *r = xn + (size_t)i * dim;
-                    for (int c = c0; c < c1; c++) a[c] += r[c];
-                }
-            }
-    }
+        km_sums_args sa = {xn, N, dim, ncb, assign, acc};
+        bki_parallel(nt < ncb ? nt : ncb, km_sums_member, &sa);
         for (int j = 0; j < K; j++) {
             double nrm = 0.0;
             for (int c = 0; c < dim; c++) nrm += acc[(size_t)j * dim + c] * acc[(size_t)j * dim + c];

@@ -17,7 +17,6 @@
 #include "../harness.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +26,23 @@ typedef struct {
     int nt;
 } ecase;
 
+typedef struct {
+    const bki_kernels *K;
+    const bki_sk_problem *pb;
+    int S, m;
+    float *hist, *A, *G, *scr, *dla, *dlb;
+} engine_args;
+
+static void engine_member(void *arg)
+{
+    const engine_args *a = arg;
+    const bki_team tm = bki_region_team();
+    bki_sk_result res = {a->hist, a->A, a->m, NULL, NULL, 0, 0.0f, 0.0f};
+    a->K->sk_forward(&tm, a->pb, &res, a->scr);
+    bki_team_sync(&tm);
+    a->K->sk_backward(&tm, a->pb, a->S, a->hist, a->A, a->m, a->G, a->m, a->scr, a->dla, a->dlb);
+}
+
 /* run the forward and the backward; out: hist, A, G, dla, dlb */
 static void run_engine(const bki_kernels *K, const ecase *c, const float *C, const float *la, const float *lb,
                        const float *g0, const float *G0, float *hist, float *A, float *G, float *dla, float *dlb)
@@ -35,14 +51,8 @@ static void run_engine(const bki_kernels *K, const ecase *c, const float *C, con
     float *scr = malloc(sizeof(float) * K->sk_scratch(n, m, c->nt));
     bki_sk_problem pb = {n, m, C, m, la, lb, c->S, 0.0f, g0, c->kappa, 0};
     memcpy(G, G0, sizeof(float) * (size_t)n * m);
-#pragma omp parallel num_threads(c->nt)
-    {
-        const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
-        bki_sk_result res = {hist, A, m, NULL, NULL, 0, 0.0f, 0.0f};
-        K->sk_forward(&tm, &pb, &res, scr);
-#pragma omp barrier
-        K->sk_backward(&tm, &pb, c->S, hist, A, m, G, m, scr, dla, dlb);
-    }
+    engine_args a = {K, &pb, c->S, m, hist, A, G, scr, dla, dlb};
+    bki_parallel(c->nt, engine_member, &a);
     free(scr);
 }
 

@@ -10,7 +10,6 @@
 #include "../harness.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +19,30 @@ typedef struct {
     int ta, tb, M, N, K;
     float alpha, beta;
 } gcase;
+
+
+/* bki_gemm_ep by every member of a region of the library's threads */
+typedef struct {
+    int ta, tb, M, N, K;
+    float alpha;
+    const float *A;
+    ptrdiff_t lda;
+    const float *B;
+    ptrdiff_t ldb;
+    float beta;
+    float *C;
+    ptrdiff_t ldc;
+    bki_tile_fn ep;
+    void *arg;
+} gemm_call;
+
+static void gemm_member(void *arg)
+{
+    const gemm_call *g = arg;
+    const bki_team tm = bki_region_team();
+    bki_gemm_ep(&tm, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc,
+                g->ep, g->arg);
+}
 
 static void fill(th_rng *r, float *x, size_t n)
 {
@@ -154,11 +177,8 @@ static void team_case(int ta, int tb, int M, int N, int K)
      * anywhere in a row of tiles (row-major numbering) */
     for (int nt = 2; nt <= 3; nt++) {
         memset(C2, 0, sizeof(float) * (size_t)M * N);
-#pragma omp parallel num_threads(nt)
-        {
-            const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
-            bki_gemm(&tm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, ldc);
-        }
+        gemm_call g = {ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, ldc, NULL, NULL};
+        bki_parallel(nt, gemm_member, &g);
         const int same = !memcmp(C1, C2, sizeof(float) * (size_t)M * N);
         th_check(err <= 4e-7 * (K + 4) && same, "gemm team tiles",
                  "ta %d tb %d %dx%dx%d: relative error %.3g, one member and %d %s", ta, tb, M, N, K, err, nt,
@@ -210,11 +230,8 @@ static void stream_product(void)
     fill(&r, A, (size_t)M * K);
     fill(&r, B, (size_t)K * N);
     bki_kern()->gemm->thin(0, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C0, N, NULL, 0, 0);
-#pragma omp parallel num_threads(2)
-    {
-        const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
-        bki_gemm(&tm, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C1, N);
-    }
+        gemm_call g = {0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C1, N, NULL, NULL};
+    bki_parallel(2, gemm_member, &g);
     th_check(!memcmp(C0, C1, sizeof(float) * (size_t)M * N), "gemm: a streamed 4M-float output",
              "%dx%dx%d on %s: same bits as ordinary stores", M, N, K, bk_isa());
     free(A), free(B), free(C0), bk_free(C1);
@@ -255,11 +272,8 @@ static void ep_case(int ta, int tb, int M, int N, int K)
     for (int nt = 1; nt <= 3; nt++) {
         memset(seen, 0, mn);
         ep_probe p = {seen, N};
-#pragma omp parallel num_threads(nt)
-        {
-            const bki_team tm = {omp_get_thread_num(), omp_get_num_threads()};
-            bki_gemm_ep(&tm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C1, N, ep_mark, &p);
-        }
+        gemm_call g = {ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C1, N, ep_mark, &p};
+        bki_parallel(nt, gemm_member, &g);
         int once = 1;
         for (size_t e = 0; e < mn; e++) once &= seen[e] == 1;
         const int same = !memcmp(C0, C1, sizeof(float) * mn);

@@ -731,6 +731,21 @@ static void test_argsort_ref(void)
 
 /* the team-parallel argsort (sort1d.c) equals the serial one for any team */
 
+
+typedef struct {
+    int n;
+    const float *x;
+    int32_t *got;
+    void *scr, *cnt;
+} argsort_args;
+
+static void argsort_member(void *arg)
+{
+    const argsort_args *a = arg;
+    const bki_team tm = bki_region_team();
+    bki_argsort_team(&tm, a->n, a->x, 2, a->got, a->scr, a->cnt);
+}
+
 static void test_esp_team_sort(void)
 {
     const int sizes[] = {1, 50, 8192, 8193, 20000, 300001};
@@ -749,11 +764,8 @@ static void test_esp_team_sort(void)
         for (int ti = 0; ti < TH_NTHREADS; ti++) {
             const int nt = th_threads[ti];
             memset(got, 0xff, sizeof(int32_t) * (size_t)n);
-#pragma omp parallel num_threads(nt)
-            {
-                const bki_team tm = {bki_thread_id(), bki_region_size()};
-                bki_argsort_team(&tm, n, x, 2, got, scr, cnt);
-            }
+            argsort_args a = {n, x, got, scr, cnt};
+            bki_parallel(nt, argsort_member, &a);
             ok &= !memcmp(ref, got, sizeof(int32_t) * (size_t)n);
         }
         char name[96];

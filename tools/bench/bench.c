@@ -54,6 +54,9 @@ static void bench_usage(FILE *f)
             "                              soft-sort ESP (run for N <= 1024).\n"
             "  --cases BH:N:d:S,...        (default: the targets of docs/PERFORMANCE.md)\n"
             "  --threads T                 (default 2)\n"
+            "  --load N                    run beside N busy single-threaded processes of its own\n"
+            "  --load-job N                run beside N multi-threaded birkhoff jobs of its own (Sinkhorn\n"
+            "                              f+b, B*H = 4, N = 1024, all cores); both work with every --op\n"
             "  --reps R --warmup W         (default 21 and 3)\n"
             "  --json                      one JSON object per case\n"
             "  --no-peer                   skip the PyTorch peer\n"
@@ -330,7 +333,24 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
     if (st != 0) fprintf(stderr, "bench: the peer exited with status %d (is python3-torch installed?)\n", st);
 }
 
+static int bench_dispatch(int argc, char **argv);
+
+/* the loads (--load, --load-job) run beside whichever bench is asked for */
 int cmd_bench(int argc, char **argv)
+{
+    int busy, jobs;
+    if (bench_load_args(&argc, argv, &busy, &jobs)) return CLI_USAGE;
+    bench_load ld;
+    if (bench_load_start(&ld, busy, jobs)) return CLI_FAIL;
+    if (busy || jobs)
+        fprintf(stderr, "bench: beside %d busy process%s and %d birkhoff job%s of its own\n", busy, busy == 1 ? "" : "es",
+                jobs, jobs == 1 ? "" : "s");
+    const int rc = bench_dispatch(argc, argv);
+    bench_load_stop(&ld);
+    return rc;
+}
+
+static int bench_dispatch(int argc, char **argv)
 {
     const char *opname = "all", *cases = NULL, *py = "/usr/bin/python3", *script = "bench/peers/torch_peer.py";
     int nt = 2, reps = 21, warmup = 3, json = 0, peer = 1, peer_max_n = 512;

@@ -33,6 +33,7 @@ void test_compat(void); /* tests/core/test_compat.c */
 void test_gemm(void);   /* tests/core/test_gemm.c */
 void test_vmath(void);  /* tests/core/test_vmath.c */
 void test_engine(void); /* tests/core/test_engine.c */
+void test_pool(void);   /* tests/core/test_pool.c */
 void test_esp(void);
 void test_lot(void);
 void test_diff(void); /* tests/ops/test_diff.c */

@@ -17,6 +17,7 @@
 Run: /usr/bin/python3 tests/test_determinism.py build/birkhoff   (make check runs it)."""
 import os
 import subprocess
+import signal
 import sys
 import tempfile
 
@@ -152,6 +153,7 @@ def threads_sweep(name, make_args):
 
 
 cli_single = {}
+cli_batch = {}
 for name, flags, _ in OPS:
     grads = True
     for which in ("single", "batch"):
@@ -161,7 +163,9 @@ for name, flags, _ in OPS:
             continue
         if which == "single":
             cli_single[name] = res
-        elif name in cli_single:
+        else:
+            cli_batch[name] = res
+        if which == "batch" and name in cli_single:
             one = cli_single[name]
             bad = []
             for k, v in one.items():
@@ -354,6 +358,55 @@ else:
         check(False, "Python checks must run under CI", msg)
     else:
         print(msg)
+# ---- on a busy machine ---------------------------------------------------------------------
+# Every operator (a problem alone: a team; a batch: problems claimed by members) and a training
+# run of a Sinkhorn ViT, at 2 and 3 threads beside busy processes started here (one per CPU, so
+# members are descheduled mid-phase and blocks move between them): bitwise the idle 1-thread
+# results.
+BUSY = "import time\nt = time.time() + 600\nwhile time.time() < t: pass\n"
+busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(max(1, len(os.sched_getaffinity(0))))]
+try:
+    for name, flags, _ in OPS:
+        for which, ref_of in (("single", cli_single), ("batch", cli_batch)):
+            if name not in ref_of:
+                continue
+            for t in (2, 3):
+                o = P(f"loaded_{which}_{t}_{name.replace(' ', '_').replace('=', '')}")
+                os.makedirs(o, exist_ok=True)
+                rc, out = run(attn_args(fa, which, o, expand(flags, o, which)) + ["--threads", str(t)])
+                got = read_all(o) if rc == 0 else {}
+                bad = [k for k in ref_of[name] if k not in got or not bitwise(ref_of[name][k], got[k])]
+                check(rc == 0 and not bad, f"CLI {name} ({which}): {t} threads beside {len(busy)} busy processes "
+                                           f"== idle 1 thread, bitwise", out + f" differ: {bad}")
+    xs = rng.standard_normal((24, 1, 16, 16)).astype(np.float32)
+    ys = rng.integers(0, 10, 24).astype("<i4")
+    save("tx.npy", xs)
+    save("ty.npy", ys)
+    cfg = "image_h=16,image_w=16,channels=1,patch=4,dim=32,depth=2,heads=2,mlp_dim=64,classes=10,attn=sinkhorn,sk_iters=3"
+    init = ["model", "init", "--config", cfg, "--seed", "5", "--out", P("tinit.safetensors")]
+    rc, out = run(init)
+    if check(rc == 0, "model init (the loaded training run)", out):
+        ck = {}
+        for t, loaded in ((1, False), (2, True), (3, True)):
+            if not loaded:  # the reference runs alone: pause the busy processes
+                for b in busy:
+                    b.send_signal(signal.SIGSTOP)
+            rc, out = run(["model", "train", "--ckpt", P("tinit.safetensors"), "--x", P("tx.npy"), "--labels",
+                           P("ty.npy"), "--steps", "3", "--micro", "8", "--out", P(f"tr{t}.safetensors")],
+                          {"BIRKHOFF_NUM_THREADS": str(t)})
+            if not loaded:
+                for b in busy:
+                    b.send_signal(signal.SIGCONT)
+            check(rc == 0, f"model train at {t} threads{' under load' if loaded else ''}", out)
+            ck[t] = open(P(f"tr{t}.safetensors"), "rb").read() if rc == 0 else b""
+        for t in (2, 3):
+            check(ck[1] and ck[t] == ck[1], f"a Sinkhorn ViT's 3 training steps at {t} threads beside "
+                                            f"{len(busy)} busy processes == idle 1 thread, bitwise (checkpoint bytes)")
+finally:
+    for b in busy:
+        b.kill()
+        b.wait()
+
 rc, out = run(["version"], {"BIRKHOFF_NUM_THREADS": "5"})
 check(rc == 0 and "threads: 5" in out, "CLI: BIRKHOFF_NUM_THREADS=5 sets the default", out)
 rc, out = run(["version"], {"OMP_NUM_THREADS": "1"})

@@ -50,6 +50,7 @@ int main(int argc, char **argv)
     test_gemm();
     test_vmath();
     test_engine();
+    test_pool();
     test_attn();
     test_esp();
     test_lot();

@@ -26,7 +26,14 @@ void bki_clear_error(void);
  * one tile; every cross-block reduction is summed in block order. So results
  * are bitwise identical for any thread count and any batch shape. */
 int  bki_threads(void);            /* the current context's thread count     */
-int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the affinity */
+int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the CPUs the
+                                      process may use: the affinity mask,
+                                      bounded by a cgroup CPU quota          */
+/* A cgroup CPU quota in CPUs (rounded up; 0: none) from /proc/self/cgroup's
+ * text and the cgroup file system's root: cgroup v2's cpu.max or v1's
+ * cpu.cfs_quota_us / cpu.cfs_period_us of the process's cgroup and of every
+ * ancestor, the tightest. */
+int  bki_cpu_quota_from(const char *proc_cgroup, const char *root);
 int  bki_ctx_threads(const bk_context *ctx);
 /* Work threads for `problems` independent problems run one per thread:
  * min(threads, problems). */

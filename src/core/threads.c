@@ -11,7 +11,9 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 #include <xmmintrin.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -22,6 +24,97 @@
 extern int openblas_get_parallel(void);
 extern int openblas_get_num_threads(void);
 extern void openblas_set_num_threads(int);
+
+/* ---- how many CPUs the process may really use ------------------------- */
+
+/* the quota of one cgroup directory in CPUs (rounded up), or 0 for none */
+static int dir_quota(const char *dir, int v1)
+{
+    char path[4096 + 32]; /* dir (under 4096) and a file name */
+    long q = -1, per = 0;
+    if (v1) {
+        snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &q) != 1) q = -1;
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
+        f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &per) != 1) per = 0;
+            fclose(f);
+        }
+    } else {
+        snprintf(path, sizeof path, "%s/cpu.max", dir);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            char qs[32] = "";
+            if (fscanf(f, "%31s %ld", qs, &per) == 2 && strcmp(qs, "max") != 0) q = strtol(qs, NULL, 10);
+            fclose(f);
+        }
+    }
+    if (q <= 0 || per <= 0) return 0;
+    const long n = (q + per - 1) / per;
+    return n < 1 ? 1 : n > 4096 ? 4096 : (int)n;
+}
+
+int bki_cpu_quota_from(const char *proc_cgroup, const char *root)
+{
+    int best = 0;
+    for (const char *line = proc_cgroup; line && *line;) {
+        const char *end = strchr(line, '\n');
+        const size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[4096];
+        if (len < sizeof buf) {
+            memcpy(buf, line, len);
+            buf[len] = '\0';
+            char *c1 = strchr(buf, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+            if (c2) {
+                *c1 = *c2 = '\0';
+                const char *ctrl = c1 + 1, *cg = c2 + 1;
+                int v1 = 0, use = !strcmp(buf, "0") && !*ctrl; /* v2: "0::/path" */
+                for (const char *t = ctrl; *ctrl && t;) { /* v1: a "cpu" controller */
+                    const char *comma = strchr(t, ',');
+                    const size_t tl = comma ? (size_t)(comma - t) : strlen(t);
+                    if (tl == 3 && !strncmp(t, "cpu", 3)) use = v1 = 1;
+                    t = comma ? comma + 1 : NULL;
+                }
+                for (int pass = 0; use && pass < (v1 ? 2 : 1); pass++) {
+                    char dir[4096];
+                    /* v1 mounts the controller as cpu,cpuacct (or cpu); v2 is one tree */
+                    int w = v1 ? snprintf(dir, sizeof dir, "%s/%s%s", root, pass ? "cpu" : ctrl, cg)
+                               : snprintf(dir, sizeof dir, "%s%s", root, cg);
+                    if (w <= 0 || (size_t)w >= sizeof dir) break;
+                    const size_t base = strlen(root) + (v1 ? strlen(pass ? "cpu" : ctrl) + 1 : 0);
+                    /* the cgroup and every ancestor up to the root: the tightest quota holds */
+                    for (;;) {
+                        const int n = dir_quota(dir, v1);
+                        if (n > 0 && (best == 0 || n < best)) best = n;
+                        char *slash = strrchr(dir, '/');
+                        if (!slash || (size_t)(slash - dir) < base) break;
+                        *slash = '\0';
+                        if (strlen(dir) < base) break;
+                    }
+                }
+            }
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return best;
+}
+
+/* the cgroup CPU quota of this process in CPUs, or 0 for none */
+static int cgroup_quota(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return 0;
+    char text[8192];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return bki_cpu_quota_from(text, "/sys/fs/cgroup");
+}
 
 int bki_default_threads(void)
 {
@@ -36,10 +129,10 @@ int bki_default_threads(void)
     } else {
         cpu_set_t set;
         n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-#ifdef _OPENMP
-        if (n < 1) n = omp_get_num_procs();
-#endif
+        if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
         if (n < 1) n = 1;
+        const int quota = cgroup_quota(); /* a container's cpu.max, a cgroup's quota */
+        if (quota > 0 && quota < n) n = quota;
     }
     cached = n;
     return n;

@@ -107,8 +107,16 @@
  * Tapes are opaque and deterministic (padding and unused history zeroed).
  * Thread count: bk_set_num_threads(n) (n <= 0: back to the default), else the
  * environment variable BIRKHOFF_NUM_THREADS, else the CPUs this process may
- * run on (its affinity mask). OpenMP's own setting (OMP_NUM_THREADS,
- * omp_set_num_threads, torch.set_num_threads) is not used.
+ * use: its affinity mask (taskset, a container's cpuset), bounded by a
+ * cgroup CPU quota rounded up (cgroup v2 cpu.max or v1 cpu.cfs_quota_us of
+ * the process's cgroup and its ancestors: a container's --cpus, a systemd
+ * CPUQuota). OpenMP's own setting (OMP_NUM_THREADS, omp_set_num_threads,
+ * torch.set_num_threads) is not used: the library runs its own threads,
+ * whose waits spin a few microseconds and then sleep, whatever
+ * OMP_WAIT_POLICY says, and blocks of work move at run time from a member
+ * the kernel descheduled to the others (the partition, and so every bit of
+ * the results, stays the same). Calls from several threads of the caller at
+ * once each get threads of their own.
  * BLAS: with OpenBLAS's pthreads build (Debian's default) the library sets
  * OpenBLAS to one thread the first time it runs (openblas_set_num_threads(1),
  * once; other users of the same OpenBLAS in the process, such as numpy, then

@@ -46,6 +46,19 @@ static float *filled(size_t n, unsigned seed)
 
 /* M x N x K products on the library's threads (bki_gemm over a team of the
  * region), best of 8 */
+typedef struct {
+    int M, N, K;
+    const float *A, *B;
+    float *C;
+} square_args;
+
+static void square_member(void *arg)
+{
+    const square_args *g = arg;
+    const bki_team tm = bki_region_team();
+    bki_gemm(&tm, 0, 0, g->M, g->N, g->K, 1.0f, g->A, g->K, g->B, g->N, 0.0f, g->C, g->N);
+}
+
 static int wide(void)
 {
     const int shapes[][3] = {{3200, 2048, 512}, {1024, 1024, 1024}, {3200, 512, 2048},
@@ -62,12 +75,8 @@ static int wide(void)
         double best = 1e30;
         for (int rep = 0; rep < 8; rep++) {
             const double t0 = now_s();
-#pragma omp parallel num_threads(bk_get_num_threads())
-            {
-                BKI_REGION;
-                const bki_team tm = {bki_thread_id(), bki_region_size()};
-                bki_gemm(&tm, 0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
-            }
+            square_args g = {M, N, K, A, B, C};
+            bki_parallel(bk_get_num_threads(), square_member, &g);
             const double t = now_s() - t0;
             if (t < best) best = t;
         }
@@ -83,6 +92,37 @@ static void evict(float *buf, size_t n)
 {
     if (!buf) return;
     for (size_t i = 0; i < n; i += 16) buf[i] += 1.0f;
+}
+
+typedef struct {
+    int R, in, out, reps;
+    const float *x, *W;
+    float *y;
+    const float *dy;
+    float *dx, *dW, *ev;
+    size_t nev;
+    double *best;
+} linear_args;
+
+/* the three products of one Linear on one thread, best of reps */
+static void linear_member(void *arg)
+{
+    const linear_args *a = arg;
+    const bki_team one = {0, 1};
+    const int R = a->R, in = a->in, out = a->out;
+    for (int rep = 0; rep < a->reps; rep++) {
+        double t[3];
+        for (int k = 0; k < 3; k++) {
+            evict(a->ev, a->nev);
+            const double t0 = now_s();
+            if (k == 0) bki_gemm(&one, 0, 1, R, out, in, 1.0f, a->x, in, a->W, in, 0.0f, a->y, out);
+            else if (k == 1) bki_gemm(&one, 0, 0, R, in, out, 1.0f, a->dy, out, a->W, in, 0.0f, a->dx, in);
+            else bki_gemm(&one, 1, 0, out, in, R, 1.0f, a->dy, out, a->x, in, 1.0f, a->dW, in);
+            t[k] = now_s() - t0;
+        }
+        for (int k = 0; k < 3; k++)
+            if (t[k] < a->best[k]) a->best[k] = t[k];
+    }
 }
 
 int main(int argc, char **argv)
@@ -110,7 +150,6 @@ int main(int argc, char **argv)
     printf("# Linear (in -> out)     fwd GF/s     dx GF/s     dW GF/s\n");
     const int shapes[][2] = {{128, 384}, {128, 128}, {128, 256}, {256, 128}};
     const char *names[] = {"QKV", "proj", "fc1", "fc2"};
-    const bki_team one = {0, 1};
     int rc = 0;
     for (int s = 0; s < 4 && !rc; s++) {
         const int in = shapes[s][0], out = shapes[s][1];
@@ -123,23 +162,8 @@ int main(int argc, char **argv)
             double best[3] = {1e30, 1e30, 1e30};
             /* inside a one-thread region, as the library calls its GEMMs
              * (FTZ/DAZ set, BLAS kept on the calling thread) */
-#pragma omp parallel num_threads(1)
-            {
-            BKI_REGION;
-            for (int rep = 0; rep < reps; rep++) {
-                double t[3];
-                for (int k = 0; k < 3; k++) {
-                    evict(ev, nev);
-                    const double t0 = now_s();
-                    if (k == 0) bki_gemm(&one, 0, 1, R, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
-                    else if (k == 1) bki_gemm(&one, 0, 0, R, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
-                    else bki_gemm(&one, 1, 0, out, in, R, 1.0f, dy, out, x, in, 1.0f, dW, in);
-                    t[k] = now_s() - t0;
-                }
-                for (int k = 0; k < 3; k++)
-                    if (t[k] < best[k]) best[k] = t[k];
-            }
-            }
+            linear_args la = {R, in, out, reps, x, W, y, dy, dx, dW, ev, nev, best};
+            bki_parallel(1, linear_member, &la);
             const double f = 2.0 * R * in * out;
             printf("%-5s %3d -> %3d        %6.1f      %6.1f      %6.1f   (%.0f / %.0f / %.0f %% of peak)\n", names[s],
                    in, out, f / best[0] * 1e-9, f / best[1] * 1e-9, f / best[2] * 1e-9, 100.0 * f / best[0] / peak,

@@ -5,6 +5,7 @@
 #include "../cli.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,19 +93,65 @@ static int parse_cases(const char *s, int op, bcase *out, int max)
 
 static void fill(float *x, size_t n, unsigned seed) { cli_fill(x, n, seed, 1.0f); }
 
+/* The baselines' own threads: nt - 1 threads started for the call and
+ * joined (plain pthreads, so that no runtime's threads spin after a
+ * baseline into the next timed run of ours); fn(arg, t, nt) on each. */
+typedef struct {
+    void (*fn)(void *arg, int t, int nt);
+    void *arg;
+    int t, nt;
+} fj_member;
+
+static void *fj_main(void *p)
+{
+    fj_member *m = p;
+    m->fn(m->arg, m->t, m->nt);
+    return NULL;
+}
+
+static void fork_join(int nt, void (*fn)(void *arg, int t, int nt), void *arg)
+{
+    enum { MAXT = 256 };
+    nt = nt < 1 ? 1 : nt > MAXT ? MAXT : nt;
+    pthread_t th[MAXT];
+    fj_member m[MAXT];
+    int started[MAXT] = {0};
+    for (int t = 1; t < nt; t++) {
+        m[t] = (fj_member){fn, arg, t, nt};
+        started[t] = pthread_create(&th[t], NULL, fj_main, &m[t]) == 0;
+        if (!started[t]) fn(arg, t, nt); /* no thread: this member's share here */
+    }
+    fn(arg, 0, nt);
+    for (int t = 1; t < nt; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+}
+
+typedef struct {
+    const bcase *c;
+    const float *q, *k, *v;
+    float *o, *C;
+} softmax_base;
+
+/* heads t, t + nt, ... on member t, its own N x N scratch */
+static void softmax_base_member(void *arg, int t, int nt)
+{
+    const softmax_base *a = arg;
+    const int N = a->c->N, d = a->c->d;
+    float *Ch = a->C + (size_t)t * N * N;
+    for (int h = t; h < a->c->BH; h += nt) {
+        const size_t off = (size_t)h * N * d;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, d, 0.125f, a->q + off, d, a->k + off, d, 0.0f, Ch, N);
+        bk_vexp(Ch, (size_t)N * N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, d, N, 1.0f, Ch, N, a->v + off, d, 0.0f, a->o + off, d);
+    }
+}
+
 static double time_softmax_baseline(const bcase *c, const float *q, const float *k, const float *v, float *o,
                                     float *C, int nt)
 {
-    const int N = c->N, d = c->d;
+    softmax_base a = {c, q, k, v, o, C};
     double t0 = cli_now();
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int h = 0; h < c->BH; h++) {
-        float *Ch = C + (size_t)(h % nt) * N * N;
-        const size_t off = (size_t)h * N * d;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, d, 0.125f, q + off, d, k + off, d, 0.0f, Ch, N);
-        bk_vexp(Ch, (size_t)N * N);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, d, N, 1.0f, Ch, N, v + off, d, 0.0f, o + off, d);
-    }
+    fork_join(nt, softmax_base_member, &a);
     return cli_now() - t0;
 }
 
@@ -169,6 +216,23 @@ static void work_counts(const bcase *c, bresult *r)
     }
 }
 
+typedef struct {
+    float *a, *b, *c;
+    size_t n;
+    float sc;
+    int init;
+} triad;
+
+static void triad_member(void *arg, int t, int nt)
+{
+    const triad *r = arg;
+    const size_t i0 = r->n * (size_t)t / (size_t)nt, i1 = r->n * (size_t)(t + 1) / (size_t)nt;
+    if (r->init)
+        for (size_t i = i0; i < i1; i++) r->a[i] = r->b[i] = r->c[i] = (float)(i & 255);
+    else
+        for (size_t i = i0; i < i1; i++) r->a[i] = r->b[i] + r->sc * r->c[i];
+}
+
 /* Memory bandwidth of nt threads: the best of several passes of a[i] = b[i] +
  * s c[i] over three 256 MiB arrays (beyond the last-level caches: the VMs here
  * report up to 480 MiB of L3), counted as STREAM counts it (12 bytes per
@@ -179,13 +243,13 @@ static double mem_bandwidth(int nt)
     float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
     double best = 0.0;
     if (a && b && c) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (size_t i = 0; i < n; i++) a[i] = b[i] = c[i] = (float)(i & 255);
+        triad r = {a, b, c, n, 1.0f, 1};
+        fork_join(nt, triad_member, &r); /* each thread first-touches its own part */
+        r.init = 0;
         for (int rep = 0; rep < 6; rep++) {
-            const float sc = 1.0f + 1e-3f * (float)rep;
+            r.sc = 1.0f + 1e-3f * (float)rep;
             const double t0 = cli_now();
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (size_t i = 0; i < n; i++) a[i] = b[i] + sc * c[i];
+            fork_join(nt, triad_member, &r);
             const double t = cli_now() - t0, bw = 12.0 * (double)n / t;
             best = bw > best ? bw : best;
         }

@@ -252,13 +252,15 @@ static inline float kappa_of(const bki_sk_problem *pb)
 /* ------------------------------------------------------------------------ *
  * Rows are cut into nb = ceil(n / rb) blocks of rb = bki_row_block(n) rows
  * (a function of n only). A row pass runs the blocks in any order on any
- * member; each block writes its rows and its own partial column sums
- * part[b][0..m) (rows summed in row order). Column sums are then
- * part[0] + part[1] + ... in block order, columns shared over the team. So
- * the arithmetic is the same whether one thread or a team runs the problem.
- * Column work (updates, reductions) is shared by column ranges: a column's
- * result never depends on the range it falls in. Every member keeps its own
- * copy of the scalars (errors, flags, step count). */
+ * member (claimed at run time: a member's static share first, then the
+ * blocks others have not started; internal.h); each block writes its rows
+ * and its own partial column sums part[b][0..m) (rows summed in row order).
+ * Column sums are then part[0] + part[1] + ... in block order, columns
+ * shared over the team. So the arithmetic is the same whether one thread or
+ * a team runs the problem.
+ * Column work (updates, reductions) is shared by column ranges, claimed
+ * too: a column's result never depends on the range it falls in. Every
+ * member keeps its own copy of the scalars (errors, flags, step count). */
 static size_t vec_floats(int m) { return bki_round_up(sizeof(float) * (size_t)m) / sizeof(float); }
 
 typedef struct {
@@ -323,11 +325,37 @@ static eng_ws carve(const bki_team *tm, int n, int m, float *scr)
     return w;
 }
 
-/* out[j] = sum_b part[b][j] in block order, for this member's columns */
-static void reduce_cols(const bki_team *tm, const eng_ws *w, int m, float *out)
+/* Column work is claimed at run time (internal.h, "Blocks claimed at run
+ * time") in ranges of whole 64-byte lines, about 8 ranges a member: a
+ * column's result never depends on the range it falls in, so the width may
+ * follow the team's size. Every member opens the same column loops. */
+typedef struct {
+    bki_claims cl;
+    int cw, m; /* columns a range, columns */
+} col_claims;
+
+static col_claims cols_open(const bki_team *tm, int m)
 {
-    int j0, j1;
-    bki_team_share(tm, m, &j0, &j1);
+    const int want = 8 * tm->nt;
+    int cw = ((m + want - 1) / want + 15) & ~15;
+    if (cw < 16) cw = 16;
+    col_claims c = {bki_claims_open(tm, (m + cw - 1) / cw), cw, m};
+    return c;
+}
+
+/* the next range [*j0, *j1) of columns, or 0 when none is left */
+static int cols_next(col_claims *c, int *j0, int *j1)
+{
+    int64_t r;
+    if (!bki_claims_next(&c->cl, &r)) return 0;
+    *j0 = (int)r * c->cw;
+    *j1 = *j0 + c->cw < c->m ? *j0 + c->cw : c->m;
+    return 1;
+}
+
+/* out[j] = sum_b part[b][j] in block order, for columns [j0, j1) */
+static void reduce_range(const eng_ws *w, int j0, int j1, float *out)
+{
     if (j0 >= j1) return;
     memcpy(out + j0, w->part + j0, sizeof(float) * (size_t)(j1 - j0));
     for (int b = 1; b < w->nb; b++) {
@@ -335,6 +363,14 @@ static void reduce_cols(const bki_team *tm, const eng_ws *w, int m, float *out)
 #pragma omp simd
         for (int j = j0; j < j1; j++) out[j] += pb[j];
     }
+}
+
+/* out[j] = sum_b part[b][j] in block order, the columns shared over the
+ * team (no sync) */
+static void reduce_cols(const bki_team *tm, const eng_ws *w, int m, float *out)
+{
+    col_claims cc = cols_open(tm, m);
+    for (int j0, j1; cols_next(&cc, &j0, &j1);) reduce_range(w, j0, j1, out);
 }
 
 static float max_of(int n, const float *x)
@@ -348,19 +384,21 @@ static float max_of(int n, const float *x)
 /* forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Row step from column potential g (NULL = 0) over this member's blocks:
- * writes f; if colsums, the block's partial column sums of the
- * row-normalised plan P = a_i e / s; if A != NULL writes A = P / a_i = e / s
- * and, if check, the block's max row-sum error of A (else 0). Ends with a
- * sync. */
+/* Row step from column potential g (NULL = 0) over the row blocks (claimed
+ * at run time): writes f; if colsums, the block's partial column sums of
+ * the row-normalised plan P = a_i e / s; if A != NULL writes
+ * A = P / a_i = e / s and, if check, the block's max row-sum error of A
+ * (else 0). Ends with a sync. */
 static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *g, float *f,
                      int colsums, float *A, ptrdiff_t lda, int check)
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), a_u = expf(la_u);
-    int b0, b1;
-    bki_team_share(tm, w->nb, &b0, &b1);
-    for (int b = b0; b < b1; b++) {
+    /* blocks claimed at run time: a block writes its rows, part[b], rerr[b];
+     * e and sv are this member's, used within a block */
+    bki_claims cl = bki_claims_open(tm, w->nb);
+    for (int64_t bl; bki_claims_next(&cl, &bl);) {
+        const int b = (int)bl;
         float *colP = w->part + (size_t)b * w->mr, *e = w->e, *sv = w->sv;
         if (colsums) memset(colP, 0, sizeof(float) * (size_t)m);
         float worst = 0.0f;
@@ -416,30 +454,32 @@ static void row_pass(const bki_team *tm, const bki_sk_problem *pb, const eng_ws 
     bki_team_sync(tm);
 }
 
-/* Column step after a row step, on this member's columns: colP = the reduced
- * column sums; cerr[j] = the relative column error of the row-normalised
- * plan; if gnew: gnew_j = log b_j + gold_j - log colP_j (exact fallback for
- * tiny columns, flagged in fb[j]). Ends with a sync. */
+/* Column step after a row step, on column ranges claimed at run time:
+ * colP = the reduced column sums; cerr[j] = the relative column error of
+ * the row-normalised plan; if gnew: gnew_j = log b_j + gold_j - log colP_j
+ * (exact fallback for tiny columns, flagged in fb[j]). Ends with a sync. */
 static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, const float *f,
                        const float *gold, float *gnew)
 {
     const int m = pb->m;
     const float lb_u = -logf((float)m), kap = kappa_of(pb);
-    reduce_cols(tm, w, m, w->colP);
-    int j0, j1;
-    bki_team_share(tm, m, &j0, &j1);
-    for (int j = j0; j < j1; j++) {
-        const float cP = w->colP[j], lbj = lb_at(pb, j, lb_u);
-        w->cerr[j] = fabsf(cP / expf(lbj) - 1.0f);
-        if (gnew) {
-            if (cP > BK_TINY) {
-                gnew[j] = lbj + (gold ? gold[j] : 0.0f) - logf(cP);
-                w->fb[j] = 0;
-            } else {
-                gnew[j] = lbj - col_lse_exact(pb, j, f);
-                w->fb[j] = 1;
+    /* a range's column sums, then its updates (by the member that summed them) */
+    col_claims cc = cols_open(tm, m);
+    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+        reduce_range(w, j0, j1, w->colP);
+        for (int j = j0; j < j1; j++) {
+            const float cP = w->colP[j], lbj = lb_at(pb, j, lb_u);
+            w->cerr[j] = fabsf(cP / expf(lbj) - 1.0f);
+            if (gnew) {
+                if (cP > BK_TINY) {
+                    gnew[j] = lbj + (gold ? gold[j] : 0.0f) - logf(cP);
+                    w->fb[j] = 0;
+                } else {
+                    gnew[j] = lbj - col_lse_exact(pb, j, f);
+                    w->fb[j] = 1;
+                }
+                if (kap != 1.0f) gnew[j] *= kap;
             }
-            if (kap != 1.0f) gnew[j] *= kap;
         }
     }
     bki_team_sync(tm);
@@ -456,20 +496,23 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
 {
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), lb_u = -logf((float)m), a_u = expf(la_u);
-    int j0, j1, nfb = 0;
-    bki_team_share(tm, m, &j0, &j1);
-    if (kappa_of(pb) == 1.0f)
-        for (int j = j0; j < j1; j++)
-            w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
-    else
-        for (int j = j0; j < j1; j++)
-            w->factor[j] = w->fb[j] ? 0.0f : expf(g[j] - (gold ? gold[j] : 0.0f));
+    int nfb = 0;
+    col_claims cc = cols_open(tm, m);
+    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+        if (kappa_of(pb) == 1.0f)
+            for (int j = j0; j < j1; j++)
+                w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
+        else
+            for (int j = j0; j < j1; j++)
+                w->factor[j] = w->fb[j] ? 0.0f : expf(g[j] - (gold ? gold[j] : 0.0f));
+    }
     for (int j = 0; j < m; j++) nfb += w->fb[j]; /* fb is complete: set before the last sync */
     bki_team_sync(tm);
     const float *factor = w->factor;
-    int b0, b1;
-    bki_team_share(tm, w->nb, &b0, &b1);
-    for (int b = b0; b < b1; b++) {
+    /* blocks claimed at run time: a block writes its rows, part[b], rerr[b] */
+    bki_claims cl = bki_claims_open(tm, w->nb);
+    for (int64_t bl; bki_claims_next(&cl, &bl);) {
+        const int b = (int)bl;
         float *colsum = w->part + (size_t)b * w->mr;
         if (check) memset(colsum, 0, sizeof(float) * (size_t)m);
         float worst = 0.0f;
@@ -498,8 +541,11 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
         *rerr = *cerr = 0.0f;
         return;
     }
-    reduce_cols(tm, w, m, w->colP);
-    for (int j = j0; j < j1; j++) w->cerr[j] = fabsf(w->colP[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
+    cc = cols_open(tm, m);
+    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+        reduce_range(w, j0, j1, w->colP);
+        for (int j = j0; j < j1; j++) w->cerr[j] = fabsf(w->colP[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
+    }
     bki_team_sync(tm);
     *rerr = max_of(w->nb, w->rerr);
     *cerr = max_of(m, w->cerr);
@@ -562,10 +608,11 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
         const float *g = hist + bki_hist_off(n, m, iters);
         row_pass(tm, pb, &w, gold, fdum, 1, A, lda, 0);
         /* the same column sums and fallback flags as the forward */
-        reduce_cols(tm, &w, m, w.colP);
-        int j0, j1;
-        bki_team_share(tm, m, &j0, &j1);
-        for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
+        col_claims cc = cols_open(tm, m);
+        for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+            reduce_range(&w, j0, j1, w.colP);
+            for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
+        }
         bki_team_sync(tm);
         float rerr, cerr;
         scale_columns(tm, pb, &w, f, gold, g, A, lda, &rerr, &cerr, 0);
@@ -646,9 +693,10 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
     const float *hS = hist + bki_hist_off(n, m, S);
     const float *hS1 = S > 1 ? hist + bki_hist_off(n, m, S - 1) : NULL;
     const int odd = S % 2;
-    int b0, b1, j0, j1;
-    bki_team_share(tm, w.nb, &b0, &b1);
-    bki_team_share(tm, m, &j0, &j1);
+    /* row blocks and column ranges claimed at run time: a block writes its
+     * rows (A, G, rl, lamr, dla) and part[b]; sv and uv are this member's,
+     * used within a block */
+    col_claims cc;
 
     /* Gradients w.r.t. the log marginals (optional): every row step adds its
      * adjoint to dla, every column step to dlb, and the output map
@@ -656,7 +704,9 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
      * pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S).
      * rl_i = la_i - (row potential of the step after the pending column
      * step): for odd S that is h_S, for even S h_{S-1}. */
-    for (int b = b0; b < b1; b++) {
+    bki_claims cl = bki_claims_open(tm, w.nb);
+    for (int64_t bl; bki_claims_next(&cl, &bl);) {
+        const int b = (int)bl;
         float *part = w.part + (size_t)b * w.mr;
         memset(part, 0, sizeof(float) * (size_t)m);
         const int i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
@@ -690,10 +740,12 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
      * kappa times the balanced one (folded into wb). wb depends on t only
      * when damped. */
     const float kap = kappa_of(pb), ikm1 = 1.0f / kap - 1.0f;
-    for (int j = j0; j < j1; j++) {
-        wb[j] = expf(-lb_at(pb, j, lb_u));
-        if (dlb) dlb[j] = 0.0f;
-    }
+    cc = cols_open(tm, m);
+    for (int j0, j1; cols_next(&cc, &j0, &j1);)
+        for (int j = j0; j < j1; j++) {
+            wb[j] = expf(-lb_at(pb, j, lb_u));
+            if (dlb) dlb[j] = 0.0f;
+        }
     bki_team_sync(tm);
     reduce_cols(tm, &w, m, lamc);
     bki_team_sync(tm);
@@ -707,17 +759,24 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
         const float *ht1 = hist + bki_hist_off(n, m, t - 1);            /* rows   */
         const float *ht2 = t > 2 ? hist + bki_hist_off(n, m, t - 2) : pb->g0; /* cols */
         const int more = t - 1 > 1; /* does lambda_{t-2} matter? */
-        if (dlb)
-            for (int j = j0; j < j1; j++) dlb[j] += kap * lamc[j]; /* column step t */
+        if (dlb) { /* column step t */
+            cc = cols_open(tm, m);
+            for (int j0, j1; cols_next(&cc, &j0, &j1);)
+                for (int j = j0; j < j1; j++) dlb[j] += kap * lamc[j];
+        }
         const float *ht = hist + bki_hist_off(n, m, t);              /* cols   */
         if (kap != 1.0f) { /* damped: this step's wb */
-            for (int j = j0; j < j1; j++) wb[j] = kap * expf(-lb_at(pb, j, lb_u) + ht[j] * ikm1);
+            cc = cols_open(tm, m);
+            for (int j0, j1; cols_next(&cc, &j0, &j1);)
+                for (int j = j0; j < j1; j++) wb[j] = kap * expf(-lb_at(pb, j, lb_u) + ht[j] * ikm1);
             bki_team_sync(tm);
             logwb = 0;
             for (int j = 0; j < m; j++)
                 if (!(wb[j] < 1e30f)) logwb = 1;
         }
-        for (int b = b0; b < b1; b++) {
+        cl = bki_claims_open(tm, w.nb);
+        for (int64_t bl; bki_claims_next(&cl, &bl);) {
+            const int b = (int)bl;
             float *part = w.part + (size_t)b * w.mr;
             if (more) memset(part, 0, sizeof(float) * (size_t)m);
             const int i0 = b * w.rb, i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;

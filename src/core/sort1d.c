@@ -52,8 +52,9 @@ void bki_argsort(int n, const float *x, ptrdiff_t stride, int32_t *idx, void *sc
  * arguments; internal.h's parallel model): for a few large sorts, where
  * sharing whole sorts over the members would leave some idle. LSD radix,
  * 4 passes of 8 bits, over fixed blocks of keys (a function of n only): per
- * block digit counts, each block scattered by the member that counted it at
- * offsets summed in digit then block order. The stable order is unique, so
+ * block digit counts, each block scattered (by whichever member claims it,
+ * internal.h's "Blocks claimed at run time") at offsets summed in digit then
+ * block order, found by the block itself. The stable order is unique, so
  * idx is bitwise bki_argsort's for any team. Up to 2 TS_BLOCK keys member 0
  * sorts alone. scratch: bki_argsort_scratch(n) bytes, counts:
  * bki_argsort_team_counts(n) bytes, both shared by the team. Ends synced. */
@@ -77,36 +78,43 @@ void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t strid
     const int nb = ts_blocks(n);
     uint32_t *k0 = scratch, *k1 = k0 + n, *i0 = k1 + n, *i1 = i0 + n;
     uint32_t *cnt = counts; /* nb x 256 */
-    int lo, hi;
-    bki_team_share(tm, nb, &lo, &hi);
+    /* the blocks are claimed at run time (internal.h): a block's keys, counts
+     * and scatter depend on its index only */
 #define TS_BEGIN(b) ((int)((int64_t)n * (b) / nb))
-    for (int b = lo; b < hi; b++)
+    bki_claims cl = bki_claims_open(tm, nb);
+    for (int64_t b; bki_claims_next(&cl, &b);)
         for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) {
             k0[i] = bki_sort_key(x[(ptrdiff_t)i * stride]);
             i0[i] = (uint32_t)i;
         }
     bki_team_sync(tm);
     for (int shift = 0; shift < 32; shift += 8) {
-        for (int b = lo; b < hi; b++) {
+        cl = bki_claims_open(tm, nb);
+        for (int64_t b; bki_claims_next(&cl, &b);) {
             uint32_t *c = cnt + (size_t)b * 256;
             memset(c, 0, 256 * sizeof(uint32_t));
             for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) c[(k0[i] >> shift) & 0xffu]++;
         }
         bki_team_sync(tm);
-        /* every member: the digit totals (the same for all), its blocks' offsets */
-        size_t tot[256], off[256];
+        /* every member: the digit totals (the same for all) and their starts */
+        size_t tot[256];
+        uint32_t start[256]; /* positions < n < 2^31 */
         memset(tot, 0, sizeof tot);
         for (int b = 0; b < nb; b++)
             for (int dg = 0; dg < 256; dg++) tot[dg] += cnt[(size_t)b * 256 + dg];
         if (tot[(k0[0] >> shift) & 0xffu] != (size_t)n) { /* else all digits equal: the pass keeps the order */
             size_t run = 0;
             for (int dg = 0; dg < 256; dg++) {
-                off[dg] = run;
+                start[dg] = (uint32_t)run;
                 run += tot[dg];
             }
-            for (int b = 0; b < lo; b++)
-                for (int dg = 0; dg < 256; dg++) off[dg] += cnt[(size_t)b * 256 + dg];
-            for (int b = lo; b < hi; b++) {
+            cl = bki_claims_open(tm, nb);
+            for (int64_t b; bki_claims_next(&cl, &b);) {
+                /* block b's offsets: the digit's start and the blocks before b */
+                uint32_t off[256];
+                memcpy(off, start, sizeof off);
+                for (int64_t bb = 0; bb < b; bb++)
+                    for (int dg = 0; dg < 256; dg++) off[dg] += cnt[(size_t)bb * 256 + dg];
                 for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) {
                     const size_t pos = off[(k0[i] >> shift) & 0xffu]++;
                     k1[pos] = k0[i];
@@ -118,7 +126,8 @@ void bki_argsort_team(const bki_team *tm, int n, const float *x, ptrdiff_t strid
         }
         bki_team_sync(tm); /* the scatter is complete and the counts are free */
     }
-    for (int b = lo; b < hi; b++)
+    cl = bki_claims_open(tm, nb);
+    for (int64_t b; bki_claims_next(&cl, &b);)
         for (int i = TS_BEGIN(b); i < TS_BEGIN(b + 1); i++) idx[i] = (int32_t)i0[i];
 #undef TS_BEGIN
     bki_team_sync(tm);

@@ -19,8 +19,9 @@
  * Parallel model (docs/ARCHITECTURE.md): every call plans its problems with
  * bki_plan_problems; a problem runs on one thread or on a team of all
  * threads through the same code, its work cut into blocks that depend on its
- * shape only (GEMM tiles, slices, rows, Gram tiles) and summed in block
- * order. Calibration sums its per-problem blocks in problem order. So every
+ * shape only (GEMM tiles, slices, row blocks, Gram tiles), claimed at run
+ * time by the team's members (bki_claims), and summed in block order.
+ * Calibration sums its per-problem blocks in problem order. So every
  * output is bitwise the same for any thread count and batch shape. */
 #include "op.h"
 
@@ -90,11 +91,13 @@ static bk_status check_layer(const bk_asap_layer *ly)
  * bki_run_problems runs them. A problem function is called by every member
  * of its team with the same arguments; its work is shared by blocks whose
  * sizes depend on the problem's shape only (GEMM tiles, slices, rows, row
- * blocks, Gram tiles), each block computed by one member with the same
- * arithmetic whatever the team, and every sum across blocks is taken in block
- * order. So outputs are bitwise the same for any thread count and batch
- * shape. A problem's cost for the plan: its logits' entries plus the sliced
- * projections' entries (0 slices for the teacher alone). */
+ * blocks, Gram tiles), each block computed by one member (claimed at run
+ * time: the member's static share first, then blocks that others have not
+ * started) with the same arithmetic whatever the team and whoever takes it,
+ * and every sum across blocks is taken in block order. So outputs are
+ * bitwise the same for any thread count and batch shape. A problem's cost
+ * for the plan: its logits' entries plus the sliced projections' entries (0
+ * slices for the teacher alone). */
 bki_plan bki_asap_plan(const bk_attn_desc *d, int L)
 {
     return bki_plan_problems(d->B * d->H, (double)d->Nq * d->Nk + (double)L * (d->Nq + d->Nk));
@@ -116,6 +119,34 @@ static char *take_member(bki_arena *ar, const bki_team *tm, int members, size_t 
 {
     char *p = bki_carve(ar, (size_t)members * bki_round_up(bytes));
     return p ? p + (size_t)tm->tid * bki_round_up(bytes) : NULL;
+}
+
+/* Indices [0, n) (rows, keys, columns) in blocks of bki_row_block(n) claimed
+ * at run time by the team's members (bki_claims: each member its static
+ * share first, then blocks that others have not started). Used where each
+ * index's result depends on that index only and is written to its own
+ * place: which member computes a block, and the block size, change no bit. */
+typedef struct {
+    bki_claims cl;
+    int n, rb;
+} span_claims;
+
+static span_claims spans_open(const bki_team *tm, int n)
+{
+    span_claims sp;
+    sp.n = n;
+    sp.rb = bki_row_block(n);
+    sp.cl = bki_claims_open(tm, bki_nblocks(n, sp.rb));
+    return sp;
+}
+
+static int spans_next(span_claims *sp, int *i0, int *i1)
+{
+    int64_t b;
+    if (!bki_claims_next(&sp->cl, &b)) return 0;
+    *i0 = (int)b * sp->rb;
+    *i1 = *i0 + sp->rb < sp->n ? *i0 + sp->rb : sp->n;
+    return 1;
 }
 
 /* Floats of the engine's scratch for any problem of at most n x m rows and
@@ -182,9 +213,10 @@ static feat_scr feat_take(bki_arena *ar, const bki_team *tm, int members, int Nq
 }
 
 /* XT [L x Lq] (double, slice-major): the centred sliced potentials. The two
- * projections are tiled GEMMs; then the slices are shared over the team, each
- * slice sorted and integrated by one member (slices are independent: nothing
- * is summed across them). Starts and ends with a sync. */
+ * projections are tiled GEMMs; then the slices (or groups of BKI_LANES
+ * slices) are claimed at run time by the team's members, each sorted and
+ * integrated by one member (slices are independent: nothing is summed
+ * across them). Starts and ends with a sync. */
 static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int Lk, int d, int L, const float *theta,
                             float s, const float *Q, int64_t sq, const float *K, int64_t sk, double *XT)
 {
@@ -196,22 +228,27 @@ static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int L
         bki_gemm(tm, 0, 1, Lk, L, d, rs, K, sk, theta, d, 0.0f, w->pb, L);
         bki_team_sync(tm);
         const bki_kernels *kn = bki_kern();
-        int g0, g1;
-        bki_team_share(tm, (L + BKI_LANES - 1) / BKI_LANES, &g0, &g1);
-        if (g0 < g1) {
-            const bki_lanes z = bki_lanes_init(w->lanes, Lq, Lk);
-            for (int g = g0; g < g1; g++) {
-                const int l0 = g * BKI_LANES, nl = L - l0 < BKI_LANES ? L - l0 : BKI_LANES;
-                bki_lanes_load(Lq, nl, w->pa + l0, (size_t)L, 1, z.ka, z.ix);
-                bki_lanes_load(Lk, nl, w->pb + l0, (size_t)L, 1, z.kb, NULL);
-                kn->lanes_sort(z.cmp_n, z.net_n, z.ka, z.ix);
-                kn->lanes_sort(z.cmp_m, z.net_m, z.kb, NULL);
-                double mean[BKI_LANES];
-                double *x = XT + (size_t)l0 * Lq;
-                kn->potential1d_lanes(Lq, Lk, z.ka, z.ix, z.kb, nl, x, (size_t)Lq, mean);
-                for (int l = 0; l < nl; l++)
-                    for (int i = 0; i < Lq; i++) x[(size_t)l * Lq + i] -= mean[l];
+        /* groups claimed at run time: a group's keys, indices and networks
+         * are this member's scratch, all loaded afresh for each group (the
+         * networks, a function of Lq and Lk, on its first group) */
+        bki_claims cl = bki_claims_open(tm, (L + BKI_LANES - 1) / BKI_LANES);
+        bki_lanes z = {0};
+        int have_z = 0;
+        for (int64_t g; bki_claims_next(&cl, &g);) {
+            if (!have_z) {
+                z = bki_lanes_init(w->lanes, Lq, Lk);
+                have_z = 1;
             }
+            const int l0 = (int)g * BKI_LANES, nl = L - l0 < BKI_LANES ? L - l0 : BKI_LANES;
+            bki_lanes_load(Lq, nl, w->pa + l0, (size_t)L, 1, z.ka, z.ix);
+            bki_lanes_load(Lk, nl, w->pb + l0, (size_t)L, 1, z.kb, NULL);
+            kn->lanes_sort(z.cmp_n, z.net_n, z.ka, z.ix);
+            kn->lanes_sort(z.cmp_m, z.net_m, z.kb, NULL);
+            double mean[BKI_LANES];
+            double *x = XT + (size_t)l0 * Lq;
+            kn->potential1d_lanes(Lq, Lk, z.ka, z.ix, z.kb, nl, x, (size_t)Lq, mean);
+            for (int l = 0; l < nl; l++)
+                for (int i = 0; i < Lq; i++) x[(size_t)l * Lq + i] -= mean[l];
         }
         bki_team_sync(tm);
         return;
@@ -220,9 +257,10 @@ static void sliced_features(const bki_team *tm, const feat_scr *w, int Lq, int L
     bki_gemm(tm, 0, 1, L, Lq, d, rs, theta, d, Q, sq, 0.0f, w->pa, Lq);
     bki_gemm(tm, 0, 1, L, Lk, d, rs, theta, d, K, sk, 0.0f, w->pb, Lk);
     bki_team_sync(tm);
-    int l0, l1;
-    bki_team_share(tm, L, &l0, &l1);
-    for (int l = l0; l < l1; l++) {
+    /* slices claimed at run time (the sort buffers are this member's, filled
+     * afresh for each slice) */
+    bki_claims cl = bki_claims_open(tm, L);
+    for (int64_t l; bki_claims_next(&cl, &l);) {
         const float *a = w->pa + (size_t)l * Lq, *b = w->pb + (size_t)l * Lk;
         double *x = XT + (size_t)l * Lq;
         bki_argsort(Lq, a, 1, w->ia, w->sort_scr);
@@ -247,12 +285,12 @@ static double rho_row(int d, float s, const float *qi)
     return 0.5 * (double)s * a;
 }
 
-/* rho of this member's rows */
+/* rho of the rows, row blocks claimed at run time (no sync at the end) */
 static void rho_rows(const bki_team *tm, int Lq, int d, float s, const float *Q, int64_t sq, double *rho)
 {
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++) rho[i] = rho_row(d, s, Q + (int64_t)i * sq);
+    span_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        for (int i = i0; i < i1; i++) rho[i] = rho_row(d, s, Q + (int64_t)i * sq);
 }
 
 /* The engine on the transposed logits Ct = (s/eps) K Q^T (Lk x Lq, filled by
@@ -270,9 +308,10 @@ static void transposed_steps(const bki_team *tm, int Lq, int Lk, const float *Ct
 /* The teacher on C = (s/eps) Q K^T (Lq x Lk, filled by the caller, with rho
  * complete) and its closure-ready dual as the centred cost-unit target y
  * (double): every member computes the mean over all rows in row order, then
- * writes its own rows of y (no sync at the end). */
+ * the rows of y (and of yf as float, nullable) are written in row blocks
+ * claimed at run time (no sync at the end). */
 static void teacher_target(const bki_team *tm, int Lq, int Lk, const float *C, int S, float eps, const double *rho,
-                           float *A, float *hist, float *scr, double *y)
+                           float *A, float *hist, float *scr, double *y, float *yf)
 {
     bki_sk_problem pb = {Lq, Lk, C, Lk, NULL, NULL, S, 0.0f, NULL, 1.0f, 0};
     bki_sk_result r = {hist, A, Lk, NULL, NULL, 0, 0.0f, 0.0f};
@@ -282,29 +321,34 @@ static void teacher_target(const bki_team *tm, int Lq, int Lk, const float *C, i
     double mean = 0.0;
     for (int i = 0; i < Lq; i++) mean += (double)eps * f[i] + rho[i];
     mean /= Lq;
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++) y[i] = ((double)eps * f[i] + rho[i]) - mean;
+    span_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        for (int i = i0; i < i1; i++) {
+            y[i] = ((double)eps * f[i] + rho[i]) - mean;
+            if (yf) yf[i] = (float)y[i];
+        }
 }
 
 /* Row sums r_i of the one-sided (key-normalised) plan from the score-space
  * logit potential u: the engine's single half-step on the transposed logits
- * Ct gives At = Pi^T (column-stochastic Pi), r_i = (1/Lk) sum_j At[j][i]
- * (this member's rows; no sync at the end). Returns sum_j (1/Lk)
- * LSE_i(Z_ij + u_i) in *F (nullable; every member, the same value). */
+ * Ct gives At = Pi^T (column-stochastic Pi), r_i = (1/Lk) sum_j At[j][i] in
+ * key order (row blocks claimed at run time; no sync at the end). Returns
+ * sum_j (1/Lk) LSE_i(Z_ij + u_i) in *F (nullable; every member, the same
+ * value). */
 static void one_sided_rows(const bki_team *tm, int Lq, int Lk, const float *Ct, const float *u, float *At,
                            float *hist, float *scr, double *r, double *F)
 {
     bki_sk_result res;
     transposed_steps(tm, Lq, Lk, Ct, u, 1, At, hist, scr, &res);
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++) r[i] = 0.0;
-    for (int j = 0; j < Lk; j++) {
-        const float *a = At + (size_t)j * Lq;
-        for (int i = i0; i < i1; i++) r[i] += a[i];
+    span_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+        for (int i = i0; i < i1; i++) r[i] = 0.0;
+        for (int j = 0; j < Lk; j++) {
+            const float *a = At + (size_t)j * Lq;
+            for (int i = i0; i < i1; i++) r[i] += a[i];
+        }
+        for (int i = i0; i < i1; i++) r[i] /= Lk;
     }
-    for (int i = i0; i < i1; i++) r[i] /= Lk;
     if (F) { /* row potential of the transposed problem: -log Lk - LSE_j */
         double acc = 0.0;
         for (int j = 0; j < Lk; j++) acc += -log((double)Lk) - (double)res.f[j];
@@ -410,9 +454,10 @@ static uint32_t key(const bki_call *c)
 }
 
 /* One problem of the forward: features (unless the dual is given), the
- * predicted dual and the warm start (rows shared), Z^T (tiled GEMM), the
- * engine's 1-3 half-steps (team-aware), O = (Lq/Lk) At^T V (tiled GEMM);
- * the attention's rows shared; member 0 writes padding, fhat and diag. */
+ * predicted dual and the warm start (row blocks claimed at run time), Z^T
+ * (tiled GEMM), the engine's 1-3 half-steps (team-aware), O = (Lq/Lk) At^T V
+ * (tiled GEMM); the attention's row blocks claimed at run time; member 0
+ * writes padding, fhat and diag. */
 static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
 {
     const bk_attn_desc *d = c->d;
@@ -433,19 +478,20 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
         if (!fin)
             sliced_features(tm, &w.fs, Lq, Lk, d->d, L, ly->theta, ly->scale, Qb, c->q->stride_n, Kb,
                             c->k->stride_n, w.XT);
-        int i0, i1;
-        bki_team_share(tm, Lq, &i0, &i1);
-        if (fin) {
-            for (int i = i0; i < i1; i++) w.fhat[i] = fin[(size_t)p * d->Nq + i];
-        } else { /* fhat_i = sum_l X_il omega_l, in slice order */
-            for (int i = i0; i < i1; i++) w.fhat[i] = 0.0;
-            for (int l = 0; l < L; l++) {
-                const double *xl = w.XT + (size_t)l * Lq, wl = ly->omega[l];
-                for (int i = i0; i < i1; i++) w.fhat[i] += xl[i] * wl;
+        span_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
+        for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+            if (fin) {
+                for (int i = i0; i < i1; i++) w.fhat[i] = fin[(size_t)p * d->Nq + i];
+            } else { /* fhat_i = sum_l X_il omega_l, in slice order */
+                for (int i = i0; i < i1; i++) w.fhat[i] = 0.0;
+                for (int l = 0; l < L; l++) {
+                    const double *xl = w.XT + (size_t)l * Lq, wl = ly->omega[l];
+                    for (int i = i0; i < i1; i++) w.fhat[i] += xl[i] * wl;
+                }
             }
+            for (int i = i0; i < i1; i++)
+                w.u[i] = (float)((w.fhat[i] - rho_row(d->d, ly->scale, Qb + (int64_t)i * c->q->stride_n)) / ly->eps);
         }
-        for (int i = i0; i < i1; i++)
-            w.u[i] = (float)((w.fhat[i] - rho_row(d->d, ly->scale, Qb + (int64_t)i * c->q->stride_n)) / ly->eps);
         bki_gemm(tm, 0, 1, Lk, Lq, d->d, ly->scale / ly->eps, Kb, c->k->stride_n, Qb, c->q->stride_n, 0.0f, w.Ct,
                  Lq);
         bki_team_sync(tm); /* Ct and u complete (fhat too, for member 0 below) */
@@ -455,20 +501,20 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
             bki_gemm(tm, 1, 0, Lq, d->dv, Lk, (float)Lq / (float)Lk, w.At, Lq, Vb, c->v->stride_n, 0.0f,
                      bki_at(out, b, h), out->stride_n);
     }
-    if (attn) { /* rows shared over the team */
+    if (attn) { /* row blocks claimed at run time */
         float *Ab = bki_at(attn, b, h);
         const float r = live ? (float)Lq / (float)Lk : 0.0f;
-        int i0, i1;
-        bki_team_share(tm, d->Nq, &i0, &i1);
-        for (int i = i0; i < i1; i++) {
-            float *row = Ab + (int64_t)i * attn->stride_n;
-            if (live && i < Lq) {
-                for (int j = 0; j < Lk; j++) row[j] = r * w.At[(size_t)j * Lq + i];
-                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
-            } else {
-                memset(row, 0, sizeof(float) * (size_t)d->Nk);
+        span_claims sp = spans_open(tm, d->Nq);
+        for (int i0, i1; spans_next(&sp, &i0, &i1);)
+            for (int i = i0; i < i1; i++) {
+                float *row = Ab + (int64_t)i * attn->stride_n;
+                if (live && i < Lq) {
+                    for (int j = 0; j < Lk; j++) row[j] = r * w.At[(size_t)j * Lq + i];
+                    memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+                } else {
+                    memset(row, 0, sizeof(float) * (size_t)d->Nk);
+                }
             }
-        }
     }
     if (tm->tid != 0) return;
     if (out) bki_zero_rows(bki_at(out, b, h), out->stride_n, live ? Lq : 0, d->Nq, d->dv);
@@ -616,14 +662,15 @@ static calib_lane calib_take(char *lane, size_t lb, const bki_team *tm, int memb
 }
 
 /* The teacher's part of one problem: C = (s/eps) Q K^T (tiled GEMM) and rho
- * (rows shared), then the teacher and its target y (this member's rows). */
+ * (row blocks), then the teacher and its target y, and yf = (float)y
+ * (nullable) (row blocks; no sync at the end). */
 static void teacher_problem(const bki_team *tm, const calib_lane *w, int Lq, int Lk, int d, float sc, float eps,
-                            int S, const float *Qb, int64_t sq, const float *Kb, int64_t sk)
+                            int S, const float *Qb, int64_t sq, const float *Kb, int64_t sk, float *yf)
 {
     bki_gemm(tm, 0, 1, Lq, Lk, d, sc / eps, Qb, sq, Kb, sk, 0.0f, w->C, Lk);
     rho_rows(tm, Lq, d, sc, Qb, sq, w->rho);
     bki_team_sync(tm);
-    teacher_target(tm, Lq, Lk, w->C, S, eps, w->rho, w->A, w->hist, w->scr, w->y);
+    teacher_target(tm, Lq, Lk, w->C, S, eps, w->rho, w->A, w->hist, w->scr, w->y, yf);
 }
 
 typedef struct {
@@ -639,7 +686,7 @@ typedef struct {
 } calib_ctx;
 
 /* One problem of bk_asap_features: the features (team), then X [Nq x L]
- * float out, rows shared (padded rows zero). */
+ * float out, row blocks claimed at run time (padded rows zero). */
 static void features_problem(const bki_team *tm, int p, char *lane, void *vctx)
 {
     const calib_ctx *x = vctx;
@@ -652,15 +699,15 @@ static void features_problem(const bki_team *tm, int p, char *lane, void *vctx)
         sliced_features(tm, &w.fs, Lq, Lk, d->d, L, x->theta, x->scale, bki_at(x->q, b, h), x->q->stride_n,
                         bki_at(x->k, b, h), x->k->stride_n, w.XT);
     float *o = x->out + (size_t)p * d->Nq * L;
-    int i0, i1;
-    bki_team_share(tm, d->Nq, &i0, &i1);
-    for (int i = i0; i < i1; i++) {
-        float *oi = o + (size_t)i * L;
-        if (live && i < Lq)
-            for (int l = 0; l < L; l++) oi[l] = (float)w.XT[(size_t)l * Lq + i];
-        else
-            memset(oi, 0, sizeof(float) * (size_t)L);
-    }
+    span_claims sp = spans_open(tm, d->Nq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        for (int i = i0; i < i1; i++) {
+            float *oi = o + (size_t)i * L;
+            if (live && i < Lq)
+                for (int l = 0; l < L; l++) oi[l] = (float)w.XT[(size_t)l * Lq + i];
+            else
+                memset(oi, 0, sizeof(float) * (size_t)L);
+        }
 }
 
 bk_status bk_asap_features(const bk_attn_desc *d, const bk_asap_layer *ly, const bk_tensor *q, const bk_tensor *k,
@@ -685,7 +732,8 @@ bk_status bk_asap_features(const bk_attn_desc *d, const bk_asap_layer *ly, const
 }
 
 /* One problem of bk_asap_teacher_dual: the teacher (team) and its target y
- * out as float, each member its own rows (member 0 the padded rows). */
+ * out as float, written with y itself (row blocks claimed at run time;
+ * member 0 the padded rows). */
 static void teacher_dual_problem(const bki_team *tm, int p, char *lane, void *vctx)
 {
     const calib_ctx *x = vctx;
@@ -697,10 +745,7 @@ static void teacher_dual_problem(const bki_team *tm, int p, char *lane, void *vc
     if (live) {
         const calib_lane w = calib_take(lane, x->lb, tm, x->members, d->Nq, d->Nk, 0, x->S, 0);
         teacher_problem(tm, &w, Lq, Lk, d->d, x->scale, x->eps, x->S, bki_at(x->q, b, h), x->q->stride_n,
-                        bki_at(x->k, b, h), x->k->stride_n);
-        int i0, i1;
-        bki_team_share(tm, Lq, &i0, &i1);
-        for (int i = i0; i < i1; i++) o[i] = (float)w.y[i];
+                        bki_at(x->k, b, h), x->k->stride_n, o);
     }
     if (tm->tid == 0) memset(o + (live ? Lq : 0), 0, sizeof(float) * (size_t)(d->Nq - (live ? Lq : 0)));
 }
@@ -819,10 +864,11 @@ void bk_asap_calib_free(bk_asap_calib *c)
 #define GRAM_TILE 8
 
 /* One problem of bk_asap_calib_add: the teacher and its target, the features
- * (team), the per-problem blocks G_p = X^T X, c_p = X^T y (Gram tiles shared
- * over the team) and yy_p = y^T y (member 0); with keep_kl, the one-sided
- * row sums of the teacher's dual and the problem's record (rows, slices
- * shared). Problems without a valid query or key get a zero block. */
+ * (team), the per-problem blocks G_p = X^T X, c_p = X^T y (Gram tiles claimed
+ * at run time) and yy_p = y^T y (member 0); with keep_kl, the one-sided row
+ * sums of the teacher's dual and the problem's record (row, slice and key
+ * blocks claimed at run time). Problems without a valid query or key get a
+ * zero block. */
 static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
 {
     const calib_ctx *x = vctx;
@@ -838,14 +884,13 @@ static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
     const calib_lane w = calib_take(lane, x->lb, tm, x->members, d->Nq, d->Nk, L, x->S, x->kl);
     const float *Qb = bki_at(x->q, b, h), *Kb = bki_at(x->k, b, h);
     const int64_t sq = x->q->stride_n, sk = x->k->stride_n;
-    teacher_problem(tm, &w, Lq, Lk, d->d, x->scale, x->eps, x->S, Qb, sq, Kb, sk);
+    teacher_problem(tm, &w, Lq, Lk, d->d, x->scale, x->eps, x->S, Qb, sq, Kb, sk, NULL);
     /* its syncs also complete y and free C, A, hist and the engine's scratch */
     sliced_features(tm, &w.fs, Lq, Lk, d->d, L, x->theta, x->scale, Qb, sq, Kb, sk, w.XT);
     /* G_p = X^T X, c_p = X^T y, yy_p = y^T y (X^T = XT is slice-major) */
-    int t0, t1;
-    bki_team_share(tm, (L + GRAM_TILE - 1) / GRAM_TILE, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
-        const int a0 = t * GRAM_TILE, na = L - a0 < GRAM_TILE ? L - a0 : GRAM_TILE;
+    bki_claims cl = bki_claims_open(tm, (L + GRAM_TILE - 1) / GRAM_TILE); /* tiles claimed at run time */
+    for (int64_t t; bki_claims_next(&cl, &t);) {
+        const int a0 = (int)t * GRAM_TILE, na = L - a0 < GRAM_TILE ? L - a0 : GRAM_TILE;
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, na, L, Lq, 1.0, w.XT + (size_t)a0 * Lq, Lq, w.XT, Lq, 0.0,
                     pp + (size_t)a0 * L, L);
         cblas_dgemv(CblasRowMajor, CblasNoTrans, na, Lq, 1.0, w.XT + (size_t)a0 * Lq, Lq, w.y, 1, 0.0,
@@ -859,22 +904,26 @@ static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
     if (!x->kl) return;
     kl_rec *r = &x->recs[p];
     const float alpha = x->scale / x->eps;
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++) w.u[i] = (float)((w.y[i] - w.rho[i]) / x->eps);
+    /* row, slice and key blocks claimed at run time */
+    span_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        for (int i = i0; i < i1; i++) w.u[i] = (float)((w.y[i] - w.rho[i]) / x->eps);
     bki_gemm(tm, 0, 1, Lk, Lq, d->d, alpha, Kb, sk, Qb, sq, 0.0f, w.C, Lq);
     bki_team_sync(tm);
     one_sided_rows(tm, Lq, Lk, w.C, w.u, w.A, w.hist, w.scr, r->r, NULL);
-    int l0, l1;
-    bki_team_share(tm, L, &l0, &l1);
-    for (size_t i = (size_t)l0 * Lq; i < (size_t)l1 * Lq; i++) r->X[i] = (float)w.XT[i];
-    for (int i = i0; i < i1; i++) {
-        r->rho[i] = w.rho[i];
-        memcpy(r->Q + (size_t)i * d->d, Qb + (int64_t)i * sq, sizeof(float) * (size_t)d->d);
-    }
-    int j0, j1;
-    bki_team_share(tm, Lk, &j0, &j1);
-    for (int j = j0; j < j1; j++) memcpy(r->K + (size_t)j * d->d, Kb + (int64_t)j * sk, sizeof(float) * (size_t)d->d);
+    bki_claims cs = bki_claims_open(tm, L);
+    for (int64_t l; bki_claims_next(&cs, &l);)
+        for (size_t i = (size_t)l * Lq; i < (size_t)(l + 1) * Lq; i++) r->X[i] = (float)w.XT[i];
+    sp = spans_open(tm, Lq);
+    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        for (int i = i0; i < i1; i++) {
+            r->rho[i] = w.rho[i];
+            memcpy(r->Q + (size_t)i * d->d, Qb + (int64_t)i * sq, sizeof(float) * (size_t)d->d);
+        }
+    span_claims kp = spans_open(tm, Lk);
+    for (int j0, j1; spans_next(&kp, &j0, &j1);)
+        for (int j = j0; j < j1; j++)
+            memcpy(r->K + (size_t)j * d->d, Kb + (int64_t)j * sk, sizeof(float) * (size_t)d->d);
 }
 
 bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_tensor *q, const bk_tensor *k)
@@ -1029,9 +1078,10 @@ typedef struct {
 } kl_ctx;
 
 /* One record's block: J_m = eps F - <r, X w> (member 0), gradient X^T (rhat -
- * r) (slices shared), and if hess the Hessian block (1/eps) [X^T diag(rhat)
- * X - (1/Lk) W W^T], W = X^T Pi (L x Lk, tiled GEMM; Hessian rows shared).
- * Every entry is one member's sum in row (or key) order. */
+ * r) (slices claimed at run time), and if hess the Hessian block (1/eps)
+ * [X^T diag(rhat) X - (1/Lk) W W^T], W = X^T Pi (L x Lk, tiled GEMM; Hessian
+ * rows claimed at run time). Every entry is one member's sum in row (or key)
+ * order. */
 static void kl_problem(const bki_team *tm, int m, char *lane, void *vctx)
 {
     const kl_ctx *x = vctx;
@@ -1042,44 +1092,46 @@ static void kl_problem(const bki_team *tm, int m, char *lane, void *vctx)
     const int Lq = r->Lq, Lk = r->Lk;
     const kl_lane w = kl_take(lane, x->lb, c->maxq, c->maxk, L, x->members);
     double *pp = x->part + ((size_t)L * L + L + 1) * (size_t)m;
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++) w.v[i] = 0.0;
-    for (int l = 0; l < L; l++) { /* v = X w, in slice order */
-        const float *xl = r->X + (size_t)l * Lq;
-        const double wl = x->w[l];
-        for (int i = i0; i < i1; i++) w.v[i] += (double)xl[i] * wl;
+    span_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
+    for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+        for (int i = i0; i < i1; i++) w.v[i] = 0.0;
+        for (int l = 0; l < L; l++) { /* v = X w, in slice order */
+            const float *xl = r->X + (size_t)l * Lq;
+            const double wl = x->w[l];
+            for (int i = i0; i < i1; i++) w.v[i] += (double)xl[i] * wl;
+        }
+        for (int i = i0; i < i1; i++) w.u[i] = (float)((w.v[i] - r->rho[i]) / eps);
     }
-    for (int i = i0; i < i1; i++) w.u[i] = (float)((w.v[i] - r->rho[i]) / eps);
     bki_gemm(tm, 0, 1, Lk, Lq, d, alpha, r->K, d, r->Q, d, 0.0f, w.Ct, Lq);
     bki_team_sync(tm);
     double F = 0.0;
     one_sided_rows(tm, Lq, Lk, w.Ct, w.u, w.At, w.hist, w.scr, w.rh, &F);
     bki_team_sync(tm); /* v and rhat complete */
-    int l0, l1;
-    bki_team_share(tm, L, &l0, &l1);
     if (tm->tid == 0) {
         double lin = 0.0;
         for (int i = 0; i < Lq; i++) lin += r->r[i] * w.v[i];
         pp[(size_t)L * L + L] = (double)eps * F - lin;
     }
-    /* gradient X^T (rhat - r) */
+    /* gradient X^T (rhat - r), then XD and the Hessian: slices claimed at run time */
     double *gp = pp + (size_t)L * L;
-    for (int l = l0; l < l1; l++) {
+    bki_claims cl = bki_claims_open(tm, L);
+    for (int64_t l; bki_claims_next(&cl, &l);) {
         const float *xl = r->X + (size_t)l * Lq;
         double s = 0.0;
         for (int i = 0; i < Lq; i++) s += (double)xl[i] * (w.rh[i] - r->r[i]);
         gp[l] = s;
     }
     if (!x->hess) return;
-    for (int l = l0; l < l1; l++) { /* XD = X^T diag(rhat), slice-major */
+    cl = bki_claims_open(tm, L);
+    for (int64_t l; bki_claims_next(&cl, &l);) { /* XD = X^T diag(rhat), slice-major */
         const float *xl = r->X + (size_t)l * Lq;
         float *dl = w.XD + (size_t)l * Lq;
         for (int i = 0; i < Lq; i++) dl[i] = xl[i] * (float)w.rh[i];
     }
     bki_gemm(tm, 0, 1, L, Lk, Lq, 1.0f, r->X, Lq, w.At, Lq, 0.0f, w.W, Lk);
     bki_team_sync(tm); /* XD and W complete */
-    for (int a = l0; a < l1; a++) {
+    cl = bki_claims_open(tm, L);
+    for (int64_t a; bki_claims_next(&cl, &a);) {
         const float *da = w.XD + (size_t)a * Lq, *wa = w.W + (size_t)a * Lk;
         for (int bb = 0; bb < L; bb++) {
             const float *xb = r->X + (size_t)bb * Lq, *wb = w.W + (size_t)bb * Lk;
@@ -1427,10 +1479,10 @@ bk_status bk_asap_load(const char *path, bk_asap_layer *ly)
 /* ------------------------------------------------------------------------ */
 /* fidelity metrics                                                         */
 /* ------------------------------------------------------------------------ */
-/* Per problem: rows in blocks of bki_row_block(Lq) (shared over the team),
- * each block's partial sums (and its partial column sums of A) in row order,
- * then the blocks summed in block order; the problems' metrics are averaged
- * in problem order. */
+/* Per problem: rows in blocks of bki_row_block(Lq) (claimed at run time by
+ * the team's members), each block's partial sums (and its partial column
+ * sums of A) in row order, then the blocks summed in block order; the
+ * problems' metrics are averaged in problem order. */
 enum { CMP_E2, CMP_R2, CMP_DA, CMP_NA, CMP_ROW, CMP_N };
 
 typedef struct {
@@ -1468,9 +1520,9 @@ static void cmp_problem(const bki_team *tm, int p, char *lane, void *vctx)
     double *col = x->with_a ? bki_take(&ar, sizeof(double) * (size_t)Lk) : NULL;
     const float *O = bki_at(x->out, b, h), *Or = bki_at(x->out_ref, b, h);
     const float *A = x->with_a ? bki_at(x->attn, b, h) : NULL, *Ar = x->with_a ? bki_at(x->attn_ref, b, h) : NULL;
-    int b0, b1;
-    bki_team_share(tm, nb, &b0, &b1);
-    for (int bl = b0; bl < b1; bl++) {
+    bki_claims cl = bki_claims_open(tm, nb); /* row blocks claimed at run time */
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int bl = (int)blk;
         double *s = bs + (size_t)bl * CMP_N, e2 = 0, r2 = 0, da = 0, na = 0, rowe = 0;
         const int i1 = (bl + 1) * rb < Lq ? (bl + 1) * rb : Lq;
         double *cp = x->with_a ? cpart + (size_t)bl * Lk : NULL;
@@ -1500,14 +1552,14 @@ static void cmp_problem(const bki_team *tm, int p, char *lane, void *vctx)
         s[CMP_ROW] = rowe;
     }
     bki_team_sync(tm);
-    if (x->with_a) { /* column sums in block order, columns shared */
-        int j0, j1;
-        bki_team_share(tm, Lk, &j0, &j1);
-        for (int j = j0; j < j1; j++) {
-            double s = 0.0;
-            for (int bl = 0; bl < nb; bl++) s += cpart[(size_t)bl * Lk + j];
-            col[j] = s;
-        }
+    if (x->with_a) { /* column sums in block order, column blocks claimed at run time */
+        span_claims sp = spans_open(tm, Lk);
+        for (int j0, j1; spans_next(&sp, &j0, &j1);)
+            for (int j = j0; j < j1; j++) {
+                double s = 0.0;
+                for (int bl = 0; bl < nb; bl++) s += cpart[(size_t)bl * Lk + j];
+                col[j] = s;
+            }
         bki_team_sync(tm);
     }
     if (tm->tid != 0) return;

@@ -154,12 +154,16 @@ static void logits(const bki_team *tm, const bki_call *c, int b, int h, int n, i
     *pb2 = z;
 }
 
-/* dst = A1 - lam A2 on this member's rows of the n x m block. Ends in sync. */
+/* dst = A1 - lam A2 on the n x m block, by row blocks claimed at run time
+ * (internal.h). Ends in sync. */
 static void combine(const bki_team *tm, int n, int m, const float *A1, const float *A2, float lam, float *dst)
 {
-    int i0, i1;
-    bki_team_share(tm, n, &i0, &i1);
-    for (size_t x = (size_t)i0 * m; x < (size_t)i1 * m; x++) dst[x] = A1[x] - lam * A2[x];
+    const int rb = bki_row_block(n);
+    bki_claims cl = bki_claims_open(tm, bki_nblocks(n, rb));
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int i0 = (int)blk * rb, i1 = i0 + rb < n ? i0 + rb : n;
+        for (size_t x = (size_t)i0 * m; x < (size_t)i1 * m; x++) dst[x] = A1[x] - lam * A2[x];
+    }
     bki_team_sync(tm);
 }
 
@@ -226,11 +230,12 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
         bki_gemm(tm, 1, 0, m, d->dv, n, 1.0f, ln.G2, m, dOb, c->dout->stride_n, 0.0f, dVb, c->dv->stride_n);
         bki_gemm(tm, 0, 1, n, m, d->dv, 1.0f, dOb, c->dout->stride_n, Vb, c->v->stride_n, 0.0f, ln.G1, m);
         bki_team_sync(tm);
-        /* A2bar = -lambda Abar; <Abar, A2> by fixed row blocks */
+        /* A2bar = -lambda Abar; <Abar, A2> by fixed row blocks, claimed at
+         * run time (a block's partial sum in part[block]) */
         const int rb = bki_row_block(n), nb = bki_nblocks(n, rb);
-        int b0, b1;
-        bki_team_share(tm, nb, &b0, &b1);
-        for (int blkno = b0; blkno < b1; blkno++) {
+        bki_claims cl = bki_claims_open(tm, nb);
+        for (int64_t bl; bki_claims_next(&cl, &bl);) {
+            const int blkno = (int)bl;
             const int i1 = (blkno + 1) * rb < n ? (blkno + 1) * rb : n;
             double s = 0.0;
             for (size_t x = (size_t)blkno * rb * m; x < (size_t)i1 * m; x++) {

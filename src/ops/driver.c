@@ -51,15 +51,19 @@ void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const floa
     const bk_attn_desc *d = c->d;
     float *Ab = bki_at(c->attn, p / d->H, p % d->H);
     const int live = Lq > 0 && Lk > 0;
-    int i0, i1;
-    bki_team_share(tm, d->Nq, &i0, &i1);
-    for (int i = i0; i < i1; i++) {
-        float *row = Ab + (int64_t)i * c->attn->stride_n;
-        if (live && i < Lq) {
-            memcpy(row, A + (size_t)i * lda, sizeof(float) * (size_t)Lk);
-            memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
-        } else {
-            memset(row, 0, sizeof(float) * (size_t)d->Nk);
+    /* row blocks claimed at run time (internal.h); no sync */
+    const int rb = bki_row_block(d->Nq);
+    bki_claims cl = bki_claims_open(tm, bki_nblocks(d->Nq, rb));
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int i0 = (int)blk * rb, i1 = i0 + rb < d->Nq ? i0 + rb : d->Nq;
+        for (int i = i0; i < i1; i++) {
+            float *row = Ab + (int64_t)i * c->attn->stride_n;
+            if (live && i < Lq) {
+                memcpy(row, A + (size_t)i * lda, sizeof(float) * (size_t)Lk);
+                memset(row + Lk, 0, sizeof(float) * (size_t)(d->Nk - Lk));
+            } else {
+                memset(row, 0, sizeof(float) * (size_t)d->Nk);
+            }
         }
     }
 }

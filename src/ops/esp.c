@@ -23,8 +23,10 @@
  * hard-sort walks (each output row written by one block, per-block partial
  * sums over slices reduced in block order), row blocks for the SoftSort rows
  * with per-block partial column sums reduced in block order, fixed row
- * blocks for the dot products, and bki_gemm's tiles. So results are bitwise
- * the same for any thread count and any batch shape. */
+ * blocks for the dot products, and bki_gemm's tiles. The members claim the
+ * blocks of a loop at run time (bki_claims, TEAM_ROWS), each block computed
+ * whole by whoever takes it. So results are bitwise the same for any thread
+ * count and any batch shape. */
 #include "op.h"
 
 #include <math.h>
@@ -136,6 +138,18 @@ static inline int rblk(int n)
 }
 static inline int nblk(int n) { return bki_nblocks(n, rblk(n)); }
 static inline int imin(int a, int b) { return a < b ? a : b; }
+
+/* A team's loop over the fixed blocks of TEAM_RB rows of [0, n), claimed at
+ * run time (bki_claims: each member its static share first, then the blocks
+ * others have not started): the body runs for the rows [r0, r1) of each
+ * block the member takes. For loops whose rows are independent (each row
+ * written by its block only), so which member takes a block changes no bit.
+ * Every member of the team runs it (no sync at the end). */
+#define TEAM_RB 64
+#define TEAM_ROWS(tm, n, r0, r1)                                                                             \
+    for (bki_claims trc_ = bki_claims_open((tm), bki_nblocks((n), TEAM_RB)), *tro_ = &trc_; tro_; tro_ = NULL) \
+        for (int64_t trb_; bki_claims_next(&trc_, &trb_);)                                                   \
+            for (int r0 = (int)trb_ * TEAM_RB, r1 = imin((n), r0 + TEAM_RB); r0 < r1; r0 = r1)
 
 /* Whether a team of nt sorts each slice together: when the 2L sorts cannot
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */
@@ -367,8 +381,7 @@ static void project(const bki_team *tm, const esp_cfg *c, int n, int m, const fl
                     const float *K, int64_t ldk, esp_slab *w, int slices)
 {
     const int d = c->d;
-    int lo, hi;
-    bki_team_share(tm, n + m, &lo, &hi);
+    TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n) w->qn[r] = scaled_row(d, c->s, Q + (int64_t)r * ldq, w->Qt + (size_t)r * d);
         else w->kn[r - n] = scaled_row(d, c->s, K + (int64_t)(r - n) * ldk, w->Kt + (size_t)(r - n) * d);
@@ -386,7 +399,6 @@ static void project(const bki_team *tm, const esp_cfg *c, int n, int m, const fl
 static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, const esp_slab *w, int32_t *alpha,
                         int32_t *beta)
 {
-    int lo, hi;
     if (team_sorts(tm->nt, c->L, n, m)) {
         for (int l = 0; l < c->L; l++) {
             bki_argsort_team(tm, n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, w->sortscr, w->sortcnt);
@@ -396,11 +408,13 @@ static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, cons
     }
     char *scr = w->sortscr + (size_t)tm->tid * w->sortbytes;
     if (bki_lanes_fit(n, m)) { /* groups of BKI_LANES slices, each side one unit */
-        bki_team_share(tm, 2 * ((c->L + BKI_LANES - 1) / BKI_LANES), &lo, &hi);
-        if (lo >= hi) return;
-        const bki_lanes z = bki_lanes_init(scr + bki_round_up(bki_argsort_scratch(n > m ? n : m)), n, m);
-        for (int t = lo; t < hi; t++) {
-            const int side = t % 2, l0 = (t / 2) * BKI_LANES, nl = c->L - l0 < BKI_LANES ? c->L - l0 : BKI_LANES;
+        bki_lanes z; /* the member's networks, built at its first unit (a function of n, m) */
+        int ready = 0;
+        memset(&z, 0, sizeof z);
+        bki_claims cl = bki_claims_open(tm, 2 * ((c->L + BKI_LANES - 1) / BKI_LANES));
+        for (int64_t tt; bki_claims_next(&cl, &tt);) {
+            if (!ready) z = bki_lanes_init(scr + bki_round_up(bki_argsort_scratch(n > m ? n : m)), n, m), ready = 1;
+            const int t = (int)tt, side = t % 2, l0 = (t / 2) * BKI_LANES, nl = c->L - l0 < BKI_LANES ? c->L - l0 : BKI_LANES;
             const int len = side ? m : n;
             int32_t *dst = (side ? beta : alpha) + (size_t)l0 * len;
             bki_lanes_load(len, nl, (side ? w->Bp : w->Ap) + (size_t)l0 * len, 1, (size_t)len, z.ka, z.ix);
@@ -410,9 +424,9 @@ static void sort_slices(const bki_team *tm, const esp_cfg *c, int n, int m, cons
         }
         return;
     }
-    bki_team_share(tm, 2 * c->L, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
-        const int l = t / 2;
+    bki_claims cl = bki_claims_open(tm, 2 * c->L);
+    for (int64_t t; bki_claims_next(&cl, &t);) {
+        const int l = (int)(t / 2);
         if (t % 2 == 0) bki_argsort(n, w->Ap + (size_t)l * n, 1, alpha + (size_t)l * n, scr);
         else bki_argsort(m, w->Bp + (size_t)l * m, 1, beta + (size_t)l * m, scr);
     }
@@ -498,9 +512,7 @@ static void plan_rows(int transpose, const esp_slab *w, float scale, const float
 static void plan_apply(const bki_team *tm, int transpose, const esp_slab *w, float scale, const float *X, int ldx,
                        float *out, int ldo, int cols, int nrows)
 {
-    int lo, hi;
-    bki_team_share(tm, nrows, &lo, &hi);
-    plan_rows(transpose, w, scale, X, ldx, out, ldo, cols, lo, hi);
+    TEAM_ROWS(tm, nrows, lo, hi) plan_rows(transpose, w, scale, X, ldx, out, ldo, cols, lo, hi);
 }
 
 static float dotf(size_t n, const float *a, const float *b)
@@ -524,10 +536,9 @@ static double sum_parts(int nb, const double *part)
 static void dot_blocks(const bki_team *tm, int n, int cols, const float *a, const float *b, double *part)
 {
     const int rb = rblk(n), nb = nblk(n);
-    int lo, hi;
-    bki_team_share(tm, nb, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
-        const int r0 = t * rb, r1 = imin(n, r0 + rb);
+    bki_claims cl = bki_claims_open(tm, nb);
+    for (int64_t t; bki_claims_next(&cl, &t);) {
+        const int r0 = (int)t * rb, r1 = imin(n, r0 + rb);
         part[t] = dotf((size_t)(r1 - r0) * cols, a + (size_t)r0 * cols, b + (size_t)r0 * cols);
     }
 }
@@ -551,9 +562,8 @@ static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, cons
 {
     const int L = c->L, in_place = alpha == w->inv;
     plan_pairs(tm, n, m, w);
-    int lo, hi;
-    bki_team_share(tm, L, &lo, &hi);
-    for (int l = lo; l < hi; l++) {
+    bki_claims cl = bki_claims_open(tm, L);
+    for (int64_t l; bki_claims_next(&cl, &l);) {
         const int32_t *al = alpha + (size_t)l * n, *be = beta + (size_t)l * m;
         int32_t *pt = in_place ? (int32_t *)(void *)(w->sortscr + (size_t)tm->tid * w->sortbytes) : w->inv + (size_t)l * n;
         int32_t *pk = w->invk + (size_t)l * m;
@@ -578,8 +588,7 @@ static void hard_layout(const bki_team *tm, const esp_cfg *c, int n, int m, cons
  * pages); at N = 65536 this took a quarter off ESP hard (docs/PERFORMANCE.md). */
 static void gather_copy(const bki_team *tm, int rows, int dv, const float *X, int64_t ldx, float *G)
 {
-    int lo, hi;
-    bki_team_share(tm, rows, &lo, &hi);
+    TEAM_ROWS(tm, rows, lo, hi)
     for (int r = lo; r < hi; r++) memcpy(G + (size_t)r * dv, X + (int64_t)r * ldx, sizeof(float) * (size_t)dv);
     bki_team_sync(tm);
 }
@@ -651,9 +660,9 @@ static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, con
     const double inv_nm = 1.0 / ((double)n * m);
     /* D_l = sum over pairs (mass cells/(nm)) of c(q_i, k_j): per query block
      * partials (queries in order), summed in block order */
-    int lo, hi;
-    bki_team_share(tm, nb, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
+    bki_claims cl = bki_claims_open(tm, nb);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
         double *Dp = w->part + (size_t)t * L;
         for (int l = 0; l < L; l++) Dp[l] = 0.0;
         const int r1 = imin(n, (t + 1) * rb);
@@ -684,8 +693,9 @@ static void hard_forward(const bki_team *tm, const esp_cfg *c, int n, int m, con
     gather_copy(tm, m, dv, V, ldv, w->Gt);
     /* O_i = sum_l sigma_l sum_{pairs at i} (c * mass) V_j; rows scale: c * mass = cells / m */
     const double cw = c->paper ? inv_nm : 1.0 / m;
-    for (int t = lo; t < hi; t++) {
-        const int r1 = imin(n, (t + 1) * rb);
+    cl = bki_claims_open(tm, nb);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt, r1 = imin(n, (t + 1) * rb);
         for (int i = t * rb; i < r1; i++) memset(O + (int64_t)i * ldo, 0, sizeof(float) * (size_t)dv);
         for (int i0 = t * rb; i0 < r1; i0 += HB)
             for (int l = 0; l < L; l++)
@@ -731,9 +741,9 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
     const double inv_nm = 1.0 / ((double)n * m), cw = c->paper ? inv_nm : 1.0 / m;
     /* dV_j += sigma_l (c mass) dO_i; dsigma_l = sum (c mass) <dO_i, V_j>:
      * per key block partials, summed in block order */
-    int lo, hi;
-    bki_team_share(tm, nbk, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
+    bki_claims cl = bki_claims_open(tm, nbk);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
         double *Sp = w->part + (size_t)t * L;
         for (int l = 0; l < L; l++) Sp[l] = 0.0;
         const int j1 = imin(m, (t + 1) * rbk);
@@ -763,8 +773,9 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
         for (int l = 0; l < L; l++) w->Dc[l] = -c->tau * sig[l] * (w->dsig[l] - sd) * inv_nm * c->s;
     }
     bki_team_sync(tm);
-    bki_team_share(tm, nbq + nbk, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
+    cl = bki_claims_open(tm, nbq + nbk);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
         if (t < nbq) { /* dQ_i += g (q_i - k_j) over the pairs of query i */
             const int i1 = imin(n, (t + 1) * rbq);
             for (int i = t * rbq; i < i1; i++) memset(dQ + (int64_t)i * ldq, 0, sizeof(float) * (size_t)d);
@@ -813,8 +824,7 @@ static void hard_backward(const bki_team *tm, const esp_cfg *c, int n, int m, co
 /* Euclidean cost matrix E (n x m) of the scaled points, rows shared. No sync. */
 static void cost_matrix(const bki_team *tm, const esp_cfg *c, int n, int m, const esp_slab *w, float *E)
 {
-    int lo, hi;
-    bki_team_share(tm, n, &lo, &hi);
+    TEAM_ROWS(tm, n, lo, hi)
     for (int i = lo; i < hi; i++)
         for (int j = 0; j < m; j++) {
             const float *q = w->Qt + (size_t)i * c->d, *k = w->Kt + (size_t)j * c->d;
@@ -854,9 +864,9 @@ static void reduce_both(const bki_team *tm, int n, int m, const float *partn, co
                         float *outm)
 {
     const int nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
-    int lo, hi;
-    bki_team_share(tm, nbn + nbm, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
+    bki_claims cl = bki_claims_open(tm, nbn + nbm);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
         if (t < nbn) reduce_parts(nbn, n, partn, t * rbn, imin(n, (t + 1) * rbn), outn);
         else reduce_parts(nbm, m, partm, (t - nbn) * rbm, imin(m, (t - nbn + 1) * rbm), outm);
     }
@@ -869,9 +879,9 @@ static void slice_sorts(const bki_team *tm, const bki_kernels *K, const esp_cfg 
                         const int32_t *al, const int32_t *be, esp_slab *w)
 {
     const int nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
-    int lo, hi;
-    bki_team_share(tm, nbn + nbm, &lo, &hi);
-    for (int t = lo; t < hi; t++) {
+    bki_claims cl = bki_claims_open(tm, nbn + nbm);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
         if (t < nbn)
             softsort_block(K, n, w->Ap + (size_t)l * n, al, c->inv_t, t * rbn, imin(n, (t + 1) * rbn), w->sa, w->P,
                            w->partP + (size_t)t * n);
@@ -893,11 +903,10 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
     const int L = c->L, d = c->d, dv = c->dv, nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
     const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
     double *dp = w->dpart;
-    int lo, hi;
     plan_pairs(tm, n, m, w);
     if (c->euclid) cost_matrix(tm, c, n, m, w, w->E);
     sort_slices(tm, c, n, m, w, alpha, beta);
-    bki_team_share(tm, n + m, &lo, &hi);
+    TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n) {
             if (O) memset(w->Oacc + (size_t)r * dv, 0, sizeof(float) * (size_t)dv);
@@ -919,7 +928,9 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
             if (O) bki_gemm(tm, 0, 0, m, dv, m, 1.0f, w->R, m, V, ldv, 0.0f, w->Y, dv);
             bki_gemm(tm, 0, 0, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
             bki_team_sync(tm);
-            /* W X and W Y by fixed row blocks, each block's dot products kept */
+            /* W X and W Y by fixed row blocks, each block's dot products kept
+             * (a static share, not claimed: in a claimed loop GCC vectorizes
+             * the inlined dot products differently, 1 ulp off in D) */
             int tlo, thi;
             bki_team_share(tm, nbn + nbm, &tlo, &thi);
             for (int t = tlo; t < thi; t++) {
@@ -964,6 +975,7 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
             mx = x;
         }
         const float wt = expf(x - mx);
+        TEAM_ROWS(tm, n + m, lo, hi) /* each row's own running sums */
         for (int r = lo; r < hi; r++) {
             if (r < n) {
                 if (O) {
@@ -986,7 +998,8 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
     if (tm->tid == 0) slice_weights(L, c->tau, w->Dl, w->sig);
     const float iz = (float)(1.0 / z);
     if (O)
-        for (int r = lo; r < hi && r < n; r++)
+        TEAM_ROWS(tm, n, lo, hi)
+        for (int r = lo; r < hi; r++)
             for (int k = 0; k < dv; k++) O[(int64_t)r * ldo + k] = w->Oacc[(size_t)r * dv + k] * iz;
     if (dg && tm->tid == 0) {
         float re = 0.0f, ce = 0.0f;
@@ -997,11 +1010,10 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
     }
     if (attn_b) { /* dense A = cs sum_l sigma_l P_l^T W R_l: small problems only; rows shared */
         bki_team_sync(tm); /* sig */
-        int i0, i1;
-        bki_team_share(tm, n, &i0, &i1);
         const int np = w->rowptr[n];
         for (int l = 0; l < L; l++) {
             slice_sorts(tm, K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
+            TEAM_ROWS(tm, n, i0, i1) /* each row adds its pairs in order */
             for (int k = 0; k < np; k++) {
                 const float s = (float)(cs * w->sig[l] * w->pc[k] * inv_nm);
                 const float *pcol = w->P + (size_t)w->pr[k] * n, *rrow = w->R + (size_t)w->ps[k] * m;
@@ -1026,12 +1038,10 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
     const int L = c->L, d = c->d, dv = c->dv, nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
     const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
     double *dp = w->dpart;
-    int lo, hi, qlo, qhi; /* rows of n + m; rows of n */
-    bki_team_share(tm, n + m, &lo, &hi);
-    bki_team_share(tm, n, &qlo, &qhi);
     plan_pairs(tm, n, m, w);
     if (c->euclid) {
         cost_matrix(tm, c, n, m, w, w->E);
+        TEAM_ROWS(tm, n, qlo, qhi)
         for (int i = qlo; i < qhi; i++) memset(w->dE + (size_t)i * m, 0, sizeof(float) * (size_t)m);
         bki_gemm(tm, 0, 1, n, m, dv, 1.0f, dO, lddo, V, ldv, 0.0f, w->dA, m);
     }
@@ -1045,10 +1055,10 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
             bki_gemm(tm, 0, 0, m, dv, m, 1.0f, w->R, m, V, ldv, 0.0f, w->Y, dv);
             bki_gemm(tm, 0, 0, n, dv, n, 1.0f, w->P, n, dO, lddo, 0.0f, w->Z, dv);
             bki_team_sync(tm);
-            int tlo, thi; /* W Y by fixed row blocks, each block's <Z, W Y> kept */
-            bki_team_share(tm, nbn, &tlo, &thi);
-            for (int t = tlo; t < thi; t++) {
-                const int r0 = t * rbn, r1 = imin(n, r0 + rbn);
+            /* W Y by fixed row blocks, each block's <Z, W Y> kept */
+            bki_claims cl = bki_claims_open(tm, nbn);
+            for (int64_t tt; bki_claims_next(&cl, &tt);) {
+                const int t = (int)tt, r0 = t * rbn, r1 = imin(n, r0 + rbn);
                 plan_rows(0, w, inv_nm, w->Y, dv, w->WY, dv, dv, r0, r1);
                 dp[t] = dotf((size_t)(r1 - r0) * dv, w->Z + (size_t)r0 * dv, w->WY + (size_t)r0 * dv);
             }
@@ -1064,6 +1074,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
         if (tm->tid == 0) w->dsig[l] = (float)ds;
         sd += sig[l] * ds;
     }
+    TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n) {
             memset(w->dQt + (size_t)r * d, 0, sizeof(float) * (size_t)d);
@@ -1086,6 +1097,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
                 bki_gemm(tm, 0, 0, n, d, n, 1.0f, w->P, n, w->Qt, d, 0.0f, w->PQ, d);
             }
             bki_team_sync(tm);
+            TEAM_ROWS(tm, n + m, lo, hi)
             for (int r = lo; r < hi; r++) {
                 if (r < n) {
                     plan_rows(0, w, inv_nm, w->Y, dv, w->WY, dv, dv, r, r + 1);
@@ -1107,6 +1119,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
                 bki_gemm(tm, 0, 1, m, m, d, -2.0f * dD, w->WTPQ, d, w->Kt, d, 1.0f, w->dR, m);
                 bki_team_sync(tm);
                 const float an = dD / (float)n, am = dD / (float)m;
+                TEAM_ROWS(tm, n + m, lo, hi)
                 for (int r = lo; r < hi; r++) {
                     if (r < n) {
                         float *dpr = w->dP + (size_t)r * n, *g = w->dQt + (size_t)r * d;
@@ -1133,6 +1146,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
             bki_team_sync(tm);
             /* dV += cs sigma U^T dO ; dE += dD U ; dU = cs sigma dA + dD E */
             bki_gemm(tm, 1, 0, m, dv, n, cws, w->U, m, dO, lddo, 1.0f, dV, lddv);
+            TEAM_ROWS(tm, n, qlo, qhi)
             for (int i = qlo; i < qhi; i++)
                 for (size_t e = (size_t)i * m; e < (size_t)(i + 1) * m; e++) {
                     w->dE[e] += dD * w->U[e];
@@ -1150,9 +1164,9 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
          * per row block partials (the value's index gets minus the row's
          * sum), reduced in block order */
         const float *a = w->Ap + (size_t)l * n, *b = w->Bp + (size_t)l * m;
-        int tlo, thi;
-        bki_team_share(tm, nbn + nbm, &tlo, &thi);
-        for (int t = tlo; t < thi; t++) {
+        bki_claims cl = bki_claims_open(tm, nbn + nbm);
+        for (int64_t tt; bki_claims_next(&cl, &tt);) {
+            const int t = (int)tt;
             if (t < nbn) {
                 float *pa = w->partP + (size_t)t * n;
                 memset(pa, 0, sizeof(float) * (size_t)n);
@@ -1182,9 +1196,9 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
         /* queries: rows of dQ~ over the keys in order; keys: fixed blocks of
          * columns, each dK~ row over the queries in order */
         const int ncb = (m + HB - 1) / HB;
-        int t0, t1;
-        bki_team_share(tm, n + ncb, &t0, &t1);
-        for (int t = t0; t < t1; t++) {
+        bki_claims cl = bki_claims_open(tm, n + ncb);
+        for (int64_t tt; bki_claims_next(&cl, &tt);) {
+            const int t = (int)tt;
             if (t < n) {
                 const int i = t;
                 for (int j = 0; j < m; j++) {
@@ -1208,6 +1222,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
         }
         bki_team_sync(tm);
     }
+    TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n)
             for (int x = 0; x < d; x++) dQ[(int64_t)r * ldq + x] = c->s * w->dQt[(size_t)r * d + x];
@@ -1261,8 +1276,7 @@ static void forward(const bki_team *tm, bki_call *c, int pi, char *lane)
         abv = *c->attn;
         abv.data = bki_at(c->attn, b, h);
         ab = &abv;
-        int lo, hi;
-        bki_team_share(tm, d->Nq, &lo, &hi);
+        TEAM_ROWS(tm, d->Nq, lo, hi)
         for (int i = lo; i < hi; i++) memset(abv.data + (int64_t)i * abv.stride_n, 0, sizeof(float) * (size_t)d->Nk);
         bki_team_sync(tm);
     }

@@ -15,9 +15,11 @@
  * per-problem code: the two thin inner problems on the team-aware engine,
  * the GEMMs through bki_gemm, the thin products with a long inner dimension
  * (A2 V, A1^T dO, the pivot gradient) in fixed chunks of that dimension
- * summed in chunk order, the diagnostics in fixed blocks. dZ and dtheta are
- * kept per problem and summed in problem order. So results are bitwise the
- * same for any thread count and any batch shape. */
+ * summed in chunk order, the diagnostics in fixed blocks; the members claim
+ * the blocks of these loops at run time (bki_claims), each block computed
+ * whole by whoever takes it. dZ and dtheta are kept per problem and summed
+ * in problem order. So results are bitwise the same for any thread count
+ * and any batch shape. */
 #include "op.h"
 
 #include <math.h>
@@ -218,9 +220,10 @@ typedef struct {
 
 /* C (M x N, thin: few GEMM tiles) = alpha sum_s op(A_s) B_s over long inner
  * dimensions: each term's K is cut into fixed chunks (kchunk), each chunk
- * one single-threaded product into its own partial (part), the chunks shared
- * over the team; then the partials are summed in chunk order, the output's
- * rows shared. A function of the shapes only, like every partition here.
+ * one single-threaded product into its own partial (part), the chunks
+ * claimed by the team at run time (bki_claims); then the partials are summed
+ * in chunk order, the output's rows claimed likewise. A function of the
+ * shapes only, like every partition here.
  * Ends with the team in sync. (The training engine's weight gradients use
  * a two-half variant on sub-teams: src/nn/layers.c, grads_member.) */
 static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm *t, int nterms, float *C,
@@ -229,22 +232,18 @@ static void gemm_ksum(const bki_team *tm, int M, int N, float alpha, const kterm
     int nc = 0;
     for (int s = 0; s < nterms; s++) nc += bki_nblocks(t[s].K, kchunk(t[s].K));
     const size_t mn = (size_t)M * N;
-    int c0, c1;
-    bki_team_share(tm, nc, &c0, &c1);
-    for (int s = 0, c = 0; s < nterms; s++) {
-        const int kc = kchunk(t[s].K), ns = bki_nblocks(t[s].K, kc);
-        for (int j = 0; j < ns; j++, c++) {
-            if (c < c0 || c >= c1) continue;
-            const int k0 = j * kc, kk = t[s].K - k0 < kc ? t[s].K - k0 : kc;
-            const float *Ak = t[s].ta ? t[s].A + (ptrdiff_t)k0 * t[s].lda : t[s].A + k0;
-            bki_gemm(&BKI_SOLO, t[s].ta, 0, M, N, kk, alpha, Ak, t[s].lda, t[s].B + (ptrdiff_t)k0 * t[s].ldb, t[s].ldb,
-                     0.0f, part + (size_t)c * mn, N);
-        }
+    bki_claims cl = bki_claims_open(tm, nc);
+    for (int64_t c; bki_claims_next(&cl, &c);) { /* chunk c: chunk j of term s */
+        int s = 0, j = (int)c;
+        while (j >= bki_nblocks(t[s].K, kchunk(t[s].K))) j -= bki_nblocks(t[s].K, kchunk(t[s].K)), s++;
+        const int kc = kchunk(t[s].K), k0 = j * kc, kk = t[s].K - k0 < kc ? t[s].K - k0 : kc;
+        const float *Ak = t[s].ta ? t[s].A + (ptrdiff_t)k0 * t[s].lda : t[s].A + k0;
+        bki_gemm(&BKI_SOLO, t[s].ta, 0, M, N, kk, alpha, Ak, t[s].lda, t[s].B + (ptrdiff_t)k0 * t[s].ldb, t[s].ldb,
+                 0.0f, part + (size_t)c * mn, N);
     }
     bki_team_sync(tm);
-    int i0, i1;
-    bki_team_share(tm, M, &i0, &i1);
-    for (int i = i0; i < i1; i++) {
+    cl = bki_claims_open(tm, M);
+    for (int64_t i; bki_claims_next(&cl, &i);) {
         float *Ci = C + (ptrdiff_t)i * ldc;
         memcpy(Ci, part + (size_t)i * N, sizeof(float) * (size_t)N);
         for (int c = 1; c < nc; c++) {
@@ -315,9 +314,8 @@ static void inner_setup(const bki_team *tm, bki_call *x, const bk_lot_config *p,
  * blocks). Ends in sync. */
 static void glue_diag(const bki_team *tm, int n, int m, int r, const lot_lane *w, bk_lot_diag *dg)
 {
-    int t0, t1;
-    bki_team_share(tm, r, &t0, &t1);
-    for (int t = t0; t < t1; t++) {
+    bki_claims cl = bki_claims_open(tm, r);
+    for (int64_t t; bki_claims_next(&cl, &t);) {
         double rs = 0.0, cs = 0.0;
         for (int j = 0; j < m; j++) rs += w->A2[(size_t)t * m + j];
         for (int i = 0; i < n; i++) cs += w->A1[(size_t)i * r + t];
@@ -326,9 +324,9 @@ static void glue_diag(const bki_team *tm, int n, int m, int r, const lot_lane *w
     }
     bki_team_sync(tm);
     const int rbn = bki_row_block(n), nbn = bki_nblocks(n, rbn), rbm = bki_row_block(m), nbm = bki_nblocks(m, rbm);
-    int b0, b1;
-    bki_team_share(tm, nbn + nbm, &b0, &b1);
-    for (int b = b0; b < b1; b++) {
+    cl = bki_claims_open(tm, nbn + nbm);
+    for (int64_t bb; bki_claims_next(&cl, &bb);) {
+        const int b = (int)bb;
         float e = 0.0f;
         if (b < nbn) {
             const int i1 = (b + 1) * rbn < n ? (b + 1) * rbn : n;
@@ -386,14 +384,14 @@ static void forward(const bki_team *tm, bki_call *x, int pi, char *base)
         if (ex && ex->diag) glue_diag(tm, n, m, r, w, &dg);
         if (Ab) bki_gemm(tm, 0, 0, n, m, r, 1.0f, w->A1, r, w->A2, m, 0.0f, Ab, at->stride_n);
     }
-    if (Ab) { /* padding of A: columns [m, Nk) of valid rows, then whole rows; rows shared */
-        int i0, i1;
-        bki_team_share(tm, d->Nq, &i0, &i1);
-        for (int i = i0; i < i1; i++) {
-            float *row = Ab + (int64_t)i * at->stride_n;
-            if (live && i < n) memset(row + m, 0, sizeof(float) * (size_t)(d->Nk - m));
-            else memset(row, 0, sizeof(float) * (size_t)d->Nk);
-        }
+    if (Ab) { /* padding of A: columns [m, Nk) of valid rows, then whole rows; blocks of 64 rows claimed */
+        bki_claims cl = bki_claims_open(tm, bki_nblocks(d->Nq, 64));
+        for (int64_t bi; bki_claims_next(&cl, &bi);)
+            for (int i = (int)bi * 64; i < d->Nq && i < (int)bi * 64 + 64; i++) {
+                float *row = Ab + (int64_t)i * at->stride_n;
+                if (live && i < n) memset(row + m, 0, sizeof(float) * (size_t)(d->Nk - m));
+                else memset(row, 0, sizeof(float) * (size_t)d->Nk);
+            }
     }
     if (tm->tid != 0) return;
     if (blk) {

@@ -77,10 +77,14 @@ static bk_status check(const bki_call *c)
 static void mask_causal(const bki_team *tm, const sk_cfg *k, int Lq, int Lk, float *C)
 {
     if (!k->causal) return;
-    int i0, i1;
-    bki_team_share(tm, Lq, &i0, &i1);
-    for (int i = i0; i < i1; i++)
-        for (int j = i + (Lk - Lq) + 1; j < Lk; j++) C[(size_t)i * Lk + j] = -INFINITY;
+    /* row blocks claimed at run time (internal.h) */
+    const int rb = bki_row_block(Lq);
+    bki_claims cl = bki_claims_open(tm, bki_nblocks(Lq, rb));
+    for (int64_t blk; bki_claims_next(&cl, &blk);) {
+        const int i0 = (int)blk * rb, i1 = i0 + rb < Lq ? i0 + rb : Lq;
+        for (int i = i0; i < i1; i++)
+            for (int j = i + (Lk - Lq) + 1; j < Lk; j++) C[(size_t)i * Lk + j] = -INFINITY;
+    }
     bki_team_sync(tm);
 }
 

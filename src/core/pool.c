@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,6 +29,9 @@
  * tens of microseconds. */
 #define SPIN_NS_BARRIER 30000
 #define SPIN_NS_IDLE 150000
+/* ... and when a region has more members than the process has CPUs, a
+ * member that spins only keeps the one it waits for off a core */
+#define SPIN_NS_OVER 2000
 
 /* ---- waiting: spin, then futex -------------------------------------- */
 
@@ -101,6 +105,7 @@ typedef struct pool {
     _Alignas(64) _Atomic int64_t onext; /* ordered loops: next ticket */
     _Alignas(64) word ord;        /* ordered sections passed          */
     slot *pos;                    /* cap + 1: each member's next ticket */
+    _Atomic int64_t spin_ns, idle_ns; /* this region's spins (oversubscribed: short) */
     worker **w;                   /* cap workers: members 1..cap      */
     int cap, busy;
     struct pool *link;
@@ -134,7 +139,7 @@ static void *worker_main(void *arg)
     worker *w = arg;
     uint32_t seen = 0;
     for (;;) {
-        wait_while(&w->go, seen, SPIN_NS_IDLE);
+        wait_while(&w->go, seen, w->p->idle_ns);
         seen = atomic_load_explicit(&w->go.v, memory_order_acquire);
         pool *p = w->p;
         run_member(p, w->tid);
@@ -191,6 +196,7 @@ static int grow(pool *p, int want)
             free(w);
             break;
         }
+        pthread_setname_np(th, "birkhoff"); /* as top -H and gdb show it */
         p->w[p->cap++] = w;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -231,6 +237,19 @@ static void release(pool *p)
     pthread_mutex_unlock(&pools_mu);
 }
 
+/* the CPUs of the process's affinity mask (read once) */
+static int cpus(void)
+{
+    static _Atomic int n;
+    int c = atomic_load_explicit(&n, memory_order_relaxed);
+    if (c > 0) return c;
+    cpu_set_t set;
+    c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    c = c < 1 ? 1 : c;
+    atomic_store_explicit(&n, c, memory_order_relaxed);
+    return c;
+}
+
 void bki_parallel(int nt, bki_region_fn fn, void *arg)
 {
     int got = 0;
@@ -242,6 +261,9 @@ void bki_parallel(int nt, bki_region_fn fn, void *arg)
         return;
     }
     nt = got + 1 < nt ? got + 1 : nt; /* fewer threads: the same results */
+    const int over = nt > cpus();
+    p->spin_ns = over ? SPIN_NS_OVER : SPIN_NS_BARRIER;
+    p->idle_ns = over ? SPIN_NS_OVER : SPIN_NS_IDLE;
     p->fn = fn;
     p->arg = arg;
     p->nt = nt;
@@ -256,7 +278,7 @@ void bki_parallel(int nt, bki_region_fn fn, void *arg)
         wake(&w->go);
     }
     run_member(p, 0);
-    for (uint32_t left; (left = atomic_load(&p->left.v)) != 0;) wait_while(&p->left, left, SPIN_NS_BARRIER);
+    for (uint32_t left; (left = atomic_load(&p->left.v)) != 0;) wait_while(&p->left, left, p->spin_ns);
     release(p);
 }
 
@@ -272,7 +294,7 @@ void bki_region_barrier(void)
         atomic_fetch_add(&p->bar_gen.v, 1);
         wake(&p->bar_gen);
     } else {
-        wait_while(&p->bar_gen, g, SPIN_NS_BARRIER);
+        wait_while(&p->bar_gen, g, p->spin_ns);
     }
 }
 
@@ -368,7 +390,7 @@ void bki_ordered_begin(const bki_claims *c, int64_t k)
 {
     if (c->shared != 2) return; /* one member takes its blocks in order */
     const uint32_t want = (uint32_t)(c->lo + k);
-    for (uint32_t cur; (cur = atomic_load(&me.p->ord.v)) != want;) wait_while(&me.p->ord, cur, SPIN_NS_BARRIER);
+    for (uint32_t cur; (cur = atomic_load(&me.p->ord.v)) != want;) wait_while(&me.p->ord, cur, me.p->spin_ns);
 }
 
 void bki_ordered_end(const bki_claims *c, int64_t k)

@@ -22,16 +22,23 @@
 #include <time.h>
 #include <unistd.h>
 
-/* How long a waiting thread spins before it sleeps. Short: a wait longer
- * than this is either real imbalance or a member the kernel descheduled,
- * and then the core is better given away. Workers between regions spin a
- * little longer, since regions of a training step follow each other within
- * tens of microseconds. */
+/* How long a waiting thread spins before it sleeps, at most. Short: a wait
+ * longer than this is either real imbalance or a member the kernel
+ * descheduled, and then the core is better given away. Workers between
+ * regions spin a little longer, since regions of a training step follow
+ * each other within tens of microseconds. When a region has more members
+ * than the process has CPUs, a member that spins only keeps the one it
+ * waits for off a core: 2 us. */
 #define SPIN_NS_BARRIER 30000
 #define SPIN_NS_IDLE 150000
-/* ... and when a region has more members than the process has CPUs, a
- * member that spins only keeps the one it waits for off a core */
 #define SPIN_NS_OVER 2000
+/* The budget adapts (a spin is a budget of the pool's): halved when a spin
+ * ran out (the awaited thread was descheduled: other processes hold the
+ * cores), grown by half again when one succeeded, between SPIN_NS_MIN and
+ * the maximum above. Past SPIN_NS_YIELD a spinning thread also yields, so
+ * that a member the kernel queued behind it on this CPU runs at once. */
+#define SPIN_NS_MIN 1000
+#define SPIN_NS_YIELD 3000
 
 /* ---- waiting: spin, then futex -------------------------------------- */
 
@@ -58,16 +65,30 @@ typedef struct {
     _Atomic uint32_t sleepers;
 } word;
 
-/* returns once w->v != old: spins up to spin_ns, then sleeps */
-static void wait_while(word *w, uint32_t old, int64_t spin_ns)
+/* a spin budget: the current one and its ceiling */
+typedef struct {
+    _Atomic int64_t ns, max;
+} budget;
+
+/* returns once w->v != old: spins up to the budget, then sleeps */
+static void wait_while(word *w, uint32_t old, budget *b)
 {
     if (atomic_load(&w->v) != old) return;
-    const int64_t t0 = now_ns();
+    const int64_t t0 = now_ns(), ns = atomic_load_explicit(&b->ns, memory_order_relaxed);
     for (int i = 1;; i++) {
         _mm_pause();
-        if (atomic_load_explicit(&w->v, memory_order_acquire) != old) return;
-        if ((i & 31) == 0 && now_ns() - t0 > spin_ns) break;
+        if (atomic_load_explicit(&w->v, memory_order_acquire) != old) {
+            const int64_t mx = atomic_load_explicit(&b->max, memory_order_relaxed);
+            if (ns < mx) atomic_store_explicit(&b->ns, ns + ns / 2 < mx ? ns + ns / 2 : mx, memory_order_relaxed);
+            return;
+        }
+        if ((i & 31) == 0) {
+            const int64_t el = now_ns() - t0;
+            if (el > ns) break;
+            if (el > SPIN_NS_YIELD) sched_yield();
+        }
     }
+    atomic_store_explicit(&b->ns, ns / 2 > SPIN_NS_MIN ? ns / 2 : SPIN_NS_MIN, memory_order_relaxed);
     atomic_fetch_add(&w->sleepers, 1);
     while (atomic_load(&w->v) == old) futex_wait(&w->v, old);
     atomic_fetch_sub(&w->sleepers, 1);
@@ -105,7 +126,7 @@ typedef struct pool {
     _Alignas(64) _Atomic int64_t onext; /* ordered loops: next ticket */
     _Alignas(64) word ord;        /* ordered sections passed          */
     slot *pos;                    /* cap + 1: each member's next ticket */
-    _Atomic int64_t spin_ns, idle_ns; /* this region's spins (oversubscribed: short) */
+    budget spin, idle;            /* waits in a region, workers between regions */
     worker **w;                   /* cap workers: members 1..cap      */
     int cap, busy;
     struct pool *link;
@@ -139,7 +160,7 @@ static void *worker_main(void *arg)
     worker *w = arg;
     uint32_t seen = 0;
     for (;;) {
-        wait_while(&w->go, seen, w->p->idle_ns);
+        wait_while(&w->go, seen, &w->p->idle);
         seen = atomic_load_explicit(&w->go.v, memory_order_acquire);
         pool *p = w->p;
         run_member(p, w->tid);
@@ -262,8 +283,11 @@ void bki_parallel(int nt, bki_region_fn fn, void *arg)
     }
     nt = got + 1 < nt ? got + 1 : nt; /* fewer threads: the same results */
     const int over = nt > cpus();
-    p->spin_ns = over ? SPIN_NS_OVER : SPIN_NS_BARRIER;
-    p->idle_ns = over ? SPIN_NS_OVER : SPIN_NS_IDLE;
+    const int64_t smax = over ? SPIN_NS_OVER : SPIN_NS_BARRIER, imax = over ? SPIN_NS_OVER : SPIN_NS_IDLE;
+    if (atomic_load(&p->spin.max) != smax) { /* a new pool, or another CPU count */
+        atomic_store(&p->spin.max, smax), atomic_store(&p->spin.ns, smax);
+        atomic_store(&p->idle.max, imax), atomic_store(&p->idle.ns, imax);
+    }
     p->fn = fn;
     p->arg = arg;
     p->nt = nt;
@@ -278,7 +302,7 @@ void bki_parallel(int nt, bki_region_fn fn, void *arg)
         wake(&w->go);
     }
     run_member(p, 0);
-    for (uint32_t left; (left = atomic_load(&p->left.v)) != 0;) wait_while(&p->left, left, p->spin_ns);
+    for (uint32_t left; (left = atomic_load(&p->left.v)) != 0;) wait_while(&p->left, left, &p->spin);
     release(p);
 }
 
@@ -294,7 +318,7 @@ void bki_region_barrier(void)
         atomic_fetch_add(&p->bar_gen.v, 1);
         wake(&p->bar_gen);
     } else {
-        wait_while(&p->bar_gen, g, p->spin_ns);
+        wait_while(&p->bar_gen, g, &p->spin);
     }
 }
 
@@ -390,7 +414,7 @@ void bki_ordered_begin(const bki_claims *c, int64_t k)
 {
     if (c->shared != 2) return; /* one member takes its blocks in order */
     const uint32_t want = (uint32_t)(c->lo + k);
-    for (uint32_t cur; (cur = atomic_load(&me.p->ord.v)) != want;) wait_while(&me.p->ord, cur, me.p->spin_ns);
+    for (uint32_t cur; (cur = atomic_load(&me.p->ord.v)) != want;) wait_while(&me.p->ord, cur, &me.p->spin);
 }
 
 void bki_ordered_end(const bki_claims *c, int64_t k)

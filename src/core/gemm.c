@@ -86,45 +86,85 @@ static int route(const bki_gemm_kernels *gk, int ta, int tb, int M, int N, int K
  * (docs/PERFORMANCE.md, "LOT from memory, the training step from huge pages"). */
 #define STREAM_FLOATS (4.0 * 1024 * 1024)
 
+/* one product: its operands, its route and its tiles */
+typedef struct {
+    const bki_gemm_kernels *gk;
+    int ta, tb, M, N, K, thin, rb, cb, nc, packs, stream;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    ptrdiff_t lda, ldb, ldc;
+} product;
+
+static product plan(int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
+                    ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, int ep)
+{
+    product g = {bki_kern()->gemm, ta, tb, M, N, K, 0, 0, 0, 0, 0, 0, alpha, beta, A, B, C, lda, ldb, ldc};
+    g.thin = route(g.gk, ta, tb, M, N, K, &g.rb, &g.cb);
+    g.nc = bki_nblocks(N, g.cb);
+    g.packs = g.thin == 0 ? tb : g.thin == 1 ? !ta : 0;
+    g.stream = !ep && beta == 0.0f && (double)M * N >= STREAM_FLOATS;
+    return g;
+}
+
+static int ntiles(const product *g) { return g->M < 1 || g->N < 1 ? 0 : bki_nblocks(g->M, g->rb) * g->nc; }
+
+/* tile t (row-major); pk holds the packed short operand of tile side
+ * *packed_at (-1: none), reused when the next tile has the same side */
+static void tile(const product *g, int t, float *pk, int *packed_at, bki_tile_fn ep, void *arg)
+{
+    const int ti = t / g->nc, tj = t % g->nc, M = g->M, N = g->N, K = g->K, ta = g->ta, tb = g->tb;
+    const int i0 = ti * g->rb, j0 = tj * g->cb;
+    const int mi = M - i0 < g->rb ? M - i0 : g->rb, nj = N - j0 < g->cb ? N - j0 : g->cb;
+    const ptrdiff_t lda = g->lda, ldb = g->ldb, ldc = g->ldc;
+    const float beta = g->beta;
+    float *Ct = g->C + (ptrdiff_t)i0 * ldc + j0;
+    const float *At = ta ? g->A + i0 : g->A + (ptrdiff_t)i0 * lda;
+    const float *Bt = tb ? g->B + (ptrdiff_t)j0 * ldb : g->B + j0;
+    if (K < 1) { /* C = beta C (BLAS would do the same; some refuse K = 0) */
+        for (int i = 0; i < mi; i++)
+            for (int j = 0; j < nj; j++) Ct[(ptrdiff_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * Ct[(ptrdiff_t)i * ldc + j];
+    } else if (g->thin >= 0) {
+        const int side = g->thin == 0 ? tj : ti;
+        g->gk->thin(g->thin, ta, tb, mi, nj, K, g->alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk,
+                    g->packs && side == *packed_at, g->stream);
+        *packed_at = side;
+    } else {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K, g->alpha,
+                    At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);
+    }
+    if (ep) ep(arg, i0, j0, mi, nj, Ct, ldc); /* while the tile is in cache */
+}
+
 void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
                  void *arg)
 {
     if (M < 1 || N < 1) return;
-    const bki_gemm_kernels *gk = bki_kern()->gemm;
-    int rb, cb;
-    const int thin = route(gk, ta, tb, M, N, K, &rb, &cb);
-    const int nr = bki_nblocks(M, rb), nc = bki_nblocks(N, cb);
-    bki_claims cl = bki_claims_open(tm, (int64_t)nr * nc);
+    const product g = plan(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep != NULL);
+    bki_claims cl = bki_claims_open(tm, ntiles(&g));
     /* tiles in row-major order, claimed at run time (each member's static
      * share first): a member's consecutive tiles share a row
      * tile of the streamed operand, read again from L2. (Numbered along the
      * rows, so that they shared the packed short operand instead, each of two
      * members streamed the whole long operand from L3: the training step was
      * 4 % slower on 2 threads, docs/PERFORMANCE.md "K in chunks".) */
-    const int packs = thin == 0 ? tb : thin == 1 ? !ta : 0;
-    const int stream = !ep && beta == 0.0f && (double)M * N >= STREAM_FLOATS;
     _Alignas(64) float pk[THIN_PACK]; /* whole lines: the packed rows are NR floats apart, so every vector load of the panel is aligned */
     int packed_at = -1; /* the short-side tile whose operand pk holds */
-    for (int64_t tk; bki_claims_next(&cl, &tk);) {
-        const int t = (int)tk, ti = t / nc, tj = t % nc;
-        const int i0 = ti * rb, j0 = tj * cb;
-        const int mi = M - i0 < rb ? M - i0 : rb, nj = N - j0 < cb ? N - j0 : cb;
-        float *Ct = C + (ptrdiff_t)i0 * ldc + j0;
-        const float *At = ta ? A + i0 : A + (ptrdiff_t)i0 * lda;
-        const float *Bt = tb ? B + (ptrdiff_t)j0 * ldb : B + j0;
-        if (K < 1) { /* C = beta C (BLAS would do the same; some refuse K = 0) */
-            for (int i = 0; i < mi; i++)
-                for (int j = 0; j < nj; j++) Ct[(ptrdiff_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * Ct[(ptrdiff_t)i * ldc + j];
-        } else if (thin >= 0) {
-            const int side = thin == 0 ? tj : ti;
-            gk->thin(thin, ta, tb, mi, nj, K, alpha, At, lda, Bt, ldb, beta, Ct, ldc, pk, packs && side == packed_at,
-                     stream);
-            packed_at = side;
-        } else {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, K,
-                        alpha, At, (int)lda, Bt, (int)ldb, beta, Ct, (int)ldc);
-        }
-        if (ep) ep(arg, i0, j0, mi, nj, Ct, ldc); /* while the tile is in cache */
-    }
+    for (int64_t tk; bki_claims_next(&cl, &tk);) tile(&g, (int)tk, pk, &packed_at, ep, arg);
+}
+
+int bki_gemm_ntiles(int ta, int tb, int M, int N, int K)
+{
+    const product g = plan(ta, tb, M, N, K, 1.0f, NULL, 0, NULL, 0, 0.0f, NULL, 0, 0);
+    return ntiles(&g);
+}
+
+void bki_gemm_tile(int t, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                   const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc)
+{
+    const product g = plan(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+    _Alignas(64) float pk[THIN_PACK];
+    int packed_at = -1;
+    if (t >= 0 && t < ntiles(&g)) tile(&g, t, pk, &packed_at, NULL, NULL);
 }

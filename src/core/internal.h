@@ -192,6 +192,14 @@ void bki_gemm_ep(const bki_team *tm, int ta, int tb, int M, int N, int K, float 
                  ptrdiff_t lda, const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc, bki_tile_fn ep,
                  void *arg);
 void bki_gemm_tiles(int M, int N, int *rb, int *cb);
+/* A product's tiles as blocks of a caller's own claimed loop (several
+ * products, or a product and other work, in one loop): bki_gemm_ntiles
+ * tiles, numbered as bki_gemm numbers them (0 for an empty output);
+ * bki_gemm_tile computes tile t as bki_gemm does, with the same bits (its
+ * packed operand is packed again for each call). beta = 0 never streams. */
+int bki_gemm_ntiles(int ta, int tb, int M, int N, int K);
+void bki_gemm_tile(int t, int ta, int tb, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                   const float *B, ptrdiff_t ldb, float beta, float *C, ptrdiff_t ldc);
 
 /* ---- aligned scratch ---------------------------------------------------- */
 #define BK_ALIGN 64

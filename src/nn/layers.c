@@ -334,33 +334,25 @@ static void gelu_grad_tile(void *arg, int i0, int j0, int mi, int nj, float *Ct,
     }
 }
 
-/* this member's (a team's) column sums of rows [0, R): sum[c] for its share
- * of the columns */
-static void colsum_rows(const bki_team *tm, const float *a, int R, int C, int lda, double *sum)
-{
-    int lo, hi;
-    team_columns(tm, C, &lo, &hi);
-    colsum_cols(a, R, lda, lo, hi, sum + lo);
-}
-
 /* dW += dy^T x and db += colsum(dy), this member's share. With kbuf
  * (bki_linear_kbuf_floats(out, in) floats) and at least KSPLIT_MIN rows,
- * the rows go in two fixed halves (a function of R only): the first half of
- * the team adds the first half's product straight into dW and sums the
- * first half's rows of dy, the second half computes the second half's
- * product and sums into kbuf, and after a team sync every member adds its
- * share: dW = (dW + P0) + P1, db += (float)(s0 + s1) on any thread count
- * (one member: both halves, in that order). Each half of the team then reads
- * the rows its own threads wrote (the operations before share rows
- * statically), where column tiles (and column shares of db) made every
- * member stream all of dy: a 128 x 128 weight gradient over 3200 rows 0.49
- * -> 0.34 ms on 2 threads. (LOT's gemm_ksum, src/ops/lot.c, is the same idea
- * for its r x d outputs over K up to N: many fixed chunks, each on one
- * thread into its own partial. Here two halves on sub-teams, the first
- * straight into dW, keep the scratch to one out x in and every member busy
- * on any team size.) */
+ * the rows go in two fixed halves (a function of R only): the first half's
+ * product is added straight into dW and its rows of dy summed into s0, the
+ * second half's product goes into kbuf and its sums into s1, and after a
+ * team sync dW = (dW + P0) + P1, db += (float)(s0 + s1) on any thread count.
+ * The four pieces are the blocks of one claimed loop, in the order P0's
+ * tiles, s0's column blocks, P1's tiles, s1's column blocks: so a member's
+ * own share is the half of the rows its threads wrote (the operations
+ * before share rows the same way), which made a 128 x 128 weight gradient
+ * over 3200 rows 0.49 -> 0.34 ms on 2 threads against column tiles over all
+ * the rows, and a member the kernel descheduled leaves its half's blocks to
+ * the others. (LOT's gemm_ksum, src/ops/lot.c, is the same idea for its
+ * r x d outputs over K up to N: many fixed chunks, each into its own
+ * partial. Here two halves, the first straight into dW, keep the scratch to
+ * one out x in.) */
 #define KSPLIT_MIN 1024
 size_t bki_linear_kbuf_floats(int out, int in) { return (size_t)out * in + 16 + 4 * (size_t)out; }
+
 static void grads_member(const bki_team *tm, int R, int in, int out, const float *x, int ldx, const float *dy,
                          int ldy, float *dW, float *db, float *kbuf)
 {
@@ -369,29 +361,39 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
         if (db) colsum_member(dy, R, out, ldy, db);
         return;
     }
-    const int R0 = (R / 2 + 7) & ~7, h = (tm->nt + 1) / 2; /* h: the first half-team's size */
+    const int R0 = (R / 2 + 7) & ~7, R1 = R - R0;
     const float *dy1 = dy + (size_t)R0 * ldy, *x1 = x + (size_t)R0 * ldx;
     double *s0 = (double *)(void *)(kbuf + (((size_t)out * in + 15) & ~(size_t)15)), *s1 = s0 + out;
-    /* one member alone is both half-teams */
-    const bki_team t0 = {tm->tid, h}, t1 = tm->nt == 1 ? BKI_SOLO : (bki_team){tm->tid - h, tm->nt - h};
-    if (tm->tid < h) {
-        if (dW) bki_gemm(&t0, 1, 0, out, in, R0, 1.0f, dy, ldy, x, ldx, 1.0f, dW, in);
-        if (db) colsum_rows(&t0, dy, R0, out, ldy, s0);
-    }
-    if (tm->nt == 1 || tm->tid >= h) {
-        if (dW) bki_gemm(&t1, 1, 0, out, in, R - R0, 1.0f, dy1, ldy, x1, ldx, 0.0f, kbuf, in);
-        if (db) colsum_rows(&t1, dy1, R - R0, out, ldy, s1);
+    const int64_t nt0 = dW ? bki_gemm_ntiles(1, 0, out, in, R0) : 0, nt1 = dW ? bki_gemm_ntiles(1, 0, out, in, R1) : 0;
+    const int64_t ncb = db ? (out + COLBLK - 1) / COLBLK : 0;
+    bki_claims cl = bki_claims_open(tm, nt0 + ncb + nt1 + ncb);
+    for (int64_t b; bki_claims_next(&cl, &b);) {
+        const int half = b >= nt0 + ncb;
+        const int64_t k = half ? b - nt0 - ncb : b, nt = half ? nt1 : nt0;
+        const float *dyh = half ? dy1 : dy, *xh = half ? x1 : x;
+        const int Rh = half ? R1 : R0;
+        if (k < nt) {
+            bki_gemm_tile((int)k, 1, 0, out, in, Rh, 1.0f, dyh, ldy, xh, ldx, half ? 0.0f : 1.0f, half ? kbuf : dW, in);
+        } else {
+            const int c0 = (int)(k - nt) * COLBLK, c1 = c0 + COLBLK < out ? c0 + COLBLK : out;
+            colsum_cols(dyh, Rh, ldy, c0, c1, (half ? s1 : s0) + c0);
+        }
     }
     bki_team_sync(tm);
-    if (dW) {
-        size_t lo, hi;
-        bki_team_share_floats(tm, (size_t)out * in, &lo, &hi);
-        for (size_t e = lo; e < hi; e++) dW[e] += kbuf[e];
+    if (dW) { /* 4096 floats (whole lines) a block */
+        const size_t n = (size_t)out * in;
+        bki_claims ca = bki_claims_open(tm, (int64_t)((n + 4095) / 4096));
+        for (int64_t b; bki_claims_next(&ca, &b);) {
+            const size_t e1 = (size_t)(b + 1) * 4096 < n ? (size_t)(b + 1) * 4096 : n;
+            for (size_t e = (size_t)b * 4096; e < e1; e++) dW[e] += kbuf[e];
+        }
     }
     if (db) {
-        int c0, c1;
-        bki_team_share(tm, out, &c0, &c1);
-        for (int c = c0; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
+        bki_claims cd = bki_claims_open(tm, ncb);
+        for (int64_t b; bki_claims_next(&cd, &b);) {
+            const int c1 = (int)(b + 1) * COLBLK < out ? (int)(b + 1) * COLBLK : out;
+            for (int c = (int)b * COLBLK; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
+        }
     }
 }
 

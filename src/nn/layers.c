@@ -8,22 +8,21 @@
 #include <string.h>
 
 /* Column sums (a bias gradient, LayerNorm's dg and db): the columns are cut
- * in blocks of COLBLK, each member of the region takes a static share of
- * the blocks and sweeps the rows once over all of its columns (SWEEP at a
- * time), reading each row's stretch contiguously. (A sweep per block read
- * every row in 128-byte pieces: LayerNorm's column pass was 55 % of its
- * backward.) Each column's sum runs over the rows in order, in double,
- * whatever the member count: the same bits on any thread count. */
+ * in blocks of whole COLBLK-column pieces, as many blocks as members (the
+ * width a function of C and the member count), claimed at run time; a block
+ * is swept over the rows once, SWEEP columns at a time, reading each row's
+ * stretch contiguously. (A sweep per COLBLK piece read every row in 128-byte
+ * pieces: LayerNorm's column pass was 55 % of its backward.) Each column's
+ * sum runs over the rows in order, in double, whatever the block or member:
+ * the same bits on any thread count. */
 #define COLBLK 32
 #define SWEEP 256
 
-/* this member's columns [*lo, *hi) of C: its static share of blocks of COLBLK */
-static void team_columns(const bki_team *tm, int C, int *lo, int *hi)
+/* the columns of a column-sum block for nt members */
+static int col_width(int C, int nt)
 {
-    int b0, b1;
-    bki_team_share(tm, (C + COLBLK - 1) / COLBLK, &b0, &b1);
-    *lo = b0 * COLBLK;
-    *hi = b1 * COLBLK < C ? b1 * COLBLK : C;
+    const int pieces = (C + COLBLK - 1) / COLBLK;
+    return (pieces + nt - 1) / nt * COLBLK;
 }
 
 /* sum[c - lo] = the column sum of rows [0, R) for c in [lo, hi): each
@@ -37,18 +36,21 @@ static void colsum_cols(const float *a, int R, int lda, int lo, int hi, double *
     }
 }
 
-/* this member's share of bki_colsum_add (inside a region): its columns,
- * SWEEP at a time */
+/* this member's share of bki_colsum_add (inside a region): claimed blocks
+ * of col_width columns, SWEEP at a time */
 static void colsum_member(const float *a, int R, int C, int lda, float *out)
 {
     const bki_team tm = bki_region_team();
-    int lo, hi;
-    team_columns(&tm, C, &lo, &hi);
-    for (int c0 = lo; c0 < hi; c0 += SWEEP) {
-        const int c1 = hi - c0 < SWEEP ? hi : c0 + SWEEP;
-        _Alignas(64) double acc[SWEEP];
-        colsum_cols(a, R, lda, c0, c1, acc);
-        for (int c = c0; c < c1; c++) out[c] += (float)acc[c - c0];
+    const int w = col_width(C, tm.nt);
+    bki_claims cl = bki_claims_open(&tm, (C + w - 1) / w);
+    for (int64_t b; bki_claims_next(&cl, &b);) {
+        const int hi = (int)(b + 1) * w < C ? (int)(b + 1) * w : C;
+        for (int c0 = (int)b * w; c0 < hi; c0 += SWEEP) {
+            const int c1 = hi - c0 < SWEEP ? hi : c0 + SWEEP;
+            _Alignas(64) double acc[SWEEP];
+            colsum_cols(a, R, lda, c0, c1, acc);
+            for (int c = c0; c < c1; c++) out[c] += (float)acc[c - c0];
+        }
     }
 }
 
@@ -365,7 +367,8 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
     const float *dy1 = dy + (size_t)R0 * ldy, *x1 = x + (size_t)R0 * ldx;
     double *s0 = (double *)(void *)(kbuf + (((size_t)out * in + 15) & ~(size_t)15)), *s1 = s0 + out;
     const int64_t nt0 = dW ? bki_gemm_ntiles(1, 0, out, in, R0) : 0, nt1 = dW ? bki_gemm_ntiles(1, 0, out, in, R1) : 0;
-    const int64_t ncb = db ? (out + COLBLK - 1) / COLBLK : 0;
+    const int w = col_width(out, tm->nt); /* s0's and s1's column blocks */
+    const int64_t ncb = db ? (out + w - 1) / w : 0;
     bki_claims cl = bki_claims_open(tm, nt0 + ncb + nt1 + ncb);
     for (int64_t b; bki_claims_next(&cl, &b);) {
         const int half = b >= nt0 + ncb;
@@ -375,7 +378,7 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
         if (k < nt) {
             bki_gemm_tile((int)k, 1, 0, out, in, Rh, 1.0f, dyh, ldy, xh, ldx, half ? 0.0f : 1.0f, half ? kbuf : dW, in);
         } else {
-            const int c0 = (int)(k - nt) * COLBLK, c1 = c0 + COLBLK < out ? c0 + COLBLK : out;
+            const int c0 = (int)(k - nt) * w, c1 = c0 + w < out ? c0 + w : out;
             colsum_cols(dyh, Rh, ldy, c0, c1, (half ? s1 : s0) + c0);
         }
     }
@@ -391,8 +394,8 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
     if (db) {
         bki_claims cd = bki_claims_open(tm, ncb);
         for (int64_t b; bki_claims_next(&cd, &b);) {
-            const int c1 = (int)(b + 1) * COLBLK < out ? (int)(b + 1) * COLBLK : out;
-            for (int c = (int)b * COLBLK; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
+            const int c1 = (int)(b + 1) * w < out ? (int)(b + 1) * w : out;
+            for (int c = (int)b * w; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
         }
     }
 }

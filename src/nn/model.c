@@ -1360,14 +1360,15 @@ bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info)
     return BK_OK;
 }
 
-/* each member a contiguous share of whole lines of the gradient */
+/* the gradient in claimed blocks of 16384 floats (whole lines) */
 static void zero_grad_member(void *arg)
 {
     const bk_model *m = arg;
-    const bki_team tm = bki_region_team();
-    size_t lo, hi;
-    bki_team_share_floats(&tm, (size_t)m->P, &lo, &hi);
-    if (hi > lo) memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
+    const size_t n = (size_t)m->P, blk = 16384;
+    BKI_FOR(b, (int64_t)((n + blk - 1) / blk)) {
+        const size_t lo = (size_t)b * blk, hi = lo + blk < n ? lo + blk : n;
+        memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
+    }
 }
 
 void bk_model_zero_grad(bk_model *m)

@@ -96,6 +96,13 @@ static inline void bki_team_sync(const bki_team *tm)
  * library's only process-wide state beside the default thread count). */
 typedef void (*bki_region_fn)(void *arg);
 void bki_parallel(int nt, bki_region_fn fn, void *arg);
+/* The same for a region whose members share all of its work through
+ * claimed blocks (BKI_FOR, bki_claims_*, bki_gemm on the region's team) and
+ * that has no barrier and no static share: when the caller has run fn,
+ * every block is taken, so a member that has not started yet (a worker the
+ * kernel has not scheduled since it was signalled) is skipped instead of
+ * waited for. Only the members that started are joined. */
+void bki_parallel_claimed(int nt, bki_region_fn fn, void *arg);
 
 /* Blocks claimed at run time. Every member of a team calls bki_claims_open
  * with the same n (every member runs the same sequence of loops), then takes

@@ -109,8 +109,11 @@ struct pool;
 typedef struct {
     _Alignas(64) _Atomic int64_t t;
 } slot;
+/* a worker's part in the current region */
+enum { IDLE, SIGNALLED, RUNNING, SKIPPED };
 typedef struct {
     _Alignas(64) word go; /* bumped by the caller: run member tid of the job */
+    _Atomic int state;    /* SIGNALLED -> RUNNING (the worker) or SKIPPED (the caller) */
     int tid;
     struct pool *p;
 } worker;
@@ -162,8 +165,11 @@ static void *worker_main(void *arg)
     for (;;) {
         wait_while(&w->go, seen, &w->p->idle);
         seen = atomic_load_explicit(&w->go.v, memory_order_acquire);
+        int st = SIGNALLED;
+        if (!atomic_compare_exchange_strong(&w->state, &st, RUNNING)) continue; /* skipped (or a stale wake) */
         pool *p = w->p;
         run_member(p, w->tid);
+        atomic_store(&w->state, IDLE); /* before the caller can signal the next region */
         if (atomic_fetch_sub(&p->left.v, 1) == 1) wake(&p->left);
     }
     return NULL;
@@ -271,7 +277,9 @@ static int cpus(void)
     return c;
 }
 
-void bki_parallel(int nt, bki_region_fn fn, void *arg)
+/* fn on nt members; claimed: members that have not started when the caller
+ * has run fn are skipped (bki_parallel_claimed) */
+static void parallel(int nt, bki_region_fn fn, void *arg, int claimed)
 {
     int got = 0;
     pool *p = nt > 1 && !me.in_region ? acquire(nt - 1, &got) : NULL;
@@ -298,13 +306,23 @@ void bki_parallel(int nt, bki_region_fn fn, void *arg)
     atomic_store(&p->left.v, (uint32_t)(nt - 1));
     for (int t = 1; t < nt; t++) {
         worker *w = p->w[t - 1];
+        atomic_store(&w->state, SIGNALLED);
         atomic_fetch_add_explicit(&w->go.v, 1, memory_order_release);
         wake(&w->go);
     }
     run_member(p, 0);
+    if (claimed) /* every block is taken: a member not yet started would find none */
+        for (int t = 1; t < nt; t++) {
+            int st = SIGNALLED;
+            if (atomic_compare_exchange_strong(&p->w[t - 1]->state, &st, SKIPPED)) atomic_fetch_sub(&p->left.v, 1);
+        }
     for (uint32_t left; (left = atomic_load(&p->left.v)) != 0;) wait_while(&p->left, left, &p->spin);
     release(p);
 }
+
+void bki_parallel(int nt, bki_region_fn fn, void *arg) { parallel(nt, fn, arg, 0); }
+
+void bki_parallel_claimed(int nt, bki_region_fn fn, void *arg) { parallel(nt, fn, arg, 1); }
 
 /* ---- inside a region ------------------------------------------------ */
 

@@ -195,13 +195,13 @@ static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const 
             if (!bki_rows_finite(bki_at(t, p / H, p % H), t->stride_n, bki_len(len, p / H, N), C)) bad = p;
     } else if (P >= nt) {
         scan_args r = {t, H, N, C, P, 0, 0, len, P};
-        bki_parallel(nt, scan_member, &r);
+        bki_parallel_claimed(nt, scan_member, &r);
         bad = atomic_load(&r.bad);
     } else {
         for (int p = 0; p < P && bad == P; p++) {
             const int L = bki_len(len, p / H, N);
             scan_args r = {t, H, N, C, 0, (L + nt - 1) / nt, p, len, 0};
-            if (L > 0) bki_parallel(nt, scan_member, &r);
+            if (L > 0) bki_parallel_claimed(nt, scan_member, &r);
             if (atomic_load(&r.bad)) bad = p;
         }
     }

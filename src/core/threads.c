@@ -231,7 +231,8 @@ static void problems_member(void *arg)
 void bki_run_problems(bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *ctx)
 {
     problems r = {pl, P, lanes, lane_bytes, fn, ctx};
-    bki_parallel(pl.nt, problems_member, &r);
+    if (pl.team) bki_parallel(pl.nt, problems_member, &r);
+    else bki_parallel_claimed(pl.nt, problems_member, &r); /* problems claimed, no barrier */
 }
 
 /* The kernel table is a pure function of the CPU (and BK_ISA), computed on

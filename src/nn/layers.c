@@ -68,7 +68,7 @@ static void colsum_add_member(void *arg)
 void bki_colsum_add(const float *a, int R, int C, int lda, float *out)
 {
     colsum_args r = {a, R, C, lda, out};
-    bki_parallel(bki_threads(), colsum_add_member, &r);
+    bki_parallel_claimed(bki_threads(), colsum_add_member, &r);
 }
 
 typedef struct {
@@ -108,7 +108,7 @@ void bki_layernorm_fwd(int R, int C, const float *x, const float *g, const float
                        float *rs)
 {
     ln_fwd_args r = {R, C, x, g, b, eps, y, mu, rs};
-    bki_parallel(bki_threads(), ln_fwd_member, &r);
+    bki_parallel_claimed(bki_threads(), ln_fwd_member, &r);
 }
 
 /* LayerNorm backward in one pass over x and dy: the rows go in fixed blocks
@@ -207,7 +207,7 @@ void bki_layernorm_bwd(int R, int C, const float *x, const float *mu, const floa
     const int rb = C >= LN_BLOCK_FLOATS ? 1 : (LN_BLOCK_FLOATS / C < 64 ? LN_BLOCK_FLOATS / C : 64);
     _Alignas(64) double sg[LN_COLS], sb[LN_COLS];
     ln_bwd_args r = {R, C, rb, (R + rb - 1) / rb, x, mu, rs, g, dy, dx, dg, db, sg, sb};
-    bki_parallel(bki_threads(), ln_bwd_member, &r);
+    bki_parallel_claimed(bki_threads(), ln_bwd_member, &r);
 }
 
 /* The GELU passes run the per-instruction-set kernels (src/core/vgelu.h,
@@ -236,7 +236,7 @@ static void gelu_member(void *arg)
 static void gelu_pass(size_t n, const float *z, const float *dy, float *out)
 {
     gelu_args a = {n, z, dy, out, bki_kern()};
-    bki_parallel(n > 16384 ? bki_threads() : 1, gelu_member, &a);
+    bki_parallel_claimed(n > 16384 ? bki_threads() : 1, gelu_member, &a);
 }
 
 void bki_gelu_fwd(size_t n, const float *z, float *y) { gelu_pass(n, z, NULL, y); }
@@ -301,7 +301,7 @@ static void linear_fwd_ep(int R, int in, int out, const float *x, int ldx, const
                           fwd_ep *e)
 {
     linear_fwd_args a = {R, in, out, x, ldx, W, y, ldy, e};
-    bki_parallel(bki_threads(), linear_fwd_member, &a);
+    bki_parallel_claimed(bki_threads(), linear_fwd_member, &a);
 }
 
 void bki_linear_fwd_gelu(int R, int in, int out, const float *x, int ldx, const float *W, const float *b, float *y,
@@ -470,5 +470,5 @@ void bki_dropout(float *a, int R, int C, int ld, float p, uint64_t key)
     const float keep = 1.0f / (1.0f - p);
     const uint64_t thr = (uint64_t)ldexp((double)p, 64); /* p < 1 (a float): below 2^64 - 2^40 */
     dropout_args r = {a, R, C, ld, keep, thr, key};
-    bki_parallel(bki_threads(), dropout_member, &r);
+    bki_parallel_claimed(bki_threads(), dropout_member, &r);
 }

@@ -1375,7 +1375,7 @@ void bk_model_zero_grad(bk_model *m)
 {
     if (!m) return;
     /* on the library's threads */
-    bki_parallel(m->P > 65536 ? bki_threads() : 1, zero_grad_member, m);
+    bki_parallel_claimed(m->P > 65536 ? bki_threads() : 1, zero_grad_member, m);
 }
 
 bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
@@ -1724,19 +1724,19 @@ static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
     const size_t Bn = (size_t)B * (size_t)np;
     embed_args ea = {m, bt};
     if (c->input == BK_INPUT_IMAGE) {
-        bki_parallel(nt, embed_patches_member, &ea);
+        bki_parallel_claimed(nt, embed_patches_member, &ea);
         bki_linear_fwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, m->w + m->e_b, m->emb_o, D);
     } else if (c->input == BK_INPUT_TOKENS) {
         memcpy(m->tokens, bt->tokens, sizeof(int32_t) * Bn);
-        bki_parallel(nt, embed_tokens_member, &ea);
+        bki_parallel_claimed(nt, embed_tokens_member, &ea);
     } else {
         const int pd = m->in_feat;
-        bki_parallel(nt, embed_points_member, &ea);
+        bki_parallel_claimed(nt, embed_points_member, &ea);
         bki_linear_fwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, m->w + m->e_b, m->emb_h, D);
         bki_gelu_fwd(Bn * (size_t)D, m->emb_h, m->emb_g);
         bki_linear_fwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, m->w + m->e_b2, m->emb_o, D);
     }
-    bki_parallel(nt, embed_rows_member, &ea);
+    bki_parallel_claimed(nt, embed_rows_member, &ea);
     if (train && c->dropout > 0.0f) bki_dropout(m->x0, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     for (int b = 0; b < B; b++)
         if (m->nb[b] < T) memset(m->x0 + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
@@ -1822,7 +1822,7 @@ static void diff_norm_member(void *arg)
 static void diff_norm(bk_model *m, int l, int B, int bwd)
 {
     diff_norm_args dn = {m, &m->ba[l], (int64_t)B * m->T, (float)(1.0 - diff_lambda_init(l)), bwd};
-    bki_parallel(bki_threads(), diff_norm_member, &dn);
+    bki_parallel_claimed(bki_threads(), diff_norm_member, &dn);
 }
 
 /* dlambda (summed over the heads, in head order) into the four vectors */
@@ -1988,9 +1988,9 @@ static void residual_add(int R, int D, const float *x, float *out, const float *
 {
     const int nt = bki_threads();
     residual_args ra = {R, D, x, out, b};
-    bki_parallel(nt, residual_bias_member, &ra);
+    bki_parallel_claimed(nt, residual_bias_member, &ra);
     if (p > 0.0f) bki_dropout(out, R, D, D, p, key);
-    bki_parallel(nt, residual_x_member, &ra);
+    bki_parallel_claimed(nt, residual_x_member, &ra);
 }
 
 static bk_status pool_forward(bk_model *m, int B, int train)
@@ -2314,7 +2314,7 @@ static void embed_backward(bk_model *m, int B)
     if (c->dropout > 0.0f) bki_dropout(dX, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     if (c->pos_embed) {
         pos_grad_args pg = {m->gw + m->pos_o, dX, T, B, D};
-        bki_parallel(nt, pos_grad_member, &pg);
+        bki_parallel_claimed(nt, pos_grad_member, &pg);
     }
     if (c->cls) {
         float *g = m->gw + m->cls_o;
@@ -2323,7 +2323,7 @@ static void embed_backward(bk_model *m, int B)
     /* gather the token rows' gradient into [B*np, D] */
     float *dE = m->dT;
     gather_args ga = {dE, dX, (int64_t)Bn, np, T, D, c->cls};
-    bki_parallel(nt, gather_member, &ga);
+    bki_parallel_claimed(nt, gather_member, &ga);
     if (c->input == BK_INPUT_IMAGE) {
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
                        m->gw + m->e_b, kb(m, D, m->in_feat));
@@ -2804,7 +2804,7 @@ static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, i
     const float *E = m->w + m->e_w;
     const float *pos = c->pos_embed == 1 ? m->w + pos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
     s2s_embed_args se = {tok, len, N, D, sc, E, pos, x, (int64_t)B * N};
-    bki_parallel(nt, s2s_embed_member, &se);
+    bki_parallel_claimed(nt, s2s_embed_member, &se);
     if (train && c->dropout > 0.0f) bki_dropout(x, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
 }
 
@@ -2840,7 +2840,7 @@ static void table_scatter_member(void *arg)
 static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
 {
     table_scatter_args ts = {g, D, tok, n, dE, scale};
-    bki_parallel(bki_threads(), table_scatter_member, &ts);
+    bki_parallel_claimed(bki_threads(), table_scatter_member, &ts);
 }
 
 /* backward of s2s_embed_fwd from dx (modified: dropout applied, padded rows
@@ -2859,7 +2859,7 @@ static void s2s_embed_bwd(bk_model *m, int32_t *tok, const int32_t *len, int B, 
     if (c->dropout > 0.0f) bki_dropout(dx, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
     if (c->pos_embed == 1) {
         pos_grad_args pg = {m->gw + pos_o, dx, N, B, D};
-        bki_parallel(nt, pos_grad_member, &pg);
+        bki_parallel_claimed(nt, pos_grad_member, &pg);
     }
     table_scatter(m->gw + m->e_w, D, tok, (size_t)B * N, dx, sqrtf((float)D));
 }
@@ -2931,7 +2931,7 @@ static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *l
     }
     double *rl = m->rloss; /* per row: loss, hit */
     s2s_loss_args sl = {m, V, Td, Rd, ls, rl, 1};
-    bki_parallel(nt, s2s_loss_member, &sl);
+    bki_parallel_claimed(nt, s2s_loss_member, &sl);
     if (!atomic_load(&sl.finite)) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
     double total = 0.0;
     int64_t hits = 0;
@@ -3039,7 +3039,7 @@ static bk_status s2s_backward(bk_model *m, float grad_scale)
     bk_status st;
     /* dlogits = k (p - target) on the valid rows (padded rows are zero) */
     s2s_dlogits_args sd = {m, V, Td, Rd, ls, k};
-    bki_parallel(nt, s2s_dlogits_member, &sd);
+    bki_parallel_claimed(nt, s2s_dlogits_member, &sd);
     bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL, kb(m, V, D));
     const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
     if (c->final_norm) {

@@ -186,7 +186,7 @@ static void grad_sumsq_member(void *arg)
 static double grad_sumsq(const float *g, int64_t P, int nt)
 {
     grad_sumsq_args a = {g, P, 0.0};
-    bki_parallel(P > 65536 ? nt : 1, grad_sumsq_member, &a);
+    bki_parallel_claimed(P > 65536 ? nt : 1, grad_sumsq_member, &a);
     return a.ss;
 }
 
@@ -288,7 +288,7 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
     const float bc1 = 1.0f - powf(c->beta1, (float)t), bc2 = 1.0f - powf(c->beta2, (float)t);
     const float bc2s = sqrtf(bc2), step_size = lr / bc1;
     update_args u = {o, tab, np, w, g, gs, lr, step_size, bc2s};
-    bki_parallel(o->P > 65536 ? nt : 1, update_member, &u);
+    bki_parallel_claimed(o->P > 65536 ? nt : 1, update_member, &u);
     o->step++;
     bki_model_post_update(m);
     return BK_OK;

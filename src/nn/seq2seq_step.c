@@ -209,14 +209,14 @@ static void feed(bki_s2s_dec *d, int t, const int32_t *tok)
         const float *h = bki_sub_in(m, R, d->x, &n1);
         bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, d->qkv, 3 * I);
         self_att_args sa = {d, kc, vc, t, I, H, dh, scale};
-        bki_parallel(nt, self_att_member, &sa);
+        bki_parallel_claimed(nt, self_att_member, &sa);
         bki_linear_fwd(R, I, D, d->att, I, m->w + o->proj_w, NULL, bki_sub_y(m, &n1, d->y), D);
         step_out(d, &n1, o->proj_b);
         /* cross-attention over the sentence's encoder output */
         h = bki_sub_in(m, R, d->x, &nc);
         bki_linear_fwd(R, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, d->qkv, I);
         cross_att_args ca = {d, ckv, I, H, dh, scale};
-        bki_parallel(nt, cross_att_member, &ca);
+        bki_parallel_claimed(nt, cross_att_member, &ca);
         bki_linear_fwd(R, I, D, d->att, I, m->w + o->cproj_w, NULL, bki_sub_y(m, &nc, d->y), D);
         step_out(d, &nc, o->cproj_b);
         if (M > 0) {
@@ -305,7 +305,7 @@ bk_status bki_s2s_step(bki_s2s_dec *d, int t, int rows, const int32_t *parent, c
     }
     bki_linear_fwd(R, D, V, h, D, m->w + m->e_w, NULL, logp, V);
     log_softmax_args ls = {logp, R, V, 1};
-    bki_parallel(nt, log_softmax_member, &ls);
+    bki_parallel_claimed(nt, log_softmax_member, &ls);
     if (!atomic_load(&ls.finite)) return bki_fail(BK_ERR_NONFINITE, "decoding: non-finite logits at step %d", t);
     return BK_OK;
 }

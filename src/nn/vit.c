@@ -87,7 +87,7 @@ static void cls_row_fwd_member(void *arg)
 void bki_cls_row_fwd(const bki_vit_shape *s, const bki_cls_par *p, const float *qkv, float *alpha, float *att)
 {
     cls_row_fwd_args r = {s, p, qkv, alpha, att};
-    bki_parallel(bki_threads(), cls_row_fwd_member, &r);
+    bki_parallel_claimed(bki_threads(), cls_row_fwd_member, &r);
 }
 
 typedef struct {
@@ -168,7 +168,7 @@ void bki_cls_row_bwd(const bki_vit_shape *s, const bki_cls_par *p, const float *
                      const float *dA, float *scratch, float *dq, float *dk, float *dv)
 {
     cls_row_bwd_args r = {s, p, qkv, alpha, dA, scratch, dq, dk, dv};
-    bki_parallel(bki_threads(), cls_row_bwd_member, &r);
+    bki_parallel_claimed(bki_threads(), cls_row_bwd_member, &r);
 }
 
 /* the grid positions of pair (b, h)'s tokens: row of grid cell (y, x) */
@@ -220,7 +220,7 @@ void bki_dwc_fwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, c
                  float *att)
 {
     dwc_fwd_args a = {s, p, w, bias, qkv, att};
-    bki_parallel(bki_threads(), dwc_fwd_member, &a);
+    bki_parallel_claimed(bki_threads(), dwc_fwd_member, &a);
 }
 
 typedef struct {
@@ -301,5 +301,5 @@ void bki_dwc_bwd(const bki_vit_shape *s, const bki_dwc_par *p, const float *w, c
                  double *scratch, float *dv, float *dw, float *db)
 {
     dwc_bwd_args a = {s, p, w, qkv, dA, scratch, dv, dw, db};
-    bki_parallel(bki_threads(), dwc_bwd_member, &a);
+    bki_parallel_claimed(bki_threads(), dwc_bwd_member, &a);
 }

@@ -160,7 +160,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
             const float *c = C + (size_t)j * dim;
             double tot = 0.0;
             km_nearest_args na = {xn, N, dim, c, j, sim};
-            bki_parallel(nt, km_nearest_member, &na);
+            bki_parallel_claimed(nt, km_nearest_member, &na);
             for (int64_t i = 0; i < N; i++) tot += sim[i];
             if (j + 1 == K) break;
             if (!(tot > 0.0)) { /* every point is a centre already: any point */
@@ -181,7 +181,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
     int it = 0, conv = 0;
     for (it = 1; it <= kp->iters; it++) {
         km_assign_args aa = {xn, N, dim, K, C, blk, nblk, assign, sim};
-        bki_parallel(nt, km_assign_member, &aa);
+        bki_parallel_claimed(nt, km_assign_member, &aa);
         double s = 0.0;
         for (int64_t i = 0; i < N; i++) s += sim[i];
         obj = s / (double)N;
@@ -189,7 +189,7 @@ static bk_status kmeans_core(const float *xn, int64_t N, int dim, int K, const b
         memset(acc, 0, sizeof(double) * (size_t)K * dim);
         const int ncb = (dim + 15) / 16;
         km_sums_args sa = {xn, N, dim, ncb, assign, acc};
-        bki_parallel(nt < ncb ? nt : ncb, km_sums_member, &sa);
+        bki_parallel_claimed(nt < ncb ? nt : ncb, km_sums_member, &sa);
         for (int j = 0; j < K; j++) {
             double nrm = 0.0;
             for (int c = 0; c < dim; c++) nrm += acc[(size_t)j * dim + c] * acc[(size_t)j * dim + c];

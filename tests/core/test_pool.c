@@ -106,6 +106,32 @@ static void for_member(void *arg)
     BKI_FOR(i, r->n) atomic_fetch_add(&r->hit[i], 1);
 }
 
+/* a claimed region whose workers start late: skipped or not, every
+ * iteration once */
+static void late_member(void *arg)
+{
+    if (bki_thread_id() != 0) {
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    for_member(arg);
+}
+
+static void test_claimed_region(void)
+{
+    int ok = 1;
+    for (int nt = 2; nt <= 5; nt++)
+        for (int rep = 0; rep < 20; rep++) {
+            const int64_t n = 50 + 37 * rep;
+            for_run r = {n, calloc((size_t)n, sizeof(_Atomic int))};
+            bki_parallel_claimed(nt, late_member, &r);
+            for (int64_t i = 0; i < n; i++) ok &= atomic_load(&r.hit[i]) == 1;
+            free(r.hit);
+        }
+    th_check(ok, "pool: a claimed region with late workers", "%s",
+             "every iteration exactly once, 2-5 members, workers starting 200 us late (skipped or joined)");
+}
+
 static void test_for(void)
 {
     const int64_t ns[] = {0, 1, 2, 7, 15, 16, 17, 63, 64, 65, 1000, 4099};
@@ -246,6 +272,7 @@ void test_pool(void)
     if (TH.filter && !strstr("pool", TH.filter)) return;
     test_claims();
     test_for();
+    test_claimed_region();
     test_nested();
     test_concurrent_callers();
     test_quota();

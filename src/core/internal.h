@@ -26,6 +26,7 @@ void bki_clear_error(void);
  * one tile; every cross-block reduction is summed in block order. So results
  * are bitwise identical for any thread count and any batch shape. */
 int  bki_threads(void);            /* the current context's thread count     */
+int  bki_cpus(void);               /* the CPUs of the affinity mask (read once) */
 int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the CPUs the
                                       process may use: the affinity mask,
                                       bounded by a cgroup CPU quota          */
@@ -119,7 +120,7 @@ void bki_parallel_claimed(int nt, bki_region_fn fn, void *arg);
  * at the end: bki_team_sync where results are read by others. */
 typedef struct {
     int64_t base, n, lo, hi; /* tickets before this loop, blocks, own range */
-    int64_t chunk, total;    /* BKI_FOR: iterations a block, iterations    */
+    int64_t chunk, total;    /* ranges: indices a block, indices           */
     int shared, tid, nt, v;  /* shared: claimed at run time; v: the member
                                 whose share is being taken                 */
 } bki_claims;
@@ -139,11 +140,27 @@ void bki_ordered_end(const bki_claims *cl, int64_t k);
  * an iteration must not depend on which member runs it. `continue` skips an
  * iteration; `break` leaves only the current chunk. */
 bki_claims bki_for_open(int64_t n);
-int bki_for_next(bki_claims *cl, int64_t *i0, int64_t *i1);
 #define BKI_FOR(i, n)                                                                                     \
     for (bki_claims bki_cl_ = bki_for_open(n); bki_cl_.total >= 0; bki_cl_.total = -1)                    \
-        for (int64_t bki_i0_, bki_i1_; bki_for_next(&bki_cl_, &bki_i0_, &bki_i1_);)                        \
+        for (int64_t bki_i0_, bki_i1_; bki_ranges_next(&bki_cl_, &bki_i0_, &bki_i1_);)                     \
             for (int64_t i = bki_i0_; i < bki_i1_; i++)
+
+/* Ranges [i0, i1) of `width` indices of [0, n) (the last one shorter),
+ * claimed by tm's members as blocks are (BKI_FOR's chunks are such ranges,
+ * of a width it chooses). BKI_RANGES(tm, n, width, i0, i1) { ... } declares
+ * int i0, i1 for each range the member takes. */
+bki_claims bki_ranges_open(const bki_team *tm, int64_t n, int64_t width);
+int bki_ranges_next(bki_claims *cl, int64_t *i0, int64_t *i1);
+static inline int bki_ranges_next_int(bki_claims *cl, int *i0, int *i1)
+{
+    int64_t a, b;
+    if (!bki_ranges_next(cl, &a, &b)) return 0;
+    *i0 = (int)a, *i1 = (int)b;
+    return 1;
+}
+#define BKI_RANGES(tm, n, width, i0, i1)                                                                  \
+    for (bki_claims bki_rg_ = bki_ranges_open((tm), (n), (width)); bki_rg_.total >= 0; bki_rg_.total = -1) \
+        for (int i0, i1; bki_ranges_next_int(&bki_rg_, &i0, &i1);)
 
 /* Every parallel region of the library goes through bki_parallel, which
  * brackets each member with these: the calling thread's floating-point state

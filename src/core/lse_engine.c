@@ -329,28 +329,10 @@ static eng_ws carve(const bki_team *tm, int n, int m, float *scr)
  * time") in ranges of whole 64-byte lines, about 8 ranges a member: a
  * column's result never depends on the range it falls in, so the width may
  * follow the team's size. Every member opens the same column loops. */
-typedef struct {
-    bki_claims cl;
-    int cw, m; /* columns a range, columns */
-} col_claims;
-
-static col_claims cols_open(const bki_team *tm, int m)
+static bki_claims cols_open(const bki_team *tm, int m)
 {
-    const int want = 8 * tm->nt;
-    int cw = ((m + want - 1) / want + 15) & ~15;
-    if (cw < 16) cw = 16;
-    col_claims c = {bki_claims_open(tm, (m + cw - 1) / cw), cw, m};
-    return c;
-}
-
-/* the next range [*j0, *j1) of columns, or 0 when none is left */
-static int cols_next(col_claims *c, int *j0, int *j1)
-{
-    int64_t r;
-    if (!bki_claims_next(&c->cl, &r)) return 0;
-    *j0 = (int)r * c->cw;
-    *j1 = *j0 + c->cw < c->m ? *j0 + c->cw : c->m;
-    return 1;
+    const int want = 8 * tm->nt, cw = ((m + want - 1) / want + 15) & ~15;
+    return bki_ranges_open(tm, m, cw < 16 ? 16 : cw);
 }
 
 /* out[j] = sum_b part[b][j] in block order, for columns [j0, j1) */
@@ -369,8 +351,8 @@ static void reduce_range(const eng_ws *w, int j0, int j1, float *out)
  * team (no sync) */
 static void reduce_cols(const bki_team *tm, const eng_ws *w, int m, float *out)
 {
-    col_claims cc = cols_open(tm, m);
-    for (int j0, j1; cols_next(&cc, &j0, &j1);) reduce_range(w, j0, j1, out);
+    bki_claims cc = cols_open(tm, m);
+    for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);) reduce_range(w, j0, j1, out);
 }
 
 static float max_of(int n, const float *x)
@@ -464,8 +446,8 @@ static void col_update(const bki_team *tm, const bki_sk_problem *pb, const eng_w
     const int m = pb->m;
     const float lb_u = -logf((float)m), kap = kappa_of(pb);
     /* a range's column sums, then its updates (by the member that summed them) */
-    col_claims cc = cols_open(tm, m);
-    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+    bki_claims cc = cols_open(tm, m);
+    for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);) {
         reduce_range(w, j0, j1, w->colP);
         for (int j = j0; j < j1; j++) {
             const float cP = w->colP[j], lbj = lb_at(pb, j, lb_u);
@@ -497,8 +479,8 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
     const int n = pb->n, m = pb->m;
     const float la_u = -logf((float)n), lb_u = -logf((float)m), a_u = expf(la_u);
     int nfb = 0;
-    col_claims cc = cols_open(tm, m);
-    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+    bki_claims cc = cols_open(tm, m);
+    for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);) {
         if (kappa_of(pb) == 1.0f)
             for (int j = j0; j < j1; j++)
                 w->factor[j] = w->fb[j] ? 0.0f : expf(lb_at(pb, j, lb_u)) / w->colP[j];
@@ -542,7 +524,7 @@ static void scale_columns(const bki_team *tm, const bki_sk_problem *pb, const en
         return;
     }
     cc = cols_open(tm, m);
-    for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+    for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);) {
         reduce_range(w, j0, j1, w->colP);
         for (int j = j0; j < j1; j++) w->cerr[j] = fabsf(w->colP[j] / expf(lb_at(pb, j, lb_u)) - 1.0f);
     }
@@ -608,8 +590,8 @@ static void ISA(sk_attention)(const bki_team *tm, const bki_sk_problem *pb, int 
         const float *g = hist + bki_hist_off(n, m, iters);
         row_pass(tm, pb, &w, gold, fdum, 1, A, lda, 0);
         /* the same column sums and fallback flags as the forward */
-        col_claims cc = cols_open(tm, m);
-        for (int j0, j1; cols_next(&cc, &j0, &j1);) {
+        bki_claims cc = cols_open(tm, m);
+        for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);) {
             reduce_range(&w, j0, j1, w.colP);
             for (int j = j0; j < j1; j++) w.fb[j] = w.colP[j] > BK_TINY ? 0 : 1;
         }
@@ -696,7 +678,7 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
     /* row blocks and column ranges claimed at run time: a block writes its
      * rows (A, G, rl, lamr, dla) and part[b]; sv and uv are this member's,
      * used within a block */
-    col_claims cc;
+    bki_claims cc;
 
     /* Gradients w.r.t. the log marginals (optional): every row step adds its
      * adjoint to dla, every column step to dlb, and the output map
@@ -741,7 +723,7 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
      * when damped. */
     const float kap = kappa_of(pb), ikm1 = 1.0f / kap - 1.0f;
     cc = cols_open(tm, m);
-    for (int j0, j1; cols_next(&cc, &j0, &j1);)
+    for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);)
         for (int j = j0; j < j1; j++) {
             wb[j] = expf(-lb_at(pb, j, lb_u));
             if (dlb) dlb[j] = 0.0f;
@@ -761,13 +743,13 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
         const int more = t - 1 > 1; /* does lambda_{t-2} matter? */
         if (dlb) { /* column step t */
             cc = cols_open(tm, m);
-            for (int j0, j1; cols_next(&cc, &j0, &j1);)
+            for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);)
                 for (int j = j0; j < j1; j++) dlb[j] += kap * lamc[j];
         }
         const float *ht = hist + bki_hist_off(n, m, t);              /* cols   */
         if (kap != 1.0f) { /* damped: this step's wb */
             cc = cols_open(tm, m);
-            for (int j0, j1; cols_next(&cc, &j0, &j1);)
+            for (int j0, j1; bki_ranges_next_int(&cc, &j0, &j1);)
                 for (int j = j0; j < j1; j++) wb[j] = kap * expf(-lb_at(pb, j, lb_u) + ht[j] * ikm1);
             bki_team_sync(tm);
             logwb = 0;

@@ -14,7 +14,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
+#include <sched.h> /* sched_yield */
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -264,19 +264,6 @@ static void release(pool *p)
     pthread_mutex_unlock(&pools_mu);
 }
 
-/* the CPUs of the process's affinity mask (read once) */
-static int cpus(void)
-{
-    static _Atomic int n;
-    int c = atomic_load_explicit(&n, memory_order_relaxed);
-    if (c > 0) return c;
-    cpu_set_t set;
-    c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    c = c < 1 ? 1 : c;
-    atomic_store_explicit(&n, c, memory_order_relaxed);
-    return c;
-}
-
 /* fn on nt members; claimed: members that have not started when the caller
  * has run fn are skipped (bki_parallel_claimed) */
 static void parallel(int nt, bki_region_fn fn, void *arg, int claimed)
@@ -290,7 +277,7 @@ static void parallel(int nt, bki_region_fn fn, void *arg, int claimed)
         return;
     }
     nt = got + 1 < nt ? got + 1 : nt; /* fewer threads: the same results */
-    const int over = nt > cpus();
+    const int over = nt > bki_cpus();
     const int64_t smax = over ? SPIN_NS_OVER : SPIN_NS_BARRIER, imax = over ? SPIN_NS_OVER : SPIN_NS_IDLE;
     if (atomic_load(&p->spin.max) != smax) { /* a new pool, or another CPU count */
         atomic_store(&p->spin.max, smax), atomic_store(&p->spin.ns, smax);
@@ -443,25 +430,31 @@ void bki_ordered_end(const bki_claims *c, int64_t k)
     wake(&me.p->ord);
 }
 
-/* BKI_FOR's chunks: about 8 a member (a member that the kernel deschedules
- * holds at most one chunk; more chunks than that only add claims) */
-bki_claims bki_for_open(int64_t n)
+bki_claims bki_ranges_open(const bki_team *tm, int64_t n, int64_t width)
 {
-    const int nt = me.nt;
-    const int64_t total = n < 0 ? 0 : n, want = 8 * (int64_t)nt;
-    /* one member: one chunk of everything */
-    const int64_t chunk = nt < 2 ? (total > 0 ? total : 1) : total > want ? (total + want - 1) / want : 1;
-    bki_claims c = bki_claims_open(&(bki_team){me.tid, nt}, (total + chunk - 1) / chunk);
-    c.chunk = chunk;
+    const int64_t total = n < 0 ? 0 : n, w = width < 1 ? 1 : width;
+    bki_claims c = bki_claims_open(tm, (total + w - 1) / w);
+    c.chunk = w;
     c.total = total;
     return c;
 }
 
-int bki_for_next(bki_claims *c, int64_t *i0, int64_t *i1)
+int bki_ranges_next(bki_claims *c, int64_t *i0, int64_t *i1)
 {
     int64_t b;
     if (!bki_claims_next(c, &b)) return 0;
     *i0 = b * c->chunk;
     *i1 = *i0 + c->chunk < c->total ? *i0 + c->chunk : c->total;
     return 1;
+}
+
+/* BKI_FOR's ranges: about 8 a member (a member that the kernel deschedules
+ * holds at most one range; more of them only add claims); one member takes
+ * everything at once */
+bki_claims bki_for_open(int64_t n)
+{
+    const int nt = me.nt;
+    const int64_t total = n < 0 ? 0 : n, want = 8 * (int64_t)nt;
+    const int64_t chunk = nt < 2 ? (total > 0 ? total : 1) : total > want ? (total + want - 1) / want : 1;
+    return bki_ranges_open(&(bki_team){me.tid, nt}, total, chunk);
 }

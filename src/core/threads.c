@@ -116,6 +116,19 @@ static int cgroup_quota(void)
     return bki_cpu_quota_from(text, "/sys/fs/cgroup");
 }
 
+int bki_cpus(void)
+{
+    static _Atomic int cached;
+    int n = cached;
+    if (n > 0) return n;
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    cached = n;
+    return n;
+}
+
 int bki_default_threads(void)
 {
     static _Atomic int cached;
@@ -127,10 +140,7 @@ int bki_default_threads(void)
     if (env && end != env && *end == '\0' && v > 0) {
         n = v > 1024 ? 1024 : (int)v;
     } else {
-        cpu_set_t set;
-        n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-        if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (n < 1) n = 1;
+        n = bki_cpus();
         const int quota = cgroup_quota(); /* a container's cpu.max, a cgroup's quota */
         if (quota > 0 && quota < n) n = quota;
     }

@@ -41,11 +41,8 @@ static void colsum_cols(const float *a, int R, int lda, int lo, int hi, double *
 static void colsum_member(const float *a, int R, int C, int lda, float *out)
 {
     const bki_team tm = bki_region_team();
-    const int w = col_width(C, tm.nt);
-    bki_claims cl = bki_claims_open(&tm, (C + w - 1) / w);
-    for (int64_t b; bki_claims_next(&cl, &b);) {
-        const int hi = (int)(b + 1) * w < C ? (int)(b + 1) * w : C;
-        for (int c0 = (int)b * w; c0 < hi; c0 += SWEEP) {
+    BKI_RANGES(&tm, C, col_width(C, tm.nt), lo, hi) {
+        for (int c0 = lo; c0 < hi; c0 += SWEEP) {
             const int c1 = hi - c0 < SWEEP ? hi : c0 + SWEEP;
             _Alignas(64) double acc[SWEEP];
             colsum_cols(a, R, lda, c0, c1, acc);
@@ -383,21 +380,10 @@ static void grads_member(const bki_team *tm, int R, int in, int out, const float
         }
     }
     bki_team_sync(tm);
-    if (dW) { /* 4096 floats (whole lines) a block */
-        const size_t n = (size_t)out * in;
-        bki_claims ca = bki_claims_open(tm, (int64_t)((n + 4095) / 4096));
-        for (int64_t b; bki_claims_next(&ca, &b);) {
-            const size_t e1 = (size_t)(b + 1) * 4096 < n ? (size_t)(b + 1) * 4096 : n;
-            for (size_t e = (size_t)b * 4096; e < e1; e++) dW[e] += kbuf[e];
-        }
-    }
-    if (db) {
-        bki_claims cd = bki_claims_open(tm, ncb);
-        for (int64_t b; bki_claims_next(&cd, &b);) {
-            const int c1 = (int)(b + 1) * w < out ? (int)(b + 1) * w : out;
-            for (int c = (int)b * w; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
-        }
-    }
+    if (dW) /* 4096 floats (whole lines) a range */
+        BKI_RANGES(tm, (int64_t)out * in, 4096, e0, e1) for (int e = e0; e < e1; e++) dW[e] += kbuf[e];
+    if (db)
+        BKI_RANGES(tm, out, w, c0, c1) for (int c = c0; c < c1; c++) db[c] += (float)(s0[c] + s1[c]);
 }
 
 typedef struct {

@@ -1364,11 +1364,9 @@ bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info)
 static void zero_grad_member(void *arg)
 {
     const bk_model *m = arg;
-    const size_t n = (size_t)m->P, blk = 16384;
-    BKI_FOR(b, (int64_t)((n + blk - 1) / blk)) {
-        const size_t lo = (size_t)b * blk, hi = lo + blk < n ? lo + blk : n;
-        memset(m->gw + lo, 0, sizeof(float) * (hi - lo));
-    }
+    const bki_team tm = bki_region_team();
+    bki_claims cl = bki_ranges_open(&tm, m->P, 16384);
+    for (int64_t lo, hi; bki_ranges_next(&cl, &lo, &hi);) memset(m->gw + lo, 0, sizeof(float) * (size_t)(hi - lo));
 }
 
 void bk_model_zero_grad(bk_model *m)

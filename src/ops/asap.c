@@ -121,33 +121,11 @@ static char *take_member(bki_arena *ar, const bki_team *tm, int members, size_t 
     return p ? p + (size_t)tm->tid * bki_round_up(bytes) : NULL;
 }
 
-/* Indices [0, n) (rows, keys, columns) in blocks of bki_row_block(n) claimed
- * at run time by the team's members (bki_claims: each member its static
- * share first, then blocks that others have not started). Used where each
- * index's result depends on that index only and is written to its own
- * place: which member computes a block, and the block size, change no bit. */
-typedef struct {
-    bki_claims cl;
-    int n, rb;
-} span_claims;
-
-static span_claims spans_open(const bki_team *tm, int n)
-{
-    span_claims sp;
-    sp.n = n;
-    sp.rb = bki_row_block(n);
-    sp.cl = bki_claims_open(tm, bki_nblocks(n, sp.rb));
-    return sp;
-}
-
-static int spans_next(span_claims *sp, int *i0, int *i1)
-{
-    int64_t b;
-    if (!bki_claims_next(&sp->cl, &b)) return 0;
-    *i0 = (int)b * sp->rb;
-    *i1 = *i0 + sp->rb < sp->n ? *i0 + sp->rb : sp->n;
-    return 1;
-}
+/* Indices [0, n) (rows, keys, columns) in ranges of bki_row_block(n)
+ * claimed at run time by the team's members (bki_ranges_open). Used where
+ * each index's result depends on that index only and is written to its own
+ * place: which member computes a range, and its width, change no bit. */
+static bki_claims spans_open(const bki_team *tm, int n) { return bki_ranges_open(tm, n, bki_row_block(n)); }
 
 /* Floats of the engine's scratch for any problem of at most n x m rows and
  * columns run by `members`: sk_scratch is not monotone in the row count (its
@@ -288,8 +266,8 @@ static double rho_row(int d, float s, const float *qi)
 /* rho of the rows, row blocks claimed at run time (no sync at the end) */
 static void rho_rows(const bki_team *tm, int Lq, int d, float s, const float *Q, int64_t sq, double *rho)
 {
-    span_claims sp = spans_open(tm, Lq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+    bki_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
         for (int i = i0; i < i1; i++) rho[i] = rho_row(d, s, Q + (int64_t)i * sq);
 }
 
@@ -321,8 +299,8 @@ static void teacher_target(const bki_team *tm, int Lq, int Lk, const float *C, i
     double mean = 0.0;
     for (int i = 0; i < Lq; i++) mean += (double)eps * f[i] + rho[i];
     mean /= Lq;
-    span_claims sp = spans_open(tm, Lq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+    bki_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
         for (int i = i0; i < i1; i++) {
             y[i] = ((double)eps * f[i] + rho[i]) - mean;
             if (yf) yf[i] = (float)y[i];
@@ -340,8 +318,8 @@ static void one_sided_rows(const bki_team *tm, int Lq, int Lk, const float *Ct, 
 {
     bki_sk_result res;
     transposed_steps(tm, Lq, Lk, Ct, u, 1, At, hist, scr, &res);
-    span_claims sp = spans_open(tm, Lq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+    bki_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);) {
         for (int i = i0; i < i1; i++) r[i] = 0.0;
         for (int j = 0; j < Lk; j++) {
             const float *a = At + (size_t)j * Lq;
@@ -478,8 +456,8 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
         if (!fin)
             sliced_features(tm, &w.fs, Lq, Lk, d->d, L, ly->theta, ly->scale, Qb, c->q->stride_n, Kb,
                             c->k->stride_n, w.XT);
-        span_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
-        for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+        bki_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
+        for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);) {
             if (fin) {
                 for (int i = i0; i < i1; i++) w.fhat[i] = fin[(size_t)p * d->Nq + i];
             } else { /* fhat_i = sum_l X_il omega_l, in slice order */
@@ -504,8 +482,8 @@ static void forward(const bki_team *tm, bki_call *c, int p, char *lane)
     if (attn) { /* row blocks claimed at run time */
         float *Ab = bki_at(attn, b, h);
         const float r = live ? (float)Lq / (float)Lk : 0.0f;
-        span_claims sp = spans_open(tm, d->Nq);
-        for (int i0, i1; spans_next(&sp, &i0, &i1);)
+        bki_claims sp = spans_open(tm, d->Nq);
+        for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
             for (int i = i0; i < i1; i++) {
                 float *row = Ab + (int64_t)i * attn->stride_n;
                 if (live && i < Lq) {
@@ -699,8 +677,8 @@ static void features_problem(const bki_team *tm, int p, char *lane, void *vctx)
         sliced_features(tm, &w.fs, Lq, Lk, d->d, L, x->theta, x->scale, bki_at(x->q, b, h), x->q->stride_n,
                         bki_at(x->k, b, h), x->k->stride_n, w.XT);
     float *o = x->out + (size_t)p * d->Nq * L;
-    span_claims sp = spans_open(tm, d->Nq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+    bki_claims sp = spans_open(tm, d->Nq);
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
         for (int i = i0; i < i1; i++) {
             float *oi = o + (size_t)i * L;
             if (live && i < Lq)
@@ -905,8 +883,8 @@ static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
     kl_rec *r = &x->recs[p];
     const float alpha = x->scale / x->eps;
     /* row, slice and key blocks claimed at run time */
-    span_claims sp = spans_open(tm, Lq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+    bki_claims sp = spans_open(tm, Lq);
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
         for (int i = i0; i < i1; i++) w.u[i] = (float)((w.y[i] - w.rho[i]) / x->eps);
     bki_gemm(tm, 0, 1, Lk, Lq, d->d, alpha, Kb, sk, Qb, sq, 0.0f, w.C, Lq);
     bki_team_sync(tm);
@@ -915,13 +893,13 @@ static void calib_problem(const bki_team *tm, int p, char *lane, void *vctx)
     for (int64_t l; bki_claims_next(&cs, &l);)
         for (size_t i = (size_t)l * Lq; i < (size_t)(l + 1) * Lq; i++) r->X[i] = (float)w.XT[i];
     sp = spans_open(tm, Lq);
-    for (int i0, i1; spans_next(&sp, &i0, &i1);)
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);)
         for (int i = i0; i < i1; i++) {
             r->rho[i] = w.rho[i];
             memcpy(r->Q + (size_t)i * d->d, Qb + (int64_t)i * sq, sizeof(float) * (size_t)d->d);
         }
-    span_claims kp = spans_open(tm, Lk);
-    for (int j0, j1; spans_next(&kp, &j0, &j1);)
+    bki_claims kp = spans_open(tm, Lk);
+    for (int j0, j1; bki_ranges_next_int(&kp, &j0, &j1);)
         for (int j = j0; j < j1; j++)
             memcpy(r->K + (size_t)j * d->d, Kb + (int64_t)j * sk, sizeof(float) * (size_t)d->d);
 }
@@ -1092,8 +1070,8 @@ static void kl_problem(const bki_team *tm, int m, char *lane, void *vctx)
     const int Lq = r->Lq, Lk = r->Lk;
     const kl_lane w = kl_take(lane, x->lb, c->maxq, c->maxk, L, x->members);
     double *pp = x->part + ((size_t)L * L + L + 1) * (size_t)m;
-    span_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
-    for (int i0, i1; spans_next(&sp, &i0, &i1);) {
+    bki_claims sp = spans_open(tm, Lq); /* row blocks claimed at run time */
+    for (int i0, i1; bki_ranges_next_int(&sp, &i0, &i1);) {
         for (int i = i0; i < i1; i++) w.v[i] = 0.0;
         for (int l = 0; l < L; l++) { /* v = X w, in slice order */
             const float *xl = r->X + (size_t)l * Lq;
@@ -1553,8 +1531,8 @@ static void cmp_problem(const bki_team *tm, int p, char *lane, void *vctx)
     }
     bki_team_sync(tm);
     if (x->with_a) { /* column sums in block order, column blocks claimed at run time */
-        span_claims sp = spans_open(tm, Lk);
-        for (int j0, j1; spans_next(&sp, &j0, &j1);)
+        bki_claims sp = spans_open(tm, Lk);
+        for (int j0, j1; bki_ranges_next_int(&sp, &j0, &j1);)
             for (int j = j0; j < j1; j++) {
                 double s = 0.0;
                 for (int bl = 0; bl < nb; bl++) s += cpart[(size_t)bl * Lk + j];

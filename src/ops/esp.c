@@ -146,10 +146,7 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
  * written by its block only), so which member takes a block changes no bit.
  * Every member of the team runs it (no sync at the end). */
 #define TEAM_RB 64
-#define TEAM_ROWS(tm, n, r0, r1)                                                                             \
-    for (bki_claims trc_ = bki_claims_open((tm), bki_nblocks((n), TEAM_RB)), *tro_ = &trc_; tro_; tro_ = NULL) \
-        for (int64_t trb_; bki_claims_next(&trc_, &trb_);)                                                   \
-            for (int r0 = (int)trb_ * TEAM_RB, r1 = imin((n), r0 + TEAM_RB); r0 < r1; r0 = r1)
+#define TEAM_ROWS(tm, n, r0, r1) BKI_RANGES(tm, n, TEAM_RB, r0, r1)
 
 /* Whether a team of nt sorts each slice together: when the 2L sorts cannot
  * occupy it and they are long (up to 8192 keys the team sort is member 0's) */

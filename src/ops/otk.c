@@ -343,44 +343,34 @@ static size_t slabs_bytes(const bk_otk_desc *d, const bk_otk_config *p, bki_plan
     return (size_t)pl.lanes * slab_bytes(d, p, pl.team ? pl.nt : 1) + BK_ALIGN;
 }
 
-/* Runs fn(tm, b, lane, ctx) for the sets b0..b1-1 as the plan says: a team of
- * all region threads on one set after another, or one set per thread. Every
- * set ends with its team in sync. */
+/* Runs fn(tm, b, slab, ctx) for the sets b0..b1-1 on the one problem runner
+ * (bki_run_problems: a team of all region threads on one set after
+ * another, or sets claimed by members working alone, each in its own slab;
+ * a set's results do not depend on the slab it ran in). Every set ends
+ * with its team in sync. */
 typedef void (*otk_set_fn)(const bki_team *tm, int b, const otk_slab *w, void *ctx);
 
 typedef struct {
     const bk_otk_desc *d;
     const bk_otk_config *p;
     bki_plan pl;
-    char *slabs;
-    int b0, b1;
+    int b0;
     otk_set_fn fn;
     void *ctx;
 } run_sets_args;
 
-/* a set's results do not depend on the slab (lane) it ran in: in the
- * one-set-per-thread mode sets go to whichever member claims them */
-static void run_sets_member(void *arg)
+static void one_set(const bki_team *tm, int i, char *lane, void *arg)
 {
     const run_sets_args *r = arg;
-    if (r->pl.team) {
-        const bki_team tm = bki_region_team();
-        const otk_slab w = slab_at(r->d, r->p, r->pl, r->slabs, 0);
-        for (int b = r->b0; b < r->b1; b++) {
-            r->fn(&tm, b, &w, r->ctx);
-            bki_team_sync(&tm);
-        }
-    } else {
-        const otk_slab w = slab_at(r->d, r->p, r->pl, r->slabs, bki_thread_id());
-        BKI_FOR(i, r->b1 - r->b0) r->fn(&BKI_SOLO, r->b0 + (int)i, &w, r->ctx);
-    }
+    const otk_slab w = slab_at(r->d, r->p, r->pl, lane, 0);
+    r->fn(tm, r->b0 + i, &w, r->ctx);
 }
 
 static void run_sets(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, char *slabs, int b0, int b1,
                      otk_set_fn fn, void *ctx)
 {
-    run_sets_args r = {d, p, pl, slabs, b0, b1, fn, ctx};
-    bki_parallel(pl.nt, run_sets_member, &r);
+    run_sets_args r = {d, p, pl, b0, fn, ctx};
+    bki_run_problems(pl, b1 - b0, slabs, slab_bytes(d, p, pl.team ? pl.nt : 1), one_set, &r);
 }
 
 /* ---- tape ------------------------------------------------------------------- */

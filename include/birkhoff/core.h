@@ -181,7 +181,14 @@ typedef enum {
     BK_ERR_IO,          /* file could not be opened, read or written         */
     BK_ERR_FORMAT,      /* file content malformed (bad header, dtype, size)  */
     BK_ERR_NUMERIC,     /* a numerical failure (e.g. singular system)        */
-    BK_ERR_UNSUPPORTED  /* feature not available in this build               */
+    BK_ERR_UNSUPPORTED, /* feature not available in this build               */
+    BK_ERR_OVERFLOW     /* finite inputs, but a result (scores, sums, an
+                           output or a gradient) overflowed float32: the
+                           call fails instead of returning NaN or Inf. Every
+                           operator's forward and backward checks its
+                           outputs and gradients (host memory; O(outputs),
+                           not O(N^2)); the message names the problem and
+                           the sizes that overflowed                         */
 } bk_status;
 
 /* Static string naming the status ("ok", "null pointer", ...). */

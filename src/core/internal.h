@@ -264,6 +264,11 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len);
 bk_status bki_check_desc(const bk_attn_desc *d);
+/* index (b * H + h) of the first head with a non-finite value in the valid
+ * rows of [B,H,N,C], or B * H when none (or the data is NULL or in device
+ * memory); large tensors on the library's threads. The operators' results
+ * (driver.c, otk.c): O(the tensor), not O(N^2). */
+int bki_first_nonfinite(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len);
 /* calloc's contract through bk_alloc (64-byte aligned; from 2 MiB, 2 MiB
  * aligned with huge pages advised); released by free() or bk_free. The
  * training engine's activations and optimiser state: a ViT step 6 % faster

@@ -28,6 +28,7 @@ const char *bk_status_str(bk_status s)
     case BK_ERR_FORMAT: return "malformed file";
     case BK_ERR_NUMERIC: return "numerical failure";
     case BK_ERR_UNSUPPORTED: return "unsupported";
+    case BK_ERR_OVERFLOW: return "float32 overflow";
     }
     return "unknown status";
 }

@@ -208,6 +208,12 @@ static int first_bad_head(const bk_tensor *t, int B, int H, int N, int C, const 
     return bad;
 }
 
+int bki_first_nonfinite(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len)
+{
+    if (!t || !t->data || t->device != BK_DEVICE_HOST || B < 1 || H < 1) return B * H;
+    return first_bad_head(t, B, H, N, C, len);
+}
+
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len)
 {

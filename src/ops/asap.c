@@ -525,7 +525,7 @@ static const bki_field fields[] = {
 
 const bki_op bki_op_asap = {"asap", 5, "bk_asap_forward_config", fields, (int)(sizeof fields / sizeof fields[0]),
                             sizeof(bk_asap_forward_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0};
+                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL};
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
 /* a call of the operator (every other field zero) */
@@ -1154,7 +1154,7 @@ static bk_status kl_fit(const bk_asap_calib *c, const bk_asap_kl_config *o, doub
     const size_t lb = kl_lane_bytes(c->maxq, c->maxk, L, plan_members(pl));
     double *part = malloc(sizeof(double) * blk * (size_t)R);
     char *base = malloc(lanes_alloc(pl, lb));
-    double *buf = malloc(sizeof(double) * (size_t)(3 * L * L + 6 * L));
+    double *buf = malloc(sizeof(double) * (3 * (size_t)L * L + 6 * (size_t)L)); /* (L <= 2^16: in size_t, not int) */
     if (!part || !base || !buf) {
         free(part);
         free(base);

@@ -136,6 +136,13 @@ static void reduce(bki_call *c)
     for (int p = 0; p < P; p++) dl[p % c->d->H] += *(const float *)(c->pgrad + (size_t)p * slab_bytes(c));
 }
 
+/* dlambda [H] for the driver's check of the results */
+static int pg_arrays(const bki_call *c, bki_farray out[2])
+{
+    out[0] = (bki_farray){"dlambda", c->pg, (size_t)c->d->H};
+    return 1;
+}
+
 /* ---- per problem ----------------------------------------------------------
  * The two maps' logits C1 = alpha Q1 K1^T and C2 = alpha Q2 K2^T of problem
  * (b, h) on its valid n x m block, and their engine problems. Ends in sync. */
@@ -266,7 +273,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 
 const bki_op bki_op_diff = {"diff", 7, "bk_diff_config", diff_fields, (int)(sizeof diff_fields / sizeof diff_fields[0]),
                             sizeof(bk_diff_config), diff_default, check, cost, lane_bytes, block_bytes, key, NULL,
-                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0};
+                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_diff_config *p)

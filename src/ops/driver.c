@@ -5,6 +5,7 @@
 #include "op.h"
 #include "../backend/backend.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -209,6 +210,86 @@ static bk_status region_status(const bki_call *c, int backward)
     return c->bad < c->d->B * c->d->H ? problem_error(c) : BK_OK;
 }
 
+/* ---- results ---------------------------------------------------------------
+ * Every input of a call is finite (scanned, or the model's own activations),
+ * so a non-finite result means a value overflowed float32: the scores
+ * (scale/eps) q.k beyond 3.4e38, their sums, A V, or a gradient. The call
+ * then fails with BK_ERR_OVERFLOW instead of returning NaN or Inf with
+ * BK_OK: one scan of each result after the region (the output, or dq, dk,
+ * dv and the parameter gradients), O(B H N d), never O(N^2). Not scanned:
+ * results in device memory (a device backend runs its own driver;
+ * docs/CUDA.md, "Limits") and the model's calls (trusted: its logits are
+ * checked). */
+
+/* the largest Euclidean norm of problem p's first L rows of t (C floats) */
+static double max_row_norm(const bk_tensor *t, int H, int p, int L, int C)
+{
+    const float *base = bki_at(t, p / H, p % H);
+    double m = 0.0;
+    for (int n = 0; n < L; n++) {
+        double s = 0.0;
+        for (int j = 0; j < C; j++) {
+            const double x = base[(int64_t)n * t->stride_n + j];
+            s += x * x;
+        }
+        m = fmax(m, sqrt(s));
+    }
+    return m;
+}
+
+/* BK_ERR_OVERFLOW for problem p, whose result `what` is not finite; the
+ * sizes that decide the scores in the message (the failure path only) */
+static bk_status overflow_error(const bki_call *c, int p, const char *what)
+{
+    const bk_attn_desc *d = c->d;
+    const int Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
+    const double qk = max_row_norm(c->q, d->H, p, Lq, d->d) * max_row_norm(c->k, d->H, p, Lk, d->d);
+    const double vn = max_row_norm(c->v, d->H, p, Lk, d->dv);
+    return bki_fail(BK_ERR_OVERFLOW,
+                    "%s: %s of problem %d (b=%d, h=%d) is not finite although every input is: a value overflowed "
+                    "float32 (the scores (scale/eps) q.k, their sums or A V; here max |q_i| |k_j| = %.3g before "
+                    "scale/eps, max |v_j| = %.3g; float32 ends at 3.4e+38): reduce |q|, |k|, |v| or the scale, or "
+                    "raise eps",
+                    c->op->name, what, p, p / d->H, p % d->H, qk, vn);
+}
+
+static bk_status check_forward_result(const bki_call *c)
+{
+    const bk_attn_desc *d = c->d;
+    if (c->trusted) return BK_OK;
+    const int p = bki_first_nonfinite(c->out, d->B, d->H, d->Nq, d->dv, d->q_len);
+    return p < d->B * d->H ? overflow_error(c, p, "the output") : BK_OK;
+}
+
+static bk_status check_backward_result(const bki_call *c)
+{
+    const bk_attn_desc *d = c->d;
+    if (c->trusted) return BK_OK;
+    const struct {
+        const char *name;
+        const bk_tensor *t;
+        int N, C;
+        const int32_t *len;
+    } g[3] = {{"the gradient dq", c->dq, d->Nq, d->d, d->q_len},
+              {"the gradient dk", c->dk, d->Nk, d->d, d->k_len},
+              {"the gradient dv", c->dv, d->Nk, d->dv, d->k_len}};
+    for (int i = 0; i < 3; i++) {
+        const int p = bki_first_nonfinite(g[i].t, d->B, d->H, g[i].N, g[i].C, g[i].len);
+        if (p < d->B * d->H) return overflow_error(c, p, g[i].name);
+    }
+    bki_farray pa[2];
+    const int np = c->pg && c->op->pg_arrays ? c->op->pg_arrays(c, pa) : 0;
+    for (int i = 0; i < np; i++)
+        for (size_t j = 0; pa[i].data && j < pa[i].n; j++)
+            if (!isfinite(pa[i].data[j]))
+                return bki_fail(BK_ERR_OVERFLOW,
+                                "%s: the parameter gradient %s is not finite at %zu although every input is: a value "
+                                "overflowed float32 (the scores, their sums or the gradient's sum over the batch): "
+                                "reduce |q|, |k|, |v|, |dout| or the scale, or raise eps",
+                                c->op->name, pa[i].name, j);
+    return BK_OK;
+}
+
 #ifdef BK_TAPE_CHECKSUM
 static uint64_t blocks_checksum(const bki_call *c)
 {
@@ -289,6 +370,7 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
     carve(c, &w, base);
     c->tape = tape;
     s = forward_region(c);
+    if (s == BK_OK) s = check_forward_result(c);
     bki_workspace_release(owned);
     if (s == BK_OK) bki_clear_error();
     return s;
@@ -373,6 +455,7 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     }
     if (c->op->reduce) c->op->reduce(c);
     bki_workspace_release(owned);
+    if ((s = check_backward_result(c))) return s;
     bki_clear_error();
     return BK_OK;
 }

@@ -355,6 +355,14 @@ static void reduce(bki_call *c)
     }
 }
 
+/* dtheta [L, d] for the driver's check of the results */
+static int pg_arrays(const bki_call *c, bki_farray out[2])
+{
+    const esp_cfg k = cfg_of(c);
+    out[0] = (bki_farray){"dtheta", c->pg, (size_t)k.L * k.d};
+    return 1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* shared per-problem pieces (every member of a team calls them)             */
 /* ------------------------------------------------------------------------ */
@@ -1354,7 +1362,7 @@ static const bki_field fields[] = {
 
 const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
                            sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0};
+                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays};
 
 /* a call of the operator (every other field zero) */
 #define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}

@@ -209,6 +209,16 @@ static void reduce(bki_call *c)
     }
 }
 
+/* dZ [H, r, d] and dtheta [H, r] for the driver's check of the results */
+static int pg_arrays(const bki_call *c, bki_farray out[2])
+{
+    const bki_lot_grads *g = c->pg;
+    const size_t hr = (size_t)c->d->H * par(c)->r;
+    out[0] = (bki_farray){"dZ (pivots)", g->dZ, hr * c->d->d};
+    out[1] = (bki_farray){"dtheta (pivot logits)", g->dtheta, hr};
+    return 2;
+}
+
 /* ---- per problem ----------------------------------------------------------- */
 
 /* One term op(A) B of a thin product (K x N B, no transpose). */
@@ -457,7 +467,7 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
 
 const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
                            sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
-                           pgrad_bytes, reduce, forward, backward, steps_ok, 1};
+                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)

@@ -85,6 +85,13 @@ struct bki_call {
                                         own passes (op->finds_nonfinite)       */
 };
 
+/* a float array of a call's parameter-gradient outputs (op->pg_arrays) */
+typedef struct {
+    const char *name;
+    const float *data;   /* NULL: not asked for */
+    size_t n;
+} bki_farray;
+
 /* ---- an operator --------------------------------------------------------- */
 struct bki_op {
     const char *name;                /* registry name ("sinkhorn", ...)        */
@@ -128,6 +135,10 @@ struct bki_op {
      * then written. Saves a read of every input (LOT at large N: 8 % of its
      * time). */
     int finds_nonfinite;
+    /* optional (NULL: none): the parameter-gradient outputs in c->pg as at
+     * most 2 float arrays; returns how many. The driver checks them finite
+     * after reduce, as it checks dq, dk and dv (BK_ERR_OVERFLOW). */
+    int (*pg_arrays)(const bki_call *c, bki_farray out[2]);
 };
 
 /* ---- parameter-gradient outputs (bki_call.pg) ---------------------------

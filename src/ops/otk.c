@@ -956,6 +956,29 @@ static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_config *p, otk_w
     return r.s;
 }
 
+/* x and z are finite (checked): a non-finite result means a value overflowed
+ * float32 (as driver.c's check of the attention operators' results; O(the
+ * result), once after the sets) */
+static bk_status overflow_check(const char *what, const bk_tensor *t, int B, int N, int C, const int32_t *len)
+{
+    const int b = bki_first_nonfinite(t, B, 1, N, C, len);
+    if (b == B) return BK_OK;
+    return bki_fail(BK_ERR_OVERFLOW,
+                    "otk: %s of set %d is not finite although every input is: a value overflowed float32 (the "
+                    "features, the plan's costs or their sums): reduce |x|, |z| or the anchors' scale", what, b);
+}
+
+static bk_status overflow_check_dense(const char *what, const float *a, size_t n)
+{
+    for (size_t i = 0; a && i < n; i++)
+        if (!isfinite(a[i]))
+            return bki_fail(BK_ERR_OVERFLOW,
+                            "otk: %s is not finite at %zu although every input is: a value overflowed float32 "
+                            "(the features, the plan's costs or their sums over the sets): reduce |x|, |z|, |dout|",
+                            what, i);
+    return BK_OK;
+}
+
 bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
                          const bk_tensor *out, void *tape, const bk_otk_extras *ex, void *wsp, size_t ws_size)
 {
@@ -986,6 +1009,10 @@ bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_
         if (tape) ((otk_tape_header *)tape)->magic = 0;
         s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d (eps = %g too small for "
                      "exp(K/eps) in float32): use the log domain", bad, (double)p->eps);
+        goto done;
+    }
+    if ((s = overflow_check("the output", out, d->B, d->p, d->q * d->k, NULL))) {
+        if (tape) ((otk_tape_header *)tape)->magic = 0;
         goto done;
     }
     bki_clear_error();
@@ -1035,6 +1062,7 @@ bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_config *p, const bk
     if ((s = nys_prepare(d, p, &ws))) goto done;
     feat_ctx c = {d, p, x, psi, ws.nys.M};
     run_sets(d, p, pl, ws.slabs, 0, d->B, features_set, &c);
+    if ((s = overflow_check("the features psi", psi, d->B, d->n, d->k, d->len))) goto done;
     bki_clear_error();
 done:
     bki_workspace_release(owned);
@@ -1270,6 +1298,9 @@ bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk
     const size_t om = nz, ow = nz + nm; /* dM's and dW's places in a set's gradient block */
     grad_sums_args r = {d, p, &ws, gbf, nz, nm, nw, om, ow, dz, dW};
     bki_parallel((size_t)d->B * (nz + nm + nw) > 65536 ? bki_threads() : 1, grad_sums_member, &r);
+    if ((dx && (s = overflow_check("the gradient dx", dx, d->B, d->n, d->d, d->len))) ||
+        (s = overflow_check_dense("the gradient dz", dz, nz)) || (s = overflow_check_dense("the gradient dW", dW, nw)))
+        goto done;
     bki_clear_error();
 done:
     bki_workspace_release(owned);

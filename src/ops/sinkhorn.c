@@ -292,7 +292,7 @@ static const bki_field unbalanced_fields[] = {
 
 #define SK_OP(var, nm, ident, par, tab, def)                                                                        \
     const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
-                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0}
+                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL}
 SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default);
 SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default);
 SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default);

@@ -344,6 +344,74 @@ static void run_backend(bk_context *ctx, int layout)
     }
 }
 
+/* ---- overflow: finite inputs whose results overflow float32 --------------
+ * Every operator (issue 41): |q|, |k| ~ 1e30, a score scale of 1e38, and a
+ * backward whose dout ~ 3e38 overflows the gradients: BK_ERR_OVERFLOW
+ * naming the operator and what overflowed, never BK_OK with NaN or Inf. */
+static void fill_par(const op_row *row, const bk_op *pub, void *par, op_state *st, th_rng *r, const char *extra)
+{
+    bk_op_config_default(pub, par);
+    if (row->setup) row->setup(par, st, r);
+    char keys[160];
+    snprintf(keys, sizeof keys, "%s %s", row->keys, extra);
+    for (char *kv = strtok(keys, " "); kv; kv = strtok(NULL, " ")) {
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        th_check(bk_op_config_set(pub, par, kv, eq + 1) == BK_OK, row->name, "key %s: %s", kv, bk_last_error());
+    }
+}
+
+static void overflow_case(const op_row *row, int kind)
+{
+    static const char *const kinds[] = {"|q|, |k| ~ 1e30", "scale = 1e38", "dout ~ 3e38 (backward)"};
+    const bk_op *pub = bk_op_find(row->name);
+    const bki_op *op = bki_op_find(row->name);
+    char name[160];
+    snprintf(name, sizeof name, "overflow %s: %s", row->name, kinds[kind]);
+    if (kind == 2 && !op->backward) return;
+    th_rng r = {0x0F1u + (uint64_t)kind};
+    th_prob pb;
+    th_prob_init(&pb, B_, H_, NQ, NK, D_, DV, 0, 1, kind ? 1.0 : 1e30, &r);
+    op_state st;
+    memset(&st, 0, sizeof st);
+    _Alignas(16) unsigned char par[512];
+    const int asap = op == &bki_op_asap;
+    fill_par(row, pub, par, &st, &r, kind == 1 && !asap ? "scale=1e38" : "");
+    if (kind == 1 && asap) st.ly.scale = 1e38f;
+    /* LOT compares q and k with its pivots only: with unit pivots its scores
+     * at |q| ~ 1e30 are ~1e30, a finite problem it solves; pivots ~ 1e30 too */
+    if (kind == 0 && op == &bki_op_lot)
+        for (int i = 0; i < H_ * NPIV * D_; i++) st.Z[i] *= 1e30f;
+    if (kind == 2)
+        for (size_t i = 0; i < (size_t)B_ * H_ * NQ * DV; i++) pb.dout[i] = 3e38f;
+    bki_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op; c.d = &pb.desc; c.par = par;
+    c.q = &pb.tq; c.k = &pb.tk; c.v = &pb.tv; c.out = &pb.to;
+    bk_status s = bki_op_forward(&c, NULL, NULL, 0);
+    if (kind < 2) {
+        th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), row->name) && strstr(bk_last_error(), "overflow") &&
+                     strstr(bk_last_error(), "output"),
+                 name, "forward: %s: %s", bk_status_str(s), bk_last_error());
+    } else if (th_check(s == BK_OK, name, "the forward is finite: %s", bk_last_error())) {
+        memset(&c, 0, sizeof c);
+        c.op = op; c.d = &pb.desc; c.par = par;
+        c.q = &pb.tq; c.k = &pb.tk; c.v = &pb.tv; c.dout = &pb.tdo; c.dq = &pb.tdq; c.dk = &pb.tdk; c.dv = &pb.tdv;
+        c.pg = st.npg ? (op == &bki_op_lot ? (void *)&st.lg : (void *)st.pg) : NULL;
+        s = bki_op_backward(&c, NULL, NULL, 0);
+        th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "gradient") && strstr(bk_last_error(), "overflow"),
+                 name, "backward: %s: %s", bk_status_str(s), bk_last_error());
+    }
+    free(st.ly.omega);
+    th_prob_free(&pb);
+}
+
+static void test_ops_overflow(void)
+{
+    for (int i = 0; i < NOPS_ROWS; i++)
+        for (int kind = 0; kind < 3; kind++) overflow_case(&OPS[i], kind);
+}
+
 /* a backend that runs the Sinkhorn family only (the shape of a first device
  * backend): the harness must see every other operator refused */
 static int sinkhorn_family(const struct bki_op *op)
@@ -377,6 +445,7 @@ void test_ops_harness(void)
         bk_context_free(ctx);
     }
     /* the partial backend */
+    test_ops_overflow();
     bki_backend partial = bki_backend_cpu;
     partial.name = "partial";
     partial.supports_op = sinkhorn_family;

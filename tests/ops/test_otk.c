@@ -796,6 +796,33 @@ static void test_otk_kmeans(void)
 }
 
 /* ---- bad input ---------------------------------------------------------------------- */
+/* finite inputs whose results overflow float32 (issue 41): the plan's
+ * logits <psi_i, z_j> / eps beyond 3.4e38 (z ~ 1e10, eps = 1e-30) in the
+ * forward, dout ~ 3e38 in the backward: BK_ERR_OVERFLOW, never BK_OK with
+ * NaN or Inf */
+static void test_otk_overflow(void)
+{
+    obuf t;
+    ob_init(&t, &PROP, 43);
+    const bk_otk_config p0 = t.p;
+    const size_t nz = (size_t)PROP.q * PROP.p * PROP.k, no = (size_t)PROP.B * PROP.p * PROP.q * PROP.k;
+    for (size_t i = 0; i < nz; i++) t.z[i] *= 1e10f;
+    t.p.eps = 1e-30f;
+    bk_status s = ofwd(&t, NULL);
+    th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "output") && strstr(bk_last_error(), "overflow"),
+             "OTK forward whose logits overflow float32 fails", "%s: %s", bk_status_str(s), bk_last_error());
+    for (size_t i = 0; i < nz; i++) t.z[i] *= 1e-10f;
+    t.p = p0;
+    for (size_t i = 0; i < no; i++) t.dout[i] = 3e38f;
+    s = ofwd(&t, NULL);
+    if (th_check(s == BK_OK, "OTK overflow: a finite forward", "%s", bk_last_error())) {
+        s = obwd(&t, NULL);
+        th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "gradient") && strstr(bk_last_error(), "overflow"),
+                 "OTK backward whose gradients overflow float32 fails", "%s: %s", bk_status_str(s), bk_last_error());
+    }
+    ob_free(&t);
+}
+
 static void test_otk_bad_input(void)
 {
     obuf t;
@@ -882,6 +909,7 @@ static void test_otk_bad_input(void)
     for (size_t i = 0; i < (size_t)PROP.B * PROP.p * PROP.q * PROP.k; i++) fin &= isfinite(t.o[i]);
     th_check(s == BK_OK && fin, "OTK log domain at eps = 1e-3 is finite", "status %d", s);
     ob_free(&t);
+    test_otk_overflow();
 }
 
 void test_otk(void)

@@ -196,7 +196,18 @@ BK_API bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_
  * uninterrupted run would: weights, optimiser state and every record but the
  * timings are identical, whatever the thread count. A resumed run keeps its
  * configuration except epochs (to extend a run), threads, progress,
- * stop_after and data_dir; bk_train_resume_config reads it. Checkpoints are
+ * stop_after, data_dir and a cosine schedule's total_steps;
+ * bk_train_resume_config reads it. Extending (epochs above the stored ones)
+ * continues the schedule planned when the run started: the constant, step,
+ * invsqrt schedules and the warm-up are functions of the step, so the
+ * extended run equals the uninterrupted run of the new length bitwise; a
+ * cosine schedule ends at total_steps, and an extension past it is refused
+ * (BK_ERR_PARAM, stage CONFIG: it would train at lr_min) unless total_steps
+ * is re-planned: a new value >= batches * epochs (0: exactly that), which
+ * the optimiser takes from the current step on (its state kept; the steps
+ * already taken keep the old schedule). A total_steps that differs on a
+ * schedule other than cosine, or that ends at or before the current step, is
+ * BK_ERR_PARAM. Checkpoints are
  * written to a temporary file and renamed: none is ever half-written. */
 typedef enum {
     BK_TRAIN_NEW = 0,       /* a new run; refused when dir holds one          */
@@ -358,7 +369,9 @@ typedef struct {
 typedef void (*bk_asap_compile_callback)(void *user, const bk_asap_compile_event *ev);
 
 /* Compiles the checkpoint ckpt (written by bk_train_run) into out. The model
- * must use Sinkhorn attention (BK_ERR_PARAM otherwise). cb is nullable. */
+ * must use Sinkhorn attention (BK_ERR_PARAM naming its attention otherwise:
+ * an ASAP model is no teacher), and out must not be ckpt itself (BK_ERR_PARAM:
+ * the compiled model records its teacher by path). cb is nullable. */
 BK_API bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compile_config *c,
                                  bk_asap_compile_callback cb, void *user);
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 bk_asap_compile_config bk_asap_compile_config_default(void)
 {
@@ -28,6 +29,13 @@ bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compi
     if (cc->samples < 1 || cc->batch < 1 || cc->slices < 1 || !(cc->lambda >= 0) ||
         (cc->fit != BK_ASAP_FIT_LS && cc->fit != BK_ASAP_FIT_KL))
         return bki_fail(BK_ERR_PARAM, "bk_asap_compile: samples, batch, slices >= 1, lambda >= 0, fit LS or KL");
+    /* the compiled model names its teacher by path: writing it over the
+     * teacher would make it its own teacher */
+    struct stat si, so;
+    if (stat(ckpt, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        return bki_fail(BK_ERR_PARAM, "%s: the output is the teacher checkpoint itself (the compiled model records "
+                                      "its teacher by path); write it to another file",
+                        out);
     bk_model *m = NULL, *am = NULL;
     bk_run_config r;
     char *extra = NULL;

@@ -217,6 +217,7 @@ static const char *changed_key(const bk_run_config *stored, const bk_run_config 
 {
     bk_run_config a = *r;
     a.epochs = stored->epochs;
+    a.optim.total_steps = stored->optim.total_steps; /* a re-plan: check_plan */
     a.threads = stored->threads;
     a.stop_after = stored->stop_after;
     memcpy(a.progress, stored->progress, sizeof a.progress);
@@ -433,6 +434,61 @@ static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_da
     return st;
 }
 
+/* A resumed run continues its schedule as planned when the run started:
+ * every schedule is a function of the step, so a run extended (epochs above
+ * the stored ones) is the uninterrupted run of the new length -- but for a
+ * cosine schedule, which ends at total_steps: training past its end would
+ * run at lr_min, so an extension past it is refused unless total_steps is
+ * re-planned (a new value; 0: over the whole extended run, set by
+ * bk_run_config_resolve), which must end after the current step. r is the
+ * resolved configuration; planned and stored_epochs the checkpoint's. */
+static bk_status check_plan(const bk_run_config *r, int64_t planned, int stored_epochs, const run_pos *pos,
+                            int64_t nb, const char *dir)
+{
+    const bk_optim_config *c = &r->optim;
+    const int64_t end = nb * (int64_t)r->epochs;
+    if (c->total_steps != planned) {
+        if (c->sched != BK_SCHED_COSINE)
+            return bki_fail(BK_ERR_PARAM, "total_steps=%lld re-plans a cosine schedule; this run has a schedule that "
+                                          "is a function of the step alone (only epochs extends it)",
+                            (long long)c->total_steps);
+        if (c->total_steps <= pos->step || c->total_steps <= c->warmup)
+            return bki_fail(BK_ERR_PARAM, "total_steps=%lld: a re-planned cosine schedule must end after the current "
+                                          "step %lld and the warm-up (%d steps)",
+                            (long long)c->total_steps, (long long)pos->step, c->warmup);
+    }
+    if (c->sched == BK_SCHED_COSINE && r->epochs > stored_epochs && end > c->total_steps)
+        return bki_fail(BK_ERR_PARAM, "%s: its cosine schedule ends at step %lld (total_steps=%lld; %d epochs of %lld "
+                                      "steps were planned), so epochs=%d would train steps %lld to %lld at lr_min=%g; "
+                                      "re-plan the rest of the schedule with total_steps=N (N >= %lld; 0: over the "
+                                      "whole extended run), or start a new run from its weights with "
+                                      "init=%s/last.safetensors",
+                        dir, (long long)c->total_steps, (long long)c->total_steps, stored_epochs, (long long)nb,
+                        r->epochs, (long long)c->total_steps + 1, (long long)end, (double)c->lr_min, (long long)end,
+                        dir);
+    return BK_OK;
+}
+
+/* The checkpoint's optimiser with the run's re-planned total_steps (its
+ * state and step kept). */
+static bk_status replan_optim(train_state *s)
+{
+    const bk_optim_config *oc = bk_optim_get_config(s->o);
+    if (oc->total_steps == s->r.optim.total_steps) return BK_OK;
+    bk_optim_config c = *oc;
+    c.total_steps = s->r.optim.total_steps;
+    bk_optim *o2 = NULL;
+    bk_status st = bk_optim_create(&c, s->m, &o2);
+    if (st != BK_OK) return st;
+    const size_t P = (size_t)bk_model_num_params(s->m);
+    for (int k = 0; k < bki_optim_slots(o2); k++)
+        memcpy(bki_optim_slot(o2, k), bki_optim_slot(s->o, k), sizeof(float) * P);
+    bki_optim_set_step(o2, bk_optim_step_count(s->o));
+    bk_optim_free(s->o);
+    s->o = o2;
+    return BK_OK;
+}
+
 /* Steps 1..: data, model, run directory, up to the first step. Only root
  * (rank 0 of a data-parallel run, or the one process) writes the run
  * directory; the other ranks read what they need (the resumed checkpoint,
@@ -446,6 +502,8 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     char path[1100];
     snprintf(path, sizeof path, "%s/last.safetensors", dir);
     bk_status st;
+    int64_t planned = 0; /* resume: the stored schedule's total_steps and epochs */
+    int stored_epochs = 0;
     if (root && mode == BK_TRAIN_NEW && exists(path)) {
         res->stage = BK_TRAIN_STAGE_CONFIG;
         return bki_fail(BK_ERR_PARAM, "%s already holds a run: resume it (BK_TRAIN_RESUME) or overwrite it "
@@ -454,11 +512,14 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     if (resume) {
         bk_run_config stored;
         if ((st = read_run(dir, &stored, pos, &s->extra)) != BK_OK) return st;
+        planned = stored.optim.total_steps;
+        stored_epochs = stored.epochs;
         char key[128];
         if (changed_key(&stored, r, key, sizeof key)) {
             res->stage = BK_TRAIN_STAGE_CONFIG;
             return bki_fail(BK_ERR_PARAM, "a resumed run keeps its configuration: only epochs, threads, progress, "
-                                          "stop_after and data_dir may change (%s differs)", key);
+                                          "stop_after, data_dir and a cosine schedule's total_steps may change (%s "
+                                          "differs)", key);
         }
         if (pos->epoch >= r->epochs)
             return bki_fail(BK_ERR_PARAM, "%s has finished its %d epochs; set epochs above %d to continue it", dir,
@@ -484,7 +545,8 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
                    (bk_run_extra_get(s->extra, "data_test", v1, sizeof v1) && strcmp(v1, tei->version))))
         return bki_fail(BK_ERR_FORMAT, "the data changed since the run started (checkpoint: %s; now: %s)", v1,
                         strcmp(v1, tri->version) ? tri->version : tei->version);
-    if ((st = bk_run_config_resolve(r, s->tr)) != BK_OK) {
+    if ((st = bk_run_config_resolve(r, s->tr)) != BK_OK ||
+        (resume && (st = check_plan(r, planned, stored_epochs, pos, (tri->n + r->batch - 1) / r->batch, dir)))) {
         res->stage = BK_TRAIN_STAGE_CONFIG;
         return st;
     }
@@ -497,6 +559,7 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     if (resume) {
         if ((st = bk_checkpoint_load(path, maxb, &s->m, &s->o, NULL)) != BK_OK) return st;
         if (!s->o && (st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
+        if ((st = replan_optim(s)) != BK_OK) return st;
     } else {
         if (r->init[0]) {
             if ((st = init_model(r, maxb, &s->m)) != BK_OK) {

@@ -179,6 +179,28 @@ check(rc == 2 and "auto|zero|column|row" in out and not os.path.exists(P("never.
 rc, out = run("asap", "compile", "--ckpt", P("sm/last.safetensors"), "--out", P("never.safetensors"))
 check(rc == 1 and "compiles Sinkhorn" in out and not os.path.exists(P("never.safetensors")),
       "asap compile refuses a softmax model", out)
+# a teacher is the Sinkhorn model the ASAP model was compiled from: no model is its own teacher
+rc, out = run("asap", "compile", "--ckpt", P("asap.safetensors"), "--out", P("never.safetensors"))
+check(rc == 1 and "uses asap attention" in out and not os.path.exists(P("never.safetensors")),
+      "asap compile of an ASAP model is refused, naming its attention", out)
+shutil.copytree(P("sk"), P("skc"))
+before = open(P("skc/last.safetensors"), "rb").read()
+rc, out = run("asap", "compile", "--ckpt", P("skc/last.safetensors"), "--out", P("skc/last.safetensors"), "--samples", "64")
+check(rc == 1 and "the teacher checkpoint itself" in out and open(P("skc/last.safetensors"), "rb").read() == before,
+      "asap compile over its own teacher is refused (the teacher intact)", out)
+for t, what in ((P("sm/last.safetensors"), "softmax attention"), (P("asap.safetensors"), "asap attention")):
+    rc, out = run("eval", "--ckpt", P("asap.safetensors"), "--teacher", t)
+    check(rc == 2 and what in out and "agreement" not in out, "eval --teacher with %s is refused" % what, out)
+rc, out = run("eval", "--ckpt", P("sm/last.safetensors"), "--teacher", P("sk/last.safetensors"))
+check(rc == 2 and "compiled ASAP model" in out, "eval --teacher of a model that is not ASAP is refused", out)
+rc, out = run("asap", "compile", "--ckpt", P("skc/last.safetensors"), "--out", P("asapc.safetensors"), "--samples", "64")
+shutil.copy(P("sk/ckpt/epoch-0001.safetensors"), P("skc/last.safetensors"))
+rc2, out2 = run("eval", "--ckpt", P("asapc.safetensors"))
+shutil.copy(P("asap.safetensors"), P("skc/last.safetensors"))
+rc3, out3 = run("eval", "--ckpt", P("asapc.safetensors"))
+check(rc == 0 and rc2 == 1 and "weights differ" in out2 and rc3 == 1 and "asap attention" in out3 and
+      "agreement" not in out2 + out3, "eval: a recorded teacher replaced since the compilation is refused",
+      out + out2 + out3)
 raw = bytearray(open(P("asap.safetensors"), "rb").read())
 i = raw.find(b"omega=")
 raw[i + 8] ^= 1
@@ -331,6 +353,21 @@ rc, out = run("train", "--resume", P("sm"))
 check(rc == 1 and "finished" in out, "resuming a finished run says how to extend it", out)
 rc, out = run("train", "--resume", P("sm"), "--lr", "1")
 check(rc == 2 and "keeps its configuration" in out, "a resumed run keeps its configuration", out)
+# extending a finished cosine run (15 epochs of 45 steps): not at lr_min = 0; refused, or re-planned on request
+shutil.copytree(P("sm"), P("smx"))
+before = open(P("smx/last.safetensors"), "rb").read()
+rc, out = run("train", "--resume", P("smx"), "--epochs", "16")
+check(rc == 2 and "ends at step 675" in out and "total_steps=N (N >= 720" in out and "init=" in out and
+      open(P("smx/last.safetensors"), "rb").read() == before and not os.path.exists(P("smx/ckpt/epoch-0016.safetensors")),
+      "extending a cosine run past its end is refused, saying how to continue; the run untouched", out)
+rc, out = run("train", "--resume", P("smx"), "--epochs", "16", "--total-steps", "0", "--progress", "none")
+if check(rc == 0, "train --resume --epochs 16 --total-steps 0 re-plans the cosine over the extended run", out):
+    rows = [r.split(",") for r in open(P("smx/steps.csv")).read().split("\n")[1:] if r]
+    check(len(rows) == 720 and all(float(r[5]) > 0 for r in rows[675:]) and
+          tensors(P("smx/last.safetensors"))[0] != tensors(P("sm/last.safetensors"))[0],
+          "the extension trains (lr > 0 in every added step, weights changed)", str(rows[675:677]))
+rc, out = run("train", "--resume", P("smx"), "--epochs", "17", "--total-steps", "700")
+check(rc == 2 and "must end after the current step 720" in out, "a re-plan that has already ended is refused", out)
 rc, out = run("train", "--resume", P("nodir"))
 check(rc == 1 and "no checkpoint" in out, "resume of a missing run", out)
 rc, out = run("train", "--resume", P("sm"), "--out", P("x"))

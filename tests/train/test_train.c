@@ -378,6 +378,101 @@ static void test_runs(void)
           "run keys out of range are refused as bk_run_config_set would", "%s", bk_last_error());
 }
 
+/* ---- extending a run (more epochs on resume) under each schedule ---- */
+static void on_lr(void *user, const bk_train_event *ev)
+{
+    double *lo = user; /* the smallest learning rate of the steps */
+    if (ev->kind == BK_TRAIN_EVENT_STEP && ev->lr < *lo) *lo = ev->lr;
+}
+
+static void test_extend(void)
+{
+    /* the schedules that are functions of the step alone: 2 epochs extended
+     * to 3 == the uninterrupted 3 epochs, bitwise (6 steps an epoch) */
+    const char *scheds[][3] = {{"constant", "warmup", "4"}, {"step", "milestones", "8:14"}, {"invsqrt", "warmup", "3"}};
+    char full[400], ext[400], p1[600], p2[600];
+    bk_train_result res;
+    for (int i = 0; i < 3; i++) {
+        snprintf(full, sizeof full, "%s/ext-full-%s", g_tmp, scheds[i][0]);
+        snprintf(ext, sizeof ext, "%s/ext-%s", g_tmp, scheds[i][0]);
+        bk_run_config r = tiny("softmax", 3), rr;
+        bk_run_config_set(&r, "sched", scheds[i][0]);
+        bk_run_config_set(&r, scheds[i][1], scheds[i][2]);
+        bk_status st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+        r.epochs = 2;
+        if (st == BK_OK) st = bk_train_run(&r, ext, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+        if (st == BK_OK) st = bk_train_resume_config(ext, &rr, NULL);
+        rr.epochs = 3;
+        if (st == BK_OK) st = bk_train_run(&rr, ext, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+        snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+        snprintf(p2, sizeof p2, "%s/last.safetensors", ext);
+        char s1[600], s2[600], name[120];
+        snprintf(s1, sizeof s1, "%s/steps.csv", full);
+        snprintf(s2, sizeof s2, "%s/steps.csv", ext);
+        char *a = strip_times(s1), *b = strip_times(s2);
+        snprintf(name, sizeof name, "extend (sched=%s): 2 epochs + 1 == 3 uninterrupted, bitwise", scheds[i][0]);
+        CHECK(st == BK_OK && res.step == 18 && same_tensors(p1, p2) && a && b && !strcmp(a, b), name, "%s",
+              bk_last_error());
+        free(a);
+        free(b);
+    }
+
+    /* cosine ends at total_steps: extending past it is refused, naming the
+     * ways on (a re-plan, or a new run from the weights) */
+    snprintf(ext, sizeof ext, "%s/ext-cosine", g_tmp);
+    bk_run_config r = tiny("softmax", 2), rr;
+    bk_run_config_set(&r, "sched", "cosine");
+    bk_run_config_set(&r, "warmup", "2");
+    bk_status st = bk_train_run(&r, ext, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (st == BK_OK) st = bk_train_resume_config(ext, &rr, NULL);
+    if (!CHECK(st == BK_OK && rr.optim.total_steps == 12, "cosine: total_steps=0 resolves to the run's 12 steps",
+               "%s %lld", bk_last_error(), (long long)rr.optim.total_steps))
+        return;
+    snprintf(p1, sizeof p1, "%s/last.safetensors", ext);
+    size_t n0 = 0, n1 = 0;
+    char *before = read_all(p1, &n0);
+    bk_run_config x = rr;
+    x.epochs = 4;
+    st = bk_train_run(&x, ext, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    char *after = read_all(p1, &n1);
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_CONFIG && has(bk_last_error(), "ends at step 12") &&
+              has(bk_last_error(), "total_steps=N (N >= 24") && has(bk_last_error(), "init=") && before && after &&
+              n0 == n1 && !memcmp(before, after, n0) && !exists(ext, "ckpt/epoch-0003.safetensors"),
+          "extend cosine past its end: refused (no lr_min epochs), the run untouched", "%s: %s", bk_status_str(st),
+          bk_last_error());
+    free(before);
+    free(after);
+    x.optim.total_steps = 20; /* still ends before epoch 4 does */
+    st = bk_train_run(&x, ext, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "N >= 24"), "extend cosine: a re-plan that ends too early",
+          "%s", bk_last_error());
+    x = rr;
+    x.epochs = 4;
+    x.optim.total_steps = 10; /* before the current step 12 */
+    st = bk_train_run(&x, ext, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "must end after the current step 12"),
+          "re-plan: a cosine schedule that would have ended already is refused", "%s", bk_last_error());
+    snprintf(full, sizeof full, "%s/ext-constant", g_tmp);
+    st = bk_train_resume_config(full, &x, NULL);
+    x.epochs = 4;
+    x.optim.total_steps = 30;
+    if (st == BK_OK) st = bk_train_run(&x, full, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "re-plans a cosine schedule"),
+          "total_steps on resume of a non-cosine run is refused", "%s", bk_last_error());
+    /* the re-plan over the whole extended run (total_steps=0): every step
+     * trains at lr > 0, from the checkpoint's optimiser state */
+    x = rr;
+    x.epochs = 4;
+    x.optim.total_steps = 0;
+    double lo = 1e30;
+    st = bk_train_run(&x, ext, BK_TRAIN_RESUME, on_lr, &lo, NULL, &res);
+    bk_run_config done;
+    if (st == BK_OK) st = bk_train_resume_config(ext, &done, NULL);
+    CHECK(st == BK_OK && res.step == 24 && lo > 0 && done.optim.total_steps == 24 && done.epochs == 4,
+          "extend cosine with total_steps=0: re-planned over 24 steps, every step at lr > 0", "%s: lr %g",
+          bk_last_error(), lo);
+}
+
 /* ---- ASAP compilation ---- */
 typedef struct {
     int header, layers, depth;
@@ -1029,6 +1124,8 @@ int main(void)
     if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
     test_config();
     test_runs();
+    test_resume_gap();
+    test_extend();
     test_compile();
     test_swap();
     test_esp_anneal();

@@ -109,6 +109,12 @@ int cmd_eval(int argc, char **argv)
     if (teacher) snprintf(tpath, sizeof tpath, "%s", teacher);
     else if (c->attn == BK_ATTN_ASAP) bk_run_extra_get(extra, "teacher", tpath, sizeof tpath);
     if (!dg) goto done;
+    if (teacher && c->attn != BK_ATTN_ASAP) {
+        fprintf(stderr, "birkhoff eval: --teacher compares a compiled ASAP model with its teacher; %s has %s "
+                        "attention\n", ckpt, bk_attn_kind_name(c->attn));
+        rc = CLI_USAGE;
+        goto done;
+    }
     if (tpath[0] && c->arch == BK_ARCH_SEQ2SEQ) {
         fprintf(stderr, "birkhoff eval: --teacher compares a compiled ASAP classifier with its teacher; %s is an "
                         "encoder-decoder\n",
@@ -126,6 +132,23 @@ int cmd_eval(int argc, char **argv)
     if (tpath[0]) {
         if (bk_run_load(tpath, batch, &tm, &tr, NULL) != BK_OK) {
             fprintf(stderr, "birkhoff eval: %s\n", bk_last_error());
+            goto done;
+        }
+        /* the teacher is a Sinkhorn model; the one the metadata names must
+         * still be the model this one was compiled from (its weights) */
+        const bk_model_config *tc = bk_model_get_config(tm);
+        const int64_t tp = bk_model_num_params(tm);
+        if (tc->attn != BK_ATTN_SINKHORN) {
+            fprintf(stderr, "birkhoff eval: teacher %s has %s attention; an ASAP model's teacher is the Sinkhorn model "
+                            "it was compiled from%s\n", tpath, bk_attn_kind_name(tc->attn),
+                    teacher ? "" : " (that file was replaced since: pass --teacher CKPT)");
+            rc = teacher ? CLI_USAGE : CLI_FAIL;
+            goto done;
+        }
+        if (!teacher && (tp > bk_model_num_params(m) ||
+                         memcmp(bk_model_params(tm), bk_model_params(m), sizeof(float) * (size_t)tp))) {
+            fprintf(stderr, "birkhoff eval: teacher %s (named in %s) is no longer the model %s was compiled from: "
+                            "its weights differ (pass --teacher CKPT)\n", tpath, ckpt, ckpt);
             goto done;
         }
         if (bk_evaluate(tm, dset, 0, batch, 1, &tev) != BK_OK) {

@@ -27,7 +27,8 @@ static void usage_train(FILE *f)
 {
     fprintf(f,
             "usage: birkhoff train [--config FILE] [--out DIR] [--KEY VALUE | --set KEY=VALUE]... [--force]\n"
-            "       birkhoff train --resume DIR [--epochs N] [--threads T] [--progress MODE] [--stop-after N]\n"
+            "       birkhoff train --resume DIR [--epochs N] [--total-steps S] [--threads T] [--progress MODE]\n"
+            "                      [--stop-after N]\n"
             "\n"
             "Trains a model on a dataset. Keys (docs/TRAINING.md): run keys (data=mnist|fashion-mnist|digits|spam|\n"
             "listops|shapes, data_dir, train_limit, test_limit, seq_len, min_len, listops_depth, points, noise,\n"
@@ -175,9 +176,10 @@ static int apply_flags(int argc, char **argv, int resume, bk_run_config *r)
         for (char *c = key; *c; c++)
             if (*c == '-') *c = '_';
         if (resume && strcmp(key, "epochs") && strcmp(key, "threads") && strcmp(key, "progress") &&
-            strcmp(key, "stop_after") && strcmp(key, "data_dir")) {
+            strcmp(key, "stop_after") && strcmp(key, "data_dir") && strcmp(key, "total_steps")) {
             fprintf(stderr, "birkhoff train: a resumed run keeps its configuration: only --epochs, --threads, "
-                            "--progress, --stop-after and --data-dir apply (got --%s)\n", key);
+                            "--progress, --stop-after, --data-dir and --total-steps (a cosine schedule's re-plan) "
+                            "apply (got --%s)\n", key);
             return CLI_USAGE;
         }
         if (bk_run_config_set(r, key, val) != BK_OK) {

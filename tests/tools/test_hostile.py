@@ -1855,4 +1855,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    finally:
+        if not A.keep:
+            shutil.rmtree(BASE, ignore_errors=True)
+    sys.exit(status)

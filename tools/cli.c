@@ -52,13 +52,26 @@ static int cmp_double(const void *a, const void *b)
 
 void cli_stats(const double *x, int n, double *med, double *p25, double *p75)
 {
-    double *c = malloc(sizeof(double) * (size_t)n);
+    double *c = n > 0 ? malloc(sizeof(double) * (size_t)n) : NULL;
+    if (!c) { /* (no samples, or no memory for the copy) */
+        *med = *p25 = *p75 = NAN;
+        return;
+    }
     memcpy(c, x, sizeof(double) * (size_t)n);
     qsort(c, (size_t)n, sizeof(double), cmp_double);
     *med = c[n / 2];
     *p25 = c[n / 4];
     *p75 = c[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1];
     free(c);
+}
+
+int cli_fits_memory(const char *cmd, const char *what, double bytes)
+{
+    const double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (bytes <= phys || !(phys > 0)) return 1;
+    fprintf(stderr, "birkhoff %s: %s is too large: it needs %.3g GiB, this machine has %.3g GiB of memory\n", cmd, what,
+            bytes / 1073741824.0, phys / 1073741824.0);
+    return 0;
 }
 
 void cli_fill(float *x, size_t n, unsigned seed, float sd)

@@ -24,6 +24,11 @@ int cli_parse_int(const char *s, int *out); /* 1 on success               */
 int cli_parse_float(const char *s, float *out);
 /* median and quartiles of n samples (sorts a copy) */
 void cli_stats(const double *x, int n, double *med, double *p25, double *p75);
+/* whether `bytes` (a size computed in double: no product wraps) fit in this
+ * machine's physical memory; if not, "birkhoff CMD: WHAT is too large: it
+ * needs X GiB, this machine has Y GiB" on stderr and 0 (a benchmark's
+ * allocation would succeed lazily and the kernel kill it while filling) */
+int cli_fits_memory(const char *cmd, const char *what, double bytes);
 /* reproducible benchmark inputs: uniform values of standard deviation ~sd */
 void cli_fill(float *x, size_t n, unsigned seed, float sd);
 /* the number after "key": (optional spaces) in a one-line JSON object (NAN

@@ -257,7 +257,13 @@ typedef enum {
                                  refuses the update: the last checkpoint is
                                  intact)                                      */
     BK_TRAIN_STAGE_EVAL,      /* the end-of-epoch evaluation                   */
-    BK_TRAIN_STAGE_SAVE       /* a checkpoint, metrics or summary write        */
+    BK_TRAIN_STAGE_SAVE,      /* a checkpoint, metrics or summary write        */
+    BK_TRAIN_STAGE_COMM       /* bk_train_run_comm: a failure the ranks could
+                                 not agree on (a malformed comm, no memory
+                                 for the collectives' buffers, a collective
+                                 that failed): other ranks may be left waiting
+                                 in a collective, and the caller must end them
+                                 (MPI_Abort)                                  */
 } bk_train_stage;
 
 typedef struct {
@@ -303,9 +309,14 @@ BK_API bk_status bk_train_run(const bk_run_config *r, const char *dir, bk_train_
  * divergence, e.g. ranks whose kernels round differently, is
  * BK_ERR_NUMERIC). The stop flag of any rank stops all of them at the same
  * step. Every failure is agreed on by all ranks at the next synchronisation
- * point (each step, each epoch end), so none is left waiting: each returns
- * the failure (the failing rank its own message, the others
- * "rank K failed: ..."). comm == NULL or size == 1 is bk_train_run.
+ * point (setup, each epoch start, each step, each epoch end), so none is
+ * left waiting: each returns the failure (the failing rank its own message,
+ * the others "rank K failed: ..."); the exceptions, failures no agreement can
+ * reach, return with result->stage = BK_TRAIN_STAGE_COMM. Rank 0 creates and
+ * writes the run directory only once every rank's setup and configuration
+ * were agreed: a run refused at setup leaves no directory (a new run) and
+ * does not touch the old one (a resumed run). comm == NULL or size == 1 is
+ * bk_train_run.
  * The collectives are blocking, called by every rank in the same order; each
  * returns 0 on success (non-zero: BK_ERR_IO "collective failed"). The
  * checkpoints record the number of ranks (pos_ranks); a run resumed with

@@ -11,8 +11,11 @@
 
 enum { DP_PIECE = 1 << 22, DP_MSG = 200 };
 
-static bk_status io_fail(const char *what)
+/* a collective failed: the ranks can no longer agree on anything (the
+ * caller aborts them: BK_TRAIN_STAGE_COMM) */
+static bk_status io_fail(bki_dp *d, const char *what)
 {
+    d->broken = 1;
     return bki_fail(BK_ERR_IO, "data-parallel training: collective failed (%s)", what);
 }
 
@@ -72,7 +75,7 @@ bk_status bki_dp_agree(bki_dp *d, bk_status st, const char *what)
     memset(&mine, 0, sizeof mine);
     mine.status = (int32_t)st;
     if (st != BK_OK) snprintf(mine.msg, sizeof mine.msg, "%s", bk_last_error());
-    if (d->c->allgather(d->c->user, &mine, all, sizeof mine)) return io_fail(what);
+    if (d->c->allgather(d->c->user, &mine, all, sizeof mine)) return io_fail(d, what);
     int k = 0;
     while (k < n && all[k].status == BK_OK) k++;
     if (k == n) return BK_OK;
@@ -80,10 +83,10 @@ bk_status bki_dp_agree(bki_dp *d, bk_status st, const char *what)
     return bki_fail((bk_status)all[k].status, "rank %d failed (%s): %.*s", k, what, DP_MSG, all[k].msg);
 }
 
-bk_status bki_dp_bcast(const bki_dp *d, void *buf, size_t bytes)
+bk_status bki_dp_bcast(bki_dp *d, void *buf, size_t bytes)
 {
     if (!d->c || !bytes) return BK_OK;
-    return d->c->bcast(d->c->user, buf, bytes) ? io_fail("broadcast") : BK_OK;
+    return d->c->bcast(d->c->user, buf, bytes) ? io_fail(d, "broadcast") : BK_OK;
 }
 
 bk_status bki_dp_sum(bki_dp *d, double *v, int n)
@@ -92,7 +95,7 @@ bk_status bki_dp_sum(bki_dp *d, double *v, int n)
     if (n > BKI_DP_SUMS) return bki_fail(BK_ERR_PARAM, "internal: bki_dp_sum of %d values", n);
     const int R = d->c->size;
     const double *all = d->sums;
-    if (d->c->allgather(d->c->user, v, d->sums, sizeof(double) * (size_t)n)) return io_fail("sum");
+    if (d->c->allgather(d->c->user, v, d->sums, sizeof(double) * (size_t)n)) return io_fail(d, "sum");
     for (int i = 0; i < n; i++) {
         double s = all[i];
         for (int k = 1; k < R; k++) s += all[(size_t)k * n + i];
@@ -112,12 +115,12 @@ bk_status bki_dp_sum_floats(bki_dp *d, float *g, int64_t n)
         const int64_t seg = (len + R - 1) / R;
         memcpy(d->send, g + p0, sizeof(float) * (size_t)len);
         memset(d->send + len, 0, sizeof(float) * (size_t)(seg * R - len));
-        if (d->c->alltoall(d->c->user, d->send, d->recv, sizeof(float) * (size_t)seg)) return io_fail("alltoall");
+        if (d->c->alltoall(d->c->user, d->send, d->recv, sizeof(float) * (size_t)seg)) return io_fail(d, "alltoall");
         for (int k = 1; k < R; k++) {
             const float *b = d->recv + (size_t)k * (size_t)seg;
             for (int64_t i = 0; i < seg; i++) d->recv[i] += b[i];
         }
-        if (d->c->allgather(d->c->user, d->recv, d->send, sizeof(float) * (size_t)seg)) return io_fail("allgather");
+        if (d->c->allgather(d->c->user, d->recv, d->send, sizeof(float) * (size_t)seg)) return io_fail(d, "allgather");
         memcpy(g + p0, d->send, sizeof(float) * (size_t)len);
     }
     return BK_OK;
@@ -140,7 +143,11 @@ bk_status bki_dp_same_text(bki_dp *d, const char *text, const char *what)
     bk_status st = bki_dp_bcast(d, &len, sizeof len);
     if (st) return st;
     char *ref = malloc((size_t)len + 1);
-    if (!ref) return bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory");
+    st = bki_dp_agree(d, ref ? BK_OK : bki_fail(BK_ERR_NOMEM, "data-parallel training: out of memory"), what);
+    if (st != BK_OK) {
+        free(ref);
+        return st;
+    }
     if (d->c->rank == 0) memcpy(ref, text, (size_t)len);
     if ((st = bki_dp_bcast(d, ref, (size_t)len)) != BK_OK) {
         free(ref);
@@ -166,7 +173,7 @@ bk_status bki_dp_same_u64(bki_dp *d, uint64_t v, const char *what)
     if (!d->c) return BK_OK;
     const int R = d->c->size;
     /* gathered into the sums' buffer (8 bytes a rank) */
-    if (d->c->allgather(d->c->user, &v, d->sums, sizeof v)) return io_fail(what);
+    if (d->c->allgather(d->c->user, &v, d->sums, sizeof v)) return io_fail(d, what);
     const char *all = (const char *)d->sums;
     uint64_t v0, vk;
     memcpy(&v0, all, sizeof v0);

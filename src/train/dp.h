@@ -14,6 +14,7 @@ typedef struct {
     int64_t piece;          /* floats reduced per round: a multiple of size  */
     void *reports;          /* size failure reports (bki_dp_agree)           */
     double *sums;           /* size * BKI_DP_SUMS (bki_dp_sum, same_u64)     */
+    int broken;             /* a collective failed: no agreement is possible */
 } bki_dp;
 
 /* comm NULL or size 1: one process. Checks the comm (BK_ERR_PARAM) and
@@ -25,6 +26,9 @@ void bki_dp_free(bki_dp *d);
 static inline int bki_dp_on(const bki_dp *d) { return d->c != NULL; }
 static inline int bki_dp_rank(const bki_dp *d) { return d->c ? d->c->rank : 0; }
 static inline int bki_dp_size(const bki_dp *d) { return d->c ? d->c->size : 1; }
+/* whether a collective failed (the transport's own error: the ranks cannot
+ * agree on the failure, the caller must end them, e.g. by MPI_Abort) */
+static inline int bki_dp_broken(const bki_dp *d) { return d->broken; }
 
 /* Agrees on a failure: every rank passes its status (and, on failure, its
  * bk_last_error stands); returns BK_OK when all succeeded, else on every rank
@@ -34,7 +38,7 @@ static inline int bki_dp_size(const bki_dp *d) { return d->c ? d->c->size : 1; }
 bk_status bki_dp_agree(bki_dp *d, bk_status st, const char *what);
 
 /* rank 0's bytes to every rank */
-bk_status bki_dp_bcast(const bki_dp *d, void *buf, size_t bytes);
+bk_status bki_dp_bcast(bki_dp *d, void *buf, size_t bytes);
 
 /* v[0..n) summed over ranks in rank order (in place, on every rank; n <=
  * BKI_DP_SUMS) */

@@ -494,7 +494,7 @@ static bk_status replan_optim(train_state *s)
  * directory; the other ranks read what they need (the resumed checkpoint,
  * init=) and hold no metrics files. */
 static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode, run_pos *pos,
-                             bk_train_result *res, int rank, int comm_size)
+                             bk_train_result *res, int rank)
 {
     const int root = rank == 0;
     bk_run_config *r = &s->r;
@@ -571,7 +571,6 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
         }
         if (r->otk_init > 0 && (st = otk_init_model(s->m, s->tr, r)) != BK_OK) return st;
         if ((st = bk_optim_create(&r->optim, s->m, &s->o)) != BK_OK) return st;
-        if (root && !mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
     }
     s->order = malloc(sizeof(int64_t) * (size_t)tri->n);
     s->diag = calloc((size_t)(r->model.depth > 0 ? r->model.depth : 1), sizeof *s->diag);
@@ -579,9 +578,27 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
      * of it: an encoder-decoder's target tokens are counted first) */
     if (!s->order || !s->diag || bk_data_batch_init(&s->buf, s->tr, r->batch) != BK_OK)
         return bki_fail(BK_ERR_NOMEM, "out of memory");
-    if (!root) return BK_OK;
+    return BK_OK;
+}
+
+/* The run directory, written by root alone (a data-parallel run's once every
+ * rank's setup and configuration were agreed, so that a refused run writes
+ * nothing): a new run's directory, ckpt/, config.txt, the metrics files (a
+ * resumed run's cut back to its checkpoint) and a new run's epoch-0000. */
+static bk_status setup_dir(train_state *s, const char *dir, bk_train_mode mode, const run_pos *pos, int comm_size)
+{
+    const bk_run_config *r = &s->r;
+    const int resume = mode == BK_TRAIN_RESUME;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    char path[1100];
+    bk_status st;
+    if (!resume && !mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
     snprintf(path, sizeof path, "%s/ckpt", dir);
     if (!mkdir_p(path)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", path, strerror(errno));
+    struct stat cst;
+    if (lstat(path, &cst) != 0 || !S_ISDIR(cst.st_mode))
+        return bki_fail(BK_ERR_IO, "cannot write %s (not a directory: a run directory's files are never followed "
+                                   "through symbolic links)", path);
     {
         char *cfg = config_text(r);
         size_t n = cfg ? strlen(cfg) + 1024 : 0;
@@ -625,16 +642,15 @@ static bk_status dp_start(train_state *s, bk_train_mode mode, run_pos *pos)
     memset(a.progress, 0, sizeof a.progress);
     memset(a.data_dir, 0, sizeof a.data_dir);
     char *cfg = config_text(&a);
-    if (!cfg) return bki_fail(BK_ERR_NOMEM, "out of memory");
     const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
-    size_t n = strlen(cfg) + 1024;
-    char *txt = malloc(n);
+    size_t n = cfg ? strlen(cfg) + 1024 : 0;
+    char *txt = cfg ? malloc(n) : NULL; /* (a failure is agreed below, as every one here) */
     if (txt)
         snprintf(txt, n, "mode=%d\nranks=%d\ndata_train=%s\ndata_test=%s\nmodel_seed=%llu\n%s", (int)mode,
                  bki_dp_size(d), tri->version, tei->version, (unsigned long long)bki_model_seed(s->m), cfg);
     free(cfg);
     bk_status st = txt ? BK_OK : bki_fail(BK_ERR_NOMEM, "out of memory");
-    st = bki_dp_agree(d, st, "configuration");
+    st = bki_dp_agree(d, st, "setup"); /* (the other ranks' first agreement: "setup" in bk_train_run_comm) */
     if (st == BK_OK) st = bki_dp_same_text(d, txt, "configuration");
     free(txt);
     if (st != BK_OK) return st;
@@ -685,14 +701,22 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     run_pos pos = {0};
     /* a malformed comm, or no memory for the collectives: cannot take part */
     bk_status st = bki_dp_init(&s.dp, comm);
-    if (st != BK_OK) return st;
+    if (st != BK_OK) {
+        res->stage = BK_TRAIN_STAGE_COMM; /* before any collective: nothing agreed */
+        return st;
+    }
     const int ranks = bki_dp_size(&s.dp), rank = bki_dp_rank(&s.dp);
     const int root = rank == 0;
-    st = train_setup(&s, dir, mode, &pos, res, rank, ranks);
+    st = train_setup(&s, dir, mode, &pos, res, rank);
     if (st == BK_OK) st = bki_dp_reserve(&s.dp, bk_model_num_params(s.m));
     if (ranks > 1) /* every rank takes part in the collectives from here on, whatever its own setup gave */
         st = st == BK_OK ? dp_start(&s, mode, &pos) : bki_dp_agree(&s.dp, st, "setup");
+    if (st == BK_OK) { /* every rank agreed: now the run directory, agreed too */
+        if (root) st = setup_dir(&s, dir, mode, &pos, ranks);
+        st = bki_dp_agree(&s.dp, st, "the run directory");
+    }
     if (st != BK_OK) {
+        if (bki_dp_broken(&s.dp)) res->stage = BK_TRAIN_STAGE_COMM;
         train_free(&s);
         return st;
     }
@@ -728,13 +752,14 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     int stopped = 0;
     res->stage = BK_TRAIN_STAGE_STEP;
     for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
-        if ((st = bki_dp_agree(&s.dp, epoch_attention(m, r, e), "epoch start")) != BK_OK) break;
+        st = epoch_attention(m, r, e);
         bk_data_epoch_order(s.order, tri->n, r->seed, e);
         /* sentence pairs: batches of similar lengths (windows of 100 batches
          * sorted by length, the batches shuffled; a pure function of the
          * epoch's order, so a resumed run sees the same batches) */
-        if (tri->seq2seq && (st = bk_data_bucket_order(s.tr, s.order, tri->n, r->batch, 100 * (int64_t)r->batch)))
-            break;
+        if (st == BK_OK && tri->seq2seq)
+            st = bk_data_bucket_order(s.tr, s.order, tri->n, r->batch, 100 * (int64_t)r->batch);
+        if ((st = bki_dp_agree(&s.dp, st, "epoch start")) != BK_OK) break;
         for (int64_t bi = pos.batch; bi < nb; bi++) {
             const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
             const float lr = bk_optim_lr(bk_optim_get_config(o), bk_optim_step_count(o));
@@ -782,6 +807,8 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
                 bc = (int64_t)v[1];
             }
             double gnorm = 0;
+            /* (the summed gradient and the optimiser state are every rank's:
+             * so is the step's outcome, which needs no agreement) */
             if (st == BK_OK && (st = bk_optim_step(o, m, &gnorm)) != BK_OK) {
                 char msg[400];
                 snprintf(msg, sizeof msg, "%s", bk_last_error());
@@ -938,6 +965,7 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
         /* the last writes, agreed (a failed loop has agreed already) */
         st = bki_dp_agree(&s.dp, st, "the final checkpoint");
     }
+    if (st != BK_OK && bki_dp_broken(&s.dp)) res->stage = BK_TRAIN_STAGE_COMM;
     train_free(&s);
     return st;
 }

@@ -226,6 +226,13 @@ rc, out = run("bench", "--cases", "2:3", "--no-peer")
 check(rc == 2, "bench rejects malformed --cases", out)
 rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")
 check(rc == 0 and '"op": "sinkhorn"' in out, "bench --json runs", out)
+# cases beyond the machine's memory (or whose sizes wrap size_t): a message and status 1, never a crash
+for args in (["--op", "sinkhorn", "--cases", "1:100000000:64"], ["--op", "softmax", "--cases", "2147483647:2147483647:64"],
+             ["--op", "lot", "--cases", "1:2147483647:2147483647"],
+             ["--op", "otk", "--cases", "2147483647:2147483647:2147483647:1:1:1:1"],
+             ["--op", "asap", "--cases", "1:2147483647:64"]):
+    rc, out = run("bench", *args, "--no-peer", "--reps", "1", "--warmup", "0")
+    check(rc == 1 and "too large" in out, "bench %s: too large, refused" % " ".join(args), out)
 
 # ---- otk -------------------------------------------------------------------------
 Bo, no, do_, qo, po, ko = 3, 6, 4, 2, 3, 5

@@ -18,7 +18,12 @@ counters of the chunks matter):
   uninterrupted 2-process run;
 * a process given another lr (mpirun's MPMD form) is refused by every
   process with a message naming the rank and the key, status non-zero, and
-  nothing hangs;
+  nothing hangs; no run directory is left;
+* a process that fails before training -- a bad flag on rank 1 only, a
+  config file missing on rank 0 only, --help on rank 1 only (wrapper scripts
+  reading OMPI_COMM_WORLD_RANK) -- stops every process: all exit within the
+  timeout (a hang fails the check, it does not hang the suite), status
+  non-zero, rank 0 naming the rank, no run directory;
 * the run directory is a normal run's (rank 0 alone writes: no temporary
   files left, summary.json says ranks 2).
 Skips (loudly, status 0) when mpirun is missing or the CLI was built
@@ -27,6 +32,7 @@ without MPI, unless BK_REQUIRE_MPI=1.
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -78,6 +84,24 @@ def mpirun(n, args, timeout=120):
     cmd = [MPIRUN, "--oversubscribe", "-np", str(n), CLI, "train"] + args
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
     return r.returncode, r.stdout + r.stderr
+
+
+def mpirun_wrapped(n, rank, extra, args, timeout=60):
+    """n processes of `birkhoff train ARGS`, rank `rank` with EXTRA appended
+    (a wrapper script); a hang is reported as status 124"""
+    w = P("wrap-%d.sh" % rank)
+    with open(w, "w") as f:
+        f.write('#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = "%d" ]; then exec "%s" train "$@" %s; fi\nexec "%s" train "$@"\n'
+                % (rank, CLI, " ".join("'%s'" % x for x in extra), CLI))
+    os.chmod(w, 0o755)
+    p = subprocess.Popen([MPIRUN, "--oversubscribe", "-np", str(n), w] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True)
+    try:
+        out = p.communicate(timeout=timeout)[0]
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # mpirun and every process it started
+        return 124, "timed out after %d s (a process left waiting): %s" % (timeout, p.communicate()[0])
 
 
 def single(args):
@@ -182,6 +206,18 @@ try:
     check(r.returncode != 0 and "rank 1's configuration differs" in out and "lr=" in out
           and "[rank 0]" in out and "[rank 1]" in out,
           "a process with another lr: refused by both, naming rank 1 and the key", out)
+    check(not os.path.exists(P("bad")), "the refused configuration left no run directory", str(os.listdir(tmp)))
+
+    # a process that fails before training stops them all (no hang, nothing written)
+    for n, rank, extra, what, name in (
+            (2, 1, ["--nope", "1"], "unknown key 'nope'", "a bad flag on rank 1"),
+            (3, 0, ["--config", P("missing.conf")], "missing.conf: cannot open", "a config file missing on rank 0"),
+            (3, 2, ["--help"], "usage: birkhoff train", "--help on rank 2 only")):
+        out_dir = P("early-%d" % rank)
+        rc, out = mpirun_wrapped(n, rank, extra, BASE + ["--out", out_dir])
+        check(rc not in (0, 124) and what in out and
+              ("rank %d stopped before training" % rank in out or rank == 0) and not os.path.exists(out_dir),
+              "%s: every process stops at once (status %d), nothing written" % (name, rc), out)
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1046,6 +1046,29 @@ static void test_data_parallel(void)
     CHECK(jobs[0].st == BK_ERR_PARAM && jobs[1].st == BK_ERR_PARAM && has(jobs[1].msg, "rank 1's configuration") &&
               has(jobs[1].msg, "lr=") && has(jobs[0].msg, "rank 1"),
           "dp: a rank's different lr is refused on every rank", "rank 0: %s | rank 1: %s", jobs[0].msg, jobs[1].msg);
+    CHECK(access(pa, F_OK) != 0, "dp: a refused configuration leaves no run directory", "%s exists", pa);
+    /* ... and a refused resume (an extension, rank 1 with another lr) leaves the run as it was */
+    snprintf(pb, sizeof pb, "%s/config.txt", two);
+    char *cfg0 = read_all(pb, NULL);
+    snprintf(pb, sizeof pb, "%s/metrics.jsonl", two);
+    char *met0 = read_all(pb, NULL);
+    st = bk_train_resume_config(two, &rr, NULL);
+    rr.epochs = 3;
+    bad = rr;
+    bad.optim.lr *= 2;
+    run_ranks(2, &rr, &bad, two, BK_TRAIN_RESUME, jobs);
+    snprintf(pb, sizeof pb, "%s/config.txt", two);
+    char *cfg1 = read_all(pb, NULL);
+    snprintf(pb, sizeof pb, "%s/metrics.jsonl", two);
+    char *met1 = read_all(pb, NULL);
+    CHECK(st == BK_OK && jobs[0].st == BK_ERR_PARAM && jobs[1].st == BK_ERR_PARAM && cfg0 && cfg1 && met0 && met1 &&
+              !strcmp(cfg0, cfg1) && !strcmp(met0, met1),
+          "dp: a refused resume leaves the run directory untouched (config.txt, metrics)", "%s | %s", jobs[0].msg,
+          jobs[1].msg);
+    free(cfg0);
+    free(cfg1);
+    free(met0);
+    free(met1);
 
     /* a rank failing its own setup: every rank returns (nobody waits) */
     bad = r;
@@ -1055,11 +1078,14 @@ static void test_data_parallel(void)
     CHECK(jobs[0].st != BK_OK && jobs[1].st == BK_ERR_IO && has(jobs[0].msg, "rank 1 failed") &&
               has(jobs[1].msg, "missing.safetensors"),
           "dp: a rank's failed setup ends every rank", "rank 0: %s | rank 1: %s", jobs[0].msg, jobs[1].msg);
+    CHECK(access(pa, F_OK) != 0 && has(jobs[0].msg, "rank 1 failed (setup)"),
+          "dp: a rank's failed setup: no run directory; rank 0 names the stage", "%s", jobs[0].msg);
 
     /* a malformed comm */
     bk_train_comm c = {.rank = 2, .size = 2};
     st = bk_train_run_comm(&r, pa, BK_TRAIN_NEW, &c, NULL, NULL, NULL, &res);
-    CHECK(st == BK_ERR_PARAM, "dp: a rank outside [0, size) is refused", "%s", bk_last_error());
+    CHECK(st == BK_ERR_PARAM && res.stage == BK_TRAIN_STAGE_COMM, "dp: a rank outside [0, size) is refused (stage COMM: "
+          "nothing agreed, the caller ends the ranks)", "%s", bk_last_error());
 }
 
 /* A Set Transformer run (ISAB blocks, PMA pooling) on generated point

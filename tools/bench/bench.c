@@ -258,16 +258,32 @@ static double mem_bandwidth(int nt)
     return best;
 }
 
+/* The memory of a case beyond the operator's workspace and tape (its eight
+ * [BH, N, d] tensors, the softmax baseline's nt N x N scores), in double (no
+ * size_t product wraps), and whether it and `more` bytes fit in this
+ * machine's physical memory; if not, says so (the case would be killed by
+ * the kernel, or wrap its sizes, long before it ran). */
+static int case_fits(const bcase *c, int nt, double more)
+{
+    char what[96];
+    snprintf(what, sizeof what, "case %s %d:%d:%d", op_names[c->op], c->BH, c->N, c->d);
+    return cli_fits_memory("bench", what,
+                           32.0 * c->BH * c->N * c->d + (c->op == OP_SOFTMAX ? 4.0 * nt * c->N * c->N : 0.0) + more);
+}
+
 static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
 {
     const int BH = c->BH, N = c->N, d = c->d;
+    if (!case_fits(c, nt, 0.0)) return 0;
     const size_t n = (size_t)BH * N * d;
     /* the tensors as docs/PERFORMANCE.md recommends too (bk_alloc: 64-byte
      * aligned, huge pages advised for large ones) */
     float *q = bk_alloc(n * 4), *k = bk_alloc(n * 4), *v = bk_alloc(n * 4), *o = bk_alloc(n * 4),
           *dout = bk_alloc(n * 4);
     float *dq = bk_alloc(n * 4), *dk = bk_alloc(n * 4), *dv = bk_alloc(n * 4);
-    fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
+    if (q && k && v && dout) {
+        fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
+    }
     bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
     p.iters = c->S;
@@ -294,13 +310,15 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
                     : lot ? bk_lot_tape_size(&desc, &lp)
                     : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
     work_counts(c, r);
-    void *ws = bk_alloc(r->ws_bytes), *tape = bk_alloc(r->tape_bytes); /* as docs/PERFORMANCE.md recommends */
+    const int fits = case_fits(c, nt, (double)r->ws_bytes + (double)r->tape_bytes);
+    void *ws = fits ? bk_alloc(r->ws_bytes) : NULL, *tape = fits ? bk_alloc(r->tape_bytes) : NULL;
     float *C = c->op == OP_SOFTMAX ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
     bk_tensor tq = bk_tensor_bhnd(q, BH, N, d), tk = bk_tensor_bhnd(k, BH, N, d), tv = bk_tensor_bhnd(v, BH, N, d);
     bk_tensor to = bk_tensor_bhnd(o, BH, N, d), tdo = bk_tensor_bhnd(dout, BH, N, d);
     bk_tensor tdq = bk_tensor_bhnd(dq, BH, N, d), tdk = bk_tensor_bhnd(dk, BH, N, d), tdv = bk_tensor_bhnd(dv, BH, N, d);
     double *tf = malloc(sizeof(double) * reps), *tb = malloc(sizeof(double) * reps), *tbase = malloc(sizeof(double) * reps);
-    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && (C || c->op != OP_SOFTMAX) && tf && tb && tbase;
+    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && (C || c->op != OP_SOFTMAX) && tf && tb &&
+             tbase && (Z || !lot) && (th || !lot);
     bk_status s = BK_OK;
     for (int rep = -warmup; ok && rep < reps; rep++) {
         double t0 = cli_now();
@@ -344,8 +362,8 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         cli_stats(tbase, reps, &r->base[0], &r->base[1], &r->base[2]);
     } else if (s) {
         fprintf(stderr, "bench: %s\n", bk_last_error());
-    } else {
-        fprintf(stderr, "bench: out of memory\n");
+    } else if (fits) {
+        fprintf(stderr, "birkhoff bench: case %s %d:%d:%d: out of memory\n", op_names[c->op], BH, N, d);
     }
     bk_free(q); bk_free(k); bk_free(v); bk_free(o); bk_free(dout); bk_free(dq); bk_free(dk); bk_free(dv);
     bk_free(ws); bk_free(tape); free(C);
@@ -477,6 +495,8 @@ static int bench_dispatch(int argc, char **argv)
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             if (want[defaults[i].op]) cs[n++] = defaults[i];
     }
+    for (int i = 0; i < n; i++) /* (before the machine's measurements: a case too large fails at once) */
+        if (!case_fits(&cs[i], nt, 0.0)) return CLI_FAIL;
     bk_set_num_threads(nt);
     double gf, ge;
     bk_machine_peak(0.5, &gf, &ge);
@@ -485,7 +505,11 @@ static int bench_dispatch(int argc, char **argv)
         printf("machine: kernels %s, %d threads; measured per core: FMA %.1f GFLOP/s, exp %.2f G/s; memory %.1f GB/s "
                "(%d threads)\n",
                bk_isa(), nt, gf, ge, bw * 1e-9, nt);
-    bresult *res = calloc((size_t)n, sizeof *res);
+    bresult *res = calloc((size_t)(n > 0 ? n : 1), sizeof *res);
+    if (!res) {
+        fprintf(stderr, "birkhoff bench: out of memory\n");
+        return CLI_FAIL;
+    }
     for (int i = 0; i < n; i++) {
         /* large problems: fewer repetitions (the quartiles say how noisy) */
         int rr = reps, ww = warmup;

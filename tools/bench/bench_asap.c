@@ -101,6 +101,10 @@ int bench_asap(int argc, char **argv)
     for (int ci = 0; ci < nc; ci++) {
         const acase c = cs[ci];
         const int H = c.H, N = c.N, d = c.d, C = calib ? calib : (N <= 1024 ? 8 : 2);
+        char what[64];
+        snprintf(what, sizeof what, "case %d:%d:%d", H, N, d);
+        if (!cli_fits_memory("bench --op asap", what, 20.0 * H * N * d + 8.0 * H * N * N)) /* (before size_t wraps) */
+            return CLI_FAIL;
         const size_t n = (size_t)H * N * d, na = (size_t)H * N * N;
         float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *O = malloc(n * 4), *Ot = malloc(n * 4);
         float *A = malloc(na * 4), *At = malloc(na * 4);

@@ -78,9 +78,21 @@ int bench_otk(int argc, char **argv)
         p.eps = eps;
         p.iters = 2 * c.L; /* the case's L iterations (the peer's n_iter) = 2 L half-steps */
         p.domain = strcmp(domain, "log") ? BK_OTK_SCALING : BK_OTK_LOG;
+        char what[96];
+        snprintf(what, sizeof what, "case %d:%d:%d:%d:%d:%d:%d", c.B, c.n, c.d, c.k, c.p, c.q, c.L);
+        /* (the sizes in double first: no size_t product below wraps) */
+        if (!cli_fits_memory("bench --op otk", what,
+                             8.0 * ((double)c.B * c.n * c.d + (double)c.q * c.p * c.k + (double)c.k * c.d +
+                                    (double)c.B * c.p * c.q * c.k)))
+            return CLI_FAIL;
         const size_t nx = (size_t)c.B * c.n * c.d, nz = (size_t)c.q * c.p * c.k, no = (size_t)c.B * c.p * c.q * c.k;
         float *x = malloc(nx * 4), *z = malloc(nz * 4), *W = malloc((size_t)c.k * c.d * 4), *o = malloc(no * 4);
         float *dout = malloc(no * 4), *dx = malloc(nx * 4), *dz = malloc(nz * 4), *dW = malloc((size_t)c.k * c.d * 4);
+        if (!x || !z || !W || !o || !dout || !dx || !dz || !dW) {
+            fprintf(stderr, "birkhoff bench --op otk: %s: out of memory\n", what);
+            free(x); free(z); free(W); free(o); free(dout); free(dx); free(dz); free(dW);
+            return CLI_FAIL;
+        }
         cli_fill(x, nx, 1, 1.0f / sqrtf((float)c.d));
         cli_fill(z, nz, 2, 1.0f / sqrtf((float)c.p));
         cli_fill(dout, no, 4, 1.0f);
@@ -94,6 +106,13 @@ int bench_otk(int argc, char **argv)
         const size_t wsb = bk_otk_workspace_size(&desc, &p), tpb = bk_otk_tape_size(&desc, &p);
         void *ws = malloc(wsb), *tape = malloc(tpb);
         double *tf = malloc(sizeof(double) * (size_t)reps), *tb = malloc(sizeof(double) * (size_t)reps);
+        if (!ws || !tape || !tf || !tb) {
+            fprintf(stderr, "birkhoff bench --op otk: %s: out of memory (workspace and tape: %zu bytes)\n", what,
+                    wsb + tpb);
+            free(x); free(z); free(W); free(o); free(dout); free(dx); free(dz); free(dW);
+            free(ws); free(tape); free(tf); free(tb);
+            return CLI_FAIL;
+        }
         bk_tensor tx = bk_tensor_bhnd(x, 1, c.n, c.d), to = bk_tensor_bhnd(o, 1, c.p, c.q * c.k);
         bk_tensor tdo = bk_tensor_bhnd(dout, 1, c.p, c.q * c.k), tdx = bk_tensor_bhnd(dx, 1, c.n, c.d);
         bk_status s = BK_OK;

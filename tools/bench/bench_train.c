@@ -68,6 +68,10 @@ int bench_train(int argc, char **argv)
                B, nt, gf, "attention", "step ms", "samples/s", "GFLOP/s", "of peak", "torch smp/s", "speed-up");
     double base_ms = 0;
     char *list = strdup(attn);
+    if (!list) {
+        fprintf(stderr, "birkhoff bench: out of memory\n");
+        return CLI_FAIL;
+    }
     for (char *save = NULL, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char full[2048];
         snprintf(full, sizeof full, "%s,%s", cfg, item);
@@ -82,21 +86,34 @@ int bench_train(int argc, char **argv)
             return CLI_USAGE;
         }
         bk_optim_config oc = bk_optim_config_default();
-        bk_optim_create(&oc, m, &opt);
+        if (bk_optim_create(&oc, m, &opt) != BK_OK) {
+            fprintf(stderr, "birkhoff bench: %s: %s\n", full, bk_last_error());
+            bk_model_free(m);
+            free(list);
+            return CLI_FAIL;
+        }
         const size_t nin = c.input == BK_INPUT_IMAGE    ? (size_t)B * c.channels * c.image_h * c.image_w
                            : c.input == BK_INPUT_POINTS ? (size_t)B * c.max_points * c.point_dim
                                                         : (size_t)B * c.max_len;
         float *x = malloc(sizeof(float) * nin);
         int32_t *tok = calloc(nin, sizeof(int32_t)), *lab = malloc(sizeof(int32_t) * (size_t)B);
+        const int s2s = c.arch == BK_ARCH_SEQ2SEQ;
+        int32_t *tgt = s2s ? malloc(sizeof(int32_t) * (size_t)B * c.tgt_max_len) : NULL;
+        int32_t *tlen = s2s ? malloc(sizeof(int32_t) * (size_t)B) : NULL;
+        double *times = malloc(sizeof(double) * (size_t)steps), loss = 0;
+        if (!x || !tok || !lab || !times || (s2s && (!tgt || !tlen))) {
+            fprintf(stderr, "birkhoff bench: %s: out of memory (batch %d)\n", full, B);
+            free(x), free(tok), free(lab), free(tgt), free(tlen), free(times), free(list);
+            bk_optim_free(opt);
+            bk_model_free(m);
+            return CLI_FAIL;
+        }
         cli_fill(x, nin, 7, 1.0f);
         for (int i = 0; i < B; i++) lab[i] = i % (c.classes > 0 ? c.classes : 1);
         for (size_t i = 0; i < nin; i++) tok[i] = (int32_t)(i * 7 % (size_t)c.vocab);
         bk_batch b = {B, x, tok, NULL, lab, NULL, NULL};
         /* an encoder-decoder: full-length sentences on both sides (ids >= 4,
          * EOS last), so the rows are the configuration's */
-        const int s2s = c.arch == BK_ARCH_SEQ2SEQ;
-        int32_t *tgt = s2s ? malloc(sizeof(int32_t) * (size_t)B * c.tgt_max_len) : NULL;
-        int32_t *tlen = s2s ? malloc(sizeof(int32_t) * (size_t)B) : NULL;
         if (s2s) {
             for (int i = 0; i < B; i++) {
                 for (int t = 0; t < c.max_len; t++)
@@ -111,16 +128,15 @@ int bench_train(int argc, char **argv)
             b.tgt_len = tlen;
         }
         const double per_sample = s2s ? c.tgt_max_len : 1; /* tokens (target) a sample */
-        double *t = malloc(sizeof(double) * (size_t)steps), loss;
         int ok = 1;
         for (int s = 0; s < warm + steps && ok; s++) {
             double t0 = cli_now();
             ok = bk_train_step(m, opt, &b, 0, 0.0f, &loss, NULL) == BK_OK;
-            if (s >= warm) t[s - warm] = cli_now() - t0;
+            if (s >= warm) times[s - warm] = cli_now() - t0;
         }
         if (!ok) fprintf(stderr, "birkhoff bench: %s: %s\n", full, bk_last_error());
         double med, q25, q75;
-        cli_stats(t, steps, &med, &q25, &q75);
+        cli_stats(times, steps, &med, &q25, &q75);
         const int np = bk_model_tokens(m) - (s2s ? 0 : c.cls);
         const double fl = step_flops(&c, B, bk_model_tokens(m), np), gfs = fl / med / 1e9;
         double peer = -1;
@@ -151,7 +167,7 @@ int bench_train(int argc, char **argv)
             printf("  %-28s %10.2f %10.1f %9.1f %7.1f%% %12.1f %8.2fx   (x%.2f the first)\n", item, med * 1e3, B / med,
                    gfs, 100.0 * gfs / gf, peer, peer > 0 ? B / med / peer : 0.0, med * 1e3 / base_ms);
         fflush(stdout);
-        free(t);
+        free(times);
         free(x);
         free(tok);
         free(lab);

@@ -93,6 +93,10 @@ int cmd_demo(int argc, char **argv)
         bk_softmax_config sp = {0.0f, 0};
         size_t tsz = bk_sinkhorn_tape_size(&desc, &p);
         void *tape = malloc(tsz);
+        if (!tape) {
+            fprintf(stderr, "birkhoff demo: out of memory\n");
+            return CLI_FAIL;
+        }
         double best_f = 1e9, best_b = 1e9;
         bk_status s = BK_OK;
         for (int rep = 0; rep < 5 && s == BK_OK; rep++) {
@@ -130,6 +134,10 @@ int cmd_demo(int argc, char **argv)
         ep.t = 0.05f;
         ep.tau = 1.0f;
         void *tape = malloc(bk_esp_tape_size(&desc, &ep));
+        if (!tape) {
+            fprintf(stderr, "birkhoff demo: out of memory\n");
+            return CLI_FAIL;
+        }
         double best_f = 1e9, best_b = 1e9;
         bk_status s = BK_OK;
         for (int rep = 0; rep < 3 && s == BK_OK; rep++) {

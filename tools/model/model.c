@@ -326,6 +326,11 @@ static int model_train(int argc, char **argv)
     }
     losses = malloc(sizeof(double) * (size_t)steps);
     lf = malloc(sizeof(float) * (size_t)steps);
+    if (!losses || !lf) {
+        fprintf(stderr, "birkhoff model train: out of memory\n");
+        ret = CLI_FAIL;
+        goto out;
+    }
     for (int s = 0; s < steps; s++) {
         if (bk_train_step(m, op, &cb.b, micro, ls, &losses[s], NULL)) {
             fprintf(stderr, "birkhoff model train: step %d: %s\n", s, bk_last_error());

@@ -73,6 +73,7 @@ int cli_mpi_start(int *argc, char ***argv, bk_train_comm *comm, int *started)
     }
     if (!ok) {
         fprintf(stderr, "birkhoff train: MPI_Init failed under a launcher announcing %d processes\n", n);
+        if (*started) MPI_Abort(MPI_COMM_WORLD, CLI_FAIL); /* (the others cannot learn it otherwise) */
         return CLI_FAIL;
     }
     comm->bcast = mpi_bcast;
@@ -87,6 +88,44 @@ int cli_mpi_start(int *argc, char ***argv, bk_train_comm *comm, int *started)
                     "one run\n", n, n);
     return CLI_FAIL;
 #endif
+}
+
+int cli_mpi_agree(const bk_train_comm *comm, int rc, int ready)
+{
+    if (comm->size <= 1) return rc;
+#ifdef BK_HAVE_MPI
+    /* each rank's state: -1 ready, else the status it stops with */
+    int mine = ready ? -1 : rc, *all = malloc(sizeof(int) * (size_t)comm->size);
+    if (!all || MPI_Allgather(&mine, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        fprintf(stderr, "[rank %d] birkhoff train: %s at start-up; ending every process\n", comm->rank,
+                all ? "MPI_Allgather failed" : "out of memory");
+        MPI_Abort(MPI_COMM_WORLD, CLI_FAIL);
+        exit(CLI_FAIL);
+    }
+    int k = 0;
+    while (k < comm->size && all[k] == -1) k++;
+    const int first = k < comm->size ? all[k] : -1;
+    free(all);
+    if (!ready) return rc;  /* this rank's own reason, already said */
+    if (first == -1) return CLI_OK;
+    if (comm->rank == 0) /* (rank 0 names the rank that stopped; the others say nothing more) */
+        fprintf(stderr, "[rank 0] birkhoff train: rank %d stopped before training (status %d; its message is above): "
+                        "no process trains\n", k, first);
+    return first != CLI_OK ? first : CLI_FAIL;
+#else
+    (void)ready;
+    return rc;
+#endif
+}
+
+void cli_mpi_abort(int rc)
+{
+#ifdef BK_HAVE_MPI
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, rc);
+#endif
+    exit(rc);
 }
 
 void cli_mpi_stop(int started)

@@ -190,7 +190,17 @@ static int apply_flags(int argc, char **argv, int resume, bk_run_config *r)
     return CLI_OK;
 }
 
-static int train_main(int argc, char **argv, const bk_train_comm *comm)
+/* What one `birkhoff train` command asks, its arguments parsed and checked */
+typedef struct {
+    bk_run_config r;
+    char dir[1024];
+    int resume, force, help;
+} train_request;
+
+/* The arguments, the config file, the resumed run's or init's checkpoint:
+ * CLI_OK and the request (q->help: usage printed, nothing to run), or an
+ * exit status after a message. */
+static int parse_request(int argc, char **argv, train_request *q)
 {
     bk_run_config r = bk_run_config_default();
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
@@ -200,6 +210,7 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage_train(stdout);
+            q->help = 1;
             return CLI_OK;
         }
         if (!strcmp(a, "--force")) {
@@ -278,6 +289,25 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
             return CLI_USAGE;
         }
     }
+    q->r = r;
+    snprintf(q->dir, sizeof q->dir, "%s", dir);
+    q->resume = resume != NULL;
+    q->force = force;
+    return CLI_OK;
+}
+
+static int train_main(int argc, char **argv, const bk_train_comm *comm)
+{
+    train_request q;
+    memset(&q, 0, sizeof q);
+    int rc = parse_request(argc, argv, &q);
+    /* under mpirun: every rank's request agreed before any trains (a rank
+     * that failed here, or only printed the usage, stops them all) */
+    rc = cli_mpi_agree(comm, rc, rc == CLI_OK && !q.help);
+    if (rc != CLI_OK || q.help) return rc;
+    bk_run_config r = q.r;
+    const char *dir = q.dir;
+    const int resume = q.resume, force = q.force;
     progress p;
     memset(&p, 0, sizeof p);
     p.dir = dir;
@@ -289,6 +319,12 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
     if (p.started) {
         sigaction(SIGINT, &p.old_int, NULL);
         sigaction(SIGTERM, &p.old_term, NULL);
+    }
+    if (st != BK_OK && comm->size > 1 && res.stage == BK_TRAIN_STAGE_COMM) {
+        /* a failure the ranks could not agree on: the others may wait in a
+         * collective, so all end here */
+        fprintf(stderr, "[rank %d] birkhoff train: %s; ending every process\n", comm->rank, bk_last_error());
+        cli_mpi_abort(CLI_FAIL);
     }
     if (st != BK_OK) {
         /* a failing step or evaluation ends a progress line; a rank other

@@ -1150,7 +1150,6 @@ int main(void)
     if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
     test_config();
     test_runs();
-    test_resume_gap();
     test_extend();
     test_compile();
     test_swap();

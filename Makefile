@@ -75,7 +75,7 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
-CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/sort1d.c
+CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/outfile.c src/core/sort1d.c
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
@@ -95,7 +95,7 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
+TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_outfile.c tests/core/test_text.c tests/core/test_escape.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
            tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
@@ -233,7 +233,7 @@ $(BUILD)/obj/tests/tools/test_chart.o: tests/tools/test_chart.c tools/plot/chart
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -Itools/plot -c $< -o $@
 
-$(TCHART): $(BUILD)/obj/tests/tools/test_chart.o $(BUILD)/obj/tools/plot/chart.o
+$(TCHART): $(BUILD)/obj/tests/tools/test_chart.o $(BUILD)/obj/tools/plot/chart.o $(LIB_A)
 	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
 
 $(EXAMPLE): examples/quickstart.c $(LIB_A) $(PUB_HDRS)

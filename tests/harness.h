@@ -29,6 +29,9 @@ double th_normal(th_rng *r); /* N(0, 1) */
 /* test groups (each file registers its own) */
 void test_attn(void);
 void test_npy(void);
+void test_outfile(void); /* tests/core/test_outfile.c */
+void test_text(void);    /* tests/core/test_text.c */
+void test_escape(void);  /* tests/core/test_escape.c */
 void test_compat(void); /* tests/core/test_compat.c */
 void test_gemm(void);   /* tests/core/test_gemm.c */
 void test_vmath(void);  /* tests/core/test_vmath.c */

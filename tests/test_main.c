@@ -46,6 +46,9 @@ int main(int argc, char **argv)
         else TH.filter = argv[i];
     }
     test_npy();
+    test_outfile();
+    test_text();
+    test_escape();
     test_compat();
     test_gemm();
     test_vmath();

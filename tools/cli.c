@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,14 +34,38 @@ int cli_parse_int(const char *s, int *out)
     return 1;
 }
 
+/* a finite number that float32 holds: "1e39" (inf as a float), "1e-50" (0)
+ * and "inf" / "nan" are refused, not rounded */
 int cli_parse_float(const char *s, float *out)
 {
     if (!s || !*s) return 0;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v)) return 0;
+    if (errno || end == s || *end || !isfinite(v) || fabs(v) > FLT_MAX || (v != 0.0 && (float)v == 0.0f)) return 0;
     *out = (float)v;
+    return 1;
+}
+
+int cli_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || *s < '0' || *s > '9') return 0; /* no sign, no space: strtoull takes "-1" as 2^64 - 1 */
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+int cli_parse_range(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s || !*s) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = v;
     return 1;
 }
 
@@ -204,87 +229,89 @@ int cli_load_len(const char *prog, const char *what, const char *path, int64_t B
     return 1;
 }
 
+int cli_stage_outputs(const char *prog, bk_outset *set, unsigned flags, int n, const cli_output *outs)
+{
+    for (int i = 0; i < n; i++)
+        if (outs[i].path &&
+            bk_outset_add_npy(set, outs[i].path, flags, BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) !=
+                BK_OK) {
+            fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+            return 0;
+        }
+    return 1;
+}
+
+int cli_commit(const char *prog, bk_outset *set)
+{
+    if (bk_outset_commit(set) == BK_OK) return 1;
+    fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+    return 0;
+}
+
 int cli_write_outputs(const char *prog, int n, const cli_output *outs)
 {
-    char (*staged)[4096] = calloc((size_t)(n > 0 ? n : 1), sizeof *staged);
-    if (!staged) {
+    bk_outset *set = bk_outset_create();
+    if (!set) {
         fprintf(stderr, "birkhoff %s: out of memory\n", prog);
         return 0;
     }
-    int nstaged = 0, werr = 0;
-    for (int i = 0; i < n && !werr; i++) {
-        nstaged = i + 1;
-        if (!outs[i].path) continue;
-        snprintf(staged[i], sizeof staged[i], "%s.staged", outs[i].path);
-        if (bk_npy_write(staged[i], BK_F32, outs[i].ndim, outs[i].shape, outs[i].data) != BK_OK) {
-            fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
-            werr = 1;
-            nstaged = i;
-        }
-    }
-    for (int i = 0; i < nstaged; i++) {
-        if (!outs[i].path) continue;
-        if (werr) remove(staged[i]);
-        else if (rename(staged[i], outs[i].path) != 0) {
-            fprintf(stderr, "birkhoff %s: cannot rename %s to %s\n", prog, staged[i], outs[i].path);
-            werr = 1;
-        }
-    }
-    free(staged);
-    return !werr;
+    int ok = cli_stage_outputs(prog, set, 0, n, outs) && cli_commit(prog, set);
+    bk_outset_free(set);
+    return ok;
 }
 
 char **cli_read_lines(const char *prog, const char *path, int *count)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "birkhoff %s: %s: %s\n", prog, path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 0, n = 0;
-    char **lines = NULL, *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    int bad = 0;
-    while ((len = getline(&line, &lcap, f)) >= 0) {
-        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
-        if ((size_t)len != strlen(line)) {
-            fprintf(stderr, "birkhoff %s: %s: line %zu holds a NUL byte\n", prog, path, n + 1);
-            bad = 1;
-            break;
-        }
-        if (n == cap) {
-            cap = cap ? 2 * cap : 1024;
-            char **q = realloc(lines, sizeof(char *) * cap);
-            if (!q) {
-                bad = 1;
+    /* the library's bounded reader: BK_TEXT_MAX_LINE, _BYTES and _LINES
+     * (birkhoff/core.h), no NUL byte, not a directory; the lines one after
+     * the other in one block (a short line costs its bytes and a pointer) */
+    bk_text_reader *f = NULL;
+    bk_status st = strcmp(path, "-") ? bk_text_open(path, NULL, &f) : bk_text_open_fd(0, "-", NULL, &f);
+    char *text = NULL, *line = NULL;
+    size_t used = 0, cap = 0, len = 0, n = 0;
+    while (st == BK_OK && (st = bk_text_next(f, &line, &len)) == BK_OK && line) {
+        if (used + len + 1 > cap) {
+            size_t nc = cap ? 2 * cap : 1 << 16;
+            while (nc < used + len + 1) nc *= 2;
+            char *t = realloc(text, nc);
+            if (!t) {
+                st = BK_ERR_NOMEM;
                 break;
             }
-            lines = q;
+            text = t;
+            cap = nc;
         }
-        if (!(lines[n] = strdup(line))) {
-            bad = 1;
-            break;
-        }
+        memcpy(text + used, line, len + 1);
+        used += len + 1;
         n++;
     }
-    if (!bad && ferror(f)) {
-        fprintf(stderr, "birkhoff %s: %s: %s\n", prog, path, strerror(errno));
-        bad = 1;
-    }
-    free(line);
-    if (f != stdin) fclose(f);
-    if (bad || n > (size_t)1 << 30) {
-        if (!bad) fprintf(stderr, "birkhoff %s: %s: too many lines\n", prog, path);
-        for (size_t i = 0; i < n; i++) free(lines[i]);
-        free(lines);
+    bk_text_close(f);
+    char **lines = st == BK_OK ? malloc(sizeof(char *) * (n + 1)) : NULL;
+    if (st == BK_OK && !lines) st = BK_ERR_NOMEM;
+    if (st != BK_OK) {
+        if (st == BK_ERR_NOMEM) fprintf(stderr, "birkhoff %s: %s: out of memory\n", prog, path);
+        else fprintf(stderr, "birkhoff %s: %s\n", prog, bk_last_error());
+        free(text);
         return NULL;
     }
-    *count = (int)n;
-    return lines ? lines : calloc(1, sizeof(char *));
+    /* (no line holds a NUL byte: each ends at the next one) */
+    for (size_t i = 0, at = 0; i < n; i++) {
+        lines[i] = text + at;
+        at += strlen(text + at) + 1;
+    }
+    lines[n] = NULL;
+    if (!n) free(text);
+    *count = (int)n; /* (BK_TEXT_MAX_LINES < INT_MAX) */
+    return lines;
 }
 
 void cli_free_lines(char **l, int n)
+{
+    if (l && n > 0) free(l[0]); /* the block of every line */
+    free(l);
+}
+
+void cli_free_each(char **l, int n)
 {
     for (int i = 0; l && i < n; i++) free(l[i]);
     free(l);

@@ -18,10 +18,21 @@
 
 /* exit codes: 0 ok, 1 runtime failure (bad file, bad data), 2 usage error */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+/* stderr is escaped (main.c: control characters, ANSI escapes and invalid
+ * UTF-8 shown as "\xNN"); this is the plain stream, for the program's own
+ * terminal controls only (the training progress bar's "\r\033[K") */
+FILE *cli_stderr_raw(void);
 
 double cli_now(void);                       /* monotonic seconds          */
 int cli_parse_int(const char *s, int *out); /* 1 on success               */
+/* a finite float32 (1 on success): inf, nan, "1e39" (overflows float32) and
+ * "1e-50" (underflows to 0) are refused */
 int cli_parse_float(const char *s, float *out);
+/* a decimal integer in [0, 2^64) without sign or spaces ("-1", "1e23" and
+ * 2^64 are refused); 1 on success */
+int cli_parse_u64(const char *s, uint64_t *out);
+/* a decimal integer in [lo, hi]; 1 on success */
+int cli_parse_range(const char *s, long long lo, long long hi, long long *out);
 /* median and quartiles of n samples (sorts a copy) */
 void cli_stats(const double *x, int n, double *med, double *p25, double *p75);
 /* whether `bytes` (a size computed in double: no product wraps) fit in this
@@ -57,9 +68,10 @@ void cli_peak(int nt, double *gf, double *ge);
 int cli_load_f32(const char *prog, const char *what, const char *path, int ndim, bk_npy *a);
 /* Reads an int32 [B] lengths array. */
 int cli_load_len(const char *prog, const char *what, const char *path, int64_t B, bk_npy *a);
-/* All-or-nothing output: every file is staged next to its destination, then
- * all are renamed; on any failure none is left. Entries with path NULL are
- * skipped. Returns 1 on success. */
+/* All-or-nothing output: the .npy files of one command in one output set
+ * (bk_outset_add: staged beside their paths, renamed together, put back if a
+ * rename fails; a device or FIFO written into). Entries with path NULL are
+ * skipped. Returns 1 on success, else a message on stderr naming prog. */
 typedef struct {
     const char *path;
     int ndim;
@@ -67,17 +79,29 @@ typedef struct {
     const float *data;
 } cli_output;
 int cli_write_outputs(const char *prog, int n, const cli_output *outs);
+/* The two halves, for a command whose outputs include other files (a
+ * checkpoint: bk_checkpoint_stage): stage into set (flags: bk_outset_add's;
+ * BK_OUT_NOFOLLOW for files the command names itself), then commit the set.
+ * Each returns 1 on success, else 0 after a message naming prog; the caller
+ * frees the set (bk_outset_free discards what was not committed). */
+int cli_stage_outputs(const char *prog, bk_outset *set, unsigned flags, int n, const cli_output *outs);
+int cli_commit(const char *prog, bk_outset *set);
 
 /* Writes text to path atomically (temporary file, rename); 1 on success,
  * else a message on stderr naming prog. */
 int cli_write_text(const char *prog, const char *path, const char *text);
 
 /* The lines of a text file, or of standard input for "-" (without their
- * '\n'; a line holding a NUL byte is refused): a malloc'd array of *count
- * malloc'd strings (never NULL on success, even when empty), freed by
- * cli_free_lines; NULL after a message on stderr naming prog and path. */
+ * '\n'), read by the library's bounded reader (birkhoff/core.h, "Text
+ * files": lines of at most BK_TEXT_MAX_LINE bytes, BK_TEXT_MAX_BYTES in all,
+ * BK_TEXT_MAX_LINES lines, no NUL byte, not a directory): a malloc'd array
+ * of *count strings (never NULL on success, even when empty; the strings
+ * share one block), freed by cli_free_lines; NULL after a message on stderr
+ * naming prog and path. */
 char **cli_read_lines(const char *prog, const char *path, int *count);
 void cli_free_lines(char **lines, int count);
+/* frees an array of count strings each malloc'd on its own, and the array */
+void cli_free_each(char **lines, int count);
 /* Corpus chrF x 100 of hyp against ref (n sentences, one reference each),
  * sacreBLEU's default chrF2: character n-grams n = 1..6 over the UTF-8 code
  * points with whitespace removed, n-gram counts summed over the corpus,

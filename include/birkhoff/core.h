@@ -1,16 +1,19 @@
 /*
  * birkhoff/core.h -- doubly-stochastic (optimal-transport) attention in C:
  * the conventions of the whole API, status and errors, threads, tensors,
- * vector math and .npy files.
+ * vector math, the text reader and .npy files.
  *
  * <birkhoff.h> includes every part of the API (birkhoff/core.h, context.h,
  * attn.h, ops.h, esp.h, lot.h, otk.h, asap.h, nn.h, data.h, train.h and the
  * deprecated names of compat.h). Every function returns a bk_status; on
  * failure bk_last_error() gives a readable reason (thread-local). Argument,
  * parameter, workspace and tape errors are found before anything is written;
- * the one failure found while problems run (Sinkhorn's implicit backward, a
- * linear system that cannot be solved) is reported for the lowest failing
- * problem after the call, when other problems' outputs may be written.
+ * the failures found while problems run (Sinkhorn's implicit backward, a
+ * linear system that cannot be solved; BK_ERR_OVERFLOW, finite inputs whose
+ * scores, output or gradients overflow float32) are reported for the lowest
+ * failing problem after the call, when the outputs have been written (the
+ * overflowing ones with NaN or Inf: never use them on a failure). No call
+ * returns BK_OK with a non-finite output or gradient (host memory).
  *
  * ----------------------------------------------------------------------------
  * CONVENTIONS OF THE WHOLE API
@@ -193,15 +196,44 @@ typedef enum {
 
 /* Static string naming the status ("ok", "null pointer", ...). */
 BK_API const char *bk_status_str(bk_status s);
-/* Detailed message of the last failing call on this thread ("" if none). */
+/* Detailed message of the last failing call on this thread ("" if none),
+ * escaped by bk_escape (flags 0): whatever it echoes (a path, a key, a line
+ * of a file) holds no control character, ANSI escape or invalid UTF-8, so it
+ * is safe to print on a terminal; at most 1023 bytes. */
 BK_API const char *bk_last_error(void);
+
+/* Text for a terminal or a log. bk_escape copies the n bytes of s into out
+ * (cap bytes, always NUL-terminated when cap > 0) with
+ *   - the control characters escaped: '\n', '\r', '\t' as the two
+ *     characters "\n", "\r", "\t", the other C0 bytes and DEL as "\xNN"
+ *     (ESC: "\x1b"), the C1 controls (U+0080-U+009F) and the bidirectional
+ *     embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) as
+ *     "\uNNNN"; with BK_ESCAPE_KEEP_NL, '\n' and '\t' are kept (multi-line
+ *     text);
+ *   - every byte that is not part of a valid UTF-8 sequence (a stray
+ *     continuation byte, an overlong or surrogate encoding, a sequence cut
+ *     short, 0xC0, 0xC1, 0xF5-0xFF) as "\xNN";
+ *   - everything else, valid UTF-8 included, as it is. A backslash is not
+ *     escaped, so escaping escaped text changes nothing.
+ * Returns the length of the whole escaped text, as snprintf: a value >= cap
+ * means out was cut, at the end of a character or an escape (never inside
+ * one). s may be NULL when n is 0. */
+enum { BK_ESCAPE_KEEP_NL = 1 };
+BK_API size_t bk_escape(char *out, size_t cap, const char *s, size_t n, unsigned flags);
+/* For a stream escaped in pieces: how many bytes at the end of s (0 to 3)
+ * start a UTF-8 sequence that the next piece may complete. Escape the rest
+ * now and those with the next piece (at the end of the stream, on their
+ * own: bk_escape then shows them as "\xNN"). */
+BK_API size_t bk_escape_tail(const char *s, size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Threads and CPU                                                          */
 /* ------------------------------------------------------------------------ */
 /* n >= 1 threads; n <= 0 restores the default (BIRKHOFF_NUM_THREADS, else
- * the CPUs of the process's affinity mask). Results do not depend on it. */
-BK_API void bk_set_num_threads(int n);
+ * the CPUs of the process's affinity mask). Results do not depend on it.
+ * n > 4096 (the bound of bk_context_config.threads) is refused with
+ * BK_ERR_PARAM and the count is left as it was. */
+BK_API bk_status bk_set_num_threads(int n);
 BK_API int  bk_get_num_threads(void);
 /* Instruction set used by the kernels: "avx512" or "avx2". Chosen once from
  * the CPU; the environment variable BK_ISA=avx2 forces the AVX2 kernels. */
@@ -264,6 +296,61 @@ BK_API void *bk_alloc(size_t bytes);
 BK_API void bk_free(void *p);
 
 /* ------------------------------------------------------------------------ */
+/* Text files: the one reader of every text input                           */
+/* ------------------------------------------------------------------------ */
+/* Every text the library and the birkhoff CLI read (run configurations,
+ * metrics files, the sentence files of `bleu` and `translate`) is read line
+ * by line through this reader, with three limits, so that an input that
+ * never ends (/dev/zero, `yes |`, a FIFO nobody closes) stops with a message
+ * instead of growing without bound:
+ *   max_line   the longest line in bytes, its '\n' not counted
+ *              (default BK_TEXT_MAX_LINE, 1 MiB)
+ *   max_bytes  the whole input in bytes (default BK_TEXT_MAX_BYTES, 1 GiB; a
+ *              regular file larger than that is refused at open)
+ *   max_lines  the number of lines (default BK_TEXT_MAX_LINES, 2^24)
+ * and, unless nul_ok, no NUL byte anywhere (a C string would end there). A
+ * limit of 0 takes its default; a negative one is BK_ERR_PARAM (so is
+ * max_line above 2^40). Each failure is BK_ERR_FORMAT naming the input and the limit,
+ * e.g. "-: line 1 is longer than 1048576 bytes (the limit)", "F: line 3 holds
+ * a NUL byte (not text)", "F: more than 1073741824 bytes (the limit)",
+ * "F: more than 16777216 lines (the limit)"; it is found after reading at
+ * most max_line + 64 KiB bytes past the last good line. A directory is
+ * refused at open (BK_ERR_IO "D: is a directory, not a text file"); other
+ * inputs that can be read (regular files, pipes, terminals, devices) are
+ * read as streams. Lines end at '\n' (a '\r' before it is kept: callers that
+ * accept CRLF strip it); a last line without '\n' is a line. */
+#define BK_TEXT_MAX_LINE ((int64_t)1 << 20)
+#define BK_TEXT_MAX_BYTES ((int64_t)1 << 30)
+#define BK_TEXT_MAX_LINES ((int64_t)1 << 24)
+typedef struct {
+    int64_t max_line;   /* bytes of one line without its '\n' (0: BK_TEXT_MAX_LINE)  */
+    int64_t max_bytes;  /* bytes of the whole input (0: BK_TEXT_MAX_BYTES)           */
+    int64_t max_lines;  /* lines (0: BK_TEXT_MAX_LINES)                              */
+    int     nul_ok;     /* 1: NUL bytes are kept in the lines; 0 (default): refused */
+} bk_text_config;
+/* the defaults above (nul_ok 0) */
+BK_API bk_text_config bk_text_config_default(void);
+typedef struct bk_text_reader bk_text_reader;
+/* Opens path (c NULL: the defaults). BK_ERR_IO when it cannot be opened or
+ * is a directory, BK_ERR_FORMAT for a regular file over max_bytes,
+ * BK_ERR_PARAM for bad limits; *out is NULL then. */
+BK_API bk_status bk_text_open(const char *path, const bk_text_config *c, bk_text_reader **out);
+/* Reads the open descriptor fd (0: standard input) from where it stands;
+ * name names it in messages (e.g. "-"). fd is not closed by bk_text_close. */
+BK_API bk_status bk_text_open_fd(int fd, const char *name, const bk_text_config *c, bk_text_reader **out);
+/* The next line: *line points at it, NUL-terminated and without its '\n'
+ * (writable, valid until the next call or bk_text_close), *len (nullable)
+ * receives its length in bytes. At the end of the input BK_OK with *line
+ * NULL. A failure (a limit, a NUL byte, a read error: BK_ERR_IO) is final:
+ * every later call returns it. */
+BK_API bk_status bk_text_next(bk_text_reader *r, char **line, size_t *len);
+/* The 1-based number of the last line bk_text_next returned (0 before the
+ * first). */
+BK_API int64_t bk_text_lineno(const bk_text_reader *r);
+/* Closes what bk_text_open opened and frees r (NULL: nothing). */
+BK_API void bk_text_close(bk_text_reader *r);
+
+/* ------------------------------------------------------------------------ */
 /* .npy files (little-endian float32 '<f4' or int32 '<i4', C order)         */
 /* ------------------------------------------------------------------------ */
 typedef struct {
@@ -276,12 +363,59 @@ typedef struct {
 /* Reads a whole .npy file. Rejects bad magic/header, other dtypes, Fortran
  * order, sizes that overflow and truncated data. */
 BK_API bk_status bk_npy_read(const char *path, bk_npy *out);
-/* Writes atomically (temporary file in the same directory, then rename). */
+/* Writes one .npy file by the rules of bk_outset_add (atomic: a temporary
+ * file beside it, then rename; a device or FIFO is written into). */
 BK_API bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim,
                               const int64_t *shape, const void *data);
+/* Stages a .npy file in an output set (bk_outset_add's rules and flags). */
+typedef struct bk_outset bk_outset;
+BK_API bk_status bk_outset_add_npy(bk_outset *s, const char *path, unsigned flags, bk_dtype dtype, int ndim,
+                                   const int64_t *shape, const void *data);
 BK_API void bk_npy_free(bk_npy *a);
 /* Elements of an array (the product of its shape; saturates at INT64_MAX). */
 BK_API int64_t bk_npy_count(const bk_npy *a);
+
+/* ------------------------------------------------------------------------ */
+/* Output files (docs/ARCHITECTURE.md, "Files")                             */
+/* ------------------------------------------------------------------------ */
+/* Every file the library and the CLI write goes through an output set: the
+ * outputs of one command are committed together, all or none.
+ *
+ * bk_outset_add(s, path, flags, nparts, parts, sizes) writes the bytes
+ * parts[0..nparts) (sizes[i] bytes each) for `path`:
+ *  - a regular file or nothing at path: into a new temporary file in path's
+ *    directory, created exclusively (an unnamed O_TMPFILE where the file
+ *    system has it, else ".NAME.bk-PID-RANDOM.tmp" with O_EXCL|O_NOFOLLOW,
+ *    a random name), with the mode of the file it replaces, else 0666 less
+ *    the umask (what fopen gives); bk_outset_commit renames it onto path.
+ *    Temporaries of the same path left by a writer that was killed (its
+ *    process no longer exists) are removed first.
+ *  - a symbolic link: followed (the file it names is replaced), unless flags
+ *    holds BK_OUT_NOFOLLOW (then the link itself is replaced; files a program
+ *    names itself, such as a run directory's, use it); a link to nothing is
+ *    refused.
+ *  - a character or block device or a FIFO (/dev/null, a terminal, a pipe),
+ *    or a symlink to the file the process's standard output or error is
+ *    (/dev/stdout redirected to a file: written through descriptor 1, after
+ *    fflush(stdout), so it lands where the rest of the output goes): written
+ *    into at once, never replaced (and so not undone if the set later
+ *    fails); refused with BK_OUT_NOFOLLOW.
+ *  - a directory, socket, or an empty path: refused.
+ * BK_OUT_SYNC: fsync the file and its directory (checkpoints).
+ * bk_outset_commit renames every staged file onto its path; if one rename
+ * fails, the files already renamed are put back (through a hard link kept
+ * to each replaced file until the set is in place) and the staged ones are
+ * removed. bk_outset_free discards whatever was not committed.
+ * Errors: BK_ERR_NULL, BK_ERR_NOMEM, BK_ERR_IO ("cannot write PATH
+ * (reason)"); a failed add leaves the set as it was. */
+enum { BK_OUT_NOFOLLOW = 1, BK_OUT_SYNC = 2 };
+BK_API bk_outset *bk_outset_create(void); /* NULL when out of memory */
+BK_API bk_status bk_outset_add(bk_outset *s, const char *path, unsigned flags, int nparts,
+                               const void *const *parts, const size_t *sizes);
+BK_API bk_status bk_outset_commit(bk_outset *s);
+BK_API void bk_outset_free(bk_outset *s);
+/* One file of n bytes, committed at once (the rules of bk_outset_add). */
+BK_API bk_status bk_file_write(const char *path, unsigned flags, const void *data, size_t n);
 
 #ifdef __cplusplus
 }

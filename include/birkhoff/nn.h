@@ -454,6 +454,12 @@ BK_API bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int 
  * (BK_ERR_FORMAT) and nothing is returned. A resumed model and optimiser
  * continue bit for bit as the uninterrupted run. */
 BK_API bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra);
+/* The same checkpoint staged in an output set (birkhoff/core.h,
+ * bk_outset_add: flags BK_OUT_NOFOLLOW, BK_OUT_SYNC), committed with the
+ * set's other files by bk_outset_commit, all or none. The model's weights
+ * are written when staged: the caller may change them afterwards. */
+BK_API bk_status bk_checkpoint_stage(bk_outset *set, const char *path, unsigned flags, const bk_model *m,
+                                     const bk_optim *o, const char *extra);
 /* Creates the model (max_batch as bk_model_create) and, when o is not NULL
  * and the file holds optimiser state, the optimiser. extra (nullable)
  * receives a malloc'd copy of the caller's metadata (free()). */

@@ -6,6 +6,7 @@
 
 #include "birkhoff.h"
 #include <math.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -263,12 +264,12 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
  * device memory is not scanned (BK_OK). */
 bk_status bki_check_finite(const char *name, const bk_tensor *t, int B, int H, int N, int C,
                            const int32_t *len);
-bk_status bki_check_desc(const bk_attn_desc *d);
 /* index (b * H + h) of the first head with a non-finite value in the valid
  * rows of [B,H,N,C], or B * H when none (or the data is NULL or in device
  * memory); large tensors on the library's threads. The operators' results
  * (driver.c, otk.c): O(the tensor), not O(N^2). */
 int bki_first_nonfinite(const bk_tensor *t, int B, int H, int N, int C, const int32_t *len);
+bk_status bki_check_desc(const bk_attn_desc *d);
 /* calloc's contract through bk_alloc (64-byte aligned; from 2 MiB, 2 MiB
  * aligned with huge pages advised); released by free() or bk_free. The
  * training engine's activations and optimiser state: a ViT step 6 % faster
@@ -554,9 +555,24 @@ static inline uint64_t bki_mix64(uint64_t *s) { return bki_mix64_fin(*s += BKI_G
 /* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
 static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
 
-/* Writes parts[0..n) to a temporary file beside path, then renames it over
- * path: a reader never sees a half-written file (npy.c). */
-bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes);
+/* Output files (outfile.c; the rules in bk_outset_add, birkhoff/core.h). */
+/* One file of nparts parts, committed at once. */
+bk_status bki_write_file(const char *path, unsigned flags, int nparts, const void *const *parts, const size_t *sizes);
+/* A file the user named: a symlink is followed, a device written into. */
+static inline bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes)
+{
+    return bki_write_file(path, 0, nparts, parts, sizes);
+}
+/* An append-only log of a run directory, never through a symlink: fresh, a
+ * new file (whatever the name held is removed first; created exclusively,
+ * 0666 less the umask); else the existing regular file, appended (a symlink,
+ * FIFO or device there is refused without blocking). NULL after bki_fail
+ * (BK_ERR_IO naming the path). */
+FILE *bki_open_log(const char *path, int fresh);
+/* Removes, in dir, the temporaries of bk_outset_add left by processes that no
+ * longer exist: of the file named base, or of every file when base is NULL.
+ * Returns how many were removed. */
+int bki_clean_stale(const char *dir, const char *base);
 
 #define BKI_FNV_OFFSET 0xcbf29ce484222325ull /* FNV-1a 64's start */
 /* FNV-1a 64 over n bytes, continuing from h (start: BKI_FNV_OFFSET):

@@ -1,5 +1,6 @@
-/* npy.c -- minimal, strict .npy (format 1.0/2.0/3.0) reader and atomic writer
- * for little-endian float32 and int32 C-order arrays. */
+/* npy.c -- minimal, strict .npy (format 1.0/2.0/3.0) reader and writer for
+ * little-endian float32 and int32 C-order arrays (written through the output
+ * sets of outfile.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -135,9 +136,11 @@ done:
     return s;
 }
 
-bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t *shape, const void *data)
+bk_status bk_outset_add_npy(bk_outset *set, const char *path, unsigned flags, bk_dtype dtype, int ndim,
+                            const int64_t *shape, const void *data)
 {
-    if (!path || (!shape && ndim > 0) || !data) return bki_fail(BK_ERR_NULL, "bk_npy_write: NULL argument");
+    bki_clear_error();
+    if (!set || !path || (!shape && ndim > 0) || !data) return bki_fail(BK_ERR_NULL, "bk_npy_write: NULL argument");
     if (ndim < 0 || ndim > 8) return bki_fail(BK_ERR_SHAPE, "bk_npy_write: ndim %d outside [0, 8]", ndim);
     if (dtype != BK_F32 && dtype != BK_I32) return bki_fail(BK_ERR_PARAM, "bk_npy_write: unknown dtype");
     char dict[512];
@@ -146,6 +149,8 @@ bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t
     int64_t count = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return bki_fail(BK_ERR_SHAPE, "bk_npy_write: negative dimension");
+        if (shape[i] > 0 && count > ((int64_t)1 << 34) / shape[i])
+            return bki_fail(BK_ERR_SHAPE, "bk_npy_write: the array is too large (more than 2^34 elements)");
         count *= shape[i];
         len += snprintf(dict + len, sizeof dict - (size_t)len, "%lld%s", (long long)shape[i],
                         ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
@@ -164,30 +169,16 @@ bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t
                              (unsigned char)(hlen >> 8)};
     const void *parts[3] = {pre, hdr, data};
     const size_t sizes[3] = {10, (size_t)hlen, 4 * (size_t)count};
-    return bki_write_atomic(path, 3, parts, sizes);
+    return bk_outset_add(set, path, flags, 3, parts, sizes);
 }
 
-bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes)
+bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t *shape, const void *data)
 {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (!tmp) return bki_fail(BK_ERR_NOMEM, "out of memory");
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        bk_status s = bki_fail(BK_ERR_IO, "%s: cannot create (%s)", tmp, strerror(errno));
-        free(tmp);
-        return s;
-    }
-    int ok = 1;
-    for (int i = 0; i < nparts && ok; i++) ok = fwrite(parts[i], 1, sizes[i], fp) == sizes[i];
-    ok = (fclose(fp) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        bk_status s = bki_fail(BK_ERR_IO, "%s: write failed (%s)", path, strerror(errno));
-        remove(tmp);
-        free(tmp);
-        return s;
-    }
-    free(tmp);
-    return BK_OK;
+    bki_clear_error();
+    bk_outset *set = bk_outset_create();
+    if (!set) return BK_ERR_NOMEM;
+    bk_status st = bk_outset_add_npy(set, path, 0, dtype, ndim, shape, data);
+    if (!st) st = bk_outset_commit(set);
+    bk_outset_free(set);
+    return st;
 }

@@ -60,11 +60,20 @@ static void sb_json(sbuf *b, const char *t) /* a JSON string literal */
     sb_put(b, "\"", 1);
 }
 
-/* ---- a strict little JSON reader for the header ---- */
+/* ---- a strict little JSON reader for the header ----
+ * The header is the fixed shape of a safetensors header: one object whose
+ * members are "__metadata__" (an object of strings) and the tensors (each an
+ * object of exactly "dtype", "shape" and "data_offsets"), so the reader needs
+ * no recursion. Every string is decoded into one arena of the header's size
+ * (a decoded string and its NUL never take more bytes than its quoted text),
+ * so that the memory a header costs is bounded by its length: the arena, and
+ * per tensor one entry of the table (which at least 48 header bytes make). */
 typedef struct {
     const char *p, *end;
     const char *base; /* the header's first byte (file offset 8) */
-    char why[160];    /* what jstr found wrong, for the caller's message */
+    char *arena;      /* the decoded strings, one after the other       */
+    size_t an;        /* bytes of the arena used                        */
+    char why[200];    /* what jstr found wrong, for the caller's message */
 } jcur;
 
 static void jws(jcur *j)
@@ -87,22 +96,47 @@ static int hexval(char h)
     if (h >= 'A' && h <= 'F') return h - 'A' + 10;
     return -1;
 }
-/* A string into a malloc'd buffer, strictly as RFC 8259 reads it: the
- * escapes \" \\ \/ \b \f \n \r \t \uXXXX, and no raw control character
- * (U+0000..U+001F) inside. \u0000 (a C string cannot hold it) and escapes
- * above U+007F (bk_checkpoint_save writes such characters as UTF-8 bytes)
- * are refused too. On failure NULL, with the reason in j->why when the
- * string itself is malformed. */
+/* the length of the well-formed UTF-8 sequence at s (at most n bytes), or 0:
+ * no overlong forms, no surrogates, nothing above U+10FFFF (Python's strict
+ * decoder, which birkhoff.models reads headers with, decides the same) */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    const unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t k;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) k = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        k = 3;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        k = 4;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+    } else
+        return 0;
+    if (n < k || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+    return k;
+}
+/* A string, decoded into the arena, strictly as RFC 8259 reads it: the
+ * escapes \" \\ \/ \b \f \n \r \t \uXXXX, no raw control character
+ * (U+0000..U+001F) inside, well-formed UTF-8. \u0000 (a C string cannot
+ * hold it) and escapes above U+007F (bk_checkpoint_save writes such
+ * characters as UTF-8 bytes) are refused too. On failure NULL, with the
+ * reason in j->why when the string itself is malformed. */
 static char *jstr(jcur *j)
 {
     jws(j);
     if (j->p >= j->end || *j->p != '"') return NULL;
     j->p++;
-    sbuf b = {0};
+    char *const out = j->arena + j->an;
+    char *o = out;
 #define JBAD(...)                                                                                                      \
     do {                                                                                                               \
         snprintf(j->why, sizeof j->why, __VA_ARGS__);                                                                  \
-        free(b.s);                                                                                                     \
         return NULL;                                                                                                   \
     } while (0)
     while (j->p < j->end && *j->p != '"') {
@@ -111,6 +145,14 @@ static char *jstr(jcur *j)
         if ((unsigned char)ch < 0x20)
             JBAD("raw control character 0x%02x in a string at file offset %zu; JSON strings must escape U+0000..U+001F",
                  (unsigned char)ch, at);
+        if ((unsigned char)ch >= 0x80) {
+            const size_t k = utf8_len((const unsigned char *)j->p - 1, (size_t)(j->end - j->p) + 1);
+            if (!k) JBAD("invalid UTF-8 in a string at file offset %zu", at);
+            memcpy(o, j->p - 1, k);
+            o += k;
+            j->p += k - 1;
+            continue;
+        }
         if (ch == '\\') {
             if (j->p >= j->end) break;
             char e = *j->p++;
@@ -136,14 +178,14 @@ static char *jstr(jcur *j)
                 JBAD("invalid escape in a string at file offset %zu", at);
             }
         }
-        sb_put(&b, &ch, 1);
+        *o++ = ch;
     }
     if (j->p >= j->end) JBAD("unterminated string");
-    if (b.bad) JBAD("out of memory");
 #undef JBAD
     j->p++;
-    if (!b.s) sb_put(&b, "", 0);
-    return b.s;
+    *o++ = 0;
+    j->an += (size_t)(o - out);
+    return out;
 }
 static int jint(jcur *j, int64_t *v)
 {
@@ -172,41 +214,45 @@ static int jints(jcur *j, int64_t *v, int maxn, int *n)
 }
 
 typedef struct {
-    char *name, *dtype;
+    const char *name, *dtype; /* in the header's arena */
     int ndim;
     int64_t shape[8], b, e;
 } tentry;
 
 typedef struct {
-    char *key, *val;
+    const char *key, *val; /* in the header's arena */
 } kv;
 
 typedef struct {
-    tentry *t;
+    tentry *t;             /* the tensors in file order                     */
+    const tentry **byname; /* the same, by name (no two alike)              */
     int nt, capt;
-    kv *meta;
+    kv *meta;              /* the metadata, by key (no two alike)           */
     int nm, capm;
+    char *arena;           /* every string of the header                    */
+    int64_t cs_b, cs_e;    /* the checksum value's bytes in the header (the
+                              text between its quotes), or -1               */
 } header;
 
 static void header_free(header *h)
 {
-    for (int i = 0; i < h->nt; i++) {
-        free(h->t[i].name);
-        free(h->t[i].dtype);
-    }
-    for (int i = 0; i < h->nm; i++) {
-        free(h->meta[i].key);
-        free(h->meta[i].val);
-    }
     free(h->t);
+    free(h->byname);
     free(h->meta);
+    free(h->arena);
+}
+
+static int cmp_kv(const void *a, const void *b) { return strcmp(((const kv *)a)->key, ((const kv *)b)->key); }
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp((*(const tentry *const *)a)->name, (*(const tentry *const *)b)->name);
 }
 
 static const char *meta_get(const header *h, const char *key)
 {
-    for (int i = 0; i < h->nm; i++)
-        if (strcmp(h->meta[i].key, key) == 0) return h->meta[i].val;
-    return NULL;
+    const kv want = {key, NULL};
+    const kv *f = h->nm ? bsearch(&want, h->meta, (size_t)h->nm, sizeof *h->meta, cmp_kv) : NULL;
+    return f ? f->val : NULL;
 }
 
 /* ---- compiled ASAP layers (metadata "asap.<l>": one line of key=value,
@@ -307,92 +353,160 @@ static bk_status asap_parse(const char *path, int l, const char *txt, int dh, bk
     return BK_OK;
 }
 
+/* a header string as a message shows it: printable ASCII as is, other
+ * bytes as \xNN, at most about 64 characters */
+static const char *shown(const char *s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (; *s && o + 8 < cap; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (o > 64) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (c >= 0x20 && c < 0x7f && c != '\\') buf[o++] = (char)c;
+        else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+/* records why the header is refused, unless jstr already said: 0 */
+static int jfail(jcur *j, const char *msg)
+{
+    if (!j->why[0]) snprintf(j->why, sizeof j->why, "%s", msg);
+    return 0;
+}
+
+/* the metadata object: string values only, no key twice (refused after the
+ * parse, by sorting); the checksum value's place is kept for its check */
+static int parse_meta(jcur *j, header *h)
+{
+    if (!jlit(j, '{')) return jfail(j, "__metadata__ is not an object");
+    if (jlit(j, '}')) return 1;
+    do {
+        const char *k = jstr(j), *v = NULL;
+        const char *vb = NULL;
+        if (k && jlit(j, ':')) {
+            jws(j);
+            vb = j->p;
+            v = jstr(j);
+        }
+        if (!v) return jfail(j, "metadata values must be strings");
+        if (h->nm == h->capm) {
+            h->capm = h->capm ? 2 * h->capm : 16;
+            kv *p = realloc(h->meta, sizeof(kv) * (size_t)h->capm);
+            if (!p) return jfail(j, "out of memory");
+            h->meta = p;
+        }
+        h->meta[h->nm++] = (kv){k, v};
+        if (strcmp(k, "checksum") == 0) {
+            h->cs_b = vb + 1 - j->base;
+            h->cs_e = j->p - 1 - j->base;
+        }
+    } while (jlit(j, ','));
+    if (!jlit(j, '}')) return jfail(j, "unterminated __metadata__");
+    return 1;
+}
+
+/* one tensor entry: exactly dtype, shape (at most 8 sizes) and data_offsets,
+ * each once */
+static int parse_tensor(jcur *j, tentry *t)
+{
+    char nb[96];
+    t->b = t->e = -1;
+    if (!jlit(j, '{')) {
+        snprintf(j->why, sizeof j->why, "tensor '%s' is not an object", shown(t->name, nb, sizeof nb));
+        return 0;
+    }
+    unsigned seen = 0;
+    do {
+        const size_t mark = j->an; /* (the field's name is not kept) */
+        const char *f = jstr(j);
+        if (!f || !jlit(j, ':')) return jfail(j, "bad tensor field");
+        const unsigned bit = !strcmp(f, "dtype") ? 1u : !strcmp(f, "shape") ? 2u : !strcmp(f, "data_offsets") ? 4u : 0u;
+        if (bit & seen) {
+            snprintf(j->why, sizeof j->why, "duplicate field '%s' in tensor '%s'", f, shown(t->name, nb, sizeof nb));
+            return 0;
+        }
+        seen |= bit;
+        j->an = mark;
+        int ok = 1;
+        if (bit == 1) {
+            ok = (t->dtype = jstr(j)) != NULL;
+        } else if (bit == 2) {
+            ok = jints(j, t->shape, 8, &t->ndim);
+        } else if (bit == 4) {
+            int64_t o[2];
+            int cnt;
+            ok = jints(j, o, 2, &cnt) && cnt == 2;
+            if (ok) {
+                t->b = o[0];
+                t->e = o[1];
+            }
+        } else {
+            ok = 0;
+        }
+        if (!ok) return jfail(j, "bad dtype, shape or data_offsets");
+    } while (jlit(j, ','));
+    if (!jlit(j, '}')) return jfail(j, "unterminated tensor entry");
+    if (seen != 7) {
+        snprintf(j->why, sizeof j->why, "tensor '%s' lacks dtype, shape or data_offsets", shown(t->name, nb, sizeof nb));
+        return 0;
+    }
+    return 1;
+}
+
 static bk_status parse_header(const char *path, const char *txt, size_t n, header *h)
 {
-    jcur j = {txt, txt + n, txt, ""};
+    h->cs_b = h->cs_e = -1;
+    if (!(h->arena = malloc(n + 1))) return bki_fail(BK_ERR_NOMEM, "%s: out of memory (header of %zu bytes)", path, n);
+    jcur j = {txt, txt + n, txt, h->arena, 0, ""};
 #define BAD(msg) return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (%s)", path, j.why[0] ? j.why : msg)
     if (!jlit(&j, '{')) BAD("not a JSON object");
-    if (jlit(&j, '}')) return BK_OK;
-    do {
-        char *key = jstr(&j);
-        if (!key) BAD("expected a key");
-        if (!jlit(&j, ':')) {
-            free(key);
-            BAD("expected ':'");
-        }
-        if (strcmp(key, "__metadata__") == 0) {
-            free(key);
-            if (!jlit(&j, '{')) BAD("__metadata__ is not an object");
-            if (!jlit(&j, '}')) {
-                do {
-                    char *k = jstr(&j), *v = NULL;
-                    if (!k || !jlit(&j, ':') || !(v = jstr(&j))) {
-                        free(k);
-                        free(v);
-                        BAD("metadata values must be strings");
-                    }
-                    if (h->nm == h->capm) {
-                        h->capm = h->capm ? 2 * h->capm : 16;
-                        kv *p = realloc(h->meta, sizeof(kv) * (size_t)h->capm);
-                        if (!p) {
-                            free(k);
-                            free(v);
-                            return bki_fail(BK_ERR_NOMEM, "out of memory");
-                        }
-                        h->meta = p;
-                    }
-                    h->meta[h->nm++] = (kv){k, v};
-                } while (jlit(&j, ','));
-                if (!jlit(&j, '}')) BAD("unterminated __metadata__");
-            }
-            continue;
-        }
-        if (h->nt == h->capt) {
-            h->capt = h->capt ? 2 * h->capt : 64;
-            tentry *p = realloc(h->t, sizeof(tentry) * (size_t)h->capt);
-            if (!p) {
-                free(key);
-                return bki_fail(BK_ERR_NOMEM, "out of memory");
-            }
-            h->t = p;
-        }
-        tentry *t = &h->t[h->nt++];
-        memset(t, 0, sizeof *t);
-        t->name = key;
-        t->b = t->e = -1;
-        if (!jlit(&j, '{')) BAD("a tensor entry is not an object");
+    int have_meta = 0;
+    char nb[96];
+    if (!jlit(&j, '}')) {
         do {
-            char *f = jstr(&j);
-            if (!f || !jlit(&j, ':')) {
-                free(f);
-                BAD("bad tensor field");
+            const char *key = jstr(&j);
+            if (!key) BAD("expected a key");
+            if (!jlit(&j, ':')) BAD("expected ':'");
+            if (strcmp(key, "__metadata__") == 0) {
+                if (have_meta++) BAD("duplicate key '__metadata__'");
+                if (!parse_meta(&j, h)) BAD("bad __metadata__");
+                continue;
             }
-            int ok = 1;
-            if (strcmp(f, "dtype") == 0) {
-                free(t->dtype);
-                ok = (t->dtype = jstr(&j)) != NULL;
-            } else if (strcmp(f, "shape") == 0) {
-                ok = jints(&j, t->shape, 8, &t->ndim);
-            } else if (strcmp(f, "data_offsets") == 0) {
-                int64_t o[2];
-                int cnt;
-                ok = jints(&j, o, 2, &cnt) && cnt == 2;
-                if (ok) {
-                    t->b = o[0];
-                    t->e = o[1];
-                }
-            } else {
-                ok = 0;
+            if (h->nt == h->capt) {
+                h->capt = h->capt ? 2 * h->capt : 64;
+                tentry *p = realloc(h->t, sizeof(tentry) * (size_t)h->capt);
+                if (!p) return bki_fail(BK_ERR_NOMEM, "%s: out of memory (%d tensor entries)", path, h->nt);
+                h->t = p;
             }
-            free(f);
-            if (!ok) BAD("bad dtype, shape or data_offsets");
+            tentry *t = &h->t[h->nt++];
+            memset(t, 0, sizeof *t);
+            t->name = key;
+            if (!parse_tensor(&j, t)) BAD("bad tensor entry");
         } while (jlit(&j, ','));
-        if (!jlit(&j, '}')) BAD("unterminated tensor entry");
-        if (!t->dtype || t->b < 0) BAD("tensor entry lacks dtype or data_offsets");
-    } while (jlit(&j, ','));
-    if (!jlit(&j, '}')) BAD("unterminated object");
+        if (!jlit(&j, '}')) BAD("unterminated object");
+    }
     jws(&j);
     if (j.p != j.end) BAD("trailing bytes");
+    /* no metadata key and no tensor name twice: readers that keep the first
+     * or the last copy would load different files */
+    if (h->nm > 1) qsort(h->meta, (size_t)h->nm, sizeof *h->meta, cmp_kv);
+    for (int i = 1; i < h->nm; i++)
+        if (!strcmp(h->meta[i - 1].key, h->meta[i].key))
+            return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (duplicate metadata key '%s')", path,
+                            shown(h->meta[i].key, nb, sizeof nb));
+    if (!(h->byname = malloc(sizeof *h->byname * (size_t)(h->nt > 0 ? h->nt : 1))))
+        return bki_fail(BK_ERR_NOMEM, "%s: out of memory (%d tensor entries)", path, h->nt);
+    for (int i = 0; i < h->nt; i++) h->byname[i] = &h->t[i];
+    if (h->nt > 1) qsort(h->byname, (size_t)h->nt, sizeof *h->byname, cmp_name);
+    for (int i = 1; i < h->nt; i++)
+        if (!strcmp(h->byname[i - 1]->name, h->byname[i]->name))
+            return bki_fail(BK_ERR_FORMAT, "%s: malformed safetensors header (duplicate tensor name '%s')", path,
+                            shown(h->byname[i]->name, nb, sizeof nb));
 #undef BAD
     return BK_OK;
 }
@@ -405,9 +519,39 @@ typedef struct {
     int64_t shape[4], count;
 } wtensor;
 
+/* the offset of the first byte of s that is not well-formed UTF-8, or -1 */
+static long bad_utf8(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        const size_t k = utf8_len(u + i, n - i);
+        if (!k) return (long)i;
+        i += k;
+    }
+    return -1;
+}
+
 bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra)
 {
+    bk_outset *set = bk_outset_create();
+    if (!set) return BK_ERR_NOMEM;
+    bk_status st = bk_checkpoint_stage(set, path, 0, m, o, extra);
+    if (!st) st = bk_outset_commit(set);
+    bk_outset_free(set);
+    return st;
+}
+
+bk_status bk_checkpoint_stage(bk_outset *set, const char *path, unsigned flags, const bk_model *m, const bk_optim *o,
+                              const char *extra)
+{
+    if (!set) return bki_fail(BK_ERR_NULL, "bk_checkpoint_stage: NULL argument");
     if (!path || !m) return bki_fail(BK_ERR_NULL, "bk_checkpoint_save: NULL argument");
+    const long bad = extra ? bad_utf8(extra) : -1;
+    if (bad >= 0)
+        return bki_fail(BK_ERR_PARAM, "bk_checkpoint_save: the extra text is not UTF-8 (byte 0x%02x at offset %ld); a "
+                                      "checkpoint's header is JSON",
+                        (unsigned char)extra[bad], bad);
     int np;
     const bki_param *tab = bki_model_table(m, &np);
     const int slots = o ? bki_optim_slots(o) : 0;
@@ -430,11 +574,9 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
             memcpy(t->shape, tab[i].shape, sizeof t->shape);
             t->count = tab[i].count;
         }
-    uint64_t h = BKI_FNV_OFFSET;
-    for (int i = 0; i < nw; i++) h = bki_fnv1a(h, w[i].data, sizeof(float) * (size_t)w[i].count);
-    /* compiled ASAP layers live in the metadata; the checksum covers them */
+    /* compiled ASAP layers live in the metadata */
     const int depth = bk_model_get_config(m)->depth;
-    char **asap = calloc((size_t)depth, sizeof(char *));
+    char **asap = calloc((size_t)(depth ? depth : 1), sizeof(char *));
     if (!asap) {
         free(w);
         return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
@@ -448,7 +590,6 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
             free(w);
             return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
         }
-        h = bki_fnv1a(h, asap[l], strlen(asap[l]));
     }
 
     sbuf b = {0};
@@ -493,10 +634,10 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
         free(asap[l]);
     }
     free(asap);
-    snprintf(tmp, sizeof tmp, "%016llx", (unsigned long long)h);
-    sb_str(&b, ",\"checksum\":");
-    sb_json(&b, tmp);
-    sb_str(&b, "}");
+    /* the checksum's place, zeros until the header is whole */
+    sb_str(&b, ",\"checksum\":\"");
+    const size_t cs_at = b.n;
+    sb_str(&b, "0000000000000000\"}");
     int64_t off = 0;
     for (int i = 0; i < nw; i++) {
         const int64_t bytes = 4 * w[i].count;
@@ -518,6 +659,13 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
         free(w);
         return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
     }
+    /* the checksum: the data section, then the header as written (its own
+     * 16 digits as zeros) */
+    uint64_t h = BKI_FNV_OFFSET;
+    for (int i = 0; i < nw; i++) h = bki_fnv1a(h, w[i].data, sizeof(float) * (size_t)w[i].count);
+    h = bki_fnv1a(h, b.s, b.n);
+    snprintf(tmp, sizeof tmp, "%016llx", (unsigned long long)h);
+    memcpy(b.s + cs_at, tmp, 16);
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
     const void **parts = malloc(sizeof(void *) * (size_t)(nw + 2));
@@ -534,7 +682,7 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
             parts[i + 2] = w[i].data;
             sizes[i + 2] = sizeof(float) * (size_t)w[i].count;
         }
-        st = bki_write_atomic(path, nw + 2, parts, sizes);
+        st = bk_outset_add(set, path, flags, nw + 2, parts, sizes);
     }
     free(parts);
     free(sizes);
@@ -546,15 +694,18 @@ bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim
 /* ---- load ---- */
 static const tentry *find_tensor(const header *h, const char *name)
 {
-    for (int i = 0; i < h->nt; i++)
-        if (strcmp(h->t[i].name, name) == 0) return &h->t[i];
-    return NULL;
+    const tentry want = {.name = name}, *wp = &want;
+    const tentry *const *f = h->nt ? bsearch(&wp, h->byname, (size_t)h->nt, sizeof *h->byname, cmp_name) : NULL;
+    return f ? *f : NULL;
 }
 
+/* by offsets: begin, then end (empty tensors before the one that starts
+ * where they are) */
 static int cmp_off(const void *a, const void *b)
 {
     const tentry *x = *(const tentry *const *)a, *y = *(const tentry *const *)b;
-    return x->b < y->b ? -1 : x->b > y->b;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    return x->e < y->e ? -1 : x->e > y->e;
 }
 
 static bk_status parse_u64(const char *path, const header *h, const char *key, uint64_t *v)
@@ -563,10 +714,105 @@ static bk_status parse_u64(const char *path, const header *h, const char *key, u
     char *end;
     if (!s) return bki_fail(BK_ERR_FORMAT, "%s: checkpoint metadata lacks '%s'", path, key);
     errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || end == s || *end) return bki_fail(BK_ERR_FORMAT, "%s: bad '%s' in the metadata", path, key);
+    unsigned long long x = *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0; /* (no sign, no space) */
+    if (*s < '0' || *s > '9' || errno || *end)
+        return bki_fail(BK_ERR_FORMAT, "%s: bad '%s' in the metadata (expected a decimal integer in [0, 2^64))", path,
+                        key);
     *v = x;
     return BK_OK;
+}
+
+/* bytes per element of the dtypes a header may name (birkhoff.models reads
+ * the same ones); 0 for any other */
+static int dtype_size(const char *d)
+{
+    static const char *const names[] = {"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8"};
+    static const int sizes[] = {8, 4, 2, 8, 4, 2, 1, 1};
+    for (int i = 0; i < 8; i++)
+        if (!strcmp(d, names[i])) return sizes[i];
+    return 0;
+}
+
+/* Every tensor's shape fills its byte range at its dtype's size, and the
+ * ranges tile the data section exactly (in the order of their offsets). */
+static bk_status check_tiling(const char *path, const header *h, uint64_t dsize)
+{
+    char nb[96];
+    for (int i = 0; i < h->nt; i++) {
+        const tentry *t = &h->t[i];
+        const int es = dtype_size(t->dtype);
+        if (!es)
+            return bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' has the unknown dtype '%s' (F64, F32, F16, I64, I32, I16, "
+                                           "I8 or U8)",
+                            path, shown(t->name, nb, sizeof nb), t->dtype);
+        /* the element count, exact: a zero size makes it 0, and a product
+         * beyond the byte range cannot match it */
+        int64_t cnt = 1, bytes = t->e - t->b;
+        int zero = 0, over = 0;
+        for (int d = 0; d < t->ndim; d++) zero |= t->shape[d] == 0;
+        for (int d = 0; d < t->ndim && !zero && !over; d++) {
+            over = cnt > INT64_MAX / es / t->shape[d];
+            cnt *= t->shape[d];
+        }
+        if (zero) cnt = 0;
+        if (over || bytes < 0 || cnt * es != bytes)
+            return bki_fail(BK_ERR_FORMAT, "%s: tensor '%s': its shape does not fill its byte range [%lld, %lld)", path,
+                            shown(t->name, nb, sizeof nb), (long long)t->b, (long long)t->e);
+    }
+    const tentry **ord = malloc(sizeof(*ord) * (size_t)(h->nt > 0 ? h->nt : 1));
+    if (!ord) return bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < h->nt; i++) ord[i] = &h->t[i];
+    qsort(ord, (size_t)h->nt, sizeof *ord, cmp_off);
+    uint64_t pos = 0;
+    bk_status st = BK_OK;
+    for (int i = 0; i < h->nt && !st; i++) {
+        if ((uint64_t)ord[i]->b != pos)
+            st = bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' has offsets [%lld, %lld] that do not tile the data", path,
+                          shown(ord[i]->name, nb, sizeof nb), (long long)ord[i]->b, (long long)ord[i]->e);
+        pos = (uint64_t)ord[i]->e;
+    }
+    free(ord);
+    if (!st && pos != dsize)
+        st = bki_fail(BK_ERR_FORMAT, "%s: data section is %llu bytes, the header describes %llu (truncated?)", path,
+                      (unsigned long long)dsize, (unsigned long long)pos);
+    return st;
+}
+
+/* The checksum (docs/MODEL.md "Checkpoints"): FNV-1a-64 of the data section
+ * followed by the whole header (hdr[0..hl), padding included) with the bytes
+ * of the checksum's own value read as '0's; 16 lowercase hex digits. A file
+ * written before the checksum covered the header holds the FNV-1a-64 of the
+ * data section followed by the "asap.<l>" metadata strings (l = 0, 1, ...):
+ * such a file is accepted, and only its tensors and ASAP layers are vouched
+ * for. FNV detects corruption and careless edits; it is no signature. */
+static bk_status check_sum(const char *path, const header *h, const unsigned char *hdr, uint64_t hl,
+                           const unsigned char *data, uint64_t dsize)
+{
+    const char *cs = meta_get(h, "checksum");
+    char nb[96];
+    if (!cs)
+        return bki_fail(BK_ERR_FORMAT, "%s: no checksum in the metadata (not written by birkhoff, or edited)", path);
+    int hex = strlen(cs) == 16;
+    for (int i = 0; hex && i < 16; i++) hex = (cs[i] >= '0' && cs[i] <= '9') || (cs[i] >= 'a' && cs[i] <= 'f');
+    if (!hex)
+        return bki_fail(BK_ERR_FORMAT, "%s: bad checksum '%s' in the metadata (expected 16 lowercase hex digits)", path,
+                        shown(cs, nb, sizeof nb));
+    const uint64_t stored = strtoull(cs, NULL, 16), hd = bki_fnv1a(BKI_FNV_OFFSET, data, (size_t)dsize);
+    uint64_t full = bki_fnv1a(hd, hdr, (size_t)h->cs_b);
+    for (int64_t i = h->cs_b; i < h->cs_e; i++) full = bki_fnv1a(full, "0", 1);
+    full = bki_fnv1a(full, hdr + h->cs_e, (size_t)(hl - (uint64_t)h->cs_e));
+    if (full == stored) return BK_OK;
+    uint64_t old = hd;
+    for (int l = 0; l < 4096; l++) { /* (depth is at most 4096: config check) */
+        char key[32];
+        snprintf(key, sizeof key, "asap.%d", l);
+        const char *a = meta_get(h, key);
+        if (a) old = bki_fnv1a(old, a, strlen(a));
+    }
+    if (old == stored) return BK_OK;
+    return bki_fail(BK_ERR_FORMAT, "%s: checksum mismatch (file corrupt or edited): stored %s, computed %016llx over "
+                                   "the header and the data",
+                    path, cs, (unsigned long long)full);
 }
 
 /* A checkpoint read into memory and verified (header, tiling, checksum) with
@@ -664,50 +910,9 @@ static bk_status ckfile_read(const char *path, ckfile *f)
         st = bki_fail(BK_ERR_FORMAT, "%s: not a birkhoff checkpoint (metadata format is '%s')", path, fmt ? fmt : "");
         goto fail;
     }
-    /* the tensors tile the data section exactly */
     const uint64_t dsize = (uint64_t)fsz - 8 - hl;
     const unsigned char *data = buf + 8 + hl;
-    {
-        const tentry **ord = malloc(sizeof(*ord) * (size_t)(h.nt ? h.nt : 1));
-        if (!ord) {
-            st = bki_fail(BK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (int i = 0; i < h.nt; i++) ord[i] = &h.t[i];
-        qsort(ord, (size_t)h.nt, sizeof *ord, cmp_off);
-        uint64_t pos = 0;
-        for (int i = 0; i < h.nt && !st; i++) {
-            if ((uint64_t)ord[i]->b != pos || ord[i]->e < ord[i]->b)
-                st = bki_fail(BK_ERR_FORMAT, "%s: tensor '%s' has offsets [%lld, %lld] that do not tile the data", path,
-                              ord[i]->name, (long long)ord[i]->b, (long long)ord[i]->e);
-            pos = (uint64_t)ord[i]->e;
-        }
-        free(ord);
-        if (!st && pos != dsize)
-            st = bki_fail(BK_ERR_FORMAT, "%s: data section is %llu bytes, the header describes %llu (truncated?)", path,
-                          (unsigned long long)dsize, (unsigned long long)pos);
-        if (st) goto fail;
-    }
-    {
-        const char *cs = meta_get(&h, "checksum");
-        char want[32];
-        uint64_t hv = BKI_FNV_OFFSET;
-        /* checksum over the tensors in file order */
-        hv = bki_fnv1a(hv, data, (size_t)dsize);
-        for (int l = 0; l < 4096; l++) { /* (depth is at most 4096: config check) */
-            char key[32];
-            snprintf(key, sizeof key, "asap.%d", l);
-            const char *a = meta_get(&h, key);
-            if (!a) continue;
-            hv = bki_fnv1a(hv, a, strlen(a));
-        }
-        snprintf(want, sizeof want, "%016llx", (unsigned long long)hv);
-        if (!cs || strcmp(cs, want) != 0) {
-            st = bki_fail(BK_ERR_FORMAT, "%s: checksum mismatch (file corrupt): stored %s, computed %s", path,
-                          cs ? cs : "(none)", want);
-            goto fail;
-        }
-    }
+    if ((st = check_tiling(path, &h, dsize)) || (st = check_sum(path, &h, buf + 8, hl, data, dsize))) goto fail;
     bk_model_config cfg = bk_model_config_default();
     const char *ctext = meta_get(&h, "config");
     const int old_otk = counts_whole_otk_iterations(meta_get(&h, "version"));
@@ -719,6 +924,12 @@ static bk_status ckfile_read(const char *path, ckfile *f)
         char why[512];
         snprintf(why, sizeof why, "%s", bk_last_error()); /* (bki_fail rewrites that buffer) */
         st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: %s", path, why);
+        goto fail;
+    }
+    if (old_otk && (cfg.otk_iters < 0 || cfg.otk_iters > (1 << 19))) { /* (doubled: at most 2^20, the config's bound) */
+        st = bki_fail(BK_ERR_FORMAT, "%s: bad model config in the checkpoint: otk_iters=%d (whole iterations in a file "
+                                     "written before 0.2.0) is out of range [0, 2^19]",
+                      path, cfg.otk_iters);
         goto fail;
     }
     if (old_otk) cfg.otk_iters *= 2;
@@ -789,6 +1000,10 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
             goto done;
         }
         if ((st = parse_u64(path, &h, "optim_step", &ostep))) goto done;
+        if (ostep > (uint64_t)INT64_MAX) {
+            st = bki_fail(BK_ERR_FORMAT, "%s: bad 'optim_step' in the metadata (above 2^63 - 1)", path);
+            goto done;
+        }
         if ((st = bk_optim_create(&oc, m, &o))) goto done;
         bki_optim_set_step(o, (int64_t)ostep);
         want_slots = bki_optim_slots(o);

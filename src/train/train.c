@@ -44,19 +44,14 @@ bk_status bk_run_write_text(const char *path, const char *text)
 {
     bki_clear_error();
     if (!path || !text) return bki_fail(BK_ERR_NULL, "bk_run_write_text: NULL argument");
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    int ok = f != NULL;
-    if (ok) ok = fputs(text, f) >= 0;
-    if (f) ok = (fclose(f) == 0) && ok;
-    else if (fd >= 0) close(fd);
-    if (ok) ok = rename(tmp, path) == 0;
-    if (ok) return BK_OK;
-    bk_status st = bki_fail(BK_ERR_IO, "cannot write %s (%s)", path, strerror(errno));
-    if (fd >= 0) remove(tmp);
-    return st;
+    return bk_file_write(path, 0, text, strlen(text));
+}
+
+/* a file of the run directory: named by the run, so a symlink there is
+ * replaced, never followed */
+static bk_status run_write_text(const char *path, const char *text)
+{
+    return bk_file_write(path, BK_OUT_NOFOLLOW, text, strlen(text));
 }
 
 /* the number after "key": in one of our records (NAN if absent) */
@@ -68,52 +63,123 @@ static double rec_num(const char *line, const char *key)
     return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
-/* Keeps the lines of a metrics file that `keep` accepts (resume: records
- * written after the checkpoint are dropped); rewritten atomically. */
-static int filter_lines(const char *path, int (*keep)(const char *line, int64_t step, int64_t epoch), int64_t step,
-                        int64_t epoch)
+/* The step (or epoch) numbers of the records a resumed run keeps, in file
+ * order, against those the run wrote: every `every`-th up to `bound` (the
+ * checkpoint's step, or epoch). The first gap is [lo, hi]; missing counts
+ * the records absent in all. */
+typedef struct {
+    int64_t every, bound, last, lo, hi, missing;
+} rec_seq;
+
+static void seq_gap(rec_seq *q, int64_t from, int64_t to)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT;
-    char *line = NULL, *out = NULL;
-    size_t cap = 0, n = 0, ocap = 0;
-    ssize_t len;
-    int ok = 1;
-    while (ok && (len = getline(&line, &cap, f)) > 0) {
-        if (!keep(line, step, epoch)) continue;
-        if (n + (size_t)len + 1 > ocap) {
-            ocap = 2 * (n + (size_t)len + 1);
+    if (!q->missing) {
+        q->lo = from;
+        q->hi = to;
+    }
+    q->missing += (to - from) / q->every + 1;
+}
+static void seq_see(rec_seq *q, int64_t x)
+{
+    if (x <= q->last) return; /* a repeat */
+    if (x > q->last + q->every) seq_gap(q, q->last + q->every, x - q->every);
+    q->last = x;
+}
+static void seq_end(rec_seq *q)
+{
+    const int64_t want = q->bound / q->every * q->every;
+    if (want > q->last) seq_gap(q, q->last + q->every, want);
+}
+
+/* What a line of a metrics file (csv 0: metrics.jsonl, 1: steps.csv, 2:
+ * epochs.csv) is: 0 a step record, 1 an epoch record (*num: its step or
+ * epoch), 2 the CSV header, -1 not a record (cut by a killed run, edited,
+ * holding a NUL byte) */
+static int rec_kind(int csv, const char *line, size_t len, int64_t *num)
+{
+    if (strlen(line) != len) return -1;
+    if (csv) {
+        if (!strncmp(line, csv == 1 ? "step," : "epoch,", csv == 1 ? 5 : 6)) return 2;
+        char *end;
+        errno = 0;
+        const long long v = strtoll(line, &end, 10);
+        if (!(line[0] >= '0' && line[0] <= '9') || *end != ',' || errno) return -1;
+        *num = v;
+        return csv == 1 ? 0 : 1;
+    }
+    const int k = !strncmp(line, "{\"type\":\"step\",", 15) ? 0 : !strncmp(line, "{\"type\":\"epoch\",", 16) ? 1 : -1;
+    const double v = k < 0 || line[len - 1] != '}' ? NAN : rec_num(line, k ? "epoch" : "step");
+    if (!(v >= 0 && v < 9e18)) return -1;
+    *num = (int64_t)v;
+    return k;
+}
+
+/* Keeps the records of a metrics file up to the checkpoint (resume: records
+ * written after it, and lines that are not records, are dropped), noting
+ * the numbers kept in seq[0] (steps) and seq[1] (epochs); rewritten
+ * atomically. Read by the library's bounded reader (BK_TEXT_MAX_LINE,
+ * _BYTES, _LINES); a missing file holds no records. 0 after bki_fail. */
+static int filter_lines(const char *path, int csv, int64_t step, int64_t epoch, rec_seq seq[2])
+{
+    if (!exists(path)) return 1;
+    bk_text_config tc = bk_text_config_default();
+    tc.nul_ok = 1; /* a line holding one is not a record: dropped */
+    bk_text_reader *f = NULL;
+    char *line, *out = NULL;
+    size_t len, n = 0, ocap = 0;
+    int ok = bk_text_open(path, &tc, &f) == BK_OK;
+    bk_status rs;
+    while (ok && (rs = bk_text_next(f, &line, &len)) == BK_OK && line) {
+        int64_t num = 0;
+        const int k = rec_kind(csv, line, len, &num);
+        if (k < 0 || (k == 0 && num > step) || (k == 1 && num > epoch)) continue;
+        if (k < 2) seq_see(&seq[k], num);
+        if (n + len + 2 > ocap) {
+            ocap = 2 * (n + len + 2);
             char *p = realloc(out, ocap);
-            if (!p) ok = 0;
+            if (!p) ok = bki_fail(BK_ERR_NOMEM, "%s: out of memory", path) == BK_OK;
             else out = p;
         }
         if (ok) {
-            memcpy(out + n, line, (size_t)len);
-            n += (size_t)len;
+            memcpy(out + n, line, len);
+            n += len;
+            out[n++] = '\n';
         }
     }
-    free(line);
-    fclose(f);
-    if (ok) ok = bk_run_write_text(path, out ? (out[n] = 0, out) : "") == BK_OK;
+    if (ok && rs != BK_OK) ok = 0;
+    bk_text_close(f);
+    if (ok) ok = run_write_text(path, out ? (out[n] = 0, out) : "") == BK_OK;
     free(out);
     return ok;
 }
 
-static int keep_jsonl(const char *line, int64_t step, int64_t epoch)
+/* After filter_lines: the records missing before the checkpoint (a file
+ * cut or edited), appended to note (cap bytes) as one sentence per file;
+ * the run goes on with the gap, and the CLI prints the note as a warning. */
+static void note_gaps(char *note, size_t cap, const char *path, int csv, rec_seq seq[2])
 {
-    if (strstr(line, "\"type\":\"epoch\"")) return rec_num(line, "epoch") <= (double)epoch;
-    return rec_num(line, "step") <= (double)step;
-}
-/* CSV: the header, and rows whose first column is within the bound */
-static int keep_csv_step(const char *line, int64_t step, int64_t epoch)
-{
-    (void)epoch;
-    return !strncmp(line, "step,", 5) || strtoll(line, NULL, 10) <= step;
-}
-static int keep_csv_epoch(const char *line, int64_t step, int64_t epoch)
-{
-    (void)step;
-    return !strncmp(line, "epoch,", 6) || strtoll(line, NULL, 10) <= epoch;
+    static const char *const what[2] = {"step", "epoch"};
+    for (int k = 0; k < 2; k++) {
+        if ((csv == 1 && k == 1) || (csv == 2 && k == 0)) continue;
+        rec_seq *q = &seq[k];
+        seq_end(q);
+        if (!q->missing) continue;
+        const size_t used = strlen(note);
+        if (used + 1 >= cap) return;
+        char range[64], every[48] = "";
+        if (q->lo == q->hi) snprintf(range, sizeof range, "%s %lld", what[k], (long long)q->lo);
+        else snprintf(range, sizeof range, "%ss %lld-%lld", what[k], (long long)q->lo, (long long)q->hi);
+        if (!k) snprintf(every, sizeof every, ", logged every %lld", (long long)q->every);
+        char one[1700];
+        snprintf(one, sizeof one,
+                 "%s%.1100s: %lld %s record%s before the checkpoint's %s %lld %s missing (the first: %s%s; the file "
+                 "was cut or edited): the resumed run keeps the gap",
+                 used ? "; " : "", path, (long long)q->missing, what[k], q->missing > 1 ? "s" : "", what[k],
+                 (long long)q->bound, q->missing > 1 ? "are" : "is", range, every);
+        const size_t add = strlen(one) < cap - used - 1 ? strlen(one) : cap - used - 1;
+        memcpy(note + used, one, add);
+        note[used + add] = 0;
+    }
 }
 
 /* the run configuration's text (malloc'd) */
@@ -246,7 +312,10 @@ static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_op
     snprintf(path, sizeof path, "%s/%s", dir, name);
     char *ex = extra_text(r, p, trv, tev, ranks);
     if (!ex) return bki_fail(BK_ERR_NOMEM, "out of memory");
-    bk_status st = bk_checkpoint_save(path, m, o, ex);
+    bk_outset *set = bk_outset_create();
+    bk_status st = set ? bk_checkpoint_stage(set, path, BK_OUT_NOFOLLOW | BK_OUT_SYNC, m, o, ex) : BK_ERR_NOMEM;
+    if (!st) st = bk_outset_commit(set);
+    bk_outset_free(set);
     free(ex);
     return st;
 }
@@ -276,13 +345,13 @@ static int logs_open(const char *dir, int fresh, run_logs *L)
     char p[1100];
     memset(L, 0, sizeof *L);
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
-    L->jsonl = fopen(p, fresh ? "w" : "a");
+    L->jsonl = bki_open_log(p, fresh);
     snprintf(p, sizeof p, "%s/steps.csv", dir);
     int new_steps = fresh || !exists(p);
-    L->steps = fopen(p, fresh ? "w" : "a");
+    if (L->jsonl) L->steps = bki_open_log(p, fresh);
     snprintf(p, sizeof p, "%s/epochs.csv", dir);
     int new_epochs = fresh || !exists(p);
-    L->epochs = fopen(p, fresh ? "w" : "a");
+    if (L->steps) L->epochs = bki_open_log(p, fresh);
     if (!L->jsonl || !L->steps || !L->epochs) {
         logs_close(L);
         return 0;
@@ -326,6 +395,7 @@ typedef struct {
     bk_data_batch buf;
     run_logs logs;
     bki_dp dp;              /* the ranks of a data-parallel run               */
+    char notice[4096];      /* resume: records missing before the checkpoint  */
 } train_state;
 
 static void train_free(train_state *s)
@@ -599,29 +669,36 @@ static bk_status setup_dir(train_state *s, const char *dir, bk_train_mode mode, 
     if (lstat(path, &cst) != 0 || !S_ISDIR(cst.st_mode))
         return bki_fail(BK_ERR_IO, "cannot write %s (not a directory: a run directory's files are never followed "
                                    "through symbolic links)", path);
+    /* the temporaries a killed run left in the directory this run owns */
+    bki_clean_stale(dir, NULL);
+    bki_clean_stale(path, NULL);
     {
         char *cfg = config_text(r);
         size_t n = cfg ? strlen(cfg) + 1024 : 0;
         char *txt = cfg ? malloc(n) : NULL;
         if (txt) snprintf(txt, n, "# birkhoff %s\n# data: %s\n# data: %s\n%s", bk_version(), tri->version, tei->version, cfg);
         snprintf(path, sizeof path, "%s/config.txt", dir);
-        st = txt ? bk_run_write_text(path, txt) : bki_fail(BK_ERR_NOMEM, "out of memory");
+        st = txt ? run_write_text(path, txt) : bki_fail(BK_ERR_NOMEM, "out of memory");
         free(cfg);
         free(txt);
         if (st != BK_OK) return st;
     }
     if (resume) {
-        char p2[1100];
-        snprintf(p2, sizeof p2, "%s/metrics.jsonl", dir);
-        int ok = filter_lines(p2, keep_jsonl, pos->step, pos->epoch);
-        snprintf(p2, sizeof p2, "%s/steps.csv", dir);
-        ok = ok && filter_lines(p2, keep_csv_step, pos->step, pos->epoch);
-        snprintf(p2, sizeof p2, "%s/epochs.csv", dir);
-        ok = ok && filter_lines(p2, keep_csv_epoch, pos->step, pos->epoch);
-        if (!ok) return bki_fail(BK_ERR_IO, "cannot rewrite the metrics of %s", dir);
+        /* the records up to the checkpoint stay; a gap among them is noted */
+        static const char *const mf[3] = {"metrics.jsonl", "steps.csv", "epochs.csv"};
+        for (int i = 0; i < 3; i++) {
+            char p2[1100];
+            rec_seq seq[2] = {{.every = r->log_every, .bound = pos->step}, {.every = 1, .bound = pos->epoch}};
+            snprintf(p2, sizeof p2, "%s/%s", dir, mf[i]);
+            if (!filter_lines(p2, i, pos->step, pos->epoch, seq)) {
+                char msg[600];
+                snprintf(msg, sizeof msg, "%s", bk_last_error());
+                return bki_fail(BK_ERR_IO, "cannot rewrite the metrics of %s: %s", dir, msg);
+            }
+            note_gaps(s->notice, sizeof s->notice, p2, i, seq);
+        }
     }
-    if (!logs_open(dir, !resume, &s->logs))
-        return bki_fail(BK_ERR_IO, "cannot open the metrics files in %s (%s)", dir, strerror(errno));
+    if (!logs_open(dir, !resume, &s->logs)) return BK_ERR_IO; /* bki_open_log said which and why */
     if (!resume) {
         remove_old_run(dir);
         if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, tri->version, tei->version,
@@ -744,7 +821,9 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     ev.epoch = pos.epoch + 1;
     ev.time_s = pos.elapsed;
     ev.kind = BK_TRAIN_EVENT_START;
+    ev.notice = s.notice[0] ? s.notice : NULL;
     if (cb) cb(user, &ev);
+    ev.notice = NULL;
 
     const double t0 = now_s();
     double win_t = t0, rate = 0;
@@ -960,7 +1039,7 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
                      (long long)bk_model_num_params(m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads(),
                      ranks);
             snprintf(path, sizeof path, "%s/summary.json", dir);
-            st = bk_run_write_text(path, sj);
+            st = run_write_text(path, sj);
         }
         /* the last writes, agreed (a failed loop has agreed already) */
         st = bki_dp_agree(&s.dp, st, "the final checkpoint");

@@ -67,14 +67,15 @@ static int file_starts(const char *path, const char *prefix)
     return got == len && memcmp(buf, prefix, len) == 0;
 }
 
-/* the files in the test directory whose name contains ".tmp." */
+/* the files in the test directory that look like temporaries: ".tmp." (the
+ * old writers' names) or ".bk-" (the output sets' own, src/core/outfile.c) */
 static int leftovers(const tally *t)
 {
     DIR *d = opendir(t->dir);
     if (!d) return -1;
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += strstr(e->d_name, ".tmp.") != NULL;
+    while ((e = readdir(d)) != NULL) n += strstr(e->d_name, ".tmp.") != NULL || strstr(e->d_name, ".bk-") != NULL;
     closedir(d);
     return n;
 }

@@ -119,7 +119,7 @@ def bad_case(name, files, extra=(), want_rc=1, want_msg=""):
     rc, out = run(*args, "--out", out_path, *extra)
     check(rc == want_rc and want_msg in out and not os.path.exists(out_path),
           f"error: {name}", f"rc={rc} out={out.strip()}")
-    leftovers = [f for f in os.listdir(tmp) if ".tmp." in f]
+    leftovers = [f for f in os.listdir(tmp) if ".tmp." in f or ".bk-" in f or f.endswith(".staged")]
     check(not leftovers, f"no temporary files left: {name}", str(leftovers))
 
 
@@ -153,7 +153,7 @@ bad_case("iters < 1", {}, extra=["--iters", "0"], want_rc=2, want_msg="--iters")
 bad_case("iters not a number", {}, extra=["--iters", "3x"], want_rc=2, want_msg="--iters")
 bad_case("unknown option", {}, extra=["--bogus", "1"], want_rc=2, want_msg="unknown option")
 bad_case("dq without dout", {}, extra=["--dq", P("x.npy")], want_rc=2, want_msg="need --dout")
-bad_case("unwritable output dir", {}, extra=["--attn", "/nonexistent/dir/a.npy"], want_msg="cannot create")
+bad_case("unwritable output dir", {}, extra=["--attn", "/nonexistent/dir/a.npy"], want_msg="cannot write /nonexistent/dir/a.npy")
 
 # ESP through the CLI
 esp = ["attn", "--op", "esp", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy")]
@@ -381,5 +381,84 @@ check(rc == 2 and "unknown subcommand" in out, "asap unknown subcommand", out)
 rc, out = run("bench", "--op", "asap", "--cases", "2:32:8", "--no-peer", "--reps", "1", "--warmup", "0", "--calib", "2",
               "--json")
 check(rc == 0 and out.count('"op": "asap"') == 5, "bench --op asap runs", out)
+
+# ---- issue 41: numbers that cannot be represented, integers that would wrap, raw bytes in messages ----
+
+
+def run_bytes(*args):
+    """(status, stderr bytes): messages are checked byte by byte (text=True would fail on 0xFF)"""
+    p = subprocess.run([BK, *args], capture_output=True, timeout=120)
+    return p.returncode, p.stderr
+
+
+# finite inputs whose scores overflow float32: status 1, a message naming the overflow, no output, no
+# diagnostics line claiming zero errors
+np.save(P("qbig.npy"), (rng.standard_normal((B, H, Nq, d)) * 1e20).astype("<f4"))
+np.save(P("kbig.npy"), (rng.standard_normal((B, H, Nk, d)) * 1e20).astype("<f4"))
+np.save(P("dvbig.npy"), rng.standard_normal((B, H, Nq, d)).astype("<f4"))
+for op, extra in (("softmax", []), ("sinkhorn", ["--diag", P("never_diag.npy")]), ("unbalanced", []), ("esp", []),
+                  ("diff", ["--lambda", P("lam.npy")])):
+    rc, out = run("attn", "--op", op, "--q", P("qbig.npy"), "--k", P("kbig.npy"), "--v", P("v.npy"),
+                  "--out", P("never_big.npy"), *extra)
+    check(rc == 1 and "overflow" in out and "|row sum - 1| 0" not in out and not os.path.exists(P("never_big.npy"))
+          and not os.path.exists(P("never_diag.npy")), "attn --op %s: scores overflowing float32 refused" % op, out)
+rc, out = run(*base, "--scale", "1e38", "--out", P("never_big.npy"), "--diag", P("never_diag.npy"))
+check(rc == 1 and "overflow" in out and not os.path.exists(P("never_big.npy")), "attn --scale 1e38: overflow refused",
+      out)
+np.save(P("dobig.npy"), np.full((B, H, Nq, dv), 3e38, "<f4"))
+rc, out = run(*base, "--out", P("never_big.npy"), "--dout", P("dobig.npy"), "--dq", P("never_dq.npy"))
+check(rc == 1 and "gradient" in out and "overflow" in out and not os.path.exists(P("never_dq.npy")),
+      "attn backward whose gradients overflow refused", out)
+# floats that float32 cannot hold, and non-finite ones, where a finite value is needed
+for flag, val in (("--scale", "1e39"), ("--eps", "1e39"), ("--tol", "1e-50")):   # (inf, 0 as float32)
+    rc, out = run(*base, "--out", P("never_f.npy"), flag, val)
+    check(rc == 2 and flag in out and not os.path.exists(P("never_f.npy")), "attn %s %s refused" % (flag, val), out)
+# integers that would wrap: refused with the argument's name and range
+for args, msg in ((["model", "init", "--seed", "-1"], "--seed"), (["model", "init", "--seed", "1e23"], "--seed"),
+                  (["model", "init", "--seed", "18446744073709551616"], "--seed"),
+                  (["model", "init", "--seed", " 5"], "--seed")):
+    rc, out = run(*args, "--out", P("never.safetensors"))
+    check(rc == 2 and msg in out and "18446744073709551615" in out and not os.path.exists(P("never.safetensors")),
+          "%s refused" % " ".join(args), out)
+rc, out = run("model", "init", "--seed", "18446744073709551615", "--out", P("seedmax.safetensors"))
+check(rc == 0 and os.path.exists(P("seedmax.safetensors")), "model init --seed 2^64-1 accepted", out)
+rc, out = run("data", "info", "listops", "--seq-len", "-5")
+check(rc == 2 and "--seq-len" in out, "data info --seq-len -5 refused (not the default)", out)
+np.save(P("x3.npy"), rng.standard_normal((2, 4, 3)).astype("<f4"))
+np.save(P("z3.npy"), rng.standard_normal((1, 4, 3)).astype("<f4"))
+for i, (args, msg) in enumerate((
+        ((*base, "--out", P("never_i0.npy"), "--threads", "5000"), "--threads"),
+        (("bench", "--op", "sinkhorn", "--cases", "4294967297:16:8:3", "--no-peer", "--reps", "1"), "--cases"),
+        (("bench", "--op", "sinkhorn", "--cases", "2:16:8:3", "--threads", "5000", "--no-peer", "--reps", "1"),
+         "--threads"),
+        (("otk", "embed", "--x", P("x3.npy"), "--refs", P("z3.npy"), "--pe", "2d", "--grid", "4294967298x1",
+          "--out", P("never_i3.npy")), "--grid"))):
+    rc, out = run(*args)
+    check(rc == 2 and msg in out and not os.path.exists(P("never_i%d.npy" % i)),
+          "integer out of range refused: %s" % " ".join(args[-4:]), out[:300])
+# raw bytes in messages: control characters, ANSI escapes and invalid UTF-8 escaped, valid UTF-8 kept
+evil = os.path.join(tmp, "").encode() + b"x\x1b[2J\x1b]0;pwned\x07\r\xc2\x9b31m\xff\xfe"
+E = lambda n: P(n).encode()  # noqa: E731
+for args in ((b"attn", b"--op", b"sinkhorn", b"--q", evil, b"--k", E("k.npy"), b"--v", E("v.npy"), b"--out",
+              E("never_e.npy")),
+             (b"attn", b"--op", b"sinkhorn", b"--q", E("q.npy"), b"--k", E("k.npy"), b"--v", E("v.npy"), b"--out",
+              E("never_e.npy"), b"--iters", b"3\x1b[31m\xff"),
+             (b"attn", b"--op", b"bad\x1b[5m\xc2\x9b\xff", b"--q", E("q.npy"), b"--k", E("k.npy"), b"--v", E("v.npy"),
+              b"--out", E("never_e.npy")),
+             (b"model", b"init", b"--config", b"arch=\x1b[2J\xffvit", b"--out", E("never_e.safetensors")),
+             (b"bleu", b"--hyp", evil, b"--ref", evil),
+             (b"no\x1b[2J\xffsuch-command",)):
+    rc, err = run_bytes(*args)
+    raw = [c for c in err if (c < 0x20 and c not in (0x0A, 0x09)) or c == 0x7F]
+    try:
+        err.decode("utf-8")
+        utf8 = b"\xc2\x9b" not in err   # the C1 CSI is valid UTF-8 but a terminal control
+    except UnicodeDecodeError:
+        utf8 = False
+    check(rc != 0 and err and not raw and utf8 and b"\\x1b" in err and b"\\xff" in err,
+          "stderr escaped: %r" % (args[:2],), repr(err[:300]))
+rc, err = run_bytes("attn", "--op", "sinkhorn", "--q", os.path.join(tmp, "caf\u00e9-\u20ac.npy").encode(), "--k",
+                    P("k.npy"), "--v", P("v.npy"), "--out", P("never_e.npy"))
+check(rc == 1 and "caf\u00e9-\u20ac.npy".encode() in err, "stderr keeps valid UTF-8 (café-€)", repr(err))
 
 sys.exit(check.summary())

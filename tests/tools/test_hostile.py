@@ -11,9 +11,10 @@ fresh working directory with a timeout, a memory limit and umask 022:
                as standard input, absurd sizes given as flags
   nonregular   a directory or a FIFO (fed by a writer thread) as an input; a directory or a
                FIFO (drained by a reader thread) as an output
-  symlink      a symlink to a victim file at an output path, at the predictable temporary
-               paths (OUT.staged, OUT.tmp.<pid>, ...) and at the files of a run directory:
-               the victim must never be written through
+  symlink      a symlink at an output path the user named (followed: its target replaced
+               whole on success, untouched on failure, the link kept), a dangling one, symlinks to
+               a victim at the predictable temporary paths (OUT.staged, OUT.tmp.<pid>, ...) and
+               at the files of a run directory: those victims are never written through
   device       an output that is a character device (a private mknod of /dev/null's 1,3)
                or a symlink to /proc/self/fd/1 (what /dev/stdout is): written into or
                refused, never replaced
@@ -235,6 +236,8 @@ class Ctx:
         self.victims = {}      # path -> bytes it must keep
         self.keep_type = {}    # path -> stat.S_IFMT it must keep (devices, FIFOs, symlinks, directories)
         self.planted = set()   # relative paths that may disappear (planted at temporary names)
+        self.followed = set()  # victims named through a symlink the user gave as an output: replaced
+        #                        whole on success (the link followed, as every Unix tool does), else kept
         self.immutable = []    # directories made read-only (undone after the case)
         self.threads = []
         self.stop = threading.Event()
@@ -590,6 +593,10 @@ def judge(case, ctx, res, before, vbefore):
             got = open(p, "rb").read()
         except OSError as e:
             got = ("<%s>" % e).encode()
+        if p in ctx.followed and res.rc == 0:
+            if got == want or not got:
+                pr.append("exit 0 but the output named through a symlink (%s) was not written" % os.path.basename(p))
+            continue
         if got != want:
             pr.append("wrote through a symlink: victim %s now %r" % (os.path.basename(p), got[:40]))
     vafter = snapshot(ctx.v)
@@ -1242,8 +1249,10 @@ def gen_symlink():
                 continue
 
             def sl(ctx, rel=rel):
-                os.symlink(ctx.victim(), ctx.W(rel))
-                ctx.keep_type.pop(ctx.W(rel), None)
+                p = ctx.victim()
+                ctx.followed.add(p)
+                os.symlink(p, ctx.W(rel))
+                ctx.keep_type[ctx.W(rel)] = stat.S_IFLNK
             yield Case("symlink", c.name, c.argv, expect="either", names=[os.path.basename(rel)],
                        setup=chain(setup_for(c), sl), outputs=rels, what="%s is a symlink to a victim" % flag)
 

@@ -180,10 +180,9 @@ static int model_init(int argc, char **argv)
         fprintf(stderr, "birkhoff model init: --out is required\n");
         return CLI_USAGE;
     }
-    char *end;
-    unsigned long long sd = strtoull(seed, &end, 10);
-    if (*end || end == seed) {
-        fprintf(stderr, "birkhoff model init: --seed must be a non-negative integer\n");
+    uint64_t sd;
+    if (!cli_parse_u64(seed, &sd)) {
+        fprintf(stderr, "birkhoff model init: --seed must be an integer in [0, 18446744073709551615], got '%s'\n", seed);
         return CLI_USAGE;
     }
     bk_model_config c = bk_model_config_default();
@@ -259,18 +258,27 @@ static int model_grads(int argc, char **argv)
     snprintf(p3, sizeof p3, "%s/grads.safetensors", dir);
     float lossf = (float)loss;
     int64_t s1[3] = {B, s2s ? Tt : C, C}, s2[1] = {1};
+    /* files named by the command inside the directory the user named: a symlink there is replaced */
     cli_output outs[2] = {{p1, s2s ? 3 : 2, s1, logits}, {p2, 1, s2, &lossf}};
-    if (!cli_write_outputs("model grads", 2, outs)) ret = CLI_FAIL;
+    bk_outset *set = bk_outset_create(); /* the three files, all or none */
+    if (!set || !cli_stage_outputs("model grads", set, BK_OUT_NOFOLLOW, 2, outs)) ret = CLI_FAIL;
     if (!ret && train) {
         /* the gradients in the checkpoint layout: swap them into the parameter buffer for the write */
         const int64_t P = bk_model_num_params(m);
         float *w = bk_model_params(m), *g = bk_model_grads(m), *keep = malloc(sizeof(float) * (size_t)P);
-        memcpy(keep, w, sizeof(float) * (size_t)P);
-        memcpy(w, g, sizeof(float) * (size_t)P);
-        if (bk_checkpoint_save(p3, m, NULL, "content=gradients\n")) ret = fail("model grads", p3);
-        memcpy(w, keep, sizeof(float) * (size_t)P);
-        free(keep);
+        if (!keep) {
+            fprintf(stderr, "birkhoff model grads: out of memory\n");
+            ret = CLI_FAIL;
+        } else {
+            memcpy(keep, w, sizeof(float) * (size_t)P);
+            memcpy(w, g, sizeof(float) * (size_t)P);
+            if (bk_checkpoint_stage(set, p3, BK_OUT_NOFOLLOW, m, NULL, "content=gradients\n")) ret = fail("model grads", p3);
+            memcpy(w, keep, sizeof(float) * (size_t)P);
+            free(keep);
+        }
     }
+    if (!ret && !cli_commit("model grads", set)) ret = CLI_FAIL;
+    bk_outset_free(set);
     if (!ret) printf("loss %.9g\n", loss);
     free(logits);
 out:
@@ -291,10 +299,18 @@ static int model_train(int argc, char **argv)
     if (rc || done) return rc;
     float ls;
     int steps, micro;
-    if (!ck || !(yp || gp || glp) || !out || !sp || !cli_parse_float(lsp, &ls) || !cli_parse_int(sp, &steps) ||
-        steps < 1 || !cli_parse_int(mp, &micro) || micro < 0) {
+    if (!ck || !(yp || gp || glp) || !out || !sp || !cli_parse_int(sp, &steps) || steps < 1) {
         fprintf(stderr, "birkhoff model train: --ckpt, --labels (seq2seq: --tgt and --tgt-len), --out and --steps N "
                         ">= 1 are required\n");
+        return CLI_USAGE;
+    }
+    if (!cli_parse_int(mp, &micro) || micro < 0) {
+        fprintf(stderr, "birkhoff model train: --micro must be an integer in [0, 2147483647] (0: the whole batch), got "
+                        "'%s'\n", mp);
+        return CLI_USAGE;
+    }
+    if (!cli_parse_float(lsp, &ls)) {
+        fprintf(stderr, "birkhoff model train: --ls must be a finite number, got '%s'\n", lsp);
         return CLI_USAGE;
     }
     bk_model *m = NULL;
@@ -339,17 +355,21 @@ static int model_train(int argc, char **argv)
         }
         lf[s] = (float)losses[s];
     }
-    if (lossp) {
+    {
         int64_t sh[1] = {steps};
-        cli_output lo[1] = {{lossp, 1, sh, lf}};
-        if (!cli_write_outputs("model train", 1, lo)) {
+        cli_output lo[1] = {{lossp, 1, sh, lf}}; /* --losses and --out: all or none */
+        bk_outset *set = bk_outset_create();
+        int ok = set && cli_stage_outputs("model train", set, 0, 1, lo);
+        if (ok && bk_checkpoint_stage(set, out, 0, m, op, NULL)) {
+            fail("model train", out);
+            ok = 0;
+        }
+        ok = ok && cli_commit("model train", set);
+        bk_outset_free(set);
+        if (!ok) {
             ret = CLI_FAIL;
             goto out;
         }
-    }
-    if (bk_checkpoint_save(out, m, op, NULL)) {
-        ret = fail("model train", out);
-        goto out;
     }
     printf("loss %.6f -> %.6f after %d steps\n", losses[0], losses[steps - 1], steps);
 out:
@@ -494,6 +514,11 @@ static int model_swap(int argc, char **argv)
         return st == BK_ERR_PARAM || st == BK_ERR_UNSUPPORTED ? CLI_USAGE : CLI_FAIL;
     }
     bk_model_config to;
+    struct stat ost; /* a FIFO or device was written into: nothing to read back */
+    if (stat(out, &ost) != 0 || !S_ISREG(ost.st_mode)) {
+        printf("%s: %s attention -> %s: %s\n", in, bk_attn_kind_name(from.attn), attn, out);
+        return CLI_OK;
+    }
     if (bk_checkpoint_config(out, &to) != BK_OK) return fail("model swap", out);
     if (from.arch == BK_ARCH_SEQ2SEQ && to.cross_attn != from.cross_attn)
         printf("%s: cross-attention %s -> %s\n", in, bk_attn_kind_name(from.cross_attn), bk_attn_kind_name(to.cross_attn));

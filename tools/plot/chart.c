@@ -4,6 +4,7 @@
  * axis/tick/frame implementation shared by line charts and histograms, one legend shared by all chart
  * kinds, then the four figure kinds. */
 #include "chart.h"
+#include "birkhoff.h"
 
 #include <cairo-svg.h>
 #include <cairo.h>
@@ -117,13 +118,13 @@ static uint32_t pixel24(rgb c)
 /* ---- canvas: output format and atomic write -------------------------------------------------- */
 
 typedef struct {
-    FILE *fp;
-    int err; /* errno of the first failed write, 0 if none */
+    unsigned char *p; /* the encoded figure, kept in memory until it is whole */
+    size_t n, cap;
+    int err; /* set by the first failed allocation */
 } sink;
 
 typedef struct {
     const char *path;
-    char *tmp; /* temporary file name; NULL once renamed or removed */
     int svg;
     sink out;
     cairo_surface_t *surface;
@@ -134,11 +135,19 @@ static cairo_status_t sink_write(void *closure, const unsigned char *data, unsig
 {
     sink *s = closure;
     if (s->err) return CAIRO_STATUS_WRITE_ERROR;
-    errno = 0;
-    if (fwrite(data, 1, length, s->fp) != length) {
-        s->err = errno ? errno : EIO;
-        return CAIRO_STATUS_WRITE_ERROR;
+    if (s->n + length > s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 65536;
+        while (cap < s->n + length) cap *= 2;
+        unsigned char *p = realloc(s->p, cap);
+        if (!p) {
+            s->err = ENOMEM;
+            return CAIRO_STATUS_WRITE_ERROR;
+        }
+        s->p = p;
+        s->cap = cap;
     }
+    memcpy(s->p + s->n, data, length);
+    s->n += length;
     return CAIRO_STATUS_SUCCESS;
 }
 
@@ -160,16 +169,12 @@ static int output_format(const char *path, int *svg, char *err, size_t errcap)
     return 0;
 }
 
-/* Releases everything and removes the temporary file (a failed or abandoned figure). */
+/* Releases everything (a failed or abandoned figure: nothing was written). */
 static void canvas_abort(canvas *cv)
 {
     if (cv->cr) cairo_destroy(cv->cr);
     if (cv->surface) cairo_surface_destroy(cv->surface);
-    if (cv->out.fp) fclose(cv->out.fp);
-    if (cv->tmp) {
-        remove(cv->tmp);
-        free(cv->tmp);
-    }
+    free(cv->out.p);
     memset(cv, 0, sizeof *cv);
 }
 
@@ -187,28 +192,6 @@ static int canvas_open(canvas *cv, const char *path, int w, int h, char *err, si
         return 0;
     }
     cv->path = path;
-    size_t cap = strlen(path) + 16;
-    cv->tmp = malloc(cap);
-    if (!cv->tmp) {
-        set_err(err, errcap, "%s: out of memory", path);
-        return 0;
-    }
-    snprintf(cv->tmp, cap, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(cv->tmp);
-    if (fd < 0) {
-        set_err(err, errcap, "cannot write %s: %s", path, strerror(errno));
-        free(cv->tmp);
-        cv->tmp = NULL;
-        return 0;
-    }
-    (void)fchmod(fd, 0644); /* mkstemp creates 0600; a figure is an ordinary readable file */
-    cv->out.fp = fdopen(fd, "wb");
-    if (!cv->out.fp) {
-        set_err(err, errcap, "cannot write %s: %s", path, strerror(errno));
-        close(fd);
-        canvas_abort(cv);
-        return 0;
-    }
     if (cv->svg) {
         cv->surface = cairo_svg_surface_create_for_stream(sink_write, &cv->out, w, h);
 #if CAIRO_VERSION >= CAIRO_VERSION_ENCODE(1, 16, 0)
@@ -229,7 +212,8 @@ static int canvas_open(canvas *cv, const char *path, int w, int h, char *err, si
     return 1;
 }
 
-/* Finishes the figure, writes it and renames it onto the path; aborts on any error. */
+/* Finishes the figure and writes it (bk_file_write: a temporary file beside
+ * the path, then rename; a device is written into); aborts on any error. */
 static int canvas_close(canvas *cv, char *err, size_t errcap)
 {
     cairo_status_t st = cairo_status(cv->cr);
@@ -245,23 +229,18 @@ static int canvas_close(canvas *cv, char *err, size_t errcap)
     }
     cairo_surface_destroy(cv->surface);
     cv->surface = NULL;
-    int werr = cv->out.err;
-    errno = 0;
-    int closed = fclose(cv->out.fp);
-    cv->out.fp = NULL;
-    if (closed != 0 && !werr) werr = errno ? errno : EIO;
-    if (!werr && st == CAIRO_STATUS_SUCCESS && rename(cv->tmp, cv->path) != 0) werr = errno;
-    if (werr || st != CAIRO_STATUS_SUCCESS) {
-        if (werr)
-            set_err(err, errcap, "cannot write %s: %s", cv->path, strerror(werr));
+    if (cv->out.err || st != CAIRO_STATUS_SUCCESS) {
+        if (cv->out.err)
+            set_err(err, errcap, "cannot write %s: %s", cv->path, strerror(cv->out.err));
         else
             set_err(err, errcap, "cannot draw %s: %s", cv->path, cairo_status_to_string(st));
         canvas_abort(cv);
         return 0;
     }
-    free(cv->tmp);
-    cv->tmp = NULL;
-    return 1;
+    int ok = bk_file_write(cv->path, 0, cv->out.p, cv->out.n) == BK_OK;
+    if (!ok) set_err(err, errcap, "%s", bk_last_error());
+    canvas_abort(cv);
+    return ok;
 }
 
 /* Height of the figure title band, and the figure title itself. */

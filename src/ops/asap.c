@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
@@ -1401,10 +1402,16 @@ bk_status bk_asap_load(const char *path, bk_asap_layer *ly)
         return bki_fail(BK_ERR_FORMAT, "%s: bad sizes in the ASAP header (d=%d L=%d)", path, d, L);
     }
     const size_t n = file_bytes(L, d);
+    struct stat fst; /* the file must hold what its header claims before anything is allocated for it */
+    if (fstat(fileno(fp), &fst) == 0 && S_ISREG(fst.st_mode) && (uint64_t)fst.st_size != (uint64_t)n) {
+        fclose(fp);
+        return bki_fail(BK_ERR_FORMAT, "%s: file is %s than its header says (%zu bytes expected, %lld found)", path,
+                        (uint64_t)fst.st_size < (uint64_t)n ? "shorter" : "longer", n, (long long)fst.st_size);
+    }
     unsigned char *buf = malloc(n + 1);
     if (!buf) {
         fclose(fp);
-        return bki_fail(BK_ERR_NOMEM, "out of memory");
+        return bki_fail(BK_ERR_NOMEM, "%s: out of memory (%zu bytes for the layer)", path, n);
     }
     memcpy(buf, hdr, ASAP_HDR);
     size_t rest = fread(buf + ASAP_HDR, 1, n + 1 - ASAP_HDR, fp);

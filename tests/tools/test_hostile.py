@@ -1160,7 +1160,8 @@ def gen_huge():
                               "{W}/mi.safetensors"], ["dim"]),
               ("model init", ["model", "init", "--config", TOK_CFG.replace("vocab=12", "vocab=2000000000"), "--out",
                               "{W}/mi.safetensors"], ["vocab"]),
-              ("train", setv(CMD["train"].argv, "--gen-train", "100000000"), ["gen_train", "--gen-train"]),
+              # above gen_train's documented bound (1e9); 1e8 is a valid, long request (it trains)
+              ("train", setv(CMD["train"].argv, "--gen-train", "10000000000"), ["gen_train", "--gen-train"]),
               ("train", setv(CMD["train"].argv, "--points", "4096") + ["--dim", "4096", "--batch", "4096"],
                ["points", "dim", "batch", "memory"]),
               ("eval", setv(CMD["eval"].argv, "--batch", "100000000"), ["--batch"])]

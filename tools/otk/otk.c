@@ -66,7 +66,7 @@ static int common_params(const otk_args *a, bk_otk_config *p, bk_npy *W)
     *p = bk_otk_config_default();
     if (a->threads) {
         int nt;
-        if (!cli_parse_int(a->threads, &nt) || nt < 1) return bad_value("--threads", a->threads, "an integer >= 1");
+        if (!cli_parse_int(a->threads, &nt) || nt < 1 || nt > 4096) return bad_value("--threads", a->threads, "an integer in [1, 4096]");
         bk_set_num_threads(nt);
     }
     if (a->sigma && (!cli_parse_float(a->sigma, &p->sigma) || !(p->sigma > 0))) return bad_value("--sigma", a->sigma, "a number > 0");
@@ -147,10 +147,16 @@ static int run_embed(const otk_args *a)
     if (a->spos && (!cli_parse_float(a->spos, &p.sigma_pos) || !(p.sigma_pos > 0))) { bad_value("--sigma-pos", a->spos, "a number > 0"); goto usage; }
     p.pe_double = a->pedouble != NULL;
     if (p.pe == BK_OTK_PE_2D) {
-        if (!a->grid || sscanf(a->grid, "%dx%d", &p.grid_h, &p.grid_w) != 2 || p.grid_h < 1 || p.grid_w < 1) {
-            fprintf(stderr, "birkhoff otk embed: --pe 2d needs --grid HxW (positive integers)\n");
+        /* H and W in [1, 2^31): strtol, as sscanf's %d overflows silently */
+        char *x = a->grid ? strchr(a->grid, 'x') : NULL, hs[16] = "";
+        long long gh = 0, gw = 0;
+        if (x && (size_t)(x - a->grid) < sizeof hs) memcpy(hs, a->grid, (size_t)(x - a->grid));
+        if (!x || !cli_parse_range(hs, 1, 2147483647, &gh) || !cli_parse_range(x + 1, 1, 2147483647, &gw)) {
+            fprintf(stderr, "birkhoff otk embed: --pe 2d needs --grid HxW (integers in [1, 2147483647])\n");
             goto usage;
         }
+        p.grid_h = (int)gh;
+        p.grid_w = (int)gw;
     } else if (a->grid) {
         fprintf(stderr, "birkhoff otk embed: --grid applies to --pe 2d only\n");
         goto usage;
@@ -272,7 +278,10 @@ static int run_fit(const otk_args *a, int refs)
     int ndim;
     if (!refs) {
         bk_otk_desc desc = {B, n, d, 1, 1, K, len};
-        if (!(out = malloc(sizeof(float) * (size_t)K * d))) goto done;
+        if (!(out = malloc(sizeof(float) * (size_t)K * d))) {
+            fprintf(stderr, "birkhoff otk fit-anchors: out of memory for %d anchors of dimension %d (--k)\n", K, d);
+            goto done;
+        }
         s = bk_otk_fit_anchors(&desc, &tx, &kp, out, &rep);
         shape[0] = K; shape[1] = d; ndim = 2;
     } else {
@@ -283,7 +292,11 @@ static int run_fit(const otk_args *a, int refs)
         }
         const int k = p.W ? (int)W.shape[0] : d;
         bk_otk_desc desc = {B, n, d, q, P, k, len};
-        if (!(out = malloc(sizeof(float) * (size_t)q * P * k))) goto done;
+        if (!(out = malloc(sizeof(float) * (size_t)q * P * k))) {
+            fprintf(stderr, "birkhoff otk fit-refs: out of memory for %d x %d references of dimension %d (--q, --p)\n",
+                    q, P, k);
+            goto done;
+        }
         s = bk_otk_fit_refs(&desc, &p, &tx, &kp, bary, out, &rep);
         shape[0] = q; shape[1] = P; shape[2] = k; ndim = 3;
     }

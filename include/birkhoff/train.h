@@ -86,8 +86,14 @@ BK_API bk_run_config bk_run_config_default(void);
  * Unknown keys, values out of range or malformed: BK_ERR_PARAM. */
 BK_API bk_status bk_run_config_set(bk_run_config *r, const char *key, const char *value);
 /* A config file: "key = value" lines, '#' comments, blank lines; an error
- * names the file and line (BK_ERR_IO if it cannot be opened, else
- * BK_ERR_PARAM). */
+ * names the file and line (BK_ERR_IO if it cannot be opened, cannot be read
+ * or is a directory; BK_ERR_FORMAT for a line longer than
+ * BK_RUN_CONFIG_MAX_LINE bytes, a file longer than BK_RUN_CONFIG_MAX_BYTES
+ * or a NUL byte; else BK_ERR_PARAM). It is read through the text reader
+ * (birkhoff/core.h, "Text files"): a pipe or device is read as a stream,
+ * and an input that never ends (/dev/zero) stops at a limit. */
+#define BK_RUN_CONFIG_MAX_LINE ((int64_t)4096)
+#define BK_RUN_CONFIG_MAX_BYTES ((int64_t)1 << 20)
 BK_API bk_status bk_run_config_load(bk_run_config *r, const char *path);
 /* Every key as "key=value\n" lines (run keys, then model, then optimiser);
  * NUL-terminated, whole lines only; returns the length needed, excluding the
@@ -192,7 +198,10 @@ BK_API bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_
  * the position in the epoch and returns BK_OK with result->stopped = 1.
  * Resuming (BK_TRAIN_RESUME) reloads last.safetensors (weights, optimiser
  * state and step, dropout counter, position, the epoch's running sums),
- * cuts the metrics files back to its step and continues bit for bit as the
+ * cuts the metrics files back to its step (dropping lines that are not
+ * records; the files are read by the text reader of birkhoff/core.h, within
+ * its default limits; records missing before the checkpoint are reported
+ * in the START event's notice) and continues bit for bit as the
  * uninterrupted run would: weights, optimiser state and every record but the
  * timings are identical, whatever the thread count. A resumed run keeps its
  * configuration except epochs (to extend a run), threads, progress,
@@ -243,6 +252,12 @@ typedef struct {
     /* EPOCH: the test split, and the attention diagnostics averaged over
      * layers */
     double test_loss, test_acc, attn_row_dev, attn_col_dev, attn_entropy;
+    /* START of a resumed run: NULL, or what is wrong with the records the
+     * run keeps, for a warning: the step or epoch records before the
+     * checkpoint that are missing from metrics.jsonl, steps.csv or
+     * epochs.csv (a file cut or edited), by file, with the count and the
+     * first missing range. The run goes on; the gap stays in the files. */
+    const char *notice;
 } bk_train_event;
 typedef void (*bk_train_callback)(void *user, const bk_train_event *ev);
 

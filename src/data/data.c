@@ -397,7 +397,9 @@ static const char *const SPAM_GROUPS[] = {"easy-ham-1", "easy-ham-2", "hard-ham-
 /* the SpamAssassin corpus: bodies of every message, first max_len bytes */
 static bk_status open_spam(const char *dir, int split, int max_len, bk_dataset *ds)
 {
-    enum { MAXF = 8192 };
+    /* MAXMSG: far above any message of the known version, so that a file
+     * that never ends (a FIFO, /dev/zero linked there) stops */
+    enum { MAXF = 8192, MAXMSG = 16 << 20 };
     bk_dataset_info *in = &ds->info;
     char **names = calloc(MAXF, sizeof(char *));
     int32_t *glab = malloc(sizeof(int32_t) * MAXF);
@@ -464,8 +466,8 @@ static bk_status open_spam(const char *dir, int split, int max_len, bk_dataset *
          * rule, its state carried between chunks) */
         int mst = 0, in_body = 0;
         int32_t kept = 0;
-        size_t r;
-        while ((r = fread(chunk, 1, 1 << 16, fp)) > 0) {
+        size_t r, total = 0;
+        while ((r = fread(chunk, 1, 1 << 16, fp)) > 0 && (total += r) <= MAXMSG) {
             h = bki_fnv1a(h, chunk, r);
             for (size_t i = 0; i < r; i++) {
                 uint8_t c = chunk[i];
@@ -480,6 +482,11 @@ static bk_status open_spam(const char *dir, int split, int max_len, bk_dataset *
         fclose(fp);
         if (bad) {
             st = data_fail(BK_ERR_IO, "spam", "%s: read error (%s)", p, "I/O");
+            break;
+        }
+        if (total > MAXMSG) {
+            st = data_fail(BK_ERR_FORMAT, "spam", "%s: more than 16 MiB, not a message of the known version (%s)", p,
+                           "corrupt or changed");
             break;
         }
         if (kept == 0) body[(size_t)f * (size_t)max_len + (size_t)kept++] = '\n'; /* an empty body: one newline */

@@ -141,18 +141,17 @@ bk_status bk_run_config_load(bk_run_config *r, const char *path)
 {
     bki_clear_error();
     if (!r || !path) return bki_fail(BK_ERR_NULL, "bk_run_config_load: NULL argument");
-    FILE *f = fopen(path, "r");
-    if (!f) return bki_fail(BK_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    char line[4096];
+    /* bounded (an endless input stops), no NUL byte, not a directory */
+    bk_text_config tc = bk_text_config_default();
+    tc.max_line = BK_RUN_CONFIG_MAX_LINE;
+    tc.max_bytes = BK_RUN_CONFIG_MAX_BYTES;
+    bk_text_reader *f = NULL;
+    bk_status st = bk_text_open(path, &tc, &f);
+    if (st != BK_OK) return st;
+    char *line;
     int ln = 0;
-    bk_status st = BK_OK;
-    while (st == BK_OK && fgets(line, sizeof line, f)) {
+    while (st == BK_OK && (st = bk_text_next(f, &line, NULL)) == BK_OK && line) {
         ln++;
-        size_t n = strlen(line);
-        if (n == sizeof line - 1 && line[n - 1] != '\n') {
-            st = bki_fail(BK_ERR_PARAM, "%s:%d: line too long", path, ln);
-            break;
-        }
         char *h = strchr(line, '#');
         if (h) *h = 0;
         char *s = line;
@@ -176,7 +175,7 @@ bk_status bk_run_config_load(bk_run_config *r, const char *path)
             bki_fail(st, "%s:%d: %s", path, ln, msg);
         }
     }
-    fclose(f);
+    bk_text_close(f);
     return st;
 }
 

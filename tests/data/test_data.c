@@ -499,9 +499,55 @@ static void test_spam_spm(void)
     rmdir(p);
 }
 
+/* A spam message that never ends (a link to /dev/zero among as many files
+ * as the known version has) stops at the per-message bound instead of being
+ * read forever (alarm: a regression kills the test instead of hanging it). */
+static void test_spam_endless(void)
+{
+    static const char *const groups[] = {"easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"};
+    char root[400], p[700];
+    snprintf(root, sizeof root, "%s/sp2", g_tmp);
+    snprintf(p, sizeof p, "%s/spam", root);
+    if (mkdir(root, 0777) != 0 || mkdir(p, 0777) != 0) return;
+    for (int g = 0; g < 5; g++) {
+        snprintf(p, sizeof p, "%s/spam/%s", root, groups[g]);
+        mkdir(p, 0777);
+    }
+    int made = 1;
+    for (int i = 0; i < 6046 && made; i++) {
+        snprintf(p, sizeof p, "%s/spam/easy-ham-1/%04d.txt", root, i);
+        if (i == 0) made = symlink("/dev/zero", p) == 0;
+        else {
+            FILE *f = fopen(p, "w");
+            made = f && fputs("Subject: x\n\nbody\n", f) >= 0;
+            if (f) fclose(f);
+        }
+    }
+    bk_data_config c = bk_data_config_default();
+    c.dir = root;
+    bk_dataset *ds = NULL;
+    alarm(120);
+    bk_status st = made ? bk_data_open("spam", BK_SPLIT_TRAIN, &c, &ds) : BK_ERR_IO;
+    alarm(0);
+    CHECK(st == BK_ERR_FORMAT && has(bk_last_error(), "0000.txt: more than 16 MiB"),
+          "open: an endless spam message stops at 16 MiB", "%s", bk_last_error());
+    for (int i = 0; i < 6046; i++) {
+        snprintf(p, sizeof p, "%s/spam/easy-ham-1/%04d.txt", root, i);
+        remove(p);
+    }
+    for (int g = 0; g < 5; g++) {
+        snprintf(p, sizeof p, "%s/spam/%s", root, groups[g]);
+        rmdir(p);
+    }
+    snprintf(p, sizeof p, "%s/spam", root);
+    rmdir(p);
+    rmdir(root);
+}
+
 int main(void)
 {
     if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-data")) return 1;
+    test_spam_endless();
     test_parse_idx();
     test_parse_digits();
     test_mail();

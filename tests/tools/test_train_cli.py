@@ -407,6 +407,83 @@ check(rc == 1 and "epoch 99" in out, "plot colsums: missing epoch", out)
 rc, out = run("plot", "nope")
 check(rc == 2, "plot: unknown figure", out)
 
+# ---- text inputs (issue 41): endless, non-text and damaged config and metrics files ----
+
+
+def bounded(*args, limit=60):
+    """run with a time limit: a reader that never stops fails the check instead of hanging the suite"""
+    try:
+        return run(*args, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after %d s" % limit
+
+
+rc, out = bounded("train", "--config", "/dev/zero", "--out", P("never"))
+check(rc == 2 and "/dev/zero: line 1 holds a NUL byte" in out, "train --config /dev/zero stops at once", out)
+os.makedirs(P("cfgdir"), exist_ok=True)
+rc, out = bounded("train", "--config", P("cfgdir"), "--out", P("never"), "--epochs", "1")
+check(rc == 2 and "cfgdir: is a directory" in out and not os.path.exists(P("never")),
+      "train --config DIR is refused (not trained with the defaults)", out)
+open(P("nul.conf"), "wb").write(b"data = digits\nepochs = 1\0 # the rest: epochs = 99\n")
+rc, out = bounded("train", "--config", P("nul.conf"), "--out", P("never"))
+check(rc == 2 and "nul.conf: line 2 holds a NUL byte" in out and not os.path.exists(P("never")),
+      "a NUL byte in a config line is refused (not the line cut short)", out)
+open(P("long.conf"), "w").write("data = digits\n# " + "x" * 5000 + "\n")
+rc, out = bounded("train", "--config", P("long.conf"), "--out", P("never"))
+check(rc == 2 and "long.conf: line 2 is longer than 4096 bytes (the limit)" in out, "a config line over 4096 bytes", out)
+open(P("big.conf"), "w").write("# comment\n" * 120000)
+rc, out = bounded("train", "--config", P("big.conf"), "--out", P("never"))
+check(rc == 2 and "more than 1048576 bytes (the limit)" in out, "a config file over 1 MiB", out)
+# a stream is read: /dev/stdin from a pipe (a bad key names the stream and line)
+p = subprocess.run([BK, "train", "--config", "/dev/stdin", "--out", P("never")], input="data = digits\nnope = 1\n",
+                   capture_output=True, text=True, timeout=60, cwd=tmp)
+check(p.returncode == 2 and "/dev/stdin:2: unknown key 'nope'" in p.stderr, "a config from a pipe is read", p.stderr)
+# with init=CKPT the config is read twice: a pipe (empty the second time: its keys lost) is refused
+p = subprocess.run([BK, "train", "--config", "/dev/stdin", "--out", P("never"), "--progress", "none"],
+                   input="init = %s\nepochs = 1\n" % P("sm/last.safetensors"), capture_output=True, text=True,
+                   timeout=600, cwd=tmp, env=dict(os.environ, BK_DATA=DATA))
+check(p.returncode == 2 and "read twice" in p.stderr and not os.path.exists(P("never")),
+      "init=CKPT from a piped config is refused (not trained without its keys)", p.stderr)
+
+# plot curves: no records (empty, random bytes, endless) refused; lines that are not records skipped with a warning
+for name, data in (("empty", b""), ("random", bytes(range(256)) * 8 + b"\x00\xff\n\x01")):
+    os.makedirs(P("m-" + name), exist_ok=True)
+    open(P("m-%s/metrics.jsonl" % name), "wb").write(data)
+    rc, out = bounded("plot", "curves", "--run", P("m-" + name), "--out", P("m.png"))
+    check(rc == 1 and "m-%s/metrics.jsonl: no records" % name in out and not os.path.exists(P("m.png")),
+          "plot curves refuses a metrics.jsonl without records (%s)" % name, out)
+os.makedirs(P("m-zero"), exist_ok=True)
+if not os.path.lexists(P("m-zero/metrics.jsonl")):
+    os.symlink("/dev/zero", P("m-zero/metrics.jsonl"))
+rc, out = bounded("plot", "curves", "--run", P("m-zero"), "--out", P("m.png"))
+check(rc == 1 and "line 1 is longer than 1048576 bytes (the limit)" in out and not os.path.exists(P("m.png")),
+      "plot curves on an endless metrics.jsonl stops", out)
+os.makedirs(P("m-part"), exist_ok=True)
+good = open(P("sm/metrics.jsonl")).read().split("\n")
+open(P("m-part/metrics.jsonl"), "w").write("\n".join(good[:5] + ["garbage", "{\"type\":\"step\",\"step\":"] + good[5:20]))
+rc, out = bounded("plot", "curves", "--run", P("m-part"), "--out", P("m.png"))
+check(rc == 0 and os.path.exists(P("m.png")) and "warning" in out and
+      "m-part/metrics.jsonl: 2 of its 22 lines are not records (the first: line 6)" in out,
+      "plot curves skips the lines that are not records, with a warning naming them", out)
+
+# resume after metrics.jsonl lost records before the checkpoint: a warning with the file and the missing range
+quick = ["--config", cfg, "--epochs", "2", "--progress", "none", "--log-every", "5"]
+rc, out = run("train", *quick, "--out", P("gap"), "--stop-after", "60")
+if check(rc == 130, "a run to cut (stopped at step 60)", out):
+    recs = open(P("gap/metrics.jsonl")).read().split("\n")
+    steps = [r for r in recs if '"type":"step"' in r]
+    # keep the step records of steps 5..20 and the first epoch record, cut the rest
+    keep = [r for r in recs if r and ('"type":"epoch"' in r or int(json.loads(r)["step"]) <= 20)]
+    open(P("gap/metrics.jsonl"), "w").write("\n".join(keep) + "\n")
+    rc, out = run("train", "--resume", P("gap"), "--stop-after", "70")
+    check(rc == 130 and "warning" in out and "gap/metrics.jsonl: 8 step records before the checkpoint's step 60 are "
+          "missing (the first: steps 25-60, logged every 5" in out,
+          "resume names the step records missing from a cut metrics.jsonl", out)
+    after = [json.loads(r)["step"] for r in open(P("gap/metrics.jsonl")) if '"type":"step"' in r]
+    check(after == [5, 10, 15, 20, 65, 70] and len(steps) == 12, "the gap stays; the run goes on", str(after))
+    rc, out = run("train", "--resume", P("gap"), "--stop-after", "75")
+    check(rc == 130 and "gap/metrics.jsonl: 8 step records" in out, "the gap is named again on the next resume", out)
+
 status = check.summary()
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(status)

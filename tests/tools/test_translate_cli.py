@@ -140,6 +140,49 @@ for name, args, msg in [
 write("keep.out", "old\n")
 rc, out, err = run("translate", "--ckpt", CK, "--ids", "--input", P("v.ids"), "--output", P("keep.out"))
 check(rc != 0 and open(P("keep.out")).read() == "old\n", "a refused input leaves --output alone", err)
+# endless and non-text inputs (issue 41): every reader stops at a documented limit (BK_TEXT_MAX_LINE 1 MiB,
+# BK_TEXT_MAX_LINES 2^24, birkhoff/core.h) or at a NUL byte, with a message naming the input, instead of growing
+
+
+def bounded(*args, yes=False, limit=60):
+    """run with a time limit (a reader that never stops fails instead of hanging); yes: stdin from `yes`"""
+    y = subprocess.Popen(["yes"], stdout=subprocess.PIPE) if yes else None
+    try:
+        p = subprocess.run([BK, *args], stdin=y.stdout if y else subprocess.DEVNULL, capture_output=True, text=True,
+                           errors="replace", timeout=limit, cwd=tmp)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        return None, "", "timed out after %d s" % limit
+    finally:
+        if y:
+            y.kill()
+            y.wait()
+
+
+os.makedirs(P("adir"), exist_ok=True)
+write("r1", "a b c\n")
+open(P("huge.ids"), "w").write("4 5\n" + "4 " * (1 << 19) + "4\n")  # line 2: 1 MiB + 1 bytes
+for name, args, stdin_yes, msg in [
+    ("translate --input /dev/zero", ["translate", "--ckpt", CK, "--ids", "--input", "/dev/zero"], False,
+     "birkhoff translate: /dev/zero: line 1 holds a NUL byte"),
+    ("yes | translate --input -", ["translate", "--ckpt", CK, "--ids", "--input", "-"], True,
+     "birkhoff translate: -: more than 16777216 lines (the limit)"),
+    ("translate --ref /dev/zero", ["translate", "--ckpt", CK, "--ids", "--input", src, "--ref", "/dev/zero"], False,
+     "/dev/zero: line 1 holds a NUL byte"),
+    ("translate: a line over 1 MiB", ["translate", "--ckpt", CK, "--ids", "--input", P("huge.ids")], False,
+     "huge.ids: line 2 is longer than 1048576 bytes (the limit)"),
+    ("translate --input DIR", ["translate", "--ckpt", CK, "--ids", "--input", P("adir")], False,
+     "adir: is a directory"),
+    ("bleu --hyp /dev/zero", ["bleu", "--hyp", "/dev/zero", "--ref", P("r1")], False,
+     "birkhoff bleu: /dev/zero: line 1 holds a NUL byte"),
+    ("yes | bleu --hyp -", ["bleu", "--hyp", "-", "--ref", P("r1")], True,
+     "birkhoff bleu: -: more than 16777216 lines (the limit)"),
+    ("bleu --ref /dev/zero", ["bleu", "--hyp", P("r1"), "--ref", "/dev/zero"], False, "/dev/zero: line 1 holds a NUL"),
+    ("bleu --ref DIR", ["bleu", "--hyp", P("r1"), "--ref", P("adir")], False, "adir: is a directory"),
+]:
+    rc, out, err = bounded(*args, yes=stdin_yes)
+    check(rc == 1 and msg in err and out == "", "stops on %s" % name, "rc %s: %s" % (rc, err[-300:]))
+
 # spm_encode missing from the PATH (any existing file serves as --spm: the tool is looked up first)
 rc, out, err = run("translate", "--ckpt", CK, "--input", P("t.txt"), "--spm", src, env={"PATH": tmp})
 check(rc != 0 and "spm_encode not found" in err, "refuses a missing spm_encode", "rc %d: %s" % (rc, err))

@@ -161,6 +161,46 @@ static void test_config(void)
     snprintf(path, sizeof path, "%s/none.conf", g_tmp);
     CHECK(bk_run_config_load(&l, path) == BK_ERR_IO && has(bk_last_error(), "cannot open"),
           "config file: a missing file", "%s", bk_last_error());
+    /* not a config: a directory, a NUL byte, an endless input, over the limits
+     * (alarm: a reader that never stops kills the test instead of hanging it) */
+    alarm(120);
+    l = bk_run_config_default();
+    st = bk_run_config_load(&l, g_tmp);
+    CHECK(st == BK_ERR_IO && has(bk_last_error(), "is a directory"), "config file: a directory is refused", "%s",
+          bk_last_error());
+    snprintf(path, sizeof path, "%s/nul.conf", g_tmp);
+    f = fopen(path, "wb");
+    fwrite("epochs = 2\nbatch = 3\0 # batch = 99\n", 1, 35, f);
+    fclose(f);
+    l = bk_run_config_default();
+    st = bk_run_config_load(&l, path);
+    CHECK(st == BK_ERR_FORMAT && has(bk_last_error(), "nul.conf: line 2 holds a NUL byte") && l.batch == 64,
+          "config file: a NUL byte is refused (not the line cut short)", "%s %d", bk_last_error(), l.batch);
+    st = bk_run_config_load(&l, "/dev/zero");
+    CHECK(st == BK_ERR_FORMAT && has(bk_last_error(), "/dev/zero: line 1 holds a NUL byte"),
+          "config file: /dev/zero stops at once", "%s", bk_last_error());
+    snprintf(path, sizeof path, "%s/long.conf", g_tmp);
+    f = fopen(path, "w");
+    fprintf(f, "epochs = 2\n#");
+    for (int i = 0; i < 4096; i++) fputc('x', f);
+    fclose(f);
+    st = bk_run_config_load(&l, path);
+    CHECK(st == BK_ERR_FORMAT && has(bk_last_error(), "long.conf: line 2 is longer than 4096 bytes (the limit)"),
+          "config file: a line over BK_RUN_CONFIG_MAX_LINE", "%s", bk_last_error());
+    snprintf(path, sizeof path, "%s/big.conf", g_tmp);
+    f = fopen(path, "w");
+    for (int i = 0; i < 1 << 17; i++) fputs("# 45678\n", f); /* 1 MiB exactly: accepted */
+    fclose(f);
+    l = bk_run_config_default();
+    st = bk_run_config_load(&l, path);
+    f = fopen(path, "a");
+    fputs("\n", f);
+    fclose(f);
+    bk_status st2 = bk_run_config_load(&l, path);
+    CHECK(st == BK_OK && st2 == BK_ERR_FORMAT && has(bk_last_error(), "more than 1048576 bytes (the limit)"),
+          "config file: BK_RUN_CONFIG_MAX_BYTES, exactly and one byte over", "%s", bk_last_error());
+    alarm(0);
+    remove(path);
 
     /* text form: whole lines, the length like snprintf, and a round trip */
     size_t n = bk_run_config_format(&r, NULL, 0);
@@ -1145,11 +1185,105 @@ static void rm_rf(const char *path)
     if (system(cmd) != 0) printf("# could not remove %s\n", path);
 }
 
+/* ---- resume after the metrics lost records before the checkpoint ---- */
+typedef struct {
+    int start;
+    char notice[4096];
+} notes;
+
+static void on_note(void *user, const bk_train_event *ev)
+{
+    notes *n = user;
+    if (ev->kind != BK_TRAIN_EVENT_START) return;
+    n->start++;
+    snprintf(n->notice, sizeof n->notice, "%s", ev->notice ? ev->notice : "");
+}
+
+/* resumes dir to stop_after `stop`, the START event's notice into n */
+static bk_status resume_to(const char *dir, int64_t stop, notes *n)
+{
+    bk_run_config rr;
+    memset(n, 0, sizeof *n);
+    bk_status st = bk_train_resume_config(dir, &rr, NULL);
+    rr.stop_after = stop;
+    bk_train_result res;
+    if (st == BK_OK) st = bk_train_run(&rr, dir, BK_TRAIN_RESUME, on_note, n, NULL, &res);
+    return st == BK_OK && (!res.stopped || res.step != stop) ? BK_ERR_NUMERIC : st;
+}
+
+/* the step numbers of the step records of a metrics.jsonl, joined by ',' */
+static void step_list(const char *path, char *out, size_t cap)
+{
+    char *m = read_all(path, NULL);
+    out[0] = 0;
+    for (const char *q = m; q && (q = strstr(q, "{\"type\":\"step\",\"step\":")); q++) {
+        size_t u = strlen(out);
+        snprintf(out + u, cap - u, "%s%lld", u ? "," : "", strtoll(q + 22, NULL, 10));
+    }
+    free(m);
+}
+
+static void test_resume_gap(void)
+{
+    char dir[400], p[600], q[1000], got[400];
+    snprintf(dir, sizeof dir, "%s/gap", g_tmp);
+    bk_run_config r = tiny("softmax", 3); /* 6 steps an epoch, a record every step */
+    r.stop_after = 10;
+    bk_train_result res;
+    bk_status st = bk_train_run(&r, dir, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    if (!CHECK(st == BK_OK && res.step == 10, "gap: a run stopped at step 10", "%s", bk_last_error())) return;
+    notes n;
+    st = resume_to(dir, 11, &n);
+    CHECK(st == BK_OK && n.start == 1 && !n.notice[0], "gap: intact records, no notice", "%s '%s'", bk_last_error(),
+          n.notice);
+    /* metrics.jsonl cut after step 3's record (steps 4-11 and epoch 1 lost), a line that is not a record and one
+     * holding a NUL byte after it */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    char *m = read_all(p, NULL);
+    char *cut = m ? strstr(m, "{\"type\":\"step\",\"step\":4,") : NULL;
+    if (!CHECK(cut != NULL, "gap: step 4's record", "%s", "")) {
+        free(m);
+        return;
+    }
+    FILE *f = fopen(p, "wb");
+    fwrite(m, 1, (size_t)(cut - m), f);
+    fwrite("garbage\n{\"type\":\"step\",\"step\":5,\0}\n{\"type\":\"step\",\"st", 1, 53, f);
+    fclose(f);
+    free(m);
+    st = resume_to(dir, 12, &n);
+    snprintf(q, sizeof q, "%s: 8 step records before the checkpoint's step 11 are missing (the first: steps 4-11, "
+                          "logged every 1; the file was cut or edited)", p);
+    int ok = has(n.notice, q);
+    snprintf(q, sizeof q, "%s: 1 epoch record before the checkpoint's epoch 1 is missing (the first: epoch 1;", p);
+    step_list(p, got, sizeof got);
+    CHECK(st == BK_OK && ok && has(n.notice, q) && !has(n.notice, "steps.csv") && !strcmp(got, "1,2,3,12"),
+          "gap: the resume names the missing step and epoch records; the lines that are not records go",
+          "%s '%s' steps %s", bk_last_error(), n.notice, got);
+    /* steps.csv cut to its header: named too (the jsonl's gap again) */
+    snprintf(p, sizeof p, "%s/steps.csv", dir);
+    f = fopen(p, "w");
+    fputs("step,epoch,batch,loss,acc,lr,gnorm,samples_per_s,time_s\n", f);
+    fclose(f);
+    st = resume_to(dir, 13, &n);
+    snprintf(q, sizeof q, "%s: 12 step records before the checkpoint's step 12 are missing (the first: steps 1-12,", p);
+    CHECK(st == BK_OK && has(n.notice, q) && has(n.notice, "metrics.jsonl: 8 step records"),
+          "gap: a cut steps.csv is named, with the metrics.jsonl's gap", "%s '%s'", bk_last_error(), n.notice);
+    /* an endless metrics file (a link to /dev/zero) stops the resume with the reader's message */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    remove(p);
+    alarm(120);
+    st = symlink("/dev/zero", p) == 0 ? resume_to(dir, 14, &n) : BK_ERR_IO;
+    alarm(0);
+    CHECK(st == BK_ERR_IO && has(bk_last_error(), "metrics.jsonl: line 1 is longer than 1048576 bytes (the limit)"),
+          "gap: an endless metrics.jsonl stops the resume", "%s", bk_last_error());
+}
+
 int main(void)
 {
     if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
     test_config();
     test_runs();
+    test_resume_gap();
     test_extend();
     test_compile();
     test_swap();

@@ -101,22 +101,46 @@ typedef struct {
     double *sx, *sy, *ex, *acc, *col;
 } run_curves;
 
+/* A line of metrics.jsonl that is a record of `birkhoff train`: one JSON
+ * object (no NUL byte), its first key "type", step with a finite "step" or
+ * epoch with a finite "epoch"; 0: step, 1: epoch, -1: not a record */
+static int record_kind(const char *line, size_t len)
+{
+    const char *step = "{\"type\":\"step\",", *epoch = "{\"type\":\"epoch\",";
+    if (strlen(line) != len || len < 2 || line[len - 1] != '}') return -1;
+    if (!strncmp(line, step, strlen(step))) return isfinite(cli_json_num(line, "step")) ? 0 : -1;
+    if (!strncmp(line, epoch, strlen(epoch))) return isfinite(cli_json_num(line, "epoch")) ? 1 : -1;
+    return -1;
+}
+
+/* The curves of a run's metrics.jsonl, read by the library's bounded reader
+ * (BK_TEXT_MAX_LINE bytes a line, BK_TEXT_MAX_BYTES in all). A file without
+ * any record (empty, or not a metrics file) is refused; lines that are not
+ * records in a file that has some (a last line cut by a killed run, an
+ * edit) are skipped with a warning naming their count and the first. */
+static void free_curves(run_curves *c);
 static int read_curves(const char *dir, run_curves *c)
 {
     char p[1100];
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
-    FILE *f = fopen(p, "r");
-    if (!f) {
-        fprintf(stderr, "birkhoff plot: %s: cannot open (is %s a run directory of `birkhoff train`?)\n", p, dir);
+    memset(c, 0, sizeof *c);
+    bk_text_config tc = bk_text_config_default();
+    tc.nul_ok = 1; /* a line holding one is not a record, counted below */
+    bk_text_reader *f = NULL;
+    if (bk_text_open(p, &tc, &f) != BK_OK) {
+        fprintf(stderr, "birkhoff plot: %s (is %s a run directory of `birkhoff train`?)\n", bk_last_error(), dir);
         return 0;
     }
-    memset(c, 0, sizeof *c);
     int caps = 0, cape = 0;
     char *line = NULL;
-    size_t lcap = 0;
+    size_t len = 0;
     int ok = 1;
-    while (ok && getline(&line, &lcap, f) > 0) {
-        if (strstr(line, "\"type\":\"epoch\"")) {
+    int64_t bad = 0, first_bad = 0;
+    bk_status st = BK_OK;
+    while (ok && (st = bk_text_next(f, &line, &len)) == BK_OK && line) {
+        const int kind = record_kind(line, len);
+        if (kind < 0 && !bad++) first_bad = bk_text_lineno(f);
+        if (kind == 1) {
             if (c->ne == cape) {
                 cape = cape ? 2 * cape : 64;
                 double *a = realloc(c->ex, sizeof(double) * cape), *b = a ? realloc(c->acc, sizeof(double) * cape) : NULL,
@@ -132,7 +156,7 @@ static int read_curves(const char *dir, run_curves *c)
                 c->col[c->ne] = cli_json_num(line, "attn_col_dev");
                 c->ne++;
             }
-        } else if (strstr(line, "\"type\":\"step\"")) {
+        } else if (kind == 0) {
             if (c->ns == caps) {
                 caps = caps ? 2 * caps : 1024;
                 double *a = realloc(c->sx, sizeof(double) * caps), *b = a ? realloc(c->sy, sizeof(double) * caps) : NULL;
@@ -147,9 +171,27 @@ static int read_curves(const char *dir, run_curves *c)
             }
         }
     }
-    free(line);
-    fclose(f);
-    if (!ok) fprintf(stderr, "birkhoff plot: out of memory\n");
+    const int64_t lines = bk_text_lineno(f);
+    bk_text_close(f);
+    if (ok && st != BK_OK) {
+        fprintf(stderr, "birkhoff plot: %s\n", bk_last_error());
+        ok = 0;
+    } else if (!ok) {
+        fprintf(stderr, "birkhoff plot: out of memory\n");
+    } else if (c->ns + c->ne == 0) {
+        if (lines == 0) fprintf(stderr, "birkhoff plot: %s: no records (the file is empty)\n", p);
+        else
+            fprintf(stderr, "birkhoff plot: %s: no records: line %lld is not a record of `birkhoff train` (none of its "
+                            "%lld lines is)\n", p, (long long)first_bad, (long long)lines);
+        ok = 0;
+    }
+    if (!ok) {
+        free_curves(c);
+        return 0;
+    }
+    if (bad)
+        fprintf(stderr, "birkhoff plot: warning: %s: %lld of its %lld lines are not records (the first: line %lld); "
+                        "skipped\n", p, (long long)bad, (long long)lines, (long long)first_bad);
     /* moving average of the loss over ~1% of the steps (at least 1) */
     int w = c->ns / 100 > 1 ? c->ns / 100 : 1;
     double *sm = ok && c->ns ? malloc(sizeof(double) * c->ns) : NULL, acc = 0;

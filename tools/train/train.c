@@ -112,6 +112,8 @@ static void on_event(void *user, const bk_train_event *ev)
                     "%s\n",
                     tr->version, bk_attn_kind_name(r->model.attn), (long long)bk_model_num_params(ev->model),
                     (long long)tr->n, r->epochs, r->batch, bk_get_num_threads(), procs, p->dir);
+        /* (whatever the progress mode: a damaged record is worth a word) */
+        if (ev->notice) fprintf(stderr, "birkhoff train: warning: %s\n", ev->notice);
         /* from the first step on, Ctrl-C stops the run with a checkpoint */
         catch_stop(p);
         p->last_draw = -1.0;
@@ -268,6 +270,13 @@ static int parse_request(int argc, char **argv, train_request *q)
         }
         bk_model_free(m0);
         r.stop_after = 0;
+        /* (a pipe was read to its end the first time: its keys would be lost) */
+        struct stat cs;
+        if (cfg_path && (stat(cfg_path, &cs) != 0 || !S_ISREG(cs.st_mode))) {
+            fprintf(stderr, "birkhoff train: --config %s: with init=CKPT the config is read twice (again after the "
+                            "checkpoint's keys): give a regular file, not a pipe or device\n", cfg_path);
+            return CLI_USAGE;
+        }
         if (cfg_path && bk_run_config_load(&r, cfg_path) != BK_OK) {
             fprintf(stderr, "birkhoff train: %s\n", bk_last_error());
             return CLI_USAGE;

@@ -294,6 +294,7 @@ int cmd_translate(int argc, char **argv)
     int code = CLI_FAIL, n = 0, nref = 0;
     char **lines = NULL, **enc = NULL, **R = NULL, **outl = NULL, *extra = NULL, *text = NULL, spm_buf[1100];
     int32_t *src = NULL, *srclen = NULL, *out = NULL, *outlen = NULL, *bsrc = NULL, *blen = NULL;
+    int outl_read = 0; /* outl: cli_read_lines's (spm_decode), else the ids built here */
     order_key *ord = NULL;
     bk_model *m = NULL;
 
@@ -438,8 +439,9 @@ int cmd_translate(int argc, char **argv)
     if (!ids) {
         char **dec = spm_pipe("spm_decode", spm, "--input_format=id", outl, n);
         if (!dec) goto out;
-        cli_free_lines(outl, n);
+        cli_free_each(outl, n);
         outl = dec;
+        outl_read = 1;
     }
     size_t tlen = 0, tcap = 0;
     for (int i = 0; i < n; i++)
@@ -482,7 +484,8 @@ out:
     cli_free_lines(lines, n);
     cli_free_lines(enc, enc ? n : 0);
     cli_free_lines(R, nref);
-    cli_free_lines(outl, outl ? n : 0);
+    if (outl_read) cli_free_lines(outl, n);
+    else cli_free_each(outl, outl ? n : 0); /* the ids, each its own string */
     free(text);
     free(extra);
     free(src);

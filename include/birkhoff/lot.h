@@ -31,7 +31,10 @@ extern "C" {
  * backward's dout) fails with BK_ERR_NONFINITE naming the tensor and its
  * first bad row, as for every operator, but it is found in LOT's own
  * products from that input (no separate read of the inputs first), so on
- * that error the outputs have been written (with meaningless values). */
+ * that error the outputs have been written (with meaningless values).
+ * Finite inputs whose products overflow float32 (pivots or q, k near 1e19
+ * and beyond, a scale near 1e38): BK_ERR_OVERFLOW after the call, as for
+ * every operator (birkhoff/core.h). */
 typedef struct {
     int r;               /* pivots, >= 1                                    */
     const float *Z;      /* [H, r, d] pivot locations (shared over batch)   */

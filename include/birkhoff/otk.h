@@ -70,7 +70,9 @@ extern "C" {
  *
  * Errors: sizes < 1, n_b outside [1, n] (empty sets are refused), eps, sigma
  * <= 0, eta < 0, iters odd or < 2, k != d without anchors, grid or p inconsistent with
- * PE_2D, non-finite inputs. Accuracy: outputs 1e-5 and gradients 1e-4
+ * PE_2D, non-finite inputs; finite inputs whose output, features or
+ * gradients overflow float32 (|z| / eps beyond ~1e38): BK_ERR_OVERFLOW after
+ * the call (the outputs written, not to be used). Accuracy: outputs 1e-5 and gradients 1e-4
  * relative to the largest entry against a double reference, for |K|/eps <= 20. */
 typedef enum { BK_OTK_LOG = 0, BK_OTK_SCALING = 1 } bk_otk_domain;
 typedef enum { BK_OTK_PAPER = 0, BK_OTK_REFERENCE = 1 } bk_otk_convention;

@@ -18,7 +18,7 @@ loader (see birkhoff._lib); `python -m birkhoff` runs the command-line tool.
 Threads: set_num_threads(n) (results do not depend on it); the default is
 BIRKHOFF_NUM_THREADS or the process's CPU affinity, never torch's setting.
 """
-from ._lib import LIBRARY_PATH, BirkhoffError, lib as _c
+from ._lib import LIBRARY_PATH, BirkhoffError, check as _check, check_int as _check_int, lib as _c
 from .ops import *  # noqa: F401,F403
 from .ops import __all__ as _ops_all
 from . import data  # noqa: F401,E402  birkhoff.data: the library's datasets as numpy arrays
@@ -32,11 +32,13 @@ def version():
 
 
 def set_num_threads(n):
-    """Threads used by the C kernels (n <= 0: back to the default, which is
-    BIRKHOFF_NUM_THREADS or the CPUs of this process's affinity mask; torch's
-    and OpenMP's settings do not change it). Results are bitwise independent
-    of it."""
-    _c.bk_set_num_threads(int(n))
+    """Threads used by the C kernels, n in [1, 4096] (n <= 0: back to the
+    default, which is BIRKHOFF_NUM_THREADS or the CPUs of this process's
+    affinity mask; torch's and OpenMP's settings do not change it). Results
+    are bitwise independent of it. n > 4096 or not an integer: ValueError /
+    TypeError, and the count is left as it was."""
+    import ctypes
+    _check(_c.bk_set_num_threads(_check_int(n, ctypes.c_int, "set_num_threads: n", hi=4096)))
 
 
 def get_num_threads():

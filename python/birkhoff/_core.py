@@ -227,6 +227,8 @@ def attn_operand(ad, a, layout, name):
     a = ad.prepare(a, name)
     if len(a.shape) != 4:
         raise ValueError("%s: 4-D [%s] expected, got shape %s" % (name, ", ".join(layout.upper()), tuple(a.shape)))
+    if max(a.shape) > 2147483647:   # before any copy (a broadcast view may be that large)
+        raise ValueError("%s: every size must be < 2^31 (a C int), got shape %s" % (name, tuple(a.shape)))
     addr, shape, strides = ad.info(a)
     if not ad.contiguous(a) and needs_copy(ad, a, shape, strides):
         a = ad.dense(a)
@@ -482,7 +484,7 @@ def setp(p, **kw):
                 raise TypeError("%s: a number expected, got %r" % (k, v))
             if t is int and x != v:
                 raise ValueError("%s: an integer expected, got %r" % (k, v))
-            setattr(p, k, x)
+            _lib.set_field(p, k, x)   # an integer in its C type's range (ctypes wraps)
     return p
 
 
@@ -606,7 +608,7 @@ class EspConfig:
             self.p.L = th.shape[0]
             self.p.theta = f32_np(th)
         elif slices is not None:
-            self.p.L = int(slices)
+            _lib.set_field(self.p, "L", slices, "slices")
 
     def num_slices(self, d):
         if self.theta is not None and self.theta.shape[1] != d:
@@ -784,7 +786,8 @@ class OtkProblem:
         self.B, self.n, self.d = shape
         self.tx = _lib.Tensor(addr, strides[0], 0, strides[1])
         self.len = None if lengths is None else ad.lengths(lengths, self.B, "lengths")
-        self.desc = _lib.OtkDesc(self.B, self.n, self.d, int(q), int(p), int(k), Problem._lp(self.len))
+        q, p, k = (_lib.check_int(a, C.c_int, nm) for a, nm in ((q, "q"), (p, "p"), (k, "k")))
+        self.desc = _lib.OtkDesc(self.B, self.n, self.d, q, p, k, Problem._lp(self.len))
 
     def new(self, shape):
         a = self.ad.empty(shape)
@@ -829,7 +832,7 @@ def otk_params(W, sigma, eta, eps, iters, domain, convention, pe, sigma_pos, pe_
     if pe_double is not None:
         p.pe_double = int(bool(pe_double))
     if grid is not None:
-        p.grid_h, p.grid_w = int(grid[0]), int(grid[1])
+        p.grid_h, p.grid_w = (_lib.check_int(g, C.c_int, nm) for g, nm in ((grid[0], "grid[0]"), (grid[1], "grid[1]")))
     return p
 
 

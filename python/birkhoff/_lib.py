@@ -11,6 +11,7 @@ Every struct mirrored here is checked against the library's own sizeof
 mirror misses fails at import, not with corrupted memory.
 """
 import ctypes as C
+import operator
 import os
 
 
@@ -36,6 +37,75 @@ BK_F32, BK_I32, BK_BF16, BK_F16 = 0, 1, 2, 3
 # bk_backend (birkhoff/context.h)
 BK_BACKEND_CPU, BK_BACKEND_CUDA = 0, 1
 BK_ERR_UNSUPPORTED = 13
+
+
+# ---- integers: ctypes wraps silently (2**32 + 5 into a C int is 5) --------
+_INT_CTYPES = (C.c_int, C.c_uint, C.c_int64, C.c_uint64, C.c_size_t, C.c_int32, C.c_uint32)
+
+
+def int_range(ctype):
+    """(lo, hi) of a ctypes integer type"""
+    bits = 8 * C.sizeof(ctype)
+    if ctype(-1).value < 0:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def check_int(v, ctype, name, lo=None, hi=None):
+    """v as a Python int in [lo, hi] (default: the range of the C type
+    ctype), else ValueError naming `name` and the range; a value that is not
+    an integer (3.5, "3") is TypeError. ctypes would wrap silently."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError("%s: an integer expected, got %r" % (name, v)) from None
+    clo, chi = int_range(ctype)
+    lo = clo if lo is None else max(lo, clo)
+    hi = chi if hi is None else min(hi, chi)
+    if not lo <= i <= hi:
+        raise ValueError("%s must be an integer in [%d, %d], got %d" % (name, lo, hi, i))
+    return i
+
+
+def set_field(s, field, v, name=None):
+    """s.field = v on a ctypes Structure, an integer field's value checked
+    against its C type (check_int); other fields as ctypes converts them"""
+    for f in s._fields_:
+        if f[0] == field:
+            if f[1] in _INT_CTYPES:
+                v = check_int(v, f[1], name or field)
+            break
+    setattr(s, field, v)
+
+
+def _checked(ctype):
+    """ctype for argtypes whose from_param refuses an integer outside the C
+    type's range (ctypes.ArgumentError naming the range) instead of wrapping
+    it: a safety net under the Python API's own named checks"""
+    lo, hi = int_range(ctype)
+
+    class Checked(ctype):
+        @classmethod
+        def from_param(cls, v):
+            try:
+                i = operator.index(v)
+            except TypeError:
+                return ctype.from_param(v)
+            if not lo <= i <= hi:
+                raise ValueError("an integer in [%d, %d] expected (C %s), got %d" % (lo, hi, ctype.__name__, i))
+            return ctype.from_param(i)
+    Checked.__name__ = "checked_" + ctype.__name__
+    return Checked
+
+
+_CHECKED = {t: _checked(t) for t in _INT_CTYPES}
+
+
+def checked_argtypes(args):
+    """argtypes with every integer type range-checked (_checked)"""
+    return [_CHECKED.get(a, a) for a in args]
 
 
 def bk_device_cuda(i):
@@ -211,7 +281,7 @@ _PROTOS = {
     "bk_abi_sizeof": (sz, [C.c_char_p]),
     "bk_status_str": (C.c_char_p, [st]),
     "bk_last_error": (C.c_char_p, []),
-    "bk_set_num_threads": (None, [C.c_int]),
+    "bk_set_num_threads": (st, [C.c_int]),
     "bk_get_num_threads": (C.c_int, []),
     "bk_isa": (C.c_char_p, []),
     "bk_sinkhorn_config_default": (SinkhornParams, []),
@@ -319,7 +389,7 @@ def _load():
         except AttributeError:
             raise ImportError("birkhoff: %s lacks %s (a library older than this package?)" % (lib._name, name))
         f.restype = res
-        f.argtypes = args
+        f.argtypes = checked_argtypes(args)
     for name, cls in _ABI.items():
         want = lib.bk_abi_sizeof(name.encode())
         if want != C.sizeof(cls):

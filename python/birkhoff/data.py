@@ -30,7 +30,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._lib import BirkhoffError, check, lib
+from ._lib import BirkhoffError, check, checked_argtypes as _checked_argtypes, lib, set_field as _lib_set_field
 
 __all__ = ["Dataset", "Batch", "known", "NAMES", "Parallel", "BirkhoffError"]
 
@@ -96,7 +96,7 @@ for _name, _res, _args in (
         _f = getattr(lib, _name)
     except AttributeError:
         raise ImportError("birkhoff.data: %s lacks %s (a library older than this package?)" % (lib._name, _name))
-    _f.restype, _f.argtypes = _res, _args
+    _f.restype, _f.argtypes = _res, _checked_argtypes(_args)
 for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetInfo),
                     ("bk_parallel_config", ParallelConfig), ("bk_parallel_info", ParallelInfo),
                     ("bk_sentence_pair", SentencePair)):
@@ -175,7 +175,7 @@ class Dataset(_Handle):
         for k, v in options.items():
             if k not in _OPTIONS:
                 raise TypeError("Dataset(): unknown option %r (%s)" % (k, ", ".join(_OPTIONS)))
-            setattr(cfg, _OPTIONS[k], v)
+            _lib_set_field(cfg, _OPTIONS[k], v, k)   # integers range-checked (ctypes wraps)
         self._dir = None if data_dir is None else str(data_dir).encode()  # kept alive while cfg points at it
         cfg.dir = self._dir
         h = C.c_void_p()
@@ -297,8 +297,8 @@ class Parallel(_Handle):
     def _config(limit, max_bytes):
         cfg = lib.bk_parallel_config_default()
         if max_bytes:
-            cfg.max_bytes = int(max_bytes)
-        cfg.limit = int(limit)
+            _lib_set_field(cfg, "max_bytes", max_bytes)
+        _lib_set_field(cfg, "limit", limit)
         return cfg
 
     @classmethod

@@ -167,7 +167,8 @@ def esp_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bh
 
 def esp_slices(d, *, slices=None, theta=None, seed=None):
     """The [L, d] slice matrix ESP uses for head dim d."""
-    return K.esp_slices(K.EspConfig(None, None, None, None, None, None, slices, theta, seed), int(d))
+    return K.esp_slices(K.EspConfig(None, None, None, None, None, None, slices, theta, seed),
+                        _lib.check_int(d, C.c_int, "d", lo=1))
 
 
 # ---- LOT ----
@@ -268,18 +269,20 @@ def spherical_kmeans(x, K_, *, iters=None, tol=None, seed=None, init=None):
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     if x.ndim != 2:
         raise ValueError("x: [N, dim] expected, got shape %s" % (x.shape,))
-    out = np.zeros((int(K_), x.shape[1]), np.float32)
+    K_ = _lib.check_int(K_, C.c_int, "K", lo=1)
+    out = np.zeros((K_, x.shape[1]), np.float32)
     rep = _lib.KmeansReport()
     kp = _kmeans(iters, tol, seed, None, init)
-    check(lib.bk_spherical_kmeans(K.f32_np(x), x.shape[0], x.shape[1], int(K_), C.byref(kp), K.f32_np(out),
+    check(lib.bk_spherical_kmeans(K.f32_np(x), x.shape[0], x.shape[1], K_, C.byref(kp), K.f32_np(out),
                                   C.byref(rep)))
     return out, _report(rep)
 
 
 def otk_fit_anchors(x, k, *, lengths=None, iters=None, tol=None, seed=None, max_samples=None, init=None):
     """(W [k, d], report): anchors by spherical K-means of the valid elements"""
-    op = K.OtkProblem(NP, x, 1, 1, int(k), lengths)
-    W = np.zeros((int(k), op.d), np.float32)
+    k = _lib.check_int(k, C.c_int, "k", lo=1)
+    op = K.OtkProblem(NP, x, 1, 1, k, lengths)
+    W = np.zeros((k, op.d), np.float32)
     rep = _lib.KmeansReport()
     kp = _kmeans(iters, tol, seed, max_samples, init)
     check(lib.bk_otk_fit_anchors(C.byref(op.desc), C.byref(op.tx), C.byref(kp), K.f32_np(W), C.byref(rep)))
@@ -291,11 +294,13 @@ def otk_fit_refs(x, q, p, *, lengths=None, W=None, barycenter=0, iters=None, tol
     """(z [q, p, k], report): references by (Wasserstein) K-means of the
     features (see bk_otk_fit_refs)."""
     k = W.shape[0] if W is not None else np.asarray(x).shape[-1]
-    op, prm, _, W = _otk_setup(x, np.zeros((int(q), int(p), k), np.float32), lengths, W, params)
-    z = np.zeros((int(q), int(p), k), np.float32)
+    q, p = _lib.check_int(q, C.c_int, "q", lo=1), _lib.check_int(p, C.c_int, "p", lo=1)
+    barycenter = _lib.check_int(barycenter, C.c_int, "barycenter")
+    op, prm, _, W = _otk_setup(x, np.zeros((q, p, k), np.float32), lengths, W, params)
+    z = np.zeros((q, p, k), np.float32)
     rep = _lib.KmeansReport()
     kp = _kmeans(iters, tol, seed, max_samples, init)
-    check(lib.bk_otk_fit_refs(C.byref(op.desc), C.byref(prm), C.byref(op.tx), C.byref(kp), int(barycenter),
+    check(lib.bk_otk_fit_refs(C.byref(op.desc), C.byref(prm), C.byref(op.tx), C.byref(kp), barycenter,
                               K.f32_np(z), C.byref(rep)))
     return z, _report(rep)
 
@@ -303,7 +308,8 @@ def otk_fit_refs(x, q, p, *, lengths=None, W=None, barycenter=0, iters=None, tol
 # ---- ASAP ----
 
 def _asap_config(d, slices, theta, seed, scale, eps, teacher_iters, lam):
-    cfg = K.setp(lib.bk_asap_config_default(int(d)), slices=slices, seed=seed, scale=scale, eps=eps,
+    d = _lib.check_int(d, C.c_int, "d", lo=1)
+    cfg = K.setp(lib.bk_asap_config_default(d), slices=slices, seed=seed, scale=scale, eps=eps,
                  teacher_iters=teacher_iters, lambda_=lam)
     th = None
     if theta is not None:

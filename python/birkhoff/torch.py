@@ -35,16 +35,23 @@ torch.autocast("cuda") CUDA operands are cast to the autocast dtype first
 
 Wrong dtype (CPU: float32 only), device (CPU or CUDA, all operands on one),
 rank or shape raise TypeError/ValueError before any C call; C errors raise
-birkhoff.BirkhoffError with the C library's message. Gradients are exact
-VJPs of the C forward: see docs/PYTHON.md for the tolerances the tests hold
-them to.
+birkhoff.BirkhoffError with the C library's message (a result that
+overflows float32 for finite inputs: status "float32 overflow"); sparse
+tensors raise TypeError. Gradients are exact VJPs of the C forward: see
+docs/PYTHON.md for the tolerances the tests hold them to. They are
+first-order only: every Function's backward is once_differentiable, so a
+second derivative through it (torch.autograd.grad(..., create_graph=True),
+then a backward through that gradient) raises RuntimeError instead of
+returning a gradient with no graph.
 """
 import contextlib
+import functools
 import math
 
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from . import _core as K
 
@@ -62,6 +69,9 @@ class TorchAdapter:
     def prepare(a, name):
         if not isinstance(a, torch.Tensor):
             raise TypeError("%s: torch.Tensor expected, got %s" % (name, type(a).__name__))
+        if a.layout != torch.strided:
+            raise TypeError("%s: a dense (strided) tensor expected, got a %s one (convert it with .to_dense())"
+                            % (name, str(a.layout).replace("torch.", "")))
         if a.is_cuda:  # (is_cuda is cheaper than a.device, which builds a device object per call)
             if a.dtype not in _CUDA_DTYPES:
                 raise TypeError("%s: CUDA tensors must be torch.float32, torch.bfloat16 or torch.float16, got %s"
@@ -131,6 +141,9 @@ class TorchAdapter:
     @staticmethod
     def lengths(x, B, name):
         if isinstance(x, torch.Tensor):
+            if x.layout != torch.strided:
+                raise TypeError("%s: a dense (strided) tensor of lengths expected, got a %s one"
+                                % (name, str(x.layout).replace("torch.", "")))
             if x.dtype.is_floating_point or x.dtype == torch.bool:
                 raise TypeError("%s: integer lengths expected, got %s" % (name, x.dtype))
             x = x.detach().cpu().numpy()
@@ -199,6 +212,27 @@ def cuda_available(device=0):
     return K.cuda_status(device)[0]
 
 
+def _first_order(backward):
+    """backward made once_differentiable (torch.autograd.function): a second
+    derivative through it (torch.autograd.grad(..., create_graph=True), then
+    a backward through that gradient) raises RuntimeError ("trying to
+    differentiate twice a function that was marked with
+    @once_differentiable") instead of returning a gradient with no graph.
+    once_differentiable looks at the incoming gradients only: the gradient
+    of a scalar loss, a constant, would slip through while the inputs
+    require grad, so it is marked as requiring grad then."""
+    inner = once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapped(ctx, *grads):
+        if torch.is_grad_enabled() and any(ctx.needs_input_grad) and \
+                not any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads):
+            grads = tuple(g.detach().requires_grad_() if isinstance(g, torch.Tensor) and g.is_floating_point()
+                          else g for g in grads)
+        return inner(ctx, *grads)
+    return wrapped
+
+
 class _QKV(torch.autograd.Function):
     """softmax and Sinkhorn attention: q, k, v in, their gradients out; `op`
     is (forward, backward) of _core with their parameters `p`. CPU or CUDA
@@ -214,6 +248,7 @@ class _QKV(torch.autograd.Function):
         return res["out"]
 
     @staticmethod
+    @_first_order
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         q_len, k_len, layout, op, p = ctx.args
@@ -238,6 +273,7 @@ class _Esp(torch.autograd.Function):
         return res["out"]
 
     @staticmethod
+    @_first_order
     def backward(ctx, dout):
         q, k, v, theta = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
@@ -259,6 +295,7 @@ class _Lot(torch.autograd.Function):
         return res["out"]
 
     @staticmethod
+    @_first_order
     def backward(ctx, dout):
         q, k, v, Z, theta = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
@@ -280,6 +317,7 @@ class _Diff(torch.autograd.Function):
         return res["out"]
 
     @staticmethod
+    @_first_order
     def backward(ctx, dout):
         q, k, v, lam = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
@@ -300,6 +338,7 @@ class _Otk(torch.autograd.Function):
         return res["out"]
 
     @staticmethod
+    @_first_order
     def backward(ctx, dout):
         x, z, W = ctx.saved_tensors
         lengths, kw = ctx.args
@@ -396,7 +435,8 @@ def _suffix_lengths(mask, B, N, name):
     padding is a suffix of every row"""
     if mask is None:
         return None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
+    if not isinstance(mask, torch.Tensor) or mask.layout != torch.strided or mask.dtype != torch.bool or \
+            tuple(mask.shape) != (B, N):
         raise ValueError("%s: a bool tensor [B=%d, N=%d] (True = padding) expected" % (name, B, N))
     m = mask.detach().cpu()
     lens = (~m).sum(dim=1)

@@ -143,7 +143,14 @@ int bki_ctx_threads(const bk_context *ctx)
 
 int bk_context_threads(const bk_context *ctx) { return bki_ctx_threads(ctx ? ctx : bki_ctx()); }
 
-void bk_set_num_threads(int n) { g_default.threads = n > 0 ? n : 0; }
+bk_status bk_set_num_threads(int n)
+{
+    if (n > 4096)
+        return bki_fail(BK_ERR_PARAM, "bk_set_num_threads: n must be in [1, 4096] (or <= 0: the default), got %d", n);
+    g_default.threads = n > 0 ? n : 0;
+    bki_clear_error();
+    return BK_OK;
+}
 
 int bki_op_supported(const bk_context *ctx, const char *name); /* registry.c */
 int bk_context_supports(const bk_context *ctx, const char *op_name)

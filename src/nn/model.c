@@ -247,6 +247,8 @@ bk_status bk_model_config_check(const bk_model_config *c)
                         (pma && (c->pma_attn == BK_ATTN_SINKHORN || c->pma_attn == BK_ATTN_UNBALANCED));
     const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP) ||
                          (pma && c->pma_attn == BK_ATTN_ESP);
+    /* (a model without Sinkhorn keeps sk_iters for a swap and ASAP's teacher) */
+    NEED(c->sk_iters >= 0 && c->sk_iters <= (1 << 20), "sk_iters must be in [0, 2^20] (got %d)", c->sk_iters);
     if (uses_sk)
         NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
              "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");

@@ -75,6 +75,7 @@ static bk_status check_cfg(const bk_optim_config *c)
     NEED(c->clip >= 0.0f, "clip must be >= 0");
     NEED(c->sched >= BK_SCHED_CONSTANT && c->sched <= BK_SCHED_INVSQRT, "unknown schedule %d", (int)c->sched);
     NEED(c->warmup >= 0, "warmup must be >= 0");
+    NEED(c->total_steps >= 0, "total_steps must be >= 0 (got %lld)", (long long)c->total_steps);
     NEED(c->sched != BK_SCHED_COSINE || c->total_steps > c->warmup, "cosine needs total_steps > warmup");
     NEED(c->lr_min >= 0.0f && c->lr_min <= c->lr, "lr_min must be in [0, lr]");
     NEED(c->gamma > 0.0f, "gamma must be > 0");

@@ -729,6 +729,16 @@ static void teacher_dual_problem(const bki_team *tm, int p, char *lane, void *vc
     if (tm->tid == 0) memset(o + (live ? Lq : 0), 0, sizeof(float) * (size_t)(d->Nq - (live ? Lq : 0)));
 }
 
+/* q and k are finite (check_qk): a teacher whose dual or statistics are not
+ * is a float32 overflow of its scores (as the operators' results, driver.c) */
+static bk_status teacher_overflow(const bk_attn_desc *d, int p)
+{
+    return bki_fail(BK_ERR_OVERFLOW,
+                    "ASAP teacher: problem %d (b=%d, h=%d) is not finite although q and k are: its scores (scale/eps) "
+                    "q.k overflowed float32; reduce |q|, |k| or the scale, or raise eps",
+                    p, p / d->H, p % d->H);
+}
+
 bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg, const bk_tensor *q,
                                const bk_tensor *k, float *y)
 {
@@ -748,6 +758,9 @@ bk_status bk_asap_teacher_dual(const bk_attn_desc *d, const bk_asap_config *cfg,
     calib_ctx x = {d, q, k, NULL, sc, cfg->eps, 0, S, 0, members, lb, y, NULL, NULL};
     run_lanes(pl, P, base, lb, teacher_dual_problem, &x);
     free(base);
+    for (int p = 0; p < P; p++) /* q, k are finite: a non-finite dual is an overflow */
+        for (int i = 0; i < bki_len(d->q_len, p / d->H, d->Nq); i++)
+            if (!isfinite(y[(size_t)p * d->Nq + i])) return teacher_overflow(d, p);
     bki_clear_error();
     return BK_OK;
 }
@@ -953,6 +966,19 @@ bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *d0, const bk_t
     calib_ctx x = {d, q, k, c->theta, sc, eps, L, S, kl, members, lb, NULL, part, recs};
     run_lanes(pl, P, base, lb, calib_problem, &x);
     free(base);
+    for (int p = 0; p < P; p++) { /* an overflowing teacher: the calibration is left as it was */
+        const int b = p / d->H;
+        if (bki_len(d->q_len, b, d->Nq) == 0 || bki_len(d->k_len, b, d->Nk) == 0) continue;
+        int fin = 1;
+        for (size_t i = 0; i < blk; i++) fin &= isfinite(part[blk * (size_t)p + i]) != 0;
+        if (!fin) {
+            if (recs)
+                for (int r = 0; r < P; r++) rec_free(&recs[r]);
+            free(recs);
+            free(part);
+            return teacher_overflow(d, p);
+        }
+    }
     /* sum the blocks in problem order */
     int64_t added = 0, rows = 0;
     for (int p = 0; p < P; p++) {

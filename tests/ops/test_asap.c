@@ -867,6 +867,30 @@ static void test_asap_bad_input(void)
              "asap close with a NaN dual refused", "%s", bk_last_error());
     bk_asap_layer_free(&l2);
     th_prob_free(&t);
+    /* finite q, k whose teacher scores overflow float32 (issue 41): BK_ERR_OVERFLOW, the calibration left as
+     * it was (a later fit sees only the good problems) */
+    th_prob big;
+    th_prob_init(&big, 1, 2, 8, 8, 4, 4, 0, 0, 1e20, &r);
+    th_prob_init(&t, 1, 1, 8, 8, 4, 4, 0, 0, 1.0, &r);
+    cfg = bk_asap_config_default(4);
+    cfg.slices = 3;
+    float y[16];
+    bk_status s = bk_asap_teacher_dual(&big.desc, &cfg, &big.tq, &big.tk, y);
+    th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "overflow"), "asap teacher dual: overflow refused", "%s: %s",
+             bk_status_str(s), bk_last_error());
+    bk_asap_calib_create(&cfg, 1, &c);
+    s = bk_asap_calib_add(c, &big.desc, &big.tq, &big.tk);
+    th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "overflow"), "asap calibration: overflow refused", "%s: %s",
+             bk_status_str(s), bk_last_error());
+    memset(&ly, 0, sizeof ly);
+    s = bk_asap_calib_add(c, &t.desc, &t.tq, &t.tk);
+    if (s == BK_OK) s = bk_asap_calib_fit(c, BK_ASAP_FIT_LS, NULL, &ly, NULL);
+    th_check(s == BK_OK && ly.calib_problems == 1, "asap calibration: a refused batch leaves it as it was",
+             "%s (%lld problems)", bk_last_error(), (long long)ly.calib_problems);
+    bk_asap_layer_free(&ly);
+    bk_asap_calib_free(c);
+    th_prob_free(&t);
+    th_prob_free(&big);
 }
 
 /* ---- the operator registry (birkhoff/ops.h) ------------------------------ */

@@ -1291,11 +1291,104 @@ def test_regressions():
     check("r=5" in repr(bt.LOTAttention(E, H, r=5)), "LOTAttention repr shows r")
 
 
+def test_hostile_numbers():
+    """issue 41: values that cannot be represented, integers that would wrap,
+    sparse tensors, second derivatives, raw bytes in messages"""
+    section("11. hostile numbers and messages (issue 41)")
+    rng = np.random.default_rng(41)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 4, 4), (1, 2, 5, 4), (1, 2, 5, 4)))
+    big = (q * 1e20, k * 1e20, v)
+
+    # finite inputs whose scores overflow float32: BirkhoffError, never NaN with success
+    def overflow(fn, name):
+        try:
+            out = fn()
+        except bk.BirkhoffError as e:
+            return check(e.status == "float32 overflow" and "overflow" in str(e), name, "%s: %s" % (e.status, e))
+        except Exception as e:  # noqa: BLE001
+            return check(False, name, "expected BirkhoffError, got %s: %s" % (type(e).__name__, e))
+        return check(False, name, "no error; finite output: %s" % bool(np.all(np.isfinite(np.asarray(out)))))
+    overflow(lambda: bk.softmax(*big).out, "overflow: softmax |q|,|k| ~ 1e20 -> BirkhoffError")
+    overflow(lambda: bk.sinkhorn(*big).out, "overflow: sinkhorn |q|,|k| ~ 1e20 -> BirkhoffError")
+    overflow(lambda: bk.sinkhorn(q * 10, k, v, scale=1e38).out, "overflow: sinkhorn scale=1e38 -> BirkhoffError")
+    overflow(lambda: bk.unbalanced(*big).out, "overflow: unbalanced -> BirkhoffError")
+    overflow(lambda: bk.esp(*big).out, "overflow: esp -> BirkhoffError")
+    overflow(lambda: bk.diff(*big, 0.3).out, "overflow: diff -> BirkhoffError")
+    overflow(lambda: bk.attention("sinkhorn", q * 10, k, v, scale=1e38).out, "overflow: attention('sinkhorn') -> BirkhoffError")
+    overflow(lambda: bt.sinkhorn_attention(*(torch.from_numpy(a) for a in big)).detach().numpy(),
+             "overflow: torch sinkhorn_attention -> BirkhoffError")
+    overflow(lambda: bk.sinkhorn_backward(q, k, v, np.full((1, 2, 4, 4), 3e38, np.float32))[0],
+             "overflow: sinkhorn backward with dout ~ 3e38 -> BirkhoffError")
+
+    # integers that do not fit the C type: refused (ctypes would wrap 2**32 + 5 to 5), naming the argument
+    n0 = bk.get_num_threads()
+    check_raises(ValueError, lambda: bk.set_num_threads(2**32 + 2), "set_num_threads(2**32+2) -> ValueError",
+                 "set_num_threads")
+    check_raises(ValueError, lambda: bk.set_num_threads(5000), "set_num_threads(5000) -> ValueError", "4096")
+    check(bk.get_num_threads() == n0, "a refused set_num_threads leaves the count", "%d != %d"
+          % (bk.get_num_threads(), n0))
+    check_raises(ValueError, lambda: bk.sinkhorn(q, k, v, iters=2**32 + 5), "sinkhorn(iters=2**32+5) -> ValueError",
+                 "iters")
+    check_raises(ValueError, lambda: bt.sinkhorn_attention(*(torch.from_numpy(a) for a in (q, k, v)),
+                                                           iters=2**32 + 5),
+                 "torch sinkhorn_attention(iters=2**32+5) -> ValueError", "iters")
+    check_raises(ValueError, lambda: bk.esp(q, k, v, slices=2**32 + 3), "esp(slices=2**32+3) -> ValueError",
+                 "slices")
+    check_raises(ValueError, lambda: bk.esp(q, k, v, slices=3, seed=-1), "esp(seed=-1) -> ValueError", "seed")
+    check_raises(ValueError, lambda: bk.esp(q, k, v, slices=3, seed=2**64), "esp(seed=2**64) -> ValueError",
+                 "seed")
+    check_raises(ValueError, lambda: bk.spherical_kmeans(rng.standard_normal((8, 3)), 2**32 + 2),
+                 "spherical_kmeans(K=2**32+2) -> ValueError", "K")
+    check_raises(ValueError, lambda: bk.esp_slices(2**32 + 4), "esp_slices(d=2**32+4) -> ValueError", "d")
+    check_raises(ValueError, lambda: bk.otk_fit_anchors(rng.standard_normal((2, 6, 3)).astype(np.float32),
+                                                        2**32 + 2), "otk_fit_anchors(k=2**32+2) -> ValueError", "k")
+    # the ctypes layer itself: an integer argument outside its C type never wraps
+    try:
+        _lib.lib.bk_esp_num_slices(None, 2**32 + 4)
+        check(False, "ctypes int argument 2**32+4 refused", "accepted")
+    except Exception as e:  # noqa: BLE001 (ctypes.ArgumentError)
+        check("2147483647" in str(e), "ctypes int argument 2**32+4 refused with the range", str(e))
+
+    # messages from C are escaped: what they echo cannot drive a terminal
+    try:
+        bk.attention("sinkhorn", q, k, v, **{"it\x1b[2J\rers": 3})
+        check(False, "BirkhoffError message escaped", "no error")
+    except bk.BirkhoffError as e:
+        check("\x1b" not in str(e) and "\r" not in str(e) and "it\\x1b[2J\\rers" in str(e),
+              "BirkhoffError message escaped (bk_last_error)", repr(str(e)))
+
+    # sparse tensors: TypeError naming the argument, before C
+    qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+    for name, args in (("q", (qt.to_sparse(), kt, vt)), ("k", (qt, kt.to_sparse(), vt)), ("v", (qt, kt, vt.to_sparse()))):
+        check_raises(TypeError, lambda: bt.sinkhorn_attention(*args), "torch: sparse %s -> TypeError" % name,
+                     "%s: a dense" % name)
+    check_raises(TypeError, lambda: bt.esp_attention(qt, kt, vt, theta=torch.eye(4).to_sparse()),
+                 "torch: sparse theta -> TypeError", "theta")
+    check_raises(TypeError, lambda: bt.sinkhorn_attention(qt, kt, vt, k_len=torch.tensor([3]).to_sparse()),
+                 "torch: sparse k_len -> TypeError", "k_len")
+
+    # second derivatives: a clear error, not a gradient without a graph
+    th = torch.randn(2, 3, 4)
+    fns = (("softmax", lambda a, b, c: bt.softmax_attention(a, b, c)),
+           ("sinkhorn", lambda a, b, c: bt.sinkhorn_attention(a, b, c)),
+           ("attention", lambda a, b, c: bt.attention("unbalanced", a, b, c)),
+           ("esp", lambda a, b, c: bt.esp_attention(a, b, c, sort="soft")),
+           ("lot", lambda a, b, c: bt.lot_attention(a, b, c, th, torch.zeros(2, 3))),
+           ("diff", lambda a, b, c: bt.diff_attention(a, b, c, torch.tensor([0.3, 0.2]))),
+           ("otk", lambda a, b, c: bt.otk_embedding(a[0], torch.randn(1, 2, 4))))
+    for name, fn in fns:
+        a, b, c = (t.clone().requires_grad_() for t in (qt, kt, vt))
+        g, = torch.autograd.grad(fn(a, b, c).pow(2).sum(), a, create_graph=True)
+        check(g.requires_grad, "double backward %s: the gradient keeps a node (create_graph=True)" % name)
+        check_raises(RuntimeError, lambda: g.pow(2).sum().backward(), "double backward %s -> RuntimeError" % name,
+                     "differentiate twice")
+
+
 def main():
     print("birkhoff %s (%s) from %s" % (bk.version(), bk.isa(), bk.LIBRARY_PATH))
     for fn in (test_softmax_sinkhorn, test_unbalanced, test_causal, test_registry, test_esp, test_lot, test_diff, test_otk, test_layouts, test_gradcheck,
                test_mha_equivalence, test_errors, test_asap, test_otk_fit, test_threads, test_leaks,
-               test_regressions):
+               test_regressions, test_hostile_numbers):
         try:
             fn()
         except Exception as e:  # noqa: BLE001

@@ -111,8 +111,8 @@ static int parse_threads(const char *s)
 {
     if (!s) return 1;
     int nt;
-    if (!cli_parse_int(s, &nt) || nt < 1) {
-        fprintf(stderr, "birkhoff asap: --threads must be an integer >= 1\n");
+    if (!cli_parse_int(s, &nt) || nt < 1 || nt > 4096) {
+        fprintf(stderr, "birkhoff asap: --threads must be an integer in [1, 4096]\n");
         return 0;
     }
     bk_set_num_threads(nt);

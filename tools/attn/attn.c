@@ -1,6 +1,7 @@
 /* attn.c -- `birkhoff attn`: run an attention operator on .npy files. */
 #include "../cli.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,10 @@ typedef struct {
     const char *rho;
     const char *lambda, *dlambda;
 } attn_args;
+
+/* the larger of two errors, NaN when either is (a NaN error is never
+ * printed as 0) */
+static float max_err(float a, float b) { return isnan(a) || isnan(b) ? NAN : (a > b ? a : b); }
 
 static int load4(const char *what, const char *path, bk_npy *a) { return cli_load_f32("attn", what, path, 4, a); }
 
@@ -281,8 +286,8 @@ int cmd_attn(int argc, char **argv)
     }
     if (a.threads) {
         int nt;
-        if (!cli_parse_int(a.threads, &nt) || nt < 1) {
-            fprintf(stderr, "birkhoff attn: --threads must be an integer >= 1\n");
+        if (!cli_parse_int(a.threads, &nt) || nt < 1 || nt > 4096) {
+            fprintf(stderr, "birkhoff attn: --threads must be an integer in [1, 4096]\n");
             return CLI_USAGE;
         }
         bk_set_num_threads(nt);
@@ -517,8 +522,8 @@ int cmd_attn(int argc, char **argv)
         float re = 0, ce = 0;
         int it = 0;
         for (int i = 0; i < B * H; i++) {
-            re = diag[i].row_err > re ? diag[i].row_err : re;
-            ce = diag[i].col_err > ce ? diag[i].col_err : ce;
+            re = max_err(re, diag[i].row_err);
+            ce = max_err(ce, diag[i].col_err);
             it = diag[i].iters > it ? diag[i].iters : it;
         }
         fprintf(stderr, "%s: %d problems, max half-steps %d, max |row sum - 1| %.3g, max |col sum - 1| %.3g (relative)\n",

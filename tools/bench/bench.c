@@ -5,6 +5,7 @@
 #include "../cli.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <pthread.h>
 #include <math.h>
 #include <stdio.h>
@@ -73,18 +74,23 @@ static int parse_cases(const char *s, int op, bcase *out, int max)
     const char *p = s;
     while (*p && n < max) {
         bcase c = {op, 0, 0, 0, 1};
-        int used = 0;
-        int k = sscanf(p, "%d:%d:%d:%d%n", &c.BH, &c.N, &c.d, &c.S, &used);
-        if (k < 4) {
-            used = 0;
-            k = sscanf(p, "%d:%d:%d%n", &c.BH, &c.N, &c.d, &used);
-            if (k < 3) return -1;
-            c.S = op == OP_SINKHORN ? 5 : 1;
+        /* BH:N:d[:S], each in [1, 2^31) (strtol: sscanf's %d overflows silently) */
+        int f[4] = {0, 0, 0, 0}, k = 0;
+        for (; k < 4; k++) {
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || errno || v < 1 || v > 2147483647L || *p == ' ' || *p == '+') return -1;
+            f[k] = (int)v;
+            p = end;
+            if (*p != ':') break;
+            p++;
         }
-        if (c.BH < 1 || c.N < 1 || c.d < 1 || c.S < 1) return -1;
+        if (k < 2 || k > 3) return -1;
+        c.BH = f[0]; c.N = f[1]; c.d = f[2];
+        c.S = k == 3 ? f[3] : op == OP_SINKHORN ? 5 : 1;
         if (op != OP_SINKHORN) c.S = 1;
         out[n++] = c;
-        p += used;
         if (*p == ',') p++;
         else if (*p) return -1;
     }
@@ -450,7 +456,7 @@ static int bench_dispatch(int argc, char **argv)
         else if (val && !strcmp(a, "--cases")) { cases = val; i++; }
         else if (val && !strcmp(a, "--python")) { py = val; i++; }
         else if (val && !strcmp(a, "--peer-script")) { script = val; i++; }
-        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1) i++;
+        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1 && nt <= 4096) i++;
         else if (val && !strcmp(a, "--reps") && cli_parse_int(val, &reps) && reps >= 1) i++;
         else if (val && !strcmp(a, "--warmup") && cli_parse_int(val, &warmup) && warmup >= 0) i++;
         else if (val && !strcmp(a, "--peer-max-n") && cli_parse_int(val, &peer_max_n) && peer_max_n >= 1) i++;

@@ -71,7 +71,7 @@ int bench_asap(int argc, char **argv)
         else if (val && !strcmp(a, "--slices") && cli_parse_int(val, &L) && L >= 1) i++;
         else if (val && !strcmp(a, "--calib") && cli_parse_int(val, &calib) && calib >= 1) i++;
         else if (val && !strcmp(a, "--temp") && cli_parse_float(val, &temp) && temp > 0) i++;
-        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1) i++;
+        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1 && nt <= 4096) i++;
         else if (val && !strcmp(a, "--reps") && cli_parse_int(val, &reps) && reps >= 1) i++;
         else if (val && !strcmp(a, "--warmup") && cli_parse_int(val, &warmup) && warmup >= 0) i++;
         else {

@@ -45,7 +45,7 @@ int bench_otk(int argc, char **argv)
         else if (val && !strcmp(a, "--peer-script")) { script = val; i++; }
         else if (val && !strcmp(a, "--domain") && (!strcmp(val, "log") || !strcmp(val, "scaling"))) { domain = val; i++; }
         else if (val && !strcmp(a, "--eps") && cli_parse_float(val, &eps) && eps > 0) i++;
-        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1) i++;
+        else if (val && !strcmp(a, "--threads") && cli_parse_int(val, &nt) && nt >= 1 && nt <= 4096) i++;
         else if (val && !strcmp(a, "--reps") && cli_parse_int(val, &reps) && reps >= 1) i++;
         else if (val && !strcmp(a, "--warmup") && cli_parse_int(val, &warmup) && warmup >= 0) i++;
         else {

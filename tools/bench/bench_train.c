@@ -55,8 +55,8 @@ int bench_train(int argc, char **argv)
     if (rc || done) return rc;
     int B, steps, warm, nt = bk_get_num_threads();
     if (!cli_parse_int(bs, &B) || B < 1 || !cli_parse_int(ss, &steps) || steps < 1 || !cli_parse_int(ws, &warm) ||
-        warm < 0 || (ts && (!cli_parse_int(ts, &nt) || nt < 1))) {
-        fprintf(stderr, "birkhoff bench: --batch, --steps >= 1, --warmup >= 0 and --threads >= 1 are integers\n");
+        warm < 0 || (ts && (!cli_parse_int(ts, &nt) || nt < 1 || nt > 4096))) {
+        fprintf(stderr, "birkhoff bench: --batch, --steps >= 1, --warmup >= 0 and --threads in [1, 4096] are integers\n");
         return CLI_USAGE;
     }
     bk_set_num_threads(nt);

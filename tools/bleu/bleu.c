@@ -49,7 +49,8 @@ int cmd_bleu(int argc, char **argv)
         goto out;
     }
     if (bk_bleu_text((const char *const *)H, (const char *const *)R, nh, &cfg, &r) != BK_OK) {
-        fprintf(stderr, "birkhoff bleu: %s\n", bk_last_error());
+        /* (sentence i of the library's message is line i + 1) */
+        fprintf(stderr, "birkhoff bleu: --hyp %s, --ref %s: %s\n", hyp, ref, bk_last_error());
         goto out;
     }
     double cf = 0;

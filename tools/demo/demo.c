@@ -57,7 +57,7 @@ int cmd_demo(int argc, char **argv)
             return CLI_OK;
         } else if (i + 1 < argc && !strcmp(argv[i], "--n") && cli_parse_int(argv[i + 1], &N) && N >= 2 && N <= 8192) {
             i++;
-        } else if (i + 1 < argc && !strcmp(argv[i], "--threads") && cli_parse_int(argv[i + 1], &nt) && nt >= 1) {
+        } else if (i + 1 < argc && !strcmp(argv[i], "--threads") && cli_parse_int(argv[i + 1], &nt) && nt >= 1 && nt <= 4096) {
             i++;
         } else {
             fprintf(stderr, "birkhoff demo: bad option '%s'\n", argv[i]);

@@ -372,9 +372,14 @@ static int run_epochs(const char *dir, int *ep, int max)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) && n < max) {
-        int v;
-        char tail[32];
-        if (sscanf(e->d_name, "epoch-%d.%31s", &v, tail) == 2 && !strcmp(tail, "safetensors")) ep[n++] = v;
+        /* epoch-N.safetensors, N in [0, 2^31) (strtoll: sscanf's %d overflows silently) */
+        const char *dot = strchr(e->d_name, '.');
+        char num[24] = "";
+        long long v;
+        if (!strncmp(e->d_name, "epoch-", 6) && dot && dot - e->d_name - 6 < (long)sizeof num) {
+            memcpy(num, e->d_name + 6, (size_t)(dot - e->d_name - 6));
+            if (!strcmp(dot, ".safetensors") && cli_parse_range(num, 0, 2147483647, &v)) ep[n++] = (int)v;
+        }
     }
     closedir(d);
     qsort(ep, (size_t)n, sizeof(int), cmp_int);

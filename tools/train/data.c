@@ -120,9 +120,11 @@ int cmd_data(int argc, char **argv)
     }
     bk_data_config o = bk_data_config_default();
     o.dir = dir;
-    if ((len_s && !cli_parse_int(len_s, &o.max_len)) || (pts_s && !cli_parse_int(pts_s, &o.points)) ||
+    if ((len_s && (!cli_parse_int(len_s, &o.max_len) || o.max_len < 0)) ||
+        (pts_s && (!cli_parse_int(pts_s, &o.points) || o.points < 0)) ||
         (strcmp(split, "train") && strcmp(split, "test") && strcmp(split, "valid"))) {
-        fprintf(stderr, "birkhoff data: bad --seq-len, --points or --split\n");
+        fprintf(stderr, "birkhoff data: bad --seq-len or --points (integers >= 0; 0: the dataset's default) or "
+                        "--split\n");
         return CLI_USAGE;
     }
     bk_dataset *dset;

@@ -130,7 +130,7 @@ static void on_event(void *user, const bk_train_event *ev)
             char bar[32];
             for (int k = 0; k < 24; k++) bar[k] = k < fill ? '#' : '.';
             bar[24] = 0;
-            fprintf(stderr, "\r\033[Kepoch %d/%d [%s] %lld/%lld  %.0f samples/s  ETA %s  loss %.4f  acc %.2f%%",
+            fprintf(cli_stderr_raw(), "\r\033[Kepoch %d/%d [%s] %lld/%lld  %.0f samples/s  ETA %s  loss %.4f  acc %.2f%%",
                     ev->epoch, r->epochs, bar, (long long)ev->batch, (long long)nb, ev->samples_per_s, eta,
                     ev->train_loss, 100.0 * ev->train_acc);
         } else if (p->mode == PR_PLAIN && (ev->batch % (nb / 10 > 0 ? nb / 10 : 1) == 0)) {
@@ -142,7 +142,7 @@ static void on_event(void *user, const bk_train_event *ev)
     }
     char tt[32];
     fmt_time(ev->time_s, tt, sizeof tt);
-    if (p->mode == PR_BAR) fprintf(stderr, "\r\033[K");
+    if (p->mode == PR_BAR) fprintf(cli_stderr_raw(), "\r\033[K");
     if (p->mode != PR_NONE)
         fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  |col sum-1| %.3g  %s\n",
                 ev->epoch, r->epochs, ev->train_loss, 100.0 * ev->train_acc, ev->test_loss, 100.0 * ev->test_acc,
@@ -345,10 +345,10 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
         char who[32] = "";
         if (comm->size > 1) snprintf(who, sizeof who, "[rank %d] ", comm->rank);
         fprintf(stderr, "%s%sbirkhoff train: %s\n", mid && comm->rank == 0 ? "\n" : "", who, bk_last_error());
-        if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
+        if (p.mode == PR_BAR) fprintf(cli_stderr_raw(), "\r\033[K");
         return res.stage == BK_TRAIN_STAGE_CONFIG ? CLI_USAGE : CLI_FAIL;
     }
-    if (p.mode == PR_BAR) fprintf(stderr, "\r\033[K");
+    if (p.mode == PR_BAR) fprintf(cli_stderr_raw(), "\r\033[K");
     if (comm->rank > 0) return res.stopped ? 130 : CLI_OK;
     if (res.stopped) {
         fprintf(stderr, "train: stopped at epoch %d batch %lld (step %lld); checkpoint %s/last.safetensors; continue "

@@ -256,8 +256,8 @@ int cmd_translate(int argc, char **argv)
     if (done || rc0) return rc0;
     int batch = 64, threads = 0;
     if (!ckpt || (batch_s && (!cli_parse_int(batch_s, &batch) || batch < 1 || batch > 65536)) ||
-        (threads_s && (!cli_parse_int(threads_s, &threads) || threads < 1))) {
-        fprintf(stderr, "birkhoff translate: needs --ckpt; --batch in [1, 65536]; --threads >= 1\n");
+        (threads_s && (!cli_parse_int(threads_s, &threads) || threads < 1 || threads > 4096))) {
+        fprintf(stderr, "birkhoff translate: needs --ckpt; --batch in [1, 65536]; --threads in [1, 4096]\n");
         usage_translate(stderr);
         return CLI_USAGE;
     }

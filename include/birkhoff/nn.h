@@ -443,14 +443,18 @@ BK_API bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm);
 BK_API bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, float ls,
                                double *loss, double *gnorm);
 
-/* ---- checkpoints (safetensors) ----
+/* ---- checkpoints (safetensors; docs/MODEL.md "Checkpoints") ----
  * Tensors: every parameter by name (float32, little-endian), then, when an
  * optimiser is given, its state as "optim.<slot>.<name>". Metadata (strings):
  * format "birkhoff", model config (bk_model_config_format), optimiser config
- * and step, the model's RNG seed and step counter, a FNV-1a-64 checksum of the
- * data section, and up to `extra` (caller's "key=value\n" lines, nullable).
- * Written to a temporary file and renamed. Loading verifies the header, the
- * offsets, the size and the checksum: a truncated or corrupt file is refused
+ * and step, the model's RNG seed and step counter, `extra` (caller's
+ * "key=value\n" lines, nullable) and a FNV-1a-64 checksum of every byte of
+ * the file but its own 16 digits (the data section, then the header with
+ * those digits as '0'): a check against corruption and careless edits, not a
+ * signature. Written to a temporary file and renamed. Errors: BK_ERR_NULL
+ * (path or m NULL), BK_ERR_PARAM (extra is not UTF-8: the header is JSON),
+ * BK_ERR_NOMEM, BK_ERR_IO. Loading verifies the header, the offsets, the size
+ * and the checksum: a truncated, corrupt or edited file is refused
  * (BK_ERR_FORMAT) and nothing is returned. A resumed model and optimiser
  * continue bit for bit as the uninterrupted run. */
 BK_API bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra);
@@ -462,7 +466,24 @@ BK_API bk_status bk_checkpoint_stage(bk_outset *set, const char *path, unsigned 
                                      const bk_optim *o, const char *extra);
 /* Creates the model (max_batch as bk_model_create) and, when o is not NULL
  * and the file holds optimiser state, the optimiser. extra (nullable)
- * receives a malloc'd copy of the caller's metadata (free()). */
+ * receives a malloc'd copy of the caller's metadata (free()). On any error
+ * nothing is returned (*m, *o, *extra NULL). Errors: BK_ERR_NULL; BK_ERR_IO
+ * (cannot open or read); BK_ERR_NOMEM; BK_ERR_FORMAT, naming the problem,
+ * for a file that is truncated, corrupt or edited: a header longer than
+ * 64 MiB or than the file, a header that is not the strict JSON of the
+ * format (RFC 8259 strings in UTF-8 without \u0000 or \u escapes above
+ * U+007F, no nesting beyond the format's shape, at most 8 sizes per shape)
+ * or that holds a metadata key, a tensor name, a field of a tensor entry or
+ * "__metadata__" twice (named in the message), a dtype other than F64, F32,
+ * F16, I64, I32, I16, I8, U8, a shape that does not fill its byte range,
+ * offsets that do not tile the data section, a missing or mismatched
+ * checksum ("checksum mismatch"; a file of an earlier version, whose
+ * checksum covers only the data section and the ASAP layers, is accepted),
+ * seed / forward_count / optim_step that are not decimal integers in range,
+ * a bad model or optimiser config, tensors missing or misshapen for the
+ * configuration, bad compiled ASAP layers; and bk_model_create's errors. The
+ * memory a header costs is proportional to its length (a few times the
+ * file's size in all). */
 BK_API bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **m, bk_optim **o, char **extra);
 /* Reads and verifies a checkpoint as bk_checkpoint_load does (header,
  * offsets, size, checksum, config) and returns its model config only,

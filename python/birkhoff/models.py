@@ -28,8 +28,9 @@ names, loaded without the C library).
 Contents:
 
 * Checkpoints: read_safetensors / write_safetensors (pure Python: struct,
-  json, numpy; the safetensors package is not needed), fnv1a64 (the checksum
-  of the data section), load_checkpoint / save_checkpoint (the birkhoff
+  json, numpy; the safetensors package is not needed; the header read
+  strictly, as the C loader reads it), fnv1a64 (the checksum of the data
+  section and the header), load_checkpoint / save_checkpoint (the birkhoff
   metadata of MODEL.md "Checkpoints").
 * Configurations: parse_config / format_config / resolve_config for the model
   (`bk_model_config`, "key=value" lines or comma lists; enums by name) and
@@ -105,6 +106,7 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -140,105 +142,380 @@ def fnv1a64(data, h=0xCBF29CE484222325):
     return h
 
 
+_HEADER_MAX = 64 << 20     # the longest header bk_checkpoint_load reads (64 MiB)
+_ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+_J_WS = re.compile(rb"[ \t\n\r]*")
+_J_RUN = re.compile(rb'[^"\\\x00-\x1f]*')      # a string's bytes up to a quote, escape or control
+_J_INT = re.compile(rb"[0-9]+")
+_J_ESC = {ord("n"): "\n", ord("t"): "\t", ord("r"): "\r", ord("b"): "\b", ord("f"): "\f",
+          ord('"'): '"', ord("\\"): "\\", ord("/"): "/"}
+_J_FIELDS = {"dtype": 1, "shape": 2, "data_offsets": 4}
+# a tensor entry as the writers write it (ASCII name and dtype, no escapes,
+# numbers below 10^18): read in one match, with the decisions of the general
+# path, which reads every other form
+_J_ENTRY = re.compile(rb'"([^"\\\x00-\x1f\x80-\xff]*)":\{"dtype":"([^"\\\x00-\x1f\x80-\xff]*)",'
+                      rb'"shape":\[((?:[0-9]{1,18}(?:,[0-9]{1,18}){0,7})?)\],'
+                      rb'"data_offsets":\[([0-9]{1,18}),([0-9]{1,18})\]\}')
+
+
+def _shown(s):
+    """A header string as the messages show it (as src/nn/ckpt.c does):
+    printable ASCII but the backslash as is, other bytes as \\xNN, cut after
+    about 64 characters."""
+    out = []
+    n = 0
+    for c in s.encode("utf-8"):
+        if n > 64:
+            out.append("...")
+            break
+        t = chr(c) if 0x20 <= c < 0x7F and c != 0x5C else f"\\x{c:02x}"
+        out.append(t)
+        n += len(t)
+    return "".join(out)
+
+
+class _Header:
+    """The strict reader of a safetensors header that bk_checkpoint_load
+    uses (src/nn/ckpt.c), decision for decision: the fixed shape of the
+    format (an object of "__metadata__", an object of strings, and tensor
+    entries of exactly dtype, shape and data_offsets; no recursion), RFC 8259
+    strings in well-formed UTF-8 without \\u0000 or \\u escapes above U+007F,
+    unsigned integers, no key twice. Python's json module would keep the last
+    of two equal keys (and recurse into nested values)."""
+
+    def __init__(self, raw, path):
+        self.b, self.i, self.n, self.path = raw, 0, len(raw), path
+
+    def fail(self, why):
+        raise ValueError(f"{self.path}: malformed safetensors header ({why})")
+
+    def ws(self):
+        if self.i < self.n and self.b[self.i] in b" \t\n\r":
+            self.i = _J_WS.match(self.b, self.i).end()
+
+    def lit(self, ch):
+        self.ws()
+        if self.i < self.n and self.b[self.i] == ord(ch):
+            self.i += 1
+            return True
+        return False
+
+    def entry(self):
+        """a tensor entry of the writers' form at the cursor, or None"""
+        m = _J_ENTRY.match(self.b, self.i)
+        if not m or m.group(1) == b"__metadata__":
+            return None
+        self.i = m.end()
+        sh = m.group(3)
+        return (m.group(1).decode(), m.group(2).decode(),
+                tuple(int(x) for x in sh.split(b",")) if sh else (), int(m.group(4)), int(m.group(5)))
+
+    def string(self, what):
+        self.ws()
+        b = self.b
+        if self.i >= self.n or b[self.i] != 0x22:
+            self.fail(what)
+        self.i += 1
+        parts = []
+        while True:
+            end = _J_RUN.match(b, self.i).end()
+            try:
+                parts.append(b[self.i:end].decode("utf-8"))
+            except UnicodeDecodeError as e:
+                self.fail(f"invalid UTF-8 in a string at file offset {self.i + e.start + 8}")
+            self.i = end
+            if end >= self.n:
+                self.fail("unterminated string")
+            c, at = b[end], end + 8
+            if c == 0x22:
+                break
+            if c < 0x20:
+                self.fail(f"raw control character 0x{c:02x} in a string at file offset {at}; "
+                          f"JSON strings must escape U+0000..U+001F")
+            if end + 1 >= self.n:
+                self.fail("unterminated string")
+            e = b[end + 1]
+            if e == ord("u"):
+                h = b[end + 2:end + 6]
+                if len(h) < 4 or h.strip(b"0123456789abcdefABCDEF"):
+                    self.fail(f"invalid \\u escape in a string at file offset {at}")
+                v = int(h, 16)
+                if v == 0:
+                    self.fail(f"\\u0000 in a string at file offset {at} (NUL is not allowed)")
+                if v > 0x7F:
+                    self.fail(f"\\u{v:04x} in a string at file offset {at}: escapes above U+007F "
+                              f"are not supported")
+                parts.append(chr(v))
+                self.i = end + 6
+            elif e in _J_ESC:
+                parts.append(_J_ESC[e])
+                self.i = end + 2
+            else:
+                self.fail(f"invalid escape in a string at file offset {at}")
+        self.i += 1
+        return "".join(parts)
+
+    def integer(self):
+        self.ws()
+        m = _J_INT.match(self.b, self.i)
+        if not m:
+            return None
+        d = m.group().lstrip(b"0") or b"0"
+        # (ckpt.c's jint: no digit is added to a value above (2^63 - 10) / 10)
+        if len(d) > 19 or int(d) // 10 > (2**63 - 10) // 10:
+            return None
+        self.i = m.end()
+        return int(d)
+
+    def integers(self, most):
+        if not self.lit("["):
+            return None
+        out = []
+        if self.lit("]"):
+            return out
+        while True:
+            v = self.integer() if len(out) < most else None
+            if v is None:
+                return None
+            out.append(v)
+            if not self.lit(","):
+                break
+        return out if self.lit("]") else None
+
+    def metadata(self, pairs):
+        """the "__metadata__" object into pairs; the checksum value's byte
+        span (between its quotes) or None"""
+        span = None
+        if not self.lit("{"):
+            self.fail("__metadata__ is not an object")
+        if self.lit("}"):
+            return span
+        while True:
+            k = self.string("metadata values must be strings")
+            if not self.lit(":"):
+                self.fail("metadata values must be strings")
+            self.ws()
+            vb = self.i
+            pairs.append((k, self.string("metadata values must be strings")))
+            if k == "checksum":
+                span = (vb + 1, self.i - 1)
+            if not self.lit(","):
+                break
+        if not self.lit("}"):
+            self.fail("unterminated __metadata__")
+        return span
+
+    def tensor(self, name):
+        if not self.lit("{"):
+            self.fail(f"tensor '{_shown(name)}' is not an object")
+        seen, ent = 0, {}
+        while True:
+            f = self.string("bad tensor field")
+            if not self.lit(":"):
+                self.fail("bad tensor field")
+            bit = _J_FIELDS.get(f, 0)
+            if bit & seen:
+                self.fail(f"duplicate field '{f}' in tensor '{_shown(name)}'")
+            seen |= bit
+            if bit == 1:
+                v = self.string("bad dtype, shape or data_offsets")
+            elif bit == 2:
+                v = self.integers(8)
+            elif bit == 4:
+                v = self.integers(2)
+                v = v if v is not None and len(v) == 2 else None
+            else:
+                v = None
+            if v is None:
+                self.fail("bad dtype, shape or data_offsets")
+            ent[f] = v
+            if not self.lit(","):
+                break
+        if not self.lit("}"):
+            self.fail("unterminated tensor entry")
+        if seen != 7:
+            self.fail(f"tensor '{_shown(name)}' lacks dtype, shape or data_offsets")
+        return (name, ent["dtype"], tuple(ent["shape"]), *ent["data_offsets"])
+
+
+def _parse_header(raw, path):
+    """A safetensors header (bytes) -> (tensor entries (name, dtype, shape,
+    begin, end) in the header's order, metadata dict, checksum value span
+    or None). ValueError for anything bk_checkpoint_load refuses."""
+    j = _Header(raw, path)
+    pairs, entries, span, have_meta = [], [], None, False
+    if not j.lit("{"):
+        j.fail("not a JSON object")
+    if not j.lit("}"):
+        while True:
+            j.ws()
+            fast = j.entry()
+            if fast:
+                entries.append(fast)
+                if not j.lit(","):
+                    break
+                continue
+            key = j.string("expected a key")
+            if not j.lit(":"):
+                j.fail("expected ':'")
+            if key == "__metadata__":
+                if have_meta:
+                    j.fail("duplicate key '__metadata__'")
+                have_meta = True
+                span = j.metadata(pairs)
+            else:
+                entries.append(j.tensor(key))
+            if not j.lit(","):
+                break
+        if not j.lit("}"):
+            j.fail("unterminated object")
+    j.ws()
+    if j.i != j.n:
+        j.fail("trailing bytes")
+    # no key twice (the first in sorted order named, as ckpt.c does)
+    for what, keys in (("metadata key", [k for k, _ in pairs]),
+                       ("tensor name", [e[0] for e in entries])):
+        if len(set(keys)) != len(keys):
+            seen, dup = set(), set()
+            for k in keys:
+                (dup if k in seen else seen).add(k)
+            j.fail(f"duplicate {what} '{_shown(min(dup))}'")
+    return entries, dict(pairs), span
+
+
+def _checksum_error(path, hdr, span, data, meta):
+    """None when meta["checksum"] vouches for the file (MODEL.md
+    "Checkpoints"): the FNV-1a-64 of the data section followed by the header
+    with the checksum's own digits read as '0's; or, in a file written
+    before the checksum covered the header, of the data section followed by
+    the "asap.<l>" strings. Else the message."""
+    cs = meta["checksum"]
+    if not re.fullmatch(r"[0-9a-f]{16}", cs):
+        return (f"{path}: bad checksum '{_shown(cs)}' in the metadata (expected 16 lowercase hex "
+                f"digits)")
+    stored, hd = int(cs, 16), fnv1a64(data)
+    b, e = span
+    full = fnv1a64(hdr[e:], fnv1a64(b"0" * (e - b), fnv1a64(hdr[:b], hd)))
+    if full == stored:
+        return None
+    old = hd
+    for l in range(4096):
+        a = meta.get(f"asap.{l}")
+        if a is not None:
+            old = fnv1a64(a.encode("utf-8"), old)
+    if old == stored:
+        return None
+    return (f"{path}: checksum mismatch (file corrupt or edited): stored {cs}, computed "
+            f"{full:016x} over the header and the data")
+
+
 def read_safetensors(path, verify=True):
     """Read a safetensors file.
 
     Returns (tensors, metadata): tensors maps each name to a numpy array (a
     copy, in the file's dtype: float32 for birkhoff checkpoints) in the order
     of the data section; metadata is the "__metadata__" dict of strings (empty
-    if absent). Raises ValueError naming the problem for a malformed file: a
-    header length beyond the file, bad JSON, an unknown dtype, a shape that
-    does not match its byte range, offsets that do not tile the data section
-    exactly, trailing bytes, and (verify=True) a "checksum" metadata entry
-    that is not the FNV-1a-64 of the data section ("checksum mismatch:
-    corrupt file").
+    if absent). The header is read as bk_checkpoint_load reads it (the same
+    decisions, MODEL.md "Checkpoints"). Raises ValueError naming the problem
+    for a malformed file: a header length beyond the file (or above 64 MiB),
+    a header that is not the strict JSON of the format (a metadata key, a
+    tensor name or a field of a tensor entry twice; nesting; \\u0000; bytes
+    that are not UTF-8), a dtype other than F64, F32, F16, I64, I32, I16, I8,
+    U8, a shape that does not match its byte range, offsets that do not tile
+    the data section exactly, trailing bytes, and (verify=True) a "checksum"
+    metadata entry that does not match the file ("checksum mismatch: corrupt
+    file").
     """
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
         raise ValueError(f"{path}: truncated file ({len(raw)} bytes, no header length)")
     (hlen,) = struct.unpack("<Q", raw[:8])
-    if hlen > len(raw) - 8:
+    if hlen > len(raw) - 8 or hlen > _HEADER_MAX:
         raise ValueError(f"{path}: truncated or corrupt file (header length {hlen} exceeds "
-                         f"the {len(raw) - 8} bytes after it)")
-    try:
-        header = json.loads(raw[8:8 + hlen].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: corrupt header JSON ({e})")
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: corrupt header (not a JSON object)")
-    meta = header.pop("__metadata__", {}) or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise ValueError(f"{path}: __metadata__ must map strings to strings")
+                         f"the {len(raw) - 8} bytes after it, or 64 MiB)")
+    hdr = raw[8:8 + hlen]
+    entries, meta, span = _parse_header(hdr, path)
     data = memoryview(raw)[8 + hlen:]
-    entries = []
-    for name, ent in header.items():
-        try:
-            dt = np.dtype(_ST_DTYPES[ent["dtype"]]).newbyteorder("<")
-            shape = tuple(int(s) for s in ent["shape"])
-            b, e = (int(x) for x in ent["data_offsets"])
-        except (KeyError, TypeError, ValueError) as ex:
-            raise ValueError(f"{path}: tensor {name!r}: bad header entry {ent!r} ({ex})")
-        if any(s < 0 for s in shape) or e - b != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
-            raise ValueError(f"{path}: tensor {name!r}: shape {shape} does not fill its "
-                             f"byte range [{b}, {e})")
-        entries.append((b, e, name, dt, shape))
-    entries.sort(key=lambda t: (t[0], t[1]))
+    for name, dtype, shape, b, e in entries:
+        if dtype not in _ST_SIZES:
+            raise ValueError(f"{path}: tensor '{_shown(name)}' has the unknown dtype "
+                             f"'{_shown(dtype)}' (F64, F32, F16, I64, I32, I16, I8 or U8)")
+        if math.prod(shape) * _ST_SIZES[dtype] != e - b:
+            raise ValueError(f"{path}: tensor '{_shown(name)}': its shape does not fill its byte "
+                             f"range [{b}, {e})")
+    entries.sort(key=lambda t: (t[3], t[4]))
     pos = 0
-    for b, e, name, _, _ in entries:
+    for name, _, _, b, e in entries:
         if b != pos:
-            raise ValueError(f"{path}: corrupt offsets: tensor {name!r} starts at {b}, "
-                             f"expected {pos}")
+            raise ValueError(f"{path}: tensor '{_shown(name)}' has offsets [{b}, {e}] that do not "
+                             f"tile the data (expected it at {pos})")
         pos = e
     if pos != len(data):
         raise ValueError(f"{path}: truncated or corrupt file: tensors end at {pos}, data "
                          f"section has {len(data)} bytes")
     if verify and "checksum" in meta:
-        try:
-            want = int(meta["checksum"], 16)
-        except ValueError:
-            raise ValueError(f"{path}: corrupt checksum entry {meta['checksum']!r}")
-        got = fnv1a64(data)
-        # a compiled ASAP model's layers live in the metadata "asap.<l>"
-        # entries, which the checksum covers after the data (in layer order)
-        for l in sorted(int(k[5:]) for k in meta if k.startswith("asap.") and k[5:].isdigit()):
-            got = fnv1a64(meta[f"asap.{l}"].encode("utf-8"), got)
-        if want != got:
-            raise ValueError(f"{path}: checksum mismatch (header {want:016x}, data {got:016x}): "
-                             f"corrupt file")
+        why = _checksum_error(path, hdr, span, data, meta)
+        if why:
+            raise ValueError(why)
     tensors = {}
-    for b, e, name, dt, shape in entries:
+    for name, dtype, shape, b, e in entries:
+        dt = np.dtype(_ST_DTYPES[dtype]).newbyteorder("<")
         tensors[name] = np.frombuffer(data[b:e], dtype=dt).reshape(shape).astype(
             dt.newbyteorder("="), copy=True)
-    return tensors, dict(meta)
+    return tensors, meta
+
+
+def _json_string(s, what):
+    """s as a JSON string that bk_checkpoint_load reads back as s (UTF-8,
+    control characters escaped); ValueError for what it cannot hold."""
+    if "\0" in s:
+        raise ValueError(f"{what}: a NUL character cannot be stored in a checkpoint header")
+    try:
+        return json.dumps(s, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: not encodable as UTF-8 ({e.reason})") from None
 
 
 def write_safetensors(path, tensors, metadata=None, checksum_key=None):
     """Write tensors (an ordered mapping name -> array) as a safetensors file.
 
     Arrays are stored little-endian, contiguous, in the given order; the
-    header JSON is padded with spaces to a multiple of 8 bytes. metadata: a
-    dict of strings. checksum_key: when set, metadata[checksum_key] receives
-    the FNV-1a-64 of the data section as 16 hex digits. Written to a temporary
-    file in the same directory, synced and renamed over path (atomic).
+    header JSON (UTF-8) is padded with spaces to a multiple of 8 bytes.
+    metadata: a dict of strings (no NUL). checksum_key: when set (readers
+    verify "checksum"), metadata[checksum_key] receives the checksum of
+    MODEL.md "Checkpoints" as 16 hex digits: the FNV-1a-64 of the data
+    section followed by the whole header, in which these 16 digits count as
+    '0's. Written to a temporary file in the same directory, synced and
+    renamed over path (atomic).
     """
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
-    header, chunks, pos = {}, [], 0
+    if checksum_key:
+        meta[str(checksum_key)] = "0" * 16
+    parts, chunks, pos, at = [b'{"__metadata__":{'], [], 0, None
+    for i, (k, v) in enumerate(meta.items()):
+        parts.append((b"," if i else b"") + _json_string(k, "a metadata key") + b":")
+        if checksum_key and k == str(checksum_key):
+            at = sum(len(p) for p in parts) + 1          # (after the opening quote)
+        parts.append(_json_string(v, f"metadata {k!r}"))
+    parts.append(b"}")
     for name, arr in tensors.items():
         a = np.ascontiguousarray(np.asarray(arr))
         key = a.dtype.newbyteorder("<").str if a.dtype.byteorder in "=|" else a.dtype.str
         if np.dtype(key).str not in _ST_NAMES:
             raise ValueError(f"tensor {name!r}: unsupported dtype {a.dtype}")
         blob = a.astype(np.dtype(key), copy=False).tobytes()
-        header[name] = {"dtype": _ST_NAMES[np.dtype(key).str], "shape": list(a.shape),
-                        "data_offsets": [pos, pos + len(blob)]}
+        parts.append(b"," + _json_string(str(name), "a tensor name") +
+                     f':{{"dtype":"{_ST_NAMES[np.dtype(key).str]}","shape":[{",".join(map(str, a.shape))}],'
+                     f'"data_offsets":[{pos},{pos + len(blob)}]}}'.encode())
         chunks.append(blob)
         pos += len(blob)
-    data = b"".join(chunks)
-    if checksum_key:
-        meta[checksum_key] = f"{fnv1a64(data):016x}"
-    hdr = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode("utf-8")
+    parts.append(b"}")
+    hdr = bytearray(b"".join(parts))
     hdr += b" " * (-len(hdr) % 8)
+    data = b"".join(chunks)
+    if at is not None:
+        hdr[at:at + 16] = f"{fnv1a64(hdr, fnv1a64(data)):016x}".encode()
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}.{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
@@ -471,8 +748,87 @@ def feature_dim(cfg):
     return cfg["dim"]
 
 
+_INT_MAX = 2**31 - 1        # a config integer is a C int (bki_cfg_set: |v| <= 2^31 - 1)
+_SIZE_MAX = 1 << 24         # bk_model_config_check's bound on every size and product of sizes
+
+
+def _in_range(cfg, key, lo, hi, why=""):
+    v = cfg[key]
+    if not lo <= v <= hi:
+        raise ValueError(f"{key}={v} is out of range [{lo}, {hi}]{why}")
+
+
+def _check_ranges(cfg):
+    """Every integer of the configuration in the range bk_model_config_check
+    (src/nn/model.c) keeps it in, so that the twin refuses what the C engine
+    refuses, before anything is allocated; ValueError naming the key and
+    the range."""
+    for k, ref in CONFIG_DEFAULTS.items():
+        if isinstance(ref, int) and k not in _CONFIG_ENUMS:
+            v = cfg[k]
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{k}={v!r}: expected an integer")
+            _in_range(cfg, k, -_INT_MAX, _INT_MAX, " (a C int)")
+    s2s, L = cfg["arch"] == "seq2seq", _SIZE_MAX
+    _in_range(cfg, "dim", 1, L)
+    _in_range(cfg, "depth", 0, 4096)
+    _in_range(cfg, "heads", 1, L)
+    _in_range(cfg, "head_dim", 0, L)
+    _in_range(cfg, "mlp_dim", 0, L)
+    _in_range(cfg, "classes", -_INT_MAX if s2s else 2, L)
+    _in_range(cfg, "channels", 1 if cfg["input"] == "image" else -_INT_MAX, L)
+    for k in ("cls", "final_norm", "qkv_bias", "esp_soft", "post_ln"):
+        _in_range(cfg, k, 0, 1, " (a 0/1 switch)")
+    _in_range(cfg, "pos_embed", 0, 2 if s2s else 1,
+              " (0 none, 1 learned; 2 sinusoidal for arch=seq2seq)")
+    for k in ("lot_r", "esp_slices"):
+        _in_range(cfg, k, 0, L)
+    for k in ("otk_refs", "otk_supports"):
+        _in_range(cfg, k, 0, _INT_MAX)
+    for k in ("lot_iters", "otk_iters"):
+        _in_range(cfg, k, 0, 1 << 20)
+    _in_range(cfg, "set_inducing", 1 if cfg["set_block"] == "isab" and not s2s else -_INT_MAX, L)
+    if cfg["input"] == "image":
+        for k in ("image_h", "image_w", "patch"):
+            _in_range(cfg, k, 1, _INT_MAX)
+    elif cfg["input"] == "tokens":
+        _in_range(cfg, "max_len", 1, L)
+        _in_range(cfg, "vocab", 1, _INT_MAX)
+    else:
+        _in_range(cfg, "max_points", 1, L)
+        _in_range(cfg, "point_dim", 1, L)
+    if s2s:
+        _in_range(cfg, "dec_depth", 1, 4096)
+        _in_range(cfg, "tgt_max_len", 1, 1 << 20)
+    pma = not s2s and cfg["pool"] == "pma"
+    kinds = {cfg["attn"]} | ({cfg["cross_attn"]} if s2s else set()) | ({cfg["pma_attn"]} if pma else set())
+    if kinds & {"sinkhorn", "unbalanced"}:
+        _in_range(cfg, "sk_iters", 1, 1 << 20, " (Sinkhorn)")
+    if cfg["attn"] == "lot":
+        _in_range(cfg, "lot_r", 1, L, " (LOT)")
+        _in_range(cfg, "lot_iters", 1, 1 << 20, " (LOT)")
+    D, dh = cfg["dim"], cfg["head_dim"] or cfg["dim"] // cfg["heads"]
+    if cfg["vocab"] * D > 1 << 34:
+        raise ValueError(f"model sizes too large: vocab x dim = {cfg['vocab'] * D} is above 2^34")
+    sizes = {"head_dim x heads": dh * cfg["heads"],
+             "otk_refs x otk_supports x dim": cfg["otk_refs"] * cfg["otk_supports"] * D,
+             "otk_refs x otk_supports x otk_anchors":
+                 cfg["otk_refs"] * cfg["otk_supports"] * cfg["otk_anchors"],
+             "otk_anchors x dim": cfg["otk_anchors"] * D, "pma_seeds x dim": cfg["pma_seeds"] * D}
+    if cfg["input"] == "image":
+        sizes["patches (image_h / patch x image_w / patch)"] = \
+            (cfg["image_h"] // cfg["patch"]) * (cfg["image_w"] // cfg["patch"])
+        sizes["patch x patch x channels"] = cfg["patch"] ** 2 * cfg["channels"]
+    for what, v in sizes.items():
+        if v > L:
+            raise ValueError(f"model sizes too large: {what} = {v} is above 2^24 (each size and "
+                             f"product of sizes must stay below 2^24)")
+
+
 def check_config(cfg):
-    """Raise ValueError for configurations the model cannot be built from."""
+    """Raise ValueError for configurations the model cannot be built from
+    (those bk_model_config_check refuses; an integer out of its range names
+    the key and the range)."""
     unknown = sorted(set(cfg) - set(CONFIG_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown configuration keys (the twin does not know their "
@@ -480,6 +836,7 @@ def check_config(cfg):
     for k, vals in _CONFIG_ENUMS.items():
         if cfg[k] not in vals:
             raise ValueError(f"{k}={cfg[k]!r}: expected one of {'|'.join(vals)}")
+    _check_ranges(cfg)
     D, H = cfg["dim"], cfg["heads"]
     s2s = cfg["arch"] == "seq2seq"
     if s2s:
@@ -1586,11 +1943,18 @@ def load_checkpoint(path, dtype=torch.float64, verify=True, **model_kw):
     if meta.get("format") != "birkhoff":
         raise ValueError(f"{path}: metadata format is {meta.get('format')!r}, not 'birkhoff' "
                          f"(not a birkhoff checkpoint)")
+    if verify and "checksum" not in meta:
+        raise ValueError(f"{path}: no checksum in the metadata (not written by birkhoff, or edited)")
     if "config" not in meta:
         raise ValueError(f"{path}: checkpoint metadata lacks the model config")
+    for key in ("seed", "forward_count"):
+        _meta_u64(path, meta, key)
     try:
         cfg = resolve_config(parse_config(meta["config"]))
         if _counts_whole_otk_iterations(meta.get("version")):
+            if not 0 <= cfg["otk_iters"] <= 1 << 19:
+                raise ValueError(f"otk_iters={cfg['otk_iters']} (whole iterations in a file written "
+                                 f"before 0.2.0) is out of range [0, 2^19]")
             cfg["otk_iters"] *= 2      # written before 0.2.0 (as bk_checkpoint_load)
         model = build_model(cfg, **model_kw).to(dtype)
     except ValueError as e:
@@ -1599,11 +1963,28 @@ def load_checkpoint(path, dtype=torch.float64, verify=True, **model_kw):
     return model, tensors, meta
 
 
+def _meta_u64(path, meta, key, top=_U64):
+    """meta[key] as bk_checkpoint_load reads it: decimal digits, at most top."""
+    v = meta.get(key)
+    if v is None:
+        raise ValueError(f"{path}: checkpoint metadata lacks '{key}'")
+    if not (v.isascii() and v.isdigit()) or int(v) > top:
+        raise ValueError(f"{path}: bad '{key}' in the metadata (expected a decimal integer in "
+                         f"[0, {top}])")
+    return int(v)
+
+
 def save_checkpoint(path, model, optimizer=None, optim_cfg=None, optim_step=0, seed=0,
                     forward_count=0, extra="", version="1"):
     """Write a checkpoint in the format of MODEL.md "Checkpoints" (float32
     parameters in the checkpoint's order, then the optimiser state as
-    optim.m/v/buf.<name>, metadata, FNV-1a-64 checksum)."""
+    optim.m/v/buf.<name>, metadata, FNV-1a-64 checksum of the data and the
+    header). seed and forward_count must be in [0, 2^64), optim_step in
+    [0, 2^63) (ValueError otherwise), as the C loader reads them."""
+    for key, v, top in (("seed", seed, _U64), ("forward_count", forward_count, _U64),
+                        ("optim_step", optim_step, 2**63 - 1)):
+        if not 0 <= int(v) <= top:
+            raise ValueError(f"{key}={int(v)} is out of range [0, {top}]")
     tensors = model.tensors(np.float32)
     meta = {"format": "birkhoff", "version": str(version), "config": format_config(model.cfg),
             "optim_step": str(int(optim_step)), "seed": str(int(seed)),
@@ -1704,7 +2085,7 @@ def load(path, dtype=torch.float32, device=None, *, verify=True, optimizer=False
         raise ValueError(f"{path}: the checkpoint holds no optimiser state (no 'optim' metadata)")
     try:
         ocfg = resolve_optim(parse_optim(meta["optim"]))
-        step = int(meta.get("optim_step", "0"))
+        step = _meta_u64(path, meta, "optim_step", 2**63 - 1)
         opt = make_optimizer(model, ocfg, tensors, step)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None

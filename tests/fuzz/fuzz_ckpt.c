@@ -9,13 +9,15 @@
  * configuration, parameter count, parameter bytes, optimiser configuration
  * and step, and extra text.
  *
- * Checkpoints carry an FNV-1a-64 checksum of their data section (and of the
- * compiled ASAP layers in the metadata): random mutations would almost
- * never get past it, so the custom mutator below recomputes the stored
- * checksum after most mutations, letting the fuzzer reach the config,
- * model-creation, tensor and ASAP-layer code behind it; and since growing
- * or shrinking the JSON header moves the data section (the file starts with
- * the header's length), it mutates header and data as separate parts. */
+ * Checkpoints carry an FNV-1a-64 checksum of their data section and their
+ * header (files of earlier versions: of the data section and the compiled
+ * ASAP layers in the metadata): random mutations would almost never get
+ * past it, so the custom mutator below recomputes the stored checksum (1 in
+ * 8 times the earlier kind) after most mutations, letting the fuzzer reach
+ * the config, model-creation, tensor and ASAP-layer code behind it; and
+ * since growing or shrinking the JSON header moves the data section (the
+ * file starts with the header's length), it mutates header and data as
+ * separate parts. */
 #include "birkhoff.h"
 #include "fuzz_util.h"
 
@@ -38,38 +40,45 @@ static const uint8_t *find(const uint8_t *hay, size_t n, const char *needle)
     return NULL;
 }
 
-/* rewrites the "checksum":"<16 hex>" value to match the data section and
- * the (escape-free) "asap.<l>" metadata strings in layer order, as ckpt.c
- * computes it (the first string of each layer counts) */
-static void fix_checksum(uint8_t *buf, size_t n)
+/* rewrites the "checksum":"<16 hex>" value as ckpt.c computes it: the
+ * data section, then the header with these 16 digits as '0's; or (legacy,
+ * the checksum of files written before it covered the header) the data
+ * section, then the (escape-free) "asap.<l>" metadata strings in layer order
+ * (the first string of each layer counts) */
+static void fix_checksum(uint8_t *buf, size_t n, int legacy)
 {
     if (n < 8) return;
     uint64_t hl = 0;
     for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
     if (hl > n - 8) return;
-    const uint8_t *h = buf + 8, *hend = buf + 8 + hl;
-    uint64_t v = fnv(0xcbf29ce484222325ull, hend, n - 8 - (size_t)hl);
-    enum { MAXL = 64 };
-    const uint8_t *lv[MAXL] = {0};
-    size_t ll[MAXL] = {0};
-    for (const uint8_t *p = h; (p = find(p, (size_t)(hend - p), "\"asap.")) != NULL;) {
-        p += 6;
-        int l = 0, digits = 0;
-        while (p < hend && *p >= '0' && *p <= '9' && digits < 3) l = l * 10 + (*p++ - '0'), digits++;
-        if (!digits || l >= MAXL || hend - p < 3 || memcmp(p, "\":\"", 3) != 0 || lv[l]) continue;
-        p += 3;
-        const uint8_t *e = p;
-        while (e < hend && *e != '"' && *e != '\\') e++;
-        if (e >= hend || *e != '"') return; /* escapes: leave it */
-        lv[l] = p;
-        ll[l] = (size_t)(e - p);
-    }
-    for (int l = 0; l < MAXL; l++)
-        if (lv[l]) v = fnv(v, lv[l], ll[l]);
+    uint8_t *h = buf + 8, *hend = buf + 8 + hl;
     uint8_t *c = (uint8_t *)find(h, (size_t)hl, "\"checksum\":\"");
     if (!c) return;
     c += 12;
     if (c + 16 > hend) return;
+    uint64_t v = fnv(0xcbf29ce484222325ull, hend, n - 8 - (size_t)hl);
+    if (!legacy) {
+        memset(c, '0', 16);
+        v = fnv(v, h, (size_t)hl);
+    } else {
+        enum { MAXL = 64 };
+        const uint8_t *lv[MAXL] = {0};
+        size_t ll[MAXL] = {0};
+        for (const uint8_t *p = h; (p = find(p, (size_t)(hend - p), "\"asap.")) != NULL;) {
+            p += 6;
+            int l = 0, digits = 0;
+            while (p < hend && *p >= '0' && *p <= '9' && digits < 3) l = l * 10 + (*p++ - '0'), digits++;
+            if (!digits || l >= MAXL || hend - p < 3 || memcmp(p, "\":\"", 3) != 0 || lv[l]) continue;
+            p += 3;
+            const uint8_t *e = p;
+            while (e < hend && *e != '"' && *e != '\\') e++;
+            if (e >= hend || *e != '"') return; /* escapes: leave it */
+            lv[l] = p;
+            ll[l] = (size_t)(e - p);
+        }
+        for (int l = 0; l < MAXL; l++)
+            if (lv[l]) v = fnv(v, lv[l], ll[l]);
+    }
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)v);
     memcpy(c, hex, 16);
@@ -125,7 +134,8 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     x ^= x >> 31;
     const unsigned raw = x % 8 == 0, what = (x >> 3) % 4, tweak = (x >> 5) % 2, fix = (x >> 6) % 16 != 0;
-    const unsigned r = (unsigned)(x >> 10);
+    const int legacy = (x >> 10) % 8 == 0;
+    const unsigned r = (unsigned)(x >> 13);
     uint64_t hl = 0;
     for (int i = 0; i < 8 && i < (int)size; i++) hl |= (uint64_t)data[i] << (8 * i);
     if (!raw && size >= 8 && hl > 0 && hl < size - 8) {
@@ -147,7 +157,7 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     } else {
         size = LLVMFuzzerMutate(data, size, max_size);
     }
-    if (fix) fix_checksum(data, size);
+    if (fix) fix_checksum(data, size, legacy);
     return size;
 }
 

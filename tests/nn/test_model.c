@@ -1048,6 +1048,17 @@ static void test_bad_input(void)
     oc = bk_optim_config_default();
     oc.lr = -1;
     th_check(bk_optim_create(&oc, m, &o) == BK_ERR_PARAM && !o, "negative lr", "%s", bk_last_error());
+    /* integers out of range, also where the key does not apply (issue 41: they were stored) */
+    oc = bk_optim_config_default();
+    th_check(bk_optim_config_parse(&oc, "total_steps=-1") == BK_OK && bk_optim_create(&oc, m, &o) == BK_ERR_PARAM && !o &&
+                 strstr(bk_last_error(), "total_steps"),
+             "total_steps = -1 refused (constant schedule)", "%s", bk_last_error());
+    {
+        bk_model_config mc = bk_model_config_default();
+        th_check(bk_model_config_parse(&mc, "sk_iters=-1") == BK_OK && bk_model_config_check(&mc) == BK_ERR_PARAM &&
+                     strstr(bk_last_error(), "sk_iters"),
+                 "sk_iters = -1 refused (softmax model)", "%s", bk_last_error());
+    }
     oc = bk_optim_config_default();
     bk_optim_create(&oc, m, &o);
     bk_model_grads(m)[0] = NAN;
@@ -1300,17 +1311,6 @@ static void test_swap(void)
                              "attn=esp,esp_soft=0,esp_slices=5", "attn=lot,lot_r=3", "attn=sinkhorn,sk_iters=9,sk_eps=0.5", "attn=diff"};
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
         bk_model_config tc = *bk_model_get_config(src);
-    /* integers out of range, also where the key does not apply (issue 41: they were stored) */
-    oc = bk_optim_config_default();
-    th_check(bk_optim_config_parse(&oc, "total_steps=-1") == BK_OK && bk_optim_create(&oc, m, &o) == BK_ERR_PARAM && !o &&
-                 strstr(bk_last_error(), "total_steps"),
-             "total_steps = -1 refused (constant schedule)", "%s", bk_last_error());
-    {
-        bk_model_config mc = bk_model_config_default();
-        th_check(bk_model_config_parse(&mc, "sk_iters=-1") == BK_OK && bk_model_config_check(&mc) == BK_ERR_PARAM &&
-                     strstr(bk_last_error(), "sk_iters"),
-                 "sk_iters = -1 refused (softmax model)", "%s", bk_last_error());
-    }
         bk_model *sw = NULL, *back = NULL;
         bk_status st = bk_model_config_parse(&tc, targets[i]);
         if (!st) st = bk_model_swap(src, &tc, NULL, 0, 6, &sw);

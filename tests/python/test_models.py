@@ -44,6 +44,15 @@ two always come from one build). Parts (each a few seconds on 2 cores):
    engine lacks, a state_dict without config, a missing directory, and
    leaves the old file whole when writing fails; `import birkhoff` does not
    import torch; build(seed=) is reproducible and leaves torch's RNG alone.
+5. Checkpoint headers (issue 41): files of the C and the Python writer load
+   in both readers; the metadata edited (sk_eps=1 -> 9) is refused by both,
+   and loads in both when its checksum is recomputed as MODEL.md defines it;
+   a data-only checksum (earlier versions) loads; duplicated metadata keys,
+   tensor names, tensor fields and metadata objects, unknown dtypes,
+   misshapen ignored tensors, nesting, non-UTF-8 and escapes above
+   U+007F are refused by both, naming the same thing; a header nested
+   200000 deep is a ValueError; out-of-range configuration integers raise
+   ValueError naming the key and the range, and the CLI refuses them.
 
 Prints one line per measured parity error, "FAIL name: detail" for failures,
 then "N passed, M failed"; exit status 1 if any failed.
@@ -535,6 +544,139 @@ def part_bad(d):
     check(rc != 0 and "checksum" in out, "the CLI refuses the same flipped file", out)
 
 
+def _fnv(data, h=0xCBF29CE484222325):
+    for b in bytes(data):
+        h = ((h ^ b) * 0x100000001B3) & ((1 << 64) - 1)
+    return h
+
+
+def edit_ckpt(src, dst, what, with_, sum_="fix"):
+    """src with the first `what` of its header replaced; the checksum left
+    (sum_="keep"), recomputed as MODEL.md defines it ("fix": the data
+    section, then the header with its 16 digits as '0'), or as earlier
+    versions wrote it ("legacy": the data section alone)."""
+    raw = open(src, "rb").read()
+    hl = int.from_bytes(raw[:8], "little")
+    hdr, data = raw[8:8 + hl].rstrip(b" "), raw[8 + hl:]
+    if what is not None:
+        assert what in hdr, what
+        hdr = hdr.replace(what, with_, 1)
+    hdr = bytearray(hdr + b" " * (-len(hdr) % 8))
+    if sum_ != "keep":
+        at = hdr.index(b'"checksum":"') + 12
+        hdr[at:at + 16] = b"0" * 16
+        v = _fnv(data) if sum_ == "legacy" else _fnv(hdr, _fnv(data))
+        hdr[at:at + 16] = b"%016x" % v
+    with open(dst, "wb") as f:
+        f.write(len(hdr).to_bytes(8, "little") + hdr + data)
+    return dst
+
+
+def py_load(path):
+    """(model, "") or (None, the exception)"""
+    try:
+        return bm.load(path), ""
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def part_headers(d):
+    print("5. checkpoint headers: the checksum covers them, duplicates, nesting, config ranges")
+    cfg = "input=tokens,vocab=7,max_len=4,dim=8,depth=1,heads=2,attn=sinkhorn,sk_iters=3,classes=3"
+    c_ck, p_ck, bad = (os.path.join(d, n + ".safetensors") for n in ("hdr-c", "hdr-py", "hdr-bad"))
+    cli("model init (header tests)", "model", "init", "--config", cfg, "--seed", 2, "--out", c_ck)
+    bm.save(p_ck, bm.build(cfg, seed=2), extra="note=caf\u00e9\ttab\n")
+    for who, src, eps in (("C", c_ck, b"sk_eps=1\\n"), ("Python", p_ck, b"sk_eps=1.0\\n")):
+        # a file of either writer loads in both readers
+        rc, out = run("model", "show", "--ckpt", src)
+        check(rc == 0, f"a {who}-written checkpoint loads in C", out[-300:])
+        m, why = py_load(src)
+        check(m is not None and m.config["sk_eps"] == 1.0, f"a {who}-written checkpoint loads in Python", why)
+        # the metadata edited: both readers refuse it
+        edit_ckpt(src, bad, eps, b"sk_eps=9\\n", "keep")
+        raises(ValueError, lambda: bm.load(bad), f"{who}-written, sk_eps edited: Python refuses",
+               "checksum mismatch")
+        rc, out = run("model", "show", "--ckpt", bad)
+        check(rc != 0 and "checksum mismatch" in out, f"{who}-written, sk_eps edited: C refuses", out[-300:])
+        # ... with the checksum recomputed as MODEL.md says, both load the edit
+        edit_ckpt(src, bad, eps, b"sk_eps=9\\n", "fix")
+        rc, out = run("model", "show", "--ckpt", bad)
+        check(rc == 0 and "sk_eps=9" in out, f"{who}-written, edited, checksum recomputed: C loads it",
+              out[-300:])
+        m, why = py_load(bad)
+        check(m is not None and m.config["sk_eps"] == 9.0,
+              f"{who}-written, edited, checksum recomputed: Python loads it", why)
+    m, why = py_load(p_ck)
+    check(m is not None and m.checkpoint_meta["extra"] == "note=caf\u00e9\ttab\n",
+          "Python writes UTF-8 text (C reads no \\u escape above U+007F)", why)
+    # a file of an earlier version (checksum of the data section) still loads
+    edit_ckpt(c_ck, bad, None, None, "legacy")
+    rc, out = run("model", "show", "--ckpt", bad)
+    check(rc == 0, "a data-only checksum (earlier versions) loads in C", out[-300:])
+    m, why = py_load(bad)
+    check(m is not None and m.config == py_load(c_ck)[0].config,
+          "a data-only checksum (earlier versions) loads in Python", why)
+    # duplicates and malformed headers: both refuse, naming the same thing
+    bad_headers = [
+        (b'{"__metadata__":{', b'{"__metadata__":{"seed":"7",', "duplicate metadata key 'seed'"),
+        (b'"config":"', b'"config":"depth=2","config":"', "duplicate metadata key 'config'"),
+        (b',"head.bias":{', b',"head.bias":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"head.bias":{',
+         "duplicate tensor name 'head.bias'"),
+        (b'{"dtype":"F32",', b'{"dtype":"F32","dtype":"F64",', "duplicate field 'dtype' in tensor"),
+        (b',"head.bias":{', b',"__metadata__":{},"head.bias":{', "duplicate key '__metadata__'"),
+        (b',"head.bias":{', b',"optim.x":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]},"head.bias":{',
+         "unknown dtype 'BF16'"),
+        (b',"head.bias":{', b',"optim.x":{"dtype":"F32","shape":[3],"data_offsets":[0,0]},"head.bias":{',
+         "does not fill its byte range"),
+        (b',"head.bias":{', b',"x":{"y":' + b'{"y":' * 5000 + b'1' + b'}' * 5001 + b',"head.bias":{',
+         "bad dtype, shape or data_offsets"),
+        (b'"__metadata__":{', b'"__metadata__":{"a":' + b'{"a":' * 5000 + b'"b"' + b'}' * 5001 + b',',
+         "metadata values must be strings"),
+        (b'"shape":[', b'"shape":' + b'[' * 100000 + b'[', "bad dtype, shape or data_offsets"),
+        (b'"config":"', b'"config":"\\u00e9', "escapes above U+007F"),
+        (b'"config":"', b'"config":"\xc3(', "invalid UTF-8"),
+        (b'"seed":"', b'"seed":"-', "bad 'seed'"),
+    ]
+    for what, with_, msg in bad_headers:
+        for kind in ("fix", "legacy"):
+            edit_ckpt(c_ck, bad, what, with_, kind)
+            raises(ValueError, lambda: bm.load(bad), f"Python refuses: {msg} ({kind} checksum)", msg)
+            rc, out = run("model", "show", "--ckpt", bad)
+            check(rc != 0 and msg in out, f"C refuses: {msg} ({kind} checksum)", out[-300:])
+    # a whole header nested deeply: ValueError (the reader does not recurse)
+    deep = b"[" * 200000 + b"]" * 200000
+    with open(bad, "wb") as f:
+        f.write(len(deep).to_bytes(8, "little") + deep)
+    raises(ValueError, lambda: bm.read_safetensors(bad), "a header nested 200000 deep: ValueError",
+           "not a JSON object")
+    # save's refusals: what the header or the C reader cannot hold
+    m = bm.build(cfg, seed=2)
+    raises(ValueError, lambda: bm.save(bad, m, extra="a\0b"), "save refuses NUL in extra", "NUL")
+    raises(ValueError, lambda: bm.save(bad, m, seed=-1), "save refuses seed=-1", "seed")
+    raises(ValueError, lambda: bm.save(bad, m, seed=2**64), "save refuses seed=2^64", "seed")
+    # configuration values out of range: ValueError naming the key and the range (std::bad_alloc
+    # and RecursionError before), and the C engine refuses them too
+    for extra, key, rng in (("depth=1000000", "depth", "[0, 4096]"), ("depth=-1", "depth", "[0, 4096]"),
+                            ("dim=33554432", "dim", "[1, 16777216]"),
+                            ("heads=2147483648", "heads", "2147483647"),
+                            ("sk_iters=2000000", "sk_iters", "[1, 1048576]"),
+                            ("max_len=33554432", "max_len", "[1, 16777216]"),
+                            ("cls=2", "cls", "[0, 1]"), ("lot_iters=-3", "lot_iters", "[0, 1048576]"),
+                            ("arch=seq2seq,dec_depth=5000", "dec_depth", "[1, 4096]"),
+                            ("arch=seq2seq,tgt_max_len=2000000", "tgt_max_len", "[1, 1048576]")):
+        text = f"{cfg},{extra}"
+        raises(ValueError, lambda: bm.build(text), f"twin refuses {extra}", f"{key}=")
+        try:
+            bm.build(text)
+            check(False, f"twin names the range of {key}", "built")
+        except Exception as e:  # noqa: BLE001
+            check(rng in str(e), f"twin names the range of {key}", f"{type(e).__name__}: {e}")
+        out_p = os.path.join(d, "range.safetensors")
+        rc, out = run("model", "init", "--config", text, "--out", out_p)
+        check(rc != 0 and "config" in out and not os.path.exists(out_p),
+              f"CLI refuses {extra} (no file)", out[-300:])
+
+
 def main():
     d = ARGS.keep or tempfile.mkdtemp(prefix="bk_test_models_")
     os.makedirs(d, exist_ok=True)
@@ -549,6 +691,7 @@ def main():
         part_torch_to_c(d)
         part_train_run(d)
         part_bad(d)
+        part_headers(d)
     finally:
         if not ARGS.keep:
             shutil.rmtree(d, ignore_errors=True)

@@ -72,6 +72,11 @@ bk_status bk_checkpoint_swap(const char *in, const char *out, const bk_swap_conf
                             c->keys);
         if (c->nblocks > 0 || c->blocks)
             return bki_fail(BK_ERR_UNSUPPORTED, "swap to asap: every block is compiled (a block list does not apply)");
+        if (from == BK_ATTN_ASAP)
+            return bki_fail(BK_ERR_PARAM,
+                            "%s is a compiled ASAP model already: ASAP is compiled from a Sinkhorn model, its teacher "
+                            "(`birkhoff eval --ckpt %s` names it); swap that checkpoint to asap",
+                            in, in);
         if (from != BK_ATTN_SINKHORN)
             return bki_fail(BK_ERR_PARAM,
                             "%s has %s attention: ASAP is compiled from a Sinkhorn model, whose own layers are the "

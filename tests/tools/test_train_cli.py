@@ -259,6 +259,9 @@ for args, code, msg in (
 rc, out = run("model", "swap", "--in", P("sm/last.safetensors"), "--out", P("never.safetensors"), "--attn", "asap")
 check(rc == 2 and "swap to sinkhorn first" in out and not os.path.exists(P("never.safetensors")),
       "model swap to asap needs a Sinkhorn source (says how)", out)
+rc, out = run("model", "swap", "--in", P("asap.safetensors"), "--out", P("never.safetensors"), "--attn", "asap")
+check(rc == 2 and "a compiled ASAP model already" in out and "its teacher" in out and
+      not os.path.exists(P("never.safetensors")), "model swap of an ASAP model to asap: refused, naming its teacher", out)
 rc, out = run("model", "swap", "--in", P("nope.safetensors"), "--out", P("never.safetensors"), "--attn", "softmax")
 check(rc == 1 and "cannot open" in out, "model swap: missing checkpoint", out)
 rc, out = run("model", "swap", "--in", P("sk/last.safetensors"), "--out", P("asap2.safetensors"), "--attn", "asap",

@@ -785,7 +785,7 @@ def _check_ranges(cfg):
         _in_range(cfg, k, 0, L)
     for k in ("otk_refs", "otk_supports"):
         _in_range(cfg, k, 0, _INT_MAX)
-    for k in ("lot_iters", "otk_iters"):
+    for k in ("lot_iters", "otk_iters", "sk_iters"):     # (sk_iters also without Sinkhorn)
         _in_range(cfg, k, 0, 1 << 20)
     _in_range(cfg, "set_inducing", 1 if cfg["set_block"] == "isab" and not s2s else -_INT_MAX, L)
     if cfg["input"] == "image":
@@ -794,6 +794,7 @@ def _check_ranges(cfg):
     elif cfg["input"] == "tokens":
         _in_range(cfg, "max_len", 1, L)
         _in_range(cfg, "vocab", 1, _INT_MAX)
+        _in_range(cfg, "point_dim", -_INT_MAX, L)      # (the C check bounds it for every input but images)
     else:
         _in_range(cfg, "max_points", 1, L)
         _in_range(cfg, "point_dim", 1, L)

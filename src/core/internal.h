@@ -555,6 +555,14 @@ static inline uint64_t bki_mix64(uint64_t *s) { return bki_mix64_fin(*s += BKI_G
 /* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
 static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
 
+/* UTF-8 (status.c): the length of the sequence at s (n bytes available),
+ * 1..4 when whole and well-formed (*cp its code point; no overlong form,
+ * surrogate or value above U+10FFFF), 0 when malformed, -1 when the n bytes
+ * are a valid but unfinished start. */
+int bki_utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
+/* the offset of the first byte of s that is not well-formed UTF-8, or -1 */
+long bki_bad_utf8(const char *s);
+
 /* Output files (outfile.c; the rules in bk_outset_add, birkhoff/core.h). */
 /* One file of nparts parts, committed at once. */
 bk_status bki_write_file(const char *path, unsigned flags, int nparts, const void *const *parts, const size_t *sizes);

@@ -44,7 +44,7 @@ void bki_clear_error(void) { last_msg[0] = '\0'; }
  * a whole, valid one (*cp its code point), 0 when s[0] cannot start one or a
  * byte after it is wrong (overlong, surrogate, above U+10FFFF, a missing
  * continuation), -1 when the n bytes are a valid but unfinished start. */
-static int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
+int bki_utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
 {
     const unsigned b = s[0];
     int len;
@@ -76,6 +76,19 @@ static int utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
     return len;
 }
 
+long bki_bad_utf8(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    const size_t n = strlen(s);
+    uint32_t cp;
+    for (size_t i = 0; i < n;) {
+        const int k = bki_utf8_seq(u + i, n - i, &cp);
+        if (k <= 0) return (long)i;
+        i += (size_t)k;
+    }
+    return -1;
+}
+
 /* C0, DEL, C1, and the bidirectional embeddings, overrides and isolates */
 static int escaped_cp(uint32_t c, unsigned flags)
 {
@@ -92,7 +105,7 @@ size_t bk_escape(char *out, size_t cap, const char *src, size_t n, unsigned flag
         char unit[16];
         size_t k;
         uint32_t c = 0;
-        const int m = utf8_seq(s + i, n - i, &c);
+        const int m = bki_utf8_seq(s + i, n - i, &c);
         if (m <= 0) { /* not UTF-8: this byte alone */
             k = (size_t)snprintf(unit, sizeof unit, "\\x%02x", s[i]);
             i++;
@@ -125,7 +138,7 @@ size_t bk_escape_tail(const char *src, size_t n)
     const unsigned char *s = (const unsigned char *)src;
     for (size_t t = n < 3 ? n : 3; t > 0; t--) {
         uint32_t c;
-        if (utf8_seq(s + n - t, t, &c) == -1) return t;
+        if (bki_utf8_seq(s + n - t, t, &c) == -1) return t;
     }
     return 0;
 }

@@ -99,27 +99,11 @@ static int hexval(char h)
 /* the length of the well-formed UTF-8 sequence at s (at most n bytes), or 0:
  * no overlong forms, no surrogates, nothing above U+10FFFF (Python's strict
  * decoder, which birkhoff.models reads headers with, decides the same) */
-static size_t utf8_len(const unsigned char *s, size_t n)
+static size_t utf8_len(const unsigned char *s, size_t n) /* 0: malformed or cut */
 {
-    const unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t k;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) k = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        k = 3;
-        if (c == 0xe0) lo = 0xa0;
-        if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        k = 4;
-        if (c == 0xf0) lo = 0x90;
-        if (c == 0xf4) hi = 0x8f;
-    } else
-        return 0;
-    if (n < k || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < k; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
-    return k;
+    uint32_t cp;
+    const int k = bki_utf8_seq(s, n, &cp);
+    return k > 0 ? (size_t)k : 0;
 }
 /* A string, decoded into the arena, strictly as RFC 8259 reads it: the
  * escapes \" \\ \/ \b \f \n \r \t \uXXXX, no raw control character
@@ -519,23 +503,11 @@ typedef struct {
     int64_t shape[4], count;
 } wtensor;
 
-/* the offset of the first byte of s that is not well-formed UTF-8, or -1 */
-static long bad_utf8(const char *s)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n;) {
-        const size_t k = utf8_len(u + i, n - i);
-        if (!k) return (long)i;
-        i += k;
-    }
-    return -1;
-}
 
 bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra)
 {
     bk_outset *set = bk_outset_create();
-    if (!set) return BK_ERR_NOMEM;
+    if (!set) return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
     bk_status st = bk_checkpoint_stage(set, path, 0, m, o, extra);
     if (!st) st = bk_outset_commit(set);
     bk_outset_free(set);
@@ -547,7 +519,7 @@ bk_status bk_checkpoint_stage(bk_outset *set, const char *path, unsigned flags, 
 {
     if (!set) return bki_fail(BK_ERR_NULL, "bk_checkpoint_stage: NULL argument");
     if (!path || !m) return bki_fail(BK_ERR_NULL, "bk_checkpoint_save: NULL argument");
-    const long bad = extra ? bad_utf8(extra) : -1;
+    const long bad = extra ? bki_bad_utf8(extra) : -1;
     if (bad >= 0)
         return bki_fail(BK_ERR_PARAM, "bk_checkpoint_save: the extra text is not UTF-8 (byte 0x%02x at offset %ld); a "
                                       "checkpoint's header is JSON",

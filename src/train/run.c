@@ -88,6 +88,10 @@ static bk_status set_run_key(bk_run_config *r, const run_key *k, const char *v)
     errno = 0;
     if (k->type == K_STR) {
         if (strlen(v) >= k->cap) return bki_fail(BK_ERR_PARAM, "%s: value too long", k->name);
+        const long bad = bki_bad_utf8(v); /* a run's values go into its checkpoints' JSON header */
+        if (bad >= 0)
+            return bki_fail(BK_ERR_PARAM, "%s: the value is not UTF-8 (byte 0x%02x at offset %ld)", k->name,
+                            (unsigned char)v[bad], bad);
         if (!strcmp(k->name, "data") && !bk_data_known(v))
             return bki_fail(BK_ERR_PARAM,
                             "data=%s: unknown dataset (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible)", v);

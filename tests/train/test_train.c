@@ -140,7 +140,9 @@ static void test_config(void)
                {"progress", "fast", "expected auto, bar, plain or none"},
                {"noise", "nan", "noise=nan: expected a number"},
                {"seed", "-1", "non-negative"},
-               {"attn", "magic", "attn"}};
+               {"attn", "magic", "attn"},
+               {"data_dir", "d\xff\xfe", "data_dir: the value is not UTF-8 (byte 0xff at offset 1)"},
+               {"data_dir", "\xc0\xaf", "not UTF-8"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[96];
         snprintf(name, sizeof name, "config: %s=%s refused", bad[i].k, bad[i].v);

@@ -121,30 +121,35 @@ bk_status bki_check_aliasing(int nin, const bk_tensor *const *in, const int (*in
     return BK_OK;
 }
 
-/* 1 if the L rows (C floats each, row stride sn) are all finite. x * 0 is 0
- * for finite x and NaN for NaN or Inf: the products are added in vector
- * lanes over all the rows and tested once at the end (a per-row horizontal
- * sum cost more than reading the row). The build's baseline is x86-64-v3, so
- * AVX2 is always there. */
+/* 1 if the L rows (C floats each, row stride sn) are all finite: a float is
+ * NaN or Inf when its bits without the sign are >= 0x7F800000. Their
+ * unsigned maximum is kept in vector lanes over all the rows (one AND and one
+ * MAX a vector, no chain longer than a cycle: the scan runs at the speed of
+ * its loads, from cache right after an operator wrote the rows) and tested
+ * once at the end. The build's baseline is x86-64-v3, so AVX2 is always
+ * there. */
 int bki_rows_finite(const float *base, int64_t sn, int L, int C)
 {
-    const __m256 zero = _mm256_setzero_ps();
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
     const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(C % 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 a0 = zero, a1 = zero;
+    __m256i m0 = _mm256_setzero_si256(), m1 = m0;
     for (int n = 0; n < L; n++) {
         const float *row = base + (int64_t)n * sn;
         int c = 0;
         for (; c + 16 <= C; c += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + c), zero, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(row + c + 8), zero, a1);
+            m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + c)), magnitude));
+            m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + c + 8)), magnitude));
         }
         if (c + 8 <= C) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(row + c), zero, a0);
+            m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + c)), magnitude));
             c += 8;
         }
-        if (c < C) a1 = _mm256_fmadd_ps(_mm256_maskload_ps(row + c, tail), zero, a1);
+        if (c < C)
+            m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_maskload_epi32((const int *)(row + c), tail), magnitude));
     }
-    return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(a0, a1), zero, _CMP_NEQ_UQ)) == 0;
+    /* (the maximum is <= 0x7FFFFFFF: a signed comparison is right) */
+    const __m256i bad = _mm256_cmpgt_epi32(_mm256_max_epu32(m0, m1), _mm256_set1_epi32(0x7F7FFFFF));
+    return _mm256_movemask_epi8(bad) == 0;
 }
 
 /* Below this many floats a scan runs on the calling thread alone. */

@@ -128,18 +128,44 @@ static void carve(bki_call *c, const ws_layout *w, char *base)
 typedef struct {
     bki_call *c;
     int backward;
+    int check; /* scan each problem's results after it (see "results" below) */
 } run_ctx;
+
+/* problem p's results in the valid rows are finite: its output (forward),
+ * or dq, dk and dv (backward) */
+static int problem_finite(const bki_call *c, int p, int backward)
+{
+    const bk_attn_desc *d = c->d;
+    const int b = p / d->H, h = p % d->H, Lq = bki_op_lq(c, p), Lk = bki_op_lk(c, p);
+    if (!backward) return bki_rows_finite(bki_at(c->out, b, h), c->out->stride_n, Lq, d->dv);
+    return bki_rows_finite(bki_at(c->dq, b, h), c->dq->stride_n, Lq, d->d) &&
+           bki_rows_finite(bki_at(c->dk, b, h), c->dk->stride_n, Lk, d->d) &&
+           bki_rows_finite(bki_at(c->dv, b, h), c->dv->stride_n, Lk, d->dv);
+}
 
 static void one(const bki_team *tm, int p, char *lane, void *vctx)
 {
     run_ctx *x = vctx;
     if (x->backward) x->c->op->backward(tm, x->c, p, lane);
     else x->c->op->forward(tm, x->c, p, lane);
+    if (!x->check) return;
+    /* the problem's results while they are in cache: by the thread that
+     * computed them, or a team's member 0 once the team is done */
+    if (tm->nt > 1) bki_team_sync(tm);
+    if (tm->tid == 0 && !problem_finite(x->c, p, x->backward)) bki_op_fail(x->c, p, BK_ERR_OVERFLOW);
+}
+
+/* whether a call's results are checked in its region (see "results") */
+static int checks_results(const bki_call *c, int backward)
+{
+    const bk_tensor *t = backward ? c->dq : c->out;
+    return !c->trusted && t && t->data && t->device == BK_DEVICE_HOST &&
+           (!backward || (c->dk && c->dk->device == BK_DEVICE_HOST && c->dv && c->dv->device == BK_DEVICE_HOST));
 }
 
 static void run(bki_call *c, int backward)
 {
-    run_ctx x = {c, backward};
+    run_ctx x = {c, backward, checks_results(c, backward)};
     bk_context *ctx = bki_ctx();
     bki_ctx_backend(ctx)->run_problems(ctx, c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
 }
@@ -189,11 +215,14 @@ static bk_status scan_inputs(const bki_call *c, int backward)
     return bki_check_values(c->d, t ? NULL : c->q, t ? NULL : c->k, t ? NULL : c->v, backward ? c->dout : NULL);
 }
 
+static bk_status problem_overflow(const bki_call *c, int p); /* (results, below) */
+
 static bk_status problem_error(const bki_call *c)
 {
     const int b = c->bad / c->d->H, h = c->bad % c->d->H;
     if (c->bad_s == BK_ERR_NONFINITE)
         return bki_fail(c->bad_s, "%s: problem %d (b=%d, h=%d) produced non-finite values", c->op->name, c->bad, b, h);
+    if (c->bad_s == BK_ERR_OVERFLOW) return problem_overflow(c, c->bad);
     if (c->bad_s == BK_ERR_NUMERIC)
         return bki_fail(c->bad_s, "backward failed on problem %d (b=%d, h=%d): the implicit system could not be solved "
                                   "(is the forward converged?)", c->bad, b, h);
@@ -215,9 +244,11 @@ static bk_status region_status(const bki_call *c, int backward)
  * so a non-finite result means a value overflowed float32: the scores
  * (scale/eps) q.k beyond 3.4e38, their sums, A V, or a gradient. The call
  * then fails with BK_ERR_OVERFLOW instead of returning NaN or Inf with
- * BK_OK: one scan of each result after the region (the output, or dq, dk,
- * dv and the parameter gradients), O(B H N d), never O(N^2). Not scanned:
- * results in device memory (a device backend runs its own driver;
+ * BK_OK. Each problem's results (its output, or dq, dk, dv) are read once
+ * right after the problem, while in cache (one(): O(N d) per problem, never
+ * O(N^2); a team adds one barrier), the lowest failing problem reported as
+ * any problem's failure; the parameter gradients after their reduction. Not
+ * scanned: results in device memory (a device backend runs its own driver;
  * docs/CUDA.md, "Limits") and the model's calls (trusted: its logits are
  * checked). */
 
@@ -253,30 +284,23 @@ static bk_status overflow_error(const bki_call *c, int p, const char *what)
                     c->op->name, what, p, p / d->H, p % d->H, qk, vn);
 }
 
-static bk_status check_forward_result(const bki_call *c)
+/* the message of problem p's BK_ERR_OVERFLOW (which result: the failure path
+ * looks again) */
+static bk_status problem_overflow(const bki_call *c, int p)
 {
+    if (c->out) return overflow_error(c, p, "the output");
     const bk_attn_desc *d = c->d;
-    if (c->trusted) return BK_OK;
-    const int p = bki_first_nonfinite(c->out, d->B, d->H, d->Nq, d->dv, d->q_len);
-    return p < d->B * d->H ? overflow_error(c, p, "the output") : BK_OK;
+    const int b = p / d->H, h = p % d->H, Lq = bki_op_lq(c, p);
+    return overflow_error(c, p, !bki_rows_finite(bki_at(c->dq, b, h), c->dq->stride_n, Lq, d->d) ? "the gradient dq"
+                                : !bki_rows_finite(bki_at(c->dk, b, h), c->dk->stride_n, bki_op_lk(c, p), d->d)
+                                    ? "the gradient dk"
+                                    : "the gradient dv");
 }
 
-static bk_status check_backward_result(const bki_call *c)
+/* the parameter gradients, after their reduction over the problems */
+static bk_status check_param_grads(const bki_call *c)
 {
-    const bk_attn_desc *d = c->d;
     if (c->trusted) return BK_OK;
-    const struct {
-        const char *name;
-        const bk_tensor *t;
-        int N, C;
-        const int32_t *len;
-    } g[3] = {{"the gradient dq", c->dq, d->Nq, d->d, d->q_len},
-              {"the gradient dk", c->dk, d->Nk, d->d, d->k_len},
-              {"the gradient dv", c->dv, d->Nk, d->dv, d->k_len}};
-    for (int i = 0; i < 3; i++) {
-        const int p = bki_first_nonfinite(g[i].t, d->B, d->H, g[i].N, g[i].C, g[i].len);
-        if (p < d->B * d->H) return overflow_error(c, p, g[i].name);
-    }
     bki_farray pa[2];
     const int np = c->pg && c->op->pg_arrays ? c->op->pg_arrays(c, pa) : 0;
     for (int i = 0; i < np; i++)
@@ -370,7 +394,6 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
     carve(c, &w, base);
     c->tape = tape;
     s = forward_region(c);
-    if (s == BK_OK) s = check_forward_result(c);
     bki_workspace_release(owned);
     if (s == BK_OK) bki_clear_error();
     return s;
@@ -455,7 +478,7 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     }
     if (c->op->reduce) c->op->reduce(c);
     bki_workspace_release(owned);
-    if ((s = check_backward_result(c))) return s;
+    if ((s = check_param_grads(c))) return s;
     bki_clear_error();
     return BK_OK;
 }

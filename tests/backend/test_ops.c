@@ -406,10 +406,47 @@ static void overflow_case(const op_row *row, int kind)
     th_prob_free(&pb);
 }
 
+/* the check runs per problem inside the region: the lowest overflowing
+ * problem is named whatever the threads, with teams (few large problems)
+ * and without */
+static void overflow_which(void)
+{
+    const int nts[] = {1, 2, 3};
+    for (int t = 0; t < 3; t++) {
+        bk_set_num_threads(nts[t]);
+        th_rng r = {0x0F5u};
+        th_prob pb; /* 3 problems of 200 x 200: a team of 2 or 3 threads runs each */
+        th_prob_init(&pb, 1, 3, 200, 200, 8, 8, 0, 0, 1.0, &r);
+        for (int i = 0; i < 200 * 8; i++) { /* head 2 only */
+            pb.q[2 * 200 * 8 + i] *= 1e30f;
+            pb.k[2 * 200 * 8 + i] *= 1e30f;
+        }
+        bk_sinkhorn_config p = bk_sinkhorn_config_default();
+        bk_status s = bk_sinkhorn_forward(&pb.desc, &p, &pb.tq, &pb.tk, &pb.tv, &pb.to, NULL, NULL, NULL, 0);
+        char name[96];
+        snprintf(name, sizeof name, "overflow: the overflowing problem named (%d threads)", nts[t]);
+        th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "problem 2 (b=0, h=2)"), name, "%s: %s",
+                 bk_status_str(s), bk_last_error());
+        for (int i = 0; i < 200 * 8; i++) {
+            pb.q[2 * 200 * 8 + i] *= 1e-30f;
+            pb.k[2 * 200 * 8 + i] *= 1e-30f;
+        }
+        for (int i = 0; i < 200 * 8; i++) pb.dout[200 * 8 + i] = 3e38f; /* head 1's upstream gradient */
+        s = bk_sinkhorn_backward(&pb.desc, &p, &pb.tq, &pb.tk, &pb.tv, &pb.tdo, NULL, &pb.tdq, &pb.tdk, &pb.tdv, NULL, 0);
+        snprintf(name, sizeof name, "overflow: the backward's overflowing problem named (%d threads)", nts[t]);
+        th_check(s == BK_ERR_OVERFLOW && strstr(bk_last_error(), "problem 1 (b=0, h=1)") &&
+                     strstr(bk_last_error(), "gradient"),
+                 name, "%s: %s", bk_status_str(s), bk_last_error());
+        th_prob_free(&pb);
+    }
+    bk_set_num_threads(0);
+}
+
 static void test_ops_overflow(void)
 {
     for (int i = 0; i < NOPS_ROWS; i++)
         for (int kind = 0; kind < 3; kind++) overflow_case(&OPS[i], kind);
+    overflow_which();
 }
 
 /* a backend that runs the Sinkhorn family only (the shape of a first device

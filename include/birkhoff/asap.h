@@ -126,7 +126,9 @@ BK_API bk_asap_kl_config bk_asap_kl_config_default(void);
 BK_API bk_status bk_asap_calib_create(const bk_asap_config *cfg, int keep_kl, bk_asap_calib **out);
 BK_API void bk_asap_calib_free(bk_asap_calib *c);
 /* Adds the B*H problems (q [B,H,Nq,d], k [B,H,Nk,d], lengths as in
- * bk_attn_desc; dv is ignored). Problems with Lq = 0 or Lk = 0 are skipped. */
+ * bk_attn_desc; dv is ignored). Problems with Lq = 0 or Lk = 0 are skipped.
+ * Finite q, k whose teacher scores overflow float32: BK_ERR_OVERFLOW naming
+ * the problem, and nothing of the call is added. */
 BK_API bk_status bk_asap_calib_add(bk_asap_calib *c, const bk_attn_desc *desc, const bk_tensor *q,
                                    const bk_tensor *k);
 /* Fits omega (KL needs keep_kl) and fills *layer (free with
@@ -145,7 +147,8 @@ BK_API bk_status bk_asap_save(const char *path, const bk_asap_layer *layer);
 BK_API bk_status bk_asap_load(const char *path, bk_asap_layer *layer);
 
 /* Fit target y [B*H*Nq] (cost units, centred, 0 on padded rows) of the
- * teacher in cfg (scale, eps, teacher_iters; d from desc). */
+ * teacher in cfg (scale, eps, teacher_iters; d from desc). BK_ERR_OVERFLOW
+ * when finite q, k give a non-finite target (scores beyond float32). */
 BK_API bk_status bk_asap_teacher_dual(const bk_attn_desc *desc, const bk_asap_config *cfg,
                                       const bk_tensor *q, const bk_tensor *k, float *y);
 /* Sliced features X [B*H*Nq*L] (row-major per problem; 0 on padded rows). */
@@ -161,7 +164,8 @@ typedef struct {
 
 BK_API size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer);
 /* Forward only (inference: ASAP has no backward here). desc->d must equal
- * layer->d. Threads and determinism as Sinkhorn attention. */
+ * layer->d. Threads and determinism as Sinkhorn attention; an output that
+ * overflows float32 from finite inputs is BK_ERR_OVERFLOW (birkhoff/core.h). */
 BK_API bk_status bk_asap_forward(const bk_attn_desc *desc, const bk_asap_layer *layer, bk_asap_variant variant,
                                  const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
                                  const bk_tensor *out, const bk_asap_extras *extras, void *ws, size_t ws_size);

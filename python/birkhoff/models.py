@@ -107,6 +107,7 @@ import json
 import math
 import os
 import re
+import stat
 import struct
 import sys
 import tempfile
@@ -516,19 +517,46 @@ def write_safetensors(path, tensors, metadata=None, checksum_key=None):
     data = b"".join(chunks)
     if at is not None:
         hdr[at:at + 16] = f"{fnv1a64(hdr, fnv1a64(data)):016x}".encode()
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}.{os.urandom(4).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
+    _write_file(os.fspath(path), (struct.pack("<Q", len(hdr)), bytes(hdr), data))
+
+
+def _write_file(path, blobs):
+    """The C library's rules for an output file (bk_outset_add, birkhoff/core.h):
+    a device or FIFO is written into, never replaced; a symlink is followed (a
+    dangling one refused); otherwise a temporary file created exclusively beside
+    the target (O_EXCL | O_NOFOLLOW, a random name), with the replaced file's
+    mode or 0666 less the umask, synced and renamed over it."""
     try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ValueError(f"cannot write {path} (a dangling symbolic link)") from None
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"cannot write {path} (a directory)")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise ValueError(f"cannot write {path} (not a regular file)")
+        with open(path, "wb", buffering=0) as f:           # a device: no O_TRUNC matters
+            for b in blobs:
+                f.write(b)
+        return
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)[:160]}.bk-{os.getpid()}-{os.urandom(8).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)   # the umask applies
+    try:
+        if st is not None:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
         with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(hdr)))
-            f.write(hdr)
-            f.write(data)
+            for b in blobs:
+                f.write(b)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
 

@@ -325,7 +325,7 @@ def part_torch_to_c(d):
         path = os.path.join(d, tag + ".safetensors")
         got = bm.save(path, model, opt)
         check(got == path and os.path.exists(path), f"{tag}: save returns the path")
-        check(not [f for f in os.listdir(d) if ".tmp." in f], f"{tag}: no temporary file left")
+        check(not [f for f in os.listdir(d) if ".tmp." in f or ".bk-" in f], f"{tag}: no temporary file left")
         eb = bm.random_batch(cfg, B, rng, padded)
         ref_logits, ref_loss = c_logits_loss(d, tag, path, eb)
         if ref_logits is None:
@@ -523,7 +523,7 @@ def part_bad(d):
         raises(OSError, lambda: bm.save(good, bm.build(text, seed=4)), "a failing rename raises")
     finally:
         os.replace = orig_replace
-    check(open(good, "rb").read() == raw and not [f for f in os.listdir(d) if ".tmp." in f],
+    check(open(good, "rb").read() == raw and not [f for f in os.listdir(d) if ".tmp." in f or ".bk-" in f],
           "a failed save leaves the old file whole and no temporary file")
     # the API's edges
     g = torch.get_rng_state()

@@ -728,6 +728,11 @@ def resolve_optim(text_or_dict=None):
     unknown = sorted(set(cfg) - set(OPTIM_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown optimiser keys: {', '.join(unknown)}")
+    # the C bounds (bk_optim_create, src/nn/optim.c): warmup an int >= 0, total_steps an int64 >= 0
+    for key, hi in (("warmup", 2**31 - 1), ("total_steps", 2**63 - 1)):
+        v = cfg[key]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) <= hi:
+            raise ValueError(f"{key}={v!r} is out of range [0, {hi}]")
     return cfg
 
 

@@ -231,7 +231,8 @@ bk_status bk_model_config_check(const bk_model_config *c)
         const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
         NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
                  feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L &&
+                 c->otk_refs <= L && c->otk_supports <= L && (int64_t)c->otk_refs * c->otk_supports <= L &&
+                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->otk_anchors <= L &&
                  (int64_t)c->otk_refs * c->otk_supports * c->otk_anchors <= L &&
                  (int64_t)c->otk_anchors * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
                  c->set_inducing <= L && (int64_t)c->pma_seeds * c->dim <= L,

@@ -1310,6 +1310,14 @@ static void test_bad_input(void)
         th_check(bk_model_config_parse(&mc, "sk_iters=-1") == BK_OK && bk_model_config_check(&mc) == BK_ERR_PARAM &&
                      strstr(bk_last_error(), "sk_iters"),
                  "sk_iters = -1 refused (softmax model)", "%s", bk_last_error());
+        /* products of sizes set in the struct (the C API) must not overflow int64 before the bound */
+        mc = bk_model_config_default();
+        th_check(bk_model_config_parse(&mc, "pool=otk") == BK_OK, "pool=otk parses", "%s", bk_last_error());
+        mc.otk_refs = 1 << 30;
+        mc.otk_supports = 1 << 30;
+        mc.otk_anchors = 1 << 30;
+        th_check(bk_model_config_check(&mc) == BK_ERR_PARAM, "otk_refs = otk_supports = 2^30 refused, no overflow",
+                 "%s", bk_last_error());
     }
     oc = bk_optim_config_default();
     bk_optim_create(&oc, m, &o);

@@ -713,6 +713,9 @@ def part_headers(d):
         rc, out = run("model", "init", "--config", text, "--out", out_p)
         check(rc != 0 and "config" in out and not os.path.exists(out_p),
               f"CLI refuses {extra} (no file)", out[-300:])
+    # the optimiser's integers: the C bounds (bk_optim_create), before anything is built
+    for text, key in (("total_steps=-1", "total_steps"), ("warmup=-2", "warmup"), ("warmup=2147483648", "warmup")):
+        raises(ValueError, lambda: bm.resolve_optim(text), f"optimiser config refuses {text}", f"{key}=")
 
 
 def main():

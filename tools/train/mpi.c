@@ -9,6 +9,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,13 +17,19 @@
 #include <mpi.h>
 #endif
 
-/* the world size a launcher announces to its processes (0: none) */
+/* the world size a launcher announces to its processes (0: none); a value
+ * that is not a plain count in [0, 2^24] still says a launcher started us:
+ * 2, so that MPI itself gives the size */
 static int launched_size(void)
 {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i]);
-        if (v && *v) return atoi(v);
+        if (!v || !*v) continue;
+        char *end;
+        errno = 0;
+        const long n = strtol(v, &end, 10);
+        return errno || *end || n < 0 || n > (1L << 24) ? 2 : (int)n;
     }
     return 0;
 }

@@ -278,6 +278,9 @@ bk_status bki_check_desc(const bk_attn_desc *d);
 void *bki_calloc(size_t n, size_t size);
 /* 1 if the L rows (C floats each, row stride sn) are all finite */
 int bki_rows_finite(const float *base, int64_t sn, int L, int C);
+/* the index of the first non-finite value of a[0..n), or n (a NULL: n);
+ * small arrays (parameter gradients), scanned in vector blocks */
+size_t bki_first_nonfinite_array(const float *a, size_t n);
 /* the valid rows of each non-NULL one of q, k, v, dout are finite (in that
  * order; the error names the tensor and its first bad row) */
 bk_status bki_check_values(const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
@@ -564,13 +567,11 @@ int bki_utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
 long bki_bad_utf8(const char *s);
 
 /* Output files (outfile.c; the rules in bk_outset_add, birkhoff/core.h). */
-/* One file of nparts parts, committed at once. */
+/* One file of nparts parts, committed at once (flags: bk_outset_add's). */
 bk_status bki_write_file(const char *path, unsigned flags, int nparts, const void *const *parts, const size_t *sizes);
-/* A file the user named: a symlink is followed, a device written into. */
-static inline bk_status bki_write_atomic(const char *path, int nparts, const void *const *parts, const size_t *sizes)
-{
-    return bki_write_file(path, 0, nparts, parts, sizes);
-}
+/* The end of a one-shot set: commits set when st (its staging) is BK_OK,
+ * frees it, returns the status; set NULL (bk_outset_create failed): st. */
+bk_status bki_outset_done(bk_outset *set, bk_status st);
 /* An append-only log of a run directory, never through a symlink: fresh, a
  * new file (whatever the name held is removed first; created exclusively,
  * 0666 less the umask); else the existing regular file, appended (a symlink,

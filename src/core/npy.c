@@ -176,9 +176,5 @@ bk_status bk_npy_write(const char *path, bk_dtype dtype, int ndim, const int64_t
 {
     bki_clear_error();
     bk_outset *set = bk_outset_create();
-    if (!set) return BK_ERR_NOMEM;
-    bk_status st = bk_outset_add_npy(set, path, 0, dtype, ndim, shape, data);
-    if (!st) st = bk_outset_commit(set);
-    bk_outset_free(set);
-    return st;
+    return bki_outset_done(set, set ? bk_outset_add_npy(set, path, 0, dtype, ndim, shape, data) : BK_ERR_NOMEM);
 }

@@ -416,16 +416,20 @@ bk_status bk_outset_commit(bk_outset *s)
     return BK_OK;
 }
 
+bk_status bki_outset_done(bk_outset *set, bk_status st)
+{
+    if (!set) return st; /* (bk_outset_create said why) */
+    if (!st) st = bk_outset_commit(set);
+    bk_outset_free(set);
+    return st;
+}
+
 bk_status bki_write_file(const char *path, unsigned flags, int nparts, const void *const *parts, const size_t *sizes)
 {
     bki_clear_error();
     if (!path) return bki_fail(BK_ERR_NULL, "NULL path");
     bk_outset *s = bk_outset_create();
-    if (!s) return BK_ERR_NOMEM;
-    bk_status st = bk_outset_add(s, path, flags, nparts, parts, sizes);
-    if (!st) st = bk_outset_commit(s);
-    bk_outset_free(s);
-    return st;
+    return bki_outset_done(s, s ? bk_outset_add(s, path, flags, nparts, parts, sizes) : BK_ERR_NOMEM);
 }
 
 bk_status bk_file_write(const char *path, unsigned flags, const void *data, size_t n)

@@ -152,6 +152,18 @@ int bki_rows_finite(const float *base, int64_t sn, int L, int C)
     return _mm256_movemask_epi8(bad) == 0;
 }
 
+size_t bki_first_nonfinite_array(const float *a, size_t n)
+{
+    enum { BLOCK = 1 << 12 };
+    for (size_t i = 0; a && i < n; i += BLOCK) {
+        const int m = (int)(n - i < BLOCK ? n - i : BLOCK);
+        if (bki_rows_finite(a + i, 0, 1, m)) continue;
+        for (int j = 0; j < m; j++)
+            if (!isfinite(a[i + (size_t)j])) return i + (size_t)j;
+    }
+    return n;
+}
+
 /* Below this many floats a scan runs on the calling thread alone. */
 #define FINITE_PAR_MIN (1 << 18)
 

@@ -507,11 +507,7 @@ typedef struct {
 bk_status bk_checkpoint_save(const char *path, const bk_model *m, const bk_optim *o, const char *extra)
 {
     bk_outset *set = bk_outset_create();
-    if (!set) return bki_fail(BK_ERR_NOMEM, "bk_checkpoint_save: out of memory");
-    bk_status st = bk_checkpoint_stage(set, path, 0, m, o, extra);
-    if (!st) st = bk_outset_commit(set);
-    bk_outset_free(set);
-    return st;
+    return bki_outset_done(set, set ? bk_checkpoint_stage(set, path, 0, m, o, extra) : BK_ERR_NOMEM);
 }
 
 bk_status bk_checkpoint_stage(bk_outset *set, const char *path, unsigned flags, const bk_model *m, const bk_optim *o,

@@ -1380,7 +1380,7 @@ bk_status bk_asap_save(const char *path, const bk_asap_layer *ly)
     memcpy(buf + n - 8, &h, 8);
     const void *parts[1] = {buf};
     const size_t sizes[1] = {n};
-    s = bki_write_atomic(path, 1, parts, sizes);
+    s = bki_write_file(path, 0, 1, parts, sizes);
     free(buf);
     if (s) return s;
     bki_clear_error();

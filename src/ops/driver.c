@@ -303,14 +303,15 @@ static bk_status check_param_grads(const bki_call *c)
     if (c->trusted) return BK_OK;
     bki_farray pa[2];
     const int np = c->pg && c->op->pg_arrays ? c->op->pg_arrays(c, pa) : 0;
-    for (int i = 0; i < np; i++)
-        for (size_t j = 0; pa[i].data && j < pa[i].n; j++)
-            if (!isfinite(pa[i].data[j]))
-                return bki_fail(BK_ERR_OVERFLOW,
-                                "%s: the parameter gradient %s is not finite at %zu although every input is: a value "
-                                "overflowed float32 (the scores, their sums or the gradient's sum over the batch): "
-                                "reduce |q|, |k|, |v|, |dout| or the scale, or raise eps",
-                                c->op->name, pa[i].name, j);
+    for (int i = 0; i < np; i++) {
+        const size_t j = bki_first_nonfinite_array(pa[i].data, pa[i].n);
+        if (j < pa[i].n)
+            return bki_fail(BK_ERR_OVERFLOW,
+                            "%s: the parameter gradient %s is not finite at %zu although every input is: a value "
+                            "overflowed float32 (the scores, their sums or the gradient's sum over the batch): "
+                            "reduce |q|, |k|, |v|, |dout| or the scale, or raise eps",
+                            c->op->name, pa[i].name, j);
+    }
     return BK_OK;
 }
 

@@ -970,12 +970,12 @@ static bk_status overflow_check(const char *what, const bk_tensor *t, int B, int
 
 static bk_status overflow_check_dense(const char *what, const float *a, size_t n)
 {
-    for (size_t i = 0; a && i < n; i++)
-        if (!isfinite(a[i]))
-            return bki_fail(BK_ERR_OVERFLOW,
-                            "otk: %s is not finite at %zu although every input is: a value overflowed float32 "
-                            "(the features, the plan's costs or their sums over the sets): reduce |x|, |z|, |dout|",
-                            what, i);
+    const size_t i = bki_first_nonfinite_array(a, n);
+    if (i < n)
+        return bki_fail(BK_ERR_OVERFLOW,
+                        "otk: %s is not finite at %zu although every input is: a value overflowed float32 "
+                        "(the features, the plan's costs or their sums over the sets): reduce |x|, |z|, |dout|",
+                        what, i);
     return BK_OK;
 }
 

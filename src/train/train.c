@@ -313,9 +313,8 @@ static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_op
     char *ex = extra_text(r, p, trv, tev, ranks);
     if (!ex) return bki_fail(BK_ERR_NOMEM, "out of memory");
     bk_outset *set = bk_outset_create();
-    bk_status st = set ? bk_checkpoint_stage(set, path, BK_OUT_NOFOLLOW | BK_OUT_SYNC, m, o, ex) : BK_ERR_NOMEM;
-    if (!st) st = bk_outset_commit(set);
-    bk_outset_free(set);
+    const bk_status st =
+        bki_outset_done(set, set ? bk_checkpoint_stage(set, path, BK_OUT_NOFOLLOW | BK_OUT_SYNC, m, o, ex) : BK_ERR_NOMEM);
     free(ex);
     return st;
 }

@@ -27,7 +27,61 @@ static int parse_i64(const char *v, long long *out)
     return 1;
 }
 
+void bki_cfg_range(const bki_field *f, char *buf, size_t cap)
+{
+    if (!cap) return;
+    buf[0] = 0;
+    if (!(f->lo < f->hi) || (f->type != BKI_F_INT && f->type != BKI_F_I64 && f->type != BKI_F_FLOAT)) return;
+    snprintf(buf, cap, "%c%.9g, %.9g]", (f->rflags & BKI_FR_OPEN_LO) ? '(' : '[', f->lo, f->hi);
+}
+
+/* the value of a ranged scalar field inside its range */
+static bk_status in_range(const void *obj, const bki_field *f, const char *what)
+{
+    if (!(f->lo < f->hi)) return BK_OK;
+    const char *p = (const char *)obj + f->offset;
+    double x;
+    switch (f->type) {
+    case BKI_F_INT: x = *(const int *)p; break;
+    case BKI_F_I64: x = (double)*(const int64_t *)p; break;
+    case BKI_F_FLOAT: x = *(const float *)p; break;
+    default: return BK_OK;
+    }
+    int low_ok = (f->rflags & BKI_FR_OPEN_LO) ? x > f->lo : x >= f->lo;
+    if (low_ok && x <= f->hi) return BK_OK;
+    char r[96];
+    bki_cfg_range(f, r, sizeof r);
+    return bki_fail(BK_ERR_PARAM, "%s: %s=%.9g is outside %s", what, f->name, x, r);
+}
+
+bk_status bki_cfg_check(const void *obj, const bki_field *tab, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        bk_status s = in_range(obj, &tab[i], what);
+        if (s) return s;
+    }
+    return BK_OK;
+}
+
+static bk_status set_value(void *obj, const bki_field *f, const char *what, const char *value);
+
+/* a field set from its text, then checked against its range (the field
+ * keeps its old value when either fails) */
 static bk_status set_field(void *obj, const bki_field *f, const char *what, const char *value)
+{
+    char *p = (char *)obj + f->offset;
+    unsigned char old[sizeof(int64_t) * 64];
+    size_t sz = f->type == BKI_F_I64 ? sizeof(int64_t)
+                : f->type == BKI_F_LIST ? sizeof(int) * (size_t)f->list_len : sizeof(int);
+    if (sz > sizeof old) return bki_fail(BK_ERR_PARAM, "%s: bad field table", what);
+    memcpy(old, p, sz);
+    bk_status s = set_value(obj, f, what, value);
+    if (!s) s = in_range(obj, f, what);
+    if (s) memcpy(p, old, sz);
+    return s;
+}
+
+static bk_status set_value(void *obj, const bki_field *f, const char *what, const char *value)
 {
     char *p = (char *)obj + f->offset;
     long long iv;

@@ -604,7 +604,21 @@ typedef struct {
     size_t offset;
     const char *const *names;  /* ENUM: value names, NULL-terminated       */
     int list_len;              /* LIST: int array length (0-terminated)    */
+    /* the schema (optional; a table written before it has zeros here):
+     * doc, one line for --help, docstrings and the docs' tables; lo..hi
+     * the accepted range of an INT, I64 or FLOAT (checked by bki_cfg_set
+     * and bki_cfg_parse when lo < hi; BKI_FR_OPEN_LO makes lo exclusive:
+     * "> 0"); the default is the owner's default struct's value */
+    const char *doc;
+    double lo, hi;
+    unsigned rflags;
 } bki_field;
+#define BKI_FR_OPEN_LO 1u
+/* "[lo, hi]" or "(lo, hi]" of a field with a range, "" without */
+void bki_cfg_range(const bki_field *f, char *buf, size_t cap);
+/* every ranged scalar field of obj inside its range (BK_ERR_PARAM naming
+ * the first outside, as bki_cfg_set would) */
+bk_status bki_cfg_check(const void *obj, const bki_field *tab, int n, const char *what);
 bk_status bki_cfg_set(void *obj, const bki_field *tab, int n, const char *what, const char *key,
                       const char *value);
 bk_status bki_cfg_parse(void *obj, const bki_field *tab, int n, const char *what, const char *text);

@@ -92,6 +92,42 @@ typedef struct {
     size_t n;
 } bki_farray;
 
+/* ---- the operator's schema: what the layers above read -------------------
+ * An operator's description is the one place that knows its kind: the CLI's
+ * `attn --op NAME` options and help, Python's birkhoff.attention(name, ...)
+ * keywords and docstrings, the model's attention keys ("attn.KEY"), the
+ * bench's cases and the docs' operator table are made from it (its fields'
+ * bki_field.doc and ranges, the capability flags, the learned arrays, the
+ * bench cases), with no list of kinds above the registry. */
+enum {
+    BKI_CAP_CROSS = 1u << 0,  /* Nq != Nk: a cross-attention site             */
+    BKI_CAP_PAD = 1u << 1,    /* q_len / k_len (padded queries and keys)      */
+    BKI_CAP_CAUSAL = 1u << 2, /* a "causal" parameter (masked future keys)    */
+    BKI_CAP_ATTN = 1u << 3,   /* exports the dense attention matrix (extras)  */
+    BKI_CAP_MODEL = 1u << 4,  /* usable as a model's attention kind           */
+};
+
+/* a parameter array the operator reads through a pointer in its parameter
+ * struct and a model learns (LOT's pivots, diff's lambda vectors); its
+ * gradient is the operator's parameter-gradient output of the same index */
+typedef struct {
+    const char *name;   /* the model's tensor name per block: "attn.NAME"  */
+    const char *doc;
+    size_t offset;      /* of its `const float *` in the parameter struct   */
+    /* its shape for H heads of head dimension d under the parameters:
+     * writes the dimensions, returns the rank (1..4) */
+    int (*shape)(const void *par, int H, int d, int64_t dims[4]);
+} bki_learned;
+
+/* a case of `birkhoff bench attn` (the bench's list is every registered
+ * operator's cases) */
+typedef struct {
+    const char *name;    /* "N1024": the case's tag after the operator's name */
+    int B, H, Nq, Nk, d, dv;
+    const char *params;  /* key=value,... over the operator's defaults, or "" */
+    int backward;        /* 1: the forward + backward is timed too           */
+} bki_bench_case;
+
 /* ---- an operator --------------------------------------------------------- */
 struct bki_op {
     const char *name;                /* registry name ("sinkhorn", ...)        */
@@ -139,6 +175,13 @@ struct bki_op {
      * most 2 float arrays; returns how many. The driver checks them finite
      * after reduce, as it checks dq, dk and dv (BK_ERR_OVERFLOW). */
     int (*pg_arrays)(const bki_call *c, bki_farray out[2]);
+    /* ---- the schema (see above) ---- */
+    const char *doc;                 /* one line: what it computes, its paper  */
+    unsigned caps;                   /* BKI_CAP_*                              */
+    const bki_learned *learned;      /* NULL: none                             */
+    int nlearned;
+    const bki_bench_case *bench;     /* NULL: none                             */
+    int nbench;
 };
 
 /* ---- parameter-gradient outputs (bki_call.pg) ---------------------------

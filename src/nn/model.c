@@ -30,8 +30,8 @@ static const char *const LOT_LEARN_NAMES[] = {"both", "z", "none", NULL};
 /* bk_otk_pe's values in order */
 static const char *const OTK_PE_NAMES[] = {"none", "1d", "2d", NULL};
 
-#define F(field, type) {#field, type, offsetof(bk_model_config, field), NULL, 0}
-#define E(field, names) {#field, BKI_F_ENUM, offsetof(bk_model_config, field), names, 0}
+#define F(field, ty) {.name = #field, .type = ty, .offset = offsetof(bk_model_config, field), .names = NULL, .list_len = 0}
+#define E(field, nm) {.name = #field, .type = BKI_F_ENUM, .offset = offsetof(bk_model_config, field), .names = nm, .list_len = 0}
 static const bki_field MODEL_FIELDS[] = {
     E(input, INPUT_NAMES),        F(channels, BKI_F_INT),    F(image_h, BKI_F_INT),      F(image_w, BKI_F_INT),
     F(patch, BKI_F_INT),          F(vocab, BKI_F_INT),       F(max_len, BKI_F_INT),      F(point_dim, BKI_F_INT),

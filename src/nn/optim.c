@@ -10,9 +10,9 @@
 static const char *const OPT_NAMES[] = {"adamw", "adam", "sgd", NULL};
 static const char *const SCHED_NAMES[] = {"constant", "step", "cosine", "invsqrt", NULL};
 
-#define F(field, type) {#field, type, offsetof(bk_optim_config, field), NULL, 0}
+#define F(field, ty) {.name = #field, .type = ty, .offset = offsetof(bk_optim_config, field), .names = NULL, .list_len = 0}
 static const bki_field OPT_FIELDS[] = {
-    {"kind", BKI_F_ENUM, offsetof(bk_optim_config, kind), OPT_NAMES, 0},
+    {.name = "kind", .type = BKI_F_ENUM, .offset = offsetof(bk_optim_config, kind), .names = OPT_NAMES, .list_len = 0},
     F(lr, BKI_F_FLOAT),
     F(beta1, BKI_F_FLOAT),
     F(beta2, BKI_F_FLOAT),
@@ -21,12 +21,12 @@ static const bki_field OPT_FIELDS[] = {
     F(momentum, BKI_F_FLOAT),
     F(nesterov, BKI_F_INT),
     F(clip, BKI_F_FLOAT),
-    {"sched", BKI_F_ENUM, offsetof(bk_optim_config, sched), SCHED_NAMES, 0},
+    {.name = "sched", .type = BKI_F_ENUM, .offset = offsetof(bk_optim_config, sched), .names = SCHED_NAMES, .list_len = 0},
     F(warmup, BKI_F_INT),
     F(total_steps, BKI_F_I64),
     F(lr_min, BKI_F_FLOAT),
     F(gamma, BKI_F_FLOAT),
-    {"milestones", BKI_F_LIST, offsetof(bk_optim_config, milestones), NULL, 8},
+    {.name = "milestones", .type = BKI_F_LIST, .offset = offsetof(bk_optim_config, milestones), .names = NULL, .list_len = 8},
 };
 #undef F
 #define NOPT ((int)(sizeof OPT_FIELDS / sizeof OPT_FIELDS[0]))

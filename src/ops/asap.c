@@ -521,12 +521,12 @@ static void par_default(void *p) { *(bk_asap_forward_config *)p = bk_asap_forwar
 
 static const char *const variant_names[] = {"auto", "zero", "column", "row", NULL};
 static const bki_field fields[] = {
-    {"variant", BKI_F_ENUM, offsetof(bk_asap_forward_config, variant), variant_names, 0},
+    {.name = "variant", .type = BKI_F_ENUM, .offset = offsetof(bk_asap_forward_config, variant), .names = variant_names, .list_len = 0},
 };
 
 const bki_op bki_op_asap = {"asap", 5, "bk_asap_forward_config", fields, (int)(sizeof fields / sizeof fields[0]),
                             sizeof(bk_asap_forward_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL};
+                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL, NULL, 0, NULL, 0, NULL, 0};
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
 /* a call of the operator (every other field zero) */

@@ -35,7 +35,7 @@ static void diff_default(void *p) { *(bk_diff_config *)p = bk_diff_config_defaul
 
 /* the scalar parameters by key (lambda is an array: set it directly) */
 static const bki_field diff_fields[] = {
-    {"scale", BKI_F_FLOAT, offsetof(bk_diff_config, scale), NULL, 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_diff_config, scale), .names = NULL, .list_len = 0},
 };
 
 static const bk_diff_config *par(const bki_call *c) { return c->par; }
@@ -273,7 +273,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 
 const bki_op bki_op_diff = {"diff", 7, "bk_diff_config", diff_fields, (int)(sizeof diff_fields / sizeof diff_fields[0]),
                             sizeof(bk_diff_config), diff_default, check, cost, lane_bytes, block_bytes, key, NULL,
-                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays};
+                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_diff_config *p)

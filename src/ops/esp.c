@@ -1350,19 +1350,19 @@ static const char *const sort_names[] = {"hard", "soft", NULL};
 static const char *const cost_names[] = {"sq", "euclid", NULL};
 static const char *const scale_names[] = {"rows", "paper", NULL};
 static const bki_field fields[] = {
-    {"sort", BKI_F_ENUM, offsetof(bk_esp_config, sort), sort_names, 0},
-    {"t", BKI_F_FLOAT, offsetof(bk_esp_config, t), NULL, 0},
-    {"tau", BKI_F_FLOAT, offsetof(bk_esp_config, tau), NULL, 0},
-    {"scale", BKI_F_FLOAT, offsetof(bk_esp_config, scale), NULL, 0},
-    {"cost", BKI_F_ENUM, offsetof(bk_esp_config, cost), cost_names, 0},
-    {"out_scale", BKI_F_ENUM, offsetof(bk_esp_config, out_scale), scale_names, 0},
-    {"L", BKI_F_INT, offsetof(bk_esp_config, L), NULL, 0},
-    {"seed", BKI_F_I64, offsetof(bk_esp_config, seed), NULL, 0},
+    {.name = "sort", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, sort), .names = sort_names, .list_len = 0},
+    {.name = "t", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, t), .names = NULL, .list_len = 0},
+    {.name = "tau", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, tau), .names = NULL, .list_len = 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, scale), .names = NULL, .list_len = 0},
+    {.name = "cost", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, cost), .names = cost_names, .list_len = 0},
+    {.name = "out_scale", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, out_scale), .names = scale_names, .list_len = 0},
+    {.name = "L", .type = BKI_F_INT, .offset = offsetof(bk_esp_config, L), .names = NULL, .list_len = 0},
+    {.name = "seed", .type = BKI_F_I64, .offset = offsetof(bk_esp_config, seed), .names = NULL, .list_len = 0},
 };
 
 const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
                            sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays};
+                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
 
 /* a call of the operator (every other field zero) */
 #define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}

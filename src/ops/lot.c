@@ -37,12 +37,12 @@ static void lot_default(void *p) { *(bk_lot_config *)p = bk_lot_config_default()
 
 /* the scalar parameters by key (Z and theta are arrays: set them directly) */
 static const bki_field lot_fields[] = {
-    {"r", BKI_F_INT, offsetof(bk_lot_config, r), NULL, 0},
-    {"temp", BKI_F_FLOAT, offsetof(bk_lot_config, temp), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_lot_config, iters), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_lot_config, eps), NULL, 0},
-    {"scale", BKI_F_FLOAT, offsetof(bk_lot_config, scale), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_lot_config, tol), NULL, 0},
+    {.name = "r", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, r), .names = NULL, .list_len = 0},
+    {.name = "temp", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, temp), .names = NULL, .list_len = 0},
+    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, iters), .names = NULL, .list_len = 0},
+    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, eps), .names = NULL, .list_len = 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, scale), .names = NULL, .list_len = 0},
+    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, tol), .names = NULL, .list_len = 0},
 };
 
 
@@ -467,7 +467,7 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
 
 const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
                            sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
-                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays};
+                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)

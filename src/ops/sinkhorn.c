@@ -273,26 +273,26 @@ static void sinkhorn_default(void *p) { *(bk_sinkhorn_config *)p = bk_sinkhorn_c
 static void unbalanced_default(void *p) { *(bk_unbalanced_config *)p = bk_unbalanced_config_default(); }
 
 static const char *const grad_names[] = {"unrolled", "implicit", NULL};
-static const bki_field softmax_fields[] = {{"scale", BKI_F_FLOAT, offsetof(bk_softmax_config, scale), NULL, 0},
-                                           {"causal", BKI_F_INT, offsetof(bk_softmax_config, causal), NULL, 0}};
+static const bki_field softmax_fields[] = {{.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_softmax_config, scale), .names = NULL, .list_len = 0},
+                                           {.name = "causal", .type = BKI_F_INT, .offset = offsetof(bk_softmax_config, causal), .names = NULL, .list_len = 0}};
 static const bki_field sinkhorn_fields[] = {
-    {"scale", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, scale), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, eps), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_sinkhorn_config, iters), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_sinkhorn_config, tol), NULL, 0},
-    {"grad", BKI_F_ENUM, offsetof(bk_sinkhorn_config, grad), grad_names, 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, scale), .names = NULL, .list_len = 0},
+    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, eps), .names = NULL, .list_len = 0},
+    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_sinkhorn_config, iters), .names = NULL, .list_len = 0},
+    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, tol), .names = NULL, .list_len = 0},
+    {.name = "grad", .type = BKI_F_ENUM, .offset = offsetof(bk_sinkhorn_config, grad), .names = grad_names, .list_len = 0},
 };
 static const bki_field unbalanced_fields[] = {
-    {"scale", BKI_F_FLOAT, offsetof(bk_unbalanced_config, scale), NULL, 0},
-    {"eps", BKI_F_FLOAT, offsetof(bk_unbalanced_config, eps), NULL, 0},
-    {"iters", BKI_F_INT, offsetof(bk_unbalanced_config, iters), NULL, 0},
-    {"tol", BKI_F_FLOAT, offsetof(bk_unbalanced_config, tol), NULL, 0},
-    {"rho", BKI_F_FLOAT, offsetof(bk_unbalanced_config, rho), NULL, 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, scale), .names = NULL, .list_len = 0},
+    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, eps), .names = NULL, .list_len = 0},
+    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_unbalanced_config, iters), .names = NULL, .list_len = 0},
+    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, tol), .names = NULL, .list_len = 0},
+    {.name = "rho", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, rho), .names = NULL, .list_len = 0},
 };
 
 #define SK_OP(var, nm, ident, par, tab, def)                                                                        \
     const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
-                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL}
+                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL, NULL, 0, NULL, 0, NULL, 0}
 SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default);
 SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default);
 SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default);

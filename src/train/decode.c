@@ -41,7 +41,7 @@ bk_decode_config bk_decode_config_default(void)
     return c;
 }
 
-#define F(field, type) {#field, type, offsetof(bk_decode_config, field), NULL, 0}
+#define F(field, ty) {.name = #field, .type = ty, .offset = offsetof(bk_decode_config, field), .names = NULL, .list_len = 0}
 static const bki_field DECODE_FIELDS[] = {
     F(beam, BKI_F_INT), F(len_penalty, BKI_F_FLOAT), F(len_a, BKI_F_FLOAT), F(len_b, BKI_F_INT), F(cache, BKI_F_INT),
 };

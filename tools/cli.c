@@ -464,17 +464,10 @@ int cli_write_text(const char *prog, const char *path, const char *text)
  * sinusoidal position code of amplitude 0.5; per head, Q = x Wq, K = x Wk,
  * V = x Wv with Gaussian d x d maps, Wk = Wq + 0.5 G (queries and keys of the
  * same token correlate, as in trained layers), all scaled by temp. Seeded. */
-static uint64_t mix(uint64_t *st) /* splitmix64 */
-{
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double gauss(uint64_t *st)
 {
-    double u = ((double)(mix(st) >> 11) + 0.5) / 9007199254740992.0, v = (double)(mix(st) >> 11) / 9007199254740992.0;
+    double u = ((double)(bk_splitmix64(st) >> 11) + 0.5) / 9007199254740992.0;
+    double v = (double)(bk_splitmix64(st) >> 11) / 9007199254740992.0;
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
@@ -493,9 +486,9 @@ int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, 
     for (int i = 0; i < NC * d; i++) mu[i] = gauss(&st);
     const double sd = 1.0 / sqrt((double)d);
     for (int b = 0; b < B; b++) {
-        int z = (int)(mix(&st) % NC);
+        int z = (int)(bk_splitmix64(&st) % NC);
         for (int t = 0; t < N; t++) {
-            if (mix(&st) % 5 == 0) z = (int)(mix(&st) % NC); /* stay with probability >= 0.8 */
+            if (bk_splitmix64(&st) % 5 == 0) z = (int)(bk_splitmix64(&st) % NC); /* stay with probability >= 0.8 */
             for (int c = 0; c < d; c++) {
                 double ang = (double)t / pow(100.0, (double)(c / 2 * 2) / d);
                 double pe = 0.5 * (c % 2 ? cos(ang) : sin(ang));

@@ -35,13 +35,8 @@ typedef struct {
     char bad[200];
 } hdec;
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* one splitmix64 number from the state x (the library's generator) */
+static uint64_t mix(uint64_t x) { return bk_splitmix64(&x); }
 
 /* log p(. | prefix) of a sentence with seed s: the model the search and the references share */
 static void model_logp(const hdec *h, uint64_t s, const int32_t *p, int n, float *out)

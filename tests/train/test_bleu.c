@@ -1,14 +1,45 @@
 /* test_bleu.c -- corpus BLEU (src/train/bleu.c): the paper's definition on
  * hand-computed corpora (clipping, brevity penalty, zero precisions, orders),
  * the 13a tokenisation rule by rule, text = the same tokens as ids, and bad
- * input. (Agreement with NLTK's corpus_bleu on random corpora:
- * tests/oracle/test_bleu.py.) */
+ * input; chrF (bk_chrf_text) on hand-computed corpora. (Agreement with
+ * NLTK's corpus_bleu on random corpora: tests/oracle/test_bleu.py.) */
 #include "birkhoff.h"
 #include "../harness.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* chrF (bk_chrf_text) on hand-computed corpora and its refusals */
+static void test_chrf(void)
+{
+    double f = -1;
+    /* "ab" vs "abc": 1-grams P 2/2 R 2/3, 2-grams P 1/1 R 1/2, no 3-grams in the hypothesis:
+     * P = 1, R = 7/12, F2 = 5 P R / (4 P + R) = 7/11 */
+    const char *h1[] = {"ab"}, *r1[] = {"abc"};
+    th_check(bk_chrf_text(h1, r1, 1, &f) == BK_OK && fabs(f - 700.0 / 11) < 1e-12, "chrF: 'ab' vs 'abc' = 700/11",
+             "%.17g", f);
+    /* with "a b" vs "ab" (whitespace removed: equal) summed over the corpus: P = 1, R = 11/15, F2 = 55/71 */
+    const char *h2[] = {"ab", "a b"}, *r2[] = {"abc", "ab"};
+    th_check(bk_chrf_text(h2, r2, 2, &f) == BK_OK && fabs(f - 5500.0 / 71) < 1e-12,
+             "chrF: corpus statistics summed over sentences, whitespace removed", "%.17g", f);
+    /* identical up to whitespace (a no-break space and a tab included): 100; disjoint: 0 */
+    const char *h3[] = {"\xc3\xb1" "and\xc3\xba x\xc2\xa0y\tz"}, *r3[] = {"\xc3\xb1" "and\xc3\xbaxyz"};
+    th_check(bk_chrf_text(h3, r3, 1, &f) == BK_OK && f == 100.0, "chrF: equal code points up to whitespace = 100",
+             "%.17g", f);
+    const char *h4[] = {"xyz"}, *r4[] = {"abc"};
+    th_check(bk_chrf_text(h4, r4, 1, &f) == BK_OK && f == 0.0, "chrF: no common character = 0", "%.17g", f);
+    /* an empty hypothesis: no order has n-grams on both sides: 0 */
+    const char *h5[] = {""}, *r5[] = {"abc"};
+    th_check(bk_chrf_text(h5, r5, 1, &f) == BK_OK && f == 0.0, "chrF: an empty hypothesis = 0", "%.17g", f);
+    /* refusals */
+    const char *hn[] = {"ab", NULL};
+    th_check(bk_chrf_text(hn, r2, 2, &f) == BK_ERR_NULL && strstr(bk_last_error(), "hypothesis sentence 1"),
+             "chrF: a NULL hypothesis sentence is named", "%s", bk_last_error());
+    th_check(bk_chrf_text(h1, r1, 0, &f) == BK_ERR_PARAM && bk_chrf_text(NULL, r1, 1, &f) == BK_ERR_NULL &&
+                 bk_chrf_text(h1, r1, 1, NULL) == BK_ERR_NULL,
+             "chrF: n < 1 and NULL arguments refused", "%s", bk_last_error());
+}
 
 static bk_token_seq seq(const int32_t *t, int n) { return (bk_token_seq){t, n}; }
 
@@ -130,5 +161,6 @@ int main(void)
     bk_token_seq nulseq = {NULL, 3};
     th_check(bk_bleu(&ho, &nulseq, 1, &cd, &r) == BK_ERR_NULL, "tokens NULL with a positive length refused", "%s",
              bk_last_error());
+    test_chrf();
     return th_summary();
 }

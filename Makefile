@@ -85,7 +85,7 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC)
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o \
            $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \

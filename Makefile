@@ -79,13 +79,13 @@ CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c s
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
-DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
+DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o \
            $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ)
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
@@ -95,7 +95,7 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c
-TEST_SRC = tests/test_main.c tests/tutil.c tests/core/test_npy.c tests/core/test_outfile.c tests/core/test_text.c tests/core/test_escape.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
+TEST_SRC = tests/test_main.c tests/harness.c tests/tutil.c tests/core/test_npy.c tests/core/test_outfile.c tests/core/test_text.c tests/core/test_escape.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
            tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
@@ -173,59 +173,53 @@ $(CLI): $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC)) $(LIB_A)
 $(TESTS): $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_SRC)) $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFST): $(BUILD)/obj/tests/ops/ref_attn.o $(BUILD)/obj/tests/ops/ref_attn_selftest.o
+$(REFST): $(BUILD)/obj/tests/ops/ref_attn.o $(BUILD)/obj/tests/ops/ref_attn_selftest.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFESP): $(BUILD)/obj/tests/ops/ref_esp.o $(BUILD)/obj/tests/ops/ref_esp_selftest.o
+$(REFESP): $(BUILD)/obj/tests/ops/ref_esp.o $(BUILD)/obj/tests/ops/ref_esp_selftest.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFOTK): $(BUILD)/obj/tests/ops/ref_otk.o $(BUILD)/obj/tests/ops/ref_otk_selftest.o
+$(REFOTK): $(BUILD)/obj/tests/ops/ref_otk.o $(BUILD)/obj/tests/ops/ref_otk_selftest.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFLOT): $(BUILD)/obj/tests/ops/ref_lot.o $(BUILD)/obj/tests/ops/ref_lot_selftest.o
+$(REFLOT): $(BUILD)/obj/tests/ops/ref_lot.o $(BUILD)/obj/tests/ops/ref_lot_selftest.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFASAP): $(BUILD)/obj/tests/ops/ref_asap.o $(BUILD)/obj/tests/ops/ref_asap_selftest.o
+$(REFASAP): $(BUILD)/obj/tests/ops/ref_asap.o $(BUILD)/obj/tests/ops/ref_asap_selftest.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFUNB): $(BUILD)/obj/tests/ops/ref_unbalanced.o $(BUILD)/obj/tests/ops/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
+$(REFUNB): $(BUILD)/obj/tests/ops/ref_unbalanced.o $(BUILD)/obj/tests/ops/ref_unbalanced_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(REFDIFF): $(BUILD)/obj/tests/ops/ref_diff.o $(BUILD)/obj/tests/ops/ref_diff_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
+$(REFDIFF): $(BUILD)/obj/tests/ops/ref_diff.o $(BUILD)/obj/tests/ops/ref_diff_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-# tests of the library's datasets and training runs (tests/data, tests/train)
-$(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/train/test_train.o: tests/data/tcheck.h
+# tests of the library's datasets and training runs (tests/data, tests/train),
+# each on the one harness (tests/harness.c)
 
-$(TGEN): $(BUILD)/obj/tests/data/test_gen.o $(LIB_A)
+$(TGEN): $(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(TDATA): $(BUILD)/obj/tests/data/test_data.o $(LIB_A)
+$(TDATA): $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/data/test_parallel.o: tests/data/tcheck.h
-
-$(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(LIB_A)
+$(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/data/test_bible.o: tests/data/tcheck.h
-
-$(TBIBLE): $(BUILD)/obj/tests/data/test_bible.o $(LIB_A)
+$(TBIBLE): $(BUILD)/obj/tests/data/test_bible.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(LIB_A)
+$(TTRAIN): $(BUILD)/obj/tests/train/test_train.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/train/test_bleu.o: tests/data/tcheck.h
-
-$(TBLEU): $(BUILD)/obj/tests/train/test_bleu.o $(LIB_A)
+$(TBLEU): $(BUILD)/obj/tests/train/test_bleu.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 # the beam search (src/train/decode.c, an internal module: the test includes its header)
-$(BUILD)/obj/tests/train/test_decode.o: tests/data/tcheck.h src/train/decode.h
+$(BUILD)/obj/tests/train/test_decode.o: src/train/decode.h
 $(BUILD)/obj/src/train/decode.o: src/train/decode.h
 
-$(TDECODE): $(BUILD)/obj/tests/train/test_decode.o $(LIB_A)
+$(TDECODE): $(BUILD)/obj/tests/train/test_decode.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 # the CLI's charts (tools/plot/chart.c)
@@ -233,7 +227,7 @@ $(BUILD)/obj/tests/tools/test_chart.o: tests/tools/test_chart.c tools/plot/chart
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(CAIRO_CFLAGS) -Itools/plot -c $< -o $@
 
-$(TCHART): $(BUILD)/obj/tests/tools/test_chart.o $(BUILD)/obj/tools/plot/chart.o $(LIB_A)
+$(TCHART): $(BUILD)/obj/tests/tools/test_chart.o $(BUILD)/obj/tools/plot/chart.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(CLI_LIBS) $(LDLIBS_ALL)
 
 $(EXAMPLE): examples/quickstart.c $(LIB_A) $(PUB_HDRS)

@@ -1,7 +1,11 @@
-/* harness.h -- the test harness: named checks, a pass/fail count, and the
- * closing line "N passed, N failed". */
+/* harness.h -- THE test harness (tests/harness.c): named checks, a pass/fail
+ * count, and the closing line "N passed, N failed" (th_summary). Used by
+ * build/test_birkhoff (tests/test_main.c) and by every separate test program
+ * (tests/data, tests/train, tests/tools/test_chart.c, the references'
+ * self-tests tests/ops/ref_*_selftest.c), each linking tests/harness.c. */
 #ifndef BK_HARNESS_H
 #define BK_HARNESS_H
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,14 +17,21 @@ typedef struct {
 } th_state;
 extern th_state TH;
 
-/* Records one check; prints failures always and passes when verbose. */
+/* Records one check; prints failures always ("FAIL name: detail") and
+ * passes when verbose ("ok   name: detail"; the separate programs set
+ * TH.verbose: one line per check). fmt "" or NULL: no detail. Returns ok. */
 int th_check(int ok, const char *name, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* prints "N passed, N failed"; the exit status: 1 if any check failed */
+int th_summary(void);
+/* a new directory $TMPDIR/bk-NAME-XXXXXX (else under /tmp) in buf; 1 on
+ * success */
+int th_tmpdir(char *buf, size_t cap, const char *name);
 
-/* deterministic random numbers (splitmix64) */
+/* deterministic random numbers (the library's splitmix64, bk_splitmix64) */
 typedef struct { uint64_t s; } th_rng;
 uint64_t th_next(th_rng *r);
 double th_unif(th_rng *r);   /* [0, 1) */

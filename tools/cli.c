@@ -317,138 +317,6 @@ void cli_free_each(char **l, int n)
     free(l);
 }
 
-/* ------------------------------------------------------------------------ */
-/* chrF (sacreBLEU's default: character n-grams n = 1..6, beta 2,           */
-/* whitespace removed; corpus statistics summed over the sentences)          */
-/* ------------------------------------------------------------------------ */
-enum { CHRF_ORDER = 6 };
-
-/* Python's str.isspace, which str.split() and re's \s remove */
-static int uspace(uint32_t c)
-{
-    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-/* the code points of s without whitespace (a byte that is not valid UTF-8
- * counts as one character of its own) */
-static uint32_t *code_points(const char *s, int *n)
-{
-    size_t L = strlen(s);
-    uint32_t *cp = malloc(sizeof(uint32_t) * (L + 1));
-    if (!cp) return NULL;
-    int k = 0;
-    const unsigned char *p = (const unsigned char *)s, *e = p + L;
-    while (p < e) {
-        uint32_t c = *p;
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (len > 1 && p + len <= e) {
-            uint32_t v = c & (0x7f >> len);
-            int ok = 1;
-            for (int i = 1; i < len; i++) {
-                if ((p[i] & 0xc0) != 0x80) ok = 0;
-                v = (v << 6) | (p[i] & 0x3f);
-            }
-            if (ok) {
-                c = v;
-                p += len;
-            } else {
-                c = 0xdc00 + *p++;
-            }
-        } else {
-            c = len == 1 ? c : 0xdc00 + c;
-            p++;
-        }
-        if (!uspace(c)) cp[k++] = c;
-    }
-    *n = k;
-    return cp;
-}
-
-typedef struct {
-    uint64_t a, b;
-} key128;
-
-static int cmp_key(const void *x, const void *y)
-{
-    const key128 *p = x, *q = y;
-    if (p->a != q->a) return p->a < q->a ? -1 : 1;
-    return (p->b > q->b) - (p->b < q->b);
-}
-
-/* the n-grams of cp packed (21 bits a code point: 3 in a, 3 in b), sorted */
-static void ngram_keys(const uint32_t *cp, int len, int n, key128 *k)
-{
-    for (int i = 0; i + n <= len; i++) {
-        uint64_t a = 0, b = 0;
-        for (int j = 0; j < n; j++) {
-            if (j < 3)
-                a = (a << 21) | cp[i + j];
-            else
-                b = (b << 21) | cp[i + j];
-        }
-        k[i].a = a;
-        k[i].b = b;
-    }
-    if (len >= n) qsort(k, (size_t)(len - n + 1), sizeof(key128), cmp_key);
-}
-
-double cli_chrf(const char *const *hyp, const char *const *ref, int n)
-{
-    int64_t st[CHRF_ORDER][3] = {{0}};
-    for (int s = 0; s < n; s++) {
-        int lh, lr;
-        uint32_t *h = code_points(hyp[s], &lh), *r = code_points(ref[s], &lr);
-        key128 *kh = malloc(sizeof(key128) * (size_t)(lh + 1)), *kr = malloc(sizeof(key128) * (size_t)(lr + 1));
-        if (!h || !r || !kh || !kr) {
-            free(h);
-            free(r);
-            free(kh);
-            free(kr);
-            return -1;
-        }
-        for (int o = 1; o <= CHRF_ORDER; o++) {
-            int nh = lh >= o ? lh - o + 1 : 0, nr = lr >= o ? lr - o + 1 : 0;
-            ngram_keys(h, lh, o, kh);
-            ngram_keys(r, lr, o, kr);
-            int64_t match = 0;
-            for (int i = 0, j = 0; i < nh && j < nr;) { /* multiset intersection */
-                int c = cmp_key(&kh[i], &kr[j]);
-                if (c == 0) {
-                    match++;
-                    i++;
-                    j++;
-                } else if (c < 0) {
-                    i++;
-                } else {
-                    j++;
-                }
-            }
-            st[o - 1][0] += nh;
-            st[o - 1][1] += nr;
-            st[o - 1][2] += match;
-        }
-        free(h);
-        free(r);
-        free(kh);
-        free(kr);
-    }
-    double P = 0, R = 0;
-    int eff = 0;
-    for (int o = 0; o < CHRF_ORDER; o++) {
-        if (st[o][0] > 0 && st[o][1] > 0) {
-            P += (double)st[o][2] / (double)st[o][0];
-            R += (double)st[o][2] / (double)st[o][1];
-            eff++;
-        }
-    }
-    if (!eff) return 0.0;
-    P /= eff;
-    R /= eff;
-    const double b2 = 4.0; /* beta 2 */
-    return P + R > 0 ? 100.0 * (1 + b2) * P * R / (b2 * P + R) : 0.0;
-}
-
 int cli_write_text(const char *prog, const char *path, const char *text)
 {
     if (bk_run_write_text(path, text) == BK_OK) return 1;
@@ -464,17 +332,10 @@ int cli_write_text(const char *prog, const char *path, const char *text)
  * sinusoidal position code of amplitude 0.5; per head, Q = x Wq, K = x Wk,
  * V = x Wv with Gaussian d x d maps, Wk = Wq + 0.5 G (queries and keys of the
  * same token correlate, as in trained layers), all scaled by temp. Seeded. */
-static uint64_t mix(uint64_t *st) /* splitmix64 */
-{
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double gauss(uint64_t *st)
 {
-    double u = ((double)(mix(st) >> 11) + 0.5) / 9007199254740992.0, v = (double)(mix(st) >> 11) / 9007199254740992.0;
+    double u = ((double)(bk_splitmix64(st) >> 11) + 0.5) / 9007199254740992.0;
+    double v = (double)(bk_splitmix64(st) >> 11) / 9007199254740992.0;
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
@@ -493,9 +354,9 @@ int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, 
     for (int i = 0; i < NC * d; i++) mu[i] = gauss(&st);
     const double sd = 1.0 / sqrt((double)d);
     for (int b = 0; b < B; b++) {
-        int z = (int)(mix(&st) % NC);
+        int z = (int)(bk_splitmix64(&st) % NC);
         for (int t = 0; t < N; t++) {
-            if (mix(&st) % 5 == 0) z = (int)(mix(&st) % NC); /* stay with probability >= 0.8 */
+            if (bk_splitmix64(&st) % 5 == 0) z = (int)(bk_splitmix64(&st) % NC); /* stay with probability >= 0.8 */
             for (int c = 0; c < d; c++) {
                 double ang = (double)t / pow(100.0, (double)(c / 2 * 2) / d);
                 double pe = 0.5 * (c % 2 ? cos(ang) : sin(ang));

@@ -102,13 +102,6 @@ char **cli_read_lines(const char *prog, const char *path, int *count);
 void cli_free_lines(char **lines, int count);
 /* frees an array of count strings each malloc'd on its own, and the array */
 void cli_free_each(char **lines, int count);
-/* Corpus chrF x 100 of hyp against ref (n sentences, one reference each),
- * sacreBLEU's default chrF2: character n-grams n = 1..6 over the UTF-8 code
- * points with whitespace removed, n-gram counts summed over the corpus,
- * precision and recall averaged over the orders that have n-grams on both
- * sides, F-beta with beta = 2 (recall weighted 4x). -1 on allocation
- * failure. */
-double cli_chrf(const char *const *hyp, const char *const *ref, int n);
 
 /* structured synthetic Q, K, V [B,H,N,d] (`asap generate`, `bench --op
  * asap`); 1 on success */

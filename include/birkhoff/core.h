@@ -286,6 +286,16 @@ BK_API void bk_vexp(float *x, size_t n);
  * for about `seconds`. */
 BK_API void bk_machine_peak(double seconds, double *gflops, double *gexps);
 
+/* ------------------------------------------------------------------------ */
+/* Seeded random numbers                                                    */
+/* ------------------------------------------------------------------------ */
+/* splitmix64 (Steele, Lea and Flood 2014), the library's one generator (ESP's
+ * slices, K-means' sampling; the CLI's synthetic inputs and the tests' data
+ * use it too): adds 0x9E3779B97F4A7C15 to *state and returns the new state
+ * mixed (xor-shift-multiply by 0xBF58476D1CE4E5B9 and 0x94D049BB133111EB).
+ * The same stream on every machine for a given seed; not cryptographic. */
+BK_API uint64_t bk_splitmix64(uint64_t *state);
+
 /* Host memory for workspaces, tapes and large tensors: `bytes` bytes, 64-byte
  * aligned; from 2 MiB on 2 MiB aligned and advised to be backed by huge pages
  * (Linux transparent huge pages, madvise: advice the kernel may ignore). The

@@ -1,5 +1,6 @@
 /* birkhoff/metrics.h -- translation metrics: corpus BLEU (Papineni et al.
- * 2002) over token sequences or over text with a documented tokenisation.
+ * 2002) over token sequences or over text with a documented tokenisation,
+ * and corpus chrF (Popovic 2015) over text (bk_chrf_text, at the end).
  * Part of the public API; include <birkhoff.h> (all of it) or this file. The
  * conventions every function follows are at the top of birkhoff/core.h.
  *
@@ -75,6 +76,27 @@ BK_API bk_status bk_bleu(const bk_token_seq *hyp, const bk_token_seq *ref, int n
  * tab is refused, naming the side and the sentence. */
 BK_API bk_status bk_bleu_text(const char *const *hyp, const char *const *ref, int n, const bk_bleu_config *cfg,
                               bk_bleu_report *out);
+
+/* Corpus chrF x 100 of n UTF-8 sentences against their references (one
+ * each), sacreBLEU's default chrF2 (nc 6, nw 0, beta 2) and its 0..100
+ * scale, in *chrf:
+ *   - each sentence's characters are its Unicode code points with every
+ *     whitespace character removed (Python's str.isspace: ASCII 9-13 and
+ *     28-32, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
+ *     U+205F, U+3000); a byte that is not part of valid UTF-8 counts as one
+ *     character of its own;
+ *   - for n = 1..6, the character n-grams of hypothesis and reference are
+ *     matched as multisets (min of the counts); the hypothesis n-grams, the
+ *     reference n-grams and the matches are summed over the corpus;
+ *   - precision P and recall R are averaged over the orders with n-grams on
+ *     both sides (0 when none), and
+ *         chrF = 100 (1 + beta^2) P R / (beta^2 P + R),  beta = 2
+ *     (0 when P + R = 0).
+ * Checked on hand-computed corpora (tests/train/test_bleu.c,
+ * tests/tools/test_translate_cli.py). Errors: BK_ERR_NULL (a NULL array,
+ * output or sentence, naming the side and the sentence), BK_ERR_PARAM
+ * (n < 1), BK_ERR_NOMEM. */
+BK_API bk_status bk_chrf_text(const char *const *hyp, const char *const *ref, int n, double *chrf);
 
 #ifdef __cplusplus
 }

@@ -1,20 +1,42 @@
 /* backend.h -- the backend seam (internal; docs/BACKENDS.md).
  *
- * A backend is this table. The library reaches a backend only through the
- * calling thread's current context (bk_context, context.c): the operator
- * driver (src/ops/driver.c) asks supports_op, then runs the operator either
- * through the CPU path (the operator's own kernels, run_problems, the
- * library's tiled GEMMs) or through the backend's op_forward/op_backward.
- * A backend that lacks an operator makes the call fail with
- * BK_ERR_UNSUPPORTED; nothing is copied between devices behind the caller's
- * back. The CPU backend (cpu.c) is complete; a device backend is one more
- * folder (src/backend/<name>/) with its table and one line in context.c. */
+ * A backend is this table: its memory primitives and the per-operator
+ * kernels it registers. The library reaches a backend only through the
+ * calling thread's current context (bk_context, context.c). The operator
+ * driver (src/ops/driver.c) picks the (operator, backend) entry
+ * (bki_backend_kernel): an entry with its own forward/backward runs the
+ * whole call (a device backend: the tensors, tape and workspace in its
+ * memory); an entry without them is the host path, the operator's own
+ * per-problem kernels (bki_op.forward/backward) run by the driver over the
+ * library's problem runner (bki_run_problems) -- the CPU backend registers
+ * one such entry for every operator. A backend without an entry for an
+ * operator makes the call fail with BK_ERR_UNSUPPORTED; nothing is copied
+ * between devices behind the caller's back. A device backend is one more
+ * folder (src/backend/<name>/) with its table and one line in context.c.
+ *
+ * The seam includes only src/core/internal.h and call.h (the call and the
+ * tape format, shared with src/ops/op.h): nothing of the framework above. */
 #ifndef BK_BACKEND_H
 #define BK_BACKEND_H
 #include "../core/internal.h"
+#include "call.h"
 
-struct bki_op;
-struct bki_call;
+/* one operator's kernels on a backend */
+typedef struct {
+    const char *op;  /* the operator's registry name; NULL: every operator  */
+    /* the whole call (validation of its own, workspace and tape in the
+     * backend's memory, the kernels); the driver has run the common and the
+     * operator's parameter checks and filled c->tape_hdr, c->tape_bytes.
+     * NULL: the host path (the driver runs the operator's kernels). */
+    bk_status (*forward)(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size);
+    bk_status (*backward)(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size);
+    /* its workspace for a call, bytes of its memory (NULL: the host path's
+     * layout, the driver's) */
+    size_t (*workspace_size)(bk_context *ctx, bki_call *c);
+    /* bytes its forward keeps after the operator's tape (NULL: none); the
+     * tape size queries add them with the context current */
+    size_t (*tape_extra)(bk_context *ctx, bki_call *c);
+} bki_kernel;
 
 typedef struct bki_backend {
     const char *name;   /* "cpu", "cuda"                                     */
@@ -24,38 +46,22 @@ typedef struct bki_backend {
     /* memory where the backend computes (workspaces, tapes of its own) */
     void *(*alloc)(bk_context *ctx, size_t bytes);
     void (*free)(bk_context *ctx, void *ptr);
-    /* dir 0: host to device, 1: device to host, 2: device to device */
+    /* dir 0: host to device, 1: device to host, 2: device to device (only on
+     * a caller's request: the bindings and tests moving data) */
     bk_status (*copy)(bk_context *ctx, void *dst, const void *src, size_t bytes, int dir);
-    bk_status (*fill)(bk_context *ctx, float *dst, float value, size_t n);
-    /* C_b = alpha op(A_b) op(B_b) + beta C_b for b < batch, row-major, the
-     * operands `stride` floats apart; fixed tiles, deterministic */
-    bk_status (*gemm_batched)(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha,
-                              const float *A, ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb,
-                              ptrdiff_t sB, float beta, float *C, ptrdiff_t ldc, ptrdiff_t sC);
-    /* out[j] = sum over b < nb of parts[b * ld + j] in block order, j < n */
-    bk_status (*sum_blocks)(bk_context *ctx, int nb, int n, const float *parts, ptrdiff_t ld, float *out);
-    /* the parallel-for over fixed blocks: fn(tm, p, lane, arg) for every
-     * problem as the plan says (bki_run_problems on the CPU) */
-    void (*run_problems)(bk_context *ctx, bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn,
-                         void *arg);
-    /* which registered operators it runs */
-    int (*supports_op)(const struct bki_op *op);
-    /* a device backend's own operator driver; NULL on the CPU (the generic
-     * driver runs the operator's kernels) */
-    bk_status (*op_forward)(bk_context *ctx, struct bki_call *c, void *tape, void *ws, size_t ws_size);
-    bk_status (*op_backward)(bk_context *ctx, struct bki_call *c, const void *tape, void *ws, size_t ws_size);
-    /* a device backend's workspace size for a call (bytes of its memory);
-     * NULL on the CPU (the generic driver's lanes) */
-    size_t (*op_workspace_size)(bk_context *ctx, struct bki_call *c);
-    /* bytes a device backend's forward adds after the operator's tape (NULL
-     * or 0: none); the tape size queries add them with the context current */
-    size_t (*op_tape_extra)(bk_context *ctx, struct bki_call *c);
+    /* the operators it runs: nkernels entries, the first that matches wins */
+    const bki_kernel *kernels;
+    int nkernels;
 } bki_backend;
 
 extern const bki_backend bki_backend_cpu;
 #ifdef BK_HAVE_CUDA
 extern const bki_backend bki_backend_cuda; /* src/backend/cuda/backend.c */
 #endif
+
+/* the backend's entry for the operator named op_name (its registry name), or
+ * NULL when the backend lacks it */
+const bki_kernel *bki_backend_kernel(const bki_backend *be, const char *op_name);
 
 /* the calling thread's current context (never NULL) and its backend */
 bk_context *bki_ctx(void);

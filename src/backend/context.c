@@ -1,6 +1,9 @@
 /* context.c -- execution contexts (include/birkhoff/context.h): the list of
- * backends, the default context, the calling thread's current context, the
- * workspaces the library allocates for a call (allocator and cache). */
+ * backends, the default context, the calling thread's current context (and
+ * its thread count, bki_threads), a backend's entry for an operator
+ * (bki_backend_kernel), the tape header check every backend shares
+ * (bki_tape_check), the workspaces the library allocates for a call
+ * (allocator and cache). Includes nothing above the backend layer. */
 #include "backend.h"
 
 #include <stdatomic.h>
@@ -152,10 +155,31 @@ bk_status bk_set_num_threads(int n)
     return BK_OK;
 }
 
-int bki_op_supported(const bk_context *ctx, const char *name); /* registry.c */
-int bk_context_supports(const bk_context *ctx, const char *op_name)
+int bki_threads(void) { return bki_ctx_threads(bki_ctx()); }
+
+/* ---- a backend's kernels (bk_context_supports is the registry's: it knows
+ * the operators' names, src/ops/registry.c) ---- */
+const bki_kernel *bki_backend_kernel(const bki_backend *be, const char *op_name)
 {
-    return bki_op_supported(ctx ? ctx : bki_ctx(), op_name);
+    for (int i = 0; i < be->nkernels; i++)
+        if (!be->kernels[i].op || (op_name && !strcmp(be->kernels[i].op, op_name))) return &be->kernels[i];
+    return NULL;
+}
+
+/* ---- the tape format's header check (call.h) ---- */
+bk_status bki_tape_check(const bki_tape_header *want, const bki_tape_header *th, const char *op_name)
+{
+    if (th->magic != BKI_TAPE_MAGIC || th->version != BKI_TAPE_VERSION)
+        return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a forward?)");
+    if (th->op != want->op)
+        return bki_fail(BK_ERR_TAPE, "tape was written by another operator (id %u, not %s)", th->op, op_name);
+    if (th->B != want->B || th->H != want->H || th->Nq != want->Nq || th->Nk != want->Nk || th->d != want->d ||
+        th->dv != want->dv)
+        return bki_fail(BK_ERR_TAPE, "tape was written for another problem (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", th->B,
+                        th->H, th->Nq, th->Nk, th->d, th->dv);
+    if (th->key != want->key || th->block_bytes != want->block_bytes)
+        return bki_fail(BK_ERR_TAPE, "tape was written with other %s parameters", op_name);
+    return BK_OK;
 }
 
 /* ---- the tapes a context wrote ---- */

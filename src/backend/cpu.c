@@ -1,6 +1,7 @@
-/* cpu.c -- the CPU backend: every operator, through the library's own
- * parallel model (teams, fixed blocks, tiled single-threaded GEMMs); host
- * memory (bk_alloc). */
+/* cpu.c -- the CPU backend: host memory (bk_alloc) and one kernel entry, the
+ * host path, for every operator (the operators' own kernels through the
+ * library's parallel model: teams, fixed blocks, tiled single-threaded
+ * GEMMs). */
 #define _DEFAULT_SOURCE /* madvise's MADV_HUGEPAGE (Linux) */
 #include "backend.h"
 
@@ -64,61 +65,9 @@ static bk_status copy(bk_context *ctx, void *dst, const void *src, size_t bytes,
     return BK_OK;
 }
 
-static bk_status fill(bk_context *ctx, float *dst, float value, size_t n)
-{
-    (void)ctx;
-    for (size_t i = 0; i < n; i++) dst[i] = value;
-    return BK_OK;
-}
+/* every registered operator on the host path: the operator's own per-problem
+ * kernels, run by the driver over the library's problem runner
+ * (bki_run_problems: one problem per thread, or a team per problem) */
+static const bki_kernel kernels[] = {{NULL, NULL, NULL, NULL, NULL}};
 
-typedef struct {
-    int ta, tb, M, N, K;
-    float alpha, beta;
-    const float *A, *B;
-    float *C;
-    ptrdiff_t lda, sA, ldb, sB, ldc, sC;
-} gemm_args;
-
-static void gemm_one(const bki_team *tm, int b, char *lane, void *arg)
-{
-    const gemm_args *g = arg;
-    (void)lane;
-    bki_gemm(tm, g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A + b * g->sA, g->lda, g->B + b * g->sB, g->ldb,
-             g->beta, g->C + b * g->sC, g->ldc);
-}
-
-static bk_status gemm_batched(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha,
-                              const float *A, ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb, ptrdiff_t sB,
-                              float beta, float *C, ptrdiff_t ldc, ptrdiff_t sC)
-{
-    (void)ctx;
-    gemm_args g = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, sA, ldb, sB, ldc, sC};
-    bki_run_problems(bki_plan_problems(batch, (double)M * N), batch, NULL, 0, gemm_one, &g);
-    return BK_OK;
-}
-
-static bk_status sum_blocks(bk_context *ctx, int nb, int n, const float *parts, ptrdiff_t ld, float *out)
-{
-    (void)ctx;
-    for (int j = 0; j < n; j++) out[j] = nb > 0 ? parts[j] : 0.0f;
-    for (int b = 1; b < nb; b++)
-        for (int j = 0; j < n; j++) out[j] += parts[b * ld + j];
-    return BK_OK;
-}
-
-static void run_problems(bk_context *ctx, bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn,
-                         void *arg)
-{
-    (void)ctx;
-    bki_run_problems(pl, P, lanes, lane_bytes, fn, arg);
-}
-
-static int supports_op(const struct bki_op *op)
-{
-    (void)op;
-    return 1; /* every registered operator has CPU kernels */
-}
-
-const bki_backend bki_backend_cpu = {"cpu",      BK_BACKEND_CPU, available,    alloc,      release, copy, fill,
-                                     gemm_batched, sum_blocks,   run_problems, supports_op, NULL,    NULL,
-                                     NULL, NULL};
+const bki_backend bki_backend_cpu = {"cpu", BK_BACKEND_CPU, available, alloc, release, copy, kernels, 1};

@@ -544,7 +544,10 @@ static inline int bki_unit_row(float *r, int dim)
     return 1;
 }
 
-/* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ---- */
+/* ---- seeded random numbers (splitmix64): ESP slices, K-means sampling ----
+ * THE definition of the library's generator; its public face is
+ * bk_splitmix64 (birkhoff/core.h, status.c), which the CLI and the tests
+ * call. */
 #define BKI_GOLDEN 0x9E3779B97F4A7C15ull /* splitmix64's increment */
 /* splitmix64's output function (a bijective mix of one word) */
 static inline uint64_t bki_mix64_fin(uint64_t z)

@@ -663,6 +663,45 @@ static inline __attribute__((always_inline)) void bwd_row_update(int m, const fl
 }
 
 /* ------------------------------------------------------------------------ */
+/* The backward's first pass (sk_backward): E = Abar .* A in G, the seeds of
+ * the adjoints (lamr, dla, the blocks' partial column sums) and rl, over the
+ * row blocks claimed by this member. */
+static void bwd_seed(const bki_team *tm, const bki_sk_problem *pb, const eng_ws *w, int odd, const float *hS,
+                     const float *hS1, float la_u, const float *A, ptrdiff_t lda, float *G, ptrdiff_t ldg, float *dla)
+{
+    const int n = pb->n, m = pb->m;
+    float *rl = w->rl, *lamr = w->lamr;
+    bki_claims cl = bki_claims_open(tm, w->nb);
+    for (int64_t bl; bki_claims_next(&cl, &bl);) {
+        const int b = (int)bl;
+        float *part = w->part + (size_t)b * w->mr;
+        memset(part, 0, sizeof(float) * (size_t)m);
+        const int i1 = (b + 1) * w->rb < n ? (b + 1) * w->rb : n;
+        for (int i = b * w->rb; i < i1; i++) {
+            rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
+            float *Gi = G + (ptrdiff_t)i * ldg;
+            const float *Ai = A + (ptrdiff_t)i * lda;
+#pragma omp simd
+            for (int j = 0; j < m; j++) Gi[j] *= Ai[j];
+            const float r = vsum(Gi, m);
+            if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
+#pragma omp simd
+                for (int j = 0; j < m; j++) {
+                    Gi[j] -= r * Ai[j];
+                    part[j] += Gi[j];
+                }
+                lamr[i] = 0.0f;
+                if (dla) dla[i] = 0.0f;
+            } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
+#pragma omp simd
+                for (int j = 0; j < m; j++) part[j] += Gi[j];
+                lamr[i] = r;
+                if (dla) dla[i] = -r;
+            }
+        }
+    }
+}
+
 static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S, const float *hist, float *A,
                              ptrdiff_t lda, float *G, ptrdiff_t ldg, float *scratch, float *dla, float *dlb)
 {
@@ -686,35 +725,8 @@ static void ISA(sk_backward)(const bki_team *tm, const bki_sk_problem *pb, int S
      * pass 1: E = Abar .* A; C̄ = E (minus the last row step for odd S).
      * rl_i = la_i - (row potential of the step after the pending column
      * step): for odd S that is h_S, for even S h_{S-1}. */
-    bki_claims cl = bki_claims_open(tm, w.nb);
-    for (int64_t bl; bki_claims_next(&cl, &bl);) {
-        const int b = (int)bl;
-        float *part = w.part + (size_t)b * w.mr;
-        memset(part, 0, sizeof(float) * (size_t)m);
-        const int i1 = (b + 1) * w.rb < n ? (b + 1) * w.rb : n;
-        for (int i = b * w.rb; i < i1; i++) {
-            rl[i] = la_at(pb, i, la_u) - (odd ? hS[i] : hS1[i]);
-            float *Gi = G + (ptrdiff_t)i * ldg;
-            const float *Ai = A + (ptrdiff_t)i * lda;
-#pragma omp simd
-            for (int j = 0; j < m; j++) Gi[j] *= Ai[j];
-            const float r = vsum(Gi, m);
-            if (odd) { /* lambda_S = r; C̄ -= r_i R^S, lambda_{S-1} = colsum(C̄) */
-#pragma omp simd
-                for (int j = 0; j < m; j++) {
-                    Gi[j] -= r * Ai[j];
-                    part[j] += Gi[j];
-                }
-                lamr[i] = 0.0f;
-                if (dla) dla[i] = 0.0f;
-            } else { /* lambda_S = c (column sums of E), lambda_{S-1} = r */
-#pragma omp simd
-                for (int j = 0; j < m; j++) part[j] += Gi[j];
-                lamr[i] = r;
-                if (dla) dla[i] = -r;
-            }
-        }
-    }
+    bwd_seed(tm, pb, &w, odd, hS, hS1, la_u, A, lda, G, ldg, dla);
+    bki_claims cl;
     /* Column step t's Jacobian: Q_ij = exp(C_ij + f_i - LSE_i'(C_i'j + f_i')).
      * Balanced, LSE = lb_j - h_t,j; damped (g = kappa (lb - LSE)), LSE =
      * lb_j - h_t,j / kappa: Q_ij = R_ij exp(rl_i + h_{t-1,i}) wb_j with

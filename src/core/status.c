@@ -8,6 +8,8 @@
 
 static _Thread_local char last_msg[1024];
 
+uint64_t bk_splitmix64(uint64_t *state) { return bki_mix64(state); }
+
 const char *bk_version(void)
 {
     return BK_STR(BK_VERSION_MAJOR) "." BK_STR(BK_VERSION_MINOR) "." BK_STR(BK_VERSION_PATCH);

@@ -5,7 +5,6 @@
  * the kernel instruction set. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "internal.h"
-#include "../backend/backend.h"
 
 #include <cblas.h>
 #include <sched.h>
@@ -147,8 +146,6 @@ int bki_default_threads(void)
     cached = n;
     return n;
 }
-
-int bki_threads(void) { return bki_ctx_threads(bki_ctx()); }
 
 int bk_get_num_threads(void) { return bki_threads(); }
 

@@ -1,34 +1,10 @@
-/* batch.c -- batch buffers over a dataset, and the sample order of the
- * splits and of training epochs (birkhoff/data.h). */
+/* batch.c -- batch buffers over a dataset (birkhoff/data.h): calls data.c
+ * (bk_data_info, bk_data_fill, bk_data_fill_pair); the sample orders are
+ * order.c's. */
 #include "../core/internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* one step of the splitmix64 stream started at x */
-static uint64_t mix(uint64_t x) { return bki_mix64_fin(x + BKI_GOLDEN); }
-
-bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed)
-{
-    bki_clear_error();
-    if (n < 0) return bki_fail(BK_ERR_SHAPE, "bk_data_permute: n = %lld", (long long)n);
-    if (!p && n > 0) return bki_fail(BK_ERR_NULL, "bk_data_permute: p is NULL");
-    for (int64_t i = 0; i < n; i++) p[i] = i;
-    uint64_t s = seed;
-    for (int64_t i = n - 1; i > 0; i--) {
-        s = mix(s);
-        int64_t j = (int64_t)(s % (uint64_t)(i + 1));
-        int64_t t = p[i];
-        p[i] = p[j];
-        p[j] = t;
-    }
-    return BK_OK;
-}
-
-bk_status bk_data_epoch_order(int64_t *p, int64_t n, uint64_t seed, int epoch)
-{
-    return bk_data_permute(p, n, mix(seed ^ (0x5851f42d4c957f2dull * (uint64_t)(epoch + 1))));
-}
 
 bk_status bk_data_batch_init(bk_data_batch *b, const bk_dataset *ds, int cap)
 {

@@ -1,7 +1,9 @@
-/* driver.c -- the one driver of every attention operator (op.h): common
- * argument checks, the plan, the workspace (per-call area, parameter-gradient
- * slabs, lanes, and a temporary tape for a backward without one), the tape
- * format, the parallel region over the problems, errors. */
+/* driver.c -- the one driver of every attention operator (op.h): the
+ * (operator, backend) entry of the current context's backend
+ * (bki_backend_kernel), common argument checks, and for the host path the
+ * plan, the workspace (per-call area, parameter-gradient slabs, lanes, and a
+ * temporary tape for a backward without one), the tape format, the parallel
+ * region over the problems (bki_run_problems), errors. */
 #include "op.h"
 #include "../backend/backend.h"
 
@@ -27,6 +29,8 @@ size_t bki_op_tape_size(bki_call *c)
     return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * bki_op_block_total(c);
 }
 
+static void for_backend(bki_call *c); /* (below) */
+
 size_t bki_op_tape_size_query(bki_call *c)
 {
     if (!desc_sane(c->d) || !c->par) return 0;
@@ -42,8 +46,9 @@ size_t bki_op_tape_size_query(bki_call *c)
     /* a device backend may keep more after the blocks (its extra, with the
      * context that runs the forward current) */
     bk_context *ctx = bki_ctx();
-    const bki_backend *be = bki_ctx_backend(ctx);
-    return bki_op_tape_size(c) + (be->op_tape_extra ? be->op_tape_extra(ctx, c) : 0);
+    const bki_kernel *kn = bki_backend_kernel(bki_ctx_backend(ctx), c->op->name);
+    if (kn && kn->tape_extra) for_backend(c);
+    return bki_op_tape_size(c) + (kn && kn->tape_extra ? kn->tape_extra(ctx, c) : 0);
 }
 
 void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const float *A, int lda, int Lq, int Lk)
@@ -102,10 +107,15 @@ size_t bki_op_workspace_size(bki_call *c)
         bki_clear_error();
         return 0;
     }
-    /* a device backend sizes its own (device memory) */
+    /* a backend without the operator: none; a device backend sizes its own
+     * (device memory) */
     bk_context *ctx = bki_ctx();
-    const bki_backend *be = bki_ctx_backend(ctx);
-    if (be->op_workspace_size) return be->supports_op(c->op) ? be->op_workspace_size(ctx, c) : 0;
+    const bki_kernel *kn = bki_backend_kernel(bki_ctx_backend(ctx), c->op->name);
+    if (!kn) return 0;
+    if (kn->workspace_size) {
+        for_backend(c);
+        return kn->workspace_size(ctx, c);
+    }
     /* the larger of a forward and a backward that recomputes its tape */
     const size_t f = layout(c, 0, 0).total;
     const size_t b = c->op->backward ? layout(c, 1, 1).total : 0;
@@ -163,33 +173,45 @@ static int checks_results(const bki_call *c, int backward)
            (!backward || (c->dk && c->dk->device == BK_DEVICE_HOST && c->dv && c->dv->device == BK_DEVICE_HOST));
 }
 
+/* the host path's region: the operator's kernels over the problems */
 static void run(bki_call *c, int backward)
 {
     run_ctx x = {c, backward, checks_results(c, backward)};
-    bk_context *ctx = bki_ctx();
-    bki_ctx_backend(ctx)->run_problems(ctx, c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
+    bki_run_problems(c->pl, c->d->B * c->d->H, c->lanes, c->lane_bytes, one, &x);
 }
 
-/* The current context's backend runs the operator (its own driver for a
- * device backend), or the call fails: no data is moved behind the caller's
- * back. *done = 1 when the backend ran it. */
+/* what a backend's kernel entry reads besides the call's arguments: the
+ * tape header a forward of the call writes and the operator's tape size
+ * (call.h; the parameters are checked) */
+static void for_backend(bki_call *c)
+{
+    bki_op_tape_header(c, &c->tape_hdr);
+    c->tape_bytes = bki_op_tape_size(c);
+}
+
+/* The current context's backend runs the operator: its entry for the
+ * operator with its own forward/backward runs the whole call (a device
+ * backend) after the checks every backend shares (the descriptor, the
+ * parameters: the operator's own check); the host path (*done = 0) is the
+ * rest of the driver. A backend without the operator: the call fails, no
+ * data is moved behind the caller's back. *done = 1 when the backend ran it. */
 static bk_status on_backend(bki_call *c, int backward, const void *tape, void *ws, size_t ws_size, int *done)
 {
     bk_context *ctx = bki_ctx();
     const bki_backend *be = bki_ctx_backend(ctx);
+    const bki_kernel *kn = bki_backend_kernel(be, c->op->name);
+    bk_status s;
     *done = 0;
-    if (!be->supports_op(c->op))
+    if (!kn)
         return bki_fail(BK_ERR_UNSUPPORTED, "%s is not implemented on the %s backend (the current context's); run it "
                                             "in a context whose backend has it (bk_context_use)", c->op->name, be->name);
-    if (backward && be->op_backward) {
-        *done = 1;
-        return be->op_backward(ctx, c, tape, ws, ws_size);
-    }
-    if (!backward && be->op_forward) {
-        *done = 1;
-        return be->op_forward(ctx, c, (void *)tape, ws, ws_size);
-    }
-    return BK_OK;
+    if (!(backward ? kn->backward != NULL : kn->forward != NULL)) return BK_OK;
+    *done = 1;
+    if ((s = bki_check_desc(c->d))) return s;
+    if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
+    if ((s = c->op->check(c))) return s;
+    for_backend(c);
+    return backward ? kn->backward(ctx, c, tape, ws, ws_size) : kn->forward(ctx, c, (void *)tape, ws, ws_size);
 }
 
 /* failures are rare: one lock for all calls keeps (bad, bad_s) a pair */
@@ -403,17 +425,9 @@ bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
 /* ---- backward ------------------------------------------------------------- */
 bk_status bki_op_check_tape_header(const bki_call *c, const bki_tape_header *th)
 {
-    const bk_attn_desc *d = c->d;
-    if (th->magic != BKI_TAPE_MAGIC || th->version != BKI_TAPE_VERSION)
-        return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a forward?)");
-    if (th->op != c->op->id)
-        return bki_fail(BK_ERR_TAPE, "tape was written by another operator (id %u, not %s)", th->op, c->op->name);
-    if (th->B != d->B || th->H != d->H || th->Nq != d->Nq || th->Nk != d->Nk || th->d != d->d || th->dv != d->dv)
-        return bki_fail(BK_ERR_TAPE, "tape was written for another problem (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", th->B,
-                        th->H, th->Nq, th->Nk, th->d, th->dv);
-    if (th->key != c->op->key(c) || th->block_bytes != bki_op_block_total(c))
-        return bki_fail(BK_ERR_TAPE, "tape was written with other %s parameters", c->op->name);
-    return BK_OK;
+    bki_tape_header want;
+    bki_op_tape_header(c, &want);
+    return bki_tape_check(&want, th, c->op->name);
 }
 
 static bk_status check_tape(bki_call *c, const void *tape)

@@ -1033,25 +1033,15 @@ static void soft_forward(const bki_team *tm, const bki_kernels *K, const esp_cfg
     }
 }
 
-/* The slice gradients: pass 1 dsigma, pass 2 everything else (see
- * docs/ALGORITHMS.md 4.2). dth (L x d) may be NULL. */
-static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V,
+/* soft_backward's pass 1: w->dsig[l] = dsigma_l = <dO, O_l> for every
+ * slice; returns sum_l sigma_l dsigma_l (every member gets it) */
+static double soft_dsigma(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V,
                           int64_t ldv, const float *dO, int64_t lddo, const int32_t *alpha, const int32_t *beta,
-                          const float *sig, float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv,
-                          float *dth, esp_slab *w)
+                          const float *sig, esp_slab *w)
 {
-    const int L = c->L, d = c->d, dv = c->dv, nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
+    const int L = c->L, dv = c->dv, nbn = nblk(n), rbn = rblk(n);
     const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
     double *dp = w->dpart;
-    plan_pairs(tm, n, m, w);
-    if (c->euclid) {
-        cost_matrix(tm, c, n, m, w, w->E);
-        TEAM_ROWS(tm, n, qlo, qhi)
-        for (int i = qlo; i < qhi; i++) memset(w->dE + (size_t)i * m, 0, sizeof(float) * (size_t)m);
-        bki_gemm(tm, 0, 1, n, m, dv, 1.0f, dO, lddo, V, ldv, 0.0f, w->dA, m);
-    }
-    bki_team_sync(tm);
-    /* pass 1: dsigma_l = <dO, O_l> */
     double sd = 0.0; /* every member's own copy */
     for (int l = 0; l < L; l++) {
         slice_sorts(tm, K, c, n, m, l, alpha + (size_t)l * n, beta + (size_t)l * m, w);
@@ -1079,6 +1069,93 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
         if (tm->tid == 0) w->dsig[l] = (float)ds;
         sd += sig[l] * ds;
     }
+    return sd;
+}
+
+/* SoftSort backward of slice l (soft_backward's pass 2), through the softmax
+ * and the sorted values: per row block partials (the value's index gets
+ * minus the row's sum), reduced in block order into Da[l], Db[l] */
+static void softsort_bwd(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, int l,
+                         const int32_t *al, const int32_t *be, esp_slab *w)
+{
+    const int nbn = nblk(n), nbm = nblk(m), rbn = rblk(n), rbm = rblk(m);
+        const float *a = w->Ap + (size_t)l * n, *b = w->Bp + (size_t)l * m;
+        bki_claims cl = bki_claims_open(tm, nbn + nbm);
+        for (int64_t tt; bki_claims_next(&cl, &tt);) {
+            const int t = (int)tt;
+            if (t < nbn) {
+                float *pa = w->partP + (size_t)t * n;
+                memset(pa, 0, sizeof(float) * (size_t)n);
+                for (int r = t * rbn; r < imin(n, (t + 1) * rbn); r++)
+                    pa[al[r]] -= K->softsort_row_bwd(n, a, w->sa[r], c->inv_t, w->P + (size_t)r * n,
+                                                     w->dP + (size_t)r * n, pa);
+            } else {
+                const int u = t - nbn;
+                float *pb = w->partR + (size_t)u * m;
+                memset(pb, 0, sizeof(float) * (size_t)m);
+                for (int s = u * rbm; s < imin(m, (u + 1) * rbm); s++)
+                    pb[be[s]] -= K->softsort_row_bwd(m, b, w->sb[s], c->inv_t, w->R + (size_t)s * m,
+                                                     w->dR + (size_t)s * m, pb);
+            }
+        }
+        bki_team_sync(tm);
+        reduce_both(tm, n, m, w->partP, w->partR, w->Da + (size_t)l * n, w->Db + (size_t)l * m);
+        bki_team_sync(tm);
+}
+
+/* soft_backward through the distances of the Euclidean cost:
+ * d|q - k| = (q - k)/|q - k| (0 at 0); queries: rows of dQ~ over the keys
+ * in order; keys: fixed blocks of columns, each dK~ row over the queries in
+ * order */
+static void euclid_bwd(const bki_team *tm, int n, int m, int d, esp_slab *w)
+{
+    const int ncb = (m + HB - 1) / HB;
+    bki_claims cl = bki_claims_open(tm, n + ncb);
+    for (int64_t tt; bki_claims_next(&cl, &tt);) {
+        const int t = (int)tt;
+        if (t < n) {
+            const int i = t;
+            for (int j = 0; j < m; j++) {
+                float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
+                if (e == 0.0f || g == 0.0f) continue;
+                g /= e;
+                for (int x = 0; x < d; x++)
+                    w->dQt[(size_t)i * d + x] += g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
+            }
+        } else {
+            const int j0 = (t - n) * HB, j1 = imin(m, j0 + HB);
+            for (int i = 0; i < n; i++)
+                for (int j = j0; j < j1; j++) {
+                    float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
+                    if (e == 0.0f || g == 0.0f) continue;
+                    g /= e;
+                    for (int x = 0; x < d; x++)
+                        w->dKt[(size_t)j * d + x] -= g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
+                }
+        }
+    }
+    bki_team_sync(tm);
+}
+
+/* The slice gradients: pass 1 dsigma, pass 2 everything else (see
+ * docs/ALGORITHMS.md 4.2). dth (L x d) may be NULL. */
+static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cfg *c, int n, int m, const float *V,
+                          int64_t ldv, const float *dO, int64_t lddo, const int32_t *alpha, const int32_t *beta,
+                          const float *sig, float *dQ, int64_t ldq, float *dK, int64_t ldk, float *dV, int64_t lddv,
+                          float *dth, esp_slab *w)
+{
+    const int L = c->L, d = c->d, dv = c->dv;
+    const float inv_nm = (float)(1.0 / ((double)n * m)), cs = c->paper ? 1.0f : (float)n;
+    plan_pairs(tm, n, m, w);
+    if (c->euclid) {
+        cost_matrix(tm, c, n, m, w, w->E);
+        TEAM_ROWS(tm, n, qlo, qhi)
+        for (int i = qlo; i < qhi; i++) memset(w->dE + (size_t)i * m, 0, sizeof(float) * (size_t)m);
+        bki_gemm(tm, 0, 1, n, m, dv, 1.0f, dO, lddo, V, ldv, 0.0f, w->dA, m);
+    }
+    bki_team_sync(tm);
+    /* pass 1: dsigma_l = <dO, O_l> */
+    const double sd = soft_dsigma(tm, K, c, n, m, V, ldv, dO, lddo, alpha, beta, sig, w); /* every member's own */
     TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n) {
@@ -1165,31 +1242,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
             plan_apply(tm, 1, w, inv_nm, w->U, m, w->dR, m, m, m);
         }
         bki_team_sync(tm);
-        /* SoftSort backward, through the softmax and the sorted values:
-         * per row block partials (the value's index gets minus the row's
-         * sum), reduced in block order */
-        const float *a = w->Ap + (size_t)l * n, *b = w->Bp + (size_t)l * m;
-        bki_claims cl = bki_claims_open(tm, nbn + nbm);
-        for (int64_t tt; bki_claims_next(&cl, &tt);) {
-            const int t = (int)tt;
-            if (t < nbn) {
-                float *pa = w->partP + (size_t)t * n;
-                memset(pa, 0, sizeof(float) * (size_t)n);
-                for (int r = t * rbn; r < imin(n, (t + 1) * rbn); r++)
-                    pa[al[r]] -= K->softsort_row_bwd(n, a, w->sa[r], c->inv_t, w->P + (size_t)r * n,
-                                                     w->dP + (size_t)r * n, pa);
-            } else {
-                const int u = t - nbn;
-                float *pb = w->partR + (size_t)u * m;
-                memset(pb, 0, sizeof(float) * (size_t)m);
-                for (int s = u * rbm; s < imin(m, (u + 1) * rbm); s++)
-                    pb[be[s]] -= K->softsort_row_bwd(m, b, w->sb[s], c->inv_t, w->R + (size_t)s * m,
-                                                     w->dR + (size_t)s * m, pb);
-            }
-        }
-        bki_team_sync(tm);
-        reduce_both(tm, n, m, w->partP, w->partR, w->Da + (size_t)l * n, w->Db + (size_t)l * m);
-        bki_team_sync(tm);
+        softsort_bwd(tm, K, c, n, m, l, al, be, w);
     }
     /* projections: dQ~ += Da^T Theta, dK~ += Db^T Theta, dTheta = Da Q~ + Db K~ */
     bki_gemm(tm, 1, 0, n, d, L, 1.0f, w->Da, n, c->theta, d, 1.0f, w->dQt, d);
@@ -1197,36 +1250,7 @@ static void soft_backward(const bki_team *tm, const bki_kernels *K, const esp_cf
     if (dth) bki_gemm(tm, 0, 0, L, d, n, 1.0f, w->Da, n, w->Qt, d, 0.0f, dth, d);
     bki_team_sync(tm);
     if (dth) bki_gemm(tm, 0, 0, L, d, m, 1.0f, w->Db, m, w->Kt, d, 1.0f, dth, d);
-    if (c->euclid) { /* through the distances: d|q - k| = (q - k)/|q - k| (0 at 0) */
-        /* queries: rows of dQ~ over the keys in order; keys: fixed blocks of
-         * columns, each dK~ row over the queries in order */
-        const int ncb = (m + HB - 1) / HB;
-        bki_claims cl = bki_claims_open(tm, n + ncb);
-        for (int64_t tt; bki_claims_next(&cl, &tt);) {
-            const int t = (int)tt;
-            if (t < n) {
-                const int i = t;
-                for (int j = 0; j < m; j++) {
-                    float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
-                    if (e == 0.0f || g == 0.0f) continue;
-                    g /= e;
-                    for (int x = 0; x < d; x++)
-                        w->dQt[(size_t)i * d + x] += g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
-                }
-            } else {
-                const int j0 = (t - n) * HB, j1 = imin(m, j0 + HB);
-                for (int i = 0; i < n; i++)
-                    for (int j = j0; j < j1; j++) {
-                        float e = w->E[(size_t)i * m + j], g = w->dE[(size_t)i * m + j];
-                        if (e == 0.0f || g == 0.0f) continue;
-                        g /= e;
-                        for (int x = 0; x < d; x++)
-                            w->dKt[(size_t)j * d + x] -= g * (w->Qt[(size_t)i * d + x] - w->Kt[(size_t)j * d + x]);
-                    }
-            }
-        }
-        bki_team_sync(tm);
-    }
+    if (c->euclid) euclid_bwd(tm, n, m, d, w); /* through the distances */
     TEAM_ROWS(tm, n + m, lo, hi)
     for (int r = lo; r < hi; r++) {
         if (r < n)

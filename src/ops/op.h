@@ -20,70 +20,13 @@
 #ifndef BK_OP_H
 #define BK_OP_H
 #include "ops.h"
+#include "../backend/call.h"
 
 typedef struct bki_op bki_op;
-typedef struct bki_call bki_call;
 
-/* ---- the tape ------------------------------------------------------------
- * [bki_tape_header][block 0][block 1]...[block P-1]; a block is a
- * bki_block_header (Lq, Lk, the operator's step counts) then the operator's
- * block_bytes (rounded up to 64). The header names the operator, the shapes
- * and a hash of the parameters the backward must agree on; the blocks'
- * checksum is kept in debug builds (BK_TAPE_CHECKSUM). */
-#define BKI_TAPE_MAGIC 0x50544b42u /* "BKTP" */
-#define BKI_TAPE_VERSION 2u
-typedef struct {
-    uint32_t magic, version, op;
-    int32_t B, H, Nq, Nk, d, dv;
-    uint32_t key;          /* hash of the parameters (op->key)              */
-    uint64_t block_bytes;  /* per problem, header included                  */
-    uint64_t checksum;     /* FNV-1a of the blocks (BK_TAPE_CHECKSUM), or 0  */
-    uint32_t flags;        /* a device backend's (BKI_TAPE_OUT)              */
-    uint32_t reserved;
-} bki_tape_header;
-/* flags: the forward's output follows the blocks (the CUDA backend with
- * bk_context_config.tape_output; docs/CUDA.md) */
-#define BKI_TAPE_OUT 1u
-typedef struct {
-    int32_t Lq, Lk;
-    int32_t steps[4];      /* the operator's (e.g. half-steps run)           */
-    int32_t reserved[10];
-} bki_block_header;
-
-/* ---- a call -------------------------------------------------------------- */
-struct bki_call {
-    const bki_op *op;
-    const bk_attn_desc *d;
-    const void *par;                 /* the operator's parameter struct        */
-    const bk_tensor *q, *k, *v;
-    const bk_tensor *out;            /* forward output (NULL: tape only)       */
-    const bk_tensor *attn;           /* optional attention output (in ex)      */
-    const void *ex;                  /* the operator's forward extras, or NULL */
-    const bk_tensor *dout, *dq, *dk, *dv;
-    void *pg;                        /* the operator's parameter-gradient
-                                        outputs (backward), or NULL            */
-    /* set by the driver */
-    bki_plan pl;
-    char *tape;                      /* header + blocks                        */
-    void *prep;                      /* the per-call area (op->prepare)        */
-    char *pgrad;                     /* P slabs of op->pgrad_bytes             */
-    char *lanes;
-    size_t lane_bytes;
-    int bad;                         /* lowest failing problem (P: none)       */
-    bk_status bad_s;
-    bk_status team_s;                /* a team's serial step, set by member 0  */
-    int ws_mode;                     /* 1: a workspace-size query (check needs
-                                        the scalar parameters only)            */
-    int trusted;                     /* 1: q, k, v are the library's own
-                                        activations (the model's): their
-                                        shapes are checked, their values not
-                                        scanned (a non-finite activation
-                                        reaches the logits, which the model
-                                        checks)                                */
-    int suspect;                     /* set (bki_op_suspect) by an operator
-                                        that finds non-finite inputs in its
-                                        own passes (op->finds_nonfinite)       */
-};
+/* The tape format (bki_tape_header, bki_block_header, BKI_TAPE_*) and the
+ * call (bki_call) are ../backend/call.h's: a backend's kernels read them
+ * without this header. */
 
 /* a float array of a call's parameter-gradient outputs (op->pg_arrays) */
 typedef struct {

@@ -415,7 +415,7 @@ bk_status bk_otk_fit_refs(const bk_otk_desc *d, const bk_otk_config *p, const bk
             float *zh = z + (size_t)h * P * k;
             if (m >= P) {
                 bk_kmeans_config ip = *kp;
-                ip.seed = kp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(it * q + h + 1);
+                ip.seed = kp->seed + BKI_GOLDEN * (uint64_t)(it * q + h + 1);
                 s = kmeans_core(xs, m, k, P, &ip, zh, NULL);
             } else {
                 /* empty (or too small) cluster: the worst-fitting set's first features */

@@ -106,8 +106,10 @@ bk_status bk_op_backward(const bk_op *op, const bk_attn_desc *desc, const void *
     return bki_op_backward(&c, tape, ws, ws_size);
 }
 
-int bki_op_supported(const bk_context *ctx, const char *name)
+/* (context.h; here, where the operators' names are known: the backend layer
+ * below knows its kernels' names, not the registry) */
+int bk_context_supports(const bk_context *ctx, const char *op_name)
 {
-    const bki_op *op = bki_op_find(name);
-    return op && bki_ctx_backend(ctx)->supports_op(op);
+    const bki_op *op = bki_op_find(op_name);
+    return op && bki_backend_kernel(bki_ctx_backend(ctx ? ctx : bki_ctx()), op->name) != NULL;
 }

@@ -1,5 +1,6 @@
-/* bleu.c -- corpus BLEU over token ids, and over text with the 13a or a
- * whitespace tokenisation (include/birkhoff/metrics.h has the definition).
+/* bleu.c -- the translation metrics (include/birkhoff/metrics.h has the
+ * definitions): corpus BLEU over token ids, and over text with the 13a or a
+ * whitespace tokenisation; corpus chrF over text (at the end).
  *
  * Clipped counts are exact: for each sentence and order k the reference's
  * k-grams go into an open-addressing table keyed by a hash of their tokens
@@ -426,4 +427,145 @@ bk_status bk_bleu_text(const char *const *hyp, const char *const *ref, int n, co
     free(v.pool.p);
     free(ids.p);
     return st;
+}
+
+/* ---- chrF (metrics.h: sacreBLEU's default chrF2) ------------------------
+ * Each sentence's character n-grams of each order (code points packed 21
+ * bits each into a 128-bit key) are sorted; a merge of the two sorted lists
+ * counts the multiset intersection. */
+enum { CHRF_ORDER = 6 };
+
+/* Python's str.isspace, which str.split() and re's \s remove */
+static int chrf_space(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* the code points of s without whitespace (a byte that is not valid UTF-8
+ * counts as one character of its own) */
+static uint32_t *chrf_code_points(const char *s, int *n)
+{
+    size_t L = strlen(s);
+    uint32_t *cp = malloc(sizeof(uint32_t) * (L + 1));
+    if (!cp) return NULL;
+    int k = 0;
+    const unsigned char *p = (const unsigned char *)s, *e = p + L;
+    while (p < e) {
+        uint32_t c = *p;
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len > 1 && p + len <= e) {
+            uint32_t v = c & (0x7f >> len);
+            int ok = 1;
+            for (int i = 1; i < len; i++) {
+                if ((p[i] & 0xc0) != 0x80) ok = 0;
+                v = (v << 6) | (p[i] & 0x3f);
+            }
+            if (ok) {
+                c = v;
+                p += len;
+            } else {
+                c = 0xdc00 + *p++;
+            }
+        } else {
+            c = len == 1 ? c : 0xdc00 + c;
+            p++;
+        }
+        if (!chrf_space(c)) cp[k++] = c;
+    }
+    *n = k;
+    return cp;
+}
+
+typedef struct {
+    uint64_t a, b;
+} key128;
+
+static int chrf_cmp(const void *x, const void *y)
+{
+    const key128 *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    return (p->b > q->b) - (p->b < q->b);
+}
+
+/* the n-grams of cp packed (21 bits a code point: 3 in a, 3 in b), sorted */
+static void chrf_keys(const uint32_t *cp, int len, int n, key128 *k)
+{
+    for (int i = 0; i + n <= len; i++) {
+        uint64_t a = 0, b = 0;
+        for (int j = 0; j < n; j++) {
+            if (j < 3)
+                a = (a << 21) | cp[i + j];
+            else
+                b = (b << 21) | cp[i + j];
+        }
+        k[i].a = a;
+        k[i].b = b;
+    }
+    if (len >= n) qsort(k, (size_t)(len - n + 1), sizeof(key128), chrf_cmp);
+}
+
+bk_status bk_chrf_text(const char *const *hyp, const char *const *ref, int n, double *chrf)
+{
+    if (!hyp || !ref || !chrf) return bki_fail(BK_ERR_NULL, "bk_chrf_text: NULL argument");
+    if (n < 1) return bki_fail(BK_ERR_PARAM, "bk_chrf_text: n must be >= 1, got %d", n);
+    for (int s = 0; s < n; s++)
+        if (!hyp[s] || !ref[s])
+            return bki_fail(BK_ERR_NULL, "bk_chrf_text: %s sentence %d is NULL", hyp[s] ? "reference" : "hypothesis", s);
+    int64_t st[CHRF_ORDER][3] = {{0}};
+    for (int s = 0; s < n; s++) {
+        int lh, lr;
+        uint32_t *h = chrf_code_points(hyp[s], &lh), *r = chrf_code_points(ref[s], &lr);
+        key128 *kh = malloc(sizeof(key128) * (size_t)(lh + 1)), *kr = malloc(sizeof(key128) * (size_t)(lr + 1));
+        if (!h || !r || !kh || !kr) {
+            free(h);
+            free(r);
+            free(kh);
+            free(kr);
+            return bki_fail(BK_ERR_NOMEM, "bk_chrf_text: out of memory (sentence %d)", s);
+        }
+        for (int o = 1; o <= CHRF_ORDER; o++) {
+            int nh = lh >= o ? lh - o + 1 : 0, nr = lr >= o ? lr - o + 1 : 0;
+            chrf_keys(h, lh, o, kh);
+            chrf_keys(r, lr, o, kr);
+            int64_t match = 0;
+            for (int i = 0, j = 0; i < nh && j < nr;) { /* multiset intersection */
+                int c = chrf_cmp(&kh[i], &kr[j]);
+                if (c == 0) {
+                    match++;
+                    i++;
+                    j++;
+                } else if (c < 0) {
+                    i++;
+                } else {
+                    j++;
+                }
+            }
+            st[o - 1][0] += nh;
+            st[o - 1][1] += nr;
+            st[o - 1][2] += match;
+        }
+        free(h);
+        free(r);
+        free(kh);
+        free(kr);
+    }
+    double P = 0, R = 0;
+    int eff = 0;
+    for (int o = 0; o < CHRF_ORDER; o++) {
+        if (st[o][0] > 0 && st[o][1] > 0) {
+            P += (double)st[o][2] / (double)st[o][0];
+            R += (double)st[o][2] / (double)st[o][1];
+            eff++;
+        }
+    }
+    *chrf = 0.0;
+    if (eff) {
+        P /= eff;
+        R /= eff;
+        const double b2 = 4.0; /* beta 2 */
+        *chrf = P + R > 0 ? 100.0 * (1 + b2) * P * R / (b2 * P + R) : 0.0;
+    }
+    bki_clear_error();
+    return BK_OK;
 }

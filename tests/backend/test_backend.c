@@ -65,18 +65,17 @@ static int same_outputs(const run_t *a, const run_t *b)
 
 /* a backend that runs the Sinkhorn family only: every other operator must be
  * refused, not run on the CPU behind the caller's back */
-static int sinkhorn_family(const struct bki_op *op)
-{
-    return op == &bki_op_softmax || op == &bki_op_sinkhorn || op == &bki_op_unbalanced;
-}
+static const bki_kernel sinkhorn_family[] = {
+    {"softmax", NULL, NULL, NULL, NULL}, {"sinkhorn", NULL, NULL, NULL, NULL}, {"unbalanced", NULL, NULL, NULL, NULL}};
 
 /* a backend that keeps 777 bytes after every operator's tape */
-static size_t extra_777(bk_context *ctx, struct bki_call *c)
+static size_t extra_777(bk_context *ctx, bki_call *c)
 {
     (void)ctx;
     (void)c;
     return 777;
 }
+static const bki_kernel with_extra[] = {{NULL, NULL, NULL, NULL, extra_777}}; /* every operator, host path */
 
 /* the notes of the tapes a context's forwards wrote (a device backward's
  * check without a read-back), and a backend's bytes after the tape */
@@ -115,7 +114,8 @@ static void tape_notes_test(void)
     /* the tape size queries add a backend's extra with its context current */
     bki_backend ext = bki_backend_cpu;
     ext.name = "extra";
-    ext.op_tape_extra = extra_777;
+    ext.kernels = with_extra;
+    ext.nkernels = 1;
     bk_attn_desc d = {.B = 1, .H = 2, .Nq = 8, .Nk = 6, .d = 4, .dv = 4};
     bk_sinkhorn_config p = bk_sinkhorn_config_default();
     const size_t base = bk_sinkhorn_tape_size(&d, &p), sbase = bk_softmax_tape_size(&d);
@@ -264,7 +264,8 @@ void test_backend(void)
     /* a backend lacking operators: they are refused, the others run */
     bki_backend partial = bki_backend_cpu;
     partial.name = "partial";
-    partial.supports_op = sinkhorn_family;
+    partial.kernels = sinkhorn_family; /* on the host path */
+    partial.nkernels = 3;
     if (bki_context_with_backend(&partial, &ctx) == BK_OK) {
         bk_context_use(ctx);
         th_check(bk_context_supports(ctx, "sinkhorn") && !bk_context_supports(ctx, "lot") &&

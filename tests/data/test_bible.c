@@ -11,7 +11,7 @@
  * checked; otherwise those checks are skipped.
  * Run: build/test_bible; prints "N passed, M failed". */
 #include "birkhoff.h"
-#include "tcheck.h"
+#include "../harness.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHECK(ok, name, ...) tc_check((ok), (name), __VA_ARGS__)
+#define CHECK(ok, name, ...) th_check((ok), (name), __VA_ARGS__)
 
 static char g_tmp[512];
 
@@ -399,7 +399,8 @@ static void test_real(void)
 
 int main(void)
 {
-    if (!tc_tmpdir(g_tmp, sizeof g_tmp, "bible")) return 1;
+    TH.verbose = 1; /* one line per check, as before */
+    if (!th_tmpdir(g_tmp, sizeof g_tmp, "bible")) return 1;
     test_basic();
     test_caps();
     test_refusals();
@@ -410,5 +411,5 @@ int main(void)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0) printf("# could not remove %s\n", g_tmp);
-    return tc_summary();
+    return th_summary();
 }

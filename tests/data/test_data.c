@@ -8,7 +8,7 @@
  * scripts/data.sh fetches them) the real reader is checked too.
  * Run: build/test_data; prints "N passed, M failed". */
 #include "birkhoff.h"
-#include "tcheck.h"
+#include "../harness.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define CHECK(ok, name, ...) tc_check((ok), (name), __VA_ARGS__)
+#define CHECK(ok, name, ...) th_check((ok), (name), __VA_ARGS__)
 
 static int has(const char *msg, const char *part) { return msg && strstr(msg, part) != NULL; }
 
@@ -546,7 +546,8 @@ static void test_spam_endless(void)
 
 int main(void)
 {
-    if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-data")) return 1;
+    TH.verbose = 1; /* one line per check, as before */
+    if (!th_tmpdir(g_tmp, sizeof g_tmp, "test-data")) return 1;
     test_spam_endless();
     test_parse_idx();
     test_parse_digits();
@@ -558,5 +559,5 @@ int main(void)
     test_digits();
     test_spam_spm();
     rmdir(g_tmp);
-    return tc_summary();
+    return th_summary();
 }

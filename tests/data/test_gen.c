@@ -16,7 +16,7 @@
  * over the token ids with a median found by sorting. They share no code
  * with the generator. */
 #include "birkhoff/data.h"
-#include "tcheck.h"
+#include "../harness.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -161,7 +161,7 @@ static void test_evaluator_selftest(void)
     static const int32_t b3[] = {3};            /* not an op */
     ok = ok && lo_eval(b1, 3, &d, &a, &m, &why) < 0 && lo_eval(b2, 4, &d, &a, &m, &why) < 0 &&
          lo_eval(b3, 1, &d, &a, &m, &why) < 0;
-    tc_check(ok, "listops: independent evaluator self-test", "hand-written expressions mis-evaluated");
+    th_check(ok, "listops: independent evaluator self-test", "hand-written expressions mis-evaluated");
 }
 
 /* ------------------------------------------------------------------------
@@ -239,7 +239,7 @@ static void test_listops_feasibility(void)
         }
         char name[128];
         snprintf(name, sizeof name, "listops: max_args %d: accepted lengths == DP, exact lengths (%d samples)", A, gens);
-        tc_check(!bad, name, "%d problems; first %s", bad, what);
+        th_check(!bad, name, "%d problems; first %s", bad, what);
     }
     /* ranges that contain no feasible length, and ones that just do */
     bk_listops_config r1 = {5, 6, 2, 2}, r2 = {5, 7, 2, 2}, r3 = {6, 6, 5, 3}, r4 = {6, 7, 5, 3};
@@ -248,7 +248,7 @@ static void test_listops_feasibility(void)
              !(bk_listops_check(&r3) == BK_OK) && (bk_listops_check(&r4) == BK_OK);
     ok = ok && (bk_listops_sample(1, 0, &r2, tok, &len, &lab) == BK_OK) && len == 7;
     ok = ok && (bk_listops_sample(1, 0, &r4, tok, &len, &lab) == BK_OK) && len == 7;
-    tc_check(ok, "listops: infeasible ranges rejected (args 2: len%3==1; args 3: no 6)", "r1..r4 mishandled");
+    th_check(ok, "listops: infeasible ranges rejected (args 2: len%3==1; args 3: no 6)", "r1..r4 mishandled");
 }
 
 /* ------------------------------------------------------------------------
@@ -309,7 +309,7 @@ static void test_listops_grid(void)
                      "listops max_len %d depth %d (min_len %d): %d samples: label == independent eval, well-formed, "
                      "len/depth/args in range",
                      o.max_len, o.max_depth, o.min_len, N);
-            tc_check(!bad, name, "%d bad; first %s", bad, what);
+            th_check(!bad, name, "%d bad; first %s", bad, what);
             int allc = 1;
             long cmax = 0;
             for (int c = 0; c < 10; c++) {
@@ -317,16 +317,16 @@ static void test_listops_grid(void)
                 if (cls[c] > cmax) cmax = cls[c];
             }
             snprintf(name, sizeof name, "listops max_len %d depth %d: all 10 classes occur", o.max_len, o.max_depth);
-            tc_check(allc, name, "a class is missing");
+            th_check(allc, name, "a class is missing");
             if (depths[di] == 10) {
                 snprintf(name, sizeof name, "listops max_len %d depth 10: no class above 35%% (max %.1f%%)",
                          o.max_len, 100.0 * (double)cmax / N);
-                tc_check(cmax <= 0.35 * N, name, "class too common");
+                th_check(cmax <= 0.35 * N, name, "class too common");
                 int spread = 1;
                 for (int q = 0; q < 4; q++) spread &= lq[q] >= N / 8;
                 snprintf(name, sizeof name, "listops max_len %d depth 10: lengths spread over the range (quarters %ld/%ld/%ld/%ld)",
                          o.max_len, lq[0], lq[1], lq[2], lq[3]);
-                tc_check(spread, name, "lengths are bunched");
+                th_check(spread, name, "lengths are bunched");
             }
             printf("# listops max_len %d min_len %d depth %d: len %d..%d mean %.1f; length quarters %ld %ld %ld %ld; max depth %d\n",
                    o.max_len, o.min_len, o.max_depth, lmin, lmax, lsum / N, lq[0], lq[1], lq[2], lq[3], dmax);
@@ -357,7 +357,7 @@ static void test_listops_determinism(void)
         ok &= (bk_listops_sample(99, (uint64_t)i, &o, b, &lb, &yb) == BK_OK);
         ok &= lb == la[i] && yb == ya[i] && memcmp(b, a + i * 256, sizeof(int32_t) * (size_t)lb) == 0;
     }
-    tc_check(ok, "listops: determinism (same sample in any order, with other samples in between)", "mismatch");
+    th_check(ok, "listops: determinism (same sample in any order, with other samples in between)", "mismatch");
 
     /* different seeds (and indices) give different streams */
     int same_seed = 0, same_next = 0;
@@ -368,7 +368,7 @@ static void test_listops_determinism(void)
         if (i + 1 < M)
             same_next += la[i] == la[i + 1] && memcmp(a + i * 256, a + (i + 1) * 256, sizeof(int32_t) * (size_t)la[i]) == 0;
     }
-    tc_check(same_seed == 0 && same_next == 0, "listops: different seeds / indices give different samples",
+    th_check(same_seed == 0 && same_next == 0, "listops: different seeds / indices give different samples",
           "%d identical across seeds, %d across neighbouring indices", same_seed, same_next);
 
     /* Golden hash of the stream (seed 2024, first 200 samples at max_len
@@ -385,7 +385,7 @@ static void test_listops_determinism(void)
         h = fnv1a(h, t2, sizeof(int32_t) * (size_t)l);
     }
     printf("# listops golden hash %016llx\n", (unsigned long long)h);
-    tc_check(h == 0x20236af7be8eda2aull, "listops: golden stream hash", "got %016llx", (unsigned long long)h);
+    th_check(h == 0x20236af7be8eda2aull, "listops: golden stream hash", "got %016llx", (unsigned long long)h);
     free(t2);
     free(a);
     free(b);
@@ -415,7 +415,7 @@ static void test_listops_bad_options(void)
         int r = (bk_listops_sample(1, 0, &cases[i].o, tok, &len, &lab) == BK_OK);
         snprintf(err, sizeof err, "%s", r ? "" : bk_last_error());
         snprintf(name, sizeof name, "listops: rejects %s", cases[i].what);
-        tc_check(r == 0 && err[0] != 0, name, "returned %d, message '%s'", r, err);
+        th_check(r == 0 && err[0] != 0, name, "returned %d, message '%s'", r, err);
         if (r == 0) printf("#   message: %s\n", err);
     }
     bk_listops_config ok = bk_listops_config_default(64);
@@ -423,10 +423,10 @@ static void test_listops_bad_options(void)
     int r2 = (bk_listops_sample(1, 0, &ok, NULL, &len, &lab) == BK_OK), m2 = bk_last_error()[0] != 0;
     bk_listops_config bad = {5, 3, 10, 10};
     int r3 = (bk_listops_sample(1, 0, &bad, tok, &len, &lab) == BK_OK), m3 = bk_last_error()[0] != 0;
-    tc_check(r1 == 0 && r2 == 0 && r3 == 0 && m1 && m2 && m3,
+    th_check(r1 == 0 && r2 == 0 && r3 == 0 && m1 && m2 && m3,
           "listops: NULL options / outputs rejected, each with a message (bk_last_error)", "r %d %d %d", r1, r2, r3);
     bk_listops_config d = bk_listops_config_default(2000);
-    tc_check(d.min_len == 500 && d.max_len == 2000 && d.max_depth == 10 && d.max_args == 10,
+    th_check(d.min_len == 500 && d.max_len == 2000 && d.max_depth == 10 && d.max_args == 10,
           "listops: defaults(2000) = LRA (500..2000, depth 10, args 10)", "%d %d %d %d", d.min_len, d.max_len,
           d.max_depth, d.max_args);
 }
@@ -535,13 +535,13 @@ static void test_shapes_basic(void)
         names_ok &= strlen(bk_shapes_name(c)) > 0 && strcmp(bk_shapes_name(c), "?") != 0;
         for (int d = 0; d < c; d++) names_ok &= strcmp(bk_shapes_name(c), bk_shapes_name(d)) != 0;
     }
-    tc_check(names_ok && BK_SHAPES_CLASSES >= 10, "shapes: >= 10 classes with distinct names", "names");
+    th_check(names_ok && BK_SHAPES_CLASSES >= 10, "shapes: >= 10 classes with distinct names", "names");
 
     /* determinism */
     ok &= (bk_shapes_sample(3, 17, &o, a, &la) == BK_OK);
     for (int i = 0; i < 5; i++) ok &= (bk_shapes_sample(4, (uint64_t)i, &o, b, &lb) == BK_OK);
     ok &= (bk_shapes_sample(3, 17, &o, b, &lb) == BK_OK);
-    tc_check(ok && la == lb && memcmp(a, b, sizeof(float) * 3 * P) == 0,
+    th_check(ok && la == lb && memcmp(a, b, sizeof(float) * 3 * P) == 0,
           "shapes: determinism (same sample after others)", "mismatch");
 
     /* golden hash: pins the output bits on every machine */
@@ -554,7 +554,7 @@ static void test_shapes_basic(void)
         h = fnv1a(h, a, sizeof(float) * 3 * 256);
     }
     printf("# shapes golden hash %016llx\n", (unsigned long long)h);
-    tc_check(h == 0x42181d31b430e05dull, "shapes: golden stream hash", "got %016llx", (unsigned long long)h);
+    th_check(h == 0x42181d31b430e05dull, "shapes: golden stream hash", "got %016llx", (unsigned long long)h);
 
     /* label balance: every block of 12 is a permutation; not index % 12 */
     int perm_ok = 1, not_mod = 0, label_fn = 1;
@@ -579,7 +579,7 @@ static void test_shapes_basic(void)
         bk_shapes_sample(11, (uint64_t)i, &og, a, &l);
         label_fn &= l == bk_shapes_label(11, (uint64_t)i);
     }
-    tc_check(perm_ok && not_mod && label_fn, "shapes: labels balanced (a permutation per block of 12), match bk_shapes_label",
+    th_check(perm_ok && not_mod && label_fn, "shapes: labels balanced (a permutation per block of 12), match bk_shapes_label",
           "perm %d shuffled %d fn %d", perm_ok, not_mod, label_fn);
 
     /* finite, centred, unit max radius (with and without noise) */
@@ -603,13 +603,13 @@ static void test_shapes_basic(void)
         if (rm < rmin0) rmin0 = rm;
         if (rm > rmax0) rmax0 = rm;
     }
-    tc_check(ok && fin, "shapes: 240 samples generated, every coordinate finite", "failure");
+    th_check(ok && fin, "shapes: 240 samples generated, every coordinate finite", "failure");
     snprintf(name, sizeof name, "shapes: centred (max |mean| %.2e)", worst_mean);
-    tc_check(worst_mean < 0.01, name, "not centred");
+    th_check(worst_mean < 0.01, name, "not centred");
     snprintf(name, sizeof name, "shapes: noise 0: max radius 1 (%.7f..%.7f)", rmin0, rmax0);
-    tc_check(rmin0 > 1 - 1e-5 && rmax0 < 1 + 1e-5, name, "not unit");
+    th_check(rmin0 > 1 - 1e-5 && rmax0 < 1 + 1e-5, name, "not unit");
     snprintf(name, sizeof name, "shapes: noise 0.02: max radius ~1 (%.4f..%.4f)", rmin, rmaxx);
-    tc_check(rmin > 0.95 && rmaxx < 1.15, name, "out of range");
+    th_check(rmin > 0.95 && rmaxx < 1.15, name, "out of range");
 
     /* rotations: the long axis of ellipsoids points everywhere; two
      * samples of a class differ */
@@ -656,8 +656,8 @@ static void test_shapes_basic(void)
     }
     snprintf(name, sizeof name, "shapes: random rotations (ellipsoid long axis mean |v| = %.2f %.2f %.2f over %d)",
              absdir[0], absdir[1], absdir[2], nell);
-    tc_check(iso, name, "orientations not spread");
-    tc_check(differ, "shapes: two samples of the same class differ", "identical covariance");
+    th_check(iso, name, "orientations not spread");
+    th_check(differ, "shapes: two samples of the same class differ", "identical covariance");
 
     /* bad options */
     bk_shapes_config bad[5] = {{15, 0.02f}, {4097, 0.02f}, {P, -0.1f}, {P, NAN}, {P, 2.0f}};
@@ -668,14 +668,14 @@ static void test_shapes_basic(void)
         int r = (bk_shapes_sample(1, 0, &bad[i], a, &l) == BK_OK);
         snprintf(e2, sizeof e2, "%s", r ? "" : bk_last_error());
         snprintf(name, sizeof name, "shapes: rejects %s", bw[i]);
-        tc_check(r == 0 && e2[0], name, "returned %d '%s'", r, e2);
+        th_check(r == 0 && e2[0], name, "returned %d '%s'", r, e2);
     }
     int l;
-    tc_check((bk_shapes_sample(1, 0, NULL, a, &l) == BK_OK) == 0 && (bk_shapes_sample(1, 0, &o, NULL, &l) == BK_OK) == 0,
+    th_check((bk_shapes_sample(1, 0, NULL, a, &l) == BK_OK) == 0 && (bk_shapes_sample(1, 0, &o, NULL, &l) == BK_OK) == 0,
           "shapes: NULL options / outputs rejected", "accepted");
     bk_shapes_config small = {16, 0.02f}, big = {4096, 0.0f};
     float *bb = malloc(sizeof(float) * 3 * 4096);
-    tc_check((bk_shapes_sample(1, 5, &small, bb, &l) == BK_OK) && (bk_shapes_sample(1, 5, &big, bb, &l) == BK_OK),
+    th_check((bk_shapes_sample(1, 5, &small, bb, &l) == BK_OK) && (bk_shapes_sample(1, 5, &big, bb, &l) == BK_OK),
           "shapes: 16 and 4096 points accepted", "%s", bk_last_error());
     free(bb);
     free(a);
@@ -739,7 +739,7 @@ static void test_shapes_separability(void)
     char name[160];
     snprintf(name, sizeof name, "shapes: simple descriptor separates classes well above chance (%.1f%% > 40%%)",
              100 * acc);
-    tc_check(acc > 0.40, name, "too low");
+    th_check(acc > 0.40, name, "too low");
     free(xyz);
     free(F);
     free(Y);
@@ -795,6 +795,7 @@ static void test_speed(void)
 
 int main(int argc, char **argv)
 {
+    TH.verbose = 1; /* one line per check, as before */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else {
@@ -810,5 +811,5 @@ int main(int argc, char **argv)
     test_shapes_basic();
     test_shapes_separability();
     test_speed();
-    return tc_summary();
+    return th_summary();
 }

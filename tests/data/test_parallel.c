@@ -10,7 +10,7 @@
  * it) its splits are opened and their counts printed and checked.
  * Run: build/test_parallel; prints "N passed, M failed". */
 #include "birkhoff.h"
-#include "tcheck.h"
+#include "../harness.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHECK(ok, name, ...) tc_check((ok), (name), __VA_ARGS__)
+#define CHECK(ok, name, ...) th_check((ok), (name), __VA_ARGS__)
 
 static char g_tmp[512];
 
@@ -291,7 +291,8 @@ static void test_real(void)
 
 int main(void)
 {
-    if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-parallel")) return 1;
+    TH.verbose = 1; /* one line per check, as before */
+    if (!th_tmpdir(g_tmp, sizeof g_tmp, "test-parallel")) return 1;
     test_good();
     test_bad();
     test_open();
@@ -299,5 +300,5 @@ int main(void)
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0) printf("# could not remove %s\n", g_tmp);
-    return tc_summary();
+    return th_summary();
 }

@@ -129,10 +129,8 @@ static void tweak_config(uint8_t *h, size_t *nh, size_t cap, unsigned r)
  * length; then fixes the checksum (but for 1 in 16 mutations). */
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
 {
-    uint64_t x = seed + 0x9e3779b97f4a7c15ull; /* splitmix64: the choices below from the seed */
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    x ^= x >> 31;
+    uint64_t x = seed; /* splitmix64 (the library's): the choices below from the seed */
+    x = bk_splitmix64(&x);
     const unsigned raw = x % 8 == 0, what = (x >> 3) % 4, tweak = (x >> 5) % 2, fix = (x >> 6) % 16 != 0;
     const int legacy = (x >> 10) % 8 == 0;
     const unsigned r = (unsigned)(x >> 13);

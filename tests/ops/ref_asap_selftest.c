@@ -44,16 +44,6 @@
 
 #include "ref_selftest_util.h"
 
-static void check(counts *c, int ok, const char *name, const char *fmt, ...)
-{
-    char det[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(det, sizeof det, fmt, ap);
-    va_end(ap);
-    report(c, ok, name, det);
-}
-
 static double maxd(double a, double b)
 {
     return (a > b || isnan(a)) ? a : b;
@@ -250,7 +240,7 @@ static void teacher_A(const prob *p, int S, double *A)
 /* 1, 2. Teacher                                                            */
 /* ------------------------------------------------------------------------ */
 
-static void check_teacher(counts *cnt, lcg *g)
+static void check_teacher(lcg *g)
 {
     double e_eq = 0.0, e_par = 0.0, e_soft = 0.0, e_hist = 0.0;
     for (int ci = 0; ci < NCASES; ci++) {
@@ -291,12 +281,12 @@ static void check_teacher(counts *cnt, lcg *g)
         free(A); free(B); free(P); free(fh); free(gh);
         prob_free(&p);
     }
-    check(cnt, e_eq <= 1e-13, "1 teacher log-domain == matrix scaling (S=1..8, all cases)",
+    th_check(e_eq <= 1e-13, "1 teacher log-domain == matrix scaling (S=1..8, all cases)",
           "max |A_log - A_mult| %.2e", e_eq);
-    check(cnt, e_soft <= 1e-14, "1 teacher S=1 == row softmax", "max diff %.2e", e_soft);
-    check(cnt, e_hist <= 1e-14, "1 teacher A = n P = n exp(Z + f_S + g_S) (stored history)",
+    th_check(e_soft <= 1e-14, "1 teacher S=1 == row softmax", "max diff %.2e", e_soft);
+    th_check(e_hist <= 1e-14, "1 teacher A = n P = n exp(Z + f_S + g_S) (stored history)",
           "max diff %.2e", e_hist);
-    check(cnt, e_par <= 1e-13, "2 parity: even S cols of A = n/m, odd S rows = 1",
+    th_check(e_par <= 1e-13, "2 parity: even S cols of A = n/m, odd S rows = 1",
           "max marginal error %.2e", e_par);
 }
 
@@ -304,7 +294,7 @@ static void check_teacher(counts *cnt, lcg *g)
 /* 3, 4, 7, 8, score recipe. Online operator for arbitrary fhat             */
 /* ------------------------------------------------------------------------ */
 
-static void check_operator(counts *cnt, lcg *g)
+static void check_operator(lcg *g)
 {
     double e_col0 = 0.0, e_colC = 0.0, e_rowR = 0.0, e_tk = 0.0, e_tq = 0.0, e_plan = 0.0;
     double e_R = 0.0, e_fin = 0.0, rowerr_generic = 0.0, e_b1 = -INFINITY, e_b2 = -INFINITY;
@@ -371,19 +361,19 @@ static void check_operator(counts *cnt, lcg *g)
         free(H0); free(E1); free(H1); free(R); free(P); free(t1);
         prob_free(&p);
     }
-    check(cnt, e_col0 <= 1e-13, "3 ZERO: columns of A = n/m for any fhat", "max error %.2e", e_col0);
-    check(cnt, e_colC <= 1e-13, "3 COLUMN: columns of A = n/m", "max error %.2e", e_colC);
-    check(cnt, e_rowR <= 1e-13, "3 ROW: rows of A = 1", "max error %.2e", e_rowR);
-    check(cnt, e_rec <= 1e-12, "cost-coordinate operator == score recipe (A, O; 3 variants)",
+    th_check(e_col0 <= 1e-13, "3 ZERO: columns of A = n/m for any fhat", "max error %.2e", e_col0);
+    th_check(e_colC <= 1e-13, "3 COLUMN: columns of A = n/m", "max error %.2e", e_colC);
+    th_check(e_rowR <= 1e-13, "3 ROW: rows of A = 1", "max error %.2e", e_rowR);
+    th_check(e_rec <= 1e-12, "cost-coordinate operator == score recipe (A, O; 3 variants)",
           "max diff %.2e", e_rec);
-    check(cnt, e_tk <= 1e-12, "4 T_K(F+c) = T_K(F)-c (G0, G1), F1 shifts by +c", "max error %.2e", e_tk);
-    check(cnt, e_tq <= 1e-12, "4 T_Q(G-c) = T_Q(G)+c", "max error %.2e", e_tq);
-    check(cnt, e_plan <= 1e-13, "4 plans unchanged by fhat + c (3 variants)", "max diff %.2e", e_plan);
-    check(cnt, e_R <= 1e-14, "7 intermediate R = P_C(F1, G0) rows = 1/n", "max error %.2e", e_R);
-    check(cnt, e_fin <= 1e-14, "7 final P_C(F1, G1) columns = 1/m", "max error %.2e", e_fin);
-    check(cnt, rowerr_generic > 1e-6, "7 final rows not exact (generic 5x5)", "max row error %.2e",
+    th_check(e_tk <= 1e-12, "4 T_K(F+c) = T_K(F)-c (G0, G1), F1 shifts by +c", "max error %.2e", e_tk);
+    th_check(e_tq <= 1e-12, "4 T_Q(G-c) = T_Q(G)+c", "max error %.2e", e_tq);
+    th_check(e_plan <= 1e-13, "4 plans unchanged by fhat + c (3 variants)", "max diff %.2e", e_plan);
+    th_check(e_R <= 1e-14, "7 intermediate R = P_C(F1, G0) rows = 1/n", "max error %.2e", e_R);
+    th_check(e_fin <= 1e-14, "7 final P_C(F1, G1) columns = 1/m", "max error %.2e", e_fin);
+    th_check(rowerr_generic > 1e-6, "7 final rows not exact (generic 5x5)", "max row error %.2e",
           rowerr_generic);
-    check(cnt, e_b1 <= 1e-14 && e_b2 <= 1e-14, "8 |P1-mu|_1 <= |P-R|_1 <= e^{delta/eps}-1",
+    th_check(e_b1 <= 1e-14 && e_b2 <= 1e-14, "8 |P1-mu|_1 <= |P-R|_1 <= e^{delta/eps}-1",
           "max slack violations %.2e, %.2e (<= 0 is fine)", e_b1, e_b2);
 }
 
@@ -391,7 +381,7 @@ static void check_operator(counts *cnt, lcg *g)
 /* 9. Stability                                                             */
 /* ------------------------------------------------------------------------ */
 
-static void check_stability(counts *cnt, lcg *g)
+static void check_stability(lcg *g)
 {
     double e_dual = -INFINITY, e_ratio = -INFINITY, e_ratio2 = -INFINITY;
     for (int ci = 0; ci < NCASES; ci++) {
@@ -438,11 +428,11 @@ static void check_stability(counts *cnt, lcg *g)
         free(y); free(fh); free(A); free(B);
         prob_free(&p);
     }
-    check(cnt, e_dual <= 1e-12, "9 |fhat-f|_inf <= alpha: G0, F1, G1 move <= alpha",
+    th_check(e_dual <= 1e-12, "9 |fhat-f|_inf <= alpha: G0, F1, G1 move <= alpha",
           "max (|move| - alpha) %.2e", e_dual);
-    check(cnt, e_ratio <= 1e-12, "9 e^{-2a/eps} <= Phat/P <= e^{2a/eps} (3 variants)",
+    th_check(e_ratio <= 1e-12, "9 e^{-2a/eps} <= Phat/P <= e^{2a/eps} (3 variants)",
           "max (|log ratio| - 2a/eps) %.2e", e_ratio);
-    check(cnt, e_ratio2 <= 1e-12, "9 ratio bound with a = inf_c |fhat - f - c|_inf",
+    th_check(e_ratio2 <= 1e-12, "9 ratio bound with a = inf_c |fhat - f - c|_inf",
           "max (|log ratio| - 2a/eps) %.2e", e_ratio2);
 }
 
@@ -450,7 +440,7 @@ static void check_stability(counts *cnt, lcg *g)
 /* 17. Exact-dual reproduction (+ planted wrong half-step)                  */
 /* ------------------------------------------------------------------------ */
 
-static void check_reproduction(counts *cnt, lcg *g)
+static void check_reproduction(lcg *g)
 {
     double e_zero = 0.0, e_col = 0.0, e_row = 0.0, e_y = 0.0, e_cen = 0.0, e_zodd = 0.0;
     double d_col_vs_S = INFINITY, d_bug = 0.0;
@@ -510,15 +500,15 @@ static void check_reproduction(counts *cnt, lcg *g)
         free(y); free(f); free(A); free(T); free(fh);
         prob_free(&p);
     }
-    check(cnt, e_y <= 1e-13, "17 y = eps f + rho - mean (f after half-step S-1 / S-2)", "max diff %.2e", e_y);
-    check(cnt, e_cen <= 1e-13, "17 y centred", "max |sum y| %.2e", e_cen);
-    check(cnt, e_zero <= 1e-12, "17 even S: ZERO(y) == teacher(S)", "max diff %.2e", e_zero);
-    check(cnt, e_col <= 1e-12, "17 even S: COLUMN(y) == teacher(S+2)", "max diff %.2e", e_col);
-    check(cnt, e_row <= 1e-12, "17 odd S>=3: ROW(y) == teacher(S)", "max diff %.2e", e_row);
-    check(cnt, e_zodd <= 1e-12, "17 odd S>=3: ZERO(y) == teacher(S-1)", "max diff %.2e", e_zodd);
-    check(cnt, d_col_vs_S > 1e-6, "17 S = 2: COLUMN(y) != teacher(S) (finite-correction bias)",
+    th_check(e_y <= 1e-13, "17 y = eps f + rho - mean (f after half-step S-1 / S-2)", "max diff %.2e", e_y);
+    th_check(e_cen <= 1e-13, "17 y centred", "max |sum y| %.2e", e_cen);
+    th_check(e_zero <= 1e-12, "17 even S: ZERO(y) == teacher(S)", "max diff %.2e", e_zero);
+    th_check(e_col <= 1e-12, "17 even S: COLUMN(y) == teacher(S+2)", "max diff %.2e", e_col);
+    th_check(e_row <= 1e-12, "17 odd S>=3: ROW(y) == teacher(S)", "max diff %.2e", e_row);
+    th_check(e_zodd <= 1e-12, "17 odd S>=3: ZERO(y) == teacher(S-1)", "max diff %.2e", e_zodd);
+    th_check(d_col_vs_S > 1e-6, "17 S = 2: COLUMN(y) != teacher(S) (finite-correction bias)",
           "min diff over generic cases %.2e", d_col_vs_S);
-    check(cnt, d_bug > 1e-6, "planted bug detected: odd S with the final f (after S) breaks ROW(y) == teacher(S)",
+    th_check(d_bug > 1e-6, "planted bug detected: odd S with the final f (after S) breaks ROW(y) == teacher(S)",
           "max diff (the check allows 1e-12) %.2e", d_bug);
 }
 
@@ -585,7 +575,7 @@ static void oned_instance(int n, const double *a, int m, const double *b, int bu
     free(f); free(fn); free(h); free(hn); free(ew); free(er); free(et);
 }
 
-static void check_1d(counts *cnt, lcg *g)
+static void check_1d(lcg *g)
 {
     /* sigma */
     int sig_ok = 1;
@@ -601,7 +591,7 @@ static void check_1d(counts *cnt, lcg *g)
             }
             if (ref_asap_sigma(n - 1, n, m) != m - 1) sig_ok = 0;
         }
-    check(cnt, sig_ok, "16 sigma(r) = last key of query rank r (n, m <= 13)", "brute force %s",
+    th_check(sig_ok, "16 sigma(r) = last key of query rank r (n, m <= 13)", "brute force %s",
           sig_ok ? "agrees" : "DIFFERS");
 
     oned_err e = {0, 0, -INFINITY, 0, 0, 0, 0, -INFINITY};
@@ -628,16 +618,16 @@ static void check_1d(counts *cnt, lcg *g)
             ninst++;
             free(a); free(b);
         }
-    check(cnt, e.fdiff <= 1e-13, "16 prefix-sum f == north-west-corner tree f", "%d instances, max rel diff %.2e",
+    th_check(e.fdiff <= 1e-13, "16 prefix-sum f == north-west-corner tree f", "%d instances, max rel diff %.2e",
           ninst, e.fdiff);
-    check(cnt, e.hdiff <= 1e-13, "16 c-transform h == NW key potential", "max rel diff %.2e", e.hdiff);
-    check(cnt, e.feas <= 1e-13, "16 feasibility f_i + h_j <= c_ij (both routes, all pairs)",
+    th_check(e.hdiff <= 1e-13, "16 c-transform h == NW key potential", "max rel diff %.2e", e.hdiff);
+    th_check(e.feas <= 1e-13, "16 feasibility f_i + h_j <= c_ij (both routes, all pairs)",
           "max rel violation %.2e", e.feas);
-    check(cnt, e.tight <= 1e-13, "16 tightness on the NW support; plan mass 1", "max rel error %.2e", e.tight);
-    check(cnt, e.dual <= 1e-13 && e.dualc <= 1e-13, "16 dual value (1/n)sum f + (1/m)sum h == primal",
+    th_check(e.tight <= 1e-13, "16 tightness on the NW support; plan mass 1", "max rel error %.2e", e.tight);
+    th_check(e.dual <= 1e-13 && e.dualc <= 1e-13, "16 dual value (1/n)sum f + (1/m)sum h == primal",
           "NW %.2e, formula+c-transform %.2e (rel)", e.dual, e.dualc);
-    check(cnt, e.sq <= 1e-13, "16 n == m: primal == (1/2n) sum (a_(r) - b_(r))^2", "max rel diff %.2e", e.sq);
-    check(cnt, e.nwmin <= 1e-13, "16 sorted plan no costlier than random matchings (n == m)",
+    th_check(e.sq <= 1e-13, "16 n == m: primal == (1/2n) sum (a_(r) - b_(r))^2", "max rel diff %.2e", e.sq);
+    th_check(e.nwmin <= 1e-13, "16 sorted plan no costlier than random matchings (n == m)",
           "max (sorted - random) %.2e", e.nwmin);
 
     /* planted bug: sigma(r) in place of sigma(r-1) */
@@ -652,7 +642,7 @@ static void check_1d(counts *cnt, lcg *g)
         fill(g, dd, 6, -2.0, 2.0);
         oned_instance(6, c, 6, dd, REF_ASAP_BUG_SIGMA, g, &eb);
     }
-    check(cnt, eb.fdiff > 1e-6 && eb.dualc > 1e-6,
+    th_check(eb.fdiff > 1e-6 && eb.dualc > 1e-6,
           "planted bug detected: sigma(r) for sigma(r-1) breaks formula == NW and the dual value",
           "f diff %.2e, dual gap %.2e", eb.fdiff, eb.dualc);
 }
@@ -661,7 +651,7 @@ static void check_1d(counts *cnt, lcg *g)
 /* Features, 15. permutation equivariance                                   */
 /* ------------------------------------------------------------------------ */
 
-static void check_features(counts *cnt, lcg *g)
+static void check_features(lcg *g)
 {
     const int L = 6;
     double e_cen = 0.0, e_pot = 0.0, e_px = 0.0, e_py = 0.0, e_pa = 0.0, e_po = 0.0, bug_cen = INFINITY;
@@ -731,14 +721,14 @@ static void check_features(counts *cnt, lcg *g)
         free(th); free(X); free(X2); free(a); free(b); free(f);
         prob_free(&p);
     }
-    check(cnt, e_cen <= 1e-13, "features: columns of X centred", "max |column sum| %.2e", e_cen);
-    check(cnt, e_pot <= 1e-14, "features: X[:,l] = centred 1-D potential of sqrt(s) theta_l . (q, k)",
+    th_check(e_cen <= 1e-13, "features: columns of X centred", "max |column sum| %.2e", e_cen);
+    th_check(e_pot <= 1e-14, "features: X[:,l] = centred 1-D potential of sqrt(s) theta_l . (q, k)",
           "max diff %.2e", e_pot);
-    check(cnt, bug_cen > 1e-6, "planted bug detected: no centring breaks the centring check",
+    th_check(bug_cen > 1e-6, "planted bug detected: no centring breaks the centring check",
           "min |column sum| with the bug %.2e", bug_cen);
-    check(cnt, e_px <= 1e-13, "15 X(Pi Q, Sigma K) = Pi X (ties included)", "max diff %.2e", e_px);
-    check(cnt, e_py <= 1e-12, "15 teacher target y(Pi Q, Sigma K) = Pi y", "max diff %.2e", e_py);
-    check(cnt, e_pa <= 1e-12 && e_po <= 1e-12, "15 operator equivariant: A -> Pi A Sigma^T, O -> Pi O",
+    th_check(e_px <= 1e-13, "15 X(Pi Q, Sigma K) = Pi X (ties included)", "max diff %.2e", e_px);
+    th_check(e_py <= 1e-12, "15 teacher target y(Pi Q, Sigma K) = Pi y", "max diff %.2e", e_py);
+    th_check(e_pa <= 1e-12 && e_po <= 1e-12, "15 operator equivariant: A -> Pi A Sigma^T, O -> Pi O",
           "max diff A %.2e, O %.2e", e_pa, e_po);
 }
 
@@ -814,7 +804,7 @@ static double calset_rss(const calset *cs, const double *w, long *rows, double *
 /* 12, 19. LS                                                               */
 /* ------------------------------------------------------------------------ */
 
-static void check_ls(counts *cnt, lcg *g)
+static void check_ls(lcg *g)
 {
     const int L = 5, d = 4, M = 14;
     double th[5 * 4];
@@ -824,7 +814,7 @@ static void check_ls(counts *cnt, lcg *g)
     const double lambda = 1e-3;
     double w[5], rmse = 0.0, r2 = 0.0;
     int rc = ref_asap_fit_ls(M, cs.rp, L, lambda, w, &rmse, &r2);
-    check(cnt, rc == 0, "12 LS fit solves (lambda = 1e-3, 14 problems, L = 5)", "rc %d", rc);
+    th_check(rc == 0, "12 LS fit solves (lambda = 1e-3, 14 problems, L = 5)", "rc %d", rc);
     /* normal equations */
     double G[25] = {0}, c[5] = {0};
     for (int k = 0; k < M; k++)
@@ -840,12 +830,12 @@ static void check_ls(counts *cnt, lcg *g)
         ne = maxd(ne, fabs(v));
         cs_max = maxd(cs_max, fabs(c[a]));
     }
-    check(cnt, ne <= 1e-12 * (1.0 + cs_max), "12 normal equations (G + lambda I) w = c", "max residual %.2e", ne);
+    th_check(ne <= 1e-12 * (1.0 + cs_max), "12 normal equations (G + lambda I) w = c", "max residual %.2e", ne);
     long rows = 0;
     double syy = 0.0;
     const double rss = calset_rss(&cs, w, &rows, &syy);
     const double erm = fabs(rmse - sqrt(rss / rows)), er2 = fabs(r2 - (1.0 - rss / syy));
-    check(cnt, erm <= 1e-14 && er2 <= 1e-14, "12 rmse = sqrt(RSS/rows), r2 = 1 - RSS/sum y^2",
+    th_check(erm <= 1e-14 && er2 <= 1e-14, "12 rmse = sqrt(RSS/rows), r2 = 1 - RSS/sum y^2",
           "diffs %.2e, %.2e (rmse %.4f, r2 %.4f, %ld rows)", erm, er2, rmse, r2, rows);
     /* oracle inequality: RSS(w) + lambda|w|^2 <= RSS(wo) + lambda|wo|^2, hence
      * RSS(w) <= RSS(wo) + lambda |wo|^2 */
@@ -859,7 +849,7 @@ static void check_ls(counts *cnt, lcg *g)
         worst = maxd(worst, phi - ro);
         worst = maxd(worst, rss - ro);
     }
-    check(cnt, worst <= 1e-12 * (1.0 + phi), "12 oracle inequality RSS(w) <= RSS(wo) + lambda|wo|^2 (300 wo)",
+    th_check(worst <= 1e-12 * (1.0 + phi), "12 oracle inequality RSS(w) <= RSS(wo) + lambda|wo|^2 (300 wo)",
           "max violation %.2e", worst);
 
     /* 19: synthetic linear targets, lambda = 0 */
@@ -869,7 +859,7 @@ static void check_ls(counts *cnt, lcg *g)
     rc = ref_asap_fit_ls(M, cs.rp, L, 0.0, w, &rmse, &r2);
     double ew = 0.0;
     for (int a = 0; a < L; a++) ew = maxd(ew, fabs(w[a] - wt[a]));
-    check(cnt, rc == 0 && ew <= 1e-10 && rmse <= 1e-12 && fabs(r2 - 1.0) <= 1e-12,
+    th_check(rc == 0 && ew <= 1e-10 && rmse <= 1e-12 && fabs(r2 - 1.0) <= 1e-12,
           "19 LS recovers omega on linear targets (lambda = 0)", "max |w - w_true| %.2e, rmse %.2e, r2-1 %.2e",
           ew, rmse, r2 - 1.0);
     calset_free(&cs);
@@ -879,7 +869,7 @@ static void check_ls(counts *cnt, lcg *g)
     cz.M = 0;
     calset_make(&cz, g, 1, L, d, 0.5, 1.0, 4, th);
     rc = ref_asap_fit_ls(1, cz.rp, L, 0.0, w, NULL, NULL);
-    check(cnt, rc == -1, "LS reports a singular system (n = 1, X = 0, lambda = 0)", "rc %d", rc);
+    th_check(rc == -1, "LS reports a singular system (n = 1, X = 0, lambda = 0)", "rc %d", rc);
     calset_free(&cz);
 }
 
@@ -907,7 +897,7 @@ static double kl_sum(const calset *cs, double s, double eps, const double *w)
     return kl;
 }
 
-static void check_kl(counts *cnt, lcg *g)
+static void check_kl(lcg *g)
 {
     const int L = 4, d = 3, M = 8;
     const double s = 0.6, eps = 0.8, lambda = 1e-2;
@@ -982,16 +972,16 @@ static void check_kl(counts *cnt, lcg *g)
         const double Jmid = ref_asap_kl_eval(M, cs.rp, d, L, s, eps, lambda, wm, NULL, NULL);
         mid = maxd(mid, Jmid - 0.5 * (J + J2));
     }
-    check(cnt, e_g <= 1e-7 * (1.0 + gscale), "11 KL gradient == central differences (h = 1e-5)",
+    th_check(e_g <= 1e-7 * (1.0 + gscale), "11 KL gradient == central differences (h = 1e-5)",
           "max abs error %.2e (scale %.2e)", e_g, gscale);
-    check(cnt, e_h <= 1e-7 * (1.0 + hscale) && e_sym <= 1e-14, "11 KL Hessian == central differences of grad; symmetric",
+    th_check(e_h <= 1e-7 * (1.0 + hscale) && e_sym <= 1e-14, "11 KL Hessian == central differences of grad; symmetric",
           "max abs error %.2e (scale %.2e), asym %.2e", e_h, hscale, e_sym);
-    check(cnt, e_hbug > 1e3 * (e_h + 1e-12), "planted bug detected: Hessian without W diag(b) W^T fails the FD check",
+    th_check(e_hbug > 1e3 * (e_h + 1e-12), "planted bug detected: Hessian without W diag(b) W^T fails the FD check",
           "bug deviation %.2e vs FD error %.2e", e_hbug, e_h);
-    check(cnt, psd >= -1e-13 && chol_ok, "11 convexity: H - lambda I PSD (200 directions, Cholesky with 1e-10 shift)",
+    th_check(psd >= -1e-13 && chol_ok, "11 convexity: H - lambda I PSD (200 directions, Cholesky with 1e-10 shift)",
           "min Rayleigh quotient %.2e", psd);
-    check(cnt, mid <= 1e-12, "11 convexity: J(midpoint) <= mean of ends", "max violation %.2e", mid);
-    check(cnt, kconst_hi - kconst_lo <= 1e-12 * (1.0 + fabs(kconst_hi)), "11 J - eps KL(P^T || Phat^0) - ridge constant in w",
+    th_check(mid <= 1e-12, "11 convexity: J(midpoint) <= mean of ends", "max violation %.2e", mid);
+    th_check(kconst_hi - kconst_lo <= 1e-12 * (1.0 + fabs(kconst_hi)), "11 J - eps KL(P^T || Phat^0) - ridge constant in w",
           "spread %.2e (value %.6f)", kconst_hi - kconst_lo, kconst_hi);
 
     /* Newton from the LS start */
@@ -1004,7 +994,7 @@ static void check_kl(counts *cnt, lcg *g)
         for (int a = 0; a < L; a++) wt[a] = w[a] + lcg_uniform(g, -0.1, 0.1);
         worse = fmin(worse, ref_asap_kl_eval(M, cs.rp, d, L, s, eps, lambda, wt, NULL, NULL) - Jf);
     }
-    check(cnt, conv && Jf <= J0 && max_abs(gr, (size_t)L) <= 1e-6 && worse >= -1e-12,
+    th_check(conv && Jf <= J0 && max_abs(gr, (size_t)L) <= 1e-6 && worse >= -1e-12,
           "11 Newton (LS start) converges to the minimiser: grad = 0, J <= J0, J <= J(w + noise)",
           "%d steps, J0 %.6f -> J %.6f, |grad| %.2e", iters, J0, Jf, max_abs(gr, (size_t)L));
 
@@ -1016,7 +1006,7 @@ static void check_kl(counts *cnt, lcg *g)
     conv = ref_asap_fit_kl(M, cs.rp, d, L, s, eps, 0.0, zero, 50, 1e-17, w, &iters, &J0, &Jf);
     double ew = 0.0;
     for (int a = 0; a < L; a++) ew = maxd(ew, fabs(w[a] - wtrue[a]));
-    check(cnt, conv && ew <= 1e-9, "11 KL Newton (from 0, lambda = 0) recovers w on realisable targets",
+    th_check(conv && ew <= 1e-9, "11 KL Newton (from 0, lambda = 0) recovers w on realisable targets",
           "%d steps, max |w - w_true| %.2e", iters, ew);
     calset_free(&cs);
 }
@@ -1025,7 +1015,7 @@ static void check_kl(counts *cnt, lcg *g)
 /* Fidelity                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void check_fidelity(counts *cnt, lcg *g)
+static void check_fidelity(lcg *g)
 {
     const int n = 3, m = 4, dv = 2;
     double A[12], Ar[12], O[6], Or[6];
@@ -1056,23 +1046,22 @@ static void check_fidelity(counts *cnt, lcg *g)
     ok = ok && fabs(r.row_err - 0.2) <= 1e-15;
     ref_asap_fidelity(n, m, dv, O, Or, NULL, Ar, &r);
     ok = ok && isnan(r.row_err) && isnan(r.col_err) && isnan(r.attn_rel_l2) && !isnan(r.out_rmse);
-    check(cnt, ok, "fidelity metrics on hand-made inputs (rmse, rms, rel l2, row/col errors, NULL -> NaN)",
+    th_check(ok, "fidelity metrics on hand-made inputs (rmse, rms, rel l2, row/col errors, NULL -> NaN)",
           "%s", ok ? "all as expected" : "MISMATCH");
 }
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     lcg g = {0x45a5a9d0c0ffee11ULL};
-    check_teacher(&c, &g);
-    check_operator(&c, &g);
-    check_stability(&c, &g);
-    check_reproduction(&c, &g);
-    check_1d(&c, &g);
-    check_features(&c, &g);
-    check_ls(&c, &g);
-    check_kl(&c, &g);
-    check_fidelity(&c, &g);
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    check_teacher(&g);
+    check_operator(&g);
+    check_stability(&g);
+    check_reproduction(&g);
+    check_1d(&g);
+    check_features(&g);
+    check_ls(&g);
+    check_kl(&g);
+    check_fidelity(&g);
+    return th_summary();
 }

@@ -240,7 +240,7 @@ static double fd_error(problem *p, int S, double *x, size_t count, const double 
 static const int shapes[2][2] = {{5, 5}, {4, 7}};
 static const int Svals[6] = {1, 2, 3, 4, 5, 9};
 
-static void check_softmax(counts *c, double *worst)
+static void check_softmax(double *worst)
 {
     for (int s = 0; s < 2; s++) {
         const int n = shapes[s][0], m = shapes[s][1], d = 3, dv = 2;
@@ -266,14 +266,14 @@ static void check_softmax(counts *c, double *worst)
         snprintf(name, sizeof name, "softmax S=1 %dx%d", n, m);
         snprintf(det, sizeof det, "max|dA|=%.2e max|dO|=%.2e max|dgrad|=%.2e (tol 1e-13)", eA, eO,
                  eg);
-        report(c, e < 1e-13, name, det);
+        th_report(e < 1e-13, name, det);
         free(A1); free(O1); free(A2); free(O2);
         free(dQ1); free(dK1); free(dV1); free(dQ2); free(dK2); free(dV2);
         free_problem(&p);
     }
 }
 
-static void check_fd(counts *c, double *worst)
+static void check_fd(double *worst)
 {
     const double h = 1e-6;
     for (int s = 0; s < 2; s++) {
@@ -295,14 +295,14 @@ static void check_fd(counts *c, double *worst)
             snprintf(det, sizeof det,
                      "rel err dQ=%.2e dK=%.2e dV=%.2e (max|grad| Q %.2f K %.2f) (tol 1e-6)", rQ,
                      rK, rV, max_abs(dQ, (size_t)n * d), max_abs(dK, (size_t)m * d));
-            report(c, r < 1e-6, name, det);
+            th_report(r < 1e-6, name, det);
             free(dQ); free(dK); free(dV);
             free_problem(&p);
         }
     }
 }
 
-static void check_marginals(counts *c, double *worst)
+static void check_marginals(double *worst)
 {
     for (int s = 0; s < 2; s++) {
         for (int k = 0; k < 6; k++) {
@@ -319,7 +319,7 @@ static void check_marginals(counts *c, double *worst)
             snprintf(name, sizeof name, "marginals S=%d %dx%d", S, n, m);
             snprintf(det, sizeof det, "%s exact: err %.2e (tol 1e-14); other marginal err %.2e",
                      (S % 2 == 1) ? "rows" : "cols", exact, (S % 2 == 1) ? ce : re);
-            report(c, exact < 1e-14, name, det);
+            th_report(exact < 1e-14, name, det);
             free(A); free(O);
             free_problem(&p);
         }
@@ -343,7 +343,7 @@ static void check_marginals(counts *c, double *worst)
         snprintf(det, sizeof det,
                  "steps %d, row err %.2e, col err %.2e, |conv - forward(S)| %.2e, capped(6) -> %d",
                  used, re, ce, diff, capped);
-        report(c, used % 2 == 1 && used < 2000 && re < tol && ce < tol && diff == 0.0 &&
+        th_report(used % 2 == 1 && used < 2000 && re < tol && ce < tol && diff == 0.0 &&
                       capped == 5,
                name, det);
         free(A); free(O); free(A2); free(O2);
@@ -352,7 +352,7 @@ static void check_marginals(counts *c, double *worst)
 }
 
 /* Batched padded vs truncated. Padded input entries hold NaN. */
-static void check_batched(counts *c, double *worst)
+static void check_batched(double *worst)
 {
     enum { B = 4, H = 2, Nq = 6, Nk = 7, d = 3, dv = 2 };
     const int ql[B] = {6, 3, 0, 4};
@@ -469,7 +469,7 @@ static void check_batched(counts *c, double *worst)
         snprintf(det, sizeof det,
                  "B=%d H=%d Nq=%d Nk=%d, NaN padding: max|diff| %.2e, max|padded out| %.2e", B,
                  H, Nq, Nk, diff, padmax);
-        report(c, diff == 0.0 && padmax == 0.0, name, det);
+        th_report(diff == 0.0 && padmax == 0.0, name, det);
     }
     /* NULL lengths == full lengths, B*H = 1 like any other. */
     {
@@ -485,7 +485,7 @@ static void check_batched(counts *c, double *worst)
         double e2 = fmax(max_abs_diff(A1, A2, (size_t)n * m), max_abs_diff(O1, O2, (size_t)n * dv));
         char det[120];
         snprintf(det, sizeof det, "NULL lengths diff %.2e, full lengths diff %.2e", e1, e2);
-        report(c, e1 == 0.0 && e2 == 0.0, "batched B=H=1 == single problem", det);
+        th_report(e1 == 0.0 && e2 == 0.0, "batched B=H=1 == single problem", det);
         free(A1); free(O1); free(A2); free(O2);
         free_problem(&p);
     }
@@ -493,7 +493,7 @@ static void check_batched(counts *c, double *worst)
     free(dQ); free(dK); free(dV);
 }
 
-static void check_logdomain(counts *c, double *worst)
+static void check_logdomain(double *worst)
 {
     for (int s = 0; s < 2; s++) {
         for (int k = 0; k < 6; k++) {
@@ -509,7 +509,7 @@ static void check_logdomain(counts *c, double *worst)
             char name[64], det[100];
             snprintf(name, sizeof name, "matrix form == log-domain S=%d %dx%d", S, n, m);
             snprintf(det, sizeof det, "max|dA| %.2e (tol 1e-13)", e);
-            report(c, e < 1e-13, name, det);
+            th_report(e < 1e-13, name, det);
             free(A); free(O); free(A2);
             free_problem(&p);
         }
@@ -518,16 +518,15 @@ static void check_logdomain(counts *c, double *worst)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     double worst[5] = {0, 0, 0, 0, 0};
-    check_softmax(&c, worst);
-    check_fd(&c, worst);
-    check_marginals(&c, worst);
-    check_batched(&c, worst);
-    check_logdomain(&c, worst);
+    check_softmax(worst);
+    check_fd(worst);
+    check_marginals(worst);
+    check_batched(worst);
+    check_logdomain(worst);
     printf("worst: softmax %.2e, FD rel %.2e, exact marginal %.2e, batched %.2e, "
            "log-domain %.2e\n",
            worst[0], worst[1], worst[2], worst[3], worst[4]);
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    return th_summary();
 }

@@ -74,7 +74,7 @@ static double *half(const double *X, int N, int d, int off)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     char name[128], det[200];
     /* lambda = 0 is softmax attention on the first halves; the map's
      * dependence on lambda is linear, its slope minus softmax attention on the
@@ -105,7 +105,7 @@ int main(void)
         double dl2 = 0.0;
         for (int x = 0; x < 15; x++) dl2 -= p.dO[x] * O2[x];
         snprintf(det, sizeof det, "max diff %.2e, second-half gradients %.2e (tol 1e-12)", e, z);
-        report(&c, e < 1e-12 && z == 0.0, "lambda = 0 is softmax attention on the first halves", det);
+        th_report(e < 1e-12 && z == 0.0, "lambda = 0 is softmax attention on the first halves", det);
         double lin = 0.0;
         const double lams[3] = {0.3, -0.8, 1.7};
         for (int k = 0; k < 3; k++) {
@@ -115,7 +115,7 @@ int main(void)
         }
         snprintf(det, sizeof det, "max diff %.2e; dlambda vs -<dO, softmax(Q2 K2^T) V> %.2e (tol 1e-12)", lin,
                  fabs(dl - dl2));
-        report(&c, lin < 1e-12 && fabs(dl - dl2) < 1e-12, "O = softmax1 V - lambda softmax2 V (linear in lambda)", det);
+        th_report(lin < 1e-12 && fabs(dl - dl2) < 1e-12, "O = softmax1 V - lambda softmax2 V (linear in lambda)", det);
         free(Q1); free(K1); free(Q2); free(K2); free(A); free(O); free(As); free(Os); free(A2); free(O2);
         free(dQ); free(dK); free(dV); free(sQ); free(sK); free(sV);
         drop(&p);
@@ -134,7 +134,7 @@ int main(void)
             const double rl = fd_rel(&p, &p.lambda, 1, &dl);
             snprintf(name, sizeof name, "finite differences n=%d m=%d d=%d dv=%d lambda=%.1f", n, m, d, dv, lams[l]);
             snprintf(det, sizeof det, "relative error Q/K/V %.2e, lambda %.2e (tol 1e-6)", r, rl);
-            report(&c, r < 1e-6 && rl < 1e-6, name, det);
+            th_report(r < 1e-6 && rl < 1e-6, name, det);
             free(dQ); free(dK); free(dV);
             drop(&p);
         }
@@ -151,7 +151,7 @@ int main(void)
             rowdev = fmax(rowdev, fabs(r - 0.4));
         }
         snprintf(det, sizeof det, "max |rowsum - (1 - lambda)| %.2e (tol 1e-12)", rowdev);
-        report(&c, rowdev < 1e-12, "rows of A1 - lambda A2 sum to 1 - lambda", det);
+        th_report(rowdev < 1e-12, "rows of A1 - lambda A2 sum to 1 - lambda", det);
         /* q' = (q1, x, q2, y), k' = (k1, 1, k2, 1): adds alpha x_i and alpha y_i to the two maps' rows */
         double *Qs = dalloc((size_t)n * (d + 2)), *Ks = dalloc((size_t)m * (d + 2));
         for (int i = 0; i < n; i++) {
@@ -169,7 +169,7 @@ int main(void)
         ref_diff_forward(n, m, d + 2, dv, Qs, Ks, p.V, p.alpha, 0.6, A2, O2);
         const double e = fmax(max_abs_diff(A, A2, 35), max_abs_diff(O, O2, 10));
         snprintf(det, sizeof det, "max diff %.2e (tol 1e-12)", e);
-        report(&c, e < 1e-12, "a score shift by row in either map is absorbed", det);
+        th_report(e < 1e-12, "a score shift by row in either map is absorbed", det);
         free(A); free(O); free(A2); free(O2); free(Qs); free(Ks);
         drop(&p);
     }
@@ -228,7 +228,7 @@ int main(void)
             }
         e = fmax(e, fmax(fabs(sum[0] - dl[0]), fabs(sum[1] - dl[1])));
         snprintf(det, sizeof det, "max diff %.2e, padded rows %.2e (tol 1e-12, 0)", e, pad);
-        report(&c, e < 1e-12 && pad == 0.0 && isfinite(e), "batched: padding == truncation, dlambda summed over b",
+        th_report(e < 1e-12 && pad == 0.0 && isfinite(e), "batched: padding == truncation, dlambda summed over b",
                det);
         free(Q); free(K); free(V); free(dO); free(A); free(O); free(dQ); free(dK); free(dV);
     }
@@ -236,7 +236,7 @@ int main(void)
     {
         const double li1 = ref_diff_lambda_init(1), li12 = ref_diff_lambda_init(12);
         snprintf(det, sizeof det, "lambda_init(1) = %.6f (0.2), lambda_init(12) = %.6f (0.8 - 0.6 e^-3.3)", li1, li12);
-        report(&c, fabs(li1 - 0.2) < 1e-15 && fabs(li12 - (0.8 - 0.6 * exp(-3.3))) < 1e-15,
+        th_report(fabs(li1 - 0.2) < 1e-15 && fabs(li12 - (0.8 - 0.6 * exp(-3.3))) < 1e-15,
                "lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1))", det);
         const int dh = 4;
         double v[4][4], gr[4][4], emax = 0.0, gmax = 0.0;
@@ -257,8 +257,7 @@ int main(void)
                 gmax = fmax(gmax, fabs(fd));
             }
         snprintf(det, sizeof det, "relative error %.2e (tol 1e-7)", emax / gmax);
-        report(&c, emax / gmax < 1e-7, "finite differences of the lambda re-parameterisation", det);
+        th_report(emax / gmax < 1e-7, "finite differences of the lambda re-parameterisation", det);
     }
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    return th_summary();
 }

@@ -211,7 +211,7 @@ static const char *scale_name(int out)
 /* 1. Soft-sort gradients vs finite differences                             */
 /* ------------------------------------------------------------------------ */
 
-static void check_fd_soft(counts *cnt, double *worst)
+static void check_fd_soft(double *worst)
 {
     const double h = 1e-6, scale = 0.8;
     const double tvals[2] = {0.1, 1.0}, tauvals[2] = {0.0, 2.0};
@@ -263,7 +263,7 @@ static void check_fd_soft(counts *cnt, double *worst)
                                      "(max|g| Q %.2g K %.2g) (tol 1e-6)",
                                      rQ, rK, rV, rT, max_abs(dQ, (size_t)n * d),
                                      max_abs(dK, (size_t)m * d));
-                            report(cnt, r < 1e-6, name, det);
+                            th_report(r < 1e-6, name, det);
                             free(dQ);
                             free(dK);
                             free(dV);
@@ -276,7 +276,7 @@ static void check_fd_soft(counts *cnt, double *worst)
 /* 2. Hard-sort gradients                                                   */
 /* ------------------------------------------------------------------------ */
 
-static void check_fd_hard(counts *cnt, double *worst_v, double *worst_qk)
+static void check_fd_hard(double *worst_v, double *worst_qk)
 {
     const double scale = 0.8;
     int seed = 0;
@@ -316,8 +316,7 @@ static void check_fd_hard(counts *cnt, double *worst_v, double *worst_qk)
                              "(h=1e-6, gap %.1e, tol 1e-6, max|g| %.2g), |dTheta| %g; "
                              "tau=0: |dQ|,|dK| %g, dV %.1e",
                              rV, rQ, rK, gap, fmax(gq, gk), tmax, z0, rV0);
-                    report(cnt,
-                           rV < 1e-12 && rV0 < 1e-12 && rQ < 1e-6 && rK < 1e-6 && gap > 1e-3 &&
+                    th_report(rV < 1e-12 && rV0 < 1e-12 && rQ < 1e-6 && rK < 1e-6 && gap > 1e-3 &&
                                tmax == 0.0 && z0 == 0.0 && fmax(gq, gk) > 0.0,
                            name, det);
                     free(dQ);
@@ -356,7 +355,7 @@ static void marginals(int n, int m, const double *A, double rt, double ct, doubl
     }
 }
 
-static void check_marginals(counts *cnt, double *worst)
+static void check_marginals(double *worst)
 {
     static const int mshapes[4][2] = {{6, 6}, {5, 5}, {4, 7}, {7, 3}};
     const double tauvals[3] = {0.0, 1.0, 100.0};
@@ -388,7 +387,7 @@ static void check_marginals(counts *cnt, double *worst)
                          "tau in {0,1,100}, both costs: rows %s, cols %s: max err %.1e "
                          "(tol 1e-14), min entry %g",
                          out == 0 ? "1" : "1/n", out == 0 ? "n/m" : "1/m", err, amin);
-                report(cnt, err < 1e-14 && amin >= 0.0, name, det);
+                th_report(err < 1e-14 && amin >= 0.0, name, det);
                 free(A);
                 free(O);
                 free_problem(&p);
@@ -409,7 +408,7 @@ static void check_marginals(counts *cnt, double *worst)
         snprintf(det, sizeof det,
                  "sum A - n = %.1e (tol 1e-13); row err %.1e, col err %.1e (not exact)",
                  tot - n, re, ce);
-        report(cnt, fabs(tot - n) < 1e-13 && re > 1e-6, name, det);
+        th_report(fabs(tot - n) < 1e-13 && re > 1e-6, name, det);
         free(A);
         free(O);
         free_problem(&p);
@@ -420,7 +419,7 @@ static void check_marginals(counts *cnt, double *worst)
 /* 4. tau limits                                                            */
 /* ------------------------------------------------------------------------ */
 
-static void check_tau(counts *cnt, double *worst)
+static void check_tau(double *worst)
 {
     const double taus[7] = {0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0};
     int seed = 0;
@@ -497,7 +496,7 @@ static void check_tau(counts *cnt, double *worst)
                          "tau=1e5: |A-A_argmin| %.1e |1-sigma_min| %.1e (D gap %.2g); "
                          "E[D] rise %.1e (tol 1e-14)",
                          e_mean, e_sg, e_D, e_big, e_sgbig, dgap, rise);
-                report(cnt, e < 1e-14 && dgap * 1e5 > 50.0 && rise <= 1e-15, name, det);
+                th_report(e < 1e-14 && dgap * 1e5 > 50.0 && rise <= 1e-15, name, det);
                 free(Al);
                 free(Dl);
                 free(O);
@@ -521,7 +520,7 @@ static void check_tau(counts *cnt, double *worst)
         double e = max_abs_diff(A1, A2, (size_t)n * m);
         char det[80];
         snprintf(det, sizeof det, "max|A(tau=0) - A(tau=37)| %.1e (exact)", e);
-        report(cnt, e == 0.0, "tau-independent at L=1", det);
+        th_report(e == 0.0, "tau-independent at L=1", det);
         free(A1);
         free(A2);
         free(O);
@@ -533,7 +532,7 @@ static void check_tau(counts *cnt, double *worst)
 /* 5. Soft -> hard as t -> 0                                                */
 /* ------------------------------------------------------------------------ */
 
-static void check_soft_to_hard(counts *cnt, double *worst)
+static void check_soft_to_hard(double *worst)
 {
     const double scale = 0.8, fac[4] = {0.5, 0.05, 0.005, 0.0005};
     int seed = 0;
@@ -567,7 +566,7 @@ static void check_soft_to_hard(counts *cnt, double *worst)
                          "gap %.2g; t = gap^2 x {0.5,0.05,0.005,0.0005}: max|soft-hard| "
                          "%.1e %.1e %.1e %.1e (last tol 1e-13, non-increasing)",
                          gap, err[0], err[1], err[2], err[3]);
-                report(cnt, mono && err[3] < 1e-13 && err[0] > 1e-6, name, det);
+                th_report(mono && err[3] < 1e-13 && err[0] > 1e-6, name, det);
                 free(Ah);
                 free(Oh);
                 free(As);
@@ -587,7 +586,7 @@ static void permute_rows(int N, int w, const int *perm, const double *X, double 
         memcpy(Y + (size_t)i * w, X + (size_t)perm[i] * w, (size_t)w * sizeof(double));
 }
 
-static void check_equivariance(counts *cnt, double *worst)
+static void check_equivariance(double *worst)
 {
     int seed = 0;
     for (int sort = 0; sort < 2; sort++)
@@ -650,7 +649,7 @@ static void check_equivariance(counts *cnt, double *worst)
                          "forward (A, O, sigma, D) %.1e, backward (dQ, dK, dV, dTheta) %.1e "
                          "(tol 1e-12)",
                          ef, eb);
-                report(cnt, ef < 1e-12 && eb < 1e-12, name, det);
+                th_report(ef < 1e-12 && eb < 1e-12, name, det);
                 free(A); free(Ap); free(O); free(Op); free(sg); free(sgp); free(D); free(Dp);
                 free(tmp); free(dQ); free(dK); free(dV); free(dT);
                 free(dQp); free(dKp); free(dVp); free(dTp);
@@ -665,7 +664,7 @@ static void check_equivariance(counts *cnt, double *worst)
 /* 7. K = Q (and K = Q + shift)                                             */
 /* ------------------------------------------------------------------------ */
 
-static void check_identity(counts *cnt, double *worst)
+static void check_identity(double *worst)
 {
     int seed = 0;
     for (int sl = 0; sl < 2; sl++)
@@ -709,7 +708,7 @@ static void check_identity(counts *cnt, double *worst)
                 snprintf(det, sizeof det,
                          "|A - I| %.1e, |O - V| %.1e, |G - I/n| %.1e, |D - %s| %.1e (tol 1e-14%s)",
                          eA, eO, eG, shift ? "|sc|^p" : "0", eD, shift ? "" : ", D exact");
-                report(cnt, e < 1e-14 && (shift || eD == 0.0), name, det);
+                th_report(e < 1e-14 && (shift || eD == 0.0), name, det);
                 free(A);
                 free(O);
                 free(sg);
@@ -721,7 +720,7 @@ static void check_identity(counts *cnt, double *worst)
 /* Zero distance (K = Q, Euclidean cost): the gradient convention is 0 there.
  * Hard: every matched pair has distance 0, so dQ = dK = 0 exactly. Soft: the
  * central difference of |h| is 0 as well, so finite differences apply. */
-static void check_zero_distance(counts *cnt, double *worst)
+static void check_zero_distance(double *worst)
 {
     for (int sort = 0; sort < 2; sort++) {
         const int n = 5, d = 4, dv = 2, L = 3;
@@ -738,7 +737,7 @@ static void check_zero_distance(counts *cnt, double *worst)
         if (sort == 0) {
             double z = fmax(max_abs(dQ, (size_t)n * d), max_abs(dK, (size_t)n * d));
             snprintf(det, sizeof det, "finite %d, max|dQ|,|dK| %g (exact 0)", finite, z);
-            report(cnt, finite && z == 0.0, "hard K = Q euclid backward", det);
+            th_report(finite && z == 0.0, "hard K = Q euclid backward", det);
         } else {
             /* The kink leaves an O(h) term (C_ii = O(h) times the O(h)
              * change of U_ii), hence the smaller step for Q and K. */
@@ -749,7 +748,7 @@ static void check_zero_distance(counts *cnt, double *worst)
             track(worst, r);
             snprintf(det, sizeof det, "finite %d, FD rel err dQ %.1e dK %.1e dTheta %.1e "
                      "(h 1e-7 for Q, K; tol 1e-6)", finite, rQ, rK, rT);
-            report(cnt, finite && r < 1e-6, "soft K = Q euclid backward", det);
+            th_report(finite && r < 1e-6, "soft K = Q euclid backward", det);
         }
         free(dQ);
         free(dK);
@@ -763,7 +762,7 @@ static void check_zero_distance(counts *cnt, double *worst)
  * values by index. d = 1, n = m = 4, expected pairing worked out by hand:
  * a = (0.5, 0.1, 0.5, 0.3): order 1,3,0,2;  b = (0.2, 0.2, 0.9, 0.0): order
  * 3,0,1,2; so query 1 -> key 3, 3 -> 0, 0 -> 1, 2 -> 2. */
-static void check_ties(counts *cnt)
+static void check_ties(void)
 {
     const double Q[4] = {0.5, 0.1, 0.5, 0.3}, K[4] = {0.2, 0.2, 0.9, 0.0};
     const double V[4] = {10.0, 11.0, 12.0, 13.0};
@@ -787,14 +786,14 @@ static void check_ties(counts *cnt)
     }
     char det[100];
     snprintf(det, sizeof det, "max|A - expected permutation|, |O - V[pi]| %.1e (exact)", e);
-    report(cnt, e == 0.0, "hard ties: stable ascending argsort", det);
+    th_report(e == 0.0, "hard ties: stable ascending argsort", det);
 }
 
 /* ------------------------------------------------------------------------ */
 /* 8. Batched + padded == truncated                                         */
 /* ------------------------------------------------------------------------ */
 
-static void check_batched(counts *cnt, double *worst)
+static void check_batched(double *worst)
 {
     enum { B = 4, H = 2, Nq = 6, Nk = 7, d = 4, dv = 2, L = 3 };
     const int ql[B] = {6, 3, 0, 4};
@@ -923,7 +922,7 @@ static void check_batched(counts *cnt, double *worst)
                      "B=%d H=%d Nq=%d Nk=%d, NaN padding: max|diff| %.1e, max|padded out| %.1e, "
                      "|dTheta - sum| %.1e (exact)",
                      B, H, Nq, Nk, diff, padmax, eT);
-            report(cnt, diff == 0.0 && padmax == 0.0 && eT == 0.0, name, det);
+            th_report(diff == 0.0 && padmax == 0.0 && eT == 0.0, name, det);
         }
     /* NULL lengths == single problem; axis-aligned. */
     {
@@ -939,7 +938,7 @@ static void check_batched(counts *cnt, double *worst)
                         max_abs_diff(s1, s2, 3));
         char det[100];
         snprintf(det, sizeof det, "max diff %.1e (exact)", e);
-        report(cnt, e == 0.0, "batched B=H=1 NULL lengths == single problem", det);
+        th_report(e == 0.0, "batched B=H=1 NULL lengths == single problem", det);
         free(A1);
         free(O1);
         free(A2);
@@ -1013,7 +1012,7 @@ static double quantile_cost(int n, const double *a, int m, const double *b, int 
     return s;
 }
 
-static void check_1d(counts *cnt, double *worst)
+static void check_1d(double *worst)
 {
     static const int dshapes[5][2] = {{5, 5}, {7, 7}, {4, 7}, {7, 3}, {6, 4}};
     for (int s = 0; s < 5; s++)
@@ -1043,7 +1042,7 @@ static void check_1d(counts *cnt, double *worst)
             snprintf(name, sizeof name, "1-D optimality %dx%d %s", n, m, cost_name(cost));
             snprintf(det, sizeof det, "D %.6f, quantile integral %.6f, brute force %.6f: err %.1e "
                      "(tol 1e-14)", D, qc, bf, e);
-            report(cnt, e < 1e-14, name, det);
+            th_report(e < 1e-14, name, det);
             free(a);
             free(b);
             free(O);
@@ -1053,24 +1052,23 @@ static void check_1d(counts *cnt, double *worst)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     double w_soft = 0, w_hv = 0, w_hqk = 0, w_marg = 0, w_tau = 0, w_s2h = 0, w_eq = 0,
            w_id = 0, w_zd = 0, w_bat = 0, w_1d = 0;
-    check_fd_soft(&c, &w_soft);
-    check_fd_hard(&c, &w_hv, &w_hqk);
-    check_marginals(&c, &w_marg);
-    check_tau(&c, &w_tau);
-    check_soft_to_hard(&c, &w_s2h);
-    check_equivariance(&c, &w_eq);
-    check_identity(&c, &w_id);
-    check_zero_distance(&c, &w_zd);
-    check_ties(&c);
-    check_batched(&c, &w_bat);
-    check_1d(&c, &w_1d);
+    check_fd_soft(&w_soft);
+    check_fd_hard(&w_hv, &w_hqk);
+    check_marginals(&w_marg);
+    check_tau(&w_tau);
+    check_soft_to_hard(&w_s2h);
+    check_equivariance(&w_eq);
+    check_identity(&w_id);
+    check_zero_distance(&w_zd);
+    check_ties();
+    check_batched(&w_bat);
+    check_1d(&w_1d);
     printf("worst: soft FD rel %.2e, hard FD dV rel %.2e, hard FD dQ/dK rel %.2e, "
            "hard marginals %.2e, tau limits %.2e, soft->hard %.2e, equivariance %.2e, "
            "K=Q %.2e, zero-distance FD rel %.2e, batched %.2e, 1-D %.2e\n",
            w_soft, w_hv, w_hqk, w_marg, w_tau, w_s2h, w_eq, w_id, w_zd, w_bat, w_1d);
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    return th_summary();
 }

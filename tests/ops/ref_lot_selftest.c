@@ -133,7 +133,7 @@ static void fd_grad(prob *P, double *x, size_t count, double *g)
 /* 1. Finite differences                                                    */
 /* ------------------------------------------------------------------------ */
 
-static void check_fd(counts *c, lcg *g, double *worst)
+static void check_fd(lcg *g, double *worst)
 {
     static const int Ts[] = {1, 2, 3, 5, 6};
     static const int shapes[][2] = {{6, 6}, {5, 8}};
@@ -176,7 +176,7 @@ static void check_fd(counts *c, lcg *g, double *worst)
                 snprintf(det, sizeof det,
                          "rel err Q %.1e K %.1e V %.1e Z %.1e theta %.1e (scale %.2e)", e[0],
                          e[1], e[2], e[3], e[4], scale);
-                report(c, emax < 1e-6 && scale > 0.0, name, det);
+                th_report(emax < 1e-6 && scale > 0.0, name, det);
                 for (int k = 0; k < 5; k++) {
                     free(an[k]);
                     free(fd[k]);
@@ -191,7 +191,7 @@ static void check_fd(counts *c, lcg *g, double *worst)
 /* 2. T = 1                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void check_T1(counts *c, lcg *g)
+static void check_T1(lcg *g)
 {
     const int n = 5, m = 7, d = 3, dv = 2, r = 3;
     prob P;
@@ -210,7 +210,7 @@ static void check_T1(counts *c, lcg *g)
     double dA = max_abs_diff(A1, A2, (size_t)n * m);
     char det[160];
     snprintf(det, sizeof det, "max |A(theta) - A(theta')| = %.1e", dA);
-    report(c, dA < 1e-14, "T=1 A independent of p0", det);
+    th_report(dA < 1e-14, "T=1 A independent of p0", det);
 
     double *dQ = dalloc((size_t)n * d), *dK = dalloc((size_t)m * d);
     double *dV = dalloc((size_t)m * dv), *dZ = dalloc((size_t)r * d);
@@ -222,7 +222,7 @@ static void check_T1(counts *c, lcg *g)
     double gfd = max_abs(fdth, (size_t)r);
     snprintf(det, sizeof det, "max |dtheta| = %.1e (|dQ| ~ %.1e), max |FD dtheta| = %.1e", gth,
              gq, gfd);
-    report(c, gth < 1e-15 && gfd < 1e-9 && gq > 1e-3, "T=1 dtheta = 0", det);
+    th_report(gth < 1e-15 && gfd < 1e-9 && gq > 1e-3, "T=1 dtheta = 0", det);
 
     /* Two-hop softmax, coded independently. */
     double *S1 = dalloc((size_t)n * r), *S2 = dalloc((size_t)r * m);
@@ -261,7 +261,7 @@ static void check_T1(counts *c, lcg *g)
                 e = fabs(a - A1[i * m + j]);
         }
     snprintf(det, sizeof det, "max |A - two-hop softmax| = %.1e", e);
-    report(c, e < 1e-14, "T=1 equals two-hop softmax", det);
+    th_report(e < 1e-14, "T=1 equals two-hop softmax", det);
 
     free(S1);
     free(S2);
@@ -282,7 +282,7 @@ static void check_T1(counts *c, lcg *g)
 /* 3. Margins for finite T; 6. convergence                                  */
 /* ------------------------------------------------------------------------ */
 
-static void check_margins(counts *c, lcg *g)
+static void check_margins(lcg *g)
 {
     static const int shapes[][2] = {{7, 7}, {5, 8}, {9, 4}};
     for (size_t si = 0; si < 3; si++) {
@@ -310,7 +310,7 @@ static void check_margins(counts *c, lcg *g)
         snprintf(det, sizeof det,
                  "T=1..8 max exact-margin err %.1e; other margin err (T<=4) >= %.1e", exact,
                  other_min);
-        report(c, exact < 1e-13 && other_min > 1e-6, name, det);
+        th_report(exact < 1e-13 && other_min > 1e-6, name, det);
     }
 
     static const int cshapes[][2] = {{6, 6}, {5, 8}};
@@ -330,7 +330,7 @@ static void check_margins(counts *c, lcg *g)
         snprintf(name, sizeof name, "converged T=401 n=%d m=%d doubly stochastic", n, m);
         snprintf(det, sizeof det, "row err %.1e, col err %.1e (target n/m), min entry %.2e", re,
                  ce, mn);
-        report(c, re < 1e-12 && ce < 1e-12 && mn > 0.0, name, det);
+        th_report(re < 1e-12 && ce < 1e-12 && mn > 0.0, name, det);
         free(A);
         free(O);
         prob_free(&P);
@@ -341,7 +341,7 @@ static void check_margins(counts *c, lcg *g)
 /* 4. r = 1                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void check_r1(counts *c, lcg *g)
+static void check_r1(lcg *g)
 {
     /* Spec 1.9 says "O_i = mean of V for every T"; that holds for T >= 2
      * only. With T = 1 (one row step) G1 = 1/n but G2 is only row-scaled to
@@ -380,9 +380,9 @@ static void check_r1(counts *c, lcg *g)
     }
     char det[120];
     snprintf(det, sizeof det, "T=2..6 max |O_i - mean(V)| = %.1e", e);
-    report(c, e < 1e-14, "r=1 gives mean of V (T >= 2)", det);
+    th_report(e < 1e-14, "r=1 gives mean of V (T >= 2)", det);
     snprintf(det, sizeof det, "max |O_i - softmax_j(s z.k_j/eps) V| = %.1e", e1);
-    report(c, e1 < 1e-14, "r=1 T=1 gives single-pivot softmax", det);
+    th_report(e1 < 1e-14, "r=1 T=1 gives single-pivot softmax", det);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -427,7 +427,7 @@ static int num_rank(int n, int m, double *X, double tol)
     return rank;
 }
 
-static void check_rank(counts *c, lcg *g)
+static void check_rank(lcg *g)
 {
     static const int rs[] = {1, 2, 3, 5};
     static const int Ts[] = {1, 4, 5};
@@ -452,14 +452,14 @@ static void check_rank(counts *c, lcg *g)
             free(O);
             prob_free(&P);
         }
-    report(c, ok, "rank(A) <= r (9x8, T in {1,4,5})", det);
+    th_report(ok, "rank(A) <= r (9x8, T in {1,4,5})", det);
 }
 
 /* ------------------------------------------------------------------------ */
 /* 7. Batched + padded                                                      */
 /* ------------------------------------------------------------------------ */
 
-static void check_batched(counts *c, lcg *g)
+static void check_batched(lcg *g)
 {
     const int B = 3, H = 2, Nq = 6, Nk = 7, d = 3, dv = 2, r = 3;
     const int ql[3] = {6, 4, 0}, kl[3] = {5, 7, 3};
@@ -558,7 +558,7 @@ static void check_batched(counts *c, lcg *g)
                  "B=3 H=2 ql={6,4,0} kl={5,7,3}, NaN padding; max diff (A,O,dQ,dK,dV,dZ,dth) "
                  "%.1e",
                  e);
-        report(c, e == 0.0, name, det);
+        th_report(e == 0.0, name, det);
         free(A);
         free(O);
         free(dQ);
@@ -600,7 +600,7 @@ static void check_batched(counts *c, lcg *g)
         }
         char det[100];
         snprintf(det, sizeof det, "max diff %.1e", e);
-        report(c, e == 0.0, "batched NULL lengths == full problems", det);
+        th_report(e == 0.0, "batched NULL lengths == full problems", det);
         free(fQ);
         free(fK);
         free(fV);
@@ -619,18 +619,17 @@ static void check_batched(counts *c, lcg *g)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     lcg g = {0x5eed1ab5c0ffee01ULL};
     double worst = 0.0;
-    check_fd(&c, &g, &worst);
+    check_fd(&g, &worst);
     char det[80];
     snprintf(det, sizeof det, "worst relative error over all 20 configs %.2e", worst);
-    report(&c, worst < 1e-6, "fd grads summary", det);
-    check_T1(&c, &g);
-    check_margins(&c, &g);
-    check_r1(&c, &g);
-    check_rank(&c, &g);
-    check_batched(&c, &g);
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    th_report(worst < 1e-6, "fd grads summary", det);
+    check_T1(&g);
+    check_margins(&g);
+    check_r1(&g);
+    check_rank(&g);
+    check_batched(&g);
+    return th_summary();
 }

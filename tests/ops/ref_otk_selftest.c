@@ -188,7 +188,7 @@ static const fd_case fd_cases[] = {
     {6, 4, 2, 4, 6, 20, 1, 1, 0, 0, 0, 0, 6, 1, -1, 0.0},
 };
 
-static void check_fd(counts *cnt, lcg *g, double *worst)
+static void check_fd(lcg *g, double *worst)
 {
     static const char *pes[] = {"noPE", "1D-PE", "2D-PE"};
     for (size_t ci = 0; ci < sizeof fd_cases / sizeof fd_cases[0]; ci++) {
@@ -218,12 +218,12 @@ static void check_fd(counts *cnt, lcg *g, double *worst)
         if (f->conv == 1 && f->pe == 1)
             snprintf(name + strlen(name), sizeof name - strlen(name), " n_pad=%d", f->n_pad);
         snprintf(det, sizeof det, "rel err x %.1e z %.1e W %.1e", e[0], e[1], e[2]);
-        report(cnt, emax < 1e-7, name, det);
+        th_report(emax < 1e-7, name, det);
         prob_free(&P);
     }
 }
 
-static void check_isqrt_modes(counts *cnt, lcg *g)
+static void check_isqrt_modes(lcg *g)
 {
     ref_otk_cfg c = base_cfg(5, 3, 2, 3, 4, 3);
     c.pe = 1;
@@ -251,12 +251,12 @@ static void check_isqrt_modes(counts *cnt, lcg *g)
             snprintf(det, sizeof det,
                      "eta=0.05: FD rel err x %.1e z %.1e W %.1e; |dW_ref - dW_exact| / |dW| = %.1e",
                      e[0], e[1], e[2], diff[0]);
-            report(cnt, e[0] < 1e-7 && e[1] < 1e-7 && e[2] > 1e-4 && diff[0] > 1e-3,
+            th_report(e[0] < 1e-7 && e[1] < 1e-7 && e[2] > 1e-4 && diff[0] > 1e-3,
                    "isqrtREF eta>0: dx, dz exact, dW differs", det);
             double ex = max_abs_diff(dx[0], dx[1], nx), ez = max_abs_diff(dz[0], dz[1], nz);
             snprintf(det, sizeof det, "max |dx_ref - dx_exact| %.1e, |dz_ref - dz_exact| %.1e",
                      ex, ez);
-            report(cnt, ex == 0.0 && ez == 0.0, "isqrt mode only affects dW", det);
+            th_report(ex == 0.0 && ez == 0.0, "isqrt mode only affects dW", det);
         }
         for (int m = 0; m < 2; m++) {
             free(dx[m]); free(dz[m]); free(dW[m]);
@@ -264,7 +264,7 @@ static void check_isqrt_modes(counts *cnt, lcg *g)
     }
     char det[120];
     snprintf(det, sizeof det, "eta=0: |dW_ref - dW_exact| / |dW| = %.1e", diff[1]);
-    report(cnt, diff[1] < 1e-10, "isqrt modes agree at eta=0", det);
+    th_report(diff[1] < 1e-10, "isqrt modes agree at eta=0", det);
     prob_free(&P);
 }
 
@@ -285,7 +285,7 @@ static void plan_of(const prob *P, double *Pl)
     free(out); free(pl);
 }
 
-static void check_margins(counts *cnt, lcg *g)
+static void check_margins(lcg *g)
 {
     static const int Ls[] = {1, 2, 4, 8, 400};
     ref_otk_cfg c = base_cfg(7, 3, 2, 4, 5, 1);
@@ -315,12 +315,12 @@ static void check_margins(counts *cnt, lcg *g)
     }
     char det[200];
     snprintf(det, sizeof det, "max |p colsum - 1| over L in {1,2,4,8,400} = %.1e", colmax);
-    report(cnt, colmax < 1e-14, "columns of P sum to 1/p exactly", det);
+    th_report(colmax < 1e-14, "columns of P sum to 1/p exactly", det);
     snprintf(det, sizeof det, "max |n rowsum - 1|: L=1 %.1e, 2 %.1e, 4 %.1e, 8 %.1e, 400 %.1e",
              rowerr[0], rowerr[1], rowerr[2], rowerr[3], rowerr[4]);
     int mono = rowerr[0] > rowerr[1] && rowerr[1] > rowerr[2] && rowerr[2] > rowerr[3] &&
                rowerr[3] >= rowerr[4];
-    report(cnt, mono && rowerr[0] > 1e-3 && rowerr[4] < 1e-12, "rows of P -> 1/n as L grows", det);
+    th_report(mono && rowerr[0] > 1e-3 && rowerr[4] < 1e-12, "rows of P -> 1/n as L grows", det);
 
     /* L = 1: P_ij = (1/p) R_ij / sum_i' R_i'j, R = row softmax of K/eps. */
     P.c.L = 1;
@@ -349,7 +349,7 @@ static void check_margins(counts *cnt, lcg *g)
             e = maxd(e, fabs(R[i * p + j] / (p * s) - Pl[i * p + j]) * n * p);
     }
     snprintf(det, sizeof det, "max |P - softmax/colnorm| * n p = %.1e", e);
-    report(cnt, e < 1e-13, "L=1 equals row softmax then column normalise", det);
+    th_report(e < 1e-13, "L=1 equals row softmax then column normalise", det);
     free(psi); free(R); free(Pl);
     prob_free(&P);
 }
@@ -358,7 +358,7 @@ static void check_margins(counts *cnt, lcg *g)
 /* 4-6. Permutation invariance, eps -> infinity, convention scale           */
 /* ------------------------------------------------------------------------ */
 
-static void check_invariances(counts *cnt, lcg *g)
+static void check_invariances(lcg *g)
 {
     ref_otk_cfg c = base_cfg(6, 3, 2, 4, 5, 3);
     prob P;
@@ -388,7 +388,7 @@ static void check_invariances(counts *cnt, lcg *g)
     char det[160];
     snprintf(det, sizeof det, "no PE: rel out diff / plan diff %.1e; 1-D PE: rel out diff %.1e",
              e, ep);
-    report(cnt, e < 1e-13 && ep > 1e-3, "permutation invariance (broken by PE)", det);
+    th_report(e < 1e-13 && ep > 1e-3, "permutation invariance (broken by PE)", det);
 
     /* eps -> infinity: out[j][h] = c/(n p) sum_i psi_i. */
     P.c.pe = 0;
@@ -408,7 +408,7 @@ static void check_invariances(counts *cnt, lcg *g)
             }
     em /= max_abs(o1, no);
     snprintf(det, sizeof det, "eps=1e9: max rel |out - c/(np) sum psi| = %.1e", em);
-    report(cnt, em < 1e-7, "eps -> infinity gives mean pooling", det);
+    th_report(em < 1e-7, "eps -> infinity gives mean pooling", det);
 
     /* REFERENCE = sqrt(p q) PAPER for no PE and 2-D PE (same S). */
     P.c.eps = 0.5;
@@ -426,14 +426,14 @@ static void check_invariances(counts *cnt, lcg *g)
         es /= max_abs(o2, no);
     }
     snprintf(det, sizeof det, "max rel |out_ref - sqrt(pq) out_paper| = %.1e", es);
-    report(cnt, es < 1e-14, "REFERENCE = sqrt(p q) x PAPER (no PE, 2-D PE)", det);
+    th_report(es < 1e-14, "REFERENCE = sqrt(p q) x PAPER (no PE, 2-D PE)", det);
     free(o1); free(o2); free(pl1); free(pl2); free(xp); free(psi);
     prob_free(&P);
 }
 
 /* eps -> infinity: P -> 1/(n p), so the plan output n p / c is S itself;
  * S coded here from grid coordinates. */
-static void check_pe_weights(counts *cnt, lcg *g)
+static void check_pe_weights(lcg *g)
 {
     const int n = 6, p = 4, q = 2, s = 2, gh = 3, gw = 2, npad = 9;
     const double sp = 0.7;
@@ -478,7 +478,7 @@ static void check_pe_weights(counts *cnt, lcg *g)
     }
     char det[120];
     snprintf(det, sizeof det, "eps=1e9: max |plan n p / c - S| = %.1e", e);
-    report(cnt, e < 1e-7, "PE weights S (1-D PAPER/REF, 2-D; single and double)", det);
+    th_report(e < 1e-7, "PE weights S (1-D PAPER/REF, 2-D; single and double)", det);
     free(out); free(pl); free(S);
     prob_free(&P);
 }
@@ -487,7 +487,7 @@ static void check_pe_weights(counts *cnt, lcg *g)
 /* 7. Nystrom properties                                                    */
 /* ------------------------------------------------------------------------ */
 
-static void check_nystrom(counts *cnt, lcg *g)
+static void check_nystrom(lcg *g)
 {
     static const int ks[] = {3, 4, 6};
     const int d = 3;
@@ -553,19 +553,19 @@ static void check_nystrom(counts *cnt, lcg *g)
     }
     char det[120];
     snprintf(det, sizeof det, "k in {3,4,6}, scaled anchors: max |<psi,psi'> - kernel| = %.1e", ek);
-    report(cnt, ek < 1e-11, "eta=0 Nystrom reproduces the kernel on anchors", det);
+    th_report(ek < 1e-11, "eta=0 Nystrom reproduces the kernel on anchors", det);
     snprintf(det, sizeof det, "max |psi(x)| / |x| = %.15f", ratio);
-    report(cnt, ratio <= 1.0 + 1e-12 && ratio > 0.9, "|psi(x)| <= |x| (unit anchors, eta >= 0)",
+    th_report(ratio <= 1.0 + 1e-12 && ratio > 0.9, "|psi(x)| <= |x| (unit anchors, eta >= 0)",
            det);
     snprintf(det, sizeof det, "max |M G M - I| = %.1e", emgm);
-    report(cnt, emgm < 1e-11, "isqrt: M G M = I at eta=0", det);
+    th_report(emgm < 1e-11, "isqrt: M G M = I at eta=0", det);
 }
 
 /* ------------------------------------------------------------------------ */
 /* 8. Batched + padded                                                      */
 /* ------------------------------------------------------------------------ */
 
-static void check_batched(counts *cnt, lcg *g)
+static void check_batched(lcg *g)
 {
     const int B = 3, N = 6, d = 3, q = 2, p = 4, k = 4;
     const int len[3] = {6, 4, 1};
@@ -642,7 +642,7 @@ static void check_batched(counts *cnt, lcg *g)
                  c.W ? "Nystrom" : "identity", c.convention ? "REF" : "PAPER", c.pe,
                  c.pe_double ? " double" : "", ln ? "len {6,4,1}, NaN pad" : "len NULL");
         snprintf(det, sizeof det, "max diff (out, plan, dx, dz, dW) %.1e", e);
-        report(cnt, e == 0.0, name, det);
+        th_report(e == 0.0, name, det);
         if (xx != x)
             free(xx);
     }
@@ -652,19 +652,18 @@ static void check_batched(counts *cnt, lcg *g)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     lcg g = {0x07c0ffee5eed0001ULL};
     double worst = 0.0;
-    check_fd(&c, &g, &worst);
+    check_fd(&g, &worst);
     char det[80];
     snprintf(det, sizeof det, "worst relative error over all configs %.2e", worst);
-    report(&c, worst < 1e-7, "fd grads summary", det);
-    check_isqrt_modes(&c, &g);
-    check_margins(&c, &g);
-    check_invariances(&c, &g);
-    check_pe_weights(&c, &g);
-    check_nystrom(&c, &g);
-    check_batched(&c, &g);
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    th_report(worst < 1e-7, "fd grads summary", det);
+    check_isqrt_modes(&g);
+    check_margins(&g);
+    check_invariances(&g);
+    check_pe_weights(&g);
+    check_nystrom(&g);
+    check_batched(&g);
+    return th_summary();
 }

@@ -1,6 +1,8 @@
-/* ref_selftest_util.h -- the small harness shared by the double-precision
- * references' self-tests (tests/ops/ref_*_selftest.c): pass/fail counts, a
- * seeded 64-bit LCG, allocation and max-error helpers. */
+/* ref_selftest_util.h -- helpers shared by the double-precision references'
+ * self-tests (tests/ops/ref_*_selftest.c): their checks go through the one
+ * test harness (tests/harness.h: th_check, th_summary) with th_report for a
+ * detail already formatted; a seeded 64-bit LCG (their inputs), allocation
+ * and max-error helpers. */
 #ifndef BK_REF_SELFTEST_UTIL_H
 #define BK_REF_SELFTEST_UTIL_H
 #include <math.h>
@@ -8,18 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef struct {
-    int passed, failed;
-} counts;
+#include "../harness.h"
 
-static inline void report(counts *c, int ok, const char *name, const char *detail)
-{
-    printf("[%s] %s: %s\n", ok ? "PASS" : "FAIL", name, detail);
-    if (ok)
-        c->passed++;
-    else
-        c->failed++;
-}
+/* one check whose detail is already formatted */
+static inline void th_report(int ok, const char *name, const char *detail) { th_check(ok, name, "%s", detail); }
 
 /* 64-bit LCG (Knuth MMIX constants); uniform in [lo, hi). */
 typedef struct {

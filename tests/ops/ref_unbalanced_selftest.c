@@ -63,7 +63,7 @@ static double fd_rel(prob *p, double *x, size_t cnt, const double *g)
 
 int main(void)
 {
-    counts c = {0, 0};
+    TH.verbose = 1; /* one line per check, as before */
     char name[96], det[160];
     /* kappa = 1: the balanced reference, another formulation */
     for (int S = 1; S <= 6; S++) {
@@ -77,7 +77,7 @@ int main(void)
         const double e = fmax(max_abs_diff(A1, A2, 35), fmax(max_abs_diff(O1, O2, 10), max_abs_diff(g1, g2, 50)));
         snprintf(name, sizeof name, "kappa = 1 is balanced Sinkhorn, S=%d", S);
         snprintf(det, sizeof det, "max diff %.2e (tol 1e-12)", e);
-        report(&c, e < 1e-12, name, det);
+        th_report(e < 1e-12, name, det);
         free(A1); free(O1); free(A2); free(O2); free(g1); free(g2);
         drop(&p);
     }
@@ -91,7 +91,7 @@ int main(void)
             const double r = fmax(fd_rel(&p, p.Q, 12, dQ), fmax(fd_rel(&p, p.K, 18, dK), fd_rel(&p, p.V, 12, dV)));
             snprintf(name, sizeof name, "finite differences kappa=%.1f S=%d", kappas[ki], S);
             snprintf(det, sizeof det, "relative error %.2e (tol 1e-6)", r);
-            report(&c, r < 1e-6, name, det);
+            th_report(r < 1e-6, name, det);
             free(dQ); free(dK); free(dV);
             drop(&p);
         }
@@ -143,18 +143,17 @@ int main(void)
                 }
         }
         snprintf(det, sizeof det, "max |rowsum - 1| %.2e after S=3 (tol 1e-12)", rowdev);
-        report(&c, rowdev < 1e-12, "rows exact after a row step", det);
+        th_report(rowdev < 1e-12, "rows exact after a row step", det);
         snprintf(det, sizeof det, "max |colsum - n/m| %.2e after S=4, kappa 0.5 (> 1e-3)", coldev);
-        report(&c, coldev > 1e-3, "columns not exact after a damped column step", det);
+        th_report(coldev > 1e-3, "columns not exact after a damped column step", det);
         snprintf(det, sizeof det, "max diff over S = 1..6: %.2e (tol 1e-12)", rowshift);
-        report(&c, rowshift < 1e-12, "a score shift by row is absorbed at every S", det);
+        th_report(rowshift < 1e-12, "a score shift by row is absorbed at every S", det);
         snprintf(det, sizeof det, "S=401: balanced %.2e (tol 1e-9), kappa 0.5 %.2e (> 1e-3)", colshift_bal,
                  colshift_unb);
-        report(&c, colshift_bal < 1e-9 && colshift_unb > 1e-3,
+        th_report(colshift_bal < 1e-9 && colshift_unb > 1e-3,
                "a score shift by column is absorbed at convergence by the balanced iteration only", det);
         free(A); free(O); free(A2); free(O2); free(Qs); free(Ks);
         drop(&p);
     }
-    printf("%d passed, %d failed\n", c.passed, c.failed);
-    return c.failed == 0 ? 0 : 1;
+    return th_summary();
 }

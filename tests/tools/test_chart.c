@@ -1,12 +1,14 @@
 /* test_chart.c -- standalone checks of tools/plot/chart.c: every chart kind in PNG and SVG, image sizes,
  * content (series colour, heat-map colours and pixelation, transport segments), bad input and I/O
- * errors, non-finite data, atomic output (no temporaries left). Prints "ok - ..." / "not ok - ..."
- * per check and "N passed, M failed"; exits non-zero on failure.
+ * errors, non-finite data, atomic output (no temporaries left). The checks are the harness's
+ * (tests/harness.h): one line per check and "N passed, N failed"; exits non-zero on failure.
  *
  *   gcc -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags cairo) \
- *       -Itools/plot tests/tools/test_chart.c tools/plot/chart.c -o /tmp/test_chart $(pkg-config --libs cairo) -lm
+ *       -Iinclude -Itools/plot tests/tools/test_chart.c tests/harness.c tools/plot/chart.c build/libbirkhoff.a \
+ *       -o /tmp/test_chart $(pkg-config --libs cairo) -lm (and the library's link flags: the Makefile's $(TCHART))
  */
 #include "chart.h"
+#include "../harness.h"
 
 #include <cairo.h>
 #include <dirent.h>
@@ -21,26 +23,22 @@
 #include <unistd.h>
 
 typedef struct {
-    int passed, failed;
     char dir[64]; /* the temporary directory */
 } tally;
 
+/* one check of the harness (tests/harness.h), its description formatted */
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int check(tally *t, int cond, const char *fmt, ...)
+static int check(const tally *t, int cond, const char *fmt, ...)
 {
+    char what[512];
     va_list ap;
     va_start(ap, fmt);
-    printf(cond ? "ok - " : "not ok - ");
-    vprintf(fmt, ap);
-    printf("\n");
+    vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (cond)
-        t->passed++;
-    else
-        t->failed++;
-    return cond;
+    (void)t;
+    return th_check(cond, "chart", "%s", what);
 }
 
 /* ---- file and image helpers ----------------------------------------------------------------- */
@@ -582,7 +580,8 @@ static void release_fontconfig(void)
 int main(int argc, char **argv)
 {
     int keep = argc > 1 && strcmp(argv[1], "--keep") == 0; /* keep the pictures for a look */
-    tally t = {0, 0, "/tmp/test_chart.XXXXXX"};
+    tally t = {"/tmp/test_chart.XXXXXX"};
+    TH.verbose = 1; /* one line per check, as before */
     if (!mkdtemp(t.dir)) {
         perror("mkdtemp");
         return 1;
@@ -599,7 +598,5 @@ int main(int argc, char **argv)
         cleanup(&t);
     cairo_debug_reset_static_data(); /* cairo's caches, then fontconfig's */
     release_fontconfig();
-    printf("%d passed, %d failed\n", t.passed, t.failed);
-    fflush(stdout);
-    return t.failed ? 1 : 0;
+    return th_summary();
 }

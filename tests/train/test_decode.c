@@ -11,9 +11,11 @@
  * every fed token was a finite-probability continuation of its parent's
  * prefix (or eos for a row without a live hypothesis). */
 #include "../../src/train/decode.h"
-#include "../data/tcheck.h"
+#include "../harness.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define LMAX 64
 
@@ -35,13 +37,8 @@ typedef struct {
     char bad[200];
 } hdec;
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* one splitmix64 number from the state x (the library's generator) */
+static uint64_t mix(uint64_t x) { return bk_splitmix64(&x); }
 
 /* log p(. | prefix) of a sentence with seed s: the model the search and the references share */
 static void model_logp(const hdec *h, uint64_t s, const int32_t *p, int n, float *out)
@@ -206,7 +203,7 @@ static void test_exhaustive(void)
                 char name[160];
                 snprintf(name, sizeof name, "exhaustive beam %d = brute force (V 4, max_len %d, len_penalty %g%s)",
                          beam, L, (double)lps[li], forbid ? ", some tokens -inf" : "");
-                tc_check(ok, name, "status %d (%s), sentence %d: len %d score %.9g vs brute %.9g", (int)st,
+                th_check(ok, name, "status %d (%s), sentence %d: len %d score %.9g vs brute %.9g", (int)st,
                          st ? bk_last_error() : "", bad, bad >= 0 ? len[bad] : -1, bad >= 0 ? (double)sc[bad] : 0.0,
                          want);
                 free(h);
@@ -239,7 +236,7 @@ static void test_consistent(void)
             }
             free(h);
         }
-    tc_check(ok, "beams 1..6: the answer is a legal output and its score is its true score", "%s", why);
+    th_check(ok, "beams 1..6: the answer is a legal output and its score is its true score", "%s", why);
 }
 
 /* ---- a naive reference beam search: explicit prefixes, every candidate sorted ---- */
@@ -313,7 +310,7 @@ static void test_reference(void)
             }
             free(h);
         }
-    tc_check(ok, "beams 1..12 = a naive reference beam search (every candidate sorted)", "%s (%d cases)", why, n);
+    th_check(ok, "beams 1..12 = a naive reference beam search (every candidate sorted)", "%s (%d cases)", why, n);
 }
 
 /* ---- (2) greedy is the argmax chain ---------------------------------------- */
@@ -353,7 +350,7 @@ static void test_greedy(void)
                              (int)st, len, n, (double)sc, wsc);
         free(h);
     }
-    tc_check(ok, "greedy (beam 1) = the hand-rolled argmax chain with EOS forced at the limit", "%s", why);
+    th_check(ok, "greedy (beam 1) = the hand-rolled argmax chain with EOS forced at the limit", "%s", why);
 
     /* ties: every token equally likely -> the lowest token each step, eos forced at the limit */
     uint64_t seed[1] = {1};
@@ -366,7 +363,7 @@ static void test_greedy(void)
     bk_status st = run(h, 1, 1, 0.0f, ml, out, 8, &len, &sc);
     int zeros = st == BK_OK && len == 5;
     for (int i = 0; zeros && i < 5; i++) zeros = out[i] == 0;
-    tc_check(zeros && fabs(sc + 6.0 * log(9.0)) < 1e-5, "greedy ties go to the lower token", "status %d len %d score %g",
+    th_check(zeros && fabs(sc + 6.0 * log(9.0)) < 1e-5, "greedy ties go to the lower token", "status %d len %d score %g",
              (int)st, len, (double)sc);
     free(h);
 
@@ -382,7 +379,7 @@ static void test_greedy(void)
         len = -1;
         st = run(h, 1, 3, (float)lpi, ml, out, 8, &len, &sc);
         int good = st == BK_OK && (lpi == 1 ? len == 0 : len == 2 && out[0] == 1 && out[1] == 1) && h->calls == 3;
-        tc_check(good, lpi == 1 ? "beam ties: equal scores go to the hypothesis finished first"
+        th_check(good, lpi == 1 ? "beam ties: equal scores go to the hypothesis finished first"
                                 : "beam ties: candidates ordered by row, then token",
                  "status %d len %d out %d %d, %d steps", (int)st, len, out[0], out[1], h->calls);
         free(h);
@@ -416,7 +413,7 @@ static void test_batched(void)
         }
         free(h);
     }
-    tc_check(ok, "batched sentences with different max_len = each decoded alone (beams 1, 3, 5)", "%s", why);
+    th_check(ok, "batched sentences with different max_len = each decoded alone (beams 1, 3, 5)", "%s", why);
 }
 
 /* ---- (4) EOS forced at the limit --------------------------------------------- */
@@ -436,7 +433,7 @@ static void test_forced(void)
         double s0 = ok ? seq_score(h, seed[0], out, 6, 1.0f) : 0, s1 = seq_score(h, seed[1], NULL, 0, 1.0f);
         char name[120];
         snprintf(name, sizeof name, "beam %d: EOS forced at the limit (max_len 7 -> 6 tokens; max_len 1 -> empty)", beam);
-        tc_check(ok && legal && same_f(sc[0], (float)s0) && same_f(sc[1], (float)s1), name,
+        th_check(ok && legal && same_f(sc[0], (float)s0) && same_f(sc[1], (float)s1), name,
                  "status %d (%s) len %d %d scores %.9g %.9g want %.9g %.9g", (int)st, st ? bk_last_error() : "", len[0],
                  len[1], (double)sc[0], (double)sc[1], s0, s1);
         free(h);
@@ -448,7 +445,7 @@ static void test_forced(void)
     const int ml[1] = {4};
     int32_t out[4], len = 77;
     bk_status st = run(h, 1, 2, 1.0f, ml, out, 4, &len, NULL);
-    tc_check(st == BK_ERR_NUMERIC && len == 77, "eos -inf even at the limit: BK_ERR_NUMERIC, outputs untouched",
+    th_check(st == BK_ERR_NUMERIC && len == 77, "eos -inf even at the limit: BK_ERR_NUMERIC, outputs untouched",
              "status %d len %d (%s)", (int)st, len, bk_last_error());
     free(h);
 }
@@ -465,7 +462,7 @@ static void test_repeat(void)
     h->forbid = 1;
     bk_status a = run(h, 3, 5, 1.0f, ml, o1, 32, l1, s1);
     bk_status b = run(h, 3, 5, 1.0f, ml, o2, 32, l2, s2);
-    tc_check(a == BK_OK && b == BK_OK && !memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1) &&
+    th_check(a == BK_OK && b == BK_OK && !memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1) &&
                  !memcmp(s1, s2, sizeof s1),
              "the same call twice: identical tokens, lengths and scores", "status %d %d", (int)a, (int)b);
     free(h);
@@ -486,7 +483,7 @@ static void test_bad(void)
     do {                                                                                                           \
         h->cur = 0;                                                                                                \
         bk_status s_ = (expr);                                                                                     \
-        tc_check(s_ == (want) && len[0] == -7 && len[1] == -7, name, "status %d (want %d) len %d: %s", (int)s_,    \
+        th_check(s_ == (want) && len[0] == -7 && len[1] == -7, name, "status %d (want %d) len %d: %s", (int)s_,    \
                  (int)(want), len[0], bk_last_error());                                                            \
     } while (0)
     c.beam = 0;
@@ -520,16 +517,16 @@ static void test_bad(void)
     BAD(bki_beam_search(&d0, 2, &c, ml, out, 8, len, sc), BK_ERR_SHAPE, "vocab 0: BK_ERR_SHAPE");
     h->nan_at = 2;
     BAD(bki_beam_search(&d, 2, &c, ml, out, 8, len, sc), BK_ERR_NONFINITE, "NaN log p from step: BK_ERR_NONFINITE");
-    tc_check(strstr(bk_last_error(), "step 2") && strstr(bk_last_error(), "token 1"),
+    th_check(strstr(bk_last_error(), "step 2") && strstr(bk_last_error(), "token 1"),
              "the NaN's message names the step and the token", "%s", bk_last_error());
     h->nan_at = -1, h->inf_at = 1;
     BAD(bki_beam_search(&d, 2, &c, ml, out, 8, len, sc), BK_ERR_NONFINITE, "+inf log p from step: BK_ERR_NONFINITE");
     h->inf_at = -1, h->fail_at = 1, h->calls = 0;
     BAD(bki_beam_search(&d, 2, &c, ml, out, 8, len, sc), BK_ERR_IO, "the step's error is returned (BK_ERR_IO)");
-    tc_check(h->calls == 2, "the search stops at the failing step", "%d calls", h->calls);
+    th_check(h->calls == 2, "the search stops at the failing step", "%d calls", h->calls);
     h->fail_at = -1;
     h->cur = 0;
-    tc_check(bki_beam_search(&d, 2, &c, ml, out, 8, len, NULL) == BK_OK && len[0] >= 0 && len[0] <= 4 && len[1] <= 2,
+    th_check(bki_beam_search(&d, 2, &c, ml, out, 8, len, NULL) == BK_OK && len[0] >= 0 && len[0] <= 4 && len[1] <= 2,
              "score NULL is allowed", "%s", bk_last_error());
 #undef BAD
     free(h);
@@ -539,16 +536,16 @@ static void test_bad(void)
 static void test_config(void)
 {
     bk_decode_config c = bk_decode_config_default();
-    tc_check(c.beam == 5 && c.len_penalty == 1.0f && c.len_a == 1.5f && c.len_b == 10 && c.cache == 1,
+    th_check(c.beam == 5 && c.len_penalty == 1.0f && c.len_a == 1.5f && c.len_b == 10 && c.cache == 1,
              "bk_decode_config_default: beam 5, len_penalty 1, len_a 1.5, len_b 10, cache 1", "%d %g %g %d %d", c.beam,
              (double)c.len_penalty, (double)c.len_a, c.len_b, c.cache);
     int ok = bk_decode_config_set(&c, "beam", "1") == BK_OK && bk_decode_config_set(&c, "len_penalty", "-0.5") == BK_OK &&
              bk_decode_config_set(&c, "len_a", "0") == BK_OK && bk_decode_config_set(&c, "len_b", "0") == BK_OK &&
              bk_decode_config_set(&c, "cache", "0") == BK_OK;
-    tc_check(ok && c.beam == 1 && c.len_penalty == -0.5f && c.len_a == 0.0f && c.len_b == 0 && c.cache == 0,
+    th_check(ok && c.beam == 1 && c.len_penalty == -0.5f && c.len_a == 0.0f && c.len_b == 0 && c.cache == 0,
              "bk_decode_config_set: good values", "%s", bk_last_error());
     ok = bk_decode_config_set(&c, "beam", "1024") == BK_OK && c.beam == 1024;
-    tc_check(ok, "beam 1024 is allowed", "%s", bk_last_error());
+    th_check(ok, "beam 1024 is allowed", "%s", bk_last_error());
     const bk_decode_config keep = c;
     static const char *const bad[][2] = {{"beam", "0"},       {"beam", "1025"},    {"beam", "2.5"}, {"beam", "x"},
                                          {"len_penalty", "nan"}, {"len_penalty", "inf"}, {"len_a", "-1"},
@@ -558,16 +555,17 @@ static void test_config(void)
         bk_status st = bk_decode_config_set(&c, bad[i][0], bad[i][1]);
         char name[100];
         snprintf(name, sizeof name, "bk_decode_config_set %s=%s: BK_ERR_PARAM, config unchanged", bad[i][0], bad[i][1]);
-        tc_check(st == BK_ERR_PARAM && !memcmp(&c, &keep, sizeof c) && *bk_last_error(), name, "status %d (%s)",
+        th_check(st == BK_ERR_PARAM && !memcmp(&c, &keep, sizeof c) && *bk_last_error(), name, "status %d (%s)",
                  (int)st, bk_last_error());
     }
-    tc_check(bk_decode_config_set(&c, NULL, "1") == BK_ERR_NULL && bk_decode_config_set(&c, "beam", NULL) == BK_ERR_NULL &&
+    th_check(bk_decode_config_set(&c, NULL, "1") == BK_ERR_NULL && bk_decode_config_set(&c, "beam", NULL) == BK_ERR_NULL &&
                  bk_decode_config_set(NULL, "beam", "1") == BK_ERR_NULL,
              "bk_decode_config_set: NULL config, key or value: BK_ERR_NULL", "%s", bk_last_error());
 }
 
 int main(void)
 {
+    TH.verbose = 1; /* one line per check, as before */
     test_config();
     test_exhaustive();
     test_consistent();
@@ -577,5 +575,5 @@ int main(void)
     test_forced();
     test_repeat();
     test_bad();
-    return tc_summary();
+    return th_summary();
 }

@@ -12,7 +12,7 @@
  * transport itself: tests/tools/test_mpi.py).
  * Run: build/test_train; prints "N passed, M failed". */
 #include "birkhoff.h"
-#include "../data/tcheck.h"
+#include "../harness.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHECK(ok, name, ...) tc_check((ok), (name), __VA_ARGS__)
+#define CHECK(ok, name, ...) th_check((ok), (name), __VA_ARGS__)
 
 static int has(const char *msg, const char *part) { return msg && strstr(msg, part) != NULL; }
 static char g_tmp[256];
@@ -1282,7 +1282,8 @@ static void test_resume_gap(void)
 
 int main(void)
 {
-    if (!tc_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
+    TH.verbose = 1; /* one line per check, as before */
+    if (!th_tmpdir(g_tmp, sizeof g_tmp, "test-train")) return 1;
     test_config();
     test_runs();
     test_resume_gap();
@@ -1294,5 +1295,5 @@ int main(void)
     test_data_parallel();
     test_set_run();
     rm_rf(g_tmp);
-    return tc_summary();
+    return th_summary();
 }

@@ -54,8 +54,8 @@ int cmd_bleu(int argc, char **argv)
         goto out;
     }
     double cf = 0;
-    if (chrf && (cf = cli_chrf((const char *const *)H, (const char *const *)R, nh)) < 0) {
-        fprintf(stderr, "birkhoff bleu: out of memory\n");
+    if (chrf && bk_chrf_text((const char *const *)H, (const char *const *)R, nh, &cf) != BK_OK) {
+        fprintf(stderr, "birkhoff bleu: --hyp %s, --ref %s: %s\n", hyp, ref, bk_last_error());
         goto out;
     }
     if (json) {

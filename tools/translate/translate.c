@@ -471,9 +471,9 @@ int cmd_translate(int argc, char **argv)
                 br.ref_len ? (double)br.hyp_len / (double)br.ref_len : 0.0, (long long)br.hyp_len,
                 (long long)br.ref_len, n, ids ? "none (ids)" : "13a");
         if (!ids) {
-            double c = cli_chrf((const char *const *)outl, (const char *const *)R, n);
-            if (c < 0) {
-                fprintf(stderr, "birkhoff translate: out of memory\n");
+            double c = 0;
+            if (bk_chrf_text((const char *const *)outl, (const char *const *)R, n, &c) != BK_OK) {
+                fprintf(stderr, "birkhoff translate: %s\n", bk_last_error());
                 goto out;
             }
             fprintf(stderr, "chrF2 = %.2f (character 6-grams, beta 2, whitespace removed)\n", c);

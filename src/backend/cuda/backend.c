@@ -1,12 +1,14 @@
-/* backend.c -- the CUDA backend's table and operator driver (docs/CUDA.md,
- * docs/BACKENDS.md). It runs softmax and Sinkhorn attention (forward and the
- * exact unrolled backward) on tensors in device memory, on the context's
- * stream, asynchronously: a call validates on the host, queues its kernels
- * (kernels.cu) and returns. A backward given a tape checks its header on
- * the host as this context's forward noted it (bki_ctx_tape_note); a tape
- * the context did not write is read back, the one synchronisation. */
+/* backend.c -- the CUDA backend's table and its per-operator kernels
+ * (docs/CUDA.md, docs/BACKENDS.md). It registers softmax and Sinkhorn
+ * attention (forward and the exact unrolled backward) on tensors in device
+ * memory, on the context's stream, asynchronously: a call validates on the
+ * host, queues its kernels (kernels.cu) and returns. A backward given a tape
+ * checks its header on the host as this context's forward noted it
+ * (bki_ctx_tape_note); a tape the context did not write is read back, the
+ * one synchronisation. It sees a call through ../call.h only (the driver
+ * has run the operator's own checks and filled the tape header), never the
+ * framework's header. */
 #include "../backend.h"
-#include "../../ops/op.h"
 #include "kernels.h"
 
 #include <cuda_runtime_api.h>
@@ -83,59 +85,27 @@ static bk_status copy(bk_context *ctx, void *dst, const void *src, size_t bytes,
     return e == cudaSuccess ? BK_OK : cuda_fail(e, "cudaMemcpy");
 }
 
-static bk_status fill(bk_context *ctx, float *dst, float value, size_t n)
-{
-    bk_status s;
-    if ((s = use_device(ctx))) return s;
-    const cudaError_t e = (cudaError_t)bkc_fill(dst, value, n, stream_of(ctx));
-    return e == cudaSuccess ? BK_OK : cuda_fail(e, "fill");
-}
-
-static bk_status no_gemm(bk_context *ctx, int batch, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                         ptrdiff_t lda, ptrdiff_t sA, const float *B, ptrdiff_t ldb, ptrdiff_t sB, float beta,
-                         float *C, ptrdiff_t ldc, ptrdiff_t sC)
-{
-    (void)ctx; (void)batch; (void)ta; (void)tb; (void)M; (void)N; (void)K; (void)alpha; (void)A; (void)lda;
-    (void)sA; (void)B; (void)ldb; (void)sB; (void)beta; (void)C; (void)ldc; (void)sC;
-    return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend has no batched GEMM (its operators run fused kernels)");
-}
-
-static bk_status no_sum(bk_context *ctx, int nb, int n, const float *parts, ptrdiff_t ld, float *out)
-{
-    (void)ctx; (void)nb; (void)n; (void)parts; (void)ld; (void)out;
-    return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend has no block sum (its operators run fused kernels)");
-}
-
-static void no_run(bk_context *ctx, bki_plan pl, int P, char *lanes, size_t lane_bytes, bki_problem_fn fn, void *arg)
-{
-    (void)ctx; (void)pl; (void)P; (void)lanes; (void)lane_bytes; (void)fn; (void)arg; /* never reached: op_forward */
-}
-
-static int supports_op(const struct bki_op *op) { return op == &bki_op_softmax || op == &bki_op_sinkhorn; }
-
-/* ---- the call's parameters ---------------------------------------------- */
+/* ---- the call's parameters: each registered operator's entry reads its
+ * own parameter struct (softmax_par, sinkhorn_par) ------------------------ */
 typedef struct {
+    const char *name; /* the operator's, for messages */
     float alpha, tol;
     int S, causal, implicit;
+    const bk_sinkhorn_extras *ex; /* the forward's extras (Sinkhorn), or NULL */
 } cu_par;
 
-static cu_par par_of(const bki_call *c)
+static cu_par softmax_par(const bki_call *c)
 {
-    cu_par k = {0.0f, 0.0f, 1, 0, 0};
-    float scale, eps = 1.0f;
-    if (c->op == &bki_op_softmax) {
-        const bk_softmax_config *p = c->par;
-        scale = p->scale;
-        k.causal = p->causal;
-    } else {
-        const bk_sinkhorn_config *p = c->par;
-        scale = p->scale;
-        eps = p->eps;
-        k.S = p->iters;
-        k.tol = p->tol;
-        k.implicit = p->grad == BK_GRAD_IMPLICIT;
-    }
-    k.alpha = bki_scale(scale, c->d->d) / eps;
+    const bk_softmax_config *p = c->par;
+    const cu_par k = {"softmax", bki_scale(p->scale, c->d->d), 0.0f, 1, p->causal, 0, NULL};
+    return k;
+}
+
+static cu_par sinkhorn_par(const bki_call *c)
+{
+    const bk_sinkhorn_config *p = c->par;
+    const cu_par k = {"sinkhorn", bki_scale(p->scale, c->d->d) / p->eps, p->tol, p->iters, 0,
+                      p->grad == BK_GRAD_IMPLICIT, c->ex};
     return k;
 }
 
@@ -147,11 +117,11 @@ typedef struct {
 
 static size_t r256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
+static cu_ws ws_layout(const bki_call *c, const cu_par *k, int with_hist, int backward)
 {
     const bk_attn_desc *d = c->d;
     const size_t P = (size_t)d->B * d->H, nkb = (size_t)(d->Nk + BKC_TILE - 1) / BKC_TILE;
-    const size_t hl = bki_hist_len(d->Nq, d->Nk, par_of(c).S);
+    const size_t hl = bki_hist_len(d->Nq, d->Nk, k->S);
     cu_ws w;
     size_t off = 0;
     w.lens = off; off += r256(2 * (size_t)d->B * sizeof(int32_t));
@@ -164,7 +134,7 @@ static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
     /* the backward's rank-one factors: S (Nq + Nk) floats a problem (used by
      * the 16-bit passes; the size query knows no dtype) */
     w.fac = off;
-    off += backward ? r256(P * (size_t)par_of(c).S * (((size_t)d->Nq + 3) / 4 * 4 + ((size_t)d->Nk + 3) / 4 * 4) *
+    off += backward ? r256(P * (size_t)k->S * (((size_t)d->Nq + 3) / 4 * 4 + ((size_t)d->Nk + 3) / 4 * 4) *
                            sizeof(float))
                     : 0;
     w.fact = off; off += backward ? r256(P * sizeof(int32_t)) : 0;
@@ -172,10 +142,19 @@ static cu_ws ws_layout(const bki_call *c, int with_hist, int backward)
     return w;
 }
 
-static size_t op_workspace_size(bk_context *ctx, bki_call *c)
+/* a backward that recomputes its tape: the largest */
+static size_t softmax_workspace(bk_context *ctx, bki_call *c)
 {
     (void)ctx;
-    return ws_layout(c, 1, 1).total; /* a backward that recomputes its tape: the largest */
+    const cu_par k = softmax_par(c);
+    return ws_layout(c, &k, 1, 1).total;
+}
+
+static size_t sinkhorn_workspace(bk_context *ctx, bki_call *c)
+{
+    (void)ctx;
+    const cu_par k = sinkhorn_par(c);
+    return ws_layout(c, &k, 1, 1).total;
 }
 
 /* ---- the output kept in the tape (bk_context_config.tape_output): P x Nq x
@@ -189,9 +168,9 @@ static int tape_output(const bk_context *ctx)
     return bki_ctx_config(ctx)->tape_output && !(e && strcmp(e, "0") == 0);
 }
 
-static size_t op_tape_extra(bk_context *ctx, bki_call *c)
+static size_t tape_extra(bk_context *ctx, bki_call *c)
 {
-    if (!tape_output(ctx) || !supports_op(c->op)) return 0;
+    if (!tape_output(ctx)) return 0;
     return 256 + (size_t)c->d->B * c->d->H * c->d->Nq * c->d->dv * sizeof(float);
 }
 
@@ -199,7 +178,7 @@ _Static_assert(sizeof(bki_tape_header) <= BKI_TAPE_NOTE_MAX, "a tape header fits
 
 static float *tape_out(const bki_call *c, const void *tape)
 {
-    const uintptr_t at = (uintptr_t)tape + bki_op_tape_size((bki_call *)c);
+    const uintptr_t at = (uintptr_t)tape + c->tape_bytes;
     return (float *)((at + 255) & ~(uintptr_t)255);
 }
 
@@ -224,21 +203,18 @@ static bk_status on_device(const bk_context *ctx, const char *name, const void *
     return BK_OK;
 }
 
-static bk_status check_call(bk_context *ctx, bki_call *c, int backward, const void *tape, void *ws)
+/* (the driver has checked the descriptor and the operator's parameters) */
+static bk_status check_call(bk_context *ctx, bki_call *c, const cu_par *k, int backward, const void *tape, void *ws)
 {
     bk_status s;
     const bk_attn_desc *d = c->d;
-    if ((s = bki_check_desc(d))) return s;
-    if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
-    if ((s = c->op->check(c))) return s;
-    const cu_par k = par_of(c);
-    if (backward && k.implicit)
+    if (backward && k->implicit)
         return bki_fail(BK_ERR_UNSUPPORTED, "sinkhorn: the implicit backward (grad=implicit) is not implemented on the "
                                             "CUDA backend; use grad=unrolled (the exact VJP of the forward run)");
     if (d->d > BKC_DMAX || d->dv > BKC_DMAX)
         return bki_fail(BK_ERR_UNSUPPORTED, "the CUDA backend takes head dims d, dv <= %d (got d=%d dv=%d)", BKC_DMAX,
                         d->d, d->dv);
-    if (c->op == &bki_op_sinkhorn && c->ex && ((const bk_sinkhorn_extras *)c->ex)->diag)
+    if (k->ex && k->ex->diag)
         return bki_fail(BK_ERR_UNSUPPORTED, "sinkhorn: extras.diag is not computed on the CUDA backend (attn, f and g "
                                             "are)");
     /* the shapes, strides and overlaps every backend checks (device memory is
@@ -281,10 +257,10 @@ static void strides(const bk_tensor *t, int64_t *s)
     s[2] = t ? t->stride_n : 0;
 }
 
-static bk_status fill_args(bk_context *ctx, const bki_call *c, bkc_args *a, char *base, const cu_ws *w)
+static bk_status fill_args(bk_context *ctx, const bki_call *c, const cu_par *k, bkc_args *a, char *base,
+                           const cu_ws *w)
 {
     const bk_attn_desc *d = c->d;
-    const cu_par k = par_of(c);
     memset(a, 0, sizeof *a);
     a->dtype = c->q->dtype;
     a->B = d->B; a->H = d->H; a->Nq = d->Nq; a->Nk = d->Nk; a->d = d->d; a->dv = d->dv;
@@ -314,11 +290,11 @@ static bk_status fill_args(bk_context *ctx, const bki_call *c, bkc_args *a, char
     a->q = c->q->data; strides(c->q, a->sq);
     a->k = c->k->data; strides(c->k, a->sk);
     a->v = c->v->data; strides(c->v, a->sv);
-    a->alpha = k.alpha;
-    a->S = k.S;
-    a->tol = k.tol;
-    a->causal = k.causal;
-    a->hist_len = (int64_t)bki_hist_len(d->Nq, d->Nk, k.S);
+    a->alpha = k->alpha;
+    a->S = k->S;
+    a->tol = k->tol;
+    a->causal = k->causal;
+    a->hist_len = (int64_t)bki_hist_len(d->Nq, d->Nk, k->S);
     a->iters = (int32_t *)(base + w->iters);
     a->stopped = (int32_t *)(base + w->stopped);
     a->err = (float *)(base + w->err);
@@ -330,7 +306,7 @@ static bk_status fill_args(bk_context *ctx, const bki_call *c, bkc_args *a, char
 static void place_hist(const bki_call *c, bkc_args *a, char *tape, char *base, const cu_ws *w)
 {
     if (tape) {
-        const size_t bt = bki_op_block_total(c);
+        const size_t bt = (size_t)c->tape_hdr.block_bytes;
         a->blk = tape + sizeof(bki_tape_header);
         a->blk_stride = (int64_t)bt;
         a->hist = a->blk + sizeof(bki_block_header);
@@ -353,13 +329,12 @@ static bk_status launched(int e, const char *what)
  * header noted in the context (the backward's check without a read-back) */
 static bk_status run_forward(bk_context *ctx, const bki_call *c, bkc_args *a, char *tape)
 {
-    bki_tape_header th;
+    bki_tape_header th = c->tape_hdr;
     if (tape) {
-        bki_op_tape_header(c, &th);
         /* the whole tape is zeroed (its unused bytes too: tapes are
          * deterministic), the extra bytes included where the size had them */
-        const size_t extra = op_tape_extra(ctx, (bki_call *)c);
-        const size_t n = bki_op_tape_size((bki_call *)c) + extra;
+        const size_t extra = tape_extra(ctx, (bki_call *)c);
+        const size_t n = c->tape_bytes + extra;
         if (extra && bkc_tc_path(a->dtype)) {
             a->ot = tape_out(c, tape);
             th.flags |= BKI_TAPE_OUT;
@@ -383,17 +358,17 @@ typedef struct {
     bkc_args a; /* about 2.3 KB: passed by value to every launch */
 } cu_call;
 
-static bk_status call_begin(bk_context *ctx, const bki_call *c, char *tape, void *ws, size_t ws_size, int backward,
-                            cu_call *k)
+static bk_status call_begin(bk_context *ctx, const bki_call *c, const cu_par *par, char *tape, void *ws,
+                            size_t ws_size, int backward, cu_call *k)
 {
     bk_status s;
-    k->w = ws_layout(c, tape == NULL, backward);
+    k->w = ws_layout(c, par, tape == NULL, backward);
     k->owned = NULL;
     if ((s = bki_workspace(ws, ws_size, k->w.total, "the operator's workspace_size function (with the CUDA context "
                                                     "current)", &k->owned, &k->base)))
         return s;
     k->base = (char *)(((uintptr_t)k->base + 255) & ~(uintptr_t)255);
-    if ((s = fill_args(ctx, c, &k->a, k->base, &k->w))) return s;
+    if ((s = fill_args(ctx, c, par, &k->a, k->base, &k->w))) return s;
     place_hist(c, &k->a, tape, k->base, &k->w);
     return BK_OK;
 }
@@ -405,13 +380,13 @@ static bk_status call_end(cu_call *k, bk_status s)
     return s;
 }
 
-static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size)
+static bk_status forward(bk_context *ctx, bki_call *c, const cu_par *par, void *tape, void *ws, size_t ws_size)
 {
     bk_status s;
     if ((s = use_device(ctx))) return s;
-    if ((s = check_call(ctx, c, 0, tape, ws))) return s;
+    if ((s = check_call(ctx, c, par, 0, tape, ws))) return s;
     cu_call k;
-    if (!(s = call_begin(ctx, c, tape, ws, ws_size, 0, &k))) {
+    if (!(s = call_begin(ctx, c, par, tape, ws, ws_size, 0, &k))) {
         bkc_args *a = &k.a;
         a->out = c->out->data;
         strides(c->out, a->so);
@@ -419,8 +394,8 @@ static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, 
             a->attn = c->attn->data;
             strides(c->attn, a->sa);
         }
-        if (c->op == &bki_op_sinkhorn && c->ex) {
-            const bk_sinkhorn_extras *ex = c->ex;
+        if (par->ex) {
+            const bk_sinkhorn_extras *ex = par->ex;
             a->f_out = ex->f;
             a->g_out = ex->g;
             if (ex->f) s = on_device(ctx, "extras.f", ex->f);
@@ -431,26 +406,27 @@ static bk_status op_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, 
     return call_end(&k, s);
 }
 
-static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size)
+static bk_status backward(bk_context *ctx, bki_call *c, const cu_par *par, const void *tape, void *ws,
+                          size_t ws_size)
 {
     bk_status s;
     if ((s = use_device(ctx))) return s;
-    if ((s = check_call(ctx, c, 1, tape, ws))) return s;
+    if ((s = check_call(ctx, c, par, 1, tape, ws))) return s;
     bki_tape_header th;
     memset(&th, 0, sizeof th);
     if (tape) { /* the tape's header, checked on the host: as this context's
                    forward noted it, else (not noted, or a note of another
                    call: the memory may have been reused) read back, a
                    synchronisation */
-        if (!bki_ctx_tape_known(ctx, tape, &th, sizeof th) || bki_op_check_tape_header(c, &th) != BK_OK) {
+        if (!bki_ctx_tape_known(ctx, tape, &th, sizeof th) || bki_tape_check(&c->tape_hdr, &th, par->name) != BK_OK) {
             cudaError_t e = cudaMemcpyAsync(&th, tape, sizeof th, cudaMemcpyDeviceToHost, stream_of(ctx));
             if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
             if (e != cudaSuccess) return cuda_fail(e, "reading the tape header");
-            if ((s = bki_op_check_tape_header(c, &th))) return s;
+            if ((s = bki_tape_check(&c->tape_hdr, &th, par->name))) return s;
         }
     }
     cu_call k;
-    if (!(s = call_begin(ctx, c, (char *)tape, ws, ws_size, 1, &k))) {
+    if (!(s = call_begin(ctx, c, par, (char *)tape, ws, ws_size, 1, &k))) {
         bkc_args *a = &k.a;
         if (!tape) /* recompute the forward's potentials (no output); iters stay from it */
             s = run_forward(ctx, c, a, NULL);
@@ -472,6 +448,35 @@ static bk_status op_backward(bk_context *ctx, bki_call *c, const void *tape, voi
     return call_end(&k, s);
 }
 
-const bki_backend bki_backend_cuda = {"cuda",     BK_BACKEND_CUDA, available,  alloc,       release,    copy, fill,
-                                      no_gemm,    no_sum,          no_run,     supports_op, op_forward, op_backward,
-                                      op_workspace_size, op_tape_extra};
+/* ---- the registered operators: softmax and Sinkhorn --------------------- */
+static bk_status softmax_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size)
+{
+    const cu_par k = softmax_par(c);
+    return forward(ctx, c, &k, tape, ws, ws_size);
+}
+
+static bk_status softmax_backward(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size)
+{
+    const cu_par k = softmax_par(c);
+    return backward(ctx, c, &k, tape, ws, ws_size);
+}
+
+static bk_status sinkhorn_forward(bk_context *ctx, bki_call *c, void *tape, void *ws, size_t ws_size)
+{
+    const cu_par k = sinkhorn_par(c);
+    return forward(ctx, c, &k, tape, ws, ws_size);
+}
+
+static bk_status sinkhorn_backward(bk_context *ctx, bki_call *c, const void *tape, void *ws, size_t ws_size)
+{
+    const cu_par k = sinkhorn_par(c);
+    return backward(ctx, c, &k, tape, ws, ws_size);
+}
+
+static const bki_kernel kernels[] = {
+    {"softmax", softmax_forward, softmax_backward, softmax_workspace, tape_extra},
+    {"sinkhorn", sinkhorn_forward, sinkhorn_backward, sinkhorn_workspace, tape_extra},
+};
+
+const bki_backend bki_backend_cuda = {"cuda", BK_BACKEND_CUDA, available, alloc, release, copy,
+                                      kernels, (int)(sizeof kernels / sizeof kernels[0])};

@@ -118,6 +118,7 @@ REFOTK = $(BUILD)/ref_otk_selftest
 REFASAP = $(BUILD)/ref_asap_selftest
 REFUNB  = $(BUILD)/ref_unbalanced_selftest
 REFDIFF = $(BUILD)/ref_diff_selftest
+REFLIN  = $(BUILD)/ref_linear_selftest
 EXAMPLE = $(BUILD)/quickstart
 TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
@@ -194,6 +195,9 @@ $(REFUNB): $(BUILD)/obj/tests/ops/ref_unbalanced.o $(BUILD)/obj/tests/ops/ref_un
 $(REFDIFF): $(BUILD)/obj/tests/ops/ref_diff.o $(BUILD)/obj/tests/ops/ref_diff_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(REFLIN): $(BUILD)/obj/tests/ops/ref_linear.o $(BUILD)/obj/tests/ops/ref_linear_selftest.o $(BUILD)/obj/tests/ops/ref_attn.o
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 # tests of the library's datasets and training runs (tests/data, tests/train)
 $(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/train/test_train.o: tests/data/tcheck.h
 
@@ -248,7 +252,7 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(REFLIN) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
@@ -265,6 +269,7 @@ test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REF
 	$(REFASAP)
 	$(REFUNB)
 	$(REFDIFF)
+	$(REFLIN)
 	$(TESTS)
 	$(PORTABLE) $(TESTS)
 

@@ -24,6 +24,7 @@ int main(int argc, char **argv)
     test_esp();
     test_lot();
     test_diff();
+    test_linear();
     test_otk();
     test_asap();
     test_model();

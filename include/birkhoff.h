@@ -11,6 +11,7 @@
  *   birkhoff/esp.h    ESP attention (ESPFormer)
  *   birkhoff/lot.h    LOT attention (LOTFormer)
  *   birkhoff/diff.h   differential attention (DiffTransformer)
+ *   birkhoff/nystrom.h  Nystrom attention (Nystromformer)
  *   birkhoff/otk.h    the OTK embedding and its unsupervised fits
  *   birkhoff/asap.h   ASAP: Sinkhorn compiled into a loop-free operator
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
@@ -30,6 +31,7 @@
 #include "birkhoff/esp.h"
 #include "birkhoff/lot.h"
 #include "birkhoff/diff.h"
+#include "birkhoff/nystrom.h"
 #include "birkhoff/otk.h"
 #include "birkhoff/asap.h"
 #include "birkhoff/nn.h"

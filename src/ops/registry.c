@@ -14,6 +14,7 @@ static const bki_op *const ops[] = {
     &bki_op_asap,
     &bki_op_lot,
     &bki_op_diff,
+    &bki_op_nystrom,
 };
 enum { NOPS = (int)(sizeof ops / sizeof ops[0]) };
 

@@ -31,10 +31,12 @@ ported here from reading it (not copied):
   r = min(l, n, m) landmarks, segment j = rows [floor(j n / r),
   floor((j + 1) n / r)); the three kernels and iterative_inv on that
   problem alone; padded rows of O and of the attention are zero. Returns (O
-  [B, H, Nq, dv], attention [B, H, Nq, Nk] = F Z B).
+  [B, H, Nq, dv], attention [B, H, Nq, Nk] = F Z B). init_option="original"
+  reproduces the reference's batch-wide start on these semantics (the
+  largest column sum over every problem of the batch).
 
 With no padding, Nq = Nk = N a multiple of l and scale d^-1/2,
-nystrom_semantics == nystrom_reference(init_option="per_problem") (checked by
+nystrom_semantics == nystrom_reference for either init_option (checked by
 tests/oracle/test_nystrom.py).
 """
 import math
@@ -42,12 +44,16 @@ import math
 import torch
 
 
-def iterative_inv(mat, n_iter=6, init_option="original"):
-    """The reference's iterative pseudo-inverse of mat [..., r, r]."""
+def iterative_inv(mat, n_iter=6, init_option="original", c=None):
+    """The reference's iterative pseudo-inverse of mat [..., r, r]; c (a
+    tensor) overrides the start's divisor (nystrom_semantics' batch-wide
+    start over problems of different sizes)."""
     eye = torch.eye(mat.size(-1), dtype=mat.dtype, device=mat.device)
     K = mat
     colsum = torch.sum(K, dim=-2)                     # [..., r]
-    if init_option == "original":
+    if c is not None:
+        V = 1 / c * K.transpose(-1, -2)
+    elif init_option == "original":
         c = torch.max(colsum)                          # one max over everything
         V = 1 / c * K.transpose(-1, -2)
     elif init_option == "per_problem":
@@ -91,27 +97,38 @@ def segment_means(X, r):
 
 def nystrom_semantics(q, k, v, q_len=None, k_len=None, landmarks=64, iters=6, scale=None,
                       init_option="per_problem"):
-    """birkhoff's Nystrom attention: (O, attention), each problem alone."""
+    """birkhoff's Nystrom attention: (O, attention). init_option
+    "per_problem" (birkhoff's) solves each problem alone; "original" starts
+    every problem's pseudo-inverse from the largest column sum over ALL the
+    problems of the batch, as the reference's default does."""
     B, H, Nq, d = q.shape
     Nk, dv = k.shape[2], v.shape[3]
     s = scale if scale else d ** -0.5
-    outs, atts = [], []
+    kern = {}
     for b in range(B):
         n = int(q_len[b]) if q_len is not None else Nq
         m = int(k_len[b]) if k_len is not None else Nk
-        ob, ab = [], []
         for h in range(H):
-            o = q.new_zeros(Nq, dv)
-            a = q.new_zeros(Nq, Nk)
             if n > 0 and m > 0:
                 r = min(landmarks, n, m)
-                Q, K, V = q[b, h, :n], k[b, h, :m], v[b, h, :m]
+                Q, K = q[b, h, :n], k[b, h, :m]
                 Ql, Kl = segment_means(Q, r), segment_means(K, r)
-                F = torch.softmax(s * Q @ Kl.T, dim=-1)
-                A = torch.softmax(s * Ql @ Kl.T, dim=-1)
-                Bk = torch.softmax(s * Ql @ K.T, dim=-1)
-                Z = iterative_inv(A, iters, init_option)
-                o = torch.cat([F @ (Z @ (Bk @ V)), q.new_zeros(Nq - n, dv)])
+                kern[b, h] = (torch.softmax(s * Q @ Kl.T, dim=-1), torch.softmax(s * Ql @ Kl.T, dim=-1),
+                              torch.softmax(s * Ql @ K.T, dim=-1), n, m)
+    c = None
+    if init_option == "original" and kern:
+        c = torch.max(torch.stack([torch.max(torch.sum(A, dim=-2)) for (_, A, _, _, _) in kern.values()]))
+    elif init_option != "per_problem":
+        raise ValueError("init_option: original or per_problem, not %r" % (init_option,))
+    outs, atts = [], []
+    for b in range(B):
+        ob, ab = [], []
+        for h in range(H):
+            o, a = q.new_zeros(Nq, dv), q.new_zeros(Nq, Nk)
+            if (b, h) in kern:
+                F, A, Bk, n, m = kern[b, h]
+                Z = iterative_inv(A, iters, "per_problem", c)
+                o = torch.cat([F @ (Z @ (Bk @ v[b, h, :m])), q.new_zeros(Nq - n, dv)])
                 att = F @ Z @ Bk
                 a = torch.cat([torch.cat([att, q.new_zeros(n, Nk - m)], dim=1), q.new_zeros(Nq - n, Nk)])
             ob.append(o)

@@ -16,8 +16,9 @@ max(1, max |oracle|).
 
 Relation checks (oracle only, float64): the port of the reference,
 nystrom_reference (the mlpen/Nystromformer module: padded-length landmarks,
-equal segments), equals nystrom_semantics when there is no padding, N is a
-multiple of l and the pseudo-inverse starts per problem; with the reference's
+equal segments), equals nystrom_semantics when there is no padding and N is a
+multiple of l, with either start of the pseudo-inverse (per problem, or the
+reference's batch-wide "original"); with the reference's
 "original" start (one max over the whole batch) a sample's output changes
 when another sample of its batch changes, which is why birkhoff starts per
 problem: the test shows that dependence, and that the per-problem start has
@@ -99,13 +100,14 @@ def relations(torch, np, nys):
     for (B, H, N, d, l, T) in [(2, 3, 12, 8, 4, 6), (1, 2, 64, 16, 8, 6), (3, 1, 20, 4, 5, 3)]:
         q, k, v = (torch.tensor(rng.standard_normal((B, H, N, d)), dtype=torch.float64) for _ in range(3))
         mask = torch.ones(B, N, dtype=torch.float64)
-        ref = nys.nystrom_reference(q, k, v, mask, l, T, init_option="per_problem")
-        sem, _ = nys.nystrom_semantics(q, k, v, landmarks=l, iters=T)
-        e = float((ref - sem).abs().max())
-        ok = e < 1e-12
-        ok_all &= ok
-        print(("ok  " if ok else "FAIL") + f" nystrom reference port == semantics (B{B}H{H} N{N} d{d} l{l} T{T}, "
-              f"per-problem start): {e:.1e}", flush=True)
+        for opt in ("per_problem", "original"):
+            ref = nys.nystrom_reference(q, k, v, mask, l, T, init_option=opt)
+            sem, _ = nys.nystrom_semantics(q, k, v, landmarks=l, iters=T, init_option=opt)
+            e = float((ref - sem).abs().max())
+            ok = e < 1e-12
+            ok_all &= ok
+            print(("ok  " if ok else "FAIL") + f" nystrom reference port == semantics (B{B}H{H} N{N} d{d} l{l} T{T}, "
+                  f"{opt} start): {e:.1e}", flush=True)
     # the original start: sample 0's output depends on sample 1
     B, H, N, d, l = 2, 2, 16, 8, 4
     q, k, v = (torch.tensor(rng.standard_normal((B, H, N, d)), dtype=torch.float64) for _ in range(3))

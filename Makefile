@@ -76,7 +76,7 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
 CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/outfile.c src/core/sort1d.c
-OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/linear.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
+OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/linear.c src/ops/nystrom.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
 DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c
@@ -94,9 +94,9 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 # tests/ mirrors src/: core, ops (each operator against its double reference), backend (the
 # context and the cross-backend operator harness), nn; data and train are their own programs
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
-           tests/ops/ref_unbalanced.c tests/ops/ref_diff.c tests/ops/ref_linear.c
+           tests/ops/ref_unbalanced.c tests/ops/ref_diff.c tests/ops/ref_linear.c tests/ops/ref_nystrom.c
 TEST_SRC = tests/test_main.c tests/harness.c tests/tutil.c tests/core/test_npy.c tests/core/test_outfile.c tests/core/test_text.c tests/core/test_escape.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
-           tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_linear.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
+           tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_linear.c tests/ops/test_nystrom.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a
@@ -281,6 +281,7 @@ check-valgrind: $(TESTS)
 # missing torch a failure instead of a loud skip
 oracle: $(CLI) $(LIB_SO)
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
+	$(PY) tests/oracle/test_nystrom.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_bleu.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_linear.py --lib $(LIB_SO)

@@ -12,6 +12,7 @@
  *   birkhoff/lot.h    LOT attention (LOTFormer)
  *   birkhoff/diff.h   differential attention (DiffTransformer)
  *   birkhoff/linear.h kernelised attention: Linear Transformer, Performer
+ *   birkhoff/nystrom.h  Nystrom attention (Nystromformer)
  *   birkhoff/otk.h    the OTK embedding and its unsupervised fits
  *   birkhoff/asap.h   ASAP: Sinkhorn compiled into a loop-free operator
  *   birkhoff/nn.h     the training engine: models, optimisers, checkpoints
@@ -32,6 +33,7 @@
 #include "birkhoff/lot.h"
 #include "birkhoff/diff.h"
 #include "birkhoff/linear.h"
+#include "birkhoff/nystrom.h"
 #include "birkhoff/otk.h"
 #include "birkhoff/asap.h"
 #include "birkhoff/nn.h"

@@ -25,6 +25,7 @@ int main(int argc, char **argv)
     test_lot();
     test_diff();
     test_linear();
+    test_nystrom();
     test_otk();
     test_asap();
     test_model();

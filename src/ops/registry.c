@@ -16,6 +16,7 @@ static const bki_op *const ops[] = {
     &bki_op_diff,
     &bki_op_linear,
     &bki_op_performer,
+    &bki_op_nystrom,
 };
 enum { NOPS = (int)(sizeof ops / sizeof ops[0]) };
 

@@ -27,6 +27,7 @@
 #include "../ops/ref_esp.h"
 #include "../ops/ref_linear.h"
 #include "../ops/ref_lot.h"
+#include "../ops/ref_nystrom.h"
 #include "../ops/ref_unbalanced.h"
 
 #include <math.h>
@@ -258,6 +259,19 @@ static void performer_ref(const void *par, const op_state *s, const ref_in *in, 
     free(W);
 }
 
+/* ---- Nystrom attention: landmarks, pseudo-inverse iterations ------------ */
+static void nystrom_ref(const void *par, const op_state *s, const ref_in *in, ref_out *o, int bw)
+{
+    (void)s;
+    const bk_nystrom_config *p = par;
+    const double a = scale_of(p->scale);
+    ref_nystrom_forward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, p->landmarks, p->iters, a,
+                                o->A, o->O);
+    if (bw)
+        ref_nystrom_backward_batched(B_, H_, NQ, NK, D_, DV, in->ql, in->kl, in->Q, in->K, in->V, p->landmarks,
+                                     p->iters, a, in->dO, o->dQ, o->dK, o->dV);
+}
+
 static const op_row OPS[] = {
     {"softmax", "", NULL, softmax_ref},
     {"sinkhorn", "iters=5 eps=0.7", NULL, sinkhorn_ref},
@@ -268,6 +282,7 @@ static const op_row OPS[] = {
     {"diff", "", diff_setup, diff_ref},
     {"linear", "", NULL, linear_ref},
     {"performer", "features=10 seed=7", NULL, performer_ref},
+    {"nystrom", "landmarks=4 iters=6", NULL, nystrom_ref},
 };
 #define NOPS_ROWS ((int)(sizeof OPS / sizeof OPS[0]))
 

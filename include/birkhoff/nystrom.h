@@ -62,9 +62,9 @@ extern "C" {
  *     and padded inputs are never read: a padded problem is the same as the
  *     truncated one, bitwise.
  *   - The reference's special case l == N (plain softmax attention) is not
- *     taken: l >= n, m gives one landmark per token and O = S pinv(S) S V
- *     with S = softmax(s Q K^T), which approaches softmax attention S V as
- *     the iterations converge.
+ *     taken: l >= n = m gives one landmark per token and O = S Z_T S V with
+ *     S = softmax(s Q K^T), which approaches softmax attention S V as Z_T
+ *     approaches pinv(S).
  *   - The reference's optional depthwise convolution of V added to the
  *     output (conv_kernel_size) is not part of the operator: it is a layer
  *     around it (a residual path of its own).
@@ -77,8 +77,15 @@ extern "C" {
  * Cost per problem: O((n + m) r (d + dv) + T r^3) time, O((n + m) r + T r^2)
  * workspace; never n x m (except the optional attention output).
  * Tape: the row log-normalisers of F, A and B (Nq + 2 l floats a problem);
- * the backward recomputes the landmarks, the kernels and the iterations.
- * A problem with no valid query or key has O = 0 and zero gradients. */
+ * the backward recomputes the landmarks, the kernels and the iterations. A
+ * backward needs the forward's landmarks, iters and scale (another value:
+ * BK_ERR_TAPE); tape NULL recomputes the forward.
+ * A problem with no valid query or key has O = 0 and zero gradients.
+ * Errors: BK_ERR_PARAM for landmarks outside [1, 4096], iters outside
+ * [0, 100] or a non-finite scale (bk_op_config_set refuses them too, naming
+ * the range); BK_ERR_NONFINITE for a non-finite q, k, v or dout in a valid
+ * row; BK_ERR_OVERFLOW when finite inputs overflow float32 (the scores or
+ * the products). */
 typedef struct {
     int landmarks;  /* l >= 1 (default 64); a problem uses min(l, n, m)    */
     int iters;      /* T >= 0 pseudo-inverse iterations (default 6, the

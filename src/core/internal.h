@@ -612,6 +612,8 @@ typedef struct {
     const char *doc;
     double lo, hi;
     unsigned rflags;
+    const char *alias;         /* an older CLI flag of the key, without
+                                  "--" (`attn --softsort-t`), or NULL      */
 } bki_field;
 #define BKI_FR_OPEN_LO 1u
 /* "[lo, hi]" or "(lo, hi]" of a field with a range, "" without */

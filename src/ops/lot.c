@@ -536,7 +536,7 @@ static bk_status lot_run_arrays(bki_call *c, float *const *a, void *tape, void *
 /* the bench's cases: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the
  * PyTorch peer's settings) */
 #define LOT_CASE(H_, N) \
-    {.name = "", .B = 1, .H = H_, .Nq = N, .Nk = N, .d = 64, .dv = 64, .params = "r=32,iters=5,temp=0.5", .backward = 1}
+    {.name = "", .B = 1, .H = H_, .Nq = N, .Nk = N, .d = 64, .dv = 64, .params = "r=32,temp=0.5", .backward = 1}
 static const bki_bench_case lot_bench[] = {
     LOT_CASE(8, 512),    LOT_CASE(8, 4096),   LOT_CASE(1, 4096),   LOT_CASE(1, 8192),    LOT_CASE(1, 16384),
     LOT_CASE(1, 32768),  LOT_CASE(1, 65536),  LOT_CASE(1, 131072), LOT_CASE(1, 262144),

@@ -221,7 +221,17 @@ check(rc == 2 and "unknown --op" in out, "unknown op", out)
 rc, out = run("frobnicate")
 check(rc == 2 and "unknown command" in out, "unknown command", out)
 rc, out = run("attn", "--help")
-check(rc == 0 and "usage" in out, "attn --help", out)
+check(rc == 0 and "usage" in out and all(o in out for o in ("softmax", "sinkhorn", "lot", "asap0")),
+      "attn --help lists the registry's operators", out)
+rc, out = run("attn", "--op", "lot", "--help")
+check(rc == 0 and "--pivot-temp" in out and "--pivots" in out and "[H, r, d]" in out and "--dpivots" in out,
+      "attn --op lot --help: its generated options", out)
+# the operator table of docs/OPERATORS.md is the registry's (scripts/gen_operators_md.sh regenerates it)
+rc, out = run("attn", "--list", "--markdown")
+doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "OPERATORS.md")).read()
+block = doc[doc.index("<!-- BEGIN generated"):].split("\n", 1)[1].split("<!-- END generated -->")[0]
+check(rc == 0 and out == block, "docs/OPERATORS.md's table is current (scripts/gen_operators_md.sh)",
+      "differs from `birkhoff attn --list --markdown`")
 rc, out = run("bench", "--cases", "2:3", "--no-peer")
 check(rc == 2, "bench rejects malformed --cases", out)
 rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")

@@ -151,24 +151,38 @@ static void list_plain(FILE *f)
     }
 }
 
+/* a table cell: '|' escaped */
+static void md(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|') fputc('\\', f);
+        fputc(*s, f);
+    }
+}
+
 static void list_markdown_op(FILE *f, const bk_op *op)
 {
     char vals[128], fl[64];
-    fprintf(f, "\n### %s\n\n%s.\n\n", bk_op_name(op), bk_op_doc(op));
-    if (bk_op_config_count(op)) fprintf(f, "| key | values | default | range | meaning |\n|---|---|---|---|---|\n");
+    fprintf(f, "\n### %s\n\n%s.\n", bk_op_name(op), bk_op_doc(op));
+    if (bk_op_config_count(op)) fprintf(f, "\n| key | values | default | range | meaning |\n|---|---|---|---|---|\n");
     for (int j = 0; j < bk_op_config_count(op); j++) {
         bk_op_param p;
         if (bk_op_param_info(op, j, &p)) continue;
         values_text(&p, vals, sizeof vals);
-        fprintf(f, "| `%s`%s%s%s | %s | %s | %s | %s |\n", p.key, p.alias ? " (`--" : "", p.alias ? p.alias : "",
-                p.alias ? "`)" : "", vals, p.def, p.range[0] ? p.range : "", p.doc);
+        fprintf(f, "| `%s`%s%s%s | ", p.key, p.alias ? " (`--" : "", p.alias ? p.alias : "", p.alias ? "`)" : "");
+        md(f, vals);
+        fprintf(f, " | %s | %s | ", p.def, p.range);
+        md(f, p.doc);
+        fprintf(f, " |\n");
     }
     if (bk_op_array_count(op)) fprintf(f, "\n| array | kind | shape | meaning |\n|---|---|---|---|\n");
     for (int j = 0; j < bk_op_array_count(op); j++) {
         bk_op_array a;
         if (bk_op_array_info(op, j, &a)) continue;
         flag_of(a.name, fl, sizeof fl);
-        fprintf(f, "| `%s` | %s | %s | %s |\n", fl, kind_text(a.kind), a.shape, a.doc);
+        fprintf(f, "| `%s` | %s | %s | ", fl, kind_text(a.kind), a.shape);
+        md(f, a.doc);
+        fprintf(f, " |\n");
     }
     for (int j = 0; j < bk_op_preset_count(op); j++) {
         bk_op_preset pr;
@@ -192,8 +206,9 @@ static void list_markdown(FILE *f)
     for (int i = 0; i < bk_op_count(); i++) {
         const bk_op *op = bk_op_at(i);
         caps_text(bk_op_caps(op), caps, sizeof caps, ", ");
-        fprintf(f, "| [`%s`](#%s) | %s | %s | %s |\n", bk_op_name(op), bk_op_name(op), bk_op_doc(op),
-                bk_op_has_backward(op) ? "yes" : "no", caps);
+        fprintf(f, "| [`%s`](#%s) | ", bk_op_name(op), bk_op_name(op));
+        md(f, bk_op_doc(op));
+        fprintf(f, " | %s | %s |\n", bk_op_has_backward(op) ? "yes" : "no", caps);
     }
     for (int i = 0; i < bk_op_count(); i++) list_markdown_op(f, bk_op_at(i));
 }

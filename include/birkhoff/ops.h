@@ -113,7 +113,9 @@ typedef struct {
     const char *doc;
     const char *shape;   /* its shape in words: "[H, r, d]"; "F.asap" (a file) */
     const char *dim_key; /* an input whose dimension sets this key, or NULL   */
-    const char *cols;    /* SUMMARY: comma-separated column names, or NULL    */
+    const char *cols;    /* SUMMARY: comma-separated column names (then ";"
+                            and a note, e.g. "(relative)"; "#name" is a
+                            count), or NULL                                */
     unsigned kind;       /* BK_OP_ARRAY_*                                     */
 } bk_op_array;
 BK_API int bk_op_array_count(const bk_op *op);

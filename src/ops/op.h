@@ -161,7 +161,9 @@ typedef struct {
      * only desc->B, H, d are read for inputs): writes the dimensions,
      * returns the rank (1..4); NULL for FILE */
     int (*shape)(const void *par, const bk_attn_desc *d, int64_t dims[4]);
-    const char *cols;        /* SUMMARY: its columns' names, comma-separated */
+    const char *cols;        /* SUMMARY: its columns' names, comma-separated,
+                                then optionally ";" and a note for the line;
+                                "#name": a count, printed as an integer */
     /* FILE: reads the object at path into *obj (a new one), frees it */
     bk_status (*load)(const char *path, void **obj);
     void (*release)(void *obj);

@@ -316,7 +316,7 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 static const bki_array sk_arrays[] = {
     {.name = "diag", .doc = "per problem: half-steps run, max |row sum - 1|, max |col sum - 1| (relative)",
      .kind = BKI_ARR_FWD | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
-     .cols = "half-steps,|row sum - 1|,|col sum - 1|"},
+     .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
 };
 
 /* the forward with the diagnostics as floats (the backward has no extras) */

@@ -543,15 +543,18 @@ static void summarize(const char *opname, const bk_op_array *a, const float *D, 
     const int P = (int)(dims[0] * dims[1]), k = (int)dims[2];
     char line[512];
     int n = snprintf(line, sizeof line, "%s: %d problems", opname, P);
-    const char *col = a->cols;
+    const char *col = a->cols, *note = strchr(a->cols, ';');
     for (int j = 0; j < k && j < 8 && col && n < (int)sizeof line; j++) {
-        const size_t len = strcspn(col, ",");
+        const size_t len = strcspn(col, ",;");
         float m = 0.0f;
         for (int p = 0; p < P; p++) m = max_nan(m, D[(size_t)p * k + j]);
-        n += snprintf(line + n, sizeof line - (size_t)n, ", max %.*s %.3g", (int)len, col, (double)m);
-        col = col[len] ? col + len + 1 : NULL;
+        if (col[0] == '#') /* a count */
+            n += snprintf(line + n, sizeof line - (size_t)n, ", max %.*s %d", (int)len - 1, col + 1, (int)m);
+        else
+            n += snprintf(line + n, sizeof line - (size_t)n, ", max %.*s %.3g", (int)len, col, (double)m);
+        col = col[len] == ',' ? col + len + 1 : NULL;
     }
-    fprintf(stderr, "%s\n", line);
+    fprintf(stderr, "%s%s%s\n", line, note ? " " : "", note ? note + 1 : "");
 }
 
 /* every result is computed: now write the files (all or none) */

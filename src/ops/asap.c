@@ -558,11 +558,12 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
     return 3;
 }
 
+enum { A_LAYER, A_DIAG }; /* the arrays' indices */
 static const bki_array arrays[] = {
-    {.name = "layer", .doc = "compiled layer F.asap from `birkhoff asap calibrate` (it fixes scale, eps, the slices)",
+    [A_LAYER] = {.name = "layer", .doc = "compiled layer F.asap from `birkhoff asap calibrate` (it fixes scale, eps, the slices)",
      .kind = BKI_ARR_IN | BKI_ARR_FILE | BKI_ARR_REQUIRED, .shape_text = "F.asap",
      .offset = offsetof(bk_asap_forward_config, layer), .load = layer_load, .release = layer_release},
-    {.name = "diag", .doc = "per problem: half-steps (1, 2 or 3), max |row sum - 1|, max |col sum - 1|",
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps (1, 2 or 3), max |row sum - 1|, max |col sum - 1|",
      .kind = BKI_ARR_FWD | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
      .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
 };
@@ -570,17 +571,17 @@ static const bki_array arrays[] = {
 static bk_status run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
 {
     const int P = c->d ? c->d->B * c->d->H : 0;
-    bk_sinkhorn_diag *dg = a[1] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
-    if (a[1] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "asap: no memory for the diagnostics");
+    bk_sinkhorn_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "asap: no memory for the diagnostics");
     const bk_asap_extras ex = {.diag = dg};
     const asap_ex ax = {&ex, NULL};
     c->ex = &ax;
     bk_status s = bki_op_forward(c, tape, ws, ws_size);
     c->ex = NULL;
     for (int p = 0; s == BK_OK && dg && p < P; p++) {
-        a[1][3 * p] = (float)dg[p].iters;
-        a[1][3 * p + 1] = dg[p].row_err;
-        a[1][3 * p + 2] = dg[p].col_err;
+        a[A_DIAG][3 * p] = (float)dg[p].iters;
+        a[A_DIAG][3 * p + 1] = dg[p].row_err;
+        a[A_DIAG][3 * p + 2] = dg[p].col_err;
     }
     free(dg);
     return s;

@@ -1372,7 +1372,7 @@ static const bki_field fields[] = {
      .doc = "seed of the random slices (L > 0 without a slices array)", .lo = 0, .hi = 9223372036854775807.0},
 };
 
-/* ---- the arrays: slices [L, d] in; sigma [B, H, L], diag [B, H, 2] out;
+/* ---- the arrays: slices [L, d] in; sigma, costs [B, H, L], diag [B, H, 2] out;
  * dslices [L, d] from the backward ---- */
 static int slices_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
@@ -1393,36 +1393,39 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
     return 3;
 }
 
+enum { A_SLICES, A_SIGMA, A_COSTS, A_DIAG, A_DSLICES }; /* the arrays' indices */
 static const bki_array arrays[] = {
-    {.name = "slices", .doc = "slice matrix theta (rows used as given); sets L", .kind = BKI_ARR_IN,
+    [A_SLICES] = {.name = "slices", .doc = "slice matrix theta (rows used as given); sets L", .kind = BKI_ARR_IN,
      .shape_text = "[L, d]", .offset = offsetof(bk_esp_config, theta), .dim_key = "L", .dim_at = 0,
      .shape = slices_shape},
-    {.name = "sigma", .doc = "slice weights per problem", .kind = BKI_ARR_FWD, .shape_text = "[B, H, L]",
+    [A_SIGMA] = {.name = "sigma", .doc = "slice weights per problem", .kind = BKI_ARR_FWD, .shape_text = "[B, H, L]",
      .shape = sigma_shape},
-    {.name = "diag", .doc = "per problem: max |row sum - 1|, max |col sum - 1| of the plan (n, m scaled)",
+    [A_COSTS] = {.name = "costs", .doc = "slice costs D per problem (the mean matched cost of each slice)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, L]", .shape = sigma_shape},
+    [A_DIAG] = {.name = "diag", .doc = "per problem: max |row sum - 1|, max |col sum - 1| of the plan (n, m scaled)",
      .kind = BKI_ARR_FWD, .shape_text = "[B, H, 2]", .shape = diag_shape},
-    {.name = "dslices", .doc = "gradient w.r.t. the slices, summed over problems (zeros under hard sort)",
+    [A_DSLICES] = {.name = "dslices", .doc = "gradient w.r.t. the slices, summed over problems (zeros under hard sort)",
      .kind = BKI_ARR_BWD, .shape_text = "[L, d]", .shape = slices_shape},
 };
 
 static bk_status run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
 {
     if (c->dout) {
-        c->pg = a[3];
+        c->pg = a[A_DSLICES];
         bk_status s = bki_op_backward(c, tape, ws, ws_size);
         c->pg = NULL;
         return s;
     }
     const int P = c->d ? c->d->B * c->d->H : 0;
-    bk_esp_diag *dg = a[2] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
-    if (a[2] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "esp: no memory for the diagnostics");
-    bk_esp_extras ex = {.sigma = a[1], .diag = dg};
+    bk_esp_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "esp: no memory for the diagnostics");
+    bk_esp_extras ex = {.sigma = a[A_SIGMA], .D = a[A_COSTS], .diag = dg};
     c->ex = &ex;
     bk_status s = bki_op_forward(c, tape, ws, ws_size);
     c->ex = NULL;
     for (int p = 0; s == BK_OK && dg && p < P; p++) {
-        a[2][2 * p] = dg[p].row_err;
-        a[2][2 * p + 1] = dg[p].col_err;
+        a[A_DIAG][2 * p] = dg[p].row_err;
+        a[A_DIAG][2 * p + 1] = dg[p].col_err;
     }
     free(dg);
     return s;

@@ -493,41 +493,42 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
     return 3;
 }
 
+enum { A_PIVOTS, A_LOGITS, A_DIAG, A_DPIVOTS, A_DLOGITS }; /* the arrays' indices */
 static const bki_array lot_arrays[] = {
-    {.name = "pivots", .doc = "pivot locations Z (shared over the batch); sets r", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
+    [A_PIVOTS] = {.name = "pivots", .doc = "pivot locations Z (shared over the batch); sets r", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
      .shape_text = "[H, r, d]", .offset = offsetof(bk_lot_config, Z), .dim_key = "r", .dim_at = 1, .shape = z_shape},
-    {.name = "pivot_logits", .doc = "pivot-mass logits theta", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
+    [A_LOGITS] = {.name = "pivot_logits", .doc = "pivot-mass logits theta", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
      .shape_text = "[H, r]", .offset = offsetof(bk_lot_config, theta), .shape = theta_shape},
-    {.name = "diag", .doc = "per problem: half-steps of the two inner problems, max |row sum - 1|, "
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps of the two inner problems, max |row sum - 1|, "
                             "max |col sum m/n - 1|",
      .kind = BKI_ARR_FWD, .shape_text = "[B, H, 4]", .shape = diag_shape},
-    {.name = "dpivots", .doc = "gradient w.r.t. the pivots, summed over the batch", .kind = BKI_ARR_BWD,
+    [A_DPIVOTS] = {.name = "dpivots", .doc = "gradient w.r.t. the pivots, summed over the batch", .kind = BKI_ARR_BWD,
      .shape_text = "[H, r, d]", .shape = z_shape},
-    {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch", .kind = BKI_ARR_BWD,
+    [A_DLOGITS] = {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch", .kind = BKI_ARR_BWD,
      .shape_text = "[H, r]", .shape = theta_shape},
 };
 
 static bk_status lot_run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
 {
     if (c->dout) {
-        bki_lot_grads g = {a[3], a[4]};
+        bki_lot_grads g = {a[A_DPIVOTS], a[A_DLOGITS]};
         c->pg = &g;
         bk_status s = bki_op_backward(c, tape, ws, ws_size);
         c->pg = NULL;
         return s;
     }
     const int P = c->d ? c->d->B * c->d->H : 0;
-    bk_lot_diag *dg = a[2] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
-    if (a[2] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "lot: no memory for the diagnostics");
+    bk_lot_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "lot: no memory for the diagnostics");
     bk_lot_extras ex = {.diag = dg};
     c->ex = &ex;
     bk_status s = bki_op_forward(c, tape, ws, ws_size);
     c->ex = NULL;
     for (int p = 0; s == BK_OK && dg && p < P; p++) {
-        a[2][4 * p] = (float)dg[p].iters1;
-        a[2][4 * p + 1] = (float)dg[p].iters2;
-        a[2][4 * p + 2] = dg[p].row_err;
-        a[2][4 * p + 3] = dg[p].col_err;
+        a[A_DIAG][4 * p] = (float)dg[p].iters1;
+        a[A_DIAG][4 * p + 1] = (float)dg[p].iters2;
+        a[A_DIAG][4 * p + 2] = dg[p].row_err;
+        a[A_DIAG][4 * p + 3] = dg[p].col_err;
     }
     free(dg);
     return s;

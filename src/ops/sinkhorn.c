@@ -305,7 +305,8 @@ static const bki_field unbalanced_fields[] = {
 #undef SK_COMMON
 #undef SK_SCALE
 
-/* ---- the extra outputs: diag [B, H, 3] ---- */
+/* ---- the extra outputs: diag [B, H, 3], the potentials f [B, H, Nq] and
+ * g [B, H, Nk] ---- */
 static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
     (void)par;
@@ -313,27 +314,47 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
     return 3;
 }
 
+static int f_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = d->Nq;
+    return 3;
+}
+
+static int g_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = d->Nk;
+    return 3;
+}
+
+enum { A_DIAG, A_F, A_G }; /* the arrays' indices */
 static const bki_array sk_arrays[] = {
-    {.name = "diag", .doc = "per problem: half-steps run, max |row sum - 1|, max |col sum - 1| (relative)",
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps run, max |row sum - 1|, max |col sum - 1| (relative)",
      .kind = BKI_ARR_FWD | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
      .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
+    [A_F] = {.name = "f", .doc = "row potential (logit units; 0 on padded rows)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, Nq]", .shape = f_shape},
+    [A_G] = {.name = "g", .doc = "column potential (logit units; 0 on padded keys, 0 if S = 1)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, Nk]", .shape = g_shape},
 };
 
-/* the forward with the diagnostics as floats (the backward has no extras) */
+/* the forward with its extras (the diagnostics as floats; the backward has
+ * none) */
 static bk_status sk_run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
 {
     if (c->dout) return bki_op_backward(c, tape, ws, ws_size);
     const int P = c->d ? c->d->B * c->d->H : 0;
-    bk_sinkhorn_diag *dg = a[0] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
-    if (a[0] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "sinkhorn: no memory for the diagnostics");
-    bk_sinkhorn_extras ex = {.diag = dg};
+    bk_sinkhorn_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "sinkhorn: no memory for the diagnostics");
+    bk_sinkhorn_extras ex = {.f = a[A_F], .g = a[A_G], .diag = dg};
     c->ex = &ex;
     bk_status s = bki_op_forward(c, tape, ws, ws_size);
     c->ex = NULL;
     for (int p = 0; s == BK_OK && dg && p < P; p++) {
-        a[0][3 * p] = (float)dg[p].iters;
-        a[0][3 * p + 1] = dg[p].row_err;
-        a[0][3 * p + 2] = dg[p].col_err;
+        a[A_DIAG][3 * p] = (float)dg[p].iters;
+        a[A_DIAG][3 * p + 1] = dg[p].row_err;
+        a[A_DIAG][3 * p + 2] = dg[p].col_err;
     }
     free(dg);
     return s;

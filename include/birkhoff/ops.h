@@ -107,16 +107,20 @@ BK_API bk_status bk_op_config_check(const bk_op *op, const void *params);
 #define BK_OP_ARRAY_FILE 0x10u    /* an input object read from a file            */
 #define BK_OP_ARRAY_SUMMARY 0x20u /* a [B, H, k] output whose column maxima the
                                      CLI prints (cols names the columns)         */
+#define BK_OP_ARRAY_HOST 0x40u    /* an output written on the host: host memory
+                                     even for a device call (the diagnostics)    */
 typedef struct {
     const char *name;    /* "pivots", "diag" (the CLI's --pivots, '_' as '-')  */
     const char *alias;   /* an older CLI flag without "--", or NULL           */
     const char *doc;
     const char *shape;   /* its shape in words: "[H, r, d]"; "F.asap" (a file) */
-    const char *dim_key; /* an input whose dimension sets this key, or NULL   */
+    const char *dim_key; /* an input whose dimension dim_at sets this key, or
+                            NULL                                          */
     const char *cols;    /* SUMMARY: comma-separated column names (then ";"
                             and a note, e.g. "(relative)"; "#name" is a
                             count), or NULL                                */
     unsigned kind;       /* BK_OP_ARRAY_*                                     */
+    int dim_at;
 } bk_op_array;
 BK_API int bk_op_array_count(const bk_op *op);
 BK_API bk_status bk_op_array_info(const bk_op *op, int i, bk_op_array *info);

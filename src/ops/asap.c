@@ -564,7 +564,7 @@ static const bki_array arrays[] = {
      .kind = BKI_ARR_IN | BKI_ARR_FILE | BKI_ARR_REQUIRED, .shape_text = "F.asap",
      .offset = offsetof(bk_asap_forward_config, layer), .load = layer_load, .release = layer_release},
     [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps (1, 2 or 3), max |row sum - 1|, max |col sum - 1|",
-     .kind = BKI_ARR_FWD | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
      .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
 };
 

@@ -1403,7 +1403,7 @@ static const bki_array arrays[] = {
     [A_COSTS] = {.name = "costs", .doc = "slice costs D per problem (the mean matched cost of each slice)", .kind = BKI_ARR_FWD,
      .shape_text = "[B, H, L]", .shape = sigma_shape},
     [A_DIAG] = {.name = "diag", .doc = "per problem: max |row sum - 1|, max |col sum - 1| of the plan (n, m scaled)",
-     .kind = BKI_ARR_FWD, .shape_text = "[B, H, 2]", .shape = diag_shape},
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST, .shape_text = "[B, H, 2]", .shape = diag_shape},
     [A_DSLICES] = {.name = "dslices", .doc = "gradient w.r.t. the slices, summed over problems (zeros under hard sort)",
      .kind = BKI_ARR_BWD, .shape_text = "[L, d]", .shape = slices_shape},
 };

@@ -501,7 +501,7 @@ static const bki_array lot_arrays[] = {
      .shape_text = "[H, r]", .offset = offsetof(bk_lot_config, theta), .shape = theta_shape},
     [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps of the two inner problems, max |row sum - 1|, "
                             "max |col sum m/n - 1|",
-     .kind = BKI_ARR_FWD, .shape_text = "[B, H, 4]", .shape = diag_shape},
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST, .shape_text = "[B, H, 4]", .shape = diag_shape},
     [A_DPIVOTS] = {.name = "dpivots", .doc = "gradient w.r.t. the pivots, summed over the batch", .kind = BKI_ARR_BWD,
      .shape_text = "[H, r, d]", .shape = z_shape},
     [A_DLOGITS] = {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch", .kind = BKI_ARR_BWD,

@@ -145,6 +145,8 @@ enum {
     BKI_ARR_FILE = 1u << 4,     /* an input object read from a file by load     */
     BKI_ARR_SUMMARY = 1u << 5,  /* a [B, H, k] forward output whose columns'
                                    maxima the CLI prints (cols names them)      */
+    BKI_ARR_HOST = 1u << 6,     /* an output run_arrays writes on the host (host
+                                   memory even when q, k, v are a device's)     */
 };
 typedef struct {
     const char *name;        /* "pivots", "diag" (the CLI: --pivots, '_' as '-') */

@@ -202,6 +202,7 @@ bk_status bk_op_array_info(const bk_op *op, int i, bk_op_array *info)
     info->dim_key = a->dim_key;
     info->cols = a->cols;
     info->kind = a->kind; /* BK_OP_ARRAY_* == BKI_ARR_* */
+    info->dim_at = a->dim_at;
     return BK_OK;
 }
 
@@ -366,5 +367,5 @@ _Static_assert(BK_OP_CAP_CROSS == BKI_CAP_CROSS && BK_OP_CAP_PAD == BKI_CAP_PAD 
                "BK_OP_CAP_* == BKI_CAP_*");
 _Static_assert(BK_OP_ARRAY_IN == BKI_ARR_IN && BK_OP_ARRAY_FWD == BKI_ARR_FWD && BK_OP_ARRAY_BWD == BKI_ARR_BWD &&
                    BK_OP_ARRAY_REQUIRED == BKI_ARR_REQUIRED && BK_OP_ARRAY_FILE == BKI_ARR_FILE &&
-                   BK_OP_ARRAY_SUMMARY == BKI_ARR_SUMMARY,
+                   BK_OP_ARRAY_SUMMARY == BKI_ARR_SUMMARY && BK_OP_ARRAY_HOST == BKI_ARR_HOST,
                "BK_OP_ARRAY_* == BKI_ARR_*");

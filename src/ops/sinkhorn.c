@@ -331,7 +331,7 @@ static int g_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 enum { A_DIAG, A_F, A_G }; /* the arrays' indices */
 static const bki_array sk_arrays[] = {
     [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps run, max |row sum - 1|, max |col sum - 1| (relative)",
-     .kind = BKI_ARR_FWD | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
      .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
     [A_F] = {.name = "f", .doc = "row potential (logit units; 0 on padded rows)", .kind = BKI_ARR_FWD,
      .shape_text = "[B, H, Nq]", .shape = f_shape},

@@ -40,6 +40,7 @@ void test_pool(void);   /* tests/core/test_pool.c */
 void test_esp(void);
 void test_lot(void);
 void test_diff(void); /* tests/ops/test_diff.c */
+void test_schema(void); /* tests/ops/test_schema.c: every operator's description */
 void test_otk(void);
 void test_asap(void);
 void test_model(void);

@@ -58,6 +58,7 @@ int main(int argc, char **argv)
     test_esp();
     test_lot();
     test_diff();
+    test_schema();
     test_otk();
     test_asap();
     test_model();

@@ -77,7 +77,7 @@ BK_API unsigned bk_op_caps(const bk_op *op);
  * upper bound) when bk_op_config_set checks one, else "". */
 typedef struct {
     const char *key;    /* the config key ("iters")                          */
-    const char *type;   /* "int", "int64", "float", "enum" or "list"         */
+    const char *type;   /* "int", "int64", "uint64", "float", "enum", "list" */
     const char *doc;    /* one line                                          */
     const char *alias;  /* an older CLI flag name without "--", or NULL      */
     const char *const *values; /* enum: the value names, NULL-terminated; else NULL */

@@ -486,14 +486,14 @@ def _py_value(p, v, opname):
         return v
     if isinstance(v, bool):
         v = int(v)
-    if t in ("int", "int64"):
+    if t in ("int", "int64", "uint64"):
         try:
             x = int(v)
         except (TypeError, ValueError, OverflowError):
             raise TypeError("%s: a number expected, got %r" % (key, v))
         if x != v:
             raise ValueError("%s: an integer expected, got %r" % (key, v))
-        return str(_lib.check_int(x, C.c_int if t == "int" else C.c_int64, key))
+        return str(_lib.check_int(x, {"int": C.c_int, "int64": C.c_int64, "uint64": C.c_uint64}[t], key))
     try:
         x = float(v)
     except (TypeError, ValueError, OverflowError):

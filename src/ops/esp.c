@@ -1368,8 +1368,8 @@ static const bki_field fields[] = {
     {.name = "L", .type = BKI_F_INT, .offset = offsetof(bk_esp_config, L), .alias = "num-slices",
      .doc = "slices: 0 = axis-aligned (L = d); > 0 = L rows of the slices array, or random unit directions",
      .lo = 0, .hi = 65536},
-    {.name = "seed", .type = BKI_F_I64, .offset = offsetof(bk_esp_config, seed),
-     .doc = "seed of the random slices (L > 0 without a slices array)", .lo = 0, .hi = 9223372036854775807.0},
+    {.name = "seed", .type = BKI_F_U64, .offset = offsetof(bk_esp_config, seed),
+     .doc = "seed of the random slices (L > 0 without a slices array)"},
 };
 
 /* ---- the arrays: slices [L, d] in; sigma, costs [B, H, L], diag [B, H, 2] out;

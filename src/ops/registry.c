@@ -131,7 +131,7 @@ int bk_op_param_find(const bk_op *op, const char *name)
     return -1;
 }
 
-static const char *const type_names[] = {"int", "int64", "float", "enum", "list"};
+static const char *const type_names[] = {"int", "int64", "float", "enum", "list", "uint64"};
 
 bk_status bk_op_param_info(const bk_op *op, int i, bk_op_param *info)
 {

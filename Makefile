@@ -96,7 +96,7 @@ TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap
 REF_SRC  = tests/ops/ref_attn.c tests/ops/ref_esp.c tests/ops/ref_lot.c tests/ops/ref_otk.c tests/ops/ref_asap.c \
            tests/ops/ref_unbalanced.c tests/ops/ref_diff.c tests/ops/ref_linear.c tests/ops/ref_nystrom.c
 TEST_SRC = tests/test_main.c tests/harness.c tests/tutil.c tests/core/test_npy.c tests/core/test_outfile.c tests/core/test_text.c tests/core/test_escape.c tests/core/test_compat.c tests/core/test_gemm.c tests/core/test_vmath.c tests/core/test_engine.c tests/core/test_pool.c tests/ops/test_attn.c tests/ops/test_esp.c \
-           tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_linear.c tests/ops/test_nystrom.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
+           tests/ops/test_lot.c tests/ops/test_diff.c tests/ops/test_linear.c tests/ops/test_nystrom.c tests/ops/test_schema.c tests/ops/test_otk.c tests/ops/test_asap.c tests/nn/test_model.c \
            tests/backend/test_backend.c tests/backend/test_ops.c tests/backend/test_cuda.c tests/backend/devbuf.c $(REF_SRC)
 
 LIB_A  = $(BUILD)/libbirkhoff.a

@@ -53,6 +53,7 @@ void test_lot(void);
 void test_diff(void); /* tests/ops/test_diff.c */
 void test_linear(void); /* tests/ops/test_linear.c */
 void test_nystrom(void); /* tests/ops/test_nystrom.c */
+void test_schema(void); /* tests/ops/test_schema.c: every operator's description */
 void test_otk(void);
 void test_asap(void);
 void test_model(void);

@@ -26,6 +26,7 @@ int main(int argc, char **argv)
     test_diff();
     test_linear();
     test_nystrom();
+    test_schema();
     test_otk();
     test_asap();
     test_model();

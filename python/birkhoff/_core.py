@@ -28,6 +28,7 @@ thread's current context exactly as before.
 import atexit
 import contextlib
 import ctypes as C
+import os
 import threading
 
 import numpy as np
@@ -383,61 +384,283 @@ def operator_names():
     return [lib.bk_op_name(lib.bk_op_at(i)).decode() for i in range(lib.bk_op_count())]
 
 
-class Registered:
-    """A registered operator and one filled parameter struct: the registry's
-    defaults, then each keyword as key=value through the C setter (which
-    names an unknown key or a bad value). Keys set scalars only: operators
-    whose parameters hold arrays (LOT's pivots, ESP's own slice bank, ASAP's
-    layer) need their typed functions for those."""
+def _s(b):
+    return None if b is None else b.decode()
 
-    def __init__(self, name, params):
-        if not isinstance(name, str):
-            raise TypeError("the operator name must be a string, got %r" % (name,))
-        self.op = lib.bk_op_find(name.encode())
-        if not self.op:
-            raise ValueError("unknown operator %r; the registry has: %s" % (name, ", ".join(operator_names())))
+
+_SCHEMAS = {}
+
+
+def find_operator(name):
+    """(bk_op handle, the preset's key=value text or None) of a registry
+    name or a preset ("asap0"); ValueError naming the registry otherwise"""
+    if not isinstance(name, str):
+        raise TypeError("the operator name must be a string, got %r" % (name,))
+    op = lib.bk_op_find(name.encode())
+    if op:
+        return op, None
+    pp = C.c_char_p()
+    op = lib.bk_op_find_preset(name.encode(), C.byref(pp))
+    if not op:
+        raise ValueError("unknown operator %r; the registry has: %s" % (name, ", ".join(operator_names())))
+    return op, pp.value
+
+
+def schema(name):
+    """An operator's description, read from the C registry (birkhoff/ops.h):
+    {name, doc, caps, backward, params: [{key, type, doc, alias, values,
+    default, range}], arrays: [{name, alias, doc, shape, kind, dim_key}],
+    presets: [{name, params, doc}]}. Cached per operator."""
+    op, _ = find_operator(name)
+    real = lib.bk_op_name(op).decode()
+    if real in _SCHEMAS:
+        return _SCHEMAS[real]
+    caps = lib.bk_op_caps(op)
+    sc = {"name": real, "doc": lib.bk_op_doc(op).decode(), "backward": bool(lib.bk_op_has_backward(op)),
+          "caps": [c for i, c in enumerate(_lib.OP_CAPS) if caps >> i & 1], "params": [], "arrays": [],
+          "presets": []}
+    for i in range(lib.bk_op_config_count(op)):
+        p = _lib.OpParam()
+        check(lib.bk_op_param_info(op, i, C.byref(p)))
+        vals = None
+        if p.values:
+            vals, j = [], 0
+            while p.values[j]:
+                vals.append(p.values[j].decode())
+                j += 1
+        sc["params"].append({"key": p.key.decode(), "type": p.type.decode(), "doc": p.doc.decode(),
+                             "alias": _s(p.alias), "values": vals, "default": p.default.decode(),
+                             "range": p.range.decode()})
+    for i in range(lib.bk_op_array_count(op)):
+        a = _lib.OpArray()
+        check(lib.bk_op_array_info(op, i, C.byref(a)))
+        sc["arrays"].append({"name": a.name.decode(), "alias": _s(a.alias), "doc": a.doc.decode(),
+                             "shape": a.shape.decode(), "kind": a.kind, "dim_key": _s(a.dim_key),
+                             "dim_at": a.dim_at})
+    for i in range(lib.bk_op_preset_count(op)):
+        pr = _lib.OpPreset()
+        check(lib.bk_op_preset_info(op, i, C.byref(pr)))
+        sc["presets"].append({"name": pr.name.decode(), "params": pr.params.decode(), "doc": pr.doc.decode()})
+    _SCHEMAS[real] = sc
+    return sc
+
+
+def _array_role(kind):
+    if kind & _lib.OP_ARRAY_FILE:
+        return "a path (file input%s)" % (", required" if kind & _lib.OP_ARRAY_REQUIRED else "")
+    if kind & _lib.OP_ARRAY_IN:
+        return "float32 array (input%s)" % (", required" if kind & _lib.OP_ARRAY_REQUIRED else "")
+    return "True: returned by the %s" % ("backward" if kind & _lib.OP_ARRAY_BWD else "forward")
+
+
+def describe(name):
+    """the keyword section of a docstring for operator `name`, made from its
+    schema (the C registry's description)"""
+    sc = schema(name)
+    lines = ["%s: %s." % (sc["name"], sc["doc"]), ""]
+    if sc["params"]:
+        lines.append("Parameters (keywords; None keeps the default):")
+    for p in sc["params"]:
+        vals = "|".join(p["values"]) if p["values"] else p["type"]
+        rng = "; in %s" % p["range"] if p["range"] else ""
+        lines.append("  %s (%s; default %s%s): %s" % (p["key"], vals, p["default"], rng, p["doc"]))
+    if sc["arrays"]:
+        lines.append("Arrays (keywords):")
+    for a in sc["arrays"]:
+        lines.append("  %s %s, %s: %s" % (a["name"], a["shape"], _array_role(a["kind"]), a["doc"]))
+    for pr in sc["presets"]:
+        lines.append("Preset %r: %s (%s)." % (pr["name"], pr["doc"], pr["params"]))
+    if not sc["backward"]:
+        lines.append("Inference only (no backward).")
+    return "\n".join(lines)
+
+
+def _py_value(p, v, opname):
+    """the text of keyword value v for parameter p, checked as the typed
+    functions check theirs: TypeError for a non-number, ValueError for a
+    non-integer or an integer outside its C type, or an unknown enum name"""
+    key, t = p["key"], p["type"]
+    if t == "enum":
+        if p["values"] is None or v not in p["values"]:
+            raise ValueError("%s must be one of %s (got %r)" % (key, ", ".join(sorted(p["values"] or [])), v))
+        return v
+    if isinstance(v, bool):
+        v = int(v)
+    if t in ("int", "int64", "uint64"):
+        try:
+            x = int(v)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError("%s: a number expected, got %r" % (key, v))
+        if x != v:
+            raise ValueError("%s: an integer expected, got %r" % (key, v))
+        return str(_lib.check_int(x, {"int": C.c_int, "int64": C.c_int64, "uint64": C.c_uint64}[t], key))
+    try:
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError("%s: a number expected, got %r" % (key, v))
+    return _float_text(x)
+
+
+def _float_text(x):
+    """the text of a float that reads back (strtof) as the C float of x"""
+    with np.errstate(over="ignore"):
+        return repr(float(np.float32(x)))
+
+
+class Registered:
+    """A registered operator (or a preset, e.g. "asap0") and one filled
+    parameter struct: the registry's defaults, the preset, then each keyword
+    checked against the operator's schema: a parameter key (or its alias)
+    through the C setter (which names a bad value or a value outside the
+    key's range); an input array (LOT's pivots, diff's lambda, ESP's slices:
+    float32 arrays; ASAP's layer: a path), attached at the first call for a
+    problem's shapes; an output array (diag=True, sigma=True, dlambda=True,
+    ...) returned by the forward or the backward. An unknown keyword is the C
+    setter's BirkhoffError naming it (TypeError with py_errors, the typed
+    functions' convention, which also checks values' types in Python)."""
+
+    def __init__(self, name, params, py_errors=False, outputs=()):
+        self.op, preset = find_operator(name)
         self.name = name
+        self.sc = schema(name)
         size = lib.bk_op_config_size(self.op)
-        self.par = (C.c_double * ((size + 7) // 8))()   # 8-byte aligned storage
+        self.par = (C.c_double * ((size + 7) // 8 + 1))()   # 8-byte aligned storage
         lib.bk_op_config_default(self.op, self.par)
+        if preset:
+            check(lib.bk_op_config_parse(self.op, self.par, preset))
+        self.inputs, self.keep, self.handles, self.want = {}, {}, {}, set()
         for k, v in params.items():
-            if v is None:
-                continue
-            if isinstance(v, bool):
-                v = int(v)
-            check(lib.bk_op_config_set(self.op, self.par, str(k).encode(), str(v).encode()))
+            if v is not None:
+                self._keyword(str(k), v, py_errors)
+        for o in outputs:
+            self.want.add(self._array(o))
+
+    def _array(self, name):
+        j = lib.bk_op_array_find(self.op, name.encode())
+        if j < 0:
+            raise ValueError("%s has no array %r" % (self.name, name))
+        return j
+
+    def _keyword(self, k, v, py_errors):
+        i = lib.bk_op_param_find(self.op, k.encode())
+        if i >= 0:
+            p = self.sc["params"][i]
+            if py_errors:
+                text = _py_value(p, v, self.name)
+            elif isinstance(v, (float, np.floating)):
+                text = _float_text(v)
+            else:
+                text = str(int(v) if isinstance(v, bool) else v)
+            check(lib.bk_op_config_set(self.op, self.par, p["key"].encode(), text.encode()))
+            return
+        j = lib.bk_op_array_find(self.op, k.encode())
+        if j >= 0:
+            if self.sc["arrays"][j]["kind"] & _lib.OP_ARRAY_IN:
+                self.inputs[j] = v
+            elif v:
+                self.want.add(j)
+            return
+        if py_errors:
+            raise TypeError("%s: unknown option %r" % (self.name, k))
+        check(lib.bk_op_config_set(self.op, self.par, k.encode(), b""))   # the C message naming the key
+
+    def __del__(self):
+        for j, h in getattr(self, "handles", {}).items():
+            lib.bk_op_config_unload(self.op, j, h)
 
     def has_backward(self):
         return bool(lib.bk_op_has_backward(self.op))
 
+    def shape(self, j, desc):
+        dims = (C.c_int64 * 4)()
+        r = lib.bk_op_array_shape(self.op, j, C.byref(desc), self.par, dims)
+        return tuple(int(dims[i]) for i in range(r))
+
+    def set_input(self, j, v, desc):
+        """attaches input array j (float32, dense) for the problem desc:
+        ValueError when its shape is not the schema's"""
+        a = self.sc["arrays"][j]
+        if a["kind"] & _lib.OP_ARRAY_FILE:
+            if j not in self.handles:
+                h = C.c_void_p()
+                check(lib.bk_op_config_load(self.op, self.par, j, os.fsencode(v), C.byref(h)))
+                self.handles[j] = h
+            return
+        x = np.ascontiguousarray(np.asarray(v, dtype=np.float32))
+        if a["dim_key"]:   # the dimension that sets a key (ESP's L, LOT's r) first
+            if x.ndim <= a["dim_at"]:
+                raise ValueError("%s: %s expected, got shape %s" % (a["name"], a["shape"], x.shape))
+            check(lib.bk_op_config_set(self.op, self.par, a["dim_key"].encode(), str(x.shape[a["dim_at"]]).encode()))
+        want = self.shape(j, desc)
+        if tuple(x.shape) != want:
+            raise ValueError("%s: %s = %s expected, got shape %s" % (a["name"], a["shape"], want, tuple(x.shape)))
+        dims = (C.c_int64 * 4)(*x.shape)
+        check(lib.bk_op_config_set_array(self.op, self.par, C.byref(desc), j, C.cast(C.c_void_p(x.ctypes.data),
+                                                                                      _lib.f32p), x.ndim, dims))
+        self.keep[j] = x
+
+    def bind(self, pr):
+        for j, v in self.inputs.items():
+            self.set_input(j, v, pr.desc)
+
+    def _buffers(self, pr, kind):
+        """the requested output arrays of a kind: (pointer array, {name: (index, buffer, shape)})"""
+        n = len(self.sc["arrays"])
+        ptrs = (_lib.f32p * max(n, 1))()
+        got = {}
+        for j in sorted(self.want):
+            a = self.sc["arrays"][j]
+            if not a["kind"] & kind:
+                continue
+            shp = self.shape(j, pr.desc)
+            cnt = int(np.prod(shp)) if shp else 0
+            if pr.dev and a["kind"] & _lib.OP_ARRAY_HOST:
+                raise ValueError("%s: %s is not available on a device; run on the CPU for it" % (self.name, a["name"]))
+            buf = pr.zeros32(cnt)
+            ptrs[j] = f32_ptr(buf)
+            got[a["name"]] = (buf, shp)
+        return ptrs, got
+
     def forward(self, pr, want_tape=True, want_attn=False):
+        self.bind(pr)
         d = pr.desc
         out = pr.out()
         want_tape = want_tape and self.has_backward()
         attn = pr.attn() if want_attn else None
+        ptrs, got = self._buffers(pr, _lib.OP_ARRAY_FWD)
         tq, tk, tv = pr.tensors()
         with pr.running():
             tape = pr.tape(lib.bk_op_tape_size(self.op, C.byref(d), self.par)) if want_tape else None
-            check(lib.bk_op_forward(self.op, C.byref(d), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
-                                    C.byref(out.tensor()), pr.tape_ptr(tape),
-                                    C.byref(attn.tensor()) if attn else None, None, 0))
+            _ws, wp, wn = pr.workspace(lib.bk_op_workspace_size, self.op, C.byref(d), self.par)
+            check(lib.bk_op_forward_arrays(self.op, C.byref(d), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
+                                           C.byref(out.tensor()), pr.tape_ptr(tape),
+                                           C.byref(attn.tensor()) if attn else None, ptrs, wp, wn))
         res = {"out": out.obj, "tape": tape}
         if want_attn:
             res["attn"] = attn.obj
+        for name, (buf, shp) in got.items():
+            res[name] = buf.reshape(shp)
         return res
 
-    def backward(self, pr, dout, tape):
+    def backward(self, pr, dout, tape, outputs=False):
+        """(dq, dk, dv), and the backward's requested output arrays as a
+        dict when outputs"""
         if not self.has_backward():
             raise ValueError("operator %r has no backward (inference only)" % self.name)
+        self.bind(pr)
         do = pr.dout(dout)
         dq, dk, dv = pr.grads()
         tq, tk, tv = pr.tensors()
         tp = pr.tape_ptr(tape)
+        ptrs, got = self._buffers(pr, _lib.OP_ARRAY_BWD)
         with pr.running():
-            check(lib.bk_op_backward(self.op, C.byref(pr.desc), self.par, C.byref(tq), C.byref(tk), C.byref(tv),
-                                     C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
-                                     C.byref(dv.tensor()), None, 0))
-        return dq.obj, dk.obj, dv.obj
+            _ws, wp, wn = pr.workspace(lib.bk_op_workspace_size, self.op, C.byref(pr.desc), self.par)
+            check(lib.bk_op_backward_arrays(self.op, C.byref(pr.desc), self.par, C.byref(tq), C.byref(tk),
+                                            C.byref(tv), C.byref(do.tensor()), tp, C.byref(dq.tensor()),
+                                            C.byref(dk.tensor()), C.byref(dv.tensor()), ptrs, wp, wn))
+        if not outputs:
+            return dq.obj, dk.obj, dv.obj
+        return dq.obj, dk.obj, dv.obj, {name: buf.reshape(shp) for name, (buf, shp) in got.items()}
 
 
 def tape_buffer(nbytes):
@@ -469,7 +692,8 @@ def f32_ptr(a):
 
 
 # --------------------------------------------------------------------------
-# the operators, on validated problems (adapter-independent)
+# the operators' typed keywords, on the registry's generic path (the public
+# functions of ops.py and torch.py are thin wrappers over these)
 # --------------------------------------------------------------------------
 
 def setp(p, **kw):
@@ -488,277 +712,85 @@ def setp(p, **kw):
     return p
 
 
-def sinkhorn_params(scale=None, eps=None, iters=None, tol=None, grad=None):
-    p = setp(lib.bk_sinkhorn_config_default(), scale=scale, eps=eps, iters=iters, tol=tol)
-    if grad is not None:
-        p.grad = choice(GRAD_MODES, grad, "grad")
-    return p
+def softmax_op(scale=None, causal=None):
+    return Registered("softmax", dict(scale=scale, causal=None if causal is None else int(bool(causal))), True)
 
 
-def unbalanced_params(scale=None, eps=None, iters=None, tol=None, rho=None):
-    return setp(lib.bk_unbalanced_config_default(), scale=scale, eps=eps, iters=iters, tol=tol, rho=rho)
+def sinkhorn_op(scale=None, eps=None, iters=None, tol=None, grad=None, outputs=()):
+    return Registered("sinkhorn", dict(scale=scale, eps=eps, iters=iters, tol=tol, grad=grad), True, outputs)
 
 
-def _sk_funcs(p):
-    """the C entry points of balanced or unbalanced Sinkhorn, by parameter type:
-    tape size, forward, backward, workspace size"""
-    if isinstance(p, _lib.UnbalancedParams):
-        return (lib.bk_unbalanced_tape_size, lib.bk_unbalanced_forward, lib.bk_unbalanced_backward,
-                lib.bk_unbalanced_workspace_size)
-    return lib.bk_sinkhorn_tape_size, lib.bk_sinkhorn_forward, lib.bk_sinkhorn_backward, lib.bk_sinkhorn_workspace_size
+def unbalanced_op(scale=None, eps=None, iters=None, tol=None, rho=None, outputs=()):
+    return Registered("unbalanced", dict(scale=scale, eps=eps, iters=iters, tol=tol, rho=rho), True, outputs)
 
 
-def sinkhorn_forward(pr, p, want_tape=True, want_attn=False, want_potentials=False, want_diag=False):
-    """Sinkhorn or unbalanced Sinkhorn (p: SinkhornParams or UnbalancedParams)"""
-    tape_size, forward, _, ws_size = _sk_funcs(p)
-    d = pr.desc
-    if want_diag and pr.dev:
-        raise ValueError("Sinkhorn diagnostics (diag) are not available on a device; run on the CPU for them")
-    out = pr.out()
-    attn = pr.attn() if want_attn else None
-    n_q, n_k = d.B * d.H * d.Nq, d.B * d.H * d.Nk
-    f = pr.zeros32(n_q) if want_potentials else None
-    g = pr.zeros32(n_k) if want_potentials else None
-    diag = (_lib.SinkhornDiag * (d.B * d.H))() if want_diag else None
-    ex = _lib.SinkhornExtras(attn.tensor() if attn else _lib.Tensor(), f32_ptr(f), f32_ptr(g), diag)
-    tq, tk, tv = pr.tensors()
-    with pr.running():
-        tape = pr.tape(tape_size(C.byref(d), C.byref(p))) if want_tape else None
-        _ws, wp, wn = pr.workspace(ws_size, C.byref(d), C.byref(p))
-        check(forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv), C.byref(out.tensor()),
-                      pr.tape_ptr(tape), C.byref(ex), wp, wn))
-    res = {"out": out.obj, "tape": tape}
-    if want_attn:
-        res["attn"] = attn.obj
-    if want_potentials:
-        res["f"] = f.reshape(d.B, d.H, d.Nq)
-        res["g"] = g.reshape(d.B, d.H, d.Nk)
-    if want_diag:
-        res["diag"] = diag_dict(diag, d.B, d.H, ("iters", "row_err", "col_err"))
-    return res
+def esp_op(sort=None, t=None, tau=None, scale=None, cost=None, out_scale=None, slices=None, theta=None, seed=None,
+           outputs=()):
+    """ESP: slices L (0 = axis-aligned) as key L; theta [L, d] as its input
+    array "slices" (which sets L)"""
+    if theta is not None:
+        th = np.asarray(theta, dtype=np.float32)
+        if th.ndim != 2:
+            raise ValueError("theta: [L, d] expected, got shape %s" % (th.shape,))
+        slices = None
+    if slices is not None:
+        slices = _lib.check_int(slices, C.c_int, "slices")
+    if seed is not None:
+        seed = _lib.check_int(seed, C.c_uint64, "seed")
+    op = Registered("esp", dict(sort=sort, t=t, tau=tau, scale=scale, cost=cost, out_scale=out_scale, L=slices,
+                                seed=seed), True, outputs)
+    if theta is not None:
+        op.inputs[op._array("slices")] = theta
+    return op
 
 
-def sinkhorn_backward(pr, p, dout, tape):
-    do = pr.dout(dout)
-    dq, dk, dv = pr.grads()
-    tq, tk, tv = pr.tensors()
-    tp = pr.tape_ptr(tape)
-    fn = _sk_funcs(p)
-    with pr.running():
-        _ws, wp, wn = pr.workspace(fn[3], C.byref(pr.desc), C.byref(p))
-        check(fn[2](C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                    C.byref(do.tensor()), tp, C.byref(dq.tensor()), C.byref(dk.tensor()),
-                    C.byref(dv.tensor()), wp, wn))
-    return dq.obj, dk.obj, dv.obj
-
-
-def softmax_params(scale=None, causal=None):
-    return setp(_lib.SoftmaxParams(0.0, 0), scale=scale, causal=None if causal is None else int(bool(causal)))
-
-
-def softmax_forward(pr, p, want_tape=True, want_attn=False):
-    """softmax attention (p: SoftmaxParams, softmax_params())"""
-    d = pr.desc
-    out = pr.out()
-    attn = pr.attn() if want_attn else None
-    tq, tk, tv = pr.tensors()
-    with pr.running():
-        tape = pr.tape(lib.bk_softmax_tape_size(C.byref(d))) if want_tape else None
-        _ws, wp, wn = pr.workspace(lib.bk_softmax_workspace_size, C.byref(d))
-        check(lib.bk_softmax_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                     C.byref(out.tensor()), pr.tape_ptr(tape),
-                                     C.byref(attn.tensor()) if attn else None, wp, wn))
-    res = {"out": out.obj, "tape": tape}
-    if want_attn:
-        res["attn"] = attn.obj
-    return res
-
-
-def softmax_backward(pr, p, dout, tape):
-    do = pr.dout(dout)
-    dq, dk, dv = pr.grads()
-    tq, tk, tv = pr.tensors()
-    tp = pr.tape_ptr(tape)
-    with pr.running():
-        _ws, wp, wn = pr.workspace(lib.bk_softmax_workspace_size, C.byref(pr.desc))
-        check(lib.bk_softmax_backward(C.byref(pr.desc), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                                      C.byref(do.tensor()), tp, C.byref(dq.tensor()),
-                                      C.byref(dk.tensor()), C.byref(dv.tensor()), wp, wn))
-    return dq.obj, dk.obj, dv.obj
-
-
-class EspConfig:
-    """ESP parameters with the slice matrix held as a dense float32 array."""
-
-    def __init__(self, sort=None, t=None, tau=None, scale=None, cost=None, out_scale=None, slices=None, theta=None,
-                 seed=None):
-        self.p = setp(lib.bk_esp_config_default(), t=t, tau=tau, scale=scale, seed=seed)
-        if sort is not None:
-            self.p.sort = choice(ESP_SORT, sort, "sort")
-        if cost is not None:
-            self.p.cost = choice(ESP_COST, cost, "cost")
-        if out_scale is not None:
-            self.p.out_scale = choice(ESP_SCALE, out_scale, "out_scale")
-        self.theta = None
-        if theta is not None:
-            th = np.ascontiguousarray(np.asarray(theta, dtype=np.float32))
-            if th.ndim != 2:
-                raise ValueError("theta: [L, d] expected, got shape %s" % (th.shape,))
-            self.theta = th
-            self.p.L = th.shape[0]
-            self.p.theta = f32_np(th)
-        elif slices is not None:
-            _lib.set_field(self.p, "L", slices, "slices")
-
-    def num_slices(self, d):
-        if self.theta is not None and self.theta.shape[1] != d:
-            raise ValueError("theta: [L, %d] expected for head dim %d, got %s" % (d, d, self.theta.shape))
-        L = lib.bk_esp_num_slices(C.byref(self.p), d)
-        if L < 1:
-            raise ValueError("ESP: invalid slice setting (L=%d) for head dim %d" % (self.p.L, d))
-        return L
-
-
-def esp_forward(pr, cfg, want_tape=True, want_attn=False, want_weights=False, want_diag=False):
-    pr.host_only("ESP attention")
-    d = pr.desc
-    L = cfg.num_slices(d.d)
-    out = pr.out()
-    tape = tape_buffer(lib.bk_esp_tape_size(C.byref(d), C.byref(cfg.p))) if want_tape else None
-    attn = pr.attn() if want_attn else None
-    sig = np.zeros(d.B * d.H * L, np.float32) if want_weights else None
-    D = np.zeros(d.B * d.H * L, np.float32) if want_weights else None
-    diag = (_lib.EspDiag * (d.B * d.H))() if want_diag else None
-    ex = _lib.EspExtras(attn.tensor() if attn else _lib.Tensor(), f32_np(sig), f32_np(D), diag)
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_esp_forward(C.byref(d), C.byref(cfg.p), C.byref(tq), C.byref(tk), C.byref(tv),
-                             C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
-    res = {"out": out.obj, "tape": tape}
-    if want_attn:
-        res["attn"] = attn.obj
-    if want_weights:
-        res["sigma"] = sig.reshape(d.B, d.H, L)
-        res["D"] = D.reshape(d.B, d.H, L)
-    if want_diag:
-        res["diag"] = diag_dict(diag, d.B, d.H, ("row_err", "col_err"))
-    return res
-
-
-def esp_backward(pr, cfg, dout, tape, want_dtheta=False):
-    pr.host_only("ESP attention")
-    d = pr.desc
-    L = cfg.num_slices(d.d)
-    do = pr.dout(dout)
-    dq, dk, dv = pr.grads()
-    dth = np.zeros((L, d.d), np.float32) if want_dtheta else None
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_esp_backward(C.byref(d), C.byref(cfg.p), C.byref(tq), C.byref(tk), C.byref(tv),
-                              C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
-                              C.byref(dv.tensor()), f32_np(dth), None, 0))
-    return dq.obj, dk.obj, dv.obj, dth
-
-
-def esp_slices(cfg, d):
-    L = cfg.num_slices(d)
+def esp_slices(op, d):
+    """the [L, d] slice matrix of an ESP operator (esp_op) for head dim d"""
+    desc = _lib.AttnDesc(1, 1, 1, 1, d, d, None, None)
+    for j, v in op.inputs.items():
+        op.set_input(j, v, desc)
+    L = op.shape(op._array("slices"), desc)[0]
+    if L < 1:
+        raise ValueError("ESP: invalid slice setting (L=%d) for head dim %d" % (L, d))
     th = np.zeros((L, d), np.float32)
-    check(lib.bk_esp_slices(C.byref(cfg.p), d, f32_np(th)))
+    check(lib.bk_esp_slices(C.cast(op.par, C.POINTER(_lib.EspParams)), d, f32_np(th)))
     return th
 
 
-def lot_params(pr, Z, theta, temp=None, iters=None, eps=None, scale=None, tol=None):
-    """(params, Z, theta): Z [H, r, d] and theta [H, r] as dense float32 numpy arrays"""
-    d = pr.desc
+def lot_op(Z, theta, temp=None, iters=None, eps=None, scale=None, tol=None, outputs=()):
+    """LOT: Z [H, r, d] and theta [H, r] as its input arrays pivots and
+    pivot_logits (checked against the problem at the first call)"""
     if Z is None or theta is None:
         raise ValueError("LOT: pivots Z [H, r, d] and mass logits theta [H, r] are required")
-    Z = np.ascontiguousarray(np.asarray(Z, dtype=np.float32))
-    if Z.ndim != 3 or Z.shape[0] != d.H or Z.shape[2] != d.d:
-        raise ValueError("Z: [H=%d, r, d=%d] expected, got shape %s" % (d.H, d.d, Z.shape))
-    theta = dense_param(theta, (d.H, Z.shape[1]), "theta")
-    p = setp(lib.bk_lot_config_default(), temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
-    p.r, p.Z, p.theta = Z.shape[1], f32_np(Z), f32_np(theta)
-    return p, Z, theta
+    op = Registered("lot", dict(temp=temp, iters=iters, eps=eps, scale=scale, tol=tol), True, outputs)
+    op.inputs[op._array("pivots")] = Z
+    op.inputs[op._array("pivot_logits")] = theta
+    return op
 
 
-def lot_forward(pr, p, want_tape=True, want_attn=False, want_diag=False):
-    pr.host_only("LOT attention")
-    d = pr.desc
-    out = pr.out()
-    tape = tape_buffer(lib.bk_lot_tape_size(C.byref(d), C.byref(p))) if want_tape else None
-    attn = pr.attn() if want_attn else None
-    diag = (_lib.LotDiag * (d.B * d.H))() if want_diag else None
-    ex = _lib.LotExtras(attn.tensor() if attn else _lib.Tensor(), diag)
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_lot_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                             C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
-    res = {"out": out.obj, "tape": tape}
-    if want_attn:
-        res["attn"] = attn.obj
-    if want_diag:
-        res["diag"] = diag_dict(diag, d.B, d.H, ("iters1", "iters2", "row_err", "col_err"))
-    return res
-
-
-def lot_backward(pr, p, dout, tape, want_pivots=True):
-    pr.host_only("LOT attention")
-    d = pr.desc
-    do = pr.dout(dout)
-    dq, dk, dv = pr.grads()
-    dZ = np.zeros((d.H, p.r, d.d), np.float32) if want_pivots else None
-    dth = np.zeros((d.H, p.r), np.float32) if want_pivots else None
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_lot_backward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                              C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
-                              C.byref(dv.tensor()), f32_np(dZ), f32_np(dth), None, 0))
-    return dq.obj, dk.obj, dv.obj, dZ, dth
-
-
-def diff_params(pr, lam, scale=None):
-    """(params, lam): lam [H] as a dense float32 numpy array (a number: the
-    same lambda for every head)"""
-    d = pr.desc
+def diff_op(lam, H, scale=None, outputs=()):
+    """differential attention: lam [H] (a number: the same lambda for every
+    head) as its input array lambda"""
     if lam is None:
         raise ValueError("differential attention: lambda [H] is required")
     if np.ndim(lam) == 0:
-        lam = np.full(d.H, lam, np.float32)
-    lam = dense_param(lam, (d.H,), "lambda")
-    p = setp(lib.bk_diff_config_default(), scale=scale)
-    p.lam = f32_np(lam)
-    return p, lam
-
-
-def diff_forward(pr, p, want_tape=True, want_attn=False):
-    pr.host_only("differential attention")
-    d = pr.desc
-    out = pr.out()
-    tape = tape_buffer(lib.bk_diff_tape_size(C.byref(d), C.byref(p))) if want_tape else None
-    attn = pr.attn() if want_attn else None
-    ex = _lib.DiffExtras(attn.tensor() if attn else _lib.Tensor())
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_diff_forward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                              C.byref(out.tensor()), tape_ptr(tape), C.byref(ex), None, 0))
-    res = {"out": out.obj, "tape": tape}
-    if want_attn:
-        res["attn"] = attn.obj
-    return res
-
-
-def diff_backward(pr, p, dout, tape, want_lambda=True):
-    """(dq, dk, dv, dlambda [H] summed over the batch, or None)"""
-    pr.host_only("differential attention")
-    d = pr.desc
-    do = pr.dout(dout)
-    dq, dk, dv = pr.grads()
-    dl = np.zeros(d.H, np.float32) if want_lambda else None
-    tq, tk, tv = pr.tensors()
-    check(lib.bk_diff_backward(C.byref(d), C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
-                               C.byref(do.tensor()), tape_ptr(tape), C.byref(dq.tensor()), C.byref(dk.tensor()),
-                               C.byref(dv.tensor()), f32_np(dl), None, 0))
-    return dq.obj, dk.obj, dv.obj, dl
+        lam = np.full(H, lam, np.float32)
+    op = Registered("diff", dict(scale=scale), True, outputs)
+    op.inputs[op._array("lambda")] = lam
+    return op
 
 
 def diag_dict(arr, B, H, fields):
-    """per-problem diagnostics as {field: numpy array [B, H]}"""
+    """per-problem diagnostics as {field: numpy array [B, H]}: from a C
+    struct array, or from a float array [B, H, len(fields)] (an operator's
+    diag output; counts, named iters*, come back as integers)"""
     out = {}
+    if isinstance(arr, np.ndarray):
+        a = arr.reshape(B * H, len(fields))
+        for i, f in enumerate(fields):
+            col = a[:, i]
+            out[f] = (col.astype(np.int64) if f.startswith("iters") else col.astype(np.float64)).reshape(B, H)
+        return out
     for f in fields:
         out[f] = np.array([getattr(arr[i], f) for i in range(B * H)]).reshape(B, H)
     return out

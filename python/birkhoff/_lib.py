@@ -254,6 +254,38 @@ class AttnFidelity(C.Structure):
                 ("row_err", C.c_double), ("col_err", C.c_double), ("problems", C.c_int)]
 
 
+class OpParam(C.Structure):
+    """bk_op_param (birkhoff/ops.h): a parameter of a registered operator"""
+    _fields_ = [("key", C.c_char_p), ("type", C.c_char_p), ("doc", C.c_char_p), ("alias", C.c_char_p),
+                ("values", C.POINTER(C.c_char_p)), ("default", C.c_char * 64), ("range", C.c_char * 96)]
+
+
+class OpArray(C.Structure):
+    """bk_op_array: an array of an operator beyond q, k, v, out"""
+    _fields_ = [("name", C.c_char_p), ("alias", C.c_char_p), ("doc", C.c_char_p), ("shape", C.c_char_p),
+                ("dim_key", C.c_char_p), ("cols", C.c_char_p), ("kind", C.c_uint), ("dim_at", C.c_int)]
+
+
+class OpLearned(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("doc", C.c_char_p), ("rank", C.c_int), ("dims", C.c_int64 * 4)]
+
+
+class OpPreset(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("params", C.c_char_p), ("doc", C.c_char_p)]
+
+
+class OpBenchCase(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("B", C.c_int), ("H", C.c_int), ("Nq", C.c_int), ("Nk", C.c_int),
+                ("d", C.c_int), ("dv", C.c_int), ("params", C.c_char_p), ("backward", C.c_int)]
+
+
+# bk_op_array.kind (BK_OP_ARRAY_*)
+OP_ARRAY_IN, OP_ARRAY_FWD, OP_ARRAY_BWD, OP_ARRAY_REQUIRED, OP_ARRAY_FILE, OP_ARRAY_SUMMARY, OP_ARRAY_HOST = \
+    0x1, 0x2, 0x4, 0x8, 0x10, 0x20, 0x40
+# bk_op_caps (BK_OP_CAP_*), in bit order
+OP_CAPS = ("cross", "pad", "causal", "attn", "model")
+
+
 _ABI = {
     "bk_tensor": Tensor, "bk_attn_desc": AttnDesc, "bk_sinkhorn_config": SinkhornParams,
     "bk_sinkhorn_diag": SinkhornDiag, "bk_sinkhorn_extras": SinkhornExtras, "bk_softmax_config": SoftmaxParams,
@@ -267,6 +299,8 @@ _ABI = {
 }
 # mirrored structs that older libraries do not list in bk_abi_sizeof (0 there: not checked)
 _ABI_OPTIONAL = {"bk_context_config": ContextConfig}
+_ABI.update({"bk_op_param": OpParam, "bk_op_array": OpArray, "bk_op_learned": OpLearned, "bk_op_preset": OpPreset,
+             "bk_op_bench_case": OpBenchCase})
 
 P = C.POINTER
 vp = C.c_void_p
@@ -349,6 +383,30 @@ _PROTOS = {
     "bk_op_tape_size": (sz, [vp, _D, vp]),
     "bk_op_forward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, vp, sz]),
     "bk_op_backward": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, _T, _T, vp, sz]),
+    # the operators' schema (birkhoff/ops.h): the keywords, docstrings and extra arrays come from it
+    "bk_op_doc": (C.c_char_p, [vp]),
+    "bk_op_caps": (C.c_uint, [vp]),
+    "bk_op_param_info": (st, [vp, C.c_int, P(OpParam)]),
+    "bk_op_param_find": (C.c_int, [vp, C.c_char_p]),
+    "bk_op_config_parse": (st, [vp, vp, C.c_char_p]),
+    "bk_op_config_check": (st, [vp, vp]),
+    "bk_op_array_count": (C.c_int, [vp]),
+    "bk_op_array_info": (st, [vp, C.c_int, P(OpArray)]),
+    "bk_op_array_find": (C.c_int, [vp, C.c_char_p]),
+    "bk_op_array_shape": (C.c_int, [vp, C.c_int, _D, vp, P(C.c_int64)]),
+    "bk_op_config_set_array": (st, [vp, vp, _D, C.c_int, f32p, C.c_int, P(C.c_int64)]),
+    "bk_op_config_load": (st, [vp, vp, C.c_int, C.c_char_p, P(vp)]),
+    "bk_op_config_unload": (None, [vp, C.c_int, vp]),
+    "bk_op_workspace_size": (sz, [vp, _D, vp]),
+    "bk_op_forward_arrays": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, P(f32p), vp, sz]),
+    "bk_op_backward_arrays": (st, [vp, _D, vp, _T, _T, _T, _T, vp, _T, _T, _T, P(f32p), vp, sz]),
+    "bk_op_learned_count": (C.c_int, [vp]),
+    "bk_op_learned_info": (st, [vp, C.c_int, vp, C.c_int, C.c_int, P(OpLearned)]),
+    "bk_op_preset_count": (C.c_int, [vp]),
+    "bk_op_preset_info": (st, [vp, C.c_int, P(OpPreset)]),
+    "bk_op_find_preset": (vp, [C.c_char_p, P(C.c_char_p)]),
+    "bk_op_bench_count": (C.c_int, [vp]),
+    "bk_op_bench_info": (st, [vp, C.c_int, P(OpBenchCase)]),
     # execution contexts (birkhoff/context.h): the CUDA backend's calls run in a context made current
     "bk_context_config_default": (ContextConfig, []),
     "bk_context_create": (st, [P(ContextConfig), P(vp)]),

@@ -27,7 +27,7 @@ from . import _core as K
 from . import _lib
 from ._lib import check, lib
 
-__all__ = ["Result", "operators", "attention", "attention_backward", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
+__all__ = ["Result", "operators", "describe", "attention", "attention_backward", "softmax", "softmax_backward", "sinkhorn", "sinkhorn_backward", "unbalanced",
            "unbalanced_backward", "esp", "esp_backward",
            "esp_slices", "lot", "lot_backward", "diff", "diff_backward", "otk", "otk_backward", "otk_features", "spherical_kmeans",
            "otk_fit_anchors", "otk_fit_refs", "AsapCalibration", "AsapLayer", "asap_teacher_dual"]
@@ -50,52 +50,87 @@ def _problem(q, k, v, q_len, k_len, layout):
     return K.Problem(NP, q, k, v, q_len, k_len, layout)
 
 
-# ---- softmax ----
-
 # ---- any registered operator, by name (the C registry, birkhoff/ops.h) ----
 
 def operators():
     """The names of the registered attention operators (softmax, sinkhorn,
-    unbalanced, esp, asap, lot: the C library's list)."""
+    unbalanced, esp, asap, lot, diff, ...: the C library's list)."""
     return K.operator_names()
 
 
+def describe(name):
+    """What operator `name` computes and its keywords (parameters with type,
+    default, range and meaning; its arrays), from the C registry's schema."""
+    return K.describe(name)
+
+
 def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", attn=False, tape=True, **params):
-    """Any registered operator by name, its parameters by key (the C
-    struct's field names, e.g. iters=5, eps=0.5, rho=2, sort="soft"; the
-    library's defaults for the others): exactly the operator's own function
-    with no extras but attn. Parameters that are arrays (LOT's pivots, an
-    ESP slice bank, an ASAP layer) are not keys: use lot(), esp(slices=...),
-    AsapLayer.forward() for those. An unknown name lists the registry; an
-    unknown key or a bad value raises BirkhoffError naming it."""
+    """Any registered operator by name (operators(); a preset such as
+    "asap0" too), its keywords checked against the operator's schema (the
+    C registry's; describe(name) lists them):
+      - parameters by key (the C struct's field names, e.g. iters=5,
+        eps=0.5, rho=2, sort="soft"; an older CLI alias too; the library's
+        defaults for the others), set through the C setter, which checks
+        each key's range;
+      - input arrays by name (lot: pivots=Z, pivot_logits=theta; diff:
+        lambda=lam; esp: slices=theta; asap: layer="F.asap");
+      - extra outputs by name=True (diag=True, sigma=True, f=True, ...),
+        returned in the Result under their names.
+    An unknown name lists the registry; an unknown key or a bad value raises
+    BirkhoffError naming it; an input array of the wrong shape ValueError.
+    The docstring's end lists every operator's keywords."""
     op = K.Registered(name, params)
     pr = _problem(q, k, v, q_len, k_len, layout)
     return Result(op.forward(pr, tape, attn))
 
 
 def attention_backward(name, q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", **params):
-    """(dq, dk, dv) of attention(name, ...) with the same parameters; tape
-    None recomputes the forward."""
+    """(dq, dk, dv) of attention(name, ...) with the same keywords; tape
+    None recomputes the forward. The backward's outputs asked for by
+    name=True (dlambda=True, dpivots=True, dslices=True) come as a fourth
+    element, a dict by name."""
     op = K.Registered(name, params)
     pr = _problem(q, k, v, q_len, k_len, layout)
-    return op.backward(pr, dout, tape)
+    any_bwd = any(op.sc["arrays"][j]["kind"] & _lib.OP_ARRAY_BWD for j in op.want)
+    return op.backward(pr, dout, tape, outputs=any_bwd)
 
+
+def _schema_doc():
+    return "\n\n".join(K.describe(n) for n in K.operator_names())
+
+
+attention.__doc__ += "\n\n" + _schema_doc()
+
+
+# ---- the typed functions: thin wrappers over the generic path ----
 
 def softmax(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False, attn=False, tape=True):
     """Softmax attention O = softmax(scale q k^T) v; attn=True adds the
     [B, H, Nq, Nk] attention. causal=True: query i sees keys j <= i +
     (Lk - Lq) (the queries are the last positions; Lk >= Lq required)."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    return Result(K.softmax_forward(pr, K.softmax_params(scale, causal), tape, attn))
+    return Result(K.softmax_op(scale, causal).forward(pr, tape, attn))
 
 
 def softmax_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False):
     """(dq, dk, dv)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    return K.softmax_backward(pr, K.softmax_params(scale, causal), dout, tape)
+    return K.softmax_op(scale, causal).backward(pr, dout, tape)
 
 
 # ---- Sinkhorn ----
+
+def _sk_result(res, B, H, diag):
+    if "f" in res:
+        res["f"], res["g"] = res["f"].reshape(B, H, -1), res["g"].reshape(B, H, -1)
+    if diag:
+        res["diag"] = K.diag_dict(res["diag"], B, H, ("iters", "row_err", "col_err"))
+    return Result(res)
+
+
+def _sk_outputs(potentials, diag):
+    return (("f", "g") if potentials else ()) + (("diag",) if diag else ())
+
 
 def sinkhorn(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None, tol=None,
              grad=None, attn=False, potentials=False, diag=False, tape=True):
@@ -105,16 +140,15 @@ def sinkhorn(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=
     diag: {iters, row_err, col_err} arrays [B, H]. grad: "unrolled"
     (default, exact VJP of the iterations) or "implicit" (fixed point)."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p = K.sinkhorn_params(scale, eps, iters, tol, grad)
-    return Result(K.sinkhorn_forward(pr, p, tape, attn, potentials, diag))
+    op = K.sinkhorn_op(scale, eps, iters, tol, grad, _sk_outputs(potentials, diag))
+    return _sk_result(op.forward(pr, tape, attn), pr.desc.B, pr.desc.H, diag)
 
 
 def sinkhorn_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None,
                       iters=None, tol=None, grad=None):
     """(dq, dk, dv)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p = K.sinkhorn_params(scale, eps, iters, tol, grad)
-    return K.sinkhorn_backward(pr, p, dout, tape)
+    return K.sinkhorn_op(scale, eps, iters, tol, grad).backward(pr, dout, tape)
 
 
 # ---- unbalanced Sinkhorn ----
@@ -126,16 +160,15 @@ def unbalanced(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, ep
     by rho / (rho + eps) (a KL penalty rho on the column marginal; default
     10). Extras as sinkhorn()."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p = K.unbalanced_params(scale, eps, iters, tol, rho)
-    return Result(K.sinkhorn_forward(pr, p, tape, attn, potentials, diag))
+    op = K.unbalanced_op(scale, eps, iters, tol, rho, _sk_outputs(potentials, diag))
+    return _sk_result(op.forward(pr, tape, attn), pr.desc.B, pr.desc.H, diag)
 
 
 def unbalanced_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None,
                         iters=None, tol=None, rho=None):
     """(dq, dk, dv)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p = K.unbalanced_params(scale, eps, iters, tol, rho)
-    return K.sinkhorn_backward(pr, p, dout, tape)
+    return K.unbalanced_op(scale, eps, iters, tol, rho).backward(pr, dout, tape)
 
 
 # ---- ESP ----
@@ -152,8 +185,14 @@ def esp(q, k, v, *, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, ta
     axis-aligned (L = d), L > 0 random unit directions from seed, or theta
     [L, d] given. Extras: attn; weights: sigma and D [B, H, L]; diag."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    cfg = K.EspConfig(sort, t, tau, scale, cost, out_scale, slices, theta, seed)
-    return Result(K.esp_forward(pr, cfg, tape, attn, weights, diag))
+    pr.host_only("ESP attention")
+    outs = (("sigma", "costs") if weights else ()) + (("diag",) if diag else ())
+    res = K.esp_op(sort, t, tau, scale, cost, out_scale, slices, theta, seed, outs).forward(pr, tape, attn)
+    if weights:
+        res["D"] = res.pop("costs")
+    if diag:
+        res["diag"] = K.diag_dict(res["diag"], pr.desc.B, pr.desc.H, ("row_err", "col_err"))
+    return Result(res)
 
 
 def esp_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,
@@ -161,14 +200,15 @@ def esp_backward(q, k, v, dout, tape=None, *, q_len=None, k_len=None, layout="bh
     """(dq, dk, dv, dtheta): dtheta [L, d] summed over problems (zero under
     hard sort)"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    cfg = K.EspConfig(sort, t, tau, scale, cost, out_scale, slices, theta, seed)
-    return K.esp_backward(pr, cfg, dout, tape, True)
+    pr.host_only("ESP attention")
+    op = K.esp_op(sort, t, tau, scale, cost, out_scale, slices, theta, seed, ("dslices",))
+    dq, dk, dv, g = op.backward(pr, dout, tape, outputs=True)
+    return dq, dk, dv, g["dslices"]
 
 
 def esp_slices(d, *, slices=None, theta=None, seed=None):
     """The [L, d] slice matrix ESP uses for head dim d."""
-    return K.esp_slices(K.EspConfig(None, None, None, None, None, None, slices, theta, seed),
-                        _lib.check_int(d, C.c_int, "d", lo=1))
+    return K.esp_slices(K.esp_op(slices=slices, theta=theta, seed=seed), _lib.check_int(d, C.c_int, "d", lo=1))
 
 
 # ---- LOT ----
@@ -180,8 +220,12 @@ def lot(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", temp=None, 
     Sinkhorn problems through the pivots. Extras: attn (dense, small
     problems), diag {iters1, iters2, row_err, col_err}."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p, Z, theta = K.lot_params(pr, Z, theta, temp, iters, eps, scale, tol)
-    return Result(K.lot_forward(pr, p, tape, attn, diag))
+    pr.host_only("LOT attention")
+    op = K.lot_op(Z, theta, temp, iters, eps, scale, tol, ("diag",) if diag else ())
+    res = op.forward(pr, tape, attn)
+    if diag:
+        res["diag"] = K.diag_dict(res["diag"], pr.desc.B, pr.desc.H, ("iters1", "iters2", "row_err", "col_err"))
+    return Result(res)
 
 
 def lot_backward(q, k, v, Z, theta, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", temp=None,
@@ -189,8 +233,10 @@ def lot_backward(q, k, v, Z, theta, dout, tape=None, *, q_len=None, k_len=None, 
     """(dq, dk, dv, dZ, dtheta): dZ [H, r, d], dtheta [H, r] summed over the
     batch"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p, Z, theta = K.lot_params(pr, Z, theta, temp, iters, eps, scale, tol)
-    return K.lot_backward(pr, p, dout, tape, True)
+    pr.host_only("LOT attention")
+    op = K.lot_op(Z, theta, temp, iters, eps, scale, tol, ("dpivots", "dpivot_logits"))
+    dq, dk, dv, g = op.backward(pr, dout, tape, outputs=True)
+    return dq, dk, dv, g["dpivots"], g["dpivot_logits"]
 
 
 # ---- differential attention ----
@@ -204,15 +250,16 @@ def diff(q, k, v, lam, *, q_len=None, k_len=None, layout="bhnd", scale=None, att
     caller's (birkhoff/diff.h). Extras: attn (the combined map A1 - lam A2,
     dense, small problems)."""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p, lam = K.diff_params(pr, lam, scale)
-    return Result(K.diff_forward(pr, p, tape, attn))
+    pr.host_only("differential attention")
+    return Result(K.diff_op(lam, pr.desc.H, scale).forward(pr, tape, attn))
 
 
 def diff_backward(q, k, v, lam, dout, tape=None, *, q_len=None, k_len=None, layout="bhnd", scale=None):
     """(dq, dk, dv, dlambda): dlambda [H] summed over the batch"""
     pr = _problem(q, k, v, q_len, k_len, layout)
-    p, lam = K.diff_params(pr, lam, scale)
-    return K.diff_backward(pr, p, dout, tape, True)
+    pr.host_only("differential attention")
+    dq, dk, dv, g = K.diff_op(lam, pr.desc.H, scale, ("dlambda",)).backward(pr, dout, tape, outputs=True)
+    return dq, dk, dv, g["dlambda"]
 
 
 # ---- OTK ----

@@ -256,18 +256,19 @@ class _QKV(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-_SOFTMAX = (K.softmax_forward, K.softmax_backward)
-_SINKHORN = (K.sinkhorn_forward, K.sinkhorn_backward)
-_REGISTERED = (lambda pr, p, want_tape=True: p.forward(pr, want_tape),
+# (forward, backward) of a registered operator p (_core.Registered): every
+# operator of _QKV runs on the registry's generic path
+_REGISTERED = (lambda pr, p, want_tape=True, want_attn=False: p.forward(pr, want_tape, want_attn),
                lambda pr, p, dout, tape: p.backward(pr, dout, tape))
 
 
 class _Esp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, theta, q_len, k_len, layout, kw):
-        cfg = K.EspConfig(theta=_param_np(theta, "theta"), **kw)
+        op = K.esp_op(theta=_param_np(theta, "theta"), **kw)
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        res = K.esp_forward(pr, cfg, want_tape=any(ctx.needs_input_grad[:4]))
+        pr.host_only("ESP attention")
+        res = op.forward(pr, want_tape=any(ctx.needs_input_grad[:4]))
         ctx.save_for_backward(q, k, v, theta)
         ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
         return res["out"]
@@ -277,10 +278,12 @@ class _Esp(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, theta = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
-        cfg = K.EspConfig(theta=_param_np(theta, "theta"), **kw)
-        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
         want_th = theta is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dth = K.esp_backward(pr, cfg, dout, ctx.tape, want_th)
+        op = K.esp_op(theta=_param_np(theta, "theta"), outputs=("dslices",) if want_th else (), **kw)
+        pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
+        pr.host_only("ESP attention")
+        dq, dk, dv, g = op.backward(pr, dout, ctx.tape, outputs=True)
+        dth = g.get("dslices")
         return dq, dk, dv, _t(dth), None, None, None, None
 
 
@@ -288,8 +291,9 @@ class _Lot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, Z, theta, q_len, k_len, layout, kw):
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        p, Zn, thn = K.lot_params(pr, _param_np(Z, "Z"), _param_np(theta, "theta"), **kw)
-        res = K.lot_forward(pr, p, want_tape=any(ctx.needs_input_grad[:5]))
+        pr.host_only("LOT attention")
+        res = K.lot_op(_param_np(Z, "Z"), _param_np(theta, "theta"), **kw).forward(
+            pr, want_tape=any(ctx.needs_input_grad[:5]))
         ctx.save_for_backward(q, k, v, Z, theta)
         ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
         return res["out"]
@@ -300,9 +304,12 @@ class _Lot(torch.autograd.Function):
         q, k, v, Z, theta = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        p, Zn, thn = K.lot_params(pr, _param_np(Z, "Z"), _param_np(theta, "theta"), **kw)
+        pr.host_only("LOT attention")
         want = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dq, dk, dv, dZ, dth = K.lot_backward(pr, p, dout, ctx.tape, want)
+        op = K.lot_op(_param_np(Z, "Z"), _param_np(theta, "theta"),
+                      outputs=("dpivots", "dpivot_logits") if want else (), **kw)
+        dq, dk, dv, g = op.backward(pr, dout, ctx.tape, outputs=True)
+        dZ, dth = g.get("dpivots"), g.get("dpivot_logits")
         return dq, dk, dv, _t(dZ), _t(dth), None, None, None, None
 
 
@@ -310,8 +317,8 @@ class _Diff(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lam, q_len, k_len, layout, kw):
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        p, ln = K.diff_params(pr, _param_np(lam, "lambda"), **kw)
-        res = K.diff_forward(pr, p, want_tape=any(ctx.needs_input_grad[:4]))
+        pr.host_only("differential attention")
+        res = K.diff_op(_param_np(lam, "lambda"), pr.desc.H, **kw).forward(pr, want_tape=any(ctx.needs_input_grad[:4]))
         ctx.save_for_backward(q, k, v, lam)
         ctx.tape, ctx.args = res["tape"], (q_len, k_len, layout, kw)
         return res["out"]
@@ -322,8 +329,11 @@ class _Diff(torch.autograd.Function):
         q, k, v, lam = ctx.saved_tensors
         q_len, k_len, layout, kw = ctx.args
         pr = K.Problem(TA, q, k, v, q_len, k_len, layout)
-        p, ln = K.diff_params(pr, _param_np(lam, "lambda"), **kw)
-        dq, dk, dv, dl = K.diff_backward(pr, p, dout, ctx.tape, ctx.needs_input_grad[3])
+        pr.host_only("differential attention")
+        op = K.diff_op(_param_np(lam, "lambda"), pr.desc.H, outputs=("dlambda",) if ctx.needs_input_grad[3] else (),
+                       **kw)
+        dq, dk, dv, g = op.backward(pr, dout, ctx.tape, outputs=True)
+        dl = g.get("dlambda")
         return dq, dk, dv, _t(dl), None, None, None, None
 
 
@@ -365,7 +375,7 @@ def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=N
     sees keys j <= i + (Lk - Lq). CPU float32, or CUDA float32 / bfloat16 /
     float16 (on torch's current stream; under torch.autocast("cuda") the
     operands are cast to its dtype)."""
-    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SOFTMAX, K.softmax_params(scale, causal))
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.softmax_op(scale, causal))
 
 
 def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
@@ -373,8 +383,8 @@ def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=
     """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
     temperature eps; grad "unrolled" (exact VJP, default) or "implicit".
     Devices and dtypes as softmax_attention."""
-    p = K.sinkhorn_params(scale, eps, iters, tol, grad)
-    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SINKHORN, p)
+    p = K.sinkhorn_op(scale, eps, iters, tol, grad)
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, p)
 
 
 def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, eps=None, iters=None,
@@ -382,8 +392,8 @@ def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scal
     """Unbalanced Sinkhorn attention (the Sinkformers code's
     SinkhornUnbalanced): column half-steps damped by rho / (rho + eps)
     (default rho 10); exact unrolled backward."""
-    p = K.unbalanced_params(scale, eps, iters, tol, rho)
-    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _SINKHORN, p)
+    p = K.unbalanced_op(scale, eps, iters, tol, rho)
+    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, p)
 
 
 def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd", sort=None, t=None, tau=None,
@@ -528,16 +538,18 @@ class MultiheadAttention(nn.Module):
         only checks the options (LOT's pivots are checked against a problem)"""
         o = self.options
         if self.normaliser == "softmax":
-            return K.softmax_forward, K.softmax_params(**o)
-        if self.normaliser == "sinkhorn":
-            return K.sinkhorn_forward, K.sinkhorn_params(**o)
-        if self.normaliser == "unbalanced":
-            return K.sinkhorn_forward, K.unbalanced_params(**o)
-        if self.normaliser == "esp":
-            return K.esp_forward, K.EspConfig(**o)
-        if pr is None:
-            return K.lot_forward, K.setp(K.lib.bk_lot_config_default(), **o)
-        return K.lot_forward, K.lot_params(pr, _param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)[0]
+            op = K.softmax_op(**o)
+        elif self.normaliser == "sinkhorn":
+            op = K.sinkhorn_op(**o)
+        elif self.normaliser == "unbalanced":
+            op = K.unbalanced_op(**o)
+        elif self.normaliser == "esp":
+            op = K.esp_op(**o)
+        elif pr is None:   # the options' types only (the pivots are checked against a problem)
+            op = K.Registered("lot", o, True)
+        else:
+            op = K.lot_op(_param_np(self.Z, "Z"), _param_np(self.theta, "theta"), **o)
+        return _REGISTERED[0], op
 
     def extra_repr(self):
         opts = "".join(", %s=%r" % kv for kv in sorted(self.options.items()))

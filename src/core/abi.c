@@ -20,6 +20,7 @@ static const struct {
     ROW(bk_model_config),    ROW(bk_optim_config),     ROW(bk_batch),           ROW(bk_param_info),
     ROW(bk_data_config),     ROW(bk_dataset_info),     ROW(bk_parallel_config), ROW(bk_parallel_info),
     ROW(bk_sentence_pair),
+    ROW(bk_op_param),        ROW(bk_op_array),         ROW(bk_op_learned),      ROW(bk_op_preset),       ROW(bk_op_bench_case),
 };
 
 size_t bk_abi_sizeof(const char *name)

@@ -31,7 +31,9 @@ void bki_cfg_range(const bki_field *f, char *buf, size_t cap)
 {
     if (!cap) return;
     buf[0] = 0;
-    if (!(f->lo < f->hi) || (f->type != BKI_F_INT && f->type != BKI_F_I64 && f->type != BKI_F_FLOAT)) return;
+    if (!(f->lo < f->hi) ||
+        (f->type != BKI_F_INT && f->type != BKI_F_I64 && f->type != BKI_F_U64 && f->type != BKI_F_FLOAT))
+        return;
     snprintf(buf, cap, "%c%.9g, %.9g]", (f->rflags & BKI_FR_OPEN_LO) ? '(' : '[', f->lo, f->hi);
 }
 
@@ -44,6 +46,7 @@ static bk_status in_range(const void *obj, const bki_field *f, const char *what)
     switch (f->type) {
     case BKI_F_INT: x = *(const int *)p; break;
     case BKI_F_I64: x = (double)*(const int64_t *)p; break;
+    case BKI_F_U64: x = (double)*(const uint64_t *)p; break;
     case BKI_F_FLOAT: x = *(const float *)p; break;
     default: return BK_OK;
     }
@@ -71,7 +74,7 @@ static bk_status set_field(void *obj, const bki_field *f, const char *what, cons
 {
     char *p = (char *)obj + f->offset;
     unsigned char old[sizeof(int64_t) * 64];
-    size_t sz = f->type == BKI_F_I64 ? sizeof(int64_t)
+    size_t sz = f->type == BKI_F_I64 || f->type == BKI_F_U64 ? sizeof(int64_t)
                 : f->type == BKI_F_LIST ? sizeof(int) * (size_t)f->list_len : sizeof(int);
     if (sz > sizeof old) return bki_fail(BK_ERR_PARAM, "%s: bad field table", what);
     memcpy(old, p, sz);
@@ -95,6 +98,16 @@ static bk_status set_value(void *obj, const bki_field *f, const char *what, cons
         if (!parse_i64(value, &iv)) return bki_fail(BK_ERR_PARAM, "%s: %s=%s is not an integer", what, f->name, value);
         *(int64_t *)p = (int64_t)iv;
         return BK_OK;
+    case BKI_F_U64: {
+        char *end;
+        errno = 0;
+        unsigned long long u = strtoull(value, &end, 10);
+        if (value[0] < '0' || value[0] > '9' || errno || end == value || *end)
+            return bki_fail(BK_ERR_PARAM, "%s: %s=%s is not an integer in [0, 18446744073709551615]", what, f->name,
+                            value);
+        *(uint64_t *)p = (uint64_t)u;
+        return BK_OK;
+    }
     case BKI_F_FLOAT: {
         char *end;
         errno = 0;
@@ -186,6 +199,9 @@ size_t bki_cfg_format(const void *obj, const bki_field *tab, int n, char *buf, s
         switch (tab[i].type) {
         case BKI_F_INT: k = snprintf(line, sizeof line, "%s=%d\n", tab[i].name, *(const int *)p); break;
         case BKI_F_I64: k = snprintf(line, sizeof line, "%s=%lld\n", tab[i].name, (long long)*(const int64_t *)p); break;
+        case BKI_F_U64:
+            k = snprintf(line, sizeof line, "%s=%llu\n", tab[i].name, (unsigned long long)*(const uint64_t *)p);
+            break;
         case BKI_F_FLOAT: k = snprintf(line, sizeof line, "%s=%.9g\n", tab[i].name, (double)*(const float *)p); break;
         case BKI_F_ENUM: {
             int v = *(const int *)p, cnt = 0;

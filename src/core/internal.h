@@ -600,7 +600,8 @@ static inline uint64_t bki_fnv1a(uint64_t h, const void *p, size_t n)
 }
 
 /* ---- key=value configuration tables (config.c) -------------------------- */
-typedef enum { BKI_F_INT, BKI_F_I64, BKI_F_FLOAT, BKI_F_ENUM, BKI_F_LIST } bki_field_type;
+/* BKI_F_U64: a uint64_t (seeds), decimal 0..2^64-1 (no sign) */
+typedef enum { BKI_F_INT, BKI_F_I64, BKI_F_FLOAT, BKI_F_ENUM, BKI_F_LIST, BKI_F_U64 } bki_field_type;
 typedef struct {
     const char *name;
     bki_field_type type;
@@ -615,6 +616,8 @@ typedef struct {
     const char *doc;
     double lo, hi;
     unsigned rflags;
+    const char *alias;         /* an older CLI flag of the key, without
+                                  "--" (`attn --softsort-t`), or NULL      */
 } bki_field;
 #define BKI_FR_OPEN_LO 1u
 /* "[lo, hi]" or "(lo, hi]" of a field with a range, "" without */

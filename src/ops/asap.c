@@ -362,6 +362,10 @@ static bk_status check(const bki_call *c)
 {
     const bk_asap_forward_config *ap = par_of(c);
     const bk_asap_layer *ly = ap->layer;
+    if (!c->d) /* the scalars alone (bk_op_config_check): the layer is checked with the shapes */
+        return ap->variant < BK_ASAP_AUTO || ap->variant > BK_ASAP_ROW
+                   ? bki_fail(BK_ERR_PARAM, "unknown ASAP variant %d", (int)ap->variant)
+                   : BK_OK;
     bk_status s;
     if ((s = check_layer(ly))) return s;
     if (c->d && c->d->d != ly->d)
@@ -521,22 +525,88 @@ static void par_default(void *p) { *(bk_asap_forward_config *)p = bk_asap_forwar
 
 static const char *const variant_names[] = {"auto", "zero", "column", "row", NULL};
 static const bki_field fields[] = {
-    {.name = "variant", .type = BKI_F_ENUM, .offset = offsetof(bk_asap_forward_config, variant), .names = variant_names, .list_len = 0},
+    {.name = "variant", .type = BKI_F_ENUM, .offset = offsetof(bk_asap_forward_config, variant),
+     .names = variant_names,
+     .doc = "closure: auto (the teacher's ending) | zero (one row step) | column | row (exact marginal)"},
 };
 
-const bki_op bki_op_asap = {"asap", 5, "bk_asap_forward_config", fields, (int)(sizeof fields / sizeof fields[0]),
-                            sizeof(bk_asap_forward_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL, NULL, 0, NULL, 0, NULL, 0};
+/* ---- the arrays: the compiled layer (a file) in, diag [B, H, 3] out ---- */
+static bk_status layer_load(const char *path, void **obj)
+{
+    bk_asap_layer *ly = calloc(1, sizeof *ly);
+    if (!ly) return bki_fail(BK_ERR_NOMEM, "asap: no memory for the layer");
+    bk_status s = bk_asap_load(path, ly);
+    if (s) {
+        free(ly);
+        return s;
+    }
+    *obj = ly;
+    return BK_OK;
+}
+
+static void layer_release(void *obj)
+{
+    if (!obj) return;
+    bk_asap_layer_free(obj);
+    free(obj);
+}
+
+static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = 3;
+    return 3;
+}
+
+enum { A_LAYER, A_DIAG }; /* the arrays' indices */
+static const bki_array arrays[] = {
+    [A_LAYER] = {.name = "layer", .doc = "compiled layer F.asap from `birkhoff asap calibrate` (it fixes scale, eps, the slices)",
+     .kind = BKI_ARR_IN | BKI_ARR_FILE | BKI_ARR_REQUIRED, .shape_text = "F.asap",
+     .offset = offsetof(bk_asap_forward_config, layer), .load = layer_load, .release = layer_release},
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps (1, 2 or 3), max |row sum - 1|, max |col sum - 1|",
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
+     .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
+};
+
+static bk_status run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
+{
+    const int P = c->d ? c->d->B * c->d->H : 0;
+    bk_sinkhorn_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "asap: no memory for the diagnostics");
+    const bk_asap_extras ex = {.diag = dg};
+    const asap_ex ax = {&ex, NULL};
+    c->ex = &ax;
+    bk_status s = bki_op_forward(c, tape, ws, ws_size);
+    c->ex = NULL;
+    for (int p = 0; s == BK_OK && dg && p < P; p++) {
+        a[A_DIAG][3 * p] = (float)dg[p].iters;
+        a[A_DIAG][3 * p + 1] = dg[p].row_err;
+        a[A_DIAG][3 * p + 2] = dg[p].col_err;
+    }
+    free(dg);
+    return s;
+}
+
+static const bki_preset presets[] = {
+    {.name = "asap0", .params = "variant=zero", .doc = "asap with the zero closure (one row step)"},
+};
+
+#define NB(a) (int)(sizeof a / sizeof a[0])
+const bki_op bki_op_asap = {
+    .name = "asap", .id = 5, .par_name = "bk_asap_forward_config", .fields = fields, .nfields = NB(fields),
+    .par_size = sizeof(bk_asap_forward_config), .par_default = par_default, .check = check, .cost = cost,
+    .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .forward = forward,
+    .doc = "ASAP: Sinkhorn attention compiled to one closure step from a fitted sliced dual (inference only)",
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .arrays = arrays, .narrays = NB(arrays),
+    .run_arrays = run_arrays, .presets = presets, .npresets = NB(presets),
+};
+#undef NB
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
-/* a call of the operator (every other field zero) */
-#define CALL(desc_, par_) {.op = &bki_op_asap, .d = (desc_), .par = (par_)}
-
 size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)
 {
     const bk_asap_forward_config ap = {layer, BK_ASAP_AUTO};
-    bki_call c = CALL(desc, &ap);
-    return bki_op_workspace_size(&c);
+    return bki_call_workspace(&bki_op_asap, desc, &ap);
 }
 
 /* The forward, with the dual predicted from the features (fin NULL) or given
@@ -547,10 +617,7 @@ static bk_status forward_impl(const bk_attn_desc *d, const bk_asap_layer *ly, bk
 {
     const bk_asap_forward_config ap = {ly, variant};
     const asap_ex ax = {ex, fin};
-    bki_call c = CALL(d, &ap);
-    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = &ax;
-    c.attn = ex ? &ex->attn : NULL;
-    return bki_op_forward(&c, NULL, ws, ws_size);
+    return bki_call_forward(&bki_op_asap, d, &ap, q, k, v, out, NULL, &ax, ex ? &ex->attn : NULL, ws, ws_size);
 }
 
 bk_status bk_asap_forward(const bk_attn_desc *d, const bk_asap_layer *ly, bk_asap_variant variant,

@@ -33,9 +33,10 @@ bk_diff_config bk_diff_config_default(void)
 
 static void diff_default(void *p) { *(bk_diff_config *)p = bk_diff_config_default(); }
 
-/* the scalar parameters by key (lambda is an array: set it directly) */
+/* the scalar parameters by key (lambda is an array: the arrays below) */
 static const bki_field diff_fields[] = {
-    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_diff_config, scale), .names = NULL, .list_len = 0},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_diff_config, scale),
+     .doc = "score scale s (0: 1/sqrt(d/2)); finite"},
 };
 
 static const bk_diff_config *par(const bki_call *c) { return c->par; }
@@ -47,6 +48,8 @@ static bk_status check(const bki_call *c)
 {
     const bk_diff_config *p = par(c);
     const bk_attn_desc *d = c->d;
+    if (!d) /* the scalars alone (bk_op_config_check) */
+        return isfinite(p->scale) ? BK_OK : bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)p->scale);
     if (d->d % 2 != 0)
         return bki_fail(BK_ERR_SHAPE, "differential attention needs an even head dimension d (two halves), got %d",
                         d->d);
@@ -271,48 +274,71 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
     bki_zero_rows(dVb, c->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
-const bki_op bki_op_diff = {"diff", 7, "bk_diff_config", diff_fields, (int)(sizeof diff_fields / sizeof diff_fields[0]),
-                            sizeof(bk_diff_config), diff_default, check, cost, lane_bytes, block_bytes, key, NULL,
-                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
-
-/* ---- public entry points -------------------------------------------------- */
-static bki_call call_of(const bk_attn_desc *d, const bk_diff_config *p)
+/* ---- the arrays: lambda [H] in, dlambda [H] from the backward ---- */
+static int lambda_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = &bki_op_diff;
-    c.d = d;
-    c.par = p;
-    return c;
+    (void)par;
+    dims[0] = d->H;
+    return 1;
 }
 
+enum { A_LAMBDA, A_DLAMBDA }; /* the arrays' indices */
+static const bki_array diff_arrays[] = {
+    [A_LAMBDA] = {.name = "lambda", .doc = "per-head lambda (any sign): O = (softmax(s Q1 K1^T) - lambda softmax(s Q2 K2^T)) V",
+     .kind = BKI_ARR_IN | BKI_ARR_REQUIRED, .shape_text = "[H]", .offset = offsetof(bk_diff_config, lambda),
+     .shape = lambda_shape},
+    [A_DLAMBDA] = {.name = "dlambda", .doc = "dL/dlambda, summed over the batch", .kind = BKI_ARR_BWD, .shape_text = "[H]",
+     .shape = lambda_shape},
+};
+
+static bk_status diff_run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
+{
+    if (!c->dout) return bki_op_forward(c, tape, ws, ws_size);
+    c->pg = a[A_DLAMBDA];
+    bk_status s = bki_op_backward(c, tape, ws, ws_size);
+    c->pg = NULL;
+    return s;
+}
+
+#define DIFF_CASE(H_, N) {.name = "", .B = 1, .H = H_, .Nq = N, .Nk = N, .d = 64, .dv = 64, .params = "", .backward = 1}
+static const bki_bench_case diff_bench[] = {DIFF_CASE(16, 256), DIFF_CASE(8, 1024)};
+#undef DIFF_CASE
+
+#define NB(a) (int)(sizeof a / sizeof a[0])
+const bki_op bki_op_diff = {
+    .name = "diff", .id = 7, .par_name = "bk_diff_config", .fields = diff_fields, .nfields = NB(diff_fields),
+    .par_size = sizeof(bk_diff_config), .par_default = diff_default, .check = check, .cost = cost,
+    .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
+    .forward = forward, .backward = backward, .steps_ok = steps_ok, .pg_arrays = pg_arrays,
+    .doc = "differential attention (Ye et al. 2025): softmax(s Q1 K1^T) - lambda softmax(s Q2 K2^T) on the two "
+           "halves of d",
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = diff_bench, .nbench = NB(diff_bench),
+    .arrays = diff_arrays, .narrays = NB(diff_arrays), .run_arrays = diff_run_arrays,
+};
+#undef NB
+
+/* ---- public entry points: one line each over the call helpers (op.h) ---- */
 size_t bk_diff_workspace_size(const bk_attn_desc *desc, const bk_diff_config *p)
 {
-    bki_call c = call_of(desc, p);
-    return bki_op_workspace_size(&c);
+    return bki_call_workspace(&bki_op_diff, desc, p);
 }
 
 size_t bk_diff_tape_size(const bk_attn_desc *desc, const bk_diff_config *p)
 {
-    bki_call c = call_of(desc, p);
-    return bki_op_tape_size_query(&c);
+    return bki_call_tape(&bki_op_diff, desc, p);
 }
 
 bk_status bk_diff_forward(const bk_attn_desc *desc, const bk_diff_config *p, const bk_tensor *q, const bk_tensor *k,
                           const bk_tensor *v, const bk_tensor *out, void *tape, const bk_diff_extras *extras, void *ws,
                           size_t ws_size)
 {
-    bki_call c = call_of(desc, p);
-    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = extras;
-    c.attn = extras ? &extras->attn : NULL;
-    return bki_op_forward(&c, tape, ws, ws_size);
+    return bki_call_forward(&bki_op_diff, desc, p, q, k, v, out, tape, extras, extras ? &extras->attn : NULL, ws,
+                            ws_size);
 }
 
 bk_status bk_diff_backward(const bk_attn_desc *desc, const bk_diff_config *p, const bk_tensor *q, const bk_tensor *k,
                            const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                            const bk_tensor *dk, const bk_tensor *dv, float *dlambda, void *ws, size_t ws_size)
 {
-    bki_call c = call_of(desc, p);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = dlambda;
-    return bki_op_backward(&c, tape, ws, ws_size);
+    return bki_call_backward(&bki_op_diff, desc, p, q, k, v, dout, tape, dq, dk, dv, dlambda, ws, ws_size);
 }

@@ -1373,51 +1373,140 @@ static void par_default(void *p) { *(bk_esp_config *)p = bk_esp_config_default()
 static const char *const sort_names[] = {"hard", "soft", NULL};
 static const char *const cost_names[] = {"sq", "euclid", NULL};
 static const char *const scale_names[] = {"rows", "paper", NULL};
+/* the schema's ranges are those check_params enforces on each value alone
+ * (t > 0 is checked under soft sort only: no range here) */
 static const bki_field fields[] = {
-    {.name = "sort", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, sort), .names = sort_names, .list_len = 0},
-    {.name = "t", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, t), .names = NULL, .list_len = 0},
-    {.name = "tau", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, tau), .names = NULL, .list_len = 0},
-    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, scale), .names = NULL, .list_len = 0},
-    {.name = "cost", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, cost), .names = cost_names, .list_len = 0},
-    {.name = "out_scale", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, out_scale), .names = scale_names, .list_len = 0},
-    {.name = "L", .type = BKI_F_INT, .offset = offsetof(bk_esp_config, L), .names = NULL, .list_len = 0},
-    {.name = "seed", .type = BKI_F_I64, .offset = offsetof(bk_esp_config, seed), .names = NULL, .list_len = 0},
+    {.name = "sort", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, sort), .names = sort_names,
+     .doc = "hard: exact argsort (inference; exactly doubly stochastic) or soft: SoftSort (training)"},
+    {.name = "t", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, t), .alias = "softsort-t",
+     .doc = "SoftSort temperature, > 0 under soft sort (on the scaled projections)"},
+    {.name = "tau", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, tau),
+     .doc = "slice-mixing inverse temperature (multiplies each slice's mean matched cost)", .lo = 0.0,
+     .hi = INFINITY},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_esp_config, scale),
+     .doc = "q, k scale (0: 1/sqrt(d)); finite"},
+    {.name = "cost", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, cost), .names = cost_names,
+     .doc = "sq: squared distance (paper) or euclid: Euclidean (reference code)"},
+    {.name = "out_scale", .type = BKI_F_ENUM, .offset = offsetof(bk_esp_config, out_scale), .names = scale_names,
+     .alias = "esp-scale", .doc = "rows: A = n G (rows sum to 1 under hard sort) or paper: A = G"},
+    {.name = "L", .type = BKI_F_INT, .offset = offsetof(bk_esp_config, L), .alias = "num-slices",
+     .doc = "slices: 0 = axis-aligned (L = d); > 0 = L rows of the slices array, or random unit directions",
+     .lo = 0, .hi = 65536},
+    {.name = "seed", .type = BKI_F_U64, .offset = offsetof(bk_esp_config, seed),
+     .doc = "seed of the random slices (L > 0 without a slices array)"},
 };
 
-const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
-                           sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
+/* ---- the arrays: slices [L, d] in; sigma, costs [B, H, L], diag [B, H, 2] out;
+ * dslices [L, d] from the backward ---- */
+static int slices_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    dims[0] = bk_esp_num_slices(par, d->d); dims[1] = d->d;
+    return 2;
+}
 
-/* a call of the operator (every other field zero) */
-#define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}
+static int sigma_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    dims[0] = d->B; dims[1] = d->H; dims[2] = bk_esp_num_slices(par, d->d);
+    return 3;
+}
 
+static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = 2;
+    return 3;
+}
+
+enum { A_SLICES, A_SIGMA, A_COSTS, A_DIAG, A_DSLICES }; /* the arrays' indices */
+static const bki_array arrays[] = {
+    [A_SLICES] = {.name = "slices", .doc = "slice matrix theta (rows used as given); sets L", .kind = BKI_ARR_IN,
+     .shape_text = "[L, d]", .offset = offsetof(bk_esp_config, theta), .dim_key = "L", .dim_at = 0,
+     .shape = slices_shape},
+    [A_SIGMA] = {.name = "sigma", .doc = "slice weights per problem", .kind = BKI_ARR_FWD, .shape_text = "[B, H, L]",
+     .shape = sigma_shape},
+    [A_COSTS] = {.name = "costs", .doc = "slice costs D per problem (the mean matched cost of each slice)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, L]", .shape = sigma_shape},
+    [A_DIAG] = {.name = "diag", .doc = "per problem: max |row sum - 1|, max |col sum - 1| of the plan (n, m scaled)",
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST, .shape_text = "[B, H, 2]", .shape = diag_shape},
+    [A_DSLICES] = {.name = "dslices", .doc = "gradient w.r.t. the slices, summed over problems (zeros under hard sort)",
+     .kind = BKI_ARR_BWD, .shape_text = "[L, d]", .shape = slices_shape},
+};
+
+static bk_status run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
+{
+    if (c->dout) {
+        c->pg = a[A_DSLICES];
+        bk_status s = bki_op_backward(c, tape, ws, ws_size);
+        c->pg = NULL;
+        return s;
+    }
+    const int P = c->d ? c->d->B * c->d->H : 0;
+    bk_esp_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "esp: no memory for the diagnostics");
+    bk_esp_extras ex = {.sigma = a[A_SIGMA], .D = a[A_COSTS], .diag = dg};
+    c->ex = &ex;
+    bk_status s = bki_op_forward(c, tape, ws, ws_size);
+    c->ex = NULL;
+    for (int p = 0; s == BK_OK && dg && p < P; p++) {
+        a[A_DIAG][2 * p] = dg[p].row_err;
+        a[A_DIAG][2 * p + 1] = dg[p].col_err;
+    }
+    free(dg);
+    return s;
+}
+
+/* the bench's cases: "" = soft sort with the reference module's semantics
+ * (Euclidean cost, t = 1e-3, tau = 10 N), "sq" = soft sort with the paper's
+ * squared cost, "hard" = exact sort (inference) */
+#define ESP_CASE(tag, H_, N, par) \
+    {.name = tag, .B = 1, .H = H_, .Nq = N, .Nk = N, .d = 64, .dv = 64, .params = par, .backward = 1}
+static const bki_bench_case bench[] = {
+    ESP_CASE("", 8, 128, "sort=soft,t=1e-3,cost=euclid,tau=1280"),
+    ESP_CASE("", 8, 512, "sort=soft,t=1e-3,cost=euclid,tau=5120"),
+    ESP_CASE("", 8, 1024, "sort=soft,t=1e-3,cost=euclid,tau=10240"),
+    ESP_CASE("sq", 8, 512, "sort=soft,t=1e-3,tau=10"),
+    ESP_CASE("hard", 8, 1024, "sort=hard,t=1e-3,tau=10"),
+    ESP_CASE("hard", 8, 8192, "sort=hard,t=1e-3,tau=10"),
+    ESP_CASE("hard", 8, 65536, "sort=hard,t=1e-3,tau=10"),
+};
+#undef ESP_CASE
+
+#define NB(a) (int)(sizeof a / sizeof a[0])
+const bki_op bki_op_esp = {
+    .name = "esp", .id = 3, .par_name = "bk_esp_config", .fields = fields, .nfields = NB(fields),
+    .par_size = sizeof(bk_esp_config), .par_default = par_default, .check = check, .cost = cost,
+    .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .prep_bytes = prep_bytes,
+    .prepare = prep_slices, .pgrad_bytes = pgrad_bytes, .reduce = reduce, .forward = forward, .backward = backward,
+    .steps_ok = steps_ok, .pg_arrays = pg_arrays,
+    .doc = "expected sliced transport (ESPFormer, Shahbazi et al. 2025): plans of sorted 1-d projections mixed "
+           "over slices",
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = bench, .nbench = NB(bench),
+    .arrays = arrays, .narrays = NB(arrays), .run_arrays = run_arrays,
+};
+#undef NB
+
+/* ---- public entry points: one line each over the call helpers (op.h) ---- */
 size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_config *p)
 {
-    bki_call c = CALL(desc, p);
-    return bki_op_workspace_size(&c);
+    return bki_call_workspace(&bki_op_esp, desc, p);
 }
 
 size_t bk_esp_tape_size(const bk_attn_desc *desc, const bk_esp_config *p)
 {
-    bki_call c = CALL(desc, p);
-    return bki_op_tape_size_query(&c);
+    return bki_call_tape(&bki_op_esp, desc, p);
 }
 
 bk_status bk_esp_forward(const bk_attn_desc *desc, const bk_esp_config *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_esp_extras *extras, void *ws,
                          size_t ws_size)
 {
-    bki_call c = CALL(desc, p);
-    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = extras;
-    c.attn = extras ? &extras->attn : NULL;
-    return bki_op_forward(&c, tape, ws, ws_size);
+    return bki_call_forward(&bki_op_esp, desc, p, q, k, v, out, tape, extras, extras ? &extras->attn : NULL, ws,
+                            ws_size);
 }
 
 bk_status bk_esp_backward(const bk_attn_desc *desc, const bk_esp_config *p, const bk_tensor *q, const bk_tensor *k,
                           const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,
                           const bk_tensor *dk, const bk_tensor *dv, float *dtheta, void *ws, size_t ws_size)
 {
-    bki_call c = CALL(desc, p);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = dtheta;
-    return bki_op_backward(&c, tape, ws, ws_size);
+    return bki_call_backward(&bki_op_esp, desc, p, q, k, v, dout, tape, dq, dk, dv, dtheta, ws, ws_size);
 }

@@ -35,16 +35,23 @@ bk_lot_config bk_lot_config_default(void)
 
 static void lot_default(void *p) { *(bk_lot_config *)p = bk_lot_config_default(); }
 
-/* the scalar parameters by key (Z and theta are arrays: set them directly) */
+/* the scalar parameters by key (Z and theta are arrays: the arrays below);
+ * the ranges are those check_params enforces on each value alone */
 static const bki_field lot_fields[] = {
-    {.name = "r", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, r), .names = NULL, .list_len = 0},
-    {.name = "temp", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, temp), .names = NULL, .list_len = 0},
-    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, iters), .names = NULL, .list_len = 0},
-    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, eps), .names = NULL, .list_len = 0},
-    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, scale), .names = NULL, .list_len = 0},
-    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, tol), .names = NULL, .list_len = 0},
+    {.name = "r", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, r),
+     .doc = "pivots (set from the pivots array's rows)", .lo = 1, .hi = 1 << 20},
+    {.name = "temp", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, temp), .alias = "pivot-temp",
+     .doc = "pivot-mass temperature: p0 = softmax(theta / temp)", .lo = 0.0, .hi = INFINITY,
+     .rflags = BKI_FR_OPEN_LO},
+    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_lot_config, iters),
+     .doc = "half-steps T of each inner Sinkhorn problem", .lo = 1, .hi = 1e6},
+    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, eps), .doc = "temperature",
+     .lo = 0.0, .hi = INFINITY, .rflags = BKI_FR_OPEN_LO},
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, scale),
+     .doc = "score scale s (0: 1/sqrt(d)); finite"},
+    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_lot_config, tol),
+     .doc = "per-problem early stop of each inner problem (0: off)", .lo = 0.0, .hi = INFINITY},
 };
-
 
 static bk_status check_params(const bk_attn_desc *d, const bk_lot_config *p, int size_query)
 {
@@ -465,41 +472,103 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
     bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
-const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
-                           sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
-                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
-
-/* ---- public entry points -------------------------------------------------- */
-static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)
+/* ---- the arrays: pivots [H, r, d] and their logits [H, r] in; diag
+ * [B, H, 4] out; the pivots' gradients from the backward ---- */
+static int z_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = &bki_op_lot;
-    c.d = d;
-    c.par = p;
-    return c;
+    dims[0] = d->H; dims[1] = ((const bk_lot_config *)par)->r; dims[2] = d->d;
+    return 3;
 }
 
-size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_config *p)
+static int theta_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
-    bki_call c = call_of(d, p);
-    return bki_op_tape_size_query(&c);
+    dims[0] = d->H; dims[1] = ((const bk_lot_config *)par)->r;
+    return 2;
 }
+
+static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = 4;
+    return 3;
+}
+
+enum { A_PIVOTS, A_LOGITS, A_DIAG, A_DPIVOTS, A_DLOGITS }; /* the arrays' indices */
+static const bki_array lot_arrays[] = {
+    [A_PIVOTS] = {.name = "pivots", .doc = "pivot locations Z (shared over the batch); sets r", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
+     .shape_text = "[H, r, d]", .offset = offsetof(bk_lot_config, Z), .dim_key = "r", .dim_at = 1, .shape = z_shape},
+    [A_LOGITS] = {.name = "pivot_logits", .doc = "pivot-mass logits theta", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
+     .shape_text = "[H, r]", .offset = offsetof(bk_lot_config, theta), .shape = theta_shape},
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps of the two inner problems, max |row sum - 1|, "
+                            "max |col sum m/n - 1|",
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST, .shape_text = "[B, H, 4]", .shape = diag_shape},
+    [A_DPIVOTS] = {.name = "dpivots", .doc = "gradient w.r.t. the pivots, summed over the batch", .kind = BKI_ARR_BWD,
+     .shape_text = "[H, r, d]", .shape = z_shape},
+    [A_DLOGITS] = {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch", .kind = BKI_ARR_BWD,
+     .shape_text = "[H, r]", .shape = theta_shape},
+};
+
+static bk_status lot_run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
+{
+    if (c->dout) {
+        bki_lot_grads g = {a[A_DPIVOTS], a[A_DLOGITS]};
+        c->pg = &g;
+        bk_status s = bki_op_backward(c, tape, ws, ws_size);
+        c->pg = NULL;
+        return s;
+    }
+    const int P = c->d ? c->d->B * c->d->H : 0;
+    bk_lot_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "lot: no memory for the diagnostics");
+    bk_lot_extras ex = {.diag = dg};
+    c->ex = &ex;
+    bk_status s = bki_op_forward(c, tape, ws, ws_size);
+    c->ex = NULL;
+    for (int p = 0; s == BK_OK && dg && p < P; p++) {
+        a[A_DIAG][4 * p] = (float)dg[p].iters1;
+        a[A_DIAG][4 * p + 1] = (float)dg[p].iters2;
+        a[A_DIAG][4 * p + 2] = dg[p].row_err;
+        a[A_DIAG][4 * p + 3] = dg[p].col_err;
+    }
+    free(dg);
+    return s;
+}
+
+/* the bench's cases: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the
+ * PyTorch peer's settings) */
+#define LOT_CASE(H_, N) \
+    {.name = "", .B = 1, .H = H_, .Nq = N, .Nk = N, .d = 64, .dv = 64, .params = "r=32,temp=0.5", .backward = 1}
+static const bki_bench_case lot_bench[] = {
+    LOT_CASE(8, 512),    LOT_CASE(8, 4096),   LOT_CASE(1, 4096),   LOT_CASE(1, 8192),    LOT_CASE(1, 16384),
+    LOT_CASE(1, 32768),  LOT_CASE(1, 65536),  LOT_CASE(1, 131072), LOT_CASE(1, 262144),
+};
+#undef LOT_CASE
+
+#define NB(a) (int)(sizeof a / sizeof a[0])
+const bki_op bki_op_lot = {
+    .name = "lot", .id = 4, .par_name = "bk_lot_config", .fields = lot_fields, .nfields = NB(lot_fields),
+    .par_size = sizeof(bk_lot_config), .par_default = lot_default, .check = check, .cost = cost,
+    .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
+    .forward = forward, .backward = backward, .steps_ok = steps_ok, .finds_nonfinite = 1, .pg_arrays = pg_arrays,
+    .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer)",
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = NB(lot_bench),
+    .arrays = lot_arrays, .narrays = NB(lot_arrays), .run_arrays = lot_run_arrays,
+};
+#undef NB
+
+/* ---- public entry points: one line each over the call helpers (op.h) ---- */
+size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_config *p) { return bki_call_tape(&bki_op_lot, d, p); }
 
 size_t bk_lot_workspace_size(const bk_attn_desc *desc, const bk_lot_config *p)
 {
-    bki_call c = call_of(desc, p);
-    return bki_op_workspace_size(&c);
+    return bki_call_workspace(&bki_op_lot, desc, p);
 }
 
 bk_status bk_lot_forward(const bk_attn_desc *d, const bk_lot_config *p, const bk_tensor *q, const bk_tensor *k,
                          const bk_tensor *v, const bk_tensor *out, void *tape, const bk_lot_extras *ex, void *ws,
                          size_t ws_size)
 {
-    bki_call c = call_of(d, p);
-    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = ex;
-    c.attn = ex ? &ex->attn : NULL;
-    return bki_op_forward(&c, tape, ws, ws_size);
+    return bki_call_forward(&bki_op_lot, d, p, q, k, v, out, tape, ex, ex ? &ex->attn : NULL, ws, ws_size);
 }
 
 bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_config *p, const bk_tensor *q, const bk_tensor *k,
@@ -507,7 +576,5 @@ bk_status bk_lot_backward(const bk_attn_desc *d, const bk_lot_config *p, const b
                           const bk_tensor *dk, const bk_tensor *dv, float *dZ, float *dtheta, void *ws, size_t ws_size)
 {
     bki_lot_grads g = {dZ, dtheta};
-    bki_call c = call_of(d, p);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = &g;
-    return bki_op_backward(&c, tape, ws, ws_size);
+    return bki_call_backward(&bki_op_lot, d, p, q, k, v, dout, tape, dq, dk, dv, &g, ws, ws_size);
 }

@@ -22,6 +22,8 @@
 #include "ops.h"
 #include "../backend/call.h"
 
+#include <string.h>
+
 typedef struct bki_op bki_op;
 
 /* The tape format (bki_tape_header, bki_block_header, BKI_TAPE_*) and the
@@ -70,6 +72,55 @@ typedef struct {
     const char *params;  /* key=value,... over the operator's defaults, or "" */
     int backward;        /* 1: the forward + backward is timed too           */
 } bki_bench_case;
+
+/* an array of the operator beyond q, k, v and out: an input the parameter
+ * struct points to (LOT's pivots, diff's lambda, ESP's slices), an object
+ * read from a file (ASAP's compiled layer), or an extra output of the
+ * forward (diagnostics, slice weights) or of the backward (the parameters'
+ * gradients). The CLI's `attn --NAME F.npy` and the bindings' keyword arrays
+ * are made from these; the operator's run_arrays maps them onto its typed
+ * extras. Outputs and inputs are float32. */
+enum {
+    BKI_ARR_IN = 1u << 0,       /* an input: a `const float *` at offset        */
+    BKI_ARR_FWD = 1u << 1,      /* an output of the forward                     */
+    BKI_ARR_BWD = 1u << 2,      /* an output of the backward                    */
+    BKI_ARR_REQUIRED = 1u << 3, /* an input the operator cannot run without     */
+    BKI_ARR_FILE = 1u << 4,     /* an input object read from a file by load     */
+    BKI_ARR_SUMMARY = 1u << 5,  /* a [B, H, k] forward output whose columns'
+                                   maxima the CLI prints (cols names them)      */
+    BKI_ARR_HOST = 1u << 6,     /* an output run_arrays writes on the host (host
+                                   memory even when q, k, v are a device's)     */
+};
+typedef struct {
+    const char *name;        /* "pivots", "diag" (the CLI: --pivots, '_' as '-') */
+    const char *alias;       /* an older CLI flag without "--", or NULL        */
+    const char *doc;         /* one line                                        */
+    unsigned kind;           /* BKI_ARR_*                                       */
+    const char *shape_text;  /* "[H, r, d]" (messages, docs)                    */
+    size_t offset;           /* IN, FILE: of its pointer in the parameter struct */
+    /* IN: the integer key set from the array's dimension dim_at (ESP's L from
+     * its slices' rows, LOT's r), or NULL */
+    const char *dim_key;
+    int dim_at;
+    /* its shape under the parameters for desc (IN: after dim_key is set;
+     * only desc->B, H, d are read for inputs): writes the dimensions,
+     * returns the rank (1..4); NULL for FILE */
+    int (*shape)(const void *par, const bk_attn_desc *d, int64_t dims[4]);
+    const char *cols;        /* SUMMARY: its columns' names, comma-separated,
+                                then optionally ";" and a note for the line;
+                                "#name": a count, printed as an integer */
+    /* FILE: reads the object at path into *obj (a new one), frees it */
+    bk_status (*load)(const char *path, void **obj);
+    void (*release)(void *obj);
+} bki_array;
+
+/* another name of the operator with some parameters preset (`asap0`: asap
+ * with variant=zero) */
+typedef struct {
+    const char *name;
+    const char *params;  /* key=value,... over the defaults */
+    const char *doc;
+} bki_preset;
 
 /* ---- an operator --------------------------------------------------------- */
 struct bki_op {
@@ -125,6 +176,15 @@ struct bki_op {
     int nlearned;
     const bki_bench_case *bench;     /* NULL: none                             */
     int nbench;
+    const bki_array *arrays;         /* NULL: none beyond q, k, v, out, attn   */
+    int narrays;
+    /* optional (arrays with outputs): the call c (forward when c->dout is
+     * NULL, else backward) run with a[i] the buffer of arrays[i] (NULL: not
+     * asked for; inputs are in c->par already) through the operator's typed
+     * extras and parameter-gradient outputs */
+    bk_status (*run_arrays)(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size);
+    const bki_preset *presets;       /* NULL: none                             */
+    int npresets;
 };
 
 /* ---- parameter-gradient outputs (bki_call.pg) ---------------------------
@@ -164,6 +224,48 @@ void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const floa
 /* a problem's failure, kept for the call's error (the lowest index wins);
  * a team's member 0 reports it */
 void bki_op_fail(bki_call *c, int p, bk_status s);
+
+/* ---- a call of an operator: the one way typed entry points are made ------
+ * (every public bk_NAME_* function is one line over these) */
+static inline bki_call bki_call_of(const bki_op *op, const bk_attn_desc *d, const void *par)
+{
+    bki_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.d = d;
+    c.par = par;
+    return c;
+}
+static inline size_t bki_call_workspace(const bki_op *op, const bk_attn_desc *d, const void *par)
+{
+    bki_call c = bki_call_of(op, d, par);
+    return bki_op_workspace_size(&c);
+}
+static inline size_t bki_call_tape(const bki_op *op, const bk_attn_desc *d, const void *par)
+{
+    bki_call c = bki_call_of(op, d, par);
+    return bki_op_tape_size_query(&c);
+}
+/* the forward with the operator's extras ex (its typed struct, or NULL) and
+ * the attention output attn (NULL: none) */
+static inline bk_status bki_call_forward(const bki_op *op, const bk_attn_desc *d, const void *par, const bk_tensor *q,
+                                         const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
+                                         const void *ex, const bk_tensor *attn, void *ws, size_t ws_size)
+{
+    bki_call c = bki_call_of(op, d, par);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.ex = ex; c.attn = attn;
+    return bki_op_forward(&c, tape, ws, ws_size);
+}
+/* the backward with the operator's parameter-gradient outputs pg (or NULL) */
+static inline bk_status bki_call_backward(const bki_op *op, const bk_attn_desc *d, const void *par,
+                                          const bk_tensor *q, const bk_tensor *k, const bk_tensor *v,
+                                          const bk_tensor *dout, const void *tape, const bk_tensor *dq,
+                                          const bk_tensor *dk, const bk_tensor *dv, void *pg, void *ws, size_t ws_size)
+{
+    bki_call c = bki_call_of(op, d, par);
+    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
+    return bki_op_backward(&c, tape, ws, ws_size);
+}
 
 /* ---- the registry (registry.c) ------------------------------------------ */
 const bki_op *bki_op_find(const char *name);

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The family's parameters, resolved from any of the three public structs. */
@@ -273,86 +274,203 @@ static void sinkhorn_default(void *p) { *(bk_sinkhorn_config *)p = bk_sinkhorn_c
 static void unbalanced_default(void *p) { *(bk_unbalanced_config *)p = bk_unbalanced_config_default(); }
 
 static const char *const grad_names[] = {"unrolled", "implicit", NULL};
-static const bki_field softmax_fields[] = {{.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_softmax_config, scale), .names = NULL, .list_len = 0},
-                                           {.name = "causal", .type = BKI_F_INT, .offset = offsetof(bk_softmax_config, causal), .names = NULL, .list_len = 0}};
+/* the schema's ranges are those check() enforces on each value alone */
+#define SK_SCALE(T)                                                                                                 \
+    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(T, scale),                                            \
+     .doc = "score scale s (0: 1/sqrt(d)); finite"}
+#define SK_COMMON(T)                                                                                                \
+    SK_SCALE(T),                                                                                                    \
+    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(T, eps), .doc = "temperature (scores are s q.k / eps)", \
+     .lo = 0.0, .hi = INFINITY, .rflags = BKI_FR_OPEN_LO},                                                          \
+    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(T, iters),                                              \
+     .doc = "half-steps S, row first (S = 1 is softmax)", .lo = 1, .hi = 1e6},                                      \
+    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(T, tol),                                                \
+     .doc = "per-problem early stop on the column-marginal error (0: off)", .lo = 0.0, .hi = INFINITY}
+static const bki_field softmax_fields[] = {
+    SK_SCALE(bk_softmax_config),
+    {.name = "causal", .type = BKI_F_INT, .offset = offsetof(bk_softmax_config, causal),
+     .doc = "1: query i sees keys j <= i + (Lk - Lq) (the queries are the last positions)", .lo = 0, .hi = 1},
+};
 static const bki_field sinkhorn_fields[] = {
-    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, scale), .names = NULL, .list_len = 0},
-    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, eps), .names = NULL, .list_len = 0},
-    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_sinkhorn_config, iters), .names = NULL, .list_len = 0},
-    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_sinkhorn_config, tol), .names = NULL, .list_len = 0},
-    {.name = "grad", .type = BKI_F_ENUM, .offset = offsetof(bk_sinkhorn_config, grad), .names = grad_names, .list_len = 0},
+    SK_COMMON(bk_sinkhorn_config),
+    {.name = "grad", .type = BKI_F_ENUM, .offset = offsetof(bk_sinkhorn_config, grad), .names = grad_names,
+     .doc = "backward: unrolled (exact for the S steps run) or implicit (at convergence)"},
 };
 static const bki_field unbalanced_fields[] = {
-    {.name = "scale", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, scale), .names = NULL, .list_len = 0},
-    {.name = "eps", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, eps), .names = NULL, .list_len = 0},
-    {.name = "iters", .type = BKI_F_INT, .offset = offsetof(bk_unbalanced_config, iters), .names = NULL, .list_len = 0},
-    {.name = "tol", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, tol), .names = NULL, .list_len = 0},
-    {.name = "rho", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, rho), .names = NULL, .list_len = 0},
+    SK_COMMON(bk_unbalanced_config),
+    {.name = "rho", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, rho),
+     .doc = "KL penalty on the column marginal: column half-steps damped by rho / (rho + eps)", .lo = 0.0,
+     .hi = INFINITY, .rflags = BKI_FR_OPEN_LO},
 };
+#undef SK_COMMON
+#undef SK_SCALE
 
-#define SK_OP(var, nm, ident, par, tab, def)                                                                        \
-    const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
-                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL, NULL, 0, NULL, 0, NULL, 0}
-SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default);
-SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default);
-SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default);
-
-/* ---- public entry points ------------------------------------------------- */
-static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par)
+/* ---- the extra outputs: diag [B, H, 3], the potentials f [B, H, Nq] and
+ * g [B, H, Nk] ---- */
+static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 {
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = op;
-    c.d = d;
-    c.par = par;
-    return c;
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = 3;
+    return 3;
 }
 
-#define SK_ENTRY_POINTS(pre, op, par_t, ex_t, ex_attn)                                                              \
-    size_t pre##_workspace_size(const bk_attn_desc *desc, const par_t *p)                                           \
-    {                                                                                                             \
-        bki_call c = call_of(&op, desc, p);                                                                       \
-        return bki_op_workspace_size(&c);                                                                         \
-    }                                                                                                             \
-    size_t pre##_tape_size(const bk_attn_desc *desc, const par_t *p)                                                \
-    {                                                                                                             \
-        bki_call c = call_of(&op, desc, p);                                                                       \
-        return bki_op_tape_size_query(&c);                                                                        \
-    }                                                                                                             \
-    bk_status pre##_forward(const bk_attn_desc *desc, const par_t *p, const bk_tensor *q, const bk_tensor *k,       \
-                            const bk_tensor *v, const bk_tensor *out, void *tape, const ex_t *extras, void *ws,    \
-                            size_t ws_size)                                                                       \
-    {                                                                                                             \
-        bki_call c = call_of(&op, desc, p);                                                                       \
-        c.q = q; c.k = k; c.v = v; c.out = out; c.ex = extras;                                                    \
-        c.attn = ex_attn;                                                                                         \
-        return bki_op_forward(&c, tape, ws, ws_size);                                                             \
-    }                                                                                                             \
-    bk_status pre##_backward(const bk_attn_desc *desc, const par_t *p, const bk_tensor *q, const bk_tensor *k,      \
-                             const bk_tensor *v, const bk_tensor *dout, const void *tape, const bk_tensor *dq,     \
-                             const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)                  \
-    {                                                                                                             \
-        bki_call c = call_of(&op, desc, p);                                                                       \
-        c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;                                \
-        return bki_op_backward(&c, tape, ws, ws_size);                                                            \
+static int f_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = d->Nq;
+    return 3;
+}
+
+static int g_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
+{
+    (void)par;
+    dims[0] = d->B; dims[1] = d->H; dims[2] = d->Nk;
+    return 3;
+}
+
+enum { A_DIAG, A_F, A_G }; /* the arrays' indices */
+static const bki_array sk_arrays[] = {
+    [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps run, max |row sum - 1|, max |col sum - 1| (relative)",
+     .kind = BKI_ARR_FWD | BKI_ARR_HOST | BKI_ARR_SUMMARY, .shape_text = "[B, H, 3]", .shape = diag_shape,
+     .cols = "#half-steps,|row sum - 1|,|col sum - 1|;(relative)"},
+    [A_F] = {.name = "f", .doc = "row potential (logit units; 0 on padded rows)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, Nq]", .shape = f_shape},
+    [A_G] = {.name = "g", .doc = "column potential (logit units; 0 on padded keys, 0 if S = 1)", .kind = BKI_ARR_FWD,
+     .shape_text = "[B, H, Nk]", .shape = g_shape},
+};
+
+/* the forward with its extras (the diagnostics as floats; the backward has
+ * none) */
+static bk_status sk_run_arrays(bki_call *c, float *const *a, void *tape, void *ws, size_t ws_size)
+{
+    if (c->dout) return bki_op_backward(c, tape, ws, ws_size);
+    const int P = c->d ? c->d->B * c->d->H : 0;
+    bk_sinkhorn_diag *dg = a[A_DIAG] && P > 0 ? malloc(sizeof *dg * (size_t)P) : NULL;
+    if (a[A_DIAG] && P > 0 && !dg) return bki_fail(BK_ERR_NOMEM, "sinkhorn: no memory for the diagnostics");
+    bk_sinkhorn_extras ex = {.f = a[A_F], .g = a[A_G], .diag = dg};
+    c->ex = &ex;
+    bk_status s = bki_op_forward(c, tape, ws, ws_size);
+    c->ex = NULL;
+    for (int p = 0; s == BK_OK && dg && p < P; p++) {
+        a[A_DIAG][3 * p] = (float)dg[p].iters;
+        a[A_DIAG][3 * p + 1] = dg[p].row_err;
+        a[A_DIAG][3 * p + 2] = dg[p].col_err;
     }
-SK_ENTRY_POINTS(bk_sinkhorn, bki_op_sinkhorn, bk_sinkhorn_config, bk_sinkhorn_extras, extras ? &extras->attn : NULL)
-SK_ENTRY_POINTS(bk_unbalanced, bki_op_unbalanced, bk_unbalanced_config, bk_sinkhorn_extras,
-                extras ? &extras->attn : NULL)
+    free(dg);
+    return s;
+}
+
+#define SK_CAPS (BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL)
+#define NB(a) (int)(sizeof a / sizeof a[0])
+/* the bench's cases (docs/PERFORMANCE.md's targets) */
+static const bki_bench_case softmax_bench[] = {
+    {.name = "", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "", .backward = 1},
+    {.name = "", .B = 1, .H = 16, .Nq = 256, .Nk = 256, .d = 64, .dv = 64, .params = "", .backward = 1},
+};
+static const bki_bench_case sinkhorn_bench[] = {
+    {.name = "", .B = 1, .H = 16, .Nq = 256, .Nk = 256, .d = 64, .dv = 64, .params = "iters=5", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "iters=5", .backward = 1},
+    {.name = "", .B = 1, .H = 16, .Nq = 256, .Nk = 256, .d = 64, .dv = 64, .params = "iters=3", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 512, .Nk = 512, .d = 64, .dv = 64, .params = "iters=10", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 512, .Nk = 512, .d = 64, .dv = 64, .params = "iters=5", .backward = 1},
+};
+static const bki_bench_case unbalanced_bench[] = {
+    {.name = "", .B = 1, .H = 16, .Nq = 256, .Nk = 256, .d = 64, .dv = 64, .params = "iters=5", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "iters=5", .backward = 1},
+};
+
+const bki_op bki_op_softmax = {
+    .name = "softmax", .id = 1, .par_name = "bk_softmax_config", .fields = softmax_fields,
+    .nfields = NB(softmax_fields), .par_size = sizeof(bk_softmax_config), .par_default = softmax_default,
+    .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
+    .forward = forward, .backward = backward, .steps_ok = steps_ok,
+    .doc = "softmax attention softmax(s Q K^T) V (Vaswani et al. 2017); causal masking optional",
+    .caps = SK_CAPS | BKI_CAP_CAUSAL, .bench = softmax_bench, .nbench = NB(softmax_bench),
+};
+const bki_op bki_op_sinkhorn = {
+    .name = "sinkhorn", .id = 2, .par_name = "bk_sinkhorn_config", .fields = sinkhorn_fields,
+    .nfields = NB(sinkhorn_fields), .par_size = sizeof(bk_sinkhorn_config), .par_default = sinkhorn_default,
+    .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
+    .forward = forward, .backward = backward, .steps_ok = steps_ok,
+    .doc = "Sinkhorn attention: S alternating normalisations of exp(s Q K^T / eps) (Sinkformers, Sander et al. 2022)",
+    .caps = SK_CAPS, .bench = sinkhorn_bench, .nbench = NB(sinkhorn_bench), .arrays = sk_arrays,
+    .narrays = NB(sk_arrays), .run_arrays = sk_run_arrays,
+};
+const bki_op bki_op_unbalanced = {
+    .name = "unbalanced", .id = 6, .par_name = "bk_unbalanced_config", .fields = unbalanced_fields,
+    .nfields = NB(unbalanced_fields), .par_size = sizeof(bk_unbalanced_config), .par_default = unbalanced_default,
+    .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
+    .forward = forward, .backward = backward, .steps_ok = steps_ok,
+    .doc = "unbalanced Sinkhorn attention: column half-steps damped by rho / (rho + eps) (KL-relaxed column marginal)",
+    .caps = SK_CAPS, .bench = unbalanced_bench, .nbench = NB(unbalanced_bench), .arrays = sk_arrays,
+    .narrays = NB(sk_arrays), .run_arrays = sk_run_arrays,
+};
+#undef NB
+#undef SK_CAPS
+
+/* ---- public entry points: one line each over the call helpers (op.h) ---- */
+size_t bk_sinkhorn_workspace_size(const bk_attn_desc *desc, const bk_sinkhorn_config *p)
+{
+    return bki_call_workspace(&bki_op_sinkhorn, desc, p);
+}
+
+size_t bk_sinkhorn_tape_size(const bk_attn_desc *desc, const bk_sinkhorn_config *p)
+{
+    return bki_call_tape(&bki_op_sinkhorn, desc, p);
+}
+
+bk_status bk_sinkhorn_forward(const bk_attn_desc *desc, const bk_sinkhorn_config *p, const bk_tensor *q,
+                              const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
+                              const bk_sinkhorn_extras *extras, void *ws, size_t ws_size)
+{
+    return bki_call_forward(&bki_op_sinkhorn, desc, p, q, k, v, out, tape, extras, extras ? &extras->attn : NULL, ws,
+                            ws_size);
+}
+
+bk_status bk_sinkhorn_backward(const bk_attn_desc *desc, const bk_sinkhorn_config *p, const bk_tensor *q,
+                               const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout, const void *tape,
+                               const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)
+{
+    return bki_call_backward(&bki_op_sinkhorn, desc, p, q, k, v, dout, tape, dq, dk, dv, NULL, ws, ws_size);
+}
+
+size_t bk_unbalanced_workspace_size(const bk_attn_desc *desc, const bk_unbalanced_config *p)
+{
+    return bki_call_workspace(&bki_op_unbalanced, desc, p);
+}
+
+size_t bk_unbalanced_tape_size(const bk_attn_desc *desc, const bk_unbalanced_config *p)
+{
+    return bki_call_tape(&bki_op_unbalanced, desc, p);
+}
+
+bk_status bk_unbalanced_forward(const bk_attn_desc *desc, const bk_unbalanced_config *p, const bk_tensor *q,
+                                const bk_tensor *k, const bk_tensor *v, const bk_tensor *out, void *tape,
+                                const bk_sinkhorn_extras *extras, void *ws, size_t ws_size)
+{
+    return bki_call_forward(&bki_op_unbalanced, desc, p, q, k, v, out, tape, extras, extras ? &extras->attn : NULL,
+                            ws, ws_size);
+}
+
+bk_status bk_unbalanced_backward(const bk_attn_desc *desc, const bk_unbalanced_config *p, const bk_tensor *q,
+                                 const bk_tensor *k, const bk_tensor *v, const bk_tensor *dout, const void *tape,
+                                 const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws,
+                                 size_t ws_size)
+{
+    return bki_call_backward(&bki_op_unbalanced, desc, p, q, k, v, dout, tape, dq, dk, dv, NULL, ws, ws_size);
+}
 
 /* softmax: its size queries take no parameters (none changes them) */
 size_t bk_softmax_workspace_size(const bk_attn_desc *desc)
 {
     const bk_softmax_config p = bk_softmax_config_default();
-    bki_call c = call_of(&bki_op_softmax, desc, &p);
-    return bki_op_workspace_size(&c);
+    return bki_call_workspace(&bki_op_softmax, desc, &p);
 }
 
 size_t bk_softmax_tape_size(const bk_attn_desc *desc)
 {
     const bk_softmax_config p = bk_softmax_config_default();
-    bki_call c = call_of(&bki_op_softmax, desc, &p);
-    return bki_op_tape_size_query(&c);
+    return bki_call_tape(&bki_op_softmax, desc, &p);
 }
 
 bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_config *p, const bk_tensor *q,
@@ -360,9 +478,7 @@ bk_status bk_softmax_forward(const bk_attn_desc *desc, const bk_softmax_config *
                              const bk_tensor *attn, void *ws, size_t ws_size)
 {
     const bk_softmax_config def = bk_softmax_config_default();
-    bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
-    c.q = q; c.k = k; c.v = v; c.out = out; c.attn = attn;
-    return bki_op_forward(&c, tape, ws, ws_size);
+    return bki_call_forward(&bki_op_softmax, desc, p ? p : &def, q, k, v, out, tape, NULL, attn, ws, ws_size);
 }
 
 bk_status bk_softmax_backward(const bk_attn_desc *desc, const bk_softmax_config *p, const bk_tensor *q,
@@ -370,7 +486,5 @@ bk_status bk_softmax_backward(const bk_attn_desc *desc, const bk_softmax_config 
                               const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)
 {
     const bk_softmax_config def = bk_softmax_config_default();
-    bki_call c = call_of(&bki_op_softmax, desc, p ? p : &def);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
-    return bki_op_backward(&c, tape, ws, ws_size);
+    return bki_call_backward(&bki_op_softmax, desc, p ? p : &def, q, k, v, dout, tape, dq, dk, dv, NULL, ws, ws_size);
 }

@@ -67,7 +67,7 @@ rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "
 check(rc == 0 and np.allclose(np.load(P("a2.npy")).sum(-1), 1, atol=1e-6), "softmax run", out)
 rc, out = run("attn", "--op", "softmax", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
               "--out", P("o2.npy"), "--iters", "3")
-check(rc == 2 and "sinkhorn only" in out, "softmax rejects --iters", out)
+check(rc == 2 and "not to --op softmax" in out, "softmax rejects --iters", out)
 
 # differential attention: a good run (rows of A sum to 1 - lambda, padding, dlambda), lambda = 0 is
 # softmax on the first halves bitwise, and its errors
@@ -93,7 +93,7 @@ rc2, out2 = run("attn", "--op", "softmax", "--q", P("q1.npy"), "--k", P("k1.npy"
                 "--out", P("os0.npy"))
 check(rc1 == 0 and rc2 == 0 and np.array_equal(np.load(P("od0.npy")), np.load(P("os0.npy"))),
       "diff with lambda = 0 == softmax on the first halves (bitwise)", out1 + out2)
-for extra, msg, want in (([], "--lambda", 2), (["--lambda", P("lam.npy"), "--iters", "3"], "sinkhorn only", 2),
+for extra, msg, want in (([], "--lambda", 2), (["--lambda", P("lam.npy"), "--iters", "3"], "not to --op diff", 2),
                          (["--lambda", P("lam.npy"), "--dlambda", P("never_d2.npy")], "--dout", 2),
                          (["--lambda", P("lam_bad.npy")], "float32 array [H]", 1),
                          (["--lambda", P("missing.npy")], "missing.npy", 1)):
@@ -175,9 +175,9 @@ np.save(P("thetabad.npy"), rng.standard_normal((3, d + 1)).astype("<f4"))
 rc, out = run(*esp, "--out", P("never.npy"), "--slices", P("thetabad.npy"))
 check(rc == 1 and "[L, d]" in out and not os.path.exists(P("never.npy")), "esp rejects mismatched slices", out)
 for bad, msg in ((["--sort", "medium"], "--sort"), (["--tau", "-1"], "--tau"), (["--tau", "nan"], "--tau"),
-                 (["--softsort-t", "0"], "--softsort-t"), (["--cost", "l1"], "--cost"),
-                 (["--esp-scale", "x"], "--esp-scale"), (["--num-slices", "0"], "--num-slices"),
-                 (["--iters", "3"], "sinkhorn only")):
+                 (["--sort", "soft", "--softsort-t", "0"], "SoftSort temperature"), (["--cost", "l1"], "--cost"),
+                 (["--esp-scale", "x"], "--esp-scale"), (["--num-slices", "-1"], "--num-slices"),
+                 (["--iters", "3"], "not to --op esp")):
     rc, out = run(*esp, "--out", P("never.npy"), *bad)
     check(rc == 2 and msg in out, f"esp usage error {bad}", out)
 rc, out = run("attn", "--op", "sinkhorn", "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"),
@@ -221,7 +221,17 @@ check(rc == 2 and "unknown --op" in out, "unknown op", out)
 rc, out = run("frobnicate")
 check(rc == 2 and "unknown command" in out, "unknown command", out)
 rc, out = run("attn", "--help")
-check(rc == 0 and "usage" in out, "attn --help", out)
+check(rc == 0 and "usage" in out and all(o in out for o in ("softmax", "sinkhorn", "lot", "asap0")),
+      "attn --help lists the registry's operators", out)
+rc, out = run("attn", "--op", "lot", "--help")
+check(rc == 0 and "--pivot-temp" in out and "--pivots" in out and "[H, r, d]" in out and "--dpivots" in out,
+      "attn --op lot --help: its generated options", out)
+# the operator table of docs/OPERATORS.md is the registry's (scripts/gen_operators_md.sh regenerates it)
+rc, out = run("attn", "--list", "--markdown")
+doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "OPERATORS.md")).read()
+block = doc[doc.index("<!-- BEGIN generated"):].split("\n", 1)[1].split("<!-- END generated -->")[0]
+check(rc == 0 and out == block, "docs/OPERATORS.md's table is current (scripts/gen_operators_md.sh)",
+      "differs from `birkhoff attn --list --markdown`")
 rc, out = run("bench", "--cases", "2:3", "--no-peer")
 check(rc == 2, "bench rejects malformed --cases", out)
 rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")

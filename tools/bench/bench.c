@@ -13,16 +13,31 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OP_SOFTMAX, OP_SINKHORN, OP_ESP, OP_ESP_SQ, OP_ESP_HARD, OP_LOT, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp-sq", "esp-hard", "lot"};
-/* the PyTorch peer each op is measured against ("esp" = the reference soft-sort ESP) */
-static const char *const op_peer[OP_COUNT] = {"softmax", "sinkhorn", "esp", "esp", "esp", "lot"};
-#define LOT_R 32 /* the bench's LOT: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's) */
-
+/* The cases are the registry's (every operator's bench cases, bk_op_bench_info):
+ * an operator registered in src/ops/registry.c with bench cases is benched with
+ * no edit here. A case's label is the operator's name, or "NAME-TAG" for a
+ * tagged variant ("esp-hard"). What this file knows of particular labels is
+ * the bench's own model of them: the PyTorch peer that runs each
+ * (bench/peers/torch_peer.py), and the work counts of docs/PERFORMANCE.md. */
 typedef struct {
-    int op;
-    int BH, N, d, S;
+    const bk_op *op;
+    char label[48];
+    char params[256];   /* key=value,... over the operator's defaults */
+    int BH, N, d, S;    /* S: the case's half-steps (its iters), 1 without */
 } bcase;
+
+/* the peer script's operators, by label */
+static const char *peer_of(const char *label)
+{
+    static const char *const map[][2] = {{"softmax", "softmax"}, {"sinkhorn", "sinkhorn"}, {"esp", "esp"},
+                                         {"esp-sq", "esp"},         {"esp-hard", "esp"},          {"lot", "lot"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(map[i][0], label)) return map[i][1];
+    return "";
+}
+
+static int is_label(const bcase *c, const char *label) { return !strcmp(c->label, label); }
+#define LOT_R 32 /* the bench's LOT (its registry cases): r = 32 pivots, T = 5, eps = 1, temp = 0.5 */
 
 typedef struct {
     double fwd[3], fb[3];   /* median, p25, p75 (s) */
@@ -68,12 +83,23 @@ static void bench_usage(FILE *f)
             "                              reference needs ~15 GB and minutes per call)\n");
 }
 
-static int parse_cases(const char *s, int op, bcase *out, int max)
+/* a case's half-steps: its iters, 1 without */
+static int case_iters(const bcase *c)
+{
+    int S = 1;
+    for (const char *p = strstr(c->params, "iters="); p; p = strstr(p + 1, "iters="))
+        if (p == c->params || p[-1] == ',') S = atoi(p + 6); /* the last one counts */
+    return S;
+}
+
+/* --cases "BH:N:d[:S],..." over a template case of the label (its
+ * parameters; S sets iters where the operator has it) */
+static int parse_cases(const char *s, const bcase *tmpl, bcase *out, int max)
 {
     int n = 0;
     const char *p = s;
     while (*p && n < max) {
-        bcase c = {op, 0, 0, 0, 1};
+        bcase c = *tmpl;
         /* BH:N:d[:S], each in [1, 2^31) (strtol: sscanf's %d overflows silently) */
         int f[4] = {0, 0, 0, 0}, k = 0;
         for (; k < 4; k++) {
@@ -88,8 +114,11 @@ static int parse_cases(const char *s, int op, bcase *out, int max)
         }
         if (k < 2 || k > 3) return -1;
         c.BH = f[0]; c.N = f[1]; c.d = f[2];
-        c.S = k == 3 ? f[3] : op == OP_SINKHORN ? 5 : 1;
-        if (op != OP_SINKHORN) c.S = 1;
+        if (k == 3 && bk_op_param_find(c.op, "iters") >= 0) {
+            size_t len = strlen(c.params);
+            snprintf(c.params + len, sizeof c.params - len, "%siters=%d", len ? "," : "", f[3]);
+        }
+        c.S = case_iters(&c);
         out[n++] = c;
         if (*p == ',') p++;
         else if (*p) return -1;
@@ -161,40 +190,22 @@ static double time_softmax_baseline(const bcase *c, const float *q, const float 
     return cli_now() - t0;
 }
 
-static bk_esp_config esp_params(const bcase *c)
-{
-    bk_esp_config e = bk_esp_config_default();
-    e.sort = c->op == OP_ESP_HARD ? BK_ESP_HARD : BK_ESP_SOFT;
-    e.t = 1e-3f;
-    if (c->op == OP_ESP) { /* the reference module: Euclidean cost, temperature 10 (tau = 10 N here) */
-        e.cost = BK_ESP_COST_EUCLID;
-        e.tau = 10.0f * (float)c->N;
-    } else {
-        e.tau = 10.0f;
-    }
-    return e;
-}
-
 /* work per head our kernels do (docs/PERFORMANCE.md): GEMM flops, exps */
 static void work_counts(const bcase *c, bresult *r)
 {
     double N = c->N, N2 = N * N, d = c->d, L = c->d, S = c->S;
-    switch (c->op) {
-    case OP_SOFTMAX:
-    case OP_SINKHORN:
+    r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
+    if (is_label(c, "softmax") || is_label(c, "sinkhorn")) {
         r->flops_f = 4 * N2 * d; r->exps_f = N2 * ((c->S + 1) / 2);
         r->flops_b = 10 * N2 * d; r->exps_b = N2 * (1 + c->S / 2);
         (void)S;
-        break;
-    case OP_ESP_SQ: /* per slice: fwd 4 GEMMs, bwd 13, each 2 N^2 d */
+    } else if (is_label(c, "esp-sq")) { /* per slice: fwd 4 GEMMs, bwd 13, each 2 N^2 d */
         r->flops_f = L * 4 * 2 * N2 * d; r->exps_f = L * 2 * N2;
         r->flops_b = L * 13 * 2 * N2 * d; r->exps_b = L * 4 * N2;
-        break;
-    case OP_ESP: /* per slice: fwd U (2 N^3) + O (2 N^2 d); bwd U twice, dP, dM (2 N^3 each) + dV */
+    } else if (is_label(c, "esp")) { /* per slice: fwd U (2 N^3) + O (2 N^2 d); bwd U twice, dP, dM (2 N^3 each) + dV */
         r->flops_f = L * (2 * N2 * N + 2 * N2 * d); r->exps_f = L * 2 * N2;
         r->flops_b = L * (4 * 2 * N2 * N + 2 * N2 * d); r->exps_b = L * 4 * N2;
-        break;
-    case OP_LOT: { /* per head: GEMMs of N x r x d, two inner problems of N x r */
+    } else if (is_label(c, "lot")) { /* per head: GEMMs of N x r x d, two inner problems of N x r */
         double R = LOT_R;
         r->flops_f = 4 * N * R * (d + d); r->exps_f = 2 * 3 * N * R;
         r->flops_b = 2 * N * R * (6 * d + 5 * d); r->exps_b = 2 * 3 * N * R;
@@ -205,10 +216,7 @@ static void work_counts(const bcase *c, bresult *r)
          * backward 11 N d + 41 N r */
         r->bytes_f = 4 * (4 * N * d + 12 * N * R);
         r->bytes_b = 4 * (11 * N * d + 41 * N * R);
-        break;
-    }
-    case OP_ESP_HARD: /* sorting and row gathers, not flops (d = dv, L = d slices) */
-        r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
+    } else if (is_label(c, "esp-hard")) { /* sorting and row gathers, not flops (d = dv, L = d slices) */
         /* forward: one gathered partner row per slice and query in each of the cost and
          * output passes, 2 L radix sorts of ~23 N words, 4 N words of orders per slice,
          * 11 N d of input scans, projections and the copy of V gathered from; backward:
@@ -216,9 +224,6 @@ static void work_counts(const bcase *c, bresult *r)
          * streams (the copy of dO included) */
         r->bytes_f = 4 * (L * N * (2 * d + 2) + 2 * L * 23 * N + 4 * L * N + 11 * N * d);
         r->bytes_b = 4 * (L * N * (3 * d + 3) + 6 * L * N + 14 * N * d);
-        break;
-    default:
-        r->flops_f = r->flops_b = r->exps_f = r->exps_b = 0;
     }
 }
 
@@ -272,9 +277,65 @@ static double mem_bandwidth(int nt)
 static int case_fits(const bcase *c, int nt, double more)
 {
     char what[96];
-    snprintf(what, sizeof what, "case %s %d:%d:%d", op_names[c->op], c->BH, c->N, c->d);
+    snprintf(what, sizeof what, "case %s %d:%d:%d", c->label, c->BH, c->N, c->d);
     return cli_fits_memory("bench", what,
-                           32.0 * c->BH * c->N * c->d + (c->op == OP_SOFTMAX ? 4.0 * nt * c->N * c->N : 0.0) + more);
+                           32.0 * c->BH * c->N * c->d + (is_label(c, "softmax") ? 4.0 * nt * c->N * c->N : 0.0) + more);
+}
+
+/* The case's parameters over the operator's defaults, and its input arrays
+ * (required inputs filled with reproducible values of std 1/sqrt(d), as the
+ * LOT peer draws its pivots; *in holds them). 0 after a message. */
+static int case_params(const bcase *c, const bk_attn_desc *desc, void *par, float **in)
+{
+    bk_op_config_default(c->op, par);
+    if (bk_op_config_parse(c->op, par, c->params) != BK_OK) {
+        fprintf(stderr, "birkhoff bench: case %s: %s\n", c->label, bk_last_error());
+        return 0;
+    }
+    for (int i = 0; i < bk_op_array_count(c->op); i++) {
+        bk_op_array a;
+        int64_t dims[4];
+        if (bk_op_array_info(c->op, i, &a) || !(a.kind & BK_OP_ARRAY_REQUIRED)) continue;
+        const int rank = bk_op_array_shape(c->op, i, desc, par, dims);
+        size_t n = 1;
+        for (int j = 0; j < rank; j++) n *= (size_t)dims[j];
+        if (rank < 1 || !(in[i] = malloc(sizeof(float) * n))) {
+            fprintf(stderr, "birkhoff bench: case %s: cannot make its input %s\n", c->label, a.name);
+            return 0;
+        }
+        fill(in[i], n, 5u + (unsigned)i);
+        for (size_t j = 0; j < n; j++) in[i][j] /= sqrtf((float)desc->d);
+        if (bk_op_config_set_array(c->op, par, desc, i, in[i], rank, dims) != BK_OK) {
+            fprintf(stderr, "birkhoff bench: case %s: %s\n", c->label, bk_last_error());
+            return 0;
+        }
+    }
+    return 1;
+}
+
+typedef struct {
+    const bcase *c;
+    const bk_attn_desc *desc;
+    const void *par;
+    bk_tensor q, k, v, o, dout, dq, dk, dv;
+    void *ws, *tape;
+    size_t ws_bytes;
+} brun;
+
+/* the forward without a tape, then the forward with one and the backward */
+static bk_status time_once(const brun *x, double *tf, double *tb)
+{
+    double t0 = cli_now();
+    bk_status s = bk_op_forward(x->c->op, x->desc, x->par, &x->q, &x->k, &x->v, &x->o, NULL, NULL, x->ws, x->ws_bytes);
+    double t1 = cli_now();
+    if (s) return s;
+    s = bk_op_forward(x->c->op, x->desc, x->par, &x->q, &x->k, &x->v, &x->o, x->tape, NULL, x->ws, x->ws_bytes);
+    if (!s && bk_op_has_backward(x->c->op))
+        s = bk_op_backward(x->c->op, x->desc, x->par, &x->q, &x->k, &x->v, &x->dout, x->tape, &x->dq, &x->dk, &x->dv,
+                           x->ws, x->ws_bytes);
+    *tf = t1 - t0;
+    *tb = cli_now() - t1;
+    return s;
 }
 
 static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
@@ -291,74 +352,30 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
         fill(q, n, 1); fill(k, n, 2); fill(v, n, 3); fill(dout, n, 4);
     }
     bk_attn_desc desc = {1, BH, N, N, d, d, NULL, NULL};
-    bk_sinkhorn_config p = bk_sinkhorn_config_default();
-    p.iters = c->S;
-    bk_softmax_config sp = {0.0f, 0};
-    bk_esp_config ep = esp_params(c);
-    const int esp = c->op >= OP_ESP && c->op <= OP_ESP_HARD, lot = c->op == OP_LOT;
-    /* LOT pivots as the peer draws them: Z ~ N(0,1)/sqrt(d) (here uniform with that std), theta = 0 */
-    float *Z = lot ? malloc(sizeof(float) * (size_t)BH * LOT_R * d) : NULL;
-    float *th = lot ? calloc((size_t)BH * LOT_R, sizeof(float)) : NULL;
-    if (Z) {
-        fill(Z, (size_t)BH * LOT_R * d, 5);
-        for (size_t i = 0; i < (size_t)BH * LOT_R * d; i++) Z[i] /= sqrtf((float)d);
-    }
-    bk_lot_config lp = bk_lot_config_default();
-    lp.r = LOT_R;
-    lp.Z = Z;
-    lp.theta = th;
-    lp.temp = 0.5f;
-    lp.iters = 5;
-    r->ws_bytes = esp ? bk_esp_workspace_size(&desc, &ep)
-                  : lot ? bk_lot_workspace_size(&desc, &lp)
-                  : c->op == OP_SINKHORN ? bk_sinkhorn_workspace_size(&desc, &p) : bk_softmax_workspace_size(&desc);
-    r->tape_bytes = esp ? bk_esp_tape_size(&desc, &ep)
-                    : lot ? bk_lot_tape_size(&desc, &lp)
-                    : c->op == OP_SINKHORN ? bk_sinkhorn_tape_size(&desc, &p) : bk_softmax_tape_size(&desc);
+    void *par = calloc(1, bk_op_config_size(c->op) + 1);
+    float *in[16] = {NULL};
+    int ok = par && bk_op_array_count(c->op) <= 16 && case_params(c, &desc, par, in);
+    r->ws_bytes = ok ? bk_op_workspace_size(c->op, &desc, par) : 0;
+    r->tape_bytes = ok ? bk_op_tape_size(c->op, &desc, par) : 0;
     work_counts(c, r);
-    const int fits = case_fits(c, nt, (double)r->ws_bytes + (double)r->tape_bytes);
+    const int fits = ok && case_fits(c, nt, (double)r->ws_bytes + (double)r->tape_bytes);
     void *ws = fits ? bk_alloc(r->ws_bytes) : NULL, *tape = fits ? bk_alloc(r->tape_bytes) : NULL;
-    float *C = c->op == OP_SOFTMAX ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
-    bk_tensor tq = bk_tensor_bhnd(q, BH, N, d), tk = bk_tensor_bhnd(k, BH, N, d), tv = bk_tensor_bhnd(v, BH, N, d);
-    bk_tensor to = bk_tensor_bhnd(o, BH, N, d), tdo = bk_tensor_bhnd(dout, BH, N, d);
-    bk_tensor tdq = bk_tensor_bhnd(dq, BH, N, d), tdk = bk_tensor_bhnd(dk, BH, N, d), tdv = bk_tensor_bhnd(dv, BH, N, d);
+    float *C = is_label(c, "softmax") ? malloc(sizeof(float) * (size_t)nt * N * N) : NULL;
+    const brun x = {c, &desc, par, bk_tensor_bhnd(q, BH, N, d), bk_tensor_bhnd(k, BH, N, d),
+                    bk_tensor_bhnd(v, BH, N, d), bk_tensor_bhnd(o, BH, N, d), bk_tensor_bhnd(dout, BH, N, d),
+                    bk_tensor_bhnd(dq, BH, N, d), bk_tensor_bhnd(dk, BH, N, d), bk_tensor_bhnd(dv, BH, N, d),
+                    ws, tape, r->ws_bytes};
     double *tf = malloc(sizeof(double) * reps), *tb = malloc(sizeof(double) * reps), *tbase = malloc(sizeof(double) * reps);
-    int ok = q && k && v && o && dout && dq && dk && dv && ws && tape && (C || c->op != OP_SOFTMAX) && tf && tb &&
-             tbase && (Z || !lot) && (th || !lot);
+    ok = ok && q && k && v && o && dout && dq && dk && dv && ws && tape && (C || !is_label(c, "softmax")) && tf && tb &&
+         tbase;
     bk_status s = BK_OK;
     for (int rep = -warmup; ok && rep < reps; rep++) {
-        double t0 = cli_now();
-        switch (c->op) {
-        case OP_SOFTMAX: s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
-        case OP_SINKHORN: s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
-        case OP_LOT: s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes); break;
-        default: s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, NULL, NULL, ws, r->ws_bytes);
-        }
-        double t1 = cli_now();
-        if (s) break;
-        switch (c->op) {
-        case OP_SOFTMAX:
-            s = bk_softmax_forward(&desc, &sp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
-            if (!s) s = bk_softmax_backward(&desc, &sp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
-            break;
-        case OP_SINKHORN:
-            s = bk_sinkhorn_forward(&desc, &p, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
-            if (!s) s = bk_sinkhorn_backward(&desc, &p, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, ws, r->ws_bytes);
-            break;
-        case OP_LOT:
-            s = bk_lot_forward(&desc, &lp, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
-            if (!s) s = bk_lot_backward(&desc, &lp, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, NULL, ws, r->ws_bytes);
-            break;
-        default:
-            s = bk_esp_forward(&desc, &ep, &tq, &tk, &tv, &to, tape, NULL, ws, r->ws_bytes);
-            if (!s) s = bk_esp_backward(&desc, &ep, &tq, &tk, &tv, &tdo, tape, &tdq, &tdk, &tdv, NULL, ws, r->ws_bytes);
-        }
-        double t2 = cli_now();
-        if (s) break;
-        double base = c->op == OP_SOFTMAX ? time_softmax_baseline(c, q, k, v, o, C, nt) : 0.0;
+        double t_f, t_b;
+        if ((s = time_once(&x, &t_f, &t_b))) break;
+        double base = is_label(c, "softmax") ? time_softmax_baseline(c, q, k, v, o, C, nt) : 0.0;
         if (rep >= 0) {
-            tf[rep] = t1 - t0;
-            tb[rep] = t2 - t1;
+            tf[rep] = t_f;
+            tb[rep] = t_b;
             tbase[rep] = base;
         }
     }
@@ -369,11 +386,12 @@ static int run_ours(const bcase *c, int reps, int warmup, int nt, bresult *r)
     } else if (s) {
         fprintf(stderr, "bench: %s\n", bk_last_error());
     } else if (fits) {
-        fprintf(stderr, "birkhoff bench: case %s %d:%d:%d: out of memory\n", op_names[c->op], BH, N, d);
+        fprintf(stderr, "birkhoff bench: case %s %d:%d:%d: out of memory\n", c->label, BH, N, d);
     }
     bk_free(q); bk_free(k); bk_free(v); bk_free(o); bk_free(dout); bk_free(dq); bk_free(dk); bk_free(dv);
     bk_free(ws); bk_free(tape); free(C);
-    free(tf); free(tb); free(tbase); free(Z); free(th);
+    free(tf); free(tb); free(tbase); free(par);
+    for (int i = 0; i < 16; i++) free(in[i]);
     return ok && s == BK_OK;
 }
 
@@ -391,7 +409,7 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
     size_t len = 0;
     int cnt = 0, idx[128];
     for (int i = 0; i < n; i++) {
-        if (strcmp(op_peer[cs[i].op], peer) || cs[i].N > max_n) continue;
+        if (strcmp(peer_of(cs[i].label), peer) || cs[i].N > max_n) continue;
         len += (size_t)snprintf(cases + len, sizeof cases - len, "%s%d:%d:%d:%d", cnt ? "," : "", cs[i].BH, cs[i].N,
                                 cs[i].d, cs[i].S);
         idx[cnt++] = i;
@@ -419,6 +437,140 @@ static void run_peer(const char *py, const char *script, const bcase *cs, int n,
     }
     int st = pclose(pp);
     if (st != 0) fprintf(stderr, "bench: the peer exited with status %d (is python3-torch installed?)\n", st);
+}
+
+/* one case's line(s): the table or a JSON object */
+static void print_case(const bcase *c, const bresult *r, int json, int nt, int reps, double gf, double ge, double bw,
+                       long our_rss)
+{
+    double peakF = gf * 1e9 * nt, peakE = ge * 1e9 * nt;
+    double ideal_f = c->BH * (r->flops_f / peakF + r->exps_f / peakE);
+    double ideal_fb = c->BH * ((r->flops_f + r->flops_b) / peakF + (r->exps_f + r->exps_b) / peakE);
+    double frac_f = ideal_f / r->fwd[0], frac_fb = ideal_fb / r->fb[0];
+    /* the fwd column times a forward without a tape; f+b, a forward with one and the backward */
+    double bw_f = c->BH * r->bytes_f / bw / r->fwd[0], bw_fb = c->BH * (r->bytes_f + r->bytes_b) / bw / r->fb[0];
+    double ours_mem = (double)(r->ws_bytes + r->tape_bytes) / (1 << 20);
+    double peer_mem = r->have_peer ? r->peer_rss / (1 << 20) : NAN;
+    double rf = r->have_peer ? r->fwd[0] / r->peer_fwd : NAN, rfb = r->have_peer ? r->fb[0] / r->peer_fb : NAN;
+    if (json) {
+        printf("{\"op\": \"%s\", \"BH\": %d, \"N\": %d, \"d\": %d, \"S\": %d, \"threads\": %d, \"reps\": %d, "
+               "\"isa\": \"%s\", \"fma_gflops_core\": %.2f, \"exp_g_core\": %.3f, "
+               "\"fwd_median_s\": %.6g, \"fwd_p25_s\": %.6g, \"fwd_p75_s\": %.6g, "
+               "\"fwdbwd_median_s\": %.6g, \"fwdbwd_p25_s\": %.6g, \"fwdbwd_p75_s\": %.6g, "
+               "\"workspace_bytes\": %zu, \"tape_bytes\": %zu, \"peak_rss_bytes\": %ld",
+               c->label, c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0], r->fwd[1],
+               r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss);
+        if (r->flops_f > 0) printf(", \"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f", frac_f, frac_fb);
+        if (r->bytes_f > 0)
+            printf(", \"mem_bandwidth_bytes_s\": %.4g, \"bytes_fwd\": %.4g, \"bytes_bwd\": %.4g, \"frac_bw_fwd\": %.4f, "
+                   "\"frac_bw_fwdbwd\": %.4f",
+                   bw, c->BH * r->bytes_f, c->BH * r->bytes_b, bw_f, bw_fb);
+        if (is_label(c, "softmax"))
+            printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
+        if (r->have_peer)
+            printf(", \"peer\": \"%s\", \"peer_fwd_median_s\": %.6g, \"peer_fwdbwd_median_s\": %.6g, "
+                   "\"peer_saved_bytes\": %.0f, \"peer_peak_rss_delta_bytes\": %.0f, \"ratio_fwd\": %.4f, "
+                   "\"ratio_fwdbwd\": %.4f",
+                   peer_of(c->label), r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
+        printf("}\n");
+    } else {
+        char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-", ff[16] = "-", fb[16] = "-";
+        char mf[16] = "-", mb[16] = "-";
+        if (r->bytes_f > 0) {
+            snprintf(mf, sizeof mf, "%.0f%%", 100 * bw_f);
+            snprintf(mb, sizeof mb, "%.0f%%", 100 * bw_fb);
+        }
+        if (r->have_peer) {
+            snprintf(pf, sizeof pf, "%.3f", r->peer_fwd * 1e3);
+            snprintf(pr, sizeof pr, "%.4f", rf);
+            snprintf(pb, sizeof pb, "%.3f", r->peer_fb * 1e3);
+            snprintf(prb, sizeof prb, "%.4f", rfb);
+            snprintf(pm, sizeof pm, "%.1f", peer_mem);
+        }
+        if (r->flops_f > 0) {
+            snprintf(ff, sizeof ff, "%.1f%%", 100 * frac_f);
+            snprintf(fb, sizeof fb, "%.1f%%", 100 * frac_fb);
+        }
+        printf("%-9s %4d %6d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %6s %6s | %5s %5s\n",
+               c->label, c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb, prb, ours_mem,
+               pm, ff, fb, mf, mb);
+        printf("%-9s %29s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3,
+               r->fwd[2] * 1e3, r->fb[1] * 1e3, r->fb[2] * 1e3);
+        if (is_label(c, "softmax"))
+            printf("; 2 GEMMs + 1 exp pass: %.3f ms, softmax fwd / that = %.2f", r->base[0] * 1e3,
+                   r->fwd[0] / r->base[0]);
+        printf("\n");
+    }
+}
+
+/* the registry's bench case i of op as a bcase */
+static void case_of(const bk_op *op, const bk_op_bench_case *bc, bcase *c)
+{
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    snprintf(c->label, sizeof c->label, "%s%s%s", bk_op_name(op), bc->name[0] ? "-" : "", bc->name);
+    snprintf(c->params, sizeof c->params, "%s", bc->params);
+    c->BH = bc->B * bc->H;
+    c->N = bc->Nq;
+    c->d = bc->d;
+    c->S = case_iters(c);
+}
+
+/* the labels of the registry's cases, each once, in order: "a, b, c" */
+static void labels_text(char *buf, size_t cap)
+{
+    bcase seen[128];
+    int ns = 0;
+    buf[0] = 0;
+    for (int i = 0; i < bk_op_count(); i++)
+        for (int j = 0; j < bk_op_bench_count(bk_op_at(i)); j++) {
+            bk_op_bench_case bc;
+            bcase c;
+            if (bk_op_bench_info(bk_op_at(i), j, &bc)) continue;
+            case_of(bk_op_at(i), &bc, &c);
+            int dup = 0;
+            for (int k = 0; k < ns; k++) dup |= !strcmp(seen[k].label, c.label);
+            if (dup || ns == 128) continue;
+            seen[ns++] = c;
+            if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
+            strncat(buf, c.label, cap - strlen(buf) - 1);
+        }
+}
+
+/* The cases of --op LABEL|all: the registry's, or --cases over the first
+ * registry case of each label asked for. -1 after a message. */
+static int collect_cases(const char *opname, const char *cases, bcase *cs, int max)
+{
+    int n = 0;
+    const int all = !strcmp(opname, "all");
+    for (int i = 0; i < bk_op_count(); i++)
+        for (int j = 0; j < bk_op_bench_count(bk_op_at(i)); j++) {
+            bk_op_bench_case bc;
+            bcase c;
+            if (bk_op_bench_info(bk_op_at(i), j, &bc)) continue;
+            case_of(bk_op_at(i), &bc, &c);
+            if (!all && strcmp(c.label, opname)) continue;
+            if (!cases) {
+                if (n < max) cs[n++] = c;
+                continue;
+            }
+            int first = 1;
+            for (int k = 0; k < n; k++) first &= strcmp(cs[k].label, c.label) != 0;
+            if (!first) continue;
+            int k = parse_cases(cases, &c, cs + n, max - n);
+            if (k < 0) {
+                fprintf(stderr, "birkhoff bench: --cases must be a comma list of BH:N:d[:S], got '%s'\n", cases);
+                return -1;
+            }
+            n += k;
+        }
+    if (!n) {
+        char labels[512];
+        labels_text(labels, sizeof labels);
+        fprintf(stderr, "birkhoff bench: --op must be %s or all\n", labels);
+        return -1;
+    }
+    return n;
 }
 
 static int bench_dispatch(int argc, char **argv);
@@ -466,41 +618,9 @@ static int bench_dispatch(int argc, char **argv)
             return CLI_USAGE;
         }
     }
-    int want[OP_COUNT], any = 0;
-    for (int o = 0; o < OP_COUNT; o++) {
-        want[o] = !strcmp(opname, "all") || !strcmp(opname, op_names[o]);
-        any |= want[o];
-    }
-    if (!any) {
-        fprintf(stderr, "birkhoff bench: --op must be softmax, sinkhorn, esp, esp-sq, esp-hard or all\n");
-        return CLI_USAGE;
-    }
     bcase cs[128];
-    int n = 0;
-    if (cases) {
-        for (int op = 0; op < OP_COUNT; op++) {
-            if (!want[op]) continue;
-            int k = parse_cases(cases, op, cs + n, 128 - n);
-            if (k < 0) {
-                fprintf(stderr, "birkhoff bench: --cases must be a comma list of BH:N:d[:S], got '%s'\n", cases);
-                return CLI_USAGE;
-            }
-            n += k;
-        }
-    } else {
-        static const bcase defaults[] = {
-            {OP_SOFTMAX, 8, 1024, 64, 1},  {OP_SOFTMAX, 16, 256, 64, 1},  {OP_SINKHORN, 16, 256, 64, 5},
-            {OP_SINKHORN, 8, 1024, 64, 5}, {OP_SINKHORN, 16, 256, 64, 3}, {OP_SINKHORN, 8, 512, 64, 10},
-            {OP_ESP, 8, 128, 64, 1},       {OP_ESP, 8, 512, 64, 1},       {OP_ESP, 8, 1024, 64, 1},
-            {OP_ESP_SQ, 8, 512, 64, 1},    {OP_ESP_HARD, 8, 1024, 64, 1}, {OP_ESP_HARD, 8, 8192, 64, 1},
-            {OP_ESP_HARD, 8, 65536, 64, 1}, {OP_LOT, 8, 512, 64, 1},        {OP_LOT, 8, 4096, 64, 1},
-            {OP_LOT, 1, 4096, 64, 1},      {OP_LOT, 1, 8192, 64, 1},       {OP_LOT, 1, 16384, 64, 1},
-            {OP_LOT, 1, 32768, 64, 1},     {OP_LOT, 1, 65536, 64, 1},      {OP_LOT, 1, 131072, 64, 1},
-            {OP_LOT, 1, 262144, 64, 1},    {OP_SINKHORN, 8, 512, 64, 5},
-        };
-        for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
-            if (want[defaults[i].op]) cs[n++] = defaults[i];
-    }
+    const int n = collect_cases(opname, cases, cs, 128);
+    if (n < 0) return CLI_USAGE;
     for (int i = 0; i < n; i++) /* (before the machine's measurements: a case too large fails at once) */
         if (!case_fits(&cs[i], nt, 0.0)) return CLI_FAIL;
     bk_set_num_threads(nt);
@@ -519,7 +639,8 @@ static int bench_dispatch(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         /* large problems: fewer repetitions (the quartiles say how noisy) */
         int rr = reps, ww = warmup;
-        double work = (double)cs[i].BH * cs[i].N * cs[i].N * cs[i].d * (cs[i].op == OP_ESP || cs[i].op == OP_ESP_SQ ? cs[i].d : 1);
+        double work = (double)cs[i].BH * cs[i].N * cs[i].N * cs[i].d *
+                      (is_label(&cs[i], "esp") || is_label(&cs[i], "esp-sq") ? cs[i].d : 1);
         if (work > 4e9) { rr = reps < 5 ? reps : 5; ww = warmup < 1 ? warmup : 1; }
         if (!run_ours(&cs[i], rr, ww, nt, &res[i])) {
             free(res);
@@ -538,68 +659,7 @@ static int bench_dispatch(int argc, char **argv)
         printf("%-9s %4s %6s %4s %2s | %9s %9s %7s | %9s %9s %7s | %8s %8s | %6s %6s | %5s %5s%s\n", "op", "BH", "N",
                "d", "S", "fwd ms", "peer ms", "ratio", "f+b ms", "peer ms", "ratio", "ours MiB", "peer MiB", "%peak",
                "%peak", "%bw", "%bw", " (fwd, f+b)");
-    for (int i = 0; i < n; i++) {
-        const bcase *c = &cs[i];
-        const bresult *r = &res[i];
-        double peakF = gf * 1e9 * nt, peakE = ge * 1e9 * nt;
-        double ideal_f = c->BH * (r->flops_f / peakF + r->exps_f / peakE);
-        double ideal_fb = c->BH * ((r->flops_f + r->flops_b) / peakF + (r->exps_f + r->exps_b) / peakE);
-        double frac_f = ideal_f / r->fwd[0], frac_fb = ideal_fb / r->fb[0];
-        /* the fwd column times a forward without a tape; f+b, a forward with one and the backward */
-        double bw_f = c->BH * r->bytes_f / bw / r->fwd[0], bw_fb = c->BH * (r->bytes_f + r->bytes_b) / bw / r->fb[0];
-        double ours_mem = (double)(r->ws_bytes + r->tape_bytes) / (1 << 20);
-        double peer_mem = r->have_peer ? r->peer_rss / (1 << 20) : NAN;
-        double rf = r->have_peer ? r->fwd[0] / r->peer_fwd : NAN, rfb = r->have_peer ? r->fb[0] / r->peer_fb : NAN;
-        if (json) {
-            printf("{\"op\": \"%s\", \"BH\": %d, \"N\": %d, \"d\": %d, \"S\": %d, \"threads\": %d, \"reps\": %d, "
-                   "\"isa\": \"%s\", \"fma_gflops_core\": %.2f, \"exp_g_core\": %.3f, "
-                   "\"fwd_median_s\": %.6g, \"fwd_p25_s\": %.6g, \"fwd_p75_s\": %.6g, "
-                   "\"fwdbwd_median_s\": %.6g, \"fwdbwd_p25_s\": %.6g, \"fwdbwd_p75_s\": %.6g, "
-                   "\"workspace_bytes\": %zu, \"tape_bytes\": %zu, \"peak_rss_bytes\": %ld",
-                   op_names[c->op], c->BH, c->N, c->d, c->S, nt, reps, bk_isa(), gf, ge, r->fwd[0], r->fwd[1],
-                   r->fwd[2], r->fb[0], r->fb[1], r->fb[2], r->ws_bytes, r->tape_bytes, our_rss);
-            if (r->flops_f > 0) printf(", \"frac_peak_fwd\": %.4f, \"frac_peak_fwdbwd\": %.4f", frac_f, frac_fb);
-            if (r->bytes_f > 0)
-                printf(", \"mem_bandwidth_bytes_s\": %.4g, \"bytes_fwd\": %.4g, \"bytes_bwd\": %.4g, \"frac_bw_fwd\": %.4f, "
-                       "\"frac_bw_fwdbwd\": %.4f",
-                       bw, c->BH * r->bytes_f, c->BH * r->bytes_b, bw_f, bw_fb);
-            if (c->op == OP_SOFTMAX)
-                printf(", \"gemm_exp_baseline_s\": %.6g, \"fwd_over_baseline\": %.4f", r->base[0], r->fwd[0] / r->base[0]);
-            if (r->have_peer)
-                printf(", \"peer\": \"%s\", \"peer_fwd_median_s\": %.6g, \"peer_fwdbwd_median_s\": %.6g, "
-                       "\"peer_saved_bytes\": %.0f, \"peer_peak_rss_delta_bytes\": %.0f, \"ratio_fwd\": %.4f, "
-                       "\"ratio_fwdbwd\": %.4f",
-                       op_peer[c->op], r->peer_fwd, r->peer_fb, r->peer_saved, r->peer_rss, rf, rfb);
-            printf("}\n");
-        } else {
-            char pf[16] = "-", pr[16] = "-", pb[16] = "-", prb[16] = "-", pm[16] = "-", ff[16] = "-", fb[16] = "-";
-            char mf[16] = "-", mb[16] = "-";
-            if (r->bytes_f > 0) {
-                snprintf(mf, sizeof mf, "%.0f%%", 100 * bw_f);
-                snprintf(mb, sizeof mb, "%.0f%%", 100 * bw_fb);
-            }
-            if (r->have_peer) {
-                snprintf(pf, sizeof pf, "%.3f", r->peer_fwd * 1e3);
-                snprintf(pr, sizeof pr, "%.4f", rf);
-                snprintf(pb, sizeof pb, "%.3f", r->peer_fb * 1e3);
-                snprintf(prb, sizeof prb, "%.4f", rfb);
-                snprintf(pm, sizeof pm, "%.1f", peer_mem);
-            }
-            if (r->flops_f > 0) {
-                snprintf(ff, sizeof ff, "%.1f%%", 100 * frac_f);
-                snprintf(fb, sizeof fb, "%.1f%%", 100 * frac_fb);
-            }
-            printf("%-9s %4d %6d %4d %2d | %9.3f %9s %7s | %9.3f %9s %7s | %8.2f %8s | %6s %6s | %5s %5s\n",
-                   op_names[c->op], c->BH, c->N, c->d, c->S, r->fwd[0] * 1e3, pf, pr, r->fb[0] * 1e3, pb, prb, ours_mem,
-                   pm, ff, fb, mf, mb);
-            printf("%-9s %29s fwd [%.3f, %.3f] f+b [%.3f, %.3f] ms", "", "quartiles:", r->fwd[1] * 1e3,
-                   r->fwd[2] * 1e3, r->fb[1] * 1e3, r->fb[2] * 1e3);
-            if (c->op == OP_SOFTMAX)
-                printf("; 2 GEMMs + 1 exp pass: %.3f ms, softmax fwd / that = %.2f", r->base[0] * 1e3,
-                       r->fwd[0] / r->base[0]);
-            printf("\n");
-        }
-    }
+    for (int i = 0; i < n; i++) print_case(&cs[i], &res[i], json, nt, reps, gf, ge, bw, our_rss);
     if (!json)
         printf("ratio = ours / peer (lower is better); the esp ops' peer is the reference soft-sort ESP.\n"
                "ours MiB = workspace + tape; peer MiB = peak RSS growth of the peer's forward+backward.\n"

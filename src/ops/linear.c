@@ -99,7 +99,8 @@ static bk_status check(const bki_call *c)
         const int sc = perf(c)->scaling;
         if (sc != BK_PERFORMER_NORMS && sc != BK_PERFORMER_SQRT_D)
             return bki_fail(BK_ERR_PARAM, "performer: unknown scaling %d (0 norms, 1 sqrt_d)", sc);
-        if (!(data_scale(c) > 0.0f) || !isfinite(data_scale(c)))
+        /* without shapes (bk_op_config_check) only an explicit scale is known */
+        if ((c->d || perf(c)->scale != 0.0f) && (!(data_scale(c) > 0.0f) || !isfinite(data_scale(c))))
             return bki_fail(BK_ERR_PARAM, "performer: scale %g gives no usable data scale", (double)perf(c)->scale);
         return BK_OK;
     }

@@ -66,7 +66,6 @@ static bk_status check(const bki_call *c)
     bk_status s = bki_cfg_check(p, nys_fields, NFIELDS, "nystrom");
     if (s) return s;
     if (!isfinite(p->scale)) return bki_fail(BK_ERR_PARAM, "nystrom: scale must be finite, got %g", (double)p->scale);
-    if (!isfinite(alpha_of(c))) return bki_fail(BK_ERR_PARAM, "nystrom: scale overflows (scale=%g)", (double)p->scale);
     return BK_OK;
 }
 

@@ -1,6 +1,6 @@
 /* context.c -- execution contexts (include/birkhoff/context.h): the list of
- * backends, the default context, the calling thread's current context (and
- * its thread count, bki_threads), a backend's entry for an operator
+ * backends, the default context, the calling thread's current context (told
+ * to the core: bki_core_use), a backend's entry for an operator
  * (bki_backend_kernel), the tape header check every backend shares
  * (bki_tape_check), the workspaces the library allocates for a call
  * (allocator and cache). Includes nothing above the backend layer. */
@@ -14,7 +14,8 @@
 struct bk_context {
     bk_context_config cfg;
     const bki_backend *be;
-    _Atomic int threads;   /* the default context's is changed by bk_set_num_threads */
+    _Atomic int threads;   /* (the default context's is the core's cell,
+                              bki_default_threads_cell: bk_set_num_threads) */
     void *cache;           /* the cached workspace (cfg.cache_workspace)          */
     size_t cache_cap;
     int is_default;
@@ -46,12 +47,20 @@ static const bki_backend *backend_of(bk_backend kind)
 
 int bk_backend_built(bk_backend backend) { return backend_of(backend) != NULL; }
 
-/* the default context: the library's only process-wide mutable state (its
- * thread count) */
+/* the default context (its thread count, the library's only process-wide
+ * mutable state, is the core's: bki_default_threads_cell, threads.c) */
 static bk_context g_default = {.cfg = {BK_BACKEND_CPU, 0, 0, {NULL, NULL, NULL}, NULL, 0, 0},
                                .be = &bki_backend_cpu,
                                .is_default = 1};
 static _Thread_local bk_context *tl_current;
+
+/* the core's view of this thread's current context (NULL: the default):
+ * its thread count's cell and where it computes (bki_core_use, threads.c) */
+static void tell_core(const bk_context *c)
+{
+    if (!c) bki_core_use(NULL, BK_DEVICE_HOST);
+    else bki_core_use(&c->threads, c->be->kind == BK_BACKEND_CPU ? BK_DEVICE_HOST : BK_DEVICE_CUDA(c->cfg.device));
+}
 
 bk_context_config bk_context_config_default(void)
 {
@@ -109,7 +118,10 @@ static void release_cache(bk_context *c)
 void bk_context_free(bk_context *ctx)
 {
     if (!ctx || ctx->is_default) return;
-    if (tl_current == ctx) tl_current = NULL;
+    if (tl_current == ctx) {
+        tl_current = NULL;
+        tell_core(NULL);
+    }
     release_cache(ctx);
     free(ctx);
 }
@@ -120,16 +132,12 @@ bk_context *bk_context_use(bk_context *ctx)
 {
     bk_context *prev = bki_ctx();
     tl_current = ctx == &g_default ? NULL : ctx;
+    tell_core(tl_current);
     return prev;
 }
 
 bk_context *bki_ctx(void) { return tl_current ? tl_current : &g_default; }
 bk_context *bk_context_current(void) { return bki_ctx(); }
-int bki_ctx_device(void)
-{
-    const bk_context *c = bki_ctx();
-    return c->be->kind == BK_BACKEND_CPU ? BK_DEVICE_HOST : BK_DEVICE_CUDA(c->cfg.device);
-}
 const bki_backend *bki_ctx_backend(const bk_context *ctx) { return ctx->be; }
 const bk_context_config *bki_ctx_config(const bk_context *ctx) { return &ctx->cfg; }
 bk_backend bk_context_backend(const bk_context *ctx) { return ctx ? ctx->be->kind : BK_BACKEND_CPU; }
@@ -140,7 +148,7 @@ int bki_default_threads(void);
 
 int bki_ctx_threads(const bk_context *ctx)
 {
-    const int n = ctx->threads;
+    const int n = ctx->is_default ? *bki_default_threads_cell() : ctx->threads;
     return n > 0 ? n : bki_default_threads();
 }
 
@@ -150,12 +158,10 @@ bk_status bk_set_num_threads(int n)
 {
     if (n > 4096)
         return bki_fail(BK_ERR_PARAM, "bk_set_num_threads: n must be in [1, 4096] (or <= 0: the default), got %d", n);
-    g_default.threads = n > 0 ? n : 0;
+    *bki_default_threads_cell() = n > 0 ? n : 0;
     bki_clear_error();
     return BK_OK;
 }
-
-int bki_threads(void) { return bki_ctx_threads(bki_ctx()); }
 
 /* ---- a backend's kernels (bk_context_supports is the registry's: it knows
  * the operators' names, src/ops/registry.c) ---- */

@@ -26,7 +26,8 @@ void bki_clear_error(void);
  * only, never on the thread count; every GEMM runs single-threaded BLAS on
  * one tile; every cross-block reduction is summed in block order. So results
  * are bitwise identical for any thread count and any batch shape. */
-int  bki_threads(void);            /* the current context's thread count     */
+int  bki_threads(void);            /* the current context's thread count (its
+                                      own, else bki_default_threads)         */
 int  bki_cpus(void);               /* the CPUs of the affinity mask (read once) */
 int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the CPUs the
                                       process may use: the affinity mask,
@@ -36,7 +37,15 @@ int  bki_default_threads(void);    /* BIRKHOFF_NUM_THREADS, else the CPUs the
  * cpu.cfs_quota_us / cpu.cfs_period_us of the process's cgroup and of every
  * ancestor, the tightest. */
 int  bki_cpu_quota_from(const char *proc_cgroup, const char *root);
-int  bki_ctx_threads(const bk_context *ctx);
+int  bki_ctx_threads(const bk_context *ctx); /* src/backend/context.c */
+/* The calling thread's current context as the core sees it, told by
+ * bk_context_use and bk_context_free (src/backend/context.c), so that the
+ * core calls nothing above it: the context's thread-count cell (NULL: the
+ * default context's) and the memory it computes in (BK_DEVICE_*). */
+void bki_core_use(const _Atomic int *threads, int device);
+/* the default context's thread count (bk_set_num_threads; <= 0: the
+ * default), the library's one process-wide mutable value */
+_Atomic int *bki_default_threads_cell(void);
 /* Work threads for `problems` independent problems run one per thread:
  * min(threads, problems). */
 int bki_work_threads(int problems);
@@ -305,7 +314,7 @@ void bki_zero_rows(float *base, int64_t sn, int from, int N, int C);
  * released with bki_workspace_release; src/backend/context.c). */
 bk_status bki_workspace(void *ws, size_t ws_size, size_t need, const char *query_fn, void **owned, char **base);
 /* the memory the current context computes in: BK_DEVICE_HOST or
- * BK_DEVICE_CUDA(i) (src/backend/context.c) */
+ * BK_DEVICE_CUDA(i) (as bk_context_use told the core: threads.c) */
 int bki_ctx_device(void);
 void bki_workspace_release(void *owned);
 static inline char *bki_align_ptr(char *p)

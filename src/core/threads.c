@@ -1,5 +1,5 @@
-/* threads.c -- the parallel model: the default thread count (the current
- * context's count is src/backend/context.c's), the plan of a call's problems
+/* threads.c -- the parallel model: the default thread count and the current
+ * context's (as bk_context_use tells it: bki_core_use), the plan of a call's problems
  * over threads, the entry and exit of every parallel region (floating-point
  * mode, BLAS threads), the one problem runner, and the run-time choice of
  * the kernel instruction set. */
@@ -146,6 +146,27 @@ int bki_default_threads(void)
     cached = n;
     return n;
 }
+
+/* ---- the calling thread's current context, as bk_context_use tells it ---- */
+static _Atomic int g_default_threads;               /* the default context's count */
+static _Thread_local const _Atomic int *tl_threads; /* NULL: the default context   */
+static _Thread_local int tl_device;                 /* BK_DEVICE_HOST (0)          */
+
+void bki_core_use(const _Atomic int *threads, int device)
+{
+    tl_threads = threads;
+    tl_device = device;
+}
+
+_Atomic int *bki_default_threads_cell(void) { return &g_default_threads; }
+
+int bki_threads(void)
+{
+    const int n = *(tl_threads ? tl_threads : &g_default_threads);
+    return n > 0 ? n : bki_default_threads();
+}
+
+int bki_ctx_device(void) { return tl_device; }
 
 int bk_get_num_threads(void) { return bki_threads(); }
 

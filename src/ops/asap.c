@@ -362,7 +362,7 @@ static bk_status check(const bki_call *c)
 {
     const bk_asap_forward_config *ap = par_of(c);
     const bk_asap_layer *ly = ap->layer;
-    if (!c->d) /* the scalars alone (bk_op_config_check): the layer is checked with the shapes */
+    if (c->ws_mode == BKI_WS_SCALARS) /* the scalars alone (bk_op_config_check): the layer comes later */
         return ap->variant < BK_ASAP_AUTO || ap->variant > BK_ASAP_ROW
                    ? bki_fail(BK_ERR_PARAM, "unknown ASAP variant %d", (int)ap->variant)
                    : BK_OK;

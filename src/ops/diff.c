@@ -48,8 +48,6 @@ static bk_status check(const bki_call *c)
 {
     const bk_diff_config *p = par(c);
     const bk_attn_desc *d = c->d;
-    if (!d) /* the scalars alone (bk_op_config_check) */
-        return isfinite(p->scale) ? BK_OK : bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)p->scale);
     if (d->d % 2 != 0)
         return bki_fail(BK_ERR_SHAPE, "differential attention needs an even head dimension d (two halves), got %d",
                         d->d);

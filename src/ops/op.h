@@ -75,7 +75,9 @@ struct bki_call {
     bk_status bad_s;
     bk_status team_s;                /* a team's serial step, set by member 0  */
     int ws_mode;                     /* 1: a workspace-size query (check needs
-                                        the scalar parameters only)            */
+                                        the scalar parameters only); 2
+                                        (BKI_WS_SCALARS): bk_op_config_check,
+                                        d is a placeholder, no array is set    */
     int trusted;                     /* 1: q, k, v are the library's own
                                         activations (the model's): their
                                         shapes are checked, their values not
@@ -87,6 +89,7 @@ struct bki_call {
                                         own passes (op->finds_nonfinite)       */
 };
 
+#define BKI_WS_SCALARS 2
 /* a float array of a call's parameter-gradient outputs (op->pg_arrays) */
 typedef struct {
     const char *name;

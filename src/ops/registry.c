@@ -173,9 +173,11 @@ bk_status bk_op_config_check(const bk_op *op, const void *params)
     if (!op || !params) return bki_fail(BK_ERR_NULL, "bk_op_config_check: NULL operator or parameters");
     bk_status s = bki_cfg_check(params, in(op)->fields, in(op)->nfields, in(op)->name);
     if (s) return s;
-    /* the operator's own check without shapes, as a size query makes it */
-    bki_call c = bki_call_of(in(op), NULL, params);
-    c.ws_mode = 1;
+    /* the operator's own check as a size query makes it, on a placeholder
+     * problem (d = 2: even, as differential attention needs) */
+    static const bk_attn_desc one = {1, 1, 1, 1, 2, 1, NULL, NULL};
+    bki_call c = bki_call_of(in(op), &one, params);
+    c.ws_mode = BKI_WS_SCALARS;
     return in(op)->check(&c);
 }
 

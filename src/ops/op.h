@@ -158,8 +158,8 @@ typedef struct {
     unsigned kind;           /* BKI_ARR_*                                       */
     const char *shape_text;  /* "[H, r, d]" (messages, docs)                    */
     size_t offset;           /* IN, FILE: of its pointer in the parameter struct */
-    /* IN: the integer key set from the array's dimension dim_at (ESP's L from
-     * its slices' rows, LOT's r), or NULL */
+    /* IN: the integer (BKI_F_INT) key set from the array's dimension dim_at
+     * (ESP's L from its slices' rows, LOT's r), or NULL */
     const char *dim_key;
     int dim_at;
     /* its shape under the parameters for desc (IN: after dim_key is set;

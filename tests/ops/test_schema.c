@@ -220,6 +220,17 @@ static void test_arrays_bitwise(void)
         free(tp1);
         free(tp2);
     }
+    /* a shape that is not the schema's is refused, naming the array; the key its
+     * dimension set is put back */
+    {
+        const bk_op *op = bk_op_find("lot");
+        bk_lot_config p;
+        bk_op_config_default(op, &p);
+        int64_t bad[3] = {H, 5, D + 1};
+        th_check(bk_op_config_set_array(op, &p, &d, bk_op_array_find(op, "pivots"), Z, 3, bad) == BK_ERR_SHAPE &&
+                     strstr(bk_last_error(), "[H, r, d]") && p.r == 1 && !p.Z,
+                 "schema: a refused input leaves the parameters as they were", "%s; r = %d", bk_last_error(), p.r);
+    }
     /* a shape that is not the schema's is refused, naming the array */
     {
         const bk_op *op = bk_op_find("diff");

@@ -550,7 +550,7 @@ const bki_op bki_op_lot = {
     .par_size = sizeof(bk_lot_config), .par_default = lot_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
     .forward = forward, .backward = backward, .steps_ok = steps_ok, .finds_nonfinite = 1, .pg_arrays = pg_arrays,
-    .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer)",
+    .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer, Shahbazi et al. 2025)",
     .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = NB(lot_bench),
     .arrays = lot_arrays, .narrays = NB(lot_arrays), .run_arrays = lot_run_arrays,
 };

@@ -217,14 +217,16 @@ int bk_op_array_shape(const bk_op *op, int i, const bk_attn_desc *desc, const vo
 static void shape_text(char *buf, size_t cap, int rank, const int64_t *dims)
 {
     size_t n = (size_t)snprintf(buf, cap, "[");
-    for (int j = 0; j < rank && n < cap; j++) n += (size_t)snprintf(buf + n, cap - n, j ? ", %lld" : "%lld", (long long)dims[j]);
+    for (int j = 0; j < rank && n < cap; j++)
+        n += (size_t)snprintf(buf + n, cap - n, j ? ", %lld" : "%lld", (long long)dims[j]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
 bk_status bk_op_config_set_array(const bk_op *op, void *params, const bk_attn_desc *desc, int i, const float *data,
                                  int rank, const int64_t *dims)
 {
-    if (!op || !params || !desc || !data || !dims) return bki_fail(BK_ERR_NULL, "bk_op_config_set_array: NULL argument");
+    if (!op || !params || !desc || !data || !dims)
+        return bki_fail(BK_ERR_NULL, "bk_op_config_set_array: NULL argument");
     if (i < 0 || i >= in(op)->narrays || (in(op)->arrays[i].kind & (BKI_ARR_IN | BKI_ARR_FILE)) != BKI_ARR_IN)
         return bki_fail(BK_ERR_PARAM, "%s: array %d is not an input array", in(op)->name, i);
     const bki_array *a = &in(op)->arrays[i];

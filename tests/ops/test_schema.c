@@ -81,8 +81,8 @@ static void check_fields(const bk_op *op, void *par, float *zeros)
             th_check(s != BK_OK, "schema: a range is never stricter than the operator's check()",
                      "%s.%s = %.9g (outside %s) passes check()", o->name, f->name, out[k], p.range);
             /* the setter: a value clearly outside (a float denormal would be refused as not finite) */
-            const double far = f->type == BKI_F_FLOAT ? out[k] + (out[k] < f->hi ? -1e-3 : 1e-3) * fmax(1.0, fabs(out[k]))
-                                                      : out[k];
+            const double step = (out[k] < f->hi ? -1e-3 : 1e-3) * fmax(1.0, fabs(out[k]));
+            const double far = f->type == BKI_F_FLOAT ? out[k] + step : out[k];
             char text[64];
             snprintf(text, sizeof text, f->type == BKI_F_FLOAT ? "%.9g" : "%.0f", far);
             bk_op_config_default(op, par);

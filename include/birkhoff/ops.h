@@ -133,7 +133,9 @@ BK_API int bk_op_array_shape(const bk_op *op, int i, const bk_attn_desc *desc, c
  * caller until the last call with params). An input with a dim_key sets
  * that key from its dimension first (range-checked: BK_ERR_PARAM); then the
  * dims must equal bk_op_array_shape (desc->B, H, d are read): BK_ERR_SHAPE
- * naming the array, its shape in words, the expected and the given dims. */
+ * naming the array, its shape in words, the expected and the given dims
+ * (params as before the call). BK_ERR_PARAM for an array that is not an
+ * input (or a file input). */
 BK_API bk_status bk_op_config_set_array(const bk_op *op, void *params, const bk_attn_desc *desc, int i,
                                         const float *data, int rank, const int64_t *dims);
 /* A file input (BK_OP_ARRAY_FILE, e.g. ASAP's compiled layer): reads path

@@ -69,7 +69,10 @@ typedef struct bki_call {
     bk_status bad_s;
     bk_status team_s;                /* a team's serial step, set by member 0  */
     int ws_mode;                     /* 1: a workspace-size query (check needs
-                                        the scalar parameters only)            */
+                                        the scalar parameters only); 2
+                                        (BKI_WS_SCALARS, op.h):
+                                        bk_op_config_check, d is a
+                                        placeholder, no array is set           */
     int trusted;                     /* 1: q, k, v are the library's own
                                         activations (the model's): their
                                         shapes are checked, their values not

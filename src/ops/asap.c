@@ -362,7 +362,7 @@ static bk_status check(const bki_call *c)
 {
     const bk_asap_forward_config *ap = par_of(c);
     const bk_asap_layer *ly = ap->layer;
-    if (!c->d) /* the scalars alone (bk_op_config_check): the layer is checked with the shapes */
+    if (c->ws_mode == BKI_WS_SCALARS) /* the scalars alone (bk_op_config_check): the layer comes later */
         return ap->variant < BK_ASAP_AUTO || ap->variant > BK_ASAP_ROW
                    ? bki_fail(BK_ERR_PARAM, "unknown ASAP variant %d", (int)ap->variant)
                    : BK_OK;
@@ -560,7 +560,8 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 
 enum { A_LAYER, A_DIAG }; /* the arrays' indices */
 static const bki_array arrays[] = {
-    [A_LAYER] = {.name = "layer", .doc = "compiled layer F.asap from `birkhoff asap calibrate` (it fixes scale, eps, the slices)",
+    [A_LAYER] = {.name = "layer",
+     .doc = "compiled layer F.asap from `birkhoff asap calibrate` (it fixes scale, eps, the slices)",
      .kind = BKI_ARR_IN | BKI_ARR_FILE | BKI_ARR_REQUIRED, .shape_text = "F.asap",
      .offset = offsetof(bk_asap_forward_config, layer), .load = layer_load, .release = layer_release},
     [A_DIAG] = {.name = "diag", .doc = "per problem: half-steps (1, 2 or 3), max |row sum - 1|, max |col sum - 1|",
@@ -596,7 +597,8 @@ const bki_op bki_op_asap = {
     .name = "asap", .id = 5, .par_name = "bk_asap_forward_config", .fields = fields, .nfields = NB(fields),
     .par_size = sizeof(bk_asap_forward_config), .par_default = par_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .forward = forward,
-    .doc = "ASAP: Sinkhorn attention compiled to one closure step from a fitted sliced dual (inference only)",
+    .doc = "ASAP: Sinkhorn attention compiled to one closure step from a fitted sliced dual (Tran, Milkert, "
+           "Hyde 2026; inference only)",
     .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .arrays = arrays, .narrays = NB(arrays),
     .run_arrays = run_arrays, .presets = presets, .npresets = NB(presets),
 };

@@ -48,8 +48,6 @@ static bk_status check(const bki_call *c)
 {
     const bk_diff_config *p = par(c);
     const bk_attn_desc *d = c->d;
-    if (!d) /* the scalars alone (bk_op_config_check) */
-        return isfinite(p->scale) ? BK_OK : bki_fail(BK_ERR_PARAM, "scale must be finite, got %g", (double)p->scale);
     if (d->d % 2 != 0)
         return bki_fail(BK_ERR_SHAPE, "differential attention needs an even head dimension d (two halves), got %d",
                         d->d);
@@ -284,10 +282,12 @@ static int lambda_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 
 enum { A_LAMBDA, A_DLAMBDA }; /* the arrays' indices */
 static const bki_array diff_arrays[] = {
-    [A_LAMBDA] = {.name = "lambda", .doc = "per-head lambda (any sign): O = (softmax(s Q1 K1^T) - lambda softmax(s Q2 K2^T)) V",
+    [A_LAMBDA] = {.name = "lambda",
+     .doc = "per-head lambda (any sign): O = (softmax(s Q1 K1^T) - lambda softmax(s Q2 K2^T)) V",
      .kind = BKI_ARR_IN | BKI_ARR_REQUIRED, .shape_text = "[H]", .offset = offsetof(bk_diff_config, lambda),
      .shape = lambda_shape},
-    [A_DLAMBDA] = {.name = "dlambda", .doc = "dL/dlambda, summed over the batch", .kind = BKI_ARR_BWD, .shape_text = "[H]",
+    [A_DLAMBDA] = {.name = "dlambda", .doc = "dL/dlambda, summed over the batch",
+     .kind = BKI_ARR_BWD, .shape_text = "[H]",
      .shape = lambda_shape},
 };
 

@@ -495,7 +495,8 @@ static int diag_shape(const void *par, const bk_attn_desc *d, int64_t dims[4])
 
 enum { A_PIVOTS, A_LOGITS, A_DIAG, A_DPIVOTS, A_DLOGITS }; /* the arrays' indices */
 static const bki_array lot_arrays[] = {
-    [A_PIVOTS] = {.name = "pivots", .doc = "pivot locations Z (shared over the batch); sets r", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
+    [A_PIVOTS] = {.name = "pivots", .doc = "pivot locations Z (shared over the batch); sets r",
+     .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
      .shape_text = "[H, r, d]", .offset = offsetof(bk_lot_config, Z), .dim_key = "r", .dim_at = 1, .shape = z_shape},
     [A_LOGITS] = {.name = "pivot_logits", .doc = "pivot-mass logits theta", .kind = BKI_ARR_IN | BKI_ARR_REQUIRED,
      .shape_text = "[H, r]", .offset = offsetof(bk_lot_config, theta), .shape = theta_shape},
@@ -504,7 +505,8 @@ static const bki_array lot_arrays[] = {
      .kind = BKI_ARR_FWD | BKI_ARR_HOST, .shape_text = "[B, H, 4]", .shape = diag_shape},
     [A_DPIVOTS] = {.name = "dpivots", .doc = "gradient w.r.t. the pivots, summed over the batch", .kind = BKI_ARR_BWD,
      .shape_text = "[H, r, d]", .shape = z_shape},
-    [A_DLOGITS] = {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch", .kind = BKI_ARR_BWD,
+    [A_DLOGITS] = {.name = "dpivot_logits", .doc = "gradient w.r.t. the pivot logits, summed over the batch",
+     .kind = BKI_ARR_BWD,
      .shape_text = "[H, r]", .shape = theta_shape},
 };
 
@@ -550,7 +552,8 @@ const bki_op bki_op_lot = {
     .par_size = sizeof(bk_lot_config), .par_default = lot_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
     .forward = forward, .backward = backward, .steps_ok = steps_ok, .finds_nonfinite = 1, .pg_arrays = pg_arrays,
-    .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer)",
+    .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer, "
+           "Shahbazi et al. 2025)",
     .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = NB(lot_bench),
     .arrays = lot_arrays, .narrays = NB(lot_arrays), .run_arrays = lot_run_arrays,
 };

@@ -30,6 +30,7 @@ typedef struct bki_op bki_op;
  * call (bki_call) are ../backend/call.h's: a backend's kernels read them
  * without this header. */
 
+#define BKI_WS_SCALARS 2
 /* a float array of a call's parameter-gradient outputs (op->pg_arrays) */
 typedef struct {
     const char *name;
@@ -98,8 +99,8 @@ typedef struct {
     unsigned kind;           /* BKI_ARR_*                                       */
     const char *shape_text;  /* "[H, r, d]" (messages, docs)                    */
     size_t offset;           /* IN, FILE: of its pointer in the parameter struct */
-    /* IN: the integer key set from the array's dimension dim_at (ESP's L from
-     * its slices' rows, LOT's r), or NULL */
+    /* IN: the integer (BKI_F_INT) key set from the array's dimension dim_at
+     * (ESP's L from its slices' rows, LOT's r), or NULL */
     const char *dim_key;
     int dim_at;
     /* its shape under the parameters for desc (IN: after dim_key is set;

@@ -178,9 +178,11 @@ bk_status bk_op_config_check(const bk_op *op, const void *params)
     if (!op || !params) return bki_fail(BK_ERR_NULL, "bk_op_config_check: NULL operator or parameters");
     bk_status s = bki_cfg_check(params, in(op)->fields, in(op)->nfields, in(op)->name);
     if (s) return s;
-    /* the operator's own check without shapes, as a size query makes it */
-    bki_call c = bki_call_of(in(op), NULL, params);
-    c.ws_mode = 1;
+    /* the operator's own check as a size query makes it, on a placeholder
+     * problem (d = 2: even, as differential attention needs) */
+    static const bk_attn_desc one = {1, 1, 1, 1, 2, 1, NULL, NULL};
+    bki_call c = bki_call_of(in(op), &one, params);
+    c.ws_mode = BKI_WS_SCALARS;
     return in(op)->check(&c);
 }
 
@@ -220,20 +222,29 @@ int bk_op_array_shape(const bk_op *op, int i, const bk_attn_desc *desc, const vo
 static void shape_text(char *buf, size_t cap, int rank, const int64_t *dims)
 {
     size_t n = (size_t)snprintf(buf, cap, "[");
-    for (int j = 0; j < rank && n < cap; j++) n += (size_t)snprintf(buf + n, cap - n, j ? ", %lld" : "%lld", (long long)dims[j]);
+    for (int j = 0; j < rank && n < cap; j++)
+        n += (size_t)snprintf(buf + n, cap - n, j ? ", %lld" : "%lld", (long long)dims[j]);
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
 bk_status bk_op_config_set_array(const bk_op *op, void *params, const bk_attn_desc *desc, int i, const float *data,
                                  int rank, const int64_t *dims)
 {
-    if (!op || !params || !desc || !data || !dims) return bki_fail(BK_ERR_NULL, "bk_op_config_set_array: NULL argument");
+    if (!op || !params || !desc || !data || !dims)
+        return bki_fail(BK_ERR_NULL, "bk_op_config_set_array: NULL argument");
     if (i < 0 || i >= in(op)->narrays || (in(op)->arrays[i].kind & (BKI_ARR_IN | BKI_ARR_FILE)) != BKI_ARR_IN)
         return bki_fail(BK_ERR_PARAM, "%s: array %d is not an input array", in(op)->name, i);
     const bki_array *a = &in(op)->arrays[i];
+    if (rank < 1 || rank > 4 || rank <= a->dim_at)
+        return bki_fail(BK_ERR_SHAPE, "%s: %s must be a float32 array %s", in(op)->name, a->name, a->shape_text);
+    const bki_field *key = NULL;
+    int64_t old = 0; /* the dim_key's value, put back when the shape is refused */
     if (a->dim_key) { /* the array's dimension sets its key (range-checked) */
+        for (int k = 0; k < in(op)->nfields; k++)
+            if (strcmp(in(op)->fields[k].name, a->dim_key) == 0) key = &in(op)->fields[k];
+        if (!key || key->type != BKI_F_INT) return bki_fail(BK_ERR_PARAM, "%s: bad array table", in(op)->name);
+        old = *(const int *)(const void *)((const char *)params + key->offset);
         char v[32];
-        if (rank <= a->dim_at) return bki_fail(BK_ERR_SHAPE, "%s: %s must be a float32 array %s", in(op)->name, a->name, a->shape_text);
         snprintf(v, sizeof v, "%lld", (long long)dims[a->dim_at]);
         bk_status s = bki_cfg_set(params, in(op)->fields, in(op)->nfields, in(op)->name, a->dim_key, v);
         if (s) return s;
@@ -246,6 +257,7 @@ bk_status bk_op_config_set_array(const bk_op *op, void *params, const bk_attn_de
         char w[96], g[96];
         shape_text(w, sizeof w, wr, want);
         shape_text(g, sizeof g, rank, dims);
+        if (key) *(int *)(void *)((char *)params + key->offset) = (int)old;
         return bki_fail(BK_ERR_SHAPE, "%s: %s must be a float32 array %s = %s, got %s", in(op)->name, a->name,
                         a->shape_text, w, g);
     }

@@ -81,8 +81,8 @@ static void check_fields(const bk_op *op, void *par, float *zeros)
             th_check(s != BK_OK, "schema: a range is never stricter than the operator's check()",
                      "%s.%s = %.9g (outside %s) passes check()", o->name, f->name, out[k], p.range);
             /* the setter: a value clearly outside (a float denormal would be refused as not finite) */
-            const double far = f->type == BKI_F_FLOAT ? out[k] + (out[k] < f->hi ? -1e-3 : 1e-3) * fmax(1.0, fabs(out[k]))
-                                                      : out[k];
+            const double step = (out[k] < f->hi ? -1e-3 : 1e-3) * fmax(1.0, fabs(out[k]));
+            const double far = f->type == BKI_F_FLOAT ? out[k] + step : out[k];
             char text[64];
             snprintf(text, sizeof text, f->type == BKI_F_FLOAT ? "%.9g" : "%.0f", far);
             bk_op_config_default(op, par);
@@ -219,6 +219,17 @@ static void test_arrays_bitwise(void)
                  "%s", bk_last_error());
         free(tp1);
         free(tp2);
+    }
+    /* a shape that is not the schema's is refused, naming the array; the key its
+     * dimension set is put back */
+    {
+        const bk_op *op = bk_op_find("lot");
+        bk_lot_config p;
+        bk_op_config_default(op, &p);
+        int64_t bad[3] = {H, 5, D + 1};
+        th_check(bk_op_config_set_array(op, &p, &d, bk_op_array_find(op, "pivots"), Z, 3, bad) == BK_ERR_SHAPE &&
+                     strstr(bk_last_error(), "[H, r, d]") && p.r == 1 && !p.Z,
+                 "schema: a refused input leaves the parameters as they were", "%s; r = %d", bk_last_error(), p.r);
     }
     /* a shape that is not the schema's is refused, naming the array */
     {

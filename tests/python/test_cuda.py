@@ -299,7 +299,7 @@ def test_f32_vs_cpu():
         ql, kl = [12, 7], [15, 10]
         qd, kd, vd = (x.to(DEV, dtype) for x in (q, k, v))
         pr = _core.Problem(bt.TorchAdapter, qd, kd, vd, ql, kl, "bhnd")
-        res = _core.sinkhorn_forward(pr, _core.sinkhorn_params(iters=5), False, True, True)
+        res = _core.sinkhorn_op(iters=5, outputs=("f", "g")).forward(pr, False, True)
         ref = bk.sinkhorn(*(rounded(x, dtype).numpy() for x in (q, k, v)), q_len=ql, k_len=kl, iters=5, attn=True,
                           potentials=True)
         tol = TOL_OUT32 if dtype == torch.float32 else TOL_LOW
@@ -309,9 +309,9 @@ def test_f32_vs_cpu():
         close(res["attn"], torch.from_numpy(ref.attn), tol, tag + ": attn")
         close(res["f"], torch.from_numpy(ref.f), tol, tag + ": f")
         close(res["g"], torch.from_numpy(ref.g), tol, tag + ": g")
-        raises(ValueError, lambda: _core.sinkhorn_forward(pr, _core.sinkhorn_params(), False, False, False, True),
+        raises(ValueError, lambda: _core.sinkhorn_op(outputs=("diag",)).forward(pr, False, False),
                tag + ": diag on a device -> ValueError")
-        res = _core.softmax_forward(pr, _core.softmax_params(), True)
+        res = _core.softmax_op().forward(pr, True)
         check(isinstance(res["tape"], torch.Tensor) and res["tape"].device == DEV and res["tape"].dtype == torch.uint8,
               tag + ": the tape is a uint8 tensor on the device")
 

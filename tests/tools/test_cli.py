@@ -232,6 +232,48 @@ doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 block = doc[doc.index("<!-- BEGIN generated"):].split("\n", 1)[1].split("<!-- END generated -->")[0]
 check(rc == 0 and out == block, "docs/OPERATORS.md's table is current (scripts/gen_operators_md.sh)",
       "differs from `birkhoff attn --list --markdown`")
+# every registered operator runs through `birkhoff attn` from its registration alone (its required input
+# arrays made from the schema's shapes, every output array asked for), bitwise as the Python bindings' generic
+# path: an operator registered later is covered with no edit here or in the CLI
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import birkhoff as bkpy  # noqa: E402
+from birkhoff import _core as bkcore, _lib as bklib  # noqa: E402
+for name in bkpy.operators():
+    sc = bkcore.schema(name)
+    if any(a["kind"] & bklib.OP_ARRAY_FILE and a["kind"] & bklib.OP_ARRAY_REQUIRED for a in sc["arrays"]):
+        continue   # a file input (asap's layer): tested above
+    reg = bkcore.Registered(name, {})
+    desc = bklib.AttnDesc(B, H, Nq, Nk, d, dv, None, None)
+    args = ["attn", "--op", name, "--q", P("q.npy"), "--k", P("k.npy"), "--v", P("v.npy"), "--q-len", P("ql.npy"),
+            "--k-len", P("kl.npy"), "--out", P("g_%s_o.npy" % name)]
+    kw, outs = {}, {}
+    for j, a in enumerate(sc["arrays"]):
+        flag = "--" + a["name"].replace("_", "-")
+        if a["kind"] & bklib.OP_ARRAY_IN:
+            if a["kind"] & bklib.OP_ARRAY_REQUIRED:
+                x = rng.standard_normal(reg.shape(j, desc)).astype("<f4") * 0.5
+                np.save(P("g_%s_%s.npy" % (name, a["name"])), x)
+                args += [flag, P("g_%s_%s.npy" % (name, a["name"]))]
+                kw[a["name"]] = x
+        elif not a["kind"] & bklib.OP_ARRAY_BWD or sc["backward"]:
+            outs[a["name"]] = P("g_%s_%s.npy" % (name, a["name"]))
+            args += [flag, outs[a["name"]]]
+    if sc["backward"]:
+        args += ["--dout", P("do.npy"), "--dq", P("g_%s_dq.npy" % name)]
+    rc, out = run(*args)
+    ok = rc == 0
+    if ok:
+        ref = bkpy.attention(name, *(np.load(P(f)) for f in ("q.npy", "k.npy", "v.npy")), q_len=[5, 2], k_len=[3, 7],
+                             **kw, **{o: True for o in outs if not sc["arrays"][reg._array(o)]["kind"] & bklib.OP_ARRAY_BWD})
+        ok = np.array_equal(np.load(P("g_%s_o.npy" % name)), ref.out) and all(
+            np.array_equal(np.load(outs[o]), ref[o]) for o in outs if o in ref)
+        if sc["backward"]:
+            g = bkpy.attention_backward(name, *(np.load(P(f)) for f in ("q.npy", "k.npy", "v.npy", "do.npy")),
+                                        ref.tape, q_len=[5, 2], k_len=[3, 7], **kw)
+            ok = ok and np.array_equal(np.load(P("g_%s_dq.npy" % name)), g[0])
+    check(ok, "attn --op %s from its registration alone (every output array; == birkhoff.attention bitwise)" % name,
+          out)
+
 rc, out = run("bench", "--cases", "2:3", "--no-peer")
 check(rc == 2, "bench rejects malformed --cases", out)
 rc, out = run("bench", "--cases", "2:16:8:3", "--op", "sinkhorn", "--no-peer", "--reps", "3", "--json")

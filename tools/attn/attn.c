@@ -427,12 +427,14 @@ static int load_qkv(const attn_common *c, attn_data *x, bk_attn_desc *desc)
     const bk_npy *K = &x->K, *V = &x->V;
     if (!shape_is(K, B, H, Nk, d)) {
         fprintf(stderr, "birkhoff attn: K has shape [%lld,%lld,%lld,%lld], expected [%d,%d,Nk,%d] to match Q\n",
-                (long long)K->shape[0], (long long)K->shape[1], (long long)K->shape[2], (long long)K->shape[3], B, H, d);
+                (long long)K->shape[0], (long long)K->shape[1], (long long)K->shape[2], (long long)K->shape[3], B, H,
+                d);
         return 0;
     }
     if (!shape_is(V, B, H, Nk, dv)) {
         fprintf(stderr, "birkhoff attn: V has shape [%lld,%lld,%lld,%lld], expected [%d,%d,%d,dv] to match K\n",
-                (long long)V->shape[0], (long long)V->shape[1], (long long)V->shape[2], (long long)V->shape[3], B, H, Nk);
+                (long long)V->shape[0], (long long)V->shape[1], (long long)V->shape[2], (long long)V->shape[3], B, H,
+                Nk);
         return 0;
     }
     if (c->qlen && !cli_load_len("attn", "--q-len", c->qlen, B, &x->QL)) return 0;

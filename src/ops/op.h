@@ -30,7 +30,10 @@ typedef struct bki_op bki_op;
  * call (bki_call) are ../backend/call.h's: a backend's kernels read them
  * without this header. */
 
+/* bki_call.ws_mode of bk_op_config_check: the scalars alone, on a
+ * placeholder problem (no array set) */
 #define BKI_WS_SCALARS 2
+
 /* a float array of a call's parameter-gradient outputs (op->pg_arrays) */
 typedef struct {
     const char *name;

@@ -77,6 +77,7 @@ static const bki_field performer_fields[] = {
 };
 #define NPERFORMER_FIELDS ((int)(sizeof performer_fields / sizeof performer_fields[0]))
 
+extern const bki_op bki_op_performer; /* defined at the end of this file */
 static int is_performer(const bki_call *c) { return c->op == &bki_op_performer; }
 static const bk_linear_config *lin(const bki_call *c) { return c->par; }
 static const bk_performer_config *perf(const bki_call *c) { return c->par; }

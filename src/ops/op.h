@@ -275,6 +275,4 @@ static inline bk_status bki_call_backward(const bki_op *op, const bk_attn_desc *
 const bki_op *bki_op_find(const char *name);
 extern const bki_op bki_op_softmax, bki_op_sinkhorn, bki_op_unbalanced, bki_op_esp, bki_op_lot, bki_op_asap,
     bki_op_diff;
-extern const bki_op bki_op_linear, bki_op_performer; /* linear.c */
-extern const bki_op bki_op_nystrom; /* nystrom.c */
 #endif

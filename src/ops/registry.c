@@ -10,18 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const bki_op *const ops[] = {
-    &bki_op_softmax,
-    &bki_op_sinkhorn,
-    &bki_op_unbalanced,
-    &bki_op_esp,
-    &bki_op_asap,
-    &bki_op_lot,
-    &bki_op_diff,
-    &bki_op_linear,
-    &bki_op_performer,
-    &bki_op_nystrom,
-};
+/* THE list: one line an operator, NAME for the bki_op_NAME its own file
+ * defines (registry order: the kinds' indices, bk_attn_kind) */
+#define BKI_OPERATORS(X)                                                                                             \
+    X(softmax)                                                                                                       \
+    X(sinkhorn)                                                                                                      \
+    X(unbalanced)                                                                                                    \
+    X(esp)                                                                                                           \
+    X(asap)                                                                                                          \
+    X(lot)                                                                                                           \
+    X(diff)                                                                                                          \
+    X(linear)                                                                                                        \
+    X(performer)                                                                                                     \
+    X(nystrom)
+
+#define BKI_DECLARE(n) extern const bki_op bki_op_##n;
+BKI_OPERATORS(BKI_DECLARE)
+#define BKI_ENTRY(n) &bki_op_##n,
+static const bki_op *const ops[] = {BKI_OPERATORS(BKI_ENTRY)};
 enum { NOPS = (int)(sizeof ops / sizeof ops[0]) };
 
 /* bk_op is the public name of a registry entry: a bki_op */

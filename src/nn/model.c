@@ -1,6 +1,7 @@
 /* model.c -- the transformer classifier of the training engine
- * (docs/MODEL.md): configuration, parameter table, planned activations,
- * forward and exact backward over the library's attention operators. */
+ * (docs/MODEL.md): parameter table, planned activations, forward and exact
+ * backward over the library's attention operators (the configuration is
+ * config.c's, the attention sites attn_layer.c's). */
 #include "model_impl.h"
 #include "../ops/op.h"
 #include "../core/vexp.h"
@@ -11,323 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------------------ */
-/* configuration                                                            */
-/* ------------------------------------------------------------------------ */
-static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
-static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
-static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", "pma", NULL};
-/* bk_set_block's values in order */
-static const char *const SET_BLOCK_NAMES[] = {"sab", "isab", NULL};
-/* bk_asap_variant's values in order */
-static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row", NULL};
-static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
-/* bk_cls_attn's values in order */
-static const char *const CLS_ATTN_NAMES[] = {"full", "softmax", "pol", NULL};
-/* bk_lot_learn's values in order */
-static const char *const LOT_LEARN_NAMES[] = {"both", "z", "none", NULL};
-/* bk_otk_pe's values in order */
-static const char *const OTK_PE_NAMES[] = {"none", "1d", "2d", NULL};
-
-#define F(field, ty) {.name = #field, .type = ty, .offset = offsetof(bk_model_config, field), .names = NULL, .list_len = 0}
-#define E(field, nm) {.name = #field, .type = BKI_F_ENUM, .offset = offsetof(bk_model_config, field), .names = nm, .list_len = 0}
-static const bki_field MODEL_FIELDS[] = {
-    E(input, INPUT_NAMES),        F(channels, BKI_F_INT),    F(image_h, BKI_F_INT),      F(image_w, BKI_F_INT),
-    F(patch, BKI_F_INT),          F(vocab, BKI_F_INT),       F(max_len, BKI_F_INT),      F(point_dim, BKI_F_INT),
-    F(max_points, BKI_F_INT),     F(dim, BKI_F_INT),         F(depth, BKI_F_INT),        F(heads, BKI_F_INT),
-    F(head_dim, BKI_F_INT),       F(mlp_dim, BKI_F_INT),     F(cls, BKI_F_INT),          F(pos_embed, BKI_F_INT),
-    F(final_norm, BKI_F_INT),     F(qkv_bias, BKI_F_INT),    E(pool, POOL_NAMES),        F(classes, BKI_F_INT),
-    F(dropout, BKI_F_FLOAT),      F(ln_eps, BKI_F_FLOAT),    E(attn, ATTN_NAMES),        F(attn_scale, BKI_F_FLOAT),
-    F(sk_iters, BKI_F_INT),       F(sk_eps, BKI_F_FLOAT),    F(sk_rho, BKI_F_FLOAT),     F(esp_soft, BKI_F_INT),
-    F(esp_t, BKI_F_FLOAT),
-    F(esp_tau, BKI_F_FLOAT),      F(esp_slices, BKI_F_INT),  F(lot_r, BKI_F_INT),        F(lot_iters, BKI_F_INT),
-    F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
-    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   F(otk_anchors, BKI_F_INT),  F(otk_sigma, BKI_F_FLOAT),
-    F(otk_eta, BKI_F_FLOAT),      E(otk_pe, OTK_PE_NAMES),   F(otk_sigma_pos, BKI_F_FLOAT),
-    E(arch, ARCH_NAMES),          F(dec_depth, BKI_F_INT),
-    F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
-    F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
-    F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
-    E(lot_learn, LOT_LEARN_NAMES),
-    E(set_block, SET_BLOCK_NAMES), F(set_inducing, BKI_F_INT), F(pma_seeds, BKI_F_INT),   E(pma_attn, ATTN_NAMES),
-};
-#undef F
-#undef E
-#define NFIELDS ((int)(sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0]))
-
-bk_model_config bk_model_config_default(void)
-{
-    bk_model_config c;
-    memset(&c, 0, sizeof c);
-    c.input = BK_INPUT_IMAGE;
-    c.channels = 1;
-    c.image_h = c.image_w = 28;
-    c.patch = 4;
-    c.vocab = 256;
-    c.max_len = 128;
-    c.point_dim = 3;
-    c.max_points = 64;
-    c.dim = 64;
-    c.depth = 2;
-    c.heads = 4;
-    c.mlp_dim = 128;
-    c.cls = c.pos_embed = c.final_norm = 1;
-    c.pool = BK_POOL_CLS;
-    c.classes = 10;
-    c.ln_eps = 1e-5f;
-    c.attn = BK_ATTN_SOFTMAX;
-    c.sk_iters = 5;
-    c.sk_eps = 1.0f;
-    c.sk_rho = 10.0f;
-    c.esp_soft = 1;
-    c.esp_t = 1e-3f;
-    c.esp_tau = 1.0f;
-    c.lot_r = 8;
-    c.lot_iters = 5;
-    c.lot_eps = 1.0f;
-    c.lot_temp = 1.0f;
-    c.otk_refs = 1;
-    c.otk_supports = 4;
-    c.otk_iters = 20; /* half-steps: 10 iterations */
-    c.otk_eps = 0.5f;
-    c.otk_sigma = 0.5f;      /* the paper's bandwidth (SCOP, SST-2)          */
-    c.otk_eta = 1e-2f;       /* the reference code's regulariser             */
-    c.otk_pe = BK_OTK_PE_NONE;
-    c.otk_sigma_pos = 0.1f;  /* bk_otk_config_default's                      */
-    c.arch = BK_ARCH_CLASSIFIER;
-    c.dec_depth = 2;
-    c.tgt_max_len = 128;
-    c.cross_attn = BK_ATTN_SOFTMAX;
-    c.bos = 1;
-    c.eos = 2;
-    c.cls_attn = BK_CLS_FULL;
-    c.pol_ps = 2.0f;
-    c.pol_po = 1.0f;
-    c.dwc_kernel = 3;
-    c.set_block = BK_SET_SAB;
-    c.set_inducing = 16;
-    c.pma_seeds = 1;
-    c.pma_attn = BK_ATTN_SOFTMAX;
-    return c;
-}
-
-const char *bk_attn_kind_name(bk_attn_kind k)
-{
-    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?";
-}
-
-bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value)
-{
-    return bki_cfg_set(c, MODEL_FIELDS, NFIELDS, "model config", key, value);
-}
-bk_status bk_model_config_parse(bk_model_config *c, const char *text)
-{
-    return bki_cfg_parse(c, MODEL_FIELDS, NFIELDS, "model config", text);
-}
-size_t bk_model_config_format(const bk_model_config *c, char *buf, size_t cap)
-{
-    return bki_cfg_format(c, MODEL_FIELDS, NFIELDS, buf, cap);
-}
-
-#define NEED(cond, ...)                                                                                            \
-    do {                                                                                                           \
-        if (!(cond)) return bki_fail(BK_ERR_PARAM, "model config: " __VA_ARGS__);                                  \
-    } while (0)
-
-/* the attention kinds a cross-attention site takes (rectangular problems;
- * LOT's pivots and diff's lambda are self-attention parameters) */
-static int cross_kind_ok(bk_attn_kind k)
-{
-    return k == BK_ATTN_SOFTMAX || k == BK_ATTN_SINKHORN || k == BK_ATTN_UNBALANCED || k == BK_ATTN_ESP;
-}
-static const char *attn_name(bk_attn_kind k) { return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?"; }
-
-/* the Set Transformer keys (set_block, set_inducing, pool = pma, pma_seeds,
- * pma_attn) */
-static bk_status set_check(const bk_model_config *c)
-{
-    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    if (c->set_block == BK_SET_ISAB) {
-        NEED(!s2s, "set_block=isab is a block of the classifier (arch=seq2seq has encoder blocks)");
-        NEED(c->set_inducing >= 1, "set_block=isab needs set_inducing >= 1 inducing points (got %d)", c->set_inducing);
-        NEED(cross_kind_ok(c->attn),
-             "set_block=isab: attn=%s; an ISAB block's attentions are rectangular cross-attentions (inducing points "
-             "x set, set x inducing points), which take softmax, sinkhorn, unbalanced or esp (%s)",
-             attn_name(c->attn),
-             c->attn == BK_ATTN_ASAP ? "compiled layers are fitted to square self-attention"
-                                     : "LOT's pivots and diff's lambda are self-attention parameters");
-        NEED(c->cls_attn == BK_CLS_FULL && !c->dwc,
-             "set_block=isab takes cls_attn=full and dwc=0 (the [CLS] row and the DWC branch are self-attention "
-             "ingredients)");
-    }
-    if (!s2s && c->pool == BK_POOL_PMA) {
-        NEED(c->pma_seeds >= 1, "pool=pma needs pma_seeds >= 1 (got %d)", c->pma_seeds);
-        NEED(cross_kind_ok(c->pma_attn),
-             "pma_attn=%s: the PMA's attention (seeds x set) takes softmax, sinkhorn, unbalanced or esp",
-             attn_name(c->pma_attn));
-    }
-    return BK_OK;
-}
-
-bk_status bk_model_config_check(const bk_model_config *c)
-{
-    if (!c) return bki_fail(BK_ERR_NULL, "model config: NULL");
-    NEED(c->input >= BK_INPUT_IMAGE && c->input <= BK_INPUT_POINTS, "unknown input kind %d", (int)c->input);
-    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_DIFF, "unknown attention type %d", (int)c->attn);
-    NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_PMA, "unknown pooling %d", (int)c->pool);
-    NEED(c->set_block == BK_SET_SAB || c->set_block == BK_SET_ISAB, "unknown set_block %d", (int)c->set_block);
-    NEED(c->pma_attn >= BK_ATTN_SOFTMAX && c->pma_attn <= BK_ATTN_DIFF, "unknown pma_attn %d", (int)c->pma_attn);
-    if (c->input == BK_INPUT_IMAGE) {
-        NEED(c->channels >= 1 && c->image_h >= 1 && c->image_w >= 1, "image sizes must be >= 1 (channels=%d, %dx%d)",
-             c->channels, c->image_h, c->image_w);
-        NEED(c->patch >= 1, "patch must be >= 1 (got %d)", c->patch);
-        NEED(c->image_h % c->patch == 0 && c->image_w % c->patch == 0,
-             "patch size %d does not divide the %dx%d image", c->patch, c->image_h, c->image_w);
-    } else if (c->input == BK_INPUT_TOKENS) {
-        NEED(c->vocab >= 1 && c->max_len >= 1, "vocab and max_len must be >= 1 (got %d, %d)", c->vocab, c->max_len);
-    } else {
-        NEED(c->point_dim >= 1 && c->max_points >= 1, "point_dim and max_points must be >= 1 (got %d, %d)",
-             c->point_dim, c->max_points);
-    }
-    NEED(c->dim >= 1 && c->depth >= 0 && c->depth <= 4096 && c->heads >= 1, "dim >= 1, depth in [0, 4096], heads >= 1 required");
-    NEED(c->head_dim > 0 || c->dim % c->heads == 0, "heads (%d) do not divide dim (%d); set head_dim explicitly",
-         c->heads, c->dim);
-    NEED(c->head_dim >= 0 && c->mlp_dim >= 0, "head_dim and mlp_dim must be >= 0");
-    NEED(c->arch == BK_ARCH_CLASSIFIER || c->arch == BK_ARCH_SEQ2SEQ, "unknown arch %d", (int)c->arch);
-    NEED(c->asap_ending >= BK_ASAP_AUTO && c->asap_ending <= BK_ASAP_ROW, "unknown asap_ending %d",
-         (int)c->asap_ending);
-    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    NEED((c->cls | c->pos_embed | c->final_norm | c->qkv_bias | c->esp_soft | c->post_ln) >= 0 && c->cls <= 1 &&
-             c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1 && c->post_ln <= 1,
-         "cls, final_norm, qkv_bias, esp_soft and post_ln are 0/1 switches");
-    NEED(c->pos_embed <= (s2s ? 2 : 1), "pos_embed must be 0 (none), 1 (learned)%s (got %d)",
-         s2s ? " or 2 (sinusoidal)" : "; sinusoidal positions (2) are for arch=seq2seq", c->pos_embed);
-    if (s2s) {
-        NEED(c->input == BK_INPUT_TOKENS, "arch=seq2seq needs input=tokens");
-        NEED(c->dec_depth >= 1 && c->dec_depth <= 4096, "arch=seq2seq needs dec_depth in [1, 4096] (got %d)",
-             c->dec_depth);
-        NEED(c->tgt_max_len >= 1 && c->tgt_max_len <= (1 << 20), "tgt_max_len must be in [1, 2^20] (got %d)",
-             c->tgt_max_len);
-        NEED(c->bos >= 0 && c->bos < c->vocab && c->eos >= 0 && c->eos < c->vocab,
-             "bos (%d) and eos (%d) must be ids of the vocabulary [0, %d)", c->bos, c->eos, c->vocab);
-        NEED(c->attn != BK_ATTN_ASAP, "arch=seq2seq: ASAP compilation is for classifier models");
-        NEED(c->cross_attn == BK_ATTN_SOFTMAX || c->cross_attn == BK_ATTN_SINKHORN ||
-                 c->cross_attn == BK_ATTN_UNBALANCED || c->cross_attn == BK_ATTN_ESP,
-             "cross_attn=%s: the cross-attention takes softmax, sinkhorn, unbalanced or esp (LOT's pivots and "
-             "diff's lambda are per-block parameters of self-attention layers)",
-             c->cross_attn >= BK_ATTN_SOFTMAX && c->cross_attn <= BK_ATTN_DIFF ? ATTN_NAMES[c->cross_attn] : "?");
-    } else {
-        NEED(c->classes >= 2, "classes must be >= 2 (got %d)", c->classes);
-        NEED(!c->post_ln, "post_ln=1 is implemented for arch=seq2seq only (the classifier is pre-LN)");
-    }
-    {
-        /* sizes whose products are ints in the model: bounded (a config is
-         * also untrusted input, e.g. from a checkpoint's metadata) */
-        const int64_t L = 1 << 24, dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
-        const int64_t np = c->input == BK_INPUT_IMAGE ? (int64_t)(c->image_h / c->patch) * (c->image_w / c->patch)
-                           : c->input == BK_INPUT_TOKENS ? c->max_len
-                                                         : c->max_points;
-        const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
-        NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
-                 feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
-                 c->otk_refs <= L && c->otk_supports <= L && (int64_t)c->otk_refs * c->otk_supports <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->otk_anchors <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->otk_anchors <= L &&
-                 (int64_t)c->otk_anchors * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
-                 c->set_inducing <= L && (int64_t)c->pma_seeds * c->dim <= L,
-             "model sizes too large (each size and product of sizes must stay below 2^24)");
-    }
-    NEED(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
-    NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
-    NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
-    NEED(s2s || c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
-    const int pma = !s2s && c->pool == BK_POOL_PMA;
-    const int uses_sk = c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
-                        (s2s && (c->cross_attn == BK_ATTN_SINKHORN || c->cross_attn == BK_ATTN_UNBALANCED)) ||
-                        (pma && (c->pma_attn == BK_ATTN_SINKHORN || c->pma_attn == BK_ATTN_UNBALANCED));
-    const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP) ||
-                         (pma && c->pma_attn == BK_ATTN_ESP);
-    /* (a model without Sinkhorn keeps sk_iters for a swap and ASAP's teacher) */
-    NEED(c->sk_iters >= 0 && c->sk_iters <= (1 << 20), "sk_iters must be in [0, 2^20] (got %d)", c->sk_iters);
-    if (uses_sk)
-        NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
-             "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
-    if (c->attn == BK_ATTN_UNBALANCED || (s2s && c->cross_attn == BK_ATTN_UNBALANCED) ||
-        (pma && c->pma_attn == BK_ATTN_UNBALANCED))
-        NEED(c->sk_rho > 0.0f, "unbalanced Sinkhorn needs sk_rho > 0 (got %g)", (double)c->sk_rho);
-    NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
-             c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
-         "LOT/OTK/ESP sizes must be >= 0 and iteration counts <= 2^20");
-    if (uses_esp)
-        NEED(c->esp_t > 0.0f && c->esp_tau >= 0.0f && c->esp_slices >= 0, "ESP needs esp_t > 0, esp_tau >= 0, esp_slices >= 0");
-    if (c->attn == BK_ATTN_LOT)
-        NEED(c->lot_r >= 1 && c->lot_iters >= 1 && c->lot_eps > 0.0f && c->lot_temp > 0.0f,
-             "LOT needs lot_r, lot_iters >= 1 and lot_eps, lot_temp > 0");
-    if (c->attn == BK_ATTN_DIFF) {
-        const int dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
-        NEED(dh % 2 == 0,
-             "attn=diff needs an even head dimension (the two halves of q and k give the two maps); head_dim is %d "
-             "(set head_dim, or dim and heads, so that it is even)",
-             dh);
-    }
-    NEED(c->cls_attn >= BK_CLS_FULL && c->cls_attn <= BK_CLS_POL, "unknown cls_attn %d", (int)c->cls_attn);
-    NEED(c->lot_learn >= BK_LOT_LEARN_BOTH && c->lot_learn <= BK_LOT_LEARN_NONE, "unknown lot_learn %d", (int)c->lot_learn);
-    if (c->cls_attn != BK_CLS_FULL) {
-        const char *cn = CLS_ATTN_NAMES[c->cls_attn];
-        NEED(!s2s, "cls_attn=%s is the classifier's [CLS] row (an encoder-decoder has no [CLS] token)", cn);
-        NEED(c->cls, "cls_attn=%s needs the [CLS] token (cls=1)", cn);
-        NEED(c->attn == BK_ATTN_SOFTMAX || c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
-                 c->attn == BK_ATTN_ESP || c->attn == BK_ATTN_LOT,
-             "cls_attn=%s takes attn softmax, sinkhorn, unbalanced, esp or lot (attn=%s: %s)", cn,
-             ATTN_NAMES[c->attn],
-             c->attn == BK_ATTN_DIFF ? "its per-head norm and lambda are defined on whole attention rows"
-                                     : "compiled layers are calibrated on the model's own rows");
-    }
-    if (c->cls_attn == BK_CLS_POL)
-        NEED(c->pol_ps >= 1.0f && c->pol_ps <= 16.0f && c->pol_po >= 1.0f && c->pol_po <= 16.0f,
-             "cls_attn=pol needs pol_ps and pol_po in [1, 16] (got %g, %g; a power below 1 has an unbounded "
-             "derivative at 0)",
-             (double)c->pol_ps, (double)c->pol_po);
-    NEED(c->dwc == 0 || c->dwc == 1, "dwc is a 0/1 switch (got %d; the kernel size is dwc_kernel)", c->dwc);
-    if (c->dwc) {
-        NEED(!s2s && c->input == BK_INPUT_IMAGE,
-             "dwc=1 convolves over the patch grid: it needs input=image and arch=classifier");
-        NEED(c->dwc_kernel >= 1 && c->dwc_kernel <= 63 && c->dwc_kernel % 2 == 1,
-             "dwc_kernel must be odd and in [1, 63] (got %d)", c->dwc_kernel);
-    }
-    NEED(c->otk_pe >= BK_OTK_PE_NONE && c->otk_pe <= BK_OTK_PE_2D, "unknown otk_pe %d", (int)c->otk_pe);
-    NEED(c->otk_anchors >= 0 && c->otk_anchors <= 4096,
-         "otk_anchors must be in [0, 4096] (0: identity feature map; got %d)", c->otk_anchors);
-    if (!s2s && c->pool == BK_POOL_OTK) {
-        NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
-                 c->otk_eps > 0.0f && isfinite(c->otk_eps),
-             "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
-             "iterations) and otk_eps > 0");
-        if (c->otk_anchors > 0)
-            NEED(c->otk_sigma > 0.0f && isfinite(c->otk_sigma) && c->otk_eta >= 0.0f && isfinite(c->otk_eta),
-                 "otk_anchors=%d (Nystrom map) needs otk_sigma > 0 and otk_eta >= 0 (got %g, %g)", c->otk_anchors,
-                 (double)c->otk_sigma, (double)c->otk_eta);
-        if (c->otk_pe != BK_OTK_PE_NONE)
-            NEED(c->otk_sigma_pos > 0.0f && isfinite(c->otk_sigma_pos),
-                 "otk_pe=%s needs otk_sigma_pos > 0 (got %g)", OTK_PE_NAMES[c->otk_pe], (double)c->otk_sigma_pos);
-        if (c->otk_pe == BK_OTK_PE_2D) {
-            const int s = (int)lround(sqrt((double)c->otk_supports));
-            NEED(c->input == BK_INPUT_IMAGE,
-                 "otk_pe=2d weighs the image's patch grid: it needs input=image (otk_pe=1d orders a sequence)");
-            NEED(!c->cls,
-                 "otk_pe=2d pools the patch grid only: set cls=0 (the [CLS] token has no place on the grid)");
-            NEED(s * s == c->otk_supports,
-                 "otk_pe=2d puts the supports on a square grid: otk_supports must be a square (got %d)",
-                 c->otk_supports);
-        }
-    } else {
-        NEED(c->otk_anchors == 0 && c->otk_pe == BK_OTK_PE_NONE,
-             "otk_anchors and otk_pe configure pool=otk (this model has %s)",
-             s2s ? "arch=seq2seq" : POOL_NAMES[c->pool]);
-    }
-    return set_check(c);
-}
 
 /* ------------------------------------------------------------------------ */
 /* the model                                                                */
@@ -343,6 +27,8 @@ static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, in
     p->count = s0 * (ndim > 1 ? s1 : 1) * (ndim > 2 ? s2 : 1);
     p->off = m->P;
     p->decay = decay;
+    p->init = -1;
+    p->init_sd = 0.0;
     m->P += p->count;
     return p->off;
 }
@@ -350,7 +36,7 @@ static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, in
 /* the tensors of block l (index into bo; decoder blocks after the encoder's)
  * under prefix ("blocks.3.", "enc.blocks.0.", "dec.blocks.1."): self-
  * attention of kind `kind`, the cross-attention when dec */
-static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind, int dec)
+static void add_block(bk_model *m, int l, const char *prefix, int dec)
 {
     const bk_model_config *c = &m->c;
     const int D = c->dim, I = m->I;
@@ -366,15 +52,18 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
     P(ln1_b, "ln1.bias", 1, D, 0, 0, 0);
     P(qkv_w, "attn.qkv.weight", 2, 3 * I, D, 0, 1);
     if (c->qkv_bias) P(qkv_b, "attn.qkv.bias", 1, 3 * I, 0, 0, 0);
-    if (kind == BK_ATTN_LOT) {
-        P(lot_z, "attn.lot_z", 3, c->heads, c->lot_r, m->dh, 0);
-        P(lot_t, "attn.lot_theta", 2, c->heads, c->lot_r, 0, 0);
-    }
-    if (kind == BK_ATTN_DIFF) {
-        P(dl_q1, "attn.diff_lq1", 1, m->dh / 2, 0, 0, 0);
-        P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
-        P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
-        P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
+    if (!dec) { /* the self-attention operator's learned arrays, its layer's tensors */
+        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
+        const int n = bki_attn_tensors(c, m->dh, at);
+        for (int i = 0; i < n; i++) {
+            const bki_attn_tensor *t = &at[i];
+            snprintf(nm, sizeof nm, "%.20s%.43s", prefix, t->name);
+            const int64_t off = add_param(m, nm, t->ndim, t->dims[0], t->dims[1], t->dims[2], 0);
+            m->tab[m->nparam - 1].init = t->init;
+            m->tab[m->nparam - 1].init_sd = t->sd;
+            if (t->slot < BKI_MAX_LEARNED) o->lrn[t->slot] = off;
+            else o->ext[t->slot - BKI_MAX_LEARNED] = off;
+        }
     }
     if (c->dwc && !dec) {
         P(dwc_w, "attn.dwc.weight", 3, m->dh, c->dwc_kernel, c->dwc_kernel, 1);
@@ -408,9 +97,9 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
  * with set_block = isab each ISAB's second MAB, mab1: the set attends to H),
  * [depth, 2 depth) the ISABs' first MABs (mab0: the inducing points attend
  * to the set), then the PMA (pool = pma). */
-static int is_isab(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->set_block == BK_SET_ISAB; }
-static int has_pma(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->pool == BK_POOL_PMA; }
-static int pma_unit(const bk_model_config *c) { return c->depth * (is_isab(c) ? 2 : 1); }
+#define is_isab bki_is_isab
+#define has_pma bki_has_pma
+#define pma_unit bki_pma_unit
 /* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
  * or the classifier's set units */
 static int block_count(const bk_model_config *c)
@@ -511,7 +200,7 @@ static void build_table_s2s(bk_model *m)
     }
     for (int l = 0; l < c->depth; l++) {
         snprintf(pre, sizeof pre, "enc.blocks.%d.", l);
-        add_block(m, l, pre, c->attn, 0);
+        add_block(m, l, pre, 0);
     }
     if (c->final_norm) {
         m->nrm_w = add_param(m, "enc.norm.weight", 1, D, 0, 0, 0);
@@ -519,7 +208,7 @@ static void build_table_s2s(bk_model *m)
     }
     for (int j = 0; j < c->dec_depth; j++) {
         snprintf(pre, sizeof pre, "dec.blocks.%d.", j);
-        add_block(m, c->depth + j, pre, BK_ATTN_SOFTMAX, 1);
+        add_block(m, c->depth + j, pre, 1);
     }
     if (c->final_norm) {
         m->dnrm_w = add_param(m, "dec.norm.weight", 1, D, 0, 0, 0);
@@ -557,7 +246,7 @@ static void build_table(bk_model *m)
             continue;
         }
         snprintf(pre, sizeof pre, "blocks.%d.", l);
-        add_block(m, l, pre, c->attn, 0);
+        add_block(m, l, pre, 0);
     }
     if (c->final_norm) {
         m->nrm_w = add_param(m, "norm.weight", 1, D, 0, 0, 0);
@@ -611,12 +300,10 @@ static void init_params(bk_model *m)
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
         } else if (strcmp(n, "cls") == 0 || strcmp(n, "pos") == 0 || strcmp(n, "embed.table") == 0) {
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.02 * gauss(&s));
-        } else if (ENDS("lot_z")) {
-            for (int64_t j = 0; j < p->count; j++) w[j] = (float)gauss(&s);
-        } else if (ENDS("lot_theta")) {
+        } else if (p->init == BKI_INIT_NORMAL) { /* an attention tensor (bki_attn_tensors) */
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(p->init_sd * gauss(&s));
+        } else if (p->init == BKI_INIT_ZERO) {
             for (int64_t j = 0; j < p->count; j++) w[j] = 0.0f;
-        } else if (ENDS("diff_lq1") || ENDS("diff_lk1") || ENDS("diff_lq2") || ENDS("diff_lk2")) {
-            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.1 * gauss(&s)); /* the paper's N(0, 0.1^2) */
         } else if (ENDS("dwc.weight") || ENDS("dwc.bias")) {
             /* PyTorch's Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k */
             const double bound = 1.0 / (double)m->c.dwc_kernel;
@@ -643,19 +330,6 @@ static void init_params(bk_model *m)
     }
 }
 
-/* operator workspace: grown only when a larger size is asked for (first
- * use, or a thread count raised after creation) */
-static bk_status ensure_ws(bk_model *m, size_t need)
-{
-    if (need <= m->ws_cap) return BK_OK;
-    void *p = bk_alloc(need); /* (the old contents are not needed) */
-    if (!p) return bki_fail(BK_ERR_NOMEM, "model: workspace of %zu bytes", need);
-    free(m->ws);
-    m->ws = p;
-    m->ws_cap = need;
-    return BK_OK;
-}
-
 static bk_attn_desc attn_desc(const bk_model *m, int B)
 {
     bk_attn_desc d = {B, m->c.heads, m->T, m->T, m->dh, m->dh, m->nb, m->nb};
@@ -666,42 +340,6 @@ static bk_otk_desc otk_desc(const bk_model *m, int B)
 {
     bk_otk_desc d = {B, m->T, m->c.dim, m->c.otk_refs, m->c.otk_supports, m->otk_k, m->nb};
     return d;
-}
-
-static bk_sinkhorn_config sk_params(const bk_model *m)
-{
-    bk_sinkhorn_config p = bk_sinkhorn_config_default();
-    p.scale = m->c.attn_scale;
-    p.eps = m->c.sk_eps;
-    p.iters = m->c.sk_iters;
-    return p;
-}
-
-/* cross: the cross-attention of decoder block l (its own slices and seed) */
-static bk_esp_config esp_params(const bk_model *m, int l, int cross)
-{
-    bk_esp_config p = bk_esp_config_default();
-    p.sort = m->c.esp_soft ? BK_ESP_SOFT : BK_ESP_HARD;
-    p.t = m->c.esp_t;
-    p.tau = m->c.esp_tau;
-    p.scale = m->c.attn_scale;
-    p.L = m->c.esp_slices;
-    p.theta = m->c.esp_slices > 0 ? (cross ? m->ba[l].cesp_theta : m->ba[l].esp_theta) : NULL;
-    p.seed = (cross ? 2000u : 1000u) + (uint64_t)l;
-    return p;
-}
-
-static bk_lot_config lot_params(const bk_model *m, int l)
-{
-    bk_lot_config p = bk_lot_config_default();
-    p.r = m->c.lot_r;
-    p.Z = m->w + m->bo[l].lot_z;
-    p.theta = m->w + m->bo[l].lot_t;
-    p.temp = m->c.lot_temp;
-    p.iters = m->c.lot_iters;
-    p.eps = m->c.lot_eps;
-    p.scale = m->c.attn_scale;
-    return p;
 }
 
 /* the OTK pool's operator parameters: log domain, the paper's convention
@@ -723,114 +361,6 @@ static bk_otk_config otk_params(const bk_model *m)
         p.grid_w = c->image_w / c->patch;
     }
     return p;
-}
-
-/* ---- the attention operators, through the registry ------------------------
- * A model's attention kind names a registered operator (src/ops/registry.c)
- * and says how the model's configuration fills that operator's parameter
- * struct; everything else (workspace, tape, forward, backward) is the
- * operator framework's generic call. A kind with parameters learned by the
- * model (LOT's pivots) also says where their gradients go. */
-typedef union {
-    bk_softmax_config softmax;
-    bk_sinkhorn_config sinkhorn;
-    bk_unbalanced_config unbalanced;
-    bk_esp_config esp;
-    bk_lot_config lot;
-    bk_asap_forward_config asap;
-    bk_diff_config diff;
-} attn_par;
-
-/* where an operator runs: the block (index into bo/ba), cross-attention or
- * self-attention, causal (the decoder's self-attention: softmax only) */
-typedef struct {
-    int l, cross, causal;
-} attn_site;
-
-static void softmax_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->softmax = bk_softmax_config_default();
-    p->softmax.scale = m->c.attn_scale;
-    p->softmax.causal = s.causal;
-}
-static void sinkhorn_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    (void)s;
-    p->sinkhorn = sk_params(m);
-}
-static void unbalanced_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    (void)s;
-    p->unbalanced = bk_unbalanced_config_default();
-    p->unbalanced.scale = m->c.attn_scale;
-    p->unbalanced.eps = m->c.sk_eps;
-    p->unbalanced.iters = m->c.sk_iters;
-    p->unbalanced.rho = m->c.sk_rho;
-}
-static void esp_fill(const bk_model *m, attn_site s, attn_par *p) { p->esp = esp_params(m, s.l, s.cross); }
-static void lot_fill(const bk_model *m, attn_site s, attn_par *p) { p->lot = lot_params(m, s.l); }
-static void asap_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->asap.layer = m->ba[s.l].asap;
-    p->asap.variant = m->c.asap_ending;
-}
-
-/* diff: lambda is the block's [H] array (diff_set_lambda fills it before
- * each call; a size query reads no array) */
-static void diff_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->diff = bk_diff_config_default();
-    p->diff.scale = m->c.attn_scale;
-    p->diff.lambda = m->ba[s.l].lam;
-}
-
-/* The layer's own work around the operator, for the kinds that learn
- * parameters of the operator (LOT's pivots, diff's lambda vectors) or
- * post-process its output (diff's per-head norm); NULL hooks do nothing.
- * fwd_pre may redirect the operator's output, bwd_pre its upstream
- * gradient; pgrads gives the operator's parameter-gradient outputs (lg: the
- * storage LOT's take), bwd_post adds them into the model's gradients. */
-typedef struct {
-    void (*fwd_pre)(bk_model *m, int l, bk_tensor *o);
-    void (*fwd_post)(bk_model *m, int l, int B);
-    void (*bwd_pre)(bk_model *m, int l, int B, bk_tensor *dout);
-    void *(*pgrads)(bk_model *m, bki_lot_grads *lg);
-    void (*bwd_post)(bk_model *m, int l);
-} attn_hooks;
-
-typedef struct {
-    const char *op;                                     /* registry name */
-    void (*fill)(const bk_model *m, attn_site s, attn_par *p); /* config -> params */
-    const attn_hooks *hooks;                            /* NULL: the operator alone */
-} attn_kind;
-
-static void *lot_pgrads(bk_model *m, bki_lot_grads *lg);
-static void lot_bwd_post(bk_model *m, int l);
-static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o);
-static void diff_fwd_post(bk_model *m, int l, int B);
-static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout);
-static void *diff_pgrads(bk_model *m, bki_lot_grads *lg);
-static void diff_lambda_bwd(bk_model *m, int l);
-static const attn_hooks LOT_HOOKS = {NULL, NULL, NULL, lot_pgrads, lot_bwd_post};
-static const attn_hooks DIFF_HOOKS = {diff_fwd_pre, diff_fwd_post, diff_bwd_pre, diff_pgrads, diff_lambda_bwd};
-
-/* indexed by bk_attn_kind (ATTN_NAMES above lists the same kinds) */
-static const attn_kind ATTN_KINDS[] = {
-    [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, NULL},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, NULL},
-    [BK_ATTN_ESP] = {"esp", esp_fill, NULL},               [BK_ATTN_LOT] = {"lot", lot_fill, &LOT_HOOKS},
-    [BK_ATTN_ASAP] = {"asap", asap_fill, NULL},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, NULL},
-    [BK_ATTN_DIFF] = {"diff", diff_fill, &DIFF_HOOKS},
-};
-
-/* the attention kind at a site: the model's attn (self-attention of the
- * classifier and the encoder, the ISAB blocks' attentions), softmax (the
- * decoder's causal self-attention), cross_attn (the decoder's cross-
- * attention), pma_attn (the PMA) */
-static bk_attn_kind site_kind(const bk_model *m, attn_site s)
-{
-    if (!s.cross) return s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
-    if (m->c.arch == BK_ARCH_SEQ2SEQ) return m->c.cross_attn;
-    return has_pma(&m->c) && s.l == pma_unit(&m->c) ? m->c.pma_attn : m->c.attn;
 }
 
 /* The cross-attention of unit L (a decoder block, a MAB unit): Nq queries
@@ -862,34 +392,6 @@ static bk_status pma_fwd(bk_model *m, int B, int train);
 static bk_status pma_bwd(bk_model *m, int B);
 static attn_site self_site(int l) { return (attn_site){l, 0, 0}; }
 
-/* a generic call of the operator at a site (par: its storage) */
-static bki_call attn_call_at(const bk_model *m, const bk_attn_desc *d, attn_site s, attn_par *par)
-{
-    const attn_kind *k = &ATTN_KINDS[site_kind(m, s)];
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = bki_op_find(k->op);
-    c.d = d;
-    k->fill(m, s, par);
-    c.par = par;
-    return c;
-}
-
-static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, attn_site s)
-{
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    return bki_op_workspace_size(&c);
-}
-
-/* a tape for training (operators without a backward need none) */
-static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, attn_site s)
-{
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    return c.op->backward ? bki_op_tape_size_query(&c) : 0;
-}
-
 
 void bk_model_free(bk_model *m)
 {
@@ -912,7 +414,6 @@ void bk_model_free(bk_model *m)
             free(a->f1);
             free(a->g1);
             free(a->tape);
-            free(a->esp_theta);
             free(a->draw);
             free(a->drs);
             free(a->lam);
@@ -924,7 +425,6 @@ void bk_model_free(bk_model *m)
             free(a->cq);
             free(a->ckv);
             free(a->catt);
-            free(a->cesp_theta);
             free(a->ctape);
             free(a->lnk);
             free(a->muk);
@@ -942,7 +442,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->kbuf, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->kbuf, m->lgrad[0], m->lgrad[1], m->lgrad[2], m->lgrad[3], m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss,
                     m->dY, m->dXs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -1017,19 +517,11 @@ static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
         }
     }
     const attn_site site = {u, 1, 0};
-    if (site_kind(m, site) == BK_ATTN_ESP && c->esp_slices > 0) {
-        a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, z);
-        if (!z->bad && !z->measure) {
-            bk_esp_config ep = esp_params(m, u, 1);
-            ep.theta = NULL;
-            bk_esp_slices(&ep, m->dh, a->cesp_theta);
-        }
-    }
     if (z->bad) return;
     const bk_attn_desc d = cross_desc_max(m, u);
-    a->ctape_cap = attn_tape(m, &d, site);
+    a->ctape_cap = bki_attn_tape(m, &d, site);
     if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
-    const size_t w1 = attn_ws(m, &d, site);
+    const size_t w1 = bki_attn_ws(m, &d, site);
     if (w1 > *wsz) *wsz = w1;
 }
 
@@ -1136,9 +628,11 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
+    bki_attn_tensor at_[BKI_MAX_ATTN_TENSORS];
+    const int nat = bki_attn_tensors(c, m->dh, at_);
     const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
-                          : (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
-                                                                                LOT's two; DWC's kernel, bias) */
+                          : 12 + (nat > 2 ? nat : 2) + 2 * c->dwc; /* (the attention's tensors, counted as at
+                                                                     least 2; DWC's kernel, bias) */
     /* (outside the blocks at most 12: embed.fc1/fc2 weights and biases, cls,
      * pos, norm weight and bias, pool.otk_w, pool.otk_z, head weight and bias) */
     const int tensors = 12 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
@@ -1225,39 +719,23 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
             a->cq = falloc((size_t)(Rd * I), &z);
             a->ckv = falloc((size_t)(R * 2 * I), &z);
             a->catt = falloc((size_t)(Rd * I), &z);
-            if (c->cross_attn == BK_ATTN_ESP && c->esp_slices > 0) {
-                a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
-                if (!z.bad && !measure) {
-                    bk_esp_config ep = esp_params(m, l, 1);
-                    ep.theta = NULL;
-                    bk_esp_slices(&ep, m->dh, a->cesp_theta);
-                }
-            }
-        }
-        if (!dec && c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
-            a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
-            if (!z.bad && !measure) {
-                bk_esp_config ep = esp_params(m, l, 0);
-                ep.theta = NULL;
-                bk_esp_slices(&ep, m->dh, a->esp_theta);
-            }
         }
         if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)R * (size_t)c->heads, &z);
-        if (!dec && c->attn == BK_ATTN_DIFF) {
+        if (!dec && (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS)) {
             a->draw = falloc((size_t)(R * I), &z);
             a->drs = falloc((size_t)R * (size_t)c->heads, &z);
             a->lam = falloc((size_t)c->heads, &z);
         }
         if (z.bad) break;
         const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
-        a->tape_cap = attn_tape(m, dec ? &dd : &ad, self);
+        a->tape_cap = bki_attn_tape(m, dec ? &dd : &ad, self);
         if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
-        size_t w1 = attn_ws(m, dec ? &dd : &ad, self);
+        size_t w1 = bki_attn_ws(m, dec ? &dd : &ad, self);
         if (w1 > wsz) wsz = w1;
         if (dec) {
-            a->ctape_cap = attn_tape(m, &cd, cross);
+            a->ctape_cap = bki_attn_tape(m, &cd, cross);
             if (a->ctape_cap) a->ctape = zalloc(&z, a->ctape_cap, 1);
-            w1 = attn_ws(m, &cd, cross);
+            w1 = bki_attn_ws(m, &cd, cross);
             if (w1 > wsz) wsz = w1;
         }
     }
@@ -1299,11 +777,19 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->dk = falloc((size_t)(Rx * I), &z);
     m->dv = falloc((size_t)(Rx * I), &z);
     m->dM = falloc((size_t)(Rx * (M > D ? M : D)), &z);
-    const size_t ztmp = (size_t)c->heads * (size_t)c->lot_r * (size_t)m->dh;
     const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
-    m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
+    m->dZtmp = falloc(otmp, &z);
+    { /* the learned arrays' gradients of a block (the tensors of block 0) */
+        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
+        const int n = c->depth > 0 ? bki_attn_tensors(c, m->dh, at) : 0;
+        for (int i = 0; i < n; i++)
+            if (at[i].slot < BKI_MAX_LEARNED) {
+                const int64_t cnt = at[i].dims[0] * (at[i].ndim > 1 ? at[i].dims[1] : 1) * (at[i].ndim > 2 ? at[i].dims[2] : 1);
+                m->lgrad_n[at[i].slot] = cnt;
+                m->lgrad[at[i].slot] = falloc((size_t)cnt, &z);
+            }
+    }
     if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, &z);
-    m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
     { /* the Linear weight gradients' K split: the largest out x in of the
        * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
         const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
@@ -1311,7 +797,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
         m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
     }
-    if (c->attn == BK_ATTN_DIFF) {
+    if (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS) {
         m->dO = falloc((size_t)(R * I), &z);
         m->dlam = falloc((size_t)c->heads, &z);
     }
@@ -1321,7 +807,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         *out = m;
         return BK_OK;
     }
-    if ((st = ensure_ws(m, wsz))) return bk_model_free(m), st;
+    if ((st = bki_model_ensure_ws(m, wsz))) return bk_model_free(m), st;
     *out = m;
     return BK_OK;
 }
@@ -1382,7 +868,8 @@ void bk_model_zero_grad(bk_model *m)
 bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 {
     if (!m || !asap) return bki_fail(BK_ERR_NULL, "bk_model_set_asap: NULL argument");
-    if (m->c.attn != BK_ATTN_ASAP) return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: the model's attention is not asap");
+    if (!(bki_attn_layer_flags(m->c.attn) & BKI_LAYER_HOLDS))
+        return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: the model's attention is not asap");
     if (layer < 0 || layer >= m->c.depth)
         return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: layer %d outside [0, %d)", layer, m->c.depth);
     if (asap->d != m->dh)
@@ -1406,44 +893,46 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
     }
     m->ba[layer].asap = cp;
     size_t need =
-        attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, self_site(layer));
-    return ensure_ws(m, need);
+        bki_attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, self_site(layer));
+    return bki_model_ensure_ws(m, need);
 }
 
 /* ------------------------------------------------------------------------ */
 /* changing the attention of a model: in place, or swapped into a new one   */
 /* ------------------------------------------------------------------------ */
-/* the attention keys: what a swap may change (the rest of the configuration
- * fixes the parameter table of everything but the attention) */
-static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
-                                        "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
-                                        "lot_iters", "lot_eps",  "lot_temp", "cls_attn", "pol_ps",
-                                        "pol_po",   "lot_learn", "pma_attn", NULL};
-/* the attention keys that keep the parameter table and the fixed ESP slices:
- * what bk_model_set_attn_config may change in place */
-static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
-                                           "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp",
-                                           "asap_ending", "pol_ps", "pol_po", "lot_learn", NULL};
+/* the attention keys: what a swap may change besides the sites' kinds and
+ * their operators' parameters (the rest of the configuration fixes the
+ * parameter table of everything but the attention) */
+static const char *const SWAP_KEYS[] = {"attn_scale", "cls_attn", "pol_ps", "pol_po", "lot_learn", NULL};
+/* what bk_model_set_attn_config may change in place besides the sites'
+ * parameters (under the same kinds, with the learned arrays' shapes kept) */
+static const char *const INPLACE_KEYS[] = {"attn_scale", "pol_ps", "pol_po", "lot_learn", NULL};
 
-static int key_in(const char *key, size_t n, const char *const *list)
+/* The first key (in the text form's order) in which a and b differ once
+ * b's keys in allowed are a's, and with sites = 1 the sites' parameters
+ * (sites = 2: and their kinds), copied into key; 0 when there is none. */
+static int config_diff(const bk_model_config *a, const bk_model_config *b, const char *const *allowed, int sites,
+                       char *key, size_t cap)
 {
-    for (int i = 0; list[i]; i++)
-        if (strlen(list[i]) == n && !strncmp(list[i], key, n)) return 1;
-    return 0;
-}
-
-/* The first key (in the text form's order) in which a and b differ and that
- * is not in allowed, copied into key; 0 when there is none. */
-static int config_diff(const bk_model_config *a, const bk_model_config *b, const char *const *allowed, char *key,
-                       size_t cap)
-{
-    char ta[4096], tb[4096];
+    bk_model_config t = *b;
+    char v[128];
+    for (int i = 0; allowed[i]; i++)
+        if (bk_model_config_get(a, allowed[i], v, sizeof v)) (void)bk_model_config_set(&t, allowed[i], v);
+    if (sites == 2) {
+        t.attn = a->attn;
+        t.cross_attn = a->cross_attn;
+        t.pma_attn = a->pma_attn;
+    }
+    if (sites && t.attn == a->attn) t.attn_par = a->attn_par;
+    if (sites && t.cross_attn == a->cross_attn) t.cross_par = a->cross_par;
+    if (sites && t.pma_attn == a->pma_attn) t.pma_par = a->pma_par;
+    bki_clear_error();
+    char ta[8192], tb[8192];
     bk_model_config_format(a, ta, sizeof ta);
-    bk_model_config_format(b, tb, sizeof tb);
-    /* both texts list the same keys in the same order, one per line */
-    for (const char *p = ta, *q = tb; *p && *q;) {
+    bk_model_config_format(&t, tb, sizeof tb);
+    for (const char *p = ta, *q = tb; *p || *q;) {
         const size_t lp = strcspn(p, "\n"), lq = strcspn(q, "\n"), k = strcspn(p, "=");
-        if ((lp != lq || strncmp(p, q, lp)) && !key_in(p, k, allowed)) {
+        if (lp != lq || strncmp(p, q, lp)) {
             snprintf(key, cap, "%.*s", (int)k, p);
             return 1;
         }
@@ -1453,18 +942,34 @@ static int config_diff(const bk_model_config *a, const bk_model_config *b, const
     return 0;
 }
 
+/* the block attention tensors of a and b have the same names and shapes */
+static int same_attn_tensors(const bk_model_config *a, const bk_model_config *b, int dh)
+{
+    bki_attn_tensor ta[BKI_MAX_ATTN_TENSORS], tb[BKI_MAX_ATTN_TENSORS];
+    const int na = bki_attn_tensors(a, dh, ta), nb = bki_attn_tensors(b, dh, tb);
+    if (na != nb) return 0;
+    for (int i = 0; i < na; i++)
+        if (strcmp(ta[i].name, tb[i].name) || ta[i].ndim != tb[i].ndim || memcmp(ta[i].dims, tb[i].dims, sizeof ta[i].dims))
+            return 0;
+    return 1;
+}
+
 bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
 {
     if (!m || !c) return bki_fail(BK_ERR_NULL, "bk_model_set_attn_config: NULL argument");
     bk_status st = bk_model_config_check(c);
     if (st) return st;
     char key[64];
-    if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
+    if (config_diff(&m->c, c, INPLACE_KEYS, 1, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau, "
-                        "lot_iters/lot_eps/lot_temp/lot_learn, asap_ending and pol_ps/pol_po may change (bk_model_swap changes "
-                        "the attention kind and cls_attn)",
+                        "bk_model_set_attn_config: %s differs; in place only attn_scale, the sites' operator "
+                        "parameters (attn.*, cross_attn.*, pma_attn.*), lot_learn and pol_ps/pol_po may change "
+                        "(bk_model_swap changes the attention kind and cls_attn)",
                         key);
+    if (!same_attn_tensors(&m->c, c, m->dh))
+        return bki_fail(BK_ERR_PARAM, "bk_model_set_attn_config: the new attn.* parameters change the shapes of the "
+                                      "learned arrays of %s (e.g. LOT's attn.r); they are trained weights",
+                        bk_attn_kind_name(c->attn));
     /* the tapes follow the new parameters (grown, never shrunk); the
      * workspace grows on use (ensure_ws) */
     const bk_model_config old = m->c;
@@ -1483,7 +988,7 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
             void **tape = cross ? &a->ctape : &a->tape;
             size_t *cap = cross ? &a->ctape_cap : &a->tape_cap;
             const bk_attn_desc cd = cross_desc_max(m, l);
-            const size_t need = attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
+            const size_t need = bki_attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
             if (need <= *cap) continue;
             void *t = calloc(1, need);
             if (!t) {
@@ -1530,19 +1035,20 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     }
     bk_status st = bk_model_config_check(target);
     if (st) return st;
-    if (target->attn == BK_ATTN_ASAP)
+    if (bki_attn_layer_flags(target->attn) & BKI_LAYER_HOLDS)
         return bki_fail(BK_ERR_PARAM, "bk_model_swap: ASAP layers are compiled from a Sinkhorn model's own attention "
                                       "on calibration inputs (bk_asap_compile, `birkhoff model swap --attn asap`)");
     char key[64];
-    if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
+    if (config_diff(&src->c, target, SWAP_KEYS, 2, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, attn_scale, sk_*, esp_*, "
-                        "lot_*, cls_attn, pol_*, pma_attn)",
+                        "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, pma_attn, "
+                        "their attn.* parameters, attn_scale, cls_attn, pol_*, lot_learn)",
                         key);
-    if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)
-        return bki_fail(BK_ERR_PARAM, "bk_model_swap: lot_r %d -> %d: a LOT model's pivots are trained weights of "
-                                      "lot_r rows; their count cannot change",
-                        src->c.lot_r, target->lot_r);
+    if (src->c.attn == target->attn && !same_attn_tensors(&src->c, target, src->dh))
+        return bki_fail(BK_ERR_PARAM, "bk_model_swap: the attn.* parameters change the shapes of %s's learned arrays "
+                                      "(e.g. LOT's attn.r: the pivots are trained weights of attn.r rows; their count "
+                                      "cannot change)",
+                        bk_attn_kind_name(target->attn));
     bk_model *m = NULL;
     if ((st = bk_model_create(target, src->seed, max_batch, &m))) return st;
     /* every tensor both tables name is copied; the others (a LOT target's
@@ -1553,7 +1059,7 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
         for (int j = 0; j < src->nparam; j++) {
             const bki_param *q = &src->tab[j];
             if (strcmp(p->name, q->name)) continue;
-            if (q->count != p->count) { /* (no shared tensor changes shape: lot_r is checked above) */
+            if (q->count != p->count) { /* (no shared tensor changes shape: the learned arrays are checked above) */
                 bk_model_free(m);
                 return bki_fail(BK_ERR_SHAPE, "bk_model_swap: tensor %s changes shape", p->name);
             }
@@ -1752,142 +1258,6 @@ static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_te
     *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
 }
 
-/* ---- attn=diff: the paper's layer around the operator (docs/MODEL.md) ------
- * lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one value shared by
- * the heads of block l; each head's operator output (dh channels) is divided
- * by its RMS (eps = ln_eps, no learned gain) and multiplied by
- * (1 - lambda_init). l is 0-based: the paper's l - 1. */
-static double diff_lambda_init(int l) { return 0.8 - 0.6 * exp(-0.3 * (double)l); }
-
-/* e1 = exp(lq1 . lk1), e2 = exp(lq2 . lk2) (dot products in double, in order) */
-static void diff_exps(const bk_model *m, int l, double *e1, double *e2)
-{
-    const blk_off *o = &m->bo[l];
-    const float *w = m->w;
-    double s1 = 0.0, s2 = 0.0;
-    for (int j = 0; j < m->dh / 2; j++) {
-        s1 += (double)w[o->dl_q1 + j] * w[o->dl_k1 + j];
-        s2 += (double)w[o->dl_q2 + j] * w[o->dl_k2 + j];
-    }
-    *e1 = exp(s1);
-    *e2 = exp(s2);
-}
-
-static void diff_set_lambda(bk_model *m, int l)
-{
-    double e1, e2;
-    diff_exps(m, l, &e1, &e2);
-    const float lam = (float)(e1 - e2 + diff_lambda_init(l));
-    for (int h = 0; h < m->c.heads; h++) m->ba[l].lam[h] = lam;
-}
-
-/* forward (bwd = 0): att = (1 - lambda_init) RMSNorm_h(draw) per (row, head),
- * drs keeping 1/RMS; backward (bwd = 1): dO = (1 - lambda_init) rs (dy - x
- * rs^2 <dy, x> / dh) from dy = dA */
-typedef struct {
-    bk_model *m;
-    blk_act *a;
-    int64_t R;
-    float g;
-    int bwd;
-} diff_norm_args;
-
-static void diff_norm_member(void *arg)
-{
-    const diff_norm_args *dn = arg;
-    bk_model *m = dn->m;
-    blk_act *a = dn->a;
-    const int H = m->c.heads, dh = m->dh, I = m->I, bwd = dn->bwd;
-    const double eps = m->c.ln_eps;
-    const float g = dn->g;
-    BKI_FOR(r, dn->R)
-        for (int h = 0; h < H; h++) {
-            const size_t at = (size_t)r * I + (size_t)h * dh;
-            const float *x = a->draw + at;
-            float *rs = a->drs + (size_t)r * H + h;
-            if (!bwd) {
-                double ss = 0.0;
-                for (int k = 0; k < dh; k++) ss += (double)x[k] * x[k];
-                *rs = (float)(1.0 / sqrt(ss / dh + eps));
-                for (int k = 0; k < dh; k++) a->att[at + k] = x[k] * *rs * g;
-            } else {
-                const float *dy = m->dA + at;
-                double dot = 0.0;
-                for (int k = 0; k < dh; k++) dot += (double)dy[k] * x[k];
-                const float c = (float)((double)*rs * *rs * dot / dh);
-                for (int k = 0; k < dh; k++) m->dO[at + k] = g * *rs * (dy[k] - x[k] * c);
-            }
-        }
-}
-
-static void diff_norm(bk_model *m, int l, int B, int bwd)
-{
-    diff_norm_args dn = {m, &m->ba[l], (int64_t)B * m->T, (float)(1.0 - diff_lambda_init(l)), bwd};
-    bki_parallel_claimed(bki_threads(), diff_norm_member, &dn);
-}
-
-/* dlambda (summed over the heads, in head order) into the four vectors */
-static void diff_lambda_bwd(bk_model *m, int l)
-{
-    const blk_off *o = &m->bo[l];
-    const float *w = m->w;
-    float *gw = m->gw;
-    double gl = 0.0, e1, e2;
-    for (int h = 0; h < m->c.heads; h++) gl += m->dlam[h];
-    diff_exps(m, l, &e1, &e2);
-    const double g1 = gl * e1, g2 = -gl * e2;
-    for (int j = 0; j < m->dh / 2; j++) {
-        gw[o->dl_q1 + j] += (float)(g1 * w[o->dl_k1 + j]);
-        gw[o->dl_k1 + j] += (float)(g1 * w[o->dl_q1 + j]);
-        gw[o->dl_q2 + j] += (float)(g2 * w[o->dl_k2 + j]);
-        gw[o->dl_k2 + j] += (float)(g2 * w[o->dl_q2 + j]);
-    }
-}
-
-static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o)
-{
-    diff_set_lambda(m, l);
-    o->data = m->ba[l].draw; /* normalised into att by diff_fwd_post */
-}
-static void diff_fwd_post(bk_model *m, int l, int B) { diff_norm(m, l, B, 0); }
-/* through the per-head norm first; the operator's dout is dO */
-static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout)
-{
-    diff_norm(m, l, B, 1);
-    dout->data = m->dO;
-}
-static void *diff_pgrads(bk_model *m, bki_lot_grads *lg)
-{
-    (void)lg;
-    return m->dlam;
-}
-
-/* the operator at a site, forward: train keeps its tape */
-static bk_status site_forward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
-                              const bk_tensor *v, const bk_tensor *o, const bk_tensor *attn_out, void *tape)
-{
-    bk_status st = ensure_ws(m, attn_ws(m, d, s));
-    if (st) return st;
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn_out;
-    c.trusted = 1; /* the model's activations: its logits are checked */
-    return bki_op_forward(&c, tape, m->ws, m->ws_cap);
-}
-
-static bk_status site_backward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
-                               const bk_tensor *v, const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk,
-                               const bk_tensor *dv, void *pg, void *tape)
-{
-    bk_status st = ensure_ws(m, attn_ws(m, d, s));
-    if (st) return st;
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
-    c.trusted = 1;
-    return bki_op_backward(&c, tape, m->ws, m->ws_cap);
-}
-
 /* ---- LOTFormer's ViT ingredients around the operator (vit.c) --------------
  * cls_attn != full: the operator runs on the tokens after [CLS] (every view
  * one row down, lengths nb - 1, the problem (T - 1) x (T - 1)) and the [CLS]
@@ -1923,10 +1293,8 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     blk_act *a = &m->ba[l];
     bk_tensor t[5];  /* q, k, v, o, the map */
     views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[3]);
-    if (m->c.attn == BK_ATTN_ASAP && !a->asap)
-        return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
-    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &t[3]);
+    bk_status st = bki_attn_fwd_pre(m, l, &t[3]);
+    if (st) return st;
     if (attn_out) {
         t[4] = *attn_out;
         if (cls_split(m)) /* the operator fills the block of the other tokens */
@@ -1934,10 +1302,10 @@ static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_ten
     }
     const int64_t I = m->I, ld[5] = {3 * I, 3 * I, 3 * I, I, m->T + 1};
     bk_attn_desc d = op_desc(m, B, t, ld, attn_out ? 5 : 4);
-    bk_status st = site_forward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], attn_out ? &t[4] : NULL,
-                                train ? a->tape : NULL);
+    st = bki_attn_forward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], attn_out ? &t[4] : NULL,
+                          train ? a->tape : NULL);
     if (st) return st;
-    if (hk && hk->fwd_post) hk->fwd_post(m, l, B);
+    bki_attn_fwd_post(m, l, B);
     const bki_vit_shape vs = vit_shape(m, B);
     if (cls_split(m)) {
         const bki_cls_par cp = cls_par(m);
@@ -2005,7 +1373,7 @@ static bk_status pool_forward(bk_model *m, int B, int train)
         bk_otk_config op = otk_params(m);
         bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
         bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
-        bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
+        bk_status st = bki_model_ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         return bk_otk_forward(&od, &op, &x, m->w + m->otk_z, &out, train ? m->otk_tape : NULL, NULL, m->ws, m->ws_cap);
     }
@@ -2061,7 +1429,7 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
     bk_status st = check_batch(m, bt, loss != NULL || train);
     if (st) return st;
     if (!(ls >= 0.0f && ls < 1.0f)) return bki_fail(BK_ERR_PARAM, "model: label smoothing %g outside [0, 1)", (double)ls);
-    if (train && c->attn == BK_ATTN_ASAP)
+    if (train && !bki_attn_op(c->attn)->backward)
         return bki_fail(BK_ERR_PARAM, "model: ASAP layers are compiled for inference only; they cannot be trained");
     m->have_tape = 0;
     m->B = bt->B;
@@ -2183,20 +1551,6 @@ static void add_into(float *dst, const float *src, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-static void *lot_pgrads(bk_model *m, bki_lot_grads *lg)
-{
-    *lg = (bki_lot_grads){m->dZtmp, m->dthtmp};
-    return lg;
-}
-/* lot_learn: a tensor that is not trained never receives its gradient */
-static void lot_bwd_post(bk_model *m, int l)
-{
-    if (m->c.lot_learn != BK_LOT_LEARN_NONE)
-        add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * m->dh);
-    if (m->c.lot_learn == BK_LOT_LEARN_BOTH)
-        add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
-}
-
 static bk_status attn_backward(bk_model *m, int l, int B)
 {
     blk_act *a = &m->ba[l];
@@ -2207,15 +1561,13 @@ static bk_status attn_backward(bk_model *m, int l, int B)
     t[4] = (bk_tensor){m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
     t[5] = (bk_tensor){m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
     t[6] = (bk_tensor){m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &t[3]);
+    bki_attn_bwd_pre(m, l, B, &t[3]);
     const int64_t ld[7] = {3 * I, 3 * I, 3 * I, I, I, I, I};
     bk_attn_desc d = op_desc(m, B, t, ld, 7);
-    bki_lot_grads lg;
-    void *pg = hk && hk->pgrads ? hk->pgrads(m, &lg) : NULL;
-    bk_status st = site_backward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], pg, a->tape);
+    void *pg = bki_attn_pgrads(m);
+    bk_status st = bki_attn_backward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], pg, a->tape);
     if (st) return st;
-    if (hk && hk->bwd_post) hk->bwd_post(m, l);
+    bki_attn_bwd_post(m, l);
     /* the ViT ingredients, from d(att) = dA (the [CLS] row first: it sets
      * row 0 of dq, dk and dv, which the operator left alone) */
     const bki_vit_shape vs = vit_shape(m, B);
@@ -2243,7 +1595,7 @@ static bk_status pool_backward(bk_model *m, int B)
         bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
         bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
         bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
+        bk_status st = bki_model_ensure_ws(m, bk_otk_workspace_size(&od, &op));
         if (st) return st;
         st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, m->dWtmp, m->ws,
                              m->ws_cap);
@@ -2558,7 +1910,7 @@ static bk_status cross_fwd(bk_model *m, int L, int B, const cross_shape *cs, con
     const float *h = bki_sub_in(m, Rq, x, &nc);
     bki_linear_fwd(Rq, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
     bki_linear_fwd(Rk, D, 2 * I, mem, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
-    bk_status st = site_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
+    bk_status st = bki_attn_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
     if (st) return st;
     sub_last(m, Rq, I, a->catt, o->cproj_w, o->cproj_b, p, site, x, &nc, out);
     return BK_OK;
@@ -2582,7 +1934,7 @@ static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, con
     const float *dy = sub_bwd_in(m, Rq, &nc, site);
     bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, dy, D, m->dA, 0.0f, m->gw + o->cproj_w,
                    m->gw + o->cproj_b, kb(m, D, I));
-    bk_status st = site_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
+    bk_status st = bki_attn_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
     if (st) return st;
     bki_linear_bwd(Rq, D, I, sub_h(m, &nc, x), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
                    c->qkv_bias ? m->gw + o->cq_b : NULL, kb(m, I, D));
@@ -2612,7 +1964,7 @@ static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int tr
     const sub_norm n1 = norm1(m, L);
     const float *h = bki_sub_in(m, Rd, x, &n1);
     bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-    bk_status st = site_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
+    bk_status st = bki_attn_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
     if (st) return st;
     sub_last(m, Rd, I, a->att, o->proj_w, o->proj_b, p, site, x, &n1, a->mid);
     /* cross-attention: queries from the stream, keys and values from the
@@ -2646,7 +1998,7 @@ static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
     const sub_norm n1 = norm1(m, L);
     const float *dy = sub_bwd_in(m, Rd, &n1, site);
     bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
-    if ((st = site_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
+    if ((st = bki_attn_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
     float *dsrc[3] = {m->dq, m->dk, m->dv};
     const float *h = sub_h(m, &n1, xin);
     for (int i = 0; i < 3; i++)
@@ -3121,9 +2473,13 @@ bk_asap_config bk_model_asap_config(const bk_model *m)
 {
     bk_asap_config a = bk_asap_config_default(m ? m->dh : 1);
     if (!m) return a;
+    /* the teacher: the model's Sinkhorn (attn.eps, attn.iters; a model of
+     * another kind: Sinkhorn's defaults) */
+    char v[64];
     a.scale = m->c.attn_scale;
-    a.eps = m->c.sk_eps;
-    a.teacher_iters = m->c.sk_iters;
+    a.eps = bk_model_config_get(&m->c, "attn.eps", v, sizeof v) ? strtof(v, NULL) : 1.0f;
+    a.teacher_iters = bk_model_config_get(&m->c, "attn.iters", v, sizeof v) ? (int)strtol(v, NULL, 10) : 5;
+    bki_clear_error();
     return a;
 }
 
@@ -3158,7 +2514,7 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         bk_tensor q, k, v, o, A = {attn, m->c.heads * Nq * Nk, Nq * Nk, Nk, BK_DEVICE_HOST, BK_F32};
         cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
         const bk_attn_desc d = {m->B, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, cs.nq, cs.nk};
-        return site_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
+        return bki_attn_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
     }
     bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST, BK_F32};
     /* re-running the operator rewrites att with the same values; the tape

@@ -12,6 +12,9 @@ typedef struct {
     int64_t shape[4];
     int64_t off, count;
     int decay;
+    int init;        /* -1: by name (model.c's init_params); BKI_INIT_*: an
+                        attention tensor's (bki_attn_tensors), sd init_sd   */
+    double init_sd;
 } bki_param;
 
 const bki_param *bki_model_table(const bk_model *m, int *count);

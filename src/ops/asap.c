@@ -526,7 +526,7 @@ static const bki_field fields[] = {
 
 const bki_op bki_op_asap = {"asap", 5, "bk_asap_forward_config", fields, (int)(sizeof fields / sizeof fields[0]),
                             sizeof(bk_asap_forward_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL, NULL, 0, NULL, 0, NULL, 0};
+                            NULL, NULL, NULL, NULL, forward, NULL, NULL, 0, NULL, NULL, BKI_CAP_MODEL, NULL, 0, NULL, 0};
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
 /* a call of the operator (every other field zero) */

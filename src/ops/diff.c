@@ -273,7 +273,7 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 
 const bki_op bki_op_diff = {"diff", 7, "bk_diff_config", diff_fields, (int)(sizeof diff_fields / sizeof diff_fields[0]),
                             sizeof(bk_diff_config), diff_default, check, cost, lane_bytes, block_bytes, key, NULL,
-                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
+                            NULL, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, BKI_CAP_MODEL, NULL, 0, NULL, 0};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_diff_config *p)

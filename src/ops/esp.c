@@ -1362,7 +1362,7 @@ static const bki_field fields[] = {
 
 const bki_op bki_op_esp = {"esp", 3, "bk_esp_config", fields, (int)(sizeof fields / sizeof fields[0]),
                            sizeof(bk_esp_config), par_default, check, cost, lane_bytes, block_bytes, key,
-                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
+                           prep_bytes, prep_slices, pgrad_bytes, reduce, forward, backward, steps_ok, 0, pg_arrays, NULL, BKI_CAP_MODEL | BKI_CAP_CROSS, NULL, 0, NULL, 0};
 
 /* a call of the operator (every other field zero) */
 #define CALL(desc_, par_) {.op = &bki_op_esp, .d = (desc_), .par = (par_)}

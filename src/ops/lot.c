@@ -465,9 +465,30 @@ static void backward(const bki_team *tm, bki_call *x, int pi, char *base)
     bki_zero_rows(dVb, x->dv->stride_n, live ? m : 0, d->Nk, d->dv);
 }
 
+/* the pivots Z [H, r, d] (N(0, 1)) and the mass logits theta [H, r] (0:
+ * uniform masses), learned by a model; gradients in a bki_lot_grads */
+static int z_shape(const void *p, int H, int d, int64_t dims[4])
+{
+    dims[0] = H, dims[1] = ((const bk_lot_config *)p)->r, dims[2] = d;
+    return 3;
+}
+static int theta_shape(const void *p, int H, int d, int64_t dims[4])
+{
+    (void)d;
+    dims[0] = H, dims[1] = ((const bk_lot_config *)p)->r;
+    return 2;
+}
+static const bki_learned lot_learned[] = {
+    {.name = "lot_z", .doc = "pivots Z [H, r, d]", .offset = offsetof(bk_lot_config, Z), .shape = z_shape,
+     .init = BKI_INIT_NORMAL, .init_sd = 1.0f},
+    {.name = "lot_theta", .doc = "pivot-mass logits theta [H, r]", .offset = offsetof(bk_lot_config, theta),
+     .shape = theta_shape, .init = BKI_INIT_ZERO, .init_sd = 0.0f},
+};
+
 const bki_op bki_op_lot = {"lot", 4, "bk_lot_config", lot_fields, (int)(sizeof lot_fields / sizeof lot_fields[0]),
                            sizeof(bk_lot_config), lot_default, check, cost, lane_bytes, block_bytes, key, NULL, NULL,
-                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays, NULL, 0, NULL, 0, NULL, 0};
+                           pgrad_bytes, reduce, forward, backward, steps_ok, 1, pg_arrays, NULL, BKI_CAP_MODEL,
+                           lot_learned, 2, NULL, 0};
 
 /* ---- public entry points -------------------------------------------------- */
 static bki_call call_of(const bk_attn_desc *d, const bk_lot_config *p)

@@ -290,12 +290,12 @@ static const bki_field unbalanced_fields[] = {
     {.name = "rho", .type = BKI_F_FLOAT, .offset = offsetof(bk_unbalanced_config, rho), .names = NULL, .list_len = 0},
 };
 
-#define SK_OP(var, nm, ident, par, tab, def)                                                                        \
+#define SK_OP(var, nm, ident, par, tab, def, caps)                                                                  \
     const bki_op var = {nm, ident, #par, tab, (int)(sizeof tab / sizeof tab[0]), sizeof(par), def, check, cost,      \
-                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL, NULL, 0, NULL, 0, NULL, 0}
-SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default);
-SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default);
-SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default);
+                        lane_bytes, block_bytes, key, NULL, NULL, NULL, NULL, forward, backward, steps_ok, 0, NULL, NULL, caps, NULL, 0, NULL, 0}
+SK_OP(bki_op_softmax, "softmax", 1, bk_softmax_config, softmax_fields, softmax_default, BKI_CAP_MODEL | BKI_CAP_CROSS);
+SK_OP(bki_op_sinkhorn, "sinkhorn", 2, bk_sinkhorn_config, sinkhorn_fields, sinkhorn_default, BKI_CAP_MODEL | BKI_CAP_CROSS);
+SK_OP(bki_op_unbalanced, "unbalanced", 6, bk_unbalanced_config, unbalanced_fields, unbalanced_default, BKI_CAP_MODEL | BKI_CAP_CROSS);
 
 /* ---- public entry points ------------------------------------------------- */
 static bki_call call_of(const bki_op *op, const bk_attn_desc *d, const void *par)

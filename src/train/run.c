@@ -262,13 +262,17 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
     bk_data_model_shape(train, &r->model);
     st = bk_model_config_check(&r->model);
     if (st != BK_OK) return st;
-    if (r->model.attn == BK_ATTN_ASAP)
+    if (!bk_op_has_backward(bk_op_at(r->model.attn)))
         return bki_fail(BK_ERR_PARAM,
                         "attn=asap cannot be trained: train a Sinkhorn model, then `birkhoff asap compile`");
-    if (r->model.attn != BK_ATTN_ESP && r->esp_anneal > 0)
+    char v[32];
+    const int has_t = bk_model_config_get(&r->model, "attn.t", v, sizeof v) > 0,
+              has_sort = bk_model_config_get(&r->model, "attn.sort", v, sizeof v) > 0;
+    bki_clear_error();
+    if (!has_t && r->esp_anneal > 0)
         return bki_fail(BK_ERR_PARAM, "esp_anneal=%g anneals ESP's SoftSort temperature; this run has attn=%s",
                         (double)r->esp_anneal, bk_attn_kind_name(r->model.attn));
-    if (r->model.attn != BK_ATTN_ESP && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
+    if (!has_sort && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
         return bki_fail(BK_ERR_PARAM, "eval_esp_sort=%s chooses ESP's sort; this run has attn=%s", r->eval_esp_sort,
                         bk_attn_kind_name(r->model.attn));
     if (r->otk_init > 0 && (r->model.arch != BK_ARCH_CLASSIFIER || r->model.pool != BK_POOL_OTK))

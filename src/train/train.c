@@ -468,14 +468,24 @@ static bk_status epoch_attention(bk_model *m, const bk_run_config *r, int e)
 {
     if (!(r->esp_anneal > 0.0f)) return BK_OK;
     bk_model_config c = *bk_model_get_config(m);
-    c.esp_t = bk_esp_anneal(r->model.esp_t, r->esp_anneal, e);
-    bk_status st = bk_model_set_attn_config(m, &c);
+    char v[64];
+    if (!bk_model_config_get(&r->model, "attn.t", v, sizeof v)) return BK_ERR_PARAM;
+    const float t = bk_esp_anneal(strtof(v, NULL), r->esp_anneal, e);
+    snprintf(v, sizeof v, "%.9g", (double)t);
+    bk_status st = bk_model_config_set(&c, "attn.t", v);
+    if (st == BK_OK) st = bk_model_set_attn_config(m, &c);
     if (st != BK_OK) {
         char msg[480];
         snprintf(msg, sizeof msg, "%s", bk_last_error());
-        bki_fail(st, "esp_anneal: epoch %d (t = %g): %s", e + 1, (double)c.esp_t, msg);
+        bki_fail(st, "esp_anneal: epoch %d (t = %g): %s", e + 1, (double)t, msg);
     }
     return st;
+}
+
+/* the model's attn.sort ("" when its attention has none) */
+static void attn_sort(const bk_model_config *c, char *v, size_t cap)
+{
+    if (!bk_model_config_get(c, "attn.sort", v, cap)) bki_clear_error();
 }
 
 /* The end-of-epoch evaluation and diagnostics, with the sort eval_esp_sort
@@ -486,14 +496,17 @@ static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_da
     const bk_model_config keep = *bk_model_get_config(m);
     const int hard = !strcmp(r->eval_esp_sort, "hard"), soft = !strcmp(r->eval_esp_sort, "soft");
     bk_status st = BK_OK;
-    if (keep.attn == BK_ATTN_ESP && (hard || soft)) {
+    char was[16], now[16];
+    attn_sort(&keep, was, sizeof was);
+    if (*was && (hard || soft)) {
         bk_model_config c = keep;
-        c.esp_soft = soft;
-        st = bk_model_set_attn_config(m, &c);
+        st = bk_model_config_set(&c, "attn.sort", soft ? "soft" : "hard");
+        if (st == BK_OK) st = bk_model_set_attn_config(m, &c);
     }
     if (st == BK_OK) st = bk_evaluate(m, te, 0, r->eval_batch, 0, er);
     if (st == BK_OK) st = bk_attention_diag(m, te, diag_n, diag, NULL, NULL);
-    if (keep.esp_soft != bk_model_get_config(m)->esp_soft) {
+    attn_sort(bk_model_get_config(m), now, sizeof now);
+    if (strcmp(was, now)) {
         char msg[480];
         snprintf(msg, sizeof msg, "%s", bk_last_error());
         const bk_status s2 = bk_model_set_attn_config(m, &keep); /* (never grows a tape: cannot fail) */
@@ -964,8 +977,11 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
                 }
                 const double now = now_s(), t = pos.elapsed + now - t0;
                 char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
-                if (r->model.attn == BK_ATTN_ESP)
-                    snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%.9g", (double)bk_model_get_config(m)->esp_t);
+                char tv[32];
+                if (bk_model_config_get(bk_model_get_config(m), "attn.t", tv, sizeof tv))
+                    snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%s", tv); /* (an attention with ESP's t) */
+                else
+                    bki_clear_error();
                 fprintf(s.logs.jsonl,
                         "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
                         "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"

@@ -243,6 +243,18 @@ static bk_status set_legacy(bk_model_config *c, const legacy_key *lk, const char
     return BK_OK;
 }
 
+int bki_model_config_key(const bk_model_config *c, const char *key)
+{
+    const char *dot = strchr(key, '.');
+    if (site_of_key(key, dot ? (size_t)(dot - key) : strlen(key)) >= 0) return 1;
+    for (size_t i = 0; i < sizeof LEGACY / sizeof LEGACY[0]; i++)
+        if (!strcmp(key, LEGACY[i].old)) return 1;
+    for (int i = 0; i < NFIELDS; i++)
+        if (!strcmp(key, MODEL_FIELDS[i].name)) return 1;
+    (void)c;
+    return 0;
+}
+
 bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value)
 {
     if (!c || !key || !value) return bki_fail(BK_ERR_NULL, "model config: NULL argument");

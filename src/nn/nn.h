@@ -18,6 +18,9 @@ typedef struct {
 } bki_param;
 
 const bki_param *bki_model_table(const bk_model *m, int *count);
+/* key is one of the model configuration's (its text form's, an old key, or
+ * a site's "attn.KEY" of any operator) (config.c) */
+int bki_model_config_key(const bk_model_config *c, const char *key);
 uint64_t bki_model_seed(const bk_model *m);
 /* elements per sample of the batch's input array (x, or tokens) */
 int64_t bki_model_sample_size(const bk_model *m);

@@ -85,14 +85,21 @@ static const char *const SITE_BEFORE[] = {"attn_scale", "post_ln", NULL};
  * meant. New operators take their own defaults and have no old keys. */
 typedef struct {
     const char *old, *ops, *key;
+    int lo, hi; /* an integer's range even where no site takes it (lo < hi) */
 } legacy_key;
 static const legacy_key LEGACY[] = {
-    {"sk_iters", "sinkhorn unbalanced", "iters"}, {"sk_eps", "sinkhorn unbalanced", "eps"},
-    {"sk_rho", "unbalanced", "rho"},              {"esp_soft", "esp", "sort"},
-    {"esp_t", "esp", "t"},                        {"esp_tau", "esp", "tau"},
-    {"esp_slices", "esp", "L"},                   {"lot_r", "lot", "r"},
-    {"lot_iters", "lot", "iters"},                {"lot_eps", "lot", "eps"},
-    {"lot_temp", "lot", "temp"},                  {"asap_ending", "asap", "variant"},
+    {"sk_iters", "sinkhorn unbalanced", "iters", 0, 1 << 20},
+    {"sk_eps", "sinkhorn unbalanced", "eps", 0, 0},
+    {"sk_rho", "unbalanced", "rho", 0, 0},
+    {"esp_soft", "esp", "sort", 0, 0},
+    {"esp_t", "esp", "t", 0, 0},
+    {"esp_tau", "esp", "tau", 0, 0},
+    {"esp_slices", "esp", "L", 0, 1 << 24},
+    {"lot_r", "lot", "r", 0, 1 << 24},
+    {"lot_iters", "lot", "iters", 0, 1 << 20},
+    {"lot_eps", "lot", "eps", 0, 0},
+    {"lot_temp", "lot", "temp", 0, 0},
+    {"asap_ending", "asap", "variant", 0, 0},
 };
 static const struct {
     const char *op, *params;
@@ -231,6 +238,10 @@ static bk_status set_legacy(bk_model_config *c, const legacy_key *lk, const char
         op->par_default(scratch.par.bytes);
         bk_status st = bki_cfg_set(scratch.par.bytes, op->fields, op->nfields, what, lk->key, value);
         if (st) return st;
+        const long v = strtol(value, NULL, 10);
+        if (lk->lo < lk->hi && (v < lk->lo || v > lk->hi))
+            return bki_fail(BK_ERR_PARAM, "model config: %s must be in [%d, %d] (got %s)", lk->old, lk->lo, lk->hi,
+                            value);
     }
     for (int s = 0; s < NSITES; s++) {
         const bki_op *op = bki_attn_op(site_kind_c(c, s));

@@ -689,6 +689,8 @@ _SITE_KEYS = {
     ("lot", "r"): "lot_r", ("lot", "iters"): "lot_iters", ("lot", "eps"): "lot_eps", ("lot", "temp"): "lot_temp",
     ("asap", "variant"): "asap_ending",
 }
+# the twin's keys the C text writes only where a site's kind has them
+SITE_OLD_KEYS = frozenset(_SITE_KEYS.values())
 _SITE_FIXED = {"tol": ("0",), "grad": ("unrolled",), "cost": ("sq",), "out_scale": ("rows",), "seed": ("0",)}
 _SITES = ("attn", "cross_attn", "pma_attn")
 

@@ -3110,6 +3110,105 @@ static void test_layernorm(void)
              "worst relative error y %.3g, dx %.3g, dg/db %.3g", worst_y, worst_dx, worst_dg);
 }
 
+/* ---- issue 42: the model's attention kinds come from the registry ---- */
+/* every registered operator a model may use is a kind under its registry
+ * name, the constants are the first registry indices, and a model of each
+ * trainable kind builds and trains (no list of kinds in the model) */
+static void test_attn_registry(void)
+{
+    static const struct {
+        bk_attn_kind k;
+        const char *name;
+    } consts[] = {{BK_ATTN_SOFTMAX, "softmax"}, {BK_ATTN_SINKHORN, "sinkhorn"}, {BK_ATTN_UNBALANCED, "unbalanced"},
+                  {BK_ATTN_ESP, "esp"},         {BK_ATTN_ASAP, "asap"},         {BK_ATTN_LOT, "lot"},
+                  {BK_ATTN_DIFF, "diff"}};
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        th_check(!strcmp(bk_attn_kind_name(consts[i].k), consts[i].name) &&
+                     bk_attn_kind_find(consts[i].name) == (int)consts[i].k &&
+                     !strcmp(bk_op_name(bk_op_at((int)consts[i].k)), consts[i].name),
+                 "attention kind constant = registry index", "%s", consts[i].name);
+    th_check(bk_attn_kind_find("no-such-op") == -1 && !strcmp(bk_attn_kind_name((bk_attn_kind)-1), "?"),
+             "an unknown kind", "%d", bk_attn_kind_find("no-such-op"));
+    int kinds = 0;
+    for (int i = 0; i < bk_op_count(); i++) {
+        const char *name = bk_op_name(bk_op_at(i));
+        if (bk_attn_kind_find(name) != i || !bk_op_has_backward(bk_op_at(i))) continue;
+        kinds++;
+        char text[256];
+        snprintf(text, sizeof text, "dim=8,depth=1,heads=2,mlp_dim=8,image_h=8,image_w=8,patch=4,classes=3,attn=%s", name);
+        bk_model *m = model_from(text, 3, 2);
+        tbatch tb;
+        memset(&tb, 0, sizeof tb);
+        th_rng r = {5};
+        double loss = 0;
+        int ok = m != NULL;
+        if (ok) {
+            batch_make(&tb, bk_model_get_config(m), 2, 0, &r);
+            ok = bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK && bk_model_backward(m, 1.0f) == BK_OK &&
+                 isfinite(loss);
+            /* its text form names it and reads back to the same configuration */
+            char t1[4096], t2[4096];
+            bk_model_config c2 = bk_model_config_default();
+            bk_model_config_format(bk_model_get_config(m), t1, sizeof t1);
+            ok = ok && bk_model_config_parse(&c2, t1) == BK_OK;
+            bk_model_config_format(&c2, t2, sizeof t2);
+            ok = ok && !strcmp(t1, t2) && strstr(t1, name);
+        }
+        th_check(ok, "every registered model operator is a trainable kind", "attn=%s: %s", name, bk_last_error());
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+    th_check(kinds >= 6, "the registry's trainable model kinds", "%d", kinds);
+}
+
+/* the keys before the schema parse to the same model as the attn.* keys;
+ * a site's kind assigned directly reads as that kind's defaults */
+static void test_attn_keys(void)
+{
+    static const struct {
+        const char *old, *now;
+    } pairs[] = {
+        {"attn=sinkhorn,sk_iters=7,sk_eps=0.5", "attn=sinkhorn,attn.iters=7,attn.eps=0.5"},
+        {"attn=unbalanced,sk_rho=3,sk_iters=4", "attn=unbalanced,attn.rho=3,attn.iters=4"},
+        {"attn=esp,esp_soft=0,esp_t=0.2,esp_tau=2,esp_slices=3", "attn=esp,attn.sort=hard,attn.t=0.2,attn.tau=2,attn.L=3"},
+        {"attn=esp", "attn=esp,attn.sort=soft"},
+        {"attn=lot,lot_r=3,lot_iters=4,lot_eps=0.5,lot_temp=0.7", "attn=lot,attn.r=3,attn.iters=4,attn.eps=0.5,attn.temp=0.7"},
+        {"attn=lot", "attn=lot,attn.r=8"},
+        {"asap_ending=row,attn=asap", "attn=asap,attn.variant=row"},
+        /* an old key sets every site of its kinds, in any order (the kinds first) */
+        {"sk_iters=3,arch=seq2seq,input=tokens,attn=sinkhorn,cross_attn=unbalanced",
+         "arch=seq2seq,input=tokens,attn=sinkhorn,attn.iters=3,cross_attn=unbalanced,cross_attn.iters=3"},
+        {"pool=pma,pma_attn=esp,esp_t=0.3,attn=sinkhorn", "pool=pma,attn=sinkhorn,pma_attn=esp,pma_attn.t=0.3"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        bk_model_config a = bk_model_config_default(), b = bk_model_config_default();
+        char ta[4096] = "", tb[4096] = "";
+        const int ok = bk_model_config_parse(&a, pairs[i].old) == BK_OK && bk_model_config_parse(&b, pairs[i].now) == BK_OK;
+        bk_model_config_format(&a, ta, sizeof ta);
+        bk_model_config_format(&b, tb, sizeof tb);
+        th_check(ok && !strcmp(ta, tb),
+                 "old keys parse to the same model as attn.* keys", "%s | %s: %s", pairs[i].old, pairs[i].now,
+                 ok ? "texts differ" : bk_last_error());
+    }
+    bk_model_config c = bk_model_config_default();
+    th_check(bk_model_config_set(&c, "attn.iters", "3") == BK_ERR_PARAM, "attn.iters on softmax refused", "%s",
+             bk_last_error());
+    th_check(bk_model_config_set(&c, "attn.scale", "0.5") == BK_ERR_PARAM && strstr(bk_last_error(), "attn_scale"),
+             "attn.scale is the model's (attn_scale)", "%s", bk_last_error());
+    th_check(bk_model_config_set(&c, "attn", "lot") == BK_OK && bk_model_config_set(&c, "attn.r", "3") == BK_OK &&
+                 bk_model_config_set(&c, "attn", "lot") == BK_OK && bk_model_config_set(&c, "attn", "sinkhorn") == BK_OK &&
+                 bk_model_config_set(&c, "attn", "lot") == BK_OK,
+             "kinds set", "%s", bk_last_error());
+    char v[32] = "";
+    bk_model_config_get(&c, "attn.r", v, sizeof v);
+    th_check(!strcmp(v, "8"), "another kind resets a site's parameters to that kind's defaults", "r=%s", v);
+    c = bk_model_config_default();
+    c.attn = BK_ATTN_SINKHORN; /* (assigned directly: the parameters are softmax's) */
+    bk_model_config_get(&c, "attn.iters", v, sizeof v);
+    th_check(!strcmp(v, "5") && bk_model_config_check(&c) == BK_OK, "a kind assigned directly reads its defaults",
+             "iters=%s %s", v, bk_last_error());
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
@@ -3135,6 +3234,8 @@ void test_model(void)
     test_swap();
     test_set_attn();
     test_diff_model();
+    test_attn_registry();
+    test_attn_keys();
 }
 
 void test_seq2seq(void)

@@ -812,6 +812,31 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     return BK_OK;
 }
 
+/* samples [s, s + n) of a batch (views into its arrays) */
+bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n)
+{
+    const int64_t per = bki_model_sample_size(m);
+    const bk_model_config *c = bk_model_get_config(m);
+    bk_batch part = *b;
+    part.B = n;
+    part.x = b->x ? b->x + (int64_t)s * per : NULL;
+    part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
+    part.len = b->len ? b->len + s : NULL;
+    part.labels = b->labels ? b->labels + s : NULL;
+    part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
+    part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
+    return part;
+}
+
+/* what the loss averages over: samples, or (seq2seq) target tokens */
+int64_t bki_batch_weight(const bk_model *m, const bk_batch *b)
+{
+    if (bk_model_get_config(m)->arch != BK_ARCH_SEQ2SEQ || !b->tgt_len) return b->B;
+    int64_t w = 0;
+    for (int i = 0; i < b->B; i++) w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
+    return w;
+}
+
 const bk_model_config *bk_model_get_config(const bk_model *m) { return m ? &m->c : NULL; }
 int64_t bk_model_num_params(const bk_model *m) { return m ? m->P : 0; }
 int bk_model_param_count(const bk_model *m) { return m ? m->nparam : 0; }

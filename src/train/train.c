@@ -867,22 +867,8 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
              * running every chunk would */
             const int nchunks = (B + chunk - 1) / chunk;
             const int k0 = (int)((int64_t)nchunks * rank / ranks), k1 = (int)((int64_t)nchunks * (rank + 1) / ranks);
-            const uint64_t count0 = bki_model_fwd_count(m);
-            for (int k = k0; k < k1 && st == BK_OK; k++) {
-                const int b0 = k * chunk, Bc = B - b0 < chunk ? B - b0 : chunk;
-                bki_model_set_fwd_count(m, count0 + (uint64_t)k);
-                const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
-                const int64_t w = bki_batch_weight(m, &bt);
-                double loss;
-                int64_t hit = 0;
-                if ((st = bk_model_forward(m, &bt, 1, r->ls, NULL, &loss)) != BK_OK ||
-                    (st = bk_model_backward(m, (float)w / (float)bw)) != BK_OK ||
-                    (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK)
-                    break;
-                bl += loss * (double)w;
-                bc += hit;
-            }
-            bki_model_set_fwd_count(m, count0 + (uint64_t)nchunks);
+            if (st == BK_OK) st = bki_train_accumulate(m, &whole, chunk, k0, k1, bw, r->ls, &bl, &bc);
+            else bki_model_set_fwd_count(m, bki_model_fwd_count(m) + (uint64_t)nchunks);
             if (st != BK_OK) {
                 char msg[480];
                 snprintf(msg, sizeof msg, "%s", bk_last_error());

@@ -18,6 +18,8 @@
 /* ------------------------------------------------------------------------ */
 static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, int64_t s1, int64_t s2, int decay)
 {
+    /* (a table that would overflow is counted, not written: model_build refuses it) */
+    if (m->nparam_need++ >= MAXP) return -1;
     bki_param *p = &m->tab[m->nparam++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
@@ -578,20 +580,19 @@ static void sinusoids(float *tab, int N, int D)
     }
 }
 
-static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
-                             size_t *bytes)
+/* the sizes the allocations are planned for: max_batch B, the longest
+ * sequence Nmax, the rows of the encoder (classifier) stream R, the
+ * decoder's Rd, the larger Rx (the shared backward scratch) */
+typedef struct {
+    int B, Nmax;
+    int64_t R, Rd, Rx;
+} plan_rows;
+
+/* the model's shapes from its configuration; Nmax */
+static int model_shape(bk_model *m)
 {
-    *out = NULL;
-    bk_status st = bk_model_config_check(cfg);
-    if (st) return st;
-    if (max_batch < 1) return bki_fail(BK_ERR_PARAM, "bk_model_create: max_batch must be >= 1 (got %d)", max_batch);
-    bk_model *m = calloc(1, sizeof *m);
-    if (!m) return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    m->c = *cfg;
     const bk_model_config *c = &m->c;
     const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    m->seed = seed;
-    m->max_batch = max_batch;
     m->dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
     m->I = c->heads * m->dh;
     if (c->input == BK_INPUT_IMAGE) {
@@ -611,37 +612,231 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * m->otk_k
            : has_pma(c)                   ? c->pma_seeds * c->dim
                                           : c->dim;
-    const int sets = is_isab(c) || has_pma(c);
     int Nmax = m->T > m->Td ? m->T : m->Td;
     if (is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
     if (has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
+    return Nmax;
+}
+
+/* the embedding's and the stream's buffers, the encoder-decoder's, the set units' */
+static void alloc_stream(bk_model *m, const plan_rows *q, sizer *z)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    const int sets = is_isab(c) || has_pma(c);
+    const size_t Bn = (size_t)q->B * (size_t)m->np;
+    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, z);
+    if (c->input == BK_INPUT_POINTS) {
+        m->emb_h = falloc(Bn * (size_t)D, z);
+        m->emb_g = falloc(Bn * (size_t)D, z);
+    }
+    if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(z, Bn, sizeof(int32_t));
+    if (!s2s) m->emb_o = falloc(Bn * (size_t)D, z);
+    m->x0 = falloc((size_t)(q->R * D), z);
+    if (s2s) {
+        if (c->pos_embed == 2) {
+            m->sin_tab = falloc((size_t)q->Nmax * (size_t)D, z);
+            if (!z->bad && !z->measure) sinusoids(m->sin_tab, q->Nmax, (int)D);
+        }
+        m->nbt = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dtok = zalloc(z, (size_t)q->Rd, sizeof(int32_t));
+        m->tgt = zalloc(z, (size_t)q->Rd, sizeof(int32_t));
+        m->dx0 = falloc((size_t)(q->Rd * D), z);
+        m->dfin = falloc((size_t)(q->Rd * D), z);
+        m->dfmu = falloc((size_t)q->Rd, z);
+        m->dfrs = falloc((size_t)q->Rd, z);
+        m->plog = falloc((size_t)q->Rd * (size_t)V, z);
+        m->rloss = zalloc(z, 2 * (size_t)q->Rd, sizeof(double));
+        m->dMem = falloc((size_t)(q->R * D), z);
+        if (c->post_ln) m->dS = falloc((size_t)(q->Rx * D), z);
+    }
+    if (sets) {
+        m->dMem = falloc((size_t)(q->Rx * D), z);
+        m->dY = falloc((size_t)(q->Rx * D), z);
+        m->dXs = falloc((size_t)(q->Rx * D), z);
+    }
+}
+
+/* every block's activations, tapes and the workspace they need */
+static void alloc_blocks(bk_model *m, const plan_rows *q, sizer *z, size_t *wsz)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    bk_attn_desc ad = {q->B, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc dd = {q->B, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc cd = {q->B, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
+    for (int l = 0; l < block_count(c); l++) {
+        blk_act *a = &m->ba[l];
+        if (unit_of(c, l) == U_MAB) {
+            alloc_mab(m, l, z, wsz);
+            if (z->bad) break;
+            continue;
+        }
+        const int dec = l >= c->depth;
+        const int64_t Rl = dec ? Rd : R;
+        a->mid = falloc((size_t)(Rl * D), z);
+        a->out = M > 0 || dec ? falloc((size_t)(Rl * D), z) : a->mid;
+        a->ln1 = falloc((size_t)(Rl * D), z);
+        a->mu1 = falloc((size_t)Rl, z);
+        a->rs1 = falloc((size_t)Rl, z);
+        a->qkv = falloc((size_t)(Rl * 3 * I), z);
+        a->att = falloc((size_t)(Rl * I), z);
+        if (M > 0) {
+            a->ln2 = falloc((size_t)(Rl * D), z);
+            a->mu2 = falloc((size_t)Rl, z);
+            a->rs2 = falloc((size_t)Rl, z);
+            a->f1 = falloc((size_t)(Rl * M), z);
+            a->g1 = falloc((size_t)(Rl * M), z);
+        }
+        if (dec) {
+            /* (without an MLP the block's output is the cross-attention's) */
+            a->cmid = M > 0 ? falloc((size_t)(q->Rd * D), z) : a->out;
+            a->lnc = falloc((size_t)(q->Rd * D), z);
+            a->muc = falloc((size_t)q->Rd, z);
+            a->rsc = falloc((size_t)q->Rd, z);
+            a->cq = falloc((size_t)(q->Rd * I), z);
+            a->ckv = falloc((size_t)(q->R * 2 * I), z);
+            a->catt = falloc((size_t)(q->Rd * I), z);
+        }
+        if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)q->R * (size_t)c->heads, z);
+        if (!dec && (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS)) {
+            a->draw = falloc((size_t)(q->R * I), z);
+            a->drs = falloc((size_t)q->R * (size_t)c->heads, z);
+            a->lam = falloc((size_t)c->heads, z);
+        }
+        if (z->bad) break;
+        const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
+        a->tape_cap = bki_attn_tape(m, dec ? &dd : &ad, self);
+        if (a->tape_cap) a->tape = zalloc(z, a->tape_cap, 1);
+        size_t w1 = bki_attn_ws(m, dec ? &dd : &ad, self);
+        if (w1 > *wsz) *wsz = w1;
+        if (dec) {
+            a->ctape_cap = bki_attn_tape(m, &cd, cross);
+            if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
+            w1 = bki_attn_ws(m, &cd, cross);
+            if (w1 > *wsz) *wsz = w1;
+        }
+    }
+}
+
+/* the final norm, the [CLS] row's and DWC's scratch, the pooling and head */
+static void alloc_head(bk_model *m, const plan_rows *q, sizer *z, size_t *wsz)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    m->fin = falloc((size_t)(q->R * D), z);
+    m->fmu = falloc((size_t)R, z);
+    m->frs = falloc((size_t)R, z);
+    m->nb = zalloc(z, (size_t)q->B, sizeof(int32_t));
+    if (c->cls_attn != BK_CLS_FULL) {
+        m->nb1 = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dcls = falloc(2 * (size_t)q->R * (size_t)c->heads, z);
+    }
+    if (c->dwc) m->ddwc = zalloc(z, (size_t)(c->dwc_kernel * c->dwc_kernel + 1) * (size_t)m->dh, sizeof(double));
+    if (!s2s) {
+        m->pooled = falloc((size_t)q->B * (size_t)m->F, z);
+        m->logits = falloc((size_t)q->B * (size_t)c->classes, z);
+        m->probs = falloc((size_t)q->B * (size_t)c->classes, z);
+        m->argmax = zalloc(z, (size_t)q->B * (size_t)D, sizeof(int32_t));
+        m->labels = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dpool = falloc((size_t)q->B * (size_t)m->F, z);
+        m->dlog = falloc((size_t)q->B * (size_t)c->classes, z);
+    }
+    if (!s2s && c->pool == BK_POOL_OTK) {
+        bk_otk_desc od = {q->B, m->T, c->dim, c->otk_refs, c->otk_supports, m->otk_k, NULL};
+        bk_otk_config op = otk_params(m);
+        /* (the sizes depend on whether there are anchors, not on their
+         * values: measuring, there is no parameter buffer yet) */
+        const float no_anchors_yet = 0.0f;
+        if (c->otk_anchors > 0 && !op.W) op.W = &no_anchors_yet;
+        m->otk_tape_cap = bk_otk_tape_size(&od, &op);
+        m->otk_tape = zalloc(z, m->otk_tape_cap, 1);
+        size_t w1 = bk_otk_workspace_size(&od, &op);
+        if (w1 > *wsz) *wsz = w1;
+    }
+}
+
+/* the backward's scratch */
+static void alloc_scratch(bk_model *m, const plan_rows *q, sizer *z)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    m->dX = falloc((size_t)(q->Rx * D), z);
+    m->dT = falloc((size_t)(q->Rx * D), z);
+    m->dN = falloc((size_t)(q->Rx * D), z);
+    m->dA = falloc((size_t)(q->Rx * I), z);
+    m->dq = falloc((size_t)(q->Rx * I), z);
+    m->dk = falloc((size_t)(q->Rx * I), z);
+    m->dv = falloc((size_t)(q->Rx * I), z);
+    m->dM = falloc((size_t)(q->Rx * (M > D ? M : D)), z);
+    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
+    m->dZtmp = falloc(otmp, z);
+    { /* the learned arrays' gradients of a block (the tensors of block 0) */
+        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
+        const int n = c->depth > 0 ? bki_attn_tensors(c, m->dh, at) : 0;
+        for (int i = 0; i < n; i++)
+            if (at[i].slot < BKI_MAX_LEARNED) {
+                const int64_t cnt = at[i].dims[0] * (at[i].ndim > 1 ? at[i].dims[1] : 1) * (at[i].ndim > 2 ? at[i].dims[2] : 1);
+                m->lgrad_n[at[i].slot] = cnt;
+                m->lgrad[at[i].slot] = falloc((size_t)cnt, z);
+            }
+    }
+    if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, z);
+    { /* the Linear weight gradients' K split: the largest out x in of the
+       * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
+        const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
+        const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
+        m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
+        m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, z) : NULL;
+    }
+    if (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS) {
+        m->dO = falloc((size_t)(q->R * I), z);
+        m->dlam = falloc((size_t)c->heads, z);
+    }
+}
+
+static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
+                             size_t *bytes)
+{
+    *out = NULL;
+    bk_status st = bk_model_config_check(cfg);
+    if (st) return st;
+    if (max_batch < 1) return bki_fail(BK_ERR_PARAM, "bk_model_create: max_batch must be >= 1 (got %d)", max_batch);
+    bk_model *m = calloc(1, sizeof *m);
+    if (!m) return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
+    m->c = *cfg;
+    const bk_model_config *c = &m->c;
+    m->seed = seed;
+    m->max_batch = max_batch;
+    plan_rows q = {max_batch, model_shape(m), 0, 0, 0};
+    q.R = (int64_t)max_batch * m->T;
+    q.Rd = (int64_t)max_batch * m->Td;
+    q.Rx = (int64_t)max_batch * q.Nmax;
     const int NB = block_count(c);
-    /* R: the rows of the encoder (classifier) stream, Rd the decoder's, Rx
-     * the larger (the shared backward scratch) */
-    const int64_t R = (int64_t)max_batch * m->T, Rd = (int64_t)max_batch * m->Td, Rx = (int64_t)max_batch * Nmax,
-                  D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab;
+    const int64_t D = c->dim, I = m->I, V = c->vocab;
     /* (bounds that keep every size below in range; bk_model_memory and the
      * physical-memory check refuse what is merely too large for the machine) */
-    if (Rx * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) || (double)Rd * (double)V > 0x1p40 ||
-        (double)max_batch * c->heads * (double)Nmax * (double)Nmax * 8.0 > 0x1p60)
+    if (q.Rx * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) || (double)q.Rd * (double)V > 0x1p40 ||
+        (double)max_batch * c->heads * (double)q.Nmax * (double)q.Nmax * 8.0 > 0x1p60)
         return bk_model_free(m), bki_fail(BK_ERR_SHAPE, "bk_model_create: activations too large");
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    bki_attn_tensor at_[BKI_MAX_ATTN_TENSORS];
-    const int nat = bki_attn_tensors(c, m->dh, at_);
-    const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
-                          : 12 + (nat > 2 ? nat : 2) + 2 * c->dwc; /* (the attention's tensors, counted as at
-                                                                     least 2; DWC's kernel, bias) */
-    /* (outside the blocks at most 12: embed.fc1/fc2 weights and biases, cls,
-     * pos, norm weight and bias, pool.otk_w, pool.otk_z, head weight and bias) */
-    const int tensors = 12 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
-    if (tensors > MAXP) {
-        bk_model_free(m);
-        return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",
-                        NB, MAXP);
-    }
     build_table(m);
+    if (m->nparam_need > MAXP) {
+        const int need = m->nparam_need;
+        bk_model_free(m);
+        return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the configuration has %d tensors, "
+                        "the parameter table holds %d)", NB, need, MAXP);
+    }
     sizer z = {0, 0, measure};
     m->w = falloc((size_t)m->P, &z);
     m->gw = falloc((size_t)m->P, &z);
@@ -651,156 +846,11 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for %lld parameters", P);
     }
     if (!measure) init_params(m);
-
-    const size_t Bn = (size_t)max_batch * (size_t)m->np;
-    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, &z);
-    if (c->input == BK_INPUT_POINTS) {
-        m->emb_h = falloc(Bn * (size_t)D, &z);
-        m->emb_g = falloc(Bn * (size_t)D, &z);
-    }
-    if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(&z, Bn, sizeof(int32_t));
-    if (!s2s) m->emb_o = falloc(Bn * (size_t)D, &z);
-    m->x0 = falloc((size_t)(R * D), &z);
-    if (s2s) {
-        if (c->pos_embed == 2) {
-            m->sin_tab = falloc((size_t)Nmax * (size_t)D, &z);
-            if (!z.bad && !measure) sinusoids(m->sin_tab, Nmax, (int)D);
-        }
-        m->nbt = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dtok = zalloc(&z, (size_t)Rd, sizeof(int32_t));
-        m->tgt = zalloc(&z, (size_t)Rd, sizeof(int32_t));
-        m->dx0 = falloc((size_t)(Rd * D), &z);
-        m->dfin = falloc((size_t)(Rd * D), &z);
-        m->dfmu = falloc((size_t)Rd, &z);
-        m->dfrs = falloc((size_t)Rd, &z);
-        m->plog = falloc((size_t)Rd * (size_t)V, &z);
-        m->rloss = zalloc(&z, 2 * (size_t)Rd, sizeof(double));
-        m->dMem = falloc((size_t)(R * D), &z);
-        if (c->post_ln) m->dS = falloc((size_t)(Rx * D), &z);
-    }
-    if (sets) {
-        m->dMem = falloc((size_t)(Rx * D), &z);
-        m->dY = falloc((size_t)(Rx * D), &z);
-        m->dXs = falloc((size_t)(Rx * D), &z);
-    }
-    bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc dd = {max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc cd = {max_batch, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
     size_t wsz = 0;
-    for (int l = 0; l < NB; l++) {
-        blk_act *a = &m->ba[l];
-        if (unit_of(c, l) == U_MAB) {
-            alloc_mab(m, l, &z, &wsz);
-            if (z.bad) break;
-            continue;
-        }
-        const int dec = l >= c->depth;
-        const int64_t Rl = dec ? Rd : R;
-        a->mid = falloc((size_t)(Rl * D), &z);
-        a->out = M > 0 || dec ? falloc((size_t)(Rl * D), &z) : a->mid;
-        a->ln1 = falloc((size_t)(Rl * D), &z);
-        a->mu1 = falloc((size_t)Rl, &z);
-        a->rs1 = falloc((size_t)Rl, &z);
-        a->qkv = falloc((size_t)(Rl * 3 * I), &z);
-        a->att = falloc((size_t)(Rl * I), &z);
-        if (M > 0) {
-            a->ln2 = falloc((size_t)(Rl * D), &z);
-            a->mu2 = falloc((size_t)Rl, &z);
-            a->rs2 = falloc((size_t)Rl, &z);
-            a->f1 = falloc((size_t)(Rl * M), &z);
-            a->g1 = falloc((size_t)(Rl * M), &z);
-        }
-        if (dec) {
-            /* (without an MLP the block's output is the cross-attention's) */
-            a->cmid = M > 0 ? falloc((size_t)(Rd * D), &z) : a->out;
-            a->lnc = falloc((size_t)(Rd * D), &z);
-            a->muc = falloc((size_t)Rd, &z);
-            a->rsc = falloc((size_t)Rd, &z);
-            a->cq = falloc((size_t)(Rd * I), &z);
-            a->ckv = falloc((size_t)(R * 2 * I), &z);
-            a->catt = falloc((size_t)(Rd * I), &z);
-        }
-        if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)R * (size_t)c->heads, &z);
-        if (!dec && (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS)) {
-            a->draw = falloc((size_t)(R * I), &z);
-            a->drs = falloc((size_t)R * (size_t)c->heads, &z);
-            a->lam = falloc((size_t)c->heads, &z);
-        }
-        if (z.bad) break;
-        const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
-        a->tape_cap = bki_attn_tape(m, dec ? &dd : &ad, self);
-        if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
-        size_t w1 = bki_attn_ws(m, dec ? &dd : &ad, self);
-        if (w1 > wsz) wsz = w1;
-        if (dec) {
-            a->ctape_cap = bki_attn_tape(m, &cd, cross);
-            if (a->ctape_cap) a->ctape = zalloc(&z, a->ctape_cap, 1);
-            w1 = bki_attn_ws(m, &cd, cross);
-            if (w1 > wsz) wsz = w1;
-        }
-    }
-    m->fin = falloc((size_t)(R * D), &z);
-    m->fmu = falloc((size_t)R, &z);
-    m->frs = falloc((size_t)R, &z);
-    m->nb = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-    if (c->cls_attn != BK_CLS_FULL) {
-        m->nb1 = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dcls = falloc(2 * (size_t)R * (size_t)c->heads, &z);
-    }
-    if (c->dwc) m->ddwc = zalloc(&z, (size_t)(c->dwc_kernel * c->dwc_kernel + 1) * (size_t)m->dh, sizeof(double));
-    if (!s2s) {
-        m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
-        m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
-        m->probs = falloc((size_t)max_batch * (size_t)c->classes, &z);
-        m->argmax = zalloc(&z, (size_t)max_batch * (size_t)D, sizeof(int32_t));
-        m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dpool = falloc((size_t)max_batch * (size_t)m->F, &z);
-        m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
-    }
-    if (!s2s && c->pool == BK_POOL_OTK) {
-        bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, m->otk_k, NULL};
-        bk_otk_config op = otk_params(m);
-        /* (the sizes depend on whether there are anchors, not on their
-         * values: measuring, there is no parameter buffer yet) */
-        const float no_anchors_yet = 0.0f;
-        if (c->otk_anchors > 0 && !op.W) op.W = &no_anchors_yet;
-        m->otk_tape_cap = bk_otk_tape_size(&od, &op);
-        m->otk_tape = zalloc(&z, m->otk_tape_cap, 1);
-        size_t w1 = bk_otk_workspace_size(&od, &op);
-        if (w1 > wsz) wsz = w1;
-    }
-    m->dX = falloc((size_t)(Rx * D), &z);
-    m->dT = falloc((size_t)(Rx * D), &z);
-    m->dN = falloc((size_t)(Rx * D), &z);
-    m->dA = falloc((size_t)(Rx * I), &z);
-    m->dq = falloc((size_t)(Rx * I), &z);
-    m->dk = falloc((size_t)(Rx * I), &z);
-    m->dv = falloc((size_t)(Rx * I), &z);
-    m->dM = falloc((size_t)(Rx * (M > D ? M : D)), &z);
-    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
-    m->dZtmp = falloc(otmp, &z);
-    { /* the learned arrays' gradients of a block (the tensors of block 0) */
-        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
-        const int n = c->depth > 0 ? bki_attn_tensors(c, m->dh, at) : 0;
-        for (int i = 0; i < n; i++)
-            if (at[i].slot < BKI_MAX_LEARNED) {
-                const int64_t cnt = at[i].dims[0] * (at[i].ndim > 1 ? at[i].dims[1] : 1) * (at[i].ndim > 2 ? at[i].dims[2] : 1);
-                m->lgrad_n[at[i].slot] = cnt;
-                m->lgrad[at[i].slot] = falloc((size_t)cnt, &z);
-            }
-    }
-    if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, &z);
-    { /* the Linear weight gradients' K split: the largest out x in of the
-       * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
-        const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
-        const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
-        m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
-        m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
-    }
-    if (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS) {
-        m->dO = falloc((size_t)(R * I), &z);
-        m->dlam = falloc((size_t)c->heads, &z);
-    }
+    alloc_stream(m, &q, &z);
+    alloc_blocks(m, &q, &z, &wsz);
+    alloc_head(m, &q, &z, &wsz);
+    alloc_scratch(m, &q, &z);
     if (z.bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for activations");
     if (measure) {
         *bytes = wsz > SIZE_MAX - z.bytes ? SIZE_MAX : z.bytes + wsz;

@@ -59,7 +59,7 @@ struct bk_model {
     bk_model_config c;
     uint64_t seed, fwd_count, cur_count;
     int max_batch, np, in_feat, T, I, dh, F;
-    int nparam;
+    int nparam, nparam_need; /* the table's tensors; those the configuration asks for */
     bki_param tab[MAXP];
     int64_t P;
     float *w, *gw;

@@ -7,8 +7,9 @@
  * "attn.NAME", bki_learned) and those a layer extension below holds. The
  * layer extensions are the work a few kinds need around their operator
  * inside the model's layer, found by the operator's name: diff's lambda
- * reparametrisation and per-head norm, ASAP's compiled layers. Every other
- * kind, an operator registered later included, needs nothing here. */
+ * reparametrisation and per-head norm, ASAP's compiled layers (what they
+ * ask of the configuration, their flags, is config.c's LAYER_FLAGS). Every
+ * other kind, an operator registered later included, needs nothing here. */
 #include "model_impl.h"
 #include "../ops/op.h"
 
@@ -16,44 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-const bki_op *bki_attn_op(int kind)
-{
-    const bki_op *op = (const bki_op *)(const void *)bk_op_at(kind);
-    return op && (op->caps & BKI_CAP_MODEL) ? op : NULL;
-}
-
-const char *bk_attn_kind_name(bk_attn_kind k)
-{
-    const bki_op *op = bki_attn_op((int)k);
-    return op ? op->name : "?";
-}
-
-int bk_attn_kind_find(const char *name)
-{
-    if (!name) return -1;
-    for (int i = 0; i < bk_op_count(); i++)
-        if (bki_attn_op(i) && !strcmp(bki_attn_op(i)->name, name)) return i;
-    return -1;
-}
-
-/* a field of the operator's parameter struct by name and type, or NULL */
-static void *field(const bki_op *op, void *par, const char *name, bki_field_type ty)
-{
-    for (int j = 0; j < op->nfields; j++)
-        if (op->fields[j].type == ty && !strcmp(op->fields[j].name, name)) return (char *)par + op->fields[j].offset;
-    return NULL;
-}
-
-void bki_attn_set_owned(const bki_op *op, void *par, float scale, int causal, int64_t seed_offset)
-{
-    float *sc = field(op, par, "scale", BKI_F_FLOAT);
-    int *ca = field(op, par, "causal", BKI_F_INT);
-    int64_t *sd = field(op, par, "seed", BKI_F_I64);
-    if (sc) *sc = scale;
-    if (ca) *ca = causal;
-    if (sd) *sd += seed_offset;
-}
 
 /* ---- attn=diff: the paper's layer around the operator (docs/MODEL.md) ------
  * lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one value shared by
@@ -180,7 +143,6 @@ static void asap_fill(const bk_model *m, int l, void *par)
  * adds them into the model's gradients. NULL: nothing. */
 typedef struct {
     const char *op;
-    unsigned flags; /* BKI_LAYER_* */
     const char *const *tensors;
     int ntensors;
     int64_t (*len)(int dh);
@@ -195,10 +157,10 @@ typedef struct {
 
 static const char *const DIFF_TENSORS[] = {"diff_lq1", "diff_lk1", "diff_lq2", "diff_lk2"};
 static const layer_ext EXTS[] = {
-    {"diff", BKI_LAYER_SELF_ONLY | BKI_LAYER_WHOLE_ROWS | BKI_LAYER_BUFFERS, DIFF_TENSORS, 4, diff_vec_len,
+    {"diff", DIFF_TENSORS, 4, diff_vec_len,
      0.1 /* the paper's N(0, 0.1^2) */, diff_fill, diff_fwd_pre, diff_fwd_post, diff_bwd_pre, diff_pgrads,
      diff_bwd_post},
-    {"asap", BKI_LAYER_SELF_ONLY | BKI_LAYER_HOLDS, NULL, 0, NULL, 0.0, asap_fill, NULL, NULL, NULL, NULL, NULL},
+    {"asap", NULL, 0, NULL, 0.0, asap_fill, NULL, NULL, NULL, NULL, NULL},
 };
 
 static const layer_ext *ext_of(int kind)
@@ -207,12 +169,6 @@ static const layer_ext *ext_of(int kind)
     for (size_t i = 0; op && i < sizeof EXTS / sizeof EXTS[0]; i++)
         if (!strcmp(EXTS[i].op, op->name)) return &EXTS[i];
     return NULL;
-}
-
-unsigned bki_attn_layer_flags(int kind)
-{
-    const layer_ext *x = ext_of(kind);
-    return x ? x->flags : 0u;
 }
 
 /* ---- a block's attention tensors ------------------------------------------ */
@@ -348,7 +304,7 @@ bk_status bki_attn_backward(bk_model *m, attn_site s, const bk_attn_desc *d, con
 bk_status bki_attn_fwd_pre(bk_model *m, int l, bk_tensor *o)
 {
     const layer_ext *x = ext_of(m->c.attn);
-    if (x && (x->flags & BKI_LAYER_HOLDS) && !m->ba[l].asap)
+    if ((bki_attn_layer_flags(m->c.attn) & BKI_LAYER_HOLDS) && !m->ba[l].asap)
         return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
     if (x && x->fwd_pre) x->fwd_pre(m, l, o);
     return BK_OK;

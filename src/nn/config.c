@@ -116,7 +116,64 @@ static int word_in(const char *name, const char *list)
     return 0;
 }
 
-/* the parameters the model sets itself at every call (attn_par.c) */
+/* ---- the kinds: the registry's operators with BKI_CAP_MODEL ---- */
+const bki_op *bki_attn_op(int kind)
+{
+    const bki_op *op = (const bki_op *)(const void *)bk_op_at(kind);
+    return op && (op->caps & BKI_CAP_MODEL) ? op : NULL;
+}
+
+const char *bk_attn_kind_name(bk_attn_kind k)
+{
+    const bki_op *op = bki_attn_op((int)k);
+    return op ? op->name : "?";
+}
+
+int bk_attn_kind_find(const char *name)
+{
+    if (!name) return -1;
+    for (int i = 0; i < bk_op_count(); i++)
+        if (bki_attn_op(i) && !strcmp(bki_attn_op(i)->name, name)) return i;
+    return -1;
+}
+
+/* a field of the operator's parameter struct by name and type, or NULL */
+static void *field(const bki_op *op, void *par, const char *name, bki_field_type ty)
+{
+    for (int j = 0; j < op->nfields; j++)
+        if (op->fields[j].type == ty && !strcmp(op->fields[j].name, name)) return (char *)par + op->fields[j].offset;
+    return NULL;
+}
+
+void bki_attn_set_owned(const bki_op *op, void *par, float scale, int causal, int64_t seed_offset)
+{
+    float *sc = field(op, par, "scale", BKI_F_FLOAT);
+    int *ca = field(op, par, "causal", BKI_F_INT);
+    int64_t *sd = field(op, par, "seed", BKI_F_I64);
+    if (sc) *sc = scale;
+    if (ca) *ca = causal;
+    if (sd) *sd += seed_offset;
+}
+
+/* what the layer work of a few kinds (attn_layer.c's extensions, by the
+ * same operator names) asks of the configuration */
+static const struct {
+    const char *op;
+    unsigned flags;
+} LAYER_FLAGS[] = {
+    {"diff", BKI_LAYER_SELF_ONLY | BKI_LAYER_WHOLE_ROWS | BKI_LAYER_BUFFERS},
+    {"asap", BKI_LAYER_SELF_ONLY | BKI_LAYER_HOLDS},
+};
+
+unsigned bki_attn_layer_flags(int kind)
+{
+    const bki_op *op = bki_attn_op(kind);
+    for (size_t i = 0; op && i < sizeof LAYER_FLAGS / sizeof LAYER_FLAGS[0]; i++)
+        if (!strcmp(LAYER_FLAGS[i].op, op->name)) return LAYER_FLAGS[i].flags;
+    return 0u;
+}
+
+/* the parameters the model sets itself at every call (bki_attn_set_owned) */
 static int model_owned(const char *key) { return !strcmp(key, "scale") || !strcmp(key, "causal"); }
 
 /* a site given kind k: that operator's defaults (and the model's old ones) */

@@ -1,7 +1,11 @@
-/* model.c -- the transformer classifier of the training engine
- * (docs/MODEL.md): parameter table, planned activations, forward and exact
- * backward over the library's attention operators (the configuration is
- * config.c's, the attention sites attn_layer.c's). */
+/* model.c -- the model of the training engine (docs/MODEL.md): the
+ * parameter table (one declarative list per architecture), initialisation,
+ * activations planned at creation, the classifier's embedding, pooling,
+ * head and loss, the forward and backward entry points, changing the
+ * attention (in place, swaps), OTK's unsupervised start, ASAP calibration.
+ * The configuration is config.c's, the attention sites attn_layer.c's, the
+ * shared blocks blocks.c's, the encoder stack encoder.c's, the Set
+ * Transformer's units set.c's, the encoder-decoder seq2seq.c's. */
 #include "model_impl.h"
 #include "../ops/op.h"
 #include "../core/vexp.h"
@@ -94,28 +98,6 @@ static void add_block(bk_model *m, int l, const char *prefix, int dec)
 #undef P
 }
 
-/* ---- Set Transformer units (docs/MODEL.md "Set Transformer blocks") ----
- * The classifier's bo/ba entries: [0, depth) its blocks (encoder blocks, or
- * with set_block = isab each ISAB's second MAB, mab1: the set attends to H),
- * [depth, 2 depth) the ISABs' first MABs (mab0: the inducing points attend
- * to the set), then the PMA (pool = pma). */
-#define is_isab bki_is_isab
-#define has_pma bki_has_pma
-#define pma_unit bki_pma_unit
-/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
- * or the classifier's set units */
-static int block_count(const bk_model_config *c)
-{
-    return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0) + (is_isab(c) ? c->depth : 0) + has_pma(c);
-}
-/* what an entry of bo/ba is */
-typedef enum { U_ENC = 0, U_DEC = 1, U_MAB = 2 } unit_kind;
-static unit_kind unit_of(const bk_model_config *c, int l)
-{
-    if (c->arch == BK_ARCH_SEQ2SEQ) return l >= c->depth ? U_DEC : U_ENC;
-    return is_isab(c) || l >= c->depth ? U_MAB : U_ENC;
-}
-
 /* a tensor named prefix + suffix */
 static int64_t add_named(bk_model *m, const char *prefix, const char *suffix, int nd, int64_t s0, int64_t s1,
                          int decay)
@@ -174,7 +156,7 @@ static void add_isab(bk_model *m, int l)
 static void add_pma(bk_model *m)
 {
     const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim;
+    const int u = bki_pma_unit(c), D = c->dim, M = c->mlp_dim;
     blk_off *o = &m->bo[u];
     memset(o, 0xff, sizeof *o);
     o->qset = add_param(m, "pool.seeds", 2, c->pma_seeds, D, 0, 0);
@@ -243,7 +225,7 @@ static void build_table(bk_model *m)
     if (c->cls) m->cls_o = add_param(m, "cls", 1, D, 0, 0, 0);
     if (c->pos_embed) m->pos_o = add_param(m, "pos", 2, m->T, D, 0, 0);
     for (int l = 0; l < c->depth; l++) {
-        if (is_isab(c)) {
+        if (bki_is_isab(c)) {
             add_isab(m, l);
             continue;
         }
@@ -257,7 +239,7 @@ static void build_table(bk_model *m)
     if (c->pool == BK_POOL_OTK && c->otk_anchors > 0)
         m->otk_w = add_param(m, "pool.otk_w", 2, c->otk_anchors, D, 0, 0);
     if (c->pool == BK_POOL_OTK) m->otk_z = add_param(m, "pool.otk_z", 3, c->otk_refs, c->otk_supports, m->otk_k, 0);
-    if (has_pma(c)) add_pma(m);
+    if (bki_has_pma(c)) add_pma(m);
     m->head_w = add_param(m, "head.weight", 2, c->classes, m->F, 0, 1);
     m->head_b = add_param(m, "head.bias", 1, c->classes, 0, 0, 0);
 }
@@ -332,12 +314,6 @@ static void init_params(bk_model *m)
     }
 }
 
-static bk_attn_desc attn_desc(const bk_model *m, int B)
-{
-    bk_attn_desc d = {B, m->c.heads, m->T, m->T, m->dh, m->dh, m->nb, m->nb};
-    return d;
-}
-
 static bk_otk_desc otk_desc(const bk_model *m, int B)
 {
     bk_otk_desc d = {B, m->T, m->c.dim, m->c.otk_refs, m->c.otk_supports, m->otk_k, m->nb};
@@ -365,35 +341,6 @@ static bk_otk_config otk_params(const bk_model *m)
     return p;
 }
 
-/* The cross-attention of unit L (a decoder block, a MAB unit): Nq queries
- * with lengths nq, Nk keys with lengths nk per sample (NULL: all) */
-typedef struct {
-    int Nq, Nk;
-    const int32_t *nq, *nk;
-} cross_shape;
-/* a MAB unit's (the lengths are the current batch's) */
-static cross_shape mab_shape(const bk_model *m, int u)
-{
-    const bk_model_config *c = &m->c;
-    if (has_pma(c) && u == pma_unit(c)) return (cross_shape){c->pma_seeds, m->T, NULL, m->nb};
-    if (u >= c->depth) return (cross_shape){c->set_inducing, m->T, NULL, m->nb}; /* mab0: I over X */
-    return (cross_shape){m->T, c->set_inducing, m->nb, NULL};                     /* mab1: X over H */
-}
-/* the problem of unit l's cross-attention for max_batch (tapes, workspace) */
-static bk_attn_desc cross_desc_max(const bk_model *m, int l)
-{
-    if (unit_of(&m->c, l) == U_DEC)
-        return (bk_attn_desc){m->max_batch, m->c.heads, m->Td, m->Tmax, m->dh, m->dh, NULL, NULL};
-    const cross_shape cs = mab_shape(m, l);
-    return (bk_attn_desc){m->max_batch, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, NULL, NULL};
-}
-/* the Set Transformer's forward and backward (after the decoder's) */
-static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train);
-static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin);
-static bk_status pma_fwd(bk_model *m, int B, int train);
-static bk_status pma_bwd(bk_model *m, int B);
-static attn_site self_site(int l) { return (attn_site){l, 0, 0}; }
-
 
 void bk_model_free(bk_model *m)
 {
@@ -401,7 +348,7 @@ void bk_model_free(bk_model *m)
     free(m->w);
     free(m->gw);
     if (m->ba)
-        for (int l = 0; l < block_count(&m->c); l++) {
+        for (int l = 0; l < bki_block_count(&m->c); l++) {
             blk_act *a = &m->ba[l];
             free(a->mid);
             if (a->out != a->mid) free(a->out);
@@ -474,7 +421,6 @@ static float *falloc(size_t n, sizer *z) { return zalloc(z, n, sizeof(float)); }
 /* the scratch of bki_linear_bwd's K split for an out x in weight gradient
  * (NULL where it does not fit: the product then runs unsplit) */
 #define KBUF_MAX ((size_t)1 << 18)
-static float *kb(const bk_model *m, int out, int in) { return bki_linear_kbuf_floats(out, in) <= m->kbuf_n ? m->kbuf : NULL; }
 
 static size_t phys_memory(void)
 {
@@ -491,7 +437,7 @@ static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
 {
     const bk_model_config *c = &m->c;
     blk_act *a = &m->ba[u];
-    const cross_shape cs = mab_shape(m, u);
+    const bki_cross_shape cs = bki_mab_shape(m, u);
     const size_t D = (size_t)c->dim, I = (size_t)m->I, M = (size_t)c->mlp_dim, Rq = (size_t)m->max_batch * cs.Nq,
                  Rk = (size_t)m->max_batch * cs.Nk;
     a->lnk = falloc(Rk * D, z);
@@ -520,7 +466,7 @@ static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
     }
     const attn_site site = {u, 1, 0};
     if (z->bad) return;
-    const bk_attn_desc d = cross_desc_max(m, u);
+    const bk_attn_desc d = bki_cross_desc_max(m, u);
     a->ctape_cap = bki_attn_tape(m, &d, site);
     if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
     const size_t w1 = bki_attn_ws(m, &d, site);
@@ -610,11 +556,11 @@ static int model_shape(bk_model *m)
     m->Td = s2s ? c->tgt_max_len : 0;
     m->otk_k = c->otk_anchors > 0 ? c->otk_anchors : c->dim;
     m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * m->otk_k
-           : has_pma(c)                   ? c->pma_seeds * c->dim
+           : bki_has_pma(c)                   ? c->pma_seeds * c->dim
                                           : c->dim;
     int Nmax = m->T > m->Td ? m->T : m->Td;
-    if (is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
-    if (has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
+    if (bki_is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
+    if (bki_has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
     return Nmax;
 }
 
@@ -625,7 +571,7 @@ static void alloc_stream(bk_model *m, const plan_rows *q, sizer *z)
     const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
     (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
-    const int sets = is_isab(c) || has_pma(c);
+    const int sets = bki_is_isab(c) || bki_has_pma(c);
     const size_t Bn = (size_t)q->B * (size_t)m->np;
     if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, z);
     if (c->input == BK_INPUT_POINTS) {
@@ -669,9 +615,9 @@ static void alloc_blocks(bk_model *m, const plan_rows *q, sizer *z, size_t *wsz)
     bk_attn_desc ad = {q->B, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
     bk_attn_desc dd = {q->B, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
     bk_attn_desc cd = {q->B, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
-    for (int l = 0; l < block_count(c); l++) {
+    for (int l = 0; l < bki_block_count(c); l++) {
         blk_act *a = &m->ba[l];
-        if (unit_of(c, l) == U_MAB) {
+        if (bki_unit_of(c, l) == U_MAB) {
             alloc_mab(m, l, z, wsz);
             if (z->bad) break;
             continue;
@@ -820,7 +766,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     q.R = (int64_t)max_batch * m->T;
     q.Rd = (int64_t)max_batch * m->Td;
     q.Rx = (int64_t)max_batch * q.Nmax;
-    const int NB = block_count(c);
+    const int NB = bki_block_count(c);
     const int64_t D = c->dim, I = m->I, V = c->vocab;
     /* (bounds that keep every size below in range; bk_model_memory and the
      * physical-memory check refuse what is merely too large for the machine) */
@@ -862,7 +808,7 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     return BK_OK;
 }
 
-/* samples [s, s + n) of a batch (views into its arrays) */
+/* samples [s, s + n) of a batch (bki_views into its arrays) */
 bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n)
 {
     const int64_t per = bki_model_sample_size(m);
@@ -968,7 +914,7 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
     }
     m->ba[layer].asap = cp;
     size_t need =
-        bki_attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, self_site(layer));
+        bki_attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, bki_self_site(layer));
     return bki_model_ensure_ws(m, need);
 }
 
@@ -1053,16 +999,16 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     /* (the decoder's at its largest: m->Td is the last batch's target length) */
     const int tdmax = c->arch == BK_ARCH_SEQ2SEQ ? c->tgt_max_len : 0;
     bk_attn_desc dd = {m->max_batch, c->heads, tdmax, tdmax, m->dh, m->dh, NULL, NULL};
-    for (int l = 0; l < block_count(c); l++) {
+    for (int l = 0; l < bki_block_count(c); l++) {
         blk_act *a = &m->ba[l];
-        const unit_kind uk = unit_of(c, l);
+        const unit_kind uk = bki_unit_of(c, l);
         const int dec = uk == U_DEC;
         /* encoder blocks: self-attention; decoder blocks: both; MAB units:
          * their cross-attention */
         for (int cross = uk == U_MAB; cross <= (uk != U_ENC); cross++) {
             void **tape = cross ? &a->ctape : &a->tape;
             size_t *cap = cross ? &a->ctape_cap : &a->tape_cap;
-            const bk_attn_desc cd = cross_desc_max(m, l);
+            const bk_attn_desc cd = bki_cross_desc_max(m, l);
             const size_t need = bki_attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
             if (need <= *cap) continue;
             void *t = calloc(1, need);
@@ -1147,43 +1093,6 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     return BK_OK;
 }
 
-/* ------------------------------------------------------------------------ */
-/* forward                                                                  */
-/* ------------------------------------------------------------------------ */
-/* the seq2seq batch: source ids and lengths, targets when needed */
-static bk_status check_batch_s2s(const bk_model *m, const bk_batch *b, int need_tgt)
-{
-    const bk_model_config *c = &m->c;
-    if (!b->tokens) return bki_fail(BK_ERR_NULL, "model: the batch lacks its source tokens");
-    if (need_tgt && (!b->tgt || !b->tgt_len))
-        return bki_fail(BK_ERR_NULL, "model: a seq2seq forward needs the targets (tgt and tgt_len: the decoder "
-                                     "reads them shifted right; bk_model_translate decodes without them)");
-    for (int i = 0; i < b->B; i++) {
-        const int n = b->len ? b->len[i] : c->max_len;
-        if (n < 1 || n > c->max_len)
-            return bki_fail(BK_ERR_LENGTH, "model: source length len[%d] = %d outside [1, max_len = %d]", i, n,
-                            c->max_len);
-        for (int t = 0; t < n; t++) {
-            const int32_t v = b->tokens[(size_t)i * c->max_len + t];
-            if (v < 0 || v >= c->vocab)
-                return bki_fail(BK_ERR_PARAM, "model: source token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
-                                c->vocab);
-        }
-        if (!b->tgt || !b->tgt_len) continue;
-        const int nt = b->tgt_len[i];
-        if (nt < 1 || nt > c->tgt_max_len)
-            return bki_fail(BK_ERR_LENGTH, "model: target length tgt_len[%d] = %d outside [1, tgt_max_len = %d]", i,
-                            nt, c->tgt_max_len);
-        for (int t = 0; t < nt; t++) {
-            const int32_t v = b->tgt[(size_t)i * c->tgt_max_len + t];
-            if (v < 0 || v >= c->vocab)
-                return bki_fail(BK_ERR_PARAM, "model: target token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
-                                c->vocab);
-        }
-    }
-    return BK_OK;
-}
-
 static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labels)
 {
     const bk_model_config *c = &m->c;
@@ -1192,7 +1101,7 @@ static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labe
         return bki_fail(BK_ERR_SHAPE, "model: batch of %d outside [1, max_batch = %d]", b->B, m->max_batch);
     if (c->arch == BK_ARCH_SEQ2SEQ) {
         (void)need_labels; /* (teacher forcing: the decoder reads the targets) */
-        return check_batch_s2s(m, b, 1);
+        return bki_check_batch_s2s(m, b, 1);
     }
     if (c->input == BK_INPUT_TOKENS ? !b->tokens : !b->x)
         return bki_fail(BK_ERR_NULL, "model: the batch lacks its %s", c->input == BK_INPUT_TOKENS ? "tokens" : "inputs x");
@@ -1324,125 +1233,12 @@ static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
         if (m->nb[b] < T) memset(m->x0 + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
 }
 
-static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
-{
-    const int64_t T = m->T, I = m->I, dh = m->dh;
-    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-/* ---- LOTFormer's ViT ingredients around the operator (vit.c) --------------
- * cls_attn != full: the operator runs on the tokens after [CLS] (every view
- * one row down, lengths nb - 1, the problem (T - 1) x (T - 1)) and the [CLS]
- * row is computed on its own; dwc = 1: the convolution branch is added to
- * the attention's output. Both are the same for every attention kind. */
-static int cls_split(const bk_model *m) { return m->c.cls_attn != BK_CLS_FULL; }
-static bki_vit_shape vit_shape(const bk_model *m, int B)
-{
-    return (bki_vit_shape){B, m->T, m->c.heads, m->dh, m->nb};
-}
-static bki_cls_par cls_par(const bk_model *m)
-{
-    return (bki_cls_par){m->c.cls_attn, bki_scale(m->c.attn_scale, m->dh), m->c.pol_ps, m->c.pol_po};
-}
-static bki_dwc_par dwc_par(const bk_model *m)
-{
-    return (bki_dwc_par){m->c.cls, m->c.image_h / m->c.patch, m->c.image_w / m->c.patch, m->c.dwc_kernel};
-}
-/* the operator's problem: all tokens, or those after [CLS] (the views of
- * ts[0..n) moved one token down: row strides ld[i]) */
-static bk_attn_desc op_desc(const bk_model *m, int B, bk_tensor *ts, const int64_t *ld, int n)
-{
-    if (!cls_split(m)) return attn_desc(m, B);
-    for (int i = 0; i < n; i++) ts[i].data += ld[i];
-    bk_attn_desc d = {B, m->c.heads, m->T - 1, m->T - 1, m->dh, m->dh, m->nb1, m->nb1};
-    return d;
-}
-
-/* the self-attention of block l (classifier, encoder) with its kind's hooks;
- * attn_out (nullable): the attention map [B, H, T, T] */
-static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
-{
-    blk_act *a = &m->ba[l];
-    bk_tensor t[5];  /* q, k, v, o, the map */
-    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[3]);
-    bk_status st = bki_attn_fwd_pre(m, l, &t[3]);
-    if (st) return st;
-    if (attn_out) {
-        t[4] = *attn_out;
-        if (cls_split(m)) /* the operator fills the block of the other tokens */
-            memset(attn_out->data, 0, sizeof(float) * (size_t)B * m->c.heads * m->T * m->T);
-    }
-    const int64_t I = m->I, ld[5] = {3 * I, 3 * I, 3 * I, I, m->T + 1};
-    bk_attn_desc d = op_desc(m, B, t, ld, attn_out ? 5 : 4);
-    st = bki_attn_forward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], attn_out ? &t[4] : NULL,
-                          train ? a->tape : NULL);
-    if (st) return st;
-    bki_attn_fwd_post(m, l, B);
-    const bki_vit_shape vs = vit_shape(m, B);
-    if (cls_split(m)) {
-        const bki_cls_par cp = cls_par(m);
-        bki_cls_row_fwd(&vs, &cp, a->qkv, a->clsa, a->att);
-        if (attn_out) /* row 0 of each (sample, head) map: the [CLS] row's weights */
-            for (int bh = 0; bh < B * m->c.heads; bh++)
-                memcpy(attn_out->data + (size_t)bh * m->T * m->T, a->clsa + (size_t)bh * m->T,
-                       sizeof(float) * (size_t)m->T);
-    }
-    if (m->c.dwc) {
-        const bki_dwc_par dp = dwc_par(m);
-        bki_dwc_fwd(&vs, &dp, m->w + m->bo[l].dwc_w, m->w + m->bo[l].dwc_b, a->qkv, a->att);
-    }
-    return BK_OK;
-}
-
-typedef struct {
-    int R, D;
-    const float *x;
-    float *out;
-    const float *b;
-} residual_args;
-
-/* out rows += b */
-static void residual_bias_member(void *arg)
-{
-    const residual_args *ra = arg;
-    const int D = ra->D;
-    const float *b = ra->b;
-    BKI_FOR(r, ra->R) {
-        float *o = ra->out + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += b[c];
-    }
-}
-
-/* out rows += x rows */
-static void residual_x_member(void *arg)
-{
-    const residual_args *ra = arg;
-    const int D = ra->D;
-    BKI_FOR(r, ra->R) {
-        float *o = ra->out + (size_t)r * D;
-        const float *xr = ra->x + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += xr[c];
-    }
-}
-
-static void residual_add(int R, int D, const float *x, float *out, const float *b, float p, uint64_t key)
-{
-    const int nt = bki_threads();
-    residual_args ra = {R, D, x, out, b};
-    bki_parallel_claimed(nt, residual_bias_member, &ra);
-    if (p > 0.0f) bki_dropout(out, R, D, D, p, key);
-    bki_parallel_claimed(nt, residual_x_member, &ra);
-}
-
 static bk_status pool_forward(bk_model *m, int B, int train)
 {
     const bk_model_config *c = &m->c;
     const int T = m->T, D = c->dim;
     const float *h = m->fin;
-    if (c->pool == BK_POOL_PMA) return pma_fwd(m, B, train);
+    if (c->pool == BK_POOL_PMA) return bki_pma_fwd(m, B, train);
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
@@ -1477,12 +1273,6 @@ static bk_status pool_forward(bk_model *m, int B, int train)
     return BK_OK;
 }
 
-static bk_status encoder_fwd(bk_model *m, int B, int train);
-static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin);
-static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
-static bk_status s2s_backward(bk_model *m, float grad_scale);
-static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale);
-
 /* the classifier's trunk on a checked batch: valid lengths, embedding,
  * blocks and final norm into m->fin, the rows the pool reads */
 static bk_status trunk_fwd(bk_model *m, const bk_batch *bt, int train)
@@ -1494,7 +1284,7 @@ static bk_status trunk_fwd(bk_model *m, const bk_batch *bt, int train)
         for (int b = 0; b < B; b++) m->nb1[b] = m->nb[b] - 1;
     if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
     embed_fwd(m, bt, train);
-    return encoder_fwd(m, B, train);
+    return bki_encoder_fwd(m, B, train);
 }
 
 bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
@@ -1511,7 +1301,7 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
     m->ls = ls;
     if (train) m->cur_count = m->fwd_count;
     if (c->arch == BK_ARCH_SEQ2SEQ) {
-        if ((st = s2s_forward(m, bt, train, ls, logits, loss))) return st;
+        if ((st = bki_s2s_forward(m, bt, train, ls, logits, loss))) return st;
         if (train) {
             m->have_tape = 1;
             m->fwd_count++;
@@ -1618,52 +1408,12 @@ bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_confi
     return st;
 }
 
-/* ------------------------------------------------------------------------ */
-/* backward                                                                 */
-/* ------------------------------------------------------------------------ */
-static void add_into(float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-static bk_status attn_backward(bk_model *m, int l, int B)
-{
-    blk_act *a = &m->ba[l];
-    const int64_t T = m->T, I = m->I, dh = m->dh;
-    bk_tensor t[8]; /* q, k, v, dout, dq, dk, dv (and o, unused) */
-    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[7]);
-    t[3] = (bk_tensor){m->dA, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[4] = (bk_tensor){m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[5] = (bk_tensor){m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[6] = (bk_tensor){m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    bki_attn_bwd_pre(m, l, B, &t[3]);
-    const int64_t ld[7] = {3 * I, 3 * I, 3 * I, I, I, I, I};
-    bk_attn_desc d = op_desc(m, B, t, ld, 7);
-    void *pg = bki_attn_pgrads(m);
-    bk_status st = bki_attn_backward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], pg, a->tape);
-    if (st) return st;
-    bki_attn_bwd_post(m, l);
-    /* the ViT ingredients, from d(att) = dA (the [CLS] row first: it sets
-     * row 0 of dq, dk and dv, which the operator left alone) */
-    const bki_vit_shape vs = vit_shape(m, B);
-    if (cls_split(m)) {
-        const bki_cls_par cp = cls_par(m);
-        bki_cls_row_bwd(&vs, &cp, a->qkv, a->clsa, m->dA, m->dcls, m->dq, m->dk, m->dv);
-    }
-    if (m->c.dwc) {
-        const bki_dwc_par dp = dwc_par(m);
-        bki_dwc_bwd(&vs, &dp, m->w + m->bo[l].dwc_w, a->qkv, m->dA, m->ddwc, m->dv, m->gw + m->bo[l].dwc_w,
-                    m->gw + m->bo[l].dwc_b);
-    }
-    return BK_OK;
-}
-
 static bk_status pool_backward(bk_model *m, int B)
 {
     const bk_model_config *c = &m->c;
     const int T = m->T, D = c->dim;
     memset(m->dN, 0, sizeof(float) * (size_t)B * T * D);
-    if (c->pool == BK_POOL_PMA) return pma_bwd(m, B);
+    if (c->pool == BK_POOL_PMA) return bki_pma_bwd(m, B);
     if (c->pool == BK_POOL_OTK) {
         bk_otk_desc od = otk_desc(m, B);
         bk_otk_config op = otk_params(m);
@@ -1675,8 +1425,8 @@ static bk_status pool_backward(bk_model *m, int B)
         st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, m->dWtmp, m->ws,
                              m->ws_cap);
         if (st) return st;
-        add_into(m->gw + m->otk_z, m->dZtmp, (size_t)c->otk_refs * c->otk_supports * m->otk_k);
-        if (m->otk_w >= 0) add_into(m->gw + m->otk_w, m->dWtmp, (size_t)c->otk_anchors * D);
+        bki_add_into(m->gw + m->otk_z, m->dZtmp, (size_t)c->otk_refs * c->otk_supports * m->otk_k);
+        if (m->otk_w >= 0) bki_add_into(m->gw + m->otk_w, m->dWtmp, (size_t)c->otk_anchors * D);
         return BK_OK;
     }
     for (int b = 0; b < B; b++) {
@@ -1693,24 +1443,6 @@ static bk_status pool_backward(bk_model *m, int B)
         }
     }
     return BK_OK;
-}
-
-/* the learned positions' gradient: g[t] += dx[b, t] over b in order, one
- * position t of T an iteration (dx [B, T, D]) */
-typedef struct {
-    float *g;
-    const float *dx;
-    int T, B, D;
-} pos_grad_args;
-
-static void pos_grad_member(void *arg)
-{
-    const pos_grad_args *pg = arg;
-    const int T = pg->T, B = pg->B, D = pg->D;
-    BKI_FOR(i, T) {
-        const int t = (int)i;
-        for (int b = 0; b < B; b++) add_into(pg->g + (size_t)t * D, pg->dx + ((size_t)b * T + t) * D, (size_t)D);
-    }
 }
 
 /* the token rows' gradient gathered from dX [B*T, D] into dE [B*np, D] */
@@ -1741,12 +1473,12 @@ static void embed_backward(bk_model *m, int B)
         if (m->nb[b] < T) memset(dX + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
     if (c->dropout > 0.0f) bki_dropout(dX, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
     if (c->pos_embed) {
-        pos_grad_args pg = {m->gw + m->pos_o, dX, T, B, D};
-        bki_parallel_claimed(nt, pos_grad_member, &pg);
+        bki_pos_grad_args pg = {m->gw + m->pos_o, dX, T, B, D};
+        bki_parallel_claimed(nt, bki_pos_grad_member, &pg);
     }
     if (c->cls) {
         float *g = m->gw + m->cls_o;
-        for (int b = 0; b < B; b++) add_into(g, dX + (size_t)b * T * D, (size_t)D);
+        for (int b = 0; b < B; b++) bki_add_into(g, dX + (size_t)b * T * D, (size_t)D);
     }
     /* gather the token rows' gradient into [B*np, D] */
     float *dE = m->dT;
@@ -1754,746 +1486,16 @@ static void embed_backward(bk_model *m, int B)
     bki_parallel_claimed(nt, gather_member, &ga);
     if (c->input == BK_INPUT_IMAGE) {
         bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
-                       m->gw + m->e_b, kb(m, D, m->in_feat));
+                       m->gw + m->e_b, bki_kb(m, D, m->in_feat));
     } else if (c->input == BK_INPUT_TOKENS) {
-        table_scatter(m->gw + m->e_w, D, m->tokens, Bn, dE, 1.0f);
+        bki_table_scatter(m->gw + m->e_w, D, m->tokens, Bn, dE, 1.0f);
     } else {
         const int pd = m->in_feat;
         float *dG = m->dM;
-        bki_linear_bwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, dE, D, dG, 0.0f, m->gw + m->e_w2, m->gw + m->e_b2, kb(m, D, D));
+        bki_linear_bwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, dE, D, dG, 0.0f, m->gw + m->e_w2, m->gw + m->e_b2, bki_kb(m, D, D));
         bki_gelu_bwd(Bn * (size_t)D, m->emb_h, dG, dG);
-        bki_linear_bwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, dG, D, NULL, 0.0f, m->gw + m->e_w, m->gw + m->e_b, kb(m, D, pd));
+        bki_linear_bwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, dG, D, NULL, 0.0f, m->gw + m->e_w, m->gw + m->e_b, bki_kb(m, D, pd));
     }
-}
-
-/* ---- residual sublayers -----------------------------------------------------
- * pre-LN:  out = x + drop(f(LN(x)) + b)
- * post-LN: out = LN(x + drop(f(x) + b))
- * The norm's buffers (ln, mu, rs) hold LN(x) (pre) or the residual sum x +
- * drop(f + b) (post); sub_in gives the sublayer's input, sub_y the buffer
- * its last linear writes, sub_out adds the residual (and normalises). */
-
-const float *bki_sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
-{
-    if (m->c.post_ln) return x;
-    bki_layernorm_fwd(R, m->c.dim, x, m->w + n->g, m->w + n->b, m->c.ln_eps, n->ln, n->mu, n->rs);
-    return n->ln;
-}
-float *bki_sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
-/* post-LN: out = LN(y), y the residual sum */
-static void sub_norm_out(bk_model *m, int R, const sub_norm *n, const float *y, float *out)
-{
-    if (m->c.post_ln) bki_layernorm_fwd(R, m->c.dim, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
-}
-void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
-{
-    const int D = m->c.dim;
-    float *y = bki_sub_y(m, n, out);
-    residual_add(R, D, x, y, m->w + bias, p, bki_dropout_key(m->seed, m->cur_count, site));
-    sub_norm_out(m, R, n, y, out);
-}
-/* f's last Linear (a [R, in] through the weights at w, bias at offset
- * bias) and the sublayer's end (bki_sub_out). Without dropout the bias and
- * the residual x are added in the Linear's GEMM tiles instead of two passes
- * of their own: the same bits, (y + b) + x */
-static void sub_last(bk_model *m, int R, int in, const float *a, int64_t w, int64_t bias, float p, int site,
-                     const float *x, const sub_norm *n, float *out)
-{
-    const int D = m->c.dim;
-    float *y = bki_sub_y(m, n, out);
-    if (p > 0.0f) {
-        bki_linear_fwd(R, in, D, a, in, m->w + w, NULL, y, D);
-        bki_sub_out(m, R, x, n, bias, p, site, out);
-        return;
-    }
-    bki_linear_fwd_res(R, in, D, a, in, m->w + w, m->w + bias, x, D, y, D);
-    sub_norm_out(m, R, n, y, out);
-}
-
-/* backward: dX holds d(out). sub_bwd_in returns d(f's output) and, post-LN,
- * leaves dX = d(residual sum): with dropout, dT = dX with the dropout
- * applied; without, dX itself (no copy: f's backward reads it and writes
- * elsewhere, and dX is not changed before sub_bwd_out). sub_bwd_out takes
- * dT = d(f's input) into dX = d(x). */
-static const float *sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
-{
-    const int D = m->c.dim;
-    const size_t RD = (size_t)R * D;
-    if (m->c.post_ln) {
-        memset(m->dS, 0, sizeof(float) * RD);
-        bki_layernorm_bwd(R, D, n->ln, n->mu, n->rs, m->w + n->g, m->dX, m->dS, m->gw + n->g, m->gw + n->b);
-        memcpy(m->dX, m->dS, sizeof(float) * RD);
-    }
-    if (m->c.dropout <= 0.0f) return m->dX;
-    memcpy(m->dT, m->dX, sizeof(float) * RD);
-    bki_dropout(m->dT, R, D, D, m->c.dropout, bki_dropout_key(m->seed, m->cur_count, site));
-    return m->dT;
-}
-static void sub_bwd_out(bk_model *m, int R, const float *x, const sub_norm *n)
-{
-    const int D = m->c.dim;
-    if (m->c.post_ln)
-        add_into(m->dX, m->dT, (size_t)R * D);
-    else
-        bki_layernorm_bwd(R, D, x, n->mu, n->rs, m->w + n->g, m->dT, m->dX, m->gw + n->g, m->gw + n->b);
-}
-/* the sublayer's input as the forward saw it */
-static const float *sub_h(const bk_model *m, const sub_norm *n, const float *x) { return m->c.post_ln ? x : n->ln; }
-
-static sub_norm norm1(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].ln1_w, m->bo[l].ln1_b, m->ba[l].ln1, m->ba[l].mu1, m->ba[l].rs1};
-}
-static sub_norm norm2(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].ln2_w, m->bo[l].ln2_b, m->ba[l].ln2, m->ba[l].mu2, m->ba[l].rs2};
-}
-static sub_norm normc(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].lnc_w, m->bo[l].lnc_b, m->ba[l].lnc, m->ba[l].muc, m->ba[l].rsc};
-}
-
-/* the MLP sublayer of block l on rows R: x -> out */
-static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float p, int site)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const int D = m->c.dim, M = m->c.mlp_dim;
-    const sub_norm n = norm2(m, l);
-    const float *h = bki_sub_in(m, R, x, &n);
-    bki_linear_fwd_gelu(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M, a->g1);
-    sub_last(m, R, M, a->g1, o->fc2_w, o->fc2_b, p, site, x, &n, out);
-}
-static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const int D = m->c.dim, M = m->c.mlp_dim;
-    const sub_norm n = norm2(m, l);
-    const float *dy = sub_bwd_in(m, R, &n, site);
-    bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, dy, D, m->dM, 0.0f, m->gw + o->fc2_w,
-                        m->gw + o->fc2_b, a->f1, kb(m, D, M));
-    bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
-                   m->gw + o->fc1_b, kb(m, M, D));
-    sub_bwd_out(m, R, x, &n);
-}
-
-/* encoder (classifier) block l on B samples of T = m->T rows each */
-static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int train)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, R = B * m->T;
-    const float p = train ? c->dropout : 0.0f;
-    const sub_norm n1 = norm1(m, l);
-    const float *h = bki_sub_in(m, R, x, &n1);
-    bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-    bk_status st = attn_forward(m, l, B, train, NULL);
-    if (st) return st;
-    sub_last(m, R, I, a->att, o->proj_w, o->proj_b, p, 1 + 2 * l, x, &n1, a->mid);
-    if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
-    return BK_OK;
-}
-
-/* the blocks from m->x0 [B*T, D], then the final norm (or a copy) into
- * m->fin: the classifier's trunk, the encoder's memory */
-static bk_status encoder_fwd(bk_model *m, int B, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int R = B * m->T, D = c->dim;
-    const float *x = m->x0;
-    for (int l = 0; l < c->depth; l++) {
-        bk_status st = is_isab(c) ? isab_fwd(m, l, B, x, train) : enc_block_fwd(m, l, B, x, train);
-        if (st) return st;
-        x = m->ba[l].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(R, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
-    else
-        memcpy(m->fin, x, sizeof(float) * (size_t)R * D);
-    return BK_OK;
-}
-
-/* dX = d(block output) -> d(block input) */
-static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, R = B * m->T;
-    if (c->mlp_dim > 0) mlp_bwd(m, l, R, a->mid, 2 + 2 * l);
-    const sub_norm n1 = norm1(m, l);
-    const float *dy = sub_bwd_in(m, R, &n1, 1 + 2 * l);
-    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
-    bk_status st = attn_backward(m, l, B);
-    if (st) return st;
-    /* qkv = h Wqkv^T: three blocks of rows of W, one per q / k / v */
-    float *dsrc[3] = {m->dq, m->dk, m->dv};
-    const float *h = sub_h(m, &n1, xin);
-    for (int j = 0; j < 3; j++)
-        bki_linear_bwd(R, D, I, h, D, m->w + o->qkv_w + (size_t)j * I * D, dsrc[j], I, m->dT, j ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, R, xin, &n1);
-    return BK_OK;
-}
-
-/* ---- the encoder-decoder (arch = seq2seq) -------------------------------- */
-/* block index of decoder block j, and its dropout sites (self, cross, MLP) */
-static int dec_index(const bk_model *m, int j) { return m->c.depth + j; }
-static int dec_site(const bk_model *m, int j) { return 1 + 2 * m->c.depth + 3 * j; }
-static int dec_embed_site(const bk_model *m) { return 1 + 2 * m->c.depth + 3 * m->c.dec_depth; }
-
-static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
-{
-    const int64_t Td = m->Td, I = m->I, dh = m->dh;
-    *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-/* ---- the cross-attention sublayer of unit L --------------------------------
- * One mechanism for the decoder's cross-attention and the Set Transformer's
- * MABs: queries from the stream x [B*Nq, D] through the sublayer's norm
- * (lnc), keys and values from mem [B*Nk, D] (the encoder's output, a MAB's
- * normalised key set) as they are:
- *   out = x + drop(proj(Attn(LNc(x) Wq [+ bq], mem Wkv [+ bkv])) + bproj)
- * (post-LN as the other sublayers), attention kind site_kind(cross site). */
-static void cross_views(const bk_model *m, blk_act *a, const cross_shape *cs, bk_tensor *q, bk_tensor *k,
-                        bk_tensor *v, bk_tensor *o)
-{
-    const int64_t Nq = cs->Nq, Nk = cs->Nk, I = m->I, dh = m->dh;
-    *q = (bk_tensor){a->cq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){a->ckv, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){a->ckv + I, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){a->catt, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-static bk_status cross_fwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
-                           float *out, int train, int site)
-{
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
-    const float p = train ? c->dropout : 0.0f;
-    bk_tensor q, k, v, ot;
-    cross_views(m, a, cs, &q, &k, &v, &ot);
-    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
-    const sub_norm nc = normc(m, L);
-    const float *h = bki_sub_in(m, Rq, x, &nc);
-    bki_linear_fwd(Rq, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
-    bki_linear_fwd(Rk, D, 2 * I, mem, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
-    bk_status st = bki_attn_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
-    if (st) return st;
-    sub_last(m, Rq, I, a->catt, o->cproj_w, o->cproj_b, p, site, x, &nc, out);
-    return BK_OK;
-}
-
-/* dX = d(out) -> d(x); ADDS d(mem) into dmem (x, mem: the forward's) */
-static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
-                           float *dmem, int site)
-{
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
-    const int64_t Nq = cs->Nq, Nk = cs->Nk, dh = m->dh;
-    bk_tensor q, k, v, ot;
-    cross_views(m, a, cs, &q, &k, &v, &ot);
-    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
-    const bk_tensor dA = {m->dA, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dk = {m->dk, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    const sub_norm nc = normc(m, L);
-    const float *dy = sub_bwd_in(m, Rq, &nc, site);
-    bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, dy, D, m->dA, 0.0f, m->gw + o->cproj_w,
-                   m->gw + o->cproj_b, kb(m, D, I));
-    bk_status st = bki_attn_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
-    if (st) return st;
-    bki_linear_bwd(Rq, D, I, sub_h(m, &nc, x), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
-                   c->qkv_bias ? m->gw + o->cq_b : NULL, kb(m, I, D));
-    /* kv = mem Wkv^T: the K rows of W, then the V rows */
-    float *dkv[2] = {m->dk, m->dv};
-    for (int i = 0; i < 2; i++)
-        bki_linear_bwd(Rk, D, I, mem, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, dmem, 1.0f,
-                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, Rq, x, &nc);
-    return BK_OK;
-}
-
-/* decoder block j on B samples: x [B*Td, D] -> out, attending to the
- * encoder's output m->fin [B*T, D] */
-static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int train)
-{
-    const int L = dec_index(m, j), site = dec_site(m, j);
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td;
-    const float p = train ? c->dropout : 0.0f;
-    bk_tensor q, k, v, ot;
-    dec_views(m, a, &q, &k, &v, &ot);
-    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    /* causal softmax self-attention */
-    const sub_norm n1 = norm1(m, L);
-    const float *h = bki_sub_in(m, Rd, x, &n1);
-    bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-    bk_status st = bki_attn_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
-    if (st) return st;
-    sub_last(m, Rd, I, a->att, o->proj_w, o->proj_b, p, site, x, &n1, a->mid);
-    /* cross-attention: queries from the stream, keys and values from the
-     * encoder's output */
-    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
-    if ((st = cross_fwd(m, L, B, &cs, a->mid, m->fin, a->cmid, train, site + 1))) return st;
-    if (c->mlp_dim > 0) mlp_fwd(m, L, Rd, a->cmid, a->out, p, site + 2);
-    return BK_OK;
-}
-
-/* dX = d(block output) -> d(block input); adds d(encoder output) into dMem */
-static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
-{
-    const int L = dec_index(m, j), site = dec_site(m, j);
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td;
-    const int64_t Td = m->Td, dh = m->dh;
-    bk_tensor q, k, v, ot;
-    dec_views(m, a, &q, &k, &v, &ot);
-    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    bk_status st;
-    if (c->mlp_dim > 0) mlp_bwd(m, L, Rd, a->cmid, site + 2);
-    /* cross-attention */
-    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
-    if ((st = cross_bwd(m, L, B, &cs, a->mid, m->fin, m->dMem, site + 1))) return st;
-    /* causal self-attention */
-    const sub_norm n1 = norm1(m, L);
-    const float *dy = sub_bwd_in(m, Rd, &n1, site);
-    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
-    if ((st = bki_attn_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
-    float *dsrc[3] = {m->dq, m->dk, m->dv};
-    const float *h = sub_h(m, &n1, xin);
-    for (int i = 0; i < 3; i++)
-        bki_linear_bwd(Rd, D, I, h, D, m->w + o->qkv_w + (size_t)i * I * D, dsrc[i], I, m->dT, i ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, Rd, xin, &n1);
-    return BK_OK;
-}
-
-/* ---- Set Transformer blocks (Lee et al. 2019; docs/MODEL.md) ------------
- * MAB unit u: MAB(X, Y) = Z + drop(MLP(LN2(Z))), Z = the cross-attention
- * sublayer of X over LNk(Y). X: the stream, or (qset) the unit's learned
- * queries broadcast over the batch; dropout sites 1 + 2u and 2 + 2u (the
- * encoder blocks' numbering: an ISAB's mab1 takes its block's). */
-static int mab_site(int u) { return 1 + 2 * u; }
-
-/* x [B*Nq, D] (NULL: the unit's learned queries), y [B*Nk, D] -> ba[u].out */
-static bk_status mab_fwd(bk_model *m, int u, int B, const float *x, const float *y, int train)
-{
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const bk_model_config *c = &m->c;
-    const cross_shape cs = mab_shape(m, u);
-    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
-    if (!x) {
-        for (int b = 0; b < B; b++)
-            memcpy(a->xq + (size_t)b * cs.Nq * D, m->w + o->qset, sizeof(float) * (size_t)cs.Nq * D);
-        x = a->xq;
-    }
-    bki_layernorm_fwd(Rk, D, y, m->w + o->lnk_w, m->w + o->lnk_b, c->ln_eps, a->lnk, a->muk, a->rsk);
-    bk_status st = cross_fwd(m, u, B, &cs, x, a->lnk, a->cmid, train, mab_site(u));
-    if (st) return st;
-    if (c->mlp_dim > 0) mlp_fwd(m, u, Rq, a->cmid, a->out, train ? c->dropout : 0.0f, mab_site(u) + 1);
-    return BK_OK;
-}
-
-/* dX = d(ba[u].out) -> d(x) (the learned queries' gradient is accumulated
- * into the parameters); ADDS d(y) into dy. Scratch: dMem. */
-static bk_status mab_bwd(bk_model *m, int u, int B, const float *x, const float *y, float *dy)
-{
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const bk_model_config *c = &m->c;
-    const cross_shape cs = mab_shape(m, u);
-    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
-    if (!x) x = a->xq;
-    if (c->mlp_dim > 0) mlp_bwd(m, u, Rq, a->cmid, mab_site(u) + 1);
-    memset(m->dMem, 0, sizeof(float) * (size_t)Rk * D);
-    bk_status st = cross_bwd(m, u, B, &cs, x, a->lnk, m->dMem, mab_site(u));
-    if (st) return st;
-    bki_layernorm_bwd(Rk, D, y, a->muk, a->rsk, m->w + o->lnk_w, m->dMem, dy, m->gw + o->lnk_w, m->gw + o->lnk_b);
-    if (o->qset >= 0) bki_colsum_add(m->dX, B, cs.Nq * D, cs.Nq * D, m->gw + o->qset);
-    return BK_OK;
-}
-
-/* ISAB block l: H = MAB(I, X) (unit depth + l), out = MAB(X, H) (unit l) */
-static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train)
-{
-    const int u0 = m->c.depth + l;
-    bk_status st = mab_fwd(m, u0, B, NULL, x, train);
-    return st ? st : mab_fwd(m, l, B, x, m->ba[u0].out, train);
-}
-
-/* dX = d(block output) -> d(block input) */
-static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin)
-{
-    const int u0 = m->c.depth + l, D = m->c.dim;
-    const size_t nx = (size_t)B * m->T * D, nh = (size_t)B * m->c.set_inducing * D;
-    memset(m->dY, 0, sizeof(float) * nh);
-    bk_status st = mab_bwd(m, l, B, xin, m->ba[u0].out, m->dY); /* dX: d(X) as mab1's queries */
-    if (st) return st;
-    memcpy(m->dXs, m->dX, sizeof(float) * nx);
-    memcpy(m->dX, m->dY, sizeof(float) * nh); /* d(H) */
-    if ((st = mab_bwd(m, u0, B, NULL, xin, m->dXs))) return st; /* + d(X) as mab0's keys and values */
-    memcpy(m->dX, m->dXs, sizeof(float) * nx);
-    return BK_OK;
-}
-
-/* pool = pma: pooled [B, k D] = MAB(S, rFF(fin)) (unit pma_unit) */
-static bk_status pma_fwd(bk_model *m, int B, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const float *z = m->fin;
-    if (M > 0) {
-        bki_linear_fwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->w + o->rf1_b, a->rf1, M);
-        bki_gelu_fwd((size_t)R * M, a->rf1, a->rg1);
-        bki_linear_fwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->w + o->rf2_b, a->rfo, D);
-        z = a->rfo;
-    }
-    bk_status st = mab_fwd(m, u, B, NULL, z, train);
-    if (st) return st;
-    memcpy(m->pooled, a->out, sizeof(float) * (size_t)B * c->pma_seeds * D);
-    return BK_OK;
-}
-
-/* d(pooled) = dpool -> dN = d(fin) */
-static bk_status pma_bwd(bk_model *m, int B)
-{
-    const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    memcpy(m->dX, m->dpool, sizeof(float) * (size_t)B * c->pma_seeds * D);
-    memset(m->dY, 0, sizeof(float) * (size_t)R * D);
-    bk_status st = mab_bwd(m, u, B, NULL, M > 0 ? a->rfo : m->fin, m->dY);
-    if (st) return st;
-    if (M > 0) {
-        bki_linear_bwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->dY, D, m->dM, 0.0f, m->gw + o->rf2_w,
-                       m->gw + o->rf2_b, kb(m, D, M));
-        bki_gelu_bwd((size_t)R * M, a->rf1, m->dM, m->dM);
-        bki_linear_bwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->dM, M, m->dN, 0.0f, m->gw + o->rf1_w,
-                       m->gw + o->rf1_b, kb(m, M, D));
-    } else {
-        memcpy(m->dN, m->dY, sizeof(float) * (size_t)R * D);
-    }
-    return BK_OK;
-}
-
-/* x[b, t] = sqrt(dim) table[tok[b, t]] + pos[t] over [B, N] (tok row stride
- * N), dropout, rows t >= len[b] zero */
-typedef struct {
-    const int32_t *tok, *len;
-    int N, D;
-    float sc;
-    const float *E, *pos;
-    float *x;
-    int64_t n;
-} s2s_embed_args;
-
-static void s2s_embed_member(void *arg)
-{
-    const s2s_embed_args *se = arg;
-    const int N = se->N, D = se->D;
-    const float sc = se->sc, *E = se->E, *pos = se->pos;
-    BKI_FOR(r, se->n) {
-        const int b = (int)(r / N), t = (int)(r % N);
-        float *xr = se->x + (size_t)r * D;
-        if (t >= se->len[b]) {
-            memset(xr, 0, sizeof(float) * (size_t)D);
-            continue;
-        }
-        const float *e = E + (size_t)se->tok[r] * D;
-        for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
-    }
-}
-
-static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *x,
-                          int train, int site)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, nt = bki_threads();
-    const float sc = sqrtf((float)D);
-    const float *E = m->w + m->e_w;
-    const float *pos = c->pos_embed == 1 ? m->w + pos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
-    s2s_embed_args se = {tok, len, N, D, sc, E, pos, x, (int64_t)B * N};
-    bki_parallel_claimed(nt, s2s_embed_member, &se);
-    if (train && c->dropout > 0.0f) bki_dropout(x, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
-}
-
-/* the table's gradient: g[tok[r]] += scale dE[r] over n rows (rows with
- * tok < 0 skipped), parallel over column blocks, rows in order */
-typedef struct {
-    float *g;
-    int D;
-    const int32_t *tok;
-    size_t n;
-    const float *dE;
-    float scale;
-} table_scatter_args;
-
-static void table_scatter_member(void *arg)
-{
-    const table_scatter_args *ts = arg;
-    const int D = ts->D;
-    const int32_t *tok = ts->tok;
-    const size_t n = ts->n;
-    const float scale = ts->scale;
-    BKI_FOR(blk, (D + 31) / 32) {
-        const int c0 = (int)blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
-        for (size_t r = 0; r < n; r++) {
-            if (tok[r] < 0) continue;
-            float *gr = ts->g + (size_t)tok[r] * D + c0;
-            const float *er = ts->dE + r * D + c0;
-            for (int k = 0; k < cn; k++) gr[k] += scale * er[k];
-        }
-    }
-}
-
-static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
-{
-    table_scatter_args ts = {g, D, tok, n, dE, scale};
-    bki_parallel_claimed(bki_threads(), table_scatter_member, &ts);
-}
-
-/* backward of s2s_embed_fwd from dx (modified: dropout applied, padded rows
- * zeroed) into the table and the learned positions; tok's padded entries
- * are set to -1 */
-static void s2s_embed_bwd(bk_model *m, int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *dx,
-                          int site)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, nt = bki_threads();
-    for (int b = 0; b < B; b++)
-        if (len[b] < N) {
-            memset(dx + ((size_t)b * N + (size_t)len[b]) * D, 0, sizeof(float) * (size_t)(N - len[b]) * D);
-            for (int t = len[b]; t < N; t++) tok[(size_t)b * N + t] = -1;
-        }
-    if (c->dropout > 0.0f) bki_dropout(dx, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
-    if (c->pos_embed == 1) {
-        pos_grad_args pg = {m->gw + pos_o, dx, N, B, D};
-        bki_parallel_claimed(nt, pos_grad_member, &pg);
-    }
-    table_scatter(m->gw + m->e_w, D, tok, (size_t)B * N, dx, sqrtf((float)D));
-}
-
-/* one row of the target logits an iteration: its probabilities in place,
- * loss and hit into rl; finite cleared by any row with a non-finite lse */
-typedef struct {
-    bk_model *m;
-    int V, Td, Rd;
-    float ls;
-    double *rl;
-    _Atomic int finite;
-} s2s_loss_args;
-
-static void s2s_loss_member(void *arg)
-{
-    s2s_loss_args *sl = arg;
-    bk_model *m = sl->m;
-    const int V = sl->V, Td = sl->Td;
-    const float ls = sl->ls;
-    double *rl = sl->rl;
-    BKI_FOR(i, sl->Rd) {
-        const int r = (int)i;
-        const int b = r / Td, t = r % Td;
-        float *z = m->plog + (size_t)r * V;
-        if (t >= m->nbt[b]) {
-            memset(z, 0, sizeof(float) * (size_t)V);
-            rl[2 * r] = rl[2 * r + 1] = 0.0;
-            continue;
-        }
-        const int y = m->tgt[r];
-        int best = 0;
-        float mx = z[0];
-        double sz = 0.0;
-        for (int j = 1; j < V; j++)
-            if (z[j] > mx) mx = z[j], best = j;
-        for (int j = 0; j < V; j++) sz += z[j];
-        const double zy = z[y];
-        /* exp(z - max) in place (the vectorised exp, 2 ulp), then the
-         * probabilities */
-        double s = 0.0;
-        for (int j = 0; j < V; j++) {
-            z[j] = bki_expf(z[j] - mx);
-            s += z[j];
-        }
-        const double lse = mx + log(s);
-        if (!isfinite(lse)) atomic_store(&sl->finite, 0);
-        rl[2 * r] = (1.0 - ls) * (lse - zy) + ls * (lse - sz / V);
-        rl[2 * r + 1] = best == y;
-        const float is = (float)(1.0 / s);
-        for (int j = 0; j < V; j++) z[j] *= is;
-    }
-}
-
-/* logits = h table^T over the valid target rows, label-smoothed
- * cross-entropy averaged over the valid target tokens; plog keeps the
- * probabilities (rows of padded positions zero) */
-static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *loss)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, V = c->vocab, Td = m->Td, nt = bki_threads(), Rd = B * Td;
-    bki_linear_fwd(Rd, D, V, m->dfin, D, m->w + m->e_w, NULL, m->plog, V);
-    if (logits) {
-        memset(logits, 0, sizeof(float) * (size_t)B * c->tgt_max_len * V);
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < m->nbt[b]; t++)
-                memcpy(logits + ((size_t)b * c->tgt_max_len + t) * V, m->plog + ((size_t)b * Td + t) * V,
-                       sizeof(float) * (size_t)V);
-    }
-    double *rl = m->rloss; /* per row: loss, hit */
-    s2s_loss_args sl = {m, V, Td, Rd, ls, rl, 1};
-    bki_parallel_claimed(nt, s2s_loss_member, &sl);
-    if (!atomic_load(&sl.finite)) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
-    double total = 0.0;
-    int64_t hits = 0;
-    for (int r = 0; r < Rd; r++) {
-        total += rl[2 * r];
-        hits += rl[2 * r + 1] != 0.0;
-    }
-    m->ncorrect = hits;
-    if (loss) *loss = total / (double)m->ntok;
-    return BK_OK;
-}
-
-/* the encoder on B sources (rows of stride `stride`, lengths len, NULL:
- * max_len): T = the longest, the tokens packed [B, T], embedded, the
- * blocks and the final norm into m->fin (training forward and decoding) */
-static bk_status encode_src(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B, int train)
-{
-    int S = 1;
-    for (int b = 0; b < B; b++) {
-        m->nb[b] = len ? len[b] : m->c.max_len;
-        S = m->nb[b] > S ? m->nb[b] : S;
-    }
-    m->T = S;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < m->nb[b] ? src[(size_t)b * stride + t] : 0;
-    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
-    return encoder_fwd(m, B, train);
-}
-
-static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
-{
-    const bk_model_config *c = &m->c;
-    const int B = bt->B, D = c->dim;
-    bk_status st;
-    /* the encoder on the sources (T = the longest), then the decoder on
-     * Td = the longest target's positions */
-    if ((st = encode_src(m, bt->tokens, c->max_len, bt->len, B, train))) return st;
-    int Td = 1;
-    for (int b = 0; b < B; b++) {
-        m->nbt[b] = bt->tgt_len ? bt->tgt_len[b] : c->tgt_max_len;
-        Td = m->nbt[b] > Td ? m->nbt[b] : Td;
-    }
-    m->Td = Td;
-    m->ntok = 0;
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < Td; t++) {
-            const int valid = t < m->nbt[b];
-            m->dtok[(size_t)b * Td + t] = !valid ? 0 : t == 0 ? c->bos : bt->tgt[(size_t)b * c->tgt_max_len + t - 1];
-            m->tgt[(size_t)b * Td + t] = valid && bt->tgt ? bt->tgt[(size_t)b * c->tgt_max_len + t] : 0;
-        }
-        m->ntok += m->nbt[b];
-    }
-    const int Rd = B * Td;
-    /* decoder */
-    s2s_embed_fwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dx0, train, dec_embed_site(m));
-    const float *x = m->dx0;
-    for (int j = 0; j < c->dec_depth; j++) {
-        if ((st = dec_block_fwd(m, j, B, x, train))) return st;
-        x = m->ba[dec_index(m, j)].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(Rd, D, x, m->w + m->dnrm_w, m->w + m->dnrm_b, c->ln_eps, m->dfin, m->dfmu, m->dfrs);
-    else
-        memcpy(m->dfin, x, sizeof(float) * (size_t)Rd * D);
-    return s2s_loss(m, B, ls, logits, loss);
-}
-
-/* the encoder alone (inference) on B sentences: m->fin = memory [B*T, D],
- * T = the longest source, m->nb the lengths (decoding; src rows of stride
- * `stride`) */
-bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B)
-{
-    m->have_tape = 0;
-    m->B = B;
-    return encode_src(m, src, stride, len, B, 0);
-}
-
-typedef struct {
-    bk_model *m;
-    int V, Td, Rd;
-    float ls, k;
-} s2s_dlogits_args;
-
-/* dlogits = k (p - target) on the valid rows, one row an iteration */
-static void s2s_dlogits_member(void *arg)
-{
-    const s2s_dlogits_args *sd = arg;
-    bk_model *m = sd->m;
-    const int V = sd->V, Td = sd->Td;
-    const float ls = sd->ls, k = sd->k;
-    BKI_FOR(i, sd->Rd) {
-        const int r = (int)i;
-        if (r % Td >= m->nbt[r / Td]) continue;
-        float *p = m->plog + (size_t)r * V;
-        for (int j = 0; j < V; j++) p[j] = k * (p[j] - ls / (float)V);
-        p[m->tgt[r]] -= k * (1.0f - ls);
-    }
-}
-
-static bk_status s2s_backward(bk_model *m, float grad_scale)
-{
-    const bk_model_config *c = &m->c;
-    const int B = m->B, D = c->dim, V = c->vocab, Td = m->Td, S = m->T, Rd = B * Td, Re = B * S, nt = bki_threads();
-    const float ls = m->ls, k = grad_scale / (float)m->ntok;
-    bk_status st;
-    /* dlogits = k (p - target) on the valid rows (padded rows are zero) */
-    s2s_dlogits_args sd = {m, V, Td, Rd, ls, k};
-    bki_parallel_claimed(nt, s2s_dlogits_member, &sd);
-    bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL, kb(m, V, D));
-    const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
-    if (c->final_norm) {
-        memset(m->dX, 0, sizeof(float) * (size_t)Rd * D);
-        bki_layernorm_bwd(Rd, D, xlast, m->dfmu, m->dfrs, m->w + m->dnrm_w, m->dN, m->dX, m->gw + m->dnrm_w,
-                          m->gw + m->dnrm_b);
-    } else {
-        memcpy(m->dX, m->dN, sizeof(float) * (size_t)Rd * D);
-    }
-    memset(m->dMem, 0, sizeof(float) * (size_t)Re * D);
-    for (int j = c->dec_depth - 1; j >= 0; j--)
-        if ((st = dec_block_bwd(m, j, B, j > 0 ? m->ba[dec_index(m, j - 1)].out : m->dx0))) return st;
-    s2s_embed_bwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dX, dec_embed_site(m));
-    /* encoder, from d(its output) */
-    const float *elast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
-    if (c->final_norm) {
-        memset(m->dX, 0, sizeof(float) * (size_t)Re * D);
-        bki_layernorm_bwd(Re, D, elast, m->fmu, m->frs, m->w + m->nrm_w, m->dMem, m->dX, m->gw + m->nrm_w,
-                          m->gw + m->nrm_b);
-    } else {
-        memcpy(m->dX, m->dMem, sizeof(float) * (size_t)Re * D);
-    }
-    for (int l = c->depth - 1; l >= 0; l--)
-        if ((st = enc_block_bwd(m, l, B, l > 0 ? m->ba[l - 1].out : m->x0))) return st;
-    s2s_embed_bwd(m, m->tokens, m->nb, B, S, m->pos_o, m->dX, 0);
-    return BK_OK;
 }
 
 bk_status bk_model_backward(bk_model *m, float grad_scale)
@@ -2504,7 +1506,7 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     const bk_model_config *c = &m->c;
     bk_status st;
     if (c->arch == BK_ARCH_SEQ2SEQ) {
-        if ((st = s2s_backward(m, grad_scale))) return st;
+        if ((st = bki_s2s_backward(m, grad_scale))) return st;
         m->have_tape = 0;
         return BK_OK;
     }
@@ -2517,7 +1519,7 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
             m->dlog[(size_t)b * C + j] = grad_scale / (float)B * (m->probs[(size_t)b * C + j] - tgt);
         }
     bki_linear_bwd(B, m->F, C, m->pooled, m->F, m->w + m->head_w, m->dlog, C, m->dpool, 0.0f, m->gw + m->head_w,
-                   m->gw + m->head_b, kb(m, C, m->F));
+                   m->gw + m->head_b, bki_kb(m, C, m->F));
     if ((st = pool_backward(m, B))) return st;
     const float *xlast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
     if (c->final_norm) {
@@ -2528,7 +1530,7 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     }
     for (int l = c->depth - 1; l >= 0; l--) {
         const float *xin = l > 0 ? m->ba[l - 1].out : m->x0;
-        if ((st = is_isab(c) ? isab_bwd(m, l, B, xin) : enc_block_bwd(m, l, B, xin))) return st;
+        if ((st = bki_is_isab(c) ? bki_isab_bwd(m, l, B, xin) : bki_enc_block_bwd(m, l, B, xin))) return st;
     }
     embed_backward(m, B);
     m->have_tape = 0;
@@ -2564,12 +1566,12 @@ bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib)
     if (layer < 0 || layer >= m->c.depth)
         return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: no forward has run");
-    if (is_isab(&m->c))
+    if (bki_is_isab(&m->c))
         return bki_fail(BK_ERR_UNSUPPORTED, "bk_model_calib_add: an ISAB block's attentions are rectangular "
                                             "cross-attentions; ASAP compiles square self-attention layers");
-    bk_attn_desc d = attn_desc(m, m->B);
+    bk_attn_desc d = bki_attn_desc(m, m->B);
     bk_tensor q, k, v, o;
-    views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
+    bki_views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
     return bk_asap_calib_add(calib, &d, &q, &k);
 }
 
@@ -2582,17 +1584,17 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         return bki_fail(BK_ERR_PARAM, "bk_model_attention: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_attention: no forward has run");
     const int64_t T = m->T;
-    if (is_isab(&m->c)) { /* the block's first map: the inducing points over the set */
+    if (bki_is_isab(&m->c)) { /* the block's first map: the inducing points over the set */
         const int u0 = m->c.depth + layer;
-        const cross_shape cs = mab_shape(m, u0);
+        const bki_cross_shape cs = bki_mab_shape(m, u0);
         const int64_t Nq = cs.Nq, Nk = cs.Nk;
         bk_tensor q, k, v, o, A = {attn, m->c.heads * Nq * Nk, Nq * Nk, Nk, BK_DEVICE_HOST, BK_F32};
-        cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
+        bki_cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
         const bk_attn_desc d = {m->B, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, cs.nq, cs.nk};
         return bki_attn_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
     }
     bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST, BK_F32};
     /* re-running the operator rewrites att with the same values; the tape
      * of a pending backward is left alone (train = 0) */
-    return attn_forward(m, layer, m->B, 0, &A);
+    return bki_self_attn_fwd(m, layer, m->B, 0, &A);
 }

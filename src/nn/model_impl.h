@@ -143,7 +143,8 @@ static inline int bki_is_isab(const bk_model_config *c)
 static inline int bki_has_pma(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->pool == BK_POOL_PMA; }
 static inline int bki_pma_unit(const bk_model_config *c) { return c->depth * (bki_is_isab(c) ? 2 : 1); }
 
-/* ---- the attention sites (attn_layer.c, config.c) ----
+/* ---- the attention sites (config.c: the kinds and their flags;
+ * attn_layer.c: the sites' calls and the layer extensions) ----
  * A site: the block (index into bo/ba), cross-attention or self-attention,
  * causal (the decoder's self-attention: softmax only). */
 typedef struct {
@@ -151,7 +152,7 @@ typedef struct {
 } attn_site;
 struct bki_op;
 struct bki_call;
-/* the registered operator of a model kind (BKI_CAP_MODEL), or NULL */
+/* the registered operator of a model kind (BKI_CAP_MODEL), or NULL (config.c) */
 const struct bki_op *bki_attn_op(int kind);
 /* what a kind's layer extension asks of the model: used at self-attention
  * sites only (no cross-attention), defined on whole attention rows (no
@@ -194,5 +195,76 @@ void bki_attn_fwd_post(bk_model *m, int l, int B);
 void bki_attn_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout);
 void *bki_attn_pgrads(bk_model *m);
 void bki_attn_bwd_post(bk_model *m, int l);
+
+/* ---- the model's units and the files that run them ----
+ * (no import circle: model.c -> seq2seq.c -> encoder.c -> set.c ->
+ * blocks.c -> attn_layer.c -> config.c; model.c also uses each of them) */
+/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
+ * or the classifier's set units */
+static inline int bki_block_count(const bk_model_config *c)
+{
+    return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0) + (bki_is_isab(c) ? c->depth : 0) + bki_has_pma(c);
+}
+/* what an entry of bo/ba is */
+typedef enum { U_ENC = 0, U_DEC = 1, U_MAB = 2 } unit_kind;
+static inline unit_kind bki_unit_of(const bk_model_config *c, int l)
+{
+    if (c->arch == BK_ARCH_SEQ2SEQ) return l >= c->depth ? U_DEC : U_ENC;
+    return bki_is_isab(c) || l >= c->depth ? U_MAB : U_ENC;
+}
+
+/* The cross-attention of unit L (a decoder block, a MAB unit): Nq queries
+ * with lengths nq, Nk keys with lengths nk per sample (NULL: all) */
+typedef struct {
+    int Nq, Nk;
+    const int32_t *nq, *nk;
+} bki_cross_shape;
+static inline float *bki_kb(const bk_model *m, int out, int in) { return bki_linear_kbuf_floats(out, in) <= m->kbuf_n ? m->kbuf : NULL; }
+
+/* the learned positions' gradient: g[t] += dx[b, t] over b in order, one
+ * position t of T an iteration (dx [B, T, D]) */
+typedef struct {
+    float *g;
+    const float *dx;
+    int T, B, D;
+} bki_pos_grad_args;
+
+/* blocks.c */
+bk_attn_desc bki_attn_desc(const bk_model *m, int B);
+bki_cross_shape bki_mab_shape(const bk_model *m, int u);
+bk_attn_desc bki_cross_desc_max(const bk_model *m, int l);
+attn_site bki_self_site(int l);
+void bki_views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o);
+bk_status bki_self_attn_fwd(bk_model *m, int l, int B, int train, const bk_tensor *attn_out);
+void bki_add_into(float *dst, const float *src, size_t n);
+void bki_pos_grad_member(void *arg);
+void bki_sub_last(bk_model *m, int R, int in, const float *a, int64_t w, int64_t bias, float p, int site,
+                     const float *x, const sub_norm *n, float *out);
+const float *bki_sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site);
+void bki_sub_bwd_out(bk_model *m, int R, const float *x, const sub_norm *n);
+const float *bki_sub_h(const bk_model *m, const sub_norm *n, const float *x);
+sub_norm bki_norm1(bk_model *m, int l);
+void bki_mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float p, int site);
+void bki_mlp_bwd(bk_model *m, int l, int R, const float *x, int site);
+bk_status bki_enc_block_fwd(bk_model *m, int l, int B, const float *x, int train);
+bk_status bki_enc_block_bwd(bk_model *m, int l, int B, const float *xin);
+void bki_cross_views(const bk_model *m, blk_act *a, const bki_cross_shape *cs, bk_tensor *q, bk_tensor *k,
+                        bk_tensor *v, bk_tensor *o);
+bk_status bki_cross_fwd(bk_model *m, int L, int B, const bki_cross_shape *cs, const float *x, const float *mem,
+                           float *out, int train, int site);
+bk_status bki_cross_bwd(bk_model *m, int L, int B, const bki_cross_shape *cs, const float *x, const float *mem,
+                           float *dmem, int site);
+void bki_table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale);
+/* set.c */
+bk_status bki_isab_fwd(bk_model *m, int l, int B, const float *x, int train);
+bk_status bki_isab_bwd(bk_model *m, int l, int B, const float *xin);
+bk_status bki_pma_fwd(bk_model *m, int B, int train);
+bk_status bki_pma_bwd(bk_model *m, int B);
+/* encoder.c */
+bk_status bki_encoder_fwd(bk_model *m, int B, int train);
+/* seq2seq.c */
+bk_status bki_check_batch_s2s(const bk_model *m, const bk_batch *b, int need_tgt);
+bk_status bki_s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
+bk_status bki_s2s_backward(bk_model *m, float grad_scale);
 
 #endif

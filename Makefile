@@ -78,7 +78,7 @@ AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=
 CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/outfile.c src/core/sort1d.c
 OPS_SRC  = src/ops/driver.c src/ops/registry.c src/ops/sinkhorn.c src/ops/esp.c src/ops/lot.c src/ops/diff.c src/ops/otk.c src/ops/otk_fit.c src/ops/asap.c
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
-NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
+NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/classifier.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
 DATA_SRC = src/data/data.c src/data/batch.c src/data/gen.c src/data/parallel.c
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \

@@ -197,8 +197,9 @@ void *bki_attn_pgrads(bk_model *m);
 void bki_attn_bwd_post(bk_model *m, int l);
 
 /* ---- the model's units and the files that run them ----
- * (no import circle: model.c -> seq2seq.c -> encoder.c -> set.c ->
- * blocks.c -> attn_layer.c -> config.c; model.c also uses each of them) */
+ * (no import circle: model.c -> classifier.c, seq2seq.c -> encoder.c ->
+ * set.c -> blocks.c -> attn_layer.c -> config.c; model.c also uses each of
+ * them) */
 /* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
  * or the classifier's set units */
 static inline int bki_block_count(const bk_model_config *c)
@@ -266,5 +267,14 @@ bk_status bki_encoder_fwd(bk_model *m, int B, int train);
 bk_status bki_check_batch_s2s(const bk_model *m, const bk_batch *b, int need_tgt);
 bk_status bki_s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
 bk_status bki_s2s_backward(bk_model *m, float grad_scale);
+
+/* classifier.c */
+void bki_unit_rows(float *w, int64_t rows, int64_t cols);
+bk_otk_config bki_otk_params(const bk_model *m);
+bk_status bki_check_batch(const bk_model *m, const bk_batch *b, int need_labels);
+bk_status bki_pool_fwd(bk_model *m, int B, int train);
+bk_status bki_trunk_fwd(bk_model *m, const bk_batch *bt, int train);
+bk_status bki_pool_bwd(bk_model *m, int B);
+void bki_embed_bwd(bk_model *m, int B);
 
 #endif

@@ -117,10 +117,12 @@ static int word_in(const char *name, const char *list)
 }
 
 /* ---- the kinds: the registry's operators with BKI_CAP_MODEL ---- */
+/* (a parameter struct larger than a site's storage cannot be a model's: the
+ * registry test checks that none is) */
 const bki_op *bki_attn_op(int kind)
 {
     const bki_op *op = (const bki_op *)(const void *)bk_op_at(kind);
-    return op && (op->caps & BKI_CAP_MODEL) ? op : NULL;
+    return op && (op->caps & BKI_CAP_MODEL) && op->par_size <= BK_ATTN_PARAMS_BYTES ? op : NULL;
 }
 
 const char *bk_attn_kind_name(bk_attn_kind k)

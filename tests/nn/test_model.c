@@ -3132,6 +3132,8 @@ static void test_attn_registry(void)
     int kinds = 0;
     for (int i = 0; i < bk_op_count(); i++) {
         const char *name = bk_op_name(bk_op_at(i));
+        th_check(bk_op_config_size(bk_op_at(i)) <= BK_ATTN_PARAMS_BYTES, "an operator's parameters fit a model site",
+                 "%s: %zu bytes", name, bk_op_config_size(bk_op_at(i)));
         if (bk_attn_kind_find(name) != i || !bk_op_has_backward(bk_op_at(i))) continue;
         kinds++;
         char text[256];

@@ -171,6 +171,17 @@ static const layer_ext *ext_of(int kind)
     return NULL;
 }
 
+/* the operator's learned arrays the model holds as they are: none when the
+ * kind's layer extension has tensors of its own, from which it makes the
+ * operator's arrays (diff's lambda from its four vectors) */
+static int learned_of(int kind)
+{
+    const bki_op *op = bki_attn_op(kind);
+    const layer_ext *x = ext_of(kind);
+    const int n = op && !(x && x->ntensors > 0) ? op->nlearned : 0;
+    return n < BKI_MAX_LEARNED ? n : BKI_MAX_LEARNED;
+}
+
 /* ---- a block's attention tensors ------------------------------------------ */
 int bki_attn_tensors(const bk_model_config *c, int dh, bki_attn_tensor out[BKI_MAX_ATTN_TENSORS])
 {
@@ -179,7 +190,7 @@ int bki_attn_tensors(const bk_model_config *c, int dh, bki_attn_tensor out[BKI_M
     bk_attn_params par;
     bki_config_site_params(c, 0, &par);
     int n = 0;
-    for (int j = 0; op && j < op->nlearned && j < BKI_MAX_LEARNED; j++) {
+    for (int j = 0; j < learned_of(c->attn); j++) {
         const bki_learned *L = &op->learned[j];
         bki_attn_tensor *t = &out[n++];
         memset(t, 0, sizeof *t);
@@ -231,7 +242,7 @@ static bki_call bki_attn_call(const bk_model *m, const bk_attn_desc *d, attn_sit
     void *p = ps.par.bytes;
     bki_attn_set_owned(op, p, m->c.attn_scale, s.causal, (s.cross ? 2000 : 1000) + (int64_t)s.l);
     if (!s.cross && !s.causal) {
-        for (int j = 0; j < op->nlearned && j < BKI_MAX_LEARNED; j++)
+        for (int j = 0; j < learned_of(kind); j++)
             *(const float **)(void *)((char *)p + op->learned[j].offset) =
                 m->w ? m->w + m->bo[s.l].lrn[j] : NULL;
         const layer_ext *x = ext_of(kind);
@@ -328,8 +339,7 @@ void *bki_attn_pgrads(bk_model *m)
 {
     const layer_ext *x = ext_of(m->c.attn);
     if (x && x->pgrads) return x->pgrads(m);
-    const bki_op *op = bki_attn_op(m->c.attn);
-    return op->nlearned > 0 ? (void *)m->lgrad : NULL;
+    return learned_of(m->c.attn) > 0 ? (void *)m->lgrad : NULL;
 }
 
 /* the learned arrays' gradients into the model's: lot_learn picks which are
@@ -342,9 +352,9 @@ void bki_attn_bwd_post(bk_model *m, int l)
         x->bwd_post(m, l);
         return;
     }
-    const bki_op *op = bki_attn_op(m->c.attn);
-    const int trained = m->c.lot_learn == BK_LOT_LEARN_BOTH ? op->nlearned : m->c.lot_learn == BK_LOT_LEARN_Z ? 1 : 0;
-    for (int j = 0; j < trained && j < BKI_MAX_LEARNED; j++) {
+    const int n = learned_of(m->c.attn);
+    const int trained = m->c.lot_learn == BK_LOT_LEARN_BOTH ? n : m->c.lot_learn == BK_LOT_LEARN_Z && n > 0 ? 1 : 0;
+    for (int j = 0; j < trained; j++) {
         float *g = m->gw + m->bo[l].lrn[j];
         for (int64_t i = 0; i < m->lgrad_n[j]; i++) g[i] += m->lgrad[j][i];
     }

@@ -44,18 +44,45 @@ extern "C" {
  * parameter-gradient reduction over rows runs in row order: losses, gradients
  * and trained weights are bitwise identical for any thread count. */
 typedef enum { BK_INPUT_IMAGE = 0, BK_INPUT_TOKENS = 1, BK_INPUT_POINTS = 2 } bk_input_kind;
+/* The attention kind of a model site: the index of a registered operator
+ * (birkhoff/ops.h: bk_op_at) whose schema marks it usable by a model. Every
+ * such operator is a kind, with no list of kinds above the registry: an
+ * operator registered later is a kind under its registry name. The
+ * constants below are the registry indices of the first seven operators
+ * (their values changed with issue 42: esp 2 -> 3, lot 3 -> 5,
+ * unbalanced 5 -> 2; the names, as config text and checkpoints spell them,
+ * did not). */
 typedef enum {
-    BK_ATTN_SOFTMAX = 0, BK_ATTN_SINKHORN = 1, BK_ATTN_ESP = 2, BK_ATTN_LOT = 3,
-    BK_ATTN_ASAP = 4,      /* compiled layers (bk_model_set_asap); inference only */
-    BK_ATTN_UNBALANCED = 5, /* unbalanced Sinkhorn: sk_iters, sk_eps, sk_rho     */
+    BK_ATTN_SOFTMAX = 0, BK_ATTN_SINKHORN = 1, BK_ATTN_UNBALANCED = 2, BK_ATTN_ESP = 3,
+    BK_ATTN_ASAP = 4,       /* compiled layers (bk_model_set_asap); inference only */
+    BK_ATTN_LOT = 5,        /* learned pivots and mass logits per block          */
     BK_ATTN_DIFF = 6        /* differential attention (DiffTransformer): even
                                head_dim; learned lambda vectors per block,
                                per-head RMSNorm, (1 - lambda_init)           */
 } bk_attn_kind;
-/* The name of an attention kind, as the config key attn= spells it
- * ("softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff"; "?" for
- * another value). */
+/* The name of an attention kind, as the config key attn= spells it (the
+ * operator's registry name: "softmax", "sinkhorn", "unbalanced", "esp",
+ * "asap", "lot", "diff", ...; "?" for a value that is not a model kind). */
 BK_API const char *bk_attn_kind_name(bk_attn_kind k);
+/* The kind of a registered operator's name (-1: no such operator, or one a
+ * model cannot use). */
+BK_API int bk_attn_kind_find(const char *name);
+/* The parameters of a site's attention: the operator's own parameter struct
+ * (bk_sinkhorn_config, bk_esp_config, ...: bk_op_config_size bytes), held
+ * in place, tagged with the kind they belong to. Set them by key through
+ * bk_model_config_set ("attn.iters=7"); read them with bk_model_config_get.
+ * A site whose kind was assigned directly (c.attn = BK_ATTN_SINKHORN) reads
+ * as that kind's defaults until its parameters are set. */
+#define BK_ATTN_PARAMS_BYTES 256
+typedef struct {
+    int kind; /* the kind whose parameter struct par holds */
+    union {
+        unsigned char bytes[BK_ATTN_PARAMS_BYTES];
+        double align_d;
+        int64_t align_i;
+        void *align_p;
+    } par;
+} bk_attn_params;
 /* PMA: Set Transformer's pooling by multihead attention (docs/MODEL.md
  * "Set Transformer blocks"): pma_seeds learned seeds attend to the set. */
 typedef enum { BK_POOL_CLS = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_OTK = 3, BK_POOL_PMA = 4 } bk_pool_kind;
@@ -97,18 +124,18 @@ typedef struct {
     float dropout;                          /* [0, 1): embedding, attention
                                                output and MLP output          */
     float ln_eps;                           /* LayerNorm epsilon (1e-5)        */
+    /* the self-attention (classifier and encoder blocks, ISAB blocks): a
+     * kind and its operator's parameters (keys "attn.KEY", the operator's
+     * schema; docs/MODEL.md "Attention keys"). The model itself sets each
+     * operator's scale (attn_scale), causal (the decoder's self-attention)
+     * and the per-block offset of a seed (1000 + block; cross-attention
+     * sites 2000 + block), and the arrays it learns (the operator's learned
+     * schema) or holds (compiled ASAP layers, diff's lambda).           */
     bk_attn_kind attn;
-    float attn_scale;                       /* 0: 1/sqrt(head_dim)             */
-    int sk_iters; float sk_eps;             /* Sinkhorn: S half-steps, eps     */
-    float sk_rho;                           /* unbalanced: column KL rho (10)  */
-    int esp_soft; float esp_t, esp_tau; int esp_slices;   /* ESP: soft sort
-                                               (training) or hard; SoftSort t,
-                                               mixing tau (bk_esp_config's
-                                               units; the paper's: MODEL.md),
-                                               slices (0: axes)               */
-    int lot_r, lot_iters; float lot_eps, lot_temp;        /* LOT: pivots (the
-                                               pivots and mass logits are
-                                               parameters of each layer)      */
+    bk_attn_params attn_par;
+    float attn_scale;                       /* 0: 1/sqrt(head_dim); the scale
+                                               of every site's operator and of
+                                               the [CLS] row                   */
     int otk_refs, otk_supports, otk_iters; float otk_eps; /* OTK pooling:
                                                otk_iters half-steps (even)    */
     /* OTK pooling's feature map and positional encoding (docs/MODEL.md,
@@ -143,15 +170,12 @@ typedef struct {
      * sentence. cls, pool, classes and the OTK keys are not used.       */
     bk_arch arch;
     int dec_depth, tgt_max_len;
-    bk_attn_kind cross_attn;                /* softmax, sinkhorn, unbalanced
-                                               or esp                          */
+    bk_attn_kind cross_attn;                /* an operator with cross-attention
+                                               and no learned arrays (softmax,
+                                               sinkhorn, unbalanced, esp, ...) */
+    bk_attn_params cross_par;               /* its parameters: "cross_attn.KEY" */
     int post_ln;
     int bos, eos;
-    /* attn = asap: the ending of the compiled layers' online operator
-     * (birkhoff/asap.h: auto = the teacher's (odd S: row, even S: column),
-     * zero = ASAP-0, column, row); the fit does not depend on it, so one
-     * compilation serves every ending (bk_model_set_attn_config)        */
-    bk_asap_variant asap_ending;
     /* ---- the ViT ingredients of LOTFormer (classifier; docs/MODEL.md) ----
      * cls_attn: the [CLS] row (above; not FULL needs cls = 1 and attn
      * softmax, sinkhorn, unbalanced, esp or lot); pol_ps, pol_po: the
@@ -164,11 +188,12 @@ typedef struct {
     bk_cls_attn cls_attn;
     float pol_ps, pol_po;
     int dwc, dwc_kernel;
-    /* lot_learn (attn = lot): what of the pivot measure is trained: both
-     * (the pivots Z and the mass logits theta; default), z (Z only: the
-     * masses stay uniform, theta = 0, LOTFormer Table 6's "learnable
-     * pivot"), none (Z stays at its initialisation and the masses uniform:
-     * Table 6's "fixed pivot"). A tensor that is not trained keeps its
+    /* lot_learn: which of the self-attention operator's learned arrays
+     * (its schema's, in order) are trained: both (all; default), z (the
+     * first only), none. For attn = lot: both (the pivots Z and the mass
+     * logits theta), z (Z only: the masses stay uniform, theta = 0,
+     * LOTFormer Table 6's "learnable pivot"), none (Z stays at its
+     * initialisation and the masses uniform: Table 6's "fixed pivot"). A tensor that is not trained keeps its
      * place in the parameter table and in checkpoints; its gradient is zero
      * (never accumulated), so no optimiser moves it (no weight decay
      * applies to LOT tensors) and the gradient norm leaves it out.      */
@@ -176,39 +201,61 @@ typedef struct {
     /* ---- Set Transformer blocks (classifier; docs/MODEL.md) ----
      * set_block: sab (the encoder block) or isab (set_inducing inducing
      * points, >= 1; 16): the attentions of an ISAB block are of kind attn
-     * (softmax, sinkhorn, unbalanced or esp: rectangular problems with
-     * uniform marginals 1/Nq, 1/Nk), and it takes cls_attn = full, dwc = 0.
+     * (an operator with cross-attention and no learned arrays: softmax,
+     * sinkhorn, unbalanced, esp, ...; rectangular problems with uniform
+     * marginals 1/Nq, 1/Nk), and it takes cls_attn = full, dwc = 0.
      * pool = pma: pma_seeds learned seeds (>= 1; 1) attend to rFF(x)
      * (rFF = Linear-GELU-Linear of width mlp_dim; none when mlp_dim = 0)
-     * through a MAB whose attention is pma_attn (softmax, sinkhorn,
-     * unbalanced or esp; softmax: with one seed a doubly-stochastic PMA is
+     * through a MAB whose attention is pma_attn (as the ISAB's; softmax: with one seed a doubly-stochastic PMA is
      * exactly mean pooling), features [B, pma_seeds * dim].           */
     bk_set_block set_block;
     int set_inducing;
     int pma_seeds;
     bk_attn_kind pma_attn;
+    bk_attn_params pma_par;                 /* its parameters: "pma_attn.KEY" */
 } bk_model_config;
 
 /* A ViT-like default: 28x28x1 images, patch 4, dim 64, depth 2, 4 heads,
  * mlp 128, CLS, positional embedding, final LN, CLS pooling, 10 classes,
- * softmax attention, S = 5 / eps = 1, ESP soft t = 1e-3 tau = 1, LOT r = 8
- * T = 5 eps = 1 temp = 1, OTK 1 reference of 4 supports, 20 half-steps (10
+ * softmax attention at every site (a site given another kind takes that
+ * operator's defaults, except ESP's sort = soft and LOT's r = 8, the model's
+ * defaults before the schema), OTK 1 reference of 4 supports, 20 half-steps (10
  * iterations), eps 0.5, identity map (otk_anchors 0; sigma 0.5, eta 1e-2),
  * no PE (otk_sigma_pos 0.1); cls_attn full, pol_ps 2, pol_po 1, no DWC
  * (kernel 3); lot_learn both; set_block sab, 16 inducing points, 1 PMA seed,
  * pma_attn softmax. */
 BK_API bk_model_config bk_model_config_default(void);
 /* One "key=value" assignment (keys are the field names above; enum values by
- * name: input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
- * pool=cls|mean|max|otk|pma, otk_pe=none|1d|2d, asap_ending=auto|zero|column|row,
- * cls_attn=full|softmax|pol, lot_learn=both|z|none, set_block=sab|isab,
- * pma_attn as attn). Unknown keys or malformed values: BK_ERR_PARAM. */
+ * name: input=image|tokens|points, pool=cls|mean|max|otk|pma,
+ * otk_pe=none|1d|2d, cls_attn=full|softmax|pol, lot_learn=both|z|none,
+ * set_block=sab|isab; attn, cross_attn and pma_attn take a model operator's
+ * registry name). The attention sites' parameters are "attn.KEY",
+ * "cross_attn.KEY" and "pma_attn.KEY", KEY a parameter of the site's
+ * operator (its schema, as `birkhoff attn --op NAME --help` lists them)
+ * except scale and causal, which the model sets: set a site's kind first
+ * (giving a site another kind resets its parameters to that kind's
+ * defaults). The keys before the schema are accepted and converted (the
+ * site's kind being the one they named): sk_iters, sk_eps (sinkhorn,
+ * unbalanced: iters, eps), sk_rho (unbalanced: rho), esp_soft (esp: sort),
+ * esp_t, esp_tau, esp_slices (esp: t, tau, L), lot_r, lot_iters, lot_eps,
+ * lot_temp (lot: r, iters, eps, temp), asap_ending (asap: variant); each
+ * sets that parameter at every site of such a kind, and none when there is
+ * none (docs/MODEL.md "Attention keys"). Unknown keys or malformed values:
+ * BK_ERR_PARAM. */
 BK_API bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value);
-/* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"). */
+/* Assignments separated by commas, newlines or spaces ("dim=128,depth=4"):
+ * the kinds (attn, cross_attn, pma_attn) first, then the rest in order, so
+ * old text (a checkpoint's before the schema) converts as it was meant. */
 BK_API bk_status bk_model_config_parse(bk_model_config *c, const char *text);
-/* Writes every field as "key=value\n" lines (NUL-terminated; returns the
- * length needed, excluding the NUL, like snprintf). */
+/* Writes every field as "key=value\n" lines, each site's kind followed by
+ * its operator's parameters ("attn=sinkhorn\nattn.eps=1\nattn.iters=5...")
+ * (NUL-terminated; returns the length needed, excluding the NUL, like
+ * snprintf). */
 BK_API size_t bk_model_config_format(const bk_model_config *c, char *buf, size_t cap);
+/* The value of one key as bk_model_config_format writes it (NUL-terminated
+ * into buf; returns its length, or 0 with BK_ERR_PARAM set for a key the
+ * configuration does not have). */
+BK_API size_t bk_model_config_get(const bk_model_config *c, const char *key, char *buf, size_t cap);
 /* Full validation with a message naming the problem (patch not dividing the
  * image, heads not dividing dim, CLS pooling without a CLS token, ...). */
 BK_API bk_status bk_model_config_check(const bk_model_config *c);
@@ -292,8 +339,8 @@ BK_API bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *
 BK_API bk_status bk_model_attention(bk_model *m, int layer, float *attn);
 /* Compiling a trained Sinkhorn model into ASAP (birkhoff asap compile):
  * bk_model_asap_config gives the ASAP configuration whose teacher is this
- * model's Sinkhorn attention (d = head_dim, scale = attn_scale, eps = sk_eps,
- * teacher_iters = sk_iters; slices, seed and lambda at their defaults: set
+ * model's Sinkhorn attention (d = head_dim, scale = attn_scale, eps = attn.eps,
+ * teacher_iters = attn.iters; slices, seed and lambda at their defaults: set
  * them before bk_asap_calib_create). bk_model_calib_add adds the B*H
  * problems of block `layer` in the last forward (its Q, K and valid lengths)
  * to a calibrator. The compiled model is a copy with attn = asap and
@@ -322,19 +369,20 @@ BK_API int bk_model_tokens(const bk_model *m);
 /* ---- changing a model's attention (docs/MODEL.md, "Plug-and-play swaps") ----
  * bk_model_set_attn_config changes, in place, the attention parameters that
  * keep the parameter table: c must equal the model's configuration except
- * for attn_scale, sk_iters, sk_eps, sk_rho, esp_soft, esp_t, esp_tau,
- * lot_iters, lot_eps, lot_temp, asap_ending, pol_ps and pol_po (any other difference: BK_ERR_PARAM naming
- * the key). The weights, the optimiser state that refers to them and the
+ * for attn_scale, the sites' operator parameters (attn.*, cross_attn.*,
+ * pma_attn.*) that keep the shapes of the learned arrays (LOT's attn.r
+ * may not change), lot_learn, pol_ps and pol_po (any other difference:
+ * BK_ERR_PARAM naming the key). The weights, the optimiser state that refers to them and the
  * dropout counter are untouched; operator tapes are grown when the new
  * parameters need more (BK_ERR_NOMEM leaves the model as it was), and a
  * pending backward is dropped (run a training forward again). What the
- * training loop uses for ESP's temperature annealing (esp_t per epoch) and
- * for evaluating a soft-sort ESP model with the hard sort (esp_soft = 0).
+ * training loop uses for ESP's temperature annealing (attn.t per epoch) and
+ * for evaluating a soft-sort ESP model with the hard sort (attn.sort=hard).
  *
  * bk_model_swap creates a new model (max_batch as bk_model_create) whose
  * configuration is target, with every weight of src: target must equal src's
- * configuration except for the attention keys (attn, attn_scale, sk_*, esp_*,
- * lot_*, cls_attn, pol_*; another key: BK_ERR_PARAM naming it). Every tensor the two
+ * configuration except for the attention keys (attn, cross_attn, pma_attn,
+ * their attn.* keys, attn_scale, cls_attn, pol_*, lot_learn; another key: BK_ERR_PARAM naming it). Every tensor the two
  * parameter tables share (embedding, blocks, norms, pooling, head) is copied
  * bit for bit; a tensor only the target has (LOT's blocks.l.attn.lot_z and
  * lot_theta, swapping to lot; diff's blocks.l.attn.diff_lq1 ... diff_lk2,
@@ -346,7 +394,7 @@ BK_API int bk_model_tokens(const bk_model *m);
  * layers are not carried (a swap away from asap gives the Sinkhorn teacher's
  * attention back). attn = asap is refused: ASAP layers are fitted to a
  * Sinkhorn model's attention on data (bk_asap_compile). A LOT source swapped
- * to LOT keeps its lot_r (its pivots are trained). Swapping to another kind
+ * to LOT keeps its attn.r (its pivots are trained). Swapping to another kind
  * and back (without LOT in between) reproduces src exactly.
  * blocks (nblocks entries, each in [0, depth)) selects the blocks whose
  * attention changes; NULL / 0 selects all. A model holds one attention kind

@@ -60,12 +60,13 @@ typedef struct {
     float esp_anneal;       /* ESP's SoftSort temperature annealing (ESPFormer
                                section 4.4): 0 = off; a factor in (0, 1]: epoch
                                e (0-based) trains and is evaluated with
-                               esp_t = bk_esp_anneal(model.esp_t, factor, e)
-                               (model.esp_t is t0); attn=esp only              */
+                               attn.t = bk_esp_anneal(t0, factor, e) (t0: the
+                               model's attn.t, esp_t before issue 42); an
+                               attention with ESP's t only (attn=esp)          */
     char eval_esp_sort[8];  /* "" (= model) | model | soft | hard: the sort of
                                an ESP model in the end-of-epoch evaluations and
                                diagnostics (hard: the model trained soft,
-                               evaluated with the exact sort, esp_soft = 0);
+                               evaluated with the exact sort, attn.sort=hard);
                                birkhoff eval reads it as its default           */
     int64_t otk_init;       /* > 0 (pool = otk, a new run without init=): before
                                the first step the OTK pool starts from the

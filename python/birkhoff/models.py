@@ -677,16 +677,66 @@ def _parse(text, defaults, enums):
     return out
 
 
+# The C library's attention keys (issue 42): each site's operator parameters
+# "attn.KEY", "cross_attn.KEY", "pma_attn.KEY" from the operator's schema.
+# The twin keeps the keys before the schema, shared by the sites as they were:
+# (operator, KEY) -> the twin's key (and a value map); the parameters the twin
+# does not implement are accepted at their operators' defaults only.
+_SITE_KEYS = {
+    ("sinkhorn", "iters"): "sk_iters", ("sinkhorn", "eps"): "sk_eps",
+    ("unbalanced", "iters"): "sk_iters", ("unbalanced", "eps"): "sk_eps", ("unbalanced", "rho"): "sk_rho",
+    ("esp", "sort"): "esp_soft", ("esp", "t"): "esp_t", ("esp", "tau"): "esp_tau", ("esp", "L"): "esp_slices",
+    ("lot", "r"): "lot_r", ("lot", "iters"): "lot_iters", ("lot", "eps"): "lot_eps", ("lot", "temp"): "lot_temp",
+    ("asap", "variant"): "asap_ending",
+}
+# the twin's keys the C text writes only where a site's kind has them
+SITE_OLD_KEYS = frozenset(_SITE_KEYS.values())
+_SITE_FIXED = {"tol": ("0",), "grad": ("unrolled",), "cost": ("sq",), "out_scale": ("rows",), "seed": ("0",)}
+_SITES = ("attn", "cross_attn", "pma_attn")
+
+
+def _site_pairs(pairs):
+    """(key, value) pairs with the sites' "attn.KEY" converted to the twin's
+    keys (the kinds read first); a parameter the twin cannot represent is
+    kept under its own name (check_config refuses it)."""
+    kinds = {k: v for k, v in pairs if k in _SITES}
+    out, seen = [], {}
+    for k, v in pairs:
+        site, dot, key = k.partition(".")
+        if not dot or site not in _SITES:
+            out.append((k, v))
+            continue
+        op = kinds.get(site, "softmax")
+        old = _SITE_KEYS.get((op, key))
+        if old is None:
+            if v not in _SITE_FIXED.get(key, ()):
+                out.append((k, v))
+            continue
+        if old == "esp_soft":
+            v = {"soft": "1", "hard": "0"}.get(v, v)
+        if old in seen and seen[old] != v:
+            out.append((k, v))  # the twin shares the old key over the sites
+            continue
+        seen[old] = v
+        out.append((old, v))
+    return out
+
+
 def parse_config(text):
     """Model configuration text ("key=value" lines or a comma list) -> dict.
 
     Known keys get their type (int, float, or the enum name as a string:
     input=image|tokens|points, attn=softmax|sinkhorn|esp|lot|asap|unbalanced|diff,
-    pool=cls|mean|max|otk|pma, set_block=sab|isab, pma_attn as attn); unknown
-    keys are kept as strings (Model refuses them). Only the keys present in
-    the text are returned.
+    pool=cls|mean|max|otk|pma, set_block=sab|isab, pma_attn as attn); the
+    sites' operator keys of the C library (attn.iters, cross_attn.t, ...) are
+    converted to the twin's (sk_iters, esp_t, ...); unknown keys are kept as
+    strings (Model refuses them). Only the keys present in the text are
+    returned.
     """
-    return _parse(text, CONFIG_DEFAULTS, _CONFIG_ENUMS)
+    out = {}
+    for k, v in _site_pairs(_split_assignments(text)):
+        out[k] = _typed(k, v, CONFIG_DEFAULTS, _CONFIG_ENUMS) if k in CONFIG_DEFAULTS else v
+    return out
 
 
 def resolve_config(text_or_dict=None):

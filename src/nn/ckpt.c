@@ -1012,7 +1012,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
         snprintf(key, sizeof key, "asap.%d", l);
         const char *at = meta_get(&h, key);
         if (!at) continue;
-        if (cfg.attn != BK_ATTN_ASAP) {
+        if (strcmp(bk_attn_kind_name(cfg.attn), "asap")) {
             st = bki_fail(BK_ERR_FORMAT, "%s: compiled ASAP layers in a model whose attention is not asap", path);
             goto done;
         }

@@ -1,6 +1,11 @@
-/* model.c -- the transformer classifier of the training engine
- * (docs/MODEL.md): configuration, parameter table, planned activations,
- * forward and exact backward over the library's attention operators. */
+/* model.c -- the model of the training engine (docs/MODEL.md): the
+ * parameter table (one declarative list per architecture), initialisation,
+ * activations planned at creation, the classifier's embedding, pooling,
+ * head and loss, the forward and backward entry points, changing the
+ * attention (in place, swaps), OTK's unsupervised start, ASAP calibration.
+ * The configuration is config.c's, the attention sites attn_layer.c's, the
+ * shared blocks blocks.c's, the encoder stack encoder.c's, the Set
+ * Transformer's units set.c's, the encoder-decoder seq2seq.c's. */
 #include "model_impl.h"
 #include "../ops/op.h"
 #include "../core/vexp.h"
@@ -13,327 +18,12 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
-/* configuration                                                            */
-/* ------------------------------------------------------------------------ */
-static const char *const INPUT_NAMES[] = {"image", "tokens", "points", NULL};
-static const char *const ATTN_NAMES[] = {"softmax", "sinkhorn", "esp", "lot", "asap", "unbalanced", "diff", NULL};
-static const char *const POOL_NAMES[] = {"cls", "mean", "max", "otk", "pma", NULL};
-/* bk_set_block's values in order */
-static const char *const SET_BLOCK_NAMES[] = {"sab", "isab", NULL};
-/* bk_asap_variant's values in order */
-static const char *const ASAP_ENDING_NAMES[] = {"auto", "zero", "column", "row", NULL};
-static const char *const ARCH_NAMES[] = {"classifier", "seq2seq", NULL};
-/* bk_cls_attn's values in order */
-static const char *const CLS_ATTN_NAMES[] = {"full", "softmax", "pol", NULL};
-/* bk_lot_learn's values in order */
-static const char *const LOT_LEARN_NAMES[] = {"both", "z", "none", NULL};
-/* bk_otk_pe's values in order */
-static const char *const OTK_PE_NAMES[] = {"none", "1d", "2d", NULL};
-
-#define F(field, ty) {.name = #field, .type = ty, .offset = offsetof(bk_model_config, field), .names = NULL, .list_len = 0}
-#define E(field, nm) {.name = #field, .type = BKI_F_ENUM, .offset = offsetof(bk_model_config, field), .names = nm, .list_len = 0}
-static const bki_field MODEL_FIELDS[] = {
-    E(input, INPUT_NAMES),        F(channels, BKI_F_INT),    F(image_h, BKI_F_INT),      F(image_w, BKI_F_INT),
-    F(patch, BKI_F_INT),          F(vocab, BKI_F_INT),       F(max_len, BKI_F_INT),      F(point_dim, BKI_F_INT),
-    F(max_points, BKI_F_INT),     F(dim, BKI_F_INT),         F(depth, BKI_F_INT),        F(heads, BKI_F_INT),
-    F(head_dim, BKI_F_INT),       F(mlp_dim, BKI_F_INT),     F(cls, BKI_F_INT),          F(pos_embed, BKI_F_INT),
-    F(final_norm, BKI_F_INT),     F(qkv_bias, BKI_F_INT),    E(pool, POOL_NAMES),        F(classes, BKI_F_INT),
-    F(dropout, BKI_F_FLOAT),      F(ln_eps, BKI_F_FLOAT),    E(attn, ATTN_NAMES),        F(attn_scale, BKI_F_FLOAT),
-    F(sk_iters, BKI_F_INT),       F(sk_eps, BKI_F_FLOAT),    F(sk_rho, BKI_F_FLOAT),     F(esp_soft, BKI_F_INT),
-    F(esp_t, BKI_F_FLOAT),
-    F(esp_tau, BKI_F_FLOAT),      F(esp_slices, BKI_F_INT),  F(lot_r, BKI_F_INT),        F(lot_iters, BKI_F_INT),
-    F(lot_eps, BKI_F_FLOAT),      F(lot_temp, BKI_F_FLOAT),  F(otk_refs, BKI_F_INT),     F(otk_supports, BKI_F_INT),
-    F(otk_iters, BKI_F_INT),      F(otk_eps, BKI_F_FLOAT),   F(otk_anchors, BKI_F_INT),  F(otk_sigma, BKI_F_FLOAT),
-    F(otk_eta, BKI_F_FLOAT),      E(otk_pe, OTK_PE_NAMES),   F(otk_sigma_pos, BKI_F_FLOAT),
-    E(arch, ARCH_NAMES),          F(dec_depth, BKI_F_INT),
-    F(tgt_max_len, BKI_F_INT),    E(cross_attn, ATTN_NAMES), F(post_ln, BKI_F_INT),      F(bos, BKI_F_INT),
-    F(eos, BKI_F_INT),            E(asap_ending, ASAP_ENDING_NAMES), E(cls_attn, CLS_ATTN_NAMES),
-    F(pol_ps, BKI_F_FLOAT),       F(pol_po, BKI_F_FLOAT),    F(dwc, BKI_F_INT),          F(dwc_kernel, BKI_F_INT),
-    E(lot_learn, LOT_LEARN_NAMES),
-    E(set_block, SET_BLOCK_NAMES), F(set_inducing, BKI_F_INT), F(pma_seeds, BKI_F_INT),   E(pma_attn, ATTN_NAMES),
-};
-#undef F
-#undef E
-#define NFIELDS ((int)(sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0]))
-
-bk_model_config bk_model_config_default(void)
-{
-    bk_model_config c;
-    memset(&c, 0, sizeof c);
-    c.input = BK_INPUT_IMAGE;
-    c.channels = 1;
-    c.image_h = c.image_w = 28;
-    c.patch = 4;
-    c.vocab = 256;
-    c.max_len = 128;
-    c.point_dim = 3;
-    c.max_points = 64;
-    c.dim = 64;
-    c.depth = 2;
-    c.heads = 4;
-    c.mlp_dim = 128;
-    c.cls = c.pos_embed = c.final_norm = 1;
-    c.pool = BK_POOL_CLS;
-    c.classes = 10;
-    c.ln_eps = 1e-5f;
-    c.attn = BK_ATTN_SOFTMAX;
-    c.sk_iters = 5;
-    c.sk_eps = 1.0f;
-    c.sk_rho = 10.0f;
-    c.esp_soft = 1;
-    c.esp_t = 1e-3f;
-    c.esp_tau = 1.0f;
-    c.lot_r = 8;
-    c.lot_iters = 5;
-    c.lot_eps = 1.0f;
-    c.lot_temp = 1.0f;
-    c.otk_refs = 1;
-    c.otk_supports = 4;
-    c.otk_iters = 20; /* half-steps: 10 iterations */
-    c.otk_eps = 0.5f;
-    c.otk_sigma = 0.5f;      /* the paper's bandwidth (SCOP, SST-2)          */
-    c.otk_eta = 1e-2f;       /* the reference code's regulariser             */
-    c.otk_pe = BK_OTK_PE_NONE;
-    c.otk_sigma_pos = 0.1f;  /* bk_otk_config_default's                      */
-    c.arch = BK_ARCH_CLASSIFIER;
-    c.dec_depth = 2;
-    c.tgt_max_len = 128;
-    c.cross_attn = BK_ATTN_SOFTMAX;
-    c.bos = 1;
-    c.eos = 2;
-    c.cls_attn = BK_CLS_FULL;
-    c.pol_ps = 2.0f;
-    c.pol_po = 1.0f;
-    c.dwc_kernel = 3;
-    c.set_block = BK_SET_SAB;
-    c.set_inducing = 16;
-    c.pma_seeds = 1;
-    c.pma_attn = BK_ATTN_SOFTMAX;
-    return c;
-}
-
-const char *bk_attn_kind_name(bk_attn_kind k)
-{
-    return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?";
-}
-
-bk_status bk_model_config_set(bk_model_config *c, const char *key, const char *value)
-{
-    return bki_cfg_set(c, MODEL_FIELDS, NFIELDS, "model config", key, value);
-}
-bk_status bk_model_config_parse(bk_model_config *c, const char *text)
-{
-    return bki_cfg_parse(c, MODEL_FIELDS, NFIELDS, "model config", text);
-}
-size_t bk_model_config_format(const bk_model_config *c, char *buf, size_t cap)
-{
-    return bki_cfg_format(c, MODEL_FIELDS, NFIELDS, buf, cap);
-}
-
-#define NEED(cond, ...)                                                                                            \
-    do {                                                                                                           \
-        if (!(cond)) return bki_fail(BK_ERR_PARAM, "model config: " __VA_ARGS__);                                  \
-    } while (0)
-
-/* the attention kinds a cross-attention site takes (rectangular problems;
- * LOT's pivots and diff's lambda are self-attention parameters) */
-static int cross_kind_ok(bk_attn_kind k)
-{
-    return k == BK_ATTN_SOFTMAX || k == BK_ATTN_SINKHORN || k == BK_ATTN_UNBALANCED || k == BK_ATTN_ESP;
-}
-static const char *attn_name(bk_attn_kind k) { return k >= BK_ATTN_SOFTMAX && k <= BK_ATTN_DIFF ? ATTN_NAMES[k] : "?"; }
-
-/* the Set Transformer keys (set_block, set_inducing, pool = pma, pma_seeds,
- * pma_attn) */
-static bk_status set_check(const bk_model_config *c)
-{
-    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    if (c->set_block == BK_SET_ISAB) {
-        NEED(!s2s, "set_block=isab is a block of the classifier (arch=seq2seq has encoder blocks)");
-        NEED(c->set_inducing >= 1, "set_block=isab needs set_inducing >= 1 inducing points (got %d)", c->set_inducing);
-        NEED(cross_kind_ok(c->attn),
-             "set_block=isab: attn=%s; an ISAB block's attentions are rectangular cross-attentions (inducing points "
-             "x set, set x inducing points), which take softmax, sinkhorn, unbalanced or esp (%s)",
-             attn_name(c->attn),
-             c->attn == BK_ATTN_ASAP ? "compiled layers are fitted to square self-attention"
-                                     : "LOT's pivots and diff's lambda are self-attention parameters");
-        NEED(c->cls_attn == BK_CLS_FULL && !c->dwc,
-             "set_block=isab takes cls_attn=full and dwc=0 (the [CLS] row and the DWC branch are self-attention "
-             "ingredients)");
-    }
-    if (!s2s && c->pool == BK_POOL_PMA) {
-        NEED(c->pma_seeds >= 1, "pool=pma needs pma_seeds >= 1 (got %d)", c->pma_seeds);
-        NEED(cross_kind_ok(c->pma_attn),
-             "pma_attn=%s: the PMA's attention (seeds x set) takes softmax, sinkhorn, unbalanced or esp",
-             attn_name(c->pma_attn));
-    }
-    return BK_OK;
-}
-
-bk_status bk_model_config_check(const bk_model_config *c)
-{
-    if (!c) return bki_fail(BK_ERR_NULL, "model config: NULL");
-    NEED(c->input >= BK_INPUT_IMAGE && c->input <= BK_INPUT_POINTS, "unknown input kind %d", (int)c->input);
-    NEED(c->attn >= BK_ATTN_SOFTMAX && c->attn <= BK_ATTN_DIFF, "unknown attention type %d", (int)c->attn);
-    NEED(c->pool >= BK_POOL_CLS && c->pool <= BK_POOL_PMA, "unknown pooling %d", (int)c->pool);
-    NEED(c->set_block == BK_SET_SAB || c->set_block == BK_SET_ISAB, "unknown set_block %d", (int)c->set_block);
-    NEED(c->pma_attn >= BK_ATTN_SOFTMAX && c->pma_attn <= BK_ATTN_DIFF, "unknown pma_attn %d", (int)c->pma_attn);
-    if (c->input == BK_INPUT_IMAGE) {
-        NEED(c->channels >= 1 && c->image_h >= 1 && c->image_w >= 1, "image sizes must be >= 1 (channels=%d, %dx%d)",
-             c->channels, c->image_h, c->image_w);
-        NEED(c->patch >= 1, "patch must be >= 1 (got %d)", c->patch);
-        NEED(c->image_h % c->patch == 0 && c->image_w % c->patch == 0,
-             "patch size %d does not divide the %dx%d image", c->patch, c->image_h, c->image_w);
-    } else if (c->input == BK_INPUT_TOKENS) {
-        NEED(c->vocab >= 1 && c->max_len >= 1, "vocab and max_len must be >= 1 (got %d, %d)", c->vocab, c->max_len);
-    } else {
-        NEED(c->point_dim >= 1 && c->max_points >= 1, "point_dim and max_points must be >= 1 (got %d, %d)",
-             c->point_dim, c->max_points);
-    }
-    NEED(c->dim >= 1 && c->depth >= 0 && c->depth <= 4096 && c->heads >= 1, "dim >= 1, depth in [0, 4096], heads >= 1 required");
-    NEED(c->head_dim > 0 || c->dim % c->heads == 0, "heads (%d) do not divide dim (%d); set head_dim explicitly",
-         c->heads, c->dim);
-    NEED(c->head_dim >= 0 && c->mlp_dim >= 0, "head_dim and mlp_dim must be >= 0");
-    NEED(c->arch == BK_ARCH_CLASSIFIER || c->arch == BK_ARCH_SEQ2SEQ, "unknown arch %d", (int)c->arch);
-    NEED(c->asap_ending >= BK_ASAP_AUTO && c->asap_ending <= BK_ASAP_ROW, "unknown asap_ending %d",
-         (int)c->asap_ending);
-    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    NEED((c->cls | c->pos_embed | c->final_norm | c->qkv_bias | c->esp_soft | c->post_ln) >= 0 && c->cls <= 1 &&
-             c->final_norm <= 1 && c->qkv_bias <= 1 && c->esp_soft <= 1 && c->post_ln <= 1,
-         "cls, final_norm, qkv_bias, esp_soft and post_ln are 0/1 switches");
-    NEED(c->pos_embed <= (s2s ? 2 : 1), "pos_embed must be 0 (none), 1 (learned)%s (got %d)",
-         s2s ? " or 2 (sinusoidal)" : "; sinusoidal positions (2) are for arch=seq2seq", c->pos_embed);
-    if (s2s) {
-        NEED(c->input == BK_INPUT_TOKENS, "arch=seq2seq needs input=tokens");
-        NEED(c->dec_depth >= 1 && c->dec_depth <= 4096, "arch=seq2seq needs dec_depth in [1, 4096] (got %d)",
-             c->dec_depth);
-        NEED(c->tgt_max_len >= 1 && c->tgt_max_len <= (1 << 20), "tgt_max_len must be in [1, 2^20] (got %d)",
-             c->tgt_max_len);
-        NEED(c->bos >= 0 && c->bos < c->vocab && c->eos >= 0 && c->eos < c->vocab,
-             "bos (%d) and eos (%d) must be ids of the vocabulary [0, %d)", c->bos, c->eos, c->vocab);
-        NEED(c->attn != BK_ATTN_ASAP, "arch=seq2seq: ASAP compilation is for classifier models");
-        NEED(c->cross_attn == BK_ATTN_SOFTMAX || c->cross_attn == BK_ATTN_SINKHORN ||
-                 c->cross_attn == BK_ATTN_UNBALANCED || c->cross_attn == BK_ATTN_ESP,
-             "cross_attn=%s: the cross-attention takes softmax, sinkhorn, unbalanced or esp (LOT's pivots and "
-             "diff's lambda are per-block parameters of self-attention layers)",
-             c->cross_attn >= BK_ATTN_SOFTMAX && c->cross_attn <= BK_ATTN_DIFF ? ATTN_NAMES[c->cross_attn] : "?");
-    } else {
-        NEED(c->classes >= 2, "classes must be >= 2 (got %d)", c->classes);
-        NEED(!c->post_ln, "post_ln=1 is implemented for arch=seq2seq only (the classifier is pre-LN)");
-    }
-    {
-        /* sizes whose products are ints in the model: bounded (a config is
-         * also untrusted input, e.g. from a checkpoint's metadata) */
-        const int64_t L = 1 << 24, dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
-        const int64_t np = c->input == BK_INPUT_IMAGE ? (int64_t)(c->image_h / c->patch) * (c->image_w / c->patch)
-                           : c->input == BK_INPUT_TOKENS ? c->max_len
-                                                         : c->max_points;
-        const int64_t feat = c->input == BK_INPUT_IMAGE ? (int64_t)c->patch * c->patch * c->channels : c->point_dim;
-        NEED(c->dim <= L && c->heads <= L && dh * c->heads <= L && c->mlp_dim <= L && c->classes <= L && np <= L &&
-                 feat <= L && (int64_t)c->vocab * c->dim <= ((int64_t)1 << 34) && c->channels <= L &&
-                 c->otk_refs <= L && c->otk_supports <= L && (int64_t)c->otk_refs * c->otk_supports <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->dim <= L && c->otk_anchors <= L &&
-                 (int64_t)c->otk_refs * c->otk_supports * c->otk_anchors <= L &&
-                 (int64_t)c->otk_anchors * c->dim <= L && c->lot_r <= L && c->esp_slices <= L &&
-                 c->set_inducing <= L && (int64_t)c->pma_seeds * c->dim <= L,
-             "model sizes too large (each size and product of sizes must stay below 2^24)");
-    }
-    NEED(c->dropout >= 0.0f && c->dropout < 1.0f, "dropout must be in [0, 1) (got %g)", (double)c->dropout);
-    NEED(c->ln_eps > 0.0f, "ln_eps must be > 0");
-    NEED(c->attn_scale >= 0.0f, "attn_scale must be >= 0 (0 = 1/sqrt(head_dim))");
-    NEED(s2s || c->pool != BK_POOL_CLS || c->cls, "pool=cls needs cls=1");
-    const int pma = !s2s && c->pool == BK_POOL_PMA;
-    const int uses_sk = c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
-                        (s2s && (c->cross_attn == BK_ATTN_SINKHORN || c->cross_attn == BK_ATTN_UNBALANCED)) ||
-                        (pma && (c->pma_attn == BK_ATTN_SINKHORN || c->pma_attn == BK_ATTN_UNBALANCED));
-    const int uses_esp = c->attn == BK_ATTN_ESP || (s2s && c->cross_attn == BK_ATTN_ESP) ||
-                         (pma && c->pma_attn == BK_ATTN_ESP);
-    /* (a model without Sinkhorn keeps sk_iters for a swap and ASAP's teacher) */
-    NEED(c->sk_iters >= 0 && c->sk_iters <= (1 << 20), "sk_iters must be in [0, 2^20] (got %d)", c->sk_iters);
-    if (uses_sk)
-        NEED(c->sk_iters >= 1 && c->sk_iters <= (1 << 20) && c->sk_eps > 0.0f,
-             "Sinkhorn needs sk_iters in [1, 2^20], sk_eps > 0");
-    if (c->attn == BK_ATTN_UNBALANCED || (s2s && c->cross_attn == BK_ATTN_UNBALANCED) ||
-        (pma && c->pma_attn == BK_ATTN_UNBALANCED))
-        NEED(c->sk_rho > 0.0f, "unbalanced Sinkhorn needs sk_rho > 0 (got %g)", (double)c->sk_rho);
-    NEED(c->lot_r >= 0 && c->lot_iters >= 0 && c->lot_iters <= (1 << 20) && c->otk_refs >= 0 && c->otk_supports >= 0 &&
-             c->otk_iters >= 0 && c->otk_iters <= (1 << 20) && c->esp_slices >= 0,
-         "LOT/OTK/ESP sizes must be >= 0 and iteration counts <= 2^20");
-    if (uses_esp)
-        NEED(c->esp_t > 0.0f && c->esp_tau >= 0.0f && c->esp_slices >= 0, "ESP needs esp_t > 0, esp_tau >= 0, esp_slices >= 0");
-    if (c->attn == BK_ATTN_LOT)
-        NEED(c->lot_r >= 1 && c->lot_iters >= 1 && c->lot_eps > 0.0f && c->lot_temp > 0.0f,
-             "LOT needs lot_r, lot_iters >= 1 and lot_eps, lot_temp > 0");
-    if (c->attn == BK_ATTN_DIFF) {
-        const int dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
-        NEED(dh % 2 == 0,
-             "attn=diff needs an even head dimension (the two halves of q and k give the two maps); head_dim is %d "
-             "(set head_dim, or dim and heads, so that it is even)",
-             dh);
-    }
-    NEED(c->cls_attn >= BK_CLS_FULL && c->cls_attn <= BK_CLS_POL, "unknown cls_attn %d", (int)c->cls_attn);
-    NEED(c->lot_learn >= BK_LOT_LEARN_BOTH && c->lot_learn <= BK_LOT_LEARN_NONE, "unknown lot_learn %d", (int)c->lot_learn);
-    if (c->cls_attn != BK_CLS_FULL) {
-        const char *cn = CLS_ATTN_NAMES[c->cls_attn];
-        NEED(!s2s, "cls_attn=%s is the classifier's [CLS] row (an encoder-decoder has no [CLS] token)", cn);
-        NEED(c->cls, "cls_attn=%s needs the [CLS] token (cls=1)", cn);
-        NEED(c->attn == BK_ATTN_SOFTMAX || c->attn == BK_ATTN_SINKHORN || c->attn == BK_ATTN_UNBALANCED ||
-                 c->attn == BK_ATTN_ESP || c->attn == BK_ATTN_LOT,
-             "cls_attn=%s takes attn softmax, sinkhorn, unbalanced, esp or lot (attn=%s: %s)", cn,
-             ATTN_NAMES[c->attn],
-             c->attn == BK_ATTN_DIFF ? "its per-head norm and lambda are defined on whole attention rows"
-                                     : "compiled layers are calibrated on the model's own rows");
-    }
-    if (c->cls_attn == BK_CLS_POL)
-        NEED(c->pol_ps >= 1.0f && c->pol_ps <= 16.0f && c->pol_po >= 1.0f && c->pol_po <= 16.0f,
-             "cls_attn=pol needs pol_ps and pol_po in [1, 16] (got %g, %g; a power below 1 has an unbounded "
-             "derivative at 0)",
-             (double)c->pol_ps, (double)c->pol_po);
-    NEED(c->dwc == 0 || c->dwc == 1, "dwc is a 0/1 switch (got %d; the kernel size is dwc_kernel)", c->dwc);
-    if (c->dwc) {
-        NEED(!s2s && c->input == BK_INPUT_IMAGE,
-             "dwc=1 convolves over the patch grid: it needs input=image and arch=classifier");
-        NEED(c->dwc_kernel >= 1 && c->dwc_kernel <= 63 && c->dwc_kernel % 2 == 1,
-             "dwc_kernel must be odd and in [1, 63] (got %d)", c->dwc_kernel);
-    }
-    NEED(c->otk_pe >= BK_OTK_PE_NONE && c->otk_pe <= BK_OTK_PE_2D, "unknown otk_pe %d", (int)c->otk_pe);
-    NEED(c->otk_anchors >= 0 && c->otk_anchors <= 4096,
-         "otk_anchors must be in [0, 4096] (0: identity feature map; got %d)", c->otk_anchors);
-    if (!s2s && c->pool == BK_POOL_OTK) {
-        NEED(c->otk_refs >= 1 && c->otk_supports >= 1 && c->otk_iters >= 2 && c->otk_iters % 2 == 0 &&
-                 c->otk_eps > 0.0f && isfinite(c->otk_eps),
-             "OTK pooling needs otk_refs, otk_supports >= 1, otk_iters even and >= 2 (half-steps: 2 L for L "
-             "iterations) and otk_eps > 0");
-        if (c->otk_anchors > 0)
-            NEED(c->otk_sigma > 0.0f && isfinite(c->otk_sigma) && c->otk_eta >= 0.0f && isfinite(c->otk_eta),
-                 "otk_anchors=%d (Nystrom map) needs otk_sigma > 0 and otk_eta >= 0 (got %g, %g)", c->otk_anchors,
-                 (double)c->otk_sigma, (double)c->otk_eta);
-        if (c->otk_pe != BK_OTK_PE_NONE)
-            NEED(c->otk_sigma_pos > 0.0f && isfinite(c->otk_sigma_pos),
-                 "otk_pe=%s needs otk_sigma_pos > 0 (got %g)", OTK_PE_NAMES[c->otk_pe], (double)c->otk_sigma_pos);
-        if (c->otk_pe == BK_OTK_PE_2D) {
-            const int s = (int)lround(sqrt((double)c->otk_supports));
-            NEED(c->input == BK_INPUT_IMAGE,
-                 "otk_pe=2d weighs the image's patch grid: it needs input=image (otk_pe=1d orders a sequence)");
-            NEED(!c->cls,
-                 "otk_pe=2d pools the patch grid only: set cls=0 (the [CLS] token has no place on the grid)");
-            NEED(s * s == c->otk_supports,
-                 "otk_pe=2d puts the supports on a square grid: otk_supports must be a square (got %d)",
-                 c->otk_supports);
-        }
-    } else {
-        NEED(c->otk_anchors == 0 && c->otk_pe == BK_OTK_PE_NONE,
-             "otk_anchors and otk_pe configure pool=otk (this model has %s)",
-             s2s ? "arch=seq2seq" : POOL_NAMES[c->pool]);
-    }
-    return set_check(c);
-}
-
-/* ------------------------------------------------------------------------ */
 /* the model                                                                */
 /* ------------------------------------------------------------------------ */
 static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, int64_t s1, int64_t s2, int decay)
 {
+    /* (a table that would overflow is counted, not written: model_build refuses it) */
+    if (m->nparam_need++ >= MAXP) return -1;
     bki_param *p = &m->tab[m->nparam++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
@@ -343,6 +33,8 @@ static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, in
     p->count = s0 * (ndim > 1 ? s1 : 1) * (ndim > 2 ? s2 : 1);
     p->off = m->P;
     p->decay = decay;
+    p->init = -1;
+    p->init_sd = 0.0;
     m->P += p->count;
     return p->off;
 }
@@ -350,7 +42,7 @@ static int64_t add_param(bk_model *m, const char *name, int ndim, int64_t s0, in
 /* the tensors of block l (index into bo; decoder blocks after the encoder's)
  * under prefix ("blocks.3.", "enc.blocks.0.", "dec.blocks.1."): self-
  * attention of kind `kind`, the cross-attention when dec */
-static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind, int dec)
+static void add_block(bk_model *m, int l, const char *prefix, int dec)
 {
     const bk_model_config *c = &m->c;
     const int D = c->dim, I = m->I;
@@ -366,15 +58,18 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
     P(ln1_b, "ln1.bias", 1, D, 0, 0, 0);
     P(qkv_w, "attn.qkv.weight", 2, 3 * I, D, 0, 1);
     if (c->qkv_bias) P(qkv_b, "attn.qkv.bias", 1, 3 * I, 0, 0, 0);
-    if (kind == BK_ATTN_LOT) {
-        P(lot_z, "attn.lot_z", 3, c->heads, c->lot_r, m->dh, 0);
-        P(lot_t, "attn.lot_theta", 2, c->heads, c->lot_r, 0, 0);
-    }
-    if (kind == BK_ATTN_DIFF) {
-        P(dl_q1, "attn.diff_lq1", 1, m->dh / 2, 0, 0, 0);
-        P(dl_k1, "attn.diff_lk1", 1, m->dh / 2, 0, 0, 0);
-        P(dl_q2, "attn.diff_lq2", 1, m->dh / 2, 0, 0, 0);
-        P(dl_k2, "attn.diff_lk2", 1, m->dh / 2, 0, 0, 0);
+    if (!dec) { /* the self-attention operator's learned arrays, its layer's tensors */
+        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
+        const int n = bki_attn_tensors(c, m->dh, at);
+        for (int i = 0; i < n; i++) {
+            const bki_attn_tensor *t = &at[i];
+            snprintf(nm, sizeof nm, "%.20s%.43s", prefix, t->name);
+            const int64_t off = add_param(m, nm, t->ndim, t->dims[0], t->dims[1], t->dims[2], 0);
+            m->tab[m->nparam - 1].init = t->init;
+            m->tab[m->nparam - 1].init_sd = t->sd;
+            if (t->slot < BKI_MAX_LEARNED) o->lrn[t->slot] = off;
+            else o->ext[t->slot - BKI_MAX_LEARNED] = off;
+        }
     }
     if (c->dwc && !dec) {
         P(dwc_w, "attn.dwc.weight", 3, m->dh, c->dwc_kernel, c->dwc_kernel, 1);
@@ -401,28 +96,6 @@ static void add_block(bk_model *m, int l, const char *prefix, bk_attn_kind kind,
         P(fc2_b, "mlp.fc2.bias", 1, D, 0, 0, 0);
     }
 #undef P
-}
-
-/* ---- Set Transformer units (docs/MODEL.md "Set Transformer blocks") ----
- * The classifier's bo/ba entries: [0, depth) its blocks (encoder blocks, or
- * with set_block = isab each ISAB's second MAB, mab1: the set attends to H),
- * [depth, 2 depth) the ISABs' first MABs (mab0: the inducing points attend
- * to the set), then the PMA (pool = pma). */
-static int is_isab(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->set_block == BK_SET_ISAB; }
-static int has_pma(const bk_model_config *c) { return c->arch == BK_ARCH_CLASSIFIER && c->pool == BK_POOL_PMA; }
-static int pma_unit(const bk_model_config *c) { return c->depth * (is_isab(c) ? 2 : 1); }
-/* blocks in bo/ba: the encoder's (or the classifier's), then the decoder's,
- * or the classifier's set units */
-static int block_count(const bk_model_config *c)
-{
-    return c->depth + (c->arch == BK_ARCH_SEQ2SEQ ? c->dec_depth : 0) + (is_isab(c) ? c->depth : 0) + has_pma(c);
-}
-/* what an entry of bo/ba is */
-typedef enum { U_ENC = 0, U_DEC = 1, U_MAB = 2 } unit_kind;
-static unit_kind unit_of(const bk_model_config *c, int l)
-{
-    if (c->arch == BK_ARCH_SEQ2SEQ) return l >= c->depth ? U_DEC : U_ENC;
-    return is_isab(c) || l >= c->depth ? U_MAB : U_ENC;
 }
 
 /* a tensor named prefix + suffix */
@@ -483,7 +156,7 @@ static void add_isab(bk_model *m, int l)
 static void add_pma(bk_model *m)
 {
     const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim;
+    const int u = bki_pma_unit(c), D = c->dim, M = c->mlp_dim;
     blk_off *o = &m->bo[u];
     memset(o, 0xff, sizeof *o);
     o->qset = add_param(m, "pool.seeds", 2, c->pma_seeds, D, 0, 0);
@@ -511,7 +184,7 @@ static void build_table_s2s(bk_model *m)
     }
     for (int l = 0; l < c->depth; l++) {
         snprintf(pre, sizeof pre, "enc.blocks.%d.", l);
-        add_block(m, l, pre, c->attn, 0);
+        add_block(m, l, pre, 0);
     }
     if (c->final_norm) {
         m->nrm_w = add_param(m, "enc.norm.weight", 1, D, 0, 0, 0);
@@ -519,7 +192,7 @@ static void build_table_s2s(bk_model *m)
     }
     for (int j = 0; j < c->dec_depth; j++) {
         snprintf(pre, sizeof pre, "dec.blocks.%d.", j);
-        add_block(m, c->depth + j, pre, BK_ATTN_SOFTMAX, 1);
+        add_block(m, c->depth + j, pre, 1);
     }
     if (c->final_norm) {
         m->dnrm_w = add_param(m, "dec.norm.weight", 1, D, 0, 0, 0);
@@ -552,12 +225,12 @@ static void build_table(bk_model *m)
     if (c->cls) m->cls_o = add_param(m, "cls", 1, D, 0, 0, 0);
     if (c->pos_embed) m->pos_o = add_param(m, "pos", 2, m->T, D, 0, 0);
     for (int l = 0; l < c->depth; l++) {
-        if (is_isab(c)) {
+        if (bki_is_isab(c)) {
             add_isab(m, l);
             continue;
         }
         snprintf(pre, sizeof pre, "blocks.%d.", l);
-        add_block(m, l, pre, c->attn, 0);
+        add_block(m, l, pre, 0);
     }
     if (c->final_norm) {
         m->nrm_w = add_param(m, "norm.weight", 1, D, 0, 0, 0);
@@ -566,21 +239,14 @@ static void build_table(bk_model *m)
     if (c->pool == BK_POOL_OTK && c->otk_anchors > 0)
         m->otk_w = add_param(m, "pool.otk_w", 2, c->otk_anchors, D, 0, 0);
     if (c->pool == BK_POOL_OTK) m->otk_z = add_param(m, "pool.otk_z", 3, c->otk_refs, c->otk_supports, m->otk_k, 0);
-    if (has_pma(c)) add_pma(m);
+    if (bki_has_pma(c)) add_pma(m);
     m->head_w = add_param(m, "head.weight", 2, c->classes, m->F, 0, 1);
     m->head_b = add_param(m, "head.bias", 1, c->classes, 0, 0, 0);
 }
 
-/* rows of a [rows, cols] matrix scaled to unit L2 norm (a zero row is left
- * as it is) */
-static void unit_rows(float *w, int64_t rows, int64_t cols)
-{
-    for (int64_t r = 0; r < rows; r++) bki_unit_row(w + r * cols, (int)cols);
-}
-
 void bki_model_post_update(bk_model *m)
 {
-    if (m && m->otk_w >= 0) unit_rows(m->w + m->otk_w, m->c.otk_anchors, m->c.dim);
+    if (m && m->otk_w >= 0) bki_unit_rows(m->w + m->otk_w, m->c.otk_anchors, m->c.dim);
 }
 
 /* seeded initialisation: one splitmix64 stream per tensor */
@@ -611,12 +277,10 @@ static void init_params(bk_model *m)
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(sd * gauss(&s));
         } else if (strcmp(n, "cls") == 0 || strcmp(n, "pos") == 0 || strcmp(n, "embed.table") == 0) {
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.02 * gauss(&s));
-        } else if (ENDS("lot_z")) {
-            for (int64_t j = 0; j < p->count; j++) w[j] = (float)gauss(&s);
-        } else if (ENDS("lot_theta")) {
+        } else if (p->init == BKI_INIT_NORMAL) { /* an attention tensor (bki_attn_tensors) */
+            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(p->init_sd * gauss(&s));
+        } else if (p->init == BKI_INIT_ZERO) {
             for (int64_t j = 0; j < p->count; j++) w[j] = 0.0f;
-        } else if (ENDS("diff_lq1") || ENDS("diff_lk1") || ENDS("diff_lq2") || ENDS("diff_lk2")) {
-            for (int64_t j = 0; j < p->count; j++) w[j] = (float)(0.1 * gauss(&s)); /* the paper's N(0, 0.1^2) */
         } else if (ENDS("dwc.weight") || ENDS("dwc.bias")) {
             /* PyTorch's Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = k * k */
             const double bound = 1.0 / (double)m->c.dwc_kernel;
@@ -632,7 +296,7 @@ static void init_params(bk_model *m)
         } else if (strcmp(n, "pool.otk_w") == 0) {
             /* anchors uniform on the unit sphere: N(0, 1) rows, normalised */
             for (int64_t j = 0; j < p->count; j++) w[j] = (float)gauss(&s);
-            unit_rows(w, p->shape[0], p->shape[1]);
+            bki_unit_rows(w, p->shape[0], p->shape[1]);
         } else {
             /* Linear weight [out, in] or bias [out]: U(-1/sqrt(in), 1/sqrt(in)) with in from the weight */
             int64_t fan_in = p->ndim == 2 ? p->shape[1] : (i > 0 ? m->tab[i - 1].shape[1] : 1);
@@ -643,253 +307,6 @@ static void init_params(bk_model *m)
     }
 }
 
-/* operator workspace: grown only when a larger size is asked for (first
- * use, or a thread count raised after creation) */
-static bk_status ensure_ws(bk_model *m, size_t need)
-{
-    if (need <= m->ws_cap) return BK_OK;
-    void *p = bk_alloc(need); /* (the old contents are not needed) */
-    if (!p) return bki_fail(BK_ERR_NOMEM, "model: workspace of %zu bytes", need);
-    free(m->ws);
-    m->ws = p;
-    m->ws_cap = need;
-    return BK_OK;
-}
-
-static bk_attn_desc attn_desc(const bk_model *m, int B)
-{
-    bk_attn_desc d = {B, m->c.heads, m->T, m->T, m->dh, m->dh, m->nb, m->nb};
-    return d;
-}
-
-static bk_otk_desc otk_desc(const bk_model *m, int B)
-{
-    bk_otk_desc d = {B, m->T, m->c.dim, m->c.otk_refs, m->c.otk_supports, m->otk_k, m->nb};
-    return d;
-}
-
-static bk_sinkhorn_config sk_params(const bk_model *m)
-{
-    bk_sinkhorn_config p = bk_sinkhorn_config_default();
-    p.scale = m->c.attn_scale;
-    p.eps = m->c.sk_eps;
-    p.iters = m->c.sk_iters;
-    return p;
-}
-
-/* cross: the cross-attention of decoder block l (its own slices and seed) */
-static bk_esp_config esp_params(const bk_model *m, int l, int cross)
-{
-    bk_esp_config p = bk_esp_config_default();
-    p.sort = m->c.esp_soft ? BK_ESP_SOFT : BK_ESP_HARD;
-    p.t = m->c.esp_t;
-    p.tau = m->c.esp_tau;
-    p.scale = m->c.attn_scale;
-    p.L = m->c.esp_slices;
-    p.theta = m->c.esp_slices > 0 ? (cross ? m->ba[l].cesp_theta : m->ba[l].esp_theta) : NULL;
-    p.seed = (cross ? 2000u : 1000u) + (uint64_t)l;
-    return p;
-}
-
-static bk_lot_config lot_params(const bk_model *m, int l)
-{
-    bk_lot_config p = bk_lot_config_default();
-    p.r = m->c.lot_r;
-    p.Z = m->w + m->bo[l].lot_z;
-    p.theta = m->w + m->bo[l].lot_t;
-    p.temp = m->c.lot_temp;
-    p.iters = m->c.lot_iters;
-    p.eps = m->c.lot_eps;
-    p.scale = m->c.attn_scale;
-    return p;
-}
-
-/* the OTK pool's operator parameters: log domain, the paper's convention
- * (scaling and PE on the plan only), the anchors of the parameter buffer
- * (W = NULL: the identity map) */
-static bk_otk_config otk_params(const bk_model *m)
-{
-    const bk_model_config *c = &m->c;
-    bk_otk_config p = bk_otk_config_default();
-    p.eps = c->otk_eps;
-    p.iters = c->otk_iters;
-    p.W = m->otk_w >= 0 && m->w ? m->w + m->otk_w : NULL;
-    p.sigma = c->otk_sigma;
-    p.eta = c->otk_eta;
-    p.pe = c->otk_pe;
-    p.sigma_pos = c->otk_sigma_pos;
-    if (c->otk_pe == BK_OTK_PE_2D) {
-        p.grid_h = c->image_h / c->patch;
-        p.grid_w = c->image_w / c->patch;
-    }
-    return p;
-}
-
-/* ---- the attention operators, through the registry ------------------------
- * A model's attention kind names a registered operator (src/ops/registry.c)
- * and says how the model's configuration fills that operator's parameter
- * struct; everything else (workspace, tape, forward, backward) is the
- * operator framework's generic call. A kind with parameters learned by the
- * model (LOT's pivots) also says where their gradients go. */
-typedef union {
-    bk_softmax_config softmax;
-    bk_sinkhorn_config sinkhorn;
-    bk_unbalanced_config unbalanced;
-    bk_esp_config esp;
-    bk_lot_config lot;
-    bk_asap_forward_config asap;
-    bk_diff_config diff;
-} attn_par;
-
-/* where an operator runs: the block (index into bo/ba), cross-attention or
- * self-attention, causal (the decoder's self-attention: softmax only) */
-typedef struct {
-    int l, cross, causal;
-} attn_site;
-
-static void softmax_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->softmax = bk_softmax_config_default();
-    p->softmax.scale = m->c.attn_scale;
-    p->softmax.causal = s.causal;
-}
-static void sinkhorn_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    (void)s;
-    p->sinkhorn = sk_params(m);
-}
-static void unbalanced_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    (void)s;
-    p->unbalanced = bk_unbalanced_config_default();
-    p->unbalanced.scale = m->c.attn_scale;
-    p->unbalanced.eps = m->c.sk_eps;
-    p->unbalanced.iters = m->c.sk_iters;
-    p->unbalanced.rho = m->c.sk_rho;
-}
-static void esp_fill(const bk_model *m, attn_site s, attn_par *p) { p->esp = esp_params(m, s.l, s.cross); }
-static void lot_fill(const bk_model *m, attn_site s, attn_par *p) { p->lot = lot_params(m, s.l); }
-static void asap_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->asap.layer = m->ba[s.l].asap;
-    p->asap.variant = m->c.asap_ending;
-}
-
-/* diff: lambda is the block's [H] array (diff_set_lambda fills it before
- * each call; a size query reads no array) */
-static void diff_fill(const bk_model *m, attn_site s, attn_par *p)
-{
-    p->diff = bk_diff_config_default();
-    p->diff.scale = m->c.attn_scale;
-    p->diff.lambda = m->ba[s.l].lam;
-}
-
-/* The layer's own work around the operator, for the kinds that learn
- * parameters of the operator (LOT's pivots, diff's lambda vectors) or
- * post-process its output (diff's per-head norm); NULL hooks do nothing.
- * fwd_pre may redirect the operator's output, bwd_pre its upstream
- * gradient; pgrads gives the operator's parameter-gradient outputs (lg: the
- * storage LOT's take), bwd_post adds them into the model's gradients. */
-typedef struct {
-    void (*fwd_pre)(bk_model *m, int l, bk_tensor *o);
-    void (*fwd_post)(bk_model *m, int l, int B);
-    void (*bwd_pre)(bk_model *m, int l, int B, bk_tensor *dout);
-    void *(*pgrads)(bk_model *m, bki_lot_grads *lg);
-    void (*bwd_post)(bk_model *m, int l);
-} attn_hooks;
-
-typedef struct {
-    const char *op;                                     /* registry name */
-    void (*fill)(const bk_model *m, attn_site s, attn_par *p); /* config -> params */
-    const attn_hooks *hooks;                            /* NULL: the operator alone */
-} attn_kind;
-
-static void *lot_pgrads(bk_model *m, bki_lot_grads *lg);
-static void lot_bwd_post(bk_model *m, int l);
-static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o);
-static void diff_fwd_post(bk_model *m, int l, int B);
-static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout);
-static void *diff_pgrads(bk_model *m, bki_lot_grads *lg);
-static void diff_lambda_bwd(bk_model *m, int l);
-static const attn_hooks LOT_HOOKS = {NULL, NULL, NULL, lot_pgrads, lot_bwd_post};
-static const attn_hooks DIFF_HOOKS = {diff_fwd_pre, diff_fwd_post, diff_bwd_pre, diff_pgrads, diff_lambda_bwd};
-
-/* indexed by bk_attn_kind (ATTN_NAMES above lists the same kinds) */
-static const attn_kind ATTN_KINDS[] = {
-    [BK_ATTN_SOFTMAX] = {"softmax", softmax_fill, NULL},   [BK_ATTN_SINKHORN] = {"sinkhorn", sinkhorn_fill, NULL},
-    [BK_ATTN_ESP] = {"esp", esp_fill, NULL},               [BK_ATTN_LOT] = {"lot", lot_fill, &LOT_HOOKS},
-    [BK_ATTN_ASAP] = {"asap", asap_fill, NULL},            [BK_ATTN_UNBALANCED] = {"unbalanced", unbalanced_fill, NULL},
-    [BK_ATTN_DIFF] = {"diff", diff_fill, &DIFF_HOOKS},
-};
-
-/* the attention kind at a site: the model's attn (self-attention of the
- * classifier and the encoder, the ISAB blocks' attentions), softmax (the
- * decoder's causal self-attention), cross_attn (the decoder's cross-
- * attention), pma_attn (the PMA) */
-static bk_attn_kind site_kind(const bk_model *m, attn_site s)
-{
-    if (!s.cross) return s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
-    if (m->c.arch == BK_ARCH_SEQ2SEQ) return m->c.cross_attn;
-    return has_pma(&m->c) && s.l == pma_unit(&m->c) ? m->c.pma_attn : m->c.attn;
-}
-
-/* The cross-attention of unit L (a decoder block, a MAB unit): Nq queries
- * with lengths nq, Nk keys with lengths nk per sample (NULL: all) */
-typedef struct {
-    int Nq, Nk;
-    const int32_t *nq, *nk;
-} cross_shape;
-/* a MAB unit's (the lengths are the current batch's) */
-static cross_shape mab_shape(const bk_model *m, int u)
-{
-    const bk_model_config *c = &m->c;
-    if (has_pma(c) && u == pma_unit(c)) return (cross_shape){c->pma_seeds, m->T, NULL, m->nb};
-    if (u >= c->depth) return (cross_shape){c->set_inducing, m->T, NULL, m->nb}; /* mab0: I over X */
-    return (cross_shape){m->T, c->set_inducing, m->nb, NULL};                     /* mab1: X over H */
-}
-/* the problem of unit l's cross-attention for max_batch (tapes, workspace) */
-static bk_attn_desc cross_desc_max(const bk_model *m, int l)
-{
-    if (unit_of(&m->c, l) == U_DEC)
-        return (bk_attn_desc){m->max_batch, m->c.heads, m->Td, m->Tmax, m->dh, m->dh, NULL, NULL};
-    const cross_shape cs = mab_shape(m, l);
-    return (bk_attn_desc){m->max_batch, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, NULL, NULL};
-}
-/* the Set Transformer's forward and backward (after the decoder's) */
-static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train);
-static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin);
-static bk_status pma_fwd(bk_model *m, int B, int train);
-static bk_status pma_bwd(bk_model *m, int B);
-static attn_site self_site(int l) { return (attn_site){l, 0, 0}; }
-
-/* a generic call of the operator at a site (par: its storage) */
-static bki_call attn_call_at(const bk_model *m, const bk_attn_desc *d, attn_site s, attn_par *par)
-{
-    const attn_kind *k = &ATTN_KINDS[site_kind(m, s)];
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = bki_op_find(k->op);
-    c.d = d;
-    k->fill(m, s, par);
-    c.par = par;
-    return c;
-}
-
-static size_t attn_ws(const bk_model *m, const bk_attn_desc *d, attn_site s)
-{
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    return bki_op_workspace_size(&c);
-}
-
-/* a tape for training (operators without a backward need none) */
-static size_t attn_tape(const bk_model *m, const bk_attn_desc *d, attn_site s)
-{
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    return c.op->backward ? bki_op_tape_size_query(&c) : 0;
-}
-
 
 void bk_model_free(bk_model *m)
 {
@@ -897,7 +314,7 @@ void bk_model_free(bk_model *m)
     free(m->w);
     free(m->gw);
     if (m->ba)
-        for (int l = 0; l < block_count(&m->c); l++) {
+        for (int l = 0; l < bki_block_count(&m->c); l++) {
             blk_act *a = &m->ba[l];
             free(a->mid);
             if (a->out != a->mid) free(a->out);
@@ -912,7 +329,6 @@ void bk_model_free(bk_model *m)
             free(a->f1);
             free(a->g1);
             free(a->tape);
-            free(a->esp_theta);
             free(a->draw);
             free(a->drs);
             free(a->lam);
@@ -924,7 +340,6 @@ void bk_model_free(bk_model *m)
             free(a->cq);
             free(a->ckv);
             free(a->catt);
-            free(a->cesp_theta);
             free(a->ctape);
             free(a->lnk);
             free(a->muk);
@@ -942,7 +357,7 @@ void bk_model_free(bk_model *m)
     free(m->bo);
     void *bufs[] = {m->emb_in, m->emb_h, m->emb_g, m->emb_o, m->x0, m->fin, m->fmu, m->frs, m->pooled,
                     m->logits, m->probs, m->argmax, m->nb, m->labels, m->tokens, m->otk_tape, m->dX, m->dT,
-                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->kbuf, m->dthtmp, m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
+                    m->dA, m->dq, m->dk, m->dv, m->dM, m->dN, m->dpool, m->dlog, m->dZtmp, m->dWtmp, m->kbuf, m->lgrad[0], m->lgrad[1], m->lgrad[2], m->lgrad[3], m->dO, m->dlam, m->ws, m->nb1, m->dcls, m->ddwc,
                     m->sin_tab, m->nbt, m->dtok, m->tgt, m->dx0, m->dfin, m->dfmu, m->dfrs, m->plog, m->dMem, m->dS, m->rloss,
                     m->dY, m->dXs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -972,7 +387,6 @@ static float *falloc(size_t n, sizer *z) { return zalloc(z, n, sizeof(float)); }
 /* the scratch of bki_linear_bwd's K split for an out x in weight gradient
  * (NULL where it does not fit: the product then runs unsplit) */
 #define KBUF_MAX ((size_t)1 << 18)
-static float *kb(const bk_model *m, int out, int in) { return bki_linear_kbuf_floats(out, in) <= m->kbuf_n ? m->kbuf : NULL; }
 
 static size_t phys_memory(void)
 {
@@ -989,7 +403,7 @@ static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
 {
     const bk_model_config *c = &m->c;
     blk_act *a = &m->ba[u];
-    const cross_shape cs = mab_shape(m, u);
+    const bki_cross_shape cs = bki_mab_shape(m, u);
     const size_t D = (size_t)c->dim, I = (size_t)m->I, M = (size_t)c->mlp_dim, Rq = (size_t)m->max_batch * cs.Nq,
                  Rk = (size_t)m->max_batch * cs.Nk;
     a->lnk = falloc(Rk * D, z);
@@ -1017,19 +431,11 @@ static void alloc_mab(bk_model *m, int u, sizer *z, size_t *wsz)
         }
     }
     const attn_site site = {u, 1, 0};
-    if (site_kind(m, site) == BK_ATTN_ESP && c->esp_slices > 0) {
-        a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, z);
-        if (!z->bad && !z->measure) {
-            bk_esp_config ep = esp_params(m, u, 1);
-            ep.theta = NULL;
-            bk_esp_slices(&ep, m->dh, a->cesp_theta);
-        }
-    }
     if (z->bad) return;
-    const bk_attn_desc d = cross_desc_max(m, u);
-    a->ctape_cap = attn_tape(m, &d, site);
+    const bk_attn_desc d = bki_cross_desc_max(m, u);
+    a->ctape_cap = bki_attn_tape(m, &d, site);
     if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
-    const size_t w1 = attn_ws(m, &d, site);
+    const size_t w1 = bki_attn_ws(m, &d, site);
     if (w1 > *wsz) *wsz = w1;
 }
 
@@ -1086,20 +492,19 @@ static void sinusoids(float *tab, int N, int D)
     }
 }
 
-static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
-                             size_t *bytes)
+/* the sizes the allocations are planned for: max_batch B, the longest
+ * sequence Nmax, the rows of the encoder (classifier) stream R, the
+ * decoder's Rd, the larger Rx (the shared backward scratch) */
+typedef struct {
+    int B, Nmax;
+    int64_t R, Rd, Rx;
+} plan_rows;
+
+/* the model's shapes from its configuration; Nmax */
+static int model_shape(bk_model *m)
 {
-    *out = NULL;
-    bk_status st = bk_model_config_check(cfg);
-    if (st) return st;
-    if (max_batch < 1) return bki_fail(BK_ERR_PARAM, "bk_model_create: max_batch must be >= 1 (got %d)", max_batch);
-    bk_model *m = calloc(1, sizeof *m);
-    if (!m) return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    m->c = *cfg;
     const bk_model_config *c = &m->c;
     const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
-    m->seed = seed;
-    m->max_batch = max_batch;
     m->dh = c->head_dim > 0 ? c->head_dim : c->dim / c->heads;
     m->I = c->heads * m->dh;
     if (c->input == BK_INPUT_IMAGE) {
@@ -1117,37 +522,233 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
     m->Td = s2s ? c->tgt_max_len : 0;
     m->otk_k = c->otk_anchors > 0 ? c->otk_anchors : c->dim;
     m->F = !s2s && c->pool == BK_POOL_OTK ? c->otk_supports * c->otk_refs * m->otk_k
-           : has_pma(c)                   ? c->pma_seeds * c->dim
+           : bki_has_pma(c)                   ? c->pma_seeds * c->dim
                                           : c->dim;
-    const int sets = is_isab(c) || has_pma(c);
     int Nmax = m->T > m->Td ? m->T : m->Td;
-    if (is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
-    if (has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
-    const int NB = block_count(c);
-    /* R: the rows of the encoder (classifier) stream, Rd the decoder's, Rx
-     * the larger (the shared backward scratch) */
-    const int64_t R = (int64_t)max_batch * m->T, Rd = (int64_t)max_batch * m->Td, Rx = (int64_t)max_batch * Nmax,
-                  D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab;
+    if (bki_is_isab(c) && c->set_inducing > Nmax) Nmax = c->set_inducing;
+    if (bki_has_pma(c) && c->pma_seeds > Nmax) Nmax = c->pma_seeds;
+    return Nmax;
+}
+
+/* the embedding's and the stream's buffers, the encoder-decoder's, the set units' */
+static void alloc_stream(bk_model *m, const plan_rows *q, sizer *z)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    const int sets = bki_is_isab(c) || bki_has_pma(c);
+    const size_t Bn = (size_t)q->B * (size_t)m->np;
+    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, z);
+    if (c->input == BK_INPUT_POINTS) {
+        m->emb_h = falloc(Bn * (size_t)D, z);
+        m->emb_g = falloc(Bn * (size_t)D, z);
+    }
+    if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(z, Bn, sizeof(int32_t));
+    if (!s2s) m->emb_o = falloc(Bn * (size_t)D, z);
+    m->x0 = falloc((size_t)(q->R * D), z);
+    if (s2s) {
+        if (c->pos_embed == 2) {
+            m->sin_tab = falloc((size_t)q->Nmax * (size_t)D, z);
+            if (!z->bad && !z->measure) sinusoids(m->sin_tab, q->Nmax, (int)D);
+        }
+        m->nbt = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dtok = zalloc(z, (size_t)q->Rd, sizeof(int32_t));
+        m->tgt = zalloc(z, (size_t)q->Rd, sizeof(int32_t));
+        m->dx0 = falloc((size_t)(q->Rd * D), z);
+        m->dfin = falloc((size_t)(q->Rd * D), z);
+        m->dfmu = falloc((size_t)q->Rd, z);
+        m->dfrs = falloc((size_t)q->Rd, z);
+        m->plog = falloc((size_t)q->Rd * (size_t)V, z);
+        m->rloss = zalloc(z, 2 * (size_t)q->Rd, sizeof(double));
+        m->dMem = falloc((size_t)(q->R * D), z);
+        if (c->post_ln) m->dS = falloc((size_t)(q->Rx * D), z);
+    }
+    if (sets) {
+        m->dMem = falloc((size_t)(q->Rx * D), z);
+        m->dY = falloc((size_t)(q->Rx * D), z);
+        m->dXs = falloc((size_t)(q->Rx * D), z);
+    }
+}
+
+/* every block's activations, tapes and the workspace they need */
+static void alloc_blocks(bk_model *m, const plan_rows *q, sizer *z, size_t *wsz)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    bk_attn_desc ad = {q->B, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc dd = {q->B, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
+    bk_attn_desc cd = {q->B, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
+    for (int l = 0; l < bki_block_count(c); l++) {
+        blk_act *a = &m->ba[l];
+        if (bki_unit_of(c, l) == U_MAB) {
+            alloc_mab(m, l, z, wsz);
+            if (z->bad) break;
+            continue;
+        }
+        const int dec = l >= c->depth;
+        const int64_t Rl = dec ? Rd : R;
+        a->mid = falloc((size_t)(Rl * D), z);
+        a->out = M > 0 || dec ? falloc((size_t)(Rl * D), z) : a->mid;
+        a->ln1 = falloc((size_t)(Rl * D), z);
+        a->mu1 = falloc((size_t)Rl, z);
+        a->rs1 = falloc((size_t)Rl, z);
+        a->qkv = falloc((size_t)(Rl * 3 * I), z);
+        a->att = falloc((size_t)(Rl * I), z);
+        if (M > 0) {
+            a->ln2 = falloc((size_t)(Rl * D), z);
+            a->mu2 = falloc((size_t)Rl, z);
+            a->rs2 = falloc((size_t)Rl, z);
+            a->f1 = falloc((size_t)(Rl * M), z);
+            a->g1 = falloc((size_t)(Rl * M), z);
+        }
+        if (dec) {
+            /* (without an MLP the block's output is the cross-attention's) */
+            a->cmid = M > 0 ? falloc((size_t)(q->Rd * D), z) : a->out;
+            a->lnc = falloc((size_t)(q->Rd * D), z);
+            a->muc = falloc((size_t)q->Rd, z);
+            a->rsc = falloc((size_t)q->Rd, z);
+            a->cq = falloc((size_t)(q->Rd * I), z);
+            a->ckv = falloc((size_t)(q->R * 2 * I), z);
+            a->catt = falloc((size_t)(q->Rd * I), z);
+        }
+        if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)q->R * (size_t)c->heads, z);
+        if (!dec && (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS)) {
+            a->draw = falloc((size_t)(q->R * I), z);
+            a->drs = falloc((size_t)q->R * (size_t)c->heads, z);
+            a->lam = falloc((size_t)c->heads, z);
+        }
+        if (z->bad) break;
+        const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
+        a->tape_cap = bki_attn_tape(m, dec ? &dd : &ad, self);
+        if (a->tape_cap) a->tape = zalloc(z, a->tape_cap, 1);
+        size_t w1 = bki_attn_ws(m, dec ? &dd : &ad, self);
+        if (w1 > *wsz) *wsz = w1;
+        if (dec) {
+            a->ctape_cap = bki_attn_tape(m, &cd, cross);
+            if (a->ctape_cap) a->ctape = zalloc(z, a->ctape_cap, 1);
+            w1 = bki_attn_ws(m, &cd, cross);
+            if (w1 > *wsz) *wsz = w1;
+        }
+    }
+}
+
+/* the final norm, the [CLS] row's and DWC's scratch, the pooling and head */
+static void alloc_head(bk_model *m, const plan_rows *q, sizer *z, size_t *wsz)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    m->fin = falloc((size_t)(q->R * D), z);
+    m->fmu = falloc((size_t)R, z);
+    m->frs = falloc((size_t)R, z);
+    m->nb = zalloc(z, (size_t)q->B, sizeof(int32_t));
+    if (c->cls_attn != BK_CLS_FULL) {
+        m->nb1 = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dcls = falloc(2 * (size_t)q->R * (size_t)c->heads, z);
+    }
+    if (c->dwc) m->ddwc = zalloc(z, (size_t)(c->dwc_kernel * c->dwc_kernel + 1) * (size_t)m->dh, sizeof(double));
+    if (!s2s) {
+        m->pooled = falloc((size_t)q->B * (size_t)m->F, z);
+        m->logits = falloc((size_t)q->B * (size_t)c->classes, z);
+        m->probs = falloc((size_t)q->B * (size_t)c->classes, z);
+        m->argmax = zalloc(z, (size_t)q->B * (size_t)D, sizeof(int32_t));
+        m->labels = zalloc(z, (size_t)q->B, sizeof(int32_t));
+        m->dpool = falloc((size_t)q->B * (size_t)m->F, z);
+        m->dlog = falloc((size_t)q->B * (size_t)c->classes, z);
+    }
+    if (!s2s && c->pool == BK_POOL_OTK) {
+        bk_otk_desc od = {q->B, m->T, c->dim, c->otk_refs, c->otk_supports, m->otk_k, NULL};
+        bk_otk_config op = bki_otk_params(m);
+        /* (the sizes depend on whether there are anchors, not on their
+         * values: measuring, there is no parameter buffer yet) */
+        const float no_anchors_yet = 0.0f;
+        if (c->otk_anchors > 0 && !op.W) op.W = &no_anchors_yet;
+        m->otk_tape_cap = bk_otk_tape_size(&od, &op);
+        m->otk_tape = zalloc(z, m->otk_tape_cap, 1);
+        size_t w1 = bk_otk_workspace_size(&od, &op);
+        if (w1 > *wsz) *wsz = w1;
+    }
+}
+
+/* the backward's scratch */
+static void alloc_scratch(bk_model *m, const plan_rows *q, sizer *z)
+{
+    const bk_model_config *c = &m->c;
+    const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
+    const int64_t D = c->dim, I = m->I, M = c->mlp_dim, V = c->vocab, R = q->R, Rd = q->Rd, Rx = q->Rx;
+    (void)s2s, (void)D, (void)I, (void)M, (void)V, (void)R, (void)Rd, (void)Rx;
+    m->dX = falloc((size_t)(q->Rx * D), z);
+    m->dT = falloc((size_t)(q->Rx * D), z);
+    m->dN = falloc((size_t)(q->Rx * D), z);
+    m->dA = falloc((size_t)(q->Rx * I), z);
+    m->dq = falloc((size_t)(q->Rx * I), z);
+    m->dk = falloc((size_t)(q->Rx * I), z);
+    m->dv = falloc((size_t)(q->Rx * I), z);
+    m->dM = falloc((size_t)(q->Rx * (M > D ? M : D)), z);
+    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
+    m->dZtmp = falloc(otmp, z);
+    { /* the learned arrays' gradients of a block (the tensors of block 0) */
+        bki_attn_tensor at[BKI_MAX_ATTN_TENSORS];
+        const int n = c->depth > 0 ? bki_attn_tensors(c, m->dh, at) : 0;
+        for (int i = 0; i < n; i++)
+            if (at[i].slot < BKI_MAX_LEARNED) {
+                const int64_t cnt = at[i].dims[0] * (at[i].ndim > 1 ? at[i].dims[1] : 1) * (at[i].ndim > 2 ? at[i].dims[2] : 1);
+                m->lgrad_n[at[i].slot] = cnt;
+                m->lgrad[at[i].slot] = falloc((size_t)cnt, z);
+            }
+    }
+    if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, z);
+    { /* the Linear weight gradients' K split: the largest out x in of the
+       * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
+        const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
+        const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
+        m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
+        m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, z) : NULL;
+    }
+    if (bki_attn_layer_flags(c->attn) & BKI_LAYER_BUFFERS) {
+        m->dO = falloc((size_t)(q->R * I), z);
+        m->dlam = falloc((size_t)c->heads, z);
+    }
+}
+
+static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_batch, int measure, bk_model **out,
+                             size_t *bytes)
+{
+    *out = NULL;
+    bk_status st = bk_model_config_check(cfg);
+    if (st) return st;
+    if (max_batch < 1) return bki_fail(BK_ERR_PARAM, "bk_model_create: max_batch must be >= 1 (got %d)", max_batch);
+    bk_model *m = calloc(1, sizeof *m);
+    if (!m) return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
+    m->c = *cfg;
+    const bk_model_config *c = &m->c;
+    m->seed = seed;
+    m->max_batch = max_batch;
+    plan_rows q = {max_batch, model_shape(m), 0, 0, 0};
+    q.R = (int64_t)max_batch * m->T;
+    q.Rd = (int64_t)max_batch * m->Td;
+    q.Rx = (int64_t)max_batch * q.Nmax;
+    const int NB = bki_block_count(c);
+    const int64_t D = c->dim, I = m->I, V = c->vocab;
     /* (bounds that keep every size below in range; bk_model_memory and the
      * physical-memory check refuse what is merely too large for the machine) */
-    if (Rx * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) || (double)Rd * (double)V > 0x1p40 ||
-        (double)max_batch * c->heads * (double)Nmax * (double)Nmax * 8.0 > 0x1p60)
+    if (q.Rx * (3 * I > D ? 3 * I : D) > ((int64_t)1 << 40) || (double)q.Rd * (double)V > 0x1p40 ||
+        (double)max_batch * c->heads * (double)q.Nmax * (double)q.Nmax * 8.0 > 0x1p60)
         return bk_model_free(m), bki_fail(BK_ERR_SHAPE, "bk_model_create: activations too large");
     m->bo = calloc((size_t)(NB ? NB : 1), sizeof *m->bo);
     m->ba = calloc((size_t)(NB ? NB : 1), sizeof *m->ba);
     if (!m->bo || !m->ba) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory");
-    const int per_block = is_isab(c) ? 33 /* inducing points, two MABs of up to 16 */
-                          : (c->attn == BK_ATTN_DIFF ? 16 : 14) + 2 * c->dwc; /* (diff: four lambda vectors for
-                                                                                LOT's two; DWC's kernel, bias) */
-    /* (outside the blocks at most 12: embed.fc1/fc2 weights and biases, cls,
-     * pos, norm weight and bias, pool.otk_w, pool.otk_z, head weight and bias) */
-    const int tensors = 12 + per_block * c->depth + (s2s ? 22 * c->dec_depth : 0) + (has_pma(c) ? 21 : 0);
-    if (tensors > MAXP) {
-        bk_model_free(m);
-        return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the parameter table holds %d tensors)",
-                        NB, MAXP);
-    }
     build_table(m);
+    if (m->nparam_need > MAXP) {
+        const int need = m->nparam_need;
+        bk_model_free(m);
+        return bki_fail(BK_ERR_PARAM, "bk_model_create: %d blocks are too many (the configuration has %d tensors, "
+                        "the parameter table holds %d)", NB, need, MAXP);
+    }
     sizer z = {0, 0, measure};
     m->w = falloc((size_t)m->P, &z);
     m->gw = falloc((size_t)m->P, &z);
@@ -1157,173 +758,45 @@ static bk_status model_build(const bk_model_config *cfg, uint64_t seed, int max_
         return bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for %lld parameters", P);
     }
     if (!measure) init_params(m);
-
-    const size_t Bn = (size_t)max_batch * (size_t)m->np;
-    if (c->input != BK_INPUT_TOKENS) m->emb_in = falloc(Bn * (size_t)m->in_feat, &z);
-    if (c->input == BK_INPUT_POINTS) {
-        m->emb_h = falloc(Bn * (size_t)D, &z);
-        m->emb_g = falloc(Bn * (size_t)D, &z);
-    }
-    if (c->input == BK_INPUT_TOKENS) m->tokens = zalloc(&z, Bn, sizeof(int32_t));
-    if (!s2s) m->emb_o = falloc(Bn * (size_t)D, &z);
-    m->x0 = falloc((size_t)(R * D), &z);
-    if (s2s) {
-        if (c->pos_embed == 2) {
-            m->sin_tab = falloc((size_t)Nmax * (size_t)D, &z);
-            if (!z.bad && !measure) sinusoids(m->sin_tab, Nmax, (int)D);
-        }
-        m->nbt = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dtok = zalloc(&z, (size_t)Rd, sizeof(int32_t));
-        m->tgt = zalloc(&z, (size_t)Rd, sizeof(int32_t));
-        m->dx0 = falloc((size_t)(Rd * D), &z);
-        m->dfin = falloc((size_t)(Rd * D), &z);
-        m->dfmu = falloc((size_t)Rd, &z);
-        m->dfrs = falloc((size_t)Rd, &z);
-        m->plog = falloc((size_t)Rd * (size_t)V, &z);
-        m->rloss = zalloc(&z, 2 * (size_t)Rd, sizeof(double));
-        m->dMem = falloc((size_t)(R * D), &z);
-        if (c->post_ln) m->dS = falloc((size_t)(Rx * D), &z);
-    }
-    if (sets) {
-        m->dMem = falloc((size_t)(Rx * D), &z);
-        m->dY = falloc((size_t)(Rx * D), &z);
-        m->dXs = falloc((size_t)(Rx * D), &z);
-    }
-    bk_attn_desc ad = {max_batch, c->heads, m->T, m->T, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc dd = {max_batch, c->heads, m->Td, m->Td, m->dh, m->dh, NULL, NULL};
-    bk_attn_desc cd = {max_batch, c->heads, m->Td, m->T, m->dh, m->dh, NULL, NULL};
     size_t wsz = 0;
-    for (int l = 0; l < NB; l++) {
-        blk_act *a = &m->ba[l];
-        if (unit_of(c, l) == U_MAB) {
-            alloc_mab(m, l, &z, &wsz);
-            if (z.bad) break;
-            continue;
-        }
-        const int dec = l >= c->depth;
-        const int64_t Rl = dec ? Rd : R;
-        a->mid = falloc((size_t)(Rl * D), &z);
-        a->out = M > 0 || dec ? falloc((size_t)(Rl * D), &z) : a->mid;
-        a->ln1 = falloc((size_t)(Rl * D), &z);
-        a->mu1 = falloc((size_t)Rl, &z);
-        a->rs1 = falloc((size_t)Rl, &z);
-        a->qkv = falloc((size_t)(Rl * 3 * I), &z);
-        a->att = falloc((size_t)(Rl * I), &z);
-        if (M > 0) {
-            a->ln2 = falloc((size_t)(Rl * D), &z);
-            a->mu2 = falloc((size_t)Rl, &z);
-            a->rs2 = falloc((size_t)Rl, &z);
-            a->f1 = falloc((size_t)(Rl * M), &z);
-            a->g1 = falloc((size_t)(Rl * M), &z);
-        }
-        if (dec) {
-            /* (without an MLP the block's output is the cross-attention's) */
-            a->cmid = M > 0 ? falloc((size_t)(Rd * D), &z) : a->out;
-            a->lnc = falloc((size_t)(Rd * D), &z);
-            a->muc = falloc((size_t)Rd, &z);
-            a->rsc = falloc((size_t)Rd, &z);
-            a->cq = falloc((size_t)(Rd * I), &z);
-            a->ckv = falloc((size_t)(R * 2 * I), &z);
-            a->catt = falloc((size_t)(Rd * I), &z);
-            if (c->cross_attn == BK_ATTN_ESP && c->esp_slices > 0) {
-                a->cesp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
-                if (!z.bad && !measure) {
-                    bk_esp_config ep = esp_params(m, l, 1);
-                    ep.theta = NULL;
-                    bk_esp_slices(&ep, m->dh, a->cesp_theta);
-                }
-            }
-        }
-        if (!dec && c->attn == BK_ATTN_ESP && c->esp_slices > 0) {
-            a->esp_theta = falloc((size_t)c->esp_slices * (size_t)m->dh, &z);
-            if (!z.bad && !measure) {
-                bk_esp_config ep = esp_params(m, l, 0);
-                ep.theta = NULL;
-                bk_esp_slices(&ep, m->dh, a->esp_theta);
-            }
-        }
-        if (!dec && c->cls_attn != BK_CLS_FULL) a->clsa = falloc((size_t)R * (size_t)c->heads, &z);
-        if (!dec && c->attn == BK_ATTN_DIFF) {
-            a->draw = falloc((size_t)(R * I), &z);
-            a->drs = falloc((size_t)R * (size_t)c->heads, &z);
-            a->lam = falloc((size_t)c->heads, &z);
-        }
-        if (z.bad) break;
-        const attn_site self = {l, 0, dec}, cross = {l, 1, 0};
-        a->tape_cap = attn_tape(m, dec ? &dd : &ad, self);
-        if (a->tape_cap) a->tape = zalloc(&z, a->tape_cap, 1);
-        size_t w1 = attn_ws(m, dec ? &dd : &ad, self);
-        if (w1 > wsz) wsz = w1;
-        if (dec) {
-            a->ctape_cap = attn_tape(m, &cd, cross);
-            if (a->ctape_cap) a->ctape = zalloc(&z, a->ctape_cap, 1);
-            w1 = attn_ws(m, &cd, cross);
-            if (w1 > wsz) wsz = w1;
-        }
-    }
-    m->fin = falloc((size_t)(R * D), &z);
-    m->fmu = falloc((size_t)R, &z);
-    m->frs = falloc((size_t)R, &z);
-    m->nb = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-    if (c->cls_attn != BK_CLS_FULL) {
-        m->nb1 = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dcls = falloc(2 * (size_t)R * (size_t)c->heads, &z);
-    }
-    if (c->dwc) m->ddwc = zalloc(&z, (size_t)(c->dwc_kernel * c->dwc_kernel + 1) * (size_t)m->dh, sizeof(double));
-    if (!s2s) {
-        m->pooled = falloc((size_t)max_batch * (size_t)m->F, &z);
-        m->logits = falloc((size_t)max_batch * (size_t)c->classes, &z);
-        m->probs = falloc((size_t)max_batch * (size_t)c->classes, &z);
-        m->argmax = zalloc(&z, (size_t)max_batch * (size_t)D, sizeof(int32_t));
-        m->labels = zalloc(&z, (size_t)max_batch, sizeof(int32_t));
-        m->dpool = falloc((size_t)max_batch * (size_t)m->F, &z);
-        m->dlog = falloc((size_t)max_batch * (size_t)c->classes, &z);
-    }
-    if (!s2s && c->pool == BK_POOL_OTK) {
-        bk_otk_desc od = {max_batch, m->T, c->dim, c->otk_refs, c->otk_supports, m->otk_k, NULL};
-        bk_otk_config op = otk_params(m);
-        /* (the sizes depend on whether there are anchors, not on their
-         * values: measuring, there is no parameter buffer yet) */
-        const float no_anchors_yet = 0.0f;
-        if (c->otk_anchors > 0 && !op.W) op.W = &no_anchors_yet;
-        m->otk_tape_cap = bk_otk_tape_size(&od, &op);
-        m->otk_tape = zalloc(&z, m->otk_tape_cap, 1);
-        size_t w1 = bk_otk_workspace_size(&od, &op);
-        if (w1 > wsz) wsz = w1;
-    }
-    m->dX = falloc((size_t)(Rx * D), &z);
-    m->dT = falloc((size_t)(Rx * D), &z);
-    m->dN = falloc((size_t)(Rx * D), &z);
-    m->dA = falloc((size_t)(Rx * I), &z);
-    m->dq = falloc((size_t)(Rx * I), &z);
-    m->dk = falloc((size_t)(Rx * I), &z);
-    m->dv = falloc((size_t)(Rx * I), &z);
-    m->dM = falloc((size_t)(Rx * (M > D ? M : D)), &z);
-    const size_t ztmp = (size_t)c->heads * (size_t)c->lot_r * (size_t)m->dh;
-    const size_t otmp = s2s ? 0 : (size_t)c->otk_refs * (size_t)c->otk_supports * (size_t)m->otk_k;
-    m->dZtmp = falloc(ztmp > otmp ? ztmp : otmp, &z);
-    if (!s2s && c->pool == BK_POOL_OTK && c->otk_anchors > 0) m->dWtmp = falloc((size_t)c->otk_anchors * (size_t)D, &z);
-    m->dthtmp = falloc((size_t)c->heads * (size_t)c->lot_r, &z);
-    { /* the Linear weight gradients' K split: the largest out x in of the
-       * encoder's and decoder's Linear layers (D, I, MLP wide), up to 1 MiB */
-        const int64_t dmax = D > I ? D : I, wmax = dmax > M ? dmax : M;
-        const size_t kn = bki_linear_kbuf_floats((int)wmax, (int)wmax);
-        m->kbuf_n = kn <= KBUF_MAX ? kn : 0;
-        m->kbuf = m->kbuf_n ? falloc(m->kbuf_n, &z) : NULL;
-    }
-    if (c->attn == BK_ATTN_DIFF) {
-        m->dO = falloc((size_t)(R * I), &z);
-        m->dlam = falloc((size_t)c->heads, &z);
-    }
+    alloc_stream(m, &q, &z);
+    alloc_blocks(m, &q, &z, &wsz);
+    alloc_head(m, &q, &z, &wsz);
+    alloc_scratch(m, &q, &z);
     if (z.bad) return bk_model_free(m), bki_fail(BK_ERR_NOMEM, "bk_model_create: out of memory for activations");
     if (measure) {
         *bytes = wsz > SIZE_MAX - z.bytes ? SIZE_MAX : z.bytes + wsz;
         *out = m;
         return BK_OK;
     }
-    if ((st = ensure_ws(m, wsz))) return bk_model_free(m), st;
+    if ((st = bki_model_ensure_ws(m, wsz))) return bk_model_free(m), st;
     *out = m;
     return BK_OK;
+}
+
+/* samples [s, s + n) of a batch (bki_views into its arrays) */
+bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n)
+{
+    const int64_t per = bki_model_sample_size(m);
+    const bk_model_config *c = bk_model_get_config(m);
+    bk_batch part = *b;
+    part.B = n;
+    part.x = b->x ? b->x + (int64_t)s * per : NULL;
+    part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
+    part.len = b->len ? b->len + s : NULL;
+    part.labels = b->labels ? b->labels + s : NULL;
+    part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
+    part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
+    return part;
+}
+
+/* what the loss averages over: samples, or (seq2seq) target tokens */
+int64_t bki_batch_weight(const bk_model *m, const bk_batch *b)
+{
+    if (bk_model_get_config(m)->arch != BK_ARCH_SEQ2SEQ || !b->tgt_len) return b->B;
+    int64_t w = 0;
+    for (int i = 0; i < b->B; i++) w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
+    return w;
 }
 
 const bk_model_config *bk_model_get_config(const bk_model *m) { return m ? &m->c : NULL; }
@@ -1339,11 +812,6 @@ const bki_param *bki_model_table(const bk_model *m, int *count)
 }
 uint64_t bki_model_seed(const bk_model *m) { return m->seed; }
 int bki_model_max_batch(const bk_model *m) { return m->max_batch; }
-int64_t bki_model_sample_size(const bk_model *m)
-{
-    return m->c.input == BK_INPUT_IMAGE ? (int64_t)m->c.channels * m->c.image_h * m->c.image_w
-                                        : (int64_t)m->np * (m->c.input == BK_INPUT_TOKENS ? 1 : m->in_feat);
-}
 uint64_t bki_model_fwd_count(const bk_model *m) { return m->fwd_count; }
 void bki_model_set_fwd_count(bk_model *m, uint64_t c) { m->fwd_count = c; }
 
@@ -1382,7 +850,8 @@ void bk_model_zero_grad(bk_model *m)
 bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
 {
     if (!m || !asap) return bki_fail(BK_ERR_NULL, "bk_model_set_asap: NULL argument");
-    if (m->c.attn != BK_ATTN_ASAP) return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: the model's attention is not asap");
+    if (!(bki_attn_layer_flags(m->c.attn) & BKI_LAYER_HOLDS))
+        return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: the model's attention is not asap");
     if (layer < 0 || layer >= m->c.depth)
         return bki_fail(BK_ERR_PARAM, "bk_model_set_asap: layer %d outside [0, %d)", layer, m->c.depth);
     if (asap->d != m->dh)
@@ -1406,44 +875,46 @@ bk_status bk_model_set_asap(bk_model *m, int layer, const bk_asap_layer *asap)
     }
     m->ba[layer].asap = cp;
     size_t need =
-        attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, self_site(layer));
-    return ensure_ws(m, need);
+        bki_attn_ws(m, &(bk_attn_desc){m->max_batch, m->c.heads, m->T, m->T, m->dh, m->dh, NULL, NULL}, bki_self_site(layer));
+    return bki_model_ensure_ws(m, need);
 }
 
 /* ------------------------------------------------------------------------ */
 /* changing the attention of a model: in place, or swapped into a new one   */
 /* ------------------------------------------------------------------------ */
-/* the attention keys: what a swap may change (the rest of the configuration
- * fixes the parameter table of everything but the attention) */
-static const char *const SWAP_KEYS[] = {"attn", "cross_attn", "attn_scale", "sk_iters", "sk_eps",    "sk_rho",
-                                        "esp_soft", "esp_t",     "esp_tau",  "esp_slices", "lot_r",
-                                        "lot_iters", "lot_eps",  "lot_temp", "cls_attn", "pol_ps",
-                                        "pol_po",   "lot_learn", "pma_attn", NULL};
-/* the attention keys that keep the parameter table and the fixed ESP slices:
- * what bk_model_set_attn_config may change in place */
-static const char *const INPLACE_KEYS[] = {"attn_scale", "sk_iters", "sk_eps",   "sk_rho",  "esp_soft",
-                                           "esp_t",      "esp_tau",  "lot_iters", "lot_eps", "lot_temp",
-                                           "asap_ending", "pol_ps", "pol_po", "lot_learn", NULL};
+/* the attention keys: what a swap may change besides the sites' kinds and
+ * their operators' parameters (the rest of the configuration fixes the
+ * parameter table of everything but the attention) */
+static const char *const SWAP_KEYS[] = {"attn_scale", "cls_attn", "pol_ps", "pol_po", "lot_learn", NULL};
+/* what bk_model_set_attn_config may change in place besides the sites'
+ * parameters (under the same kinds, with the learned arrays' shapes kept) */
+static const char *const INPLACE_KEYS[] = {"attn_scale", "pol_ps", "pol_po", "lot_learn", NULL};
 
-static int key_in(const char *key, size_t n, const char *const *list)
+/* The first key (in the text form's order) in which a and b differ once
+ * b's keys in allowed are a's, and with sites = 1 the sites' parameters
+ * (sites = 2: and their kinds), copied into key; 0 when there is none. */
+static int config_diff(const bk_model_config *a, const bk_model_config *b, const char *const *allowed, int sites,
+                       char *key, size_t cap)
 {
-    for (int i = 0; list[i]; i++)
-        if (strlen(list[i]) == n && !strncmp(list[i], key, n)) return 1;
-    return 0;
-}
-
-/* The first key (in the text form's order) in which a and b differ and that
- * is not in allowed, copied into key; 0 when there is none. */
-static int config_diff(const bk_model_config *a, const bk_model_config *b, const char *const *allowed, char *key,
-                       size_t cap)
-{
-    char ta[4096], tb[4096];
+    bk_model_config t = *b;
+    char v[128];
+    for (int i = 0; allowed[i]; i++)
+        if (bk_model_config_get(a, allowed[i], v, sizeof v)) (void)bk_model_config_set(&t, allowed[i], v);
+    if (sites == 2) {
+        t.attn = a->attn;
+        t.cross_attn = a->cross_attn;
+        t.pma_attn = a->pma_attn;
+    }
+    if (sites && t.attn == a->attn) t.attn_par = a->attn_par;
+    if (sites && t.cross_attn == a->cross_attn) t.cross_par = a->cross_par;
+    if (sites && t.pma_attn == a->pma_attn) t.pma_par = a->pma_par;
+    bki_clear_error();
+    char ta[8192], tb[8192];
     bk_model_config_format(a, ta, sizeof ta);
-    bk_model_config_format(b, tb, sizeof tb);
-    /* both texts list the same keys in the same order, one per line */
-    for (const char *p = ta, *q = tb; *p && *q;) {
+    bk_model_config_format(&t, tb, sizeof tb);
+    for (const char *p = ta, *q = tb; *p || *q;) {
         const size_t lp = strcspn(p, "\n"), lq = strcspn(q, "\n"), k = strcspn(p, "=");
-        if ((lp != lq || strncmp(p, q, lp)) && !key_in(p, k, allowed)) {
+        if (lp != lq || strncmp(p, q, lp)) {
             snprintf(key, cap, "%.*s", (int)k, p);
             return 1;
         }
@@ -1453,18 +924,34 @@ static int config_diff(const bk_model_config *a, const bk_model_config *b, const
     return 0;
 }
 
+/* the block attention tensors of a and b have the same names and shapes */
+static int same_attn_tensors(const bk_model_config *a, const bk_model_config *b, int dh)
+{
+    bki_attn_tensor ta[BKI_MAX_ATTN_TENSORS], tb[BKI_MAX_ATTN_TENSORS];
+    const int na = bki_attn_tensors(a, dh, ta), nb = bki_attn_tensors(b, dh, tb);
+    if (na != nb) return 0;
+    for (int i = 0; i < na; i++)
+        if (strcmp(ta[i].name, tb[i].name) || ta[i].ndim != tb[i].ndim || memcmp(ta[i].dims, tb[i].dims, sizeof ta[i].dims))
+            return 0;
+    return 1;
+}
+
 bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
 {
     if (!m || !c) return bki_fail(BK_ERR_NULL, "bk_model_set_attn_config: NULL argument");
     bk_status st = bk_model_config_check(c);
     if (st) return st;
     char key[64];
-    if (config_diff(&m->c, c, INPLACE_KEYS, key, sizeof key))
+    if (config_diff(&m->c, c, INPLACE_KEYS, 1, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_set_attn_config: %s differs; in place only attn_scale, sk_*, esp_soft, esp_t, esp_tau, "
-                        "lot_iters/lot_eps/lot_temp/lot_learn, asap_ending and pol_ps/pol_po may change (bk_model_swap changes "
-                        "the attention kind and cls_attn)",
+                        "bk_model_set_attn_config: %s differs; in place only attn_scale, the sites' operator "
+                        "parameters (attn.*, cross_attn.*, pma_attn.*), lot_learn and pol_ps/pol_po may change "
+                        "(bk_model_swap changes the attention kind and cls_attn)",
                         key);
+    if (!same_attn_tensors(&m->c, c, m->dh))
+        return bki_fail(BK_ERR_PARAM, "bk_model_set_attn_config: the new attn.* parameters change the shapes of the "
+                                      "learned arrays of %s (e.g. LOT's attn.r); they are trained weights",
+                        bk_attn_kind_name(c->attn));
     /* the tapes follow the new parameters (grown, never shrunk); the
      * workspace grows on use (ensure_ws) */
     const bk_model_config old = m->c;
@@ -1473,17 +960,17 @@ bk_status bk_model_set_attn_config(bk_model *m, const bk_model_config *c)
     /* (the decoder's at its largest: m->Td is the last batch's target length) */
     const int tdmax = c->arch == BK_ARCH_SEQ2SEQ ? c->tgt_max_len : 0;
     bk_attn_desc dd = {m->max_batch, c->heads, tdmax, tdmax, m->dh, m->dh, NULL, NULL};
-    for (int l = 0; l < block_count(c); l++) {
+    for (int l = 0; l < bki_block_count(c); l++) {
         blk_act *a = &m->ba[l];
-        const unit_kind uk = unit_of(c, l);
+        const unit_kind uk = bki_unit_of(c, l);
         const int dec = uk == U_DEC;
         /* encoder blocks: self-attention; decoder blocks: both; MAB units:
          * their cross-attention */
         for (int cross = uk == U_MAB; cross <= (uk != U_ENC); cross++) {
             void **tape = cross ? &a->ctape : &a->tape;
             size_t *cap = cross ? &a->ctape_cap : &a->tape_cap;
-            const bk_attn_desc cd = cross_desc_max(m, l);
-            const size_t need = attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
+            const bk_attn_desc cd = bki_cross_desc_max(m, l);
+            const size_t need = bki_attn_tape(m, cross ? &cd : dec ? &dd : &ad, (attn_site){l, cross, dec && !cross});
             if (need <= *cap) continue;
             void *t = calloc(1, need);
             if (!t) {
@@ -1530,19 +1017,20 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     }
     bk_status st = bk_model_config_check(target);
     if (st) return st;
-    if (target->attn == BK_ATTN_ASAP)
+    if (bki_attn_layer_flags(target->attn) & BKI_LAYER_HOLDS)
         return bki_fail(BK_ERR_PARAM, "bk_model_swap: ASAP layers are compiled from a Sinkhorn model's own attention "
                                       "on calibration inputs (bk_asap_compile, `birkhoff model swap --attn asap`)");
     char key[64];
-    if (config_diff(&src->c, target, SWAP_KEYS, key, sizeof key))
+    if (config_diff(&src->c, target, SWAP_KEYS, 2, key, sizeof key))
         return bki_fail(BK_ERR_PARAM,
-                        "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, attn_scale, sk_*, esp_*, "
-                        "lot_*, cls_attn, pol_*, pma_attn)",
+                        "bk_model_swap: %s differs; a swap changes the attention only (attn, cross_attn, pma_attn, "
+                        "their attn.* parameters, attn_scale, cls_attn, pol_*, lot_learn)",
                         key);
-    if (src->c.attn == BK_ATTN_LOT && target->attn == BK_ATTN_LOT && src->c.lot_r != target->lot_r)
-        return bki_fail(BK_ERR_PARAM, "bk_model_swap: lot_r %d -> %d: a LOT model's pivots are trained weights of "
-                                      "lot_r rows; their count cannot change",
-                        src->c.lot_r, target->lot_r);
+    if (src->c.attn == target->attn && !same_attn_tensors(&src->c, target, src->dh))
+        return bki_fail(BK_ERR_PARAM, "bk_model_swap: the attn.* parameters change the shapes of %s's learned arrays "
+                                      "(e.g. LOT's attn.r: the pivots are trained weights of attn.r rows; their count "
+                                      "cannot change)",
+                        bk_attn_kind_name(target->attn));
     bk_model *m = NULL;
     if ((st = bk_model_create(target, src->seed, max_batch, &m))) return st;
     /* every tensor both tables name is copied; the others (a LOT target's
@@ -1553,7 +1041,7 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
         for (int j = 0; j < src->nparam; j++) {
             const bki_param *q = &src->tab[j];
             if (strcmp(p->name, q->name)) continue;
-            if (q->count != p->count) { /* (no shared tensor changes shape: lot_r is checked above) */
+            if (q->count != p->count) { /* (no shared tensor changes shape: the learned arrays are checked above) */
                 bk_model_free(m);
                 return bki_fail(BK_ERR_SHAPE, "bk_model_swap: tensor %s changes shape", p->name);
             }
@@ -1566,509 +1054,21 @@ bk_status bk_model_swap(const bk_model *src, const bk_model_config *target, cons
     return BK_OK;
 }
 
-/* ------------------------------------------------------------------------ */
-/* forward                                                                  */
-/* ------------------------------------------------------------------------ */
-/* the seq2seq batch: source ids and lengths, targets when needed */
-static bk_status check_batch_s2s(const bk_model *m, const bk_batch *b, int need_tgt)
-{
-    const bk_model_config *c = &m->c;
-    if (!b->tokens) return bki_fail(BK_ERR_NULL, "model: the batch lacks its source tokens");
-    if (need_tgt && (!b->tgt || !b->tgt_len))
-        return bki_fail(BK_ERR_NULL, "model: a seq2seq forward needs the targets (tgt and tgt_len: the decoder "
-                                     "reads them shifted right; bk_model_translate decodes without them)");
-    for (int i = 0; i < b->B; i++) {
-        const int n = b->len ? b->len[i] : c->max_len;
-        if (n < 1 || n > c->max_len)
-            return bki_fail(BK_ERR_LENGTH, "model: source length len[%d] = %d outside [1, max_len = %d]", i, n,
-                            c->max_len);
-        for (int t = 0; t < n; t++) {
-            const int32_t v = b->tokens[(size_t)i * c->max_len + t];
-            if (v < 0 || v >= c->vocab)
-                return bki_fail(BK_ERR_PARAM, "model: source token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
-                                c->vocab);
-        }
-        if (!b->tgt || !b->tgt_len) continue;
-        const int nt = b->tgt_len[i];
-        if (nt < 1 || nt > c->tgt_max_len)
-            return bki_fail(BK_ERR_LENGTH, "model: target length tgt_len[%d] = %d outside [1, tgt_max_len = %d]", i,
-                            nt, c->tgt_max_len);
-        for (int t = 0; t < nt; t++) {
-            const int32_t v = b->tgt[(size_t)i * c->tgt_max_len + t];
-            if (v < 0 || v >= c->vocab)
-                return bki_fail(BK_ERR_PARAM, "model: target token %d at [%d, %d] outside [0, vocab = %d)", v, i, t,
-                                c->vocab);
-        }
-    }
-    return BK_OK;
-}
-
-static bk_status check_batch(const bk_model *m, const bk_batch *b, int need_labels)
-{
-    const bk_model_config *c = &m->c;
-    if (!b) return bki_fail(BK_ERR_NULL, "model: NULL batch");
-    if (b->B < 1 || b->B > m->max_batch)
-        return bki_fail(BK_ERR_SHAPE, "model: batch of %d outside [1, max_batch = %d]", b->B, m->max_batch);
-    if (c->arch == BK_ARCH_SEQ2SEQ) {
-        (void)need_labels; /* (teacher forcing: the decoder reads the targets) */
-        return check_batch_s2s(m, b, 1);
-    }
-    if (c->input == BK_INPUT_TOKENS ? !b->tokens : !b->x)
-        return bki_fail(BK_ERR_NULL, "model: the batch lacks its %s", c->input == BK_INPUT_TOKENS ? "tokens" : "inputs x");
-    if (need_labels && !b->labels) return bki_fail(BK_ERR_NULL, "model: labels needed for the loss");
-    if (b->len && c->input != BK_INPUT_IMAGE)
-        for (int i = 0; i < b->B; i++)
-            if (b->len[i] < 1 || b->len[i] > m->np)
-                return bki_fail(BK_ERR_LENGTH, "model: len[%d] = %d outside [1, %d]", i, b->len[i], m->np);
-    if (b->labels)
-        for (int i = 0; i < b->B; i++)
-            if (b->labels[i] < 0 || b->labels[i] >= c->classes)
-                return bki_fail(BK_ERR_PARAM, "model: label[%d] = %d outside [0, %d)", i, b->labels[i], c->classes);
-    if (c->input == BK_INPUT_TOKENS) {
-        for (int64_t i = 0; i < (int64_t)b->B * m->np; i++)
-            if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab)
-                return bki_fail(BK_ERR_PARAM, "model: token %d at [%lld, %lld] outside [0, vocab = %d)", b->tokens[i],
-                                (long long)(i / m->np), (long long)(i % m->np), c->vocab);
-    } else {
-        const int64_t per = bki_model_sample_size(m);
-        for (int i = 0; i < b->B; i++) {
-            const int64_t valid = c->input == BK_INPUT_POINTS && b->len ? (int64_t)b->len[i] * m->in_feat : per;
-            const float *x = b->x + (int64_t)i * per;
-            for (int64_t j = 0; j < valid; j++)
-                if (!isfinite(x[j]))
-                    return bki_fail(BK_ERR_NONFINITE, "model: input of sample %d has a non-finite value", i);
-        }
-    }
-    return BK_OK;
-}
-
-/* embed_fwd's regions: the model and the batch, one row of B*np (the
- * input's rows) or of B*T (x0) an iteration */
-typedef struct {
-    bk_model *m;
-    const bk_batch *bt;
-} embed_args;
-
-/* image patches into emb_in rows */
-static void embed_patches_member(void *arg)
-{
-    const embed_args *ea = arg;
-    bk_model *m = ea->m;
-    const bk_batch *bt = ea->bt;
-    const bk_model_config *c = &m->c;
-    const int np = m->np;
-    const int P = c->patch, gw = c->image_w / P, C = c->channels, Hh = c->image_h, Ww = c->image_w;
-    BKI_FOR(r, (int64_t)bt->B * np) {
-        const int b = (int)(r / np), pi = (int)(r % np), py = pi / gw, px = pi % gw;
-        float *o = m->emb_in + (size_t)r * (size_t)m->in_feat;
-        const float *img = bt->x + (size_t)b * C * Hh * Ww;
-        for (int p1 = 0; p1 < P; p1++)
-            for (int p2 = 0; p2 < P; p2++)
-                for (int ch = 0; ch < C; ch++)
-                    *o++ = img[((size_t)ch * Hh + (size_t)(py * P + p1)) * Ww + (size_t)(px * P + p2)];
-    }
-}
-
-/* the tokens' table rows into emb_o */
-static void embed_tokens_member(void *arg)
-{
-    const embed_args *ea = arg;
-    bk_model *m = ea->m;
-    const bk_batch *bt = ea->bt;
-    const int D = m->c.dim;
-    BKI_FOR(r, (int64_t)bt->B * m->np)
-        memcpy(m->emb_o + (size_t)r * D, m->w + m->e_w + (size_t)bt->tokens[r] * D, sizeof(float) * (size_t)D);
-}
-
-/* the points into emb_in rows, padded rows zero */
-static void embed_points_member(void *arg)
-{
-    const embed_args *ea = arg;
-    bk_model *m = ea->m;
-    const bk_batch *bt = ea->bt;
-    const int np = m->np, pd = m->in_feat;
-    BKI_FOR(r, (int64_t)bt->B * np) {
-        const int b = (int)(r / np), i = (int)(r % np);
-        const int valid = bt->len ? bt->len[b] : np;
-        if (i < valid)
-            memcpy(m->emb_in + (size_t)r * pd, bt->x + (size_t)r * pd, sizeof(float) * (size_t)pd);
-        else
-            memset(m->emb_in + (size_t)r * pd, 0, sizeof(float) * (size_t)pd);
-    }
-}
-
-/* x0 rows: [cls;] emb_o [+ pos] */
-static void embed_rows_member(void *arg)
-{
-    const embed_args *ea = arg;
-    bk_model *m = ea->m;
-    const bk_model_config *c = &m->c;
-    const int np = m->np, T = m->T, D = c->dim;
-    const float *cls = c->cls ? m->w + m->cls_o : NULL, *pos = c->pos_embed ? m->w + m->pos_o : NULL;
-    BKI_FOR(r, (int64_t)ea->bt->B * T) {
-        const int b = (int)(r / T), t = (int)(r % T);
-        float *x = m->x0 + (size_t)r * D;
-        if (c->cls && t == 0)
-            memcpy(x, cls, sizeof(float) * (size_t)D);
-        else
-            memcpy(x, m->emb_o + ((size_t)b * np + (size_t)(t - c->cls)) * D, sizeof(float) * (size_t)D);
-        if (pos)
-            for (int k = 0; k < D; k++) x[k] += pos[(size_t)t * D + k];
-    }
-}
-
-/* x0 = [cls;] embed(input) [+ pos], dropout, padded rows zero */
-static void embed_fwd(bk_model *m, const bk_batch *bt, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int B = bt->B, np = m->np, T = m->T, D = c->dim, nt = bki_threads();
-    const size_t Bn = (size_t)B * (size_t)np;
-    embed_args ea = {m, bt};
-    if (c->input == BK_INPUT_IMAGE) {
-        bki_parallel_claimed(nt, embed_patches_member, &ea);
-        bki_linear_fwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, m->w + m->e_b, m->emb_o, D);
-    } else if (c->input == BK_INPUT_TOKENS) {
-        memcpy(m->tokens, bt->tokens, sizeof(int32_t) * Bn);
-        bki_parallel_claimed(nt, embed_tokens_member, &ea);
-    } else {
-        const int pd = m->in_feat;
-        bki_parallel_claimed(nt, embed_points_member, &ea);
-        bki_linear_fwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, m->w + m->e_b, m->emb_h, D);
-        bki_gelu_fwd(Bn * (size_t)D, m->emb_h, m->emb_g);
-        bki_linear_fwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, m->w + m->e_b2, m->emb_o, D);
-    }
-    bki_parallel_claimed(nt, embed_rows_member, &ea);
-    if (train && c->dropout > 0.0f) bki_dropout(m->x0, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
-    for (int b = 0; b < B; b++)
-        if (m->nb[b] < T) memset(m->x0 + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
-}
-
-static void views(const bk_model *m, float *qkv, float *att, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
-{
-    const int64_t T = m->T, I = m->I, dh = m->dh;
-    *q = (bk_tensor){qkv, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){qkv + I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){qkv + 2 * I, T * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){att, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-/* ---- attn=diff: the paper's layer around the operator (docs/MODEL.md) ------
- * lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, one value shared by
- * the heads of block l; each head's operator output (dh channels) is divided
- * by its RMS (eps = ln_eps, no learned gain) and multiplied by
- * (1 - lambda_init). l is 0-based: the paper's l - 1. */
-static double diff_lambda_init(int l) { return 0.8 - 0.6 * exp(-0.3 * (double)l); }
-
-/* e1 = exp(lq1 . lk1), e2 = exp(lq2 . lk2) (dot products in double, in order) */
-static void diff_exps(const bk_model *m, int l, double *e1, double *e2)
-{
-    const blk_off *o = &m->bo[l];
-    const float *w = m->w;
-    double s1 = 0.0, s2 = 0.0;
-    for (int j = 0; j < m->dh / 2; j++) {
-        s1 += (double)w[o->dl_q1 + j] * w[o->dl_k1 + j];
-        s2 += (double)w[o->dl_q2 + j] * w[o->dl_k2 + j];
-    }
-    *e1 = exp(s1);
-    *e2 = exp(s2);
-}
-
-static void diff_set_lambda(bk_model *m, int l)
-{
-    double e1, e2;
-    diff_exps(m, l, &e1, &e2);
-    const float lam = (float)(e1 - e2 + diff_lambda_init(l));
-    for (int h = 0; h < m->c.heads; h++) m->ba[l].lam[h] = lam;
-}
-
-/* forward (bwd = 0): att = (1 - lambda_init) RMSNorm_h(draw) per (row, head),
- * drs keeping 1/RMS; backward (bwd = 1): dO = (1 - lambda_init) rs (dy - x
- * rs^2 <dy, x> / dh) from dy = dA */
-typedef struct {
-    bk_model *m;
-    blk_act *a;
-    int64_t R;
-    float g;
-    int bwd;
-} diff_norm_args;
-
-static void diff_norm_member(void *arg)
-{
-    const diff_norm_args *dn = arg;
-    bk_model *m = dn->m;
-    blk_act *a = dn->a;
-    const int H = m->c.heads, dh = m->dh, I = m->I, bwd = dn->bwd;
-    const double eps = m->c.ln_eps;
-    const float g = dn->g;
-    BKI_FOR(r, dn->R)
-        for (int h = 0; h < H; h++) {
-            const size_t at = (size_t)r * I + (size_t)h * dh;
-            const float *x = a->draw + at;
-            float *rs = a->drs + (size_t)r * H + h;
-            if (!bwd) {
-                double ss = 0.0;
-                for (int k = 0; k < dh; k++) ss += (double)x[k] * x[k];
-                *rs = (float)(1.0 / sqrt(ss / dh + eps));
-                for (int k = 0; k < dh; k++) a->att[at + k] = x[k] * *rs * g;
-            } else {
-                const float *dy = m->dA + at;
-                double dot = 0.0;
-                for (int k = 0; k < dh; k++) dot += (double)dy[k] * x[k];
-                const float c = (float)((double)*rs * *rs * dot / dh);
-                for (int k = 0; k < dh; k++) m->dO[at + k] = g * *rs * (dy[k] - x[k] * c);
-            }
-        }
-}
-
-static void diff_norm(bk_model *m, int l, int B, int bwd)
-{
-    diff_norm_args dn = {m, &m->ba[l], (int64_t)B * m->T, (float)(1.0 - diff_lambda_init(l)), bwd};
-    bki_parallel_claimed(bki_threads(), diff_norm_member, &dn);
-}
-
-/* dlambda (summed over the heads, in head order) into the four vectors */
-static void diff_lambda_bwd(bk_model *m, int l)
-{
-    const blk_off *o = &m->bo[l];
-    const float *w = m->w;
-    float *gw = m->gw;
-    double gl = 0.0, e1, e2;
-    for (int h = 0; h < m->c.heads; h++) gl += m->dlam[h];
-    diff_exps(m, l, &e1, &e2);
-    const double g1 = gl * e1, g2 = -gl * e2;
-    for (int j = 0; j < m->dh / 2; j++) {
-        gw[o->dl_q1 + j] += (float)(g1 * w[o->dl_k1 + j]);
-        gw[o->dl_k1 + j] += (float)(g1 * w[o->dl_q1 + j]);
-        gw[o->dl_q2 + j] += (float)(g2 * w[o->dl_k2 + j]);
-        gw[o->dl_k2 + j] += (float)(g2 * w[o->dl_q2 + j]);
-    }
-}
-
-static void diff_fwd_pre(bk_model *m, int l, bk_tensor *o)
-{
-    diff_set_lambda(m, l);
-    o->data = m->ba[l].draw; /* normalised into att by diff_fwd_post */
-}
-static void diff_fwd_post(bk_model *m, int l, int B) { diff_norm(m, l, B, 0); }
-/* through the per-head norm first; the operator's dout is dO */
-static void diff_bwd_pre(bk_model *m, int l, int B, bk_tensor *dout)
-{
-    diff_norm(m, l, B, 1);
-    dout->data = m->dO;
-}
-static void *diff_pgrads(bk_model *m, bki_lot_grads *lg)
-{
-    (void)lg;
-    return m->dlam;
-}
-
-/* the operator at a site, forward: train keeps its tape */
-static bk_status site_forward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
-                              const bk_tensor *v, const bk_tensor *o, const bk_tensor *attn_out, void *tape)
-{
-    bk_status st = ensure_ws(m, attn_ws(m, d, s));
-    if (st) return st;
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn_out;
-    c.trusted = 1; /* the model's activations: its logits are checked */
-    return bki_op_forward(&c, tape, m->ws, m->ws_cap);
-}
-
-static bk_status site_backward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
-                               const bk_tensor *v, const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk,
-                               const bk_tensor *dv, void *pg, void *tape)
-{
-    bk_status st = ensure_ws(m, attn_ws(m, d, s));
-    if (st) return st;
-    attn_par par;
-    bki_call c = attn_call_at(m, d, s, &par);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
-    c.trusted = 1;
-    return bki_op_backward(&c, tape, m->ws, m->ws_cap);
-}
-
-/* ---- LOTFormer's ViT ingredients around the operator (vit.c) --------------
- * cls_attn != full: the operator runs on the tokens after [CLS] (every view
- * one row down, lengths nb - 1, the problem (T - 1) x (T - 1)) and the [CLS]
- * row is computed on its own; dwc = 1: the convolution branch is added to
- * the attention's output. Both are the same for every attention kind. */
-static int cls_split(const bk_model *m) { return m->c.cls_attn != BK_CLS_FULL; }
-static bki_vit_shape vit_shape(const bk_model *m, int B)
-{
-    return (bki_vit_shape){B, m->T, m->c.heads, m->dh, m->nb};
-}
-static bki_cls_par cls_par(const bk_model *m)
-{
-    return (bki_cls_par){m->c.cls_attn, bki_scale(m->c.attn_scale, m->dh), m->c.pol_ps, m->c.pol_po};
-}
-static bki_dwc_par dwc_par(const bk_model *m)
-{
-    return (bki_dwc_par){m->c.cls, m->c.image_h / m->c.patch, m->c.image_w / m->c.patch, m->c.dwc_kernel};
-}
-/* the operator's problem: all tokens, or those after [CLS] (the views of
- * ts[0..n) moved one token down: row strides ld[i]) */
-static bk_attn_desc op_desc(const bk_model *m, int B, bk_tensor *ts, const int64_t *ld, int n)
-{
-    if (!cls_split(m)) return attn_desc(m, B);
-    for (int i = 0; i < n; i++) ts[i].data += ld[i];
-    bk_attn_desc d = {B, m->c.heads, m->T - 1, m->T - 1, m->dh, m->dh, m->nb1, m->nb1};
-    return d;
-}
-
-/* the self-attention of block l (classifier, encoder) with its kind's hooks;
- * attn_out (nullable): the attention map [B, H, T, T] */
-static bk_status attn_forward(bk_model *m, int l, int B, int train, const bk_tensor *attn_out)
-{
-    blk_act *a = &m->ba[l];
-    bk_tensor t[5];  /* q, k, v, o, the map */
-    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[3]);
-    if (m->c.attn == BK_ATTN_ASAP && !a->asap)
-        return bki_fail(BK_ERR_PARAM, "model: block %d has no compiled ASAP layer (bk_model_set_asap)", l);
-    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->fwd_pre) hk->fwd_pre(m, l, &t[3]);
-    if (attn_out) {
-        t[4] = *attn_out;
-        if (cls_split(m)) /* the operator fills the block of the other tokens */
-            memset(attn_out->data, 0, sizeof(float) * (size_t)B * m->c.heads * m->T * m->T);
-    }
-    const int64_t I = m->I, ld[5] = {3 * I, 3 * I, 3 * I, I, m->T + 1};
-    bk_attn_desc d = op_desc(m, B, t, ld, attn_out ? 5 : 4);
-    bk_status st = site_forward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], attn_out ? &t[4] : NULL,
-                                train ? a->tape : NULL);
-    if (st) return st;
-    if (hk && hk->fwd_post) hk->fwd_post(m, l, B);
-    const bki_vit_shape vs = vit_shape(m, B);
-    if (cls_split(m)) {
-        const bki_cls_par cp = cls_par(m);
-        bki_cls_row_fwd(&vs, &cp, a->qkv, a->clsa, a->att);
-        if (attn_out) /* row 0 of each (sample, head) map: the [CLS] row's weights */
-            for (int bh = 0; bh < B * m->c.heads; bh++)
-                memcpy(attn_out->data + (size_t)bh * m->T * m->T, a->clsa + (size_t)bh * m->T,
-                       sizeof(float) * (size_t)m->T);
-    }
-    if (m->c.dwc) {
-        const bki_dwc_par dp = dwc_par(m);
-        bki_dwc_fwd(&vs, &dp, m->w + m->bo[l].dwc_w, m->w + m->bo[l].dwc_b, a->qkv, a->att);
-    }
-    return BK_OK;
-}
-
-typedef struct {
-    int R, D;
-    const float *x;
-    float *out;
-    const float *b;
-} residual_args;
-
-/* out rows += b */
-static void residual_bias_member(void *arg)
-{
-    const residual_args *ra = arg;
-    const int D = ra->D;
-    const float *b = ra->b;
-    BKI_FOR(r, ra->R) {
-        float *o = ra->out + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += b[c];
-    }
-}
-
-/* out rows += x rows */
-static void residual_x_member(void *arg)
-{
-    const residual_args *ra = arg;
-    const int D = ra->D;
-    BKI_FOR(r, ra->R) {
-        float *o = ra->out + (size_t)r * D;
-        const float *xr = ra->x + (size_t)r * D;
-        for (int c = 0; c < D; c++) o[c] += xr[c];
-    }
-}
-
-static void residual_add(int R, int D, const float *x, float *out, const float *b, float p, uint64_t key)
-{
-    const int nt = bki_threads();
-    residual_args ra = {R, D, x, out, b};
-    bki_parallel_claimed(nt, residual_bias_member, &ra);
-    if (p > 0.0f) bki_dropout(out, R, D, D, p, key);
-    bki_parallel_claimed(nt, residual_x_member, &ra);
-}
-
-static bk_status pool_forward(bk_model *m, int B, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int T = m->T, D = c->dim;
-    const float *h = m->fin;
-    if (c->pool == BK_POOL_PMA) return pma_fwd(m, B, train);
-    if (c->pool == BK_POOL_OTK) {
-        bk_otk_desc od = otk_desc(m, B);
-        bk_otk_config op = otk_params(m);
-        bk_tensor x = {(float *)h, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_tensor out = {m->pooled, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
-        bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
-        if (st) return st;
-        return bk_otk_forward(&od, &op, &x, m->w + m->otk_z, &out, train ? m->otk_tape : NULL, NULL, m->ws, m->ws_cap);
-    }
-    for (int b = 0; b < B; b++) {
-        const float *hb = h + (size_t)b * T * D;
-        float *o = m->pooled + (size_t)b * D;
-        const int n = m->nb[b];
-        if (c->pool == BK_POOL_CLS) {
-            memcpy(o, hb, sizeof(float) * (size_t)D);
-        } else if (c->pool == BK_POOL_MEAN) {
-            for (int k = 0; k < D; k++) {
-                double s = 0.0;
-                for (int t = 0; t < n; t++) s += hb[(size_t)t * D + k];
-                o[k] = (float)(s / n);
-            }
-        } else {
-            for (int k = 0; k < D; k++) {
-                int best = 0;
-                for (int t = 1; t < n; t++)
-                    if (hb[(size_t)t * D + k] > hb[(size_t)best * D + k]) best = t;
-                o[k] = hb[(size_t)best * D + k];
-                m->argmax[(size_t)b * D + k] = best;
-            }
-        }
-    }
-    return BK_OK;
-}
-
-static bk_status encoder_fwd(bk_model *m, int B, int train);
-static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin);
-static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss);
-static bk_status s2s_backward(bk_model *m, float grad_scale);
-static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale);
-
-/* the classifier's trunk on a checked batch: valid lengths, embedding,
- * blocks and final norm into m->fin, the rows the pool reads */
-static bk_status trunk_fwd(bk_model *m, const bk_batch *bt, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int B = bt->B;
-    for (int b = 0; b < B; b++) m->nb[b] = (c->input != BK_INPUT_IMAGE && bt->len ? bt->len[b] : m->np) + c->cls;
-    if (m->nb1)
-        for (int b = 0; b < B; b++) m->nb1[b] = m->nb[b] - 1;
-    if (bt->labels) memcpy(m->labels, bt->labels, sizeof(int32_t) * (size_t)B);
-    embed_fwd(m, bt, train);
-    return encoder_fwd(m, B, train);
-}
-
 bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
 {
     if (!m) return bki_fail(BK_ERR_NULL, "bk_model_forward: NULL model");
     const bk_model_config *c = &m->c;
-    bk_status st = check_batch(m, bt, loss != NULL || train);
+    bk_status st = bki_check_batch(m, bt, loss != NULL || train);
     if (st) return st;
     if (!(ls >= 0.0f && ls < 1.0f)) return bki_fail(BK_ERR_PARAM, "model: label smoothing %g outside [0, 1)", (double)ls);
-    if (train && c->attn == BK_ATTN_ASAP)
+    if (train && !bki_attn_op(c->attn)->backward)
         return bki_fail(BK_ERR_PARAM, "model: ASAP layers are compiled for inference only; they cannot be trained");
     m->have_tape = 0;
     m->B = bt->B;
     m->ls = ls;
     if (train) m->cur_count = m->fwd_count;
     if (c->arch == BK_ARCH_SEQ2SEQ) {
-        if ((st = s2s_forward(m, bt, train, ls, logits, loss))) return st;
+        if ((st = bki_s2s_forward(m, bt, train, ls, logits, loss))) return st;
         if (train) {
             m->have_tape = 1;
             m->fwd_count++;
@@ -2076,8 +1076,8 @@ bk_status bk_model_forward(bk_model *m, const bk_batch *bt, int train, float ls,
         return BK_OK;
     }
     const int B = bt->B;
-    if ((st = trunk_fwd(m, bt, train))) return st;
-    if ((st = pool_forward(m, B, train))) return st;
+    if ((st = bki_trunk_fwd(m, bt, train))) return st;
+    if ((st = bki_pool_fwd(m, B, train))) return st;
     bki_linear_fwd(B, m->F, c->classes, m->pooled, m->F, m->w + m->head_w, m->w + m->head_b, m->logits, c->classes);
 
     const int C = c->classes;
@@ -2140,10 +1140,10 @@ bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_confi
         const int n = B - s0 < m->max_batch ? B - s0 : m->max_batch;
         bk_batch part = bki_batch_slice(m, b, s0, n);
         part.labels = NULL;
-        if ((st = check_batch(m, &part, 0))) break;
+        if ((st = bki_check_batch(m, &part, 0))) break;
         m->have_tape = 0; /* (the activations a pending backward needs are overwritten) */
         m->B = n;
-        if ((st = trunk_fwd(m, &part, 0))) break;
+        if ((st = bki_trunk_fwd(m, &part, 0))) break;
         memcpy(feat + (size_t)s0 * T * D, m->fin, sizeof(float) * (size_t)n * T * D);
         memcpy(len + s0, m->nb, sizeof(int32_t) * (size_t)n);
     }
@@ -2156,7 +1156,7 @@ bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_confi
     }
     /* references on the features of those anchors; the K-means knows no
      * positions (otk_pe is left out of the fit) */
-    bk_otk_config op = otk_params(m);
+    bk_otk_config op = bki_otk_params(m);
     op.W = W;
     op.pe = BK_OTK_PE_NONE;
     if (st == BK_OK) st = bk_otk_fit_refs(&d, &op, &x, &kc, 0, z, rep);
@@ -2175,900 +1175,6 @@ bk_status bk_model_otk_fit(bk_model *m, const bk_batch *b, const bk_kmeans_confi
     return st;
 }
 
-/* ------------------------------------------------------------------------ */
-/* backward                                                                 */
-/* ------------------------------------------------------------------------ */
-static void add_into(float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-static void *lot_pgrads(bk_model *m, bki_lot_grads *lg)
-{
-    *lg = (bki_lot_grads){m->dZtmp, m->dthtmp};
-    return lg;
-}
-/* lot_learn: a tensor that is not trained never receives its gradient */
-static void lot_bwd_post(bk_model *m, int l)
-{
-    if (m->c.lot_learn != BK_LOT_LEARN_NONE)
-        add_into(m->gw + m->bo[l].lot_z, m->dZtmp, (size_t)m->c.heads * m->c.lot_r * m->dh);
-    if (m->c.lot_learn == BK_LOT_LEARN_BOTH)
-        add_into(m->gw + m->bo[l].lot_t, m->dthtmp, (size_t)m->c.heads * m->c.lot_r);
-}
-
-static bk_status attn_backward(bk_model *m, int l, int B)
-{
-    blk_act *a = &m->ba[l];
-    const int64_t T = m->T, I = m->I, dh = m->dh;
-    bk_tensor t[8]; /* q, k, v, dout, dq, dk, dv (and o, unused) */
-    views(m, a->qkv, a->att, &t[0], &t[1], &t[2], &t[7]);
-    t[3] = (bk_tensor){m->dA, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[4] = (bk_tensor){m->dq, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[5] = (bk_tensor){m->dk, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    t[6] = (bk_tensor){m->dv, T * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    const attn_hooks *hk = ATTN_KINDS[m->c.attn].hooks;
-    if (hk && hk->bwd_pre) hk->bwd_pre(m, l, B, &t[3]);
-    const int64_t ld[7] = {3 * I, 3 * I, 3 * I, I, I, I, I};
-    bk_attn_desc d = op_desc(m, B, t, ld, 7);
-    bki_lot_grads lg;
-    void *pg = hk && hk->pgrads ? hk->pgrads(m, &lg) : NULL;
-    bk_status st = site_backward(m, self_site(l), &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], pg, a->tape);
-    if (st) return st;
-    if (hk && hk->bwd_post) hk->bwd_post(m, l);
-    /* the ViT ingredients, from d(att) = dA (the [CLS] row first: it sets
-     * row 0 of dq, dk and dv, which the operator left alone) */
-    const bki_vit_shape vs = vit_shape(m, B);
-    if (cls_split(m)) {
-        const bki_cls_par cp = cls_par(m);
-        bki_cls_row_bwd(&vs, &cp, a->qkv, a->clsa, m->dA, m->dcls, m->dq, m->dk, m->dv);
-    }
-    if (m->c.dwc) {
-        const bki_dwc_par dp = dwc_par(m);
-        bki_dwc_bwd(&vs, &dp, m->w + m->bo[l].dwc_w, a->qkv, m->dA, m->ddwc, m->dv, m->gw + m->bo[l].dwc_w,
-                    m->gw + m->bo[l].dwc_b);
-    }
-    return BK_OK;
-}
-
-static bk_status pool_backward(bk_model *m, int B)
-{
-    const bk_model_config *c = &m->c;
-    const int T = m->T, D = c->dim;
-    memset(m->dN, 0, sizeof(float) * (size_t)B * T * D);
-    if (c->pool == BK_POOL_PMA) return pma_bwd(m, B);
-    if (c->pool == BK_POOL_OTK) {
-        bk_otk_desc od = otk_desc(m, B);
-        bk_otk_config op = otk_params(m);
-        bk_tensor x = {m->fin, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_tensor dout = {m->dpool, (int64_t)m->F, 0, (int64_t)c->otk_refs * m->otk_k, BK_DEVICE_HOST, BK_F32};
-        bk_tensor dx = {m->dN, (int64_t)T * D, 0, D, BK_DEVICE_HOST, BK_F32};
-        bk_status st = ensure_ws(m, bk_otk_workspace_size(&od, &op));
-        if (st) return st;
-        st = bk_otk_backward(&od, &op, &x, m->w + m->otk_z, &dout, m->otk_tape, &dx, m->dZtmp, m->dWtmp, m->ws,
-                             m->ws_cap);
-        if (st) return st;
-        add_into(m->gw + m->otk_z, m->dZtmp, (size_t)c->otk_refs * c->otk_supports * m->otk_k);
-        if (m->otk_w >= 0) add_into(m->gw + m->otk_w, m->dWtmp, (size_t)c->otk_anchors * D);
-        return BK_OK;
-    }
-    for (int b = 0; b < B; b++) {
-        float *db = m->dN + (size_t)b * T * D;
-        const float *g = m->dpool + (size_t)b * D;
-        const int n = m->nb[b];
-        if (c->pool == BK_POOL_CLS) {
-            memcpy(db, g, sizeof(float) * (size_t)D);
-        } else if (c->pool == BK_POOL_MEAN) {
-            for (int t = 0; t < n; t++)
-                for (int k = 0; k < D; k++) db[(size_t)t * D + k] = g[k] / (float)n;
-        } else {
-            for (int k = 0; k < D; k++) db[(size_t)m->argmax[(size_t)b * D + k] * D + k] = g[k];
-        }
-    }
-    return BK_OK;
-}
-
-/* the learned positions' gradient: g[t] += dx[b, t] over b in order, one
- * position t of T an iteration (dx [B, T, D]) */
-typedef struct {
-    float *g;
-    const float *dx;
-    int T, B, D;
-} pos_grad_args;
-
-static void pos_grad_member(void *arg)
-{
-    const pos_grad_args *pg = arg;
-    const int T = pg->T, B = pg->B, D = pg->D;
-    BKI_FOR(i, T) {
-        const int t = (int)i;
-        for (int b = 0; b < B; b++) add_into(pg->g + (size_t)t * D, pg->dx + ((size_t)b * T + t) * D, (size_t)D);
-    }
-}
-
-/* the token rows' gradient gathered from dX [B*T, D] into dE [B*np, D] */
-typedef struct {
-    float *dE;
-    const float *dX;
-    int64_t Bn;
-    int np, T, D, cls;
-} gather_args;
-
-static void gather_member(void *arg)
-{
-    const gather_args *ga = arg;
-    const int np = ga->np, T = ga->T, D = ga->D;
-    BKI_FOR(r, ga->Bn) {
-        const int b = (int)(r / np), i = (int)(r % np);
-        memcpy(ga->dE + (size_t)r * D, ga->dX + ((size_t)b * T + (size_t)(i + ga->cls)) * D, sizeof(float) * (size_t)D);
-    }
-}
-
-static void embed_backward(bk_model *m, int B)
-{
-    const bk_model_config *c = &m->c;
-    const int T = m->T, D = c->dim, np = m->np, nt = bki_threads();
-    const size_t Bn = (size_t)B * (size_t)np;
-    float *dX = m->dX;
-    for (int b = 0; b < B; b++)
-        if (m->nb[b] < T) memset(dX + ((size_t)b * T + (size_t)m->nb[b]) * D, 0, sizeof(float) * (size_t)(T - m->nb[b]) * D);
-    if (c->dropout > 0.0f) bki_dropout(dX, B * T, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, 0));
-    if (c->pos_embed) {
-        pos_grad_args pg = {m->gw + m->pos_o, dX, T, B, D};
-        bki_parallel_claimed(nt, pos_grad_member, &pg);
-    }
-    if (c->cls) {
-        float *g = m->gw + m->cls_o;
-        for (int b = 0; b < B; b++) add_into(g, dX + (size_t)b * T * D, (size_t)D);
-    }
-    /* gather the token rows' gradient into [B*np, D] */
-    float *dE = m->dT;
-    gather_args ga = {dE, dX, (int64_t)Bn, np, T, D, c->cls};
-    bki_parallel_claimed(nt, gather_member, &ga);
-    if (c->input == BK_INPUT_IMAGE) {
-        bki_linear_bwd((int)Bn, m->in_feat, D, m->emb_in, m->in_feat, m->w + m->e_w, dE, D, NULL, 0.0f, m->gw + m->e_w,
-                       m->gw + m->e_b, kb(m, D, m->in_feat));
-    } else if (c->input == BK_INPUT_TOKENS) {
-        table_scatter(m->gw + m->e_w, D, m->tokens, Bn, dE, 1.0f);
-    } else {
-        const int pd = m->in_feat;
-        float *dG = m->dM;
-        bki_linear_bwd((int)Bn, D, D, m->emb_g, D, m->w + m->e_w2, dE, D, dG, 0.0f, m->gw + m->e_w2, m->gw + m->e_b2, kb(m, D, D));
-        bki_gelu_bwd(Bn * (size_t)D, m->emb_h, dG, dG);
-        bki_linear_bwd((int)Bn, pd, D, m->emb_in, pd, m->w + m->e_w, dG, D, NULL, 0.0f, m->gw + m->e_w, m->gw + m->e_b, kb(m, D, pd));
-    }
-}
-
-/* ---- residual sublayers -----------------------------------------------------
- * pre-LN:  out = x + drop(f(LN(x)) + b)
- * post-LN: out = LN(x + drop(f(x) + b))
- * The norm's buffers (ln, mu, rs) hold LN(x) (pre) or the residual sum x +
- * drop(f + b) (post); sub_in gives the sublayer's input, sub_y the buffer
- * its last linear writes, sub_out adds the residual (and normalises). */
-
-const float *bki_sub_in(bk_model *m, int R, const float *x, const sub_norm *n)
-{
-    if (m->c.post_ln) return x;
-    bki_layernorm_fwd(R, m->c.dim, x, m->w + n->g, m->w + n->b, m->c.ln_eps, n->ln, n->mu, n->rs);
-    return n->ln;
-}
-float *bki_sub_y(const bk_model *m, const sub_norm *n, float *out) { return m->c.post_ln ? n->ln : out; }
-/* post-LN: out = LN(y), y the residual sum */
-static void sub_norm_out(bk_model *m, int R, const sub_norm *n, const float *y, float *out)
-{
-    if (m->c.post_ln) bki_layernorm_fwd(R, m->c.dim, y, m->w + n->g, m->w + n->b, m->c.ln_eps, out, n->mu, n->rs);
-}
-void bki_sub_out(bk_model *m, int R, const float *x, const sub_norm *n, int64_t bias, float p, int site, float *out)
-{
-    const int D = m->c.dim;
-    float *y = bki_sub_y(m, n, out);
-    residual_add(R, D, x, y, m->w + bias, p, bki_dropout_key(m->seed, m->cur_count, site));
-    sub_norm_out(m, R, n, y, out);
-}
-/* f's last Linear (a [R, in] through the weights at w, bias at offset
- * bias) and the sublayer's end (bki_sub_out). Without dropout the bias and
- * the residual x are added in the Linear's GEMM tiles instead of two passes
- * of their own: the same bits, (y + b) + x */
-static void sub_last(bk_model *m, int R, int in, const float *a, int64_t w, int64_t bias, float p, int site,
-                     const float *x, const sub_norm *n, float *out)
-{
-    const int D = m->c.dim;
-    float *y = bki_sub_y(m, n, out);
-    if (p > 0.0f) {
-        bki_linear_fwd(R, in, D, a, in, m->w + w, NULL, y, D);
-        bki_sub_out(m, R, x, n, bias, p, site, out);
-        return;
-    }
-    bki_linear_fwd_res(R, in, D, a, in, m->w + w, m->w + bias, x, D, y, D);
-    sub_norm_out(m, R, n, y, out);
-}
-
-/* backward: dX holds d(out). sub_bwd_in returns d(f's output) and, post-LN,
- * leaves dX = d(residual sum): with dropout, dT = dX with the dropout
- * applied; without, dX itself (no copy: f's backward reads it and writes
- * elsewhere, and dX is not changed before sub_bwd_out). sub_bwd_out takes
- * dT = d(f's input) into dX = d(x). */
-static const float *sub_bwd_in(bk_model *m, int R, const sub_norm *n, int site)
-{
-    const int D = m->c.dim;
-    const size_t RD = (size_t)R * D;
-    if (m->c.post_ln) {
-        memset(m->dS, 0, sizeof(float) * RD);
-        bki_layernorm_bwd(R, D, n->ln, n->mu, n->rs, m->w + n->g, m->dX, m->dS, m->gw + n->g, m->gw + n->b);
-        memcpy(m->dX, m->dS, sizeof(float) * RD);
-    }
-    if (m->c.dropout <= 0.0f) return m->dX;
-    memcpy(m->dT, m->dX, sizeof(float) * RD);
-    bki_dropout(m->dT, R, D, D, m->c.dropout, bki_dropout_key(m->seed, m->cur_count, site));
-    return m->dT;
-}
-static void sub_bwd_out(bk_model *m, int R, const float *x, const sub_norm *n)
-{
-    const int D = m->c.dim;
-    if (m->c.post_ln)
-        add_into(m->dX, m->dT, (size_t)R * D);
-    else
-        bki_layernorm_bwd(R, D, x, n->mu, n->rs, m->w + n->g, m->dT, m->dX, m->gw + n->g, m->gw + n->b);
-}
-/* the sublayer's input as the forward saw it */
-static const float *sub_h(const bk_model *m, const sub_norm *n, const float *x) { return m->c.post_ln ? x : n->ln; }
-
-static sub_norm norm1(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].ln1_w, m->bo[l].ln1_b, m->ba[l].ln1, m->ba[l].mu1, m->ba[l].rs1};
-}
-static sub_norm norm2(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].ln2_w, m->bo[l].ln2_b, m->ba[l].ln2, m->ba[l].mu2, m->ba[l].rs2};
-}
-static sub_norm normc(bk_model *m, int l)
-{
-    return (sub_norm){m->bo[l].lnc_w, m->bo[l].lnc_b, m->ba[l].lnc, m->ba[l].muc, m->ba[l].rsc};
-}
-
-/* the MLP sublayer of block l on rows R: x -> out */
-static void mlp_fwd(bk_model *m, int l, int R, const float *x, float *out, float p, int site)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const int D = m->c.dim, M = m->c.mlp_dim;
-    const sub_norm n = norm2(m, l);
-    const float *h = bki_sub_in(m, R, x, &n);
-    bki_linear_fwd_gelu(R, D, M, h, D, m->w + o->fc1_w, m->w + o->fc1_b, a->f1, M, a->g1);
-    sub_last(m, R, M, a->g1, o->fc2_w, o->fc2_b, p, site, x, &n, out);
-}
-static void mlp_bwd(bk_model *m, int l, int R, const float *x, int site)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const int D = m->c.dim, M = m->c.mlp_dim;
-    const sub_norm n = norm2(m, l);
-    const float *dy = sub_bwd_in(m, R, &n, site);
-    bki_linear_bwd_gelu(R, M, D, a->g1, M, m->w + o->fc2_w, dy, D, m->dM, 0.0f, m->gw + o->fc2_w,
-                        m->gw + o->fc2_b, a->f1, kb(m, D, M));
-    bki_linear_bwd(R, D, M, sub_h(m, &n, x), D, m->w + o->fc1_w, m->dM, M, m->dT, 0.0f, m->gw + o->fc1_w,
-                   m->gw + o->fc1_b, kb(m, M, D));
-    sub_bwd_out(m, R, x, &n);
-}
-
-/* encoder (classifier) block l on B samples of T = m->T rows each */
-static bk_status enc_block_fwd(bk_model *m, int l, int B, const float *x, int train)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, R = B * m->T;
-    const float p = train ? c->dropout : 0.0f;
-    const sub_norm n1 = norm1(m, l);
-    const float *h = bki_sub_in(m, R, x, &n1);
-    bki_linear_fwd(R, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-    bk_status st = attn_forward(m, l, B, train, NULL);
-    if (st) return st;
-    sub_last(m, R, I, a->att, o->proj_w, o->proj_b, p, 1 + 2 * l, x, &n1, a->mid);
-    if (c->mlp_dim > 0) mlp_fwd(m, l, R, a->mid, a->out, p, 2 + 2 * l);
-    return BK_OK;
-}
-
-/* the blocks from m->x0 [B*T, D], then the final norm (or a copy) into
- * m->fin: the classifier's trunk, the encoder's memory */
-static bk_status encoder_fwd(bk_model *m, int B, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int R = B * m->T, D = c->dim;
-    const float *x = m->x0;
-    for (int l = 0; l < c->depth; l++) {
-        bk_status st = is_isab(c) ? isab_fwd(m, l, B, x, train) : enc_block_fwd(m, l, B, x, train);
-        if (st) return st;
-        x = m->ba[l].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(R, D, x, m->w + m->nrm_w, m->w + m->nrm_b, c->ln_eps, m->fin, m->fmu, m->frs);
-    else
-        memcpy(m->fin, x, sizeof(float) * (size_t)R * D);
-    return BK_OK;
-}
-
-/* dX = d(block output) -> d(block input) */
-static bk_status enc_block_bwd(bk_model *m, int l, int B, const float *xin)
-{
-    blk_act *a = &m->ba[l];
-    const blk_off *o = &m->bo[l];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, R = B * m->T;
-    if (c->mlp_dim > 0) mlp_bwd(m, l, R, a->mid, 2 + 2 * l);
-    const sub_norm n1 = norm1(m, l);
-    const float *dy = sub_bwd_in(m, R, &n1, 1 + 2 * l);
-    bki_linear_bwd(R, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
-    bk_status st = attn_backward(m, l, B);
-    if (st) return st;
-    /* qkv = h Wqkv^T: three blocks of rows of W, one per q / k / v */
-    float *dsrc[3] = {m->dq, m->dk, m->dv};
-    const float *h = sub_h(m, &n1, xin);
-    for (int j = 0; j < 3; j++)
-        bki_linear_bwd(R, D, I, h, D, m->w + o->qkv_w + (size_t)j * I * D, dsrc[j], I, m->dT, j ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)j * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)j * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, R, xin, &n1);
-    return BK_OK;
-}
-
-/* ---- the encoder-decoder (arch = seq2seq) -------------------------------- */
-/* block index of decoder block j, and its dropout sites (self, cross, MLP) */
-static int dec_index(const bk_model *m, int j) { return m->c.depth + j; }
-static int dec_site(const bk_model *m, int j) { return 1 + 2 * m->c.depth + 3 * j; }
-static int dec_embed_site(const bk_model *m) { return 1 + 2 * m->c.depth + 3 * m->c.dec_depth; }
-
-static void dec_views(const bk_model *m, blk_act *a, bk_tensor *q, bk_tensor *k, bk_tensor *v, bk_tensor *o)
-{
-    const int64_t Td = m->Td, I = m->I, dh = m->dh;
-    *q = (bk_tensor){a->qkv, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){a->qkv + I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){a->qkv + 2 * I, Td * 3 * I, dh, 3 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){a->att, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-/* ---- the cross-attention sublayer of unit L --------------------------------
- * One mechanism for the decoder's cross-attention and the Set Transformer's
- * MABs: queries from the stream x [B*Nq, D] through the sublayer's norm
- * (lnc), keys and values from mem [B*Nk, D] (the encoder's output, a MAB's
- * normalised key set) as they are:
- *   out = x + drop(proj(Attn(LNc(x) Wq [+ bq], mem Wkv [+ bkv])) + bproj)
- * (post-LN as the other sublayers), attention kind site_kind(cross site). */
-static void cross_views(const bk_model *m, blk_act *a, const cross_shape *cs, bk_tensor *q, bk_tensor *k,
-                        bk_tensor *v, bk_tensor *o)
-{
-    const int64_t Nq = cs->Nq, Nk = cs->Nk, I = m->I, dh = m->dh;
-    *q = (bk_tensor){a->cq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    *k = (bk_tensor){a->ckv, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *v = (bk_tensor){a->ckv + I, Nk * 2 * I, dh, 2 * I, BK_DEVICE_HOST, BK_F32};
-    *o = (bk_tensor){a->catt, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32};
-}
-
-static bk_status cross_fwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
-                           float *out, int train, int site)
-{
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
-    const float p = train ? c->dropout : 0.0f;
-    bk_tensor q, k, v, ot;
-    cross_views(m, a, cs, &q, &k, &v, &ot);
-    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
-    const sub_norm nc = normc(m, L);
-    const float *h = bki_sub_in(m, Rq, x, &nc);
-    bki_linear_fwd(Rq, D, I, h, D, m->w + o->cq_w, c->qkv_bias ? m->w + o->cq_b : NULL, a->cq, I);
-    bki_linear_fwd(Rk, D, 2 * I, mem, D, m->w + o->ckv_w, c->qkv_bias ? m->w + o->ckv_b : NULL, a->ckv, 2 * I);
-    bk_status st = site_forward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &ot, NULL, train ? a->ctape : NULL);
-    if (st) return st;
-    sub_last(m, Rq, I, a->catt, o->cproj_w, o->cproj_b, p, site, x, &nc, out);
-    return BK_OK;
-}
-
-/* dX = d(out) -> d(x); ADDS d(mem) into dmem (x, mem: the forward's) */
-static bk_status cross_bwd(bk_model *m, int L, int B, const cross_shape *cs, const float *x, const float *mem,
-                           float *dmem, int site)
-{
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rq = B * cs->Nq, Rk = B * cs->Nk;
-    const int64_t Nq = cs->Nq, Nk = cs->Nk, dh = m->dh;
-    bk_tensor q, k, v, ot;
-    cross_views(m, a, cs, &q, &k, &v, &ot);
-    const bk_attn_desc d = {B, c->heads, cs->Nq, cs->Nk, m->dh, m->dh, cs->nq, cs->nk};
-    const bk_tensor dA = {m->dA, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Nq * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dk = {m->dk, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Nk * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    const sub_norm nc = normc(m, L);
-    const float *dy = sub_bwd_in(m, Rq, &nc, site);
-    bki_linear_bwd(Rq, I, D, a->catt, I, m->w + o->cproj_w, dy, D, m->dA, 0.0f, m->gw + o->cproj_w,
-                   m->gw + o->cproj_b, kb(m, D, I));
-    bk_status st = site_backward(m, (attn_site){L, 1, 0}, &d, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->ctape);
-    if (st) return st;
-    bki_linear_bwd(Rq, D, I, sub_h(m, &nc, x), D, m->w + o->cq_w, m->dq, I, m->dT, 0.0f, m->gw + o->cq_w,
-                   c->qkv_bias ? m->gw + o->cq_b : NULL, kb(m, I, D));
-    /* kv = mem Wkv^T: the K rows of W, then the V rows */
-    float *dkv[2] = {m->dk, m->dv};
-    for (int i = 0; i < 2; i++)
-        bki_linear_bwd(Rk, D, I, mem, D, m->w + o->ckv_w + (size_t)i * I * D, dkv[i], I, dmem, 1.0f,
-                       m->gw + o->ckv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->ckv_b + (size_t)i * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, Rq, x, &nc);
-    return BK_OK;
-}
-
-/* decoder block j on B samples: x [B*Td, D] -> out, attending to the
- * encoder's output m->fin [B*T, D] */
-static bk_status dec_block_fwd(bk_model *m, int j, int B, const float *x, int train)
-{
-    const int L = dec_index(m, j), site = dec_site(m, j);
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td;
-    const float p = train ? c->dropout : 0.0f;
-    bk_tensor q, k, v, ot;
-    dec_views(m, a, &q, &k, &v, &ot);
-    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    /* causal softmax self-attention */
-    const sub_norm n1 = norm1(m, L);
-    const float *h = bki_sub_in(m, Rd, x, &n1);
-    bki_linear_fwd(Rd, D, 3 * I, h, D, m->w + o->qkv_w, c->qkv_bias ? m->w + o->qkv_b : NULL, a->qkv, 3 * I);
-    bk_status st = site_forward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &ot, NULL, train ? a->tape : NULL);
-    if (st) return st;
-    sub_last(m, Rd, I, a->att, o->proj_w, o->proj_b, p, site, x, &n1, a->mid);
-    /* cross-attention: queries from the stream, keys and values from the
-     * encoder's output */
-    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
-    if ((st = cross_fwd(m, L, B, &cs, a->mid, m->fin, a->cmid, train, site + 1))) return st;
-    if (c->mlp_dim > 0) mlp_fwd(m, L, Rd, a->cmid, a->out, p, site + 2);
-    return BK_OK;
-}
-
-/* dX = d(block output) -> d(block input); adds d(encoder output) into dMem */
-static bk_status dec_block_bwd(bk_model *m, int j, int B, const float *xin)
-{
-    const int L = dec_index(m, j), site = dec_site(m, j);
-    blk_act *a = &m->ba[L];
-    const blk_off *o = &m->bo[L];
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, I = m->I, Rd = B * m->Td;
-    const int64_t Td = m->Td, dh = m->dh;
-    bk_tensor q, k, v, ot;
-    dec_views(m, a, &q, &k, &v, &ot);
-    const bk_attn_desc ds = {B, c->heads, m->Td, m->Td, m->dh, m->dh, m->nbt, m->nbt};
-    const bk_tensor dA = {m->dA, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dq = {m->dq, Td * I, dh, I, BK_DEVICE_HOST, BK_F32},
-                    dk = {m->dk, Td * I, dh, I, BK_DEVICE_HOST, BK_F32}, dv = {m->dv, Td * I, dh, I, BK_DEVICE_HOST, BK_F32};
-    bk_status st;
-    if (c->mlp_dim > 0) mlp_bwd(m, L, Rd, a->cmid, site + 2);
-    /* cross-attention */
-    const cross_shape cs = {m->Td, m->T, m->nbt, m->nb};
-    if ((st = cross_bwd(m, L, B, &cs, a->mid, m->fin, m->dMem, site + 1))) return st;
-    /* causal self-attention */
-    const sub_norm n1 = norm1(m, L);
-    const float *dy = sub_bwd_in(m, Rd, &n1, site);
-    bki_linear_bwd(Rd, I, D, a->att, I, m->w + o->proj_w, dy, D, m->dA, 0.0f, m->gw + o->proj_w, m->gw + o->proj_b, kb(m, D, I));
-    if ((st = site_backward(m, (attn_site){L, 0, 1}, &ds, &q, &k, &v, &dA, &dq, &dk, &dv, NULL, a->tape))) return st;
-    float *dsrc[3] = {m->dq, m->dk, m->dv};
-    const float *h = sub_h(m, &n1, xin);
-    for (int i = 0; i < 3; i++)
-        bki_linear_bwd(Rd, D, I, h, D, m->w + o->qkv_w + (size_t)i * I * D, dsrc[i], I, m->dT, i ? 1.0f : 0.0f,
-                       m->gw + o->qkv_w + (size_t)i * I * D, c->qkv_bias ? m->gw + o->qkv_b + (size_t)i * I : NULL, kb(m, I, D));
-    sub_bwd_out(m, Rd, xin, &n1);
-    return BK_OK;
-}
-
-/* ---- Set Transformer blocks (Lee et al. 2019; docs/MODEL.md) ------------
- * MAB unit u: MAB(X, Y) = Z + drop(MLP(LN2(Z))), Z = the cross-attention
- * sublayer of X over LNk(Y). X: the stream, or (qset) the unit's learned
- * queries broadcast over the batch; dropout sites 1 + 2u and 2 + 2u (the
- * encoder blocks' numbering: an ISAB's mab1 takes its block's). */
-static int mab_site(int u) { return 1 + 2 * u; }
-
-/* x [B*Nq, D] (NULL: the unit's learned queries), y [B*Nk, D] -> ba[u].out */
-static bk_status mab_fwd(bk_model *m, int u, int B, const float *x, const float *y, int train)
-{
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const bk_model_config *c = &m->c;
-    const cross_shape cs = mab_shape(m, u);
-    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
-    if (!x) {
-        for (int b = 0; b < B; b++)
-            memcpy(a->xq + (size_t)b * cs.Nq * D, m->w + o->qset, sizeof(float) * (size_t)cs.Nq * D);
-        x = a->xq;
-    }
-    bki_layernorm_fwd(Rk, D, y, m->w + o->lnk_w, m->w + o->lnk_b, c->ln_eps, a->lnk, a->muk, a->rsk);
-    bk_status st = cross_fwd(m, u, B, &cs, x, a->lnk, a->cmid, train, mab_site(u));
-    if (st) return st;
-    if (c->mlp_dim > 0) mlp_fwd(m, u, Rq, a->cmid, a->out, train ? c->dropout : 0.0f, mab_site(u) + 1);
-    return BK_OK;
-}
-
-/* dX = d(ba[u].out) -> d(x) (the learned queries' gradient is accumulated
- * into the parameters); ADDS d(y) into dy. Scratch: dMem. */
-static bk_status mab_bwd(bk_model *m, int u, int B, const float *x, const float *y, float *dy)
-{
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const bk_model_config *c = &m->c;
-    const cross_shape cs = mab_shape(m, u);
-    const int D = c->dim, Rq = B * cs.Nq, Rk = B * cs.Nk;
-    if (!x) x = a->xq;
-    if (c->mlp_dim > 0) mlp_bwd(m, u, Rq, a->cmid, mab_site(u) + 1);
-    memset(m->dMem, 0, sizeof(float) * (size_t)Rk * D);
-    bk_status st = cross_bwd(m, u, B, &cs, x, a->lnk, m->dMem, mab_site(u));
-    if (st) return st;
-    bki_layernorm_bwd(Rk, D, y, a->muk, a->rsk, m->w + o->lnk_w, m->dMem, dy, m->gw + o->lnk_w, m->gw + o->lnk_b);
-    if (o->qset >= 0) bki_colsum_add(m->dX, B, cs.Nq * D, cs.Nq * D, m->gw + o->qset);
-    return BK_OK;
-}
-
-/* ISAB block l: H = MAB(I, X) (unit depth + l), out = MAB(X, H) (unit l) */
-static bk_status isab_fwd(bk_model *m, int l, int B, const float *x, int train)
-{
-    const int u0 = m->c.depth + l;
-    bk_status st = mab_fwd(m, u0, B, NULL, x, train);
-    return st ? st : mab_fwd(m, l, B, x, m->ba[u0].out, train);
-}
-
-/* dX = d(block output) -> d(block input) */
-static bk_status isab_bwd(bk_model *m, int l, int B, const float *xin)
-{
-    const int u0 = m->c.depth + l, D = m->c.dim;
-    const size_t nx = (size_t)B * m->T * D, nh = (size_t)B * m->c.set_inducing * D;
-    memset(m->dY, 0, sizeof(float) * nh);
-    bk_status st = mab_bwd(m, l, B, xin, m->ba[u0].out, m->dY); /* dX: d(X) as mab1's queries */
-    if (st) return st;
-    memcpy(m->dXs, m->dX, sizeof(float) * nx);
-    memcpy(m->dX, m->dY, sizeof(float) * nh); /* d(H) */
-    if ((st = mab_bwd(m, u0, B, NULL, xin, m->dXs))) return st; /* + d(X) as mab0's keys and values */
-    memcpy(m->dX, m->dXs, sizeof(float) * nx);
-    return BK_OK;
-}
-
-/* pool = pma: pooled [B, k D] = MAB(S, rFF(fin)) (unit pma_unit) */
-static bk_status pma_fwd(bk_model *m, int B, int train)
-{
-    const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    const float *z = m->fin;
-    if (M > 0) {
-        bki_linear_fwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->w + o->rf1_b, a->rf1, M);
-        bki_gelu_fwd((size_t)R * M, a->rf1, a->rg1);
-        bki_linear_fwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->w + o->rf2_b, a->rfo, D);
-        z = a->rfo;
-    }
-    bk_status st = mab_fwd(m, u, B, NULL, z, train);
-    if (st) return st;
-    memcpy(m->pooled, a->out, sizeof(float) * (size_t)B * c->pma_seeds * D);
-    return BK_OK;
-}
-
-/* d(pooled) = dpool -> dN = d(fin) */
-static bk_status pma_bwd(bk_model *m, int B)
-{
-    const bk_model_config *c = &m->c;
-    const int u = pma_unit(c), D = c->dim, M = c->mlp_dim, R = B * m->T;
-    blk_act *a = &m->ba[u];
-    const blk_off *o = &m->bo[u];
-    memcpy(m->dX, m->dpool, sizeof(float) * (size_t)B * c->pma_seeds * D);
-    memset(m->dY, 0, sizeof(float) * (size_t)R * D);
-    bk_status st = mab_bwd(m, u, B, NULL, M > 0 ? a->rfo : m->fin, m->dY);
-    if (st) return st;
-    if (M > 0) {
-        bki_linear_bwd(R, M, D, a->rg1, M, m->w + o->rf2_w, m->dY, D, m->dM, 0.0f, m->gw + o->rf2_w,
-                       m->gw + o->rf2_b, kb(m, D, M));
-        bki_gelu_bwd((size_t)R * M, a->rf1, m->dM, m->dM);
-        bki_linear_bwd(R, D, M, m->fin, D, m->w + o->rf1_w, m->dM, M, m->dN, 0.0f, m->gw + o->rf1_w,
-                       m->gw + o->rf1_b, kb(m, M, D));
-    } else {
-        memcpy(m->dN, m->dY, sizeof(float) * (size_t)R * D);
-    }
-    return BK_OK;
-}
-
-/* x[b, t] = sqrt(dim) table[tok[b, t]] + pos[t] over [B, N] (tok row stride
- * N), dropout, rows t >= len[b] zero */
-typedef struct {
-    const int32_t *tok, *len;
-    int N, D;
-    float sc;
-    const float *E, *pos;
-    float *x;
-    int64_t n;
-} s2s_embed_args;
-
-static void s2s_embed_member(void *arg)
-{
-    const s2s_embed_args *se = arg;
-    const int N = se->N, D = se->D;
-    const float sc = se->sc, *E = se->E, *pos = se->pos;
-    BKI_FOR(r, se->n) {
-        const int b = (int)(r / N), t = (int)(r % N);
-        float *xr = se->x + (size_t)r * D;
-        if (t >= se->len[b]) {
-            memset(xr, 0, sizeof(float) * (size_t)D);
-            continue;
-        }
-        const float *e = E + (size_t)se->tok[r] * D;
-        for (int k = 0; k < D; k++) xr[k] = sc * e[k] + (pos ? pos[(size_t)t * D + k] : 0.0f);
-    }
-}
-
-static void s2s_embed_fwd(bk_model *m, const int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *x,
-                          int train, int site)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, nt = bki_threads();
-    const float sc = sqrtf((float)D);
-    const float *E = m->w + m->e_w;
-    const float *pos = c->pos_embed == 1 ? m->w + pos_o : c->pos_embed == 2 ? m->sin_tab : NULL;
-    s2s_embed_args se = {tok, len, N, D, sc, E, pos, x, (int64_t)B * N};
-    bki_parallel_claimed(nt, s2s_embed_member, &se);
-    if (train && c->dropout > 0.0f) bki_dropout(x, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
-}
-
-/* the table's gradient: g[tok[r]] += scale dE[r] over n rows (rows with
- * tok < 0 skipped), parallel over column blocks, rows in order */
-typedef struct {
-    float *g;
-    int D;
-    const int32_t *tok;
-    size_t n;
-    const float *dE;
-    float scale;
-} table_scatter_args;
-
-static void table_scatter_member(void *arg)
-{
-    const table_scatter_args *ts = arg;
-    const int D = ts->D;
-    const int32_t *tok = ts->tok;
-    const size_t n = ts->n;
-    const float scale = ts->scale;
-    BKI_FOR(blk, (D + 31) / 32) {
-        const int c0 = (int)blk * 32, cn = D - c0 < 32 ? D - c0 : 32;
-        for (size_t r = 0; r < n; r++) {
-            if (tok[r] < 0) continue;
-            float *gr = ts->g + (size_t)tok[r] * D + c0;
-            const float *er = ts->dE + r * D + c0;
-            for (int k = 0; k < cn; k++) gr[k] += scale * er[k];
-        }
-    }
-}
-
-static void table_scatter(float *g, int D, const int32_t *tok, size_t n, const float *dE, float scale)
-{
-    table_scatter_args ts = {g, D, tok, n, dE, scale};
-    bki_parallel_claimed(bki_threads(), table_scatter_member, &ts);
-}
-
-/* backward of s2s_embed_fwd from dx (modified: dropout applied, padded rows
- * zeroed) into the table and the learned positions; tok's padded entries
- * are set to -1 */
-static void s2s_embed_bwd(bk_model *m, int32_t *tok, const int32_t *len, int B, int N, int64_t pos_o, float *dx,
-                          int site)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, nt = bki_threads();
-    for (int b = 0; b < B; b++)
-        if (len[b] < N) {
-            memset(dx + ((size_t)b * N + (size_t)len[b]) * D, 0, sizeof(float) * (size_t)(N - len[b]) * D);
-            for (int t = len[b]; t < N; t++) tok[(size_t)b * N + t] = -1;
-        }
-    if (c->dropout > 0.0f) bki_dropout(dx, B * N, D, D, c->dropout, bki_dropout_key(m->seed, m->cur_count, site));
-    if (c->pos_embed == 1) {
-        pos_grad_args pg = {m->gw + pos_o, dx, N, B, D};
-        bki_parallel_claimed(nt, pos_grad_member, &pg);
-    }
-    table_scatter(m->gw + m->e_w, D, tok, (size_t)B * N, dx, sqrtf((float)D));
-}
-
-/* one row of the target logits an iteration: its probabilities in place,
- * loss and hit into rl; finite cleared by any row with a non-finite lse */
-typedef struct {
-    bk_model *m;
-    int V, Td, Rd;
-    float ls;
-    double *rl;
-    _Atomic int finite;
-} s2s_loss_args;
-
-static void s2s_loss_member(void *arg)
-{
-    s2s_loss_args *sl = arg;
-    bk_model *m = sl->m;
-    const int V = sl->V, Td = sl->Td;
-    const float ls = sl->ls;
-    double *rl = sl->rl;
-    BKI_FOR(i, sl->Rd) {
-        const int r = (int)i;
-        const int b = r / Td, t = r % Td;
-        float *z = m->plog + (size_t)r * V;
-        if (t >= m->nbt[b]) {
-            memset(z, 0, sizeof(float) * (size_t)V);
-            rl[2 * r] = rl[2 * r + 1] = 0.0;
-            continue;
-        }
-        const int y = m->tgt[r];
-        int best = 0;
-        float mx = z[0];
-        double sz = 0.0;
-        for (int j = 1; j < V; j++)
-            if (z[j] > mx) mx = z[j], best = j;
-        for (int j = 0; j < V; j++) sz += z[j];
-        const double zy = z[y];
-        /* exp(z - max) in place (the vectorised exp, 2 ulp), then the
-         * probabilities */
-        double s = 0.0;
-        for (int j = 0; j < V; j++) {
-            z[j] = bki_expf(z[j] - mx);
-            s += z[j];
-        }
-        const double lse = mx + log(s);
-        if (!isfinite(lse)) atomic_store(&sl->finite, 0);
-        rl[2 * r] = (1.0 - ls) * (lse - zy) + ls * (lse - sz / V);
-        rl[2 * r + 1] = best == y;
-        const float is = (float)(1.0 / s);
-        for (int j = 0; j < V; j++) z[j] *= is;
-    }
-}
-
-/* logits = h table^T over the valid target rows, label-smoothed
- * cross-entropy averaged over the valid target tokens; plog keeps the
- * probabilities (rows of padded positions zero) */
-static bk_status s2s_loss(bk_model *m, int B, float ls, float *logits, double *loss)
-{
-    const bk_model_config *c = &m->c;
-    const int D = c->dim, V = c->vocab, Td = m->Td, nt = bki_threads(), Rd = B * Td;
-    bki_linear_fwd(Rd, D, V, m->dfin, D, m->w + m->e_w, NULL, m->plog, V);
-    if (logits) {
-        memset(logits, 0, sizeof(float) * (size_t)B * c->tgt_max_len * V);
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < m->nbt[b]; t++)
-                memcpy(logits + ((size_t)b * c->tgt_max_len + t) * V, m->plog + ((size_t)b * Td + t) * V,
-                       sizeof(float) * (size_t)V);
-    }
-    double *rl = m->rloss; /* per row: loss, hit */
-    s2s_loss_args sl = {m, V, Td, Rd, ls, rl, 1};
-    bki_parallel_claimed(nt, s2s_loss_member, &sl);
-    if (!atomic_load(&sl.finite)) return bki_fail(BK_ERR_NONFINITE, "model: non-finite logits (diverged parameters?)");
-    double total = 0.0;
-    int64_t hits = 0;
-    for (int r = 0; r < Rd; r++) {
-        total += rl[2 * r];
-        hits += rl[2 * r + 1] != 0.0;
-    }
-    m->ncorrect = hits;
-    if (loss) *loss = total / (double)m->ntok;
-    return BK_OK;
-}
-
-/* the encoder on B sources (rows of stride `stride`, lengths len, NULL:
- * max_len): T = the longest, the tokens packed [B, T], embedded, the
- * blocks and the final norm into m->fin (training forward and decoding) */
-static bk_status encode_src(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B, int train)
-{
-    int S = 1;
-    for (int b = 0; b < B; b++) {
-        m->nb[b] = len ? len[b] : m->c.max_len;
-        S = m->nb[b] > S ? m->nb[b] : S;
-    }
-    m->T = S;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < S; t++) m->tokens[(size_t)b * S + t] = t < m->nb[b] ? src[(size_t)b * stride + t] : 0;
-    s2s_embed_fwd(m, m->tokens, m->nb, B, S, m->pos_o, m->x0, train, 0);
-    return encoder_fwd(m, B, train);
-}
-
-static bk_status s2s_forward(bk_model *m, const bk_batch *bt, int train, float ls, float *logits, double *loss)
-{
-    const bk_model_config *c = &m->c;
-    const int B = bt->B, D = c->dim;
-    bk_status st;
-    /* the encoder on the sources (T = the longest), then the decoder on
-     * Td = the longest target's positions */
-    if ((st = encode_src(m, bt->tokens, c->max_len, bt->len, B, train))) return st;
-    int Td = 1;
-    for (int b = 0; b < B; b++) {
-        m->nbt[b] = bt->tgt_len ? bt->tgt_len[b] : c->tgt_max_len;
-        Td = m->nbt[b] > Td ? m->nbt[b] : Td;
-    }
-    m->Td = Td;
-    m->ntok = 0;
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < Td; t++) {
-            const int valid = t < m->nbt[b];
-            m->dtok[(size_t)b * Td + t] = !valid ? 0 : t == 0 ? c->bos : bt->tgt[(size_t)b * c->tgt_max_len + t - 1];
-            m->tgt[(size_t)b * Td + t] = valid && bt->tgt ? bt->tgt[(size_t)b * c->tgt_max_len + t] : 0;
-        }
-        m->ntok += m->nbt[b];
-    }
-    const int Rd = B * Td;
-    /* decoder */
-    s2s_embed_fwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dx0, train, dec_embed_site(m));
-    const float *x = m->dx0;
-    for (int j = 0; j < c->dec_depth; j++) {
-        if ((st = dec_block_fwd(m, j, B, x, train))) return st;
-        x = m->ba[dec_index(m, j)].out;
-    }
-    if (c->final_norm)
-        bki_layernorm_fwd(Rd, D, x, m->w + m->dnrm_w, m->w + m->dnrm_b, c->ln_eps, m->dfin, m->dfmu, m->dfrs);
-    else
-        memcpy(m->dfin, x, sizeof(float) * (size_t)Rd * D);
-    return s2s_loss(m, B, ls, logits, loss);
-}
-
-/* the encoder alone (inference) on B sentences: m->fin = memory [B*T, D],
- * T = the longest source, m->nb the lengths (decoding; src rows of stride
- * `stride`) */
-bk_status bki_s2s_encode(bk_model *m, const int32_t *src, int stride, const int32_t *len, int B)
-{
-    m->have_tape = 0;
-    m->B = B;
-    return encode_src(m, src, stride, len, B, 0);
-}
-
-typedef struct {
-    bk_model *m;
-    int V, Td, Rd;
-    float ls, k;
-} s2s_dlogits_args;
-
-/* dlogits = k (p - target) on the valid rows, one row an iteration */
-static void s2s_dlogits_member(void *arg)
-{
-    const s2s_dlogits_args *sd = arg;
-    bk_model *m = sd->m;
-    const int V = sd->V, Td = sd->Td;
-    const float ls = sd->ls, k = sd->k;
-    BKI_FOR(i, sd->Rd) {
-        const int r = (int)i;
-        if (r % Td >= m->nbt[r / Td]) continue;
-        float *p = m->plog + (size_t)r * V;
-        for (int j = 0; j < V; j++) p[j] = k * (p[j] - ls / (float)V);
-        p[m->tgt[r]] -= k * (1.0f - ls);
-    }
-}
-
-static bk_status s2s_backward(bk_model *m, float grad_scale)
-{
-    const bk_model_config *c = &m->c;
-    const int B = m->B, D = c->dim, V = c->vocab, Td = m->Td, S = m->T, Rd = B * Td, Re = B * S, nt = bki_threads();
-    const float ls = m->ls, k = grad_scale / (float)m->ntok;
-    bk_status st;
-    /* dlogits = k (p - target) on the valid rows (padded rows are zero) */
-    s2s_dlogits_args sd = {m, V, Td, Rd, ls, k};
-    bki_parallel_claimed(nt, s2s_dlogits_member, &sd);
-    bki_linear_bwd(Rd, D, V, m->dfin, D, m->w + m->e_w, m->plog, V, m->dN, 0.0f, m->gw + m->e_w, NULL, kb(m, V, D));
-    const float *xlast = m->ba[dec_index(m, c->dec_depth - 1)].out;
-    if (c->final_norm) {
-        memset(m->dX, 0, sizeof(float) * (size_t)Rd * D);
-        bki_layernorm_bwd(Rd, D, xlast, m->dfmu, m->dfrs, m->w + m->dnrm_w, m->dN, m->dX, m->gw + m->dnrm_w,
-                          m->gw + m->dnrm_b);
-    } else {
-        memcpy(m->dX, m->dN, sizeof(float) * (size_t)Rd * D);
-    }
-    memset(m->dMem, 0, sizeof(float) * (size_t)Re * D);
-    for (int j = c->dec_depth - 1; j >= 0; j--)
-        if ((st = dec_block_bwd(m, j, B, j > 0 ? m->ba[dec_index(m, j - 1)].out : m->dx0))) return st;
-    s2s_embed_bwd(m, m->dtok, m->nbt, B, Td, m->dpos_o, m->dX, dec_embed_site(m));
-    /* encoder, from d(its output) */
-    const float *elast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
-    if (c->final_norm) {
-        memset(m->dX, 0, sizeof(float) * (size_t)Re * D);
-        bki_layernorm_bwd(Re, D, elast, m->fmu, m->frs, m->w + m->nrm_w, m->dMem, m->dX, m->gw + m->nrm_w,
-                          m->gw + m->nrm_b);
-    } else {
-        memcpy(m->dX, m->dMem, sizeof(float) * (size_t)Re * D);
-    }
-    for (int l = c->depth - 1; l >= 0; l--)
-        if ((st = enc_block_bwd(m, l, B, l > 0 ? m->ba[l - 1].out : m->x0))) return st;
-    s2s_embed_bwd(m, m->tokens, m->nb, B, S, m->pos_o, m->dX, 0);
-    return BK_OK;
-}
-
 bk_status bk_model_backward(bk_model *m, float grad_scale)
 {
     if (!m) return bki_fail(BK_ERR_NULL, "bk_model_backward: NULL model");
@@ -3077,7 +1183,7 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     const bk_model_config *c = &m->c;
     bk_status st;
     if (c->arch == BK_ARCH_SEQ2SEQ) {
-        if ((st = s2s_backward(m, grad_scale))) return st;
+        if ((st = bki_s2s_backward(m, grad_scale))) return st;
         m->have_tape = 0;
         return BK_OK;
     }
@@ -3090,8 +1196,8 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
             m->dlog[(size_t)b * C + j] = grad_scale / (float)B * (m->probs[(size_t)b * C + j] - tgt);
         }
     bki_linear_bwd(B, m->F, C, m->pooled, m->F, m->w + m->head_w, m->dlog, C, m->dpool, 0.0f, m->gw + m->head_w,
-                   m->gw + m->head_b, kb(m, C, m->F));
-    if ((st = pool_backward(m, B))) return st;
+                   m->gw + m->head_b, bki_kb(m, C, m->F));
+    if ((st = bki_pool_bwd(m, B))) return st;
     const float *xlast = c->depth > 0 ? m->ba[c->depth - 1].out : m->x0;
     if (c->final_norm) {
         memset(m->dX, 0, sizeof(float) * (size_t)R * D);
@@ -3101,9 +1207,9 @@ bk_status bk_model_backward(bk_model *m, float grad_scale)
     }
     for (int l = c->depth - 1; l >= 0; l--) {
         const float *xin = l > 0 ? m->ba[l - 1].out : m->x0;
-        if ((st = is_isab(c) ? isab_bwd(m, l, B, xin) : enc_block_bwd(m, l, B, xin))) return st;
+        if ((st = bki_is_isab(c) ? bki_isab_bwd(m, l, B, xin) : bki_enc_block_bwd(m, l, B, xin))) return st;
     }
-    embed_backward(m, B);
+    bki_embed_bwd(m, B);
     m->have_tape = 0;
     return BK_OK;
 }
@@ -3121,9 +1227,13 @@ bk_asap_config bk_model_asap_config(const bk_model *m)
 {
     bk_asap_config a = bk_asap_config_default(m ? m->dh : 1);
     if (!m) return a;
+    /* the teacher: the model's Sinkhorn (attn.eps, attn.iters; a model of
+     * another kind: Sinkhorn's defaults) */
+    char v[64];
     a.scale = m->c.attn_scale;
-    a.eps = m->c.sk_eps;
-    a.teacher_iters = m->c.sk_iters;
+    a.eps = bk_model_config_get(&m->c, "attn.eps", v, sizeof v) ? strtof(v, NULL) : 1.0f;
+    a.teacher_iters = bk_model_config_get(&m->c, "attn.iters", v, sizeof v) ? (int)strtol(v, NULL, 10) : 5;
+    bki_clear_error();
     return a;
 }
 
@@ -3133,12 +1243,12 @@ bk_status bk_model_calib_add(bk_model *m, int layer, bk_asap_calib *calib)
     if (layer < 0 || layer >= m->c.depth)
         return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_calib_add: no forward has run");
-    if (is_isab(&m->c))
+    if (bki_is_isab(&m->c))
         return bki_fail(BK_ERR_UNSUPPORTED, "bk_model_calib_add: an ISAB block's attentions are rectangular "
                                             "cross-attentions; ASAP compiles square self-attention layers");
-    bk_attn_desc d = attn_desc(m, m->B);
+    bk_attn_desc d = bki_attn_desc(m, m->B);
     bk_tensor q, k, v, o;
-    views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
+    bki_views(m, m->ba[layer].qkv, m->ba[layer].att, &q, &k, &v, &o);
     return bk_asap_calib_add(calib, &d, &q, &k);
 }
 
@@ -3151,17 +1261,17 @@ bk_status bk_model_attention(bk_model *m, int layer, float *attn)
         return bki_fail(BK_ERR_PARAM, "bk_model_attention: layer %d outside [0, %d)", layer, m->c.depth);
     if (m->B < 1) return bki_fail(BK_ERR_PARAM, "bk_model_attention: no forward has run");
     const int64_t T = m->T;
-    if (is_isab(&m->c)) { /* the block's first map: the inducing points over the set */
+    if (bki_is_isab(&m->c)) { /* the block's first map: the inducing points over the set */
         const int u0 = m->c.depth + layer;
-        const cross_shape cs = mab_shape(m, u0);
+        const bki_cross_shape cs = bki_mab_shape(m, u0);
         const int64_t Nq = cs.Nq, Nk = cs.Nk;
         bk_tensor q, k, v, o, A = {attn, m->c.heads * Nq * Nk, Nq * Nk, Nk, BK_DEVICE_HOST, BK_F32};
-        cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
+        bki_cross_views(m, &m->ba[u0], &cs, &q, &k, &v, &o);
         const bk_attn_desc d = {m->B, m->c.heads, cs.Nq, cs.Nk, m->dh, m->dh, cs.nq, cs.nk};
-        return site_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
+        return bki_attn_forward(m, (attn_site){u0, 1, 0}, &d, &q, &k, &v, &o, &A, NULL);
     }
     bk_tensor A = {attn, m->c.heads * T * T, T * T, T, BK_DEVICE_HOST, BK_F32};
     /* re-running the operator rewrites att with the same values; the tape
      * of a pending backward is left alone (train = 0) */
-    return attn_forward(m, layer, m->B, 0, &A);
+    return bki_self_attn_fwd(m, layer, m->B, 0, &A);
 }

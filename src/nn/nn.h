@@ -12,17 +12,27 @@ typedef struct {
     int64_t shape[4];
     int64_t off, count;
     int decay;
+    int init;        /* -1: by name (model.c's init_params); BKI_INIT_*: an
+                        attention tensor's (bki_attn_tensors), sd init_sd   */
+    double init_sd;
 } bki_param;
 
 const bki_param *bki_model_table(const bk_model *m, int *count);
+/* key is one of the model configuration's (its text form's, an old key, or
+ * a site's "attn.KEY" of any operator) (config.c) */
+int bki_model_config_key(const bk_model_config *c, const char *key);
 uint64_t bki_model_seed(const bk_model *m);
 /* elements per sample of the batch's input array (x, or tokens) */
 int64_t bki_model_sample_size(const bk_model *m);
 int bki_model_max_batch(const bk_model *m);
-/* samples [s, s + n) of a batch (optim.c); the weight of a batch in a mean
+/* samples [s, s + n) of a batch (model.c); the weight of a batch in a mean
  * over micro-batches: its samples, or (seq2seq) its target tokens */
 bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n);
 int64_t bki_batch_weight(const bk_model *m, const bk_batch *b);
+/* gradient accumulation over micro-batches [k0, k1) of chunk samples
+ * (optim.c; bk_train_step and the training loop) */
+bk_status bki_train_accumulate(bk_model *m, const bk_batch *b, int chunk, int k0, int k1, int64_t total_w, float ls,
+                               double *loss_sum, int64_t *hits);
 uint64_t bki_model_fwd_count(const bk_model *m);
 void bki_model_set_fwd_count(bk_model *m, uint64_t c);
 /* the compiled ASAP layer of block l (NULL when none is attached) */

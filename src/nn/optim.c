@@ -296,28 +296,36 @@ bk_status bk_optim_step(bk_optim *o, bk_model *m, double *gnorm)
 }
 
 /* samples [s, s + n) of a batch */
-bk_batch bki_batch_slice(const bk_model *m, const bk_batch *b, int s, int n)
+/* Micro-batches [k0, k1) of chunk samples of b (the last may be shorter):
+ * chunk k runs with the dropout counter base + k (base: the counter on
+ * entry), its gradient ADDED with weight w_k / total_w (w: samples, or a
+ * seq2seq chunk's target tokens), its mean loss times w_k added to
+ * *loss_sum and (hits not NULL) its argmax hits to *hits; the counter is
+ * left at base + nchunks of the whole batch, as one process running every
+ * chunk leaves it. bk_train_step runs every chunk; the training loop's rank
+ * its share. */
+bk_status bki_train_accumulate(bk_model *m, const bk_batch *b, int chunk, int k0, int k1, int64_t total_w, float ls,
+                               double *loss_sum, int64_t *hits)
 {
-    const int64_t per = bki_model_sample_size(m);
-    const bk_model_config *c = bk_model_get_config(m);
-    bk_batch part = *b;
-    part.B = n;
-    part.x = b->x ? b->x + (int64_t)s * per : NULL;
-    part.tokens = b->tokens ? b->tokens + (int64_t)s * per : NULL;
-    part.len = b->len ? b->len + s : NULL;
-    part.labels = b->labels ? b->labels + s : NULL;
-    part.tgt = b->tgt ? b->tgt + (int64_t)s * c->tgt_max_len : NULL;
-    part.tgt_len = b->tgt_len ? b->tgt_len + s : NULL;
-    return part;
-}
-
-/* what the loss averages over: samples, or (seq2seq) target tokens */
-int64_t bki_batch_weight(const bk_model *m, const bk_batch *b)
-{
-    if (bk_model_get_config(m)->arch != BK_ARCH_SEQ2SEQ || !b->tgt_len) return b->B;
-    int64_t w = 0;
-    for (int i = 0; i < b->B; i++) w += b->tgt_len[i] > 0 ? b->tgt_len[i] : 0;
-    return w;
+    const int nchunks = (b->B + chunk - 1) / chunk;
+    const uint64_t count0 = bki_model_fwd_count(m);
+    bk_status st = BK_OK;
+    for (int k = k0; k < k1 && st == BK_OK; k++) {
+        const int b0 = k * chunk, n = b->B - b0 < chunk ? b->B - b0 : chunk;
+        bki_model_set_fwd_count(m, count0 + (uint64_t)k);
+        const bk_batch part = bki_batch_slice(m, b, b0, n);
+        const int64_t w = bki_batch_weight(m, &part);
+        double l = 0.0;
+        int64_t hit = 0;
+        if ((st = bk_model_forward(m, &part, 1, ls, NULL, &l)) != BK_OK ||
+            (st = bk_model_backward(m, (float)w / (float)total_w)) != BK_OK ||
+            (hits && (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK))
+            break;
+        *loss_sum += l * (double)w;
+        if (hits) *hits += hit;
+    }
+    bki_model_set_fwd_count(m, count0 + (uint64_t)nchunks);
+    return st;
 }
 
 bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, float ls, double *loss, double *gnorm)
@@ -332,16 +340,8 @@ bk_status bk_train_step(bk_model *m, bk_optim *o, const bk_batch *b, int micro, 
     if (total_w < 1) return bki_fail(BK_ERR_LENGTH, "bk_train_step: no target tokens in the batch");
     bk_model_zero_grad(m);
     double total = 0.0;
-    for (int s = 0; s < b->B; s += mb) {
-        const int n = b->B - s < mb ? b->B - s : mb;
-        const bk_batch part = bki_batch_slice(m, b, s, n);
-        const int64_t w = bki_batch_weight(m, &part);
-        double l = 0.0;
-        bk_status st = bk_model_forward(m, &part, 1, ls, NULL, &l);
-        if (st) return st;
-        if ((st = bk_model_backward(m, (float)w / (float)total_w))) return st;
-        total += l * (double)w;
-    }
+    const bk_status st = bki_train_accumulate(m, b, mb, 0, (b->B + mb - 1) / mb, total_w, ls, &total, NULL);
+    if (st) return st;
     if (loss) *loss = total / (double)total_w;
     return bk_optim_step(o, m, gnorm);
 }

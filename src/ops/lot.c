@@ -547,6 +547,27 @@ static const bki_bench_case lot_bench[] = {
 #undef LOT_CASE
 
 #define NB(a) (int)(sizeof a / sizeof a[0])
+/* ---- the learned arrays (a model's): the pivots Z [H, r, d] (N(0, 1)) and
+ * the mass logits theta [H, r] (0: uniform masses); their gradients in a
+ * bki_lot_grads ---- */
+static int learned_z_shape(const void *p, int H, int d, int64_t dims[4])
+{
+    dims[0] = H, dims[1] = ((const bk_lot_config *)p)->r, dims[2] = d;
+    return 3;
+}
+static int learned_theta_shape(const void *p, int H, int d, int64_t dims[4])
+{
+    (void)d;
+    dims[0] = H, dims[1] = ((const bk_lot_config *)p)->r;
+    return 2;
+}
+static const bki_learned lot_learned[] = {
+    {.name = "lot_z", .doc = "pivots Z [H, r, d]", .offset = offsetof(bk_lot_config, Z), .shape = learned_z_shape,
+     .init = BKI_INIT_NORMAL, .init_sd = 1.0f},
+    {.name = "lot_theta", .doc = "pivot-mass logits theta [H, r]", .offset = offsetof(bk_lot_config, theta),
+     .shape = learned_theta_shape, .init = BKI_INIT_ZERO, .init_sd = 0.0f},
+};
+
 const bki_op bki_op_lot = {
     .name = "lot", .id = 4, .par_name = "bk_lot_config", .fields = lot_fields, .nfields = NB(lot_fields),
     .par_size = sizeof(bk_lot_config), .par_default = lot_default, .check = check, .cost = cost,
@@ -556,6 +577,7 @@ const bki_op bki_op_lot = {
            "Shahbazi et al. 2025)",
     .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = NB(lot_bench),
     .arrays = lot_arrays, .narrays = NB(lot_arrays), .run_arrays = lot_run_arrays,
+    .learned = lot_learned, .nlearned = NB(lot_learned),
 };
 #undef NB
 

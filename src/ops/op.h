@@ -11,7 +11,8 @@
  * bk_esp_*, ...) is a thin wrapper filling a bki_call, and the registry's
  * public face (bk_op_*) lets C callers and the CLI find an operator by name
  * and set its parameters by key; the model calls the driver with the
- * registry's tables directly (src/nn/model.c, ATTN_KINDS).
+ * registry's tables directly: any operator with BKI_CAP_MODEL is a model
+ * attention kind (src/nn/attn_site.c).
  *
  * Adding an operator: its parameter struct and public wrappers in its header,
  * one file with its kernels and its bki_op, one line in registry.c, its tests
@@ -57,16 +58,22 @@ enum {
 };
 
 /* a parameter array the operator reads through a pointer in its parameter
- * struct and a model learns (LOT's pivots, diff's lambda vectors); its
- * gradient is the operator's parameter-gradient output of the same index */
+ * struct and a model learns (LOT's pivots and mass logits); its gradient is
+ * the operator's parameter-gradient output of the same index: c->pg points
+ * to nlearned `float *` in the learned order (e.g. bki_lot_grads) */
 typedef struct {
     const char *name;   /* the model's tensor name per block: "attn.NAME"  */
     const char *doc;
     size_t offset;      /* of its `const float *` in the parameter struct   */
     /* its shape for H heads of head dimension d under the parameters:
-     * writes the dimensions, returns the rank (1..4) */
+     * writes the dimensions, returns the rank (1..3 for a model's tensor) */
     int (*shape)(const void *par, int H, int d, int64_t dims[4]);
+    /* a model's initial values: BKI_INIT_ZERO, or BKI_INIT_NORMAL with
+     * standard deviation init_sd (draws of the model's per-tensor stream) */
+    int init;
+    double init_sd;
 } bki_learned;
+enum { BKI_INIT_ZERO = 0, BKI_INIT_NORMAL = 1 };
 
 /* a case of `birkhoff bench attn` (the bench's list is every registered
  * operator's cases) */

@@ -50,7 +50,7 @@ bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compi
         st = bki_fail(BK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if (c->attn != BK_ATTN_SINKHORN) {
+    if (strcmp(bk_attn_kind_name(c->attn), "sinkhorn")) { /* (ASAP's teacher is Sinkhorn by definition) */
         st = bki_fail(BK_ERR_PARAM, "%s uses %s attention; ASAP compiles Sinkhorn attention", ckpt,
                       bk_attn_kind_name(c->attn));
         goto done;
@@ -81,8 +81,11 @@ bk_status bk_asap_compile(const char *ckpt, const char *out, const bk_asap_compi
             if ((st = bk_model_calib_add(m, l, cal[l])) != BK_OK) goto done;
     }
     bk_model_config acfg = *c;
-    acfg.attn = BK_ATTN_ASAP;
-    acfg.asap_ending = cc->ending;
+    static const char *const ENDINGS[] = {"auto", "zero", "column", "row"};
+    if ((st = bk_model_config_set(&acfg, "attn", "asap")) != BK_OK ||
+        (st = bk_model_config_set(&acfg, "attn.variant",
+                                  cc->ending >= BK_ASAP_AUTO && cc->ending <= BK_ASAP_ROW ? ENDINGS[cc->ending] : "?")) != BK_OK)
+        goto done;
     if ((st = bk_model_create(&acfg, 1, 1, &am)) != BK_OK) goto done;
     memcpy(bk_model_params(am), bk_model_params(m), sizeof(float) * (size_t)bk_model_num_params(m));
     bk_asap_compile_event ev = {-1, c->depth, in->n, in->version, NULL};

@@ -130,8 +130,9 @@ static void heap_sort(cand *h, int n)
 }
 
 /* ---- the search ---------------------------------------------------------- */
-bk_status bki_beam_search(const bki_decoder *d, int B, const bk_decode_config *c, const int *max_len,
-                          int32_t *out, int out_stride, int32_t *out_len, float *score)
+/* the search's arguments; *Lout the longest output (EOS counted) */
+static bk_status check_args(const bki_decoder *d, int B, const bk_decode_config *c, const int *max_len,
+                            const int32_t *out, int out_stride, const int32_t *out_len, int *Lout)
 {
     if (!d || !d->step || !c || !max_len || !out || !out_len)
         return bki_fail(BK_ERR_NULL, "beam search: NULL decoder, step, config, max_len, out or out_len");
@@ -155,6 +156,17 @@ bk_status bki_beam_search(const bki_decoder *d, int B, const bk_decode_config *c
                         out_stride, L - 1);
     if ((int64_t)B * beam > INT_MAX / 2 || (uint64_t)B * (uint64_t)beam * (uint64_t)V > (uint64_t)PTRDIFF_MAX / 8)
         return bki_fail(BK_ERR_SHAPE, "beam search: B * beam * vocab = %d * %d * %d is too large", B, beam, V);
+    *Lout = L;
+    return BK_OK;
+}
+
+bk_status bki_beam_search(const bki_decoder *d, int B, const bk_decode_config *c, const int *max_len,
+                          int32_t *out, int out_stride, int32_t *out_len, float *score)
+{
+    int L = 0;
+    bk_status st = check_args(d, B, c, max_len, out, out_stride, out_len, &L);
+    if (st) return st;
+    const int V = d->vocab, beam = c->beam, eos = d->eos;
     const int R = B * beam, K = 2 * beam;
     const size_t RL = (size_t)R * (size_t)L;
 
@@ -187,7 +199,6 @@ bk_status bki_beam_search(const bki_decoder *d, int B, const bk_decode_config *c
             a.used = 0;
         }
     }
-    bk_status st = BK_OK;
 
     for (int r = 0; r < R; r++) {
         cum[r] = r % beam == 0 ? 0.0 : -INFINITY;

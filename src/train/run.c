@@ -1,7 +1,7 @@
 /* run.c -- the run configuration (one key=value namespace over run, model
  * and optimiser keys; config files), the run stored in a checkpoint, and
  * opening a run's data (birkhoff/train.h). */
-#include "../core/internal.h"
+#include "../nn/nn.h"
 
 #include <errno.h>
 #include <math.h>
@@ -133,9 +133,8 @@ bk_status bk_run_config_set(bk_run_config *r, const char *key, const char *value
     if (!r || !key || !value) return bki_fail(BK_ERR_NULL, "bk_run_config_set: NULL argument");
     for (int i = 0; i < NKEYS; i++)
         if (strcmp(KEYS[i].name, key) == 0) return set_run_key(r, &KEYS[i], value);
-    char fm[4096];
-    bk_model_config_format(&r->model, fm, sizeof fm);
-    if (in_format(fm, key)) return bk_model_config_set(&r->model, key, value);
+    char fm[8192];
+    if (bki_model_config_key(&r->model, key)) return bk_model_config_set(&r->model, key, value);
     bk_optim_config_format(&r->optim, fm, sizeof fm);
     if (in_format(fm, key)) return bk_optim_config_set(&r->optim, key, value);
     return bki_fail(BK_ERR_PARAM, "unknown key '%s' (docs/TRAINING.md lists the run, model and optimiser keys)", key);
@@ -262,13 +261,17 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
     bk_data_model_shape(train, &r->model);
     st = bk_model_config_check(&r->model);
     if (st != BK_OK) return st;
-    if (r->model.attn == BK_ATTN_ASAP)
+    if (!bk_op_has_backward(bk_op_at(r->model.attn)))
         return bki_fail(BK_ERR_PARAM,
                         "attn=asap cannot be trained: train a Sinkhorn model, then `birkhoff asap compile`");
-    if (r->model.attn != BK_ATTN_ESP && r->esp_anneal > 0)
+    char v[32];
+    const int has_t = bk_model_config_get(&r->model, "attn.t", v, sizeof v) > 0,
+              has_sort = bk_model_config_get(&r->model, "attn.sort", v, sizeof v) > 0;
+    bki_clear_error();
+    if (!has_t && r->esp_anneal > 0)
         return bki_fail(BK_ERR_PARAM, "esp_anneal=%g anneals ESP's SoftSort temperature; this run has attn=%s",
                         (double)r->esp_anneal, bk_attn_kind_name(r->model.attn));
-    if (r->model.attn != BK_ATTN_ESP && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
+    if (!has_sort && (!strcmp(r->eval_esp_sort, "soft") || !strcmp(r->eval_esp_sort, "hard")))
         return bki_fail(BK_ERR_PARAM, "eval_esp_sort=%s chooses ESP's sort; this run has attn=%s", r->eval_esp_sort,
                         bk_attn_kind_name(r->model.attn));
     if (r->otk_init > 0 && (r->model.arch != BK_ARCH_CLASSIFIER || r->model.pool != BK_POOL_OTK))
@@ -305,8 +308,9 @@ int bk_run_extra_get(const char *extra, const char *key, char *out, size_t cap)
     return 0;
 }
 
-/* the run config stored in a checkpoint's extra: the non-position lines */
-static bk_status extra_config(const char *extra, bk_run_config *r)
+/* the run config stored in a checkpoint's extra: the non-position lines,
+ * the attention kinds (kinds = 1) or the others */
+static bk_status extra_pass(const char *extra, bk_run_config *r, int kinds)
 {
     for (const char *p = extra; p && *p;) {
         const char *e = strchr(p, '\n');
@@ -321,10 +325,19 @@ static bk_status extra_config(const char *extra, bk_run_config *r)
             !strncmp(line, "teacher", 7) || !strncmp(line, "calib_", 6) || !strncmp(line, "swapped_from=", 13))
             continue;
         *eq = 0;
+        if ((!strcmp(line, "attn") || !strcmp(line, "cross_attn") || !strcmp(line, "pma_attn")) != kinds) continue;
         bk_status st = bk_run_config_set(r, line, eq + 1);
         if (st != BK_OK) return st;
     }
     return BK_OK;
+}
+
+/* the kinds first, so that the keys before the operator schema convert as
+ * they were meant (as bk_model_config_parse) */
+static bk_status extra_config(const char *extra, bk_run_config *r)
+{
+    bk_status st = extra_pass(extra, r, 1);
+    return st ? st : extra_pass(extra, r, 0);
 }
 
 bk_status bk_run_config_from_extra(const char *extra, bk_run_config *r)

@@ -65,19 +65,19 @@ bk_status bk_checkpoint_swap(const char *in, const char *out, const bk_swap_conf
                         part, in);
     if (cross && (st = bk_model_config_set(&target, "cross_attn", c->attn)) != BK_OK) return st;
     if (enc && (st = bk_model_config_set(&target, "attn", c->attn)) != BK_OK) return st;
-    if (target.attn == BK_ATTN_ASAP) {
+    if (!strcmp(bk_attn_kind_name(target.attn), "asap")) { /* (compiled from a Sinkhorn model's own layers) */
         if (c->keys && *c->keys)
             return bki_fail(BK_ERR_PARAM, "swap to asap: ASAP compiles the checkpoint's own Sinkhorn layers (its "
-                                          "sk_iters, sk_eps and scale); keys do not apply (got '%s')",
+                                          "attn.iters, attn.eps and scale); keys do not apply (got '%s')",
                             c->keys);
         if (c->nblocks > 0 || c->blocks)
             return bki_fail(BK_ERR_UNSUPPORTED, "swap to asap: every block is compiled (a block list does not apply)");
-        if (from == BK_ATTN_ASAP)
+        if (!strcmp(bk_attn_kind_name(from), "asap"))
             return bki_fail(BK_ERR_PARAM,
                             "%s is a compiled ASAP model already: ASAP is compiled from a Sinkhorn model, its teacher "
                             "(`birkhoff eval --ckpt %s` names it); swap that checkpoint to asap",
                             in, in);
-        if (from != BK_ATTN_SINKHORN)
+        if (strcmp(bk_attn_kind_name(from), "sinkhorn"))
             return bki_fail(BK_ERR_PARAM,
                             "%s has %s attention: ASAP is compiled from a Sinkhorn model, whose own layers are the "
                             "teacher; swap to sinkhorn first (birkhoff model swap --attn sinkhorn, fine-tune it if "

@@ -468,14 +468,24 @@ static bk_status epoch_attention(bk_model *m, const bk_run_config *r, int e)
 {
     if (!(r->esp_anneal > 0.0f)) return BK_OK;
     bk_model_config c = *bk_model_get_config(m);
-    c.esp_t = bk_esp_anneal(r->model.esp_t, r->esp_anneal, e);
-    bk_status st = bk_model_set_attn_config(m, &c);
+    char v[64];
+    if (!bk_model_config_get(&r->model, "attn.t", v, sizeof v)) return BK_ERR_PARAM;
+    const float t = bk_esp_anneal(strtof(v, NULL), r->esp_anneal, e);
+    snprintf(v, sizeof v, "%.9g", (double)t);
+    bk_status st = bk_model_config_set(&c, "attn.t", v);
+    if (st == BK_OK) st = bk_model_set_attn_config(m, &c);
     if (st != BK_OK) {
         char msg[480];
         snprintf(msg, sizeof msg, "%s", bk_last_error());
-        bki_fail(st, "esp_anneal: epoch %d (t = %g): %s", e + 1, (double)c.esp_t, msg);
+        bki_fail(st, "esp_anneal: epoch %d (t = %g): %s", e + 1, (double)t, msg);
     }
     return st;
+}
+
+/* the model's attn.sort ("" when its attention has none) */
+static void attn_sort(const bk_model_config *c, char *v, size_t cap)
+{
+    if (!bk_model_config_get(c, "attn.sort", v, cap)) bki_clear_error();
 }
 
 /* The end-of-epoch evaluation and diagnostics, with the sort eval_esp_sort
@@ -486,14 +496,17 @@ static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_da
     const bk_model_config keep = *bk_model_get_config(m);
     const int hard = !strcmp(r->eval_esp_sort, "hard"), soft = !strcmp(r->eval_esp_sort, "soft");
     bk_status st = BK_OK;
-    if (keep.attn == BK_ATTN_ESP && (hard || soft)) {
+    char was[16], now[16];
+    attn_sort(&keep, was, sizeof was);
+    if (*was && (hard || soft)) {
         bk_model_config c = keep;
-        c.esp_soft = soft;
-        st = bk_model_set_attn_config(m, &c);
+        st = bk_model_config_set(&c, "attn.sort", soft ? "soft" : "hard");
+        if (st == BK_OK) st = bk_model_set_attn_config(m, &c);
     }
     if (st == BK_OK) st = bk_evaluate(m, te, 0, r->eval_batch, 0, er);
     if (st == BK_OK) st = bk_attention_diag(m, te, diag_n, diag, NULL, NULL);
-    if (keep.esp_soft != bk_model_get_config(m)->esp_soft) {
+    attn_sort(bk_model_get_config(m), now, sizeof now);
+    if (strcmp(was, now)) {
         char msg[480];
         snprintf(msg, sizeof msg, "%s", bk_last_error());
         const bk_status s2 = bk_model_set_attn_config(m, &keep); /* (never grows a tape: cannot fail) */
@@ -759,6 +772,348 @@ bk_status bk_train_run(const bk_run_config *r_in, const char *dir, bk_train_mode
     return bk_train_run_comm(r_in, dir, mode, NULL, cb, user, stop, result);
 }
 
+/* ---- the training loop --------------------------------------------------
+ * bk_train_run_comm: start (setup, the ranks' agreement, the run
+ * directory), the epochs (each: its attention and order, the batches, the
+ * end-of-epoch evaluation and checkpoint), the finish (the last checkpoint
+ * or the summary). A run's state between them is a run_ctx. */
+typedef struct {
+    train_state s;
+    run_pos pos;
+    const char *dir;
+    bk_train_callback cb;
+    void *user;
+    const volatile sig_atomic_t *stop;
+    bk_train_result *res;
+    bk_train_event ev;
+    int ranks, rank, root;
+    int chunk;      /* the unit of work: a micro-batch, or a rank's share of the batch */
+    int diag_n;
+    int64_t nb;     /* batches per epoch */
+    double t0, win_t, rate;
+    int64_t win_samples;
+    int stopped;
+} run_ctx;
+
+/* setup, the ranks' agreement on it, the run directory; the start event */
+static bk_status run_start(run_ctx *x, const bk_run_config *r_in, bk_train_mode mode, const bk_train_comm *comm)
+{
+    train_state *s = &x->s;
+    s->r = *r_in;
+    /* a malformed comm, or no memory for the collectives: cannot take part */
+    bk_status st = bki_dp_init(&s->dp, comm);
+    if (st != BK_OK) {
+        x->res->stage = BK_TRAIN_STAGE_COMM; /* before any collective: nothing agreed */
+        return st;
+    }
+    x->ranks = bki_dp_size(&s->dp);
+    x->rank = bki_dp_rank(&s->dp);
+    x->root = x->rank == 0;
+    st = train_setup(s, x->dir, mode, &x->pos, x->res, x->rank);
+    if (st == BK_OK) st = bki_dp_reserve(&s->dp, bk_model_num_params(s->m));
+    if (x->ranks > 1) /* every rank takes part in the collectives from here on, whatever its own setup gave */
+        st = st == BK_OK ? dp_start(s, mode, &x->pos) : bki_dp_agree(&s->dp, st, "setup");
+    if (st == BK_OK) { /* every rank agreed: now the run directory, agreed too */
+        if (x->root) st = setup_dir(s, x->dir, mode, &x->pos, x->ranks);
+        st = bki_dp_agree(&s->dp, st, "the run directory");
+    }
+    if (st != BK_OK) {
+        if (bki_dp_broken(&s->dp)) x->res->stage = BK_TRAIN_STAGE_COMM;
+        train_free(s);
+        return st;
+    }
+    if (!x->root) x->cb = NULL; /* rank 0 reports */
+    const bk_run_config *r = &s->r;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    x->chunk = r->micro > 0 ? r->micro : (r->batch + x->ranks - 1) / x->ranks;
+    x->diag_n = tei->n < 64 ? (int)tei->n : 64;
+    x->nb = (tri->n + r->batch - 1) / r->batch;
+    bk_train_event *ev = &x->ev;
+    memset(ev, 0, sizeof *ev);
+    ev->config = r;
+    ev->train = s->tr;
+    ev->test = s->te;
+    ev->model = s->m;
+    ev->batches = x->nb;
+    ev->total_steps = x->nb * r->epochs;
+    ev->first_step = x->pos.step;
+    ev->step = x->pos.step;
+    ev->epoch = x->pos.epoch + 1;
+    ev->time_s = x->pos.elapsed;
+    ev->kind = BK_TRAIN_EVENT_START;
+    ev->notice = s->notice[0] ? s->notice : NULL;
+    if (x->cb) x->cb(x->user, ev);
+    ev->notice = NULL;
+    x->t0 = now_s();
+    x->win_t = x->t0;
+    return BK_OK;
+}
+
+/* the gradient of batch bi on this rank's chunks, summed over the ranks:
+ * *bl the loss times the weight, *bc the hits, *bw the weight */
+static bk_status batch_gradient(run_ctx *x, int64_t bi, int B, double *bl, int64_t *bc, int64_t *bw)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    bk_model *m = s->m;
+    bk_model_zero_grad(m);
+    /* the whole batch, then its micro-batches, each weighted by its share of
+     * bw (an encoder-decoder's by its target tokens); chunk k runs with the
+     * dropout counter base + k on whichever rank holds it (this rank: chunks
+     * [k0, k1)), as one process running every chunk would */
+    bk_batch whole;
+    memcpy(s->buf.idx, s->order + bi * r->batch, sizeof(int64_t) * (size_t)B);
+    bk_status st = bk_data_batch_fill(&s->buf, s->tr, B, &whole);
+    if (st == BK_OK) *bw = bki_batch_weight(m, &whole);
+    const int nchunks = (B + x->chunk - 1) / x->chunk;
+    const int k0 = (int)((int64_t)nchunks * x->rank / x->ranks), k1 = (int)((int64_t)nchunks * (x->rank + 1) / x->ranks);
+    if (st == BK_OK) st = bki_train_accumulate(m, &whole, x->chunk, k0, k1, *bw, r->ls, bl, bc);
+    else bki_model_set_fwd_count(m, bki_model_fwd_count(m) + (uint64_t)nchunks);
+    if (st != BK_OK) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "step %lld: %s", (long long)x->pos.step + 1, msg);
+    }
+    if (x->ranks > 1 && (st = bki_dp_agree(&s->dp, st, "training step")) == BK_OK) {
+        /* the batch's loss and hits, then the gradient, summed over the ranks */
+        double v[2] = {*bl, (double)*bc};
+        if ((st = bki_dp_sum(&s->dp, v, 2)) == BK_OK)
+            st = bki_dp_sum_floats(&s->dp, bk_model_grads(m), bk_model_num_params(m));
+        *bl = v[0];
+        *bc = (int64_t)v[1];
+    }
+    return st;
+}
+
+/* a step's records: the logs (every log_every steps) and the step event */
+static void step_records(run_ctx *x, int e, int64_t bi, int B, double bl, int64_t bc, int64_t bw, float lr,
+                         double gnorm)
+{
+    const bk_run_config *r = &x->s.r;
+    const run_pos *pos = &x->pos;
+    const double now = now_s();
+    x->win_samples += B;
+    if (now - x->win_t >= 1.0 || x->rate == 0) {
+        if (now > x->win_t) x->rate = (double)x->win_samples / (now - x->win_t);
+        x->win_t = now;
+        x->win_samples = 0;
+    }
+    const double t = pos->elapsed + now - x->t0;
+    if (x->root && pos->step % r->log_every == 0) {
+        fprintf(x->s.logs.jsonl,
+                "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"batch\":%lld,\"loss\":%.6g,\"acc\":%.6g,"
+                "\"lr\":%.6g,\"gnorm\":%.6g,\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
+                (long long)pos->step, e + 1, (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, x->rate,
+                t);
+        fprintf(x->s.logs.steps, "%lld,%d,%lld,%.6g,%.6g,%.6g,%.6g,%.1f,%.3f\n", (long long)pos->step, e + 1,
+                (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, x->rate, t);
+    }
+    bk_train_event *ev = &x->ev;
+    ev->kind = BK_TRAIN_EVENT_STEP;
+    ev->epoch = e + 1;
+    ev->batch = bi + 1;
+    ev->step = pos->step;
+    ev->elapsed_s = now - x->t0;
+    ev->time_s = t;
+    ev->loss = bl / bw;
+    ev->acc = (double)bc / bw;
+    ev->lr = lr;
+    ev->gnorm = gnorm;
+    ev->samples_per_s = x->rate;
+    ev->train_loss = pos->loss_sum / (double)pos->seen;
+    ev->train_acc = (double)pos->correct / (double)pos->seen;
+    if (x->cb) x->cb(x->user, ev);
+}
+
+/* one optimiser step on batch bi of epoch e; sets x->stopped when a stop
+ * is asked for (any rank's) */
+static bk_status train_step_at(run_ctx *x, int e, int64_t bi)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const bk_dataset_info *tri = bk_data_info(s->tr);
+    const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
+    const float lr = bk_optim_lr(bk_optim_get_config(s->o), bk_optim_step_count(s->o));
+    double bl = 0;
+    int64_t bc = 0, bw = 0; /* hits, and what the loss averages over: samples or target tokens */
+    bk_status st = batch_gradient(x, bi, B, &bl, &bc, &bw);
+    double gnorm = 0;
+    /* (the summed gradient and the optimiser state are every rank's: so is
+     * the step's outcome, which needs no agreement) */
+    if (st == BK_OK && (st = bk_optim_step(s->o, s->m, &gnorm)) != BK_OK) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "step %lld: %s (the run stops; its last checkpoint is intact)", (long long)x->pos.step + 1, msg);
+    }
+    if (st != BK_OK) return st;
+    x->pos.step++;
+    x->pos.batch = bi + 1;
+    x->pos.loss_sum += bl;
+    x->pos.correct += bc;
+    x->pos.seen += bw;
+    step_records(x, e, bi, B, bl, bc, bw, lr, gnorm);
+    /* read after the step and its event; any rank's flag stops all */
+    double stop_now = (x->stop && *x->stop) || (r->stop_after > 0 && x->pos.step >= r->stop_after);
+    if (x->ranks > 1 && (st = bki_dp_sum(&s->dp, &stop_now, 1)) != BK_OK) return st;
+    if (stop_now > 0) x->stopped = 1;
+    return BK_OK;
+}
+
+/* rank 0's end of epoch e: evaluation, records, checkpoints (done: the
+ * position after the epoch) */
+static bk_status epoch_records(run_ctx *x, int e, const run_pos *done)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    const run_pos *pos = &x->pos;
+    const int depth = r->model.depth;
+    bk_eval_result er = {0};
+    bk_status st = evaluate_epoch(s->m, r, s->te, x->diag_n, s->diag, &er);
+    if (st != BK_OK) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "evaluation: %s", msg);
+        x->res->stage = BK_TRAIN_STAGE_EVAL;
+        bk_eval_result_free(&er);
+        return st;
+    }
+    double rd = 0, cd = 0, en = 0;
+    for (int l = 0; l < depth; l++) {
+        rd += s->diag[l].row_dev / depth;
+        cd += s->diag[l].col_dev / depth;
+        en += s->diag[l].entropy / depth;
+    }
+    const double now = now_s(), t = pos->elapsed + now - x->t0;
+    char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
+    char tv[32];
+    if (bk_model_config_get(bk_model_get_config(s->m), "attn.t", tv, sizeof tv))
+        snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%s", tv); /* (an attention with ESP's t) */
+    else
+        bki_clear_error();
+    fprintf(s->logs.jsonl,
+            "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
+            "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
+            "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
+            e + 1, (long long)pos->step, pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, er.loss, er.acc,
+            rd, cd, en, esp_t, t);
+    fprintf(s->logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos->step,
+            pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, er.loss, er.acc, rd, cd, en, t);
+    logs_flush(&s->logs);
+    bk_train_event *ev = &x->ev;
+    ev->kind = BK_TRAIN_EVENT_EPOCH;
+    ev->epoch = e + 1;
+    ev->step = pos->step;
+    ev->elapsed_s = now - x->t0;
+    ev->time_s = t;
+    ev->train_loss = pos->loss_sum / (double)pos->seen;
+    ev->train_acc = (double)pos->correct / (double)pos->seen;
+    ev->test_loss = er.loss;
+    ev->test_acc = er.acc;
+    ev->attn_row_dev = rd;
+    ev->attn_col_dev = cd;
+    ev->attn_entropy = en;
+    if (x->cb) x->cb(x->user, ev);
+    x->res->test_acc = er.acc;
+    x->res->test_loss = er.loss;
+    char name[64];
+    snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
+    run_pos saved = *done;
+    saved.elapsed = t;
+    if ((st = save_ckpt(x->dir, name, s->m, s->o, r, &saved, tri->version, tei->version, x->ranks)) != BK_OK ||
+        (st = save_ckpt(x->dir, "last.safetensors", s->m, s->o, r, &saved, tri->version, tei->version, x->ranks)) !=
+            BK_OK)
+        x->res->stage = BK_TRAIN_STAGE_SAVE;
+    bk_eval_result_free(&er);
+    return st;
+}
+
+/* the end of epoch e: rank 0 evaluates, records and checkpoints; then the
+ * ranks agree and compare their states */
+static bk_status epoch_end(run_ctx *x, int e)
+{
+    run_pos done = x->pos;
+    done.epoch = e + 1;
+    done.batch = 0;
+    done.loss_sum = 0;
+    done.correct = done.seen = 0;
+    bk_status st = BK_OK;
+    int evaluated = !x->root;
+    if (x->root) evaluated = (st = epoch_records(x, e, &done)) == BK_OK || x->res->stage == BK_TRAIN_STAGE_SAVE;
+    if (evaluated) x->pos = done;
+    if (x->ranks > 1) {
+        /* rank 0's status, the states' checksums, rank 0's test figures */
+        double te[2] = {x->res->test_loss, x->res->test_acc};
+        if ((st = bki_dp_agree(&x->s.dp, st, "end of epoch")) != BK_OK ||
+            (st = bki_dp_same_u64(&x->s.dp, state_hash(x->s.m, x->s.o), "weights and optimiser state")) != BK_OK ||
+            (st = bki_dp_bcast(&x->s.dp, te, sizeof te)) != BK_OK)
+            return st;
+        x->res->test_loss = te[0];
+        x->res->test_acc = te[1];
+    }
+    return st;
+}
+
+/* epoch e: its attention and order, its batches, its end */
+static bk_status run_epoch(run_ctx *x, int e)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const bk_dataset_info *tri = bk_data_info(s->tr);
+    bk_status st = epoch_attention(s->m, r, e);
+    bk_data_epoch_order(s->order, tri->n, r->seed, e);
+    /* sentence pairs: batches of similar lengths (windows of 100 batches
+     * sorted by length, the batches shuffled; a pure function of the
+     * epoch's order, so a resumed run sees the same batches) */
+    if (st == BK_OK && tri->seq2seq)
+        st = bk_data_bucket_order(s->tr, s->order, tri->n, r->batch, 100 * (int64_t)r->batch);
+    if ((st = bki_dp_agree(&s->dp, st, "epoch start")) != BK_OK) return st;
+    for (int64_t bi = x->pos.batch; bi < x->nb; bi++)
+        if ((st = train_step_at(x, e, bi)) != BK_OK || x->stopped) return st;
+    return epoch_end(x, e);
+}
+
+/* the run's last writes: the checkpoint of a stopped run, or the summary */
+static bk_status run_finish(run_ctx *x, bk_status st)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    bk_train_result *res = x->res;
+    logs_flush(&s->logs);
+    const double elapsed = x->pos.elapsed + now_s() - x->t0;
+    res->epoch = x->pos.epoch;
+    res->batch = x->pos.batch;
+    res->step = x->pos.step;
+    res->time_s = elapsed;
+    res->stopped = x->stopped;
+    if (st == BK_OK) {
+        res->stage = BK_TRAIN_STAGE_SAVE;
+        if (!x->root) {
+            /* rank 0 writes */
+        } else if (x->stopped) {
+            run_pos saved = x->pos;
+            saved.elapsed = elapsed;
+            st = save_ckpt(x->dir, "last.safetensors", s->m, s->o, r, &saved, tri->version, tei->version, x->ranks);
+        } else if (isfinite(res->test_acc)) {
+            char sj[2048], path[1100];
+            snprintf(sj, sizeof sj,
+                     "{\"data\":\"%s\",\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
+                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d,\"ranks\":%d}\n",
+                     r->data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)x->pos.step,
+                     (long long)bk_model_num_params(s->m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads(),
+                     x->ranks);
+            snprintf(path, sizeof path, "%s/summary.json", x->dir);
+            st = run_write_text(path, sj);
+        }
+        /* the last writes, agreed (a failed loop has agreed already) */
+        st = bki_dp_agree(&s->dp, st, "the final checkpoint");
+    }
+    if (st != BK_OK && bki_dp_broken(&s->dp)) res->stage = BK_TRAIN_STAGE_COMM;
+    train_free(s);
+    return st;
+}
+
 bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train_mode mode,
                             const bk_train_comm *comm, bk_train_callback cb, void *user,
                             const volatile sig_atomic_t *stop, bk_train_result *result)
@@ -771,279 +1126,21 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     if (!r_in || !dir) return bki_fail(BK_ERR_NULL, "bk_train_run: NULL argument");
     if (mode != BK_TRAIN_NEW && mode != BK_TRAIN_OVERWRITE && mode != BK_TRAIN_RESUME)
         return bki_fail(BK_ERR_PARAM, "bk_train_run: unknown mode %d", (int)mode);
-    train_state s;
-    memset(&s, 0, sizeof s);
-    s.r = *r_in;
-    run_pos pos = {0};
-    /* a malformed comm, or no memory for the collectives: cannot take part */
-    bk_status st = bki_dp_init(&s.dp, comm);
+    run_ctx *x = calloc(1, sizeof *x);
+    if (!x) return bki_fail(BK_ERR_NOMEM, "bk_train_run: out of memory");
+    x->dir = dir;
+    x->cb = cb;
+    x->user = user;
+    x->stop = stop;
+    x->res = res;
+    bk_status st = run_start(x, r_in, mode, comm);
     if (st != BK_OK) {
-        res->stage = BK_TRAIN_STAGE_COMM; /* before any collective: nothing agreed */
+        free(x);
         return st;
     }
-    const int ranks = bki_dp_size(&s.dp), rank = bki_dp_rank(&s.dp);
-    const int root = rank == 0;
-    st = train_setup(&s, dir, mode, &pos, res, rank);
-    if (st == BK_OK) st = bki_dp_reserve(&s.dp, bk_model_num_params(s.m));
-    if (ranks > 1) /* every rank takes part in the collectives from here on, whatever its own setup gave */
-        st = st == BK_OK ? dp_start(&s, mode, &pos) : bki_dp_agree(&s.dp, st, "setup");
-    if (st == BK_OK) { /* every rank agreed: now the run directory, agreed too */
-        if (root) st = setup_dir(&s, dir, mode, &pos, ranks);
-        st = bki_dp_agree(&s.dp, st, "the run directory");
-    }
-    if (st != BK_OK) {
-        if (bki_dp_broken(&s.dp)) res->stage = BK_TRAIN_STAGE_COMM;
-        train_free(&s);
-        return st;
-    }
-    if (!root) cb = NULL; /* rank 0 reports */
-    const bk_run_config *r = &s.r;
-    const bk_dataset_info *tri = bk_data_info(s.tr), *tei = bk_data_info(s.te);
-    bk_model *m = s.m;
-    bk_optim *o = s.o;
-    /* the unit of work: a micro-batch, or a rank's share of the batch */
-    const int chunk = r->micro > 0 ? r->micro : (r->batch + ranks - 1) / ranks;
-    const int diag_n = tei->n < 64 ? (int)tei->n : 64;
-    const int64_t nb = (tri->n + r->batch - 1) / r->batch;
-    const int depth = r->model.depth;
-
-    bk_train_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.config = r;
-    ev.train = s.tr;
-    ev.test = s.te;
-    ev.model = m;
-    ev.batches = nb;
-    ev.total_steps = nb * r->epochs;
-    ev.first_step = pos.step;
-    ev.step = pos.step;
-    ev.epoch = pos.epoch + 1;
-    ev.time_s = pos.elapsed;
-    ev.kind = BK_TRAIN_EVENT_START;
-    ev.notice = s.notice[0] ? s.notice : NULL;
-    if (cb) cb(user, &ev);
-    ev.notice = NULL;
-
-    const double t0 = now_s();
-    double win_t = t0, rate = 0;
-    int64_t win_samples = 0;
-    int stopped = 0;
     res->stage = BK_TRAIN_STAGE_STEP;
-    for (int e = pos.epoch; e < r->epochs && !stopped && st == BK_OK; e++) {
-        st = epoch_attention(m, r, e);
-        bk_data_epoch_order(s.order, tri->n, r->seed, e);
-        /* sentence pairs: batches of similar lengths (windows of 100 batches
-         * sorted by length, the batches shuffled; a pure function of the
-         * epoch's order, so a resumed run sees the same batches) */
-        if (st == BK_OK && tri->seq2seq)
-            st = bk_data_bucket_order(s.tr, s.order, tri->n, r->batch, 100 * (int64_t)r->batch);
-        if ((st = bki_dp_agree(&s.dp, st, "epoch start")) != BK_OK) break;
-        for (int64_t bi = pos.batch; bi < nb; bi++) {
-            const int B = (int)(tri->n - bi * r->batch < r->batch ? tri->n - bi * r->batch : r->batch);
-            const float lr = bk_optim_lr(bk_optim_get_config(o), bk_optim_step_count(o));
-            bk_model_zero_grad(m);
-            double bl = 0;
-            int64_t bc = 0, bw = 0; /* hits, and what the loss averages over: samples or target tokens */
-            /* the whole batch, then its micro-batches, each weighted by its
-             * share of bw (an encoder-decoder's by its target tokens) */
-            bk_batch whole;
-            memcpy(s.buf.idx, s.order + bi * r->batch, sizeof(int64_t) * (size_t)B);
-            if ((st = bk_data_batch_fill(&s.buf, s.tr, B, &whole)) == BK_OK) bw = bki_batch_weight(m, &whole);
-            /* chunk k runs with the dropout counter base + k on whichever
-             * rank holds it (this rank: chunks [k0, k1)), as one process
-             * running every chunk would */
-            const int nchunks = (B + chunk - 1) / chunk;
-            const int k0 = (int)((int64_t)nchunks * rank / ranks), k1 = (int)((int64_t)nchunks * (rank + 1) / ranks);
-            const uint64_t count0 = bki_model_fwd_count(m);
-            for (int k = k0; k < k1 && st == BK_OK; k++) {
-                const int b0 = k * chunk, Bc = B - b0 < chunk ? B - b0 : chunk;
-                bki_model_set_fwd_count(m, count0 + (uint64_t)k);
-                const bk_batch bt = bki_batch_slice(m, &whole, b0, Bc);
-                const int64_t w = bki_batch_weight(m, &bt);
-                double loss;
-                int64_t hit = 0;
-                if ((st = bk_model_forward(m, &bt, 1, r->ls, NULL, &loss)) != BK_OK ||
-                    (st = bk_model_backward(m, (float)w / (float)bw)) != BK_OK ||
-                    (st = bk_model_token_stats(m, NULL, &hit)) != BK_OK)
-                    break;
-                bl += loss * (double)w;
-                bc += hit;
-            }
-            bki_model_set_fwd_count(m, count0 + (uint64_t)nchunks);
-            if (st != BK_OK) {
-                char msg[480];
-                snprintf(msg, sizeof msg, "%s", bk_last_error());
-                bki_fail(st, "step %lld: %s", (long long)pos.step + 1, msg);
-            }
-            if (ranks > 1 && (st = bki_dp_agree(&s.dp, st, "training step")) == BK_OK) {
-                /* the batch's loss and hits, then the gradient, summed over
-                 * the ranks */
-                double v[2] = {bl, (double)bc};
-                if ((st = bki_dp_sum(&s.dp, v, 2)) == BK_OK)
-                    st = bki_dp_sum_floats(&s.dp, bk_model_grads(m), bk_model_num_params(m));
-                bl = v[0];
-                bc = (int64_t)v[1];
-            }
-            double gnorm = 0;
-            /* (the summed gradient and the optimiser state are every rank's:
-             * so is the step's outcome, which needs no agreement) */
-            if (st == BK_OK && (st = bk_optim_step(o, m, &gnorm)) != BK_OK) {
-                char msg[400];
-                snprintf(msg, sizeof msg, "%s", bk_last_error());
-                bki_fail(st, "step %lld: %s (the run stops; its last checkpoint is intact)", (long long)pos.step + 1,
-                         msg);
-            }
-            if (st != BK_OK) break;
-            pos.step++;
-            pos.batch = bi + 1;
-            pos.loss_sum += bl;
-            pos.correct += bc;
-            pos.seen += bw;
-            const double now = now_s();
-            win_samples += B;
-            if (now - win_t >= 1.0 || rate == 0) {
-                if (now > win_t) rate = (double)win_samples / (now - win_t);
-                win_t = now;
-                win_samples = 0;
-            }
-            const double t = pos.elapsed + now - t0;
-            if (root && pos.step % r->log_every == 0) {
-                fprintf(s.logs.jsonl,
-                        "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"batch\":%lld,\"loss\":%.6g,\"acc\":%.6g,"
-                        "\"lr\":%.6g,\"gnorm\":%.6g,\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
-                        (long long)pos.step, e + 1, (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, rate,
-                        t);
-                fprintf(s.logs.steps, "%lld,%d,%lld,%.6g,%.6g,%.6g,%.6g,%.1f,%.3f\n", (long long)pos.step, e + 1,
-                        (long long)bi + 1, bl / bw, (double)bc / bw, (double)lr, gnorm, rate, t);
-            }
-            ev.kind = BK_TRAIN_EVENT_STEP;
-            ev.epoch = e + 1;
-            ev.batch = bi + 1;
-            ev.step = pos.step;
-            ev.elapsed_s = now - t0;
-            ev.time_s = t;
-            ev.loss = bl / bw;
-            ev.acc = (double)bc / bw;
-            ev.lr = lr;
-            ev.gnorm = gnorm;
-            ev.samples_per_s = rate;
-            ev.train_loss = pos.loss_sum / (double)pos.seen;
-            ev.train_acc = (double)pos.correct / (double)pos.seen;
-            if (cb) cb(user, &ev);
-            /* read after the step and its event; any rank's flag stops all */
-            double stop_now = (stop && *stop) || (r->stop_after > 0 && pos.step >= r->stop_after);
-            if (ranks > 1 && (st = bki_dp_sum(&s.dp, &stop_now, 1)) != BK_OK) break;
-            if (stop_now > 0) {
-                stopped = 1;
-                break;
-            }
-        }
-        if (stopped || st != BK_OK) break;
-        /* end of epoch: rank 0 evaluates, records and checkpoints; then the
-         * ranks agree and compare their states */
-        run_pos done = pos;
-        done.epoch = e + 1;
-        done.batch = 0;
-        done.loss_sum = 0;
-        done.correct = done.seen = 0;
-        int evaluated = !root;
-        if (root) {
-            bk_eval_result er = {0};
-            if ((st = evaluate_epoch(m, r, s.te, diag_n, s.diag, &er)) != BK_OK) {
-                char msg[480];
-                snprintf(msg, sizeof msg, "%s", bk_last_error());
-                bki_fail(st, "evaluation: %s", msg);
-                res->stage = BK_TRAIN_STAGE_EVAL;
-            } else {
-                evaluated = 1;
-                double rd = 0, cd = 0, en = 0;
-                for (int l = 0; l < depth; l++) {
-                    rd += s.diag[l].row_dev / depth;
-                    cd += s.diag[l].col_dev / depth;
-                    en += s.diag[l].entropy / depth;
-                }
-                const double now = now_s(), t = pos.elapsed + now - t0;
-                char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
-                if (r->model.attn == BK_ATTN_ESP)
-                    snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%.9g", (double)bk_model_get_config(m)->esp_t);
-                fprintf(s.logs.jsonl,
-                        "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
-                        "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
-                        "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
-                        e + 1, (long long)pos.step, pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss,
-                        er.acc, rd, cd, en, esp_t, t);
-                fprintf(s.logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos.step,
-                        pos.loss_sum / pos.seen, (double)pos.correct / pos.seen, er.loss, er.acc, rd, cd, en, t);
-                logs_flush(&s.logs);
-                ev.kind = BK_TRAIN_EVENT_EPOCH;
-                ev.epoch = e + 1;
-                ev.step = pos.step;
-                ev.elapsed_s = now - t0;
-                ev.time_s = t;
-                ev.train_loss = pos.loss_sum / (double)pos.seen;
-                ev.train_acc = (double)pos.correct / (double)pos.seen;
-                ev.test_loss = er.loss;
-                ev.test_acc = er.acc;
-                ev.attn_row_dev = rd;
-                ev.attn_col_dev = cd;
-                ev.attn_entropy = en;
-                if (cb) cb(user, &ev);
-                res->test_acc = er.acc;
-                res->test_loss = er.loss;
-                char name[64];
-                snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
-                run_pos saved = done;
-                saved.elapsed = t;
-                if ((st = save_ckpt(dir, name, m, o, r, &saved, tri->version, tei->version, ranks)) != BK_OK ||
-                    (st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks)) !=
-                        BK_OK)
-                    res->stage = BK_TRAIN_STAGE_SAVE;
-            }
-            bk_eval_result_free(&er);
-        }
-        if (evaluated) pos = done;
-        if (ranks > 1) {
-            /* rank 0's status, the states' checksums, rank 0's test figures */
-            double te[2] = {res->test_loss, res->test_acc};
-            if ((st = bki_dp_agree(&s.dp, st, "end of epoch")) != BK_OK ||
-                (st = bki_dp_same_u64(&s.dp, state_hash(m, o), "weights and optimiser state")) != BK_OK ||
-                (st = bki_dp_bcast(&s.dp, te, sizeof te)) != BK_OK)
-                break;
-            res->test_loss = te[0];
-            res->test_acc = te[1];
-        }
-        if (st != BK_OK) break;
-    }
-    logs_flush(&s.logs);
-    const double elapsed = pos.elapsed + now_s() - t0;
-    res->epoch = pos.epoch;
-    res->batch = pos.batch;
-    res->step = pos.step;
-    res->time_s = elapsed;
-    res->stopped = stopped;
-    if (st == BK_OK) {
-        res->stage = BK_TRAIN_STAGE_SAVE;
-        if (!root) {
-            /* rank 0 writes */
-        } else if (stopped) {
-            run_pos saved = pos;
-            saved.elapsed = elapsed;
-            st = save_ckpt(dir, "last.safetensors", m, o, r, &saved, tri->version, tei->version, ranks);
-        } else if (isfinite(res->test_acc)) {
-            char sj[2048], path[1100];
-            snprintf(sj, sizeof sj,
-                     "{\"data\":\"%s\",\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
-                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d,\"ranks\":%d}\n",
-                     r->data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)pos.step,
-                     (long long)bk_model_num_params(m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads(),
-                     ranks);
-            snprintf(path, sizeof path, "%s/summary.json", dir);
-            st = run_write_text(path, sj);
-        }
-        /* the last writes, agreed (a failed loop has agreed already) */
-        st = bki_dp_agree(&s.dp, st, "the final checkpoint");
-    }
-    if (st != BK_OK && bki_dp_broken(&s.dp)) res->stage = BK_TRAIN_STAGE_COMM;
-    train_free(&s);
+    for (int e = x->pos.epoch; e < x->s.r.epochs && !x->stopped && st == BK_OK; e++) st = run_epoch(x, e);
+    st = run_finish(x, st);
+    free(x);
     return st;
 }

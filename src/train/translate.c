@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static bk_status step_cb(void *ctx, int t, int rows, const int32_t *parent, const int32_t *tok, float *logp)
 {
@@ -19,7 +20,7 @@ bk_status bk_model_translate(bk_model *m, const int32_t *src, int src_stride, co
         return bki_fail(BK_ERR_NULL, "bk_model_translate: NULL argument");
     const bk_model_config *mc = bk_model_get_config(m);
     if (mc->arch != BK_ARCH_SEQ2SEQ) return bki_fail(BK_ERR_PARAM, "bk_model_translate: not an arch=seq2seq model");
-    if (mc->cross_attn != BK_ATTN_SOFTMAX)
+    if (strcmp(bk_attn_kind_name(mc->cross_attn), "softmax")) /* (the one kind with a step-by-step form) */
         return bki_fail(BK_ERR_PARAM,
                         "bk_model_translate: cross_attn=%s normalises over all target positions at once (its columns "
                         "sum over the queries); it has no step-by-step form. Decode with softmax cross-attention "

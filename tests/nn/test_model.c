@@ -1086,9 +1086,9 @@ static void test_checkpoint_header(void)
         return;
     }
     bk_model_config c;
-    int ok = ck_write(bad, &f, "sk_eps=1\\n", "sk_eps=9\\n", CK_KEEP);
+    int ok = ck_write(bad, &f, "attn_scale=0\\n", "attn_scale=9\\n", CK_KEEP);
     th_check(ok && ck_refused(bad, "checksum mismatch") && bk_checkpoint_config(bad, &c) == BK_ERR_FORMAT,
-             "checkpoint: metadata edited (sk_eps=1 -> 9) is refused", "%s", ck_why);
+             "checkpoint: metadata edited (attn_scale=0 -> 9) is refused", "%s", ck_why);
     ok = ck_write(bad, &f, "\"version\":\"", "\"version\":\"9", CK_KEEP);
     th_check(ok && ck_refused(bad, "checksum mismatch"), "checkpoint: version edited is refused", "%s", ck_why);
     ok = ck_write(bad, &f, "\"shape\":[8]", "\"shape\":[8] ", CK_KEEP);
@@ -1096,11 +1096,11 @@ static void test_checkpoint_header(void)
              ck_why);
     /* the checksum as MODEL.md defines it: the edited file with its checksum
      * recomputed loads (FNV is no signature) with the edit */
-    ok = ck_write(bad, &f, "sk_eps=1\\n", "sk_eps=9\\n", CK_FIX) && bk_checkpoint_config(bad, &c) == BK_OK;
-    th_check(ok && c.sk_eps == 9.0f, "checkpoint: the checksum is FNV-1a-64 of the data, then the header", "%s",
+    ok = ck_write(bad, &f, "attn_scale=0\\n", "attn_scale=9\\n", CK_FIX) && bk_checkpoint_config(bad, &c) == BK_OK;
+    th_check(ok && c.attn_scale == 9.0f, "checkpoint: the checksum is FNV-1a-64 of the data, then the header", "%s",
              ok ? "" : bk_last_error());
     /* a file of an earlier version: the checksum of the data section */
-    ok = ck_write(bad, &f, NULL, NULL, CK_LEGACY) && bk_checkpoint_config(bad, &c) == BK_OK && c.sk_eps == 1.0f;
+    ok = ck_write(bad, &f, NULL, NULL, CK_LEGACY) && bk_checkpoint_config(bad, &c) == BK_OK && c.attn_scale == 0.0f;
     th_check(ok, "checkpoint: a data-only checksum (earlier versions) still loads", "%s", ok ? "" : bk_last_error());
     static const struct {
         const char *what, *with, *msg;
@@ -1267,15 +1267,17 @@ static void test_bad_input(void)
 {
     expect_cfg_error("patch=5", "does not divide");
     expect_cfg_error("dim=30,heads=4", "do not divide");
-    expect_cfg_error("attn=flash", "unknown attn");
+    expect_cfg_error("attn=flash", "not a model attention operator");
     expect_cfg_error("pool=cls,cls=0", "pool=cls needs cls=1");
     expect_cfg_error("colour=blue", "unknown key");
     expect_cfg_error("dim=abc", "not an integer");
     expect_cfg_error("dropout=1", "dropout");
     expect_cfg_error("classes=1", "classes");
-    expect_cfg_error("attn=sinkhorn,sk_iters=0", "Sinkhorn");
-    expect_cfg_error("attn=unbalanced,sk_rho=0", "sk_rho > 0");
-    expect_cfg_error("attn=unbalanced,sk_iters=0", "Sinkhorn");
+    expect_cfg_error("attn=sinkhorn,sk_iters=0", "attn=sinkhorn: iters");
+    expect_cfg_error("attn=unbalanced,sk_rho=0", "attn=unbalanced: rho");
+    expect_cfg_error("attn=unbalanced,sk_iters=0", "attn=unbalanced: iters");
+    expect_cfg_error("attn=sinkhorn,attn.iters=0", "attn=sinkhorn: iters");
+    expect_cfg_error("attn=lot,attn.r=0", "attn=lot: number of pivots");
     expect_cfg_error("pool=otk,otk_iters=5", "otk_iters even");
     th_rng r = {8};
     bk_model *m = model_from("dim=8,depth=1,heads=2,image_h=4,image_w=4,patch=2,classes=3", 1, 2);
@@ -1307,9 +1309,12 @@ static void test_bad_input(void)
              "total_steps = -1 refused (constant schedule)", "%s", bk_last_error());
     {
         bk_model_config mc = bk_model_config_default();
-        th_check(bk_model_config_parse(&mc, "sk_iters=-1") == BK_OK && bk_model_config_check(&mc) == BK_ERR_PARAM &&
-                     strstr(bk_last_error(), "sk_iters"),
+        /* an old key no site takes is not stored (issue 42), but its value is checked */
+        th_check(bk_model_config_parse(&mc, "sk_iters=-1") == BK_ERR_PARAM && strstr(bk_last_error(), "sk_iters"),
                  "sk_iters = -1 refused (softmax model)", "%s", bk_last_error());
+        th_check(bk_model_config_parse(&mc, "sk_iters=7") == BK_OK && bk_model_config_check(&mc) == BK_OK &&
+                     !bk_model_config_get(&mc, "attn.iters", (char[8]){0}, 8),
+                 "sk_iters on a softmax model: no site takes it", "%s", bk_last_error());
         /* products of sizes set in the struct (the C API) must not overflow int64 before the bound */
         mc = bk_model_config_default();
         th_check(bk_model_config_parse(&mc, "pool=otk") == BK_OK, "pool=otk parses", "%s", bk_last_error());
@@ -1387,12 +1392,14 @@ static void test_unbalanced_model(void)
     th_check(loss[2] != loss[0], "model: unbalanced at rho = 1 differs from Sinkhorn", "loss %.9g", loss[2]);
     {
         bk_model_config c = bk_model_config_default();
-        th_check(bk_model_config_parse(&c, "attn=unbalanced,sk_iters=3,sk_eps=0.5") == BK_OK && c.sk_rho == 10.0f &&
+        char rho[32] = "";
+        th_check(bk_model_config_parse(&c, "attn=unbalanced,sk_iters=3,sk_eps=0.5") == BK_OK &&
+                     bk_model_config_get(&c, "attn.rho", rho, sizeof rho) && !strcmp(rho, "10") &&
                      c.attn == BK_ATTN_UNBALANCED,
-                 "a config without sk_rho reads rho = 10", "rho %g", (double)c.sk_rho);
+                 "a config without sk_rho reads rho = 10", "rho %s", rho);
         char buf[2048];
         bk_model_config_format(&c, buf, sizeof buf);
-        th_check(strstr(buf, "attn=unbalanced\n") && strstr(buf, "sk_rho=10\n"), "config text names unbalanced and sk_rho",
+        th_check(strstr(buf, "attn=unbalanced\n") && strstr(buf, "attn.rho=10\n"), "config text names unbalanced and attn.rho",
                  "%s", buf);
     }
 out:
@@ -1650,8 +1657,8 @@ static void test_swap(void)
     } badt[] = {{"attn=softmax,dim=32", "dim differs", BK_ERR_PARAM},
                 {"attn=softmax,mlp_dim=8", "mlp_dim differs", BK_ERR_PARAM},
                 {"attn=asap", "bk_asap_compile", BK_ERR_PARAM},
-                {"attn=sinkhorn,sk_iters=0", "Sinkhorn needs", BK_ERR_PARAM},
-                {"attn=lot,lot_r=0", "LOT needs", BK_ERR_PARAM}};
+                {"attn=sinkhorn,sk_iters=0", "attn=sinkhorn: iters", BK_ERR_PARAM},
+                {"attn=lot,lot_r=0", "attn=lot: number of pivots", BK_ERR_PARAM}};
     for (size_t i = 0; i < sizeof badt / sizeof badt[0]; i++) {
         tc = *bk_model_get_config(src);
         bk_model_config_parse(&tc, badt[i].text);
@@ -1663,9 +1670,9 @@ static void test_swap(void)
     bk_model_config_parse(&tc, "attn=lot,lot_r=3");
     bk_model *lm = NULL;
     st = bk_model_swap(src, &tc, NULL, 0, 6, &lm);
-    tc.lot_r = 4;
+    bk_model_config_set(&tc, "attn.r", "4");
     if (!st) st = bk_model_swap(lm, &tc, NULL, 0, 6, &sw);
-    th_check(st == BK_ERR_PARAM && !sw && strstr(bk_last_error(), "lot_r 3 -> 4"), "swap: a LOT model keeps its lot_r",
+    th_check(st == BK_ERR_PARAM && !sw && strstr(bk_last_error(), "attn.r"), "swap: a LOT model keeps its attn.r",
              "%s", bk_last_error());
     bk_model_free(lm);
     th_check(bk_model_swap(NULL, &tc, NULL, 0, 6, &sw) == BK_ERR_NULL, "swap: NULL source", "%s", "");
@@ -1806,7 +1813,7 @@ static void test_set_attn(void)
     float *As = malloc(sizeof(float) * n), *Ah = malloc(sizeof(float) * n);
     ok = As && Ah && bk_model_forward(e, &tb.b, 0, 0.0f, NULL, &la) == BK_OK && bk_model_attention(e, 1, As) == BK_OK;
     c = *bk_model_get_config(e);
-    c.esp_soft = 0;
+    bk_model_config_set(&c, "attn.sort", "hard");
     ok = ok && bk_model_set_attn_config(e, &c) == BK_OK && bk_model_forward(e, &tb.b, 0, 0.0f, NULL, &lb) == BK_OK &&
          bk_model_attention(e, 1, Ah) == BK_OK;
     double hard_dev = 0, soft_col = 0, diff = 0;
@@ -1828,7 +1835,7 @@ static void test_set_attn(void)
     /* the hard sort trains too (the tape is re-planned) and back to soft */
     bk_model_zero_grad(e);
     ok = bk_model_forward(e, &tb.b, 1, 0.0f, NULL, &la) == BK_OK && bk_model_backward(e, 1.0f) == BK_OK;
-    c.esp_soft = 1;
+    bk_model_config_set(&c, "attn.sort", "soft");
     ok = ok && bk_model_set_attn_config(e, &c) == BK_OK && bk_model_forward(e, &tb.b, 1, 0.0f, NULL, &la) == BK_OK &&
          bk_model_backward(e, 1.0f) == BK_OK;
     th_check(ok, "ESP: soft -> hard -> soft in place, training forward/backward each way", "%s", bk_last_error());
@@ -2219,7 +2226,7 @@ static void test_vit_bad(void)
 {
     expect_cfg_error("cls_attn=middle", "unknown cls_attn");
     expect_cfg_error("cls_attn=softmax,cls=0,pool=mean", "needs the [CLS] token (cls=1)");
-    expect_cfg_error("cls_attn=pol,attn=diff", "takes attn softmax, sinkhorn, unbalanced, esp or lot");
+    expect_cfg_error("cls_attn=pol,attn=diff", "whole attention rows");
     expect_cfg_error("cls_attn=pol,pol_ps=0.5", "pol_ps and pol_po in [1, 16]");
     expect_cfg_error("cls_attn=pol,pol_po=inf", "not a finite number");
     expect_cfg_error("arch=seq2seq,input=tokens,cls_attn=softmax", "has no [CLS] token");
@@ -2514,9 +2521,9 @@ static void test_set_bad(void)
     expect_cfg_error("arch=seq2seq,input=tokens,set_block=isab", "block of the classifier");
     expect_cfg_error("pool=pma,pma_seeds=0", "pma_seeds >= 1");
     expect_cfg_error("pool=pma,pma_attn=lot", "pma_attn=lot");
-    expect_cfg_error("pool=pma,pma_attn=sinkhorn,sk_iters=0", "Sinkhorn");
-    expect_cfg_error("pool=pma,pma_attn=unbalanced,sk_rho=0", "sk_rho > 0");
-    expect_cfg_error("pool=pma,pma_attn=esp,esp_t=0", "ESP needs");
+    expect_cfg_error("pool=pma,pma_attn=sinkhorn,sk_iters=0", "pma_attn=sinkhorn: iters");
+    expect_cfg_error("pool=pma,pma_attn=unbalanced,sk_rho=0", "pma_attn=unbalanced: rho");
+    expect_cfg_error("pool=pma,pma_attn=esp,esp_t=0", "pma_attn=esp: SoftSort temperature t");
     /* ASAP compiles square self-attention: an ISAB model's blocks are not */
     bk_model *m = model_from(SET_PTS ",set_block=isab,attn=sinkhorn,pool=mean", 1, 2);
     if (!m) return;
@@ -3103,6 +3110,107 @@ static void test_layernorm(void)
              "worst relative error y %.3g, dx %.3g, dg/db %.3g", worst_y, worst_dx, worst_dg);
 }
 
+/* ---- issue 42: the model's attention kinds come from the registry ---- */
+/* every registered operator a model may use is a kind under its registry
+ * name, the constants are the first registry indices, and a model of each
+ * trainable kind builds and trains (no list of kinds in the model) */
+static void test_attn_registry(void)
+{
+    static const struct {
+        bk_attn_kind k;
+        const char *name;
+    } consts[] = {{BK_ATTN_SOFTMAX, "softmax"}, {BK_ATTN_SINKHORN, "sinkhorn"}, {BK_ATTN_UNBALANCED, "unbalanced"},
+                  {BK_ATTN_ESP, "esp"},         {BK_ATTN_ASAP, "asap"},         {BK_ATTN_LOT, "lot"},
+                  {BK_ATTN_DIFF, "diff"}};
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        th_check(!strcmp(bk_attn_kind_name(consts[i].k), consts[i].name) &&
+                     bk_attn_kind_find(consts[i].name) == (int)consts[i].k &&
+                     !strcmp(bk_op_name(bk_op_at((int)consts[i].k)), consts[i].name),
+                 "attention kind constant = registry index", "%s", consts[i].name);
+    th_check(bk_attn_kind_find("no-such-op") == -1 && !strcmp(bk_attn_kind_name((bk_attn_kind)-1), "?"),
+             "an unknown kind", "%d", bk_attn_kind_find("no-such-op"));
+    int kinds = 0;
+    for (int i = 0; i < bk_op_count(); i++) {
+        const char *name = bk_op_name(bk_op_at(i));
+        th_check(bk_op_config_size(bk_op_at(i)) <= BK_ATTN_PARAMS_BYTES, "an operator's parameters fit a model site",
+                 "%s: %zu bytes", name, bk_op_config_size(bk_op_at(i)));
+        if (bk_attn_kind_find(name) != i || !bk_op_has_backward(bk_op_at(i))) continue;
+        kinds++;
+        char text[256];
+        snprintf(text, sizeof text, "dim=8,depth=1,heads=2,mlp_dim=8,image_h=8,image_w=8,patch=4,classes=3,attn=%s", name);
+        bk_model *m = model_from(text, 3, 2);
+        tbatch tb;
+        memset(&tb, 0, sizeof tb);
+        th_rng r = {5};
+        double loss = 0;
+        int ok = m != NULL;
+        if (ok) {
+            batch_make(&tb, bk_model_get_config(m), 2, 0, &r);
+            ok = bk_model_forward(m, &tb.b, 1, 0.0f, NULL, &loss) == BK_OK && bk_model_backward(m, 1.0f) == BK_OK &&
+                 isfinite(loss);
+            /* its text form names it and reads back to the same configuration */
+            char t1[4096], t2[4096];
+            bk_model_config c2 = bk_model_config_default();
+            bk_model_config_format(bk_model_get_config(m), t1, sizeof t1);
+            ok = ok && bk_model_config_parse(&c2, t1) == BK_OK;
+            bk_model_config_format(&c2, t2, sizeof t2);
+            ok = ok && !strcmp(t1, t2) && strstr(t1, name);
+        }
+        th_check(ok, "every registered model operator is a trainable kind", "attn=%s: %s", name, bk_last_error());
+        batch_free(&tb);
+        bk_model_free(m);
+    }
+    th_check(kinds >= 6, "the registry's trainable model kinds", "%d", kinds);
+}
+
+/* the keys before the schema parse to the same model as the attn.* keys;
+ * a site's kind assigned directly reads as that kind's defaults */
+static void test_attn_keys(void)
+{
+    static const struct {
+        const char *old, *now;
+    } pairs[] = {
+        {"attn=sinkhorn,sk_iters=7,sk_eps=0.5", "attn=sinkhorn,attn.iters=7,attn.eps=0.5"},
+        {"attn=unbalanced,sk_rho=3,sk_iters=4", "attn=unbalanced,attn.rho=3,attn.iters=4"},
+        {"attn=esp,esp_soft=0,esp_t=0.2,esp_tau=2,esp_slices=3", "attn=esp,attn.sort=hard,attn.t=0.2,attn.tau=2,attn.L=3"},
+        {"attn=esp", "attn=esp,attn.sort=soft"},
+        {"attn=lot,lot_r=3,lot_iters=4,lot_eps=0.5,lot_temp=0.7", "attn=lot,attn.r=3,attn.iters=4,attn.eps=0.5,attn.temp=0.7"},
+        {"attn=lot", "attn=lot,attn.r=8"},
+        {"asap_ending=row,attn=asap", "attn=asap,attn.variant=row"},
+        /* an old key sets every site of its kinds, in any order (the kinds first) */
+        {"sk_iters=3,arch=seq2seq,input=tokens,attn=sinkhorn,cross_attn=unbalanced",
+         "arch=seq2seq,input=tokens,attn=sinkhorn,attn.iters=3,cross_attn=unbalanced,cross_attn.iters=3"},
+        {"pool=pma,pma_attn=esp,esp_t=0.3,attn=sinkhorn", "pool=pma,attn=sinkhorn,pma_attn=esp,pma_attn.t=0.3"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        bk_model_config a = bk_model_config_default(), b = bk_model_config_default();
+        char ta[4096] = "", tb[4096] = "";
+        const int ok = bk_model_config_parse(&a, pairs[i].old) == BK_OK && bk_model_config_parse(&b, pairs[i].now) == BK_OK;
+        bk_model_config_format(&a, ta, sizeof ta);
+        bk_model_config_format(&b, tb, sizeof tb);
+        th_check(ok && !strcmp(ta, tb),
+                 "old keys parse to the same model as attn.* keys", "%s | %s: %s", pairs[i].old, pairs[i].now,
+                 ok ? "texts differ" : bk_last_error());
+    }
+    bk_model_config c = bk_model_config_default();
+    th_check(bk_model_config_set(&c, "attn.iters", "3") == BK_ERR_PARAM, "attn.iters on softmax refused", "%s",
+             bk_last_error());
+    th_check(bk_model_config_set(&c, "attn.scale", "0.5") == BK_ERR_PARAM && strstr(bk_last_error(), "attn_scale"),
+             "attn.scale is the model's (attn_scale)", "%s", bk_last_error());
+    th_check(bk_model_config_set(&c, "attn", "lot") == BK_OK && bk_model_config_set(&c, "attn.r", "3") == BK_OK &&
+                 bk_model_config_set(&c, "attn", "lot") == BK_OK && bk_model_config_set(&c, "attn", "sinkhorn") == BK_OK &&
+                 bk_model_config_set(&c, "attn", "lot") == BK_OK,
+             "kinds set", "%s", bk_last_error());
+    char v[32] = "";
+    bk_model_config_get(&c, "attn.r", v, sizeof v);
+    th_check(!strcmp(v, "8"), "another kind resets a site's parameters to that kind's defaults", "r=%s", v);
+    c = bk_model_config_default();
+    c.attn = BK_ATTN_SINKHORN; /* (assigned directly: the parameters are softmax's) */
+    bk_model_config_get(&c, "attn.iters", v, sizeof v);
+    th_check(!strcmp(v, "5") && bk_model_config_check(&c) == BK_OK, "a kind assigned directly reads its defaults",
+             "iters=%s %s", v, bk_last_error());
+}
+
 void test_model(void)
 {
     if (TH.filter && !strstr("model", TH.filter)) return;
@@ -3128,6 +3236,8 @@ void test_model(void)
     test_swap();
     test_set_attn();
     test_diff_model();
+    test_attn_registry();
+    test_attn_keys();
 }
 
 void test_seq2seq(void)

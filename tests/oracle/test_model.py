@@ -526,7 +526,8 @@ def init_problems(mt, text, seed, tensors, meta):
         mt.check_config(cfg)
     except ValueError as e:
         return probs + [f"config: {e}"], None
-    missing = sorted(set(mt.CONFIG_DEFAULTS) - set(mt.parse_config(meta.get("config", ""))))
+    # (the attention sites' parameters are written for the sites' own kinds only)
+    missing = sorted(set(mt.CONFIG_DEFAULTS) - set(mt.parse_config(meta.get("config", ""))) - mt.SITE_OLD_KEYS)
     if missing:
         probs.append(f"config lacks keys {missing}")
     for k, v in mt.parse_config(text).items():

@@ -482,7 +482,7 @@ def part_bad(d):
     vit = "input=image,image_h=8,image_w=8,patch=2,dim=8,depth=1,heads=2,classes=3,attn=lot"
     for extra, want in (("cls_attn=middle", "cls_attn"), ("cls_attn=pol,pol_ps=0.5", "pol_ps"),
                         ("cls_attn=softmax,cls=0,pool=mean", "cls=1"),
-                        ("cls_attn=pol,attn=diff", "takes attn"), ("dwc=2", "0/1 switch"),
+                        ("cls_attn=pol,attn=diff", "cls_attn=pol"), ("dwc=2", "0/1 switch"),
                         ("dwc=1,dwc_kernel=4", "odd"),
                         ("dwc=1,input=tokens,pool=mean", "input=image"),
                         # the OTK layer's keys
@@ -587,22 +587,24 @@ def part_headers(d):
     c_ck, p_ck, bad = (os.path.join(d, n + ".safetensors") for n in ("hdr-c", "hdr-py", "hdr-bad"))
     cli("model init (header tests)", "model", "init", "--config", cfg, "--seed", 2, "--out", c_ck)
     bm.save(p_ck, bm.build(cfg, seed=2), extra="note=caf\u00e9\ttab\n")
-    for who, src, eps in (("C", c_ck, b"sk_eps=1\\n"), ("Python", p_ck, b"sk_eps=1.0\\n")):
+    # (the C library writes the site's operator key attn.eps, the twin its sk_eps)
+    for who, src, eps, eps9 in (("C", c_ck, b"attn.eps=1\\n", b"attn.eps=9\\n"),
+                                ("Python", p_ck, b"sk_eps=1.0\\n", b"sk_eps=9\\n")):
         # a file of either writer loads in both readers
         rc, out = run("model", "show", "--ckpt", src)
         check(rc == 0, f"a {who}-written checkpoint loads in C", out[-300:])
         m, why = py_load(src)
         check(m is not None and m.config["sk_eps"] == 1.0, f"a {who}-written checkpoint loads in Python", why)
         # the metadata edited: both readers refuse it
-        edit_ckpt(src, bad, eps, b"sk_eps=9\\n", "keep")
+        edit_ckpt(src, bad, eps, eps9, "keep")
         raises(ValueError, lambda: bm.load(bad), f"{who}-written, sk_eps edited: Python refuses",
                "checksum mismatch")
         rc, out = run("model", "show", "--ckpt", bad)
         check(rc != 0 and "checksum mismatch" in out, f"{who}-written, sk_eps edited: C refuses", out[-300:])
         # ... with the checksum recomputed as MODEL.md says, both load the edit
-        edit_ckpt(src, bad, eps, b"sk_eps=9\\n", "fix")
+        edit_ckpt(src, bad, eps, eps9, "fix")
         rc, out = run("model", "show", "--ckpt", bad)
-        check(rc == 0 and "sk_eps=9" in out, f"{who}-written, edited, checksum recomputed: C loads it",
+        check(rc == 0 and "attn.eps=9" in out, f"{who}-written, edited, checksum recomputed: C loads it",
               out[-300:])
         m, why = py_load(bad)
         check(m is not None and m.config["sk_eps"] == 9.0,

@@ -522,4 +522,23 @@ rc, err = run_bytes("attn", "--op", "sinkhorn", "--q", os.path.join(tmp, "caf\u0
                     P("k.npy"), "--v", P("v.npy"), "--out", P("never_e.npy"))
 check(rc == 1 and "caf\u00e9-\u20ac.npy".encode() in err, "stderr keeps valid UTF-8 (café-€)", repr(err))
 
+# ---- checkpoints of the build before the operator schema (issue 42) ----
+# Their config text has the old attention keys (sk_*, esp_*, lot_*); they load,
+# converted to the sites' attn.* keys, and give that build's logits bit for bit.
+FX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+F = lambda n: os.path.join(FX, n)  # noqa: E731
+for name, data in (("lot", ["--x", F("old_img.npy"), "--labels", F("old_y.npy")]),
+                   ("s2s", ["--tokens", F("old_tok.npy"), "--len", F("old_tlen.npy"), "--tgt", F("old_tgt.npy"),
+                            "--tgt-len", F("old_tgtlen.npy")]),
+                   ("set", ["--x", F("old_pts.npy"), "--labels", F("old_y.npy")])):
+    od = P("old_" + name)
+    os.makedirs(od, exist_ok=True)
+    rc, out = run("model", "grads", "--ckpt", F(f"old_{name}.ckpt"), *data, "--out-dir", od)
+    same = rc == 0 and open(os.path.join(od, "logits.npy"), "rb").read() == open(F(f"old_{name}.logits.npy"), "rb").read()
+    check(same, f"a checkpoint of the build before the schema ({name}) loads: the same logits, bitwise", out[-300:])
+rc, out = run("model", "show", "--ckpt", F("old_s2s.ckpt"))
+check(rc == 0 and "attn=esp\nattn.sort=soft\nattn.t=0.200000003\nattn.tau=2" in out and "attn.L=2" in out
+      and "cross_attn=sinkhorn\ncross_attn.eps=0.699999988\ncross_attn.iters=3" in out and "sk_iters" not in out,
+      "old keys converted: esp_* to attn.*, sk_* to cross_attn.* (the sites of those kinds)", out[:1500])
+
 sys.exit(check.summary())

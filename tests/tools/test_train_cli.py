@@ -249,7 +249,7 @@ rc, out = run("train", "--init", P("sk/last.safetensors"), "--dim", "32", "--out
 check(rc == 2 and "dim differs" in out and not os.path.exists(P("ft3/last.safetensors")),
       "train --init with another architecture is refused", out)
 for args, code, msg in (
-        (["--attn", "magic"], 2, "unknown attn 'magic'"), (["--attn", "softmax", "dim=32"], 2, "dim differs"),
+        (["--attn", "magic"], 2, "attn=magic: not a model attention operator"), (["--attn", "softmax", "dim=32"], 2, "dim differs"),
         (["--attn", "softmax", "nope=1"], 2, "unknown key 'nope'"), (["--attn", "sinkhorn", "sk_iters=x"], 2, "sk_iters"),
         (["--attn", "softmax", "--blocks", "0"], 2, "share one attention kind"),
         (["--attn", "softmax", "--blocks", "0,x"], 2, "--blocks"), (["--attn", "softmax", "stray"], 2, "unexpected"),

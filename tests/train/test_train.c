@@ -26,6 +26,17 @@
 #define CHECK(ok, name, ...) th_check((ok), (name), __VA_ARGS__)
 
 static int has(const char *msg, const char *part) { return msg && strstr(msg, part) != NULL; }
+/* a model config key's text is v; two configs' texts of key agree */
+static int cfg_is(const bk_model_config *c, const char *key, const char *v)
+{
+    char got[64] = "";
+    return bk_model_config_get(c, key, got, sizeof got) && !strcmp(got, v);
+}
+static int cfg_text_eq(const bk_model_config *a, const bk_model_config *b, const char *key)
+{
+    char va[64] = "", vb[64] = "";
+    return bk_model_config_get(a, key, va, sizeof va) && bk_model_config_get(b, key, vb, sizeof vb) && !strcmp(va, vb);
+}
 static char g_tmp[256];
 
 static char *read_all(const char *path, size_t *n)
@@ -587,7 +598,9 @@ static void test_compile(void)
     bk_eval_result e0 = {0};
     if ((st = bk_asap_compile(ck, out, &cc, NULL, NULL)) == BK_OK && (st = bk_run_load(out, 8, &m0, &lr, NULL)) == BK_OK)
         st = bk_evaluate(m0, te, 0, 8, 0, &e0);
-    CHECK(st == BK_OK && bk_model_get_config(m0)->asap_ending == BK_ASAP_ZERO && e0.loss == loss[1],
+    char ending[16] = "";
+    if (m0) bk_model_config_get(bk_model_get_config(m0), "attn.variant", ending, sizeof ending);
+    CHECK(st == BK_OK && !strcmp(ending, "zero") && e0.loss == loss[1],
           "compile: ending zero is recorded in the model and equals switching to it", "%.9g vs %.9g %s", e0.loss,
           loss[1], st ? bk_last_error() : "");
     bk_eval_result_free(&e0);
@@ -595,9 +608,8 @@ static void test_compile(void)
     bk_model_config bad = *bk_model_get_config(m);
     CHECK(bk_model_config_set(&bad, "asap_ending", "middle") == BK_ERR_PARAM, "compile: asap_ending=middle is refused",
           "%s", bk_last_error());
-    bad.asap_ending = (bk_asap_variant)7;
-    CHECK(bk_model_config_check(&bad) == BK_ERR_PARAM && has(bk_last_error(), "asap_ending"),
-          "compile: asap_ending 7 is refused", "%s", bk_last_error());
+    CHECK(bk_model_config_set(&bad, "attn.variant", "middle") == BK_ERR_PARAM && has(bk_last_error(), "variant"),
+          "compile: attn.variant=middle is refused", "%s", bk_last_error());
     bk_data_close(te);
     free(extra);
     bk_model_free(m);
@@ -699,11 +711,11 @@ static void test_swap(void)
     struct {
         const char *in, *attn, *keys, *want;
         bk_status st;
-    } bad[] = {{ck, "magic", NULL, "unknown attn 'magic'", BK_ERR_PARAM},
+    } bad[] = {{ck, "magic", NULL, "attn=magic: not a model attention operator", BK_ERR_PARAM},
                {ck, "softmax", "dim=32", "dim differs", BK_ERR_PARAM},
                {ck, "softmax", "nope=1", "unknown key 'nope'", BK_ERR_PARAM},
                {ck, "sinkhorn", "sk_iters=abc", "not an integer", BK_ERR_PARAM},
-               {ck, "sinkhorn", "sk_iters=0", "Sinkhorn needs", BK_ERR_PARAM},
+               {ck, "sinkhorn", "sk_iters=0", "attn=sinkhorn: iters", BK_ERR_PARAM},
                {ck, "asap", "sk_iters=3", "keys do not apply", BK_ERR_PARAM},
                {p, "asap", NULL, "swap to sinkhorn first", BK_ERR_PARAM},
                {"/nonexistent/x.safetensors", "softmax", NULL, "cannot open", BK_ERR_IO},
@@ -736,7 +748,7 @@ static void test_esp_anneal(void)
     snprintf(full, sizeof full, "%s/esp-full", g_tmp);
     snprintf(cut, sizeof cut, "%s/esp-cut", g_tmp);
     bk_run_config r = tiny("esp", 3);
-    r.model.esp_t = 0.1f;
+    bk_model_config_set(&r.model, "attn.t", "0.1");
     r.esp_anneal = 0.8f;
     CHECK(bk_run_config_set(&r, "esp_anneal", "0.8") == BK_OK && bk_run_config_set(&r, "eval_esp_sort", "hard") == BK_OK &&
               bk_run_config_set(&r, "esp_anneal", "1.5") == BK_ERR_PARAM &&
@@ -751,7 +763,10 @@ static void test_esp_anneal(void)
         bk_model_config c;
         snprintf(p1, sizeof p1, "%s/ckpt/epoch-%04d.safetensors", full, e);
         const float want = e == 0 ? 0.1f : bk_esp_anneal(0.1f, 0.8f, e - 1);
-        sched &= bk_checkpoint_config(p1, &c) == BK_OK && c.esp_t == want && c.esp_soft == 1;
+        char t[32] = "", sort[16] = "";
+        sched &= bk_checkpoint_config(p1, &c) == BK_OK && bk_model_config_get(&c, "attn.t", t, sizeof t) &&
+                 strtof(t, NULL) == want && bk_model_config_get(&c, "attn.sort", sort, sizeof sort) &&
+                 !strcmp(sort, "soft");
     }
     CHECK(sched && bk_esp_anneal(0.1f, 0.8f, 2) == 0.1f * powf(0.8f, 2.0f),
           "annealing: the t of every epoch's checkpoint is t0 0.8^epoch", "%s", bk_last_error());
@@ -778,7 +793,7 @@ static void test_esp_anneal(void)
     snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
     bk_model_config c1, c2;
     CHECK(st == BK_OK && !res.stopped && same_tensors(p1, p2) && bk_checkpoint_config(p1, &c1) == BK_OK &&
-              bk_checkpoint_config(p2, &c2) == BK_OK && c1.esp_t == c2.esp_t && rr.model.esp_t == 0.1f,
+              bk_checkpoint_config(p2, &c2) == BK_OK && cfg_text_eq(&c1, &c2, "attn.t") && cfg_text_eq(&rr.model, &r.model, "attn.t") && cfg_is(&r.model, "attn.t", "0.100000001"),
           "annealing resumed mid-epoch == uninterrupted (weights, t), bitwise", "%s", bk_last_error());
     snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
     snprintf(p2, sizeof p2, "%s/metrics.jsonl", cut);
@@ -796,7 +811,7 @@ static void test_esp_anneal(void)
     if (st == BK_OK) st = bk_run_open_data(&lr, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(m), &te);
     if (st == BK_OK) st = bk_attention_diag(m, te, 32, dg, NULL, NULL);
     bk_model_config hc = m ? *bk_model_get_config(m) : bk_model_config_default();
-    hc.esp_soft = 0;
+    bk_model_config_set(&hc, "attn.sort", "hard");
     if (st == BK_OK) st = bk_model_set_attn_config(m, &hc);
     if (st == BK_OK) st = bk_attention_diag(m, te, 32, dh, NULL, NULL);
     CHECK(st == BK_OK && !strcmp(lr.eval_esp_sort, "hard") && dg[0].col_dev > 1e-4 && dh[0].col_dev < 1e-5 &&
@@ -1168,7 +1183,7 @@ static void test_set_run(void)
           dg[0].col_dev, (long long)ncol);
     bk_model_config c = m ? *bk_model_get_config(m) : bk_model_config_default();
     c.attn = BK_ATTN_SINKHORN;
-    c.sk_iters = 201;
+    bk_model_config_set(&c, "attn.iters", "201");
     if (st == BK_OK) st = bk_model_swap(m, &c, NULL, 0, 32, &sk);
     if (st == BK_OK) st = bk_attention_diag(sk, te, 32, dk, NULL, NULL);
     CHECK(st == BK_OK && dk[0].row_dev < 1e-5 && dk[0].col_dev < 1e-3 && dk[1].col_dev < 1e-3,

@@ -62,13 +62,16 @@ int asap_compile(int argc, char **argv)
                         "--lambda >= 0, --fit ls|kl\n");
         return CLI_USAGE;
     }
-    bk_model_config ends = bk_model_config_default();
-    if (bk_model_config_set(&ends, "asap_ending", ending) != BK_OK) {
+    static const char *const ENDINGS[] = {"auto", "zero", "column", "row"};
+    int end = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(ending, ENDINGS[i])) end = i;
+    if (end < 0) {
         fprintf(stderr, "birkhoff asap compile: --ending auto|zero|column|row (got '%s')\n", ending);
         return CLI_USAGE;
     }
     bk_asap_compile_config cc = bk_asap_compile_config_default();
-    cc.ending = ends.asap_ending;
+    cc.ending = (bk_asap_variant)end;
     cc.samples = nsamp;
     cc.batch = batch;
     cc.slices = slices;

@@ -30,7 +30,9 @@ static double step_flops(const bk_model_config *c, int B, int T, int np)
     const double R = (double)B * T;
     double in_feat = c->input == BK_INPUT_IMAGE ? (double)c->patch * c->patch * c->channels : c->point_dim;
     double f = c->input == BK_INPUT_TOKENS ? 0 : 2.0 * B * np * in_feat * D;
-    const double attn = c->attn == BK_ATTN_LOT ? 2.0 * 2.0 * R * c->lot_r * I * 2 : 2.0 * 2.0 * B * (double)T * T * I;
+    char r[32] = ""; /* LOT's pivots: its attention is linear in T */
+    const int lot = !strcmp(bk_attn_kind_name(c->attn), "lot") && bk_model_config_get(c, "attn.r", r, sizeof r);
+    const double attn = lot ? 2.0 * 2.0 * R * atof(r) * I * 2 : 2.0 * 2.0 * B * (double)T * T * I;
     f += c->depth * (2.0 * R * D * 3 * I + 2.0 * R * I * D + 2.0 * 2.0 * R * D * M + attn);
     if (c->arch == BK_ARCH_SEQ2SEQ) {
         /* decoder blocks (self, cross: queries, keys/values of the source

@@ -37,10 +37,11 @@ static void usage_model(FILE *f)
                "gradients of one training-mode forward/backward).\n"
                "train runs N optimiser steps on the same batch (--micro M: micro-batches of M samples, weighted by\n"
                "their samples, seq2seq by their target tokens); --losses gets the loss before each step.\n"
-               "swap replaces the attention normaliser of a trained model (softmax, sinkhorn, unbalanced, esp, lot,\n"
-               "asap) and keeps every weight: KEYs are the new normaliser's (attn_scale, sk_iters, sk_eps, sk_rho,\n"
-               "esp_soft, esp_t, esp_tau, esp_slices, lot_r, lot_iters, lot_eps, lot_temp, cls_attn, pol_ps, pol_po,\n"
-               "pma_attn: the PMA pooling's);\n"
+               "swap replaces the attention normaliser of a trained model (any model operator: softmax, sinkhorn,\n"
+               "unbalanced, esp, lot, diff, ...; asap) and keeps every weight: KEYs are the new normaliser's (attn.KEY,\n"
+               "its operator's parameters as `birkhoff attn --op NAME --help` lists them, e.g. attn.iters, attn.eps;\n"
+               "the old sk_*, esp_*, lot_* keys convert; attn_scale, cls_attn, pol_ps, pol_po, pma_attn and\n"
+               "pma_attn.KEY: the PMA pooling's);\n"
                "a swap to lot creates the pivots (the model's own LOT initialisation), away from lot drops them;\n"
                "asap compiles the Sinkhorn layers of a Sinkhorn run (--samples calibration inputs, default 512).\n"
                "The blocks of a classifier share one attention kind: --blocks must name all of them. An\n"
@@ -245,7 +246,7 @@ static int model_grads(int argc, char **argv)
         goto out;
     }
     double loss = 0;
-    const int train = c->attn != BK_ATTN_ASAP;
+    const int train = bk_op_has_backward(bk_op_at(c->attn)); /* (compiled ASAP layers: inference only) */
     if (bk_model_forward(m, &cb.b, train, ls, logits, &loss) || (train && (bk_model_zero_grad(m), bk_model_backward(m, 1.0f)))) {
         ret = fail("model grads", "forward/backward");
         free(logits);
@@ -427,6 +428,17 @@ static int parse_blocks(const char *s, int *out, int max, int *n)
     return *n > 0;
 }
 
+/* what a swap from kind a to kind b did to the blocks' own tensors */
+static const char *swap_note(const char *a, const char *b)
+{
+    if (!strcmp(a, b)) return "";
+    if (!strcmp(b, "lot")) return "; LOT pivots initialised";
+    if (!strcmp(a, "lot")) return "; LOT pivots dropped";
+    if (!strcmp(b, "diff")) return "; diff lambda vectors initialised";
+    if (!strcmp(a, "diff")) return "; diff lambda vectors dropped";
+    return !strcmp(b, "asap") ? "; ASAP layers compiled" : "";
+}
+
 static int model_swap(int argc, char **argv)
 {
     const char *in = NULL, *out = NULL, *attn = NULL, *blocks_s = "all", *samples = NULL, *dir = NULL;
@@ -524,12 +536,7 @@ static int model_swap(int argc, char **argv)
         printf("%s: cross-attention %s -> %s\n", in, bk_attn_kind_name(from.cross_attn), bk_attn_kind_name(to.cross_attn));
     printf("%s: %s%s attention -> %s: %s (every weight kept%s)\n", in,
            from.arch == BK_ARCH_SEQ2SEQ ? "encoder " : "", bk_attn_kind_name(from.attn), bk_attn_kind_name(to.attn), out,
-           to.attn == BK_ATTN_LOT && from.attn != BK_ATTN_LOT   ? "; LOT pivots initialised"
-           : from.attn == BK_ATTN_LOT && to.attn != BK_ATTN_LOT ? "; LOT pivots dropped"
-           : to.attn == BK_ATTN_DIFF && from.attn != BK_ATTN_DIFF ? "; diff lambda vectors initialised"
-           : from.attn == BK_ATTN_DIFF && to.attn != BK_ATTN_DIFF ? "; diff lambda vectors dropped"
-           : to.attn == BK_ATTN_ASAP                            ? "; ASAP layers compiled"
-                                                                : "");
+           swap_note(bk_attn_kind_name(from.attn), bk_attn_kind_name(to.attn)));
     return CLI_OK;
 }
 

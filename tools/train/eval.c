@@ -76,20 +76,20 @@ int cmd_eval(int argc, char **argv)
     int bad_kind = 0;
     bk_model_config ec = *bk_model_get_config(m);
     if (esp_sort && strcmp(esp_sort, "model")) {
-        if (ec.attn != BK_ATTN_ESP) {
+        if (strcmp(bk_attn_kind_name(ec.attn), "esp")) {
             fprintf(stderr, "birkhoff eval: --esp-sort %s chooses ESP's sort; %s has %s attention\n", esp_sort, ckpt,
                     bk_attn_kind_name(ec.attn));
             bad_kind = 1;
-        }
-        ec.esp_soft = !strcmp(esp_sort, "soft");
+        } else
+            bk_model_config_set(&ec, "attn.sort", !strcmp(esp_sort, "soft") ? "soft" : "hard");
     }
     if (ending) {
-        if (ec.attn != BK_ATTN_ASAP) {
+        if (strcmp(bk_attn_kind_name(ec.attn), "asap")) {
             fprintf(stderr, "birkhoff eval: --asap-ending %s chooses a compiled ASAP model's ending; %s has %s "
                             "attention\n", ending, ckpt, bk_attn_kind_name(ec.attn));
             bad_kind = 1;
         }
-        if (!bad_kind && bk_model_config_set(&ec, "asap_ending", ending) != BK_OK) {
+        if (!bad_kind && bk_model_config_set(&ec, "attn.variant", ending) != BK_OK) {
             fprintf(stderr, "birkhoff eval: --asap-ending auto|zero|column|row (got '%s')\n", ending);
             bad_kind = 1;
         }
@@ -107,9 +107,9 @@ int cmd_eval(int argc, char **argv)
     bk_layer_diag *dg = calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *dg);
     char tpath[1024] = "";
     if (teacher) snprintf(tpath, sizeof tpath, "%s", teacher);
-    else if (c->attn == BK_ATTN_ASAP) bk_run_extra_get(extra, "teacher", tpath, sizeof tpath);
+    else if (!strcmp(bk_attn_kind_name(c->attn), "asap")) bk_run_extra_get(extra, "teacher", tpath, sizeof tpath);
     if (!dg) goto done;
-    if (teacher && c->attn != BK_ATTN_ASAP) {
+    if (teacher && strcmp(bk_attn_kind_name(c->attn), "asap")) {
         fprintf(stderr, "birkhoff eval: --teacher compares a compiled ASAP model with its teacher; %s has %s "
                         "attention\n", ckpt, bk_attn_kind_name(c->attn));
         rc = CLI_USAGE;
@@ -138,7 +138,7 @@ int cmd_eval(int argc, char **argv)
          * still be the model this one was compiled from (its weights) */
         const bk_model_config *tc = bk_model_get_config(tm);
         const int64_t tp = bk_model_num_params(tm);
-        if (tc->attn != BK_ATTN_SINKHORN) {
+        if (strcmp(bk_attn_kind_name(tc->attn), "sinkhorn")) {
             fprintf(stderr, "birkhoff eval: teacher %s has %s attention; an ASAP model's teacher is the Sinkhorn model "
                             "it was compiled from%s\n", tpath, bk_attn_kind_name(tc->attn),
                     teacher ? "" : " (that file was replaced since: pass --teacher CKPT)");
@@ -163,9 +163,13 @@ int cmd_eval(int argc, char **argv)
     const int s2s = c->arch == BK_ARCH_SEQ2SEQ;
     printf("checkpoint  %s (%s attention, depth %d, %d heads, %lld parameters)\n", ckpt, bk_attn_kind_name(c->attn), c->depth,
            c->heads, (long long)bk_model_num_params(m));
-    if (c->attn == BK_ATTN_ESP)
-        printf("esp         %s sort (t = %g, tau = %g)\n", c->esp_soft ? "soft" : "hard", (double)c->esp_t,
-               (double)c->esp_tau);
+    char esort[16] = "", et[32] = "", etau[32] = "";
+    if (!strcmp(bk_attn_kind_name(c->attn), "esp")) {
+        bk_model_config_get(c, "attn.sort", esort, sizeof esort);
+        bk_model_config_get(c, "attn.t", et, sizeof et);
+        bk_model_config_get(c, "attn.tau", etau, sizeof etau);
+        printf("esp         %s sort (t = %g, tau = %g)\n", esort, strtod(et, NULL), strtod(etau, NULL));
+    }
     printf("data        %s, %lld samples (%.0f samples/s)\n", ds->version, (long long)ev.n, (double)ev.n / secs);
     if (s2s)
         printf("accuracy    %.2f %% of the target tokens (teacher-forced)   loss %.4f per token   perplexity %.2f\n"
@@ -198,9 +202,7 @@ int cmd_eval(int argc, char **argv)
                                     "{\"ckpt\":\"%s\",\"attn\":\"%s\",\"data\":\"%s\",\"n\":%lld,\"accuracy\":%.6g,"
                                     "\"loss\":%.6g",
                                     ckpt, bk_attn_kind_name(c->attn), ds->version, (long long)ev.n, ev.acc, ev.loss);
-        if (c->attn == BK_ATTN_ESP)
-            n += (size_t)snprintf(s + n, cap - n, ",\"esp_sort\":\"%s\",\"esp_t\":%.9g", c->esp_soft ? "soft" : "hard",
-                                  (double)c->esp_t);
+        if (*esort) n += (size_t)snprintf(s + n, cap - n, ",\"esp_sort\":\"%s\",\"esp_t\":%s", esort, et);
         if (tpath[0])
             n += (size_t)snprintf(s + n, cap - n, ",\"teacher\":\"%s\",\"teacher_accuracy\":%.6g,\"agreement\":%.6g",
                                   tpath, tev.acc, agree);

@@ -60,6 +60,7 @@ cmds() {
   echo "m-unbalanced|model:$I,attn=unbalanced,sk_iters=4,sk_rho=3|$X"
   echo "m-esp-soft|model:$I,attn=esp,esp_soft=1,esp_t=0.1,esp_tau=2|$X"
   echo "m-esp-hard|model:$I,attn=esp,esp_soft=0|$X"
+  echo "m-esp-slices|model:$I,attn=esp,esp_soft=1,esp_slices=5|$X"
   echo "m-lot|model:$I,attn=lot,lot_r=3,lot_iters=5,lot_temp=0.7|$X"
   echo "m-diff|model:$I,attn=diff|$X"
   echo "m-vit|model:$I,attn=sinkhorn,cls_attn=pol,dwc=1,pool=cls|$X"
@@ -72,6 +73,7 @@ cmds() {
   echo "s-softmax|model:$T,attn=softmax,cross_attn=softmax|$Q"
   echo "s-sinkhorn|model:$T,attn=sinkhorn,cross_attn=sinkhorn,sk_iters=3|$Q"
   echo "s-esp|model:$T,attn=esp,cross_attn=esp,post_ln=1|$Q --micro 3"
+  echo "s-esp-slices|model:$T,attn=esp,cross_attn=esp,esp_slices=3|$Q"
 }
 
 run_all() { # BIN OUTDIR

@@ -196,3 +196,39 @@ int th_slice_same(const bk_tensor *t1, int b1, int h1, const bk_tensor *t2, int 
         if (memcmp(a + n * t1->stride_n, b + n * t2->stride_n, sizeof(float) * (size_t)C) != 0) return 0;
     return 1;
 }
+
+void th_slice_copy(const bk_tensor *dst, int b, int h, const bk_tensor *src, int N, int C)
+{
+    for (int i = 0; i < N; i++)
+        memcpy(dst->data + b * dst->stride_b + h * dst->stride_h + i * dst->stride_n, src->data + i * src->stride_n,
+               sizeof(float) * (size_t)C);
+}
+
+void th_prob_plant(const th_prob *x, th_prob *y, int b, int h)
+{
+    const bk_attn_desc *d = &x->desc;
+    th_slice_copy(&y->tq, b, h, &x->tq, d->Nq, d->d);
+    th_slice_copy(&y->tk, b, h, &x->tk, d->Nk, d->d);
+    th_slice_copy(&y->tv, b, h, &x->tv, d->Nk, d->dv);
+    th_slice_copy(&y->tdo, b, h, &x->tdo, d->Nq, d->dv);
+}
+
+int th_prob_same(const th_prob *u, const th_prob *w, int b, int h)
+{
+    const bk_attn_desc *d = &u->desc;
+    return th_slice_same(&u->to, 0, 0, &w->to, b, h, d->Nq, d->dv) &&
+           th_slice_same(&u->ta, 0, 0, &w->ta, b, h, d->Nq, d->Nk) &&
+           th_slice_same(&u->tdq, 0, 0, &w->tdq, b, h, d->Nq, d->d) &&
+           th_slice_same(&u->tdk, 0, 0, &w->tdk, b, h, d->Nk, d->d) &&
+           th_slice_same(&u->tdv, 0, 0, &w->tdv, b, h, d->Nk, d->dv);
+}
+
+int th_prob_spans(const th_prob *pb, th_span *sp)
+{
+    const bk_attn_desc *d = &pb->desc;
+    const size_t P = (size_t)d->B * d->H, Nq = (size_t)d->Nq, Nk = (size_t)d->Nk, F = sizeof(float);
+    const th_span s[5] = {{pb->o, F * P * Nq * (size_t)d->dv}, {pb->a, F * P * Nq * Nk}, {pb->dq, F * P * Nq * (size_t)d->d},
+                          {pb->dk, F * P * Nk * (size_t)d->d}, {pb->dv, F * P * Nk * (size_t)d->dv}};
+    memcpy(sp, s, sizeof s);
+    return 5;
+}

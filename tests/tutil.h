@@ -59,4 +59,15 @@ int th_same_over_threads(const char *name, void (*run)(void *ctx), void *ctx, co
 /* 1 when the [N, C] slices (b1, h1) of t1 and (b2, h2) of t2 are bitwise
  * equal in their first `rows` rows */
 int th_slice_same(const bk_tensor *t1, int b1, int h1, const bk_tensor *t2, int b2, int h2, int rows, int C);
+/* copies rows [0, N) of slice (0, 0) of src into slice (b, h) of dst */
+void th_slice_copy(const bk_tensor *dst, int b, int h, const bk_tensor *src, int N, int C);
+/* plants problem (0, 0) of x's q, k, v, dout as problem (b, h) of y (whose
+ * entry b has the same lengths: th_prob_plant_lengths) */
+void th_prob_plant(const th_prob *x, th_prob *y, int b, int h);
+/* 1 when problem (b, h) of w has problem (0, 0) of u's outputs bitwise:
+ * out, attention, dq, dk, dv */
+int th_prob_same(const th_prob *u, const th_prob *w, int b, int h);
+/* the spans of a problem's outputs (out, attention, dq, dk, dv) for
+ * th_same_over_threads: writes 5, returns 5 */
+int th_prob_spans(const th_prob *pb, th_span *sp);
 #endif

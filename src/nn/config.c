@@ -151,10 +151,12 @@ void bki_attn_set_owned(const bki_op *op, void *par, float scale, int causal, in
 {
     float *sc = field(op, par, "scale", BKI_F_FLOAT);
     int *ca = field(op, par, "causal", BKI_F_INT);
-    int64_t *sd = field(op, par, "seed", BKI_F_I64);
+    /* a seed is a 64-bit key, unsigned (ESP's) or signed: the same bits */
+    uint64_t *sd = field(op, par, "seed", BKI_F_U64);
+    if (!sd) sd = field(op, par, "seed", BKI_F_I64);
     if (sc) *sc = scale;
     if (ca) *ca = causal;
-    if (sd) *sd += seed_offset;
+    if (sd) *sd += (uint64_t)seed_offset;
 }
 
 /* what the layer work of a few kinds (attn_layer.c's extensions, by the

@@ -527,9 +527,9 @@ static void backward(const bki_team *tm, bki_call *c, int p, char *base)
 
 /* ---- the operators -------------------------------------------------------- */
 static const bki_bench_case bench_cases[] = {
-    {.name = "N1024", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "", .backward = 1},
-    {.name = "N4096", .B = 1, .H = 8, .Nq = 4096, .Nk = 4096, .d = 64, .dv = 64, .params = "", .backward = 1},
-    {.name = "N16384", .B = 1, .H = 8, .Nq = 16384, .Nk = 16384, .d = 64, .dv = 64, .params = "", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 4096, .Nk = 4096, .d = 64, .dv = 64, .params = "", .backward = 1},
+    {.name = "", .B = 1, .H = 8, .Nq = 16384, .Nk = 16384, .d = 64, .dv = 64, .params = "", .backward = 1},
 };
 #define NBENCH ((int)(sizeof bench_cases / sizeof bench_cases[0]))
 

@@ -433,43 +433,24 @@ static void dd_run(void *ctx)
 
 static int dd_spans(const ddet *x, th_span *sp)
 {
-    const bk_attn_desc *d = &x->t.pb.desc;
-    const size_t P = (size_t)d->B * d->H, Nq = d->Nq, Nk = d->Nk;
-    const th_prob *pb = &x->t.pb;
-    const th_span s[8] = {{pb->o, 4 * P * Nq * d->dv}, {pb->a, 4 * P * Nq * Nk},   {pb->dq, 4 * P * Nq * d->d},
-                          {pb->dk, 4 * P * Nk * d->d}, {pb->dv, 4 * P * Nk * d->dv}, {x->t.dlam, 4 * (size_t)d->H},
-                          {x->tape, x->tape_bytes},    {x->s, sizeof x->s}};
-    memcpy(sp, s, sizeof s);
-    return 8;
+    int n = th_prob_spans(&x->t.pb, sp);
+    sp[n++] = (th_span){x->t.dlam, 4 * (size_t)x->t.pb.desc.H};
+    sp[n++] = (th_span){x->tape, x->tape_bytes};
+    sp[n++] = (th_span){x->s, sizeof x->s};
+    return n;
 }
 
-static void dd_copy(const bk_tensor *dst, int b, int h, const bk_tensor *src, int N, int C)
-{
-    for (int i = 0; i < N; i++)
-        memcpy(dst->data + b * dst->stride_b + h * dst->stride_h + i * dst->stride_n, src->data + i * src->stride_n,
-               sizeof(float) * (size_t)C);
-}
 
 static void dd_plant(const ddet *x, ddet *y, int b, int h)
 {
-    const bk_attn_desc *d = &x->t.pb.desc;
-    dd_copy(&y->t.pb.tq, b, h, &x->t.pb.tq, d->Nq, d->d);
-    dd_copy(&y->t.pb.tk, b, h, &x->t.pb.tk, d->Nk, d->d);
-    dd_copy(&y->t.pb.tv, b, h, &x->t.pb.tv, d->Nk, d->dv);
-    dd_copy(&y->t.pb.tdo, b, h, &x->t.pb.tdo, d->Nq, d->dv);
+    th_prob_plant(&x->t.pb, &y->t.pb, b, h);
     y->t.lam[h] = x->t.lam[0];
 }
 
 static int dd_same(const ddet *x, const ddet *y, int b, int h)
 {
-    const bk_attn_desc *d = &x->t.pb.desc;
-    const th_prob *u = &x->t.pb, *w = &y->t.pb;
     return x->s[0] == BK_OK && x->s[1] == BK_OK && y->s[0] == BK_OK && y->s[1] == BK_OK &&
-           th_slice_same(&u->to, 0, 0, &w->to, b, h, d->Nq, d->dv) &&
-           th_slice_same(&u->ta, 0, 0, &w->ta, b, h, d->Nq, d->Nk) &&
-           th_slice_same(&u->tdq, 0, 0, &w->tdq, b, h, d->Nq, d->d) &&
-           th_slice_same(&u->tdk, 0, 0, &w->tdk, b, h, d->Nk, d->d) &&
-           th_slice_same(&u->tdv, 0, 0, &w->tdv, b, h, d->Nk, d->dv);
+           th_prob_same(&x->t.pb, &y->t.pb, b, h);
 }
 
 static int runs_as_team(const ddet *x)

@@ -528,23 +528,16 @@ static void ld_run(void *ctx)
 static int ld_spans(const ldet *x, th_span *sp)
 {
     const bk_attn_desc *d = &x->t.pb.desc;
-    const size_t P = (size_t)d->B * d->H, Nq = d->Nq, Nk = d->Nk, r = x->t.p.r;
-    const th_prob *pb = &x->t.pb;
-    const th_span s[10] = {{pb->o, 4 * P * Nq * d->dv}, {pb->a, 4 * P * Nq * Nk}, {pb->dq, 4 * P * Nq * d->d},
-                           {pb->dk, 4 * P * Nk * d->d}, {pb->dv, 4 * P * Nk * d->dv}, {x->t.dZ, 4 * d->H * r * d->d},
-                           {x->t.dth, 4 * d->H * r}, {x->t.diag, sizeof(bk_lot_diag) * P}, {x->tape, x->tape_bytes},
-                           {x->s, sizeof x->s}};
-    memcpy(sp, s, sizeof s);
-    return 10;
+    const size_t P = (size_t)d->B * d->H, r = (size_t)x->t.p.r;
+    int n = th_prob_spans(&x->t.pb, sp);
+    sp[n++] = (th_span){x->t.dZ, 4 * (size_t)d->H * r * (size_t)d->d};
+    sp[n++] = (th_span){x->t.dth, 4 * (size_t)d->H * r};
+    sp[n++] = (th_span){x->t.diag, sizeof(bk_lot_diag) * P};
+    sp[n++] = (th_span){x->tape, x->tape_bytes};
+    sp[n++] = (th_span){x->s, sizeof x->s};
+    return n;
 }
 
-/* copies rows [0, N) of slice (0, 0) of src into slice (b, h) of dst */
-static void ld_copy(const bk_tensor *dst, int b, int h, const bk_tensor *src, int N, int C)
-{
-    for (int i = 0; i < N; i++)
-        memcpy(dst->data + b * dst->stride_b + h * dst->stride_h + i * dst->stride_n, src->data + i * src->stride_n,
-               sizeof(float) * (size_t)C);
-}
 
 /* plants problem (0, 0) of x (its inputs, pivots, masses) as problem (b, h)
  * of y (whose entry b has the same lengths) */
@@ -552,10 +545,7 @@ static void ld_plant(const ldet *x, ldet *y, int b, int h)
 {
     const bk_attn_desc *d = &x->t.pb.desc;
     const int r = x->t.p.r;
-    ld_copy(&y->t.pb.tq, b, h, &x->t.pb.tq, d->Nq, d->d);
-    ld_copy(&y->t.pb.tk, b, h, &x->t.pb.tk, d->Nk, d->d);
-    ld_copy(&y->t.pb.tv, b, h, &x->t.pb.tv, d->Nk, d->dv);
-    ld_copy(&y->t.pb.tdo, b, h, &x->t.pb.tdo, d->Nq, d->dv);
+    th_prob_plant(&x->t.pb, &y->t.pb, b, h);
     memcpy(y->t.Z + (size_t)h * r * d->d, x->t.Z, sizeof(float) * (size_t)r * d->d);
     memcpy(y->t.theta + (size_t)h * r, x->t.theta, sizeof(float) * (size_t)r);
 }
@@ -563,12 +553,8 @@ static void ld_plant(const ldet *x, ldet *y, int b, int h)
 /* problem (b, h) of y equals problem (0, 0) of x in every per-problem output */
 static int ld_same(const ldet *x, const ldet *y, int b, int h)
 {
-    const bk_attn_desc *d = &x->t.pb.desc;
-    const th_prob *u = &x->t.pb, *w = &y->t.pb;
     return x->s[0] == BK_OK && x->s[1] == BK_OK && y->s[0] == BK_OK && y->s[1] == BK_OK &&
-           th_slice_same(&u->to, 0, 0, &w->to, b, h, d->Nq, d->dv) && th_slice_same(&u->ta, 0, 0, &w->ta, b, h, d->Nq, d->Nk) &&
-           th_slice_same(&u->tdq, 0, 0, &w->tdq, b, h, d->Nq, d->d) && th_slice_same(&u->tdk, 0, 0, &w->tdk, b, h, d->Nk, d->d) &&
-           th_slice_same(&u->tdv, 0, 0, &w->tdv, b, h, d->Nk, d->dv) &&
+           th_prob_same(&x->t.pb, &y->t.pb, b, h) &&
            !memcmp(&x->t.diag[0], &y->t.diag[b * y->t.pb.desc.H + h], sizeof(bk_lot_diag));
 }
 

@@ -49,18 +49,24 @@ typedef struct {
     double bytes_f, bytes_b;                 /* memory traffic per head (model); 0 = none */
 } bresult;
 
+static void labels_text(char *buf, size_t cap);
+
 static void bench_usage(FILE *f)
 {
+    char labels[512];
+    labels_text(labels, sizeof labels);
     fprintf(f,
             "usage: birkhoff bench [options]\n"
             "\n"
-            "Times softmax and Sinkhorn attention (B=1, H=BH, [B,H,N,d], d=dv) and the PyTorch port of the\n"
-            "reference code on the same threads, in the same run. Prints per case: median and quartiles of\n"
-            "forward and forward+backward, our/peer time ratios, memory (our workspace + tape vs the\n"
-            "tensors the peer's autograd saves), and the fraction of the machine's measured peak.\n"
+            "Times the registered attention operators (B=1, H=BH, [B,H,N,d], d=dv) and, where one exists,\n"
+            "the PyTorch port of the reference code on the same threads, in the same run. Prints per case:\n"
+            "median and quartiles of forward and forward+backward, our/peer time ratios, memory (our\n"
+            "workspace + tape vs the tensors the peer's autograd saves), and the fraction of the machine's\n"
+            "measured peak.\n"
             "\n"
             "options:\n"
-            "  --op softmax|sinkhorn|esp|esp-sq|esp-hard|lot|all   (default all)\n"
+            "  --op LABEL|all              the registered operators' bench cases (default all):\n"
+            "                              %s\n"
             "  --op otk                    the OTK embedding (its own options: bench --op otk --help)\n"
             "  --op asap                   ASAP's frozen-layer benchmark (bench --op asap --help)\n"
             "                              lot: r = 32 pivots, T = 5, eps = 1, temp = 0.5 (the peer's\n"
@@ -80,7 +86,8 @@ static void bench_usage(FILE *f)
             "  --python PATH               interpreter for the peer (default /usr/bin/python3)\n"
             "  --peer-script PATH          (default bench/peers/torch_peer.py)\n"
             "  --peer-max-n N              largest N the ESP peer runs at (default 512: at N = 1024 the\n"
-            "                              reference needs ~15 GB and minutes per call)\n");
+            "                              reference needs ~15 GB and minutes per call)\n",
+            labels);
 }
 
 /* a case's half-steps: its iters, 1 without */

@@ -16,13 +16,18 @@
 struct bki_op;
 
 /* ---- the tape ------------------------------------------------------------
- * [bki_tape_header][block 0][block 1]...[block P-1]; a block is a
- * bki_block_header (Lq, Lk, the operator's step counts) then the operator's
- * block_bytes (rounded up to 64). The header names the operator, the shapes
- * and a hash of the parameters the backward must agree on; the blocks'
- * checksum is kept in debug builds (BK_TAPE_CHECKSUM). */
+ * [bki_tape_header][per-call section][block 0][block 1]...[block P-1]; the
+ * per-call section (version 3; empty for most operators) is data computed
+ * once per call by the operator's prepare (OTK's Nystrom matrices), its size
+ * the operator's call_bytes rounded up to 64; a block is a bki_block_header
+ * (Lq, Lk, the operator's step counts) then the operator's block_bytes
+ * (rounded up to 64). The header names the operator, the shapes, a hash of
+ * the parameters the backward must agree on and the section's size; the
+ * checksum of the section and the blocks is kept in debug builds
+ * (BK_TAPE_CHECKSUM). (Version 2 had no section; a version-2 tape is refused
+ * as any other version.) */
 #define BKI_TAPE_MAGIC 0x50544b42u /* "BKTP" */
-#define BKI_TAPE_VERSION 2u
+#define BKI_TAPE_VERSION 3u
 typedef struct {
     uint32_t magic, version, op;
     int32_t B, H, Nq, Nk, d, dv;
@@ -30,7 +35,7 @@ typedef struct {
     uint64_t block_bytes;  /* per problem, header included                  */
     uint64_t checksum;     /* FNV-1a of the blocks (BK_TAPE_CHECKSUM), or 0  */
     uint32_t flags;        /* a device backend's (BKI_TAPE_OUT)              */
-    uint32_t reserved;
+    uint32_t call_lines;   /* the per-call section's size in 64-byte lines   */
 } bki_tape_header;
 /* flags: the forward's output follows the blocks (the CUDA backend with
  * bk_context_config.tape_output; docs/CUDA.md) */
@@ -62,6 +67,10 @@ typedef struct bki_call {
     bki_plan pl;
     char *tape;                      /* header + blocks                        */
     void *prep;                      /* the per-call area (op->prepare)        */
+    const char *call_sec;            /* a backward's prepare: the tape's
+                                        per-call section (op->call_bytes), to
+                                        take instead of computing it when it
+                                        fits the call; NULL in a forward      */
     char *pgrad;                     /* P slabs of op->pgrad_bytes             */
     char *lanes;
     size_t lane_bytes;

@@ -183,7 +183,7 @@ bk_status bki_tape_check(const bki_tape_header *want, const bki_tape_header *th,
         th->dv != want->dv)
         return bki_fail(BK_ERR_TAPE, "tape was written for another problem (B=%d H=%d Nq=%d Nk=%d d=%d dv=%d)", th->B,
                         th->H, th->Nq, th->Nk, th->d, th->dv);
-    if (th->key != want->key || th->block_bytes != want->block_bytes)
+    if (th->key != want->key || th->block_bytes != want->block_bytes || th->call_lines != want->call_lines)
         return bki_fail(BK_ERR_TAPE, "tape was written with other %s parameters", op_name);
     return BK_OK;
 }

@@ -1,4 +1,5 @@
-/* driver.c -- the one driver of every attention operator (op.h): the
+/* driver.c -- the one driver of every attention operator (op.h), and of
+ * OTK's set embedding (an operator whose problems are sets: op->check_io): the
  * (operator, backend) entry of the current context's backend
  * (bki_backend_kernel), common argument checks, and for the host path the
  * plan, the workspace (per-call area, parameter-gradient slabs, lanes, and a
@@ -18,6 +19,11 @@ static int desc_sane(const bk_attn_desc *d)
     return d && d->B >= 1 && d->H >= 1 && d->Nq >= 1 && d->Nk >= 1 && d->d >= 1 && d->dv >= 1;
 }
 
+size_t bki_op_call_total(const bki_call *c)
+{
+    return c->op->call_bytes ? bki_round_up(c->op->call_bytes(c)) : 0;
+}
+
 size_t bki_op_block_total(const bki_call *c)
 {
     return sizeof(bki_block_header) + bki_round_up(c->op->block_bytes(c));
@@ -26,8 +32,12 @@ size_t bki_op_block_total(const bki_call *c)
 size_t bki_op_tape_size(bki_call *c)
 {
     if (!desc_sane(c->d) || !c->par) return 0;
-    return sizeof(bki_tape_header) + (size_t)c->d->B * c->d->H * bki_op_block_total(c);
+    return sizeof(bki_tape_header) + bki_op_call_total(c) + (size_t)c->d->B * c->d->H * bki_op_block_total(c);
 }
+
+/* an operator whose problems are not attention problems (op->check_io) runs
+ * on the host path in any context */
+static int host_only(const bki_call *c) { return c->op->check_io != NULL; }
 
 static void for_backend(bki_call *c); /* (below) */
 
@@ -46,7 +56,7 @@ size_t bki_op_tape_size_query(bki_call *c)
     /* a device backend may keep more after the blocks (its extra, with the
      * context that runs the forward current) */
     bk_context *ctx = bki_ctx();
-    const bki_kernel *kn = bki_backend_kernel(bki_ctx_backend(ctx), c->op->name);
+    const bki_kernel *kn = host_only(c) ? NULL : bki_backend_kernel(bki_ctx_backend(ctx), c->op->name);
     if (kn && kn->tape_extra) for_backend(c);
     return bki_op_tape_size(c) + (kn && kn->tape_extra ? kn->tape_extra(ctx, c) : 0);
 }
@@ -76,7 +86,8 @@ void bki_op_export_attn(const bki_team *tm, const bki_call *c, int p, const floa
 
 bki_block_header *bki_op_block(const bki_call *c, int p)
 {
-    return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + (size_t)p * bki_op_block_total(c));
+    return (bki_block_header *)(c->tape + sizeof(bki_tape_header) + bki_op_call_total(c) +
+                                (size_t)p * bki_op_block_total(c));
 }
 
 /* ---- workspace ------------------------------------------------------------
@@ -111,8 +122,8 @@ size_t bki_op_workspace_size(bki_call *c)
      * (device memory) */
     bk_context *ctx = bki_ctx();
     const bki_kernel *kn = bki_backend_kernel(bki_ctx_backend(ctx), c->op->name);
-    if (!kn) return 0;
-    if (kn->workspace_size) {
+    if (!kn && !host_only(c)) return 0;
+    if (kn && !host_only(c) && kn->workspace_size) {
         for_backend(c);
         return kn->workspace_size(ctx, c);
     }
@@ -169,7 +180,7 @@ static void one(const bki_team *tm, int p, char *lane, void *vctx)
 static int checks_results(const bki_call *c, int backward)
 {
     const bk_tensor *t = backward ? c->dq : c->out;
-    return !c->trusted && t && t->data && t->device == BK_DEVICE_HOST &&
+    return !host_only(c) && !c->trusted && t && t->data && t->device == BK_DEVICE_HOST &&
            (!backward || (c->dk && c->dk->device == BK_DEVICE_HOST && c->dv && c->dv->device == BK_DEVICE_HOST));
 }
 
@@ -338,9 +349,10 @@ static bk_status check_param_grads(const bki_call *c)
 }
 
 #ifdef BK_TAPE_CHECKSUM
+/* of the per-call section and the blocks */
 static uint64_t blocks_checksum(const bki_call *c)
 {
-    const size_t n = (size_t)c->d->B * c->d->H * bki_op_block_total(c);
+    const size_t n = bki_op_call_total(c) + (size_t)c->d->B * c->d->H * bki_op_block_total(c);
     return bki_fnv1a(BKI_FNV_OFFSET, c->tape + sizeof(bki_tape_header), n);
 }
 #endif
@@ -357,6 +369,7 @@ void bki_op_tape_header(const bki_call *c, bki_tape_header *th)
     th->B = c->d->B; th->H = c->d->H; th->Nq = c->d->Nq; th->Nk = c->d->Nk; th->d = c->d->d; th->dv = c->d->dv;
     th->key = c->op->key(c);
     th->block_bytes = bki_op_block_total(c);
+    th->call_lines = (uint32_t)(bki_op_call_total(c) / BK_ALIGN);
 }
 
 static void write_header(bki_call *c)
@@ -365,6 +378,7 @@ static void write_header(bki_call *c)
     memset(c->tape, 0, bki_op_tape_size(c)); /* padding and unused history are zero: tapes are deterministic */
     bki_op_tape_header(c, &th);
     memcpy(c->tape, &th, sizeof th);
+    if (bki_op_call_total(c)) memcpy(c->tape + sizeof th, c->prep, c->op->call_bytes(c)); /* prepare's */
     const int P = c->d->B * c->d->H;
     for (int p = 0; p < P; p++) {
         bki_block_header *h = bki_op_block(c, p);
@@ -378,12 +392,13 @@ static void write_header(bki_call *c)
 static bk_status forward_region(bki_call *c)
 {
     bk_status s;
+    c->call_sec = NULL;
     if (c->op->prepare && (s = c->op->prepare(c))) return s;
     if (c->tape) write_header(c);
     c->bad = c->d->B * c->d->H;
     c->suspect = 0;
     run(c, 0);
-    if ((s = region_status(c, 0))) return s;
+    if ((s = c->op->check_results ? c->op->check_results(c, 0) : region_status(c, 0))) return s;
 #ifdef BK_TAPE_CHECKSUM
     if (c->tape) {
         const uint64_t sum = blocks_checksum(c);
@@ -393,23 +408,27 @@ static bk_status forward_region(bki_call *c)
     return BK_OK;
 }
 
-static bk_status check_common(bki_call *c)
+/* the descriptor, the parameters and the arrays of a forward or a backward */
+static bk_status check_call(bki_call *c, int backward)
 {
     bk_status s;
-    if ((s = bki_check_desc(c->d))) return s;
+    if (!host_only(c) && (s = bki_check_desc(c->d))) return s;
     if (!c->par) return bki_fail(BK_ERR_NULL, "%s: the parameters are NULL", c->op->par_name);
     if ((s = c->op->check(c))) return s;
+    if (c->op->check_io) return c->op->check_io(c, backward);
     if ((s = bki_check_qkv_shape(c->d, c->q, c->k, c->v))) return s;
-    return c->op->finds_nonfinite ? BK_OK : scan_inputs(c, 0);
+    if (!c->op->finds_nonfinite && (s = scan_inputs(c, 0))) return s;
+    if (!backward) return bki_check_fwd_outputs(c->d, c->q, c->k, c->v, c->out, c->attn);
+    if ((s = bki_check_bwd_views(c->d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
+    return c->op->finds_nonfinite ? BK_OK : bki_check_values(c->d, NULL, NULL, NULL, c->dout);
 }
 
 bk_status bki_op_forward(bki_call *c, void *tape, void *ws, size_t ws_size)
 {
     bk_status s;
     int done;
-    if ((s = on_backend(c, 0, tape, ws, ws_size, &done)) || done) return s;
-    if ((s = check_common(c))) return s;
-    if ((s = bki_check_fwd_outputs(c->d, c->q, c->k, c->v, c->out, c->attn))) return s;
+    if (!host_only(c) && ((s = on_backend(c, 0, tape, ws, ws_size, &done)) || done)) return s;
+    if ((s = check_call(c, 0))) return s;
     const ws_layout w = layout(c, 0, 0);
     void *owned = NULL;
     char *base = NULL;
@@ -458,10 +477,8 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     bk_status s;
     int done;
     if (!c->op->backward) return bki_fail(BK_ERR_PARAM, "%s has no backward (inference only)", c->op->name);
-    if ((s = on_backend(c, 1, tape, ws, ws_size, &done)) || done) return s;
-    if ((s = check_common(c))) return s;
-    if ((s = bki_check_bwd_views(c->d, c->q, c->k, c->v, c->dout, c->dq, c->dk, c->dv))) return s;
-    if (!c->op->finds_nonfinite && (s = bki_check_values(c->d, NULL, NULL, NULL, c->dout))) return s;
+    if (!host_only(c) && ((s = on_backend(c, 1, tape, ws, ws_size, &done)) || done)) return s;
+    if ((s = check_call(c, 1))) return s;
     if (tape && (s = check_tape(c, tape))) return s;
     const ws_layout w = layout(c, 1, tape == NULL);
     void *owned = NULL;
@@ -480,6 +497,7 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     } else {
         c->tape = (char *)tape;
     }
+    c->call_sec = c->tape + sizeof(bki_tape_header);
     if (c->op->prepare && (s = c->op->prepare(c))) {
         bki_workspace_release(owned);
         return s;
@@ -487,13 +505,13 @@ bk_status bki_op_backward(bki_call *c, const void *tape, void *ws, size_t ws_siz
     c->bad = c->d->B * c->d->H;
     c->suspect = 0;
     run(c, 1);
-    if ((s = region_status(c, 1))) {
+    if (!c->op->check_results && (s = region_status(c, 1))) {
         bki_workspace_release(owned);
         return s;
     }
     if (c->op->reduce) c->op->reduce(c);
     bki_workspace_release(owned);
-    if ((s = check_param_grads(c))) return s;
+    if ((s = c->op->check_results ? c->op->check_results(c, 1) : check_param_grads(c))) return s;
     bki_clear_error();
     return BK_OK;
 }

@@ -180,6 +180,23 @@ struct bki_op {
      * most 2 float arrays; returns how many. The driver checks them finite
      * after reduce, as it checks dq, dk and dv (BK_ERR_OVERFLOW). */
     int (*pg_arrays)(const bki_call *c, bki_farray out[2]);
+    /* optional (NULL: none): bytes of the tape's per-call section (call.h):
+     * in a forward with a tape the driver copies the first call_bytes of
+     * the per-call area, as prepare left it, after the tape's header; a
+     * backward's prepare finds that section in c->call_sec (the given tape's,
+     * or the recomputed one's) and may take it instead of computing it */
+    size_t (*call_bytes)(const bki_call *c);
+    /* optional (NULL: an attention operator): the call's problems are not
+     * (b, h) attention problems (OTK's sets: c->d is a descriptor the
+     * operator maps its own shapes onto, c->q, k, v, out, dout, dq, dk, dv
+     * carry what it says). check_io then replaces the driver's checks of the
+     * descriptor (op->check does its own), of the arrays (shapes, aliasing,
+     * values) and of the results: check_results runs after a forward's
+     * region (the problems' failures in c->bad, c->bad_s) and after a
+     * backward's reduce, and returns the call's status. Such an operator
+     * runs on the host path whatever the context's backend (host arrays). */
+    bk_status (*check_io)(const bki_call *c, int backward);
+    bk_status (*check_results)(bki_call *c, int backward);
     /* ---- the schema (see above) ---- */
     const char *doc;                 /* one line: what it computes, its paper  */
     unsigned caps;                   /* BKI_CAP_*                              */
@@ -222,6 +239,8 @@ bki_block_header *bki_op_block(const bki_call *c, int p);
  * backends, whose tapes have the same header */
 void bki_op_tape_header(const bki_call *c, bki_tape_header *th);
 bk_status bki_op_check_tape_header(const bki_call *c, const bki_tape_header *th);
+/* bytes of the tape's per-call section (op->call_bytes rounded up; 0: none) */
+size_t bki_op_call_total(const bki_call *c);
 /* bytes of one problem's tape block, its header included */
 size_t bki_op_block_total(const bki_call *c);
 static inline void *bki_op_block_data(const bki_call *c, int p) { return bki_op_block(c, p) + 1; }

@@ -18,18 +18,23 @@
  * GEMMs through bki_gemm, the plans on the team-aware engine or on the
  * scaling iteration with per-block partial column sums added in block order.
  * So results are bitwise the same for any thread count and batch shape. The
- * anchor Gram's eigendecomposition (once per call) stays serial. */
-#include "ops.h"
+ * anchor Gram's eigendecomposition (once per call) stays serial.
+ *
+ * The forward and the backward are calls of the one operator driver (op.h,
+ * driver.c; "the call on the operator driver" below): its checks, plan over
+ * the sets, lanes, per-call area (the Nystrom matrices, prepare), tape format
+ * (a per-call section for the Nystrom matrices, a block per set) and
+ * per-set gradient slabs reduced in set order. OTK is not in the registry
+ * (its problems are sets, not attention problems). */
+#include "op.h"
 
 #include <cblas.h>
+#include <stdint.h>
 #include <lapacke.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define OTK_MAGIC 0x4b544f42u /* "BOTK" */
-#define OTK_VERSION 2u /* 2: the Nystrom section after the potentials */
 #define OTK_NORM2_MIN 1e-4f    /* the reference's clamp of |x|^2 */
 
 bk_otk_config bk_otk_config_default(void)
@@ -125,24 +130,55 @@ typedef struct {
     float *M;                  /* k x k, float                                    */
 } nys_global;
 
-static size_t nys_bytes(int k, int d)
+/* The per-call area of a call with anchors (the driver's, op->prep_bytes;
+ * bk_otk_features' own): first the tape's Nystrom section, then scratch.
+ * The section: 0 G, 1 V (k x k double), 2 e (k double), 3 M (k x k float),
+ * 4 the checksum of the W they came from, each on a 64-byte boundary:
+ * part i's byte offset from the section's start (i = 5: the section's size)
+ * and length. A forward's prepare computes them (the driver copies the
+ * section after the tape's header); a backward takes them from its tape's
+ * section instead of decomposing G again (a LAPACK call on one thread while
+ * the others wait: 2 % of an OTK forward + backward at k = 128), unless its
+ * W differs from the forward's (then it decomposes its own). */
+static size_t nys_at(const bk_otk_desc *d, int i, size_t *len)
 {
-    return 2 * bki_round_up((size_t)k * k * sizeof(double)) + bki_round_up((size_t)k * sizeof(double)) +
-           bki_round_up((size_t)k * d * sizeof(double)) + bki_round_up(2 * (size_t)d * sizeof(double)) + fl((size_t)k * k) +
-           6 * BK_ALIGN;
+    const size_t kk = (size_t)d->k * d->k;
+    const size_t l[6] = {kk * sizeof(double), kk * sizeof(double), (size_t)d->k * sizeof(double), kk * sizeof(float),
+                         sizeof(uint64_t), 0};
+    size_t at = 0;
+    for (int j = 0; j < i; j++) at += bki_round_up(l[j]);
+    if (len) *len = l[i];
+    return at;
 }
 
-static nys_global nys_carve(int k, int d, char *base)
-{
-    bki_arena ar = {bki_align_ptr(base), 0, nys_bytes(k, d)};
+typedef struct {
     nys_global g;
-    g.G = bki_take(&ar, (size_t)k * k * sizeof(double));
-    g.V = bki_take(&ar, (size_t)k * k * sizeof(double));
-    g.e = bki_take(&ar, (size_t)k * sizeof(double));
-    g.Wd = bki_take(&ar, (size_t)k * d * sizeof(double));
-    g.acc = bki_take(&ar, 2 * (size_t)d * sizeof(double));
-    g.M = bki_take(&ar, (size_t)k * k * sizeof(float));
-    return g;
+    double *dtmp[3];           /* k x k double scratch (setup, global backward) */
+} nys_area;
+
+/* bytes of the area (64-byte aligned): the section, W in double, acc, dtmp */
+static size_t nys_area_bytes(const bk_otk_desc *d)
+{
+    const size_t kk = bki_round_up((size_t)d->k * d->k * sizeof(double));
+    return nys_at(d, 5, NULL) + bki_round_up((size_t)d->k * d->d * sizeof(double)) +
+           bki_round_up(2 * (size_t)d->d * sizeof(double)) + 3 * kk;
+}
+
+static nys_area nys_carve(const bk_otk_desc *d, char *base)
+{
+    const size_t kk = bki_round_up((size_t)d->k * d->k * sizeof(double));
+    nys_area a;
+    a.g.G = (double *)(base + nys_at(d, 0, NULL));
+    a.g.V = (double *)(base + nys_at(d, 1, NULL));
+    a.g.e = (double *)(base + nys_at(d, 2, NULL));
+    a.g.M = (float *)(base + nys_at(d, 3, NULL));
+    char *q = base + nys_at(d, 5, NULL);
+    a.g.Wd = (double *)q;
+    q += bki_round_up((size_t)d->k * d->d * sizeof(double));
+    a.g.acc = (double *)q;
+    q += bki_round_up(2 * (size_t)d->d * sizeof(double));
+    for (int i = 0; i < 3; i++) a.dtmp[i] = (double *)(q + (size_t)i * kk);
+    return a;
 }
 
 /* G, its eigendecomposition and M = V diag(h(e)) V^T; s1, s2: k x k scratch */
@@ -373,93 +409,128 @@ static void run_sets(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, 
     bki_run_problems(pl, b1 - b0, slabs, slab_bytes(d, p, pl.team ? pl.nt : 1), one_set, &r);
 }
 
-/* ---- tape ------------------------------------------------------------------- */
 typedef struct {
-    uint32_t magic, version;
-    int32_t B, n, d, q, p, k, L, domain, convention, pe, pe_double, anchors;
-    float eps, sigma, eta, sigma_pos;
-} otk_tape_header;
+    const bk_otk_desc *d;
+    const bk_otk_config *p;
+    nys_area *a;
+    bk_status s;
+} nys_prepare_args;
 
-static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_config *p) { return bki_round_up(hist_len(d, p) * sizeof(float)) / sizeof(float); }
-
-/* With anchors, the tape ends with the Nystrom section: the forward's
- * anchor Gram matrix G, its eigenvectors V and eigenvalues e (double), M
- * (float) and a checksum of the W they came from. The backward takes them
- * from there instead of decomposing G again (a LAPACK call on one thread
- * while the others wait: 2 % of an OTK forward + backward at k = 128), unless
- * its W differs from the forward's (then it decomposes its own). */
-/* the section's parts: 0 G, 1 V (k x k double), 2 e (k double), 3 M (k x k
- * float), 4 the checksum of W, each on a 64-byte boundary: part i's byte
- * offset from the section's start (i = 5: the section's size) and length */
-static size_t tape_nys_at(const bk_otk_desc *d, int i, size_t *len)
+static void nys_prepare_member(void *arg)
 {
-    const size_t kk = (size_t)d->k * d->k;
-    const size_t l[6] = {kk * sizeof(double), kk * sizeof(double), (size_t)d->k * sizeof(double), kk * sizeof(float),
-                         sizeof(uint64_t), 0};
-    size_t at = 0;
-    for (int j = 0; j < i; j++) at += bki_round_up(l[j]);
-    if (len) *len = l[i];
-    return at;
+    nys_prepare_args *r = arg;
+    r->s = nys_setup(r->d, r->p, &r->a->g, r->a->dtmp[1], r->a->dtmp[2]);
 }
 
-static size_t tape_nys_offset(const bk_otk_desc *d, const bk_otk_config *p)
+/* The Nystrom matrix, once per call, serially: in a one-thread region, so
+ * that LAPACK's BLAS runs on one thread in the library's floating-point mode
+ * like every other part of the call. */
+static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_config *p, nys_area *a)
 {
-    return bki_round_up(sizeof(otk_tape_header)) + (size_t)d->B * d->q * tape_block_floats(d, p) * sizeof(float);
+    nys_prepare_args r = {d, p, a, BK_OK};
+    bki_parallel(1, nys_prepare_member, &r);
+    return r.s;
 }
 
-size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_config *p)
-{
-    if (!d || !p || d->B < 1 || d->q < 1 || d->n < 1 || d->p < 1 || d->k < 1 || p->iters < 2 || p->iters % 2)
-        return 0;
-    return tape_nys_offset(d, p) + (p->W ? tape_nys_at(d, 5, NULL) : 0);
-}
-
-/* the Nystrom section's parts (dir 1: ws -> tape, with the checksum of W;
- * 0: tape -> ws) */
 static uint64_t anchors_sum(const bk_otk_desc *d, const bk_otk_config *p)
 {
     return bki_fnv1a(BKI_FNV_OFFSET, p->W, sizeof(float) * (size_t)d->k * d->d);
 }
-static void tape_nys_copy(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, nys_global *g, int dir)
+
+/* ---- the call on the operator driver (op.h) --------------------------------------
+ * bk_otk_forward and bk_otk_backward are calls of the driver on otk_op, an
+ * operator whose problems are not attention problems (op->check_io): problem
+ * b is set b (one per thread, or a team per set: bki_plan_problems over the
+ * B sets), its lane a slab, its tape block the potentials of its q plans,
+ * its parameter-gradient slab its gradient block (z, M, W), summed in set
+ * order by reduce. The call's descriptor maps the sets onto an attention
+ * shape: B sets, H = 1, Nq = p supports, Nk = n elements (k_len = len),
+ * d, dv = q k, so that out [B,1,p,q k] is the call's out and a block's Lq,
+ * Lk are p and n_b. The arrays: c->k = x, c->out, c->dout, c->dk = dx,
+ * c->ex = the bk_otk_extras, c->pg = an otk_grads; z in the parameters. */
+typedef struct {
+    const bk_otk_desc *d;
+    const bk_otk_config *p;
+    const float *z;
+    bk_attn_desc ad;
+} otk_par;
+
+typedef struct {
+    float *dz, *dW;
+} otk_grads;
+
+static const otk_par *par_of(const bki_call *c) { return c->par; }
+
+/* ---- tape ---------------------------------------------------------------------
+ * The driver's format (call.h): the header (its key: the parameters the
+ * backward must agree on), with anchors the Nystrom section (nys_at), then a
+ * block per set: the potentials of every half-step of its q plans, each on a
+ * 64-byte boundary. */
+static size_t tape_block_floats(const bk_otk_desc *d, const bk_otk_config *p) { return bki_round_up(hist_len(d, p) * sizeof(float)) / sizeof(float); }
+
+static float *tape_hist(const bki_call *c, int b, int h)
 {
-    char *t = (char *)tape + tape_nys_offset(d, p);
-    void *part[4] = {g->G, g->V, g->e, g->M};
-    for (int i = 0; i < 4; i++) {
-        size_t len;
-        const size_t at = tape_nys_at(d, i, &len);
-        if (dir) memcpy(t + at, part[i], len);
-        else memcpy(part[i], t + at, len);
+    return (float *)bki_op_block_data(c, b) + (size_t)h * tape_block_floats(par_of(c)->d, par_of(c)->p);
+}
+
+static size_t block_bytes(const bki_call *c)
+{
+    const otk_par *o = par_of(c);
+    return (size_t)o->d->q * tape_block_floats(o->d, o->p) * sizeof(float);
+}
+
+static uint32_t key(const bki_call *c)
+{
+    const bk_otk_config *p = par_of(c)->p;
+    const int32_t n[8] = {par_of(c)->d->q, par_of(c)->d->k, full_iters(p), p->domain, p->convention, p->pe,
+                          p->pe_double, p->W != NULL};
+    const float v[4] = {p->eps, p->sigma, p->eta, p->sigma_pos};
+    uint64_t h = bki_fnv1a(BKI_FNV_OFFSET, n, sizeof n);
+    h = bki_fnv1a(h, v, sizeof v);
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static size_t call_bytes(const bki_call *c)
+{
+    return par_of(c)->p->W ? nys_at(par_of(c)->d, 5, NULL) : 0;
+}
+
+/* ---- the per-call area, lanes and gradient slabs -------------------------------- */
+static size_t prep_bytes(const bki_call *c)
+{
+    return par_of(c)->p->W ? nys_area_bytes(par_of(c)->d) : 0;
+}
+
+/* the Nystrom matrices: the tape's section when it holds those of this W
+ * (a backward), else computed */
+static bk_status prepare(bki_call *c)
+{
+    const otk_par *o = par_of(c);
+    if (!o->p->W) return BK_OK;
+    const size_t at = nys_at(o->d, 4, NULL);
+    const uint64_t sum = anchors_sum(o->d, o->p);
+    uint64_t got = 0;
+    if (c->call_sec) memcpy(&got, c->call_sec + at, sizeof got);
+    if (c->call_sec && got == sum) {
+        memcpy(c->prep, c->call_sec, nys_at(o->d, 5, NULL));
+        return BK_OK;
     }
-    if (dir) {
-        const uint64_t sum = anchors_sum(d, p);
-        memcpy(t + tape_nys_at(d, 4, NULL), &sum, sizeof sum);
-    }
-}
-static int tape_nys_matches(const void *tape, const bk_otk_desc *d, const bk_otk_config *p)
-{
-    uint64_t sum;
-    memcpy(&sum, (const char *)tape + tape_nys_offset(d, p) + tape_nys_at(d, 4, NULL), sizeof sum);
-    return sum == anchors_sum(d, p);
+    memset(c->prep, 0, nys_at(o->d, 5, NULL)); /* the section's padding: tapes are deterministic */
+    nys_area a = nys_carve(o->d, c->prep);
+    const bk_status s = nys_prepare(o->d, o->p, &a);
+    memcpy((char *)c->prep + at, &sum, sizeof sum);
+    return s;
 }
 
-static float *tape_block(const void *tape, const bk_otk_desc *d, const bk_otk_config *p, int b, int h)
+static double cost(const bki_call *c)
 {
-    return (float *)((char *)tape + bki_round_up(sizeof(otk_tape_header))) + ((size_t)b * d->q + h) * tape_block_floats(d, p);
+    const bk_otk_desc *d = par_of(c)->d;
+    return (double)d->n * (d->p + d->k);
 }
 
-static void tape_header_fill(otk_tape_header *t, const bk_otk_desc *d, const bk_otk_config *p)
-{
-    memset(t, 0, sizeof *t);
-    t->magic = OTK_MAGIC; t->version = OTK_VERSION;
-    t->B = d->B; t->n = d->n; t->d = d->d; t->q = d->q; t->p = d->p; t->k = d->k; t->L = full_iters(p);
-    t->domain = p->domain; t->convention = p->convention; t->pe = p->pe; t->pe_double = p->pe_double;
-    t->anchors = p->W != NULL;
-    t->eps = p->eps; t->sigma = p->sigma; t->eta = p->eta; t->sigma_pos = p->sigma_pos;
-}
+static size_t lane_bytes(const bki_call *c, int members) { return slab_bytes(par_of(c)->d, par_of(c)->p, members); }
 
-/* ---- workspace ---------------------------------------------------------------- */
-/* global part: Nystrom matrices, per-set gradient blocks (z, M, W), and a tape
- * when the backward recomputes the forward */
+/* a set's gradient block: z, then with anchors M and W */
 static size_t grad_block_floats(const bk_otk_desc *d, const bk_otk_config *p)
 {
     size_t f = (size_t)d->q * d->p * d->k;
@@ -467,51 +538,7 @@ static size_t grad_block_floats(const bk_otk_desc *d, const bk_otk_config *p)
     return bki_round_up(f * sizeof(float)) / sizeof(float);
 }
 
-static size_t ws_need(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, int backward, int own_tape)
-{
-    size_t b = slabs_bytes(d, p, pl);
-    if (p->W) b += nys_bytes(d->k, d->d) + 3 * bki_round_up((size_t)d->k * d->k * sizeof(double)) + BK_ALIGN;
-    if (backward) b += (size_t)d->B * grad_block_floats(d, p) * sizeof(float) + BK_ALIGN;
-    if (own_tape) b += bk_otk_tape_size(d, p) + BK_ALIGN;
-    return b;
-}
-
-size_t bk_otk_workspace_size(const bk_otk_desc *d, const bk_otk_config *p)
-{
-    if (!d || !p || d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1 || p->iters < 2 || p->iters % 2) return 0;
-    return ws_need(d, p, plan_of(d), 1, 1);
-}
-
-typedef struct {
-    char *slabs;
-    nys_global nys;
-    double *dtmp[3];          /* k x k double scratch for the global backward */
-    float *grads;             /* [B][grad_block]                              */
-    void *own_tape;
-} otk_ws;
-
-static otk_ws ws_layout(const bk_otk_desc *d, const bk_otk_config *p, bki_plan pl, int backward, int own_tape, char *base)
-{
-    otk_ws w;
-    memset(&w, 0, sizeof w);
-    w.slabs = base;
-    char *c = base + slabs_bytes(d, p, pl);
-    if (p->W) {
-        w.nys = nys_carve(d->k, d->d, c);
-        c += nys_bytes(d->k, d->d);
-        const size_t kk = bki_round_up((size_t)d->k * d->k * sizeof(double)) / sizeof(double);
-        w.dtmp[0] = (double *)bki_align_ptr(c);
-        w.dtmp[1] = w.dtmp[0] + kk;
-        w.dtmp[2] = w.dtmp[1] + kk;
-        c += 3 * kk * sizeof(double) + BK_ALIGN;
-    }
-    if (backward) {
-        w.grads = (float *)bki_align_ptr(c);
-        c += (size_t)d->B * grad_block_floats(d, p) * sizeof(float) + BK_ALIGN;
-    }
-    if (own_tape) w.own_tape = bki_align_ptr(c);
-    return w;
-}
+static size_t pgrad_bytes(const bki_call *c) { return grad_block_floats(par_of(c)->d, par_of(c)->p) * sizeof(float); }
 
 /* ---- features ----------------------------------------------------------------- */
 /* psi (n_b x k, row stride k) of one set; keeps xh, r and Bm for the backward.
@@ -862,99 +889,80 @@ static void plan_diag(const bki_team *tm, int nb, int P, const float *A, const o
     bki_team_sync(tm);
 }
 
-/* ---- forward ---------------------------------------------------------------------- */
-static bk_status check_inputs(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z)
+/* ---- the call's checks ------------------------------------------------------------- */
+/* a size query's check (ws_mode): the sizes and the iteration count */
+static bk_status check(const bki_call *c)
 {
+    const otk_par *o = par_of(c);
+    const bk_otk_desc *d = o->d;
+    const bk_otk_config *p = o->p;
     bk_status s;
-    if ((s = bki_otk_check_desc(d)) || (s = check_params(d, p))) return s;
-    if ((s = bki_check_tensor("x", x, d->B, 1, d->n, d->d))) return s;
-    if ((s = bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len))) return s;
-    if ((s = check_dense("references z", z, (size_t)d->q * d->p * d->k))) return s;
+    if (!c->ws_mode) return (s = bki_otk_check_desc(d)) ? s : check_params(d, p);
+    if (!d || !p || d->B < 1 || d->n < 1 || d->d < 1 || d->q < 1 || d->p < 1 || d->k < 1 || p->iters < 2 ||
+        p->iters % 2 || (int64_t)d->n * d->p > ((int64_t)1 << 36) || (int64_t)d->n * d->k > ((int64_t)1 << 36) ||
+        d->d > (1 << 24) || d->k > (1 << 16) || (int64_t)d->q * d->k > (1 << 26))
+        return bki_fail(BK_ERR_PARAM, "OTK sizes or iters invalid");
     return BK_OK;
 }
 
-/* ---- forward of one set: features, then q plans and their pooling ---------------- */
-typedef struct {
-    const bk_otk_desc *d;
-    const bk_otk_config *p;
-    const bk_tensor *x, *out;
-    const float *z;
-    void *tape;
-    const bk_otk_extras *ex;
-    const otk_ws *ws;
-    _Atomic int bad; /* the least set whose scaling iteration failed, or -1 */
-} fwd_ctx;
-
-static void fwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+static bk_status check_fwd_arrays(const bki_call *c)
 {
-    fwd_ctx *x = vctx;
-    const bk_otk_desc *d = x->d;
-    const bk_otk_config *p = x->p;
-    const bk_otk_extras *ex = x->ex;
-    const int P = d->p, k = d->k, nb = bki_len(d->len, b, d->n);
-    set_features(tm, d, p, x->ws->nys.M, nb, bki_at(x->x, b, 0), x->x->stride_n, w);
-    if (p->pe != BK_OTK_PE_NONE) pe_matrix(tm, d, p, nb, w->S); /* read after plan_logits' sync */
-    for (int h = 0; h < d->q; h++) {
-        const float *zh = x->z + (size_t)h * P * k;
-        float *hist = x->tape ? tape_block(x->tape, d, p, b, h) : w->hist;
-        plan_logits(tm, d, p, nb, w->psi, zh, w);
-        if (!plan_forward(tm, d, p, nb, hist, w)) {
-            if (tm->tid == 0) {
-                int cur = atomic_load(&x->bad);
-                while ((cur < 0 || b < cur) && !atomic_compare_exchange_weak(&x->bad, &cur, b)) {}
-            }
-            continue;
-        }
-        if (ex && ex->diag) plan_diag(tm, nb, P, w->A, w, &ex->diag[(size_t)b * d->q + h]);
-        pool_weights(tm, d, p, nb, w->A, w->A, w->S);
-        bki_team_sync(tm);
-        if (x->out)
-            bki_gemm(tm, 1, 0, P, k, nb, 1.0f, w->A, P, w->psi, k, 0.0f, bki_at(x->out, b, 0) + (size_t)h * k,
-                     x->out->stride_n);
-        if (ex && ex->plan) {
-            float *pl = ex->plan + ((size_t)b * d->q + h) * d->n * P;
-            int i0, i1;
-            team_rows(tm, nb, &i0, &i1);
-            memcpy(pl + (size_t)i0 * P, w->A + (size_t)i0 * P, sizeof(float) * (size_t)(i1 - i0) * P);
-            if (tm->tid == 0) memset(pl + (size_t)nb * P, 0, sizeof(float) * (size_t)(d->n - nb) * P);
-        }
-        bki_team_sync(tm); /* A and Lg are reused by the next plan */
-    }
-}
-
-/* Runs every set; out / tape / extras may be NULL. Returns the first set
- * whose scaling iteration failed, or -1. */
-static int forward_core(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
-                        const bk_tensor *out, void *tape, const bk_otk_extras *ex, const otk_ws *ws, bki_plan pl)
-{
-    fwd_ctx c = {d, p, x, out, z, tape, ex, ws, -1};
-    run_sets(d, p, pl, ws->slabs, 0, d->B, fwd_set, &c);
-    return atomic_load(&c.bad);
-}
-
-typedef struct {
-    const bk_otk_desc *d;
-    const bk_otk_config *p;
-    otk_ws *w;
+    const bk_otk_desc *d = par_of(c)->d;
+    const bk_tensor *x = c->k, *out = c->out;
+    const bk_otk_extras *ex = c->ex;
     bk_status s;
-} nys_prepare_args;
-
-static void nys_prepare_member(void *arg)
-{
-    nys_prepare_args *r = arg;
-    r->s = nys_setup(r->d, r->p, &r->w->nys, r->w->dtmp[1], r->w->dtmp[2]);
+    if ((s = bki_check_tensor("out", out, d->B, 1, d->p, d->q * d->k))) return s;
+    if (out->stride_n < (int64_t)d->q * d->k) return bki_fail(BK_ERR_STRIDE, "out row stride must be >= q*k");
+    bk_tensor zt = dense_view(par_of(c)->z, d->q * d->p, d->k), pt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
+    const bk_tensor *in[2] = {x, &zt};
+    const int ish[2][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}};
+    if (ex && ex->plan) pt = dense_view(ex->plan, d->B * d->q, d->n * d->p);
+    const bk_tensor *o[2] = {out, &pt};
+    const int osh[2][4] = {{d->B, 1, d->p, d->q * d->k}, {1, 1, d->B * d->q, d->n * d->p}};
+    const char *on[2] = {"out", "plan"};
+    return bki_check_aliasing(2, in, ish, 2, o, osh, on);
 }
 
-/* The Nystrom matrix, once per call, serially: in a one-thread region, so
- * that LAPACK's BLAS runs on one thread in the library's floating-point mode
- * like every other part of the call. */
-static bk_status nys_prepare(const bk_otk_desc *d, const bk_otk_config *p, otk_ws *w)
+static bk_status check_bwd_arrays(const bki_call *c)
 {
-    if (!p->W) return BK_OK;
-    nys_prepare_args r = {d, p, w, BK_OK};
-    bki_parallel(1, nys_prepare_member, &r);
-    return r.s;
+    const otk_par *op = par_of(c);
+    const bk_otk_desc *d = op->d;
+    const bk_otk_config *p = op->p;
+    const bk_tensor *x = c->k, *dout = c->dout, *dx = c->dk;
+    const otk_grads *g = c->pg;
+    float *dz = g ? g->dz : NULL, *dW = g ? g->dW : NULL;
+    bk_status s;
+    if ((s = bki_check_tensor("dout", dout, d->B, 1, d->p, d->q * d->k))) return s;
+    if (dout->stride_n < (int64_t)d->q * d->k) return bki_fail(BK_ERR_STRIDE, "dout row stride must be >= q*k");
+    if ((s = bki_check_finite("dout", dout, d->B, 1, d->p, d->q * d->k, NULL))) return s;
+    if (dW && !p->W) return bki_fail(BK_ERR_PARAM, "dW requested but there are no anchors (identity map)");
+    if (dx && (s = bki_check_tensor("dx", dx, d->B, 1, d->n, d->d))) return s;
+    bk_tensor zt = dense_view(op->z, d->q * d->p, d->k), dzt = {dz, 0, 0, 0, BK_DEVICE_HOST, BK_F32},
+              dWt = {dW, 0, 0, 0, BK_DEVICE_HOST, BK_F32}, Wt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
+    if (dz) dzt = dense_view(dz, d->q * d->p, d->k);
+    if (dW) dWt = dense_view(dW, d->k, d->d);
+    if (p->W) Wt = dense_view(p->W, d->k, d->d);
+    const bk_tensor *in[4] = {x, &zt, dout, &Wt};
+    const int ish[4][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}, {d->B, 1, d->p, d->q * d->k}, {1, 1, d->k, d->d}};
+    const bk_tensor *o[3] = {dx, &dzt, &dWt};
+    const int osh[3][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}, {1, 1, d->k, d->d}};
+    const char *on[3] = {"dx", "dz", "dW"};
+    return bki_check_aliasing(4, in, ish, 3, o, osh, on);
 }
+
+/* x (c->k) and z, then a forward's or a backward's own arrays (the driver's
+ * check_io; the descriptor and the parameters are checked) */
+static bk_status check_io(const bki_call *c, int backward)
+{
+    const bk_otk_desc *d = par_of(c)->d;
+    const bk_tensor *x = c->k;
+    bk_status s;
+    if ((s = bki_check_tensor("x", x, d->B, 1, d->n, d->d))) return s;
+    if ((s = bki_check_finite("x", x, d->B, 1, d->n, d->d, d->len))) return s;
+    if ((s = check_dense("references z", par_of(c)->z, (size_t)d->q * d->p * d->k))) return s;
+    return backward ? check_bwd_arrays(c) : check_fwd_arrays(c);
+}
+
 
 /* x and z are finite (checked): a non-finite result means a value overflowed
  * float32 (as driver.c's check of the attention operators' results; O(the
@@ -979,46 +987,65 @@ static bk_status overflow_check_dense(const char *what, const float *a, size_t n
     return BK_OK;
 }
 
-bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
-                         const bk_tensor *out, void *tape, const bk_otk_extras *ex, void *wsp, size_t ws_size)
+
+/* The call's results (the driver's check_results): a forward's failed sets
+ * (the scaling iteration, c->bad) or overflowed output, a backward's
+ * overflowed gradients. A failed forward's tape is marked unusable. */
+static bk_status check_results(bki_call *c, int backward)
 {
-    bk_status s;
-    if ((s = check_inputs(d, p, x, z))) return s;
-    if ((s = bki_check_tensor("out", out, d->B, 1, d->p, d->q * d->k))) return s;
-    if (out->stride_n < (int64_t)d->q * d->k) return bki_fail(BK_ERR_STRIDE, "out row stride must be >= q*k");
-    bk_tensor zt = dense_view(z, d->q * d->p, d->k), pt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
-    const bk_tensor *in[2] = {x, &zt};
-    const int ish[2][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}};
-    if (ex && ex->plan) pt = dense_view(ex->plan, d->B * d->q, d->n * d->p);
-    const bk_tensor *o[2] = {out, &pt};
-    const int osh[2][4] = {{d->B, 1, d->p, d->q * d->k}, {1, 1, d->B * d->q, d->n * d->p}};
-    const char *on[2] = {"out", "plan"};
-    if ((s = bki_check_aliasing(2, in, ish, 2, o, osh, on))) return s;
-    const bki_plan pl = plan_of(d);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
-    otk_ws ws = ws_layout(d, p, pl, 0, 0, base);
-    if ((s = nys_prepare(d, p, &ws))) goto done;
-    if (tape) {
-        tape_header_fill(tape, d, p);
-        if (p->W) tape_nys_copy(tape, d, p, &ws.nys, 1);
+    const bk_otk_desc *d = par_of(c)->d;
+    bk_status s = BK_OK;
+    if (!backward) {
+        if (c->bad < d->B)
+            s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d (eps = %g too small for "
+                         "exp(K/eps) in float32): use the log domain", c->bad, (double)par_of(c)->p->eps);
+        else if (c->out)
+            s = overflow_check("the output", c->out, d->B, d->p, d->q * d->k, NULL);
+        if (s && c->tape) memset(c->tape, 0, sizeof(uint32_t)); /* the magic */
+        return s;
     }
-    int bad = forward_core(d, p, x, z, out, tape, ex, &ws, pl);
-    if (bad >= 0) {
-        if (tape) ((otk_tape_header *)tape)->magic = 0;
-        s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d (eps = %g too small for "
-                     "exp(K/eps) in float32): use the log domain", bad, (double)p->eps);
-        goto done;
+    const otk_grads *g = c->pg;
+    if (c->dk && (s = overflow_check("the gradient dx", c->dk, d->B, d->n, d->d, d->len))) return s;
+    if (g && (s = overflow_check_dense("the gradient dz", g->dz, (size_t)d->q * d->p * d->k))) return s;
+    if (g && (s = overflow_check_dense("the gradient dW", g->dW, (size_t)d->k * d->d))) return s;
+    return BK_OK;
+}
+
+/* ---- forward of one set: features, then q plans and their pooling ---------------- */
+static void forward(const bki_team *tm, bki_call *c, int b, char *lane)
+{
+    const otk_par *o = par_of(c);
+    const bk_otk_desc *d = o->d;
+    const bk_otk_config *p = o->p;
+    const bk_otk_extras *ex = c->ex;
+    const otk_slab sl = slab_at(d, p, c->pl, lane, 0), *w = &sl;
+    const float *M = p->W ? (const float *)((char *)c->prep + nys_at(d, 3, NULL)) : NULL;
+    const int P = d->p, k = d->k, nb = bki_len(d->len, b, d->n);
+    set_features(tm, d, p, M, nb, bki_at(c->k, b, 0), c->k->stride_n, w);
+    if (p->pe != BK_OTK_PE_NONE) pe_matrix(tm, d, p, nb, w->S); /* read after plan_logits' sync */
+    for (int h = 0; h < d->q; h++) {
+        const float *zh = o->z + (size_t)h * P * k;
+        float *hist = c->tape ? tape_hist(c, b, h) : w->hist;
+        plan_logits(tm, d, p, nb, w->psi, zh, w);
+        if (!plan_forward(tm, d, p, nb, hist, w)) {
+            if (tm->tid == 0) bki_op_fail(c, b, BK_ERR_NUMERIC);
+            continue;
+        }
+        if (ex && ex->diag) plan_diag(tm, nb, P, w->A, w, &ex->diag[(size_t)b * d->q + h]);
+        pool_weights(tm, d, p, nb, w->A, w->A, w->S);
+        bki_team_sync(tm);
+        if (c->out)
+            bki_gemm(tm, 1, 0, P, k, nb, 1.0f, w->A, P, w->psi, k, 0.0f, bki_at(c->out, b, 0) + (size_t)h * k,
+                     c->out->stride_n);
+        if (ex && ex->plan) {
+            float *pl = ex->plan + ((size_t)b * d->q + h) * d->n * P;
+            int i0, i1;
+            team_rows(tm, nb, &i0, &i1);
+            memcpy(pl + (size_t)i0 * P, w->A + (size_t)i0 * P, sizeof(float) * (size_t)(i1 - i0) * P);
+            if (tm->tid == 0) memset(pl + (size_t)nb * P, 0, sizeof(float) * (size_t)(d->n - nb) * P);
+        }
+        bki_team_sync(tm); /* A and Lg are reused by the next plan */
     }
-    if ((s = overflow_check("the output", out, d->B, d->p, d->q * d->k, NULL))) {
-        if (tape) ((otk_tape_header *)tape)->magic = 0;
-        goto done;
-    }
-    bki_clear_error();
-done:
-    bki_workspace_release(owned);
-    return s;
 }
 
 typedef struct {
@@ -1041,6 +1068,8 @@ static void features_set(const bki_team *tm, int b, const otk_slab *w, void *vct
     if (tm->tid == 0) bki_zero_rows(dst, c->psi->stride_n, nb, d->n, d->k);
 }
 
+/* (not a call of the driver: no tape, no backward; the sets on the same
+ * per-set runner and lanes, the Nystrom matrices in the same area) */
 bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const bk_tensor *psi)
 {
     bk_status s;
@@ -1055,13 +1084,19 @@ bk_status bk_otk_features(const bk_otk_desc *d, const bk_otk_config *p, const bk
     const char *on[1] = {"psi"};
     if ((s = bki_check_aliasing(1, in, ish, 1, o, osh, on))) return s;
     const bki_plan pl = plan_of(d);
+    const size_t sb = slabs_bytes(d, p, pl);
     void *owned = NULL;
     char *base = NULL;
-    if ((s = bki_workspace(NULL, 0, ws_need(d, p, pl, 0, 0), "bk_otk_workspace_size", &owned, &base))) return s;
-    otk_ws ws = ws_layout(d, p, pl, 0, 0, base);
-    if ((s = nys_prepare(d, p, &ws))) goto done;
-    feat_ctx c = {d, p, x, psi, ws.nys.M};
-    run_sets(d, p, pl, ws.slabs, 0, d->B, features_set, &c);
+    if ((s = bki_workspace(NULL, 0, sb + (p->W ? nys_area_bytes(d) + BK_ALIGN : 0), "bk_otk_features", &owned, &base)))
+        return s;
+    nys_area a;
+    memset(&a, 0, sizeof a);
+    if (p->W) {
+        a = nys_carve(d, bki_align_ptr(base + sb));
+        if ((s = nys_prepare(d, p, &a))) goto done;
+    }
+    feat_ctx c = {d, p, x, psi, p->W ? a.g.M : NULL};
+    run_sets(d, p, pl, base, 0, d->B, features_set, &c);
     if ((s = overflow_check("the features psi", psi, d->B, d->n, d->k, d->len))) goto done;
     bki_clear_error();
 done:
@@ -1070,17 +1105,6 @@ done:
 }
 
 /* ---- backward --------------------------------------------------------------------- */
-static bk_status check_tape(const void *tape, const bk_otk_desc *d, const bk_otk_config *p)
-{
-    otk_tape_header t;
-    tape_header_fill(&t, d, p);
-    const otk_tape_header *h = tape;
-    if (h->magic != OTK_MAGIC || h->version != OTK_VERSION)
-        return bki_fail(BK_ERR_TAPE, "tape has a bad magic number or version (not written by a successful bk_otk_forward?)");
-    if (memcmp(h, &t, sizeof t) != 0) return bki_fail(BK_ERR_TAPE, "tape was written for another problem or other parameters");
-    return BK_OK;
-}
-
 /* Nystrom backward of one set: dpsi -> dx rows, dM_b, dW_b (direct term).
  * Called with dpsi complete; ends in sync. */
 static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, const bk_otk_config *p, const float *M,
@@ -1131,37 +1155,30 @@ static void set_features_backward(const bki_team *tm, const bk_otk_desc *d, cons
     bki_team_sync(tm);
 }
 
-typedef struct {
-    const bk_otk_desc *d;
-    const bk_otk_config *p;
-    const bk_tensor *x, *dout, *dx;
-    const float *z;
-    const void *tape;
-    const otk_ws *ws;
-} bwd_ctx;
-
-static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
+static void backward(const bki_team *tm, bki_call *c, int b, char *lane)
 {
-    const bwd_ctx *x = vctx;
-    const bk_otk_desc *d = x->d;
-    const bk_otk_config *p = x->p;
+    const otk_par *o = par_of(c);
+    const bk_otk_desc *d = o->d;
+    const bk_otk_config *p = o->p;
+    const otk_slab sl = slab_at(d, p, c->pl, lane, 0), *w = &sl;
+    const float *M = p->W ? (const float *)((char *)c->prep + nys_at(d, 3, NULL)) : NULL;
     const int P = d->p, k = d->k, L = full_iters(p), nb = bki_len(d->len, b, d->n), pe = p->pe != BK_OTK_PE_NONE;
-    const float *xb = bki_at(x->x, b, 0);
-    float *gz = x->ws->grads + (size_t)b * grad_block_floats(d, p), *gM = NULL, *gW = NULL;
+    const float *xb = bki_at(c->k, b, 0);
+    float *gz = (float *)(c->pgrad + (size_t)b * bki_round_up(pgrad_bytes(c))), *gM = NULL, *gW = NULL;
     if (p->W) {
         gM = gz + (size_t)d->q * P * k;
         gW = gM + (size_t)k * k;
     }
-    set_features(tm, d, p, x->ws->nys.M, nb, xb, x->x->stride_n, w);
+    set_features(tm, d, p, M, nb, xb, c->k->stride_n, w);
     if (pe) pe_matrix(tm, d, p, nb, w->S);
     int i0, i1;
     team_rows(tm, nb, &i0, &i1);
     memset(w->dpsi + (size_t)i0 * k, 0, sizeof(float) * (size_t)(i1 - i0) * k);
     const float cn = out_coef(d, p) / (float)nb, ie = 1.0f / p->eps;
     for (int h = 0; h < d->q; h++) {
-        const float *zh = x->z + (size_t)h * P * k, *hist = tape_block(x->tape, d, p, b, h);
-        const float *Gh = bki_at(x->dout, b, 0) + (size_t)h * k;
-        const int64_t ldg = x->dout->stride_n;
+        const float *zh = o->z + (size_t)h * P * k, *hist = tape_hist(c, b, h);
+        const float *Gh = bki_at(c->dout, b, 0) + (size_t)h * k;
+        const int64_t ldg = c->dout->stride_n;
         bki_sk_problem pb = {nb, P, w->Lg, P, NULL, NULL, 2 * L, 0.0f, NULL, 1.0f, 1};
         plan_logits(tm, d, p, nb, w->psi, zh, w);
         if (p->domain == BK_OTK_SCALING) scaling_attention(tm, nb, P, L, w->Lg, hist, w->A);
@@ -1190,10 +1207,11 @@ static void bwd_set(const bki_team *tm, int b, const otk_slab *w, void *vctx)
         bki_gemm(tm, 1, 0, P, k, nb, ie, w->G, P, w->psi, k, 0.0f, gz + (size_t)h * P * k, k);
         bki_team_sync(tm);
     }
-    float *dxb = x->dx ? bki_at(x->dx, b, 0) : NULL;
-    set_features_backward(tm, d, p, x->ws->nys.M, nb, xb, x->x->stride_n, w, dxb, x->dx ? x->dx->stride_n : 0, gM, gW);
-    if (dxb && tm->tid == 0) bki_zero_rows(dxb, x->dx->stride_n, nb, d->n, d->d);
+    float *dxb = c->dk ? bki_at(c->dk, b, 0) : NULL;
+    set_features_backward(tm, d, p, M, nb, xb, c->k->stride_n, w, dxb, c->dk ? c->dk->stride_n : 0, gM, gW);
+    if (dxb && tm->tid == 0) bki_zero_rows(dxb, c->dk->stride_n, nb, d->n, d->d);
 }
+
 
 /* out[e] = the sum over sets b in order of grads[b gbf + off + e], for e in
  * [e0, min(e0 + SUM_CHUNK, n)) */
@@ -1211,7 +1229,8 @@ static void set_sum_f(const float *grads, size_t gbf, int B, size_t off, size_t 
 typedef struct {
     const bk_otk_desc *d;
     const bk_otk_config *p;
-    const otk_ws *ws;
+    const float *grads;   /* the sets' gradient blocks                   */
+    nys_area a;
     size_t gbf, nz, nm, nw, om, ow; /* om, ow: dM's and dW's places in a set's gradient block */
     float *dz, *dW;
 } grad_sums_args;
@@ -1224,13 +1243,12 @@ static void grad_sums_member(void *arg)
 {
     const grad_sums_args *r = arg;
     const bk_otk_desc *d = r->d;
-    const otk_ws *ws = r->ws;
     const size_t gbf = r->gbf, nz = r->nz, nm = r->nm, nw = r->nw, om = r->om, ow = r->ow;
-    double *dM = ws->dtmp[0];
+    double *dM = r->a.dtmp[0];
     const int64_t cz = (int64_t)((nz + SUM_CHUNK - 1) / SUM_CHUNK), cm = (int64_t)((nm + SUM_CHUNK - 1) / SUM_CHUNK),
                   cw = (int64_t)((nw + SUM_CHUNK - 1) / SUM_CHUNK);
     if (r->dz) {
-        BKI_FOR(c, cz) set_sum_f(ws->grads, gbf, d->B, 0, (size_t)c * SUM_CHUNK, nz, r->dz);
+        BKI_FOR(c, cz) set_sum_f(r->grads, gbf, d->B, 0, (size_t)c * SUM_CHUNK, nz, r->dz);
     }
     if (r->dW) {
         BKI_FOR(c, cm)
@@ -1238,75 +1256,98 @@ static void grad_sums_member(void *arg)
             const size_t e0 = (size_t)c * SUM_CHUNK, e1 = e0 + SUM_CHUNK < nm ? e0 + SUM_CHUNK : nm;
             for (size_t e = e0; e < e1; e++) dM[e] = 0.0;
             for (int b = 0; b < d->B; b++) {
-                const float *g = ws->grads + (size_t)b * gbf + om;
+                const float *g = r->grads + (size_t)b * gbf + om;
                 for (size_t e = e0; e < e1; e++) dM[e] += g[e];
             }
         }
-        BKI_FOR(c, cw) set_sum_f(ws->grads, gbf, d->B, ow, (size_t)c * SUM_CHUNK, nw, r->dW);
+        BKI_FOR(c, cw) set_sum_f(r->grads, gbf, d->B, ow, (size_t)c * SUM_CHUNK, nw, r->dW);
         const bki_team tm = bki_region_team();
         bki_team_sync(&tm); /* nys_backward_global reads all of dM and dW */
-        nys_backward_global(&tm, d, r->p, &ws->nys, dM, ws->dtmp[1], ws->dtmp[2], r->dW);
+        nys_backward_global(&tm, d, r->p, &r->a.g, dM, r->a.dtmp[1], r->a.dtmp[2], r->dW);
     }
+}
+
+/* the driver's reduce: dz, dW (c->pg) from the sets' gradient blocks */
+static void reduce(bki_call *c)
+{
+    const otk_par *o = par_of(c);
+    const bk_otk_desc *d = o->d;
+    const otk_grads *g = c->pg;
+    if (!g) return;
+    const size_t nz = (size_t)d->q * d->p * d->k, nm = (size_t)d->k * d->k, nw = (size_t)d->k * d->d;
+    grad_sums_args r = {d, o->p, (const float *)c->pgrad, {{0}, {0}}, bki_round_up(pgrad_bytes(c)) / sizeof(float),
+                        nz, nm, nw, nz, nz + nm, g->dz, g->dW};
+    if (o->p->W) r.a = nys_carve(d, c->prep);
+    bki_parallel((size_t)d->B * (nz + nm + nw) > 65536 ? bki_threads() : 1, grad_sums_member, &r);
+}
+
+static const bki_op otk_op = {
+    .name = "otk", .id = 100, .par_name = "bk_otk_config", .check = check, .cost = cost, .lane_bytes = lane_bytes,
+    .block_bytes = block_bytes, .key = key, .prep_bytes = prep_bytes, .prepare = prepare, .pgrad_bytes = pgrad_bytes,
+    .reduce = reduce, .forward = forward, .backward = backward, .call_bytes = call_bytes, .check_io = check_io,
+    .check_results = check_results,
+    .doc = "the OTK embedding (Mialon et al. 2021): sets pooled onto references (not in the registry: its "
+           "problems are sets, bk_otk_*)",
+};
+
+/* ---- the public calls ------------------------------------------------------------ */
+static bki_call otk_call(otk_par *o, const bk_otk_desc *d, const bk_otk_config *p, const float *z)
+{
+    memset(o, 0, sizeof *o);
+    o->d = d;
+    o->p = p;
+    o->z = z;
+    if (d) {
+        const int64_t dv = (int64_t)d->q * d->k;
+        o->ad.B = d->B;
+        o->ad.H = 1;
+        o->ad.Nq = d->p;
+        o->ad.Nk = d->n;
+        o->ad.d = d->d;
+        o->ad.dv = dv > INT32_MAX ? INT32_MAX : (int)dv;
+        o->ad.k_len = d->len;
+    }
+    return bki_call_of(&otk_op, &o->ad, o);
+}
+
+size_t bk_otk_workspace_size(const bk_otk_desc *d, const bk_otk_config *p)
+{
+    otk_par o;
+    bki_call c = otk_call(&o, d, p, NULL);
+    return bki_op_workspace_size(&c);
+}
+
+size_t bk_otk_tape_size(const bk_otk_desc *d, const bk_otk_config *p)
+{
+    otk_par o;
+    bki_call c = otk_call(&o, d, p, NULL);
+    return bki_op_tape_size_query(&c);
+}
+
+bk_status bk_otk_forward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
+                         const bk_tensor *out, void *tape, const bk_otk_extras *ex, void *ws, size_t ws_size)
+{
+    otk_par o;
+    bki_call c = otk_call(&o, d, p, z);
+    c.k = x;
+    c.out = out;
+    c.ex = ex;
+    return bki_op_forward(&c, tape, ws, ws_size);
 }
 
 bk_status bk_otk_backward(const bk_otk_desc *d, const bk_otk_config *p, const bk_tensor *x, const float *z,
-                          const bk_tensor *dout, const void *tape_in, const bk_tensor *dx, float *dz, float *dW,
-                          void *wsp, size_t ws_size)
+                          const bk_tensor *dout, const void *tape, const bk_tensor *dx, float *dz, float *dW, void *ws,
+                          size_t ws_size)
 {
-    bk_status s;
-    if ((s = check_inputs(d, p, x, z))) return s;
-    if ((s = bki_check_tensor("dout", dout, d->B, 1, d->p, d->q * d->k))) return s;
-    if (dout->stride_n < (int64_t)d->q * d->k) return bki_fail(BK_ERR_STRIDE, "dout row stride must be >= q*k");
-    if ((s = bki_check_finite("dout", dout, d->B, 1, d->p, d->q * d->k, NULL))) return s;
-    if (dW && !p->W) return bki_fail(BK_ERR_PARAM, "dW requested but there are no anchors (identity map)");
-    if (dx && (s = bki_check_tensor("dx", dx, d->B, 1, d->n, d->d))) return s;
-    bk_tensor zt = dense_view(z, d->q * d->p, d->k), dzt = {dz, 0, 0, 0, BK_DEVICE_HOST, BK_F32}, dWt = {dW, 0, 0, 0, BK_DEVICE_HOST, BK_F32},
-              Wt = {0, 0, 0, 0, BK_DEVICE_HOST, BK_F32};
-    if (dz) dzt = dense_view(dz, d->q * d->p, d->k);
-    if (dW) dWt = dense_view(dW, d->k, d->d);
-    if (p->W) Wt = dense_view(p->W, d->k, d->d);
-    const bk_tensor *in[4] = {x, &zt, dout, &Wt};
-    const int ish[4][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}, {d->B, 1, d->p, d->q * d->k}, {1, 1, d->k, d->d}};
-    const bk_tensor *o[3] = {dx, &dzt, &dWt};
-    const int osh[3][4] = {{d->B, 1, d->n, d->d}, {1, 1, d->q * d->p, d->k}, {1, 1, d->k, d->d}};
-    const char *on[3] = {"dx", "dz", "dW"};
-    if ((s = bki_check_aliasing(4, in, ish, 3, o, osh, on))) return s;
-    if (tape_in && (s = check_tape(tape_in, d, p))) return s;
-    const bki_plan pl = plan_of(d);
-    void *owned = NULL;
-    char *base = NULL;
-    if ((s = bki_workspace(wsp, ws_size, ws_need(d, p, pl, 1, tape_in == NULL), "bk_otk_workspace_size", &owned, &base)))
-        return s;
-    otk_ws ws = ws_layout(d, p, pl, 1, tape_in == NULL, base);
-    if (tape_in && p->W && tape_nys_matches(tape_in, d, p)) tape_nys_copy(tape_in, d, p, &ws.nys, 0);
-    else if ((s = nys_prepare(d, p, &ws))) goto done;
-    const void *tape = tape_in;
-    if (!tape) {
-        tape_header_fill(ws.own_tape, d, p);
-        int bad = forward_core(d, p, x, z, NULL, ws.own_tape, NULL, &ws, pl);
-        if (bad >= 0) {
-            s = bki_fail(BK_ERR_NUMERIC, "scaling-domain Sinkhorn underflowed on set %d: use the log domain", bad);
-            goto done;
-        }
-        tape = ws.own_tape;
-    }
-    const int P = d->p, k = d->k;
-    const size_t gbf = grad_block_floats(d, p);
-    bwd_ctx c = {d, p, x, dout, dx, z, tape, &ws};
-    run_sets(d, p, pl, ws.slabs, 0, d->B, bwd_set, &c);
-    const size_t nz = (size_t)d->q * P * k, nm = (size_t)k * k, nw = (size_t)k * d->d;
-    const size_t om = nz, ow = nz + nm; /* dM's and dW's places in a set's gradient block */
-    grad_sums_args r = {d, p, &ws, gbf, nz, nm, nw, om, ow, dz, dW};
-    bki_parallel((size_t)d->B * (nz + nm + nw) > 65536 ? bki_threads() : 1, grad_sums_member, &r);
-    if ((dx && (s = overflow_check("the gradient dx", dx, d->B, d->n, d->d, d->len))) ||
-        (s = overflow_check_dense("the gradient dz", dz, nz)) || (s = overflow_check_dense("the gradient dW", dW, nw)))
-        goto done;
-    bki_clear_error();
-done:
-    bki_workspace_release(owned);
-    return s;
+    otk_par o;
+    bki_call c = otk_call(&o, d, p, z);
+    otk_grads g = {dz, dW};
+    c.k = x;
+    c.dout = dout;
+    c.dk = dx;
+    c.pg = &g;
+    return bki_op_backward(&c, tape, ws, ws_size);
 }
-
 /* ---- transport statistics for the unsupervised fits (otk_fit.c) ---------------------
  * F: features [B][n][k] (dense; rows below len[b] valid). For every set b:
  * sim[b*q+h] = sum_ij P_ij <F_i, z^h_j> for each h (LOG plan, p->eps,

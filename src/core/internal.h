@@ -569,6 +569,15 @@ static inline uint64_t bki_mix64_fin(uint64_t z)
 static inline uint64_t bki_mix64(uint64_t *s) { return bki_mix64_fin(*s += BKI_GOLDEN); }
 /* uniform integer in [0, n) (n >= 1; modulo bias below 2^-40 for n < 2^24) */
 static inline uint64_t bki_rand_below(uint64_t *s, uint64_t n) { return bki_mix64(s) % n; }
+/* a standard normal draw by Box-Muller from two draws of the splitmix64
+ * stream s (u in (0, 1), never 0): the slice banks' (bki_unit_directions)
+ * and Performer's projection */
+static inline double bki_gauss(uint64_t *s)
+{
+    const double u = ((double)(bki_mix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    const double w = (double)(bki_mix64(s) >> 11) * (1.0 / 9007199254740992.0);
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+}
 
 /* UTF-8 (status.c): the length of the sequence at s (n bytes available),
  * 1..4 when whole and well-formed (*cp its code point; no overlong form,

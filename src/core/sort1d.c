@@ -279,9 +279,7 @@ void bki_unit_directions(uint64_t seed, int L, int d, float *theta)
     for (int l = 0; l < L; l++) {
         double nrm = 0.0;
         for (int x = 0; x < d; x++) {
-            double u = ((double)(bki_mix64(&st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-            double w = (double)(bki_mix64(&st) >> 11) * (1.0 / 9007199254740992.0);
-            double g = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+            const double g = bki_gauss(&st);
             theta[(size_t)l * d + x] = (float)g;
             nrm += g * g;
         }

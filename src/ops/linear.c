@@ -109,15 +109,7 @@ static bk_status check(const bki_call *c)
 }
 
 /* ---- Performer's projection --------------------------------------------------
- * Standard normal draws by Box-Muller from one splitmix64 stream (as
- * bki_unit_directions draws its slices). */
-static double gauss(uint64_t *st)
-{
-    const double u = ((double)(bki_mix64(st) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    const double w = (double)(bki_mix64(st) >> 11) * (1.0 / 9007199254740992.0);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-}
-
+ * Standard normal draws (bki_gauss) from one splitmix64 stream. */
 /* one block: `rows` <= d orthonormal rows of R^d, Gram-Schmidt (twice, in
  * double) on Gaussian rows; a row that vanishes is drawn again */
 static void orthonormal_block(uint64_t *st, int d, int rows, double *blk, float *W)
@@ -125,7 +117,7 @@ static void orthonormal_block(uint64_t *st, int d, int rows, double *blk, float 
     for (int r = 0; r < rows; r++) {
         double *x = blk + (size_t)r * d;
         for (int tries = 0;; tries++) {
-            for (int i = 0; i < d; i++) x[i] = gauss(st);
+            for (int i = 0; i < d; i++) x[i] = bki_gauss(st);
             for (int pass = 0; pass < 2; pass++)
                 for (int p = 0; p < r; p++) {
                     const double *y = blk + (size_t)p * d;
@@ -157,7 +149,7 @@ static void draw_projection(const bk_performer_config *p, int d, float *W, doubl
         if (p->scaling == BK_PERFORMER_NORMS) {
             double s = 0.0;
             for (int i = 0; i < d; i++) {
-                const double g = gauss(&st);
+                const double g = bki_gauss(&st);
                 s += g * g;
             }
             mult = sqrt(s);

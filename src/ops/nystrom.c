@@ -267,7 +267,7 @@ static void kernels(const bki_team *tm, const prob *q, const lane *ln, int dim, 
     }
 }
 
-/* the tile epilogue adding a constant on the diagonal (7 I, 15 I, 13 I) */
+/* the tile epilogue adding a constant on the diagonal (15 I, 13 I) */
 static void add_diag(void *arg, int i0, int j0, int mi, int nj, float *Ct, ptrdiff_t ldc)
 {
     const float v = *(const float *)arg;
@@ -296,9 +296,12 @@ static float max_colsum(int r, const float *A, int *jmax)
 static void iter_terms(const bki_team *tm, int r, const float *A, const float *Z, float *P, float *T1, float *T2,
                        float *T3)
 {
-    float c7 = 7.0f, c15 = 15.0f, c13 = 13.0f;
+    float c15 = 15.0f, c13 = 13.0f;
     bki_gemm(tm, 0, 0, r, r, r, 1.0f, A, r, Z, r, 0.0f, P, r);
-    bki_gemm_ep(tm, 0, 0, r, r, r, -1.0f, A, r, Z, r, 0.0f, T1, r, add_diag, &c7);
+    bki_team_sync(tm);
+    BKI_RANGES(tm, r, 1, i0, i1) /* T1 from P: no second product A Z */
+    for (int i = i0; i < i1; i++)
+        for (int j = 0; j < r; j++) T1[(size_t)i * r + j] = (i == j ? 7.0f : 0.0f) - P[(size_t)i * r + j];
     bki_team_sync(tm);
     bki_gemm_ep(tm, 0, 0, r, r, r, -1.0f, P, r, T1, r, 0.0f, T2, r, add_diag, &c15);
     bki_team_sync(tm);

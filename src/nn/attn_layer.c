@@ -214,20 +214,20 @@ int bki_attn_tensors(const bk_model_config *c, int dh, bki_attn_tensor out[BKI_M
 }
 
 /* ---- sites ------------------------------------------------------------------ */
-int bki_attn_site_kind(const bk_model *m, attn_site s)
-{
-    if (!s.cross) return s.causal ? BK_ATTN_SOFTMAX : m->c.attn;
-    if (m->c.arch == BK_ARCH_SEQ2SEQ) return m->c.cross_attn;
-    return bki_has_pma(&m->c) && s.l == bki_pma_unit(&m->c) ? m->c.pma_attn : m->c.attn;
-}
-
-/* the configuration's site of an attention site (-1: the decoder's causal
- * self-attention, softmax with its defaults) */
+/* the configuration's site of an attention site: 0 attn, 1 cross_attn, 2
+ * pma_attn (-1: the decoder's causal self-attention, softmax with its
+ * defaults) */
 static int site_config(const bk_model *m, attn_site s)
 {
     if (!s.cross) return s.causal ? -1 : 0;
     if (m->c.arch == BK_ARCH_SEQ2SEQ) return 1;
     return bki_has_pma(&m->c) && s.l == bki_pma_unit(&m->c) ? 2 : 0;
+}
+
+int bki_attn_site_kind(const bk_model *m, attn_site s)
+{
+    const int cs = site_config(m, s);
+    return cs < 0 ? BK_ATTN_SOFTMAX : cs == 0 ? m->c.attn : cs == 1 ? m->c.cross_attn : m->c.pma_attn;
 }
 
 /* a call of the site's operator; par: the storage of its parameters */
@@ -249,12 +249,7 @@ static bki_call bki_attn_call(const bk_model *m, const bk_attn_desc *d, attn_sit
         if (x && x->fill) x->fill(m, s.l, p);
     }
     memcpy(par, &ps, sizeof ps);
-    bki_call c;
-    memset(&c, 0, sizeof c);
-    c.op = op;
-    c.d = d;
-    c.par = par->par.bytes;
-    return c;
+    return bki_call_of(op, d, par->par.bytes);
 }
 
 size_t bki_attn_ws(const bk_model *m, const bk_attn_desc *d, attn_site s)
@@ -289,10 +284,10 @@ bk_status bki_model_ensure_ws(bk_model *m, size_t need)
 bk_status bki_attn_forward(bk_model *m, attn_site s, const bk_attn_desc *d, const bk_tensor *q, const bk_tensor *k,
                            const bk_tensor *v, const bk_tensor *o, const bk_tensor *attn_out, void *tape)
 {
-    bk_status st = bki_model_ensure_ws(m, bki_attn_ws(m, d, s));
-    if (st) return st;
     bk_attn_params par;
-    bki_call c = bki_attn_call(m, d, s, &par);
+    bki_call c = bki_attn_call(m, d, s, &par), query = c; /* (a size query marks its call) */
+    bk_status st = bki_model_ensure_ws(m, bki_op_workspace_size(&query));
+    if (st) return st;
     c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn_out;
     c.trusted = 1; /* the model's activations: its logits are checked */
     return bki_op_forward(&c, tape, m->ws, m->ws_cap);
@@ -302,10 +297,10 @@ bk_status bki_attn_backward(bk_model *m, attn_site s, const bk_attn_desc *d, con
                             const bk_tensor *v, const bk_tensor *dout, const bk_tensor *dq, const bk_tensor *dk,
                             const bk_tensor *dv, void *pg, void *tape)
 {
-    bk_status st = bki_model_ensure_ws(m, bki_attn_ws(m, d, s));
-    if (st) return st;
     bk_attn_params par;
-    bki_call c = bki_attn_call(m, d, s, &par);
+    bki_call c = bki_attn_call(m, d, s, &par), query = c; /* (a size query marks its call) */
+    bk_status st = bki_model_ensure_ws(m, bki_op_workspace_size(&query));
+    if (st) return st;
     c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv; c.pg = pg;
     c.trusted = 1;
     return bki_op_backward(&c, tape, m->ws, m->ws_cap);

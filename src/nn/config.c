@@ -488,11 +488,7 @@ static bk_status site_check(const bk_model_config *c, int s, int N)
     bki_attn_set_owned(op, par.par.bytes, c->attn_scale, 0, 0);
     const int dh = head_dim_of(c);
     const bk_attn_desc d = {1, c->heads, N, N, dh, dh, NULL, NULL};
-    bki_call call;
-    memset(&call, 0, sizeof call);
-    call.op = op;
-    call.d = &d;
-    call.par = par.par.bytes;
+    bki_call call = bki_call_of(op, &d, par.par.bytes);
     call.ws_mode = 1;
     if (op->check(&call) == BK_OK) return BK_OK;
     char msg[512];

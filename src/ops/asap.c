@@ -592,17 +592,15 @@ static const bki_preset presets[] = {
     {.name = "asap0", .params = "variant=zero", .doc = "asap with the zero closure (one row step)"},
 };
 
-#define NB(a) (int)(sizeof a / sizeof a[0])
 const bki_op bki_op_asap = {
-    .name = "asap", .id = 5, .par_name = "bk_asap_forward_config", .fields = fields, .nfields = NB(fields),
+    .name = "asap", .id = 5, .par_name = "bk_asap_forward_config", .fields = fields, .nfields = BKI_NB(fields),
     .par_size = sizeof(bk_asap_forward_config), .par_default = par_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .forward = forward,
     .doc = "ASAP: Sinkhorn attention compiled to one closure step from a fitted sliced dual (Tran, Milkert, "
            "Hyde 2026; inference only)",
-    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .arrays = arrays, .narrays = NB(arrays),
-    .run_arrays = run_arrays, .presets = presets, .npresets = NB(presets),
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .arrays = arrays, .narrays = BKI_NB(arrays),
+    .run_arrays = run_arrays, .presets = presets, .npresets = BKI_NB(presets),
 };
-#undef NB
 
 /* ---- public entry points: the registry's forward with {layer, variant} ---- */
 size_t bk_asap_workspace_size(const bk_attn_desc *desc, const bk_asap_layer *layer)

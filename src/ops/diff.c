@@ -304,18 +304,16 @@ static bk_status diff_run_arrays(bki_call *c, float *const *a, void *tape, void 
 static const bki_bench_case diff_bench[] = {DIFF_CASE(16, 256), DIFF_CASE(8, 1024)};
 #undef DIFF_CASE
 
-#define NB(a) (int)(sizeof a / sizeof a[0])
 const bki_op bki_op_diff = {
-    .name = "diff", .id = 7, .par_name = "bk_diff_config", .fields = diff_fields, .nfields = NB(diff_fields),
+    .name = "diff", .id = 7, .par_name = "bk_diff_config", .fields = diff_fields, .nfields = BKI_NB(diff_fields),
     .par_size = sizeof(bk_diff_config), .par_default = diff_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
     .forward = forward, .backward = backward, .steps_ok = steps_ok, .pg_arrays = pg_arrays,
     .doc = "differential attention (Ye et al. 2025): softmax(s Q1 K1^T) - lambda softmax(s Q2 K2^T) on the two "
            "halves of d",
-    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = diff_bench, .nbench = NB(diff_bench),
-    .arrays = diff_arrays, .narrays = NB(diff_arrays), .run_arrays = diff_run_arrays,
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = diff_bench, .nbench = BKI_NB(diff_bench),
+    .arrays = diff_arrays, .narrays = BKI_NB(diff_arrays), .run_arrays = diff_run_arrays,
 };
-#undef NB
 
 /* ---- public entry points: one line each over the call helpers (op.h) ---- */
 size_t bk_diff_workspace_size(const bk_attn_desc *desc, const bk_diff_config *p)

@@ -1472,19 +1472,17 @@ static const bki_bench_case bench[] = {
 };
 #undef ESP_CASE
 
-#define NB(a) (int)(sizeof a / sizeof a[0])
 const bki_op bki_op_esp = {
-    .name = "esp", .id = 3, .par_name = "bk_esp_config", .fields = fields, .nfields = NB(fields),
+    .name = "esp", .id = 3, .par_name = "bk_esp_config", .fields = fields, .nfields = BKI_NB(fields),
     .par_size = sizeof(bk_esp_config), .par_default = par_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .prep_bytes = prep_bytes,
     .prepare = prep_slices, .pgrad_bytes = pgrad_bytes, .reduce = reduce, .forward = forward, .backward = backward,
     .steps_ok = steps_ok, .pg_arrays = pg_arrays,
     .doc = "expected sliced transport (ESPFormer, Shahbazi et al. 2025): plans of sorted 1-d projections mixed "
            "over slices",
-    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = bench, .nbench = NB(bench),
-    .arrays = arrays, .narrays = NB(arrays), .run_arrays = run_arrays,
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = bench, .nbench = BKI_NB(bench),
+    .arrays = arrays, .narrays = BKI_NB(arrays), .run_arrays = run_arrays,
 };
-#undef NB
 
 /* ---- public entry points: one line each over the call helpers (op.h) ---- */
 size_t bk_esp_workspace_size(const bk_attn_desc *desc, const bk_esp_config *p)

@@ -546,7 +546,6 @@ static const bki_bench_case lot_bench[] = {
 };
 #undef LOT_CASE
 
-#define NB(a) (int)(sizeof a / sizeof a[0])
 /* ---- the learned arrays (a model's): the pivots Z [H, r, d] (N(0, 1)) and
  * the mass logits theta [H, r] (0: uniform masses); their gradients in a
  * bki_lot_grads ---- */
@@ -569,17 +568,16 @@ static const bki_learned lot_learned[] = {
 };
 
 const bki_op bki_op_lot = {
-    .name = "lot", .id = 4, .par_name = "bk_lot_config", .fields = lot_fields, .nfields = NB(lot_fields),
+    .name = "lot", .id = 4, .par_name = "bk_lot_config", .fields = lot_fields, .nfields = BKI_NB(lot_fields),
     .par_size = sizeof(bk_lot_config), .par_default = lot_default, .check = check, .cost = cost,
     .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key, .pgrad_bytes = pgrad_bytes, .reduce = reduce,
     .forward = forward, .backward = backward, .steps_ok = steps_ok, .finds_nonfinite = 1, .pg_arrays = pg_arrays,
     .doc = "low-rank transport through r learned pivots: two small Sinkhorn problems glued (LOTFormer, "
            "Shahbazi et al. 2025)",
-    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = NB(lot_bench),
-    .arrays = lot_arrays, .narrays = NB(lot_arrays), .run_arrays = lot_run_arrays,
-    .learned = lot_learned, .nlearned = NB(lot_learned),
+    .caps = BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL, .bench = lot_bench, .nbench = BKI_NB(lot_bench),
+    .arrays = lot_arrays, .narrays = BKI_NB(lot_arrays), .run_arrays = lot_run_arrays,
+    .learned = lot_learned, .nlearned = BKI_NB(lot_learned),
 };
-#undef NB
 
 /* ---- public entry points: one line each over the call helpers (op.h) ---- */
 size_t bk_lot_tape_size(const bk_attn_desc *d, const bk_lot_config *p) { return bki_call_tape(&bki_op_lot, d, p); }

@@ -297,6 +297,9 @@ static inline bk_status bki_call_backward(const bki_op *op, const bk_attn_desc *
     return bki_op_backward(&c, tape, ws, ws_size);
 }
 
+/* the entries of a static table (the operators' schema tables) */
+#define BKI_NB(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* ---- the registry (registry.c) ------------------------------------------ */
 const bki_op *bki_op_find(const char *name);
 extern const bki_op bki_op_softmax, bki_op_sinkhorn, bki_op_unbalanced, bki_op_esp, bki_op_lot, bki_op_asap,

@@ -75,23 +75,14 @@ size_t bk_op_config_format(const bk_op *op, const void *params, char *buf, size_
     return bki_cfg_format(params, in(op)->fields, in(op)->nfields, buf, cap);
 }
 
-static bki_call call(const bk_op *op, const bk_attn_desc *desc, const void *params)
-{
-    return bki_call_of(in(op), desc, params);
-}
-
 size_t bk_op_workspace_size(const bk_op *op, const bk_attn_desc *desc, const void *params)
 {
-    if (!op) return 0;
-    bki_call c = call(op, desc, params);
-    return bki_op_workspace_size(&c);
+    return op ? bki_call_workspace(in(op), desc, params) : 0;
 }
 
 size_t bk_op_tape_size(const bk_op *op, const bk_attn_desc *desc, const void *params)
 {
-    if (!op) return 0;
-    bki_call c = call(op, desc, params);
-    return bki_op_tape_size_query(&c);
+    return op ? bki_call_tape(in(op), desc, params) : 0;
 }
 
 bk_status bk_op_forward(const bk_op *op, const bk_attn_desc *desc, const void *params, const bk_tensor *q,
@@ -99,9 +90,7 @@ bk_status bk_op_forward(const bk_op *op, const bk_attn_desc *desc, const void *p
                         void *ws, size_t ws_size)
 {
     if (!op) return bki_fail(BK_ERR_NULL, "bk_op_forward: NULL operator");
-    bki_call c = call(op, desc, params);
-    c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn;
-    return bki_op_forward(&c, tape, ws, ws_size);
+    return bki_call_forward(in(op), desc, params, q, k, v, o, tape, NULL, attn, ws, ws_size);
 }
 
 bk_status bk_op_backward(const bk_op *op, const bk_attn_desc *desc, const void *params, const bk_tensor *q,
@@ -109,9 +98,7 @@ bk_status bk_op_backward(const bk_op *op, const bk_attn_desc *desc, const void *
                          const bk_tensor *dq, const bk_tensor *dk, const bk_tensor *dv, void *ws, size_t ws_size)
 {
     if (!op) return bki_fail(BK_ERR_NULL, "bk_op_backward: NULL operator");
-    bki_call c = call(op, desc, params);
-    c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
-    return bki_op_backward(&c, tape, ws, ws_size);
+    return bki_call_backward(in(op), desc, params, q, k, v, dout, tape, dq, dk, dv, NULL, ws, ws_size);
 }
 
 /* (context.h; here, where the operators' names are known: the backend layer
@@ -307,7 +294,7 @@ bk_status bk_op_forward_arrays(const bk_op *op, const bk_attn_desc *desc, const 
                                const bk_tensor *attn, float *const *arrays, void *ws, size_t ws_size)
 {
     if (!op) return bki_fail(BK_ERR_NULL, "bk_op_forward_arrays: NULL operator");
-    bki_call c = call(op, desc, params);
+    bki_call c = bki_call_of(in(op), desc, params);
     c.q = q; c.k = k; c.v = v; c.out = o; c.attn = attn;
     return run_arrays(&c, arrays, tape, ws, ws_size);
 }
@@ -319,7 +306,7 @@ bk_status bk_op_backward_arrays(const bk_op *op, const bk_attn_desc *desc, const
 {
     if (!op) return bki_fail(BK_ERR_NULL, "bk_op_backward_arrays: NULL operator");
     if (!dout) return bki_fail(BK_ERR_NULL, "bk_op_backward_arrays: dout is NULL");
-    bki_call c = call(op, desc, params);
+    bki_call c = bki_call_of(in(op), desc, params);
     c.q = q; c.k = k; c.v = v; c.dout = dout; c.dq = dq; c.dk = dk; c.dv = dv;
     return run_arrays(&c, arrays, (void *)(uintptr_t)tape, ws, ws_size);
 }

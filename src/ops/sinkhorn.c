@@ -361,7 +361,6 @@ static bk_status sk_run_arrays(bki_call *c, float *const *a, void *tape, void *w
 }
 
 #define SK_CAPS (BKI_CAP_CROSS | BKI_CAP_PAD | BKI_CAP_ATTN | BKI_CAP_MODEL)
-#define NB(a) (int)(sizeof a / sizeof a[0])
 /* the bench's cases (docs/PERFORMANCE.md's targets) */
 static const bki_bench_case softmax_bench[] = {
     {.name = "", .B = 1, .H = 8, .Nq = 1024, .Nk = 1024, .d = 64, .dv = 64, .params = "", .backward = 1},
@@ -381,31 +380,30 @@ static const bki_bench_case unbalanced_bench[] = {
 
 const bki_op bki_op_softmax = {
     .name = "softmax", .id = 1, .par_name = "bk_softmax_config", .fields = softmax_fields,
-    .nfields = NB(softmax_fields), .par_size = sizeof(bk_softmax_config), .par_default = softmax_default,
+    .nfields = BKI_NB(softmax_fields), .par_size = sizeof(bk_softmax_config), .par_default = softmax_default,
     .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
     .forward = forward, .backward = backward, .steps_ok = steps_ok,
     .doc = "softmax attention softmax(s Q K^T) V (Vaswani et al. 2017); causal masking optional",
-    .caps = SK_CAPS | BKI_CAP_CAUSAL, .bench = softmax_bench, .nbench = NB(softmax_bench),
+    .caps = SK_CAPS | BKI_CAP_CAUSAL, .bench = softmax_bench, .nbench = BKI_NB(softmax_bench),
 };
 const bki_op bki_op_sinkhorn = {
     .name = "sinkhorn", .id = 2, .par_name = "bk_sinkhorn_config", .fields = sinkhorn_fields,
-    .nfields = NB(sinkhorn_fields), .par_size = sizeof(bk_sinkhorn_config), .par_default = sinkhorn_default,
+    .nfields = BKI_NB(sinkhorn_fields), .par_size = sizeof(bk_sinkhorn_config), .par_default = sinkhorn_default,
     .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
     .forward = forward, .backward = backward, .steps_ok = steps_ok,
     .doc = "Sinkhorn attention: S alternating normalisations of exp(s Q K^T / eps) (Sinkformers, Sander et al. 2022)",
-    .caps = SK_CAPS, .bench = sinkhorn_bench, .nbench = NB(sinkhorn_bench), .arrays = sk_arrays,
-    .narrays = NB(sk_arrays), .run_arrays = sk_run_arrays,
+    .caps = SK_CAPS, .bench = sinkhorn_bench, .nbench = BKI_NB(sinkhorn_bench), .arrays = sk_arrays,
+    .narrays = BKI_NB(sk_arrays), .run_arrays = sk_run_arrays,
 };
 const bki_op bki_op_unbalanced = {
     .name = "unbalanced", .id = 6, .par_name = "bk_unbalanced_config", .fields = unbalanced_fields,
-    .nfields = NB(unbalanced_fields), .par_size = sizeof(bk_unbalanced_config), .par_default = unbalanced_default,
+    .nfields = BKI_NB(unbalanced_fields), .par_size = sizeof(bk_unbalanced_config), .par_default = unbalanced_default,
     .check = check, .cost = cost, .lane_bytes = lane_bytes, .block_bytes = block_bytes, .key = key,
     .forward = forward, .backward = backward, .steps_ok = steps_ok,
     .doc = "unbalanced Sinkhorn attention: column half-steps damped by rho / (rho + eps) (KL-relaxed column marginal)",
-    .caps = SK_CAPS, .bench = unbalanced_bench, .nbench = NB(unbalanced_bench), .arrays = sk_arrays,
-    .narrays = NB(sk_arrays), .run_arrays = sk_run_arrays,
+    .caps = SK_CAPS, .bench = unbalanced_bench, .nbench = BKI_NB(unbalanced_bench), .arrays = sk_arrays,
+    .narrays = BKI_NB(sk_arrays), .run_arrays = sk_run_arrays,
 };
-#undef NB
 #undef SK_CAPS
 
 /* ---- public entry points: one line each over the call helpers (op.h) ---- */

@@ -303,15 +303,24 @@ BK_API const bk_model_config *bk_model_get_config(const bk_model *m);
 /* Total trainable floats, and the named tensors: i in [0, count). */
 BK_API int64_t bk_model_num_params(const bk_model *m);
 BK_API int bk_model_param_count(const bk_model *m);
+/* What weight decay a tensor takes (bk_param_info.decay) */
+#define BK_DECAY_NONE 0
+#define BK_DECAY_WEIGHT 1
+#define BK_DECAY_EMBED 2
 typedef struct {
     const char *name;      /* e.g. "blocks.0.attn.qkv.weight"                 */
     int ndim;
     int64_t shape[4];
     int64_t offset, count; /* in floats, into the parameter/gradient buffers  */
-    int decay;             /* 1: weight decay applies (Linear weights, token
-                              table); 0: biases, norms, CLS, positions, LOT
+    int decay;             /* BK_DECAY_WEIGHT (1): weight decay applies
+                              (Linear weights, DWC kernels);
+                              BK_DECAY_EMBED (2): a token table
+                              (embed.table), decayed only when the
+                              optimiser's decay_embed is 1; BK_DECAY_NONE
+                              (0): biases, norms, CLS, positions, LOT
                               pivots/masses, diff lambda vectors, OTK
-                              anchors and references                          */
+                              anchors and references, inducing points and
+                              seeds                                          */
     float *data, *grad;
 } bk_param_info;
 BK_API bk_status bk_model_param(const bk_model *m, int i, bk_param_info *info);
@@ -454,7 +463,11 @@ typedef struct {
     bk_opt_kind kind;
     float lr, beta1, beta2, eps;   /* Adam(W) (PyTorch's formulas)            */
     float weight_decay;            /* AdamW: decoupled; Adam/SGD: L2 added to
-                                      the gradient; only tensors with decay=1 */
+                                      the gradient; only tensors with decay
+                                      BK_DECAY_WEIGHT (Linear weights), and
+                                      BK_DECAY_EMBED (token tables) when
+                                      decay_embed is 1; never biases, norms,
+                                      positions (PyTorch users' convention)  */
     float momentum; int nesterov;  /* SGD                                     */
     float clip;                    /* > 0: clip the global L2 gradient norm   */
     bk_sched_kind sched;
@@ -462,9 +475,20 @@ typedef struct {
     int64_t total_steps;           /* cosine: decay to lr_min at total_steps  */
     float lr_min;
     float gamma; int milestones[8];/* step: lr *= gamma at each step >= m (0 ends) */
+    int decay_embed;               /* 1: weight_decay also applies to the token
+                                      tables (what every optimiser did before
+                                      issue 43: a checkpoint's optimiser
+                                      metadata without the key reads 1, so an
+                                      old run resumes as it was); 0 (the
+                                      default): not                          */
 } bk_optim_config;
 
-/* AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 0.01, no clip, constant. */
+/* AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 0.01 (not on the token
+ * tables: decay_embed 0), no clip, constant, no warm-up. A training run's
+ * default differs (bk_run_config_default: a warm-up and a cosine schedule
+ * over the run). warmup may be -1 only in a run's configuration, where
+ * bk_run_config_resolve turns it into the run's automatic warm-up
+ * (bk_optim_plan); bk_optim_create refuses it. */
 BK_API bk_optim_config bk_optim_config_default(void);
 BK_API bk_status bk_optim_config_set(bk_optim_config *c, const char *key, const char *value);
 BK_API bk_status bk_optim_config_parse(bk_optim_config *c, const char *text);

@@ -622,7 +622,7 @@ OPTIM_DEFAULTS = {
     "kind": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
     "weight_decay": 0.01, "momentum": 0.0, "nesterov": 0, "clip": 0.0,
     "sched": "constant", "warmup": 0, "total_steps": 0, "lr_min": 0.0,
-    "gamma": 0.1, "milestones": (),
+    "gamma": 0.1, "milestones": (), "decay_embed": 0,
 }
 _OPTIM_ENUMS = {"kind": OPT_KINDS, "sched": SCHEDS}
 
@@ -766,7 +766,8 @@ def format_config(cfg):
 def parse_optim(text):
     """Optimiser configuration text -> dict (kind=adamw|adam|sgd, lr, beta1,
     beta2, eps, weight_decay, momentum, nesterov, clip, sched=constant|step|
-    cosine, warmup, total_steps, lr_min, gamma, milestones=a:b:c as a tuple)."""
+    cosine, warmup, total_steps, lr_min, gamma, milestones=a:b:c as a tuple,
+    decay_embed)."""
     return _parse(text, OPTIM_DEFAULTS, _OPTIM_ENUMS)
 
 
@@ -1032,10 +1033,20 @@ def _check_seq2seq(cfg):
         raise ValueError(f"cross_attn={cfg['cross_attn']}: expected one of {'|'.join(CROSS_ATTNS)}")
 
 
+DECAY_EMBED = 2  # a param_specs decay flag: the token table (BK_DECAY_EMBED)
+
+
+def decays(flag, ocfg):
+    """Whether a tensor with param_specs' decay flag takes ocfg's weight decay
+    (the C engine's rule, src/nn/optim.c)."""
+    return flag == 1 or (flag == DECAY_EMBED and bool(ocfg.get("decay_embed", 0)))
+
+
 def param_specs(cfg):
     """[(name, shape, decay)] in the checkpoint's order (MODEL.md "Parameters").
 
-    decay is 1 for Linear weights and the token table (weight decay applies),
+    decay is 1 for Linear weights (weight decay applies), DECAY_EMBED (2) for
+    the token table (decayed when the optimiser's decay_embed is 1: decays()),
     0 otherwise. arch=seq2seq: build_table_s2s's order (see _seq2seq_specs).
     """
     D, H, dh, M = cfg["dim"], cfg["heads"], head_dim(cfg), cfg["mlp_dim"]
@@ -1092,7 +1103,7 @@ def param_specs(cfg):
 
     if cfg["arch"] == "seq2seq":
         # embed.table, [enc.pos, dec.pos], enc.blocks.*, [enc.norm], dec.blocks.*, [dec.norm]
-        specs.append(("embed.table", (cfg["vocab"], D), 1))
+        specs.append(("embed.table", (cfg["vocab"], D), DECAY_EMBED))
         if cfg["pos_embed"] == 1:
             specs.append(("enc.pos", (cfg["max_len"], D), 0))
             specs.append(("dec.pos", (cfg["tgt_max_len"], D), 0))
@@ -1109,7 +1120,7 @@ def param_specs(cfg):
     if cfg["input"] == "image":
         linear("embed.proj", cfg["patch"] ** 2 * cfg["channels"], D)
     elif cfg["input"] == "tokens":
-        specs.append(("embed.table", (cfg["vocab"], D), 1))
+        specs.append(("embed.table", (cfg["vocab"], D), DECAY_EMBED))
     else:
         linear("embed.fc1", cfg["point_dim"], D)
         linear("embed.fc2", D, D)
@@ -2168,7 +2179,7 @@ def load(path, dtype=torch.float32, device=None, *, verify=True, optimizer=False
     if "optim" not in meta:
         raise ValueError(f"{path}: the checkpoint holds no optimiser state (no 'optim' metadata)")
     try:
-        ocfg = resolve_optim(parse_optim(meta["optim"]))
+        ocfg = resolve_optim({"decay_embed": 1, **parse_optim(meta["optim"])})  # before issue 43: 1
         step = _meta_u64(path, meta, "optim_step", 2**63 - 1)
         opt = make_optimizer(model, ocfg, tensors, step)
     except ValueError as e:
@@ -2211,11 +2222,15 @@ def optim_config_of(optimizer, model):
                          f"the C engine has one (pass optim_config)")
     oc["kind"], oc["lr"] = kind, lrs.pop()
     wds = {float(g["weight_decay"]) for g in groups
-           if any(flags[names[id(p)]] for p in g["params"])}
+           if any(flags[names[id(p)]] == 1 for p in g["params"])}
     if len(wds) > 1:
         raise ValueError(f"the groups holding decay tensors have different weight decays "
                          f"{sorted(wds)} (pass optim_config)")
     oc["weight_decay"] = wds.pop() if wds else 0.0
+    # the token tables decay (decay_embed=1) when their group's decay is the others'
+    ewds = {float(g["weight_decay"]) for g in groups
+            if any(flags[names[id(p)]] == DECAY_EMBED for p in g["params"])}
+    oc["decay_embed"] = int(bool(ewds) and ewds != {0.0} and ewds == {oc["weight_decay"]})
     if kind == "sgd":
         oc["momentum"], oc["nesterov"] = float(g0["momentum"]), int(bool(g0["nesterov"]))
     else:
@@ -2355,8 +2370,8 @@ def make_optimizer(model, ocfg, tensors=None, step=0):
     """
     flags = model.decay_flags()
     named = model.ordered_parameters()
-    groups = [{"params": [p for n, p in named if flags[n]], "weight_decay": ocfg["weight_decay"]},
-              {"params": [p for n, p in named if not flags[n]], "weight_decay": 0.0}]
+    groups = [{"params": [p for n, p in named if decays(flags[n], ocfg)], "weight_decay": ocfg["weight_decay"]},
+              {"params": [p for n, p in named if not decays(flags[n], ocfg)], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     kind, lr = ocfg["kind"], ocfg["lr"]
     if kind in ("adamw", "adam"):
@@ -2717,7 +2732,7 @@ def _self_check():
             if ocfg["clip"] > 0 and norm > ocfg["clip"]:
                 g = {n: v * (ocfg["clip"] / (norm + 1e-6)) for n, v in g.items()}
             lr = lr_at(ocfg, t - 1)
-            ref = {n: _manual_optim_step(ocfg, ref[n], g[n], states[n], t, lr, flags[n])
+            ref = {n: _manual_optim_step(ocfg, ref[n], g[n], states[n], t, lr, decays(flags[n], ocfg))
                    for n in ref}
             train_step(model, opt, ocfg, t - 1, data)
             note("torch.optim vs MODEL.md formulas",

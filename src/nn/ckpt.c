@@ -960,6 +960,7 @@ bk_status bk_checkpoint_load(const char *path, int max_batch, bk_model **mout, b
     const char *otext = meta_get(&h, "optim");
     if (oout && otext) {
         bk_optim_config oc = bk_optim_config_default();
+        oc.decay_embed = 1; /* a checkpoint before issue 43 (no such key) decayed its token tables */
         uint64_t ostep;
         if ((st = bk_optim_config_parse(&oc, otext))) {
             char why[512];

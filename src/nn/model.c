@@ -177,7 +177,7 @@ static void build_table_s2s(bk_model *m)
     const bk_model_config *c = &m->c;
     const int D = c->dim;
     char pre[32];
-    m->e_w = add_param(m, "embed.table", 2, c->vocab, D, 0, 1);
+    m->e_w = add_param(m, "embed.table", 2, c->vocab, D, 0, BK_DECAY_EMBED);
     if (c->pos_embed == 1) {
         m->pos_o = add_param(m, "enc.pos", 2, c->max_len, D, 0, 0);
         m->dpos_o = add_param(m, "dec.pos", 2, c->tgt_max_len, D, 0, 0);
@@ -215,7 +215,7 @@ static void build_table(bk_model *m)
         m->e_w = add_param(m, "embed.proj.weight", 2, D, m->in_feat, 0, 1);
         m->e_b = add_param(m, "embed.proj.bias", 1, D, 0, 0, 0);
     } else if (c->input == BK_INPUT_TOKENS) {
-        m->e_w = add_param(m, "embed.table", 2, c->vocab, D, 0, 1);
+        m->e_w = add_param(m, "embed.table", 2, c->vocab, D, 0, BK_DECAY_EMBED);
     } else {
         m->e_w = add_param(m, "embed.fc1.weight", 2, D, m->in_feat, 0, 1);
         m->e_b = add_param(m, "embed.fc1.bias", 1, D, 0, 0, 0);

@@ -18,6 +18,17 @@ typedef struct {
 } bki_param;
 
 const bki_param *bki_model_table(const bk_model *m, int *count);
+/* A run's schedule fixed from its length run_steps (batches x epochs), as
+ * bk_run_config_resolve does when the run starts (optim.c): a cosine
+ * schedule's total_steps 0 becomes run_steps; warmup -1 (the run default)
+ * becomes the automatic warm-up, 5 % of the schedule's steps (total_steps
+ * for cosine, else run_steps), rounded down, at most BKI_WARMUP_MAX (by then
+ * Adam's second-moment estimate, over 1 / (1 - beta2) = 1000 steps at the
+ * default beta2, has settled). Both are recorded numbers from then on, so a
+ * stored run re-reads the same schedule. */
+#define BKI_WARMUP_DIV 20
+#define BKI_WARMUP_MAX 1000
+void bki_optim_plan(bk_optim_config *c, int64_t run_steps);
 /* key is one of the model configuration's (its text form's, an old key, or
  * a site's "attn.KEY" of any operator) (config.c) */
 int bki_model_config_key(const bk_model_config *c, const char *key);

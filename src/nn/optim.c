@@ -27,6 +27,7 @@ static const bki_field OPT_FIELDS[] = {
     F(lr_min, BKI_F_FLOAT),
     F(gamma, BKI_F_FLOAT),
     {.name = "milestones", .type = BKI_F_LIST, .offset = offsetof(bk_optim_config, milestones), .names = NULL, .list_len = 8},
+    F(decay_embed, BKI_F_INT),
 };
 #undef F
 #define NOPT ((int)(sizeof OPT_FIELDS / sizeof OPT_FIELDS[0]))
@@ -74,7 +75,8 @@ static bk_status check_cfg(const bk_optim_config *c)
     NEED(c->nesterov == 0 || (c->nesterov == 1 && c->momentum > 0.0f), "nesterov needs momentum > 0");
     NEED(c->clip >= 0.0f, "clip must be >= 0");
     NEED(c->sched >= BK_SCHED_CONSTANT && c->sched <= BK_SCHED_INVSQRT, "unknown schedule %d", (int)c->sched);
-    NEED(c->warmup >= 0, "warmup must be >= 0");
+    NEED(c->warmup >= 0, "warmup must be >= 0 (-1, a run's automatic warm-up, is resolved when the run starts)");
+    NEED(c->decay_embed == 0 || c->decay_embed == 1, "decay_embed is a 0/1 switch (got %d)", c->decay_embed);
     NEED(c->total_steps >= 0, "total_steps must be >= 0 (got %lld)", (long long)c->total_steps);
     NEED(c->sched != BK_SCHED_COSINE || c->total_steps > c->warmup, "cosine needs total_steps > warmup");
     NEED(c->lr_min >= 0.0f && c->lr_min <= c->lr, "lr_min must be in [0, lr]");
@@ -83,6 +85,15 @@ static bk_status check_cfg(const bk_optim_config *c)
         NEED(c->milestones[i] > c->milestones[i - 1], "milestones must increase");
 #undef NEED
     return BK_OK;
+}
+
+void bki_optim_plan(bk_optim_config *c, int64_t run_steps)
+{
+    if (c->sched == BK_SCHED_COSINE && c->total_steps == 0) c->total_steps = run_steps;
+    if (c->warmup >= 0) return;
+    const int64_t steps = c->sched == BK_SCHED_COSINE ? c->total_steps : run_steps;
+    const int64_t w = steps / BKI_WARMUP_DIV;
+    c->warmup = (int)(w < BKI_WARMUP_MAX ? w : BKI_WARMUP_MAX);
 }
 
 float bk_optim_lr(const bk_optim_config *c, int64_t step)
@@ -258,7 +269,8 @@ static void update_member(void *arg)
             const bki_param *p = &u->tab[pi];
             const int64_t a = p->off > lo ? p->off : lo, b = p->off + p->count < hi ? p->off + p->count : hi;
             if (a >= b) continue;
-            const float wd = p->decay ? c->weight_decay : 0.0f;
+            const int decays = p->decay == BK_DECAY_WEIGHT || (p->decay == BK_DECAY_EMBED && c->decay_embed);
+            const float wd = decays ? c->weight_decay : 0.0f;
             if (c->kind == BK_OPT_SGD)
                 sgd_range(c, o->step == 0, u->lr, wd, u->gs, u->w, u->g, o->s0, a, b);
             else

@@ -67,6 +67,8 @@ bk_run_config bk_run_config_default(void)
     snprintf(r.progress, sizeof r.progress, "auto");
     r.model = bk_model_config_default();
     r.optim = bk_optim_config_default();
+    r.optim.sched = BK_SCHED_COSINE; /* over the run (total_steps 0), after the automatic warm-up (-1) */
+    r.optim.warmup = -1;
     return r;
 }
 
@@ -282,8 +284,7 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
                                       "(set one of them)", (long long)r->otk_init, r->init);
     if (r->micro > r->batch) r->micro = 0;
     const int64_t per_epoch = (bk_data_info(train)->n + r->batch - 1) / r->batch;
-    if (r->optim.sched == BK_SCHED_COSINE && r->optim.total_steps == 0)
-        r->optim.total_steps = per_epoch * (int64_t)r->epochs;
+    bki_optim_plan(&r->optim, per_epoch * (int64_t)r->epochs);
     return BK_OK;
 }
 

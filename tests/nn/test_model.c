@@ -753,7 +753,7 @@ static void test_optim_formulas(void)
             for (int pi = 0; pi < bk_model_param_count(m); pi++) {
                 bk_param_info in;
                 bk_model_param(m, pi, &in);
-                double wd = in.decay ? oc.weight_decay : 0.0;
+                double wd = in.decay == BK_DECAY_WEIGHT ? oc.weight_decay : 0.0;
                 for (int64_t j = in.offset; j < in.offset + in.count; j++) {
                     double g = bk_model_grads(m)[j] * gs;
                     if (oc.kind == BK_OPT_SGD) {

@@ -252,16 +252,24 @@ typedef enum {
     BK_TRAIN_RESUME = 2     /* continue the run in dir                         */
 } bk_train_mode;
 
-typedef enum { BK_TRAIN_EVENT_START = 0, BK_TRAIN_EVENT_STEP = 1, BK_TRAIN_EVENT_EPOCH = 2 } bk_train_event_kind;
+typedef enum {
+    BK_TRAIN_EVENT_START = 0,
+    BK_TRAIN_EVENT_STEP = 1,
+    BK_TRAIN_EVENT_EPOCH = 2,
+    BK_TRAIN_EVENT_TEST = 3 /* a run with a validation split, at its end: the
+                               test split evaluated with the best weights */
+} bk_train_event_kind;
 
 /* What the callback receives: START once before the first step (the model
  * and data are ready), STEP after every optimiser step, EPOCH after every
- * epoch's evaluation (before its checkpoints are written). Pointers are
- * valid during the call only. */
+ * epoch's evaluation (before its checkpoints are written), TEST once at the
+ * end of a finished run with a validation split. Pointers are valid during
+ * the call only. */
 typedef struct {
     bk_train_event_kind kind;
     const bk_run_config *config;  /* the resolved configuration                */
     const bk_dataset *train, *test;
+    const bk_dataset *valid;      /* NULL: the run has no validation split     */
     const bk_model *model;
     int epoch;              /* 1-based epoch of this event                     */
     int64_t batch, batches; /* 1-based batch within the epoch; batches per epoch */
@@ -276,9 +284,15 @@ typedef struct {
     double loss, acc, lr, gnorm, samples_per_s;
     /* STEP: running means over the epoch so far; EPOCH: over the epoch */
     double train_loss, train_acc;
-    /* EPOCH: the test split, and the attention diagnostics averaged over
-     * layers */
+    /* EPOCH: the evaluated split (the validation split when the run has
+     * one: valid_*, test_* NAN; else the test split: test_*, valid_* NAN),
+     * and the attention diagnostics of its first 64 samples averaged over
+     * layers; TEST: the test split with the best epoch's weights (test_*)
+     * and that epoch's validation figures (valid_*) */
     double test_loss, test_acc, attn_row_dev, attn_col_dev, attn_entropy;
+    double valid_loss, valid_acc;
+    int best_epoch;         /* EPOCH, TEST of a run with a validation split:
+                               the best epoch so far (1-based); else 0       */
     /* START of a resumed run: NULL, or what is wrong with the records the
      * run keeps, for a warning: the step or epoch records before the
      * checkpoint that are missing from metrics.jsonl, steps.csv or
@@ -314,7 +328,14 @@ typedef struct {
     int epoch;              /* epochs completed                                */
     int64_t batch;          /* batches done in the current epoch               */
     int64_t step;           /* optimiser steps in total                        */
-    double test_loss, test_acc; /* the last evaluation of this call (NAN if none) */
+    double test_loss, test_acc; /* without a validation split: the last
+                               evaluation of this call; with one: the test
+                               split's, with the best weights, of a finished
+                               run (NAN if none)                              */
+    double valid_loss, valid_acc; /* the best epoch's validation figures (NAN
+                               without a validation split)                    */
+    int best_epoch;         /* the epoch best.safetensors holds (0: none)      */
+    int early_stopped;      /* 1: finished early (patience); not a stop        */
     double time_s;          /* training seconds of the whole run               */
     bk_train_stage stage;   /* on failure: where                               */
 } bk_train_result;

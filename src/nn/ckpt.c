@@ -60,6 +60,17 @@ static void sb_json(sbuf *b, const char *t) /* a JSON string literal */
     sb_put(b, "\"", 1);
 }
 
+char *bki_json_string(const char *t)
+{
+    sbuf b = {0};
+    sb_json(&b, t);
+    if (b.bad) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
 /* ---- a strict little JSON reader for the header ----
  * The header is the fixed shape of a safetensors header: one object whose
  * members are "__metadata__" (an object of strings) and the tensors (each an

@@ -29,6 +29,15 @@ const bki_param *bki_model_table(const bk_model *m, int *count);
 #define BKI_WARMUP_DIV 20
 #define BKI_WARMUP_MAX 1000
 void bki_optim_plan(bk_optim_config *c, int64_t run_steps);
+/* t as a JSON string literal, quotes included (malloc'd; NULL when out of
+ * memory): quote and backslash escaped, control characters as \n or \u00XX
+ * (ckpt.c, the checkpoint header's writer) */
+char *bki_json_string(const char *t);
+/* 1 when a line of a run checkpoint's metadata (extra) is the run's
+ * position or a data version (pos_*, data_train=, data_valid_version=,
+ * data_test_version=, and an old run's data_test=), not a configuration key
+ * (run.c) */
+int bki_run_meta_line(const char *extra, const char *line);
 /* key is one of the model configuration's (its text form's, an old key, or
  * a site's "attn.KEY" of any operator) (config.c) */
 int bki_model_config_key(const bk_model_config *c, const char *key);

@@ -339,6 +339,16 @@ int bk_run_extra_get(const char *extra, const char *key, char *out, size_t cap)
     return 0;
 }
 
+int bki_run_meta_line(const char *extra, const char *line)
+{
+    /* data_test= is the run key (the test split's files) since issue 43, the
+     * test split's version before it (a run that wrote no
+     * data_test_version=) */
+    return !strncmp(line, "pos_", 4) || !strncmp(line, "data_train=", 11) || !strncmp(line, "data_valid_version=", 19) ||
+           !strncmp(line, "data_test_version=", 18) ||
+           (!strncmp(line, "data_test=", 10) && !strstr(extra, "data_test_version="));
+}
+
 /* the run config stored in a checkpoint's extra: the non-position lines,
  * the attention kinds (kinds = 1) or the others */
 static bk_status extra_pass(const char *extra, bk_run_config *r, int kinds)
@@ -352,8 +362,8 @@ static bk_status extra_pass(const char *extra, bk_run_config *r, int kinds)
         line[L] = 0;
         p = e ? e + 1 : NULL;
         char *eq = strchr(line, '=');
-        if (!eq || !strncmp(line, "pos_", 4) || !strncmp(line, "data_train=", 11) || !strncmp(line, "data_test=", 10) ||
-            !strncmp(line, "teacher", 7) || !strncmp(line, "calib_", 6) || !strncmp(line, "swapped_from=", 13))
+        if (!eq || bki_run_meta_line(extra, line) || !strncmp(line, "teacher", 7) || !strncmp(line, "calib_", 6) ||
+            !strncmp(line, "swapped_from=", 13))
             continue;
         *eq = 0;
         if ((!strcmp(line, "attn") || !strcmp(line, "cross_attn") || !strcmp(line, "pma_attn")) != kinds) continue;
@@ -377,6 +387,7 @@ bk_status bk_run_config_from_extra(const char *extra, bk_run_config *r)
     if (!r) return bki_fail(BK_ERR_NULL, "bk_run_config_from_extra: r is NULL");
     *r = bk_run_config_default();
     r->data_config.valid_frac = 0; /* a run stored before the key: no validation split */
+    r->optim.decay_embed = 1;      /* ... and its token tables decayed */
     if (!extra || !strstr(extra, "pos_epoch="))
         return bki_fail(BK_ERR_FORMAT, "the checkpoint was not written by `birkhoff train` (no run metadata)");
     return extra_config(extra, r);

@@ -3,7 +3,7 @@
  * carried along (birkhoff/train.h, docs/MODEL.md "Plug-and-play swaps").
  * The model-level mechanism is bk_model_swap (src/nn/model.c); ASAP is
  * bk_asap_compile. */
-#include "../core/internal.h"
+#include "../nn/nn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,15 +23,18 @@ bk_swap_config bk_swap_config_default(void)
 static char *swapped_extra(const char *extra, const char *in, bk_run_config *r)
 {
     size_t n = bk_run_config_format(r, NULL, 0);
-    const size_t cap = n + strlen(extra) + strlen(in) + 64;
+    const size_t cap = n + strlen(extra) + strlen(in) + 96;
     char *s = malloc(cap);
     if (!s) return NULL;
     size_t o = 0;
     for (const char *p = extra; *p;) {
         const size_t L = strcspn(p, "\n");
-        if (!strncmp(p, "pos_", 4) || !strncmp(p, "data_train=", 11) || !strncmp(p, "data_test=", 10)) {
-            memcpy(s + o, p, L);
-            o += L;
+        if (bki_run_meta_line(extra, p)) {
+            /* (an old run's test version line, under its name since issue 43) */
+            const int old = !strncmp(p, "data_test=", 10);
+            if (old) o += (size_t)snprintf(s + o, cap - o, "data_test_version=");
+            memcpy(s + o, p + (old ? 10 : 0), L - (old ? 10 : 0));
+            o += L - (old ? 10 : 0);
             s[o++] = '\n';
         }
         p += L + (p[L] == '\n');

@@ -200,20 +200,41 @@ typedef struct {
     double loss_sum;    /* current epoch: sum of per-sample losses         */
     int64_t correct, seen;
     double elapsed;     /* training seconds before this process            */
+    /* a run with a validation split: model selection and early stopping */
+    int best_epoch;     /* the epoch best.safetensors holds (0: none yet)  */
+    int bad_epochs;     /* epochs since then without a better metric       */
+    double best_loss, best_acc; /* its validation loss and accuracy        */
 } run_pos;
 
-static char *extra_text(const bk_run_config *r, const run_pos *p, const char *trv, const char *tev, int ranks)
+/* the versions of a run's splits (valid: NULL without a validation split) */
+typedef struct {
+    const char *train, *valid, *test;
+} run_versions;
+
+/* A checkpoint's run metadata: the position, the data versions (the test
+ * split's as data_test_version, since the run key data_test names its
+ * files; a run before issue 43 wrote data_test=VERSION), the ranks, the
+ * configuration. The validation lines only for a run with one. */
+static char *extra_text(const bk_run_config *r, const run_pos *p, const run_versions *v, int ranks)
 {
     char *cfg = config_text(r);
     if (!cfg) return NULL;
-    size_t n = strlen(cfg) + 2048;
+    size_t n = strlen(cfg) + 4096;
     char *s = malloc(n);
-    if (s)
-        snprintf(s, n,
-                 "pos_epoch=%d\npos_batch=%lld\npos_step=%lld\npos_loss_sum=%a\npos_correct=%lld\npos_seen=%lld\n"
-                 "pos_elapsed=%a\ndata_train=%s\ndata_test=%s\npos_ranks=%d\n%s",
-                 p->epoch, (long long)p->batch, (long long)p->step, p->loss_sum, (long long)p->correct,
-                 (long long)p->seen, p->elapsed, trv, tev, ranks, cfg);
+    if (!s) {
+        free(cfg);
+        return NULL;
+    }
+    char best[512] = "";
+    if (v->valid)
+        snprintf(best, sizeof best, "pos_best_epoch=%d\npos_bad_epochs=%d\npos_best_loss=%a\npos_best_acc=%a\n"
+                                    "data_valid_version=%.300s\n",
+                 p->best_epoch, p->bad_epochs, p->best_loss, p->best_acc, v->valid);
+    snprintf(s, n,
+             "pos_epoch=%d\npos_batch=%lld\npos_step=%lld\npos_loss_sum=%a\npos_correct=%lld\npos_seen=%lld\n"
+             "pos_elapsed=%a\n%sdata_train=%s\ndata_test_version=%s\npos_ranks=%d\n%s",
+             p->epoch, (long long)p->batch, (long long)p->step, p->loss_sum, (long long)p->correct, (long long)p->seen,
+             p->elapsed, best, v->train, v->test, ranks, cfg);
     free(cfg);
     return s;
 }
@@ -235,7 +256,13 @@ static int parse_pos(const char *extra, run_pos *p)
     if (!bk_run_extra_get(extra, "pos_seen", v, sizeof v)) return 0;
     p->seen = strtoll(v, NULL, 10);
     if (bk_run_extra_get(extra, "pos_elapsed", v, sizeof v)) p->elapsed = strtod(v, NULL);
-    return p->epoch >= 0 && p->batch >= 0 && p->step >= 0 && p->seen >= 0;
+    /* model selection (a run with a validation split) */
+    if (bk_run_extra_get(extra, "pos_best_epoch", v, sizeof v)) p->best_epoch = atoi(v);
+    if (bk_run_extra_get(extra, "pos_bad_epochs", v, sizeof v)) p->bad_epochs = atoi(v);
+    if (bk_run_extra_get(extra, "pos_best_loss", v, sizeof v)) p->best_loss = strtod(v, NULL);
+    if (bk_run_extra_get(extra, "pos_best_acc", v, sizeof v)) p->best_acc = strtod(v, NULL);
+    return p->epoch >= 0 && p->batch >= 0 && p->step >= 0 && p->seen >= 0 && p->best_epoch >= 0 &&
+           p->best_epoch <= p->epoch && p->bad_epochs >= 0 && p->bad_epochs <= p->epoch;
 }
 
 /* The run stored in dir/last.safetensors: its configuration, position and
@@ -305,18 +332,36 @@ static const char *changed_key(const bk_run_config *stored, const bk_run_config 
     return res;
 }
 
-static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_optim *o, const bk_run_config *r,
-                           const run_pos *p, const char *trv, const char *tev, int ranks)
+/* Stages checkpoint dir/name (o NULL: the weights alone) in set */
+static bk_status stage_ckpt(bk_outset *set, const char *dir, const char *name, bk_model *m, bk_optim *o,
+                            const bk_run_config *r, const run_pos *p, const run_versions *v, int ranks)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *ex = extra_text(r, p, trv, tev, ranks);
+    char *ex = extra_text(r, p, v, ranks);
     if (!ex) return bki_fail(BK_ERR_NOMEM, "out of memory");
-    bk_outset *set = bk_outset_create();
-    const bk_status st =
-        bki_outset_done(set, set ? bk_checkpoint_stage(set, path, BK_OUT_NOFOLLOW | BK_OUT_SYNC, m, o, ex) : BK_ERR_NOMEM);
+    const bk_status st = bk_checkpoint_stage(set, path, BK_OUT_NOFOLLOW | BK_OUT_SYNC, m, o, ex);
     free(ex);
     return st;
+}
+
+/* Checkpoints committed together, all or none: names[0..n) of the same
+ * model (with the optimiser, but for a name starting "best": weights
+ * alone) */
+static bk_status save_ckpts(const char *dir, int n, const char *const *names, bk_model *m, bk_optim *o,
+                            const bk_run_config *r, const run_pos *p, const run_versions *v, int ranks)
+{
+    bk_outset *set = bk_outset_create();
+    bk_status st = set ? BK_OK : bki_fail(BK_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && st == BK_OK; i++)
+        st = stage_ckpt(set, dir, names[i], m, strncmp(names[i], "best", 4) ? o : NULL, r, p, v, ranks);
+    return bki_outset_done(set, st);
+}
+
+static bk_status save_ckpt(const char *dir, const char *name, bk_model *m, bk_optim *o, const bk_run_config *r,
+                           const run_pos *p, const run_versions *v, int ranks)
+{
+    return save_ckpts(dir, 1, &name, m, o, r, p, v, ranks);
 }
 
 typedef struct {
@@ -339,7 +384,7 @@ static void logs_flush(run_logs *L)
     fflush(L->epochs);
 }
 
-static int logs_open(const char *dir, int fresh, run_logs *L)
+static int logs_open(const char *dir, int fresh, int valid, run_logs *L)
 {
     char p[1100];
     memset(L, 0, sizeof *L);
@@ -357,8 +402,8 @@ static int logs_open(const char *dir, int fresh, run_logs *L)
     }
     if (new_steps) fprintf(L->steps, "step,epoch,batch,loss,acc,lr,gnorm,samples_per_s,time_s\n");
     if (new_epochs)
-        fprintf(L->epochs, "epoch,step,train_loss,train_acc,test_loss,test_acc,attn_row_dev,attn_col_dev,"
-                           "attn_entropy,time_s\n");
+        fprintf(L->epochs, "epoch,step,train_loss,train_acc,%s_loss,%s_acc,attn_row_dev,attn_col_dev,"
+                           "attn_entropy,time_s\n", valid ? "valid" : "test", valid ? "valid" : "test");
     return 1;
 }
 
@@ -380,12 +425,15 @@ static void remove_old_run(const char *dir)
     if (d) closedir(d);
     snprintf(path, sizeof path, "%s/summary.json", dir);
     remove(path);
+    snprintf(path, sizeof path, "%s/best.safetensors", dir);
+    remove(path);
 }
 
 /* Everything one call holds, released by train_free. */
 typedef struct {
     bk_run_config r;
-    bk_dataset *tr, *te;
+    bk_dataset *tr, *va, *te; /* va: the validation split (NULL: none; the test split is evaluated each epoch) */
+    run_versions ver;
     bk_model *m;
     bk_optim *o;
     char *extra;
@@ -394,6 +442,7 @@ typedef struct {
     bk_data_batch buf;
     run_logs logs;
     bki_dp dp;              /* the ranks of a data-parallel run               */
+    char spm_written[1100]; /* a new run's spm.model, written at setup        */
     char notice[4096];      /* resume: records missing before the checkpoint  */
 } train_state;
 
@@ -408,6 +457,7 @@ static void train_free(train_state *s)
     bk_optim_free(s->o);
     bk_model_free(s->m);
     bk_data_close(s->tr);
+    bk_data_close(s->va);
     bk_data_close(s->te);
 }
 
@@ -488,8 +538,9 @@ static void attn_sort(const bk_model_config *c, char *v, size_t cap)
     if (!bk_model_config_get(c, "attn.sort", v, cap)) bki_clear_error();
 }
 
-/* The end-of-epoch evaluation and diagnostics, with the sort eval_esp_sort
- * asks of an ESP model (the model's own attention is restored after). */
+/* The end-of-epoch evaluation and diagnostics (diag_n > 0: of the first
+ * diag_n samples), with the sort eval_esp_sort asks of an ESP model (the
+ * model's own attention is restored after). */
 static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_dataset *te, int diag_n,
                                 bk_layer_diag *diag, bk_eval_result *er)
 {
@@ -504,7 +555,7 @@ static bk_status evaluate_epoch(bk_model *m, const bk_run_config *r, const bk_da
         if (st == BK_OK) st = bk_model_set_attn_config(m, &c);
     }
     if (st == BK_OK) st = bk_evaluate(m, te, 0, r->eval_batch, 0, er);
-    if (st == BK_OK) st = bk_attention_diag(m, te, diag_n, diag, NULL, NULL);
+    if (st == BK_OK && diag_n > 0) st = bk_attention_diag(m, te, diag_n, diag, NULL, NULL);
     attn_sort(bk_model_get_config(m), now, sizeof now);
     if (strcmp(was, now)) {
         char msg[480];
@@ -571,6 +622,88 @@ static bk_status replan_optim(train_state *s)
     return BK_OK;
 }
 
+/* A text run's SentencePiece model: when the training split was encoded
+ * with one the run trained (spm_model ""), root writes it to dir/spm.model
+ * and every rank records that path in spm_model, so that the held-out
+ * splits, a resumed run and `birkhoff eval` / `translate` read the same
+ * model (the other ranks of a data-parallel run, which may not see the file
+ * yet, encode their held-out splits with the model the reader trains again
+ * from the same texts: the same bytes). A resumed run whose directory moved
+ * reads dir/spm.model when the recorded path is gone. *own receives 1 when
+ * the held-out splits may read the file. */
+static bk_status run_spm_model(train_state *s, const char *dir, int root, int resume, int *own)
+{
+    bk_run_config *r = &s->r;
+    const void *model = NULL;
+    size_t len = 0;
+    char path[1100];
+    *own = 1;
+    snprintf(path, sizeof path, "%s/spm.model", dir);
+    if (resume) {
+        const char *base = strrchr(r->spm_model, '/');
+        if (r->spm_model[0] && !exists(r->spm_model) && base && !strcmp(base, "/spm.model") && exists(path) &&
+            strlen(path) < sizeof r->spm_model)
+            snprintf(r->spm_model, sizeof r->spm_model, "%s", path);
+        return BK_OK;
+    }
+    if (r->spm_model[0] || bk_data_spm_model(s->tr, &model, &len) != BK_OK) {
+        bki_clear_error();
+        return BK_OK;
+    }
+    if (strlen(path) >= sizeof r->spm_model)
+        return bki_fail(BK_ERR_PARAM, "%s: the run directory's path is too long to record its spm.model", dir);
+    if (root) {
+        if (!mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
+        bk_status st = bk_file_write(path, BK_OUT_NOFOLLOW, model, len);
+        if (st != BK_OK) return st;
+        snprintf(s->spm_written, sizeof s->spm_written, "%s", path);
+    }
+    *own = root;
+    snprintf(r->spm_model, sizeof r->spm_model, "%s", path);
+    return BK_OK;
+}
+
+/* The run's splits: training, validation (a run with valid_frac > 0 or
+ * data_valid), test; the held-out ones within test_limit and, for sentence
+ * pairs, the lengths the training split fixes (longer pairs dropped, as in
+ * training); a resumed run's data versions checked against its
+ * checkpoint's. */
+static bk_status open_splits(train_state *s, const char *dir, int root, int resume)
+{
+    bk_run_config *r = &s->r;
+    bk_data_config dop = bk_run_data_config(r);
+    bk_status st = bk_data_open(r->data, BK_SPLIT_TRAIN, &dop, &s->tr);
+    int own = 1;
+    if (st == BK_OK) st = run_spm_model(s, dir, root, resume, &own);
+    if (st != BK_OK) return st;
+    dop = bk_run_data_config(r);
+    if (!own) dop.spm_model = NULL;
+    dop.limit = r->test_limit;
+    const bk_dataset_info *tri = bk_data_info(s->tr);
+    if (tri->seq2seq) {
+        dop.max_len = tri->max_len;
+        dop.tgt_max_len = tri->tgt_max_len;
+    }
+    if (r->data_config.valid_frac > 0 || r->data_valid[0])
+        if ((st = bk_data_open(r->data, BK_SPLIT_VALID, &dop, &s->va)) != BK_OK) return st;
+    if ((st = bk_data_open(r->data, BK_SPLIT_TEST, &dop, &s->te)) != BK_OK) return st;
+    s->ver.train = tri->version;
+    s->ver.valid = s->va ? bk_data_info(s->va)->version : NULL;
+    s->ver.test = bk_data_info(s->te)->version;
+    if (!resume) return BK_OK;
+    /* (a checkpoint before issue 43 names the test split's version data_test) */
+    const char *key[3] = {"data_train", "data_valid_version", "data_test_version"};
+    const char *now[3] = {s->ver.train, s->ver.valid, s->ver.test};
+    if (!strstr(s->extra, "data_test_version=")) key[2] = "data_test";
+    for (int i = 0; i < 3; i++) {
+        char v1[600];
+        if (now[i] && bk_run_extra_get(s->extra, key[i], v1, sizeof v1) && strcmp(v1, now[i]))
+            return bki_fail(BK_ERR_FORMAT, "the data changed since the run started (checkpoint: %s; now: %s)", v1,
+                            now[i]);
+    }
+    return BK_OK;
+}
+
 /* Steps 1..: data, model, run directory, up to the first step. Only root
  * (rank 0 of a data-parallel run, or the one process) writes the run
  * directory; the other ranks read what they need (the resumed checkpoint,
@@ -606,26 +739,16 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
         if (pos->epoch >= r->epochs)
             return bki_fail(BK_ERR_PARAM, "%s has finished its %d epochs; set epochs above %d to continue it", dir,
                             pos->epoch, pos->epoch);
+        if (r->patience > 0 && pos->best_epoch > 0 && pos->bad_epochs >= r->patience)
+            return bki_fail(BK_ERR_PARAM, "%s has finished: it stopped early at epoch %d, %d epochs without a better "
+                                          "validation metric than epoch %d's (patience=%d); start a new run from its "
+                                          "best weights with init=%s/best.safetensors",
+                            dir, pos->epoch, pos->bad_epochs, pos->best_epoch, r->patience, dir);
     }
     if (r->threads > 0) bk_set_num_threads(r->threads);
 
-    /* data */
-    bk_data_config dop = bk_run_data_config(r);
-    if ((st = bk_data_open(r->data, BK_SPLIT_TRAIN, &dop, &s->tr)) != BK_OK) return st;
-    dop.limit = r->test_limit;
-    if (bk_data_info(s->tr)->seq2seq) {
-        /* the test pairs within the lengths the training split fixes (longer
-         * ones are dropped, as in training) */
-        dop.max_len = bk_data_info(s->tr)->max_len;
-        dop.tgt_max_len = bk_data_info(s->tr)->tgt_max_len;
-    }
-    if ((st = bk_data_open(r->data, BK_SPLIT_TEST, &dop, &s->te)) != BK_OK) return st;
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
-    char v1[256];
-    if (resume && ((bk_run_extra_get(s->extra, "data_train", v1, sizeof v1) && strcmp(v1, tri->version)) ||
-                   (bk_run_extra_get(s->extra, "data_test", v1, sizeof v1) && strcmp(v1, tei->version))))
-        return bki_fail(BK_ERR_FORMAT, "the data changed since the run started (checkpoint: %s; now: %s)", v1,
-                        strcmp(v1, tri->version) ? tri->version : tei->version);
+    if ((st = open_splits(s, dir, root, resume)) != BK_OK) return st;
+    const bk_dataset_info *tri = bk_data_info(s->tr), *evi = bk_data_info(s->va ? s->va : s->te);
     if ((st = bk_run_config_resolve(r, s->tr)) != BK_OK ||
         (resume && (st = check_plan(r, planned, stored_epochs, pos, (tri->n + r->batch - 1) / r->batch, dir)))) {
         res->stage = BK_TRAIN_STAGE_CONFIG;
@@ -634,7 +757,7 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
 
     /* the model, and the run directory */
     const int chunk = r->micro > 0 ? r->micro : r->batch;
-    const int diag_n = tei->n < 64 ? (int)tei->n : 64;
+    const int diag_n = evi->n < 64 ? (int)evi->n : 64;
     int maxb = chunk > r->eval_batch ? chunk : r->eval_batch;
     if (maxb < diag_n) maxb = diag_n;
     if (resume) {
@@ -670,7 +793,6 @@ static bk_status setup_dir(train_state *s, const char *dir, bk_train_mode mode, 
 {
     const bk_run_config *r = &s->r;
     const int resume = mode == BK_TRAIN_RESUME;
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
     char path[1100];
     bk_status st;
     if (!resume && !mkdir_p(dir)) return bki_fail(BK_ERR_IO, "cannot create %s (%s)", dir, strerror(errno));
@@ -685,9 +807,12 @@ static bk_status setup_dir(train_state *s, const char *dir, bk_train_mode mode, 
     bki_clean_stale(path, NULL);
     {
         char *cfg = config_text(r);
-        size_t n = cfg ? strlen(cfg) + 1024 : 0;
+        const char *vv = s->ver.valid ? s->ver.valid : "";
+        size_t n = cfg ? strlen(cfg) + strlen(s->ver.train) + strlen(vv) + strlen(s->ver.test) + 256 : 0;
         char *txt = cfg ? malloc(n) : NULL;
-        if (txt) snprintf(txt, n, "# birkhoff %s\n# data: %s\n# data: %s\n%s", bk_version(), tri->version, tei->version, cfg);
+        if (txt)
+            snprintf(txt, n, "# birkhoff %s\n# data: %s\n%s%s%s# data: %s\n%s", bk_version(), s->ver.train,
+                     *vv ? "# data: " : "", vv, *vv ? "\n" : "", s->ver.test, cfg);
         snprintf(path, sizeof path, "%s/config.txt", dir);
         st = txt ? run_write_text(path, txt) : bki_fail(BK_ERR_NOMEM, "out of memory");
         free(cfg);
@@ -709,11 +834,10 @@ static bk_status setup_dir(train_state *s, const char *dir, bk_train_mode mode, 
             note_gaps(s->notice, sizeof s->notice, p2, i, seq);
         }
     }
-    if (!logs_open(dir, !resume, &s->logs)) return BK_ERR_IO; /* bki_open_log said which and why */
+    if (!logs_open(dir, !resume, s->va != NULL, &s->logs)) return BK_ERR_IO; /* bki_open_log said which and why */
     if (!resume) {
         remove_old_run(dir);
-        if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, tri->version, tei->version,
-                            comm_size)) != BK_OK)
+        if ((st = save_ckpt(dir, "ckpt/epoch-0000.safetensors", s->m, s->o, r, pos, &s->ver, comm_size)) != BK_OK)
             return st;
     }
     return BK_OK;
@@ -730,12 +854,12 @@ static bk_status dp_start(train_state *s, bk_train_mode mode, run_pos *pos)
     memset(a.progress, 0, sizeof a.progress);
     memset(a.data_dir, 0, sizeof a.data_dir);
     char *cfg = config_text(&a);
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
-    size_t n = cfg ? strlen(cfg) + 1024 : 0;
+    size_t n = cfg ? strlen(cfg) + 2048 : 0;
     char *txt = cfg ? malloc(n) : NULL; /* (a failure is agreed below, as every one here) */
     if (txt)
-        snprintf(txt, n, "mode=%d\nranks=%d\ndata_train=%s\ndata_test=%s\nmodel_seed=%llu\n%s", (int)mode,
-                 bki_dp_size(d), tri->version, tei->version, (unsigned long long)bki_model_seed(s->m), cfg);
+        snprintf(txt, n, "mode=%d\nranks=%d\ndata_train=%s\ndata_valid=%.600s\ndata_test=%s\nmodel_seed=%llu\n%s",
+                 (int)mode, bki_dp_size(d), s->ver.train, s->ver.valid ? s->ver.valid : "", s->ver.test,
+                 (unsigned long long)bki_model_seed(s->m), cfg);
     free(cfg);
     bk_status st = txt ? BK_OK : bki_fail(BK_ERR_NOMEM, "out of memory");
     st = bki_dp_agree(d, st, "setup"); /* (the other ranks' first agreement: "setup" in bk_train_run_comm) */
@@ -792,6 +916,8 @@ typedef struct {
     double t0, win_t, rate;
     int64_t win_samples;
     int stopped;
+    int early;      /* patience ran out: the run has finished early            */
+    int best_epoch; /* the best epoch so far (a run with a validation split)   */
 } run_ctx;
 
 /* setup, the ranks' agreement on it, the run directory; the start event */
@@ -818,19 +944,21 @@ static bk_status run_start(run_ctx *x, const bk_run_config *r_in, bk_train_mode 
     }
     if (st != BK_OK) {
         if (bki_dp_broken(&s->dp)) x->res->stage = BK_TRAIN_STAGE_COMM;
+        if (s->spm_written[0]) remove(s->spm_written); /* a refused new run leaves nothing */
         train_free(s);
         return st;
     }
     if (!x->root) x->cb = NULL; /* rank 0 reports */
     const bk_run_config *r = &s->r;
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
+    const bk_dataset_info *tri = bk_data_info(s->tr), *evi = bk_data_info(s->va ? s->va : s->te);
     x->chunk = r->micro > 0 ? r->micro : (r->batch + x->ranks - 1) / x->ranks;
-    x->diag_n = tei->n < 64 ? (int)tei->n : 64;
+    x->diag_n = evi->n < 64 ? (int)evi->n : 64;
     x->nb = (tri->n + r->batch - 1) / r->batch;
     bk_train_event *ev = &x->ev;
     memset(ev, 0, sizeof *ev);
     ev->config = r;
     ev->train = s->tr;
+    ev->valid = s->va;
     ev->test = s->te;
     ev->model = s->m;
     ev->batches = x->nb;
@@ -958,46 +1086,53 @@ static bk_status train_step_at(run_ctx *x, int e, int64_t bi)
     return BK_OK;
 }
 
-/* rank 0's end of epoch e: evaluation, records, checkpoints (done: the
- * position after the epoch) */
-static bk_status epoch_records(run_ctx *x, int e, const run_pos *done)
+/* the metric that selects the best epoch: 1 accuracy, 0 loss (select=auto:
+ * accuracy for a classifier, loss for sentence pairs) */
+static int select_acc(const train_state *s)
+{
+    if (!strcmp(s->r.select, "acc")) return 1;
+    if (!strcmp(s->r.select, "loss")) return 0;
+    return !bk_data_info(s->tr)->seq2seq;
+}
+
+/* epoch's validation figures against the best so far (a tie keeps the
+ * earlier epoch); 1 when it is the new best */
+static int select_update(const train_state *s, run_pos *done, int epoch, const bk_eval_result *er)
+{
+    const int better = done->best_epoch == 0 || (select_acc(s) ? er->acc > done->best_acc : er->loss < done->best_loss);
+    if (!better) {
+        done->bad_epochs++;
+        return 0;
+    }
+    done->best_epoch = epoch;
+    done->bad_epochs = 0;
+    done->best_loss = er->loss;
+    done->best_acc = er->acc;
+    return 1;
+}
+
+/* an epoch's records: metrics.jsonl, epochs.csv, the EPOCH event */
+static void epoch_log(run_ctx *x, int e, const bk_eval_result *er, const double dg[3], double t, double now)
 {
     train_state *s = &x->s;
-    const bk_run_config *r = &s->r;
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
     const run_pos *pos = &x->pos;
-    const int depth = r->model.depth;
-    bk_eval_result er = {0};
-    bk_status st = evaluate_epoch(s->m, r, s->te, x->diag_n, s->diag, &er);
-    if (st != BK_OK) {
-        char msg[480];
-        snprintf(msg, sizeof msg, "%s", bk_last_error());
-        bki_fail(st, "evaluation: %s", msg);
-        x->res->stage = BK_TRAIN_STAGE_EVAL;
-        bk_eval_result_free(&er);
-        return st;
-    }
-    double rd = 0, cd = 0, en = 0;
-    for (int l = 0; l < depth; l++) {
-        rd += s->diag[l].row_dev / depth;
-        cd += s->diag[l].col_dev / depth;
-        en += s->diag[l].entropy / depth;
-    }
-    const double now = now_s(), t = pos->elapsed + now - x->t0;
+    const int valid = s->va != NULL;
     char esp_t[48] = ""; /* an ESP run's SoftSort temperature of the epoch */
-    char tv[32];
+    char tv[32], best[32] = "";
     if (bk_model_config_get(bk_model_get_config(s->m), "attn.t", tv, sizeof tv))
         snprintf(esp_t, sizeof esp_t, ",\"esp_t\":%s", tv); /* (an attention with ESP's t) */
     else
         bki_clear_error();
+    if (valid) snprintf(best, sizeof best, ",\"best_epoch\":%d", x->best_epoch);
+    const char *held = valid ? "valid" : "test";
     fprintf(s->logs.jsonl,
             "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6g,\"train_acc\":%.6g,"
-            "\"test_loss\":%.6g,\"test_acc\":%.6g,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
+            "\"%s_loss\":%.6g,\"%s_acc\":%.6g%s,\"attn_row_dev\":%.6g,\"attn_col_dev\":%.6g,"
             "\"attn_entropy\":%.6g%s,\"time_s\":%.3f}\n",
-            e + 1, (long long)pos->step, pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, er.loss, er.acc,
-            rd, cd, en, esp_t, t);
+            e + 1, (long long)pos->step, pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, held, er->loss,
+            held, er->acc, best, dg[0], dg[1], dg[2], esp_t, t);
     fprintf(s->logs.epochs, "%d,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.3f\n", e + 1, (long long)pos->step,
-            pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, er.loss, er.acc, rd, cd, en, t);
+            pos->loss_sum / pos->seen, (double)pos->correct / pos->seen, er->loss, er->acc, dg[0], dg[1], dg[2], t);
     logs_flush(&s->logs);
     bk_train_event *ev = &x->ev;
     ev->kind = BK_TRAIN_EVENT_EPOCH;
@@ -1007,28 +1142,69 @@ static bk_status epoch_records(run_ctx *x, int e, const run_pos *done)
     ev->time_s = t;
     ev->train_loss = pos->loss_sum / (double)pos->seen;
     ev->train_acc = (double)pos->correct / (double)pos->seen;
-    ev->test_loss = er.loss;
-    ev->test_acc = er.acc;
-    ev->attn_row_dev = rd;
-    ev->attn_col_dev = cd;
-    ev->attn_entropy = en;
+    ev->test_loss = valid ? NAN : er->loss;
+    ev->test_acc = valid ? NAN : er->acc;
+    ev->valid_loss = valid ? er->loss : NAN;
+    ev->valid_acc = valid ? er->acc : NAN;
+    ev->best_epoch = valid ? x->best_epoch : 0;
+    ev->attn_row_dev = dg[0];
+    ev->attn_col_dev = dg[1];
+    ev->attn_entropy = dg[2];
     if (x->cb) x->cb(x->user, ev);
-    x->res->test_acc = er.acc;
-    x->res->test_loss = er.loss;
+}
+
+/* rank 0's end of epoch e: evaluation (the validation split, else the test
+ * split), model selection, records, checkpoints (done: the position after
+ * the epoch, its best-epoch state updated here) */
+static bk_status epoch_records(run_ctx *x, int e, run_pos *done)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const int depth = r->model.depth;
+    bk_eval_result er = {0};
+    bk_status st = evaluate_epoch(s->m, r, s->va ? s->va : s->te, x->diag_n, s->diag, &er);
+    if (st != BK_OK) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "%s", bk_last_error());
+        bki_fail(st, "evaluation: %s", msg);
+        x->res->stage = BK_TRAIN_STAGE_EVAL;
+        bk_eval_result_free(&er);
+        return st;
+    }
+    double dg[3] = {0, 0, 0};
+    for (int l = 0; l < depth; l++) {
+        dg[0] += s->diag[l].row_dev / depth;
+        dg[1] += s->diag[l].col_dev / depth;
+        dg[2] += s->diag[l].entropy / depth;
+    }
+    const int improved = s->va && select_update(s, done, e + 1, &er);
+    x->best_epoch = done->best_epoch;
+    const double now = now_s(), t = x->pos.elapsed + now - x->t0;
+    epoch_log(x, e, &er, dg, t, now);
+    if (s->va) {
+        x->res->valid_loss = done->best_loss;
+        x->res->valid_acc = done->best_acc;
+    } else {
+        x->res->test_acc = er.acc;
+        x->res->test_loss = er.loss;
+    }
+    /* the epoch's checkpoint, best.safetensors when the epoch is the best
+     * (weights only) and last.safetensors, committed together */
     char name[64];
     snprintf(name, sizeof name, "ckpt/epoch-%04d.safetensors", e + 1);
+    const char *names[3] = {name, "best.safetensors", "last.safetensors"};
+    if (!improved) names[1] = names[2];
     run_pos saved = *done;
     saved.elapsed = t;
-    if ((st = save_ckpt(x->dir, name, s->m, s->o, r, &saved, tri->version, tei->version, x->ranks)) != BK_OK ||
-        (st = save_ckpt(x->dir, "last.safetensors", s->m, s->o, r, &saved, tri->version, tei->version, x->ranks)) !=
-            BK_OK)
+    if ((st = save_ckpts(x->dir, improved ? 3 : 2, names, s->m, s->o, r, &saved, &s->ver, x->ranks)) != BK_OK)
         x->res->stage = BK_TRAIN_STAGE_SAVE;
     bk_eval_result_free(&er);
     return st;
 }
 
 /* the end of epoch e: rank 0 evaluates, records and checkpoints; then the
- * ranks agree and compare their states */
+ * ranks agree and compare their states; patience epochs without a better
+ * validation metric end the run (x->early) */
 static bk_status epoch_end(run_ctx *x, int e)
 {
     run_pos done = x->pos;
@@ -1041,15 +1217,23 @@ static bk_status epoch_end(run_ctx *x, int e)
     if (x->root) evaluated = (st = epoch_records(x, e, &done)) == BK_OK || x->res->stage == BK_TRAIN_STAGE_SAVE;
     if (evaluated) x->pos = done;
     if (x->ranks > 1) {
-        /* rank 0's status, the states' checksums, rank 0's test figures */
-        double te[2] = {x->res->test_loss, x->res->test_acc};
+        /* rank 0's status, the states' checksums, rank 0's figures and model selection */
+        run_pos *p = &x->pos;
+        double te[6] = {x->res->test_loss, x->res->test_acc, p->best_epoch, p->bad_epochs, p->best_loss, p->best_acc};
         if ((st = bki_dp_agree(&x->s.dp, st, "end of epoch")) != BK_OK ||
             (st = bki_dp_same_u64(&x->s.dp, state_hash(x->s.m, x->s.o), "weights and optimiser state")) != BK_OK ||
             (st = bki_dp_bcast(&x->s.dp, te, sizeof te)) != BK_OK)
             return st;
         x->res->test_loss = te[0];
         x->res->test_acc = te[1];
+        p->best_epoch = (int)te[2];
+        p->bad_epochs = (int)te[3];
+        p->best_loss = te[4];
+        p->best_acc = te[5];
+        x->res->valid_loss = p->best_loss;
+        x->res->valid_acc = p->best_acc;
     }
+    if (st == BK_OK && x->s.va && x->s.r.patience > 0 && x->pos.bad_epochs >= x->s.r.patience) x->early = 1;
     return st;
 }
 
@@ -1072,20 +1256,112 @@ static bk_status run_epoch(run_ctx *x, int e)
     return epoch_end(x, e);
 }
 
-/* the run's last writes: the checkpoint of a stopped run, or the summary */
+/* A run with a validation split, at its end: the test split evaluated once
+ * with the best epoch's weights (best.safetensors), by rank 0, its figures
+ * shared; a {"type":"test"} record and the TEST event. */
+static bk_status run_test(run_ctx *x)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    bk_train_result *res = x->res;
+    double te[2] = {NAN, NAN};
+    bk_status st = BK_OK;
+    res->stage = BK_TRAIN_STAGE_EVAL;
+    if (x->root) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/best.safetensors", x->dir);
+        bk_model *mb = NULL;
+        bk_eval_result er = {0};
+        st = bk_checkpoint_load(path, r->eval_batch, &mb, NULL, NULL);
+        if (st == BK_OK) st = evaluate_epoch(mb, r, s->te, 0, NULL, &er);
+        if (st != BK_OK) {
+            char msg[480];
+            snprintf(msg, sizeof msg, "%s", bk_last_error());
+            bki_fail(st, "the test evaluation of the best epoch (%d): %s", x->pos.best_epoch, msg);
+        }
+        te[0] = er.loss;
+        te[1] = er.acc;
+        bk_eval_result_free(&er);
+        bk_model_free(mb);
+    }
+    if ((st = bki_dp_agree(&s->dp, st, "the test evaluation")) != BK_OK ||
+        (x->ranks > 1 && (st = bki_dp_bcast(&s->dp, te, sizeof te)) != BK_OK))
+        return st;
+    res->test_loss = te[0];
+    res->test_acc = te[1];
+    res->stage = BK_TRAIN_STAGE_SAVE;
+    if (!x->root) return BK_OK;
+    const run_pos *p = &x->pos;
+    const double t = p->elapsed + now_s() - x->t0;
+    fprintf(s->logs.jsonl,
+            "{\"type\":\"test\",\"best_epoch\":%d,\"epochs\":%d,\"step\":%lld,\"test_loss\":%.6g,\"test_acc\":%.6g,"
+            "\"valid_loss\":%.6g,\"valid_acc\":%.6g,\"select\":\"%s\",\"early_stopped\":%s,\"time_s\":%.3f}\n",
+            p->best_epoch, p->epoch, (long long)p->step, te[0], te[1], p->best_loss, p->best_acc,
+            select_acc(s) ? "acc" : "loss", x->early ? "true" : "false", t);
+    logs_flush(&s->logs);
+    bk_train_event *ev = &x->ev;
+    ev->kind = BK_TRAIN_EVENT_TEST;
+    ev->epoch = p->epoch;
+    ev->step = p->step;
+    ev->time_s = t;
+    ev->test_loss = te[0];
+    ev->test_acc = te[1];
+    ev->valid_loss = p->best_loss;
+    ev->valid_acc = p->best_acc;
+    ev->best_epoch = p->best_epoch;
+    if (x->cb) x->cb(x->user, ev);
+    return BK_OK;
+}
+
+/* summary.json of a finished run (root) */
+static bk_status write_summary(run_ctx *x, double elapsed)
+{
+    train_state *s = &x->s;
+    const bk_run_config *r = &s->r;
+    const bk_train_result *res = x->res;
+    char *data = bki_json_string(r->data);
+    if (!data) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    char best[512] = "";
+    if (s->va)
+        snprintf(best, sizeof best, ",\"best_epoch\":%d,\"best_valid_loss\":%.6g,\"best_valid_acc\":%.6g,"
+                                    "\"select\":\"%s\",\"epochs_trained\":%d,\"early_stopped\":%s",
+                 x->pos.best_epoch, x->pos.best_loss, x->pos.best_acc, select_acc(s) ? "acc" : "loss", x->pos.epoch,
+                 x->early ? "true" : "false");
+    const size_t n = strlen(data) + 2048;
+    char *sj = malloc(n), path[1100];
+    bk_status st = sj ? BK_OK : bki_fail(BK_ERR_NOMEM, "out of memory");
+    if (sj) {
+        snprintf(sj, n,
+                 "{\"data\":%s,\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
+                 "\"test_loss\":%.6g%s,\"time_s\":%.3f,\"threads\":%d,\"ranks\":%d}\n",
+                 data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)x->pos.step,
+                 (long long)bk_model_num_params(s->m), res->test_acc, res->test_loss, best, elapsed,
+                 bk_get_num_threads(), x->ranks);
+        snprintf(path, sizeof path, "%s/summary.json", x->dir);
+        st = run_write_text(path, sj);
+    }
+    free(sj);
+    free(data);
+    return st;
+}
+
+/* the run's last writes: the checkpoint of a stopped run, or (a run with a
+ * validation split: after its test evaluation) the summary */
 static bk_status run_finish(run_ctx *x, bk_status st)
 {
     train_state *s = &x->s;
     const bk_run_config *r = &s->r;
-    const bk_dataset_info *tri = bk_data_info(s->tr), *tei = bk_data_info(s->te);
     bk_train_result *res = x->res;
     logs_flush(&s->logs);
-    const double elapsed = x->pos.elapsed + now_s() - x->t0;
     res->epoch = x->pos.epoch;
     res->batch = x->pos.batch;
     res->step = x->pos.step;
-    res->time_s = elapsed;
     res->stopped = x->stopped;
+    res->early_stopped = x->early;
+    res->best_epoch = x->pos.best_epoch;
+    if (st == BK_OK && !x->stopped && s->va) st = run_test(x);
+    const double elapsed = x->pos.elapsed + now_s() - x->t0;
+    res->time_s = elapsed;
     if (st == BK_OK) {
         res->stage = BK_TRAIN_STAGE_SAVE;
         if (!x->root) {
@@ -1093,17 +1369,9 @@ static bk_status run_finish(run_ctx *x, bk_status st)
         } else if (x->stopped) {
             run_pos saved = x->pos;
             saved.elapsed = elapsed;
-            st = save_ckpt(x->dir, "last.safetensors", s->m, s->o, r, &saved, tri->version, tei->version, x->ranks);
+            st = save_ckpt(x->dir, "last.safetensors", s->m, s->o, r, &saved, &s->ver, x->ranks);
         } else if (isfinite(res->test_acc)) {
-            char sj[2048], path[1100];
-            snprintf(sj, sizeof sj,
-                     "{\"data\":\"%s\",\"attn\":\"%s\",\"epochs\":%d,\"steps\":%lld,\"params\":%lld,\"test_acc\":%.6g,"
-                     "\"test_loss\":%.6g,\"time_s\":%.3f,\"threads\":%d,\"ranks\":%d}\n",
-                     r->data, bk_attn_kind_name(r->model.attn), r->epochs, (long long)x->pos.step,
-                     (long long)bk_model_num_params(s->m), res->test_acc, res->test_loss, elapsed, bk_get_num_threads(),
-                     x->ranks);
-            snprintf(path, sizeof path, "%s/summary.json", x->dir);
-            st = run_write_text(path, sj);
+            st = write_summary(x, elapsed);
         }
         /* the last writes, agreed (a failed loop has agreed already) */
         st = bki_dp_agree(&s->dp, st, "the final checkpoint");
@@ -1120,7 +1388,7 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
     bki_clear_error();
     bk_train_result res_local, *res = result ? result : &res_local;
     memset(res, 0, sizeof *res);
-    res->test_acc = res->test_loss = NAN;
+    res->test_acc = res->test_loss = res->valid_acc = res->valid_loss = NAN;
     res->stage = BK_TRAIN_STAGE_SETUP;
     if (!r_in || !dir) return bki_fail(BK_ERR_NULL, "bk_train_run: NULL argument");
     if (mode != BK_TRAIN_NEW && mode != BK_TRAIN_OVERWRITE && mode != BK_TRAIN_RESUME)
@@ -1138,7 +1406,7 @@ bk_status bk_train_run_comm(const bk_run_config *r_in, const char *dir, bk_train
         return st;
     }
     res->stage = BK_TRAIN_STAGE_STEP;
-    for (int e = x->pos.epoch; e < x->s.r.epochs && !x->stopped && st == BK_OK; e++) st = run_epoch(x, e);
+    for (int e = x->pos.epoch; e < x->s.r.epochs && !x->stopped && !x->early && st == BK_OK; e++) st = run_epoch(x, e);
     st = run_finish(x, st);
     free(x);
     return st;

@@ -281,7 +281,8 @@ static bk_run_config tiny(const char *attn, int epochs)
     const char *kv[][2] = {{"data", "listops"}, {"seq_len", "32"}, {"gen_train", "96"}, {"gen_test", "32"},
                            {"batch", "16"},     {"micro", "8"},    {"dim", "16"},       {"depth", "1"},
                            {"heads", "2"},      {"mlp_dim", "32"}, {"pool", "mean"},    {"cls", "0"},
-                           {"dropout", "0.1"},  {"progress", "none"}, {"eval_batch", "64"}, {"attn", attn}};
+                           {"dropout", "0.1"},  {"progress", "none"}, {"eval_batch", "64"}, {"attn", attn},
+                           {"valid_frac", "0"}}; /* the test split each epoch (test_loop.c: validation runs) */
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
         if (bk_run_config_set(&r, kv[i][0], kv[i][1]) != BK_OK) printf("# config: %s\n", bk_last_error());
     r.epochs = epochs;
@@ -658,7 +659,7 @@ static void test_swap(void)
         CHECK(st == BK_OK && !strcmp(bk_attn_kind_name(r.model.attn), to[i][0]) &&
                   !strcmp(bk_attn_kind_name(bk_model_get_config(m)->attn), to[i][0]) &&
                   bk_run_extra_get(extra, "swapped_from", v, sizeof v) && !strcmp(v, ck) &&
-                  bk_run_extra_get(extra, "data_train", v, sizeof v) && er.n == 32,
+                  bk_run_extra_get(extra, "data_train", v, sizeof v) && bk_run_extra_get(extra, "data_test_version", v, sizeof v) && er.n == 32,
               name, "%s", bk_last_error());
         bk_eval_result_free(&er);
         bk_data_close(te);
@@ -1159,7 +1160,7 @@ static void test_set_run(void)
                            {"batch", "16"},     {"dim", "16"},      {"depth", "2"},      {"heads", "2"},
                            {"mlp_dim", "16"},   {"cls", "0"},       {"pos_embed", "0"},  {"set_block", "isab"},
                            {"set_inducing", "4"}, {"pool", "pma"},  {"pma_seeds", "2"},  {"progress", "none"},
-                           {"eval_batch", "32"}, {"attn", "softmax"}};
+                           {"eval_batch", "32"}, {"attn", "softmax"}, {"valid_frac", "0"}};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
         if (bk_run_config_set(&r, kv[i][0], kv[i][1]) != BK_OK) printf("# config: %s\n", bk_last_error());
     r.epochs = 2;

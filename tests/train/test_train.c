@@ -256,6 +256,7 @@ typedef struct {
     int64_t last_step, stop_at;
     int bad_order;
     volatile sig_atomic_t stop;
+    int tests; /* TEST events */
 } events;
 
 static void on_event(void *user, const bk_train_event *ev)
@@ -263,6 +264,10 @@ static void on_event(void *user, const bk_train_event *ev)
     events *e = user;
     if (ev->kind == BK_TRAIN_EVENT_START) {
         e->start++;
+        return;
+    }
+    if (ev->kind == BK_TRAIN_EVENT_TEST) {
+        e->tests++;
         return;
     }
     if (ev->kind == BK_TRAIN_EVENT_STEP) {
@@ -1297,6 +1302,267 @@ static void test_resume_gap(void)
           "gap: an endless metrics.jsonl stops the resume", "%s", bk_last_error());
 }
 
+
+/* ---- model selection on a validation split, early stopping (issue 43) ---- */
+
+/* a model's weights equal another's, bitwise */
+static int same_weights(const char *a, const char *b)
+{
+    bk_model *x = NULL, *y = NULL;
+    int ok = bk_checkpoint_load(a, 1, &x, NULL, NULL) == BK_OK && bk_checkpoint_load(b, 1, &y, NULL, NULL) == BK_OK &&
+             bk_model_num_params(x) == bk_model_num_params(y) &&
+             !memcmp(bk_model_params(x), bk_model_params(y), sizeof(float) * (size_t)bk_model_num_params(x));
+    bk_model_free(x);
+    bk_model_free(y);
+    return ok;
+}
+
+/* the number after "key": in a JSON text (NAN if absent) */
+static double json_num(const char *s, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = s ? strstr(s, pat) : NULL;
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static void test_defaults(void)
+{
+    bk_run_config r = bk_run_config_default();
+    CHECK(r.optim.kind == BK_OPT_ADAMW && r.optim.sched == BK_SCHED_COSINE && r.optim.warmup == -1 &&
+              r.optim.total_steps == 0 && r.optim.decay_embed == 0 && fabsf(r.optim.weight_decay - 0.01f) < 1e-9f &&
+              fabsf(r.data_config.valid_frac - 0.1f) < 1e-9f && !strcmp(r.select, "auto") && r.patience == 0,
+          "defaults: AdamW, cosine over the run after the automatic warm-up, no decay on token tables, valid_frac 0.1",
+          "%s", "");
+    /* the warm-up rule: 5 % of the steps, rounded down, at most 1000 */
+    const int64_t steps[] = {1, 19, 20, 240, 12345, 20000, 1000000};
+    const int want[] = {0, 0, 1, 12, 617, 1000, 1000};
+    int ok = 1;
+    for (int i = 0; i < 7; i++) {
+        bk_run_config q = tiny("softmax", 1);
+        q.data_config.gen_train = steps[i] * q.batch;
+        q.data_config.gen_test = 16;
+        bk_dataset *tr = NULL;
+        bk_data_config dc = bk_run_data_config(&q);
+        ok &= bk_data_open(q.data, BK_SPLIT_TRAIN, &dc, &tr) == BK_OK && bk_run_config_resolve(&q, tr) == BK_OK &&
+              q.optim.warmup == want[i] && q.optim.total_steps == steps[i];
+        bk_data_close(tr);
+        if (!ok) {
+            printf("# %lld steps: warmup %d total %lld %s\n", (long long)steps[i], q.optim.warmup,
+                   (long long)q.optim.total_steps, bk_last_error());
+            break;
+        }
+    }
+    CHECK(ok, "defaults: warm-up = 5 % of the run's steps (at most 1000), recorded with the cosine's length", "%s", "");
+    /* an explicit warm-up and a non-cosine schedule stay as given */
+    bk_run_config q = tiny("softmax", 2);
+    bk_run_config_set(&q, "warmup", "3");
+    bk_run_config_set(&q, "sched", "constant");
+    bk_dataset *tr = NULL;
+    bk_data_config dc = bk_run_data_config(&q);
+    CHECK(bk_data_open(q.data, BK_SPLIT_TRAIN, &dc, &tr) == BK_OK && bk_run_config_resolve(&q, tr) == BK_OK &&
+              q.optim.warmup == 3 && q.optim.total_steps == 0,
+          "defaults: warmup and sched given are kept", "%d", q.optim.warmup);
+    bk_data_close(tr);
+    bk_optim_config oc = bk_optim_config_default();
+    oc.warmup = -1;
+    bk_model *m = NULL;
+    bk_optim *o = NULL;
+    bk_model_config mc = bk_model_config_default();
+    bk_model_config_parse(&mc, "input=tokens,vocab=12,max_len=8,classes=3,dim=8,depth=1,heads=2,mlp_dim=8");
+    bk_status st = bk_model_create(&mc, 1, 4, &m);
+    CHECK(st == BK_OK && bk_optim_create(&oc, m, &o) == BK_ERR_PARAM && has(bk_last_error(), "warm-up"),
+          "optimiser: warmup -1 outside a run is refused", "%s", bk_last_error());
+    /* decay_embed: with a zero gradient AdamW moves a tensor only by its
+     * decay: Linear weights always, the token table only with decay_embed=1,
+     * biases and norms never */
+    for (int de = 0; de < 2 && st == BK_OK; de++) {
+        oc = bk_optim_config_default();
+        oc.weight_decay = 0.5f;
+        oc.lr = 0.1f;
+        oc.decay_embed = de;
+        bk_model_free(m);
+        m = NULL;
+        st = bk_model_create(&mc, 1, 4, &m);
+        if (st == BK_OK) st = bk_optim_create(&oc, m, &o);
+        const int64_t P = bk_model_num_params(m);
+        float *w0 = malloc(sizeof(float) * (size_t)P);
+        memcpy(w0, bk_model_params(m), sizeof(float) * (size_t)P);
+        memset(bk_model_grads(m), 0, sizeof(float) * (size_t)P);
+        if (st == BK_OK) st = bk_optim_step(o, m, NULL);
+        int right = st == BK_OK, seen = 0;
+        for (int i = 0; right && i < bk_model_param_count(m); i++) {
+            bk_param_info pi;
+            bk_model_param(m, i, &pi);
+            int moved = 0;
+            for (int64_t j = 0; j < pi.count; j++) moved |= pi.data[j] != w0[pi.offset + j];
+            const int embed = !strcmp(pi.name, "embed.table");
+            const int want_moved = pi.decay == BK_DECAY_WEIGHT || (embed && de);
+            seen += embed && pi.decay == BK_DECAY_EMBED;
+            right = moved == want_moved && (embed || pi.decay != BK_DECAY_EMBED) &&
+                    (!strstr(pi.name, "bias") || pi.decay == BK_DECAY_NONE) &&
+                    (!strstr(pi.name, "ln") || strstr(pi.name, "weight") == NULL || pi.decay == BK_DECAY_NONE);
+            if (!right) printf("# %s decay %d moved %d\n", pi.name, pi.decay, moved);
+        }
+        char name[120];
+        snprintf(name, sizeof name, "optimiser: decay_embed=%d decays Linear weights%s; biases and norms never", de,
+                 de ? " and the token table" : ", not the token table");
+        CHECK(right && seen == 1, name, "%s", bk_last_error());
+        free(w0);
+        bk_optim_free(o);
+        o = NULL;
+    }
+    bk_model_free(m);
+    /* a run stored before issue 43 (no decay_embed key) decayed its token table */
+    bk_run_config a;
+    CHECK(bk_run_config_from_extra("pos_epoch=1\nlr=0.01\n", &a) == BK_OK && a.optim.decay_embed == 1 &&
+              a.data_config.valid_frac == 0 &&
+              bk_run_config_from_extra("pos_epoch=1\ndecay_embed=0\n", &a) == BK_OK && a.optim.decay_embed == 0,
+          "stored runs: decay_embed absent reads 1 (the old behaviour), present as stored", "%s", bk_last_error());
+}
+
+/* the listops run of tiny() with a validation split */
+static bk_run_config tiny_valid(int epochs)
+{
+    bk_run_config r = tiny("softmax", epochs);
+    r.data_config.valid_frac = 0.25f;
+    r.data_config.gen_train = 128;
+    return r;
+}
+
+static void test_valid_run(void)
+{
+    char full[400], cut[400], p1[700], p2[700];
+    snprintf(full, sizeof full, "%s/valid-full", g_tmp);
+    snprintf(cut, sizeof cut, "%s/valid-cut", g_tmp);
+    bk_run_config r = tiny_valid(3);
+    bk_train_result res, res2;
+    events ev = {0};
+    bk_status st = bk_train_run(&r, full, BK_TRAIN_NEW, on_event, &ev, NULL, &res);
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    char *mj = read_all(p1, NULL);
+    snprintf(p1, sizeof p1, "%s/summary.json", full);
+    char *sum = read_all(p1, NULL);
+    snprintf(p1, sizeof p1, "%s/epochs.csv", full);
+    char *ec = read_all(p1, NULL);
+    const char *trec = mj ? strstr(mj, "{\"type\":\"test\"") : NULL;
+    CHECK(st == BK_OK && res.epoch == 3 && !res.stopped && !res.early_stopped && res.best_epoch >= 1 &&
+              res.best_epoch <= 3 && isfinite(res.test_acc) && isfinite(res.valid_acc) && ev.epochs == 3 &&
+              exists(full, "best.safetensors") && mj && strstr(mj, "\"valid_loss\":") && strstr(mj, "\"valid_acc\":") &&
+              strstr(mj, "\"test_loss\":") > trec && ev.tests == 1 && trec && !strstr(trec + 1, "{\"type\":\"test\"") &&
+              json_num(trec, "best_epoch") == res.best_epoch && fabs(json_num(trec, "test_acc") - res.test_acc) < 1e-5 &&
+              ec && !strncmp(ec, "epoch,step,train_loss,train_acc,valid_loss,valid_acc,", 53),
+          "validation run: valid_* each epoch, best.safetensors, one test record at the end", "%s best %d",
+          bk_last_error(), res.best_epoch);
+    CHECK(sum && json_num(sum, "best_epoch") == res.best_epoch && fabs(json_num(sum, "test_acc") - res.test_acc) < 1e-5 &&
+              fabs(json_num(sum, "best_valid_acc") - res.valid_acc) < 1e-5 && strstr(sum, "\"early_stopped\":false") &&
+              strstr(sum, "\"select\":\"acc\"") && json_num(sum, "epochs_trained") == 3,
+          "validation run: summary.json holds the test figures of the best epoch", "%s", sum ? sum : "(none)");
+    /* best.safetensors holds the best epoch's weights; the test figures are
+     * its evaluation on the test split */
+    snprintf(p1, sizeof p1, "%s/best.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/ckpt/epoch-%04d.safetensors", full, res.best_epoch);
+    bk_model *mb = NULL;
+    bk_run_config rb;
+    bk_dataset *te = NULL;
+    bk_eval_result er = {0};
+    char *extra = NULL, v[64] = "";
+    st = bk_run_load(p1, 64, &mb, &rb, &extra);
+    if (st == BK_OK) st = bk_run_open_data(&rb, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(mb), &te);
+    if (st == BK_OK) st = bk_evaluate(mb, te, 0, 64, 0, &er);
+    CHECK(st == BK_OK && same_weights(p1, p2) && er.acc == res.test_acc && er.loss == res.test_loss &&
+              bk_run_extra_get(extra, "pos_best_epoch", v, sizeof v) && atoi(v) == res.best_epoch,
+          "best.safetensors: the best epoch's weights and run metadata; the test figures are its evaluation",
+          "%s acc %g vs %g", bk_last_error(), er.acc, res.test_acc);
+    bk_eval_result_free(&er);
+    bk_data_close(te);
+    bk_model_free(mb);
+    free(extra);
+    /* the best epoch is the first maximum of the validation accuracy */
+    double best = -1;
+    int be = 0;
+    for (const char *q = mj; q && (q = strstr(q, "{\"type\":\"epoch\"")); q++) {
+        const double a = json_num(q, "valid_acc");
+        if (a > best) best = a, be = (int)json_num(q, "epoch");
+    }
+    CHECK(be == res.best_epoch, "validation run: the best epoch is the first maximum of valid_acc (select=auto)",
+          "%d vs %d", be, res.best_epoch);
+    /* stopped and resumed: the same run bitwise, its best and test too */
+    bk_run_config rr;
+    st = stop_and_resume(&r, cut, 7, 1, &rr, &res2);
+    int same = st == BK_OK && res2.best_epoch == res.best_epoch && res2.test_acc == res.test_acc &&
+               res2.valid_acc == res.valid_acc;
+    const char *files[] = {"metrics.jsonl", "epochs.csv", "steps.csv"};
+    for (int i = 0; i < 3 && same; i++) {
+        snprintf(p1, sizeof p1, "%s/%s", full, files[i]);
+        snprintf(p2, sizeof p2, "%s/%s", cut, files[i]);
+        char *a = strip_times(p1), *b = strip_times(p2);
+        same = a && b && !strcmp(a, b);
+        free(a);
+        free(b);
+    }
+    snprintf(p1, sizeof p1, "%s/best.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/best.safetensors", cut);
+    same = same && same_weights(p1, p2);
+    snprintf(p1, sizeof p1, "%s/last.safetensors", full);
+    snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
+    same = same && same_tensors(p1, p2);
+    CHECK(same, "validation run: stopped and resumed == uninterrupted (metrics, best, last, test), bitwise", "%s",
+          bk_last_error());
+    free(mj);
+    free(sum);
+    free(ec);
+
+    /* select=loss picks the first minimum of valid_loss */
+    snprintf(full, sizeof full, "%s/valid-loss", g_tmp);
+    r = tiny_valid(3);
+    bk_run_config_set(&r, "select", "loss");
+    st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    mj = read_all(p1, NULL);
+    best = INFINITY;
+    be = 0;
+    for (const char *q = mj; q && (q = strstr(q, "{\"type\":\"epoch\"")); q++) {
+        const double a = json_num(q, "valid_loss");
+        if (a < best) best = a, be = (int)json_num(q, "epoch");
+    }
+    CHECK(st == BK_OK && be == res.best_epoch && fabs(res.valid_loss - best) < 1e-5 * fabs(best),
+          "select=loss: the best epoch is the first minimum of valid_loss", "%d vs %d", be, res.best_epoch);
+    free(mj);
+
+    /* patience: no epoch beats the first (the learning rate too small to
+     * change a prediction: accuracy ties keep the earlier epoch) */
+    snprintf(full, sizeof full, "%s/valid-early", g_tmp);
+    r = tiny_valid(6);
+    r.patience = 2;
+    r.optim.lr = 1e-9f;
+    bk_run_config_set(&r, "select", "acc");
+    ev = (events){0};
+    st = bk_train_run(&r, full, BK_TRAIN_NEW, on_event, &ev, NULL, &res);
+    snprintf(p1, sizeof p1, "%s/summary.json", full);
+    sum = read_all(p1, NULL);
+    CHECK(st == BK_OK && res.early_stopped && !res.stopped && res.epoch == 3 && res.best_epoch == 1 && ev.epochs == 3 &&
+              sum && strstr(sum, "\"early_stopped\":true") && !exists(full, "ckpt/epoch-0004.safetensors"),
+          "patience=2: the run finishes after 2 epochs without a better metric", "%s epoch %d best %d",
+          bk_last_error(), res.epoch, res.best_epoch);
+    free(sum);
+    st = bk_train_resume_config(full, &rr, NULL);
+    if (st == BK_OK) st = bk_train_run(&rr, full, BK_TRAIN_RESUME, NULL, NULL, NULL, &res);
+    CHECK(st == BK_ERR_PARAM && has(bk_last_error(), "stopped early at epoch 3") && has(bk_last_error(), "best.safetensors"),
+          "patience: an early-stopped run is finished (resume refused, naming best.safetensors)", "%s",
+          bk_last_error());
+    /* no validation split: valid_frac=0 (and a run stored before the key) */
+    snprintf(full, sizeof full, "%s/novalid", g_tmp);
+    r = tiny("softmax", 1);
+    st = bk_train_run(&r, full, BK_TRAIN_NEW, NULL, NULL, NULL, &res);
+    snprintf(p1, sizeof p1, "%s/metrics.jsonl", full);
+    mj = read_all(p1, NULL);
+    CHECK(st == BK_OK && !exists(full, "best.safetensors") && mj && strstr(mj, "\"test_acc\":") &&
+              !strstr(mj, "valid_") && !strstr(mj, "\"type\":\"test\"") && isnan(res.valid_acc) && res.best_epoch == 0,
+          "valid_frac=0: the test split each epoch, no best.safetensors (as before issue 43)", "%s", bk_last_error());
+    free(mj);
+}
+
 int main(void)
 {
     TH.verbose = 1; /* one line per check, as before */
@@ -1311,6 +1577,8 @@ int main(void)
     test_otk_init();
     test_data_parallel();
     test_set_run();
+    test_defaults();
+    test_valid_run();
     rm_rf(g_tmp);
     return th_summary();
 }

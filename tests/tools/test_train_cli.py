@@ -90,7 +90,8 @@ check(rc == 1 and "not the known version" in out and "scripts/data.sh mnist" in 
 
 # ---- training learns, and writes its run directory ----
 cfg = os.path.join(ROOT, "configs", "digits.conf")
-rc, out = run("train", "--config", cfg, "--out", P("sm"), "--progress", "plain")
+# (valid_frac 0: the test split every epoch, as before issue 43; model selection is tested below)
+rc, out = run("train", "--config", cfg, "--out", P("sm"), "--progress", "plain", "--valid-frac", "0")
 check(rc == 0, "train digits (softmax)", out)
 summ = json.load(open(P("sm/summary.json"))) if rc == 0 else {}
 check(summ.get("test_acc", 0) > 0.90, "digits: test accuracy > 90 % after the config's 15 epochs", str(summ))
@@ -108,7 +109,8 @@ if rc == 0:
           str(epochs[-1]))
     check(steps[-1]["loss"] < steps[0]["loss"], "loss decreases")
     check("Epoch" not in out and "epoch 15/15" in out and "\x1b[K" not in out, "plain progress lines", out[-500:])
-rc, out = run("train", "--config", cfg, "--out", P("sk"), "--attn", "sinkhorn", "--epochs", "10", "--progress", "bar")
+rc, out = run("train", "--config", cfg, "--out", P("sk"), "--attn", "sinkhorn", "--epochs", "10", "--progress", "bar",
+              "--valid-frac", "0")
 check(rc == 0 and "\x1b[K" in out, "train digits (Sinkhorn), progress bar", out[-400:])
 ep = [json.loads(x) for x in open(P("sk/metrics.jsonl")) if '"epoch","epoch"' in x or '"type":"epoch"' in x]
 check(ep and ep[-1]["test_acc"] > 0.85 and ep[-1]["attn_row_dev"] < 1e-5, "Sinkhorn run learns", str(ep[-1:]))
@@ -384,6 +386,35 @@ rc, out = run("train", "--data", "shapes", "--points", "32", "--gen-train", "128
               "--dim", "32", "--depth", "1", "--cls", "0", "--pool", "mean", "--attn", "esp", "--out", P("sh"),
               "--progress", "none")
 check(rc == 0 and os.path.exists(P("sh/summary.json")), "train on shapes (point clouds, ESP)", out)
+
+# ---- model selection (issue 43): the default valid_frac, best.safetensors, the test split once ----
+rc, out = run("train", "--config", cfg, "--out", P("va"), "--epochs", "4", "--patience", "3", "--progress", "plain")
+vs = json.load(open(P("va/summary.json"))) if rc == 0 else {}
+check(rc == 0 and os.path.exists(P("va/best.safetensors")) and 1 <= vs.get("best_epoch", 0) <= 4 and
+      vs.get("select") == "acc" and "test_acc" in vs and "best_valid_acc" in vs and vs.get("early_stopped") is False,
+      "train with a validation split: best.safetensors and the best epoch's test figures in summary.json", str(vs))
+check(f"best epoch {vs.get('best_epoch')}" in out and "test accuracy" in out and "valid loss" in out and
+      "test (the best epoch" in out, "train: the epochs show the validation split; the last line the best epoch", out[-600:])
+if rc == 0:
+    recs = [json.loads(x) for x in open(P("va/metrics.jsonl"))]
+    ep = [x for x in recs if x["type"] == "epoch"]
+    te = [x for x in recs if x["type"] == "test"]
+    best = max(range(len(ep)), key=lambda i: (ep[i]["valid_acc"], -i)) + 1
+    check(len(ep) == 4 and all("valid_acc" in x and "test_acc" not in x for x in ep) and len(te) == 1 and
+          te[0]["best_epoch"] == best == vs["best_epoch"] and abs(te[0]["test_acc"] - vs["test_acc"]) < 1e-6,
+          "metrics: valid_* each epoch, one test record for the first best epoch", str(te))
+    rc, out = run("eval", "--ckpt", P("va/best.safetensors"), "--json", P("evb.json"))
+    evb = json.load(open(P("evb.json"))) if rc == 0 else {}
+    check(rc == 0 and abs(evb.get("accuracy", -1) - vs["test_acc"]) < 1e-6,
+          "eval of best.safetensors = the run's test figures", out[-300:])
+    rc, out = run("eval", "--ckpt", P("va/best.safetensors"), "--split", "valid")
+    check(rc == 0 and f"{100 * vs['best_valid_acc']:.2f}" in out, "eval --split valid = the best epoch's validation accuracy",
+          out[-300:])
+    rc, out = run("plot", "curves", "--run", P("va"), "--run", P("sm"), "--out", P("va.svg"))
+    check(rc == 0 and os.path.getsize(P("va.svg")) > 1000 and "warning" not in out,
+          "plot curves: the validation curve of a run with one (its test record is no stray line)", out)
+    rc, out = run("train", "--resume", P("va"), "--epochs", "5")
+    check(rc == 2 and "total_steps" in out, "extending a cosine run asks for a re-planned total_steps", out[-300:])
 
 # ---- plots ----
 for ext in ("png", "svg"):

@@ -99,15 +99,18 @@ static int draw_fail(const char *err)
 typedef struct {
     int ns, ne;
     double *sx, *sy, *ex, *acc, *col;
+    int valid; /* the epoch accuracies are the validation split's */
 } run_curves;
 
 /* A line of metrics.jsonl that is a record of `birkhoff train`: one JSON
  * object (no NUL byte), its first key "type", step with a finite "step" or
- * epoch with a finite "epoch"; 0: step, 1: epoch, -1: not a record */
+ * epoch with a finite "epoch", or the final test record; 0: step, 1: epoch,
+ * 2: test, -1: not a record */
 static int record_kind(const char *line, size_t len)
 {
-    const char *step = "{\"type\":\"step\",", *epoch = "{\"type\":\"epoch\",";
+    const char *step = "{\"type\":\"step\",", *epoch = "{\"type\":\"epoch\",", *test = "{\"type\":\"test\",";
     if (strlen(line) != len || len < 2 || line[len - 1] != '}') return -1;
+    if (!strncmp(line, test, strlen(test))) return 2;
     if (!strncmp(line, step, strlen(step))) return isfinite(cli_json_num(line, "step")) ? 0 : -1;
     if (!strncmp(line, epoch, strlen(epoch))) return isfinite(cli_json_num(line, "epoch")) ? 1 : -1;
     return -1;
@@ -152,7 +155,10 @@ static int read_curves(const char *dir, run_curves *c)
             }
             if (ok) {
                 c->ex[c->ne] = cli_json_num(line, "epoch");
-                c->acc[c->ne] = 100.0 * cli_json_num(line, "test_acc");
+                /* the held-out accuracy: the validation split's when the run has one */
+                const double va = cli_json_num(line, "valid_acc");
+                if (isfinite(va)) c->valid = 1;
+                c->acc[c->ne] = 100.0 * (isfinite(va) ? va : cli_json_num(line, "test_acc"));
                 c->col[c->ne] = cli_json_num(line, "attn_col_dev");
                 c->ne++;
             }
@@ -228,11 +234,12 @@ static int plot_curves(int argc, char **argv)
     }
     run_curves c[16];
     chart_series s[3][16];
-    int ok = 1, nread = 0;
+    int ok = 1, nread = 0, nvalid = 0;
     for (int i = 0; i < nr && ok; i++) {
         ok = read_curves(runs[i], &c[i]);
         if (!ok) break;
         nread++;
+        nvalid += c[i].valid;
         const char *nm = base_name(runs[i]);
         s[0][i] = (chart_series){nm, c[i].ns, c[i].sx, c[i].sy};
         s[1][i] = (chart_series){nm, c[i].ne, c[i].ex, c[i].acc};
@@ -241,7 +248,10 @@ static int plot_curves(int argc, char **argv)
     int rc = CLI_FAIL;
     if (ok) {
         chart_panel p[3] = {{"training loss (moving average)", "step", "loss", 1, nr, s[0], 1},
-                            {"test accuracy", "epoch", "accuracy (%)", 0, nr, s[1], 1},
+                            {nvalid == nr  ? "validation accuracy"
+                             : nvalid ? "validation accuracy (test for runs without a validation split)"
+                                      : "test accuracy",
+                             "epoch", "accuracy (%)", 0, nr, s[1], 1},
                             {"attention column sums", "epoch", "mean |col sum - 1|", 1, nr, s[2], 1}};
         char err[512];
         rc = chart_lines(out, "training curves", 3, p, err, sizeof err) ? CLI_OK : draw_fail(err);

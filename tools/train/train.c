@@ -40,9 +40,18 @@ static void usage_train(FILE *f)
             "weight_decay, clip, sched, warmup, ...). The config file holds 'key = value' lines; flags override it\n"
             "(--weight-decay and --weight_decay are the same key).\n"
             "\n"
-            "DIR (default runs/DATA-ATTN) receives config.txt, metrics.jsonl (one record per step and per epoch),\n"
-            "steps.csv, epochs.csv, ckpt/epoch-NNNN.safetensors (epoch 0 = the initial model), last.safetensors\n"
-            "and summary.json. Ctrl-C (or stop_after) saves last.safetensors and exits with status 130;\n"
+            "Defaults of a new run: kind=adamw lr=1e-3 weight_decay=0.01 (decoupled; Linear weights only: not biases,\n"
+            "norms, positions or token tables, decay_embed=0), sched=cosine to lr_min=0 over the whole run\n"
+            "(total_steps=0), after a linear warm-up of 5%% of the run's steps, at most 1000 (warmup=-1); the numbers\n"
+            "are fixed when the run starts and recorded. Model selection: valid_frac=0.1 of the training split is\n"
+            "held out (or data_valid=FILES); each epoch evaluates it, best.safetensors keeps the best epoch by\n"
+            "select=auto|acc|loss (auto: accuracy, loss for seq2seq), patience=N stops after N epochs without a\n"
+            "better one, and the test split is evaluated once at the end with the best weights (summary.json).\n"
+            "valid_frac=0: no validation split, the test split every epoch (runs before issue 43).\n"
+            "\n"
+            "DIR (default runs/DATA-ATTN) receives config.txt, metrics.jsonl (one record per step and per epoch,\n"
+            "a test record at the end), steps.csv, epochs.csv, ckpt/epoch-NNNN.safetensors (epoch 0 = the initial\n"
+            "model), best.safetensors, last.safetensors, summary.json and (text data) spm.model. Ctrl-C (or stop_after) saves last.safetensors and exits with status 130;\n"
             "--resume DIR continues bit for bit as the uninterrupted run would have.\n"
             "--init CKPT starts a new run (fine-tuning) from a checkpoint's weights: the model keys start from the\n"
             "checkpoint's (other attention keys swap its attention, as `birkhoff model swap`); a fresh optimiser.\n"
@@ -168,10 +177,17 @@ static void on_event(void *user, const bk_train_event *ev)
     char tt[32];
     fmt_time(ev->time_s, tt, sizeof tt);
     if (p->mode == PR_BAR) fprintf(cli_stderr_raw(), "\r\033[K");
-    if (p->mode != PR_NONE)
-        fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  |col sum-1| %.3g  %s\n",
-                ev->epoch, r->epochs, ev->train_loss, 100.0 * ev->train_acc, ev->test_loss, 100.0 * ev->test_acc,
-                ev->attn_col_dev, tt);
+    if (p->mode == PR_NONE) return;
+    if (ev->kind == BK_TRAIN_EVENT_TEST) {
+        fprintf(stderr, "test (the best epoch, %d): loss %.4f acc %.2f%%\n", ev->best_epoch, ev->test_loss,
+                100.0 * ev->test_acc);
+        return;
+    }
+    const int valid = ev->valid != NULL;
+    fprintf(stderr, "epoch %d/%d  train loss %.4f acc %.2f%%  %s loss %.4f acc %.2f%%%s  |col sum-1| %.3g  %s\n",
+            ev->epoch, r->epochs, ev->train_loss, 100.0 * ev->train_acc, valid ? "valid" : "test",
+            valid ? ev->valid_loss : ev->test_loss, 100.0 * (valid ? ev->valid_acc : ev->test_acc),
+            valid && ev->best_epoch == ev->epoch ? " (best)" : "", ev->attn_col_dev, tt);
 }
 
 /* The key flags (--KEY VALUE, --set KEY=VALUE) applied to r in order
@@ -295,6 +311,13 @@ static int parse_request(int argc, char **argv, train_request *q)
         }
         bk_model_free(m0);
         r.stop_after = 0;
+        /* a new run: a cosine schedule follows its own length, after the
+         * automatic warm-up (the checkpoint's run recorded the numbers of its
+         * own), unless the config or flags below say otherwise */
+        if (r.optim.sched == BK_SCHED_COSINE) {
+            r.optim.total_steps = 0;
+            if (r.optim.warmup > 0) r.optim.warmup = -1;
+        }
         /* (a pipe was read to its end the first time: its keys would be lost) */
         struct stat cs;
         if (cfg_path && (stat(cfg_path, &cs) != 0 || !S_ISREG(cs.st_mode))) {
@@ -387,7 +410,13 @@ static int train_main(int argc, char **argv, const bk_train_comm *comm)
     }
     char tt[32];
     fmt_time(res.time_s, tt, sizeof tt);
-    if (p.mode != PR_NONE)
+    if (p.mode != PR_NONE && res.best_epoch > 0)
+        fprintf(stderr, "train: done in %s%s; best epoch %d (validation accuracy %.2f%%, loss %.4f); test accuracy "
+                        "%.2f%% with its weights; outputs in %s (metrics.jsonl, epochs.csv, best.safetensors, "
+                        "last.safetensors)\n",
+                tt, res.early_stopped ? " (stopped early: patience)" : "", res.best_epoch, 100.0 * res.valid_acc,
+                res.valid_loss, 100.0 * res.test_acc, dir);
+    else if (p.mode != PR_NONE)
         fprintf(stderr, "train: done in %s; test accuracy %.2f%%; outputs in %s (metrics.jsonl, epochs.csv, "
                         "last.safetensors)\n",
                 tt, 100.0 * res.test_acc, dir);

@@ -209,16 +209,40 @@ BK_API bk_status bk_attention_diag(bk_model *m, const bk_dataset *ds, int B, bk_
  *                       "samples_per_s","time_s"}) and one per epoch
  *                       ({"type":"epoch","epoch","step","train_loss",
  *                       "train_acc","test_loss","test_acc","attn_row_dev",
- *                       "attn_col_dev","attn_entropy","time_s"})
+ *                       "attn_col_dev","attn_entropy","time_s"}; a run
+ *                       with a validation split: "valid_loss","valid_acc",
+ *                       "best_epoch" instead of the test figures, and at
+ *                       the end one {"type":"test","best_epoch","epochs",
+ *                       "step","test_loss","test_acc","valid_loss",
+ *                       "valid_acc","select","early_stopped","time_s"})
  *   steps.csv, epochs.csv  the same records as CSV
  *   ckpt/epoch-NNNN.safetensors  after each epoch (0000: the initial model)
  *   last.safetensors    the latest state (end of an epoch, or a stop)
- *   summary.json        at the end
+ *   best.safetensors    a run with a validation split: the best epoch's
+ *                       weights (no optimiser state) and run metadata,
+ *                       committed with that epoch's checkpoints
+ *   spm.model           a text run whose training split trained its
+ *                       SentencePiece model (spm_model ""): the model, its
+ *                       path recorded as the run's spm_model
+ *   summary.json        at the end (with a validation split: the test
+ *                       figures of the best epoch, best_epoch,
+ *                       best_valid_loss, best_valid_acc, select,
+ *                       epochs_trained, early_stopped)
  * Each epoch visits the training split in the order bk_data_epoch_order
  * (seed, epoch) gives, in batches of `batch` (the last one smaller); each
  * batch is one bk_train_step (micro-batches of `micro`). After each epoch the
- * whole test split is evaluated (bk_evaluate) and the attention diagnostics of
- * its first 64 samples are averaged over layers (bk_attention_diag).
+ * whole held-out split is evaluated (bk_evaluate) and the attention
+ * diagnostics of its first 64 samples are averaged over layers
+ * (bk_attention_diag): the validation split when the run has one
+ * (data_config.valid_frac > 0 or data_valid; bible's is its own), else the
+ * test split. A run with a validation split keeps the best epoch by
+ * `select` (auto: accuracy for a classifier, loss for seq2seq; acc; loss; a
+ * tie keeps the earlier epoch), ends after `patience` epochs in a row
+ * without a better one (0: never; a finished run, result->early_stopped;
+ * resuming it is refused), and at its end evaluates the test split once
+ * with best.safetensors' weights (the TEST event, result->test_*). The
+ * best-epoch state is in each checkpoint's pos_* keys, so a resumed run
+ * equals the uninterrupted one, its best and test included.
  *
  * Stopping: *stop (caller-owned, nullable; e.g. set by a SIGINT handler) and
  * stop_after are read after every step; a stop writes last.safetensors with

@@ -643,7 +643,7 @@ static bk_status run_spm_model(train_state *s, const char *dir, int root, int re
         const char *base = strrchr(r->spm_model, '/');
         if (r->spm_model[0] && !exists(r->spm_model) && base && !strcmp(base, "/spm.model") && exists(path) &&
             strlen(path) < sizeof r->spm_model)
-            snprintf(r->spm_model, sizeof r->spm_model, "%s", path);
+            snprintf(r->spm_model, sizeof r->spm_model, "%.1023s", path);
         return BK_OK;
     }
     if (r->spm_model[0] || bk_data_spm_model(s->tr, &model, &len) != BK_OK) {
@@ -659,7 +659,7 @@ static bk_status run_spm_model(train_state *s, const char *dir, int root, int re
         snprintf(s->spm_written, sizeof s->spm_written, "%s", path);
     }
     *own = root;
-    snprintf(r->spm_model, sizeof r->spm_model, "%s", path);
+    snprintf(r->spm_model, sizeof r->spm_model, "%.1023s", path);
     return BK_OK;
 }
 

@@ -75,7 +75,7 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
-CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/outfile.c src/core/sort1d.c
+CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/npz.c src/core/outfile.c src/core/sort1d.c
 # every operator is its own file in src/ops (registered in registry.c): no list to keep here
 OPS_SRC  = $(sort $(wildcard src/ops/*.c))
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c

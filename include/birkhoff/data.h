@@ -169,6 +169,16 @@ BK_API bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed);
  * a fixed permutation of (seed, epoch), so that a resumed run sees the same
  * order as an uninterrupted one. */
 BK_API bk_status bk_data_epoch_order(int64_t *p, int64_t n, uint64_t seed, int epoch);
+/* p = the sample order of epoch `epoch` for data read from disk in place
+ * (memory-mapped arrays larger than RAM): [0, n) cut into windows of
+ * `window` consecutive samples, [kW, (k+1)W) (the last one shorter when W
+ * does not divide n); the epoch visits the windows in a permuted order and
+ * each window's samples in a permuted order, so that any run of reads stays
+ * within W consecutive samples (the pages of one window) until it moves on.
+ * A fixed function of (seed, epoch, window), like bk_data_epoch_order, and
+ * bitwise equal to it when window <= 0 or window >= n. Errors: BK_ERR_SHAPE
+ * (n < 0), BK_ERR_NULL, BK_ERR_NOMEM (one int64 per window). */
+BK_API bk_status bk_data_window_order(int64_t *p, int64_t n, uint64_t seed, int epoch, int64_t window);
 /* Length-bucketed order of a seq2seq dataset (fairseq batches sentences of
  * similar length, so that padding to the longest one wastes little). p[0..n)
  * is an order of samples (e.g. bk_data_epoch_order's), rewritten in place:

@@ -80,7 +80,7 @@ CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c s
 OPS_SRC  = $(sort $(wildcard src/ops/*.c))
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/classifier.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
-DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c
+DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o \

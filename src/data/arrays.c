@@ -4,7 +4,7 @@
  * memory-mapped (a stored .npz member in place, a deflated one inflated into
  * memory) and checked in one pass at open; y and the lengths are read into
  * int32 arrays. The stored image sets use the same store and fill path. */
-#include "arrays.h"
+#include "dataset.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -93,7 +93,7 @@ static bk_status arr_parse(arr *a, const uint8_t *b, uint64_t n)
 
 static bk_status arr_open_npy(arr *a, const char *path)
 {
-    snprintf(a->name, sizeof a->name, "%s", path);
+    snprintf(a->name, sizeof a->name, "%.1100s", path);
     bk_status st = map_file(path, &a->map, &a->map_len);
     if (st == BK_OK) st = arr_parse(a, a->map, a->map_len);
     if (st == BK_OK) a->sum = file_sum(a->map, a->map_len);
@@ -108,7 +108,7 @@ static bk_status arr_open_member(arr *a, const char *path, const uint8_t *z, con
 {
     char want[16];
     snprintf(want, sizeof want, "%s.npy", key);
-    snprintf(a->name, sizeof a->name, "%s:%s", path, want);
+    snprintf(a->name, sizeof a->name, "%.1100s:%s", path, want);
     *found = 0;
     for (int i = 0; i < nm; i++) {
         if (strcmp(m[i].name, want) != 0) continue;
@@ -364,14 +364,18 @@ static void make_version(const arrset *s, bk_dataset_info *in)
     uint64_t h = BKI_FNV_OFFSET;
     for (int k = 0; k < (s->npz ? 1 : 2 + s->have_len); k++) h = bki_fnv1a(h, &s->a[k].sum, sizeof s->a[k].sum);
     char sh[96];
-    snprintf(in->version, sizeof in->version, "%s:x %s%s y %s%s%s fnv1a:%016llx", in->name,
+    snprintf(in->version, sizeof in->version, "%s:x %s%s y %s%s%s fnv1a:%016llx", s->npz ? "npz" : "npy",
              bki_npy_dtype_name(s->a[0].h.dtype), shape_str(&s->a[0].h, sh, sizeof sh), bki_npy_dtype_name(s->a[1].h.dtype),
              s->have_len ? " lengths " : "", s->have_len ? bki_npy_dtype_name(s->a[2].h.dtype) : "",
              (unsigned long long)h);
 }
 
-bk_status bki_arrays_load(const char *spec, int array_kind, bk_dataset_info *in, bki_xstore *xs, int32_t **labels,
-                          int32_t **lens)
+/* The whole file's samples of an arrays spec: *in gets kind, n (rows),
+ * classes, the kind's shape fields and version; *xs the inputs; *labels [n]
+ * and *lens [n] (NULL without a lengths array) are malloc'd. On failure
+ * nothing is left allocated or mapped. */
+static bk_status load(const char *spec, int array_kind, bk_dataset_info *in, bki_xstore *xs, int32_t **labels,
+                      int32_t **lens)
 {
     memset(xs, 0, sizeof *xs);
     *labels = *lens = NULL;
@@ -381,7 +385,6 @@ bk_status bki_arrays_load(const char *spec, int array_kind, bk_dataset_info *in,
     bk_status st = open_spec(&s, spec);
     int hwc = 0, vocab = 0;
     const arr *x = &s.a[0];
-    if (st == BK_OK) snprintf(in->name, sizeof in->name, "%s", s.npz ? "npz" : "npy");
     if (st == BK_OK) st = classify(x, s.have_len, array_kind, in, &hwc);
     if (st == BK_OK) st = read_ints(&s.a[1], x, "label", 0, ARR_MAX_LABEL - 1, labels);
     if (st == BK_OK && s.have_len)
@@ -420,6 +423,11 @@ bk_status bki_arrays_load(const char *spec, int array_kind, bk_dataset_info *in,
     }
     set_free(&s);
     return BK_OK;
+}
+
+bk_status bki_open_arrays(const bki_spec_ctx *ctx, bk_dataset *ds)
+{
+    return load(ctx->path, ctx->c->array_kind, &ds->info, &ds->xs, &ds->labels, &ds->lens);
 }
 
 void bki_xstore_bytes(bki_xstore *xs, const uint8_t *bytes, const bk_dataset_info *in, float scale)

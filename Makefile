@@ -291,6 +291,7 @@ oracle: $(CLI) $(LIB_SO)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_bleu.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_linear.py --lib $(LIB_SO)
+	$(PY) tests/oracle/test_arrays.py --lib $(LIB_SO)
 
 # the Python package (python/birkhoff) is installed next to the library, into
 # the site directory Debian's python3 searches for this prefix

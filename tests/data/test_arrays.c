@@ -85,8 +85,10 @@ static const char *in_dir(const char *dir, const char *name)
     return p[k];
 }
 
-static void mk(const char *dir)
+/* dir = the test's directory g_tmp/name, made */
+static void mk(char *dir, size_t cap, const char *name)
 {
+    snprintf(dir, cap, "%s/%s", g_tmp, name);
     mkdir(dir, 0755);
 }
 
@@ -214,8 +216,7 @@ enum { NI = 6, IH = 4, IW = 2, IC = 3 };
 static void test_images_u8_hwc(void)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/img-u8", g_tmp);
-    mk(dir);
+    mk(dir, sizeof dir, "img-u8");
     uint8_t px[NI * IH * IW * IC];
     int64_t lab[NI] = {0, 4, 2, 4, 1, 0};
     for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 37 + 11);
@@ -266,8 +267,7 @@ static void test_images_u8_hwc(void)
 static void test_images_f32(void)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/img-f32", g_tmp);
-    mk(dir);
+    mk(dir, sizeof dir, "img-f32");
     enum { N = 5, H = 3, W = 6 };
     float v[N * H * W];
     int32_t lab[N] = {1, 0, 1, 1, 0};
@@ -321,8 +321,7 @@ static void test_images_f32(void)
 static void test_tokens(void)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/tok", g_tmp);
-    mk(dir);
+    mk(dir, sizeof dir, "tok");
     enum { N = 4, L = 5 };
     int32_t t[N * L] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4};
     int32_t lab[N] = {2, 0, 1, 2};
@@ -407,8 +406,7 @@ static void test_tokens(void)
 static void test_points(void)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/pts", g_tmp);
-    mk(dir);
+    mk(dir, sizeof dir, "pts");
     enum { N = 3, P = 4, D = 2 };
     float v[N * P * D];
     int32_t len[N] = {4, 1, 3}, lab[N] = {0, 1, 0};
@@ -477,8 +475,7 @@ static void test_points(void)
 static void test_hostile(void)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/bad", g_tmp);
-    mk(dir);
+    mk(dir, sizeof dir, "bad");
     enum { N = 4 };
     uint8_t px[N * 9];
     for (int i = 0; i < N * 9; i++) px[i] = (uint8_t)i;

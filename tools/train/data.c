@@ -158,7 +158,7 @@ static void print_split(const char *split, bk_dataset *d)
         printf("input     sentence pairs: vocabulary %d, source up to %d ids, target up to %d ids (EOS counted)\n",
                in->vocab, in->max_len, in->tgt_max_len);
     else if (in->kind == BK_INPUT_TOKENS) printf("input     tokens: vocabulary %d, up to %d a sample\n", in->vocab, in->max_len);
-    else printf("input     sets: up to %d points of %d values\n", in->points, in->point_dim);
+    else printf("input     point clouds (%d points x %d)\n", in->points, in->point_dim);
     if (in->note[0] || in->dropped) printf("dropped   %lld%s%s\n", (long long)in->dropped, in->note[0] ? ": " : "", in->note);
     split_stats st;
     if (!read_stats(d, &st)) return;
@@ -254,7 +254,7 @@ static int inspect_main(int argc, char **argv)
     if (!bk_data_known(name)) {
         fprintf(stderr, "birkhoff data inspect: unknown dataset '%s' (a built-in name, or FORMAT:PATH: docs/DATA.md)\n",
                 name);
-        return CLI_USAGE;
+        return CLI_FAIL;
     }
     return data_inspect(name, split, &r);
 }

@@ -330,6 +330,7 @@ check: deps
 	$(PY) tests/tools/test_cli.py $(CLI)
 	$(PY) tests/tools/test_train_cli.py $(CLI)
 	$(PY) tests/tools/test_translate_cli.py $(CLI)
+	$(PY) tests/tools/test_data_cli.py $(CLI)
 	$(PY) tests/tools/test_hostile.py $(CLI)
 	$(PY) tests/test_determinism.py $(CLI)
 	BK_REQUIRE_MPI=$(MPI) $(PY) tests/tools/test_mpi.py $(CLI)

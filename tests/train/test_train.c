@@ -1305,18 +1305,6 @@ static void test_resume_gap(void)
 
 /* ---- model selection on a validation split, early stopping (issue 43) ---- */
 
-/* a model's weights equal another's, bitwise */
-static int same_weights(const char *a, const char *b)
-{
-    bk_model *x = NULL, *y = NULL;
-    int ok = bk_checkpoint_load(a, 1, &x, NULL, NULL) == BK_OK && bk_checkpoint_load(b, 1, &y, NULL, NULL) == BK_OK &&
-             bk_model_num_params(x) == bk_model_num_params(y) &&
-             !memcmp(bk_model_params(x), bk_model_params(y), sizeof(float) * (size_t)bk_model_num_params(x));
-    bk_model_free(x);
-    bk_model_free(y);
-    return ok;
-}
-
 /* the number after "key": in a JSON text (NAN if absent) */
 static double json_num(const char *s, const char *key)
 {
@@ -1470,7 +1458,7 @@ static void test_valid_run(void)
     st = bk_run_load(p1, 64, &mb, &rb, &extra);
     if (st == BK_OK) st = bk_run_open_data(&rb, NULL, NULL, BK_SPLIT_TEST, 0, bk_model_get_config(mb), &te);
     if (st == BK_OK) st = bk_evaluate(mb, te, 0, 64, 0, &er);
-    CHECK(st == BK_OK && same_weights(p1, p2) && er.acc == res.test_acc && er.loss == res.test_loss &&
+    CHECK(st == BK_OK && same_params(p1, p2) && er.acc == res.test_acc && er.loss == res.test_loss &&
               bk_run_extra_get(extra, "pos_best_epoch", v, sizeof v) && atoi(v) == res.best_epoch,
           "best.safetensors: the best epoch's weights and run metadata; the test figures are its evaluation",
           "%s acc %g vs %g", bk_last_error(), er.acc, res.test_acc);
@@ -1503,7 +1491,7 @@ static void test_valid_run(void)
     }
     snprintf(p1, sizeof p1, "%s/best.safetensors", full);
     snprintf(p2, sizeof p2, "%s/best.safetensors", cut);
-    same = same && same_weights(p1, p2);
+    same = same && same_params(p1, p2);
     snprintf(p1, sizeof p1, "%s/last.safetensors", full);
     snprintf(p2, sizeof p2, "%s/last.safetensors", cut);
     same = same && same_tensors(p1, p2);

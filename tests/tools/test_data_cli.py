@@ -103,7 +103,7 @@ def refused(tag, args, *needles, out_dir=None):
 rng = np.random.default_rng(7)
 
 # ---- images: uint8 HWC in a directory of .npy files ----
-N = 240
+N = 480
 y = rng.integers(0, 3, N)
 img = rng.integers(0, 60, (N, 8, 8, 1)).astype(np.uint8)
 for i in range(N):  # class k: a bright row band at rows 2k..2k+1
@@ -111,9 +111,9 @@ for i in range(N):  # class k: a bright row band at rows 2k..2k+1
 os.makedirs(P("img"))
 np.save(P("img", "x.npy"), img)
 np.save(P("img", "y.npy"), y.astype(np.int64))
-s = exercise("img", "npy:" + P("img"), ["--patch", "2"], epochs=4)
+s = exercise("img", "npy:" + P("img"), ["--patch", "2"], epochs=12)
 if s:
-    check(s.get("test_acc", 0) > 0.6, "images: learns well above chance (1/3) with the defaults", str(s))
+    check(s.get("test_acc", 0) > 0.9, "images: learns (chance is 1/3) with the default optimiser and schedule", str(s))
 
 # ---- images: float32 [N, H, W] in an .npz ----
 np.savez(P("imgf.npz"), x=(img[..., 0] / 255.0).astype(np.float32), y=y.astype(np.int32))

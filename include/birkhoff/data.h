@@ -74,6 +74,26 @@ typedef struct {
     uint64_t gen_seed;   /* generated sets: the seed of both splits (1)        */
     int tgt_max_len;     /* seq2seq: longest target, EOS counted (0: the
                             split's longest); longer pairs are dropped        */
+    /* ---- user datasets (FORMAT:PATH specs, below) and carved splits ---- */
+    const char *valid_spec;  /* the validation split's own files, as a spec of
+                                the training spec's FORMAT or a bare PATH of
+                                it; NULL or "": carved by valid_frac          */
+    const char *test_spec;   /* the test split's own files (likewise); NULL or
+                                "": a spec's test split is carved by test_frac */
+    float valid_frac;        /* carved validation fraction of the training
+                                split (every dataset without a validation split
+                                of its own; 0: none, the library's default;
+                                runs default to 0.1)                           */
+    float test_frac;         /* a spec without test_spec: the carved test
+                                fraction of its file (0.1)                     */
+    uint64_t split_seed;     /* the seed of the carved splits (2718)           */
+    int array_kind;          /* arrays: 0 auto, 1 image, 2 tokens, 3 points    */
+    int label_column, text_column; /* labelled text: 1-based columns (1, 2)   */
+    int text_header;         /* labelled text: 1 = the first line is a header  */
+    const char *spm_model;   /* text: the SentencePiece model file to use; NULL
+                                or "": one trained on the training split       */
+    int spm_vocab;           /* text: the vocabulary of a trained model (0:
+                                8000; a smaller corpus gives fewer pieces)     */
 } bk_data_config;
 
 /* The defaults above. */
@@ -83,6 +103,45 @@ BK_API bk_data_config bk_data_config_default(void);
 BK_API int bk_data_known(const char *name);
 
 typedef struct bk_dataset bk_dataset;
+
+/* ---- user datasets: FORMAT:PATH specs (docs/DATA.md) ----
+ * bk_data_open's name may be a spec instead of a built-in name:
+ *   npy:DIR                   DIR/x.npy, DIR/y.npy, optional DIR/lengths.npy
+ *   npy:X.npy,Y.npy[,L.npy]   the same files, named
+ *   npz:FILE.npz              members x, y, optional lengths
+ *   tsv:FILE, csv:FILE        labelled text, a sample a line
+ *   parallel:SRC,TGT          line-aligned raw sentences (seq2seq)
+ *   ids:SRC,TGT               line-aligned token ids (seq2seq; the format of
+ *                             bk_data_open_ids)
+ * Splits: TRAIN reads the spec's file(s); VALID and TEST read
+ * c->valid_spec / c->test_spec when given, else they are carved from the
+ * training file(s) (bk_data_split_rows: test_frac, then valid_frac, seeded
+ * by split_seed, stratified by label), and TRAIN is what is left. The
+ * built-in sets keep their own test (and bible its valid) split; a VALID
+ * split of a built-in set without one is carved from its training split by
+ * valid_frac (0: refused, BK_ERR_PARAM). info.name is the FORMAT for a
+ * spec. */
+/* 1 if spec is "FORMAT:PATH" with a FORMAT above and a non-empty PATH
+ * (syntax only), else 0. */
+BK_API int bk_data_is_spec(const char *spec);
+/* The carved splits of n rows: per class (labels [n] in [0, classes);
+ * labels NULL: one class) the rows are permuted by the splitmix64 stream of
+ * (seed, class); the first round(test_frac n_c) go to TEST, the next
+ * round(valid_frac n_c) to VALID, the rest to TRAIN. rows receives the rows
+ * of `split` in ascending order (malloc'd; free()), *count their number.
+ * Errors: BK_ERR_NULL, BK_ERR_PARAM (a fraction outside [0, 1), their sum
+ * >= 1, a label outside [0, classes)), BK_ERR_NOMEM. */
+BK_API bk_status bk_data_split_rows(int64_t n, const int32_t *labels, int classes, double test_frac,
+                                    double valid_frac, uint64_t seed, bk_split split, int64_t **rows,
+                                    int64_t *count);
+/* The name of class k of a dataset whose labels are names (labelled text
+ * with non-integer labels); NULL otherwise or for k outside [0, classes). */
+BK_API const char *bk_data_class_name(const bk_dataset *ds, int k);
+/* The SentencePiece model a text dataset was encoded with (serialized, as
+ * an spm.model file holds it; valid while ds is open). BK_ERR_PARAM for a
+ * dataset that has none. */
+BK_API bk_status bk_data_spm_model(const bk_dataset *ds, const void **model, size_t *len);
+
 
 /* What an opened split holds. Per-sample input, as bk_data_fill writes it:
  *   BK_INPUT_IMAGE   float [channels, height, width], byte values scaled to
@@ -110,6 +169,11 @@ typedef struct {
     int tgt_max_len;        /* seq2seq: the target cap, EOS counted           */
     int64_t tokens_src, tokens_tgt; /* seq2seq: total ids of the n pairs kept,
                                EOS included                                   */
+    int64_t dropped;        /* samples the reader dropped (seq2seq: pairs over
+                               the caps; text: see note)                      */
+    char note[256];         /* what the reader dropped or changed and why
+                               ("" if nothing)                                */
+    int64_t rows;           /* rows of the file(s) the split was taken from    */
 } bk_dataset_info;
 
 /* Opens a split of the dataset `name` (c NULL: bk_data_config_default()).

@@ -28,7 +28,29 @@ extern "C" {
  * The text form (bk_run_config_format) is what a run records in config.txt
  * and in its checkpoints; it loads back to the same configuration. */
 typedef struct {
-    char data[16];          /* dataset name (bk_data_known)                    */
+    char data[1024];        /* dataset: a built-in name or a FORMAT:PATH spec
+                               (bk_data_known; docs/DATA.md)                   */
+    char data_valid[1024];  /* the validation split's own files (a spec or a
+                               bare PATH of data's FORMAT); "": carved by
+                               data_config.valid_frac (key valid_frac; runs
+                               default to 0.1, a run stored before the key
+                               existed reads 0: no validation split)          */
+    char data_test[1024];   /* the test split's own files; "": a spec's is
+                               carved by data_config.test_frac (key test_frac) */
+    char spm_model[1024];   /* text datasets: the SentencePiece model file; "":
+                               trained on the training split and written to the
+                               run directory as spm.model (then recorded)      */
+    int64_t shuffle_window; /* > 0: each epoch visits windows of this many
+                               consecutive samples in a permuted order, each
+                               window's samples permuted
+                               (bk_data_window_order: reads stay local for
+                               memory-mapped data larger than RAM); 0: the
+                               whole split permuted (bk_data_epoch_order)     */
+    int patience;           /* > 0: stop after this many epochs without a better
+                               validation metric (early stopping)              */
+    char select[8];         /* auto | acc | loss: the validation metric that
+                               picks best.safetensors (auto: accuracy for a
+                               classifier, loss for seq2seq)                   */
     char data_dir[512];     /* "": $BK_DATA, else "data"                        */
     bk_data_config data_config; /* limit (train_limit), max_len (seq_len),
                                min_len, listops_depth, points, noise,
@@ -127,6 +149,10 @@ BK_API bk_status bk_run_load(const char *path, int max_batch, bk_model **m, bk_r
  * (BK_ERR_SHAPE otherwise). */
 BK_API bk_status bk_run_open_data(const bk_run_config *r, const char *name, const char *dir, bk_split split,
                                   int64_t limit, const bk_model_config *mc, bk_dataset **ds);
+
+/* The data configuration of a run: r->data_config with its pointers (dir,
+ * valid_spec, test_spec, spm_model) into r's strings (valid while r is). */
+BK_API bk_data_config bk_run_data_config(const bk_run_config *r);
 
 /* Writes text to path atomically (a temporary file beside it, then rename):
  * a reader never sees a half-written file. How a run's text files

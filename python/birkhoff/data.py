@@ -43,7 +43,11 @@ class DataConfig(C.Structure):
     """mirror of bk_data_config"""
     _fields_ = [("dir", C.c_char_p), ("limit", C.c_int64), ("max_len", C.c_int), ("min_len", C.c_int),
                 ("listops_depth", C.c_int), ("points", C.c_int), ("noise", C.c_float), ("gen_train", C.c_int64),
-                ("gen_test", C.c_int64), ("gen_seed", C.c_uint64), ("tgt_max_len", C.c_int)]
+                ("gen_test", C.c_int64), ("gen_seed", C.c_uint64), ("tgt_max_len", C.c_int),
+                ("valid_spec", C.c_char_p), ("test_spec", C.c_char_p), ("valid_frac", C.c_float),
+                ("test_frac", C.c_float), ("split_seed", C.c_uint64), ("array_kind", C.c_int),
+                ("label_column", C.c_int), ("text_column", C.c_int), ("text_header", C.c_int),
+                ("spm_model", C.c_char_p), ("spm_vocab", C.c_int)]
 
 
 class DatasetInfo(C.Structure):
@@ -52,7 +56,8 @@ class DatasetInfo(C.Structure):
                 ("classes", C.c_int), ("channels", C.c_int), ("height", C.c_int), ("width", C.c_int),
                 ("vocab", C.c_int), ("max_len", C.c_int), ("points", C.c_int), ("point_dim", C.c_int),
                 ("version", C.c_char * 192), ("seq2seq", C.c_int), ("tgt_max_len", C.c_int),
-                ("tokens_src", C.c_int64), ("tokens_tgt", C.c_int64)]
+                ("tokens_src", C.c_int64), ("tokens_tgt", C.c_int64), ("dropped", C.c_int64),
+                ("note", C.c_char * 256), ("rows", C.c_int64)]
 
 
 class ParallelConfig(C.Structure):

@@ -2,7 +2,7 @@
  * digits CSV, SpamAssassin bodies), the checksums of the versions this
  * library knows, splits, the generated sets, and filling samples
  * (birkhoff/data.h). */
-#include "../core/internal.h"
+#include "dataset.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -13,23 +13,6 @@
 
 #define SPLIT_SEED 2718u
 
-struct bk_dataset {
-    bk_dataset_info info;
-    float scale;        /* image pixel value = byte * scale                  */
-    uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
-    int32_t *lens;      /* spam, spam-spm [n]                                */
-    int32_t *toks;      /* spam-spm [n, max_len]                             */
-    int32_t *labels;    /* stored sets [n]                                   */
-    uint64_t gen_seed;  /* generated sets: the split's stream seed           */
-    bk_listops_config listops; /* resolved and checked at open              */
-    bk_shapes_config shapes;
-    /* seq2seq: every line of both files (EOS appended): line l of side s is
-     * ids[s] + off[s][l], off[s][l+1] - off[s][l] ids; sample i is line
-     * keep[i] (the pairs within the caps, in file order) */
-    int32_t *ids[2];
-    int64_t *off[2];
-    int64_t *keep;
-};
 
 /* ---- the versions this code knows ---- */
 typedef struct {
@@ -257,6 +240,10 @@ bk_data_config bk_data_config_default(void)
     o.gen_train = 20000;
     o.gen_test = 2000;
     o.gen_seed = 1;
+    o.test_frac = 0.1f;
+    o.split_seed = 2718;
+    o.label_column = 1;
+    o.text_column = 2;
     return o;
 }
 
@@ -265,7 +252,7 @@ int bk_data_known(const char *name)
     static const char *const names[] = {"mnist", "fashion-mnist", "digits", "spam", "spam-spm", "listops", "shapes", "bible"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (name && strcmp(name, names[i]) == 0) return 1;
-    return 0;
+    return bk_data_is_spec(name);
 }
 
 static const char *data_dir(const bk_data_config *o)
@@ -760,6 +747,37 @@ static bk_status open_bible(const char *dir, int split, const bk_data_config *o,
     return open_pairs(path, k, "bible-spm", BK_BIBLE_VOCAB, o, ds);
 }
 
+/* a built-in set's split `store` into ds (split: what the caller asked) */
+static bk_status open_builtin(const char *name, bk_split store, const bk_data_config *o, bk_dataset *ds)
+{
+    bk_dataset_info *in = &ds->info;
+    ds->gen_seed = o->gen_seed * 2 + (uint64_t)store; /* the generated sets' stream */
+    snprintf(in->name, sizeof in->name, "%s", name);
+    const char *dir = data_dir(o);
+    if (strcmp(name, "mnist") == 0 || strcmp(name, "fashion-mnist") == 0) {
+        in->kind = BK_INPUT_IMAGE;
+        return open_idx(dir, name, store, ds);
+    }
+    if (strcmp(name, "digits") == 0) {
+        in->kind = BK_INPUT_IMAGE;
+        return open_digits(dir, store, ds);
+    }
+    if (strcmp(name, "spam") == 0) {
+        int L = o->max_len > 0 ? o->max_len : 1024;
+        in->kind = BK_INPUT_TOKENS;
+        return L > 65536 ? bki_fail(BK_ERR_PARAM, "spam: max_len %d above 65536", L) : open_spam(dir, store, L, ds);
+    }
+    if (strcmp(name, "spam-spm") == 0) {
+        int L = o->max_len > 0 ? o->max_len : 256;
+        in->kind = BK_INPUT_TOKENS;
+        return L > 65536 ? bki_fail(BK_ERR_PARAM, "spam-spm: max_len %d above 65536", L)
+                         : open_spam_spm(dir, store, L, ds);
+    }
+    if (strcmp(name, "listops") == 0) return open_listops(o, store, ds);
+    if (strcmp(name, "bible") == 0) return open_bible(dir, store, o, ds);
+    return open_shapes(o, store, ds);
+}
+
 bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o, bk_dataset **out)
 {
     bki_clear_error();
@@ -770,40 +788,31 @@ bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o
                         (int)split);
     if (!bk_data_known(name))
         return bki_fail(BK_ERR_PARAM,
-                        "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible)",
+                        "unknown dataset '%s' (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible, "
+                        "or FORMAT:PATH with FORMAT npy, npz, tsv, csv, parallel or ids)",
                         name ? name : "");
-    if (split == BK_SPLIT_VALID && strcmp(name, "bible") != 0)
-        return bki_fail(BK_ERR_PARAM, "dataset %s has no validation split (only train and test)", name);
     bk_data_config def = bk_data_config_default();
     if (!o) o = &def;
+    /* a built-in set without a validation split of its own carves one from
+     * its training split */
+    const int spec = bk_data_is_spec(name), own_valid = !spec && strcmp(name, "bible") == 0;
+    if (!spec && split == BK_SPLIT_VALID && !own_valid && !(o->valid_frac > 0))
+        return bki_fail(BK_ERR_PARAM, "dataset %s has no validation split of its own: valid_frac > 0 carves one from "
+                                      "its training split", name);
     bk_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return bki_fail(BK_ERR_NOMEM, "out of memory");
     bk_dataset_info *in = &ds->info;
     in->split = split;
-    ds->gen_seed = o->gen_seed * 2 + (uint64_t)split; /* the generated sets' stream */
-    snprintf(in->name, sizeof in->name, "%s", name);
-    const char *dir = data_dir(o);
     bk_status st;
-    if (strcmp(name, "mnist") == 0 || strcmp(name, "fashion-mnist") == 0) {
-        in->kind = BK_INPUT_IMAGE;
-        st = open_idx(dir, name, split, ds);
-    } else if (strcmp(name, "digits") == 0) {
-        in->kind = BK_INPUT_IMAGE;
-        st = open_digits(dir, split, ds);
-    } else if (strcmp(name, "spam") == 0) {
-        int L = o->max_len > 0 ? o->max_len : 1024;
-        in->kind = BK_INPUT_TOKENS;
-        st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam: max_len %d above 65536", L) : open_spam(dir, split, L, ds);
-    } else if (strcmp(name, "spam-spm") == 0) {
-        int L = o->max_len > 0 ? o->max_len : 256;
-        in->kind = BK_INPUT_TOKENS;
-        st = L > 65536 ? bki_fail(BK_ERR_PARAM, "spam-spm: max_len %d above 65536", L) : open_spam_spm(dir, split, L, ds);
-    } else if (strcmp(name, "listops") == 0) {
-        st = open_listops(o, split, ds);
-    } else if (strcmp(name, "bible") == 0) {
-        st = open_bible(dir, split, o, ds);
+    if (spec) {
+        st = bki_open_spec(name, split, o, ds);
     } else {
-        st = open_shapes(o, split, ds);
+        const bk_split store = split == BK_SPLIT_VALID && !own_valid ? BK_SPLIT_TRAIN : split;
+        st = open_builtin(name, store, o, ds);
+        in->split = split;
+        in->rows = in->n;
+        if (st == BK_OK && store == BK_SPLIT_TRAIN && !own_valid && o->valid_frac > 0)
+            st = bki_data_carve(ds, o, 0.0, o->valid_frac, split);
     }
     if (st == BK_OK && in->n < 1) st = bki_fail(BK_ERR_SHAPE, "%s: empty split", name);
     if (st != BK_OK) {
@@ -812,6 +821,22 @@ bk_status bk_data_open(const char *name, bk_split split, const bk_data_config *o
     }
     if (o->limit > 0 && o->limit < in->n) in->n = o->limit; /* the first `limit` samples, in split order */
     *out = ds;
+    return BK_OK;
+}
+
+const char *bk_data_class_name(const bk_dataset *ds, int k)
+{
+    if (!ds || !ds->class_names || k < 0 || k >= ds->info.classes) return NULL;
+    return ds->class_names[k];
+}
+
+bk_status bk_data_spm_model(const bk_dataset *ds, const void **model, size_t *len)
+{
+    bki_clear_error();
+    if (!ds || !model || !len) return bki_fail(BK_ERR_NULL, "bk_data_spm_model: NULL argument");
+    if (!ds->spm) return bki_fail(BK_ERR_PARAM, "dataset %s has no SentencePiece model", ds->info.name);
+    *model = ds->spm;
+    *len = ds->spm_len;
     return BK_OK;
 }
 
@@ -827,6 +852,10 @@ void bk_data_close(bk_dataset *ds)
         free(ds->off[s]);
     }
     free(ds->keep);
+    free(ds->sel);
+    for (int k = 0; ds->class_names && k < ds->info.classes; k++) free(ds->class_names[k]);
+    free(ds->class_names);
+    free(ds->spm);
     free(ds);
 }
 
@@ -896,7 +925,7 @@ void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c)
 /* side s (0 source, 1 target) of sample i into row (its cap wide) */
 static void fill_side(const bk_dataset *ds, int s, int64_t i, int32_t *row, int32_t *len)
 {
-    const int64_t l = ds->keep[i];
+    const int64_t l = ds->keep[bki_data_row(ds, i)];
     const int32_t *p = ds->ids[s] + ds->off[s][l];
     const int L = (int)(ds->off[s][l + 1] - ds->off[s][l]);
     const int cap = s ? ds->info.tgt_max_len : ds->info.max_len;
@@ -967,7 +996,7 @@ bk_status bk_data_bucket_order(const bk_dataset *ds, int64_t *p, int64_t n, int 
         const int64_t m = n - a < w ? n - a : w;
         uint64_t h = BKI_FNV_OFFSET;
         for (int64_t i = 0; i < m; i++) {
-            const int64_t l = ds->keep[p[a + i]];
+            const int64_t l = ds->keep[bki_data_row(ds, p[a + i])];
             k[i].tl = ds->off[1][l + 1] - ds->off[1][l];
             k[i].sl = ds->off[0][l + 1] - ds->off[0][l];
             k[i].pos = i;
@@ -1021,7 +1050,7 @@ bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x
             return bki_fail(BK_ERR_PARAM, "bk_data_fill: sample %lld of %s outside [0, %lld)", (long long)idx[b],
                             in->name, (long long)in->n);
     for (int b = 0; b < B; b++) {
-        const int64_t i = idx[b];
+        const int64_t i = bki_data_row(ds, idx[b]);
         if (in->kind == BK_INPUT_IMAGE) {
             const size_t S = (size_t)in->channels * (size_t)in->height * (size_t)in->width;
             const uint8_t *p = ds->bytes + (size_t)i * S;

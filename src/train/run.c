@@ -50,6 +50,21 @@ static const run_key KEYS[] = {
     RK("esp_anneal", K_FLOAT, esp_anneal, 0, 1),
     RS("eval_esp_sort", eval_esp_sort),
     RK("otk_init", K_I64, otk_init, 0, 1e9),
+    /* user datasets and splits (docs/DATA.md) */
+    RS("data_valid", data_valid),
+    RS("data_test", data_test),
+    RK("valid_frac", K_FLOAT, data_config.valid_frac, 0, 0.9),
+    RK("test_frac", K_FLOAT, data_config.test_frac, 0, 0.9),
+    RK("split_seed", K_U64, data_config.split_seed, 0, 0),
+    RK("array_kind", K_INT, data_config.array_kind, 0, 3),
+    RK("label_column", K_INT, data_config.label_column, 1, 1024),
+    RK("text_column", K_INT, data_config.text_column, 1, 1024),
+    RK("text_header", K_INT, data_config.text_header, 0, 1),
+    RS("spm_model", spm_model),
+    RK("spm_vocab", K_INT, data_config.spm_vocab, 0, 1 << 20),
+    RK("shuffle_window", K_I64, shuffle_window, 0, 1e15),
+    RK("patience", K_INT, patience, 0, 100000),
+    RS("select", select),
 };
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -65,6 +80,8 @@ bk_run_config bk_run_config_default(void)
     r.log_every = 1;
     r.eval_batch = 256;
     snprintf(r.progress, sizeof r.progress, "auto");
+    snprintf(r.select, sizeof r.select, "auto");
+    r.data_config.valid_frac = 0.1f; /* model selection on a validation split */
     r.model = bk_model_config_default();
     r.optim = bk_optim_config_default();
     return r;
@@ -94,7 +111,10 @@ static bk_status set_run_key(bk_run_config *r, const run_key *k, const char *v)
                             (unsigned char)v[bad], bad);
         if (!strcmp(k->name, "data") && !bk_data_known(v))
             return bki_fail(BK_ERR_PARAM,
-                            "data=%s: unknown dataset (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, bible)", v);
+                            "data=%s: unknown dataset (mnist, fashion-mnist, digits, spam, spam-spm, listops, shapes, "
+                            "bible, or FORMAT:PATH with FORMAT npy, npz, tsv, csv, parallel or ids: docs/DATA.md)", v);
+        if (!strcmp(k->name, "select") && strcmp(v, "auto") && strcmp(v, "acc") && strcmp(v, "loss"))
+            return bki_fail(BK_ERR_PARAM, "select=%s: expected auto, acc or loss", v);
         if (!strcmp(k->name, "progress") && strcmp(v, "auto") && strcmp(v, "bar") && strcmp(v, "plain") &&
             strcmp(v, "none"))
             return bki_fail(BK_ERR_PARAM, "progress=%s: expected auto, bar, plain or none", v);
@@ -288,6 +308,16 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
 }
 
 
+bk_data_config bk_run_data_config(const bk_run_config *r)
+{
+    bk_data_config o = r->data_config;
+    o.dir = r->data_dir[0] ? r->data_dir : NULL;
+    o.valid_spec = r->data_valid;
+    o.test_spec = r->data_test;
+    o.spm_model = r->spm_model;
+    return o;
+}
+
 /* ---- the run stored in a checkpoint (metadata "extra") ---- */
 int bk_run_extra_get(const char *extra, const char *key, char *out, size_t cap)
 {
@@ -345,6 +375,7 @@ bk_status bk_run_config_from_extra(const char *extra, bk_run_config *r)
     bki_clear_error();
     if (!r) return bki_fail(BK_ERR_NULL, "bk_run_config_from_extra: r is NULL");
     *r = bk_run_config_default();
+    r->data_config.valid_frac = 0; /* a run stored before the key: no validation split */
     if (!extra || !strstr(extra, "pos_epoch="))
         return bki_fail(BK_ERR_FORMAT, "the checkpoint was not written by `birkhoff train` (no run metadata)");
     return extra_config(extra, r);
@@ -380,8 +411,8 @@ bk_status bk_run_open_data(const bk_run_config *r, const char *name, const char 
     bki_clear_error();
     if (!r || !mc || !out) return bki_fail(BK_ERR_NULL, "bk_run_open_data: NULL argument");
     *out = NULL;
-    bk_data_config o = r->data_config;
-    o.dir = dir ? dir : (r->data_dir[0] ? r->data_dir : NULL);
+    bk_data_config o = bk_run_data_config(r);
+    if (dir) o.dir = dir;
     o.limit = limit;
     if (mc->arch == BK_ARCH_SEQ2SEQ) {
         /* sentence pairs within the model's lengths (longer ones dropped) */

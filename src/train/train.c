@@ -610,8 +610,7 @@ static bk_status train_setup(train_state *s, const char *dir, bk_train_mode mode
     if (r->threads > 0) bk_set_num_threads(r->threads);
 
     /* data */
-    bk_data_config dop = r->data_config;
-    dop.dir = r->data_dir[0] ? r->data_dir : NULL;
+    bk_data_config dop = bk_run_data_config(r);
     if ((st = bk_data_open(r->data, BK_SPLIT_TRAIN, &dop, &s->tr)) != BK_OK) return st;
     dop.limit = r->test_limit;
     if (bk_data_info(s->tr)->seq2seq) {

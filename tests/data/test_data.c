@@ -11,6 +11,7 @@
 #include "../harness.h"
 
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -544,6 +545,90 @@ static void test_spam_endless(void)
     rmdir(root);
 }
 
+/* the carved splits: disjoint, covering, stratified, seeded, in file order;
+ * a built-in set's validation split carved from its training split */
+static void test_carved_splits(void)
+{
+    enum { N = 1000, C = 7 };
+    int32_t lab[N];
+    for (int i = 0; i < N; i++) lab[i] = (int32_t)((i * 31 + i / 13) % C);
+    int64_t *r[3], k[3], per[3][C] = {{0}}, nc[C] = {0};
+    for (int s = 0; s < 3; s++)
+        CHECK(bk_data_split_rows(N, lab, C, 0.1, 0.2, 5, (bk_split)s, &r[s], &k[s]) == BK_OK, "split_rows status",
+              "split %d", s);
+    int8_t seen[N] = {0};
+    int ok = k[0] + k[1] + k[2] == N, sorted = 1;
+    for (int s = 0; s < 3; s++)
+        for (int64_t j = 0; j < k[s]; j++) {
+            ok &= r[s][j] >= 0 && r[s][j] < N && !seen[r[s][j]];
+            if (r[s][j] >= 0 && r[s][j] < N) seen[r[s][j]] = 1, per[s][lab[r[s][j]]]++;
+            sorted &= j == 0 || r[s][j] > r[s][j - 1];
+        }
+    for (int i = 0; i < N; i++) nc[lab[i]]++;
+    int strat = 1;
+    for (int c = 0; c < C; c++)
+        strat &= per[1][c] == (int64_t)floor(0.1 * (double)nc[c] + 0.5) &&
+                 per[2][c] == (int64_t)floor(0.2 * (double)nc[c] + 0.5);
+    CHECK(ok, "split_rows: disjoint and covering", "%lld + %lld + %lld", (long long)k[0], (long long)k[1],
+          (long long)k[2]);
+    CHECK(sorted, "split_rows: each split in file order", "%s", "-");
+    CHECK(strat, "split_rows: stratified (round(frac n_c) per class)", "%s", "-");
+    int64_t *r2, k2, *r3, k3;
+    bk_data_split_rows(N, lab, C, 0.1, 0.2, 5, BK_SPLIT_TEST, &r2, &k2);
+    bk_data_split_rows(N, lab, C, 0.1, 0.2, 6, BK_SPLIT_TEST, &r3, &k3);
+    CHECK(k2 == k[1] && !memcmp(r2, r[1], sizeof *r2 * (size_t)k2), "split_rows: same seed, same rows", "%s", "-");
+    CHECK(k3 != k2 || memcmp(r3, r2, sizeof *r2 * (size_t)k2), "split_rows: another seed, other rows", "%s", "-");
+    free(r2), free(r3);
+    for (int s = 0; s < 3; s++) free(r[s]);
+    int64_t *bad;
+    CHECK(bk_data_split_rows(N, lab, C, 0.5, 0.5, 5, BK_SPLIT_TRAIN, &bad, &k2) == BK_ERR_PARAM,
+          "split_rows: fractions summing to 1 refused", "%s", "-");
+    lab[3] = C;
+    CHECK(bk_data_split_rows(N, lab, C, 0.1, 0.1, 5, BK_SPLIT_TRAIN, &bad, &k2) == BK_ERR_PARAM,
+          "split_rows: a label out of range refused", "%s", bk_last_error());
+    /* shapes: 100 generated training clouds, 20 % carved as validation */
+    bk_data_config o = bk_data_config_default();
+    o.gen_train = 100;
+    o.points = 16;
+    o.valid_frac = 0.2f;
+    bk_dataset *tr = NULL, *va = NULL, *whole = NULL;
+    CHECK(bk_data_open("shapes", BK_SPLIT_TRAIN, &o, &tr) == BK_OK &&
+              bk_data_open("shapes", BK_SPLIT_VALID, &o, &va) == BK_OK,
+          "shapes: carved train and valid open", "%s", bk_last_error());
+    o.valid_frac = 0;
+    CHECK(bk_data_open("shapes", BK_SPLIT_TRAIN, &o, &whole) == BK_OK, "shapes: whole train opens", "%s", "-");
+    bk_dataset *none = NULL;
+    CHECK(bk_data_open("shapes", BK_SPLIT_VALID, &o, &none) == BK_ERR_PARAM && !none,
+          "shapes: no validation split without valid_frac", "%s", "-");
+    if (tr && va && whole) {
+        const int64_t nt = bk_data_info(tr)->n, nv = bk_data_info(va)->n;
+        CHECK(nt + nv == 100 && nv >= 15 && nv <= 25, "shapes: carved sizes", "%lld + %lld", (long long)nt,
+              (long long)nv);
+        /* every valid cloud is one of the whole split's, none a training one */
+        float a[16 * 3], b[16 * 3];
+        int found_all = 1, overlap = 0;
+        for (int64_t i = 0; i < nv; i++) {
+            bk_data_fill(va, &i, 1, a, NULL, NULL, NULL);
+            int found = 0;
+            for (int64_t j = 0; j < 100 && !found; j++) {
+                bk_data_fill(whole, &j, 1, b, NULL, NULL, NULL);
+                found = !memcmp(a, b, sizeof a);
+            }
+            for (int64_t j = 0; j < nt; j++) {
+                bk_data_fill(tr, &j, 1, b, NULL, NULL, NULL);
+                overlap |= !memcmp(a, b, sizeof a);
+            }
+            found_all &= found;
+        }
+        CHECK(found_all && !overlap, "shapes: valid clouds come from the training stream, apart from train", "%s", "-");
+        CHECK(strstr(bk_data_info(va)->version, "valid carved") != NULL, "shapes: the version says it was carved",
+              "%s", bk_data_info(va)->version);
+    }
+    bk_data_close(tr);
+    bk_data_close(va);
+    bk_data_close(whole);
+}
+
 int main(void)
 {
     TH.verbose = 1; /* one line per check, as before */
@@ -558,6 +643,7 @@ int main(void)
     test_shapes();
     test_digits();
     test_spam_spm();
+    test_carved_splits();
     rmdir(g_tmp);
     return th_summary();
 }

@@ -68,6 +68,30 @@ static void fmt_time(double s, char *out, size_t cap)
     else snprintf(out, cap, "%d:%02d", t / 60, t % 60);
 }
 
+/* The default run directory's name for a dataset: a built-in name as it
+ * is; a spec "FORMAT:PATH" as FORMAT-STEM, STEM the last path component of
+ * its first file without the extension, in [A-Za-z0-9_.-] (others '_'). */
+static void run_tag(const char *data, char *tag, size_t cap)
+{
+    const char *colon = strchr(data, ':');
+    if (!colon) {
+        snprintf(tag, cap, "%.60s", data);
+        return;
+    }
+    const char *p = colon + 1, *end = p + strcspn(p, ",");
+    while (end > p && end[-1] == '/') end--;
+    const char *base = end;
+    while (base > p && base[-1] != '/') base--;
+    const char *dot = memchr(base, '.', (size_t)(end - base));
+    if (dot && dot > base) end = dot;
+    int n = snprintf(tag, cap, "%.*s-", (int)(colon - data), data);
+    for (const char *q = base; q < end && n + 1 < (int)cap && n < 60; q++) {
+        const char c = *q;
+        tag[n++] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.' ? c : '_';
+    }
+    tag[n] = 0;
+}
+
 enum { PR_NONE, PR_PLAIN, PR_BAR };
 
 /* the display of one run, driven by the loop's events */
@@ -291,7 +315,11 @@ static int parse_request(int argc, char **argv, train_request *q)
     }
     if (!resume) {
         if (out) snprintf(dir, sizeof dir, "%s", out);
-        else snprintf(dir, sizeof dir, "runs/%s-%s", r.data, bk_attn_kind_name(r.model.attn));
+        else {
+            char tag[80];
+            run_tag(r.data, tag, sizeof tag);
+            snprintf(dir, sizeof dir, "runs/%s-%s", tag, bk_attn_kind_name(r.model.attn));
+        }
         snprintf(path, sizeof path, "%s/last.safetensors", dir);
         if (exists(path) && !force) {
             fprintf(stderr, "birkhoff train: %s already holds a run: continue it with --resume %s, or start over with "

@@ -1,0 +1,81 @@
+/* dataset.h -- the dataset store every reader fills (internal to src/data):
+ * the built-in readers (data.c), the arrays reader (arrays.c), the text
+ * readers (text.c), and the split layer (split.c) that takes a split's rows
+ * out of a store through a row map. docs/ARCHITECTURE.md, "Data". */
+#ifndef BK_DATA_DATASET_H
+#define BK_DATA_DATASET_H
+
+#include "../core/internal.h"
+
+/* A store holds every row of the file(s) it was read from (info.n rows,
+ * info.rows the same) until bk_data_open takes the split out of it: then
+ * sel [info.n] maps a sample of the split to its row (NULL: sample i is row
+ * i). Every accessor (bk_data_fill, bk_data_fill_pair, bk_data_bucket_order)
+ * goes through bki_data_row. */
+struct bk_dataset {
+    bk_dataset_info info;
+    int64_t *sel;       /* [info.n] rows of the split, or NULL              */
+    /* images, token rows and labels (built-in sets, arrays, labelled text) */
+    float scale;        /* image pixel value = byte * scale                  */
+    uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
+    int32_t *lens;      /* spam, spam-spm, labelled text [n]                 */
+    int32_t *toks;      /* spam-spm, labelled text [n, max_len]              */
+    int32_t *labels;    /* [n]                                               */
+    uint64_t gen_seed;  /* generated sets: the split's stream seed           */
+    bk_listops_config listops; /* resolved and checked at open              */
+    bk_shapes_config shapes;
+    /* seq2seq: every line of both files (EOS appended): line l of side s is
+     * ids[s] + off[s][l], off[s][l+1] - off[s][l] ids; store row i is line
+     * keep[i] (the pairs within the caps, in file order) */
+    int32_t *ids[2];
+    int64_t *off[2];
+    int64_t *keep;
+    /* labelled text */
+    char **class_names; /* [info.classes] when labels are names, else NULL   */
+    void *spm;          /* the serialized SentencePiece model (malloc'd)     */
+    size_t spm_len;
+    /* ---- arrays (arrays.c) ---- */
+};
+
+/* What one reader call reads: the file(s) of one split. */
+typedef struct {
+    const char *format;     /* "npy", "npz", "tsv", "csv", "parallel", "ids"  */
+    const char *path;       /* the spec's part after "FORMAT:" to read        */
+    const char *train_path; /* the training spec's (== path when separate 0)  */
+    int separate;           /* 1: path is a VALID or TEST split of its own
+                               (every row of it is the split): label maps,
+                               vocabularies and SentencePiece models come from
+                               train_path (or c->spm_model); 0: path is the
+                               training file, to be carved                   */
+    bk_split split;
+    const bk_data_config *c;
+} bki_spec_ctx;
+
+/* The readers of specs: each fills ds with EVERY row of ctx->path (info.n =
+ * info.rows = the rows read; kind, shapes, classes, vocab, version) and
+ * returns BK_OK, or fails with a message naming the file and the
+ * index/line/offset. */
+bk_status bki_open_arrays(const bki_spec_ctx *ctx, bk_dataset *ds);
+bk_status bki_open_labelled_text(const bki_spec_ctx *ctx, bk_dataset *ds);
+bk_status bki_open_parallel_text(const bki_spec_ctx *ctx, bk_dataset *ds);
+bk_status bki_open_ids_text(const bki_spec_ctx *ctx, bk_dataset *ds);
+
+/* The carving fractions a training file of this spec gets under c (test:
+ * 0 when c->test_spec is given, else c->test_frac; valid: 0 when
+ * c->valid_spec is given, else c->valid_frac). */
+void bki_data_fracs(const bk_data_config *c, int spec, double *test_frac, double *valid_frac);
+/* The rows of the TRAINING split of a store of the training file (labels,
+ * classes and info.n filled): what a reader trains a tokenizer on. rows
+ * malloc'd. */
+bk_status bki_data_train_rows(const bk_dataset *ds, const bk_data_config *c, int64_t **rows, int64_t *count);
+/* Takes split `split`'s rows out of a store by bk_data_split_rows (sets
+ * sel and info.n; keeps info.rows). */
+bk_status bki_data_carve(bk_dataset *ds, const bk_data_config *c, double test_frac, double valid_frac,
+                         bk_split split);
+/* Opens a spec (bk_data_open's work for "FORMAT:PATH"). */
+bk_status bki_open_spec(const char *spec, bk_split split, const bk_data_config *c, bk_dataset *ds);
+
+/* The store row of sample i of the split. */
+static inline int64_t bki_data_row(const bk_dataset *ds, int64_t i) { return ds->sel ? ds->sel[i] : i; }
+
+#endif

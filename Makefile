@@ -86,7 +86,7 @@ CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c s
 OPS_SRC  = $(sort $(wildcard src/ops/*.c))
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/classifier.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
-DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c
+DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c src/data/text.c
 DATA_CXX = src/data/spm.cc
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
@@ -94,7 +94,7 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC)
            $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ) \
            $(patsubst %.cc,$(BUILD)/obj/%.o,$(DATA_CXX))
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h $(wildcard src/data/*.h) src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \

@@ -65,12 +65,12 @@ static bk_status take_field(lcur *c, int csv, char sep)
 {
     if (csv && c->i < c->n && c->b[c->i] == '"') {
         const int64_t open_line = c->line;
-        const size_t open_at = c->i;
+        const size_t open_col = c->i - c->line_start + 1;
         c->i++;
         for (;;) {
             if (c->i == c->n)
                 return bki_fail(BK_ERR_FORMAT, "%s:%lld:%lld: a quote that is never closed", c->name,
-                                (long long)open_line, (long long)open_at + 1);
+                                (long long)open_line, (long long)open_col);
             const unsigned char ch = c->b[c->i];
             if (ch == '"') {
                 if (c->i + 1 < c->n && c->b[c->i + 1] == '"') {

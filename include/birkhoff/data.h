@@ -464,7 +464,9 @@ BK_API int bk_spm_special(const bk_spm *s, int which);
  * file and line). */
 BK_API bk_status bk_spm_encode(const bk_spm *s, const char *text, int32_t *ids, int cap, int *n);
 /* Decodes ids[0..n) into *text (malloc'd, NUL-terminated; the caller frees
- * it). Control ids (BOS, EOS, PAD) decode to nothing, UNK to U+2047.
+ * it). Control ids (BOS, EOS, PAD) decode to nothing, UNK to " U+2047 ",
+ * byte pieces that do not form UTF-8 to U+FFFD (SentencePiece's rule), and
+ * a NUL byte (the piece <0x00>) to U+FFFD too (a C string cannot hold it).
  * Errors: BK_ERR_NULL, BK_ERR_SHAPE (n < 0), BK_ERR_PARAM (an id outside
  * [0, vocab), naming it and its position), BK_ERR_NOMEM. */
 BK_API bk_status bk_spm_decode(const bk_spm *s, const int32_t *ids, int n, char **text);

@@ -261,10 +261,17 @@ bk_status bk_spm_decode(const bk_spm *s, const int32_t *ids, int n, char **text)
         std::string out;
         sentencepiece::util::Status st = s->sp.Decode(v, &out);
         if (!st.ok()) return bki_fail(BK_ERR_FORMAT, "bk_spm_decode: %s", st.error_message());
-        char *buf = static_cast<char *>(malloc(out.size() + 1));
+        /* a NUL byte (the byte piece <0x00>) would end the C string: U+FFFD */
+        std::string clean;
+        clean.reserve(out.size());
+        for (char ch : out) {
+            if (ch) clean.push_back(ch);
+            else clean.append("\xef\xbf\xbd");
+        }
+        char *buf = static_cast<char *>(malloc(clean.size() + 1));
         if (!buf) return bki_fail(BK_ERR_NOMEM, "bk_spm_decode: out of memory");
-        memcpy(buf, out.data(), out.size());
-        buf[out.size()] = 0;
+        memcpy(buf, clean.data(), clean.size());
+        buf[clean.size()] = 0;
         *text = buf;
         return BK_OK;
     } catch (const std::exception &e) {

@@ -42,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-ALL_TARGETS=(idx digits mail config ckpt npy parallel)
+ALL_TARGETS=(idx digits mail config ckpt npy parallel labelled)
 MODE=${FUZZ_MODE:-explore}
 case $MODE in explore|replay) ;; *) echo "fuzz: FUZZ_MODE=$MODE: expected explore or replay" >&2; exit 2 ;; esac
 SECONDS_PER=${FUZZ_SECONDS:-10}

@@ -20,33 +20,12 @@
 #include "../../src/data/text.h"
 #include "fuzz_util.h"
 
-static size_t ref_utf8(const unsigned char *p, size_t n, uint32_t *cp)
-{
-    size_t len;
-    uint32_t v, min;
-    if (p[0] < 0x80) {
-        *cp = p[0];
-        return 1;
-    } else if ((p[0] & 0xE0) == 0xC0) len = 2, v = p[0] & 0x1Fu, min = 0x80;
-    else if ((p[0] & 0xF0) == 0xE0) len = 3, v = p[0] & 0x0Fu, min = 0x800;
-    else if ((p[0] & 0xF8) == 0xF0) len = 4, v = p[0] & 0x07u, min = 0x10000;
-    else return 0;
-    if (n < len) return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (p[k] & 0x3Fu);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return len;
-}
-
 /* text characters: valid UTF-8, no control but TAB (and '\n' when nl_ok) */
 static int ref_text(const unsigned char *p, size_t n, int nl_ok)
 {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = ref_utf8(p + i, n - i, &cp);
+        size_t k = fz_utf8_decode(p + i, n - i, &cp);
         if (!k) return 0;
         if ((cp < 0x20 && cp != '\t' && !(nl_ok && cp == '\n')) || (cp >= 0x7F && cp <= 0x9F)) return 0;
         i += k;

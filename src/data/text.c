@@ -266,8 +266,9 @@ static bk_status text_model(const bk_data_config *c, const char *const *texts, i
         return given ? bki_fail(st, "spm_model %s: %s", c->spm_model, m) : st;
     }
     const unsigned long long h = (unsigned long long)bki_fnv1a(BKI_FNV_OFFSET, ds->spm, ds->spm_len);
-    if (given) snprintf(what, cap, "spm %.60s fnv1a:%016llx", c->spm_model, h);
-    else snprintf(what, cap, "spm unigram %d trained fnv1a:%016llx", bk_spm_vocab(*sp), h);
+    const size_t pl = given ? strlen(c->spm_model) : 0; /* (the file's name: the path's tail) */
+    if (given) snprintf(what, cap, "spm %s fnv1a:%016llx", c->spm_model + (pl > 32 ? pl - 32 : 0), h);
+    else snprintf(what, cap, "spm %d trained fnv1a:%016llx", bk_spm_vocab(*sp), h);
     return BK_OK;
 }
 
@@ -461,7 +462,7 @@ bk_status bki_open_labelled_text(const bki_spec_ctx *ctx, bk_dataset *ds)
         in->n = t->n;
         in->vocab = bk_spm_vocab(sp);
         in->max_len = L;
-        snprintf(in->version, sizeof in->version, "%s:%.60s fnv1a:%016llx %lld rows, %d %s classes; %s", ctx->format,
+        snprintf(in->version, sizeof in->version, "%s:%.40s fnv1a:%016llx %lld rows, %d %s classes; %.64s", ctx->format,
                  ctx->path, (unsigned long long)h, (long long)t->n, in->classes, ds->class_names ? "named" : "integer",
                  what);
     }
@@ -585,7 +586,7 @@ bk_status bki_open_parallel_text(const bki_spec_ctx *ctx, bk_dataset *ds)
         const bk_parallel_info *pi = bk_parallel_get_info(p);
         bk_dataset_info *in = &ds->info;
         snprintf(in->version, sizeof in->version,
-                 "parallel:%.40s,%.40s fnv1a:%016llx+%016llx src<=%d tgt<=%d dropped %lld of %lld; %s", names[0],
+                 "parallel:%.24s,%.24s fnv1a:%016llx+%016llx src<=%d tgt<=%d dropped %lld of %lld; %.50s", names[0],
                  names[1], (unsigned long long)pi->src_fnv, (unsigned long long)pi->tgt_fnv, in->max_len,
                  in->tgt_max_len, (long long)in->dropped, (long long)pi->n, what);
     }

@@ -81,12 +81,12 @@ TOOL_HDRS = tools/cli.h tools/plot/chart.h tools/train/train_mpi.h
 
 AVX512_FLAGS = -mavx512f -mavx512vl -mavx512bw -mavx512dq -mprefer-vector-width=512
 
-CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/outfile.c src/core/sort1d.c
+CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c src/core/gemm.c src/core/config.c src/core/text.c src/core/tensor.c src/core/implicit.c src/core/npy.c src/core/npz.c src/core/outfile.c src/core/sort1d.c
 # every operator is its own file in src/ops (registered in registry.c): no list to keep here
 OPS_SRC  = $(sort $(wildcard src/ops/*.c))
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/classifier.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
-DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c src/data/text.c
+DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c src/data/arrays.c src/data/text.c
 DATA_CXX = src/data/spm.cc
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
@@ -132,6 +132,7 @@ EXAMPLE = $(BUILD)/quickstart
 TGEN    = $(BUILD)/test_gen
 TCHART  = $(BUILD)/test_chart
 TDATA   = $(BUILD)/test_data
+TARRAYS = $(BUILD)/test_arrays
 TPARALLEL = $(BUILD)/test_parallel
 TTEXT   = $(BUILD)/test_text
 TBIBLE  = $(BUILD)/test_bible
@@ -221,6 +222,9 @@ $(TGEN): $(BUILD)/obj/tests/data/test_gen.o $(BUILD)/obj/tests/harness.o $(LIB_A
 $(TDATA): $(BUILD)/obj/tests/data/test_data.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(TARRAYS): $(BUILD)/obj/tests/data/test_arrays.o $(BUILD)/obj/tests/harness.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
@@ -263,11 +267,12 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(REFLIN) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TPARALLEL) $(TTEXT) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(REFLIN) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TARRAYS) $(TPARALLEL) $(TTEXT) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
 	$(TDATA)
+	$(TARRAYS)
 	$(TPARALLEL)
 	$(TTEXT)
 	$(TBIBLE)
@@ -303,6 +308,7 @@ oracle: $(CLI) $(LIB_SO)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_bleu.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_linear.py --lib $(LIB_SO)
+	$(PY) tests/oracle/test_arrays.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_spm.py --lib $(LIB_SO)
 
 # the Python package (python/birkhoff) is installed next to the library, into
@@ -342,6 +348,7 @@ check: deps
 	$(PY) tests/tools/test_cli.py $(CLI)
 	$(PY) tests/tools/test_train_cli.py $(CLI)
 	$(PY) tests/tools/test_translate_cli.py $(CLI)
+	$(PY) tests/tools/test_data_cli.py $(CLI)
 	$(PY) tests/tools/test_hostile.py $(CLI)
 	$(PY) tests/test_determinism.py $(CLI)
 	BK_REQUIRE_MPI=$(MPI) $(PY) tests/tools/test_mpi.py $(CLI)

@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of tests/fuzz (one per parser of untrusted
 # input) with clang + ASan + UBSan and runs them in one of two modes:
 #
-#   scripts/fuzz.sh [TARGET...]                   (default: all of idx digits mail config ckpt npy parallel)
+#   scripts/fuzz.sh [TARGET...]                   (default: all of idx digits mail config ckpt npy npz parallel)
 #   FUZZ_MODE=replay scripts/fuzz.sh [TARGET...]
 #
 # FUZZ_MODE=explore (the default; `make fuzz`): libFuzzer explores for
@@ -42,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-ALL_TARGETS=(idx digits mail config ckpt npy parallel labelled)
+ALL_TARGETS=(idx digits mail config ckpt npy npz parallel labelled)
 MODE=${FUZZ_MODE:-explore}
 case $MODE in explore|replay) ;; *) echo "fuzz: FUZZ_MODE=$MODE: expected explore or replay" >&2; exit 2 ;; esac
 SECONDS_PER=${FUZZ_SECONDS:-10}

@@ -120,7 +120,43 @@ typedef struct bk_dataset bk_dataset;
  * built-in sets keep their own test (and bible its valid) split; a VALID
  * split of a built-in set without one is carved from its training split by
  * valid_frac (0: refused, BK_ERR_PARAM). info.name is the FORMAT for a
- * spec. */
+ * spec.
+ *
+ * Arrays (npy:, npz:; a PATH that is a directory is read as DIR/x.npy ...,
+ * a comma list as the named .npy files, any other file as a zip archive, so
+ * npy: and npz: take each other's forms). x, C order, little-endian:
+ *   images  uint8 ('|u1') or float32 ('<f4') [N, H, W] (one channel),
+ *           [N, H, W, C] with C in 1..4 (transposed to CHW at fill), or
+ *           [N, C, H, W] when the last axis is over 4 and the second in
+ *           1..4; uint8 scaled by 1/255, float32 taken as is;
+ *   tokens  int32 ('<i4') or int64 ('<i8') [N, L]: ids in [0, 2^24),
+ *           vocab = largest id + 1 (at least 2); lengths [N] in [1, L]: the
+ *           ids past a row's length are not read and fill as 0; without,
+ *           every row has length L;
+ *   sets    float32 [N, P, D] (point clouds): points past a row's length
+ *           (lengths [N] in [1, P]) are not read and fill as 0.
+ * Which: c->array_kind 0 (auto): integer x -> tokens; float32 rank 3 with a
+ * lengths array -> sets; else images. 1 image, 2 tokens, 3 points force the
+ * kind (a shape or dtype that does not fit it is refused). y: int32, int64
+ * or uint8 [N], every label in [0, 2^20); classes = largest + 1 (at least
+ * 2). lengths: int32, int64 or uint8 [N]. Every dimension of x in [1,
+ * 65536], at most 2^28 values a sample. Refused, naming the file (an .npz
+ * member as FILE:x.npy) and the sample, element or byte: an empty or cut
+ * file, another dtype (float64 among them), Fortran order, a wrong rank,
+ * N = 0, N differing between x, y and lengths (BK_ERR_SHAPE), a label or
+ * length out of range, a token id out of range within a row's length, NaN
+ * or Inf in a float32 x (within a set's length), a trailing byte; in an
+ * archive a missing x.npy or y.npy member (the message lists the members), a
+ * CRC-32 mismatch, a member that does not inflate to its size. A missing
+ * file is BK_ERR_IO. x is checked in one pass at open and then memory-mapped
+ * (mmap, read-only, private) until bk_data_close, so a dataset larger than
+ * RAM trains (bk_data_window_order keeps the reads local): a .npy file and
+ * a stored .npz member (np.savez) are read in place, a deflated member
+ * (np.savez_compressed) is inflated into memory. y and lengths are copied
+ * into memory. info.version: "FORMAT:x DTYPE[SHAPE] y DTYPE [lengths DTYPE]
+ * fnv1a:H" where H combines, per file (one for an archive), the FNV-1a-64
+ * of the file's bytes when it is at most 64 MiB, else of its size and its
+ * first and last MiB (no time stamp: a copied dataset resumes). */
 /* 1 if spec is "FORMAT:PATH" with a FORMAT above and a non-empty PATH
  * (syntax only), else 0. */
 BK_API int bk_data_is_spec(const char *spec);
@@ -148,7 +184,7 @@ BK_API bk_status bk_data_spm_model(const bk_dataset *ds, const void **model, siz
  *                    [0, 1] (/255; digits: /16)
  *   BK_INPUT_TOKENS  int32 [max_len] token ids in [0, vocab), zero after the
  *                    sample's length (1..max_len)
- *   BK_INPUT_POINTS  float [points, point_dim] (x, y, z per point)
+ *   BK_INPUT_POINTS  float [points, point_dim] (shapes: x, y, z per point)
  * and an int32 label in [0, classes); except for a seq2seq dataset (seq2seq
  * 1: kind BK_INPUT_TOKENS, classes 0), whose sample is a sentence pair: the
  * source as tokens (max_len, padded with BK_SEQ_PAD) and the target
@@ -186,8 +222,9 @@ BK_API bk_status bk_data_open(const char *name, bk_split split, const bk_data_co
 BK_API void bk_data_close(bk_dataset *ds);
 BK_API const bk_dataset_info *bk_data_info(const bk_dataset *ds);
 /* Samples idx[0..B) of the split into arrays in the model's layout
- * (bk_batch): x [B, channels, height, width] for images, x [B, points, 3]
- * and len [B] (= points; nullable) for point clouds, tokens [B, max_len] and
+ * (bk_batch): x [B, channels, height, width] for images, x [B, points, point_dim]
+ * and len [B] (the set's points, points without lengths; nullable) for point
+ * clouds, tokens [B, max_len] and
  * len [B] for tokens; labels [B] (nullable). Arrays the kind does not use may
  * be NULL. A generated sample is made here (any order, any thread: it
  * depends on (seed, index) only). A seq2seq dataset fills tokens and len
@@ -207,7 +244,7 @@ BK_API void bk_data_model_shape(const bk_dataset *ds, bk_model_config *c);
 /* ---- batch buffers ---- */
 typedef struct {
     int cap;             /* samples the buffers hold                            */
-    float *x;            /* images [cap, c, h, w] or points [cap, points, 3];
+    float *x;            /* images [cap, c, h, w] or points [cap, points, point_dim];
                             NULL for tokens                                     */
     int32_t *tokens;     /* [cap, max_len] (tokens only, else NULL)             */
     int32_t *len;        /* [cap]                                               */
@@ -233,6 +270,16 @@ BK_API bk_status bk_data_permute(int64_t *p, int64_t n, uint64_t seed);
  * a fixed permutation of (seed, epoch), so that a resumed run sees the same
  * order as an uninterrupted one. */
 BK_API bk_status bk_data_epoch_order(int64_t *p, int64_t n, uint64_t seed, int epoch);
+/* p = the sample order of epoch `epoch` for data read from disk in place
+ * (memory-mapped arrays larger than RAM): [0, n) cut into windows of
+ * `window` consecutive samples, [kW, (k+1)W) (the last one shorter when W
+ * does not divide n); the epoch visits the windows in a permuted order and
+ * each window's samples in a permuted order, so that any run of reads stays
+ * within W consecutive samples (the pages of one window) until it moves on.
+ * A fixed function of (seed, epoch, window), like bk_data_epoch_order, and
+ * bitwise equal to it when window <= 0 or window >= n. Errors: BK_ERR_SHAPE
+ * (n < 0), BK_ERR_NULL, BK_ERR_NOMEM (one int64 per window). */
+BK_API bk_status bk_data_window_order(int64_t *p, int64_t n, uint64_t seed, int epoch, int64_t window);
 /* Length-bucketed order of a seq2seq dataset (fairseq batches sentences of
  * similar length, so that padding to the longest one wastes little). p[0..n)
  * is an order of samples (e.g. bk_data_epoch_order's), rewritten in place:

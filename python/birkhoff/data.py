@@ -13,6 +13,15 @@ Python.
         b = ds.batch(range(64))       # b.x [64, 1, 28, 28] float32 in [0, 1], b.labels [64] int32
         everything = ds.load()        # the whole split
 
+Your own data opens the same way, by a FORMAT:PATH spec (docs/DATA.md):
+npy:DIR (x.npy, y.npy, optional lengths.npy), npz:FILE, tsv:FILE / csv:FILE
+(labelled text), parallel:SRC,TGT (sentence pairs), ids:SRC,TGT; the
+validation and test splits are the files data_valid= / data_test= name, or
+are carved from the training file (valid_frac, test_frac, split_seed):
+
+    tr = Dataset("npy:my_images", "train", valid_frac=0.1)
+    loader = torch.utils.data.DataLoader(tr.torch(), batch_size=64, shuffle=True)
+
 Fetch the stored datasets with scripts/data.sh NAME. A missing, truncated or
 different file raises birkhoff.BirkhoffError with the C library's message
 (it names the file and the command that fixes it).
@@ -32,7 +41,7 @@ import numpy as np
 
 from ._lib import BirkhoffError, check, checked_argtypes as _checked_argtypes, lib, set_field as _lib_set_field
 
-__all__ = ["Dataset", "Batch", "known", "NAMES", "Parallel", "BirkhoffError"]
+__all__ = ["Dataset", "Batch", "known", "NAMES", "Parallel", "TorchDataset", "BirkhoffError"]
 
 NAMES = ("mnist", "fashion-mnist", "digits", "spam", "listops", "shapes", "bible")
 SPLITS = {"train": 0, "test": 1, "valid": 2}  # bk_split; "valid": bible only
@@ -88,6 +97,9 @@ for _name, _res, _args in (
         ("bk_data_info", C.POINTER(DatasetInfo), [C.c_void_p]),
         ("bk_data_fill", C.c_int, [C.c_void_p, _i64p, C.c_int, _f32p, _i32p, _i32p, _i32p]),
         ("bk_data_fill_pair", C.c_int, [C.c_void_p, _i64p, C.c_int, _i32p, _i32p, _i32p, _i32p]),
+        ("bk_data_is_spec", C.c_int, [C.c_char_p]),
+        ("bk_data_class_name", C.c_char_p, [C.c_void_p, C.c_int]),
+        ("bk_data_spm_model", C.c_int, [C.c_void_p, C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)]),
         ("bk_parallel_config_default", ParallelConfig, []),
         ("bk_parallel_parse", C.c_int, [C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t, C.c_char_p, C.c_char_p,
                                         C.POINTER(ParallelConfig), C.POINTER(C.c_void_p)]),
@@ -113,7 +125,13 @@ for _name, _cls in (("bk_data_config", DataConfig), ("bk_dataset_info", DatasetI
 # keyword -> bk_data_config field (the keywords are `birkhoff train`'s run keys)
 _OPTIONS = {"limit": "limit", "seq_len": "max_len", "min_len": "min_len", "listops_depth": "listops_depth",
             "points": "points", "noise": "noise", "gen_train": "gen_train", "gen_test": "gen_test",
-            "data_seed": "gen_seed", "tgt_len": "tgt_max_len"}
+            "data_seed": "gen_seed", "tgt_len": "tgt_max_len", "valid_frac": "valid_frac",
+            "test_frac": "test_frac", "split_seed": "split_seed", "array_kind": "array_kind",
+            "label_column": "label_column", "text_column": "text_column", "text_header": "text_header",
+            "spm_vocab": "spm_vocab"}
+# keyword -> bk_data_config string field (paths)
+_STR_OPTIONS = {"data_valid": "valid_spec", "data_test": "test_spec", "spm_model": "spm_model"}
+_ARRAY_KINDS = {"auto": 0, "image": 1, "tokens": 2, "points": 3}
 
 Batch = namedtuple("Batch", "x tokens lengths labels")
 Batch.__doc__ = """Samples of a split, in the model layout of bk_batch:
@@ -125,7 +143,8 @@ Batch.__doc__ = """Samples of a split, in the model layout of bk_batch:
 
 
 def known(name):
-    """True if `name` is one of the library's datasets (NAMES)."""
+    """True if `name` is one of the library's datasets (NAMES) or a
+    FORMAT:PATH spec of the user's (syntax only: docs/DATA.md)."""
     return bool(lib.bk_data_known(str(name).encode()))
 
 
@@ -176,10 +195,21 @@ class Dataset(_Handle):
     def __init__(self, name, split="train", data_dir=None, **options):
         if split not in SPLITS:
             raise ValueError("split must be 'train', 'test' or 'valid', got %r" % (split,))
+        self._args = (name, split, data_dir, dict(options))  # how a pickled copy reopens it
         cfg = lib.bk_data_config_default()
+        self._keep = []  # the bytes cfg's strings point at, alive while it is used
         for k, v in options.items():
+            if k in _STR_OPTIONS:
+                b = None if v is None else str(v).encode()
+                self._keep.append(b)
+                setattr(cfg, _STR_OPTIONS[k], b)
+                continue
             if k not in _OPTIONS:
-                raise TypeError("Dataset(): unknown option %r (%s)" % (k, ", ".join(_OPTIONS)))
+                raise TypeError("Dataset(): unknown option %r (%s)" % (k, ", ".join(list(_OPTIONS) + list(_STR_OPTIONS))))
+            if k == "array_kind" and isinstance(v, str):
+                if v not in _ARRAY_KINDS:
+                    raise ValueError("array_kind must be one of %s, got %r" % (", ".join(_ARRAY_KINDS), v))
+                v = _ARRAY_KINDS[v]
             _lib_set_field(cfg, _OPTIONS[k], v, k)   # integers range-checked (ctypes wraps)
         self._dir = None if data_dir is None else str(data_dir).encode()  # kept alive while cfg points at it
         cfg.dir = self._dir
@@ -188,7 +218,14 @@ class Dataset(_Handle):
         self._h = h
         info = lib.bk_data_info(h).contents
         self.name = info.name.decode()
+        self.spec = str(name)
         self.split = split
+        self.rows = info.rows
+        self.dropped = info.dropped
+        self.note = info.note.decode()
+        self.class_names = None
+        if info.classes > 0 and lib.bk_data_class_name(h, 0) is not None:
+            self.class_names = [lib.bk_data_class_name(h, k).decode() for k in range(info.classes)]
         self.kind = KINDS[info.kind]
         self.classes = info.classes
         self.version = info.version.decode()
@@ -258,6 +295,66 @@ class Dataset(_Handle):
     def load(self):
         """The whole split as one Batch."""
         return self.batch(np.arange(self._n, dtype=np.int64))
+
+    def __getitem__(self, i):
+        """Sample i as numpy arrays: (x, label) for images and sets (sets:
+        (x, length, label)), (tokens, length, label) for tokens, and
+        (src, src_len, tgt, tgt_len) for sentence pairs."""
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("sample %d of a split of %d" % (i, self._n))
+        if self.seq2seq:
+            src, sl, tgt, tl = self.pairs([i])
+            return src[0], int(sl[0]), tgt[0], int(tl[0])
+        b = self.batch([i])
+        if self.kind == "image":
+            return b.x[0], int(b.labels[0])
+        if self.kind == "points":
+            return b.x[0], int(b.lengths[0]), int(b.labels[0])
+        return b.tokens[0], int(b.lengths[0]), int(b.labels[0])
+
+    def spm_model(self):
+        """The serialized SentencePiece model a text dataset was encoded with
+        (bytes, what an spm.model file holds), or None."""
+        p, n = C.c_void_p(), C.c_size_t()
+        if lib.bk_data_spm_model(self._h, C.byref(p), C.byref(n)) != 0:
+            return None
+        return C.string_at(p, n.value)
+
+    def __getstate__(self):
+        # a DataLoader worker (spawn) reopens the split from its arguments
+        return {"_args": self._args}
+
+    def __setstate__(self, state):
+        name, split, data_dir, options = state["_args"]
+        self.__init__(name, split, data_dir, **options)
+
+    def torch(self):
+        """This split as a torch.utils.data.Dataset (TorchDataset)."""
+        return TorchDataset(self)
+
+
+def TorchDataset(ds):
+    """A torch.utils.data.Dataset over a birkhoff Dataset: item i is sample i
+    as torch tensors, in the tuple Dataset.__getitem__ gives (torch's default
+    collate stacks them into batches). Works with DataLoader workers, forked
+    or spawned (a spawned worker reopens the split from its arguments)."""
+    import torch
+
+    class _BirkhoffTorchDataset(torch.utils.data.Dataset):
+        def __init__(self, d):
+            self.ds = d
+
+        def __len__(self):
+            return len(self.ds)
+
+        def __getitem__(self, i):
+            return tuple(torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else torch.tensor(v)
+                         for v in self.ds[i])
+
+    return _BirkhoffTorchDataset(ds)
 
 
 PARALLEL_SPLITS = ("train", "valid", "test")

@@ -604,6 +604,59 @@ FILE *bki_open_log(const char *path, int fresh);
  * Returns how many were removed. */
 int bki_clean_stale(const char *dir, const char *base);
 
+/* ---- .npy headers and .npz archives (npy.c, npz.c) ----------------------
+ * The one parser of .npy headers: bk_npy_read and the dataset readers
+ * (src/data/arrays.c, over mapped files and .npz members) use it. */
+typedef enum { BKI_NPY_F32, BKI_NPY_I32, BKI_NPY_I64, BKI_NPY_U8 } bki_npy_dtype;
+#define BKI_NPY_MAX_COUNT ((int64_t)1 << 40) /* elements of one array */
+typedef struct {
+    bki_npy_dtype dtype;  /* '<f4', '<i4', '<i8', '|u1' (or '<u1')       */
+    int esize;            /* bytes per element                           */
+    int ndim;             /* 0..8                                        */
+    int64_t shape[8];     /* each in [0, 2^40]                           */
+    int64_t count;        /* elements (product of shape; <= 2^40)        */
+    uint64_t bytes;       /* count * esize                               */
+    size_t offset;        /* where the data start: preamble + header     */
+} bki_npy_head;
+/* Parses the preamble and header of a .npy file held at buf[0..n) (n may
+ * stop anywhere after the header: the data are not looked at). path is what
+ * the messages name. BK_ERR_FORMAT for an empty buffer, a bad magic, a
+ * version other than 1..3, a header over 1 MiB or cut short, a dtype other
+ * than the four above (the message names it), Fortran order, a malformed
+ * shape, a dimension over 2^40 or more than 2^40 elements; BK_ERR_NOMEM.
+ * *out is zeroed on failure. */
+bk_status bki_npy_header(const char *path, const void *buf, size_t n, bki_npy_head *out);
+/* "float32", "int32", "int64", "uint8" */
+const char *bki_npy_dtype_name(bki_npy_dtype t);
+
+/* A member of a .npz (zip) archive, from its central directory. */
+typedef struct {
+    char name[64];        /* the member's name (NUL-terminated; "" for a
+                             name over 63 bytes)                          */
+    int method;           /* 0 stored, 8 deflated                         */
+    uint64_t offset;      /* of the member's data in the archive          */
+    uint64_t csize, usize;/* compressed and uncompressed sizes            */
+    uint32_t crc;         /* CRC-32 of the uncompressed data              */
+} bki_zip_member;
+#define BKI_ZIP_MAX_MEMBERS 256
+/* Lists the members of a zip archive held at buf[0..n) (memory-mapped or
+ * read): the end of central directory record (zip64 too), then every
+ * central directory entry and its local header, checked against the
+ * archive's bounds. Writes up to BKI_ZIP_MAX_MEMBERS members and *count.
+ * Refuses (BK_ERR_FORMAT, naming path and the byte offset): no end record,
+ * a multi-disk archive, an entry or local header outside the file or cut
+ * short, encrypted members, a method other than stored or deflated, a
+ * stored member whose sizes differ, a data range outside the file, two
+ * members of one name, more than 256 members. A name over 63 bytes is
+ * listed as "" (no reader asks for it). */
+bk_status bki_zip_list(const char *path, const uint8_t *buf, size_t n, bki_zip_member *m, int *count);
+/* The uncompressed data of member m of buf: stored: *data points into buf
+ * (*owned NULL); deflated: inflated (raw deflate) into a malloc'd buffer
+ * (*data = *owned, free it) of at most max_bytes bytes. Checks the size and
+ * the CRC-32 (BK_ERR_FORMAT naming path and member); BK_ERR_NOMEM. */
+bk_status bki_zip_data(const char *path, const uint8_t *buf, const bki_zip_member *m, uint64_t max_bytes,
+                       const uint8_t **data, void **owned);
+
 #define BKI_FNV_OFFSET 0xcbf29ce484222325ull /* FNV-1a 64's start */
 /* FNV-1a 64 over n bytes, continuing from h (start: BKI_FNV_OFFSET):
  * the checksum of ASAP layer files and checkpoints */

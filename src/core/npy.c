@@ -1,6 +1,8 @@
-/* npy.c -- minimal, strict .npy (format 1.0/2.0/3.0) reader and writer for
- * little-endian float32 and int32 C-order arrays (written through the output
- * sets of outfile.c). */
+/* npy.c -- the one parser of .npy headers (format 1.0/2.0/3.0), over memory
+ * (bki_npy_header: the dataset readers use it on mapped files and .npz
+ * members), and a minimal, strict reader and writer of whole little-endian
+ * float32 and int32 C-order arrays (bk_npy_read / bk_npy_write, written
+ * through the output sets of outfile.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -42,26 +44,55 @@ static const char *dict_value(const char *hdr, const char *key)
     return p;
 }
 
-static bk_status parse_header(const char *path, const char *hdr, bk_npy *out)
+/* the element types a header may name (numpy writes '|u1' for uint8; other
+ * writers, cnpy among them, '<u1') */
+static const struct {
+    const char *descr;
+    bki_npy_dtype dtype;
+    int size;
+} DTYPES[] = {
+    {"'<f4'", BKI_NPY_F32, 4}, {"'<i4'", BKI_NPY_I32, 4}, {"'<i8'", BKI_NPY_I64, 8},
+    {"'|u1'", BKI_NPY_U8, 1},  {"'<u1'", BKI_NPY_U8, 1},
+};
+
+const char *bki_npy_dtype_name(bki_npy_dtype t)
+{
+    switch (t) {
+    case BKI_NPY_F32: return "float32";
+    case BKI_NPY_I32: return "int32";
+    case BKI_NPY_I64: return "int64";
+    default: return "uint8";
+    }
+}
+
+static bk_status parse_dict(const char *path, const char *hdr, bki_npy_head *out)
 {
     const char *v = dict_value(hdr, "descr");
     if (!v) return bki_fail(BK_ERR_FORMAT, "%s: .npy header has no 'descr'", path);
-    if (strncmp(v, "'<f4'", 5) == 0) out->dtype = BK_F32;
-    else if (strncmp(v, "'<i4'", 5) == 0) out->dtype = BK_I32;
-    else {
+    size_t k = 0;
+    while (k < sizeof DTYPES / sizeof DTYPES[0] && strncmp(v, DTYPES[k].descr, 5) != 0) k++;
+    if (k == sizeof DTYPES / sizeof DTYPES[0]) {
         char got[16] = {0};
         strncpy(got, v, sizeof got - 1);
         char *e = strchr(got, ',');
         if (e) *e = 0;
-        return bki_fail(BK_ERR_FORMAT, "%s: dtype %s not supported (need '<f4' float32 or '<i4' int32)", path, got);
+        return bki_fail(BK_ERR_FORMAT,
+                        "%s: dtype %s not supported (need '<f4' float32, '|u1' uint8, '<i4' int32 or '<i8' int64, "
+                        "little-endian)",
+                        path, got);
     }
+    out->dtype = DTYPES[k].dtype;
+    out->esize = DTYPES[k].size;
     v = dict_value(hdr, "fortran_order");
     if (!v) return bki_fail(BK_ERR_FORMAT, "%s: .npy header has no 'fortran_order'", path);
-    if (strncmp(v, "False", 5) != 0) return bki_fail(BK_ERR_FORMAT, "%s: Fortran-order arrays are not supported", path);
+    if (strncmp(v, "False", 5) != 0)
+        return bki_fail(BK_ERR_FORMAT, "%s: Fortran-order arrays are not supported (save np.ascontiguousarray(a))",
+                        path);
     v = dict_value(hdr, "shape");
     if (!v || *v != '(') return bki_fail(BK_ERR_FORMAT, "%s: .npy header has no valid 'shape'", path);
     v++;
     out->ndim = 0;
+    out->count = 1;
     for (;;) {
         while (*v == ' ') v++;
         if (*v == ')') break;
@@ -72,6 +103,9 @@ static bk_status parse_header(const char *path, const char *hdr, bk_npy *out)
         if (errno || x < 0 || x > ((long long)1 << 40)) return bki_fail(BK_ERR_FORMAT, "%s: shape entry out of range", path);
         if (out->ndim == 8) return bki_fail(BK_ERR_FORMAT, "%s: more than 8 dimensions", path);
         out->shape[out->ndim++] = x;
+        if (x > 0 && out->count > BKI_NPY_MAX_COUNT / x)
+            return bki_fail(BK_ERR_FORMAT, "%s: array too large (more than 2^40 elements)", path);
+        out->count *= x;
         v = end;
         while (*v == ' ') v++;
         if (*v == ',') v++;
@@ -80,38 +114,89 @@ static bk_status parse_header(const char *path, const char *hdr, bk_npy *out)
     return BK_OK;
 }
 
+/* The preamble: the magic, the version and the header's length. Returns the
+ * preamble's size (10 or 12) and sets *hlen, or 0 after a message. */
+static size_t preamble(const char *path, const uint8_t *b, size_t n, size_t *hlen)
+{
+    if (n == 0) {
+        bki_fail(BK_ERR_FORMAT, "%s: empty file (not a .npy file)", path);
+        return 0;
+    }
+    if (memcmp(b, "\x93NUMPY", n < 6 ? n : 6) != 0) {
+        bki_fail(BK_ERR_FORMAT, "%s: not a .npy file (bad magic)", path);
+        return 0;
+    }
+    if (n >= 7 && (b[6] < 1 || b[6] > 3)) {
+        bki_fail(BK_ERR_FORMAT, "%s: unsupported .npy version %d", path, b[6]);
+        return 0;
+    }
+    const size_t pre = n >= 7 && b[6] == 1 ? 10 : 12;
+    if (n < pre) {
+        bki_fail(BK_ERR_FORMAT, "%s: truncated header (%zu bytes)", path, n);
+        return 0;
+    }
+    *hlen = (size_t)b[8] | (size_t)b[9] << 8;
+    if (pre == 12) *hlen |= (size_t)b[10] << 16 | (size_t)b[11] << 24;
+    if (*hlen > (1u << 20)) {
+        bki_fail(BK_ERR_FORMAT, "%s: header too long (%zu bytes; at most 1 MiB)", path, *hlen);
+        return 0;
+    }
+    return pre;
+}
+
+bk_status bki_npy_header(const char *path, const void *buf, size_t n, bki_npy_head *out)
+{
+    memset(out, 0, sizeof *out);
+    const uint8_t *b = buf;
+    size_t hlen = 0, pre = preamble(path, b, n, &hlen);
+    if (!pre) return BK_ERR_FORMAT;
+    if (n - pre < hlen)
+        return bki_fail(BK_ERR_FORMAT, "%s: truncated header (%zu of %zu bytes)", path, n - pre, hlen);
+    char *hdr = malloc(hlen + 1);
+    if (!hdr) return bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(hdr, b + pre, hlen);
+    hdr[hlen] = 0;
+    bk_status s = parse_dict(path, hdr, out);
+    free(hdr);
+    out->offset = pre + hlen;
+    out->bytes = (uint64_t)out->count * (uint64_t)out->esize;
+    if (s != BK_OK) memset(out, 0, sizeof *out);
+    return s;
+}
+
 bk_status bk_npy_read(const char *path, bk_npy *out)
 {
     if (!path || !out) return bki_fail(BK_ERR_NULL, "bk_npy_read: NULL argument");
     memset(out, 0, sizeof *out);
     FILE *fp = fopen(path, "rb");
     if (!fp) return bki_fail(BK_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    unsigned char pre[12];
+    uint8_t *head = malloc(12);
     bk_status s = BK_OK;
-    char *hdr = NULL;
-    if (fread(pre, 1, 10, fp) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        s = bki_fail(BK_ERR_FORMAT, "%s: not a .npy file (bad magic)", path);
-        goto done;
+    size_t got = head ? fread(head, 1, 12, fp) : 0, hlen = 0;
+    size_t pre = head ? preamble(path, head, got, &hlen) : 0;
+    uint8_t *h2 = pre ? realloc(head, pre + hlen) : NULL;
+    bki_npy_head h;
+    if (!head || (pre && !h2)) s = bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
+    else if (!pre) s = BK_ERR_FORMAT;
+    else {
+        head = h2;
+        if (got > pre) got = pre; /* the header starts at pre */
+        if (fseek(fp, (long)pre, SEEK_SET) != 0) s = bki_fail(BK_ERR_IO, "%s: cannot seek", path);
+        else s = bki_npy_header(path, head, pre + fread(head + pre, 1, hlen, fp), &h);
     }
-    size_t hlen;
-    if (pre[6] == 1) {
-        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8);
-    } else if (pre[6] == 2 || pre[6] == 3) {
-        if (fread(pre + 10, 1, 2, fp) != 2) { s = bki_fail(BK_ERR_FORMAT, "%s: truncated header", path); goto done; }
-        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8) | ((size_t)pre[10] << 16) | ((size_t)pre[11] << 24);
-    } else {
-        s = bki_fail(BK_ERR_FORMAT, "%s: unsupported .npy version %d", path, pre[6]);
-        goto done;
+    free(head);
+    if (s == BK_OK && h.dtype != BKI_NPY_F32 && h.dtype != BKI_NPY_I32)
+        s = bki_fail(BK_ERR_FORMAT, "%s: dtype %s not supported (need '<f4' float32 or '<i4' int32)", path,
+                     bki_npy_dtype_name(h.dtype));
+    if (s == BK_OK && h.count > ((int64_t)1 << 34)) s = bki_fail(BK_ERR_FORMAT, "%s: array too large", path);
+    if (s != BK_OK) {
+        fclose(fp);
+        return s;
     }
-    if (hlen > (1u << 20)) { s = bki_fail(BK_ERR_FORMAT, "%s: header too long", path); goto done; }
-    hdr = malloc(hlen + 1);
-    if (!hdr) { s = bki_fail(BK_ERR_NOMEM, "%s: out of memory", path); goto done; }
-    if (fread(hdr, 1, hlen, fp) != hlen) { s = bki_fail(BK_ERR_FORMAT, "%s: truncated header", path); goto done; }
-    hdr[hlen] = 0;
-    if ((s = parse_header(path, hdr, out))) goto done;
-    int64_t count = bk_npy_count(out);
-    if (count > ((int64_t)1 << 34)) { s = bki_fail(BK_ERR_FORMAT, "%s: array too large", path); goto done; }
-    size_t bytes = (size_t)count * 4;
+    out->dtype = h.dtype == BKI_NPY_F32 ? BK_F32 : BK_I32;
+    out->ndim = h.ndim;
+    memcpy(out->shape, h.shape, sizeof out->shape);
+    size_t bytes = (size_t)h.bytes;
     {
         /* the file must hold the data before we allocate for it */
         long here = ftell(fp), end = -1;
@@ -130,7 +215,6 @@ bk_status bk_npy_read(const char *path, bk_npy *out)
     }
     if (fgetc(fp) != EOF) { s = bki_fail(BK_ERR_FORMAT, "%s: trailing bytes after the array data", path); goto done; }
 done:
-    free(hdr);
     fclose(fp);
     if (s) bk_npy_free(out);
     return s;

@@ -15,7 +15,7 @@ bk_status bk_data_batch_init(bk_data_batch *b, const bk_dataset *ds, int cap)
     const bk_dataset_info *in = bk_data_info(ds);
     b->cap = cap;
     size_t xs = in->kind == BK_INPUT_IMAGE    ? (size_t)in->channels * in->height * in->width
-                : in->kind == BK_INPUT_POINTS ? (size_t)in->points * 3
+                : in->kind == BK_INPUT_POINTS ? (size_t)in->points * in->point_dim
                                               : 0;
     if (xs) b->x = malloc(sizeof(float) * xs * (size_t)cap);
     if (in->kind == BK_INPUT_TOKENS) b->tokens = malloc(sizeof(int32_t) * (size_t)in->max_len * (size_t)cap);

@@ -305,7 +305,6 @@ static bk_status open_idx(const char *dir, const char *name, int split, bk_datas
         in->channels = 1;
         in->height = (int)di[1];
         in->width = (int)di[2];
-        ds->scale = 1.0f / 255.0f;
         in->classes = 10;
         ds->labels = malloc(sizeof(int32_t) * (size_t)in->n);
         if (!ds->labels) st = bki_fail(BK_ERR_NOMEM, "out of memory");
@@ -316,6 +315,7 @@ static bk_status open_idx(const char *dir, const char *name, int split, bk_datas
         memmove(bi, pi, (size_t)(in->n * in->height * in->width));
         ds->bytes = bi;
         bi = NULL;
+        bki_xstore_bytes(&ds->xs, ds->bytes, in, 1.0f / 255.0f);
         snprintf(in->version, sizeof in->version, "%s:%s fnv1a:%016llx+%016llx", name, pre, (unsigned long long)hi,
                  (unsigned long long)hl);
     }
@@ -366,7 +366,7 @@ static bk_status open_digits(const char *dir, int split, bk_dataset *ds)
         in->n = k;
         in->channels = 1;
         in->height = in->width = 8;
-        ds->scale = 1.0f / 16.0f;
+        bki_xstore_bytes(&ds->xs, ds->bytes, in, 1.0f / 16.0f);
         in->classes = 10;
         snprintf(in->version, sizeof in->version, "digits:%s (80/20 split seed %u) fnv1a:%016llx",
                  split == BK_SPLIT_TRAIN ? "train" : "test", SPLIT_SEED, (unsigned long long)h);
@@ -893,6 +893,7 @@ void bk_data_close(bk_dataset *ds)
     }
     free(ds->keep);
     free(ds->sel);
+    bki_xstore_free(&ds->xs);
     for (int k = 0; ds->class_names && k < ds->info.classes; k++) free(ds->class_names[k]);
     free(ds->class_names);
     free(ds->spm);
@@ -1091,10 +1092,11 @@ bk_status bk_data_fill(const bk_dataset *ds, const int64_t *idx, int B, float *x
                             in->name, (long long)in->n);
     for (int b = 0; b < B; b++) {
         const int64_t i = bki_data_row(ds, idx[b]);
-        if (in->kind == BK_INPUT_IMAGE) {
-            const size_t S = (size_t)in->channels * (size_t)in->height * (size_t)in->width;
-            const uint8_t *p = ds->bytes + (size_t)i * S;
-            for (size_t j = 0; j < S; j++) x[(size_t)b * S + j] = (float)p[j] * ds->scale;
+        if (ds->xs.x) { /* every image set, and arrays */
+            const size_t S = in->kind == BK_INPUT_IMAGE ? (size_t)in->channels * in->height * in->width
+                                                        : (size_t)in->points * in->point_dim;
+            bki_xstore_fill(&ds->xs, in, ds->lens, i, x ? x + (size_t)b * S : NULL,
+                            tok ? tok + (size_t)b * in->max_len : NULL, len ? &len[b] : NULL);
             if (lab) lab[b] = ds->labels[i];
         } else if (in->kind == BK_INPUT_TOKENS) {
             int32_t *t = tok + (size_t)b * (size_t)in->max_len;

@@ -7,6 +7,22 @@
 
 #include "../core/internal.h"
 
+/* ---- arrays (arrays.c; the ARRAYS helper's block) ----
+ * The inputs of an array store: the user's .npy / .npz x (memory-mapped, or
+ * an inflated .npz member) and the stored image sets' bytes (mnist,
+ * fashion-mnist, digits), filled into the model's layout by one function. */
+typedef struct {
+    const uint8_t *x;     /* sample i at x + i * stride bytes (NULL: not an
+                             array store); C order within the sample     */
+    size_t stride;        /* bytes per sample                              */
+    bki_npy_dtype dtype;  /* of the elements                               */
+    int hwc;              /* images stored [H, W, C] (else [C, H, W])      */
+    float scale;          /* images: value = element * scale (f32: 1)      */
+    void *map;            /* the mapping x lies in (munmap'd at close)     */
+    size_t map_len;
+    void *owned;          /* a malloc'd buffer x lies in (freed at close)  */
+} bki_xstore;
+
 /* A store holds every row of the file(s) it was read from (info.n rows,
  * info.rows the same) until bk_data_open takes the split out of it: then
  * sel [info.n] maps a sample of the split to its row (NULL: sample i is row
@@ -16,7 +32,6 @@ struct bk_dataset {
     bk_dataset_info info;
     int64_t *sel;       /* [info.n] rows of the split, or NULL              */
     /* images, token rows and labels (built-in sets, arrays, labelled text) */
-    float scale;        /* image pixel value = byte * scale                  */
     uint8_t *bytes;     /* images [n, c*h*w]; spam [n, max_len]              */
     int32_t *lens;      /* spam, spam-spm, labelled text [n]                 */
     int32_t *toks;      /* spam-spm, labelled text [n, max_len]              */
@@ -35,6 +50,9 @@ struct bk_dataset {
     void *spm;          /* the serialized SentencePiece model (malloc'd)     */
     size_t spm_len;
     /* ---- arrays (arrays.c) ---- */
+    bki_xstore xs;      /* images of every image set, and array inputs: the
+                           samples when xs.x is set (lens: the lengths array,
+                           NULL when every row is full)                     */
 };
 
 /* What one reader call reads: the file(s) of one split. */
@@ -90,6 +108,19 @@ bk_status bki_data_carve(bk_dataset *ds, const bk_data_config *c, double test_fr
                          bk_split split);
 /* Opens a spec (bk_data_open's work for "FORMAT:PATH"). */
 bk_status bki_open_spec(const char *spec, bk_split split, const bk_data_config *c, bk_dataset *ds);
+
+/* A store over bytes [n, channels * height * width] (CHW), value = byte *
+ * scale: the stored image sets (the bytes stay ds->bytes'). */
+void bki_xstore_bytes(bki_xstore *xs, const uint8_t *bytes, const bk_dataset_info *in, float scale);
+/* Sample i (a row of the whole file) into the model's layout: images
+ * x [channels, height, width]; tokens tok [max_len] (zero after the
+ * length) and *len; points x [points, point_dim] (zero after the length)
+ * and *len (len nullable for images and points). lens: the lengths (NULL:
+ * every row full). */
+void bki_xstore_fill(const bki_xstore *xs, const bk_dataset_info *in, const int32_t *lens, int64_t i, float *x,
+                     int32_t *tok, int32_t *len);
+/* Unmaps and frees what xs holds; xs zeroed. */
+void bki_xstore_free(bki_xstore *xs);
 
 /* The store row of sample i of the split. */
 static inline int64_t bki_data_row(const bk_dataset *ds, int64_t i) { return ds->sel ? ds->sel[i] : i; }

@@ -1060,7 +1060,7 @@ static bk_status run_epoch(run_ctx *x, int e)
     const bk_run_config *r = &s->r;
     const bk_dataset_info *tri = bk_data_info(s->tr);
     bk_status st = epoch_attention(s->m, r, e);
-    bk_data_epoch_order(s->order, tri->n, r->seed, e);
+    if (st == BK_OK) st = bk_data_window_order(s->order, tri->n, r->seed, e, r->shuffle_window);
     /* sentence pairs: batches of similar lengths (windows of 100 batches
      * sorted by length, the batches shuffled; a pure function of the
      * epoch's order, so a resumed run sees the same batches) */

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 CLI=${1:-./build/birkhoff}
 C=tests/fuzz/corpus
 rm -rf "$C"
-mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy,parallel,labelled}
+mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy,npz,parallel,labelled}
 
 python3 - "$C" <<'PY'
 import struct, sys
@@ -47,6 +47,27 @@ def npy(descr, shape, payload, version=1):
 w("npy/f32-2x3.npy", npy("<f4", (2, 3), struct.pack("<6f", 0, 1, -2.5, 3.25, 1e-3, 7)))
 w("npy/i32-4-v2.npy", npy("<i4", (4,), struct.pack("<4i", 1, -2, 3, 2**31 - 1), version=2))
 w("npy/scalar.npy", npy("<f4", (), struct.pack("<f", 1.5)))
+w("npy/u8-2x2.npy", npy("|u1", (2, 2), bytes([0, 7, 128, 255])))
+w("npy/i64-3.npy", npy("<i8", (3,), struct.pack("<3q", 5, -1, 2**40)))
+# npz: x, y (and lengths) as np.savez writes them (zip64 local headers,
+# stored) and np.savez_compressed (deflated), built with zipfile
+import io, zipfile
+def npz(members, method, zip64=True):
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w", method) as z:
+        for name, data in members:
+            with z.open(name, "w", force_zip64=zip64) as f:
+                f.write(data)
+    return b.getvalue()
+img = [("x.npy", npy("|u1", (3, 2, 2), bytes(range(0, 240, 20)))), ("y.npy", npy("<i8", (3,), struct.pack("<3q", 0, 2, 1)))]
+w("npz/images-stored.npz", npz(img, zipfile.ZIP_STORED))
+w("npz/images-deflated.npz", npz(img, zipfile.ZIP_DEFLATED, zip64=False))
+tok = [("x.npy", npy("<i4", (2, 3), struct.pack("<6i", 4, 1, 9, 2, 0, 0))), ("y.npy", npy("<i4", (2,), struct.pack("<2i", 1, 0))),
+       ("lengths.npy", npy("<i4", (2,), struct.pack("<2i", 3, 1)))]
+w("npz/tokens-lengths.npz", npz(tok, zipfile.ZIP_STORED))
+pts = [("x.npy", npy("<f4", (2, 2, 3), struct.pack("<12f", *[0.5 * i for i in range(12)]))),
+       ("y.npy", npy("|u1", (2,), bytes([1, 0]))), ("lengths.npy", npy("<i8", (2,), struct.pack("<2q", 2, 1)))]
+w("npz/points-deflated.npz", npz(pts, zipfile.ZIP_DEFLATED))
 # parallel: source NUL target (two line-aligned files); without a NUL, the same text on both sides
 w("parallel/es-en.txt", "En el principio crió Dios los cielos y la tierra.\n¿Dónde\testás?\n".encode()
   + b"\0" + "In the beginning, God created the heavens and the earth.\nWhere are you? \U0001F600\n".encode())

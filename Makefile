@@ -19,13 +19,19 @@ CFLAGS_ALL = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g -march=x86-64-v3 -fno-
              -Wstrict-prototypes -Iinclude -I$(BLAS_INC) $(CFLAGS)
 ifeq ($(WERROR),1)
 CFLAGS_ALL += -Werror
+CXXFLAGS_ALL += -Werror
 endif
 ifeq ($(SAN),1)
 CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DBK_TAPE_CHECKSUM
 LDSAN = -fsanitize=address,undefined
+CXXFLAGS_ALL += -fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
-# zlib: the library reads gzipped datasets (src/data)
-LDLIBS_ALL = -lopenblas -llapacke -lm -lz -fopenmp -pthread $(LDSAN) $(LDLIBS)
+# zlib: the library reads gzipped datasets (src/data); SentencePiece (Debian
+# libsentencepiece-dev): the C++ library behind src/data/spm.cc (bk_spm_*), hence the C++ runtime
+LDLIBS_ALL = -lopenblas -llapacke -lm -lz -lsentencepiece -lsentencepiece_train -lstdc++ -fopenmp -pthread $(LDSAN) $(LDLIBS)
+# the library's C++ files (src/data/spm.cc): C++17, the C flags' optimisation, visibility and warnings
+CXX     ?= g++
+CXXFLAGS_ALL = -std=c++17 $(OPT) -g -march=x86-64-v3 -fPIC -fvisibility=hidden -Wall -Wextra -Wshadow -Iinclude $(CXXFLAGS)
 
 # The CUDA backend (docs/CUDA.md): built when nvcc is found (PATH, else
 # /usr/local/cuda/bin), or forced with CUDA=1 / left out with CUDA=0. Kernels
@@ -80,13 +86,15 @@ CORE_SRC = src/core/status.c src/core/abi.c src/core/threads.c src/core/pool.c s
 OPS_SRC  = $(sort $(wildcard src/ops/*.c))
 BACKEND_SRC = src/backend/context.c src/backend/cpu.c
 NN_SRC   = src/nn/layers.c src/nn/vit.c src/nn/config.c src/nn/attn_layer.c src/nn/blocks.c src/nn/set.c src/nn/encoder.c src/nn/seq2seq.c src/nn/classifier.c src/nn/model.c src/nn/optim.c src/nn/ckpt.c src/nn/seq2seq_step.c
-DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c src/data/arrays.c
+DATA_SRC = src/data/data.c src/data/order.c src/data/batch.c src/data/gen.c src/data/parallel.c src/data/split.c src/data/arrays.c src/data/text.c
+DATA_CXX = src/data/spm.cc
 TRAIN_SRC = src/train/run.c src/train/eval.c src/train/train.c src/train/asap_compile.c src/train/swap.c src/train/bleu.c src/train/decode.c src/train/translate.c src/train/dp.c
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(BACKEND_SRC) $(OPS_SRC) $(NN_SRC) $(DATA_SRC) $(TRAIN_SRC)) \
            $(BUILD)/obj/src/core/lse_engine_avx2.o $(BUILD)/obj/src/core/lse_engine_avx512.o \
-           $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ)
+           $(BUILD)/obj/src/core/gemm_kern_avx2.o $(BUILD)/obj/src/core/gemm_kern_avx512.o $(CUDA_OBJ) \
+           $(patsubst %.cc,$(BUILD)/obj/%.o,$(DATA_CXX))
 PUB_HDRS = include/birkhoff.h $(wildcard include/birkhoff/*.h)
-HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
+HDRS     = $(PUB_HDRS) tests/backend/devbuf.h src/core/internal.h $(wildcard src/data/*.h) src/nn/nn.h src/nn/layers.h src/nn/model_impl.h src/train/decode.h src/train/dp.h src/core/vexp.h src/ops/ops.h src/ops/op.h src/backend/backend.h src/backend/call.h tests/harness.h tests/tutil.h $(wildcard tests/ops/*.h)
 
 TOOL_SRC = tools/main.c tools/cli.c tools/attn/attn.c tools/otk/otk.c tools/asap/asap.c tools/asap/compile.c \
            tools/model/model.c tools/train/train.c tools/train/eval.c tools/train/data.c tools/train/mpi.c tools/bleu/bleu.c tools/translate/translate.c tools/plot/plot.c \
@@ -126,6 +134,7 @@ TCHART  = $(BUILD)/test_chart
 TDATA   = $(BUILD)/test_data
 TARRAYS = $(BUILD)/test_arrays
 TPARALLEL = $(BUILD)/test_parallel
+TTEXT   = $(BUILD)/test_text
 TBIBLE  = $(BUILD)/test_bible
 TTRAIN  = $(BUILD)/test_train
 TBLEU   = $(BUILD)/test_bleu
@@ -141,6 +150,10 @@ lib: $(LIB_A) $(LIB_SO)
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc $(PUB_HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_ALL) -c $< -o $@
 
 $(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(TOOL_HDRS)
 	@mkdir -p $(dir $@)
@@ -215,6 +228,9 @@ $(TARRAYS): $(BUILD)/obj/tests/data/test_arrays.o $(BUILD)/obj/tests/harness.o $
 $(TPARALLEL): $(BUILD)/obj/tests/data/test_parallel.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+$(TTEXT): $(BUILD)/obj/tests/data/test_text.o $(BUILD)/obj/tests/harness.o $(LIB_A)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 $(TBIBLE): $(BUILD)/obj/tests/data/test_bible.o $(BUILD)/obj/tests/harness.o $(LIB_A)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
@@ -251,13 +267,14 @@ deps:
 PORTABLE = BK_ISA=avx2 OPENBLAS_CORETYPE=Haswell
 
 # unit, property, gradient and determinism tests (and the reference's self-test)
-test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(REFLIN) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TARRAYS) $(TPARALLEL) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
+test: $(TESTS) $(REFST) $(REFESP) $(REFLOT) $(REFOTK) $(REFASAP) $(REFUNB) $(REFDIFF) $(REFLIN) $(CLI) $(EXAMPLE) $(TGEN) $(TCHART) $(TDATA) $(TARRAYS) $(TPARALLEL) $(TTEXT) $(TBIBLE) $(TTRAIN) $(TBLEU) $(TDECODE)
 	$(EXAMPLE)
 	$(TGEN)
 	$(TCHART)
 	$(TDATA)
 	$(TARRAYS)
 	$(TPARALLEL)
+	$(TTEXT)
 	$(TBIBLE)
 	$(TTRAIN)
 	$(TBLEU)
@@ -292,6 +309,7 @@ oracle: $(CLI) $(LIB_SO)
 	$(PY) tests/oracle/test_bleu.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_linear.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_arrays.py --lib $(LIB_SO)
+	$(PY) tests/oracle/test_spm.py --lib $(LIB_SO)
 
 # the Python package (python/birkhoff) is installed next to the library, into
 # the site directory Debian's python3 searches for this prefix

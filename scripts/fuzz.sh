@@ -42,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-ALL_TARGETS=(idx digits mail config ckpt npy npz parallel)
+ALL_TARGETS=(idx digits mail config ckpt npy npz parallel labelled)
 MODE=${FUZZ_MODE:-explore}
 case $MODE in explore|replay) ;; *) echo "fuzz: FUZZ_MODE=$MODE: expected explore or replay" >&2; exit 2 ;; esac
 SECONDS_PER=${FUZZ_SECONDS:-10}
@@ -51,6 +51,7 @@ case $B in /*) BABS=$B ;; *) BABS=$ROOT/$B ;; esac
 OUT=${FUZZ_OUT:-$B/out}
 case $OUT in /*) ;; *) OUT=$ROOT/$OUT ;; esac
 CLANG=${CLANG:-clang}
+CLANGXX=${CLANGXX:-${CLANG/clang/clang++}}
 NPROC=$(nproc 2>/dev/null || echo 2)
 JOBS=${FUZZ_JOBS:-$NPROC}
 TARGETS=("$@")
@@ -120,7 +121,10 @@ BLAS_INC=${BLAS_INC:-/usr/include/x86_64-linux-gnu/openblas-pthread}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 CFLAGS="-std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -march=x86-64-v3 -fno-trapping-math -fno-math-errno $OMP \
 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-pass-failed -Iinclude -I$BLAS_INC $SAN"
-LIBS="-lopenblas -llapacke -lm -lz $OMP"
+# the library's C++ shim (src/data/spm.cc, DATA_CXX) with clang++ and the same sanitizers; SentencePiece linked
+CXXFLAGS="-std=c++17 -g -O1 -march=x86-64-v3 -Wall -Wextra -Wshadow -Wno-pass-failed -Iinclude -fsanitize=address,undefined \
+-fno-sanitize=vptr -fno-sanitize-recover=all -fno-omit-frame-pointer"
+LIBS="-lopenblas -llapacke -lm -lz -lsentencepiece -lsentencepiece_train -lstdc++ $OMP"
 
 # objects are rebuilt when the flags changed, or their source or any header is newer
 OBJ=$B/obj
@@ -140,6 +144,9 @@ jobs_list=()  # "src|obj|extra flags"
 for s in $LIB_SRC; do
   jobs_list+=("$s|$OBJ/$(echo "${s%.c}" | tr / _).o|-fsanitize=fuzzer-no-link")
 done
+for s in $(mkvar DATA_CXX); do
+  jobs_list+=("$s|$OBJ/$(echo "${s%.cc}" | tr / _).o|-fsanitize=fuzzer-no-link")
+done
 jobs_list+=("src/core/lse_engine.c|$OBJ/src_core_lse_engine_avx2.o|-fsanitize=fuzzer-no-link -DBK_ISA=avx2")
 jobs_list+=("src/core/lse_engine.c|$OBJ/src_core_lse_engine_avx512.o|-fsanitize=fuzzer-no-link $AVX512_FLAGS -DBK_ISA=avx512")
 jobs_list+=("src/core/gemm_kern.c|$OBJ/src_core_gemm_kern_avx2.o|-fsanitize=fuzzer-no-link -DBK_ISA=avx2")
@@ -148,6 +155,7 @@ for t in "${TARGETS[@]}"; do
   jobs_list+=("tests/fuzz/fuzz_$t.c|$OBJ/fuzz_$t.o|-fsanitize=fuzzer")
 done
 compile() { # src obj flags
+  case $1 in *.cc) if "$CLANGXX" $CXXFLAGS $3 -c "$1" -o "$2.tmp" >"$2.log" 2>&1; then mv "$2.tmp" "$2"; else rm -f "$2.tmp"; return 1; fi; return ;; esac
   if "$CLANG" $CFLAGS $3 -c "$1" -o "$2.tmp" >"$2.log" 2>&1; then mv "$2.tmp" "$2"; else rm -f "$2.tmp"; return 1; fi
 }
 built=0

@@ -451,6 +451,76 @@ BK_API const bk_parallel_info *bk_parallel_get_info(const bk_parallel *p);
 BK_API bk_status bk_parallel_pair(const bk_parallel *p, int64_t i, bk_sentence_pair *out);
 
 /* ------------------------------------------------------------------------ */
+/* SentencePiece: subword vocabularies of raw text                          */
+/* ------------------------------------------------------------------------ */
+/* SentencePiece (Kudo and Richardson, 2018) through its own C++ library
+ * (Debian libsentencepiece-dev), linked into libbirkhoff behind these C
+ * functions (src/data/spm.cc); no tool is run. The labelled-text and
+ * parallel-text readers (tsv:, csv:, parallel: specs of bk_data_open) train
+ * one with bk_spm_train or load the user's, and `birkhoff translate` encodes
+ * raw text and decodes its output with it. A bk_spm is read-only after
+ * loading: any number of threads may encode and decode with one at once.
+ * Errors as everywhere (birkhoff/core.h): a bk_status and bk_last_error();
+ * an exception inside SentencePiece becomes BK_ERR_NOMEM (out of memory) or
+ * BK_ERR_FORMAT with its message, never a crash through the C caller. */
+#define BK_SPM_MIN_VOCAB 261            /* 4 special + 256 byte pieces + 1  */
+#define BK_SPM_MAX_VOCAB (1 << 20)
+#define BK_SPM_MAX_MODEL ((int64_t)1 << 28) /* bytes of a model file          */
+typedef struct bk_spm bk_spm;
+
+/* Trains a unigram model on texts[0..n) (NUL-terminated UTF-8, each one
+ * sentence; any bytes of valid UTF-8, newlines included, are taken as
+ * written) and returns its serialized ModelProto in *model (malloc'd, *len
+ * bytes; what spm_train writes as NAME.model, and what bk_spm_load and
+ * `spm_encode --model` read). The recipe is scripts/data.sh's: every
+ * character kept (character_coverage 1), byte fallback (a character never
+ * seen in training encodes as its UTF-8 bytes, so decoding gives any valid
+ * UTF-8 text back exactly), identity normalisation with whitespace kept as
+ * written (remove_extra_whitespaces false; decode(encode(t)) == t), a
+ * sentence up to BK_TEXT_MAX_LINE bytes, ids BK_SEQ_UNK 0, BK_SEQ_BOS 1,
+ * BK_SEQ_EOS 2, BK_SEQ_PAD 3. vocab is an upper bound (hard_vocab_limit
+ * false): a small corpus gives fewer pieces (bk_spm_vocab says how many).
+ * Deterministic: one training thread, every text in the given order, no
+ * sampling and no random seed, so the same texts and vocab give the same
+ * bytes on every call, whatever bk_set_num_threads says (tested).
+ * Errors: BK_ERR_NULL (texts, a text, model or len NULL), BK_ERR_SHAPE (n < 1,
+ * every text empty), BK_ERR_PARAM (vocab outside [BK_SPM_MIN_VOCAB,
+ * BK_SPM_MAX_VOCAB], or too small for the texts: 260 + the number of
+ * distinct characters is needed), BK_ERR_FORMAT (a text that is not UTF-8,
+ * naming it and the byte; SentencePiece's refusal), BK_ERR_NOMEM. */
+BK_API bk_status bk_spm_train(const char *const *texts, int64_t n, int vocab, void **model, size_t *len);
+/* Loads a serialized model (model[0..len), copied). Errors: BK_ERR_NULL,
+ * BK_ERR_FORMAT (not a model: SentencePiece's message), BK_ERR_NOMEM. */
+BK_API bk_status bk_spm_load(const void *model, size_t len, bk_spm **out);
+/* Loads a model file (spm_train's NAME.model, or DIR/spm.model of a run);
+ * at most BK_SPM_MAX_MODEL bytes are read. Errors as bk_spm_load, naming the
+ * file, and BK_ERR_IO when it cannot be opened or read. */
+BK_API bk_status bk_spm_load_file(const char *path, bk_spm **out);
+/* The number of pieces (ids are in [0, vocab)); 0 for NULL. */
+BK_API int bk_spm_vocab(const bk_spm *s);
+/* The id the model gives to the role which (BK_SEQ_UNK, BK_SEQ_BOS,
+ * BK_SEQ_EOS or BK_SEQ_PAD), -1 when it has none (spm_train's default has no
+ * pad) or for NULL / another value. A model bk_spm_train made gives which. */
+BK_API int bk_spm_special(const bk_spm *s, int which);
+/* Encodes text (NUL-terminated UTF-8) into ids: *n receives the number of
+ * ids the whole text encodes to (no BOS or EOS added), of which the first
+ * min(*n, cap) are written to ids[0..cap) (so *n > cap says the text was cut;
+ * ids may be NULL when cap is 0: a count only). An empty text is 0 ids.
+ * Errors: BK_ERR_NULL, BK_ERR_SHAPE (cap < 0), BK_ERR_FORMAT ("byte K:
+ * invalid UTF-8 (byte 0xXX)", K 1-based in the text: the caller adds the
+ * file and line). */
+BK_API bk_status bk_spm_encode(const bk_spm *s, const char *text, int32_t *ids, int cap, int *n);
+/* Decodes ids[0..n) into *text (malloc'd, NUL-terminated; the caller frees
+ * it). Control ids (BOS, EOS, PAD) decode to nothing, UNK to " U+2047 ",
+ * byte pieces that do not form UTF-8 to U+FFFD (SentencePiece's rule), and
+ * a NUL byte (the piece <0x00>) to U+FFFD too (a C string cannot hold it).
+ * Errors: BK_ERR_NULL, BK_ERR_SHAPE (n < 0), BK_ERR_PARAM (an id outside
+ * [0, vocab), naming it and its position), BK_ERR_NOMEM. */
+BK_API bk_status bk_spm_decode(const bk_spm *s, const int32_t *ids, int n, char **text);
+/* Frees s (NULL: nothing). */
+BK_API void bk_spm_free(bk_spm *s);
+
+/* ------------------------------------------------------------------------ */
 /* Generated datasets                                                       */
 /* ------------------------------------------------------------------------ */
 /* Every sample depends only on (seed, index): sample i can be made on its

@@ -664,9 +664,59 @@ static bk_status open_spam_spm(const char *dir, int split, int max_len, bk_datas
     return BK_OK;
 }
 
+/* The caps and the keep list of a pair store (ds->ids, ds->off of `lines`
+ * lines each, EOS counted): caps max_len / tgt_max_len (0: the longest of
+ * the store), ds->keep = the lines within both caps in file order, info.n
+ * (the first `limit` of them when limit > 0), the token counts, and the drop
+ * report (info.dropped and info.note). */
+bk_status bki_pairs_keep(bk_dataset *ds, const bk_data_config *o, int64_t lines, int64_t limit)
+{
+    bk_dataset_info *in = &ds->info;
+    int longest[2] = {0, 0};
+    for (int s = 0; s < 2; s++)
+        for (int64_t l = 0; l < lines; l++) {
+            const int64_t L = ds->off[s][l + 1] - ds->off[s][l];
+            if (L > INT32_MAX) return bki_fail(BK_ERR_FORMAT, "%s: line %lld is too long", in->name, (long long)l + 1);
+            if (L > longest[s]) longest[s] = (int)L;
+        }
+    const int cap[2] = {o->max_len > 0 ? o->max_len : longest[0], o->tgt_max_len > 0 ? o->tgt_max_len : longest[1]};
+    ds->keep = malloc(sizeof(int64_t) * (size_t)(lines > 0 ? lines : 1));
+    if (!ds->keep) return bki_fail(BK_ERR_NOMEM, "out of memory");
+    int64_t kept = 0, long_src = 0, long_tgt = 0;
+    for (int64_t l = 0; l < lines; l++) {
+        const int over_src = ds->off[0][l + 1] - ds->off[0][l] > cap[0];
+        const int over_tgt = ds->off[1][l + 1] - ds->off[1][l] > cap[1];
+        if (!over_src && !over_tgt) ds->keep[kept++] = l;
+        long_src += over_src;
+        long_tgt += over_tgt && !over_src;
+    }
+    in->dropped = lines - kept;
+    in->note[0] = 0;
+    if (in->dropped)
+        snprintf(in->note, sizeof in->note,
+                 "%lld of %lld pairs dropped: %lld with a source longer than %d ids, %lld with a target longer than "
+                 "%d ids (EOS counted; caps max_len, tgt_max_len)",
+                 (long long)in->dropped, (long long)lines, (long long)long_src, cap[0], (long long)long_tgt, cap[1]);
+    if (limit > 0 && limit < kept) kept = limit;
+    in->kind = BK_INPUT_TOKENS;
+    in->seq2seq = 1;
+    in->n = kept;
+    in->classes = 0;
+    in->max_len = cap[0];
+    in->tgt_max_len = cap[1];
+    in->tokens_src = in->tokens_tgt = 0;
+    for (int64_t i = 0; i < kept; i++) {
+        const int64_t l = ds->keep[i];
+        in->tokens_src += ds->off[0][l + 1] - ds->off[0][l];
+        in->tokens_tgt += ds->off[1][l + 1] - ds->off[1][l];
+    }
+    return BK_OK;
+}
+
 /* Reads, checks (k[s] not NULL) and parses both files of a pair split, and
- * applies the caps and the limit. fix: the scripts/data.sh target of a
- * stored set, NULL for the caller's files. */
+ * applies the caps and the limit (bki_pairs_keep). fix: the scripts/data.sh
+ * target of a stored set, NULL for the caller's files. vocab <= 0: inferred,
+ * the largest id + 1 (at least 4). */
 static bk_status open_pairs(const char *path[2], const known_file *k[2], const char *fix, int vocab,
                             const bk_data_config *o, bk_dataset *ds)
 {
@@ -675,62 +725,52 @@ static bk_status open_pairs(const char *path[2], const known_file *k[2], const c
         return bki_fail(BK_ERR_PARAM, "%s: max_len %d or tgt_max_len %d is negative", in->name, o->max_len,
                         o->tgt_max_len);
     uint64_t h[2] = {0, 0};
-    int64_t lines[2] = {0, 0};
-    int longest[2] = {0, 0};
+    int64_t lines[2] = {0, 0}, nids[2] = {0, 0};
+    const int parse_vocab = vocab > 0 ? vocab : IDS_MAX_VOCAB;
     for (int s = 0; s < 2; s++) {
         uint8_t *buf = NULL;
         size_t n = 0;
-        int64_t nids = 0;
         bk_status st = read_path(path[s], fix, k[s], k[s] ? (size_t)k[s]->bytes : IDS_MAX_FILE, &buf, &n, &h[s]);
         if (st != BK_OK) return st;
-        st = parse_ids(path[s], buf, n, vocab, 0, &lines[s], &nids, NULL, NULL);
+        st = parse_ids(path[s], buf, n, parse_vocab, 0, &lines[s], &nids[s], NULL, NULL);
         if (st == BK_OK) {
-            ds->ids[s] = malloc(sizeof(int32_t) * (size_t)nids);
+            ds->ids[s] = malloc(sizeof(int32_t) * (size_t)nids[s]);
             ds->off[s] = malloc(sizeof(int64_t) * (size_t)(lines[s] + 1));
             if (!ds->ids[s] || !ds->off[s]) st = bki_fail(BK_ERR_NOMEM, "out of memory");
         }
-        if (st == BK_OK) st = parse_ids(path[s], buf, n, vocab, 0, &lines[s], &nids, ds->ids[s], ds->off[s]);
+        if (st == BK_OK) st = parse_ids(path[s], buf, n, parse_vocab, 0, &lines[s], &nids[s], ds->ids[s], ds->off[s]);
         free(buf);
         if (st != BK_OK) return st;
-        for (int64_t l = 0; l < lines[s]; l++) {
-            int64_t L = ds->off[s][l + 1] - ds->off[s][l];
-            if (L > INT32_MAX) return bki_fail(BK_ERR_FORMAT, "%s: line %lld is too long", path[s], (long long)l + 1);
-            if (L > longest[s]) longest[s] = (int)L;
-        }
     }
     if (lines[0] != lines[1])
         return bki_fail(BK_ERR_FORMAT, "%s has %lld lines, %s has %lld: the files are not line-aligned", path[0],
                         (long long)lines[0], path[1], (long long)lines[1]);
-    const int cap[2] = {o->max_len > 0 ? o->max_len : longest[0], o->tgt_max_len > 0 ? o->tgt_max_len : longest[1]};
-    ds->keep = malloc(sizeof(int64_t) * (size_t)lines[0]);
-    if (!ds->keep) return bki_fail(BK_ERR_NOMEM, "out of memory");
-    int64_t kept = 0;
-    for (int64_t l = 0; l < lines[0]; l++)
-        if (ds->off[0][l + 1] - ds->off[0][l] <= cap[0] && ds->off[1][l + 1] - ds->off[1][l] <= cap[1])
-            ds->keep[kept++] = l;
-    const int64_t dropped = lines[0] - kept;
-    if (o->limit > 0 && o->limit < kept) kept = o->limit;
-    in->kind = BK_INPUT_TOKENS;
-    in->seq2seq = 1;
-    in->n = kept;
-    in->classes = 0;
-    in->vocab = vocab;
-    in->max_len = cap[0];
-    in->tgt_max_len = cap[1];
-    for (int64_t i = 0; i < kept; i++) {
-        const int64_t l = ds->keep[i];
-        in->tokens_src += ds->off[0][l + 1] - ds->off[0][l];
-        in->tokens_tgt += ds->off[1][l + 1] - ds->off[1][l];
+    if (vocab <= 0) {
+        vocab = 4;
+        for (int s = 0; s < 2; s++)
+            for (int64_t i = 0; i < nids[s]; i++)
+                if (ds->ids[s][i] >= vocab) vocab = ds->ids[s][i] + 1;
     }
+    in->vocab = vocab;
+    bk_status st = bki_pairs_keep(ds, o, lines[0], o->limit);
+    if (st != BK_OK) return st;
     char what[96];
     if (fix)
         snprintf(what, sizeof what, "%s:%s es-en (spm unigram %d)", in->name, split_name(in->split), vocab);
     else
         snprintf(what, sizeof what, "%s:%s (vocab %d)", in->name, split_name(in->split), vocab);
     snprintf(in->version, sizeof in->version, "%s fnv1a:%016llx+%016llx src<=%d tgt<=%d dropped %lld of %lld", what,
-             (unsigned long long)h[0], (unsigned long long)h[1], cap[0], cap[1], (long long)dropped,
-             (long long)lines[0]);
+             (unsigned long long)h[0], (unsigned long long)h[1], in->max_len, in->tgt_max_len,
+             (long long)in->dropped, (long long)lines[0]);
     return BK_OK;
+}
+
+bk_status bki_open_id_pairs(const char *src_path, const char *tgt_path, int vocab, const bk_data_config *o,
+                            bk_dataset *ds)
+{
+    const char *path[2] = {src_path, tgt_path};
+    const known_file *k[2] = {NULL, NULL};
+    return open_pairs(path, k, NULL, vocab, o, ds);
 }
 
 static bk_status open_bible(const char *dir, int split, const bk_data_config *o, bk_dataset *ds)

@@ -78,6 +78,22 @@ bk_status bki_open_labelled_text(const bki_spec_ctx *ctx, bk_dataset *ds);
 bk_status bki_open_parallel_text(const bki_spec_ctx *ctx, bk_dataset *ds);
 bk_status bki_open_ids_text(const bki_spec_ctx *ctx, bk_dataset *ds);
 
+/* ---- pair stores (data.c; the text readers, text.c, use them) ---- */
+/* The caps and keep list of a pair store whose ds->ids / ds->off hold
+ * `lines` lines a side (EOS counted): max_len / tgt_max_len of o (0: the
+ * store's longest), ds->keep, info.n (the first `limit` when > 0), kind,
+ * seq2seq, caps, token counts, and the drop report info.dropped / info.note
+ * ("N of M pairs dropped: A with a source longer than S ids, B with a
+ * target longer than T ids ..."). info.vocab is the caller's. */
+bk_status bki_pairs_keep(bk_dataset *ds, const bk_data_config *o, int64_t lines, int64_t limit);
+/* Two line-aligned id files (bk_data_open_ids's format) into ds, caps and
+ * o->limit applied; vocab <= 0: inferred (largest id + 1, at least 4). */
+bk_status bki_open_id_pairs(const char *src_path, const char *tgt_path, int vocab, const bk_data_config *o,
+                            bk_dataset *ds);
+/* A SentencePiece model file's bytes (malloc'd; at most BK_SPM_MAX_MODEL;
+ * src/data/spm.cc). BK_ERR_IO naming the file when it cannot be read. */
+bk_status bki_spm_read_file(const char *path, void **buf, size_t *len);
+
 /* The carving fractions a training file of this spec gets under c (test:
  * 0 when c->test_spec is given, else c->test_frac; valid: 0 when
  * c->valid_spec is given, else c->valid_frac). */

@@ -188,6 +188,3 @@ static bk_status not_built(const bki_spec_ctx *ctx)
     return bki_fail(BK_ERR_UNSUPPORTED, "%s: datasets of format %s are not built in", ctx->path, ctx->format);
 }
 __attribute__((weak)) bk_status bki_open_arrays(const bki_spec_ctx *ctx, bk_dataset *ds) { (void)ds; return not_built(ctx); }
-__attribute__((weak)) bk_status bki_open_labelled_text(const bki_spec_ctx *ctx, bk_dataset *ds) { (void)ds; return not_built(ctx); }
-__attribute__((weak)) bk_status bki_open_parallel_text(const bki_spec_ctx *ctx, bk_dataset *ds) { (void)ds; return not_built(ctx); }
-__attribute__((weak)) bk_status bki_open_ids_text(const bki_spec_ctx *ctx, bk_dataset *ds) { (void)ds; return not_built(ctx); }

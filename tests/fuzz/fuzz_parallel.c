@@ -21,29 +21,6 @@
 #include "birkhoff/data.h"
 #include "fuzz_util.h"
 
-/* the code point at p[0..n) and its length, decoded arithmetically: 0 when
- * the bytes are not the shortest encoding of a scalar value */
-static size_t ref_decode(const unsigned char *p, size_t n, uint32_t *cp)
-{
-    size_t len;
-    uint32_t v, min;
-    if (p[0] < 0x80) {
-        *cp = p[0];
-        return 1;
-    } else if ((p[0] & 0xE0) == 0xC0) len = 2, v = p[0] & 0x1Fu, min = 0x80;
-    else if ((p[0] & 0xF0) == 0xE0) len = 3, v = p[0] & 0x0Fu, min = 0x800;
-    else if ((p[0] & 0xF8) == 0xF0) len = 4, v = p[0] & 0x07u, min = 0x10000;
-    else return 0;
-    if (n < len) return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (p[k] & 0x3Fu);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return len;
-}
-
 /* -1 and *empty_line (0: the error is another) when invalid, else the line count */
 static int64_t ref_lines(const unsigned char *b, size_t n, int max_bytes, int64_t *empty_line)
 {
@@ -63,7 +40,7 @@ static int64_t ref_lines(const unsigned char *b, size_t n, int max_bytes, int64_
         int blank = 1;
         for (size_t i = start; i < end;) {
             uint32_t cp;
-            size_t k = ref_decode(b + i, end - i, &cp);
+            size_t k = fz_utf8_decode(b + i, end - i, &cp);
             if (k == 0) return -1;
             if ((cp < 0x20 && cp != '\t') || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029) return -1;
             if (cp != ' ' && cp != '\t') blank = 0;

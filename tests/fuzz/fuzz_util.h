@@ -90,4 +90,28 @@ static inline void fz_check_err(const char *err, size_t cap, const char *what)
     FZ_CHECK(memchr(err, 0, cap) != NULL, "%s: error message not NUL-terminated", what);
     FZ_CHECK(err[0] != 0, "%s: failed without a message", what);
 }
+/* The reference UTF-8 decoder of the text parsers' targets: the code point
+ * at p[0..n) and its length, decoded arithmetically: 0 when
+ * the bytes are not the shortest encoding of a scalar value */
+static inline size_t fz_utf8_decode(const unsigned char *p, size_t n, uint32_t *cp)
+{
+    size_t len;
+    uint32_t v, min;
+    if (p[0] < 0x80) {
+        *cp = p[0];
+        return 1;
+    } else if ((p[0] & 0xE0) == 0xC0) len = 2, v = p[0] & 0x1Fu, min = 0x80;
+    else if ((p[0] & 0xF0) == 0xE0) len = 3, v = p[0] & 0x0Fu, min = 0x800;
+    else if ((p[0] & 0xF8) == 0xF0) len = 4, v = p[0] & 0x07u, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (p[k] & 0x3Fu);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
 #endif

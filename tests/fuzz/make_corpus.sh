@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 CLI=${1:-./build/birkhoff}
 C=tests/fuzz/corpus
 rm -rf "$C"
-mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy,npz,parallel}
+mkdir -p "$C"/{idx,digits,mail,config,ckpt,npy,npz,parallel,labelled}
 
 python3 - "$C" <<'PY'
 import struct, sys
@@ -72,6 +72,11 @@ w("npz/points-deflated.npz", npz(pts, zipfile.ZIP_DEFLATED))
 w("parallel/es-en.txt", "En el principio crió Dios los cielos y la tierra.\n¿Dónde\testás?\n".encode()
   + b"\0" + "In the beginning, God created the heavens and the earth.\nWhere are you? \U0001F600\n".encode())
 w("parallel/one-side-no-final-newline.txt", "Amén.\nAleluya.".encode())
+# labelled: an options byte (bit 0 CSV, bit 1 header, bits 2-3 label column - 1, bits 4-5 text column - 1), the file
+w("labelled/tsv-named.txt", b"\x10" + "pos\tA fine film.\nneg\t  Too long; dull.\r\n1\tcafé ñandú\n".encode())
+w("labelled/csv-quoted-header.txt",
+  b"\x1b" + b'id,text,label\r\n1,"a, ""quoted"" text\nover two lines",spam\r\n2,plain,ham\n')
+w("labelled/tsv-no-final-newline.txt", b"\x10" + b" 0 \tone\n1\ttwo\t extra column")
 PY
 
 cfg="input=image,image_h=4,image_w=4,patch=2,dim=8,depth=1,heads=2,mlp_dim=8,classes=2"

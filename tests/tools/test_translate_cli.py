@@ -5,10 +5,13 @@ on a reversal task so the outputs differ between sentences): one output line
 per input line in input order, ids in range, deterministic across runs,
 threads, batch sizes and the decoder cache, beam 1 and 4; every refusal
 (empty line, over-long line, id >= vocab, non-id, classifier checkpoint,
-missing files, missing spm_encode, bad flags) exits non-zero with a message
-naming the problem; chrF on hand-computed corpora; a raw-text round trip
-through spm_encode/spm_decode when they and data/bible/spm.model exist
-(SKIP otherwise). Seconds. Run:
+missing files, a file that is not a SentencePiece model or has another
+vocabulary, bad flags) exits non-zero with a message naming the problem; chrF
+on hand-computed corpora; raw text through the library's SentencePiece
+(bk_spm_*: a model trained here through ctypes on the library next to the
+CLI; no tool is run): one line per input, deterministic, equal to --ids on
+the model's encoding decoded, invalid UTF-8 and over-long lines named; the
+same through data/bible/spm.model when it exists. Seconds. Run:
 /usr/bin/python3 tests/tools/test_translate_cli.py build/birkhoff"""
 import json
 import os
@@ -183,9 +186,10 @@ for name, args, stdin_yes, msg in [
     rc, out, err = bounded(*args, yes=stdin_yes)
     check(rc == 1 and msg in err and out == "", "stops on %s" % name, "rc %s: %s" % (rc, err[-300:]))
 
-# spm_encode missing from the PATH (any existing file serves as --spm: the tool is looked up first)
+# a file that is not a SentencePiece model; no tool is needed (an empty PATH)
 rc, out, err = run("translate", "--ckpt", CK, "--input", P("t.txt"), "--spm", src, env={"PATH": tmp})
-check(rc != 0 and "spm_encode not found" in err, "refuses a missing spm_encode", "rc %d: %s" % (rc, err))
+check(rc != 0 and "not a SentencePiece model" in err and "in.ids" in err, "refuses a file that is not a model",
+      "rc %d: %s" % (rc, err))
 
 # swaps of an encoder-decoder: the encoder or the cross-attention; the decoder's causal self-attention is
 # refused with the reason; a DS cross-attention is refused by translate (no step-by-step form)
@@ -215,34 +219,78 @@ for hyp, ref, want in ((["ab"], ["abc"], 700 / 11), (["ab", "a b"], ["abc", "ab"
     got = json.loads(out)["chrf"] if ok else None
     check(ok and abs(got - want) < 1e-9, "chrF %r vs %r = %.6f" % (hyp, ref, want), "%s %s" % (out, err))
 
-# raw text through SentencePiece (needs spm_encode/spm_decode and the Bible model)
-SPM = os.path.join(ROOT, "data", "bible", "spm.model")
-if shutil.which("spm_encode") and shutil.which("spm_decode") and os.path.exists(SPM):
+# raw text through the library's SentencePiece: a model trained here (bk_spm_train through ctypes)
+import ctypes as C  # noqa: E402
+
+LIB = os.path.join(os.path.dirname(BK), "libbirkhoff.so")
+lib = C.CDLL(LIB)
+lib.bk_spm_train.argtypes = [C.POINTER(C.c_char_p), C.c_int64, C.c_int, C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)]
+lib.bk_spm_load.argtypes = [C.c_void_p, C.c_size_t, C.POINTER(C.c_void_p)]
+lib.bk_spm_vocab.argtypes = [C.c_void_p]
+lib.bk_spm_encode.argtypes = [C.c_void_p, C.c_char_p, C.POINTER(C.c_int32), C.c_int, C.POINTER(C.c_int)]
+lib.bk_spm_decode.argtypes = [C.c_void_p, C.POINTER(C.c_int32), C.c_int, C.POINTER(C.c_void_p)]
+words = "el la los las de que y en un una por con para es era dios tierra cielo luz agua dia noche".split()
+corpus = [" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(3 + i % 6)) for i in range(300)]
+arr = (C.c_char_p * len(corpus))(*[t.encode() for t in corpus])
+mptr, mlen = C.c_void_p(), C.c_size_t()
+check(lib.bk_spm_train(arr, len(corpus), 300, C.byref(mptr), C.byref(mlen)) == 0, "bk_spm_train through ctypes")
+model = C.string_at(mptr, mlen.value)
+SPM = write("m.model", "")
+with open(SPM, "wb") as f:
+    f.write(model)
+sp = C.c_void_p()
+lib.bk_spm_load(model, len(model), C.byref(sp))
+V = lib.bk_spm_vocab(sp)
+
+
+def enc(text):
+    n = C.c_int()
+    ids = (C.c_int32 * 256)()
+    lib.bk_spm_encode(sp, text.encode(), ids, 256, C.byref(n))
+    return list(ids[:n.value])
+
+
+def dec(ids):
+    a = (C.c_int32 * max(1, len(ids)))(*ids)
+    o = C.c_void_p()
+    lib.bk_spm_decode(sp, a, len(ids), C.byref(o))
+    return C.string_at(o).decode()
+
+
+cfg = "arch=seq2seq,input=tokens,vocab=%d,max_len=32,tgt_max_len=16,dim=16,depth=1,dec_depth=1,heads=2,mlp_dim=16" % V
+rc, out, err = run("model", "init", "--config", cfg, "--out", P("raw.st"))
+check(rc == 0, "model init vocab %d" % V, out + err)
+text = ["en el principio dios", "y la tierra era", "luz de dia y noche ñandú"]  # (ñandú: unseen, byte pieces)
+tin = write("in.es", "\n".join(text) + "\n")
+rc, out, err = run("translate", "--ckpt", P("raw.st"), "--spm", SPM, "--input", tin, "--beam", "2",
+                   "--ref", write("ref.en", "in the beginning\nand the earth\nlight\n"), env={"PATH": tmp})
+check(rc == 0 and len(out.split("\n")) == 4 and out.endswith("\n"), "raw text: one line per input (no PATH)", out + err)
+check("BLEU = " in err and "chrF2 = " in err, "raw text --ref: BLEU and chrF", err)
+rc2, out2, err2 = run("translate", "--ckpt", P("raw.st"), "--spm", SPM, "--input", tin, "--beam", "2", "--threads", "1")
+check(rc2 == 0 and out2 == out, "raw text: deterministic", out + out2 + err2)
+ids_in = "".join(" ".join(map(str, enc(t))) + "\n" for t in text)
+rc3, out3, err3 = run("translate", "--ckpt", P("raw.st"), "--ids", "--beam", "2", stdin=ids_in)
+decoded = "".join(dec([int(x) for x in ln.split()]) + "\n" for ln in out3.split("\n")[:-1])
+check(rc3 == 0 and decoded == out, "raw text = decode(--ids on the model's encoding)", out + "---\n" + decoded + err3)
+rc, out, err = run("translate", "--ckpt", P("raw.st"), "--spm", SPM,
+                   "--input", write("long.es", "hola\n" + "palabra " * 40 + "\n"))
+check(rc != 0 and "line 2 has" in err and "max_len 32" in err, "raw text: over-long line named", err)
+with open(P("bad.es"), "wb") as f:
+    f.write(b"hola\ncaf\xe9\n")
+rc, out, err = run("translate", "--ckpt", P("raw.st"), "--spm", SPM, "--input", P("bad.es"))
+check(rc != 0 and "bad.es: line 2: byte 4: invalid UTF-8" in err, "raw text: invalid UTF-8 named (line, byte)", err)
+rc, out, err = run("translate", "--ckpt", CK, "--spm", SPM, "--input", tin)
+check(rc != 0 and "pieces" in err and "vocabulary 12" in err, "a model of another vocabulary refused", err)
+
+BIBLE_SPM = os.path.join(ROOT, "data", "bible", "spm.model")
+if os.path.exists(BIBLE_SPM):
     cfg = "arch=seq2seq,input=tokens,vocab=8000,max_len=32,tgt_max_len=16,dim=16,depth=1,dec_depth=1,heads=2,mlp_dim=16"
     rc, out, err = run("model", "init", "--config", cfg, "--out", P("big.st"))
-    check(rc == 0, "model init vocab 8000", out + err)
-    text = ["En el principio creó Dios los cielos y la tierra.", "Y la tierra estaba desordenada y vacía.",
-            "Dijo Dios: Sea la luz; y fué la luz."]
-    tin = write("in.es", "\n".join(text) + "\n")
-    rc, out, err = run("translate", "--ckpt", P("big.st"), "--spm", SPM, "--input", tin, "--beam", "2",
-                       "--ref", write("ref.en", "In the beginning.\nAnd the earth.\nGod said.\n"))
-    check(rc == 0 and len(out.split("\n")) == 4 and out.endswith("\n"), "raw text: one line per input", out + err)
-    check("BLEU = " in err and "chrF2 = " in err, "raw text --ref: BLEU and chrF", err)
-    rc2, out2, err2 = run("translate", "--ckpt", P("big.st"), "--spm", SPM, "--input", tin, "--beam", "2",
-                          "--threads", "1")
-    check(rc2 == 0 and out2 == out, "raw text: deterministic", out + out2 + err2)
-    # the ids the text path decodes equal --ids on spm_encode's ids
-    enc = subprocess.run(["spm_encode", "--model=" + SPM, "--output_format=id"], input="\n".join(text) + "\n",
-                         capture_output=True, text=True).stdout
-    rc3, out3, err3 = run("translate", "--ckpt", P("big.st"), "--ids", "--beam", "2", stdin=enc)
-    dec = subprocess.run(["spm_decode", "--model=" + SPM, "--input_format=id"], input=out3, capture_output=True,
-                         text=True).stdout
-    check(rc3 == 0 and dec == out, "raw text = spm_decode(--ids on spm_encode)", out + "---\n" + dec + err3)
-    rc, out, err = run("translate", "--ckpt", P("big.st"), "--spm", SPM,
-                       "--input", write("long.es", "hola\n" + "palabra " * 40 + "\n"))
-    check(rc != 0 and "line 2 has" in err and "max_len 32" in err, "raw text: over-long line named", err)
+    rc, out, err = run("translate", "--ckpt", P("big.st"), "--spm", BIBLE_SPM, "--input",
+                       write("b.es", "En el principio creó Dios los cielos y la tierra.\n"), "--beam", "2")
+    check(rc == 0 and len(out.split("\n")) == 2, "raw text with the Bible model", out + err)
 else:
-    print("SKIP raw-text round trip: spm_encode/spm_decode or data/bible/spm.model missing")
+    print("SKIP the Bible model: data/bible/spm.model missing (scripts/data.sh bible-spm)")
 
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(check.summary(" (translate CLI)"))

@@ -14,6 +14,11 @@ hatchling from an index: Debian's packages of them are not visible there). What 
   build_editable a wheel whose .pth puts python/ on sys.path (the package then loads
                  build/libbirkhoff.so from the source tree; it runs `make all` there).
 
+The wheel's libbirkhoff.so links the system libraries the Makefile names (OpenBLAS, LAPACKE,
+zlib, SentencePiece: Debian libopenblas0, liblapacke, zlib1g, libsentencepiece0, which
+scripts/deps.sh installs with their -dev packages), as DT_NEEDED entries resolved at load time
+(tests/packaging/test_pip.py checks them with ldd); they are not copied into the wheel.
+
 The version is the C library's (BK_VERSION_MAJOR/MINOR/PATCH in include/birkhoff/core.h);
 the rest of the metadata is pyproject.toml's [project] table.
 

@@ -1,7 +1,7 @@
 /* translate.c -- `birkhoff translate`: translates a file of sentences, one a
  * line, with a seq2seq checkpoint (bk_model_translate, include/birkhoff/nn.h).
- * Raw text goes through SentencePiece's command-line tools (spm_encode /
- * spm_decode, run as child processes with an argument vector: no shell),
+ * Raw text is encoded and the output decoded with the checkpoint's
+ * SentencePiece model through the library (bk_spm_*, birkhoff/data.h);
  * --ids reads and writes space-separated ids. The sentences are sorted by
  * length into batches, translated, put back in input order and written
  * atomically; --ref scores the output (corpus BLEU, chrF) on stderr.
@@ -9,16 +9,9 @@
 #include "../cli.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-extern char **environ;
 
 static void usage_translate(FILE *f)
 {
@@ -31,11 +24,12 @@ static void usage_translate(FILE *f)
             "arch=seq2seq checkpoint CKPT and writes one translation a line, in input order, to --output\n"
             "(written to a temporary file, then renamed) or standard output.\n"
             "  --ids            the input lines are space-separated token ids (EOS not included) and the\n"
-            "                   output is ids; otherwise the text is encoded with `spm_encode` and the\n"
-            "                   output decoded with `spm_decode` (Debian package sentencepiece)\n"
-            "  --spm MODEL      the SentencePiece model; default: DATA_DIR/bible/spm.model when CKPT was\n"
-            "                   trained on the dataset bible (DATA_DIR: the run's data_dir, else $BK_DATA,\n"
-            "                   else data); required otherwise for raw text\n"
+            "                   output is ids; otherwise the text is encoded and the output decoded with\n"
+            "                   the SentencePiece model (through the library: no tool is run)\n"
+            "  --spm MODEL      the SentencePiece model; default: the run's spm_model (the model a run on\n"
+            "                   text data trained and wrote as DIR/spm.model, or the one it was given),\n"
+            "                   else DATA_DIR/bible/spm.model when CKPT was trained on the dataset bible\n"
+            "                   (DATA_DIR: the run's data_dir, else $BK_DATA, else data); required otherwise\n"
             "  --beam K         beam size (default 5; 1: greedy)\n"
             "  --len-penalty A  score = sum(log p) / len^A (default 1)\n"
             "  --len-a A, --len-b B  at most min(tgt_max_len, A * source length + B) tokens (1.5, 10)\n"
@@ -50,119 +44,43 @@ static void usage_translate(FILE *f)
 }
 
 /* ------------------------------------------------------------------------ */
-/* SentencePiece through its command-line tools                             */
+/* SentencePiece through the library                                        */
 /* ------------------------------------------------------------------------ */
-static const char *tmp_dir(void)
+/* the lines encoded as space-separated ids (what parse_ids reads); NULL
+ * after a message naming the line */
+static char **spm_encode_lines(const bk_spm *sp, const char *src, char *const *lines, int n)
 {
-    const char *t = getenv("TMPDIR");
-    return t && *t ? t : "/tmp";
-}
-
-/* a new empty temporary file; its path in buf (1 on success) */
-static int make_temp(char *buf, size_t cap)
-{
-    /* (XXXXXX: mkstemp's template, replaced by a unique name) */
-    if ((size_t)snprintf(buf, cap, "%s/bk_translate_XXXXXX", tmp_dir()) >= cap) {
-        fprintf(stderr, "birkhoff translate: the temporary directory's path is too long: %s\n", tmp_dir());
-        buf[0] = 0;
-        return 0;
-    }
-    int fd = mkstemp(buf);
-    if (fd < 0) {
-        fprintf(stderr, "birkhoff translate: cannot create a temporary file in %s: %s\n", tmp_dir(), strerror(errno));
-        buf[0] = 0;
-        return 0;
-    }
-    close(fd);
-    return 1;
-}
-
-/* writes lines (each followed by '\n') to path; 1 on success */
-static int write_lines(const char *path, char *const *lines, int n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    for (int i = 0; i < n; i++) {
-        fputs(lines[i], f);
-        fputc('\n', f);
-    }
-    int ok = !ferror(f);
-    return (fclose(f) == 0) && ok;
-}
-
-/* Runs `tool --model=MODEL FLAG IN` with standard output into out_path and
- * standard input from /dev/null (posix_spawnp: the PATH is searched, no shell
- * sees the paths). 1 on success, else a message. */
-static int run_tool(const char *tool, const char *model, const char *flag, const char *in_path, const char *out_path)
-{
-    size_t ml = strlen(model) + 9;
-    char *marg = malloc(ml);
-    if (!marg) return 0;
-    snprintf(marg, ml, "--model=%s", model);
-    char *argv[] = {(char *)tool, marg, (char *)flag, (char *)in_path, NULL};
-    posix_spawn_file_actions_t fa;
-    if (posix_spawn_file_actions_init(&fa)) {
-        free(marg);
-        return 0;
-    }
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_TRUNC, 0600);
-    pid_t pid;
-    int e = posix_spawnp(&pid, tool, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    free(marg);
-    if (e) {
-        if (e == ENOENT)
-            fprintf(stderr,
-                    "birkhoff translate: %s not found on the PATH: raw text needs SentencePiece's tools "
-                    "(Debian package sentencepiece), or give --ids\n",
-                    tool);
-        else
-            fprintf(stderr, "birkhoff translate: cannot run %s: %s\n", tool, strerror(e));
-        return 0;
-    }
-    int status;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            fprintf(stderr, "birkhoff translate: waiting for %s: %s\n", tool, strerror(errno));
-            return 0;
+    char **res = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+    int32_t *ids = NULL;
+    int cap = 0;
+    for (int i = 0; res && i < n; i++) {
+        int k = 0;
+        if (bk_spm_encode(sp, lines[i], NULL, 0, &k) != BK_OK) {
+            fprintf(stderr, "birkhoff translate: %s: line %d: %s\n", src, i + 1, bk_last_error());
+            goto fail;
         }
+        if (k > cap) {
+            int32_t *nb = realloc(ids, sizeof(int32_t) * (size_t)k);
+            if (!nb) goto nomem;
+            ids = nb;
+            cap = k;
+        }
+        bk_spm_encode(sp, lines[i], ids, k, &k);
+        char *buf = malloc((size_t)k * 12 + 1);
+        if (!buf) goto nomem;
+        size_t used = 0;
+        buf[0] = 0;
+        for (int t = 0; t < k; t++) used += (size_t)snprintf(buf + used, 13, t ? " %d" : "%d", (int)ids[t]);
+        res[i] = buf;
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        if (WIFEXITED(status))
-            fprintf(stderr, "birkhoff translate: %s --model=%s failed (exit status %d)\n", tool, model,
-                    WEXITSTATUS(status));
-        else
-            fprintf(stderr, "birkhoff translate: %s --model=%s was killed (signal %d)\n", tool, model,
-                    WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-        return 0;
-    }
-    return 1;
-}
-
-/* lines through a tool: NULL after a message; *count = n on success */
-static char **spm_pipe(const char *tool, const char *model, const char *flag, char *const *lines, int n)
-{
-    char in[4096], out[4096];
-    in[0] = out[0] = 0;
-    char **res = NULL;
-    int got = 0;
-    if (!make_temp(in, sizeof in) || !make_temp(out, sizeof out)) goto done;
-    if (!write_lines(in, lines, n)) {
-        fprintf(stderr, "birkhoff translate: cannot write the temporary file %s: %s\n", in, strerror(errno));
-        goto done;
-    }
-    if (!run_tool(tool, model, flag, in, out)) goto done;
-    res = cli_read_lines("translate", out, &got);
-    if (res && got != n) {
-        fprintf(stderr, "birkhoff translate: %s gave %d lines for %d\n", tool, got, n);
-        cli_free_lines(res, got);
-        res = NULL;
-    }
-done:
-    if (in[0]) unlink(in);
-    if (out[0]) unlink(out);
+    free(ids);
     return res;
+nomem:
+    fprintf(stderr, "birkhoff translate: out of memory\n");
+fail:
+    free(ids);
+    cli_free_each(res, n);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -294,7 +212,7 @@ int cmd_translate(int argc, char **argv)
     int code = CLI_FAIL, n = 0, nref = 0;
     char **lines = NULL, **enc = NULL, **R = NULL, **outl = NULL, *extra = NULL, *text = NULL, spm_buf[1100];
     int32_t *src = NULL, *srclen = NULL, *out = NULL, *outlen = NULL, *bsrc = NULL, *blen = NULL;
-    int outl_read = 0; /* outl: cli_read_lines's (spm_decode), else the ids built here */
+    bk_spm *sp = NULL;
     order_key *ord = NULL;
     bk_model *m = NULL;
 
@@ -320,10 +238,14 @@ int cmd_translate(int argc, char **argv)
         fprintf(stderr, "birkhoff translate: %s\n", bk_last_error());
         goto out;
     }
-    /* the SentencePiece model: --spm, else the bible run's */
+    /* the SentencePiece model: --spm, else the run's spm_model, else the bible run's */
     if (!ids && !spm) {
         bk_run_config rc;
-        if (extra && bk_run_config_from_extra(extra, &rc) == BK_OK && !strcmp(rc.data, "bible")) {
+        const int have_run = extra && bk_run_config_from_extra(extra, &rc) == BK_OK;
+        if (have_run && rc.spm_model[0]) {
+            snprintf(spm_buf, sizeof spm_buf, "%s", rc.spm_model);
+            spm = spm_buf;
+        } else if (have_run && !strcmp(rc.data, "bible")) {
             const char *dd = rc.data_dir[0] ? rc.data_dir : getenv("BK_DATA");
             if (!dd || !*dd) dd = "data";
             snprintf(spm_buf, sizeof spm_buf, "%s/bible/spm.model", dd);
@@ -331,23 +253,28 @@ int cmd_translate(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "birkhoff translate: raw text needs --spm MODEL (the SentencePiece model of the checkpoint's "
-                    "vocabulary): %s was not trained on the dataset bible; or give --ids\n",
+                    "vocabulary): %s has no run with an spm_model and was not trained on the dataset bible; or give "
+                    "--ids\n",
                     ckpt);
             code = CLI_USAGE;
             goto out;
         }
     }
-    if (!ids) {
-        FILE *f = fopen(spm, "rb");
-        if (!f) {
-            fprintf(stderr, "birkhoff translate: SentencePiece model %s: %s%s\n", spm, strerror(errno),
-                    spm == spm_buf ? " (scripts/data.sh bible-spm builds it; or give --spm)" : "");
-            goto out;
-        }
-        fclose(f);
+    if (!ids && bk_spm_load_file(spm, &sp) != BK_OK) {
+        fprintf(stderr, "birkhoff translate: SentencePiece model: %s%s\n", bk_last_error(),
+                spm == spm_buf ? " (the run's model; scripts/data.sh bible-spm builds the bible one; or give --spm)"
+                               : "");
+        goto out;
+    }
+    if (sp && bk_spm_vocab(sp) != mc.vocab) {
+        fprintf(stderr,
+                "birkhoff translate: the SentencePiece model %s has %d pieces, the checkpoint's vocabulary %d: not "
+                "the model it was trained with\n",
+                spm, bk_spm_vocab(sp), mc.vocab);
+        goto out;
     }
     if (!ids) {
-        for (int i = 0; i < n; i++) { /* spm_encode makes an empty line of a blank one */
+        for (int i = 0; i < n; i++) { /* a blank line encodes to spaces: not a sentence */
             const char *p = lines[i];
             while (*p == ' ' || *p == '\t') p++;
             if (!*p) {
@@ -356,7 +283,7 @@ int cmd_translate(int argc, char **argv)
                 goto out;
             }
         }
-        enc = spm_pipe("spm_encode", spm, "--output_format=id", lines, n);
+        enc = spm_encode_lines(sp, src_name, lines, n);
         if (!enc) goto out;
     }
 
@@ -419,10 +346,15 @@ int cmd_translate(int argc, char **argv)
     }
     const double secs = cli_now() - t0;
 
-    /* the output lines: ids, then text through spm_decode */
+    /* the output lines: ids, or the text they decode to */
     outl = calloc((size_t)n, sizeof(char *));
     if (!outl) goto out;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && sp; i++)
+        if (bk_spm_decode(sp, out + (size_t)i * T, outlen[i], &outl[i]) != BK_OK) {
+            fprintf(stderr, "birkhoff translate: decoding line %d: %s\n", i + 1, bk_last_error());
+            goto out;
+        }
+    for (int i = 0; i < n && !sp; i++) {
         char *buf = NULL;
         size_t len = 0, cap = 0;
         if (!sb_add(&buf, &len, &cap, "", 0)) goto out;
@@ -435,13 +367,6 @@ int cmd_translate(int argc, char **argv)
             }
         }
         outl[i] = buf;
-    }
-    if (!ids) {
-        char **dec = spm_pipe("spm_decode", spm, "--input_format=id", outl, n);
-        if (!dec) goto out;
-        cli_free_each(outl, n);
-        outl = dec;
-        outl_read = 1;
     }
     size_t tlen = 0, tcap = 0;
     for (int i = 0; i < n; i++)
@@ -482,10 +407,10 @@ int cmd_translate(int argc, char **argv)
     code = CLI_OK;
 out:
     cli_free_lines(lines, n);
-    cli_free_lines(enc, enc ? n : 0);
+    cli_free_each(enc, enc ? n : 0);
     cli_free_lines(R, nref);
-    if (outl_read) cli_free_lines(outl, n);
-    else cli_free_each(outl, outl ? n : 0); /* the ids, each its own string */
+    cli_free_each(outl, outl ? n : 0); /* each line its own string */
+    bk_spm_free(sp);
     free(text);
     free(extra);
     free(src);

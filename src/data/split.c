@@ -180,11 +180,3 @@ bk_status bki_open_spec(const char *spec, bk_split split, const bk_data_config *
     if (!own) st = bki_data_carve(ds, c, tf, vf, split);
     return st;
 }
-
-/* Until the readers land (issue 43's arrays and text work), a spec of theirs
- * is refused; their definitions replace these. */
-static bk_status not_built(const bki_spec_ctx *ctx)
-{
-    return bki_fail(BK_ERR_UNSUPPORTED, "%s: datasets of format %s are not built in", ctx->path, ctx->format);
-}
-__attribute__((weak)) bk_status bki_open_arrays(const bki_spec_ctx *ctx, bk_dataset *ds) { (void)ds; return not_built(ctx); }

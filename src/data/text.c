@@ -266,9 +266,9 @@ static bk_status text_model(const bk_data_config *c, const char *const *texts, i
         return given ? bki_fail(st, "spm_model %s: %s", c->spm_model, m) : st;
     }
     const unsigned long long h = (unsigned long long)bki_fnv1a(BKI_FNV_OFFSET, ds->spm, ds->spm_len);
-    const size_t pl = given ? strlen(c->spm_model) : 0; /* (the file's name: the path's tail) */
-    if (given) snprintf(what, cap, "spm %s fnv1a:%016llx", c->spm_model + (pl > 32 ? pl - 32 : 0), h);
-    else snprintf(what, cap, "spm %d trained fnv1a:%016llx", bk_spm_vocab(*sp), h);
+    /* by content only: a run that trained its model and the same run resumed
+     * from the spm.model it wrote have the same version */
+    snprintf(what, cap, "spm %d fnv1a:%016llx", bk_spm_vocab(*sp), h);
     return BK_OK;
 }
 

@@ -146,15 +146,15 @@ for i in range(N):
     rows.append((lab, " ".join(w)))
 with open(P("text.tsv"), "w") as f:
     f.write("".join(f"{a}\t{b}\n" for a, b in rows))
-s = exercise("tsv", "tsv:" + P("text.tsv"), ["--spm-vocab", "60", "--seq-len", "24"], epochs=2)
+s = exercise("tsv", "tsv:" + P("text.tsv"), ["--spm-vocab", "300", "--seq-len", "24"], epochs=2)
 if s:
     check(os.path.exists(P("tsv", "spm.model")), "tsv: the trained SentencePiece model is in the run directory")
     check("spm_model=" in open(P("tsv", "config.txt")).read(), "tsv: the run records its SentencePiece model")
-rc, out = run("data", "inspect", "tsv:" + P("text.tsv"), "--spm-vocab", "60")
+rc, out = run("data", "inspect", "tsv:" + P("text.tsv"), "--spm-vocab", "300")
 check(rc == 0 and "mid=" in out and "neg=" in out and "pos=" in out, "tsv: inspect names the classes", out)
 with open(P("text.csv"), "w") as f:
     f.write("text,label\n" + "".join('"%s, said ""x""",%s\n' % (b, a) for a, b in rows))
-exercise("csv", "csv:" + P("text.csv"), ["--spm-vocab", "60", "--text-header", "1", "--text-column", "1",
+exercise("csv", "csv:" + P("text.csv"), ["--spm-vocab", "300", "--text-header", "1", "--text-column", "1",
                                          "--label-column", "2"], epochs=1, stop_after=3)
 
 # ---- parallel text: raw sentences, then raw-text translation ----
@@ -168,7 +168,7 @@ for i in range(300):
     tgt.append(" ".join(eng[x] for x in w))
 open(P("pairs.es"), "w").write("\n".join(src) + "\n")
 open(P("pairs.en"), "w").write("\n".join(tgt) + "\n")
-pkeys = ["--spm-vocab", "40", "--dec-depth", "1", "--batch", "32"]
+pkeys = ["--spm-vocab", "300", "--dec-depth", "1", "--batch", "32"]
 s = exercise("par", "parallel:%s,%s" % (P("pairs.es"), P("pairs.en")), pkeys, epochs=2, seq2seq=True)
 if s:
     open(P("raw.es"), "w").write("uno dos\ntres\ncinco seis uno\n")
@@ -232,16 +232,16 @@ refused("truncated file", ["data", "inspect", "npy:" + os.path.join(bad, "trunc"
 def text_case(name, body, *needles, fmt="tsv", mode="wb"):
     path = os.path.join(bad, name.replace(" ", "_") + "." + fmt)
     open(path, mode).write(body)
-    refused(name, ["data", "inspect", f"{fmt}:{path}", "--spm-vocab", "40"], *needles)
-    refused(name + " (train)", ["train", "--data", f"{fmt}:{path}", "--spm-vocab", "40", *SMALL, "--out",
+    refused(name, ["data", "inspect", f"{fmt}:{path}", "--spm-vocab", "300"], *needles)
+    refused(name + " (train)", ["train", "--data", f"{fmt}:{path}", "--spm-vocab", "300", *SMALL, "--out",
                                 P("never-" + name)], *needles, out_dir=P("never-" + name))
 
 
 good = "".join(f"{a}\t{b}\n" for a, b in rows[:60]).encode()
-text_case("invalid UTF-8", good + b"pos\tbad \xff byte\n" + good, "line 61")
-text_case("missing label column", good + b"no tab here\n", "line 61")
+text_case("invalid UTF-8", good + b"pos\tbad \xff byte\n" + good, ".tsv:61")
+text_case("missing label column", good + b"no tab here\n", ".tsv:61")
 text_case("empty text file", b"", "empty")
-text_case("line over the limit", good + b"pos\t" + b"a" * (1 << 21) + b"\n", "line 61")
+text_case("line over the limit", good + b"pos\t" + b"a" * (1 << 21) + b"\n", "line_over_the_limit.tsv", "61")
 open(P("short.en"), "w").write("\n".join(tgt[:-1]) + "\n")
 refused("misaligned parallel files", ["data", "inspect", "parallel:%s,%s" % (P("pairs.es"), P("short.en"))],
         "short.en")

@@ -371,6 +371,7 @@ check-pip: all
 test-python: all
 	$(PY) tests/python/test_bindings.py
 	$(PY) tests/python/test_parallel.py
+	$(PY) tests/python/test_data.py
 	$(PY) tests/python/test_vit_mnist.py
 	$(PY) tests/python/test_cuda.py
 	$(PY) tests/python/test_models.py --birkhoff $(CLI)

@@ -336,14 +336,12 @@ class Dataset(_Handle):
         return TorchDataset(self)
 
 
-def TorchDataset(ds):
-    """A torch.utils.data.Dataset over a birkhoff Dataset: item i is sample i
-    as torch tensors, in the tuple Dataset.__getitem__ gives (torch's default
-    collate stacks them into batches). Works with DataLoader workers, forked
-    or spawned (a spawned worker reopens the split from its arguments)."""
+def _make_torch_class():
     import torch
 
     class _BirkhoffTorchDataset(torch.utils.data.Dataset):
+        """a torch Dataset over a birkhoff.data.Dataset (TorchDataset)"""
+
         def __init__(self, d):
             self.ds = d
 
@@ -354,7 +352,29 @@ def TorchDataset(ds):
             return tuple(torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else torch.tensor(v)
                          for v in self.ds[i])
 
-    return _BirkhoffTorchDataset(ds)
+    _BirkhoffTorchDataset.__module__ = __name__
+    _BirkhoffTorchDataset.__qualname__ = "_BirkhoffTorchDataset"
+    return _BirkhoffTorchDataset
+
+
+def __getattr__(name):
+    # the torch class is made when first asked for (torch is imported only
+    # then), under a module-level name so that pickling finds it (spawned
+    # DataLoader workers)
+    if name == "_BirkhoffTorchDataset":
+        cls = _make_torch_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def TorchDataset(ds):
+    """A torch.utils.data.Dataset over a birkhoff Dataset: item i is sample i
+    as torch tensors, in the tuple Dataset.__getitem__ gives (torch's default
+    collate stacks them into batches). Works with DataLoader workers, forked
+    or spawned (a spawned worker reopens the split from its arguments)."""
+    cls = globals().get("_BirkhoffTorchDataset") or __getattr__("_BirkhoffTorchDataset")
+    return cls(ds)
 
 
 PARALLEL_SPLITS = ("train", "valid", "test")

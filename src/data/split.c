@@ -4,6 +4,7 @@
 #include "dataset.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,6 +151,30 @@ static bk_status split_path(const char *own, int fmt, const char *what, const ch
     return BK_OK;
 }
 
+/* Every file a spec names must be a regular file (or, for npy:DIR, a
+ * directory): a run reads its data more than once (each split opens the
+ * training file; a resume opens it again), so a FIFO's or a device's
+ * content could not be read the same way twice. */
+static bk_status check_files(const char *paths)
+{
+    for (const char *p = paths; *p;) {
+        const size_t n = strcspn(p, ",");
+        char one[4096];
+        if (n < sizeof one) {
+            memcpy(one, p, n);
+            one[n] = 0;
+            struct stat st;
+            if (stat(one, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+                return bki_fail(BK_ERR_IO, "%s: not a regular file (a %s); a dataset is read more than once (each "
+                                           "split, a resumed run), so give a file",
+                                one, S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
+        }
+        p += n;
+        if (*p) p++;
+    }
+    return BK_OK;
+}
+
 bk_status bki_open_spec(const char *spec, bk_split split, const bk_data_config *c, bk_dataset *ds)
 {
     const char *train_path;
@@ -164,6 +189,7 @@ bk_status bki_open_spec(const char *spec, bk_split split, const bk_data_config *
     bki_data_fracs(c, 1, &tf, &vf);
     if (split == BK_SPLIT_VALID && !own && vf <= 0)
         return bki_fail(BK_ERR_PARAM, "%s has no validation split: give data_valid, or valid_frac > 0", spec);
+    if ((st = check_files(train_path)) != BK_OK || (own && (st = check_files(own)) != BK_OK)) return st;
     const bki_spec_ctx ctx = {FORMATS[fmt], own ? own : train_path, train_path, own != NULL, split, c};
     snprintf(ds->info.name, sizeof ds->info.name, "%s", FORMATS[fmt]);
     ds->info.split = split;

@@ -25,6 +25,8 @@ fresh working directory with a timeout, a memory limit and umask 022:
   intrange     -1, 2**31, 2**32+5, 2**64, 1e23, 12abc for every integer flag and key
   float        nan, inf, -inf, 1e39 for every float flag and key; finite inputs whose
                scores overflow float32 (q, k ~ 1e20; --scale 1e38): refused, or finite outputs
+  specs        the user's datasets (FORMAT:PATH): array and text files that are FIFOs,
+               directories, /dev/zero, cut archives, for data inspect and train --data
   killed       SIGKILL while a large output or a checkpoint is written: the old output is
                intact and the leftovers are gone after the next run of the same command
                (or named by it)
@@ -62,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from checklib import Checks  # noqa: E402
 
 CLASSES = ("missing", "empty", "truncated", "huge", "nonregular", "symlink", "device", "readonly", "nonutf8",
-           "nul", "intrange", "float", "killed", "allornone", "perms")
+           "nul", "intrange", "float", "killed", "allornone", "perms", "specs")
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("cli", nargs="?", default="build/birkhoff")
 ap.add_argument("--class", dest="only", action="append", choices=CLASSES, help="run this class only (repeatable)")
@@ -1772,10 +1774,93 @@ def gen_perms():
                what="umask 027 over an existing run directory")
 
 
+def spec_arrays(ctx, d="d", x=None):
+    """W/d: a valid npy dataset (x uint8 [40, 4, 4], y [40]); x replaced by a setup of its own if given"""
+    os.makedirs(ctx.W(d), exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.save(ctx.W(d, "y.npy"), rng.integers(0, 2, 40))
+    if x is None:
+        np.save(ctx.W(d, "x.npy"), rng.integers(0, 255, (40, 4, 4)).astype(np.uint8))
+    else:
+        x(ctx, ctx.W(d, "x.npy"))
+
+
+def npy_bytes(a):
+    import io
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+SPEC_TRAIN = ["--dim", "8", "--depth", "1", "--heads", "1", "--mlp-dim", "8", "--epochs", "1", "--progress", "none"]
+
+
+def gen_specs():
+    """the user's datasets (issue 43): spec files that are FIFOs, devices, directories, symlinks
+    to endless inputs, cut archives; `data inspect` and `train --data` refuse them (or, for a FIFO
+    holding the valid content, may read it) and `train` creates no run directory"""
+    xs = npy_bytes(np.random.default_rng(0).integers(0, 255, (40, 4, 4)).astype(np.uint8))
+
+    def fifo_x(ctx, p):
+        fifo_writer(ctx, make_fifo(ctx, os.path.relpath(p, ctx.w)), xs)
+
+    def dir_x(ctx, p):
+        os.mkdir(p)
+
+    def zero_x(ctx, p):
+        os.symlink("/dev/zero", p)
+
+    def cut_x(ctx, p):
+        open(p, "wb").write(xs[:len(xs) // 2])
+    for what, mk, expect in (("x.npy a FIFO holding a valid array", fifo_x, "either"),
+                             ("x.npy a directory", dir_x, "refuse"),
+                             ("x.npy a symlink to /dev/zero", zero_x, "refuse"),
+                             ("x.npy cut in half", cut_x, "refuse")):
+        st = lambda ctx, mk=mk: spec_arrays(ctx, x=mk)  # noqa: E731
+        yield Case("specs", "data inspect", ["data", "inspect", "npy:{W}/d"], expect=expect, names=["x.npy"],
+                   setup=st, timeout=60, what=what)
+        yield Case("specs", "train", ["train", "--data", "npy:{W}/d", *SPEC_TRAIN, "--out", "{W}/run"],
+                   expect=expect, names=["x.npy"], outputs=["run"], setup=st, timeout=120, what=what)
+    def npz_cut(n):
+        def s(ctx):
+            import io
+            b = io.BytesIO()
+            np.savez(b, x=np.zeros((8, 4, 4), np.float32), y=np.arange(8) % 2)
+            raw = b.getvalue()
+            open(ctx.W("a.npz"), "wb").write(raw[:max(1, int(len(raw) * n))])
+        return s
+    for frac in (0.1, 0.5, 0.97):
+        yield Case("specs", "data inspect", ["data", "inspect", "npz:{W}/a.npz"], names=["a.npz"], setup=npz_cut(frac),
+                   timeout=60, what="an .npz cut at %d %%" % int(frac * 100))
+    text = b"".join(b"%s\tsome text number %d\n" % (b"ab"[i % 2:i % 2 + 1], i) for i in range(60))
+
+    def zero_t(ctx):
+        os.symlink("/dev/zero", ctx.W("t.tsv"))
+
+    def dir_t(ctx):
+        os.mkdir(ctx.W("t.tsv"))
+
+    def fifo_t(ctx):
+        fifo_writer(ctx, make_fifo(ctx, "t.tsv"), text)
+    for what, st, expect in (("a TSV that is /dev/zero", zero_t, "refuse"), ("a TSV that is a directory", dir_t, "refuse"),
+                             ("a TSV that is a FIFO holding valid text", fifo_t, "either")):
+        yield Case("specs", "data inspect", ["data", "inspect", "tsv:{W}/t.tsv", "--spm-vocab", "300"], expect=expect,
+                   names=["t.tsv"], setup=st, timeout=60, what=what)
+        yield Case("specs", "train", ["train", "--data", "tsv:{W}/t.tsv", "--spm-vocab", "300", *SPEC_TRAIN, "--out",
+                                      "{W}/run"], expect=expect, names=["t.tsv"], outputs=["run"], setup=st,
+                   timeout=120, what=what)
+
+    def par(ctx):
+        open(ctx.W("a.src"), "w").write("uno\ndos\n")
+        os.mkdir(ctx.W("a.tgt"))
+    yield Case("specs", "train", ["train", "--data", "parallel:{W}/a.src,{W}/a.tgt", *SPEC_TRAIN, "--out", "{W}/run"],
+               names=["a.tgt"], outputs=["run"], setup=par, timeout=60, what="a parallel side that is a directory")
+
+
 GENERATORS = {"missing": gen_missing, "empty": gen_empty, "truncated": gen_truncated, "huge": gen_huge,
               "nonregular": gen_nonregular, "symlink": gen_symlink, "device": gen_device, "readonly": gen_readonly,
               "nonutf8": gen_nonutf8, "nul": gen_nul, "intrange": gen_intrange, "float": gen_float,
-              "killed": gen_killed, "allornone": gen_allornone, "perms": gen_perms}
+              "killed": gen_killed, "allornone": gen_allornone, "perms": gen_perms, "specs": gen_specs}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,8 @@ def exercise(tag, spec, keys, epochs=3, stop_after=5, seq2seq=False):
     check(sum(r.get("type") == "test" for r in recs) == 1, f"{tag}: one test record, at the end", str(recs[-1:]))
     rc, out = run("eval", "--ckpt", P(tag, "best.safetensors"))
     check(rc == 0, f"{tag}: eval of best.safetensors", out)
+    rc, out = run("plot", "curves", "--run", P(tag), "--out", P(tag + "-curves.svg"))
+    check(rc == 0 and os.path.getsize(P(tag + "-curves.svg")) > 1000, f"{tag}: plot curves of the run", out)
     # stopped and resumed == uninterrupted
     rc, out = run("train", *args, "--threads", "2", "--out", P(tag + "-r"), "--stop-after", str(stop_after))
     check(rc == 130, f"{tag}: stop_after stops with a checkpoint", out)
@@ -117,7 +119,7 @@ if s:
 
 # ---- images: float32 [N, H, W] in an .npz ----
 np.savez(P("imgf.npz"), x=(img[..., 0] / 255.0).astype(np.float32), y=y.astype(np.int32))
-exercise("imgf", "npz:" + P("imgf.npz"), ["--patch", "2"], epochs=2)
+exercise("imgf", "npz:" + P("imgf.npz"), ["--patch", "2", "--shuffle-window", "64"], epochs=2)  # windowed order
 
 # ---- tokens with lengths (compressed .npz) ----
 L = 12

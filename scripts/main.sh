@@ -19,14 +19,14 @@ for a in softmax sinkhorn; do
   $B train --config configs/mnist.conf --attn $a --epochs "$EPOCHS" --threads "$THREADS" --out "$OUT/$name" --force
 done
 echo "== compiling the Sinkformer into ASAP (loop-free Sinkhorn)"
-$B asap compile --ckpt "$OUT/sinkformer/last.safetensors" --out "$OUT/sinkformer/asap.safetensors" --samples 1024
+$B asap compile --ckpt "$OUT/sinkformer/best.safetensors" --out "$OUT/sinkformer/asap.safetensors" --samples 1024
 echo "== evaluating on the 10,000 test images"
-$B eval --ckpt "$OUT/transformer/last.safetensors" --json "$OUT/transformer/eval.json" > "$OUT/transformer/eval.txt"
-$B eval --ckpt "$OUT/sinkformer/last.safetensors" --json "$OUT/sinkformer/eval.json" > "$OUT/sinkformer/eval.txt"
+$B eval --ckpt "$OUT/transformer/best.safetensors" --json "$OUT/transformer/eval.json" > "$OUT/transformer/eval.txt"
+$B eval --ckpt "$OUT/sinkformer/best.safetensors" --json "$OUT/sinkformer/eval.json" > "$OUT/sinkformer/eval.txt"
 $B eval --ckpt "$OUT/sinkformer/asap.safetensors" --json "$OUT/sinkformer/asap-eval.json" > "$OUT/sinkformer/asap-eval.txt"
 echo "== figures"
 $B plot curves --run "$OUT/transformer" --run "$OUT/sinkformer" --out "$OUT/figures/curves.png"
-$B plot attention --ckpt "$OUT/transformer/last.safetensors" --ckpt "$OUT/sinkformer/last.safetensors" --index 0 --out "$OUT/figures/attention.png"
+$B plot attention --ckpt "$OUT/transformer/best.safetensors" --ckpt "$OUT/sinkformer/best.safetensors" --index 0 --out "$OUT/figures/attention.png"
 $B plot colsums --run "$OUT/transformer" --run "$OUT/sinkformer" --out "$OUT/figures/colsums.png"
 $B plot transport --n 12 --eps 0.1 --out "$OUT/figures/transport.png"
 t1=$(date +%s)

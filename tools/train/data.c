@@ -247,7 +247,7 @@ static int inspect_main(int argc, char **argv)
             }
             split = v;
         } else if (bk_run_config_set(&r, key, val) != BK_OK) {
-            fprintf(stderr, "birkhoff data inspect: %s\n", bk_last_error());
+            fprintf(stderr, "birkhoff data inspect: %s %s: %s\n", argv[i - 1], v, bk_last_error());
             return CLI_USAGE;
         }
     }

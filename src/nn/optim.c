@@ -90,7 +90,7 @@ static bk_status check_cfg(const bk_optim_config *c)
 void bki_optim_plan(bk_optim_config *c, int64_t run_steps)
 {
     if (c->sched == BK_SCHED_COSINE && c->total_steps == 0) c->total_steps = run_steps;
-    if (c->warmup >= 0) return;
+    if (c->warmup != -1) return; /* (only -1 is automatic: another negative is refused by the check) */
     const int64_t steps = c->sched == BK_SCHED_COSINE ? c->total_steps : run_steps;
     const int64_t w = steps / BKI_WARMUP_DIV;
     c->warmup = (int)(w < BKI_WARMUP_MAX ? w : BKI_WARMUP_MAX);

@@ -1490,6 +1490,8 @@ def gen_intrange():
     for c in CMDS:
         for flag in c.ints + c.seeds:
             for v in (SEED_BAD if flag in c.seeds else INT_BAD):
+                if c.name == "train" and flag == "--warmup" and v == "-1":
+                    v = "-2"   # (a run's warmup=-1 is the automatic warm-up, 5 % of the steps)
                 yield int_case(c.name, setv(c.argv, flag, v), flag.lstrip("-").replace("-", "_"), v,
                                flag_names(flag), out_rels(c), setup_for(c), "%s %s" % (flag, v))
     mi = CMD["model init"]

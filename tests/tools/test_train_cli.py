@@ -63,7 +63,11 @@ P = lambda n: os.path.join(tmp, n)  # noqa: E731
 r = subprocess.run([os.path.join(ROOT, "scripts", "data.sh"), "--dir", DATA, "digits"], capture_output=True, text=True)
 check(r.returncode == 0, "scripts/data.sh digits fetches and verifies", r.stdout + r.stderr)
 rc, out = run("data", "info", "digits")
-check(rc == 0 and "samples   1438" in out and "fnv1a:0b6db7d4442bbc5d" in out, "data info digits (train split)", out)
+check(rc == 0 and "[train]\nsamples   1294 (of 1438 rows read)" in out and "[valid]\nsamples   144 (of 1438" in out
+      and "fnv1a:0b6db7d4442bbc5d" in out, "data info digits: the splits a new run takes (10 % of train held out)", out)
+rc, out = run("data", "inspect", "digits", "--valid-frac", "0", "--split", "train")
+check(rc == 0 and "samples   1438 (of 1438" in out and "[valid]" not in out, "data inspect --valid-frac 0: the whole "
+      "training split", out)
 rc, out = run("data", "info", "digits", "--split", "test")
 check(rc == 0 and "samples   359" in out, "data info digits (test split)", out)
 rc, out = run("data", "info", "listops", "--seq-len", "64")

@@ -213,8 +213,7 @@ static int data_inspect(const char *name, const char *split, const bk_run_config
 static int inspect_main(int argc, char **argv)
 {
     const char *name = argv[2], *split = "all";
-    bk_run_config r = bk_run_config_default();
-    r.data_config.valid_frac = 0; /* as the library opens a dataset, unless asked */
+    bk_run_config r = bk_run_config_default(); /* the splits a new run would take */
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage_data(stdout);

@@ -33,6 +33,15 @@ stream of the tensors' device; the tape stays in device memory. Under
 torch.autocast("cuda") CUDA operands are cast to the autocast dtype first
 (as torch's own attention). The other operators run on the CPU only.
 
+torch >= 2.4: the functions and modules call torch.library custom
+operators (birkhoff._torch_ops: fake implementations, register_autograd,
+register_autocast), so torch.compile(fullgraph=True) traces each as one
+node without a graph break; under torch.autocast("cpu") their operands are
+cast to float32 and their outputs are float32. Older torch (1.13) runs the
+autograd.Function classes below (CPU autocast casts the same way);
+USE_CUSTOM_OPS = False selects them on torch 2.x too. docs/PYTHON.md,
+"torch.compile, custom operators and autocast".
+
 Wrong dtype (CPU: float32 only), device (CPU or CUDA, all operands on one),
 rank or shape raise TypeError/ValueError before any C call; C errors raise
 birkhoff.BirkhoffError with the C library's message (a result that
@@ -190,17 +199,33 @@ def _autocast_dtype():
     return torch.get_autocast_dtype("cuda") if on else None
 
 
+def _cpu_autocast():
+    """whether torch.autocast("cpu") is in force on this thread"""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:   # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
 def _autocast(*ts):
     """Under torch.autocast("cuda"): the CUDA float32 / float16 / bfloat16
     operands cast to the autocast dtype (as autocast casts the inputs of
     torch's own attention; a differentiable cast, so float32 leaves get
-    float32 gradients); everything else as it is. Outside autocast: all as
-    they are (q, k, v of different dtypes are then refused)."""
+    float32 gradients). Under torch.autocast("cpu") on the Function path
+    (torch < 2.4; the custom operators do it through
+    torch.library.register_autocast): CPU bfloat16 / float16 operands cast
+    to float32, the CPU operators' only dtype. Everything else as it is.
+    Outside autocast: all as they are (q, k, v of different dtypes are then
+    refused)."""
     dt = _autocast_dtype()
-    if dt is None:
-        return ts
-    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_cuda and t.dtype in _CUDA_DTYPES and t.dtype != dt
-                 else t for t in ts)
+    if dt is not None:
+        ts = tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_cuda and t.dtype in _CUDA_DTYPES and t.dtype != dt
+                   else t for t in ts)
+    if not _use_ops() and _cpu_autocast():
+        ts = tuple(t.float() if isinstance(t, torch.Tensor) and not t.is_cuda and t.dtype in (torch.bfloat16,
+                                                                                               torch.float16)
+                   else t for t in ts)
+    return ts
 
 
 def cuda_available(device=0):
@@ -359,15 +384,95 @@ class _Otk(torch.autograd.Function):
         return dx, _t(dz), _t(dW), None, None
 
 
+# ---- the custom-operator path (torch >= 2.4: birkhoff._torch_ops) ----
+
+def _use_ops():
+    """whether the functions call the torch.library custom operators (torch
+    >= 2.4 and USE_CUSTOM_OPS) rather than the autograd.Function classes"""
+    return _ops is not None and USE_CUSTOM_OPS
+
+
+def _compiling():
+    return torch.compiler.is_compiling()
+
+
+def _want_tape(*ts):
+    """whether the forward keeps a tape: grad mode on and an operand that
+    requires grad"""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
+
+
+def _lengths_t(x):
+    """lengths as a tensor for the custom operators (checked inside them,
+    as the Function path checks them)"""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    return torch.tensor(x)
+
+
+def _seed64(seed):
+    """a uint64 seed in the schema's int64 (the operator takes it modulo 2^64)"""
+    if seed is None or _compiling():
+        return seed
+    s = K._lib.check_int(seed, K.C.c_uint64, "seed")
+    return s - 2 ** 64 if s >= 2 ** 63 else s
+
+
+def _op(name, qkv, arrays, q_len, k_len, layout, params, check):
+    """custom operator `name` on q, k, v (cast under CUDA autocast), its
+    array operands and typed parameters; check() (eager only) raises the
+    Function path's errors for bad keywords before the call"""
+    if not _compiling():
+        check()
+    q, k, v = _autocast(*qkv)
+    return _ops.OPS[name](q, k, v, *arrays, _lengths_t(q_len), _lengths_t(k_len), layout, *params,
+                          _want_tape(q, k, v, *arrays))[0]
+
+
 # ---- functional API ----
+
+def _literal(v):
+    """a parameter value as a Python literal (numpy scalars as Python
+    numbers), or raise _NotLiteral"""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise _NotLiteral
+
+
+class _NotLiteral(Exception):
+    pass
+
+
+def _params_text(params):
+    """repr of a dict of literal parameters (the custom operators' str
+    argument), or None when a value is not a literal (an array)"""
+    try:
+        return repr({str(k): _literal(v) for k, v in sorted(params.items())})
+    except _NotLiteral:
+        return None
+
 
 def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", **params):
     """Any registered operator by name (birkhoff.operators()), its scalar
     parameters by key as birkhoff.attention(); differentiable in q, k, v
     when the operator has a backward. CUDA tensors: the library runs the
     operators its CUDA backend has (softmax, sinkhorn) and refuses the
-    others (BirkhoffError, status "unsupported")."""
-    return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
+    others (BirkhoffError, status "unsupported"). On torch >= 2.4 a call
+    whose parameters are all literals (numbers, strings, booleans) is the
+    custom operator birkhoff::attention; one with array parameters takes the
+    autograd.Function path (not traceable by torch.compile)."""
+    text = _params_text(params) if _use_ops() else None
+    if text is None:
+        return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
+    if not _compiling():
+        K.Registered(name, params)   # the keywords' errors before the call, as on the Function path
+    q, k, v = _autocast(q, k, v)
+    return _ops.OPS["attention"](name, text, q, k, v, _lengths_t(q_len), _lengths_t(k_len), layout,
+                                 _want_tape(q, k, v))[0]
 
 
 def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=None, causal=False):
@@ -375,6 +480,9 @@ def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=N
     sees keys j <= i + (Lk - Lq). CPU float32, or CUDA float32 / bfloat16 /
     float16 (on torch's current stream; under torch.autocast("cuda") the
     operands are cast to its dtype)."""
+    if _use_ops():
+        return _op("softmax", (q, k, v), (), q_len, k_len, layout, (scale, None if causal is None else bool(causal)),
+                   lambda: K.softmax_op(scale, causal))
     return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.softmax_op(scale, causal))
 
 
@@ -383,6 +491,9 @@ def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=
     """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
     temperature eps; grad "unrolled" (exact VJP, default) or "implicit".
     Devices and dtypes as softmax_attention."""
+    if _use_ops():
+        return _op("sinkhorn", (q, k, v), (), q_len, k_len, layout, (scale, eps, iters, tol, grad),
+                   lambda: K.sinkhorn_op(scale, eps, iters, tol, grad))
     p = K.sinkhorn_op(scale, eps, iters, tol, grad)
     return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, p)
 
@@ -392,6 +503,9 @@ def unbalanced_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scal
     """Unbalanced Sinkhorn attention (the Sinkformers code's
     SinkhornUnbalanced): column half-steps damped by rho / (rho + eps)
     (default rho 10); exact unrolled backward."""
+    if _use_ops():
+        return _op("unbalanced", (q, k, v), (), q_len, k_len, layout, (scale, eps, iters, tol, rho),
+                   lambda: K.unbalanced_op(scale, eps, iters, tol, rho))
     p = K.unbalanced_op(scale, eps, iters, tol, rho)
     return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, p)
 
@@ -403,6 +517,12 @@ def esp_attention(q, k, v, *, theta=None, q_len=None, k_len=None, layout="bhnd",
     sort; None: axis-aligned (slices 0) or `slices` random directions).
     The other options, their units and the margins: birkhoff.esp."""
     kw = dict(sort=sort, t=t, tau=tau, scale=scale, cost=cost, out_scale=out_scale, slices=slices, seed=seed)
+    if _use_ops():
+        th = _as_tensor(theta, "theta")
+        return _op("esp", (q, k, v), (th,), q_len, k_len, layout,
+                   (sort, t, tau, scale, cost, out_scale, slices, _seed64(seed)),
+                   lambda: (K.esp_op(**dict(kw, slices=slices if th is None else None)),
+                            th is None or TA.prepare(th, "theta")))
     return _Esp.apply(q, k, v, _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
 
 
@@ -411,6 +531,12 @@ def lot_attention(q, k, v, Z, theta, *, q_len=None, k_len=None, layout="bhnd", t
     """LOT attention (LOTFormer): pivots Z [H, r, d], mass logits theta
     [H, r]; both get gradients."""
     kw = dict(temp=temp, iters=iters, eps=eps, scale=scale, tol=tol)
+    if _use_ops():
+        Zt, tht = _as_tensor(Z, "Z"), _as_tensor(theta, "theta")
+        if Zt is None or tht is None:
+            raise ValueError("LOT: pivots Z [H, r, d] and mass logits theta [H, r] are required")
+        return _op("lot", (q, k, v), (Zt, tht), q_len, k_len, layout, (temp, iters, eps, scale, tol),
+                   lambda: (K.Registered("lot", kw, True), TA.prepare(Zt, "Z"), TA.prepare(tht, "theta")))
     return _Lot.apply(q, k, v, _as_tensor(Z, "Z"), _as_tensor(theta, "theta"), q_len, k_len, layout, kw)
 
 
@@ -425,6 +551,9 @@ def diff_attention(q, k, v, lam, *, q_len=None, k_len=None, layout="bhnd", scale
         lam = torch.as_tensor(np.asarray(lam, dtype=np.float32))
     if lam.dim() == 0 and q.dim() == 4:
         lam = lam.expand(q.shape[2] if layout == "bnhd" else q.shape[1])
+    if _use_ops():
+        return _op("diff", (q, k, v), (lam,), q_len, k_len, layout, (scale,),
+                   lambda: (K.Registered("diff", dict(scale=scale), True), TA.prepare(lam, "lambda")))
     return _Diff.apply(q, k, v, lam, q_len, k_len, layout, dict(scale=scale))
 
 
@@ -432,6 +561,23 @@ def otk_embedding(x, z, W=None, *, lengths=None, **params):
     """OTK embedding of x [B, n, d] onto references z [q, p, k]: [B, p, q*k]
     (params as birkhoff.otk: sigma, eta, eps, iters (half-steps, even),
     domain, convention, pe, sigma_pos, pe_double, grid, isqrt_grad)."""
+    kw = K.otk_keywords(params)
+    if _use_ops():
+        zt, Wt = _as_tensor(z, "z"), _as_tensor(W, "W")
+        if not _compiling():
+            K.otk_params(None, *(kw.get(key) for key in K.OTK_KEYS))   # the keywords' errors first
+            for t, nm in ((zt, "z"), (Wt, "W")):
+                if t is not None:
+                    TA.prepare(t, nm)
+        vals = [kw.get(key) for key in K.OTK_KEYS]
+        i = K.OTK_KEYS.index("grid")
+        if vals[i] is not None:
+            vals[i] = [int(g) for g in vals[i]]
+        i = K.OTK_KEYS.index("pe_double")
+        if vals[i] is not None:
+            vals[i] = bool(vals[i])
+        x, = _autocast(x)
+        return _ops.OPS["otk_embedding"](x, zt, Wt, _lengths_t(lengths), *vals, _want_tape(x, zt, Wt))[0]
     return _Otk.apply(x, _as_tensor(z, "z"), _as_tensor(W, "W"), lengths, K.otk_keywords(params))
 
 
@@ -442,15 +588,22 @@ NORMALISERS = ("softmax", "sinkhorn", "unbalanced", "esp", "lot")
 
 def _suffix_lengths(mask, B, N, name):
     """[B] lengths from a [B, N] boolean padding mask (True = padding) whose
-    padding is a suffix of every row"""
+    padding is a suffix of every row (the custom operator
+    birkhoff::suffix_lengths on torch >= 2.4: an int32 tensor)"""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.layout != torch.strided or mask.dtype != torch.bool or \
             tuple(mask.shape) != (B, N):
         raise ValueError("%s: a bool tensor [B=%d, N=%d] (True = padding) expected" % (name, B, N))
+    if _use_ops():
+        return _ops.OPS["suffix_lengths"](mask, name)
+    return _suffix_lengths_check(mask, name)
+
+
+def _suffix_lengths_check(mask, name):
     m = mask.detach().cpu()
     lens = (~m).sum(dim=1)
-    ar = torch.arange(N).unsqueeze(0)
+    ar = torch.arange(m.shape[1]).unsqueeze(0)
     if not torch.equal(m, ar >= lens.unsqueeze(1)):
         raise ValueError("%s: birkhoff takes padding at the end of each sequence only (a suffix mask); "
                          "reorder the tokens or pass lengths" % name)
@@ -603,7 +756,7 @@ class MultiheadAttention(nn.Module):
                 raise ValueError("give either lengths or key_padding_mask, not both")
             if not self_attn:
                 raise ValueError("lengths is for self-attention; use key_padding_mask for cross-attention")
-            q_len = k_len = TA.lengths(lengths, B, "lengths")
+            q_len = k_len = _lengths_t(lengths) if _use_ops() else TA.lengths(lengths, B, "lengths")
         o = self.attend(q, k, v, q_len, k_len, "bnhd").reshape(B, N, E)
         out = self.out_proj(o)
         if not self.batch_first:
@@ -618,6 +771,12 @@ class MultiheadAttention(nn.Module):
         non-differentiable forward that exports them (the differentiable
         one never forms them); on CUDA in the operands' dtype"""
         q, k, v = _autocast(q, k, v)
+        text = _params_text(self.options) if _use_ops() else None
+        if text is not None:
+            lot = self.normaliser == "lot"
+            A = _ops.OPS["weights"](self.normaliser, text, q, k, v, self.Z if lot else None,
+                                    self.theta if lot else None, _lengths_t(q_len), _lengths_t(k_len))
+            return A.mean(dim=1) if average else A
         pr = K.Problem(TA, q, k, v, q_len, k_len, "bnhd")
         fwd, p = self._kernel(pr)
         A = fwd(pr, p, False, True)["attn"]
@@ -664,3 +823,11 @@ class OTKPooling(nn.Module):
     def forward(self, x, lengths=None):
         out = otk_embedding(x, self.z, self.W, lengths=lengths, **self.options)
         return out.reshape(out.shape[0], -1) if self.flatten else out
+
+
+# torch >= 2.4: the operators as torch.library custom operators (torch.compile
+# keeps them whole); USE_CUSTOM_OPS = False returns to the Function path
+_ops = None
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autocast"):
+    from . import _torch_ops as _ops   # noqa: E402
+USE_CUSTOM_OPS = _ops is not None

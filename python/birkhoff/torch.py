@@ -386,10 +386,14 @@ class _Otk(torch.autograd.Function):
 
 # ---- the custom-operator path (torch >= 2.4: birkhoff._torch_ops) ----
 
-def _use_ops():
+def _use_ops(q=None):
     """whether the functions call the torch.library custom operators (torch
-    >= 2.4 and USE_CUSTOM_OPS) rather than the autograd.Function classes"""
-    return _ops is not None and USE_CUSTOM_OPS
+    >= 2.4 and USE_CUSTOM_OPS) rather than the autograd.Function classes.
+    CUDA operands q take the Function path in eager mode (the path the CUDA
+    tests hold) and the custom operators under torch.compile only."""
+    if _ops is None or not USE_CUSTOM_OPS:
+        return False
+    return not (isinstance(q, torch.Tensor) and q.is_cuda) or _compiling()
 
 
 def _compiling():
@@ -465,7 +469,7 @@ def attention(name, q, k, v, *, q_len=None, k_len=None, layout="bhnd", **params)
     whose parameters are all literals (numbers, strings, booleans) is the
     custom operator birkhoff::attention; one with array parameters takes the
     autograd.Function path (not traceable by torch.compile)."""
-    text = _params_text(params) if _use_ops() else None
+    text = _params_text(params) if _use_ops(q) else None
     if text is None:
         return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.Registered(name, params))
     if not _compiling():
@@ -480,7 +484,7 @@ def softmax_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=N
     sees keys j <= i + (Lk - Lq). CPU float32, or CUDA float32 / bfloat16 /
     float16 (on torch's current stream; under torch.autocast("cuda") the
     operands are cast to its dtype)."""
-    if _use_ops():
+    if _use_ops(q):
         return _op("softmax", (q, k, v), (), q_len, k_len, layout, (scale, None if causal is None else bool(causal)),
                    lambda: K.softmax_op(scale, causal))
     return _QKV.apply(*_autocast(q, k, v), q_len, k_len, layout, _REGISTERED, K.softmax_op(scale, causal))
@@ -491,7 +495,7 @@ def sinkhorn_attention(q, k, v, *, q_len=None, k_len=None, layout="bhnd", scale=
     """Sinkhorn attention (Sinkformers): iters half-steps (row first) at
     temperature eps; grad "unrolled" (exact VJP, default) or "implicit".
     Devices and dtypes as softmax_attention."""
-    if _use_ops():
+    if _use_ops(q):
         return _op("sinkhorn", (q, k, v), (), q_len, k_len, layout, (scale, eps, iters, tol, grad),
                    lambda: K.sinkhorn_op(scale, eps, iters, tol, grad))
     p = K.sinkhorn_op(scale, eps, iters, tol, grad)
@@ -771,7 +775,7 @@ class MultiheadAttention(nn.Module):
         non-differentiable forward that exports them (the differentiable
         one never forms them); on CUDA in the operands' dtype"""
         q, k, v = _autocast(q, k, v)
-        text = _params_text(self.options) if _use_ops() else None
+        text = _params_text(self.options) if _use_ops(q) else None
         if text is not None:
             lot = self.normaliser == "lot"
             A = _ops.OPS["weights"](self.normaliser, text, q, k, v, self.Z if lot else None,

@@ -176,6 +176,24 @@ def _first_order(bop):
     bop.register_autograd(twice, setup_context=lambda ctx, inputs, output: None)
 
 
+def _pair(name, forward, fschema, forward_fake, backward, bschema, backward_fake):
+    """the custom operators NAME and NAME_backward with their fake
+    implementations (the backward's own gradient an error)"""
+    fop = torch.library.custom_op("%s::%s" % (NS, name), forward, mutates_args=(), schema=fschema)
+    fop.register_fake(forward_fake)
+    bop = torch.library.custom_op("%s::%s_backward" % (NS, name), backward, mutates_args=(), schema=bschema)
+    bop.register_fake(backward_fake)
+    _first_order(bop)
+    return fop, bop
+
+
+def _finish(fop, grad, setup_context):
+    """fop's gradient, and its float32 cast under CPU autocast"""
+    fop.register_autograd(grad, setup_context=setup_context)
+    torch.library.register_autocast(fop._qualname, "cpu", torch.float32)
+    return fop
+
+
 def _register_attention(name, pschema, arrays, build, host):
     pn = _pnames(pschema)
     an = [a for a, _ in arrays]
@@ -244,11 +262,7 @@ def _register_attention(name, pschema, arrays, build, host):
             torch.empty(a.shape if (w and a is not None) else (0,), dtype=torch.float32, device=a.device
                         if a is not None else q.device) for a, w in zip(arr, want))
 
-    fop = torch.library.custom_op("%s::%s" % (NS, name), forward, mutates_args=(), schema=fschema)
-    fop.register_fake(forward_fake)
-    bop = torch.library.custom_op("%s::%s_backward" % (NS, name), backward, mutates_args=(), schema=bschema)
-    bop.register_fake(backward_fake)
-    _first_order(bop)
+    fop, bop = _pair(name, forward, fschema, forward_fake, backward, bschema, backward_fake)
 
     def setup_context(ctx, inputs, output):
         q, k, v = inputs[:3]
@@ -267,9 +281,7 @@ def _register_attention(name, pschema, arrays, build, host):
         ga = tuple(g if w else None for g, w in zip(res[3:], want))
         return (dq, dk, dv) + ga + (None,) * (len(ctx.rest) + 1)
 
-    fop.register_autograd(grad, setup_context=setup_context)
-    torch.library.register_autocast("%s::%s" % (NS, name), "cpu", torch.float32)
-    return fop
+    return _finish(fop, grad, setup_context)
 
 
 def _register_generic():
@@ -301,11 +313,7 @@ def _register_generic():
     def backward_fake(dout, name, params, q, k, v, tape, q_len, k_len, layout):
         return _dense_like(q, q.shape), _dense_like(k, k.shape), _dense_like(v, v.shape)
 
-    fop = torch.library.custom_op(NS + "::attention", forward, mutates_args=(), schema=fschema)
-    fop.register_fake(forward_fake)
-    bop = torch.library.custom_op(NS + "::attention_backward", backward, mutates_args=(), schema=bschema)
-    bop.register_fake(backward_fake)
-    _first_order(bop)
+    fop, bop = _pair("attention", forward, fschema, forward_fake, backward, bschema, backward_fake)
 
     def setup_context(ctx, inputs, output):
         name, params, q, k, v, q_len, k_len, layout, _ = inputs
@@ -318,9 +326,7 @@ def _register_generic():
         dq, dk, dv = bop(dout, name, params, q, k, v, tape, q_len, k_len, layout)
         return None, None, dq, dk, dv, None, None, None, None
 
-    fop.register_autograd(grad, setup_context=setup_context)
-    torch.library.register_autocast(NS + "::attention", "cpu", torch.float32)
-    return fop
+    return _finish(fop, grad, setup_context)
 
 
 def _register_otk():
@@ -373,11 +379,7 @@ def _register_otk():
                 torch.empty(z.shape if want[1] else (0,), dtype=torch.float32),
                 torch.empty(W.shape if (W is not None and want[2]) else (0,), dtype=torch.float32))
 
-    fop = torch.library.custom_op(NS + "::otk_embedding", forward, mutates_args=(), schema=fschema)
-    fop.register_fake(forward_fake)
-    bop = torch.library.custom_op(NS + "::otk_embedding_backward", backward, mutates_args=(), schema=bschema)
-    bop.register_fake(backward_fake)
-    _first_order(bop)
+    fop, bop = _pair("otk_embedding", forward, fschema, forward_fake, backward, bschema, backward_fake)
 
     def setup_context(ctx, inputs, output):
         x, z, W, lengths = inputs[:4]
@@ -392,9 +394,7 @@ def _register_otk():
         return (dx if want[0] else None, dz if want[1] else None, dW if want[2] else None) + \
             (None,) * (len(ctx.rest) + 1)
 
-    fop.register_autograd(grad, setup_context=setup_context)
-    torch.library.register_autocast(NS + "::otk_embedding", "cpu", torch.float32)
-    return fop
+    return _finish(fop, grad, setup_context)
 
 
 def _register_weights():

@@ -4,8 +4,8 @@
     $(TORCH2_PY) tests/python/test_compile.py      # torch >= 2.4: everything below
     /usr/bin/python3 tests/python/test_compile.py  # torch 1.13: SKIP (said), Function-path checks
 
-The library is $BIRKHOFF_LIB, else <repo>/build/libbirkhoff.so; the package
-is <repo>/python. Prints "FAIL name: detail" per failing check, then
+The package is <repo>/python; its library is found as birkhoff finds it
+($BIRKHOFF_LIB, else <repo>/build/libbirkhoff.so, ...). Prints "FAIL name: detail" per failing check, then
 "N passed, M failed"; exit status 1 if any failed.
 
 On torch >= 2.4 (birkhoff._torch_ops registers the custom operators):
@@ -48,11 +48,11 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from checklib import Checks  # noqa: E402
 sys.dont_write_bytecode = True
-os.environ.setdefault("BIRKHOFF_LIB", os.path.join(REPO, "build", "libbirkhoff.so"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import birkhoff  # noqa: E402
 import birkhoff.torch as bt  # noqa: E402
 
 check = Checks()
@@ -410,7 +410,7 @@ def test_function_path_113():
 
 
 def main():
-    print("torch %s, birkhoff library %s" % (torch.__version__, os.environ["BIRKHOFF_LIB"]))
+    print("torch %s, birkhoff library %s" % (torch.__version__, birkhoff.LIBRARY_PATH))
     if not HAVE_OPS:
         print("SKIP torch.compile / torch.library tests: torch %s has no torch.library.custom_op and "
               "register_autocast (torch >= 2.4 needed); birkhoff.torch runs its autograd.Function path here, "

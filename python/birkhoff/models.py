@@ -115,10 +115,12 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from . import _torch_support
+_torch_support.check(torch, "birkhoff.models")  # a torch outside the supported range: ImportError
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from . import _port_diff as diff_port
+from . import _port_diff as diff_port  # noqa: E402
 from . import _port_espformer as esp_port
 from . import _port_lotformer as lot_port
 from . import _port_otk as otk_port

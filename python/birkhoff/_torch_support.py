@@ -1,6 +1,6 @@
 """The PyTorch versions birkhoff.torch and birkhoff.models support, checked at their import.
 
-Supported: torch >= 1.13 and < 3 (pyproject.toml's extra `birkhoff[torch]` says the same).
+Supported: torch 1.13 to 2.x (pyproject.toml's extra `birkhoff[torch]`: torch>=1.13.0a0,<3).
 Tested by `make check` (tests/python under both): Debian 12's python3-torch 1.13.1 and torch
 2.13.0 from pip (the CPU wheel). Older versions are untested (nothing before Debian 12's is
 kept working), and a torch 3 would be a new major version, free to break the APIs used.
@@ -13,8 +13,12 @@ import warnings
 
 TORCH_MIN = (1, 13)        # the oldest torch supported (Debian 12's python3-torch is 1.13.1)
 TORCH_BELOW = (3, 0)       # the first torch not supported (untested major version)
-TORCH_SPEC = ">=1.13,<3"   # the same range as a pip requirement (pyproject.toml's extra "torch")
-TORCH_TESTED = ("1.13.1", "2.13.0")
+# the same range as a pip requirement (pyproject.toml's extra "torch"): Debian's python3-torch
+# 1.13.1 calls itself 1.13.0a0 (its egg-info and torch.__version__), a pre-release that a plain
+# ">=1.13" would not admit
+TORCH_SPEC = ">=1.13.0a0,<3"
+TORCH_RANGE = "1.13 to 2.x"
+TORCH_TESTED = ("1.13.1 (Debian 12, torch.__version__ 1.13.0a0)", "2.13.0 (pip)")
 
 
 def parse_version(text):
@@ -39,7 +43,7 @@ def check(torch_module, who="birkhoff.torch"):
     where = getattr(torch_module, "__file__", None) or "?"
     msg = ("%s supports PyTorch %s (tested: %s); this Python imports torch %s from %s. "
            "Install a supported one (pip install 'torch%s'), or set BIRKHOFF_ANY_TORCH=1 to try this one "
-           "anyway." % (who, TORCH_SPEC, " and ".join(TORCH_TESTED), found, where, TORCH_SPEC))
+           "anyway." % (who, TORCH_RANGE, " and ".join(TORCH_TESTED), found, where, TORCH_SPEC))
     if os.environ.get("BIRKHOFF_ANY_TORCH") == "1":
         warnings.warn(msg.split(" Install")[0] + " (BIRKHOFF_ANY_TORCH=1: going on)", RuntimeWarning, stacklevel=3)
         return

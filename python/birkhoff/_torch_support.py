@@ -2,8 +2,8 @@
 
 Supported: torch 1.13 to 2.x (pyproject.toml's extra `birkhoff[torch]`: torch>=1.13.0a0,<3).
 Tested by `make check` (tests/python under both): Debian 12's python3-torch 1.13.1 and torch
-2.13.0 from pip (the CPU wheel). Older versions are untested (nothing before Debian 12's is
-kept working), and a torch 3 would be a new major version, free to break the APIs used.
+2.13.0 from pip (the CPU wheel). Older versions are untested (the oldest tested is Debian 12's
+1.13), and a torch 3 would be a new major version, free to break the APIs used.
 Both are refused at import with ImportError naming the version found and the
 range; BIRKHOFF_ANY_TORCH=1 lets any version through (with a warning) to try one anyway.
 """

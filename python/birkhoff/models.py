@@ -117,10 +117,10 @@ import numpy as np
 import torch
 from . import _torch_support
 _torch_support.check(torch, "birkhoff.models")  # a torch outside the supported range: ImportError
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch.nn as nn
+import torch.nn.functional as F
 
-from . import _port_diff as diff_port  # noqa: E402
+from . import _port_diff as diff_port
 from . import _port_espformer as esp_port
 from . import _port_lotformer as lot_port
 from . import _port_otk as otk_port

@@ -52,10 +52,10 @@ import numpy as np
 import torch
 from . import _torch_support
 _torch_support.check(torch)  # a torch outside birkhoff's supported range: ImportError saying so
-from torch import nn  # noqa: E402
-from torch.autograd.function import once_differentiable  # noqa: E402
+from torch import nn
+from torch.autograd.function import once_differentiable
 
-from . import _core as K  # noqa: E402
+from . import _core as K
 
 __all__ = ["attention", "softmax_attention", "sinkhorn_attention", "unbalanced_attention", "esp_attention", "lot_attention", "diff_attention", "otk_embedding",
            "MultiheadAttention", "LOTAttention", "OTKPooling", "cuda_available"]

@@ -355,27 +355,59 @@ check: deps
 	$(MAKE) test-python
 	FUZZ_MODE=replay FUZZ_REQUIRED=1 FUZZ_INSTALL=1 ./scripts/fuzz.sh
 
+# PyTorch from pip beside Debian's: a virtual environment of $(PY) with torch==$(TORCH2_VERSION)
+# (the CPU wheel the machines keep on disk; pip's own configuration says where) and numpy from
+# the registry, made once and reused while its recorded torch version ($(TORCH2_VENV)/torch-version)
+# is TORCH2_VERSION; `make venv-torch2` (re)makes it, TORCH2_PY is its interpreter
+TORCH2_VERSION ?= 2.13.0
+TORCH2_VENV = $(BUILD)/venv-torch2
+TORCH2_PY = $(TORCH2_VENV)/bin/python
+.PHONY: venv-torch2
+venv-torch2:
+	@if [ "$$(cat $(TORCH2_VENV)/torch-version 2>/dev/null)" = "$(TORCH2_VERSION)" ] && $(TORCH2_PY) -c '' 2>/dev/null; then \
+	  echo "venv-torch2: $(TORCH2_VENV) has torch $(TORCH2_VERSION) (reused)"; \
+	else \
+	  echo "venv-torch2: making $(TORCH2_VENV) (pip install torch==$(TORCH2_VERSION) numpy)"; \
+	  rm -rf $(TORCH2_VENV) && $(PY) -m venv $(TORCH2_VENV) && \
+	  $(TORCH2_PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH2_VERSION) numpy && \
+	  $(TORCH2_PY) -c 'import sys, numpy, torch; v = torch.__version__.split("+")[0]; \
+	    print("venv-torch2: torch %s, numpy %s, Python %s" % (torch.__version__, numpy.__version__, sys.version.split()[0])); \
+	    sys.exit(0 if v == "$(TORCH2_VERSION)" else "venv-torch2: pip gave torch " + torch.__version__)' && \
+	  echo $(TORCH2_VERSION) > $(TORCH2_VENV)/torch-version; \
+	fi
+
 # the Python package by the standard route (pyproject.toml, tools/pybuild): pip install,
 # pip wheel, the sdist, python -m birkhoff, an unprivileged user and pip uninstall, in a
-# fresh virtual environment (tests/packaging/test_pip.py); the wheels reuse this build's
+# fresh virtual environment of $(PY) that sees Debian's numpy and torch 1.13
+# (tests/packaging/test_pip.py); then as a PyTorch user installs it: `pip install .` into the
+# torch $(TORCH2_VERSION) venv, the README's PyTorch section run as written there, and
+# uninstalled again (tests/packaging/test_pip_torch2.py); the wheels reuse this build's
 # objects (BIRKHOFF_BUILD_DIR)
 .PHONY: check-pip
-check-pip: all
+check-pip: all venv-torch2
 	BIRKHOFF_BUILD_DIR=$(abspath $(BUILD)) $(PY) tests/packaging/test_pip.py
+	BIRKHOFF_BUILD_DIR=$(abspath $(BUILD)) $(PY) tests/packaging/test_pip_torch2.py --python $(TORCH2_PY)
 
-# the Python package over the shared library (numpy and PyTorch APIs; needs
-# Debian's python3-torch and python3-numpy): bindings against the references,
-# gradcheck, leaks, and a ViT on MNIST with birkhoff's Sinkhorn attention;
-# birkhoff.models (C checkpoints <-> torch modules, against this build's CLI)
-# and DistributedDataParallel (gloo, 2 processes)
-test-python: all
-	$(PY) tests/python/test_bindings.py
+# the Python tests that use PyTorch, run under an interpreter: $(call torch_tests,PYTHON)
+define torch_tests
+	$(1) tests/python/test_bindings.py
+	$(1) tests/python/test_data.py
+	$(1) tests/python/test_vit_mnist.py
+	$(1) tests/python/test_models.py --birkhoff $(CLI)
+	$(1) tests/python/test_ddp.py --birkhoff $(CLI)
+endef
+
+# the Python package over the shared library (numpy and PyTorch APIs), under Debian's
+# python3-torch 1.13 ($(PY)) and again under torch $(TORCH2_VERSION) from pip ($(TORCH2_PY)):
+# bindings against the references, gradcheck, leaks, and a ViT on MNIST with birkhoff's
+# Sinkhorn attention; birkhoff.models (C checkpoints <-> torch modules, against this build's
+# CLI) and DistributedDataParallel (gloo, 2 processes). test_parallel (no torch) and test_cuda
+# (skips without a GPU) run under $(PY) only.
+test-python: all venv-torch2
 	$(PY) tests/python/test_parallel.py
-	$(PY) tests/python/test_data.py
-	$(PY) tests/python/test_vit_mnist.py
 	$(PY) tests/python/test_cuda.py
-	$(PY) tests/python/test_models.py --birkhoff $(CLI)
-	$(PY) tests/python/test_ddp.py --birkhoff $(CLI)
+	$(call torch_tests,$(PY))
+	$(call torch_tests,$(TORCH2_PY))
 
 # the parsers' libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each
 FUZZ_SECONDS ?= 10

@@ -115,6 +115,8 @@ import time
 
 import numpy as np
 import torch
+from . import _torch_support
+_torch_support.check(torch, "birkhoff.models")  # a torch outside the supported range: ImportError
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -59,6 +59,8 @@ import math
 
 import numpy as np
 import torch
+from . import _torch_support
+_torch_support.check(torch)  # a torch outside birkhoff's supported range: ImportError saying so
 from torch import nn
 from torch.autograd.function import once_differentiable
 

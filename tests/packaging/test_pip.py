@@ -178,8 +178,8 @@ def check_wheel(path):
                 check(stat.S_ISREG(mode) and mode & 0o111, "wheel: %s is executable" % n, oct(mode))
         meta = z.read(di + "METADATA").decode()
         check(re.search(r"^Version: %s$" % re.escape(VERSION), meta, re.M) is not None, "METADATA version", meta[:300])
-        check("Requires-Dist: numpy" in meta and 'Requires-Dist: torch; extra == "torch"' in meta,
-              "METADATA dependencies (numpy; torch as an extra)", meta[:600])
+        check("Requires-Dist: numpy" in meta and 'Requires-Dist: torch>=1.13.0a0,<3; extra == "torch"' in meta,
+              "METADATA dependencies (numpy; torch>=1.13.0a0,<3 as an extra)", meta[:600])
         wheel = z.read(di + "WHEEL").decode()
         check("Root-Is-Purelib: false" in wheel and "Tag: py3-none-linux_" in wheel, "WHEEL file", wheel)
         ep = z.read(di + "entry_points.txt").decode()

@@ -394,6 +394,7 @@ define torch_tests
 	$(1) tests/python/test_data.py
 	$(1) tests/python/test_vit_mnist.py
 	$(1) tests/python/test_models.py --birkhoff $(CLI)
+	$(1) tests/python/test_compile.py
 	$(1) tests/python/test_ddp.py --birkhoff $(CLI)
 endef
 

@@ -45,18 +45,20 @@ with autograd / a tape, then the backward with a fixed N(0,1) dout):
             (its CLI times them itself), the twin's in this one; rounds
             alternate them.
 
---load N starts N busy single-threaded processes (python3 -c 'while 1:
-pass') for the whole run and stops them at the end (what COMMON44 calls
+--load N starts N busy single-threaded processes (a Python spin loop)
+for the whole run and stops them at the end (or when this process dies) (what COMMON44 calls
 "under load"). Results: a table on stdout, and with --json FILE one JSON
 document (versions, machine, every row)."""
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 sys.dont_write_bytecode = True
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,6 +70,8 @@ ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--load", type=int, default=0, help="busy single-threaded processes beside the run")
 ap.add_argument("--only", default="softmax,sinkhorn,pot,train")
 ap.add_argument("--train-rounds", type=int, default=5)
+ap.add_argument("--train-attn", default="attn=softmax,attn=sinkhorn;sk_iters=5",
+                help="comma-separated attention settings of the training step")
 ap.add_argument("--train-steps", type=int, default=4, help="timed steps per contender per round")
 ap.add_argument("--birkhoff", default=os.path.join(ROOT, "build", "birkhoff"))
 ap.add_argument("--json", default=None, help="write every row and the versions to this file")
@@ -75,6 +79,9 @@ ARGS = ap.parse_args()
 SECTIONS = [s for s in ARGS.only.split(",") if s]
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(ARGS.threads)
+# inductor's compiled-code cache of its own: a cache shared with other processes (other users'
+# runs of torch.compile) is not what this run measures
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join("/tmp", "birkhoff-anchors-inductor-%d" % os.getuid()))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -87,6 +94,9 @@ from birkhoff import _port_sinkformer as port  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
 birkhoff.set_num_threads(ARGS.threads)
+# the port's .item() graph break is expected (and said in the docstring): keep the log quiet
+torch._logging.set_logs(dynamo=logging.ERROR)
+warnings.filterwarnings("ignore", message="Sinkhorn did not converge")
 ROWS = []
 
 
@@ -101,7 +111,7 @@ def cpu_model():
 
 
 def versions():
-    v = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+    v = {"loadavg": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
          "birkhoff": birkhoff.version(), "birkhoff_isa": birkhoff.isa(),
          "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
          "threads": ARGS.threads, "load": ARGS.load, "cpu": cpu_model(), "nproc": os.cpu_count()}
@@ -115,7 +125,9 @@ def versions():
 
 def interleaved(contenders, reps, warmup):
     """contenders: {name: fn}; every fn is warmed up, then `reps` rounds call
-    each once in an order rotated by one per round. {name: [seconds]}"""
+    each once in an order rotated by one per round. {name: [seconds]}; a fn
+    that returns a number has timed itself (the CLI's own median), and that
+    number is its time."""
     names = list(contenders)
     for n in names:
         for _ in range(warmup):
@@ -125,9 +137,20 @@ def interleaved(contenders, reps, warmup):
         k = r % len(names)
         for n in names[k:] + names[:k]:
             t0 = time.perf_counter()
-            contenders[n]()
-            times[n].append(time.perf_counter() - t0)
+            own = contenders[n]()
+            dt = time.perf_counter() - t0
+            times[n].append(float(own) if isinstance(own, float) else dt)
     return times
+
+
+def cli_bench(op, case, key, reps=3):
+    """`birkhoff bench` on one case, --no-peer: its own median (key:
+    fwd_median_s or fwdbwd_median_s), the C library with a workspace the
+    bench allocates once (no allocation in the timed region)"""
+    r = subprocess.run([ARGS.birkhoff, "bench", "--op", op, "--cases", case, "--threads", str(ARGS.threads),
+                        "--reps", str(reps), "--warmup", "1", "--no-peer", "--json"],
+                       capture_output=True, text=True, check=True)
+    return float(json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][0])[key])
 
 
 def stats(ts):
@@ -165,6 +188,27 @@ def sdpa_kernels(q, k, v):
     return [n for n in names if n.startswith("aten::")]
 
 
+def torch_timers(qt, kt, vt, dt):
+    """(nograd, fb): for a torch attention f, a call of f(q, k, v) under
+    torch.no_grad, and one forward with autograd then backward(dt) (the
+    gradients of fresh leaf copies cleared before each)"""
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (qt, kt, vt))
+
+    def nograd(f):
+        def run():
+            with torch.no_grad():
+                f(qt, kt, vt)
+        return run
+
+    def fb(f):
+        def run():
+            for t in (qg, kg, vg):
+                t.grad = None
+            f(qg, kg, vg).backward(dt)
+        return run
+    return nograd, fb
+
+
 # ---------------------------------------------------------------- softmax
 def softmax_section():
     print("softmax attention (birkhoff softmax vs torch %s)" % torch.__version__)
@@ -172,7 +216,6 @@ def softmax_section():
     for BH, N, d in ((8, 1024, 64), (1, 4096, 64)):
         qn, kn, vn, dn = qkv(BH, N, d)
         qt, kt, vt, dt = (torch.from_numpy(a) for a in (qn, kn, vn, dn))
-        qg, kg, vg = (t.clone().requires_grad_(True) for t in (qt, kt, vt))
         kern = sdpa_kernels(qt, kt, vt)
         case = "BH=%d N=%d d=%d" % (BH, N, d)
         print(" %s; SDPA ran %s" % (case, ", ".join(kern)))
@@ -185,29 +228,21 @@ def softmax_section():
         def math(q, k, v):
             return torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, -1) @ v
 
-        def fb_torch(f):
-            def run():
-                for t in (qg, kg, vg):
-                    t.grad = None
-                f(qg, kg, vg).backward(dt)
-            return run
-
-        def nograd(f):
-            def run():
-                with torch.no_grad():
-                    f(qt, kt, vt)
-            return run
+        nograd, fb_torch = torch_timers(qt, kt, vt, dt)
 
         def b_fb():
             r = bko.softmax(qn, kn, vn)
             bko.softmax_backward(qn, kn, vn, dn, r.tape)
 
+        cc = "%d:%d:%d" % (BH, N, d)
         fw = {"birkhoff fwd": lambda: bko.softmax(qn, kn, vn, tape=False),
+              "birkhoff CLI bench fwd": lambda: cli_bench("softmax", cc, "fwd_median_s"),
               "SDPA fwd": nograd(F.scaled_dot_product_attention),
               "eager math fwd": nograd(math), "compiled math fwd": nograd(math_c)}
         reps = ARGS.reps if N <= 1024 else max(5, ARGS.reps // 2)
         report("softmax-fwd", case, interleaved(fw, reps, ARGS.warmup), "birkhoff fwd")
-        fb = {"birkhoff f+b": b_fb, "SDPA f+b": fb_torch(F.scaled_dot_product_attention),
+        fb = {"birkhoff f+b": b_fb, "birkhoff CLI bench f+b": lambda: cli_bench("softmax", cc, "fwdbwd_median_s"),
+              "SDPA f+b": fb_torch(F.scaled_dot_product_attention),
               "eager math f+b": fb_torch(math), "compiled math f+b": fb_torch(math_c)}
         report("softmax-fb", case, interleaved(fb, reps, ARGS.warmup), "birkhoff f+b")
 
@@ -218,7 +253,6 @@ def sinkhorn_section(BH=8, N=1024, d=64, S=5):
           % (S, torch.__version__))
     qn, kn, vn, dn = qkv(BH, N, d)
     qt, kt, vt, dt = (torch.from_numpy(a) for a in (qn, kn, vn, dn))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (qt, kt, vt))
 
     def ref(q, k, v):
         return port.attention(q, k, v, S)[0]
@@ -231,18 +265,7 @@ def sinkhorn_section(BH=8, N=1024, d=64, S=5):
     print(" %s; max |birkhoff - port| = %.2e, |compiled port - port| = %.2e"
           % (case, float(np.abs(o_b - o_r).max()), float(np.abs(o_c - o_r).max())))
 
-    def nograd(f):
-        def run():
-            with torch.no_grad():
-                f(qt, kt, vt)
-        return run
-
-    def fb_torch(f):
-        def run():
-            for t in (qg, kg, vg):
-                t.grad = None
-            f(qg, kg, vg).backward(dt)
-        return run
+    nograd, fb_torch = torch_timers(qt, kt, vt, dt)
 
     def b_fb():
         r = bko.sinkhorn(qn, kn, vn, iters=S)
@@ -251,10 +274,13 @@ def sinkhorn_section(BH=8, N=1024, d=64, S=5):
     t0 = time.perf_counter()
     fb_torch(ref_c)()
     print("  (torch.compile of the port, first f+b: %.1f s)" % (time.perf_counter() - t0))
+    cc = "%d:%d:%d:%d" % (BH, N, d, S)
     fw = {"birkhoff fwd": lambda: bko.sinkhorn(qn, kn, vn, iters=S, tape=False),
+          "birkhoff CLI bench fwd": lambda: cli_bench("sinkhorn", cc, "fwd_median_s"),
           "port eager fwd": nograd(ref), "port compiled fwd": nograd(ref_c)}
     report("sinkhorn-fwd", case, interleaved(fw, ARGS.reps, ARGS.warmup), "birkhoff fwd")
-    fb = {"birkhoff f+b": b_fb, "port eager f+b": fb_torch(ref), "port compiled f+b": fb_torch(ref_c)}
+    fb = {"birkhoff f+b": b_fb, "birkhoff CLI bench f+b": lambda: cli_bench("sinkhorn", cc, "fwdbwd_median_s"),
+          "port eager f+b": fb_torch(ref), "port compiled f+b": fb_torch(ref_c)}
     report("sinkhorn-fb", case, interleaved(fb, ARGS.reps, ARGS.warmup), "birkhoff f+b")
 
 
@@ -301,7 +327,7 @@ def train_section(batch=64):
     from birkhoff import models as M
     print("training step, the issue's ViT, batch %d (birkhoff CLI vs the PyTorch twin, torch %s)"
           % (batch, torch.__version__))
-    for attn in ("attn=softmax", "attn=sinkhorn;sk_iters=5"):
+    for attn in ARGS.train_attn.split(","):
         full = TRAIN_CFG + "," + attn.replace(";", ",")
         torch.manual_seed(0)
         cfg = M.resolve_config(full)
@@ -332,12 +358,18 @@ def train_section(batch=64):
             row = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][0])
             return [row["step_median_s"]] * ARGS.train_steps   # its own median of the round
 
-        t0 = time.perf_counter()
-        twin_steps("compiled")
-        print(" %s: torch.compile of the twin, first steps: %.1f s" % (attn, time.perf_counter() - t0))
-        twin_steps("eager")
         names = {"birkhoff step": ours, "twin eager step": lambda: twin_steps("eager"),
                  "twin compiled step": lambda: twin_steps("compiled")}
+        t0 = time.perf_counter()
+        try:
+            twin_steps("compiled")
+            print(" %s: torch.compile of the twin, first steps: %.1f s" % (attn, time.perf_counter() - t0))
+        except Exception as e:   # a torch.compile failure is a result too: say it, time the others
+            msg = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200])
+            print(" %s: the compiled twin FAILED (%s)" % (attn, msg))
+            ROWS.append({"section": "train", "case": attn, "contender": "twin compiled step", "error": msg})
+            del names["twin compiled step"]
+        twin_steps("eager")
         times = {n: [] for n in names}
         order = list(names)
         for r in range(ARGS.train_rounds):
@@ -350,18 +382,20 @@ def train_section(batch=64):
 def main():
     v = versions()
     print("anchors: " + ", ".join("%s %s" % kv for kv in v.items()))
-    busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(ARGS.load)]
+    # busy loops that end with this process (they spin while their parent is this one)
+    spin = "import os\np = os.getppid()\nwhile os.getppid() == p: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(ARGS.load)]
     try:
         for s in SECTIONS:
             {"softmax": softmax_section, "sinkhorn": sinkhorn_section, "pot": pot_section,
              "train": train_section}[s]()
+            if ARGS.json:   # after every section: a crash later (torch.compile's) keeps what was measured
+                with open(ARGS.json, "w") as f:
+                    json.dump({"versions": v, "rows": ROWS}, f, indent=1)
     finally:
         for p in busy:
             p.kill()
             p.wait()
-    if ARGS.json:
-        with open(ARGS.json, "w") as f:
-            json.dump({"versions": v, "rows": ROWS}, f, indent=1)
     return 0
 
 

@@ -16,6 +16,12 @@ check` makes, or any venv with torch==2.13.0), numpy, and for the POT
 section `pot` (pip install pot). birkhoff is imported from this source tree
 (python/, build/libbirkhoff.so unless BIRKHOFF_LIB says otherwise).
 
+birkhoff is timed twice in softmax and sinkhorn: "birkhoff" is the numpy
+bindings in this process (what a Python caller gets; on the CPU the library
+allocates its workspace on every call), "birkhoff CLI bench" is `birkhoff
+bench --no-peer` on the case, run as a child each round, its own median of 3
+repetitions counted (a workspace allocated once, outside the timed region).
+
 Sections (forward = under torch.no_grad / without a tape; f+b = forward
 with autograd / a tape, then the backward with a fixed N(0,1) dout):
   softmax   B*H = 8, N = 1024, d = 64 and B*H = 1, N = 4096, d = 64:

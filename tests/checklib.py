@@ -24,6 +24,20 @@ class Checks:
         return 1 if self.failed else 0
 
 
+def oracle_missing(what, error, hint):
+    """An oracle's import failed: with BK_REQUIRE_ORACLE=1 or CI=true print a
+    FAIL and exit 1, else a SKIP and exit 0 (what: the module, hint: how to
+    install it)"""
+    import os
+    import sys
+    if os.environ.get("BK_REQUIRE_ORACLE") == "1" or os.environ.get("CI") == "true":
+        print("FAIL: %s is required (%s): %s" % (what, hint, error))
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    print("SKIP: %s not importable (%s); %s" % (what, error, hint))
+    sys.exit(0)
+
+
 class Spy:
     """a stand-in for a ctypes library that records which C functions are
     called (the Python tests check that bad arguments are refused before C)"""

@@ -70,8 +70,10 @@ BK_API bk_status bk_bleu(const bk_token_seq *hyp, const bk_token_seq *ref, int n
                          bk_bleu_report *out);
 
 /* Corpus BLEU of n UTF-8 sentences against their references, tokenised as
- * cfg->tokenize says (tokens compare as byte strings; whitespace is ASCII
- * space, tab, CR, LF, VT, FF). Errors as bk_bleu; a NULL sentence, one that
+ * cfg->tokenize says (tokens compare as byte strings; whitespace is Python's
+ * str.isspace, as sacreBLEU splits: ASCII space, tab, CR, LF, VT, FF and the
+ * Unicode spaces U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029,
+ * U+202F, U+205F, U+3000; a zero-width space U+200B is not one). Errors as bk_bleu; a NULL sentence, one that
  * is not valid UTF-8 or one holding an ASCII control character other than
  * tab is refused, naming the side and the sentence. */
 BK_API bk_status bk_bleu_text(const char *const *hyp, const char *const *ref, int n, const bk_bleu_config *cfg,
@@ -87,13 +89,17 @@ BK_API bk_status bk_bleu_text(const char *const *hyp, const char *const *ref, in
  *     character of its own;
  *   - for n = 1..6, the character n-grams of hypothesis and reference are
  *     matched as multisets (min of the counts); the hypothesis n-grams, the
- *     reference n-grams and the matches are summed over the corpus;
+ *     reference n-grams and the matches are summed over the corpus, a
+ *     sentence's hypothesis n-grams of an order counting only when its
+ *     reference has n-grams of that order (as sacreBLEU does: a reference
+ *     shorter than n characters, or empty, adds nothing at order n);
  *   - precision P and recall R are averaged over the orders with n-grams on
  *     both sides (0 when none), and
  *         chrF = 100 (1 + beta^2) P R / (beta^2 P + R),  beta = 2
  *     (0 when P + R = 0).
  * Checked on hand-computed corpora (tests/train/test_bleu.c,
- * tests/tools/test_translate_cli.py). Errors: BK_ERR_NULL (a NULL array,
+ * tests/tools/test_translate_cli.py) and against sacreBLEU
+ * (tests/oracle/test_sacrebleu.py). Errors: BK_ERR_NULL (a NULL array,
  * output or sentence, naming the side and the sentence), BK_ERR_PARAM
  * (n < 1), BK_ERR_NOMEM. */
 BK_API bk_status bk_chrf_text(const char *const *hyp, const char *const *ref, int n, double *chrf);

@@ -162,7 +162,23 @@ static bk_status check_text(const char *s, const char *side, int i)
     return BK_OK;
 }
 
-static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+/* Python's str.isspace, which str.split() (sacreBLEU's token split) and re's \s remove */
+static int py_space(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* the byte length of the whitespace character at s (valid UTF-8), 0 if it is not one */
+static int ws_len(const unsigned char *s)
+{
+    if (s[0] < 0x80) return py_space(s[0]);
+    const int L = utf8_len(s);
+    if (!L) return 0;
+    uint32_t v = s[0] & (0x3Fu >> (L - 1));
+    for (int i = 1; i < L; i++) v = (v << 6) | (s[i] & 0x3F);
+    return py_space(v) ? L : 0;
+}
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
 /* 13a's first class: { | } ~ [ \ ] ^ _ ` space ! " # $ % & ( ) * + : ; < = > ? @ / */
@@ -376,10 +392,14 @@ static void sentence_ids(const char *s, bk_bleu_tokenize how, sbuf *work, sbuf *
         text = work->p ? work->p : "";
         len = work->n;
     }
+    /* tokens are separated by Unicode whitespace (a no-break or ideographic
+     * space too), as sacreBLEU's str.split() separates them */
+    const unsigned char *t = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
-        while (i < len && is_ws((unsigned char)text[i])) i++;
+        int w;
+        while (i < len && (w = ws_len(t + i)) > 0) i += (size_t)w;
         const size_t b = i;
-        while (i < len && !is_ws((unsigned char)text[i])) i++;
+        while (i < len && !ws_len(t + i)) i += t[i] < 0x80 ? 1 : (size_t)(utf8_len(t + i) ? utf8_len(t + i) : 1);
         if (i > b) iput(ids, intern(v, text + b, i - b));
     }
 }
@@ -435,12 +455,6 @@ bk_status bk_bleu_text(const char *const *hyp, const char *const *ref, int n, co
  * counts the multiset intersection. */
 enum { CHRF_ORDER = 6 };
 
-/* Python's str.isspace, which str.split() and re's \s remove */
-static int chrf_space(uint32_t c)
-{
-    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
 
 /* the code points of s without whitespace (a byte that is not valid UTF-8
  * counts as one character of its own) */
@@ -471,7 +485,7 @@ static uint32_t *chrf_code_points(const char *s, int *n)
             c = len == 1 ? c : 0xdc00 + c;
             p++;
         }
-        if (!chrf_space(c)) cp[k++] = c;
+        if (!py_space(c)) cp[k++] = c;
     }
     *n = k;
     return cp;
@@ -541,7 +555,10 @@ bk_status bk_chrf_text(const char *const *hyp, const char *const *ref, int n, do
                     j++;
                 }
             }
-            st[o - 1][0] += nh;
+            /* sacreBLEU (metrics/chrf.py, _get_match_statistics): a sentence's
+             * hypothesis n-grams of an order count only when its reference has
+             * n-grams of that order */
+            st[o - 1][0] += nr > 0 ? nh : 0;
             st[o - 1][1] += nr;
             st[o - 1][2] += match;
         }

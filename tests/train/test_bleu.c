@@ -32,6 +32,14 @@ static void test_chrf(void)
     /* an empty hypothesis: no order has n-grams on both sides: 0 */
     const char *h5[] = {""}, *r5[] = {"abc"};
     th_check(bk_chrf_text(h5, r5, 1, &f) == BK_OK && f == 0.0, "chrF: an empty hypothesis = 0", "%.17g", f);
+    /* a reference shorter than the order adds nothing there, its hypothesis's n-grams included
+     * (sacreBLEU): "abc" vs "ab" and "xy" vs "xyz": order 1 P 4/5 R 4/5; order 2 P 2/3 R 2/3; order 3:
+     * the 3-gram "abc" is not counted (its reference has none), so no hypothesis 3-gram: not an
+     * order with n-grams on both sides. P = R = 11/15, F2 = 11/15 (counting "abc" would give order 3
+     * P 0 R 0 and F2 = 22/45) */
+    const char *h6[] = {"abc", "xy"}, *r6[] = {"ab", "xyz"};
+    th_check(bk_chrf_text(h6, r6, 2, &f) == BK_OK && fabs(f - 1100.0 / 15) < 1e-12,
+             "chrF: a reference shorter than the order drops the hypothesis n-grams there (sacreBLEU)", "%.17g", f);
     /* refusals */
     const char *hn[] = {"ab", NULL};
     th_check(bk_chrf_text(hn, r2, 2, &f) == BK_ERR_NULL && strstr(bk_last_error(), "hypothesis sentence 1"),
@@ -129,6 +137,10 @@ int main(void)
     tok13a("último café.", "último café .", 3);
     tok13a(".5 to 5.", ". 5 to 5 .", 5);
     tok13a("<skipped>kept", "kept", 1);
+    /* Unicode whitespace separates tokens, as Python's str.split() in sacreBLEU (no-break, em and
+     * ideographic spaces); a zero-width space does not */
+    tok13a("a\xc2\xa0" "b\xe2\x80\x83" "c\xe3\x80\x80" "d", "a b c d", 4);
+    tok13a("x\xe2\x80\x8by", "x\xe2\x80\x8by", 1);
     /* text = the same tokens as ids (tokenize none) */
     {
         bk_bleu_config cn = bk_bleu_config_default();

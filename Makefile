@@ -302,7 +302,7 @@ check-valgrind: $(TESTS)
 
 # the PyTorch oracle (Debian python3-torch); BK_REQUIRE_ORACLE=1 makes a
 # missing torch a failure instead of a loud skip
-oracle: $(CLI) $(LIB_SO)
+oracle: $(CLI) $(LIB_SO) venv-torch2
 	$(PY) tests/oracle/test_oracle.py --birkhoff $(CLI)
 	$(PY) tests/oracle/test_nystrom.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_model.py --birkhoff $(CLI)
@@ -310,6 +310,7 @@ oracle: $(CLI) $(LIB_SO)
 	$(PY) tests/oracle/test_linear.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_arrays.py --lib $(LIB_SO)
 	$(PY) tests/oracle/test_spm.py --lib $(LIB_SO)
+	$(TORCH2_PY) tests/oracle/test_sacrebleu.py --birkhoff $(CLI)
 
 # the Python package (python/birkhoff) is installed next to the library, into
 # the site directory Debian's python3 searches for this prefix
@@ -357,23 +358,25 @@ check: deps
 
 # PyTorch from pip beside Debian's: a virtual environment of $(PY) with torch==$(TORCH2_VERSION)
 # (the CPU wheel the machines keep on disk; pip's own configuration says where) and numpy from
-# the registry, made once and reused while its recorded torch version ($(TORCH2_VENV)/torch-version)
+# the registry (and sacreBLEU, the oracle of birkhoff bleu), made once and reused while its recorded
+# torch version and packages ($(TORCH2_VENV)/torch-version)
 # is TORCH2_VERSION; `make venv-torch2` (re)makes it, TORCH2_PY is its interpreter
 TORCH2_VERSION ?= 2.13.0
+TORCH2_PKGS = numpy sacrebleu
 TORCH2_VENV = $(BUILD)/venv-torch2
 TORCH2_PY = $(TORCH2_VENV)/bin/python
 .PHONY: venv-torch2
 venv-torch2:
-	@if [ "$$(cat $(TORCH2_VENV)/torch-version 2>/dev/null)" = "$(TORCH2_VERSION)" ] && $(TORCH2_PY) -c '' 2>/dev/null; then \
+	@if [ "$$(cat $(TORCH2_VENV)/torch-version 2>/dev/null)" = "$(TORCH2_VERSION) $(TORCH2_PKGS)" ] && $(TORCH2_PY) -c '' 2>/dev/null; then \
 	  echo "venv-torch2: $(TORCH2_VENV) has torch $(TORCH2_VERSION) (reused)"; \
 	else \
-	  echo "venv-torch2: making $(TORCH2_VENV) (pip install torch==$(TORCH2_VERSION) numpy)"; \
+	  echo "venv-torch2: making $(TORCH2_VENV) (pip install torch==$(TORCH2_VERSION) $(TORCH2_PKGS))"; \
 	  rm -rf $(TORCH2_VENV) && $(PY) -m venv $(TORCH2_VENV) && \
-	  $(TORCH2_PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH2_VERSION) numpy && \
+	  $(TORCH2_PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH2_VERSION) $(TORCH2_PKGS) && \
 	  $(TORCH2_PY) -c 'import sys, numpy, torch; v = torch.__version__.split("+")[0]; \
 	    print("venv-torch2: torch %s, numpy %s, Python %s" % (torch.__version__, numpy.__version__, sys.version.split()[0])); \
 	    sys.exit(0 if v == "$(TORCH2_VERSION)" else "venv-torch2: pip gave torch " + torch.__version__)' && \
-	  echo $(TORCH2_VERSION) > $(TORCH2_VENV)/torch-version; \
+	  echo "$(TORCH2_VERSION) $(TORCH2_PKGS)" > $(TORCH2_VENV)/torch-version; \
 	fi
 
 # the Python package by the standard route (pyproject.toml, tools/pybuild): pip install,

@@ -392,3 +392,22 @@ int asap_synth(int B, int H, int N, int d, uint64_t seed, float temp, float *Q, 
     free(W);
     return 1;
 }
+
+int cli_key_flag(const char *prog, const char *flag, const char *v, char *key, size_t kcap, char *val, size_t vcap)
+{
+    if (!strcmp(flag, "--set")) {
+        const char *eq = strchr(v, '=');
+        if (!eq || eq == v || (size_t)(eq - v) >= kcap) {
+            fprintf(stderr, "birkhoff %s: --set expects KEY=VALUE, got '%s'\n", prog, v);
+            return 0;
+        }
+        snprintf(key, kcap, "%.*s", (int)(eq - v), v);
+        snprintf(val, vcap, "%s", eq + 1);
+    } else {
+        snprintf(key, kcap, "%s", flag + 2);
+        snprintf(val, vcap, "%s", v);
+    }
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_';
+    return 1;
+}

@@ -56,6 +56,12 @@ typedef struct {
     const char **dst;
     int is_switch;
 } cli_opt;
+/* One key flag (birkhoff train's --KEY VALUE or --set KEY=VALUE): flag is the
+ * argument (--set, or --KEY) and v the one after it; key receives KEY with
+ * '-' read as '_', val the value. 0 after a message "birkhoff PROG: --set
+ * expects KEY=VALUE, got '...'" when a --set is malformed or its key too
+ * long; 1 otherwise. */
+int cli_key_flag(const char *prog, const char *flag, const char *v, char *key, size_t kcap, char *val, size_t vcap);
 int cli_parse_opts(const char *prog, int argc, char **argv, const cli_opt *opts, int nopt,
                    void (*usage)(FILE *), int *done);
 /* Parses --cases "a:b:c,..." with k positive integers per case into out

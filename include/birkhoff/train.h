@@ -150,6 +150,11 @@ BK_API bk_status bk_run_load(const char *path, int max_batch, bk_model **m, bk_r
 BK_API bk_status bk_run_open_data(const bk_run_config *r, const char *name, const char *dir, bk_split split,
                                   int64_t limit, const bk_model_config *mc, bk_dataset **ds);
 
+/* 1 if the run has a validation split (valid_frac > 0, or data_valid
+ * given): its epochs are evaluated on it and best.safetensors kept; 0: the
+ * test split every epoch (runs stored before valid_frac existed). */
+BK_API int bk_run_has_valid(const bk_run_config *r);
+
 /* The data configuration of a run: r->data_config with its pointers (dir,
  * valid_spec, test_spec, spm_model) into r's strings (valid while r is). */
 BK_API bk_data_config bk_run_data_config(const bk_run_config *r);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define SPLIT_SEED 2718u
@@ -64,6 +65,9 @@ static bk_status data_fail(bk_status s, const char *name, const char *fmt, const
 static bk_status read_path(const char *path, const char *name, const known_file *k, size_t maxb, uint8_t **out,
                            size_t *outn, uint64_t *sum)
 {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return data_fail(BK_ERR_IO, name, "%s: is a directory%s, not a file", path, "");
     errno = 0;
     gzFile g = gzopen(path, "rb");
     if (!g) return data_fail(BK_ERR_IO, name, "%s: cannot open (%s)", path, strerror(errno ? errno : ENOENT));
@@ -118,6 +122,15 @@ static bk_status read_path(const char *path, const char *name, const known_file 
     *outn = have;
     *sum = h;
     return BK_OK;
+}
+
+bk_status bki_data_read_file(const char *path, size_t maxb, void **out, size_t *outn)
+{
+    uint8_t *b;
+    uint64_t sum;
+    const bk_status st = read_path(path, NULL, NULL, maxb, &b, outn, &sum);
+    if (st == BK_OK) *out = b;
+    return st;
 }
 
 /* read_path of DIR/rel, checked against the known version of rel */

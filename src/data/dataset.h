@@ -90,18 +90,22 @@ bk_status bki_pairs_keep(bk_dataset *ds, const bk_data_config *o, int64_t lines,
  * o->limit applied; vocab <= 0: inferred (largest id + 1, at least 4). */
 bk_status bki_open_id_pairs(const char *src_path, const char *tgt_path, int vocab, const bk_data_config *o,
                             bk_dataset *ds);
-/* A SentencePiece model file's bytes (malloc'd; at most BK_SPM_MAX_MODEL;
- * src/data/spm.cc). BK_ERR_IO naming the file when it cannot be read. */
-bk_status bki_spm_read_file(const char *path, void **buf, size_t *len);
+/* A whole file's bytes (malloc'd), plain or gzipped, at most maxb of them
+ * (an endless device or FIFO stops there: BK_ERR_FORMAT): the stored
+ * sets' reader (data.c's read_path) without a known version. BK_ERR_IO
+ * naming the file when it cannot be opened or is a directory. */
+bk_status bki_data_read_file(const char *path, size_t maxb, void **buf, size_t *len);
 
 /* The carving fractions a training file of this spec gets under c (test:
  * 0 when c->test_spec is given, else c->test_frac; valid: 0 when
  * c->valid_spec is given, else c->valid_frac). */
 void bki_data_fracs(const bk_data_config *c, int spec, double *test_frac, double *valid_frac);
-/* The rows of the TRAINING split of a store of the training file (labels,
- * classes and info.n filled): what a reader trains a tokenizer on. rows
+/* The rows of the TRAINING split of the training file's n rows (labels
+ * [n] in [0, classes), or NULL: unlabelled, as sentence pairs), as
+ * bk_data_open will carve them: what a reader trains a tokenizer on. rows
  * malloc'd. */
-bk_status bki_data_train_rows(const bk_dataset *ds, const bk_data_config *c, int64_t **rows, int64_t *count);
+bk_status bki_data_train_rows(const bk_data_config *c, int64_t n, const int32_t *labels, int classes,
+                              int64_t **rows, int64_t *count);
 /* Takes split `split`'s rows out of a store by bk_data_split_rows (sets
  * sel and info.n; keeps info.rows). */
 bk_status bki_data_carve(bk_dataset *ds, const bk_data_config *c, double test_frac, double valid_frac,

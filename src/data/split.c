@@ -101,12 +101,12 @@ void bki_data_fracs(const bk_data_config *c, int spec, double *test_frac, double
 /* the labels a store carves by: a seq2seq store has none */
 static const int32_t *carve_labels(const bk_dataset *ds) { return ds->info.seq2seq ? NULL : ds->labels; }
 
-bk_status bki_data_train_rows(const bk_dataset *ds, const bk_data_config *c, int64_t **rows, int64_t *count)
+bk_status bki_data_train_rows(const bk_data_config *c, int64_t n, const int32_t *labels, int classes,
+                              int64_t **rows, int64_t *count)
 {
     double tf, vf;
     bki_data_fracs(c, 1, &tf, &vf);
-    return bk_data_split_rows(ds->info.n, carve_labels(ds), ds->info.classes, tf, vf, c->split_seed, BK_SPLIT_TRAIN,
-                              rows, count);
+    return bk_data_split_rows(n, labels, classes, tf, vf, c->split_seed, BK_SPLIT_TRAIN, rows, count);
 }
 
 bk_status bki_data_carve(bk_dataset *ds, const bk_data_config *c, double test_frac, double valid_frac,

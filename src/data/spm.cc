@@ -28,7 +28,7 @@ bk_status bki_fail(bk_status s, const char *fmt, ...)
     ;
 void bki_clear_error(void);
 long bki_bad_utf8(const char *s);
-bk_status bki_spm_read_file(const char *path, void **buf, size_t *len); /* (src/data/dataset.h) */
+bk_status bki_data_read_file(const char *path, size_t maxb, void **buf, size_t *len); /* (src/data/dataset.h) */
 }
 
 struct bk_spm {
@@ -159,53 +159,13 @@ bk_status bk_spm_load(const void *model, size_t len, bk_spm **out)
     }
 }
 
-bk_status bki_spm_read_file(const char *path, void **out, size_t *out_len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return bki_fail(BK_ERR_IO, "%s: cannot open the SentencePiece model (%s)", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = static_cast<char *>(malloc(cap));
-    bk_status st = buf ? BK_OK : bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
-    /* bounded: a device or FIFO that never ends stops at the limit */
-    while (st == BK_OK) {
-        if (n == cap) {
-            if (cap > static_cast<size_t>(BK_SPM_MAX_MODEL)) {
-                st = bki_fail(BK_ERR_FORMAT, "%s: larger than %lld bytes: not a SentencePiece model", path,
-                              (long long)BK_SPM_MAX_MODEL);
-                break;
-            }
-            char *nb = static_cast<char *>(realloc(buf, cap * 2));
-            if (!nb) {
-                st = bki_fail(BK_ERR_NOMEM, "%s: out of memory", path);
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        const size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (st == BK_OK && ferror(f))
-        st = bki_fail(BK_ERR_IO, "%s: cannot read the SentencePiece model (%s)", path,
-                      errno == EISDIR ? "is a directory" : strerror(errno));
-    fclose(f);
-    if (st != BK_OK) {
-        free(buf);
-        return st;
-    }
-    *out = buf;
-    *out_len = n;
-    return BK_OK;
-}
-
 bk_status bk_spm_load_file(const char *path, bk_spm **out)
 {
     bki_clear_error();
     if (!path || !out) return bki_fail(BK_ERR_NULL, "bk_spm_load_file: NULL argument");
     void *buf = nullptr;
     size_t n = 0;
-    bk_status st = bki_spm_read_file(path, &buf, &n);
+    bk_status st = bki_data_read_file(path, static_cast<size_t>(BK_SPM_MAX_MODEL), &buf, &n);
     if (st != BK_OK) return st;
     st = bk_spm_load(buf, n, out);
     free(buf);

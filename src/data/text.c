@@ -248,7 +248,7 @@ static bk_status text_model(const bk_data_config *c, const char *const *texts, i
     bk_status st;
     const int given = c->spm_model && *c->spm_model;
     if (given) {
-        st = bki_spm_read_file(c->spm_model, &ds->spm, &ds->spm_len);
+        st = bki_data_read_file(c->spm_model, (size_t)BK_SPM_MAX_MODEL, &ds->spm, &ds->spm_len);
     } else {
         const int V = c->spm_vocab > 0 ? c->spm_vocab : 8000;
         st = bk_spm_train(texts, n, V, &ds->spm, &ds->spm_len);
@@ -270,20 +270,6 @@ static bk_status text_model(const bk_data_config *c, const char *const *texts, i
      * from the spm.model it wrote have the same version */
     snprintf(what, cap, "spm %d fnv1a:%016llx", bk_spm_vocab(*sp), h);
     return BK_OK;
-}
-
-/* the TRAINING rows of a store of n rows (labels NULL: unlabelled); all of
- * them when it is carved by nothing */
-static bk_status train_rows(const bk_data_config *c, int64_t n, int32_t *labels, int classes, int seq2seq,
-                            int64_t **rows, int64_t *count)
-{
-    bk_dataset tmp;
-    memset(&tmp, 0, sizeof tmp);
-    tmp.info.n = n;
-    tmp.info.classes = classes;
-    tmp.info.seq2seq = seq2seq;
-    tmp.labels = labels;
-    return bki_data_train_rows(&tmp, c, rows, count);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -446,7 +432,7 @@ bk_status bki_open_labelled_text(const bki_spec_ctx *ctx, bk_dataset *ds)
     if (st == BK_OK) st = map_labels(&tr, ctx->train_path, ds->class_names, ds->info.classes, tr_labels);
     /* the model: the user's, else trained on the training split's texts */
     if (st == BK_OK && !(c->spm_model && *c->spm_model))
-        st = train_rows(c, tr.n, tr_labels, ds->info.classes, 0, &rows, &nrows);
+        st = bki_data_train_rows(c, tr.n, tr_labels, ds->info.classes, &rows, &nrows);
     if (st == BK_OK && !(texts = texts_of(&tr, rows, rows ? nrows : 0))) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     if (st == BK_OK) st = text_model(c, texts, rows ? nrows : 0, ds, &sp, what, sizeof what);
     if (st == BK_OK) {
@@ -572,7 +558,7 @@ bk_status bki_open_parallel_text(const bki_spec_ctx *ctx, bk_dataset *ds)
     bk_spm *sp = NULL;
     char what[160] = "";
     const int given = c->spm_model && *c->spm_model;
-    if (st == BK_OK && !given) st = train_rows(c, bk_parallel_count(tr), NULL, 0, 1, &rows, &nrows);
+    if (st == BK_OK && !given) st = bki_data_train_rows(c, bk_parallel_count(tr), NULL, 0, &rows, &nrows);
     if (st == BK_OK && !(texts = pair_texts(tr, rows, given ? 0 : nrows))) st = bki_fail(BK_ERR_NOMEM, "out of memory");
     if (st == BK_OK) st = text_model(c, texts, given ? 0 : 2 * nrows, ds, &sp, what, sizeof what);
     if (st == BK_OK && given) st = check_pair_model(sp, c->spm_model);

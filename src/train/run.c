@@ -309,6 +309,8 @@ bk_status bk_run_config_resolve(bk_run_config *r, const bk_dataset *train)
 }
 
 
+int bk_run_has_valid(const bk_run_config *r) { return r && (r->data_config.valid_frac > 0 || r->data_valid[0]); }
+
 bk_data_config bk_run_data_config(const bk_run_config *r)
 {
     bk_data_config o = r->data_config;

@@ -663,11 +663,10 @@ static bk_status run_spm_model(train_state *s, const char *dir, int root, int re
     return BK_OK;
 }
 
-/* The run's splits: training, validation (a run with valid_frac > 0 or
- * data_valid), test; the held-out ones within test_limit and, for sentence
- * pairs, the lengths the training split fixes (longer pairs dropped, as in
- * training); a resumed run's data versions checked against its
- * checkpoint's. */
+/* The run's splits: training, validation (bk_run_has_valid), test; the
+ * held-out ones within test_limit and, for sentence pairs, the lengths the
+ * training split fixes (longer pairs dropped, as in training); a resumed
+ * run's data versions checked against its checkpoint's. */
 static bk_status open_splits(train_state *s, const char *dir, int root, int resume)
 {
     bk_run_config *r = &s->r;
@@ -684,7 +683,7 @@ static bk_status open_splits(train_state *s, const char *dir, int root, int resu
         dop.max_len = tri->max_len;
         dop.tgt_max_len = tri->tgt_max_len;
     }
-    if (r->data_config.valid_frac > 0 || r->data_valid[0])
+    if (bk_run_has_valid(r))
         if ((st = bk_data_open(r->data, BK_SPLIT_VALID, &dop, &s->va)) != BK_OK) return st;
     if ((st = bk_data_open(r->data, BK_SPLIT_TEST, &dop, &s->te)) != BK_OK) return st;
     s->ver.train = tri->version;

@@ -193,10 +193,8 @@ static int data_inspect(const char *name, const char *split, const bk_run_config
     printf("dataset   %s\n", name);
     for (int k = 0; k < 3; k++) {
         if (!all && strcmp(split, names[k])) continue;
-        /* (all: a dataset without a validation split shows none) */
-        if (all && sp[k] == BK_SPLIT_VALID && !(o.valid_frac > 0) && !(o.valid_spec && *o.valid_spec) &&
-            strcmp(name, "bible"))
-            continue;
+        /* (all: the validation split when a run would have one) */
+        if (all && sp[k] == BK_SPLIT_VALID && !bk_run_has_valid(r)) continue;
         bk_dataset *d;
         if (bk_data_open(name, sp[k], &o, &d) != BK_OK) {
             fprintf(stderr, "birkhoff data inspect: %s\n", bk_last_error());
@@ -225,20 +223,7 @@ static int inspect_main(int argc, char **argv)
         }
         char key[128], val[1100];
         const char *v = argv[++i];
-        if (!strcmp(argv[i - 1], "--set")) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) {
-                fprintf(stderr, "birkhoff data inspect: --set expects KEY=VALUE, got '%s'\n", v);
-                return CLI_USAGE;
-            }
-            snprintf(key, sizeof key, "%.*s", (int)(eq - v), v);
-            snprintf(val, sizeof val, "%s", eq + 1);
-        } else {
-            snprintf(key, sizeof key, "%s", argv[i - 1] + 2);
-            snprintf(val, sizeof val, "%s", v);
-        }
-        for (char *c = key; *c; c++)
-            if (*c == '-') *c = '_';
+        if (!cli_key_flag("data inspect", argv[i - 1], v, key, sizeof key, val, sizeof val)) return CLI_USAGE;
         if (!strcmp(key, "split")) {
             if (strcmp(val, "train") && strcmp(val, "valid") && strcmp(val, "test") && strcmp(val, "all")) {
                 fprintf(stderr, "birkhoff data inspect: --split train|valid|test|all, got '%s'\n", val);

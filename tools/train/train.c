@@ -209,21 +209,7 @@ static int apply_flags(int argc, char **argv, int resume, bk_run_config *r)
         }
         char key[128], val[1024];
         const char *v = argv[++i];
-        if (!strcmp(a, "--set")) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) {
-                fprintf(stderr, "birkhoff train: --set expects KEY=VALUE, got '%s'\n", v);
-                return CLI_USAGE;
-            }
-            memcpy(key, v, (size_t)(eq - v));
-            key[eq - v] = 0;
-            snprintf(val, sizeof val, "%s", eq + 1);
-        } else {
-            snprintf(key, sizeof key, "%s", a + 2);
-            snprintf(val, sizeof val, "%s", v);
-        }
-        for (char *c = key; *c; c++)
-            if (*c == '-') *c = '_';
+        if (!cli_key_flag("train", a, v, key, sizeof key, val, sizeof val)) return CLI_USAGE;
         if (resume && strcmp(key, "epochs") && strcmp(key, "threads") && strcmp(key, "progress") &&
             strcmp(key, "stop_after") && strcmp(key, "data_dir") && strcmp(key, "total_steps")) {
             fprintf(stderr, "birkhoff train: a resumed run keeps its configuration: only --epochs, --threads, "
